@@ -1,0 +1,38 @@
+// Attention forward: sparse (q2k selection) or dense (every visible key), flat or paged KV
+// (DESIGN.md sections 5 and 6).
+#pragma once
+
+#include "msa/common.h"
+#include "msa/csr.h"
+
+namespace msa {
+
+struct AttentionParams {
+  float softmax_scale = 0.f;  // 0 -> 1/sqrt(D)
+  bool causal = true;         // bottom-right aligned: query i sees key j iff j <= i + Lk - Lq
+  int kv_block_size = 128;    // 64 or 128; the unit of q2k block ids
+  float temperature = 0.f;    // > 0: also write tlse = log sum exp(s / T)
+  DType partial_dtype = DType::f32;  // f32 or bf16, for any intermediate partial outputs
+};
+
+struct AttentionArgs {
+  Tensor q;               // [total_q, Hq, D] bf16 | f16
+  KVCache kv;             // k, v; flat or paged
+  Tensor cu_seqlens_q;    // [B+1] int32
+  Tensor q2k;             // [Hkv, total_q, topk] int32 batch-local block ids; absent = dense
+  K2QIndex k2q;           // optional CSR + schedule from build_k2q_csr for the same q2k
+  Tensor out;             // out: [total_q, Hq, D], dtype of q
+  Tensor lse;             // out (optional): [Hq, total_q] f32, natural log, -inf if no key
+  Tensor tlse;            // out (optional, needs params.temperature > 0): [Hq, total_q] f32
+  AttentionParams params;
+  Tensor workspace;       // u8 scratch, at least attention_workspace_bytes(args) (CUDA)
+  Tensor status;          // int32[4] on CUDA
+};
+
+// out[t, hq] = sum_j softmax(s)_j v[j, hq/G] over the attended keys j (the visible keys of the
+// selected blocks, or every visible key when q2k is absent), s_j = scale * dot(q, k_j);
+// 0 when there is no key.
+void attention_forward(const AttentionArgs& args, cudaStream_t stream = nullptr);
+size_t attention_workspace_bytes(const AttentionArgs& args);
+
+}  // namespace msa

@@ -1,0 +1,62 @@
+// Types shared by every op family: quantized tensors, KV caches (flat or paged), varlen
+// lengths, the device status buffer, and caller-owned workspace.
+#pragma once
+
+#include "msa/tensor.h"
+
+namespace msa {
+
+// A tensor plus its quantization scales (DESIGN.md section 8). The format follows from dtypes:
+// - values bf16/f16: no scale.
+// - values fp8_e4m3: optional f32 scale, shape [1] (per tensor), [T] (per token) or
+//   [T, H] (per token and head).
+// - values fp4x2 [T, H, D/2]: scale fp8_e4m3 [T, H, D/16] -> NVFP4 (times global_scale);
+//   scale e8m0 [T, H, D/32] -> MXFP4. Scales in the public layout; kernels that want another
+//   layout say so and offer a reorder function (quant.h).
+struct QTensor {
+  Tensor values;
+  Tensor scale;              // absent for bf16/f16
+  float global_scale = 1.f;  // NVFP4 only
+  QTensor() = default;
+  QTensor(const Tensor& v) : values(v) {}  // NOLINT: implicit for unquantized tensors
+  QTensor(const Tensor& v, const Tensor& s, float g = 1.f) : values(v), scale(s), global_scale(g) {}
+};
+
+enum class KVLayout : uint8_t {
+  flat,       // [total_k, Hkv, D], batches by cu_seqlens_k
+  paged_nhd,  // [num_pages, page_size, Hkv, D]
+  paged_hnd,  // [num_pages, Hkv, page_size, D]
+};
+const char* kv_layout_name(KVLayout l);
+
+// Keys and values of a varlen batch. Flat: Lk_b = cu_seqlens_k[b+1] - cu_seqlens_k[b].
+// Paged: logical key j of batch b lives in page page_table[b, j / page_size], slot
+// j % page_size; Lk_b = seqused_k[b] (or max_pages * page_size when seqused_k is absent).
+struct KVCache {
+  QTensor k, v;            // v may be absent for ops that only read keys (the indexer)
+  KVLayout layout = KVLayout::flat;
+  Tensor cu_seqlens_k;     // [B+1] int32, flat only
+  Tensor page_table;       // [B, max_pages] int32, paged only
+  Tensor seqused_k;        // [B] int32, paged only, optional
+};
+
+// Device-side index checks (DESIGN.md section 9) never read out of bounds: they skip the bad
+// entry and record the first offence in a status buffer, int32[4] on the op's device:
+// {code, a, b, c} with code 0 = ok. GPU entry points only write it; check_status() waits on the
+// stream and throws msa::Error describing the offence. CPU entry points throw directly.
+enum class StatusCode : int32_t {
+  ok = 0,
+  block_id_out_of_range = 1,  // a = kv head, b = token, c = slot
+  block_id_repeated = 2,      // a = kv head, b = token, c = slot
+  page_id_out_of_range = 3,   // a = batch, b = page-table column, c = page id
+  bad_cu_seqlens = 4,         // a = which (0 = q, 1 = k), b = batch
+  schedule_incomplete = 5,    // a = items expected, b = items present
+  shape_mismatch = 6,         // a, b, c: op-specific
+};
+std::string describe_status(const int32_t status[4]);
+// Copies the status to the host on `stream` (synchronizes) and throws msa::Error if non-zero.
+void check_status(const Tensor& status, cudaStream_t stream);
+// Resets the status to ok (asynchronous on `stream` for CUDA).
+void clear_status(const Tensor& status, cudaStream_t stream);
+
+}  // namespace msa

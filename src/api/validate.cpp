@@ -1,0 +1,220 @@
+// Shared argument rules (validate.h).
+#include "api/validate.h"
+
+#include <cstring>
+
+namespace msa::api {
+
+void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t total,
+                      Device device) {
+  check_defined(cu, name);
+  check_dtype(cu, name, {DType::i32});
+  check_shape(cu, name, {batch + 1});
+  check_contiguous(cu, name);
+  MSA_CHECK(cu.device == device, name, ": must be on ", device_name(device), ", got ",
+            device_name(cu.device));
+  if (cu.is_cuda()) return;  // values checked on the device
+  const int32_t* c = cu.ptr<int32_t>();
+  MSA_CHECK(c[0] == 0, name, ": must start at 0, got ", c[0]);
+  for (int64_t b = 0; b < batch; ++b)
+    MSA_CHECK(c[b + 1] >= c[b], name, ": must be non-decreasing, but [", b + 1, "] = ", c[b + 1],
+              " < [", b, "] = ", c[b]);
+  MSA_CHECK(c[batch] == total, name, ": last entry must equal the token count ", total,
+            ", got ", c[batch]);
+}
+
+void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,
+                         int64_t dim) {
+  const Tensor& sc = x.scale;
+  const std::string sn = std::string(name) + ".scale";
+  switch (x.values.dtype) {
+    case DType::bf16:
+    case DType::f16:
+      MSA_CHECK(!sc.defined(), sn, ": must be absent for ", dtype_name(x.values.dtype), " values");
+      return;
+    case DType::fp8_e4m3:
+      if (!sc.defined()) return;
+      check_dtype(sc, sn.c_str(), {DType::f32});
+      check_contiguous(sc, sn.c_str());
+      MSA_CHECK((sc.ndim == 1 && (sc.shape[0] == 1 || sc.shape[0] == tokens)) ||
+                    (sc.ndim == 2 && sc.shape[0] == tokens && sc.shape[1] == heads),
+                sn, ": fp8 scales must be [1], [", tokens, "] or [", tokens, ", ", heads,
+                "], got ", sc.describe());
+      return;
+    case DType::fp4x2: {
+      check_defined(sc, sn.c_str());
+      check_dtype(sc, sn.c_str(), {DType::fp8_e4m3, DType::e8m0});
+      const int64_t group = sc.dtype == DType::fp8_e4m3 ? 16 : 32;
+      MSA_CHECK(dim % group == 0, name, ": head dim ", dim, " must be a multiple of ", group,
+                " for ", sc.dtype == DType::fp8_e4m3 ? "NVFP4" : "MXFP4");
+      check_shape(sc, sn.c_str(), {tokens, heads, dim / group});
+      check_last_dim_contiguous(sc, sn.c_str());
+      return;
+    }
+    default:
+      fail(name, ": unsupported value dtype ", dtype_name(x.values.dtype));
+  }
+}
+
+static int64_t logical_dim(const Tensor& t) {
+  return t.dtype == DType::fp4x2 ? 2 * t.shape[t.ndim - 1] : t.shape[t.ndim - 1];
+}
+
+ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& cu_seqlens_q,
+                            std::initializer_list<DType> values, bool need_v, bool kv_may_be_fp8,
+                            int kv_block_size) {
+  const Tensor& q = qt.values;
+  check_defined(q, "q");
+  check_dtype(q, "q", values);
+  check_ndim(q, "q", 3);
+  check_last_dim_contiguous(q, "q");
+  check_row_alignment(q, "q");
+  MSA_CHECK(kv_block_size == 64 || kv_block_size == 128,
+            "kv_block_size: must be 64 or 128, got ", kv_block_size);
+  ProblemShape s;
+  s.total_q = q.shape[0];
+  s.num_q_heads = q.shape[1];
+  s.head_dim = logical_dim(q);
+  s.kv_block_size = kv_block_size;
+  MSA_CHECK(s.num_q_heads > 0, "q: number of heads must be > 0, got ", q.describe());
+  MSA_CHECK(s.head_dim > 0, "q: head dim must be > 0, got ", q.describe());
+  check_qtensor_scale(qt, "q", s.total_q, s.num_q_heads, s.head_dim);
+
+  const Tensor& k = kv.k.values;
+  check_defined(k, "k");
+  check_same_device(q, "q", k, "k");
+  if (kv_may_be_fp8 && k.dtype == DType::fp8_e4m3) {
+    // quantized KV with bf16/f16 queries
+  } else {
+    MSA_CHECK(k.dtype == q.dtype, "k: dtype must equal q's (", dtype_name(q.dtype), "), got ",
+              dtype_name(k.dtype));
+  }
+  check_last_dim_contiguous(k, "k");
+  check_row_alignment(k, "k");
+  const bool flat = kv.layout == KVLayout::flat;
+  check_ndim(k, "k", flat ? 3 : 4);
+  const int64_t kdim = logical_dim(k);
+  MSA_CHECK(kdim == s.head_dim, "k: head dim must equal q's (", s.head_dim, "), got ", k.describe());
+  s.num_kv_heads = flat ? k.shape[1] : (kv.layout == KVLayout::paged_nhd ? k.shape[2] : k.shape[1]);
+  MSA_CHECK(s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0,
+            "k: kv heads (", s.num_kv_heads, ") must divide q heads (", s.num_q_heads, ")");
+  s.group = s.num_q_heads / s.num_kv_heads;
+  MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,
+            "q: GQA group Hq/Hkv must be 1, 2, 4, 8 or 16, got ", s.group);
+
+  if (need_v) {
+    const Tensor& v = kv.v.values;
+    check_defined(v, "v");
+    check_same_device(q, "q", v, "v");
+    MSA_CHECK(v.dtype == k.dtype, "v: dtype must equal k's (", dtype_name(k.dtype), "), got ",
+              dtype_name(v.dtype));
+    MSA_CHECK(v.ndim == k.ndim, "v: shape must equal k's ", k.describe(), ", got ", v.describe());
+    for (int d = 0; d < k.ndim; ++d)
+      MSA_CHECK(v.shape[d] == k.shape[d], "v: shape must equal k's ", k.describe(), ", got ",
+                v.describe());
+    check_last_dim_contiguous(v, "v");
+    check_row_alignment(v, "v");
+  }
+
+  s.batch = cu_seqlens_q.defined() ? cu_seqlens_q.numel() - 1 : -1;
+  MSA_CHECK(cu_seqlens_q.defined() && cu_seqlens_q.ndim == 1 && s.batch >= 0,
+            "cu_seqlens_q: must be a 1-D int32 tensor [B+1]");
+  check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", s.batch, s.total_q, q.device);
+
+  if (flat) {
+    const int64_t total_k = k.shape[0];
+    MSA_CHECK(k.shape[2] == q.shape[2] || k.dtype != q.dtype, "k: shape must be [total_k, Hkv, D]");
+    check_cu_seqlens(kv.cu_seqlens_k, "cu_seqlens_k", s.batch, total_k, q.device);
+    check_qtensor_scale(kv.k, "k", total_k, s.num_kv_heads, s.head_dim);
+    if (need_v) check_qtensor_scale(kv.v, "v", total_k, s.num_kv_heads, s.head_dim);
+    MSA_CHECK(!kv.page_table.defined(), "page_table: must be absent for a flat KV cache");
+  } else {
+    s.num_pages = k.shape[0];
+    s.page_size = kv.layout == KVLayout::paged_nhd ? k.shape[1] : k.shape[2];
+    MSA_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128 ||
+                  s.page_size == 256,
+              "k: page size must be 16, 32, 64, 128 or 256, got ", s.page_size, " (layout ",
+              kv_layout_name(kv.layout), ", ", k.describe(), ")");
+    MSA_CHECK(k.dtype != DType::fp4x2, "k: FP4 page pools are not supported");
+    if (kv.k.scale.defined()) {
+      check_dtype(kv.k.scale, "k.scale", {DType::f32});
+      MSA_CHECK(kv.k.scale.numel() == 1, "k.scale: paged fp8 KV takes a per-tensor scale [1], got ",
+                kv.k.scale.describe());
+    }
+    if (need_v && kv.v.scale.defined()) {
+      check_dtype(kv.v.scale, "v.scale", {DType::f32});
+      MSA_CHECK(kv.v.scale.numel() == 1, "v.scale: paged fp8 KV takes a per-tensor scale [1], got ",
+                kv.v.scale.describe());
+    }
+    MSA_CHECK(!kv.cu_seqlens_k.defined(), "cu_seqlens_k: must be absent for a paged KV cache "
+              "(lengths come from seqused_k)");
+    const Tensor& pt = kv.page_table;
+    check_defined(pt, "page_table");
+    check_dtype(pt, "page_table", {DType::i32});
+    check_ndim(pt, "page_table", 2);
+    MSA_CHECK(pt.shape[0] == s.batch, "page_table: first dim must be B = ", s.batch, ", got ",
+              pt.describe());
+    check_last_dim_contiguous(pt, "page_table");
+    check_same_device(q, "q", pt, "page_table");
+    s.max_pages = pt.shape[1];
+    if (kv.seqused_k.defined()) {
+      check_dtype(kv.seqused_k, "seqused_k", {DType::i32});
+      check_shape(kv.seqused_k, "seqused_k", {s.batch});
+      check_contiguous(kv.seqused_k, "seqused_k");
+      check_same_device(q, "q", kv.seqused_k, "seqused_k");
+    }
+    if (!q.is_cuda()) {
+      const int64_t cap = s.max_pages * s.page_size;
+      for (int64_t b = 0; b < s.batch; ++b) {
+        const int64_t lk = kv.seqused_k.defined() ? kv.seqused_k.ptr<int32_t>()[b] : cap;
+        MSA_CHECK(lk >= 0 && lk <= cap, "seqused_k: entry ", b, " = ", lk, " must be in [0, ",
+                  cap, "] (max_pages * page_size)");
+        const int64_t pages = (lk + s.page_size - 1) / s.page_size;
+        for (int64_t p = 0; p < pages; ++p) {
+          const int32_t id = pt.ptr<int32_t>()[b * pt.strides[0] + p * pt.strides[1]];
+          MSA_CHECK(id >= 0 && id < s.num_pages, "page_table: page id ", id,
+                    " out of range [0, ", s.num_pages, ") at (batch ", b, ", column ", p, ")");
+        }
+      }
+    }
+  }
+  return s;
+}
+
+std::vector<int64_t> host_key_lengths(const KVCache& kv, const ProblemShape& s) {
+  std::vector<int64_t> lk(s.batch);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    if (kv.layout == KVLayout::flat) {
+      const int32_t* c = kv.cu_seqlens_k.ptr<int32_t>();
+      lk[b] = c[b + 1] - c[b];
+    } else {
+      lk[b] = kv.seqused_k.defined() ? kv.seqused_k.ptr<int32_t>()[b] : s.max_pages * s.page_size;
+    }
+  }
+  return lk;
+}
+
+int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device) {
+  check_defined(q2k, "q2k");
+  check_dtype(q2k, "q2k", {DType::i32});
+  check_ndim(q2k, "q2k", 3);
+  MSA_CHECK(q2k.shape[0] == s.num_kv_heads && q2k.shape[1] == s.total_q,
+            "q2k: shape must be [Hkv, total_q, topk] = [", s.num_kv_heads, ", ", s.total_q,
+            ", *], got ", q2k.describe());
+  MSA_CHECK(q2k.shape[2] >= 1, "q2k: topk (last dim) must be >= 1, got ", q2k.describe());
+  check_contiguous(q2k, "q2k");
+  MSA_CHECK(q2k.device == device, "q2k: must be on ", device_name(device), ", got ",
+            device_name(q2k.device));
+  return q2k.shape[2];
+}
+
+void check_status_arg(const Tensor& status, Device device, const char* op) {
+  if (device.type != DeviceType::cuda) return;
+  MSA_CHECK(status.defined(), op, ": status (int32[4] on the GPU) is required for CUDA tensors");
+  check_dtype(status, "status", {DType::i32});
+  check_shape(status, "status", {4});
+  MSA_CHECK(status.device == device, "status: must be on ", device_name(device), ", got ",
+            device_name(status.device));
+}
+
+}  // namespace msa::api

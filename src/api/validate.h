@@ -1,0 +1,43 @@
+// Device-agnostic argument rules shared by every public entry point (DESIGN.md sections 1, 6, 9).
+// Each check throws msa::Error naming the argument and the rule. Value checks (cu_seqlens
+// monotone, page ids in range) run here on the host for CPU tensors; for CUDA tensors they run on
+// the device and report through the status buffer.
+#pragma once
+
+#include <vector>
+
+#include "backend.h"
+
+namespace msa::api {
+
+// q [total_q, Hq, D] (or fp4x2 [total_q, Hq, D/2]) + cu_seqlens_q [B+1] + the KV cache.
+// Fills every field of ProblemShape but topk. `values`: the value dtypes q may take; kv value
+// dtype must equal q's unless `kv_may_be_fp8` (then fp8_e4m3 KV is allowed too).
+// `need_v`: kv.v must be present with k's shape.
+ProblemShape check_q_and_kv(const QTensor& q, const KVCache& kv, const Tensor& cu_seqlens_q,
+                            std::initializer_list<DType> values, bool need_v, bool kv_may_be_fp8,
+                            int kv_block_size);
+
+// The scale rules of QTensor for a tensor with `tokens` x `heads` x `dim` logical elements.
+void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,
+                         int64_t dim);
+
+// cu_seqlens [B+1] int32 on `device`. For CPU tensors the values are checked too: start at 0,
+// non-decreasing, last == total.
+void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t total,
+                      Device device);
+
+// Key count of batch b, read from a host (CPU) KV cache: flat from cu_seqlens_k, paged from
+// seqused_k (or max_pages * page_size).
+std::vector<int64_t> host_key_lengths(const KVCache& kv, const ProblemShape& s);
+
+// Number of kv blocks of a batch with lk keys.
+inline int64_t num_blocks(int64_t lk, int64_t blk) { return (lk + blk - 1) / blk; }
+
+// q2k [Hkv, total_q, topk] int32 on the op's device; returns topk.
+int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device);
+
+// Status buffer int32[4]: required (and cleared by the caller's op) on CUDA.
+void check_status_arg(const Tensor& status, Device device, const char* op);
+
+}  // namespace msa::api

@@ -1,0 +1,45 @@
+// The backend interface: the public entry points in src/api/ validate their arguments once
+// (device-agnostic rules, api/validate.h) and then call exactly one of these. The CPU backend
+// is the oracle; the CUDA backend raises msa::Error naming any feature it does not support yet.
+#pragma once
+
+#include "msa/msa.h"
+
+namespace msa {
+
+// Sizes resolved once by validation and passed to the backends with the args.
+struct ProblemShape {
+  int64_t batch = 0;       // B
+  int64_t total_q = 0;
+  int64_t num_q_heads = 0;   // Hq
+  int64_t num_kv_heads = 0;  // Hkv
+  int64_t group = 1;         // G = Hq / Hkv
+  int64_t head_dim = 0;      // D (logical, unpacked)
+  int64_t topk = 0;          // 0 when dense
+  int64_t kv_block_size = 128;
+  int64_t page_size = 0;     // paged only
+  int64_t num_pages = 0;     // paged only
+  int64_t max_pages = 0;     // paged only: page_table's second dim
+};
+
+namespace cpu {
+void block_scores(const BlockScoresArgs& a, const ProblemShape& s);
+void select_topk(const TopKArgs& a, const ProblemShape& s);
+void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s);
+void attention_forward(const AttentionArgs& a, const ProblemShape& s);
+void quantize(const Tensor& x, QuantFormat f, const QTensor& out);
+void dequantize(const QTensor& x, const Tensor& out);
+}  // namespace cpu
+
+namespace cuda {
+void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t stream);
+void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream);
+void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s, cudaStream_t stream);
+size_t csr_workspace_bytes(int64_t hkv, int64_t total_rows, int64_t total_q, int64_t topk);
+void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream_t stream);
+size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
+void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);
+void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
+}  // namespace cuda
+
+}  // namespace msa

@@ -1,0 +1,75 @@
+// The device status buffer (common.h): description, check and reset. The CUDA path copies
+// through the caller's stream; CPU status buffers are read directly.
+#include <cstring>
+
+#include "msa/common.h"
+#include "msa/version.h"
+
+#ifdef MSA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace msa {
+
+std::string describe_status(const int32_t s[4]) {
+  switch (static_cast<StatusCode>(s[0])) {
+    case StatusCode::ok: return "ok";
+    case StatusCode::block_id_out_of_range:
+      return detail::concat("q2k: block id out of range at (head ", s[1], ", token ", s[2],
+                            ", slot ", s[3], ")");
+    case StatusCode::block_id_repeated:
+      return detail::concat("q2k: block id repeated within a row at (head ", s[1], ", token ",
+                            s[2], ", slot ", s[3], ")");
+    case StatusCode::page_id_out_of_range:
+      return detail::concat("page_table: page id ", s[3], " out of range [0, num_pages) at (batch ",
+                            s[1], ", column ", s[2], ")");
+    case StatusCode::bad_cu_seqlens:
+      return detail::concat(s[1] == 0 ? "cu_seqlens_q" : "cu_seqlens_k",
+                            ": must start at 0 and be non-decreasing; broken at batch ", s[2]);
+    case StatusCode::schedule_incomplete:
+      return detail::concat("schedule: incomplete, ", s[2], " of ", s[1], " work items present");
+    case StatusCode::shape_mismatch:
+      return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
+  }
+  return detail::concat("unknown status code ", s[0]);
+}
+
+static void check_status_tensor(const Tensor& status) {
+  check_defined(status, "status");
+  check_dtype(status, "status", {DType::i32});
+  check_shape(status, "status", {4});
+  check_contiguous(status, "status");
+}
+
+void check_status(const Tensor& status, cudaStream_t stream) {
+  check_status_tensor(status);
+  int32_t s[4];
+  if (status.is_cuda()) {
+#ifdef MSA_WITH_CUDA
+    cudaError_t e = cudaMemcpyAsync(s, status.data, sizeof(s), cudaMemcpyDeviceToHost, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    MSA_CHECK(e == cudaSuccess, "check_status: CUDA error ", cudaGetErrorString(e));
+#else
+    fail("status: is a CUDA tensor but msa was built without CUDA");
+#endif
+  } else {
+    std::memcpy(s, status.data, sizeof(s));
+  }
+  if (s[0] != 0) throw Error(describe_status(s));
+}
+
+void clear_status(const Tensor& status, cudaStream_t stream) {
+  check_status_tensor(status);
+  if (status.is_cuda()) {
+#ifdef MSA_WITH_CUDA
+    cudaError_t e = cudaMemsetAsync(status.data, 0, 4 * sizeof(int32_t), stream);
+    MSA_CHECK(e == cudaSuccess, "clear_status: CUDA error ", cudaGetErrorString(e));
+#else
+    fail("status: is a CUDA tensor but msa was built without CUDA");
+#endif
+  } else {
+    std::memset(status.data, 0, 4 * sizeof(int32_t));
+  }
+}
+
+}  // namespace msa

@@ -1,0 +1,26 @@
+// Stands in for the CUDA backend in builds without nvcc: every CUDA entry raises msa::Error.
+#include "backend.h"
+
+namespace msa {
+
+bool built_with_cuda() { return false; }
+int cuda_device_count() { return 0; }
+
+namespace cuda {
+namespace {
+[[noreturn]] void no_cuda(const char* op) {
+  fail(op, ": CUDA tensors given, but msa was built without CUDA (configure with nvcc present "
+           "or -DMSA_CUDA=ON)");
+}
+}  // namespace
+void block_scores(const BlockScoresArgs&, const ProblemShape&, cudaStream_t) { no_cuda("block_scores"); }
+void select_topk(const TopKArgs&, const ProblemShape&, cudaStream_t) { no_cuda("select_topk"); }
+void build_k2q_csr(const CsrBuildArgs&, const ProblemShape&, cudaStream_t) { no_cuda("build_k2q_csr"); }
+size_t csr_workspace_bytes(int64_t, int64_t, int64_t, int64_t) { return 0; }
+void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t) { no_cuda("attention_forward"); }
+size_t attention_workspace_bytes(const AttentionArgs&, const ProblemShape&) { return 0; }
+void quantize(const Tensor&, QuantFormat, const QTensor&, cudaStream_t) { no_cuda("quantize"); }
+void dequantize(const QTensor&, const Tensor&, cudaStream_t) { no_cuda("dequantize"); }
+}  // namespace cuda
+
+}  // namespace msa

@@ -1,0 +1,19 @@
+// The CUDA backend's capability table: ops (or variants) that have no GPU kernel yet raise
+// msa::Error naming the missing feature. Entries move to their own folders as kernels land.
+#include "backend.h"
+
+namespace msa::cuda {
+namespace {
+[[noreturn]] void missing(const char* what) {
+  fail(what, ": not supported on CUDA yet (run it on CPU tensors, or see the README status table)");
+}
+}  // namespace
+
+void block_scores(const BlockScoresArgs&, const ProblemShape&, cudaStream_t) { missing("block_scores"); }
+void select_topk(const TopKArgs&, const ProblemShape&, cudaStream_t) { missing("select_topk"); }
+void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t) { missing("attention_forward"); }
+size_t attention_workspace_bytes(const AttentionArgs&, const ProblemShape&) { return 0; }
+void quantize(const Tensor&, QuantFormat, const QTensor&, cudaStream_t) { missing("quantize"); }
+void dequantize(const QTensor&, const Tensor&, cudaStream_t) { missing("dequantize"); }
+
+}  // namespace msa::cuda
