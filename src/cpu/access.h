@@ -1,0 +1,176 @@
+// Shared by the whole CPU backend (block scores, top-K, attention, CSR, quant): read a
+// dequantized row of a QTensor (q, or K/V of a flat or paged KVCache) as double, write a double
+// into an f32/bf16/f16 tensor with one rounding, and the causal visibility rule of DESIGN.md s.1.
+// Keep this API small and stable: several CPU files depend on it. Arguments are validated by
+// src/api before any of this runs, so these helpers do not re-check shapes.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "api/validate.h"
+#include "backend.h"
+#include "common/codecs.h"
+
+namespace msa::cpu {
+
+// Exclusive end of the batch-local keys visible to batch-local query i (DESIGN.md s.1):
+// causal is bottom-right aligned, query i sees key j iff j <= i + lk - lq.
+inline int64_t visible_key_end(int64_t i, int64_t lq, int64_t lk, bool causal) {
+  if (!causal) return lk;
+  return std::clamp<int64_t>(i + lk - lq + 1, 0, lk);
+}
+
+// The cu_seqlens [B+1] int32 host tensor as 64-bit offsets.
+inline std::vector<int64_t> host_offsets(const Tensor& cu) {
+  std::vector<int64_t> off(cu.numel());
+  for (int64_t b = 0; b < cu.numel(); ++b) off[b] = cu.ptr<int32_t>()[b];
+  return off;
+}
+
+// One quantized value tensor plus its scales: decodes D logical elements that start at a given
+// element offset of x.values (fp4x2: offsets count bytes, as the tensor view's strides do).
+// The result is exact in double: every format's value * scale (* global) fits in 53 bits.
+class RowDecoder {
+ public:
+  RowDecoder(const QTensor& x, int64_t head_dim) : x_(x), dim_(head_dim) {}
+
+  // `token`, `head`: the indices the scales are looked up with (ignored for per-tensor scales).
+  void decode(int64_t offset, int64_t token, int64_t head, double* out) const {
+    const Tensor& v = x_.values;
+    switch (v.dtype) {
+      case DType::bf16:
+        for (int64_t d = 0; d < dim_; ++d) out[d] = codec::bf16_to_float(v.ptr<uint16_t>()[offset + d]);
+        return;
+      case DType::f16:
+        for (int64_t d = 0; d < dim_; ++d) out[d] = codec::f16_to_float(v.ptr<uint16_t>()[offset + d]);
+        return;
+      case DType::fp8_e4m3: {
+        const double s = fp8_scale(token, head);
+        for (int64_t d = 0; d < dim_; ++d) out[d] = s * codec::e4m3_to_float(v.ptr<uint8_t>()[offset + d]);
+        return;
+      }
+      case DType::fp4x2: {
+        const uint8_t* row = v.ptr<uint8_t>() + offset;
+        for (int64_t d = 0; d < dim_; ++d) out[d] = fp4_scale(token, head, d) * codec::fp4x2_get(row, d);
+        return;
+      }
+      default:
+        fail("cpu: unsupported value dtype ", dtype_name(v.dtype));
+    }
+  }
+
+ private:
+  // fp8 scale: absent -> 1; [1] per tensor; [T] per token; [T, H] per token and head.
+  double fp8_scale(int64_t token, int64_t head) const {
+    const Tensor& s = x_.scale;
+    if (!s.defined()) return 1.0;
+    const float* p = s.ptr<float>();
+    if (s.numel() == 1) return p[0];
+    if (s.ndim == 1) return p[token * s.strides[0]];
+    return p[token * s.strides[0] + head * s.strides[1]];
+  }
+  // NVFP4: e4m3 scale per 16 elements times global_scale; MXFP4: e8m0 scale per 32 elements.
+  double fp4_scale(int64_t token, int64_t head, int64_t d) const {
+    const Tensor& s = x_.scale;
+    const bool nv = s.dtype == DType::fp8_e4m3;
+    const int64_t g = d / (nv ? 16 : 32);
+    const uint8_t b = s.ptr<uint8_t>()[token * s.strides[0] + head * s.strides[1] + g * s.strides[2]];
+    return nv ? double(codec::e4m3_to_float(b)) * double(x_.global_scale)
+              : double(codec::e8m0_to_float(b));
+  }
+
+  QTensor x_;
+  int64_t dim_;
+};
+
+// Rows of q [total_q, H, D] (fp4x2: [total_q, H, D/2]); t is the global token index.
+class QReader {
+ public:
+  QReader(const QTensor& q, int64_t head_dim) : q_(q.values), dec_(q, head_dim) {}
+  void row(int64_t t, int64_t h, double* out_D) const {
+    dec_.decode(t * q_.strides[0] + h * q_.strides[1], t, h, out_D);
+  }
+
+ private:
+  Tensor q_;
+  RowDecoder dec_;
+};
+
+enum class KVPart : uint8_t { k, v };
+
+// Rows of K (or V) of a KVCache by (batch, batch-local key index, kv head), flat or paged.
+// Paged caches are read through page_table; page ids were range-checked by validation.
+class KeyReader {
+ public:
+  KeyReader(const KVCache& kv, const ProblemShape& s, KVPart part = KVPart::k)
+      : kv_(kv),
+        t_(part == KVPart::k ? kv.k.values : kv.v.values),
+        dec_(part == KVPart::k ? kv.k : kv.v, s.head_dim),
+        page_size_(s.page_size),
+        lengths_(api::host_key_lengths(kv, s)) {
+    if (kv.layout == KVLayout::flat) starts_ = host_offsets(kv.cu_seqlens_k);
+  }
+
+  int64_t batch() const { return int64_t(lengths_.size()); }
+  int64_t length(int64_t b) const { return lengths_[b]; }  // Lk_b
+  const std::vector<int64_t>& lengths() const { return lengths_; }
+
+  void row(int64_t b, int64_t j_local, int64_t h, double* out_D) const {
+    if (kv_.layout == KVLayout::flat) {
+      const int64_t t = starts_[b] + j_local;
+      dec_.decode(t * t_.strides[0] + h * t_.strides[1], t, h, out_D);
+      return;
+    }
+    const Tensor& pt = kv_.page_table;
+    const int64_t page = pt.ptr<int32_t>()[b * pt.strides[0] + (j_local / page_size_) * pt.strides[1]];
+    const int64_t slot = j_local % page_size_;
+    const int64_t off = kv_.layout == KVLayout::paged_nhd
+                            ? page * t_.strides[0] + slot * t_.strides[1] + h * t_.strides[2]
+                            : page * t_.strides[0] + h * t_.strides[1] + slot * t_.strides[2];
+    // Paged fp8 takes only a per-tensor scale (validation), so the token index is unused.
+    dec_.decode(off, 0, h, out_D);
+  }
+
+ private:
+  KVCache kv_;
+  Tensor t_;
+  RowDecoder dec_;
+  int64_t page_size_;
+  std::vector<int64_t> lengths_;
+  std::vector<int64_t> starts_;  // flat only: cu_seqlens_k
+};
+
+// Rounds a double to float with round-to-odd, so that a second rounding (float -> bf16/f16,
+// both far narrower) equals one correct rounding of the double.
+inline float to_float_round_odd(double x) {
+  float f = float(x);
+  if (double(f) == x || std::isnan(x)) return f;
+  uint32_t u = codec::float_bits(f);
+  if ((u & 1u) == 0) u = std::fabs(double(f)) > std::fabs(x) ? u - 1 : u + 1;  // step toward x
+  return codec::bits_float(u);
+}
+
+// Writes v into element `offset` of an f32 / bf16 / f16 tensor, rounding once to nearest even.
+inline void store_value(const Tensor& t, int64_t offset, double v) {
+  switch (t.dtype) {
+    case DType::f32: t.ptr<float>()[offset] = float(v); return;
+    case DType::bf16: t.ptr<uint16_t>()[offset] = codec::float_to_bf16(to_float_round_odd(v)); return;
+    case DType::f16: t.ptr<uint16_t>()[offset] = codec::float_to_f16(to_float_round_odd(v)); return;
+    default: fail("cpu: cannot store into dtype ", dtype_name(t.dtype));
+  }
+}
+
+// Reads element `offset` of an f32 / bf16 / f16 tensor.
+inline double load_value(const Tensor& t, int64_t offset) {
+  switch (t.dtype) {
+    case DType::f32: return t.ptr<float>()[offset];
+    case DType::bf16: return codec::bf16_to_float(t.ptr<uint16_t>()[offset]);
+    case DType::f16: return codec::f16_to_float(t.ptr<uint16_t>()[offset]);
+    default: fail("cpu: cannot load from dtype ", dtype_name(t.dtype));
+  }
+}
+
+}  // namespace msa::cpu
