@@ -1,0 +1,102 @@
+// Kernels of the device-side index checks (index_checks.cuh): one thread per (head, token) row
+// of q2k, one per cu_seqlens entry, and a single-thread finalize that turns the first-offence
+// key into the status buffer.
+#include <cstdint>
+
+#include "cuda/common/index_checks.cuh"
+#include "cuda/device/check.h"
+#include "msa/common.h"
+
+namespace msa::cuda {
+namespace {
+
+// First-offence key: smaller is earlier. cu_seqlens offences (class 0) sort before q2k (class 1);
+// within a class by linear index, then code. 0xffff... = no offence.
+constexpr uint64_t kNoOffence = ~0ull;
+__device__ __forceinline__ uint64_t offence_key(uint64_t cls, uint64_t index, uint64_t code) {
+  return (cls << 60) | (index << 4) | code;
+}
+
+__global__ void check_cu_seqlens_kernel(Q2KCheckParams p, unsigned long long* first) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i > p.batch) return;
+  for (int which = 0; which < 2; ++which) {
+    const int32_t* cu = which == 0 ? p.cu_seqlens_q : p.keys.cu_seqlens_k;
+    if (cu == nullptr) continue;
+    const int64_t total = which == 0 ? p.total_q : p.keys.total_k;
+    bool bad = (i == 0) ? cu[0] != 0 : cu[i] < cu[i - 1];
+    if (i == p.batch && total >= 0 && cu[i] != total) bad = true;
+    if (bad) {
+      const uint64_t code = uint64_t(StatusCode::bad_cu_seqlens);
+      atomicMin(first, offence_key(0, uint64_t(i) * 2 + which, code));
+    }
+  }
+  if (p.keys.seqused_k && i < p.batch && p.keys.seqused_k[i] < 0)
+    atomicMin(first, offence_key(0, uint64_t(i) * 2 + 1, uint64_t(StatusCode::bad_cu_seqlens)));
+}
+
+__global__ void check_q2k_kernel(Q2KCheckParams p, unsigned long long* first) {
+  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // h * total_q + t
+  if (row >= p.num_kv_heads * p.total_q) return;
+  const int64_t t = row % p.total_q;
+  const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
+  const int64_t lk = batch_keys(p.keys, b);
+  const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
+  const int32_t* ids = p.q2k + row * p.topk;
+  for (int64_t s = 0; s < p.topk; ++s) {
+    const int32_t id = ids[s];
+    if (id == -1) continue;
+    uint64_t code = 0;
+    if (id < -1 || id >= nblk) {
+      code = uint64_t(StatusCode::block_id_out_of_range);
+    } else {
+      for (int64_t r = 0; r < s; ++r)
+        if (ids[r] == id) code = uint64_t(StatusCode::block_id_repeated);
+    }
+    if (code) {
+      atomicMin(first, offence_key(1, uint64_t(row * p.topk + s), code));
+      return;  // later slots of this row cannot be earlier offences
+    }
+  }
+}
+
+__global__ void finalize_kernel(Q2KCheckParams p, const unsigned long long* first,
+                                int32_t* status) {
+  const uint64_t key = *first;
+  if (key == kNoOffence || status[0] != 0) return;
+  const int32_t code = int32_t(key & 0xf);
+  const uint64_t index = (key & ((1ull << 60) - 1)) >> 4;
+  if ((key >> 60) == 0) {  // cu_seqlens: index = batch * 2 + which
+    status[1] = int32_t(index & 1);
+    status[2] = int32_t(index >> 1);
+    status[3] = 0;
+  } else {  // q2k: index = (h * total_q + t) * topk + s
+    const uint64_t s = index % uint64_t(p.topk), row = index / uint64_t(p.topk);
+    status[1] = int32_t(row / uint64_t(p.total_q));
+    status[2] = int32_t(row % uint64_t(p.total_q));
+    status[3] = int32_t(s);
+  }
+  status[0] = code;
+}
+
+}  // namespace
+
+void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
+                      cudaStream_t stream) {
+  auto* first = static_cast<unsigned long long*>(workspace);
+  MSA_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(*first), stream));
+  constexpr int kThreads = 256;
+  const int64_t cu_threads = p.batch + 1;
+  check_cu_seqlens_kernel<<<unsigned((cu_threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      p, first);
+  MSA_CUDA_CHECK_LAUNCH();
+  const int64_t rows = p.num_kv_heads * p.total_q;
+  if (rows > 0 && p.topk > 0 && p.batch > 0) {
+    check_q2k_kernel<<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, first);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+  finalize_kernel<<<1, 1, 0, stream>>>(p, first, status);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace msa::cuda
