@@ -1,0 +1,140 @@
+// CPU reference quantizers (DESIGN.md s.8): the exact rounding rules every backend's quantize /
+// dequantize reproduces. Called by msa::quantize / msa::dequantize (src/api/quant.cpp) after
+// validation. Every quotient is formed exactly (in double) and rounded once to the target grid.
+#include <cmath>
+#include <vector>
+
+#include "cpu/access.h"
+
+namespace msa::cpu {
+namespace {
+
+constexpr double kE4m3Max = 448.0;
+constexpr double kE2m1Max = 6.0;
+
+// Correctly rounded encoders from a double: round-to-odd to float, then the codec's RNE, which
+// together equal one rounding of the double (the float keeps >= 2 more bits than either format).
+uint8_t encode_e4m3(double v) { return codec::float_to_e4m3(to_float_round_odd(v)); }
+uint8_t encode_e2m1(double v) { return codec::float_to_e2m1(to_float_round_odd(v)); }
+
+int64_t offset3(const Tensor& t, int64_t a, int64_t b, int64_t c) {
+  return a * t.strides[0] + b * t.strides[1] + c * t.strides[2];
+}
+
+// max |x[t, h, d]| over d in [d0, d1). NaN propagates, so a NaN block gets a NaN scale.
+float amax_range(const Tensor& x, int64_t t, int64_t h, int64_t d0, int64_t d1) {
+  float m = 0.f;
+  for (int64_t d = d0; d < d1; ++d) {
+    const float a = std::fabs(float(load_value(x, offset3(x, t, h, d))));
+    m = (a > m || std::isnan(a)) ? a : m;
+  }
+  return m;
+}
+
+// ---- FP8: scale = amax / 448 rounded to f32 (1 where that is not > 0); code = e4m3(x / s) ----
+void quantize_fp8(const Tensor& x, QuantFormat f, const QTensor& out) {
+  const int64_t T = x.shape[0], H = x.shape[1], D = x.shape[2];
+  std::vector<float> row_amax(T * H);
+#pragma omp parallel for collapse(2)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) row_amax[t * H + h] = amax_range(x, t, h, 0, D);
+
+  // One scale per tensor, per token or per (token, head); the scale tensor is contiguous.
+  auto scale_index = [&](int64_t t, int64_t h) -> int64_t {
+    if (f == QuantFormat::fp8_per_tensor) return 0;
+    return f == QuantFormat::fp8_per_token ? t : t * H + h;
+  };
+  std::vector<float> amax(out.scale.numel(), 0.f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      float& m = amax[scale_index(t, h)];
+      const float a = row_amax[t * H + h];
+      m = (a > m || std::isnan(a)) ? a : m;
+    }
+  float* scale = out.scale.ptr<float>();
+  for (size_t i = 0; i < amax.size(); ++i) {
+    const float s = float(double(amax[i]) / kE4m3Max);
+    scale[i] = s > 0.f ? s : 1.f;  // amax 0 (or an underflowing scale) keeps the values as-is
+  }
+
+  uint8_t* codes = out.values.ptr<uint8_t>();
+#pragma omp parallel for collapse(2)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const double s = scale[scale_index(t, h)];
+      for (int64_t d = 0; d < D; ++d)
+        codes[offset3(out.values, t, h, d)] = encode_e4m3(load_value(x, offset3(x, t, h, d)) / s);
+    }
+}
+
+// ---- FP4 (NVFP4 / MXFP4): one scale byte per group of elements along D ----
+
+// NVFP4 block scale: amax / (6 * global) rounded to e4m3 (saturating at 448).
+uint8_t nvfp4_scale_byte(float amax, float global) {
+  return encode_e4m3(double(amax) / (kE2m1Max * double(global)));
+}
+
+// MXFP4 (OCP MX) scale: 2^(floor(log2(amax)) - 2), 2 being e2m1's largest exponent, clamped to
+// e8m0's range [2^-127, 2^127]; amax 0 gives the smallest scale (codes 0); non-finite -> NaN.
+uint8_t mxfp4_scale_byte(float amax) {
+  if (!std::isfinite(amax)) return 0xff;
+  if (amax == 0.f) return 0;
+  int e;
+  (void)std::frexp(amax, &e);  // amax = f * 2^e, f in [0.5, 1): floor(log2(amax)) = e - 1
+  const int exp = std::clamp(e - 1 - 2, -127, 127);
+  return uint8_t(exp + 127);
+}
+
+void quantize_fp4(const Tensor& x, QuantFormat f, const QTensor& out) {
+  const int64_t T = x.shape[0], H = x.shape[1], D = x.shape[2];
+  const bool nv = f == QuantFormat::nvfp4;
+  const int64_t group = nv ? 16 : 32;
+  const Tensor& sc = out.scale;
+  const Tensor& v = out.values;
+#pragma omp parallel for collapse(2)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t g = 0; g < D / group; ++g) {
+        const float amax = amax_range(x, t, h, g * group, (g + 1) * group);
+        const uint8_t byte = nv ? nvfp4_scale_byte(amax, out.global_scale) : mxfp4_scale_byte(amax);
+        sc.ptr<uint8_t>()[offset3(sc, t, h, g)] = byte;
+        // The step the decoder multiplies by; a zero step (all-zero block, or a scale that
+        // rounded to 0) encodes the block as zeros instead of dividing by 0.
+        const double step = nv ? double(codec::e4m3_to_float(byte)) * double(out.global_scale)
+                               : double(codec::e8m0_to_float(byte));
+        for (int64_t d = g * group; d < (g + 1) * group; d += 2) {
+          const double a = load_value(x, offset3(x, t, h, d));
+          const double b = load_value(x, offset3(x, t, h, d + 1));
+          const uint8_t lo = step != 0.0 ? encode_e2m1(a / step) : 0;
+          const uint8_t hi = step != 0.0 ? encode_e2m1(b / step) : 0;
+          v.ptr<uint8_t>()[offset3(v, t, h, d / 2)] = uint8_t(lo | (hi << 4));
+        }
+      }
+}
+
+}  // namespace
+
+void quantize(const Tensor& x, QuantFormat f, const QTensor& out) {
+  if (f == QuantFormat::nvfp4 || f == QuantFormat::mxfp4)
+    quantize_fp4(x, f, out);
+  else
+    quantize_fp8(x, f, out);
+}
+
+void dequantize(const QTensor& x, const Tensor& out) {
+  const int64_t T = out.shape[0], H = out.shape[1], D = out.shape[2];
+  const RowDecoder dec(x, D);
+  const Tensor& v = x.values;
+#pragma omp parallel
+  {
+    std::vector<double> row(D);
+#pragma omp for collapse(2)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        dec.decode(t * v.strides[0] + h * v.strides[1], t, h, row.data());
+        for (int64_t d = 0; d < D; ++d) store_value(out, offset3(out, t, h, d), row[d]);
+      }
+  }
+}
+
+}  // namespace msa::cpu
