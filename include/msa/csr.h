@@ -22,7 +22,11 @@ struct CsrBuildArgs {
   Tensor status;         // int32[4] on CUDA
 };
 
-// Elements of the int32 schedule buffer needed for this shape.
+// Elements of the int32 schedule buffer needed for this shape: an upper bound,
+// 2 + 4 * num_kv_heads * total_rows. Format (src/common/schedule.h is the one definition):
+// header {0x4d534131 ("MSA1"), n_items}, then one item of 4 int32 {kv head, row, q_begin, q_end}
+// per non-empty (kv head, row), [q_begin, q_end) being the row's slice of q_idx. Attention
+// checks that a given schedule covers every non-empty row exactly once (else msa::Error).
 int64_t k2q_schedule_size(int64_t num_kv_heads, int64_t total_rows, int64_t total_q, int64_t topk);
 // Scratch bytes build_k2q_csr needs on CUDA (0 on CPU).
 size_t csr_workspace_bytes(int64_t num_kv_heads, int64_t total_rows, int64_t total_q, int64_t topk);

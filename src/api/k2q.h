@@ -1,0 +1,21 @@
+// Argument rules for the k2q CSR family, shared by api/csr.cpp (builder outputs, converters) and
+// api/attention.cpp (the optional K2QIndex input). Each check throws msa::Error naming the
+// argument and the rule.
+#pragma once
+
+#include "backend.h"
+
+namespace msa::api {
+
+// The length-bearing parts of a KV cache when only lengths are needed (flat: cu_seqlens_k;
+// paged: page_table, optional seqused_k, and k's shape for the page size). Returns a shape with
+// batch and the page fields filled, enough for host_key_lengths.
+ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device);
+
+// A K2QIndex for a problem with s.num_kv_heads, s.total_q, s.topk (row_ptr, q_idx required;
+// schedule optional, at least k2q_schedule_size elements). `name` prefixes messages ("out",
+// "k2q"). On CPU, row_ptr's total_rows must equal sum_b nblk_b of `kv`. Returns total_rows.
+int64_t check_k2q_index(const K2QIndex& k2q, const char* name, const KVCache& kv,
+                        const ProblemShape& s, Device device);
+
+}  // namespace msa::api
