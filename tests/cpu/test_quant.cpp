@@ -7,21 +7,14 @@
 
 #include "common/codecs.h"
 #include "cpu/host_tensor.h"
+#include "cpu/ref_codecs.h"
 #include "msa/msa.h"
 
 namespace msa::test {
 namespace {
 
-// ---- independent reference: code values from the format definitions, nearest by search ----
+// ---- independent reference: the nearest code of a format by search (ref_codecs.h values) ----
 
-double e4m3_value(int byte) {  // OCP e4m3fn, byte without the sign bit, 0..0x7e
-  const int exp = (byte >> 3) & 15, man = byte & 7;
-  return exp == 0 ? man * std::ldexp(1.0, -9) : (1.0 + man / 8.0) * std::ldexp(1.0, exp - 7);
-}
-double e2m1_value(int code) {  // code without the sign bit, 0..7
-  const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-  return mag[code];
-}
 // Nearest code to `target` among `n` magnitudes, ties to the even code, saturating; sign kept.
 template <typename ValueFn>
 int nearest_code(double target, int n, int sign_bit, ValueFn value) {
@@ -33,10 +26,8 @@ int nearest_code(double target, int n, int sign_bit, ValueFn value) {
   }
   return std::signbit(target) ? (best | sign_bit) : best;
 }
-uint8_t ref_e4m3(double t) { return uint8_t(nearest_code(t, 0x7f, 0x80, e4m3_value)); }
-uint8_t ref_e2m1(double t) { return uint8_t(nearest_code(t, 8, 0x8, e2m1_value)); }
-double ref_e4m3_decode(uint8_t b) { return (b & 0x80 ? -1 : 1) * e4m3_value(b & 0x7f); }
-double ref_e2m1_decode(uint8_t n) { return (n & 8 ? -1 : 1) * e2m1_value(n & 7); }
+uint8_t ref_e4m3(double t) { return uint8_t(nearest_code(t, 0x7f, 0x80, e4m3_magnitude)); }
+uint8_t ref_e2m1(double t) { return uint8_t(nearest_code(t, 8, 0x8, e2m1_magnitude)); }
 uint8_t nibble(const HostTensor& v, int64_t byte_offset, int64_t d) {
   const uint8_t b = v.data<uint8_t>()[byte_offset + d / 2];
   return d % 2 ? uint8_t(b >> 4) : uint8_t(b & 15);
@@ -57,8 +48,8 @@ std::vector<double> fill_random(HostTensor& x, std::mt19937& rng, double lo, dou
         if (x.t.dtype == DType::bf16) x.data<uint16_t>()[o] = codec::float_to_bf16(v);
         if (x.t.dtype == DType::f16) x.data<uint16_t>()[o] = codec::float_to_f16(v);
         out.push_back(x.t.dtype == DType::f32 ? v
-                      : x.t.dtype == DType::bf16 ? codec::bf16_to_float(codec::float_to_bf16(v))
-                                                 : codec::f16_to_float(codec::float_to_f16(v)));
+                      : x.t.dtype == DType::bf16 ? ref_bf16_decode(codec::float_to_bf16(v))
+                                                 : ref_f16_decode(codec::float_to_f16(v)));
       }
   return out;
 }
@@ -312,7 +303,7 @@ TEST(QuantFp4, DequantizeStridedOutputAndF16) {
       for (int64_t d = 0; d < D; ++d) {
         const double want = ref_e2m1_decode(nibble(v, v.offset({t, h, 0}), d)) *
                             std::ldexp(1.0, int(s.data<uint8_t>()[t * H + h]) - 127);
-        EXPECT_EQ(codec::f16_to_float(out.data<uint16_t>()[out.offset({t, h, d})]), want);
+        EXPECT_EQ(ref_f16_decode(out.data<uint16_t>()[out.offset({t, h, d})]), want);
       }
       if (t * H + h + 1 < T * H)  // the row padding (the last row has none)
         for (int64_t d = D; d < D + 8; ++d)

@@ -1,0 +1,55 @@
+// Public block_scores (include/msa/indexer.h): checks q, the key cache, cu_seqlens_q and the
+// scores output on the host, then runs the CPU reference or the CUDA backend.
+#include "msa/indexer.h"
+
+#include <algorithm>
+
+#include "api/validate.h"
+#include "backend.h"
+
+namespace msa {
+namespace {
+
+// The largest nblk_b when the lengths can be read on the host (CPU tensors, or a paged cache
+// without seqused_k, whose lengths are all max_pages * page_size); -1 otherwise.
+int64_t host_max_blocks(const KVCache& kv, const ProblemShape& s, bool on_cuda) {
+  const bool paged_fixed = kv.layout != KVLayout::flat && !kv.seqused_k.defined();
+  if (on_cuda && !paged_fixed) return -1;
+  if (paged_fixed) return s.batch > 0 ? api::num_blocks(s.max_pages * s.page_size, s.kv_block_size) : 0;
+  int64_t m = 0;
+  for (int64_t lk : api::host_key_lengths(kv, s)) m = std::max(m, api::num_blocks(lk, s.kv_block_size));
+  return m;
+}
+
+void check_scores(const Tensor& scores, const ProblemShape& s, int64_t need_blocks, Device device) {
+  check_defined(scores, "scores");
+  check_dtype(scores, "scores", {DType::f32});
+  check_ndim(scores, "scores", 3);
+  MSA_CHECK(scores.shape[0] == s.num_q_heads && scores.shape[2] == s.total_q,
+            "scores: shape must be [Hq, nblk_max, total_q] = [", s.num_q_heads, ", *, ", s.total_q,
+            "], got ", scores.describe());
+  if (need_blocks >= 0)
+    MSA_CHECK(scores.shape[1] >= need_blocks, "scores: nblk_max (dim 1) must be >= the largest "
+              "block count max_b ceil(Lk_b / kv_block_size) = ", need_blocks, ", got ",
+              scores.describe());
+  check_contiguous(scores, "scores");
+  MSA_CHECK(scores.device == device, "scores: must be on ", device_name(device), ", got ",
+            device_name(scores.device));
+}
+
+}  // namespace
+
+void block_scores(const BlockScoresArgs& a, cudaStream_t stream) {
+  const ProblemShape s = api::check_q_and_kv(
+      a.q, a.kv, a.cu_seqlens_q, {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp4x2},
+      /*need_v=*/false, /*kv_may_be_fp8=*/false, a.kv_block_size);
+  const Device device = a.q.values.device;
+  if (a.q.scale.defined()) check_same_device(a.q.values, "q", a.q.scale, "q.scale");
+  if (a.kv.k.scale.defined()) check_same_device(a.q.values, "q", a.kv.k.scale, "k.scale");
+  check_scores(a.scores, s, host_max_blocks(a.kv, s, device.type == DeviceType::cuda), device);
+  api::check_status_arg(a.status, device, "block_scores");
+  if (device.type == DeviceType::cuda) return cuda::block_scores(a, s, stream);
+  cpu::block_scores(a, s);
+}
+
+}  // namespace msa
