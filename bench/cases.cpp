@@ -1,0 +1,132 @@
+// The BENCHMARKS.md case table (see cases.h). Defaults of every case: Hq=64, Hkv=4 (G=16),
+// D=128, blk_kv=128, topK=16, bf16, causal; a case overrides only what the table says.
+#include "bench/cases.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace msa::bench {
+namespace {
+
+const char* kNeedsPrefill = "the CUDA sparse prefill (attention_forward)";
+const char* kNeedsCsr = "the CUDA CSR builder (build_k2q_csr)";
+const char* kNeedsIndexer = "the CUDA indexer (block_scores, select_topk)";
+const char* kNeedsE2e = "the CUDA indexer, top-K, CSR builder and sparse prefill";
+const char* kNeedsDecode = "the CUDA sparse decode (DecodePlan)";
+const char* kNeedsDenseDecode = "the CUDA dense paged decode (DecodePlan)";
+
+BenchCase prefill(std::string name, CaseKind kind, std::string timed, int64_t seq, Pattern p,
+                  const char* needs) {
+  BenchCase c;
+  c.name = std::move(name);
+  c.kind = kind;
+  c.timed = std::move(timed);
+  c.seqlens_q = c.seqlens_k = {seq};
+  c.pattern = p;
+  c.needs = needs;
+  return c;
+}
+
+BenchCase decode(std::string name, std::string timed, int64_t batch, int64_t queries,
+                 std::vector<int64_t> keys, const char* needs) {
+  BenchCase c;
+  c.name = std::move(name);
+  c.kind = CaseKind::decode;
+  c.timed = std::move(timed);
+  c.seqlens_q.assign(batch, queries);
+  c.seqlens_k = keys.size() == 1 ? std::vector<int64_t>(batch, keys[0]) : std::move(keys);
+  c.page_size = 128;
+  c.needs = needs;
+  return c;
+}
+
+std::vector<BenchCase> make_cases() {
+  const CaseKind fwd = CaseKind::sparse_prefill;
+  std::vector<BenchCase> v;
+  v.push_back(prefill("P8K-tok", fwd, "sparse attention forward", 8192, Pattern::tok, kNeedsPrefill));
+  v.push_back(prefill("P32K-tok", fwd, "sparse attention forward", 32768, Pattern::tok, kNeedsPrefill));
+  v.push_back(prefill("P32K-blk", fwd, "sparse attention forward", 32768, Pattern::blk, kNeedsPrefill));
+  v.push_back(prefill("P48K-tok", fwd, "sparse attention forward", 49152, Pattern::tok, kNeedsPrefill));
+  BenchCase varlen = prefill("VARLEN-tok", fwd, "sparse attention forward", 0, Pattern::tok, kNeedsPrefill);
+  varlen.seqlens_q = varlen.seqlens_k = {1024, 2048, 3072, 5120, 8192, 12288, 16384, 17408};
+  v.push_back(varlen);
+  v.push_back(prefill("CSR-32K", CaseKind::csr_build, "q2k -> k2q CSR + schedule build", 32768,
+                      Pattern::tok, kNeedsCsr));
+  v.push_back(prefill("IDX-32K-bf16", CaseKind::block_scores, "block scores (and fused top-K)",
+                      32768, Pattern::idx, kNeedsIndexer));
+  BenchCase idx8 = prefill("IDX-32K-fp8", CaseKind::block_scores, "block scores (and fused top-K)",
+                           32768, Pattern::idx, kNeedsIndexer);
+  idx8.kv_dtypes = "fp8";
+  v.push_back(idx8);
+  v.push_back(prefill("E2E-32K", CaseKind::end_to_end, "indexer + top-K + CSR + attention, end to end",
+                      32768, Pattern::idx, kNeedsE2e));
+  v.push_back(decode("DEC-B32", "sparse decode", 32, 1, {16384}, kNeedsDecode));
+  BenchCase dense = decode("DEC-B32-dense", "dense paged decode", 32, 1, {16384}, kNeedsDenseDecode);
+  dense.dense = true;
+  v.push_back(dense);
+  BenchCase mtp = decode("DEC-MTP", "sparse decode, bf16 and fp8 KV", 30, 8, {67584}, kNeedsDecode);
+  mtp.kv_dtypes = "bf16,fp8";
+  v.push_back(mtp);
+  std::vector<int64_t> skew(30, 60592);
+  skew[0] = 270336;
+  v.push_back(decode("DEC-SKEW", "sparse decode", 30, 8, skew, kNeedsDecode));
+  v.push_back(decode("DEC-B2048", "sparse decode past the 1024-request limit", 2048, 1, {4096},
+                     kNeedsDecode));
+  return v;
+}
+
+// "S=8192" for one length, "S=1024..17408" for a spread, "keys=16384" for decode.
+std::string lengths(const char* label, const std::vector<int64_t>& v) {
+  if (v.empty()) return std::string(label) + "=0";
+  int64_t lo = v[0], hi = v[0];
+  for (int64_t x : v) lo = std::min(lo, x), hi = std::max(hi, x);
+  std::ostringstream os;
+  os << label << "=" << lo;
+  if (hi != lo) os << ".." << hi;
+  return os.str();
+}
+
+}  // namespace
+
+const char* case_kind_name(CaseKind k) {
+  switch (k) {
+    case CaseKind::sparse_prefill: return "sparse_prefill";
+    case CaseKind::csr_build: return "csr_build";
+    case CaseKind::block_scores: return "block_scores";
+    case CaseKind::end_to_end: return "end_to_end";
+    case CaseKind::decode: return "decode";
+  }
+  return "?";
+}
+
+const std::vector<BenchCase>& bench_cases() {
+  static const std::vector<BenchCase> cases = make_cases();
+  return cases;
+}
+
+const BenchCase* find_case(std::string_view name) {
+  for (const BenchCase& c : bench_cases())
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+std::string describe_shape(const BenchCase& c) {
+  std::ostringstream os;
+  os << "B=" << c.seqlens_q.size() << " ";
+  if (c.kind == CaseKind::decode) {
+    os << lengths("q", c.seqlens_q) << " " << lengths("keys", c.seqlens_k) << " page=" << c.page_size;
+  } else {
+    os << lengths("S", c.seqlens_q);
+  }
+  os << " Hq=" << c.num_q_heads << " Hkv=" << c.num_kv_heads << " D=" << c.head_dim
+     << " blk=" << c.kv_block_size;
+  if (c.dense) {
+    os << " dense";
+  } else {
+    os << " topK=" << c.topk << " " << pattern_name(c.pattern);
+  }
+  os << (c.causal ? " causal " : " non-causal ") << c.kv_dtypes;
+  return os.str();
+}
+
+}  // namespace msa::bench

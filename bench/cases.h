@@ -1,0 +1,47 @@
+// The named benchmark cases of BENCHMARKS.md as data: shape, selection pattern, what is timed
+// and which GPU op they need. Shared by `msa bench` and the GPU benchmark programs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bench/patterns.h"
+
+namespace msa::bench {
+
+enum class CaseKind {
+  sparse_prefill,  // sparse attention forward on flat KV
+  csr_build,       // q2k -> k2q CSR + schedule
+  block_scores,    // indexer (and fused top-K)
+  end_to_end,      // indexer + top-K + CSR + attention
+  decode,          // sparse or dense paged decode
+};
+const char* case_kind_name(CaseKind k);
+
+struct BenchCase {
+  std::string name;
+  CaseKind kind = CaseKind::sparse_prefill;
+  std::string timed;                 // BENCHMARKS.md "what is timed"
+  std::vector<int64_t> seqlens_q;    // per request
+  std::vector<int64_t> seqlens_k;    // per request
+  int num_q_heads = 64, num_kv_heads = 4, head_dim = 128;
+  int topk = 16, kv_block_size = 128;
+  bool causal = true;
+  Pattern pattern = Pattern::tok;
+  bool dense = false;                // decode over every key (no selection)
+  int page_size = 0;                 // > 0: paged KV (decode cases)
+  std::string kv_dtypes = "bf16";    // e.g. "bf16", "fp8", "bf16,fp8"
+  uint64_t seed = 1;                 // inputs and selection (BENCHMARKS.md: fixed seeds)
+  std::string needs;                 // the GPU op the case needs, for "no backend" messages
+};
+
+// Every case of BENCHMARKS.md, in its table order.
+const std::vector<BenchCase>& bench_cases();
+// nullptr when no case has that name (exact match).
+const BenchCase* find_case(std::string_view name);
+// One line, e.g. "B=1 S=32768 Hq=64 Hkv=4 D=128 blk=128 topK=16 tok causal bf16".
+std::string describe_shape(const BenchCase& c);
+
+}  // namespace msa::bench

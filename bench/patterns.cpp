@@ -1,0 +1,132 @@
+// Synthetic tok/blk selections and pair counts (see patterns.h). Plain host code: a 48K-token
+// selection takes milliseconds, so it is generated fresh by every benchmark run.
+#include "bench/patterns.h"
+
+#include <algorithm>
+
+namespace msa::bench {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A counter-based stream: the draws of one row depend only on (seed, head, row key), so rows can
+// be generated in any order or in parallel and still give the same selection.
+class RowRng {
+ public:
+  RowRng(uint64_t seed, uint64_t head, uint64_t row)
+      : state_(splitmix64(splitmix64(seed) ^ splitmix64(head * 0x100000001b3ull + row))) {}
+  uint64_t next() { return splitmix64(state_++); }
+
+ private:
+  uint64_t state_;
+};
+
+bool contains(const int32_t* row, int n, int32_t id) { return std::find(row, row + n, id) != row + n; }
+
+// One selection row for a query whose visible keys are [0, vis_end) of a batch with lk keys and
+// whose diagonal key is diag_pos: forced blocks 0, diagonal, diagonal - 1, then random visible
+// blocks; ascending and -1 padded. Rows of queries that see nothing are all -1.
+void draw_row(int64_t vis_end, int64_t diag_pos, int blk, int topk, RowRng rng, int32_t* row) {
+  std::fill(row, row + topk, -1);
+  if (vis_end <= 0) return;
+  const int64_t nvis = (vis_end + blk - 1) / blk;
+  int n = 0;
+  if (nvis <= topk) {
+    for (int64_t kb = 0; kb < nvis; ++kb) row[n++] = static_cast<int32_t>(kb);
+    return;
+  }
+  const int64_t diag = diag_pos / blk;
+  for (int64_t kb : {int64_t{0}, diag, diag - 1}) {
+    if (n < topk && kb >= 0 && kb < nvis && !contains(row, n, static_cast<int32_t>(kb)))
+      row[n++] = static_cast<int32_t>(kb);
+  }
+  while (n < topk) {  // nvis > topk, so a free block always exists
+    const auto kb = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(nvis));
+    if (!contains(row, n, kb)) row[n++] = kb;
+  }
+  std::sort(row, row + n);
+}
+
+}  // namespace
+
+const char* pattern_name(Pattern p) {
+  switch (p) {
+    case Pattern::tok: return "tok";
+    case Pattern::blk: return "blk";
+    case Pattern::idx: return "idx";
+  }
+  return "?";
+}
+
+bool parse_pattern(std::string_view name, Pattern* out) {
+  for (Pattern p : {Pattern::tok, Pattern::blk, Pattern::idx}) {
+    if (name == pattern_name(p)) {
+      *out = p;
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t visible_key_end(int64_t i, int64_t lq, int64_t lk, bool causal) {
+  if (!causal) return lk;
+  return std::clamp<int64_t>(i + lk - lq + 1, 0, lk);
+}
+
+std::vector<int32_t> make_selection(Pattern p, const SelectionShape& s) {
+  const int64_t batch = static_cast<int64_t>(s.cu_seqlens_q.size()) - 1;
+  const int64_t total_q = batch > 0 ? s.cu_seqlens_q[batch] : 0;
+  const int blk = s.kv_block_size;
+  std::vector<int32_t> q2k(static_cast<size_t>(s.num_kv_heads) * total_q * s.topk);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int h = 0; h < s.num_kv_heads; ++h) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t q0 = s.cu_seqlens_q[b], lq = s.cu_seqlens_q[b + 1] - q0;
+      const int64_t lk = s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b];
+      for (int64_t i = 0; i < lq; ++i) {
+        // blk: the whole query block takes the selection of its last query, the one that sees
+        // the most keys, drawn from the block's own stream.
+        const int64_t rep = p == Pattern::blk ? std::min((i / blk + 1) * blk, lq) - 1 : i;
+        const uint64_t key = p == Pattern::blk ? (uint64_t(b) << 40) + uint64_t(i / blk)
+                                               : uint64_t(q0 + i);
+        const int64_t vis_end = visible_key_end(rep, lq, lk, s.causal);
+        const int64_t diag_pos = std::clamp<int64_t>(rep + lk - lq, 0, lk > 0 ? lk - 1 : 0);
+        int32_t* row = q2k.data() + (static_cast<int64_t>(h) * total_q + q0 + i) * s.topk;
+        draw_row(vis_end, diag_pos, blk, s.topk, RowRng(s.seed, h, key), row);
+      }
+    }
+  }
+  return q2k;
+}
+
+PairCounts count_pairs(const std::vector<int32_t>& q2k, const SelectionShape& s, int group) {
+  const int64_t batch = static_cast<int64_t>(s.cu_seqlens_q.size()) - 1;
+  const int64_t total_q = batch > 0 ? s.cu_seqlens_q[batch] : 0;
+  const int64_t blk = s.kv_block_size;
+  int64_t attended = 0, visible = 0;
+#pragma omp parallel for collapse(2) reduction(+ : attended, visible)
+  for (int h = 0; h < s.num_kv_heads; ++h) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t q0 = s.cu_seqlens_q[b], lq = s.cu_seqlens_q[b + 1] - q0;
+      const int64_t lk = s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b];
+      for (int64_t i = 0; i < lq; ++i) {
+        const int64_t vis_end = visible_key_end(i, lq, lk, s.causal);
+        visible += vis_end;
+        const int32_t* row = q2k.data() + (static_cast<int64_t>(h) * total_q + q0 + i) * s.topk;
+        for (int j = 0; j < s.topk; ++j) {
+          if (row[j] < 0) continue;
+          const int64_t lo = row[j] * blk, hi = std::min(lo + blk, vis_end);
+          if (hi > lo) attended += hi - lo;
+        }
+      }
+    }
+  }
+  return {attended * group, visible * group};
+}
+
+}  // namespace msa::bench

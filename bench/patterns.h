@@ -1,0 +1,51 @@
+// Synthetic top-K selections for benchmarks (BENCHMARKS.md "Selection patterns") and the
+// attended-pair counts that the FLOP rules need. Shared by the CLI and the GPU benchmarks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace msa::bench {
+
+// tok: per-token selection; blk: one selection per 128-query block; idx: the project's own
+// indexer + top-K (not generated here: the caller runs block_scores and select_topk).
+enum class Pattern { tok, blk, idx };
+const char* pattern_name(Pattern p);
+// Returns false for an unknown name.
+bool parse_pattern(std::string_view name, Pattern* out);
+
+// A varlen prefill problem as far as the selection is concerned (host values).
+struct SelectionShape {
+  std::vector<int64_t> cu_seqlens_q;  // [B+1]
+  std::vector<int64_t> cu_seqlens_k;  // [B+1]
+  int num_kv_heads = 0;
+  int topk = 0;
+  int kv_block_size = 128;
+  bool causal = true;
+  uint64_t seed = 0;
+};
+
+// q2k [Hkv, total_q, topk] int32 for Pattern::tok or Pattern::blk: block 0, the query's diagonal
+// block (the one holding its last visible key), the block before it, then distinct random
+// visible blocks until topk are chosen (all visible blocks when fewer); ascending, -1 padded.
+// Each (kv head, query) row (tok) or (kv head, query block) row (blk) draws from its own
+// counter-based random stream, so the result depends only on the shape and the seed.
+std::vector<int32_t> make_selection(Pattern p, const SelectionShape& s);
+
+// Pair counts of a selection, in (query head, key) pairs: `attended` counts the causally
+// visible keys of the selected blocks (the BENCHMARKS.md attention FLOP rule: 4 * D * attended),
+// `visible` every causally visible key (dense attention). Both are multiplied by `group`
+// (G = Hq / Hkv) because the G query heads of a kv head share its selection.
+struct PairCounts {
+  int64_t attended = 0;
+  int64_t visible = 0;
+};
+PairCounts count_pairs(const std::vector<int32_t>& q2k, const SelectionShape& s, int group);
+
+// Exclusive end of the batch-local keys visible to batch-local query i (DESIGN.md section 1,
+// bottom-right causal alignment).
+int64_t visible_key_end(int64_t i, int64_t lq, int64_t lk, bool causal);
+
+}  // namespace msa::bench
