@@ -185,12 +185,12 @@ inline void copy_row(const HostTensor& flat, int64_t row, int64_t h, const HostT
 }
 
 inline PagedKV make_paged(const Problem& p, KVLayout layout, int64_t page_size, unsigned seed,
-                          int64_t spare_pages = 3, int64_t row_pad = 0) {
+                          int64_t row_pad = 0, int64_t spare_pages = 3, int64_t extra_columns = 1) {
   std::mt19937 rng(seed);
   const int64_t batch = p.batch();
-  int64_t max_pages = 1, used = 0;
+  int64_t max_pages = extra_columns, used = 0;
   for (int32_t l : p.lk) {
-    max_pages = std::max<int64_t>(max_pages, (l + page_size - 1) / page_size + 1);
+    max_pages = std::max<int64_t>(max_pages, (l + page_size - 1) / page_size + extra_columns);
     used += (l + page_size - 1) / page_size;
   }
   const int64_t pages = used + spare_pages;

@@ -1,0 +1,86 @@
+// Public attention entry points (msa/attention.h): validate every argument once (shared rules
+// in api/validate.h and api/k2q.h), then dispatch to the CPU or the CUDA backend.
+#include <cmath>
+
+#include "api/k2q.h"
+#include "api/validate.h"
+
+namespace msa {
+namespace {
+
+// An optional [Hq, total_q] f32 output (lse, tlse).
+void check_row_stat(const Tensor& t, const char* name, const ProblemShape& s, Device device) {
+  check_dtype(t, name, {DType::f32});
+  check_shape(t, name, {s.num_q_heads, s.total_q});
+  check_contiguous(t, name);
+  MSA_CHECK(t.device == device, name, ": must be on ", device_name(device), ", got ",
+            device_name(t.device));
+}
+
+void check_params(const AttentionArgs& a) {
+  const AttentionParams& p = a.params;
+  MSA_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0.f,
+            "params.softmax_scale: must be finite and >= 0 (0 means 1/sqrt(D)), got ",
+            p.softmax_scale);
+  MSA_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.f,
+            "params.temperature: must be finite and >= 0, got ", p.temperature);
+  // tlse is written iff a temperature is set: one without the other is a caller mistake.
+  MSA_CHECK(!a.tlse.defined() || p.temperature > 0.f,
+            "tlse: given, so params.temperature must be > 0, got ", p.temperature);
+  MSA_CHECK(a.tlse.defined() || p.temperature == 0.f, "params.temperature: is ", p.temperature,
+            " (> 0), so tlse [Hq, total_q] f32 must be given");
+  MSA_CHECK(p.partial_dtype == DType::f32 || p.partial_dtype == DType::bf16,
+            "params.partial_dtype: must be f32 or bf16, got ", dtype_name(p.partial_dtype));
+}
+
+ProblemShape check_attention_args(const AttentionArgs& a) {
+  ProblemShape s = api::check_q_and_kv(a.q, a.kv, a.cu_seqlens_q, {DType::bf16, DType::f16},
+                                       /*need_v=*/true, /*kv_may_be_fp8=*/true,
+                                       a.params.kv_block_size);
+  const Device device = a.q.device;
+  check_params(a);
+  if (a.q2k.defined()) s.topk = api::check_q2k(a.q2k, s, device);
+  if (a.k2q.row_ptr.defined() || a.k2q.q_idx.defined() || a.k2q.schedule.defined()) {
+    MSA_CHECK(a.q2k.defined(), "k2q: given without q2k; the CSR index belongs to a sparse call "
+              "(pass the q2k it was built from)");
+    api::check_k2q_index(a.k2q, "k2q", a.kv, s, device);
+  }
+  const Tensor& out = a.out;
+  check_defined(out, "out");
+  MSA_CHECK(out.dtype == a.q.dtype, "out: dtype must equal q's (", dtype_name(a.q.dtype),
+            "), got ", dtype_name(out.dtype));
+  check_shape(out, "out", {s.total_q, s.num_q_heads, s.head_dim});
+  check_last_dim_contiguous(out, "out");
+  check_row_alignment(out, "out");
+  MSA_CHECK(out.device == device, "out: must be on ", device_name(device), ", got ",
+            device_name(out.device));
+  if (a.lse.defined()) check_row_stat(a.lse, "lse", s, device);
+  if (a.tlse.defined()) check_row_stat(a.tlse, "tlse", s, device);
+  return s;
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const AttentionArgs& args) {
+  const ProblemShape s = check_attention_args(args);
+  return args.q.is_cuda() ? cuda::attention_workspace_bytes(args, s) : 0;
+}
+
+void attention_forward(const AttentionArgs& args, cudaStream_t stream) {
+  const ProblemShape s = check_attention_args(args);
+  if (!args.q.is_cuda()) return cpu::attention_forward(args, s);
+  const size_t need = cuda::attention_workspace_bytes(args, s);
+  if (need > 0) {
+    check_defined(args.workspace, "workspace");
+    check_dtype(args.workspace, "workspace", {DType::u8});
+    MSA_CHECK(args.workspace.device == args.q.device, "workspace: must be on ",
+              device_name(args.q.device));
+    MSA_CHECK(size_t(args.workspace.numel()) >= need,
+              "workspace: needs attention_workspace_bytes(args) = ", need, " bytes, got ",
+              args.workspace.describe());
+  }
+  api::check_status_arg(args.status, args.q.device, "attention_forward");
+  cuda::attention_forward(args, s, stream);
+}
+
+}  // namespace msa

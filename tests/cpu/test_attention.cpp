@@ -1,0 +1,457 @@
+// CPU attention forward (DESIGN.md s.5, s.6, s.12; include/msa/attention.h): hand-computed
+// cases, a brute-force reference over a curated matrix, exact properties (sparse with every
+// block == dense, paged == flat, tlse at T = 1 == lse), NaN never leaking from unused KV slots,
+// edge shapes, the k2q / schedule inputs, and one test per input rule.
+#include <gtest/gtest.h>
+
+#include <climits>
+
+#include "common/schedule.h"
+#include "cpu/attention_problem.h"
+
+namespace msa::test {
+namespace {
+
+// ---------------------------------- hand-computed ----------------------------------
+
+// One kv head, D = 8: q = 0.25 everywhere, k0 = 0.25, k1 = 0.5 everywhere, so with scale 1 the
+// logits are s0 = 8 * 0.0625 = 0.5 and s1 = 8 * 0.125 = 1; v0[d] = d + 1, v1[d] = -(d + 1) / 2.
+struct HandCase {
+  HostTensor q, k, v, cu_q, cu_k;
+  HandCase(int32_t lq) : q(DType::bf16, {lq, 1, 8}), k(DType::bf16, {2, 1, 8}), v(DType::bf16, {2, 1, 8}),
+                         cu_q(i32_tensor({0, lq})), cu_k(i32_tensor({0, 2})) {
+    for (int64_t d = 0; d < 8; ++d) {
+      for (int32_t i = 0; i < lq; ++i) store(q.t, i * 8 + d, 0.25f);
+      store(k.t, d, 0.25f);
+      store(k.t, 8 + d, 0.5f);
+      store(v.t, d, float(d + 1));
+      store(v.t, 8 + d, -float(d + 1) / 2);
+    }
+  }
+  Outputs run(bool causal) const {
+    Outputs o(DType::bf16, q.t.shape[0], 1, 8);
+    AttentionArgs a;
+    a.q = q.t;
+    a.kv.k = k.t;
+    a.kv.v = v.t;
+    a.kv.cu_seqlens_k = cu_k.t;
+    a.cu_seqlens_q = cu_q.t;
+    a.out = o.out.t;
+    a.lse = o.lse.t;
+    a.params.softmax_scale = 1.f;
+    a.params.causal = causal;
+    attention_forward(a);
+    return o;
+  }
+};
+
+TEST(Attention, HandComputedOneQueryTwoKeys) {
+  const Outputs o = HandCase(1).run(/*causal=*/true);  // Lq = 1, Lk = 2: sees both keys
+  const double e0 = std::exp(0.5), e1 = std::exp(1.0);
+  EXPECT_NEAR(o.lse.data<float>()[0], std::log(e0 + e1), 1e-6);
+  for (int d = 0; d < 8; ++d) {
+    const double want = (e0 * (d + 1) - e1 * (d + 1) / 2) / (e0 + e1);
+    EXPECT_NEAR(load(o.out.t, d), want, std::fabs(want) / 256) << "d = " << d;
+  }
+}
+
+TEST(Attention, HandComputedCausalBottomRight) {
+  // Lq = Lk = 2: query 0 sees key 0 only (out = v0 exactly, lse = s0); query 1 sees both.
+  const Outputs causal = HandCase(2).run(true);
+  EXPECT_NEAR(causal.lse.data<float>()[0], 0.5, 1e-7);
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(load(causal.out.t, d), d + 1);
+  EXPECT_NEAR(causal.lse.data<float>()[1], std::log(std::exp(0.5) + std::exp(1.0)), 1e-6);
+  const Outputs full = HandCase(2).run(false);  // non-causal: both queries see both keys
+  EXPECT_EQ(full.lse.data<float>()[0], causal.lse.data<float>()[1]);
+}
+
+// ---------------------------------- brute force ----------------------------------
+
+struct Case {
+  const char* name;
+  std::vector<int32_t> lq, lk;
+  int64_t hq, hkv, dim;
+  int64_t topk;  // 0 = dense
+  int blk;
+  bool causal, sorted;
+  DType dtype;
+  float temperature;
+};
+
+TEST(Attention, MatchesBruteForce) {
+  const std::vector<Case> cases = {
+      {"dense causal varlen", {37, 64, 1}, {300, 64, 129}, 4, 2, 64, 0, 128, true, true, DType::bf16, 0},
+      {"sparse causal", {37, 64, 1}, {300, 64, 129}, 4, 2, 64, 3, 128, true, true, DType::bf16, 0.7f},
+      {"sparse non-causal, ids in random slots, f16", {20, 9}, {500, 70}, 8, 2, 32, 4, 64, false, false, DType::f16, 0},
+      {"dense Lq > Lk causal", {20, 3}, {7, 1}, 2, 2, 16, 0, 128, true, true, DType::bf16, 2.f},
+      {"sparse G = 16, topk above block count", {12}, {700}, 16, 1, 8, 16, 64, true, false, DType::bf16, 0},
+      {"Lq = 0 and Lk = 0 batches", {0, 5, 4}, {100, 0, 40}, 2, 1, 16, 2, 64, true, true, DType::f16, 0},
+  };
+  unsigned seed = 100;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, c.dim, seed++, c.dtype);
+    AttentionParams prm;
+    prm.causal = c.causal;
+    prm.kv_block_size = c.blk;
+    prm.temperature = c.temperature;
+    std::vector<int32_t> ids;
+    std::optional<HostTensor> q2k;
+    if (c.topk > 0) {
+      ids = random_q2k(p, c.topk, c.blk, seed++, c.sorted);
+      q2k.emplace(q2k_tensor(ids, c.hkv, p.total_q(), c.topk));
+    }
+    const Outputs o = run_attention(p, p.flat_kv(), q2k ? &*q2k : nullptr, prm);
+    expect_matches(o, reference_attention(p, c.topk ? &ids : nullptr, c.topk, prm), c.temperature > 0);
+  }
+}
+
+TEST(Attention, Fp8KvMatchesBruteForce) {
+  unsigned seed = 200;
+  for (Fp8Scale sc : {Fp8Scale::none, Fp8Scale::per_tensor, Fp8Scale::per_token, Fp8Scale::per_token_head}) {
+    for (DType qt : {DType::bf16, DType::f16}) {
+      const Problem p = make_problem({9, 30}, {200, 45}, 4, 2, 32, seed++, qt, DType::fp8_e4m3, sc);
+      AttentionParams prm;
+      const std::vector<int32_t> ids = random_q2k(p, 2, 128, seed++);
+      const HostTensor q2k = q2k_tensor(ids, 2, p.total_q(), 2);
+      expect_matches(run_attention(p, p.flat_kv(), &q2k, prm), reference_attention(p, &ids, 2, prm));
+      expect_matches(run_attention(p, p.flat_kv(), nullptr, prm), reference_attention(p, nullptr, 0, prm));
+    }
+  }
+  // Paged fp8 takes the per-tensor scale.
+  const Problem p = make_problem({5, 16}, {100, 300}, 2, 1, 64, seed++, DType::bf16,
+                                 DType::fp8_e4m3, Fp8Scale::per_tensor);
+  const PagedKV paged = make_paged(p, KVLayout::paged_hnd, 32, seed++);
+  expect_matches(run_attention(p, paged.cache(), nullptr, {}), reference_attention(p, nullptr, 0, {}));
+}
+
+TEST(Attention, ExplicitAndDefaultScale) {
+  const Problem p = make_problem({17}, {90}, 2, 2, 64, 300);
+  AttentionParams prm;
+  prm.softmax_scale = 0.3f;
+  expect_matches(run_attention(p, p.flat_kv(), nullptr, prm), reference_attention(p, nullptr, 0, prm));
+  AttentionParams dflt, explicit_scale;
+  explicit_scale.softmax_scale = float(1.0 / std::sqrt(64.0));
+  expect_same_bits(run_attention(p, p.flat_kv(), nullptr, dflt),
+                   run_attention(p, p.flat_kv(), nullptr, explicit_scale));
+}
+
+// ---------------------------------- exact properties ----------------------------------
+
+TEST(Attention, SparseWithEveryBlockEqualsDense) {
+  for (int blk : {64, 128}) {
+    const Problem p = make_problem({40, 3, 70}, {513, 64, 70}, 4, 1, 32, 400 + blk);
+    const int64_t topk = 11;  // nblk_max = 9 at blk 64: ascending ids, then -1
+    std::vector<int32_t> ids(p.hkv * p.total_q() * topk, -1);
+    for (int64_t b = 0; b < p.batch(); ++b)
+      for (int64_t t = p.q_start(b); t < p.q_start(b + 1); ++t)
+        for (int64_t kb = 0; kb < (p.lk[b] + blk - 1) / blk; ++kb) ids[t * topk + kb] = int32_t(kb);
+    const HostTensor q2k = q2k_tensor(ids, 1, p.total_q(), topk);
+    AttentionParams prm;
+    prm.kv_block_size = blk;
+    for (bool causal : {true, false}) {
+      prm.causal = causal;
+      expect_same_bits(run_attention(p, p.flat_kv(), &q2k, prm), run_attention(p, p.flat_kv(), nullptr, prm));
+    }
+  }
+}
+
+// Paged pools hold the same keys as the flat KV; unused page slots, spare pages and spare page
+// table columns are NaN / garbage, and must not change a single bit.
+TEST(Attention, PagedEqualsFlat) {
+  const Problem p = make_problem({33, 1, 50}, {301, 16, 50}, 4, 2, 64, 500);
+  const std::vector<int32_t> ids = random_q2k(p, 3, 64, 501);
+  const HostTensor q2k = q2k_tensor(ids, 2, p.total_q(), 3);
+  AttentionParams prm;
+  prm.kv_block_size = 64;
+  const Outputs flat_dense = run_attention(p, p.flat_kv(), nullptr, prm);
+  const Outputs flat_sparse = run_attention(p, p.flat_kv(), &q2k, prm);
+  unsigned seed = 502;
+  for (KVLayout layout : {KVLayout::paged_nhd, KVLayout::paged_hnd})
+    for (int64_t page_size : {16, 64, 256}) {
+      SCOPED_TRACE(std::string(kv_layout_name(layout)) + " page " + std::to_string(page_size));
+      const PagedKV paged = make_paged(p, layout, page_size, seed++, /*row_pad=*/page_size == 64 ? 8 : 0);
+      expect_same_bits(run_attention(p, paged.cache(), nullptr, prm), flat_dense);
+      expect_same_bits(run_attention(p, paged.cache(), &q2k, prm), flat_sparse);
+    }
+}
+
+TEST(Attention, PagedWithoutSequsedUsesFullPages) {
+  // Lk_b = max_pages * page_size when seqused_k is absent: every column must be a real page.
+  const Problem p = make_problem({10, 64}, {64, 64}, 2, 1, 32, 600);
+  const PagedKV paged = make_paged(p, KVLayout::paged_nhd, 16, 601, 0, 2, /*extra_columns=*/0);
+  expect_same_bits(run_attention(p, paged.cache(/*with_seqused=*/false), nullptr, {}),
+                   run_attention(p, p.flat_kv(), nullptr, {}));
+}
+
+TEST(Attention, UnitTemperatureLseEqualsLse) {
+  const Problem p = make_problem({30, 8}, {120, 300}, 4, 4, 32, 700);
+  AttentionParams prm;
+  prm.temperature = 1.f;
+  const Outputs o = run_attention(p, p.flat_kv(), nullptr, prm);
+  EXPECT_EQ(std::memcmp(o.lse.data<float>(), o.tlse.data<float>(), o.lse.bytes()), 0);
+}
+
+// ------------------------------- unused slots and edges -------------------------------
+
+void fill_nan_rows(const Problem& p, int64_t b, int64_t j_begin, int64_t j_end) {
+  for (int64_t j = j_begin; j < j_end; ++j)
+    for (int64_t h = 0; h < p.hkv; ++h)
+      for (int64_t d = 0; d < p.dim; ++d) {
+        p.k.data<uint16_t>()[p.k.offset({p.k_start(b) + j, h, d})] = 0x7fc0;  // bf16 NaN
+        p.v.data<uint16_t>()[p.v.offset({p.k_start(b) + j, h, d})] = 0x7fc0;
+      }
+}
+
+TEST(Attention, NanInUnselectedBlocksNeverReachesOutputs) {
+  Problem p = make_problem({20, 6}, {400, 200}, 2, 1, 16, 800);
+  // No token selects block 1 of batch 0; its K and V are NaN.
+  std::vector<int32_t> ids = random_q2k(p, 2, 128, 801);
+  for (int64_t t = 0; t < p.q_start(1); ++t)
+    for (int64_t s = 0; s < 2; ++s)
+      if (ids[t * 2 + s] == 1) ids[t * 2 + s] = -1;
+  const HostTensor q2k = q2k_tensor(ids, 1, p.total_q(), 2);
+  const Reference ref = reference_attention(p, &ids, 2, {});
+  fill_nan_rows(p, 0, 128, 256);
+  expect_matches(run_attention(p, p.flat_kv(), &q2k, {}), ref);
+}
+
+TEST(Attention, NanInSelectedButInvisibleKeysNeverReachesOutputs) {
+  // Lq = Lk = 256, causal: block 1 (keys 128..255) is invisible to queries 0..127, which select
+  // it anyway; later queries do not. Its K and V rows are NaN: every output stays finite.
+  Problem p = make_problem({256}, {256}, 1, 1, 8, 900);
+  std::vector<int32_t> ids(256 * 2);
+  for (int64_t t = 0; t < 256; ++t) {
+    ids[t * 2] = 0;
+    ids[t * 2 + 1] = t < 128 ? 1 : -1;
+  }
+  const HostTensor q2k = q2k_tensor(ids, 1, 256, 2);
+  const Reference ref = reference_attention(p, &ids, 2, {});
+  fill_nan_rows(p, 0, 128, 256);
+  expect_matches(run_attention(p, p.flat_kv(), &q2k, {}), ref);
+}
+
+TEST(Attention, EmptyRowsGiveZeroAndMinusInf) {
+  // Rows all -1, a batch with no keys, and causal queries before the first visible key.
+  const Problem p = make_problem({3, 2, 6}, {50, 0, 2}, 2, 2, 8, 1000);
+  const std::vector<int32_t> none(2 * 11 * 3, -1);
+  const HostTensor q2k = q2k_tensor(none, 2, 11, 3);
+  AttentionParams prm;
+  prm.temperature = 0.5f;
+  for (bool sparse : {true, false}) {
+    const Outputs o = run_attention(p, p.flat_kv(), sparse ? &q2k : nullptr, prm);
+    for (int64_t hq = 0; hq < 2; ++hq)
+      for (int64_t t = 0; t < 11; ++t) {
+        // Dense: batch 1 (tokens 3, 4) has no keys; batch 2 (Lq 6, Lk 2) queries 0..3 see none.
+        if (!sparse && !(t >= 3 && t < 9)) continue;
+        EXPECT_EQ(o.lse.data<float>()[hq * 11 + t], -INFINITY) << "t " << t;
+        EXPECT_EQ(o.tlse.data<float>()[hq * 11 + t], -INFINITY) << "t " << t;
+        for (int64_t d = 0; d < 8; ++d) EXPECT_EQ(load(o.out.t, (t * 2 + hq) * 8 + d), 0.0);
+      }
+    expect_matches(o, reference_attention(p, sparse ? &none : nullptr, 3, prm), true);
+  }
+}
+
+TEST(Attention, SingleKeyAndEmptyBatch) {
+  const Problem one = make_problem({1}, {1}, 1, 1, 8, 1100);
+  const Outputs o = run_attention(one, one.flat_kv(), nullptr, {});
+  for (int64_t d = 0; d < 8; ++d) EXPECT_EQ(load(o.out.t, d), one.v_val[d]);  // softmax of one key = 1
+  expect_matches(o, reference_attention(one, nullptr, 0, {}));
+  // B = 0: nothing to do, nothing read.
+  const Problem none = make_problem({}, {}, 2, 1, 8, 1101);
+  EXPECT_NO_THROW(run_attention(none, none.flat_kv(), nullptr, {}));
+  const HostTensor q2k(DType::i32, {1, 0, 4});
+  EXPECT_NO_THROW(run_attention(none, none.flat_kv(), &q2k, {}));
+}
+
+TEST(Attention, StridedQAndOut) {
+  const Problem p = make_problem({12, 5}, {60, 200}, 4, 2, 32, 1200);
+  const Outputs want = run_attention(p, p.flat_kv(), nullptr, {});
+  // q and out with padded token and head strides (rows stay 16-byte aligned).
+  HostTensor q(DType::bf16, {17, 4, 32}, {4 * 48 + 16, 48, 1});
+  HostTensor out(DType::bf16, {17, 4, 32}, {4 * 40, 40, 1});
+  for (int64_t t = 0; t < 17; ++t)
+    for (int64_t h = 0; h < 4; ++h)
+      std::memcpy(q.data<uint16_t>() + q.offset({t, h, 0}), p.q.data<uint16_t>() + p.q.offset({t, h, 0}), 64);
+  Outputs o(DType::bf16, 17, 4, 32);
+  AttentionArgs a = make_args(p, p.flat_kv(), o, nullptr, {});
+  a.q = q.t;
+  a.out = out.t;
+  attention_forward(a);
+  for (int64_t t = 0; t < 17; ++t)
+    for (int64_t h = 0; h < 4; ++h)
+      EXPECT_EQ(std::memcmp(out.data<uint16_t>() + out.offset({t, h, 0}),
+                            want.out.data<uint16_t>() + want.out.offset({t, h, 0}), 64), 0);
+  EXPECT_EQ(std::memcmp(o.lse.data<float>(), want.lse.data<float>(), want.lse.bytes()), 0);
+}
+
+// ---------------------------------- k2q and schedule ----------------------------------
+
+struct WithCsr {
+  HostTensor q2k, row_ptr, q_idx, schedule;
+};
+
+WithCsr build_csr(const Problem& p, const std::vector<int32_t>& ids, int64_t topk, int64_t rows) {
+  WithCsr w{q2k_tensor(ids, p.hkv, p.total_q(), topk), HostTensor(DType::i32, {p.hkv, rows + 1}),
+            HostTensor(DType::i32, {p.hkv, p.total_q() * topk}),
+            HostTensor(DType::i32, {k2q_schedule_size(p.hkv, rows, p.total_q(), topk)})};
+  CsrBuildArgs a;
+  a.q2k = w.q2k.t;
+  a.cu_seqlens_q = p.cu_q.t;
+  a.kv = p.flat_kv();
+  a.out = {w.row_ptr.t, w.q_idx.t, w.schedule.t};
+  build_k2q_csr(a);
+  return w;
+}
+
+TEST(Attention, K2QAndScheduleAreChecked) {
+  const Problem p = make_problem({9, 14}, {300, 150}, 2, 2, 16, 1300);
+  const std::vector<int32_t> ids = random_q2k(p, 2, 128, 1301);
+  const WithCsr w = build_csr(p, ids, 2, 5);
+  const Outputs want = run_attention(p, p.flat_kv(), &w.q2k, {});
+  Outputs o(DType::bf16, p.total_q(), 2, 16);
+  AttentionArgs a = make_args(p, p.flat_kv(), o, &w.q2k, {});
+  a.k2q = {w.row_ptr.t, w.q_idx.t, w.schedule.t};
+  attention_forward(a);
+  expect_same_bits(o, want);
+
+  int32_t* s = w.schedule.data<int32_t>();
+  const int32_t n = s[1];
+  ASSERT_GT(n, 1);
+  s[1] = n - 1;  // the last item dropped
+  expect_error([&] { attention_forward(a); },
+               "schedule: incomplete, " + std::to_string(n - 1) + " of " + std::to_string(n) +
+                   " work items present");
+  std::memcpy(s + 2 + 4 * (n - 1), s + 2, 16);  // the last item replaced by a copy of the first
+  s[1] = n;
+  expect_error([&] { attention_forward(a); }, "covered twice");
+  s[0] = 0;
+  expect_error([&] { attention_forward(a); }, "schedule: not written by build_k2q_csr");
+
+  a.k2q.schedule = Tensor();
+  std::vector<int32_t> other = ids;
+  other[0] = other[0] == 0 ? 1 : 0;  // a different q2k than the CSR was built from
+  other[1] = -1;
+  const HostTensor q2k2 = q2k_tensor(other, 2, p.total_q(), 2);
+  a.q2k = q2k2.t;
+  expect_error([&] { attention_forward(a); }, "k2q: does not match q2k at (head 0, row ");
+  a.q2k = Tensor();
+  expect_error([&] { attention_forward(a); }, "k2q: given without q2k");
+}
+
+// ---------------------------------- input rules ----------------------------------
+
+struct RuleFixture {
+  Problem p = make_problem({3, 4}, {200, 100}, 4, 2, 64, 1400);
+  HostTensor q2k = q2k_tensor(random_q2k(p, 2, 128, 1401), 2, 7, 2);
+  Outputs o{DType::bf16, 7, 4, 64};
+  AttentionArgs args() const { return make_args(p, p.flat_kv(), o, &q2k, {}); }
+};
+
+TEST(AttentionRules, DtypeAndShape) {
+  RuleFixture f;
+  EXPECT_NO_THROW(attention_forward(f.args()));
+  HostTensor q32(DType::f32, {7, 4, 64});
+  AttentionArgs a = f.args();
+  a.q = q32.t;
+  expect_error([&] { attention_forward(a); }, "q: dtype must be bf16 or f16, got f32");
+  HostTensor k16(DType::f16, {300, 2, 64});
+  a = f.args();
+  a.kv.k = k16.t;
+  expect_error([&] { attention_forward(a); }, "k: dtype must equal q's (bf16), got f16");
+  HostTensor out_wide(DType::bf16, {7, 4, 72});
+  a = f.args();
+  a.out = out_wide.t;
+  expect_error([&] { attention_forward(a); }, "out: shape must be [7, 4, 64]");
+  HostTensor out16(DType::f16, {7, 4, 64});
+  a = f.args();
+  a.out = out16.t;
+  expect_error([&] { attention_forward(a); }, "out: dtype must equal q's (bf16), got f16");
+  HostTensor lse_t(DType::f32, {7, 4});
+  a = f.args();
+  a.lse = lse_t.t;
+  expect_error([&] { attention_forward(a); }, "lse: shape must be [4, 7]");
+  HostTensor q2k_bad(DType::i32, {4, 7, 2});
+  a = f.args();
+  a.q2k = q2k_bad.t;
+  expect_error([&] { attention_forward(a); }, "q2k: shape must be [Hkv, total_q, topk] = [2, 7, *]");
+  HostTensor q3(DType::bf16, {7, 3, 64});
+  a = f.args();
+  a.q = q3.t;
+  expect_error([&] { attention_forward(a); }, "kv heads (2) must divide q heads (3)");
+}
+
+TEST(AttentionRules, SeqlensAndAlignment) {
+  RuleFixture f;
+  const HostTensor cu_bad = i32_tensor({0, 5, 4});
+  AttentionArgs a = f.args();
+  a.cu_seqlens_q = cu_bad.t;
+  expect_error([&] { attention_forward(a); }, "cu_seqlens_q: must be non-decreasing, but [2] = 4 < [1] = 5");
+  const HostTensor cuk_bad = i32_tensor({0, 200, 299});
+  a = f.args();
+  a.kv.cu_seqlens_k = cuk_bad.t;
+  expect_error([&] { attention_forward(a); }, "cu_seqlens_k: last entry must equal the token count 300");
+  // k rows of 65 elements (130 bytes): not a multiple of 16 bytes.
+  HostTensor k_odd(DType::bf16, {300, 2, 64}, {2 * 65, 65, 1});
+  a = f.args();
+  a.kv.k = k_odd.t;
+  expect_error([&] { attention_forward(a); }, "k: stride of dim 0 (130 elements = 260 bytes) must be a multiple of 16 bytes");
+  a = f.args();
+  a.params.kv_block_size = 96;
+  expect_error([&] { attention_forward(a); }, "kv_block_size: must be 64 or 128, got 96");
+}
+
+TEST(AttentionRules, BlockIds) {
+  RuleFixture f;
+  AttentionArgs a = f.args();
+  int32_t* ids = f.q2k.data<int32_t>();
+  // Token 3 is batch 1's first query (Lk 100: 1 block); (head 1, token 3, slot 1).
+  for (int32_t bad : {INT_MIN, -123456, -2, 1, 1001, INT_MAX}) {
+    const int32_t keep = ids[(7 + 3) * 2 + 1];
+    ids[(7 + 3) * 2 + 1] = bad;
+    expect_error([&] { attention_forward(a); }, "q2k: block id out of range at (head 1, token 3, slot 1)");
+    ids[(7 + 3) * 2 + 1] = keep;
+  }
+  ids[(0 + 1) * 2 + 0] = 1;
+  ids[(0 + 1) * 2 + 1] = 1;
+  expect_error([&] { attention_forward(a); }, "q2k: block id repeated within a row at (head 0, token 1, slot 1)");
+}
+
+TEST(AttentionRules, PageIdsAndSeqused) {
+  const Problem p = make_problem({4, 4}, {40, 40}, 2, 1, 32, 1500);
+  PagedKV paged = make_paged(p, KVLayout::paged_nhd, 16, 1501);
+  const int64_t pages = paged.k.t.shape[0], cols = paged.page_table.t.shape[1];
+  Outputs o(DType::bf16, 8, 2, 32);
+  for (int32_t bad : {-1, int32_t(pages), 99}) {
+    paged.page_table.data<int32_t>()[1 * cols + 2] = bad;  // batch 1's third page (keys 32..39)
+    expect_error([&] { attention_forward(make_args(p, paged.cache(), o, nullptr, {})); },
+                 "page_table: page id " + std::to_string(bad) + " out of range [0, " +
+                     std::to_string(pages) + ") at (batch 1, column 2)");
+  }
+  paged.page_table.data<int32_t>()[1 * cols + 2] = 0;
+  paged.seqused_k.data<int32_t>()[0] = int32_t(cols * 16 + 1);
+  expect_error([&] { attention_forward(make_args(p, paged.cache(), o, nullptr, {})); },
+               "seqused_k: entry 0 = " + std::to_string(cols * 16 + 1) + " must be in [0, ");
+}
+
+TEST(AttentionRules, TemperatureAndTlse) {
+  RuleFixture f;
+  AttentionArgs a = f.args();
+  a.tlse = f.o.tlse.t;  // tlse without a temperature
+  expect_error([&] { attention_forward(a); }, "tlse: given, so params.temperature must be > 0, got 0");
+  a = f.args();
+  a.params.temperature = 2.f;  // a temperature without tlse
+  expect_error([&] { attention_forward(a); }, "params.temperature: is 2 (> 0), so tlse [Hq, total_q] f32 must be given");
+  a.params.temperature = -1.f;
+  expect_error([&] { attention_forward(a); }, "params.temperature: must be finite and >= 0, got -1");
+  a = f.args();
+  a.params.softmax_scale = NAN;
+  expect_error([&] { attention_forward(a); }, "params.softmax_scale: must be finite and >= 0");
+  a = f.args();
+  a.params.partial_dtype = DType::f16;
+  expect_error([&] { attention_forward(a); }, "params.partial_dtype: must be f32 or bf16, got f16");
+  EXPECT_EQ(attention_workspace_bytes(f.args()), 0u);
+}
+
+}  // namespace
+}  // namespace msa::test
