@@ -1,0 +1,117 @@
+// DecodePlan (msa/decode.h): plan() validates and records a decode batch shape; run() checks
+// that its arguments fit that shape, then runs attention_forward semantics over the paged KV.
+// The CPU backend needs no work list (workspace 0); CUDA decode does not exist yet and says so.
+#include "api/validate.h"
+#include "msa/decode.h"
+
+namespace msa {
+namespace {
+
+[[noreturn]] void cuda_decode_unsupported() { fail("decode: not supported on CUDA yet"); }
+
+void check_decode_shape(const DecodeShape& s) {
+  MSA_CHECK(s.batch >= 0, "decode shape: batch must be >= 0, got ", s.batch);
+  MSA_CHECK(s.max_queries_per_request >= 1,
+            "decode shape: max_queries_per_request must be >= 1, got ", s.max_queries_per_request);
+  MSA_CHECK(s.num_q_heads > 0 && s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0,
+            "decode shape: num_kv_heads (", s.num_kv_heads, ") must be > 0 and divide num_q_heads (",
+            s.num_q_heads, ")");
+  const int g = s.num_q_heads / s.num_kv_heads;
+  MSA_CHECK(g == 1 || g == 2 || g == 4 || g == 8 || g == 16,
+            "decode shape: GQA group num_q_heads / num_kv_heads must be 1, 2, 4, 8 or 16, got ", g);
+  MSA_CHECK(s.head_dim > 0, "decode shape: head_dim must be > 0, got ", s.head_dim);
+  MSA_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128 ||
+                s.page_size == 256,
+            "decode shape: page_size must be 16, 32, 64, 128 or 256, got ", s.page_size);
+  MSA_CHECK(s.max_pages >= 0, "decode shape: max_pages must be >= 0, got ", s.max_pages);
+  MSA_CHECK(s.layout == KVLayout::paged_nhd || s.layout == KVLayout::paged_hnd,
+            "decode shape: layout must be paged_nhd or paged_hnd, got ", kv_layout_name(s.layout));
+  MSA_CHECK(s.kv_dtype == DType::bf16 || s.kv_dtype == DType::f16 || s.kv_dtype == DType::fp8_e4m3,
+            "decode shape: kv_dtype must be bf16, f16 or fp8_e4m3, got ", dtype_name(s.kv_dtype));
+  MSA_CHECK(s.topk >= 0, "decode shape: topk must be >= 0 (0 = dense), got ", s.topk);
+  MSA_CHECK(s.kv_block_size == 64 || s.kv_block_size == 128,
+            "decode shape: kv_block_size must be 64 or 128, got ", s.kv_block_size);
+}
+
+// Decode-specific agreement between run()'s arguments and the planned shape; the general
+// attention rules follow in attention_forward.
+void check_matches_plan(const AttentionArgs& a, const DecodeShape& s) {
+  const Tensor& q = a.q;
+  check_defined(q, "q");
+  check_ndim(q, "q", 3);
+  MSA_CHECK(q.shape[1] == s.num_q_heads && q.shape[2] == s.head_dim, "q: shape must be [*, ",
+            s.num_q_heads, ", ", s.head_dim, "] as planned, got ", q.describe());
+  MSA_CHECK(a.kv.layout == s.layout, "kv.layout: planned ", kv_layout_name(s.layout), ", got ",
+            kv_layout_name(a.kv.layout));
+  const Tensor& k = a.kv.k.values;
+  check_defined(k, "k");
+  MSA_CHECK(k.dtype == s.kv_dtype, "k: dtype must be ", dtype_name(s.kv_dtype), " as planned, got ",
+            dtype_name(k.dtype));
+  check_ndim(k, "k", 4);
+  const bool nhd = s.layout == KVLayout::paged_nhd;
+  const int64_t page_size = nhd ? k.shape[1] : k.shape[2], heads = nhd ? k.shape[2] : k.shape[1];
+  MSA_CHECK(page_size == s.page_size && heads == s.num_kv_heads && k.shape[3] == s.head_dim,
+            "k: page size, kv heads and head dim must be ", s.page_size, ", ", s.num_kv_heads,
+            ", ", s.head_dim, " as planned, got ", k.describe());
+  const Tensor& pt = a.kv.page_table;
+  check_defined(pt, "page_table");
+  check_ndim(pt, "page_table", 2);
+  MSA_CHECK(pt.shape[0] == s.batch && pt.shape[1] == s.max_pages, "page_table: shape must be [",
+            s.batch, ", ", s.max_pages, "] as planned, got ", pt.describe());
+  MSA_CHECK(a.q2k.defined() == (s.topk > 0), "q2k: must be ",
+            s.topk > 0 ? "given (planned sparse, topk > 0)" : "absent (planned dense, topk = 0)");
+  if (a.q2k.defined()) {
+    check_ndim(a.q2k, "q2k", 3);
+    MSA_CHECK(a.q2k.shape[2] == s.topk, "q2k: topk (last dim) must be ", s.topk,
+              " as planned, got ", a.q2k.describe());
+  }
+  MSA_CHECK(a.params.kv_block_size == s.kv_block_size, "params.kv_block_size: must be ",
+            s.kv_block_size, " as planned, got ", a.params.kv_block_size);
+  const Tensor& cu = a.cu_seqlens_q;
+  api::check_cu_seqlens(cu, "cu_seqlens_q", s.batch, q.shape[0], q.device);
+  if (cu.is_cuda()) return;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const int64_t n = cu.ptr<int32_t>()[b + 1] - cu.ptr<int32_t>()[b];
+    MSA_CHECK(n <= s.max_queries_per_request, "cu_seqlens_q: request ", b, " has ", n,
+              " queries, more than the planned max_queries_per_request = ",
+              s.max_queries_per_request);
+  }
+}
+
+}  // namespace
+
+size_t DecodePlan::workspace_bytes(const DecodeShape& shape) {
+  check_decode_shape(shape);
+  if (shape.device.type == DeviceType::cuda) cuda_decode_unsupported();
+  return 0;
+}
+
+void DecodePlan::plan(const DecodeShape& shape, const int32_t* seqused_k_host,
+                      const Tensor& workspace, cudaStream_t stream) {
+  planned_ = false;
+  const size_t need = workspace_bytes(shape);
+  if (need > 0) {
+    check_defined(workspace, "workspace");
+    MSA_CHECK(size_t(workspace.numel()) * dtype_size(workspace.dtype) >= need,
+              "workspace: needs DecodePlan::workspace_bytes(shape) = ", need, " bytes, got ",
+              workspace.describe());
+  }
+  const int64_t cap = int64_t(shape.max_pages) * shape.page_size;
+  for (int b = 0; seqused_k_host && b < shape.batch; ++b)
+    MSA_CHECK(seqused_k_host[b] >= 0 && seqused_k_host[b] <= cap, "seqused_k_host: entry ", b,
+              " = ", seqused_k_host[b], " must be in [0, ", cap, "] (max_pages * page_size)");
+  shape_ = shape;
+  workspace_ = workspace;
+  planned_ = true;
+}
+
+void DecodePlan::run(const AttentionArgs& args, cudaStream_t stream) const {
+  MSA_CHECK(planned_, "decode: run() called before a successful plan()");
+  if (shape_.device.type == DeviceType::cuda || args.q.is_cuda()) cuda_decode_unsupported();
+  MSA_CHECK(args.q.device == shape_.device, "q: must be on ", device_name(shape_.device),
+            " as planned, got ", device_name(args.q.device));
+  check_matches_plan(args, shape_);
+  attention_forward(args, stream);
+}
+
+}  // namespace msa

@@ -1,0 +1,150 @@
+// CPU decode (DESIGN.md s.7, include/msa/decode.h): plan once, run with 1..16 queries per
+// request over paged KV (dense and sparse) against the brute-force reference, lengths changed
+// between runs within the plan, and the checks that tie run() to its planned shape.
+#include <gtest/gtest.h>
+
+#include "cpu/attention_problem.h"
+
+namespace msa::test {
+namespace {
+
+DecodeShape shape_of(const Problem& p, const PagedKV& paged, int64_t max_q, int topk) {
+  DecodeShape s;
+  s.batch = int(p.batch());
+  s.max_queries_per_request = int(max_q);
+  s.num_q_heads = int(p.hq);
+  s.num_kv_heads = int(p.hkv);
+  s.head_dim = int(p.dim);
+  s.layout = paged.layout;
+  s.page_size = int(paged.layout == KVLayout::paged_nhd ? paged.k.t.shape[1] : paged.k.t.shape[2]);
+  s.max_pages = int(paged.page_table.t.shape[1]);
+  s.kv_dtype = paged.k.t.dtype;
+  s.topk = topk;
+  return s;
+}
+
+TEST(Decode, DenseAndSparseMatchBruteForce) {
+  unsigned seed = 1;
+  for (KVLayout layout : {KVLayout::paged_nhd, KVLayout::paged_hnd})
+    for (int topk : {0, 4}) {
+      SCOPED_TRACE(std::string(kv_layout_name(layout)) + (topk ? " sparse" : " dense"));
+      // 1..16 queries per request over contexts of several lengths.
+      const Problem p = make_problem({1, 16, 5, 2}, {700, 300, 33, 129}, 8, 2, 64, seed++);
+      const PagedKV paged = make_paged(p, layout, 32, seed++);
+      DecodePlan plan;
+      plan.plan(shape_of(p, paged, 16, topk), paged.seqused_k.data<int32_t>(), Tensor());
+      ASSERT_TRUE(plan.planned());
+      EXPECT_EQ(DecodePlan::workspace_bytes(plan.shape()), 0u);
+      AttentionParams prm;
+      prm.kv_block_size = 128;
+      std::vector<int32_t> ids;
+      std::optional<HostTensor> q2k;
+      if (topk) {
+        ids = random_q2k(p, topk, 128, seed++);
+        q2k.emplace(q2k_tensor(ids, p.hkv, p.total_q(), topk));
+      }
+      Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+      plan.run(make_args(p, paged.cache(), o, q2k ? &*q2k : nullptr, prm));
+      expect_matches(o, reference_attention(p, topk ? &ids : nullptr, topk, prm));
+    }
+}
+
+TEST(Decode, NewLengthsWithinThePlan) {
+  // Plan for full contexts, then run with other seqused_k values: keys past each new length stay
+  // in the pages and must be ignored.
+  const Problem full = make_problem({3, 1}, {256, 200}, 4, 4, 32, 10);
+  const PagedKV paged = make_paged(full, KVLayout::paged_nhd, 64, 11);
+  DecodePlan plan;
+  plan.plan(shape_of(full, paged, 4, 0), nullptr, Tensor());
+  for (std::vector<int32_t> lk : {std::vector<int32_t>{256, 200}, {10, 0}, {129, 64}}) {
+    std::copy(lk.begin(), lk.end(), paged.seqused_k.data<int32_t>());
+    // The reference: the same keys, truncated to the new lengths.
+    Problem cut = make_problem({3, 1}, lk, 4, 4, 32, 10);
+    cut.q_val = full.q_val;
+    std::memcpy(cut.q.data<uint8_t>(), full.q.data<uint8_t>(), full.q.bytes());
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t j = 0; j < lk[b]; ++j)
+        for (int64_t x = 0; x < 4 * 32; ++x) {
+          cut.k_val[(cut.k_start(b) + j) * 128 + x] = full.k_val[(full.k_start(b) + j) * 128 + x];
+          cut.v_val[(cut.k_start(b) + j) * 128 + x] = full.v_val[(full.k_start(b) + j) * 128 + x];
+        }
+    Outputs o(DType::bf16, 4, 4, 32);
+    plan.run(make_args(full, paged.cache(), o, nullptr, {}));
+    expect_matches(o, reference_attention(cut, nullptr, 0, {}));
+  }
+}
+
+TEST(Decode, EmptyBatchAndEmptyContexts) {
+  const Problem p = make_problem({2, 1}, {0, 0}, 2, 1, 32, 20);
+  const PagedKV paged = make_paged(p, KVLayout::paged_hnd, 16, 21);
+  DecodePlan plan;
+  plan.plan(shape_of(p, paged, 2, 0), paged.seqused_k.data<int32_t>(), Tensor());
+  Outputs o(DType::bf16, 3, 2, 32);
+  plan.run(make_args(p, paged.cache(), o, nullptr, {}));
+  expect_matches(o, reference_attention(p, nullptr, 0, {}));  // out 0, lse -inf everywhere
+  const Problem none = make_problem({}, {}, 2, 1, 32, 22);
+  const PagedKV no_pages = make_paged(none, KVLayout::paged_nhd, 16, 23);
+  DecodePlan empty;
+  empty.plan(shape_of(none, no_pages, 1, 0), nullptr, Tensor());
+  Outputs eo(DType::bf16, 0, 2, 32);
+  EXPECT_NO_THROW(empty.run(make_args(none, no_pages.cache(), eo, nullptr, {})));
+}
+
+TEST(Decode, RunMustMatchThePlan) {
+  const Problem p = make_problem({2, 3}, {100, 60}, 4, 2, 32, 30);
+  const PagedKV paged = make_paged(p, KVLayout::paged_nhd, 16, 31);
+  const DecodeShape shape = shape_of(p, paged, 3, 0);
+  Outputs o(DType::bf16, 5, 4, 32);
+  const AttentionArgs args = make_args(p, paged.cache(), o, nullptr, {});
+  DecodePlan plan;
+  expect_error([&] { plan.run(args); }, "decode: run() called before a successful plan()");
+  plan.plan(shape, nullptr, Tensor());
+  EXPECT_NO_THROW(plan.run(args));
+
+  auto planned_with = [&](auto edit) {
+    DecodeShape s = shape;
+    edit(s);
+    DecodePlan pl;
+    pl.plan(s, nullptr, Tensor());
+    return pl;
+  };
+  expect_error([&] { planned_with([](DecodeShape& s) { s.max_queries_per_request = 2; }).run(args); },
+               "cu_seqlens_q: request 1 has 3 queries, more than the planned max_queries_per_request = 2");
+  expect_error([&] { planned_with([](DecodeShape& s) { s.num_q_heads = 8; }).run(args); },
+               "q: shape must be [*, 8, 32] as planned");
+  expect_error([&] { planned_with([](DecodeShape& s) { s.page_size = 32; }).run(args); },
+               "k: page size, kv heads and head dim must be 32, 2, 32 as planned");
+  expect_error([&] { planned_with([](DecodeShape& s) { s.layout = KVLayout::paged_hnd; }).run(args); },
+               "kv.layout: planned paged_hnd, got paged_nhd");
+  expect_error([&] { planned_with([](DecodeShape& s) { s.kv_dtype = DType::fp8_e4m3; }).run(args); },
+               "k: dtype must be fp8_e4m3 as planned, got bf16");
+  expect_error([&] { planned_with([](DecodeShape& s) { s.batch = 3; }).run(args); },
+               "page_table: shape must be [3, ");
+  expect_error([&] { planned_with([](DecodeShape& s) { s.topk = 2; }).run(args); },
+               "q2k: must be given (planned sparse, topk > 0)");
+  const HostTensor q2k = q2k_tensor(random_q2k(p, 2, 128, 32), 2, 5, 2);
+  expect_error([&] { plan.run(make_args(p, paged.cache(), o, &q2k, {})); },
+               "q2k: must be absent (planned dense, topk = 0)");
+}
+
+TEST(Decode, PlanRules) {
+  const Problem p = make_problem({1}, {100}, 4, 2, 32, 40);
+  const PagedKV paged = make_paged(p, KVLayout::paged_nhd, 16, 41);
+  DecodeShape s = shape_of(p, paged, 1, 0);
+  DecodePlan plan;
+  s.page_size = 48;
+  expect_error([&] { plan.plan(s, nullptr, Tensor()); }, "decode shape: page_size must be 16, 32, 64, 128 or 256, got 48");
+  s = shape_of(p, paged, 1, 0);
+  s.layout = KVLayout::flat;
+  expect_error([&] { plan.plan(s, nullptr, Tensor()); }, "decode shape: layout must be paged_nhd or paged_hnd, got flat");
+  s = shape_of(p, paged, 1, 0);
+  const int32_t too_long = s.max_pages * 16 + 1;
+  expect_error([&] { plan.plan(s, &too_long, Tensor()); }, "seqused_k_host: entry 0 = ");
+  EXPECT_FALSE(plan.planned());
+  s.device = Device{DeviceType::cuda, 0};
+  expect_error([&] { plan.plan(s, nullptr, Tensor()); }, "decode: not supported on CUDA yet");
+  expect_error([&] { DecodePlan::workspace_bytes(s); }, "decode: not supported on CUDA yet");
+}
+
+}  // namespace
+}  // namespace msa::test
