@@ -11,7 +11,7 @@ struct AttentionParams {
   float softmax_scale = 0.f;  // 0 -> 1/sqrt(D)
   bool causal = true;         // bottom-right aligned: query i sees key j iff j <= i + Lk - Lq
   int kv_block_size = 128;    // 64 or 128; the unit of q2k block ids
-  float temperature = 0.f;    // > 0: also write tlse = log sum exp(s / T)
+  float temperature = 0.f;    // > 0: also write tlse = log sum exp(s / T); tlse given iff T > 0
   DType partial_dtype = DType::f32;  // f32 or bf16, for any intermediate partial outputs
 };
 
