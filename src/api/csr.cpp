@@ -11,63 +11,6 @@
 namespace msa {
 namespace api {
 
-static void check_page_size(int64_t page_size, const KVCache& kv) {
-  MSA_CHECK(page_size == 16 || page_size == 32 || page_size == 64 || page_size == 128 ||
-                page_size == 256,
-            "k: page size must be 16, 32, 64, 128 or 256, got ", page_size, " (layout ",
-            kv_layout_name(kv.layout), ", ", kv.k.values.describe(), ")");
-}
-
-ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device) {
-  ProblemShape s;
-  s.batch = batch;
-  const Tensor& k = kv.k.values;
-  if (k.defined())
-    MSA_CHECK(k.device == device, "k: must be on ", device_name(device), " (q2k's device), got ",
-              device_name(k.device));
-  if (kv.layout == KVLayout::flat) {
-    MSA_CHECK(!kv.page_table.defined(), "page_table: must be absent for a flat KV cache");
-    const Tensor& cu = kv.cu_seqlens_k;
-    check_defined(cu, "cu_seqlens_k");
-    check_dtype(cu, "cu_seqlens_k", {DType::i32});
-    check_shape(cu, "cu_seqlens_k", {batch + 1});
-    // Without k the total is whatever the last entry says (only the lengths matter here).
-    if (k.defined()) check_ndim(k, "k", 3);
-    const int64_t total_k = k.defined() ? k.shape[0] : cu.is_cuda() ? 0 : cu.ptr<int32_t>()[batch];
-    check_cu_seqlens(cu, "cu_seqlens_k", batch, total_k, device);
-    return s;
-  }
-  MSA_CHECK(k.defined(), "k: required for a paged KV cache (its shape gives page_size)");
-  check_ndim(k, "k", 4);
-  MSA_CHECK(!kv.cu_seqlens_k.defined(), "cu_seqlens_k: must be absent for a paged KV cache "
-            "(lengths come from seqused_k)");
-  s.num_pages = k.shape[0];
-  s.page_size = kv.layout == KVLayout::paged_nhd ? k.shape[1] : k.shape[2];
-  check_page_size(s.page_size, kv);
-  const Tensor& pt = kv.page_table;
-  check_defined(pt, "page_table");
-  check_dtype(pt, "page_table", {DType::i32});
-  check_ndim(pt, "page_table", 2);
-  MSA_CHECK(pt.shape[0] == batch, "page_table: first dim must be B = ", batch, ", got ",
-            pt.describe());
-  MSA_CHECK(pt.device == device, "page_table: must be on ", device_name(device));
-  s.max_pages = pt.shape[1];
-  const Tensor& su = kv.seqused_k;
-  if (!su.defined()) return s;
-  check_dtype(su, "seqused_k", {DType::i32});
-  check_shape(su, "seqused_k", {batch});
-  check_contiguous(su, "seqused_k");
-  MSA_CHECK(su.device == device, "seqused_k: must be on ", device_name(device));
-  if (su.is_cuda()) return s;
-  const int64_t cap = s.max_pages * s.page_size;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t lk = su.ptr<int32_t>()[b];
-    MSA_CHECK(lk >= 0 && lk <= cap, "seqused_k: entry ", b, " = ", lk, " must be in [0, ", cap,
-              "] (max_pages * page_size)");
-  }
-  return s;
-}
-
 int64_t check_k2q_index(const K2QIndex& k2q, const char* name, const KVCache& kv,
                         const ProblemShape& s, Device device) {
   const std::string rp_name = std::string(name) + ".row_ptr";

@@ -3,14 +3,9 @@
 // argument and the rule.
 #pragma once
 
-#include "backend.h"
+#include "api/validate.h"
 
 namespace msa::api {
-
-// The length-bearing parts of a KV cache when only lengths are needed (flat: cu_seqlens_k;
-// paged: page_table, optional seqused_k, and k's shape for the page size). Returns a shape with
-// batch and the page fields filled, enough for host_key_lengths.
-ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device);
 
 // A K2QIndex for a problem with s.num_kv_heads, s.total_q, s.topk (row_ptr, q_idx required;
 // schedule optional, at least k2q_schedule_size elements). `name` prefixes messages ("out",

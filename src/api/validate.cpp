@@ -2,6 +2,8 @@
 #include "api/validate.h"
 
 #include <cstring>
+#include <string>
+#include <utility>
 
 namespace msa::api {
 
@@ -54,6 +56,63 @@ void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int
     default:
       fail(name, ": unsupported value dtype ", dtype_name(x.values.dtype));
   }
+}
+
+static void check_page_size(int64_t page_size, const KVCache& kv) {
+  MSA_CHECK(page_size == 16 || page_size == 32 || page_size == 64 || page_size == 128 ||
+                page_size == 256,
+            "k: page size must be 16, 32, 64, 128 or 256, got ", page_size, " (layout ",
+            kv_layout_name(kv.layout), ", ", kv.k.values.describe(), ")");
+}
+
+ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device) {
+  ProblemShape s;
+  s.batch = batch;
+  const Tensor& k = kv.k.values;
+  if (k.defined())
+    MSA_CHECK(k.device == device, "k: must be on ", device_name(device), " (q2k's device), got ",
+              device_name(k.device));
+  if (kv.layout == KVLayout::flat) {
+    MSA_CHECK(!kv.page_table.defined(), "page_table: must be absent for a flat KV cache");
+    const Tensor& cu = kv.cu_seqlens_k;
+    check_defined(cu, "cu_seqlens_k");
+    check_dtype(cu, "cu_seqlens_k", {DType::i32});
+    check_shape(cu, "cu_seqlens_k", {batch + 1});
+    // Without k the total is whatever the last entry says (only the lengths matter here).
+    if (k.defined()) check_ndim(k, "k", 3);
+    const int64_t total_k = k.defined() ? k.shape[0] : cu.is_cuda() ? 0 : cu.ptr<int32_t>()[batch];
+    check_cu_seqlens(cu, "cu_seqlens_k", batch, total_k, device);
+    return s;
+  }
+  MSA_CHECK(k.defined(), "k: required for a paged KV cache (its shape gives page_size)");
+  check_ndim(k, "k", 4);
+  MSA_CHECK(!kv.cu_seqlens_k.defined(), "cu_seqlens_k: must be absent for a paged KV cache "
+            "(lengths come from seqused_k)");
+  s.num_pages = k.shape[0];
+  s.page_size = kv.layout == KVLayout::paged_nhd ? k.shape[1] : k.shape[2];
+  check_page_size(s.page_size, kv);
+  const Tensor& pt = kv.page_table;
+  check_defined(pt, "page_table");
+  check_dtype(pt, "page_table", {DType::i32});
+  check_ndim(pt, "page_table", 2);
+  MSA_CHECK(pt.shape[0] == batch, "page_table: first dim must be B = ", batch, ", got ",
+            pt.describe());
+  MSA_CHECK(pt.device == device, "page_table: must be on ", device_name(device));
+  s.max_pages = pt.shape[1];
+  const Tensor& su = kv.seqused_k;
+  if (!su.defined()) return s;
+  check_dtype(su, "seqused_k", {DType::i32});
+  check_shape(su, "seqused_k", {batch});
+  check_contiguous(su, "seqused_k");
+  MSA_CHECK(su.device == device, "seqused_k: must be on ", device_name(device));
+  if (su.is_cuda()) return s;
+  const int64_t cap = s.max_pages * s.page_size;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t lk = su.ptr<int32_t>()[b];
+    MSA_CHECK(lk >= 0 && lk <= cap, "seqused_k: entry ", b, " = ", lk, " must be in [0, ", cap,
+              "] (max_pages * page_size)");
+  }
+  return s;
 }
 
 static int64_t logical_dim(const Tensor& t) {
@@ -123,52 +182,30 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
 
   if (flat) {
     const int64_t total_k = k.shape[0];
-    MSA_CHECK(k.shape[2] == q.shape[2] || k.dtype != q.dtype, "k: shape must be [total_k, Hkv, D]");
-    check_cu_seqlens(kv.cu_seqlens_k, "cu_seqlens_k", s.batch, total_k, q.device);
+    check_kv_lengths(kv, s.batch, q.device);
     check_qtensor_scale(kv.k, "k", total_k, s.num_kv_heads, s.head_dim);
     if (need_v) check_qtensor_scale(kv.v, "v", total_k, s.num_kv_heads, s.head_dim);
-    MSA_CHECK(!kv.page_table.defined(), "page_table: must be absent for a flat KV cache");
   } else {
-    s.num_pages = k.shape[0];
-    s.page_size = kv.layout == KVLayout::paged_nhd ? k.shape[1] : k.shape[2];
-    MSA_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128 ||
-                  s.page_size == 256,
-              "k: page size must be 16, 32, 64, 128 or 256, got ", s.page_size, " (layout ",
-              kv_layout_name(kv.layout), ", ", k.describe(), ")");
-    MSA_CHECK(k.dtype != DType::fp4x2, "k: FP4 page pools are not supported");
-    if (kv.k.scale.defined()) {
-      check_dtype(kv.k.scale, "k.scale", {DType::f32});
-      MSA_CHECK(kv.k.scale.numel() == 1, "k.scale: paged fp8 KV takes a per-tensor scale [1], got ",
-                kv.k.scale.describe());
-    }
-    if (need_v && kv.v.scale.defined()) {
-      check_dtype(kv.v.scale, "v.scale", {DType::f32});
-      MSA_CHECK(kv.v.scale.numel() == 1, "v.scale: paged fp8 KV takes a per-tensor scale [1], got ",
-                kv.v.scale.describe());
-    }
-    MSA_CHECK(!kv.cu_seqlens_k.defined(), "cu_seqlens_k: must be absent for a paged KV cache "
-              "(lengths come from seqused_k)");
+    const ProblemShape lens = check_kv_lengths(kv, s.batch, q.device);
+    s.num_pages = lens.num_pages;
+    s.page_size = lens.page_size;
+    s.max_pages = lens.max_pages;
     const Tensor& pt = kv.page_table;
-    check_defined(pt, "page_table");
-    check_dtype(pt, "page_table", {DType::i32});
-    check_ndim(pt, "page_table", 2);
-    MSA_CHECK(pt.shape[0] == s.batch, "page_table: first dim must be B = ", s.batch, ", got ",
-              pt.describe());
     check_last_dim_contiguous(pt, "page_table");
-    check_same_device(q, "q", pt, "page_table");
-    s.max_pages = pt.shape[1];
-    if (kv.seqused_k.defined()) {
-      check_dtype(kv.seqused_k, "seqused_k", {DType::i32});
-      check_shape(kv.seqused_k, "seqused_k", {s.batch});
-      check_contiguous(kv.seqused_k, "seqused_k");
-      check_same_device(q, "q", kv.seqused_k, "seqused_k");
+    MSA_CHECK(k.dtype != DType::fp4x2, "k: FP4 page pools are not supported");
+    for (const auto& [x, name] : {std::pair{&kv.k, "k"}, std::pair{&kv.v, "v"}}) {
+      if (!x->scale.defined() || (x == &kv.v && !need_v)) continue;
+      const std::string sn = std::string(name) + ".scale";
+      MSA_CHECK(x->values.dtype == DType::fp8_e4m3, sn, ": only fp8_e4m3 values take a scale, got ",
+                dtype_name(x->values.dtype), " values");
+      check_dtype(x->scale, sn.c_str(), {DType::f32});
+      MSA_CHECK(x->scale.numel() == 1, sn, ": paged fp8 KV takes a per-tensor scale [1], got ",
+                x->scale.describe());
     }
     if (!q.is_cuda()) {
       const int64_t cap = s.max_pages * s.page_size;
       for (int64_t b = 0; b < s.batch; ++b) {
-        const int64_t lk = kv.seqused_k.defined() ? kv.seqused_k.ptr<int32_t>()[b] : cap;
-        MSA_CHECK(lk >= 0 && lk <= cap, "seqused_k: entry ", b, " = ", lk, " must be in [0, ",
-                  cap, "] (max_pages * page_size)");
+        const int64_t lk = kv.seqused_k.defined() ? kv.seqused_k.ptr<int32_t>()[b] : cap;  // checked
         const int64_t pages = (lk + s.page_size - 1) / s.page_size;
         for (int64_t p = 0; p < pages; ++p) {
           const int32_t id = pt.ptr<int32_t>()[b * pt.strides[0] + p * pt.strides[1]];

@@ -27,6 +27,11 @@ void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int
 void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t total,
                       Device device);
 
+// The length-bearing parts of a KV cache when only lengths are needed (flat: cu_seqlens_k;
+// paged: page_table, optional seqused_k, and k's shape for the page size). Returns a shape with
+// batch and the page fields filled, enough for host_key_lengths.
+ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device);
+
 // Key count of batch b, read from a host (CPU) KV cache: flat from cu_seqlens_k, paged from
 // seqused_k (or max_pages * page_size).
 std::vector<int64_t> host_key_lengths(const KVCache& kv, const ProblemShape& s);

@@ -437,6 +437,12 @@ TEST(AttentionRules, PageIdsAndSeqused) {
   paged.seqused_k.data<int32_t>()[0] = int32_t(cols * 16 + 1);
   expect_error([&] { attention_forward(make_args(p, paged.cache(), o, nullptr, {})); },
                "seqused_k: entry 0 = " + std::to_string(cols * 16 + 1) + " must be in [0, ");
+  paged.seqused_k.data<int32_t>()[0] = 4;
+  float scale = 2.f;
+  KVCache scaled = paged.cache();
+  scaled.k.scale = Tensor(&scale, DType::f32, {1});
+  expect_error([&] { attention_forward(make_args(p, scaled, o, nullptr, {})); },
+               "k.scale: only fp8_e4m3 values take a scale, got bf16 values");
 }
 
 TEST(AttentionRules, TemperatureAndTlse) {
