@@ -144,4 +144,51 @@ MSA_HD float fp4x2_get(const uint8_t* packed, int64_t i) {
   return e2m1_to_float((i & 1) ? uint8_t(b >> 4) : uint8_t(b & 0xfu));
 }
 
+// ---- exact single rounding from double (shared by the CPU reference and the GPU kernels) ----
+
+// Rounds to float with round-to-odd: a later RNE rounding to any format with at least 2 fewer
+// mantissa bits than float then equals one correct rounding of x.
+MSA_HD float to_float_round_odd(double x) {
+  float f = float(x);
+  if (double(f) == x || x != x) return f;
+  uint32_t u = float_bits(f);
+  if ((u & 1u) == 0) u = std::fabs(double(f)) > std::fabs(x) ? u - 1 : u + 1;  // step toward x
+  return bits_float(u);
+}
+MSA_HD uint16_t double_to_bf16(double x) { return float_to_bf16(to_float_round_odd(x)); }
+MSA_HD uint16_t double_to_f16(double x) { return float_to_f16(to_float_round_odd(x)); }
+MSA_HD uint8_t double_to_e4m3(double x) { return float_to_e4m3(to_float_round_odd(x)); }
+MSA_HD uint8_t double_to_e2m1(double x) { return float_to_e2m1(to_float_round_odd(x)); }
+
+// ---- quantization scales (DESIGN.md s.8; rules in include/msa/quant.h) ----
+
+// FP8: amax / 448 rounded to f32; 1 where that is not > 0 (all-zero rows, underflow, NaN).
+MSA_HD float fp8_scale_from_amax(float amax) {
+  const float s = float(double(amax) / 448.0);
+  return s > 0.f ? s : 1.f;
+}
+
+// NVFP4 block scale byte: amax / (6 * global) rounded to e4m3 (saturating at 448).
+MSA_HD uint8_t nvfp4_scale_byte(float amax, float global) {
+  return double_to_e4m3(double(amax) / (6.0 * double(global)));
+}
+
+// MXFP4 (OCP MX) scale byte: 2^(floor(log2(amax)) - 2), 2 being e2m1's largest exponent,
+// clamped to e8m0's range [2^-127, 2^127]; amax 0 gives the smallest scale (codes 0);
+// non-finite -> 0xff (NaN).
+MSA_HD uint8_t mxfp4_scale_byte(float amax) {
+  if (!(amax - amax == 0.f)) return 0xff;  // inf or NaN
+  if (amax == 0.f) return 0;
+  int e;
+  (void)std::frexp(amax, &e);  // amax = f * 2^e, f in [0.5, 1): floor(log2(amax)) = e - 1
+  int exp = e - 1 - 2;
+  exp = exp < -127 ? -127 : (exp > 127 ? 127 : exp);
+  return uint8_t(exp + 127);
+}
+
+// The step an FP4 decoder multiplies codes by (0 for an all-zero block: codes are then 0).
+MSA_HD double fp4_step(uint8_t scale_byte, bool nvfp4, float global) {
+  return nvfp4 ? double(e4m3_to_float(scale_byte)) * double(global) : double(e8m0_to_float(scale_byte));
+}
+
 }  // namespace msa::codec

@@ -143,22 +143,13 @@ class KeyReader {
   std::vector<int64_t> starts_;  // flat only: cu_seqlens_k
 };
 
-// Rounds a double to float with round-to-odd, so that a second rounding (float -> bf16/f16,
-// both far narrower) equals one correct rounding of the double.
-inline float to_float_round_odd(double x) {
-  float f = float(x);
-  if (double(f) == x || std::isnan(x)) return f;
-  uint32_t u = codec::float_bits(f);
-  if ((u & 1u) == 0) u = std::fabs(double(f)) > std::fabs(x) ? u - 1 : u + 1;  // step toward x
-  return codec::bits_float(u);
-}
 
 // Writes v into element `offset` of an f32 / bf16 / f16 tensor, rounding once to nearest even.
 inline void store_value(const Tensor& t, int64_t offset, double v) {
   switch (t.dtype) {
     case DType::f32: t.ptr<float>()[offset] = float(v); return;
-    case DType::bf16: t.ptr<uint16_t>()[offset] = codec::float_to_bf16(to_float_round_odd(v)); return;
-    case DType::f16: t.ptr<uint16_t>()[offset] = codec::float_to_f16(to_float_round_odd(v)); return;
+    case DType::bf16: t.ptr<uint16_t>()[offset] = codec::double_to_bf16(v); return;
+    case DType::f16: t.ptr<uint16_t>()[offset] = codec::double_to_f16(v); return;
     default: fail("cpu: cannot store into dtype ", dtype_name(t.dtype));
   }
 }

@@ -9,14 +9,6 @@
 namespace msa::cpu {
 namespace {
 
-constexpr double kE4m3Max = 448.0;
-constexpr double kE2m1Max = 6.0;
-
-// Correctly rounded encoders from a double: round-to-odd to float, then the codec's RNE, which
-// together equal one rounding of the double (the float keeps >= 2 more bits than either format).
-uint8_t encode_e4m3(double v) { return codec::float_to_e4m3(to_float_round_odd(v)); }
-uint8_t encode_e2m1(double v) { return codec::float_to_e2m1(to_float_round_odd(v)); }
-
 int64_t offset3(const Tensor& t, int64_t a, int64_t b, int64_t c) {
   return a * t.strides[0] + b * t.strides[1] + c * t.strides[2];
 }
@@ -53,8 +45,7 @@ void quantize_fp8(const Tensor& x, QuantFormat f, const QTensor& out) {
     }
   float* scale = out.scale.ptr<float>();
   for (size_t i = 0; i < amax.size(); ++i) {
-    const float s = float(double(amax[i]) / kE4m3Max);
-    scale[i] = s > 0.f ? s : 1.f;  // amax 0 (or an underflowing scale) keeps the values as-is
+    scale[i] = codec::fp8_scale_from_amax(amax[i]);
   }
 
   uint8_t* codes = out.values.ptr<uint8_t>();
@@ -63,27 +54,11 @@ void quantize_fp8(const Tensor& x, QuantFormat f, const QTensor& out) {
     for (int64_t h = 0; h < H; ++h) {
       const double s = scale[scale_index(t, h)];
       for (int64_t d = 0; d < D; ++d)
-        codes[offset3(out.values, t, h, d)] = encode_e4m3(load_value(x, offset3(x, t, h, d)) / s);
+        codes[offset3(out.values, t, h, d)] = codec::double_to_e4m3(load_value(x, offset3(x, t, h, d)) / s);
     }
 }
 
 // ---- FP4 (NVFP4 / MXFP4): one scale byte per group of elements along D ----
-
-// NVFP4 block scale: amax / (6 * global) rounded to e4m3 (saturating at 448).
-uint8_t nvfp4_scale_byte(float amax, float global) {
-  return encode_e4m3(double(amax) / (kE2m1Max * double(global)));
-}
-
-// MXFP4 (OCP MX) scale: 2^(floor(log2(amax)) - 2), 2 being e2m1's largest exponent, clamped to
-// e8m0's range [2^-127, 2^127]; amax 0 gives the smallest scale (codes 0); non-finite -> NaN.
-uint8_t mxfp4_scale_byte(float amax) {
-  if (!std::isfinite(amax)) return 0xff;
-  if (amax == 0.f) return 0;
-  int e;
-  (void)std::frexp(amax, &e);  // amax = f * 2^e, f in [0.5, 1): floor(log2(amax)) = e - 1
-  const int exp = std::clamp(e - 1 - 2, -127, 127);
-  return uint8_t(exp + 127);
-}
 
 void quantize_fp4(const Tensor& x, QuantFormat f, const QTensor& out) {
   const int64_t T = x.shape[0], H = x.shape[1], D = x.shape[2];
@@ -96,17 +71,16 @@ void quantize_fp4(const Tensor& x, QuantFormat f, const QTensor& out) {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t g = 0; g < D / group; ++g) {
         const float amax = amax_range(x, t, h, g * group, (g + 1) * group);
-        const uint8_t byte = nv ? nvfp4_scale_byte(amax, out.global_scale) : mxfp4_scale_byte(amax);
+        const uint8_t byte = nv ? codec::nvfp4_scale_byte(amax, out.global_scale) : codec::mxfp4_scale_byte(amax);
         sc.ptr<uint8_t>()[offset3(sc, t, h, g)] = byte;
         // The step the decoder multiplies by; a zero step (all-zero block, or a scale that
         // rounded to 0) encodes the block as zeros instead of dividing by 0.
-        const double step = nv ? double(codec::e4m3_to_float(byte)) * double(out.global_scale)
-                               : double(codec::e8m0_to_float(byte));
+        const double step = codec::fp4_step(byte, nv, out.global_scale);
         for (int64_t d = g * group; d < (g + 1) * group; d += 2) {
           const double a = load_value(x, offset3(x, t, h, d));
           const double b = load_value(x, offset3(x, t, h, d + 1));
-          const uint8_t lo = step != 0.0 ? encode_e2m1(a / step) : 0;
-          const uint8_t hi = step != 0.0 ? encode_e2m1(b / step) : 0;
+          const uint8_t lo = step != 0.0 ? codec::double_to_e2m1(a / step) : 0;
+          const uint8_t hi = step != 0.0 ? codec::double_to_e2m1(b / step) : 0;
           v.ptr<uint8_t>()[offset3(v, t, h, d / 2)] = uint8_t(lo | (hi << 4));
         }
       }

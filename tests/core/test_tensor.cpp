@@ -39,6 +39,8 @@ TEST(Tensor, ContiguousViewHasRowMajorStrides) {
   Tensor s(buf.data(), DType::f32, {2, 3}, {12, 4});
   EXPECT_FALSE(s.is_contiguous());
   EXPECT_FALSE(Tensor().defined());
+  Tensor empty(buf.data(), DType::f32, std::vector<int64_t>{16, 0, 0}, std::vector<int64_t>{0, 0, 1});
+  EXPECT_TRUE(empty.is_contiguous());
 }
 
 TEST(Tensor, RejectsNegativeShapeAndMismatchedStrides) {
