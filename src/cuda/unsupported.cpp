@@ -13,7 +13,5 @@ void block_scores(const BlockScoresArgs&, const ProblemShape&, cudaStream_t) { m
 void select_topk(const TopKArgs&, const ProblemShape&, cudaStream_t) { missing("select_topk"); }
 void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t) { missing("attention_forward"); }
 size_t attention_workspace_bytes(const AttentionArgs&, const ProblemShape&) { return 0; }
-void quantize(const Tensor&, QuantFormat, const QTensor&, cudaStream_t) { missing("quantize"); }
-void dequantize(const QTensor&, const Tensor&, cudaStream_t) { missing("dequantize"); }
 
 }  // namespace msa::cuda
