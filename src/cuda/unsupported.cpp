@@ -11,7 +11,5 @@ namespace {
 
 void block_scores(const BlockScoresArgs&, const ProblemShape&, cudaStream_t) { missing("block_scores"); }
 void select_topk(const TopKArgs&, const ProblemShape&, cudaStream_t) { missing("select_topk"); }
-void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t) { missing("attention_forward"); }
-size_t attention_workspace_bytes(const AttentionArgs&, const ProblemShape&) { return 0; }
 
 }  // namespace msa::cuda

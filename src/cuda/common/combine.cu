@@ -1,0 +1,125 @@
+// Kernel of the sparse-attention combine (combine.cuh). One unit = (token, kv head): G x 16
+// threads, each owning 8 consecutive head-dim elements of one query head, so a unit reads its
+// topk x G x 128 partial values as contiguous 16-byte loads.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/common/combine.cuh"
+#include "cuda/common/index_checks.cuh"
+#include "cuda/device/check.h"
+
+namespace msa::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kHeadDim = 128;
+constexpr int kVec = 8;  // elements per thread
+
+__device__ __forceinline__ void load_partial(const CombineParams& p, int64_t row, int d0,
+                                             float (&x)[kVec]) {
+  if (p.part_bf16) {
+    const uint4 raw =
+        *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.part_o) +
+                                        row * kHeadDim + d0);
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      x[2 * i] = f.x;
+      x[2 * i + 1] = f.y;
+    }
+  } else {
+    const auto* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) +
+                                                      row * kHeadDim + d0);
+    const float4 a = src[0], b = src[1];
+    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
+    x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+  }
+}
+
+// log sum_s exp(v_s) over the valid slots, in fixed slot order; -inf when none is finite.
+__device__ __forceinline__ float merge_lse(const float* v, const int32_t* ids, int topk,
+                                          int64_t nblk, int group) {
+  float m = -INFINITY;
+  for (int s = 0; s < topk; ++s)
+    if (ids[s] >= 0 && ids[s] < nblk) m = fmaxf(m, v[int64_t(s) * group]);
+  if (m == -INFINITY) return m;
+  float sum = 0.f;
+  for (int s = 0; s < topk; ++s)
+    if (ids[s] >= 0 && ids[s] < nblk) sum += expf(v[int64_t(s) * group] - m);
+  return m + logf(sum);
+}
+
+template <bool kF16>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
+  const int per_unit = p.group * (kHeadDim / kVec);
+  const int units_per_block = kThreads / per_unit;
+  const int64_t unit = int64_t(blockIdx.x) * units_per_block + threadIdx.x / per_unit;
+  if (threadIdx.x >= units_per_block * per_unit || unit >= p.total_q * p.num_kv_heads) return;
+  const int li = threadIdx.x % per_unit;
+  const int g = li / (kHeadDim / kVec), d0 = (li % (kHeadDim / kVec)) * kVec;
+  const int64_t t = unit / p.num_kv_heads, h = unit % p.num_kv_heads;
+  const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
+  const int64_t lk = int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
+  const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
+  const int64_t base = (h * p.total_q + t) * p.topk;  // first slot of (h, t)
+  const int32_t* ids = p.q2k + base;
+  const float* lse_g = p.part_lse + base * p.group + g;
+
+  float m = -INFINITY;
+  for (int s = 0; s < p.topk; ++s)
+    if (ids[s] >= 0 && ids[s] < nblk) m = fmaxf(m, lse_g[int64_t(s) * p.group]);
+  float acc[kVec] = {};
+  float sum = 0.f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < p.topk; ++s) {
+      if (ids[s] < 0 || ids[s] >= nblk) continue;
+      // exp(-inf - m) = 0 for a slot whose block held no visible key: its O partial is 0.
+      const float w = expf(lse_g[int64_t(s) * p.group] - m);
+      float x[kVec];
+      load_partial(p, (base + s) * p.group + g, d0, x);
+      sum += w;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+    }
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const int64_t hq = h * p.group + g;
+  using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
+  T* dst = static_cast<T*>(p.out) + t * p.out_stride_t + hq * p.out_stride_h + d0;
+  uint4 packed;
+  auto* pk = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kF16) {
+      const __half2 v = __floats2half2_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+      pk[i] = *reinterpret_cast<const uint32_t*>(&v);
+    } else {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+      pk[i] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+  }
+  *reinterpret_cast<uint4*>(dst) = packed;
+  if (d0 != 0) return;
+  if (p.lse) p.lse[hq * p.total_q + t] = m == -INFINITY ? m : m + logf(sum);
+  if (p.tlse)
+    p.tlse[hq * p.total_q + t] =
+        merge_lse(p.part_tlse + base * p.group + g, ids, p.topk, nblk, p.group);
+}
+
+}  // namespace
+
+void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t stream) {
+  const int64_t units = p.total_q * p.num_kv_heads;
+  if (units == 0) return;
+  const int per_unit = p.group * (kHeadDim / kVec);
+  const int64_t units_per_block = kThreads / per_unit;
+  const int64_t blocks = (units + units_per_block - 1) / units_per_block;
+  if (out_f16)
+    combine_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  else
+    combine_kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace msa::cuda

@@ -1,0 +1,32 @@
+// Combine step of sparse attention: merges the per-(token, kv head, slot) partials (normalised O
+// plus LSE) into out / lse / tlse, exactly in fp32 and in fixed slot order (deterministic).
+// Launched by sm90/sparse_fwd/launch.cu after the main kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace msa::cuda {
+
+struct CombineParams {
+  const int32_t* q2k = nullptr;           // [Hkv, total_q, topk]: which slots hold a partial
+  const int32_t* cu_seqlens_q = nullptr;  // [B+1]
+  const int32_t* cu_seqlens_k = nullptr;  // [B+1]
+  // partials, indexed by ((h * total_q + t) * topk + slot) * G + g
+  const void* part_o = nullptr;           // [.., D=128] bf16 (part_bf16) or f32
+  int32_t part_bf16 = 0;
+  const float* part_lse = nullptr;        // natural log, -inf: no visible key in that block
+  const float* part_tlse = nullptr;       // null unless tlse is requested
+  void* out = nullptr;                    // [total_q, Hq, 128] bf16 / f16, D contiguous
+  int64_t out_stride_t = 0, out_stride_h = 0;  // elements
+  float* lse = nullptr;                   // [Hq, total_q] or null
+  float* tlse = nullptr;                  // [Hq, total_q] or null
+  int64_t batch = 0, total_q = 0;
+  int32_t num_kv_heads = 0, group = 1, topk = 0, kv_block_size = 128;
+};
+
+// out_f16: out is f16 (else bf16).
+void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t stream);
+
+}  // namespace msa::cuda

@@ -1,0 +1,293 @@
+// Host side of the sm_90a sparse attention forward: capability checks, workspace plan, TMA
+// descriptors and the launch sequence (CSR build or q2k check, schedule check + chunk table,
+// main kernel, combine). Defines cuda::attention_forward / attention_workspace_bytes.
+// Instantiations (the only ones): sparse_fwd_kernel<false> (bf16), sparse_fwd_kernel<true> (f16).
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "backend.h"
+#include "common/schedule.h"
+#include "cuda/common/combine.cuh"
+#include "cuda/common/csr_build.cuh"
+#include "cuda/common/index_checks.cuh"
+#include "cuda/device/check.h"
+#include "cuda/sm90/sparse_fwd/kernel.cuh"
+#include "cuda/sm90/sparse_fwd/scheduler.cuh"
+
+namespace msa::cuda {
+namespace {
+
+using namespace sparse_fwd;
+
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+// Byte offsets into the attention workspace; sized from host-known shapes only.
+struct AttnPlan {
+  int64_t total_rows = 0;        // rows of the CSR in use (caller's, or an upper bound)
+  int64_t schedule_capacity = 0; // items
+  int64_t chunk_capacity = 0;
+  int32_t chunk_tokens = 0;
+  bool build_csr = false, build_schedule = false;
+  size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0, entry_slot = 0;
+  size_t part_o = 0, part_lse = 0, part_tlse = 0;
+  size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
+  size_t total = 0;
+};
+
+AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
+  AttnPlan w;
+  const int64_t hkv = s.num_kv_heads, nnz = s.total_q * s.topk;
+  w.build_csr = !a.k2q.row_ptr.defined();
+  w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
+  if (w.build_csr) {
+    // sum_b ceil(Lk_b / 128) <= total_k / 128 + B: rows past the real total stay empty.
+    w.total_rows = (a.kv.k.values.shape[0] + kBlockN - 1) / kBlockN + s.batch;
+  } else {
+    w.total_rows = a.k2q.row_ptr.shape[1] - 1;
+  }
+  w.schedule_capacity = hkv * w.total_rows;
+  w.chunk_tokens = kChunkTiles * tokens_per_tile(int(s.group));
+  w.chunk_capacity = w.schedule_capacity + (hkv * nnz + w.chunk_tokens - 1) / w.chunk_tokens;
+  const size_t part_elems = size_t(hkv) * size_t(nnz) * size_t(s.group);
+  const size_t part_bytes = a.params.partial_dtype == DType::bf16 ? 2 : 4;
+  size_t off = 0;
+  auto take = [&off](size_t bytes) { const size_t at = off; off += align256(bytes); return at; };
+  w.check = take(kQ2KCheckWorkspaceBytes);
+  w.row_start = take(size_t(s.batch + 1) * 4);
+  w.chunk_start = take(size_t(w.schedule_capacity + 1) * 4);
+  w.num_chunks = take(4);
+  w.chunks = take(size_t(w.chunk_capacity) * sizeof(ChunkDesc));
+  w.entry_slot = take(size_t(hkv * nnz) * 4);
+  w.part_o = take(part_elems * kHeadDim * part_bytes);
+  w.part_lse = take(part_elems * 4);
+  w.part_tlse = take(a.params.temperature > 0.f ? part_elems * 4 : 0);
+  if (w.build_csr) {
+    w.row_ptr = take(size_t(hkv * (w.total_rows + 1)) * 4);
+    w.q_idx = take(size_t(hkv * nnz) * 4);
+  }
+  if (w.build_csr || w.build_schedule)
+    w.schedule = take(size_t(sched::max_schedule_ints(hkv, w.total_rows)) * 4);
+  if (w.build_csr) w.csr_ws = take(csr_build_workspace_bytes(hkv, w.total_rows, s.total_q, s.topk));
+  w.total = off;
+  return w;
+}
+
+// Rejects what this kernel does not cover, naming the missing feature (no silent fallback).
+void check_supported(const AttentionArgs& a, const ProblemShape& s) {
+  MSA_CHECK(a.q2k.defined(), "attention_forward: dense attention (no q2k) is not supported on "
+            "CUDA yet; pass a q2k selection or run on CPU tensors");
+  MSA_CHECK(a.kv.layout == KVLayout::flat, "attention_forward: paged KV (",
+            kv_layout_name(a.kv.layout), ") is not supported by the CUDA sparse prefill yet");
+  MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);
+  MSA_CHECK(a.kv.k.values.dtype == a.q.dtype && a.kv.v.values.dtype == a.q.dtype,
+            "k, v: must have q's dtype (", dtype_name(a.q.dtype),
+            ") on CUDA; quantized KV is not supported by the sparse prefill yet");
+  MSA_CHECK(!a.kv.k.scale.defined() && !a.kv.v.scale.defined(),
+            "k, v: scales are not supported by the CUDA sparse prefill");
+  MSA_CHECK(s.kv_block_size == kBlockN, "params.kv_block_size: must be 128 on CUDA, got ",
+            s.kv_block_size);
+  MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,
+            "q: Hq / Hkv must be 1, 2, 4, 8 or 16 on CUDA, got ", s.group);
+  MSA_CHECK(s.total_q * s.topk * s.num_kv_heads < INT32_MAX,
+            "q2k: Hkv * total_q * topk must be below 2^31 on CUDA");
+  MSA_CHECK(a.kv.k.values.shape[0] < INT32_MAX && s.total_q < INT32_MAX,
+            "q, k: token counts must be below 2^31 on CUDA (TMA coordinates are int32)");
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    MSA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                    cudaEnableDefault, &q));
+    MSA_CHECK(f != nullptr && q == cudaDriverEntryPointSuccess,
+              "CUDA driver: cuTensorMapEncodeTiled not available (driver too old for TMA)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// 3-D map over a [tokens, heads, 128] tensor (D contiguous), 128-byte swizzle, box of
+// 64 columns x `box_heads` heads x `box_tokens` tokens. Out-of-range boxes read as zeros.
+CUtensorMap make_map(const Tensor& t, uint32_t box_heads, uint32_t box_tokens) {
+  CUtensorMap m;
+  const cuuint64_t dims[3] = {cuuint64_t(t.shape[2]), cuuint64_t(t.shape[1]),
+                              cuuint64_t(t.shape[0])};
+  const cuuint64_t strides[2] = {cuuint64_t(t.strides[1]) * 2, cuuint64_t(t.strides[0]) * 2};
+  const cuuint32_t box[3] = {kHalfCols, box_heads, box_tokens};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = encode_fn()(
+      &m, t.dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      3, t.data, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MSA_CHECK(r == CUDA_SUCCESS, "attention_forward: cuTensorMapEncodeTiled failed (", int(r),
+            ") for ", t.describe(), "; strides must be multiples of 16 bytes");
+  return m;
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  MSA_CUDA_CHECK(cudaGetDevice(&dev));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+template <bool kF16>
+void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+                 const MainParams& p, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(sparse_fwd_kernel<kF16>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  });
+  sparse_fwd_kernel<kF16><<<sm_count(), kThreads, kSmemBytes, stream>>>(tq, tk, tv, p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s) {
+  if (!a.q2k.defined()) return 0;  // dense: attention_forward reports it unsupported
+  return make_plan(a, s).total;
+}
+
+void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream_t stream) {
+  check_supported(a, s);
+  if (s.total_q == 0) return;
+  const AttnPlan w = make_plan(a, s);
+  auto* ws = static_cast<uint8_t*>(a.workspace.data);
+  MSA_CHECK((reinterpret_cast<uintptr_t>(ws) & 255) == 0,
+            "workspace: must be 256-byte aligned on CUDA");
+  int32_t* status = a.status.ptr<int32_t>();
+  const auto* q2k = a.q2k.ptr<int32_t>();
+  const auto* cu_q = a.cu_seqlens_q.ptr<int32_t>();
+  const auto* cu_k = a.kv.cu_seqlens_k.ptr<int32_t>();
+  const int64_t total_k = a.kv.k.values.shape[0];
+
+  PrepParams pp;
+  pp.q2k = q2k;
+  pp.cu_seqlens_q = cu_q;
+  pp.cu_seqlens_k = cu_k;
+  pp.batch = s.batch;
+  pp.num_kv_heads = s.num_kv_heads;
+  pp.total_q = s.total_q;
+  pp.topk = s.topk;
+  pp.total_rows = w.total_rows;
+  pp.schedule_capacity = w.schedule_capacity;
+  pp.chunk_capacity = w.chunk_capacity;
+  pp.chunk_tokens = w.chunk_tokens;
+  pp.row_start = reinterpret_cast<int32_t*>(ws + w.row_start);
+  pp.chunk_start = reinterpret_cast<int32_t*>(ws + w.chunk_start);
+  pp.num_chunks = reinterpret_cast<int32_t*>(ws + w.num_chunks);
+  pp.chunks = ws + w.chunks;
+  pp.entry_slot = reinterpret_cast<int32_t*>(ws + w.entry_slot);
+  pp.status = status;
+
+  if (w.build_csr) {
+    CsrBuildParams c;
+    c.q2k = q2k;
+    c.cu_seqlens_q = cu_q;
+    c.keys.cu_seqlens_k = cu_k;
+    c.keys.total_k = total_k;
+    c.batch = s.batch;
+    c.num_kv_heads = s.num_kv_heads;
+    c.total_q = s.total_q;
+    c.topk = s.topk;
+    c.kv_block_size = kBlockN;
+    c.total_rows = w.total_rows;
+    c.check_total_rows = false;  // an upper bound: the real rows come first, the rest are empty
+    c.row_ptr = reinterpret_cast<int32_t*>(ws + w.row_ptr);
+    c.q_idx = reinterpret_cast<int32_t*>(ws + w.q_idx);
+    c.schedule = reinterpret_cast<int32_t*>(ws + w.schedule);
+    c.workspace = ws + w.csr_ws;
+    c.status = status;
+    launch_csr_build(c, stream);
+    pp.row_ptr = c.row_ptr;
+    pp.q_idx = c.q_idx;
+    pp.schedule = c.schedule;
+  } else {
+    Q2KCheckParams c;
+    c.q2k = q2k;
+    c.cu_seqlens_q = cu_q;
+    c.keys.cu_seqlens_k = cu_k;
+    c.keys.total_k = total_k;
+    c.batch = s.batch;
+    c.num_kv_heads = s.num_kv_heads;
+    c.total_q = s.total_q;
+    c.topk = s.topk;
+    c.kv_block_size = kBlockN;
+    launch_q2k_check(c, ws + w.check, status, stream);
+    pp.row_ptr = a.k2q.row_ptr.ptr<int32_t>();
+    pp.q_idx = a.k2q.q_idx.ptr<int32_t>();
+    pp.schedule = w.build_schedule ? reinterpret_cast<int32_t*>(ws + w.schedule)
+                                   : a.k2q.schedule.ptr<int32_t>();
+    if (w.build_schedule) {
+      schedule_from_row_ptr_kernel<<<1, kPrepThreads, 0, stream>>>(
+          pp, reinterpret_cast<int32_t*>(ws + w.schedule));
+      MSA_CUDA_CHECK_LAUNCH();
+    }
+  }
+  row_start_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
+  MSA_CUDA_CHECK_LAUNCH();
+  schedule_check_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
+  MSA_CUDA_CHECK_LAUNCH();
+  const int sms = sm_count();
+  chunk_table_kernel<<<4 * sms, 256, 0, stream>>>(pp);
+  MSA_CUDA_CHECK_LAUNCH();
+
+  const bool f16 = a.q.dtype == DType::f16;
+  const bool bf16_part = a.params.partial_dtype == DType::bf16;
+  const float scale = a.params.softmax_scale > 0.f ? a.params.softmax_scale
+                                                   : 1.f / std::sqrt(float(s.head_dim));
+  if (total_k > 0) {
+    MainParams mp;
+    mp.chunks = pp.chunks;
+    mp.num_chunks = pp.num_chunks;
+    mp.q_idx = pp.q_idx;
+    mp.entry_slot = pp.entry_slot;
+    mp.q_idx_stride = s.total_q * s.topk;
+    mp.total_q = s.total_q;
+    mp.group = int32_t(s.group);
+    mp.topk = int32_t(s.topk);
+    mp.tokens_per_tile = tokens_per_tile(int(s.group));
+    mp.causal = a.params.causal ? 1 : 0;
+    mp.scale_log2 = scale * 1.4426950408889634f;
+    mp.inv_temperature = a.params.temperature > 0.f ? 1.f / a.params.temperature : 0.f;
+    mp.part_o = ws + w.part_o;
+    mp.part_bf16 = bf16_part ? 1 : 0;
+    mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
+    mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
+    const CUtensorMap tq = make_map(a.q, uint32_t(s.group), 1);
+    const CUtensorMap tk = make_map(a.kv.k.values, 1, kBlockN);
+    const CUtensorMap tv = make_map(a.kv.v.values, 1, kBlockN);
+    if (f16) launch_main<true>(tq, tk, tv, mp, stream);
+    else launch_main<false>(tq, tk, tv, mp, stream);
+  }
+
+  CombineParams cp;
+  cp.q2k = q2k;
+  cp.cu_seqlens_q = cu_q;
+  cp.cu_seqlens_k = cu_k;
+  cp.part_o = ws + w.part_o;
+  cp.part_bf16 = bf16_part ? 1 : 0;
+  cp.part_lse = reinterpret_cast<const float*>(ws + w.part_lse);
+  cp.part_tlse = a.tlse.defined() ? reinterpret_cast<const float*>(ws + w.part_tlse) : nullptr;
+  cp.out = a.out.data;
+  cp.out_stride_t = a.out.strides[0];
+  cp.out_stride_h = a.out.strides[1];
+  cp.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
+  cp.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
+  cp.batch = s.batch;
+  cp.total_q = s.total_q;
+  cp.num_kv_heads = int32_t(s.num_kv_heads);
+  cp.group = int32_t(s.group);
+  cp.topk = int32_t(s.topk);
+  cp.kv_block_size = kBlockN;
+  launch_sparse_combine(cp, f16, stream);
+}
+
+}  // namespace msa::cuda

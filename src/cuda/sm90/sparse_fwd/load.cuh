@@ -1,0 +1,131 @@
+// Producer warpgroup of the sparse forward: TMA loads of each chunk's K/V block (warp 0) and the
+// CSR-gather of Q tiles (warps 0-3, one per (consumer, stage) buffer). Called from kernel.cuh.
+//
+// Barrier protocol. Tile T (counted over this CTA's chunks) goes to consumer T % 2, Q stage
+// (T / 2) % 2, so producer warp T % 4 owns that buffer and waits only on its q_empty. A tile's
+// q_full phase completes after (1) its warp's lane 0 arrives, which releases the TileMeta the
+// warp wrote, and (2) all TMA bytes announced by that arrive's expect_tx have landed.
+// K/V: warp 0 waits kv_empty (both consumers done with the stage), writes ChunkInfo, then
+// arrive.expect_tx(64 KB) + 4 TMA loads. After the last chunk it publishes n_tiles = -1.
+#pragma once
+
+#include "cuda/device/sm90.cuh"
+#include "cuda/sm90/sparse_fwd/params.h"
+#include "cuda/sm90/sparse_fwd/traits.h"
+
+namespace msa::cuda::sparse_fwd {
+
+struct ChunkView {  // a ChunkDesc plus what every role derives from it
+  ChunkDesc d;
+  int32_t n_tiles;
+  int32_t valid_keys;  // keys of the block inside the batch (1..128)
+};
+
+__device__ __forceinline__ ChunkView load_chunk(const MainParams& p, int32_t chunk) {
+  ChunkView v;
+  const int4* src = static_cast<const int4*>(p.chunks) + 2 * int64_t(chunk);
+  const int4 a = src[0], b = src[1];
+  v.d = ChunkDesc{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  const int32_t n_tok = v.d.e_end - v.d.e_begin;
+  v.n_tiles = (n_tok + p.tokens_per_tile - 1) / p.tokens_per_tile;
+  v.valid_keys = max(0, min(kBlockN, v.d.k_len - v.d.kb * kBlockN));
+  return v;
+}
+
+// Fills Q tile `j` of chunk `c` into buffer (consumer, stage) and arms its q_full barrier.
+// Each lane handles tokens lane and lane + 32 (a tile holds at most 64 tokens, G = 1).
+__device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtensorMap* tm_q,
+                                               SharedStorage& sh, const ChunkView& c, int j,
+                                               int consumer, int stage, int lane) {
+  TileMeta& meta = sh.meta[consumer][stage];
+  const int tpt = p.tokens_per_tile;
+  const int64_t head_off = int64_t(c.d.head) * p.q_idx_stride;
+  int32_t tok[2] = {-1, -1};
+  int valid = 0;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = lane + 32 * u;
+    if (i >= tpt) break;
+    const int32_t e = c.d.e_begin + j * tpt + i;
+    int32_t slot = -1, limit = -1;
+    if (e < c.d.e_end) {
+      const int32_t tl = p.q_idx[head_off + e];
+      const int32_t s = p.entry_slot[head_off + e];
+      if (tl >= 0 && tl < c.d.q_len && s >= 0 && int64_t(c.d.q_start) + tl < p.total_q) {
+        tok[u] = c.d.q_start + tl;
+        slot = s;
+        // Last visible key of the batch for this query (bottom-right causal), then in block
+        // coordinates, clipped to the keys that exist in the block.
+        const int32_t last = p.causal ? tl + c.d.k_len - c.d.q_len : c.d.k_len - 1;
+        limit = max(-1, min(last - c.d.kb * kBlockN, c.valid_keys - 1));
+        ++valid;
+      }
+    }
+    meta.token[i] = tok[u];
+    meta.slot[i] = slot;
+    meta.limit[i] = limit;
+  }
+  const int n_valid = __reduce_add_sync(0xffffffffu, valid);
+  __syncwarp();
+  if (lane == 0)
+    sm90::mbar_arrive_expect_tx(&sh.q_full[consumer][stage],
+                                uint32_t(n_valid) * uint32_t(p.group) * kHeadDim * 2);
+  __syncwarp();
+  const int32_t head_row = c.d.head * p.group;  // first query head of kv head h
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    if (tok[u] < 0) continue;
+    const int i = lane + 32 * u;
+    const int row_bytes = i * p.group * 128;  // G rows of 128 B per token in each half
+    sm90::tma_load_3d(sh.q[consumer][stage][0] + row_bytes, tm_q, &sh.q_full[consumer][stage],
+                      0, head_row, tok[u]);
+    sm90::tma_load_3d(sh.q[consumer][stage][1] + row_bytes, tm_q, &sh.q_full[consumer][stage],
+                      kHalfCols, head_row, tok[u]);
+  }
+}
+
+__device__ __forceinline__ void run_producer(const MainParams& p, const CUtensorMap* tm_q,
+                                             const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                             SharedStorage& sh, int warp, int lane) {
+  const int consumer = warp & 1, stage = warp >> 1;  // this warp's Q buffer
+  const int32_t n_chunks = *p.num_chunks;
+  uint32_t q_uses = 0;  // tiles this warp has produced (parity of its q_empty waits)
+  int32_t kv_iter = 0;
+  int64_t tile_base = 0;  // global tile counter T at the start of the chunk
+  for (int32_t chunk = blockIdx.x; chunk < n_chunks; chunk += gridDim.x) {
+    const ChunkView c = load_chunk(p, chunk);
+    if (warp == 0) {
+      const int s = kv_iter % kKVStages;
+      sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);
+      if (lane == 0) {
+        sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head};
+        sm90::mbar_arrive_expect_tx(&sh.kv_full[s], kKVStageTxBytes);
+        const int32_t key_row = c.d.k_start + c.d.kb * kBlockN;
+        for (int half = 0; half < 2; ++half) {
+          sm90::tma_load_3d(sh.k[s][half], tm_k, &sh.kv_full[s], half * kHalfCols, c.d.head,
+                            key_row);
+          sm90::tma_load_3d(sh.v[s][half], tm_v, &sh.kv_full[s], half * kHalfCols, c.d.head,
+                            key_row);
+        }
+      }
+      ++kv_iter;
+    }
+    // Tiles j of this chunk with (tile_base + j) % 4 == warp.
+    for (int j = int((warp - tile_base) & 3); j < c.n_tiles; j += kProducerWarps) {
+      sm90::mbar_wait(&sh.q_empty[consumer][stage], (q_uses & 1) ^ 1);
+      ++q_uses;
+      produce_q_tile(p, tm_q, sh, c, j, consumer, stage, lane);
+    }
+    tile_base += c.n_tiles;
+  }
+  if (warp == 0) {  // end marker: consumers stop at n_tiles < 0
+    const int s = kv_iter % kKVStages;
+    sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);
+    if (lane == 0) {
+      sh.info[s] = ChunkInfo{-1, 0, 0};
+      sm90::mbar_arrive(&sh.kv_full[s]);
+    }
+  }
+}
+
+}  // namespace msa::cuda::sparse_fwd

@@ -1,0 +1,201 @@
+// Consumer warpgroups of the sparse forward: per Q tile, S = Q K^T (wgmma, both operands in
+// shared memory), the causal / tail mask and the softmax of one 128-key block in registers, then
+// O = P V (wgmma, P from registers), then the partial epilogue. Called from kernel.cuh.
+//
+// Thread layout (wgmma m64nN D fragment): warp w of the warpgroup owns rows 16w + lane/4 and
+// +8; in each 8-column group n it holds columns 8n + 2 (lane % 4) + {0, 1}. The same registers,
+// rounded to 16 bits, are the A fragment of the P V product (k16 step kk = groups 2kk, 2kk+1).
+// Numerics: scores in the log2 domain (x = s * scale * log2 e), masked entries are replaced by
+// -inf (never multiplied, so NaN in masked K rows cannot leak), a row with no visible key keeps
+// max = -inf and uses 0 as its exponent base so that exp2(-inf - base) = 0, never NaN.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/device/sm90.cuh"
+#include "cuda/device/wgmma_m64n128.cuh"
+#include "cuda/sm90/sparse_fwd/epilogue.cuh"
+#include "cuda/sm90/sparse_fwd/params.h"
+#include "cuda/sm90/sparse_fwd/traits.h"
+
+namespace msa::cuda::sparse_fwd {
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  uint32_t r;
+  if constexpr (kF16) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return r;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Rows [valid, 128) of a tail block hold the next batch's keys (or zeros past the tensor):
+// P is 0 there, but 0 * NaN = NaN, so V's rows are zeroed before any P V product reads them.
+// Consumer 0 writes, both consumer warpgroups meet at the stage's named barrier.
+__device__ __forceinline__ void zero_v_tail(SharedStorage& sh, int stage, int valid,
+                                            int consumer, int tid) {
+  if (consumer == 0) {
+    const int per_half = (kBlockN - valid) * 8;  // 16-byte chunks per 64-column half
+    for (int i = tid; i < 2 * per_half; i += 128) {
+      const int half = i / per_half, rem = i - half * per_half;
+      uint8_t* dst = sh.v[stage][half] + (valid + rem / 8) * 128 + (rem % 8) * 16;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+    sm90::fence_proxy_async_smem();
+  }
+  sm90::named_sync(uint32_t(NamedBarrier::kVTailStage0) + stage, 2 * 128);
+}
+
+// Masks row values to the visible columns [0, limit], converts to log2-domain scores, returns
+// the row statistics after exponentiation (values replaced by p = exp2(x - base)).
+template <int kOff>
+__device__ __forceinline__ RowStats softmax_row(float (&s)[64], int limit, int col_base,
+                                                float scale_log2, float inv_temp) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = n * 8 + col_base + e;
+      const float x = col <= limit ? s[n * 4 + kOff + e] * scale_log2 : -INFINITY;
+      s[n * 4 + kOff + e] = x;
+      mx = fmaxf(mx, x);
+    }
+  }
+  mx = quad_max(mx);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  float sum = 0.f, tsum = 0.f;
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float d = s[n * 4 + kOff + e] - base;
+      const float pv = fast_exp2(d);
+      if (inv_temp > 0.f) tsum += fast_exp2(d * inv_temp);
+      s[n * 4 + kOff + e] = pv;
+      sum += pv;
+    }
+  }
+  return RowStats{mx, quad_sum(sum), inv_temp > 0.f ? quad_sum(tsum) : 0.f};
+}
+
+template <bool kF16>
+__device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage& sh,
+                                             const ChunkInfo& info, int kv_stage, int consumer,
+                                             int q_stage, int tid) {
+  const int warp = tid >> 5, lane = tid & 31;
+  const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
+  const int j0 = r0 / p.group, g0 = r0 - j0 * p.group;
+  const int j1 = r1 / p.group, g1 = r1 - j1 * p.group;
+  const int col_base = 2 * (lane & 3);
+  const TileMeta& meta = sh.meta[consumer][q_stage];
+  const int32_t tok0 = meta.token[j0], slot0 = meta.slot[j0], lim0 = meta.limit[j0];
+  const int32_t tok1 = meta.token[j1], slot1 = meta.slot[j1], lim1 = meta.limit[j1];
+
+  float s[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = 0.f;
+  const uint32_t q_addr = sm90::smem_addr(sh.q[consumer][q_stage][0]);
+  const uint32_t k_addr = sm90::smem_addr(sh.k[kv_stage][0]);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    // K-major, 128-byte swizzle: a k16 step is 32 bytes inside a 128-byte row; the second
+    // half of D lives in the second 64-column buffer.
+    const uint64_t da = sm90::wgmma_desc_sw128(q_addr + (kk >> 2) * kQHalfBytes + (kk & 3) * 32,
+                                               16, 1024);
+    const uint64_t db = sm90::wgmma_desc_sw128(k_addr + (kk >> 2) * kKVHalfBytes + (kk & 3) * 32,
+                                               16, 1024);
+    sm90::wgmma_ss<kF16>(s, da, db, kk > 0 ? 1u : 0u);
+  }
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  // Q buffer and metadata are free once this warp's share of the product has completed.
+  __syncwarp();
+  if (lane == 0) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
+
+  const RowStats st0 = softmax_row<0>(s, lim0, col_base, p.scale_log2, p.inv_temperature);
+  const RowStats st1 = softmax_row<2>(s, lim1, col_base, p.scale_log2, p.inv_temperature);
+
+  uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    pa[kk][0] = pack_pair<kF16>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+    pa[kk][1] = pack_pair<kF16>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+    pa[kk][2] = pack_pair<kF16>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+    pa[kk][3] = pack_pair<kF16>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+  }
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  const uint32_t v_addr = sm90::smem_addr(sh.v[kv_stage][0]);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    // MN-major V: 16 keys = two 8-row groups (SBO 1024 B); the two 64-column halves of D are
+    // LBO = 16 KB apart.
+    const uint64_t db = sm90::wgmma_desc_sw128(v_addr + kk * 2048, kKVHalfBytes, 1024);
+    sm90::wgmma_rs_tb<kF16>(o, pa[kk], db, kk > 0 ? 1u : 0u);
+  }
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+
+  const bool lead = (lane & 3) == 0;
+  const int64_t head_base = int64_t(info.head) * p.total_q;
+  if (tok0 >= 0)
+    store_partial_row<0>(p, o, ((head_base + tok0) * p.topk + slot0) * p.group + g0, col_base,
+                         lead, st0);
+  if (tok1 >= 0)
+    store_partial_row<2>(p, o, ((head_base + tok1) * p.topk + slot1) * p.group + g1, col_base,
+                         lead, st1);
+}
+
+template <bool kF16>
+__device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage& sh,
+                                             int consumer, int tid) {
+  const int lane = tid & 31;
+  int32_t kv_iter = 0;
+  int64_t tile_base = 0;  // global tile counter T at the start of the chunk
+  while (true) {
+    const int s = kv_iter % kKVStages;
+    sm90::mbar_wait(&sh.kv_full[s], (kv_iter / kKVStages) & 1);
+    const ChunkInfo info = sh.info[s];
+    if (info.n_tiles < 0) break;
+    if (info.valid_keys < kBlockN) zero_v_tail(sh, s, info.valid_keys, consumer, tid);
+    // My tiles: T = tile_base + j with T % 2 == consumer; Q stage (T / 2) % 2, that
+    // buffer's use count T / 4 gives the phase parity.
+    for (int j = int((consumer - tile_base) & 1); j < info.n_tiles; j += kConsumers) {
+      const int64_t t_glob = tile_base + j;
+      const int q_stage = int((t_glob >> 1) & 1);
+      sm90::mbar_wait(&sh.q_full[consumer][q_stage], uint32_t((t_glob >> 2) & 1));
+      consume_tile<kF16>(p, sh, info, s, consumer, q_stage, tid);
+    }
+    tile_base += info.n_tiles;
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(&sh.kv_empty[s]);
+    ++kv_iter;
+  }
+}
+
+}  // namespace msa::cuda::sparse_fwd

@@ -1,0 +1,51 @@
+// Plain parameter structs of the sparse forward kernels (prep, main, combine), filled by
+// launch.cu. Every pointer is device memory; shapes in the comments, nullability noted.
+#pragma once
+
+#include <cstdint>
+
+namespace msa::cuda::sparse_fwd {
+
+// Inputs of the prep kernels that turn a (checked) schedule into the chunk table.
+struct PrepParams {
+  const int32_t* q2k = nullptr;       // [Hkv, total_q, topk]
+  const int32_t* row_ptr = nullptr;   // [Hkv, total_rows + 1]
+  const int32_t* q_idx = nullptr;     // [Hkv, total_q * topk]
+  const int32_t* schedule = nullptr;  // sched:: header + items {head, row, q_begin, q_end}
+  const int32_t* cu_seqlens_q = nullptr;  // [B+1]
+  const int32_t* cu_seqlens_k = nullptr;  // [B+1]
+  int64_t batch = 0, num_kv_heads = 0, total_q = 0, topk = 0;
+  int64_t total_rows = 0;
+  int64_t schedule_capacity = 0;  // items the schedule buffer can hold
+  int64_t chunk_capacity = 0;     // entries of `chunks`
+  int32_t chunk_tokens = 0;       // tokens per chunk = kChunkTiles * tokens_per_tile(G)
+  // workspace (written)
+  int32_t* row_start = nullptr;    // [B+1] rowoff_b (first CSR row of batch b)
+  int32_t* chunk_start = nullptr;  // [schedule_capacity + 1] first chunk of each item
+  int32_t* num_chunks = nullptr;   // [1] total chunks (0 when the schedule is rejected)
+  void* chunks = nullptr;          // [chunk_capacity] ChunkDesc
+  int32_t* entry_slot = nullptr;   // [Hkv, total_q * topk] q2k slot of each CSR entry
+  int32_t* status = nullptr;       // int32[4]
+};
+
+struct MainParams {
+  const void* chunks = nullptr;        // [num_chunks] ChunkDesc
+  const int32_t* num_chunks = nullptr; // [1]
+  const int32_t* q_idx = nullptr;      // [Hkv, total_q * topk]
+  const int32_t* entry_slot = nullptr; // [Hkv, total_q * topk]
+  int64_t q_idx_stride = 0;            // total_q * topk
+  int64_t total_q = 0;
+  int32_t group = 1;                   // G
+  int32_t topk = 0;
+  int32_t tokens_per_tile = 64;        // 64 / G
+  int32_t causal = 1;
+  float scale_log2 = 0.f;              // softmax_scale * log2(e)
+  float inv_temperature = 0.f;         // 1/T, 0 = no temperature LSE
+  // partial outputs, indexed by ((h * total_q + t) * topk + slot) * G + g
+  void* part_o = nullptr;              // [.., D] bf16 or f32
+  int32_t part_bf16 = 0;
+  float* part_lse = nullptr;           // natural log
+  float* part_tlse = nullptr;          // null unless inv_temperature > 0
+};
+
+}  // namespace msa::cuda::sparse_fwd

@@ -1,0 +1,205 @@
+// Scheduler of the sparse forward: turns the k2q schedule (one item per non-empty (kv head, row),
+// src/common/schedule.h) into the chunk table the persistent kernel walks. Runs before the main
+// kernel on the same stream: row offsets per batch, a completeness check of the schedule with the
+// chunk prefix sums, then one warp per chunk writing its ChunkDesc and the q2k slot of each of
+// its CSR entries (where its partial goes). Kernels included only by launch.cu.
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <climits>
+
+#include "common/schedule.h"
+#include "cuda/sm90/sparse_fwd/params.h"
+#include "cuda/sm90/sparse_fwd/traits.h"
+#include "msa/common.h"
+
+namespace msa::cuda::sparse_fwd {
+
+constexpr int kPrepThreads = 1024;
+
+__device__ __forceinline__ void set_status(int32_t* status, StatusCode code, int32_t a,
+                                           int32_t b, int32_t c) {
+  if (status[0] != 0) return;  // keep the first offence
+  status[1] = a;
+  status[2] = b;
+  status[3] = c;
+  status[0] = int32_t(code);
+}
+
+// One block: row_start[b] = sum_{b' < b} ceil(Lk_b' / 128) for b in [0, B].
+__global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
+  using Scan = cub::BlockScan<int, kPrepThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  int carry = 0;  // total rows fit int32 (checked on the host)
+  for (int64_t base = 0; base <= p.batch; base += kPrepThreads) {
+    const int64_t b = base + threadIdx.x;
+    int nblk = 0;
+    if (b < p.batch) {
+      const int lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+      nblk = lk > 0 ? (lk + kBlockN - 1) / kBlockN : 0;
+    }
+    int excl = 0, agg = 0;
+    Scan(tmp).ExclusiveSum(nblk, excl, agg);
+    if (b <= p.batch) p.row_start[b] = carry + excl;
+    carry += agg;
+    __syncthreads();
+  }
+}
+
+// One block: the schedule of a caller's row_ptr given without one (same format and order as
+// build_k2q_csr's): one item per non-empty (head, row), ranked by a block scan of the flags.
+__global__ void __launch_bounds__(kPrepThreads) schedule_from_row_ptr_kernel(PrepParams p,
+                                                                             int32_t* schedule) {
+  using Scan = cub::BlockScan<int, kPrepThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int64_t rows = p.total_rows, n = p.num_kv_heads * rows;
+  const int64_t rows_div = rows > 0 ? rows : 1;
+  int carry = 0;
+  for (int64_t base = 0; base < n; base += kPrepThreads) {
+    const int64_t r = base + threadIdx.x;
+    const int32_t* rp = p.row_ptr + (r / rows_div) * (rows + 1) + r % rows_div;
+    const int flag = r < n && rp[1] > rp[0];
+    int excl = 0, agg = 0;
+    Scan(tmp).ExclusiveSum(flag, excl, agg);
+    if (flag) {
+      int32_t* it = schedule + sched::kHeaderInts + sched::kItemInts * int64_t(carry + excl);
+      it[0] = int32_t(r / rows);
+      it[1] = int32_t(r % rows);
+      it[2] = rp[0];
+      it[3] = rp[1];
+    }
+    carry += agg;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    schedule[0] = sched::kMagic;
+    schedule[1] = carry;
+  }
+}
+
+// One block: checks that the schedule covers every non-empty (head, row) of row_ptr exactly once
+// with its exact slice (items strictly increasing in (head, row), each matching row_ptr, as many
+// items as non-empty rows), and that row_ptr has sum_b nblk_b rows. On success writes the chunk
+// prefix sums and the chunk count; otherwise status schedule_incomplete / shape_mismatch and a
+// chunk count of 0, so the main kernel does nothing and never reads past any buffer.
+__global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams p) {
+  using Reduce = cub::BlockReduce<long long, kPrepThreads>;
+  using Scan = cub::BlockScan<int, kPrepThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } tmp;
+  __shared__ long long shared_totals[2];
+  const int32_t* sc = p.schedule;
+  const int64_t rows = p.total_rows, nnz_cap = p.total_q * p.topk;
+  const int64_t n_items = sc[1];
+  const bool header_ok = sc[0] == sched::kMagic && n_items >= 0 && n_items <= p.schedule_capacity;
+
+  long long non_empty = 0, bad = 0;
+  for (int64_t r = threadIdx.x; r < p.num_kv_heads * rows; r += kPrepThreads) {
+    const int32_t* rp = p.row_ptr + (r / rows) * (rows + 1) + r % rows;
+    non_empty += rp[1] > rp[0];
+  }
+  if (header_ok) {
+    for (int64_t i = threadIdx.x; i < n_items; i += kPrepThreads) {
+      const int32_t* it = sc + sched::kHeaderInts + sched::kItemInts * i;
+      const int64_t h = it[0], row = it[1];
+      if (h < 0 || h >= p.num_kv_heads || row < 0 || row >= rows) { ++bad; continue; }
+      const int32_t* rp = p.row_ptr + h * (rows + 1) + row;
+      if (it[2] != rp[0] || it[3] != rp[1] || it[2] < 0 || it[2] >= it[3] || it[3] > nnz_cap) ++bad;
+      if (i > 0) {
+        const int32_t* pv = it - sched::kItemInts;
+        if (int64_t(pv[0]) * rows + pv[1] >= h * rows + row) ++bad;
+      }
+    }
+  }
+  const long long total_non_empty = Reduce(tmp.reduce).Sum(non_empty);
+  __syncthreads();
+  const long long total_bad = Reduce(tmp.reduce).Sum(bad);
+  if (threadIdx.x == 0) {
+    shared_totals[0] = total_non_empty;
+    shared_totals[1] = total_bad;
+  }
+  __syncthreads();
+  const bool rows_ok = p.row_start[p.batch] == rows;
+  if (!rows_ok || !header_ok || shared_totals[1] != 0 || shared_totals[0] != n_items) {
+    if (threadIdx.x == 0) {
+      if (!rows_ok)
+        set_status(p.status, StatusCode::shape_mismatch, 1, p.row_start[p.batch], int32_t(rows));
+      else
+        set_status(p.status, StatusCode::schedule_incomplete, int32_t(shared_totals[0]),
+                   header_ok ? int32_t(n_items) : -1, 0);
+      *p.num_chunks = 0;
+    }
+    return;
+  }
+  long long carry = 0;
+  for (int64_t base = 0; base < n_items; base += kPrepThreads) {
+    const int64_t i = base + threadIdx.x;
+    int c = 0;
+    if (i < n_items) {
+      const int32_t* it = sc + sched::kHeaderInts + sched::kItemInts * i;
+      c = (it[3] - it[2] + p.chunk_tokens - 1) / p.chunk_tokens;
+    }
+    int excl = 0, agg = 0;
+    Scan(tmp.scan).ExclusiveSum(c, excl, agg);
+    if (i < n_items) p.chunk_start[i] = int32_t(carry + excl);
+    carry += agg;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    p.chunk_start[n_items] = int32_t(carry);
+    *p.num_chunks = carry <= p.chunk_capacity ? int32_t(carry) : 0;
+  }
+}
+
+// One warp per chunk (grid-stride): lane 0 writes the ChunkDesc, all lanes the q2k slot of each
+// CSR entry of the chunk (-1 when the token's q2k row does not hold the block: a CSR that does
+// not match q2k; such entries are skipped by the main kernel).
+__global__ void chunk_table_kernel(PrepParams p) {
+  const int32_t n_chunks = *p.num_chunks;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  const int32_t* sc = p.schedule;
+  const int64_t n_items = n_chunks > 0 ? sc[1] : 0;
+  for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < n_chunks;
+       c += warps) {
+    int64_t lo = 0, hi = n_items - 1;  // last item whose first chunk is <= c
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (p.chunk_start[mid] <= c) lo = mid; else hi = mid - 1;
+    }
+    const int32_t* it = sc + sched::kHeaderInts + sched::kItemInts * lo;
+    const int32_t head = it[0], row = it[1];
+    const int32_t e0 = it[2] + int32_t(c - p.chunk_start[lo]) * p.chunk_tokens;
+    const int32_t e1 = min(it[3], e0 + p.chunk_tokens);
+    int64_t blo = 0, bhi = p.batch - 1;  // last batch whose first row is <= row
+    while (blo < bhi) {
+      const int64_t mid = (blo + bhi + 1) / 2;
+      if (p.row_start[mid] <= row) blo = mid; else bhi = mid - 1;
+    }
+    const int32_t kb = row - p.row_start[blo];
+    const int32_t q_start = p.cu_seqlens_q[blo], q_len = p.cu_seqlens_q[blo + 1] - q_start;
+    const int32_t k_start = p.cu_seqlens_k[blo], k_len = p.cu_seqlens_k[blo + 1] - k_start;
+    if (lane == 0) {
+      int4* dst = static_cast<int4*>(p.chunks) + 2 * c;
+      dst[0] = make_int4(head, kb, e0, e1);
+      dst[1] = make_int4(q_start, q_len, k_start, k_len);
+    }
+    const int64_t off = int64_t(head) * p.total_q * p.topk;
+    for (int32_t e = e0 + lane; e < e1; e += 32) {
+      const int32_t tl = p.q_idx[off + e];
+      int32_t slot = -1;
+      if (tl >= 0 && tl < q_len && int64_t(q_start) + tl < p.total_q) {
+        const int32_t* ids = p.q2k + (int64_t(head) * p.total_q + q_start + tl) * p.topk;
+        for (int32_t s = 0; s < p.topk; ++s)
+          if (ids[s] == kb) { slot = s; break; }
+      }
+      p.entry_slot[off + e] = slot;
+    }
+  }
+}
+
+}  // namespace msa::cuda::sparse_fwd

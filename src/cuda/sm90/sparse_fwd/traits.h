@@ -1,0 +1,97 @@
+// Tiles, stages, shared-memory plan and named-barrier ids of the sm_90a sparse attention forward
+// (KV-major over the k2q CSR). Included by every role file of this folder and by launch.cu.
+//
+// Work unit: a *chunk* = (kv head h, kv block kb of batch b, up to kChunkTiles Q tiles of that
+// CSR row). The CTA loads the 128x128 K and V block once per chunk and streams the row's query
+// tokens through it, each Q tile holding 64 rows = 64/G tokens x G heads of kv head h.
+//
+// Byte / FLOP budget (counted before building; DESIGN.md s.11, BENCHMARKS.md shapes, G = 16):
+//   per (token, kv head, selected block): Q gather 4 KB, partial O out 4 KB (bf16), partial O
+//   re-read by the combine 4 KB, 64 B of LSE; FLOP = 4 * 128 * 128 * 16 = 1.05 MFLOP.
+//   P32K-tok: 32768 tokens x 4 heads x 16 slots = 2.10 M entries -> 2.2e12 FLOP (3.1 ms at
+//     716 TFLOP/s); bytes: 8.6 GB Q + 8.6 GB partial write (main kernel, 4.0 ms at 4.27 TB/s)
+//     + 8.6 GB partial read + 0.27 GB out (combine, 2.1 ms); K/V: 4 x 256 blocks x 64 KB
+//     = 67 MB (chunks re-read a row's block from L2). Memory-bound: ~6.1 ms floor for this
+//     design with bf16 partials (~4.0 ms if the main kernel's traffic hid the math fully), i.e.
+//     ~360 effective TFLOP/s; fp32 partials add 8.6 GB more (~8 ms).
+//   P32K-blk: same entry count and FLOP (the 128 tokens of a query block share a selection),
+//     same bytes; causal masking of the diagonal block halves its useful work, counted by the
+//     attended-pair FLOP rule, not by MMA issue.
+#pragma once
+
+#include <cstdint>
+
+namespace msa::cuda::sparse_fwd {
+
+constexpr int kHeadDim = 128;      // D; one instantiation per element type only
+constexpr int kBlockN = 128;       // keys per kv block (kv_block_size)
+constexpr int kTileM = 64;         // wgmma M: rows (token x head) per Q tile
+constexpr int kChunkTiles = 16;    // Q tiles per chunk: K/V (64 KB) amortised over 16 x 16 KB Q
+constexpr int kKVStages = 2;       // K/V double buffer so the next chunk's block loads early
+constexpr int kConsumers = 2;      // consumer warpgroups, alternating Q tiles
+constexpr int kQStages = 2;        // Q buffers per consumer; one producer warp per buffer
+constexpr int kProducerWarps = kConsumers * kQStages;
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kProducerRegs = 40;  // setmaxnreg budgets: 40 + 2 x 232 <= 512 per thread-slot
+constexpr int kConsumerRegs = 232;
+
+// Bytes of one 64-column (128-byte swizzle atom wide) half of each tile.
+constexpr int kHalfCols = 64;
+constexpr int kKVHalfBytes = kBlockN * kHalfCols * 2;  // 16 KB
+constexpr int kQHalfBytes = kTileM * kHalfCols * 2;    // 8 KB
+constexpr uint32_t kKVStageTxBytes = 4 * kKVHalfBytes;  // K and V, two halves each
+
+static_assert(kProducerWarps == 4, "one producer warp per (consumer, Q stage) buffer: the "
+              "producer warpgroup has exactly four warps");
+static_assert(kHeadDim == 2 * kHalfCols, "D = 128 is two 128-byte swizzle atoms per row");
+static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 512 &&
+                  kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0,
+              "setmaxnreg budgets must fit 64K registers for 384 threads and be multiples of 8");
+
+// Per-token metadata of one Q tile, written by its producer warp before the tile's barrier.
+struct TileMeta {
+  int32_t token[kTileM];  // global query token, -1 for padding / skipped rows
+  int32_t slot[kTileM];   // q2k slot of (token, kb): where the partial goes
+  int32_t limit[kTileM];  // last visible key column of the block (-1: none visible)
+};
+
+// One chunk as the prep kernel lays it out (32 bytes, read once per chunk by every role).
+struct ChunkDesc {
+  int32_t head, kb, e_begin, e_end;      // CSR slice [e_begin, e_end) of row (head, b, kb)
+  int32_t q_start, q_len, k_start, k_len;  // batch b's offsets and lengths
+};
+static_assert(sizeof(ChunkDesc) == 32, "ChunkDesc is two int4 loads");
+
+struct ChunkInfo {  // what consumers need from the producer for a K/V stage
+  int32_t n_tiles;     // -1: no more chunks
+  int32_t valid_keys;  // keys of the block inside its batch; rows past it are zeroed in V
+  int32_t head;        // kv head
+};
+
+// Shared memory plan (~197 KB of the 227 KB opt-in): K/V 2 stages x 64 KB, Q 4 x 16 KB, metadata.
+// Every tile buffer is 1024-byte aligned: the 128-byte swizzle repeats every 8 rows of 128 B and
+// wgmma descriptors assume atoms start on that boundary.
+struct alignas(1024) SharedStorage {
+  uint8_t k[kKVStages][2][kKVHalfBytes];
+  uint8_t v[kKVStages][2][kKVHalfBytes];
+  uint8_t q[kConsumers][kQStages][2][kQHalfBytes];
+  TileMeta meta[kConsumers][kQStages];
+  ChunkInfo info[kKVStages];
+  uint64_t kv_full[kKVStages];
+  uint64_t kv_empty[kKVStages];
+  uint64_t q_full[kConsumers][kQStages];
+  uint64_t q_empty[kConsumers][kQStages];
+};
+constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + slack to align the base
+static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
+
+// Named barriers (bar.sync ids; 0 is __syncthreads).
+enum class NamedBarrier : uint32_t {
+  kVTailStage0 = 1,  // both consumer warpgroups: V tail rows zeroed in K/V stage 0
+  kVTailStage1 = 2,  // ... in stage 1
+};
+
+// Q tokens per tile for group size G (64 rows = tokens x G heads).
+inline int tokens_per_tile(int group) { return kTileM / group; }
+
+}  // namespace msa::cuda::sparse_fwd

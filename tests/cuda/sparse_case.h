@@ -1,0 +1,202 @@
+// Random sparse-attention problems for the GPU tests (CSR builder, sparse forward): varlen
+// batches with empty requests and lengths that are not multiples of 128, random q2k rows (visible
+// blocks, sometimes invisible ones, -1 padding, sometimes unsorted), NaN in every KV row that no
+// query of its kv head selects, and host -> device copies of HostTensor views.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu/attention_problem.h"
+#include "cpu/host_tensor.h"
+#include "gpu_test_util.h"
+
+namespace msa::test {
+
+// MSA_TEST_SMALL=1: small sizes and few configurations (for compute-sanitizer runs).
+inline bool small_tests() {
+  const char* e = std::getenv("MSA_TEST_SMALL");
+  return e != nullptr && e[0] == '1';
+}
+
+// A device copy of a host tensor view (same shape and strides).
+struct DeviceTensor {
+  DeviceBuffer buf;
+  Tensor t;
+};
+
+inline DeviceTensor to_device(const HostTensor& h, cudaStream_t s) {
+  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.bytes(), 16)), h.t};
+  if (h.bytes())
+    MSA_CUDA_CHECK(cudaMemcpyAsync(d.buf.get(), h.t.data, h.bytes(), cudaMemcpyHostToDevice, s));
+  d.t.data = d.buf.get();
+  d.t.device = gpu0();
+  return d;
+}
+
+// An uninitialised-then-poisoned (0xff: NaN / -1) device tensor shaped like `h`.
+inline DeviceTensor device_like(const HostTensor& h, cudaStream_t s) {
+  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.bytes(), 16)), h.t};
+  d.buf.poison(s);
+  d.t.data = d.buf.get();
+  d.t.device = gpu0();
+  return d;
+}
+
+inline void copy_to_host(const DeviceTensor& d, const HostTensor& h, cudaStream_t s) {
+  if (h.bytes())
+    MSA_CUDA_CHECK(cudaMemcpyAsync(h.t.data, d.t.data, h.bytes(), cudaMemcpyDeviceToHost, s));
+  MSA_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+struct SparseCase {
+  SparseCase(Problem problem, HostTensor ids, int64_t k)
+      : p(std::move(problem)), q2k(std::move(ids)), topk(k) {
+    for (int32_t l : p.lk) total_rows += (l + 127) / 128;
+  }
+  std::string name;
+  Problem p;
+  HostTensor q2k;
+  int64_t topk = 1;
+  bool causal = true;
+  DType partial = DType::f32;
+  float temperature = 0.f;
+  float scale = 0.f;
+  int64_t total_rows = 0;
+};
+
+// Random q2k [hkv, total_q, topk] for problem p (block size 128); returns it and fills `rows`.
+inline HostTensor random_q2k(const Problem& p, int64_t topk, bool causal, std::mt19937& rng) {
+  const int64_t hkv = p.hkv, tq = p.total_q();
+  HostTensor q2k(DType::i32, {hkv, tq, topk});
+  int32_t* ids = q2k.data<int32_t>();
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t b = 0; b < p.batch(); ++b) {
+    const int64_t lq = p.lq[b], lk = p.lk[b], nblk = (lk + 127) / 128;
+    for (int64_t h = 0; h < hkv; ++h)
+      for (int64_t i = 0; i < lq; ++i) {
+        int32_t* row = ids + ((h * tq) + p.q_start(b) + i) * topk;
+        const int64_t last = causal ? i + lk - lq : lk - 1;  // last visible key
+        const int64_t vis = last < 0 ? 0 : std::min(nblk, last / 128 + 1);
+        const bool any_block = u(rng) < 0.2;  // sometimes draw invisible blocks too
+        const int64_t pool = any_block ? nblk : vis;
+        std::vector<int32_t> pick;
+        if (pool > 0) {
+          if (u(rng) < 0.8) pick.push_back(0);                           // sink
+          if (vis > 0 && u(rng) < 0.8) pick.push_back(int32_t(vis - 1));  // diagonal
+          const int64_t want = std::min<int64_t>(topk, pool) - int64_t(u(rng) < 0.2 ? rng() % 3 : 0);
+          std::set<int32_t> seen;
+          std::vector<int32_t> uniq;
+          for (int32_t x : pick)
+            if (seen.insert(x).second) uniq.push_back(x);
+          if (pool <= 4 * topk) {  // small pool: shuffle all, take what is missing
+            std::vector<int32_t> all(pool);
+            for (int64_t x = 0; x < pool; ++x) all[x] = int32_t(x);
+            std::shuffle(all.begin(), all.end(), rng);
+            for (int32_t x : all)
+              if (int64_t(uniq.size()) < want && seen.insert(x).second) uniq.push_back(x);
+          } else {
+            while (int64_t(uniq.size()) < want) {
+              const int32_t x = int32_t(rng() % pool);
+              if (seen.insert(x).second) uniq.push_back(x);
+            }
+          }
+          if (int64_t(uniq.size()) > topk) uniq.resize(topk);
+          pick = uniq;
+        }
+        if (u(rng) < 0.8) std::sort(pick.begin(), pick.end());
+        for (int64_t s = 0; s < topk; ++s) row[s] = s < int64_t(pick.size()) ? pick[s] : -1;
+        if (u(rng) < 0.1 && topk > 1) std::shuffle(row, row + topk, rng);  // -1 in the middle
+      }
+  }
+  return q2k;
+}
+
+// Writes NaN into every K/V row (of kv head h) of a block that no query of head h selects.
+inline void poison_unselected(Problem& p, const HostTensor& q2k, int64_t topk) {
+  const int64_t tq = p.total_q();
+  for (int64_t b = 0; b < p.batch(); ++b) {
+    const int64_t nblk = (p.lk[b] + 127) / 128;
+    for (int64_t h = 0; h < p.hkv; ++h) {
+      std::vector<char> used(nblk, 0);
+      for (int64_t i = 0; i < p.lq[b]; ++i)
+        for (int64_t s = 0; s < topk; ++s) {
+          const int32_t kb = q2k.data<int32_t>()[((h * tq) + p.q_start(b) + i) * topk + s];
+          if (kb >= 0 && kb < nblk) used[kb] = 1;
+        }
+      for (int64_t kb = 0; kb < nblk; ++kb) {
+        if (used[kb]) continue;
+        for (int64_t j = kb * 128; j < std::min<int64_t>(p.lk[b], (kb + 1) * 128); ++j)
+          for (int64_t d = 0; d < p.dim; ++d) {
+            const int64_t row = p.k_start(b) + j;
+            p.k.data<uint16_t>()[p.k.offset({row, h, d})] = 0x7fff;  // NaN in bf16 and f16
+            p.v.data<uint16_t>()[p.v.offset({row, h, d})] = 0x7fff;
+          }
+      }
+    }
+  }
+}
+
+// A random configuration. `index` selects the seed; small: short lengths for the sanitizer.
+// The CPU reference costs ~ tokens * Hq * attended keys * D, so long query sets come with few
+// heads / small top-K and the key lengths (up to 5000) carry the long-context part.
+inline SparseCase random_case(int index, bool small) {
+  std::mt19937 rng(1234567u + 7919u * unsigned(index));
+  const int groups[] = {1, 2, 4, 8, 16};
+  const int topks[] = {1, 4, 8, 16, 32};
+  const int64_t g = groups[rng() % 5];
+  const int64_t hkv = 1 + rng() % (g >= 8 ? 2 : 3);
+  const int64_t topk = topks[rng() % 5];
+  const bool causal = rng() % 4 != 0;
+  const int batch = 1 + int(rng() % 8);
+  const int64_t max_k = small ? 700 : 5000;
+  // Query budget: tokens * Hq * min(topk, 40) * 128 <= 1.5e7 (small: 2e6), about 0.5 s of
+  // fp64 reference on 16 cores.
+  const double budget = small ? 2e6 : 1.5e7;
+  const int64_t max_q_total =
+      std::max<int64_t>(1, int64_t(budget / double(g * hkv * std::min<int64_t>(topk, 40) * 128)));
+  std::vector<int32_t> lq(batch), lk(batch);
+  for (int b = 0; b < batch; ++b) {
+    const int kind = int(rng() % 10);
+    if (kind == 0) { lq[b] = 0; lk[b] = int32_t(rng() % max_k); }       // no queries
+    else if (kind == 1) { lk[b] = 0; lq[b] = int32_t(1 + rng() % 50); }  // no keys
+    else {
+      lk[b] = int32_t(1 + rng() % max_k);
+      lq[b] = rng() % 3 == 0 ? int32_t(1 + rng() % lk[b]) : lk[b];  // decode-like or prefill
+      if (rng() % 8 == 0) lq[b] = lk[b] + int32_t(rng() % 100);     // more queries than keys
+    }
+  }
+  int64_t total = 0;
+  for (int32_t l : lq) total += l;
+  if (total > max_q_total)  // scale the query lengths down to the budget, keep >= 1 where > 0
+    for (int32_t& l : lq)
+      if (l > 0) l = std::max<int32_t>(1, int32_t(int64_t(l) * max_q_total / total));
+  const DType dt = rng() % 3 == 0 ? DType::f16 : DType::bf16;
+  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt);
+  HostTensor ids = random_q2k(prob, topk, causal, rng);
+  SparseCase c(std::move(prob), std::move(ids), topk);
+  c.causal = causal;
+  poison_unselected(c.p, c.q2k, c.topk);
+  c.partial = rng() % 2 ? DType::bf16 : DType::f32;
+  c.temperature = rng() % 3 == 0 ? 0.5f + float(rng() % 100) / 50.f : 0.f;
+  c.scale = rng() % 4 == 0 ? 0.05f : 0.f;
+  std::ostringstream os;
+  os << "case " << index << ": B=" << batch << " G=" << g << " Hkv=" << hkv << " topk=" << topk
+     << (c.causal ? " causal" : " non-causal") << " " << dtype_name(dt) << " partial="
+     << dtype_name(c.partial) << " T=" << c.temperature << " lq=[";
+  for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lq[b];
+  os << "] lk=[";
+  for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lk[b];
+  os << "]";
+  c.name = os.str();
+  return c;
+}
+
+}  // namespace msa::test
