@@ -10,6 +10,5 @@ namespace {
 }  // namespace
 
 void block_scores(const BlockScoresArgs&, const ProblemShape&, cudaStream_t) { missing("block_scores"); }
-void select_topk(const TopKArgs&, const ProblemShape&, cudaStream_t) { missing("select_topk"); }
 
 }  // namespace msa::cuda

@@ -1,0 +1,249 @@
+// CUDA top-K block selection from materialized block scores (DESIGN.md s.3), giving the same ids
+// as the CPU reference (src/cpu/topk.cpp): forced sink and local blocks, then the highest group
+// scores (NaN below every number), ties toward the lower block id, rows ascending, -1 padded.
+//
+// One CTA per (kv head, 32 consecutive tokens). Group scores of a chunk of up to kChunk blocks
+// are gathered into shared memory with coalesced reads (scores is [Hq, nblk_max, total_q], tokens
+// innermost), then each warp selects for 4 of the tokens by repeated warp arg-max over 64-bit
+// keys. Sequences longer than one chunk carry the best picks so far into the next chunk, which
+// keeps the selection exact for any length.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend.h"
+#include "cuda/common/index_checks.cuh"
+#include "cuda/device/check.h"
+
+namespace msa::cuda {
+namespace {
+
+constexpr int kTokens = 32;          // tokens per CTA (one per lane)
+constexpr int kWarps = 8;
+constexpr int kChunk = 1024;         // blocks of group scores held in shared memory at once
+constexpr int kPitch = kTokens + 1;  // padded row: lanes reading one token's column hit 32 banks
+constexpr int kMaxTopK = 64;
+
+struct TopKParams {
+  const float* scores;         // [Hq, nblk_max, total_q] contiguous
+  int32_t* q2k;                // [Hkv, total_q, topk] contiguous
+  const int32_t* cu_seqlens_q; // [B+1]
+  KeyLengths keys;
+  int32_t* status;             // int32[4]
+  int64_t total_q, nblk_max, batch;
+  int group, topk, sink, local, blk;
+  bool causal;
+};
+
+// Sort key: larger is better. High word: order-preserving bits of the score + 1 (NaN -> 1, below
+// -inf), low word: ~block id (lower id wins ties). 0 marks "not a candidate".
+__device__ __forceinline__ uint64_t rank_key(float s, int64_t kb) {
+  const uint32_t u = __float_as_uint(s);
+  const uint32_t ord = (s != s) ? 0u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+  return (uint64_t(ord + 1u) << 32) | uint32_t(~uint32_t(kb));
+}
+__device__ __forceinline__ int64_t key_block(uint64_t key) { return int64_t(~uint32_t(key)); }
+
+__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+__device__ void flag(int32_t* status, StatusCode code, int64_t a, int64_t b, int64_t c) {
+  if (atomicCAS(status, 0, int32_t(code)) == 0) {
+    status[1] = int32_t(a);
+    status[2] = int32_t(b);
+    status[3] = int32_t(c);
+  }
+}
+
+struct TopKSmem {
+  float gs[kChunk * kPitch];                  // group scores [block in chunk][token]
+  uint32_t picked[kTokens][kChunk / 32];      // chunk blocks already taken in this pass
+  uint64_t best[kTokens][kMaxTopK];           // best picks of earlier chunks (keys)
+  uint64_t next[kWarps][kMaxTopK];            // picks of the running pass, per warp
+  int32_t nvis[kTokens];
+};
+
+// Visible block count of token t (-1 for lanes past total_q).
+__device__ int64_t visible_blocks(const TopKParams& p, int64_t t) {
+  if (t >= p.total_q || p.batch <= 0) return -1;
+  const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
+  const int64_t q0 = p.cu_seqlens_q[b], lq = int64_t(p.cu_seqlens_q[b + 1]) - q0;
+  if (t < q0 || t - q0 >= lq) {
+    flag(p.status, StatusCode::bad_cu_seqlens, 0, b, 0);
+    return 0;
+  }
+  const int64_t lk = batch_keys(p.keys, b);
+  int64_t end = p.causal ? t - q0 + lk - lq + 1 : lk;
+  end = end < 0 ? 0 : (end > lk ? lk : end);
+  int64_t nvis = (end + p.blk - 1) / p.blk;
+  if (nvis > p.nblk_max) {
+    flag(p.status, StatusCode::shape_mismatch, t, nvis, p.nblk_max);
+    nvis = p.nblk_max;
+  }
+  return nvis;
+}
+
+// Forced blocks of a token with nvis visible blocks: sinks [0, nsink) and the local window
+// [lo, nvis) minus the sinks it overlaps.
+__device__ __forceinline__ int64_t forced_sinks(const TopKParams& p, int64_t nvis) { return nvis < p.sink ? nvis : p.sink; }
+__device__ __forceinline__ int64_t local_start(const TopKParams& p, int64_t nvis) {
+  const int64_t lo = nvis - p.local, nsink = forced_sinks(p, nvis);
+  return lo > nsink ? lo : nsink;
+}
+__device__ __forceinline__ int forced_count(const TopKParams& p, int64_t nvis) {
+  return int(forced_sinks(p, nvis) + nvis - local_start(p, nvis));
+}
+
+__device__ __forceinline__ bool is_forced(const TopKParams& p, int64_t kb, int64_t nvis) {
+  return kb < p.sink || kb >= nvis - p.local;
+}
+
+// One pass over a chunk for token `tok` (warp-cooperative): choose the `want` best among the
+// chunk's non-forced visible blocks and the carried best picks; leaves them in s.best[tok].
+__device__ void select_in_chunk(TopKSmem& s, const TopKParams& p, int tok, int64_t c0, int64_t clen,
+                                int64_t nvis, int want, int carried, int lane, int warp) {
+  for (int w = lane; w < kChunk / 32; w += 32) s.picked[tok][w] = 0;
+  uint64_t carried_mask = 0;  // bit i: carried pick i already taken this pass
+  __syncwarp();
+  for (int i = 0; i < want; ++i) {
+    uint64_t mine = 0;
+    for (int64_t j = lane; j < clen; j += 32) {
+      const int64_t kb = c0 + j;
+      if (kb >= nvis || is_forced(p, kb, nvis) || (s.picked[tok][j >> 5] >> (j & 31) & 1u)) continue;
+      const uint64_t k = rank_key(s.gs[j * kPitch + tok], kb);
+      mine = k > mine ? k : mine;
+    }
+    for (int j = lane; j < carried; j += 32)
+      if (!(carried_mask >> j & 1ull)) mine = s.best[tok][j] > mine ? s.best[tok][j] : mine;
+    const uint64_t top = warp_max_u64(mine);
+    if (top == 0) {  // fewer candidates than wanted
+      if (lane == 0) s.next[warp][i] = 0;
+      continue;
+    }
+    const int64_t kb = key_block(top);
+    for (int j = 0; j < carried; ++j)
+      if (s.best[tok][j] == top) carried_mask |= 1ull << j;
+    if (kb >= c0 && kb < c0 + clen && lane == 0) s.picked[tok][(kb - c0) >> 5] |= 1u << ((kb - c0) & 31);
+    if (lane == 0) s.next[warp][i] = top;
+    __syncwarp();
+  }
+  __syncwarp();
+  for (int i = lane; i < want; i += 32) s.best[tok][i] = s.next[warp][i];
+  __syncwarp();
+}
+
+// Writes the row of token t: forced blocks and the picks, ascending, -1 padded.
+__device__ void write_row(TopKSmem& s, const TopKParams& p, int tok, int64_t t, int64_t h,
+                          int64_t nvis, int want, int lane) {
+  // Candidate ids: lane holds slots lane and lane + 32 of a list of at most 2 * 32 entries.
+  int64_t id[2];
+  for (int r = 0; r < 2; ++r) {
+    const int slot = lane + 32 * r;
+    int64_t v = -1;
+    const int nsink = int(forced_sinks(p, nvis));
+    const int64_t lo = local_start(p, nvis);
+    const int nloc = int(nvis - lo);
+    if (slot < nsink) v = slot;
+    else if (slot < nsink + nloc) v = lo + (slot - nsink);
+    else if (slot < nsink + nloc + want && s.best[tok][slot - nsink - nloc] != 0)
+      v = key_block(s.best[tok][slot - nsink - nloc]);
+    id[r] = v;
+  }
+  // Rank of each valid id among all valid ids (ids are distinct) = its output slot.
+  int rank[2] = {0, 0};
+#pragma unroll
+  for (int src = 0; src < 64; ++src) {
+    const int64_t other = __shfl_sync(0xffffffffu, id[src >> 5], src & 31);
+    for (int r = 0; r < 2; ++r) rank[r] += (other >= 0 && other < id[r]) ? 1 : 0;
+  }
+  int32_t* row = p.q2k + (h * p.total_q + t) * p.topk;
+  int valid = 0;
+  for (int r = 0; r < 2; ++r) valid += __popc(__ballot_sync(0xffffffffu, id[r] >= 0));
+  for (int r = 0; r < 2; ++r)
+    if (id[r] >= 0) row[rank[r]] = int32_t(id[r]);
+  for (int k = valid + lane; k < p.topk; k += 32) row[k] = -1;
+}
+
+__global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TopKSmem& s = *reinterpret_cast<TopKSmem*>(smem_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t h = blockIdx.y, t0 = int64_t(blockIdx.x) * kTokens;
+  if (threadIdx.x < kTokens) s.nvis[threadIdx.x] = int32_t(visible_blocks(p, t0 + threadIdx.x));
+  __syncthreads();
+  int64_t chunk_end = 0;
+  for (int tk = 0; tk < kTokens; ++tk) chunk_end = s.nvis[tk] > chunk_end ? s.nvis[tk] : chunk_end;
+
+  int carried[kTokens / kWarps] = {};
+  for (int64_t c0 = 0; c0 < chunk_end; c0 += kChunk) {
+    const int64_t clen = chunk_end - c0 < kChunk ? chunk_end - c0 : kChunk;
+    // Gather group scores: rows (block) split across warps, tokens across lanes (coalesced).
+    const int64_t t = t0 + lane;
+    for (int64_t j = warp; j < clen; j += kWarps) {
+      float m = __int_as_float(0x7fc00000);
+      if (t < p.total_q)
+        for (int g = 0; g < p.group; ++g)
+          m = fmaxf(m, p.scores[((h * p.group + g) * p.nblk_max + c0 + j) * p.total_q + t]);
+      s.gs[j * kPitch + lane] = m;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kTokens / kWarps; ++r) {
+      const int tok = warp + r * kWarps;
+      const int64_t nvis = s.nvis[tok];
+      if (nvis <= 0) continue;
+      const int want = p.topk - forced_count(p, nvis);
+      if (want <= 0 || c0 >= nvis) continue;
+      select_in_chunk(s, p, tok, c0, clen, nvis, want, carried[r], lane, warp);
+      carried[r] = want;
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < kTokens / kWarps; ++r) {
+    const int tok = warp + r * kWarps;
+    const int64_t t = t0 + tok;
+    if (t >= p.total_q) continue;
+    const int64_t nvis = s.nvis[tok] < 0 ? 0 : s.nvis[tok];
+    write_row(s, p, tok, t, h, nvis, carried[r], lane);
+  }
+}
+
+}  // namespace
+
+void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
+  MSA_CHECK(a.topk <= kMaxTopK, "topk: at most ", kMaxTopK, " on CUDA, got ", a.topk);
+  if (s.total_q == 0 || s.num_kv_heads == 0) return;
+  TopKParams p{};
+  p.scores = a.scores.ptr<float>();
+  p.q2k = a.q2k.ptr<int32_t>();
+  p.cu_seqlens_q = a.cu_seqlens_q.ptr<int32_t>();
+  if (a.kv.layout == KVLayout::flat) {
+    p.keys.cu_seqlens_k = a.kv.cu_seqlens_k.ptr<int32_t>();
+  } else {
+    p.keys.seqused_k = a.kv.seqused_k.defined() ? a.kv.seqused_k.ptr<int32_t>() : nullptr;
+    p.keys.max_keys = s.max_pages * s.page_size;
+  }
+  p.status = a.status.ptr<int32_t>();
+  p.total_q = s.total_q;
+  p.nblk_max = a.scores.shape[1];
+  p.batch = s.batch;
+  p.group = int(s.group);
+  p.topk = a.topk;
+  p.sink = a.sink_blocks;
+  p.local = a.local_blocks;
+  p.blk = a.kv_block_size;
+  p.causal = a.causal;
+  const size_t smem = sizeof(TopKSmem);
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned((s.total_q + kTokens - 1) / kTokens), unsigned(s.num_kv_heads));
+  topk_kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace msa::cuda
