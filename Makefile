@@ -3,7 +3,7 @@ BUILD ?= build
 CMAKE_ARGS ?=
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test test-cpu test-gpu demo clean
+.PHONY: all deps configure build test test-cpu test-gpu pytest demo clean
 
 all: build
 
@@ -18,9 +18,23 @@ build: configure
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory pytest
 
 test-gpu: build
 	ctest --test-dir $(BUILD) --output-on-failure -L gpu
+
+# The Python package: `pip install .` into python3 (build requirements pinned in pyproject.toml,
+# no build isolation so build-py/ rebuilds incrementally), then its pytest suite. CPU-only
+# without a GPU: the CUDA kernels would take minutes to build and no test could run them.
+PYTHON ?= python3
+PIP = $(PYTHON) -m pip install -q --disable-pip-version-check --root-user-action=ignore
+PY_BUILD_REQS = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))")
+PY_SKBUILD_ARGS ?= $(if $(shell nvidia-smi -L 2>/dev/null),,-C cmake.define.MSA_CUDA=OFF)
+
+pytest: deps
+	$(PIP) $(PY_BUILD_REQS) numpy ml_dtypes pytest
+	$(PIP) --no-build-isolation $(PY_SKBUILD_ARGS) .
+	$(PYTHON) -m pytest python/tests -q -rs
 
 demo: build
 	$(BUILD)/tools/cli/msa demo

@@ -1,0 +1,161 @@
+// Keyword-argument unpacking for msa._C (args.h): DLPack import through nanobind's ndarray and
+// name parsing through msa's own *_name functions, so the spellings have one definition.
+#include "args.h"
+
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace msa::py {
+
+namespace {
+
+// Looks `name` up among the values of an enum whose names `name_of` prints.
+template <typename E, typename NameOf>
+E parse_enum(const std::string& name, std::initializer_list<E> values, NameOf name_of,
+             const char* what) {
+  std::string known;
+  for (E v : values) {
+    if (name == name_of(v)) return v;
+    known += known.empty() ? "" : ", ";
+    known += name_of(v);
+  }
+  fail(what, ": unknown name '", name, "'; expected one of ", known);
+}
+
+}  // namespace
+
+DType parse_dtype(const std::string& name) {
+  return parse_enum(name,
+                    {DType::f32, DType::f16, DType::bf16, DType::fp8_e4m3, DType::fp4x2,
+                     DType::e8m0, DType::u8, DType::i32},
+                    dtype_name, "dtype");
+}
+
+KVLayout parse_layout(const std::string& name) {
+  return parse_enum(name, {KVLayout::flat, KVLayout::paged_nhd, KVLayout::paged_hnd},
+                    kv_layout_name, "kv_layout");
+}
+
+QuantFormat parse_quant_format(const std::string& name) {
+  return parse_enum(name,
+                    {QuantFormat::fp8_per_tensor, QuantFormat::fp8_per_token,
+                     QuantFormat::fp8_per_token_head, QuantFormat::nvfp4, QuantFormat::mxfp4},
+                    quant_format_name, "format");
+}
+
+nb::handle Args::take(const char* key) {
+  used_.emplace_back(key);
+  return PyDict_GetItemString(kw_.ptr(), key);  // borrowed; null when absent
+}
+
+Tensor Args::tensor(const char* key) {
+  nb::handle h = take(key);
+  if (!h.is_valid() || h.is_none()) return {};
+  nb::handle array = h;
+  std::string override_name;
+  if (nb::isinstance<nb::tuple>(h)) {
+    nb::tuple t = nb::borrow<nb::tuple>(h);
+    MSA_CHECK(t.size() == 2 && nb::isinstance<nb::str>(t[1]), op_, ": ", key,
+              ": a tuple must be (array, dtype name)");
+    array = t[0];
+    override_name = nb::cast<std::string>(t[1]);
+  }
+  nb::ndarray<nb::ro> a;
+  if (!nb::try_cast(array, a, /*convert=*/false))
+    fail(op_, ": ", key, ": expected a DLPack tensor (torch, numpy, cupy, ...), got ",
+         nb::cast<std::string>(nb::str(array.type().attr("__name__"))));
+  keep_.push_back(a);
+
+  DLTensor t{};
+  t.data = const_cast<void*>(a.data_handle());
+  t.byte_offset = a.byte_offset();
+  t.device = {static_cast<DLDeviceType>(a.device_type()), a.device_id()};
+  t.ndim = static_cast<int32_t>(a.ndim());
+  t.shape = const_cast<int64_t*>(a.shape_ptr());
+  t.strides = const_cast<int64_t*>(a.stride_ptr());
+  const nb::dlpack::dtype dt = a.dtype();
+  t.dtype = {dt.code, dt.bits, dt.lanes};
+  if (override_name.empty()) {
+    try {
+      return from_dlpack(t);
+    } catch (const Error& e) {
+      fail(op_, ": ", key, ": ", e.what());
+    }
+  }
+  // A storage view: the element size must match; shape and strides (in elements) carry over.
+  const DType want = parse_dtype(override_name);
+  MSA_CHECK(size_t(dt.bits) * dt.lanes == dtype_size(want) * 8, op_, ": ", key, ": dtype '",
+            override_name, "' needs ", dtype_size(want) * 8, "-bit storage elements, got ",
+            int(dt.bits) * int(dt.lanes), "-bit ones");
+  t.dtype = {kDLUInt, 8, 1};
+  Tensor out = from_dlpack(t);
+  out.dtype = want;
+  return out;
+}
+
+QTensor Args::qtensor(const char* key) {
+  const std::string k(key);
+  QTensor q;
+  q.values = tensor(key);
+  q.scale = tensor((k + "_scale").c_str());
+  q.global_scale = static_cast<float>(real((k + "_global_scale").c_str(), 1.0));
+  return q;
+}
+
+KVCache Args::kv(bool with_v) {
+  KVCache kv;
+  kv.k = qtensor("k");
+  if (with_v) kv.v = qtensor("v");
+  kv.layout = parse_layout(text("kv_layout", "flat"));
+  kv.cu_seqlens_k = tensor("cu_seqlens_k");
+  kv.page_table = tensor("page_table");
+  kv.seqused_k = tensor("seqused_k");
+  return kv;
+}
+
+K2QIndex Args::k2q(const char* prefix) {
+  const std::string p(prefix);
+  K2QIndex k;
+  k.row_ptr = tensor((p + "row_ptr").c_str());
+  k.q_idx = tensor((p + "q_idx").c_str());
+  k.schedule = tensor((p + "schedule").c_str());
+  return k;
+}
+
+// Reads an optional scalar keyword as T; a value of the wrong type is an msa::Error naming it.
+template <typename T>
+T Args::scalar(const char* key, T dflt, const char* what) {
+  nb::handle h = take(key);
+  if (!h.is_valid() || h.is_none()) return dflt;
+  T value;
+  if (!nb::try_cast(h, value))
+    fail(op_, ": ", key, ": expected ", what, ", got ",
+         nb::cast<std::string>(nb::str(h.type().attr("__name__"))));
+  return value;
+}
+
+int64_t Args::integer(const char* key, int64_t dflt) { return scalar(key, dflt, "an int"); }
+double Args::real(const char* key, double dflt) { return scalar(key, dflt, "a float"); }
+bool Args::flag(const char* key, bool dflt) { return scalar(key, dflt, "a bool"); }
+std::string Args::text(const char* key, const char* dflt) {
+  return scalar(key, std::string(dflt), "a str");
+}
+
+cudaStream_t Args::stream() {
+  const int64_t s = integer("stream", 0);
+  return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(s));
+}
+
+void Args::finish() const {
+  std::string unknown;
+  for (auto [key, value] : kw_) {
+    const std::string k = nb::cast<std::string>(key);
+    if (std::find(used_.begin(), used_.end(), k) == used_.end())
+      unknown += (unknown.empty() ? "" : ", ") + k;
+  }
+  MSA_CHECK(unknown.empty(), op_, ": unknown keyword argument(s): ", unknown);
+}
+
+}  // namespace msa::py

@@ -1,0 +1,60 @@
+// Keyword-argument unpacking for the private extension msa._C: turns DLPack producers (torch,
+// numpy, cupy, ...) into msa::Tensor views and reads the scalar options of an op by name.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <string>
+#include <vector>
+
+#include "msa/msa.h"
+
+namespace msa::py {
+
+namespace nb = nanobind;
+
+// Parses a name ("bf16", "paged_nhd", "nvfp4", ...) as printed by msa's *_name functions.
+DType parse_dtype(const std::string& name);
+KVLayout parse_layout(const std::string& name);
+QuantFormat parse_quant_format(const std::string& name);
+
+// One op call's keyword arguments. Every key must be read exactly once (finish() names the
+// unknown ones), so a misspelt keyword in the Python layer is an error, not a silent default.
+// The imported arrays are kept alive until the call returns.
+class Args {
+ public:
+  Args(nb::kwargs kw, const char* op) : kw_(std::move(kw)), op_(op) {}
+
+  // A tensor argument: None or absent -> an undefined view. A tuple (array, "dtype") overrides
+  // the element type for storage-only views (uint16 holding bf16, uint8 holding fp8/fp4/e8m0).
+  Tensor tensor(const char* key);
+  // values key, "<key>_scale" and "<key>_global_scale".
+  QTensor qtensor(const char* key);
+  // k, v (when with_v), kv_layout, cu_seqlens_k, page_table, seqused_k and the k/v scales.
+  KVCache kv(bool with_v);
+  // The outputs of a CSR build / the optional k2q input of attention: <prefix>row_ptr, ...
+  K2QIndex k2q(const char* prefix);
+
+  int64_t integer(const char* key, int64_t dflt);
+  double real(const char* key, double dflt);
+  bool flag(const char* key, bool dflt);
+  std::string text(const char* key, const char* dflt);
+  // "stream": a cudaStream_t as an integer handle (0 = the legacy default stream).
+  cudaStream_t stream();
+
+  // Throws msa::Error naming any keyword that no accessor read.
+  void finish() const;
+
+ private:
+  nb::handle take(const char* key);
+  template <typename T>
+  T scalar(const char* key, T dflt, const char* what);
+
+  nb::kwargs kw_;
+  const char* op_;
+  std::vector<std::string> used_;
+  std::vector<nb::ndarray<nb::ro>> keep_;
+};
+
+}  // namespace msa::py

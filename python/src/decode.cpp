@@ -1,0 +1,92 @@
+// msa._C.DecodePlan: the plan()/run() decode wrapper of msa/decode.h. The Python class
+// msa.DecodePlan owns the workspace array and keeps it alive for as long as the plan.
+#include <nanobind/nanobind.h>
+
+#include "args.h"
+
+namespace nb = nanobind;
+
+namespace msa::py {
+
+namespace {
+
+DecodeShape decode_shape(Args& a) {
+  DecodeShape s;
+  s.batch = static_cast<int>(a.integer("batch", 0));
+  s.max_queries_per_request = static_cast<int>(a.integer("max_queries_per_request", 1));
+  s.num_q_heads = static_cast<int>(a.integer("num_q_heads", 0));
+  s.num_kv_heads = static_cast<int>(a.integer("num_kv_heads", 0));
+  s.head_dim = static_cast<int>(a.integer("head_dim", 128));
+  s.page_size = static_cast<int>(a.integer("page_size", 128));
+  s.max_pages = static_cast<int>(a.integer("max_pages", 0));
+  s.layout = parse_layout(a.text("kv_layout", "paged_nhd"));
+  s.kv_dtype = parse_dtype(a.text("kv_dtype", "bf16"));
+  s.topk = static_cast<int>(a.integer("topk", 0));
+  s.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+  const std::string dev = a.text("device_type", "cpu");
+  MSA_CHECK(dev == "cpu" || dev == "cuda", "device_type: must be 'cpu' or 'cuda', got '", dev, "'");
+  s.device = {dev == "cpu" ? DeviceType::cpu : DeviceType::cuda,
+              static_cast<int>(a.integer("device_index", 0))};
+  return s;
+}
+
+}  // namespace
+
+void bind_decode(nb::module_& m) {
+  nb::class_<DecodePlan>(m, "DecodePlan", "msa::DecodePlan; see msa.DecodePlan.")
+      .def(nb::init<>())
+      .def_static(
+          "workspace_bytes",
+          [](nb::kwargs kw) {
+            Args a(std::move(kw), "DecodePlan.workspace_bytes");
+            const DecodeShape s = decode_shape(a);
+            a.finish();
+            return DecodePlan::workspace_bytes(s);
+          },
+          "Workspace bytes run() needs for the shape given as keywords.")
+      .def(
+          "plan",
+          [](DecodePlan& self, nb::kwargs kw) {
+            Args a(std::move(kw), "DecodePlan.plan");
+            const DecodeShape s = decode_shape(a);
+            const Tensor lengths = a.tensor("seqused_k");
+            const Tensor workspace = a.tensor("workspace");
+            cudaStream_t stream = a.stream();
+            a.finish();
+            if (lengths.defined()) {
+              MSA_CHECK(!lengths.is_cuda() && lengths.dtype == DType::i32 &&
+                            lengths.is_contiguous() && lengths.numel() == s.batch,
+                        "seqused_k: plan() takes host lengths, a contiguous int32 CPU array [",
+                        s.batch, "], got ", lengths.describe());
+            }
+            nb::gil_scoped_release unlocked;
+            self.plan(s, lengths.defined() ? lengths.ptr<int32_t>() : nullptr, workspace, stream);
+          },
+          "Validates and records the batch shape (keywords), sizing the split-KV work list.")
+      .def(
+          "run",
+          [](const DecodePlan& self, nb::kwargs kw) {
+            Args a(std::move(kw), "DecodePlan.run");
+            AttentionArgs x;
+            x.q = a.tensor("q");
+            x.kv = a.kv(/*with_v=*/true);
+            x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+            x.q2k = a.tensor("q2k");
+            x.out = a.tensor("out");
+            x.lse = a.tensor("lse");
+            x.tlse = a.tensor("tlse");
+            x.params.softmax_scale = static_cast<float>(a.real("softmax_scale", 0.0));
+            x.params.causal = a.flag("causal", true);
+            x.params.kv_block_size = self.shape().kv_block_size;
+            x.params.temperature = static_cast<float>(a.real("temperature", 0.0));
+            x.status = a.tensor("status");
+            cudaStream_t stream = a.stream();
+            a.finish();
+            nb::gil_scoped_release unlocked;
+            self.run(x, stream);
+          },
+          "Runs decode attention for the planned shape; allocates and synchronizes nothing.")
+      .def_prop_ro("planned", &DecodePlan::planned);
+}
+
+}  // namespace msa::py

@@ -1,0 +1,244 @@
+// The private extension msa._C: one thin function per public C++ entry point, called by the
+// Python layer (python/msa/) with keyword arguments only. Outputs, workspaces and status
+// buffers arrive preallocated; this file allocates nothing and adds no semantics.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "args.h"
+
+namespace nb = nanobind;
+using namespace msa;
+using msa::py::Args;
+
+namespace msa::py {
+void bind_decode(nb::module_& m);
+}
+
+namespace {
+
+// Unpacks the arguments, rejects unknown keywords, then runs `body` without the GIL (the CPU
+// backend can run for seconds; CUDA calls may wait on the driver).
+template <typename Build, typename Body>
+void call(nb::kwargs kw, const char* op, Build build, Body body) {
+  Args a(std::move(kw), op);
+  auto x = build(a);
+  cudaStream_t stream = a.stream();
+  a.finish();
+  nb::gil_scoped_release unlocked;
+  body(x, stream);
+}
+
+AttentionArgs attention_args(Args& a) {
+  AttentionArgs x;
+  x.q = a.tensor("q");
+  x.kv = a.kv(/*with_v=*/true);
+  x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+  x.q2k = a.tensor("q2k");
+  x.k2q = a.k2q("k2q_");
+  x.out = a.tensor("out");
+  x.lse = a.tensor("lse");
+  x.tlse = a.tensor("tlse");
+  x.params.softmax_scale = static_cast<float>(a.real("softmax_scale", 0.0));
+  x.params.causal = a.flag("causal", true);
+  x.params.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+  x.params.temperature = static_cast<float>(a.real("temperature", 0.0));
+  x.params.partial_dtype = py::parse_dtype(a.text("partial_dtype", "f32"));
+  x.workspace = a.tensor("workspace");
+  x.status = a.tensor("status");
+  return x;
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "msa's private C++ bindings; use the functions of the msa package instead.";
+  m.attr("__version__") = kVersion;
+  nb::exception<Error>(m, "MsaError", PyExc_RuntimeError);
+  // torch.compile caches keep DecodePlan objects until interpreter exit, which nanobind's
+  // shutdown check would report as leaks; they are not.
+  nb::set_leak_warnings(false);
+
+  m.def("built_with_cuda", &built_with_cuda, "True when this build contains the CUDA backend.");
+  m.def("cuda_device_count", &cuda_device_count,
+        "Number of usable CUDA devices (0 without CUDA or without a GPU).");
+
+  m.def(
+      "block_scores",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "block_scores",
+             [](Args& a) {
+               BlockScoresArgs x;
+               x.q = a.qtensor("q");
+               x.kv = a.kv(/*with_v=*/false);
+               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+               x.scores = a.tensor("scores");
+               x.causal = a.flag("causal", true);
+               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+               x.status = a.tensor("status");
+               return x;
+             },
+             [](const BlockScoresArgs& x, cudaStream_t s) { block_scores(x, s); });
+      },
+      "msa::block_scores; keywords as in msa.block_scores, outputs preallocated.");
+
+  m.def(
+      "select_topk",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "select_topk",
+             [](Args& a) {
+               TopKArgs x;
+               x.scores = a.tensor("scores");
+               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+               x.kv = a.kv(/*with_v=*/false);
+               x.num_kv_heads = static_cast<int>(a.integer("num_kv_heads", 0));
+               x.topk = static_cast<int>(a.integer("topk", 16));
+               x.sink_blocks = static_cast<int>(a.integer("sink_blocks", 1));
+               x.local_blocks = static_cast<int>(a.integer("local_blocks", 1));
+               x.causal = a.flag("causal", true);
+               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+               x.q2k = a.tensor("q2k");
+               x.status = a.tensor("status");
+               return x;
+             },
+             [](const TopKArgs& x, cudaStream_t s) { select_topk(x, s); });
+      },
+      "msa::select_topk; keywords as in msa.select_topk, outputs preallocated.");
+
+  m.def(
+      "build_k2q_csr",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "build_k2q_csr",
+             [](Args& a) {
+               CsrBuildArgs x;
+               x.q2k = a.tensor("q2k");
+               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+               x.kv = a.kv(/*with_v=*/false);
+               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+               x.out = a.k2q("");
+               x.workspace = a.tensor("workspace");
+               x.status = a.tensor("status");
+               return x;
+             },
+             [](const CsrBuildArgs& x, cudaStream_t s) { build_k2q_csr(x, s); });
+      },
+      "msa::build_k2q_csr; outputs row_ptr, q_idx and (optional) schedule preallocated.");
+
+  m.def("k2q_schedule_size", &k2q_schedule_size, nb::arg("num_kv_heads"), nb::arg("total_rows"),
+        nb::arg("total_q"), nb::arg("topk"),
+        "int32 elements of the schedule buffer build_k2q_csr writes for this shape.");
+  m.def("csr_workspace_bytes", &csr_workspace_bytes, nb::arg("num_kv_heads"),
+        nb::arg("total_rows"), nb::arg("total_q"), nb::arg("topk"),
+        "Scratch bytes build_k2q_csr needs on CUDA (0 on CPU).");
+
+  m.def(
+      "q2k_to_k2q_cpu",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "q2k_to_k2q_cpu",
+             [](Args& a) {
+               CsrBuildArgs x;
+               x.q2k = a.tensor("q2k");
+               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+               x.kv = a.kv(/*with_v=*/false);
+               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+               x.out = a.k2q("");
+               return x;
+             },
+             [](const CsrBuildArgs& x, cudaStream_t) {
+               q2k_to_k2q_cpu(x.q2k, x.cu_seqlens_q, x.kv, x.kv_block_size, x.out.row_ptr,
+                              x.out.q_idx);
+             });
+      },
+      "CPU reference converter q2k -> (row_ptr, q_idx), outputs preallocated.");
+
+  m.def(
+      "k2q_to_q2k_cpu",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "k2q_to_q2k_cpu",
+             [](Args& a) {
+               CsrBuildArgs x;
+               x.out = a.k2q("");
+               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+               x.kv = a.kv(/*with_v=*/false);
+               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+               x.q2k = a.tensor("q2k");
+               return x;
+             },
+             [](const CsrBuildArgs& x, cudaStream_t) {
+               k2q_to_q2k_cpu(x.out.row_ptr, x.out.q_idx, x.cu_seqlens_q, x.kv, x.kv_block_size,
+                              x.q2k);
+             });
+      },
+      "CPU reference converter (row_ptr, q_idx) -> q2k, output preallocated.");
+
+  m.def(
+      "attention_workspace_bytes",
+      [](nb::kwargs kw) {
+        Args a(std::move(kw), "attention_workspace_bytes");
+        AttentionArgs x = attention_args(a);
+        a.stream();  // accepted so one keyword dict serves both calls
+        a.finish();
+        return attention_workspace_bytes(x);
+      },
+      "Scratch bytes attention_forward needs for these arguments (0 on CPU).");
+
+  m.def(
+      "attention_forward",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "attention_forward", attention_args,
+             [](const AttentionArgs& x, cudaStream_t s) { attention_forward(x, s); });
+      },
+      "msa::attention_forward; out, lse, tlse, workspace and status preallocated.");
+
+  m.def(
+      "quantize",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "quantize",
+             [](Args& a) {
+               struct {
+                 Tensor x;
+                 QuantFormat format;
+                 QTensor out;
+               } q;
+               q.x = a.tensor("x");
+               q.format = py::parse_quant_format(a.text("format", ""));
+               q.out = a.qtensor("out");
+               return q;
+             },
+             [](const auto& q, cudaStream_t s) { quantize(q.x, q.format, q.out, s); });
+      },
+      "msa::quantize into preallocated out (values), out_scale, out_global_scale.");
+
+  m.def(
+      "dequantize",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "dequantize",
+             [](Args& a) {
+               struct {
+                 QTensor x;
+                 Tensor out;
+               } d;
+               d.x = a.qtensor("x");
+               d.out = a.tensor("out");
+               return d;
+             },
+             [](const auto& d, cudaStream_t s) { dequantize(d.x, d.out, s); });
+      },
+      "msa::dequantize of x (values), x_scale, x_global_scale into preallocated out.");
+
+  m.def(
+      "check_status",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "check_status", [](Args& a) { return a.tensor("status"); },
+             [](const Tensor& status, cudaStream_t s) { check_status(status, s); });
+      },
+      "Waits for the stream, then raises MsaError if the status buffer records an offence.");
+  m.def(
+      "clear_status",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "clear_status", [](Args& a) { return a.tensor("status"); },
+             [](const Tensor& status, cudaStream_t s) { clear_status(status, s); });
+      },
+      "Resets a status buffer to ok (asynchronous on the stream for CUDA).");
+
+  py::bind_decode(m);
+}

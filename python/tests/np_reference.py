@@ -1,0 +1,149 @@
+"""numpy float64 references of msa's semantics (DESIGN.md sections 2, 3, 5) and random varlen
+problems, for the CPU pytest suite. Written from the design text, independent of the C++ code."""
+
+import numpy as np
+
+
+def cu_from_lengths(lengths):
+    return np.array([0] + list(np.cumsum(lengths)), dtype=np.int32)
+
+
+def visible_mask(lq, lk, causal):
+    """[lq, lk] bool: query i sees key j iff j <= i + lk - lq (bottom-right causal)."""
+    i = np.arange(lq)[:, None]
+    j = np.arange(lk)[None, :]
+    return (j <= i + lk - lq) if causal else np.ones((lq, lk), bool)
+
+
+def attention(q, ks, vs, cu_q, *, q2k=None, blk=128, causal=True, scale=None, temperature=None):
+    """out [total_q, Hq, D], lse / tlse [Hq, total_q] from float64 q and per-batch ks/vs
+    ([Lk_b, Hkv, D] each); q2k [Hkv, total_q, topk] restricts keys to the selected blocks."""
+    total_q, hq, d = q.shape
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    out = np.zeros((total_q, hq, d))
+    lse = np.full((hq, total_q), -np.inf)
+    tlse = np.full((hq, total_q), -np.inf)
+    for b in range(len(cu_q) - 1):
+        t0, lq = cu_q[b], cu_q[b + 1] - cu_q[b]
+        k, v = ks[b], vs[b]
+        lk = k.shape[0]
+        if lq == 0:
+            continue
+        hkv = k.shape[1] if lk else 1
+        g = hq // hkv
+        base = visible_mask(lq, lk, causal)
+        for h in range(hq):
+            kh = h // g
+            mask = base.copy()
+            if q2k is not None:
+                sel = np.zeros((lq, (lk + blk - 1) // blk + 1), bool)
+                ids = q2k[kh, t0:t0 + lq]
+                for i in range(lq):
+                    sel[i, ids[i][ids[i] >= 0]] = True
+                mask &= sel[:, np.arange(lk) // blk]
+            s = scale * (q[t0:t0 + lq, h] @ k[:, kh].T) if lk else np.zeros((lq, 0))
+            s = np.where(mask, s, -np.inf)
+            for i in range(lq):
+                if not mask[i].any():
+                    continue
+                m = s[i].max()
+                p = np.exp(s[i] - m)
+                out[t0 + i, h] = p @ v[:, kh] / p.sum()
+                lse[h, t0 + i] = m + np.log(p.sum())
+                if temperature:
+                    st = s[i] / temperature
+                    mt = st.max()
+                    tlse[h, t0 + i] = mt + np.log(np.exp(st - mt).sum())
+    return out, lse, tlse
+
+
+def block_scores(q, ks, cu_q, *, blk=128, causal=True, nblk_max=None):
+    """scores [Hq, nblk_max, total_q]: max over visible keys of each block of dot(q, k)."""
+    total_q, hq, _ = q.shape
+    nblk = [(k.shape[0] + blk - 1) // blk for k in ks]
+    nblk_max = max(nblk, default=0) if nblk_max is None else nblk_max
+    scores = np.full((hq, nblk_max, total_q), -np.inf)
+    for b in range(len(cu_q) - 1):
+        t0, lq = cu_q[b], cu_q[b + 1] - cu_q[b]
+        k = ks[b]
+        lk = k.shape[0]
+        if lq == 0 or lk == 0:
+            continue
+        g = hq // k.shape[1]
+        mask = visible_mask(lq, lk, causal)
+        for h in range(hq):
+            s = np.where(mask, q[t0:t0 + lq, h] @ k[:, h // g].T, -np.inf)
+            for kb in range(nblk[b]):
+                scores[h, kb, t0:t0 + lq] = s[:, kb * blk:(kb + 1) * blk].max(axis=1)
+    return scores
+
+
+def select_topk(scores, cu_q, lengths_k, *, hkv, topk, sink=1, local=1, blk=128, causal=True):
+    """q2k [Hkv, total_q, topk] from given scores, following DESIGN.md section 3."""
+    hq, _, total_q = scores.shape
+    g = hq // hkv
+    q2k = np.full((hkv, total_q, topk), -1, np.int32)
+    for b in range(len(cu_q) - 1):
+        t0, lq, lk = cu_q[b], cu_q[b + 1] - cu_q[b], lengths_k[b]
+        for i in range(lq):
+            last = i + lk - lq if causal else lk - 1
+            last = min(last, lk - 1)
+            if last < 0:
+                continue
+            nvis = last // blk + 1
+            for h in range(hkv):
+                s = scores[h * g:(h + 1) * g, :nvis, t0 + i].max(axis=0)
+                chosen = [kb for kb in range(min(sink, nvis))]
+                chosen += [kb for kb in range(nvis - local, nvis) if kb >= 0]
+                chosen = list(dict.fromkeys(chosen))[:topk]
+                rest = sorted((kb for kb in range(nvis) if kb not in chosen),
+                              key=lambda kb: (-s[kb], kb))
+                chosen += rest[:topk - len(chosen)]
+                chosen.sort()
+                q2k[h, t0 + i, :len(chosen)] = chosen
+    return q2k
+
+
+def problem(rng, lengths_q, lengths_k, hq, hkv, d, dtype=np.float16):
+    """Random q [total_q, Hq, D] and per-batch / concatenated K and V of `dtype`."""
+    cu_q, cu_k = cu_from_lengths(lengths_q), cu_from_lengths(lengths_k)
+    q = rng.standard_normal((cu_q[-1], hq, d)).astype(dtype)
+    k = rng.standard_normal((cu_k[-1], hkv, d)).astype(dtype)
+    v = rng.standard_normal((cu_k[-1], hkv, d)).astype(dtype)
+    return q, k, v, cu_q, cu_k
+
+
+def split(x, cu):
+    """Per-batch float64 slices of a flat [total, H, D] array."""
+    x = np.asarray(x, dtype=np.float64)
+    return [x[cu[b]:cu[b + 1]] for b in range(len(cu) - 1)]
+
+
+def to_pages(rng, k, v, cu_k, page_size, layout="paged_nhd", spare_pages=3):
+    """Scatters flat K/V into shuffled NaN-filled page pools; returns (k_pages, v_pages,
+    page_table [B, max_pages], seqused_k [B])."""
+    lengths = np.diff(cu_k)
+    b = len(lengths)
+    pages = [(int(lk) + page_size - 1) // page_size for lk in lengths]
+    max_pages = max(pages + [1])
+    num_pages = sum(pages) + spare_pages
+    perm = rng.permutation(num_pages).astype(np.int32)
+    table = np.zeros((b, max_pages), np.int32)
+    hkv, d = k.shape[1], k.shape[2]
+    pool_shape = (num_pages, page_size, hkv, d)
+    kp = np.full(pool_shape, np.nan, dtype=k.dtype)
+    vp = np.full(pool_shape, np.nan, dtype=v.dtype)
+    n = 0
+    for i in range(b):
+        for p in range(pages[i]):
+            pid = perm[n]
+            n += 1
+            table[i, p] = pid
+            lo = cu_k[i] + p * page_size
+            hi = min(lo + page_size, cu_k[i + 1])
+            kp[pid, :hi - lo] = k[lo:hi]
+            vp[pid, :hi - lo] = v[lo:hi]
+    if layout == "paged_hnd":
+        kp = np.ascontiguousarray(kp.transpose(0, 2, 1, 3))
+        vp = np.ascontiguousarray(vp.transpose(0, 2, 1, 3))
+    return kp, vp, table, lengths.astype(np.int32)

@@ -1,0 +1,104 @@
+# GPU tests of msa.attention_forward with torch tensors over random shapes: dense and sparse,
+# flat and paged, LSE and temperature LSE, preallocated outputs, non-default streams and invalid
+# ids, each against the torch reference in torch_reference.py.
+import pytest
+
+import msa
+import torch_reference as ref
+from gpu_env import gpu_op, require_gpu
+
+torch = require_gpu()
+DEV = "cuda"
+
+
+def _random_case(seed):
+    """A random varlen shape: 1-3 batches, GQA group 1-16, head dim 128, kv block 64 or 128."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    batch = r(1, 3)
+    lk = [r(0, 1500) for _ in range(batch)]
+    lq = [min(r(0, 300), lk[b] + r(0, 4)) for b in range(batch)]
+    hkv = [1, 2, 4][r(0, 2)]
+    group = [1, 2, 4, 8, 16][r(0, 4)]
+    blk = [64, 128][r(0, 1)]
+    causal = bool(r(0, 1))
+    return gen, lq, lk, hkv * group, hkv, blk, causal
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_dense_flat(seed, dtype):
+    gen, lq, lk, hq, hkv, _, causal = _random_case(seed)
+    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float16
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, tdtype, DEV)
+    with gpu_op():
+        out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal)
+    assert out.dtype == tdtype and out.device.type == DEV
+    want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, causal=causal)
+    ref.check_close(out, lse, want, want_lse)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sparse_flat(seed):
+    gen, lq, lk, hq, hkv, blk, causal = _random_case(100 + seed)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, torch.bfloat16, DEV)
+    q2k = ref.random_q2k(gen, cu_q, lk, hkv, topk=8, blk=blk)
+    with gpu_op():
+        k2q = msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, kv_block_size=blk)
+        out, lse, tlse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
+                                               k2q=k2q, kv_block_size=blk, causal=causal,
+                                               temperature=0.7)
+    want, want_lse, want_tlse = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k, blk=blk,
+                                              causal=causal, temperature=0.7)
+    ref.check_close(out, lse, want, want_lse)
+    ref.check_close(out, tlse, want, want_tlse)
+
+
+@pytest.mark.parametrize("layout", ["paged_nhd", "paged_hnd"])
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_sparse_paged(layout, page_size):
+    gen, lq, lk, hq, hkv, blk, causal = _random_case(200 + page_size)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, torch.bfloat16, DEV)
+    kp, vp, table, seqused = ref.to_pages(gen, k, v, cu_k, page_size, layout)
+    q2k = ref.random_q2k(gen, cu_q, lk, hkv, topk=6, blk=blk)
+    with gpu_op():
+        out, lse = msa.attention_forward(q, kp, vp, cu_q, page_table=table, seqused_k=seqused,
+                                         kv_layout=layout, q2k=q2k, kv_block_size=blk,
+                                         causal=causal)
+    want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k, blk=blk, causal=causal)
+    ref.check_close(out, lse, want, want_lse)
+
+
+def test_preallocated_outputs_on_a_side_stream():
+    gen, lq, lk, hq, hkv, blk, causal = _random_case(300)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, torch.bfloat16, DEV)
+    q2k = ref.random_q2k(gen, cu_q, lk, hkv, topk=4, blk=blk)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((hq, q.shape[0]), float("nan"), device=DEV)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with gpu_op(), torch.cuda.stream(side):
+        got, got_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
+                                             kv_block_size=blk, causal=causal, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(side)
+    assert got is out and got_lse is lse
+    want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k, blk=blk, causal=causal)
+    ref.check_close(out, lse, want, want_lse)
+    # An explicit stream handle works the same way.
+    with gpu_op():
+        again, _ = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
+                                         kv_block_size=blk, causal=causal, stream=side)
+    side.synchronize()
+    assert torch.equal(again, out)
+
+
+def test_invalid_block_id_raises_after_the_call():
+    gen, lq, lk, hq, hkv, blk, causal = _random_case(400)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, [5], [700], 4, 2, 128, torch.bfloat16, DEV)
+    q2k = torch.full((2, 5, 4), -1, dtype=torch.int32, device=DEV)
+    q2k[1, 3, 0] = 1000
+    with gpu_op(), pytest.raises(msa.MsaError, match=r"head 1, token 3, slot 0"):
+        msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)

@@ -1,0 +1,96 @@
+# GPU tests of the selection path and quantization with torch tensors: block_scores,
+# select_topk, build_k2q_csr and dequantize/quantize against torch_reference.py, random shapes.
+import pytest
+
+import msa
+import torch_reference as ref
+from gpu_env import gpu_op, require_gpu
+
+torch = require_gpu()
+DEV = "cuda"
+
+
+def _case(seed, dtype=None):
+    gen = torch.Generator().manual_seed(seed)
+    batch = int(torch.randint(1, 4, (1,), generator=gen))
+    lk = torch.randint(0, 2000, (batch,), generator=gen).tolist()
+    lq = [min(int(x), lk[b] + 3) for b, x in enumerate(torch.randint(0, 200, (batch,),
+                                                                      generator=gen))]
+    hkv = [1, 2][seed % 2]
+    hq = hkv * [1, 4, 16][seed % 3]
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, dtype or torch.bfloat16,
+                                             DEV)
+    return gen, q, k, v, cu_q, cu_k, lk, hkv
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_scores(seed, causal):
+    _, q, k, _, cu_q, cu_k, lk, _ = _case(seed)
+    blk = [64, 128][seed % 2]
+    with gpu_op():
+        scores = msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k, kv_block_size=blk,
+                                  causal=causal)
+    want = ref.block_scores(q, k, cu_q, cu_k, blk=blk, causal=causal)
+    assert scores.shape == want.shape and scores.dtype == torch.float32
+    assert torch.equal(torch.isneginf(scores), torch.isneginf(want))
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(scores[finite], want[finite], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_select_topk(seed):
+    _, q, k, _, cu_q, cu_k, lk, hkv = _case(10 + seed)
+    with gpu_op():
+        scores = msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k)
+        q2k = msa.select_topk(scores, cu_q, num_kv_heads=hkv, topk=8, sink_blocks=1,
+                              local_blocks=2, cu_seqlens_k=cu_k)
+    want = ref.select_topk(scores, cu_q, lk, hkv=hkv, topk=8, sink=1, local=2, blk=128)
+    assert torch.equal(q2k, want)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_build_k2q_csr(seed):
+    gen, _, _, _, cu_q, cu_k, lk, hkv = _case(20 + seed)
+    blk = [64, 128][seed % 2]
+    q2k = ref.random_q2k(gen, cu_q, lk, hkv, topk=8, blk=blk)
+    with gpu_op():
+        k2q = msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, kv_block_size=blk)
+    row_ptr, q_idx = ref.k2q_csr(q2k, cu_q, lk, blk)
+    assert torch.equal(k2q.row_ptr, row_ptr)
+    for h in range(hkv):
+        n = int(row_ptr[h, -1])
+        assert torch.equal(k2q.q_idx[h, :n], q_idx[h])
+    assert k2q.schedule is not None and k2q.schedule.dtype == torch.int32
+
+
+@pytest.mark.parametrize("fmt", ["fp8_per_tensor", "fp8_per_token", "fp8_per_token_head"])
+def test_fp8_quantize_dequantize(fmt):
+    x = torch.randn(300, 4, 128, device=DEV) * 3
+    with gpu_op():
+        qt = msa.quantize(x, fmt)
+    assert qt.values.dtype == torch.float8_e4m3fn
+    amax = {"fp8_per_tensor": x.abs().amax().reshape(1),
+            "fp8_per_token": x.abs().amax(dim=(1, 2)),
+            "fp8_per_token_head": x.abs().amax(dim=2)}[fmt]
+    torch.testing.assert_close(qt.scale, amax / 448, rtol=1e-6, atol=0)
+    scale = qt.scale.reshape(*qt.scale.shape, *([1] * (3 - qt.scale.dim())))
+    want_bits = (x / scale).to(torch.float8_e4m3fn)
+    # Single rounding in msa vs torch's divide-then-convert: a rare one-step difference is fine.
+    differ = qt.values.view(torch.uint8) != want_bits.view(torch.uint8)
+    assert differ.float().mean() < 1e-3
+    with gpu_op():
+        y = msa.dequantize(qt)
+    assert torch.equal(y, qt.values.float() * scale)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_dequantize(fmt):
+    x = torch.randn(200, 2, 128, device=DEV)
+    with gpu_op():
+        qt = msa.quantize(x, fmt, global_scale=0.25 if fmt == "nvfp4" else 1.0)
+        y = msa.dequantize(qt)
+    want = ref.e2m1_dequant(qt.values, qt.scale, 16 if fmt == "nvfp4" else 32,
+                            "e4m3" if fmt == "nvfp4" else "e8m0", qt.global_scale)
+    assert torch.equal(y, want)
+    assert (y - x).abs().max() <= 0.6 * x.abs().max()

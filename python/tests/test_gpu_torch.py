@@ -1,0 +1,146 @@
+# GPU tests of msa's torch integration: torch.compile (fullgraph, and reduce-overhead CUDA
+# graphs) over the custom ops, manual CUDA-graph capture and replay of attention and of
+# DecodePlan.run, torch.library.opcheck, and cupy arrays through the same API.
+import pytest
+
+import msa
+import torch_reference as ref
+from gpu_env import gpu_op, require_gpu
+
+torch = require_gpu()
+DEV = "cuda"
+LQ, LK, HQ, HKV, BLK, TOPK = [37, 100], [900, 1300], 8, 2, 128, 4
+
+
+def _problem(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, LQ, LK, HQ, HKV, 128, torch.bfloat16, DEV)
+    q2k = ref.random_q2k(gen, cu_q, LK, HKV, TOPK, BLK)
+    return q, k, v, cu_q, cu_k, q2k
+
+
+def _sparse(q, k, v, cu_q, cu_k, q2k):
+    return msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, temperature=0.5)
+
+
+def test_custom_ops_are_registered():
+    for name in ("block_scores", "select_topk", "build_k2q_csr", "attention_forward",
+                 "decode_run", "quantize", "dequantize"):
+        assert hasattr(torch.ops.msa, name)
+
+
+def test_torch_compile_fullgraph():
+    args = _problem(1)
+    with gpu_op():
+        eager = _sparse(*args)
+    compiled = torch.compile(_sparse, fullgraph=True)
+    got = compiled(*args)
+    for a, b in zip(got, eager):
+        assert torch.equal(a, b)
+    want, want_lse, _ = ref.attention(*args[:5], q2k=args[5], blk=BLK)
+    ref.check_close(got[0], got[1], want, want_lse)
+
+
+def test_torch_compile_reduce_overhead():
+    args = _problem(2)
+    with gpu_op():
+        eager = _sparse(*args)
+    compiled = torch.compile(_sparse, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # the later calls replay a CUDA graph
+        got = compiled(*args)
+    for a, b in zip(got, eager):
+        assert torch.equal(a, b)
+
+
+def test_pipeline_compiles_with_static_sizes():
+    q, k, v, cu_q, cu_k, _ = _problem(3)
+    rows = sum((lk + BLK - 1) // BLK for lk in LK)
+
+    def run(q, k, v, cu_q, cu_k):
+        return msa.sparse_attention(q, k, v, cu_q, cu_seqlens_k=cu_k, topk=TOPK,
+                                    max_seqlen_k=max(LK), total_rows=rows)
+
+    with gpu_op():
+        eager = run(q, k, v, cu_q, cu_k)
+    got = torch.compile(run, fullgraph=True)(q, k, v, cu_q, cu_k)
+    for a, b in zip(got, eager):
+        assert torch.equal(a, b)
+
+
+def test_cuda_graph_capture_and_replay():
+    static = _problem(4)
+    with gpu_op():
+        _sparse(*static)  # warm-up outside capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _sparse(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse, tlse = _sparse(*static)
+    fresh = _problem(5)
+    for dst, src in zip(static, fresh):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = _sparse(*fresh)
+    for a, b in zip((out, lse, tlse), want):
+        assert torch.equal(a, b)
+
+
+def test_decode_plan_in_cuda_graph():
+    gen = torch.Generator().manual_seed(6)
+    batch, page = 4, 64
+    lengths = [700, 1, 0, 1000]
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, [2, 1, 1, 2], lengths, 16, 2, 128,
+                                             torch.bfloat16, DEV)
+    kp, vp, table, seqused = ref.to_pages(gen, k, v, cu_k, page)
+    with gpu_op():
+        plan = msa.DecodePlan().plan(batch=batch, num_q_heads=16, num_kv_heads=2, head_dim=128,
+                                     page_size=page, max_pages=table.shape[1],
+                                     max_queries_per_request=2, kv_dtype=torch.bfloat16,
+                                     device=DEV, seqused_k=seqused)
+        eager = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused)
+    want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k)
+    ref.check_close(eager[0], eager[1], want, want_lse)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        plan.run(q, kp, vp, table, cu_q, seqused_k=seqused)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        out, lse = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused)
+    seqused.copy_(torch.tensor([650, 1, 0, 999], dtype=torch.int32))  # new lengths, same plan
+    graph.replay()
+    torch.cuda.synchronize()
+    again = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused)
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+
+
+def test_opcheck():
+    q, k, v, cu_q, cu_k, q2k = _problem(7)
+    with gpu_op():
+        _sparse(q, k, v, cu_q, cu_k, q2k)
+    args = (q, k, v, cu_q, cu_k, None, None, None, None, q2k, None, None, None, "flat", 0.0,
+            True, BLK, 0.0, "f32", True, None)
+    torch.library.opcheck(torch.ops.msa.attention_forward.default, args,
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+
+
+def test_cupy_arrays():
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+    q, k, v, cu_q, cu_k, q2k = _problem(8)
+    with gpu_op():
+        want, want_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)
+    torch.cuda.synchronize()
+    cq, ck, cv = (msa.typed(cupy.from_dlpack(x.view(torch.int16)), "bf16") for x in (q, k, v))
+    out, lse = msa.attention_forward(cq, ck, cv, cupy.from_dlpack(cu_q),
+                                     cu_seqlens_k=cupy.from_dlpack(cu_k),
+                                     q2k=cupy.from_dlpack(q2k))
+    cupy.cuda.get_current_stream().synchronize()
+    assert isinstance(out, cupy.ndarray) and out.dtype == cupy.uint16
+    assert torch.equal(torch.from_dlpack(out).view(torch.bfloat16), want)
+    assert torch.equal(torch.from_dlpack(lse), want_lse)
