@@ -24,6 +24,7 @@ struct ProblemShape {
 
 namespace cpu {
 void block_scores(const BlockScoresArgs& a, const ProblemShape& s);
+void block_topk(const BlockTopKArgs& a, const ProblemShape& s);
 void select_topk(const TopKArgs& a, const ProblemShape& s);
 void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s);
 void attention_forward(const AttentionArgs& a, const ProblemShape& s);
@@ -33,6 +34,7 @@ void dequantize(const QTensor& x, const Tensor& out);
 
 namespace cuda {
 void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t stream);
+void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream);
 void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream);
 void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s, cudaStream_t stream);
 size_t csr_workspace_bytes(int64_t hkv, int64_t total_rows, int64_t total_q, int64_t topk);

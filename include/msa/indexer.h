@@ -20,4 +20,21 @@ struct BlockScoresArgs {
 // kb >= nblk_b.
 void block_scores(const BlockScoresArgs& args, cudaStream_t stream = nullptr);
 
+// The indexer fused with top-K selection (DESIGN.md s.2 + s.3): writes the q2k ids that
+// select_topk would produce from block_scores' output, without materializing the scores
+// ([Hq, nblk, total_q] f32 is 2.1 GB at 32K tokens and 64 heads).
+struct BlockTopKArgs {
+  QTensor q;               // as BlockScoresArgs
+  KVCache kv;              // keys only
+  Tensor cu_seqlens_q;     // [B+1] int32
+  bool causal = true;
+  int kv_block_size = 128;
+  int topk = 16;           // 1..64 on CUDA
+  int sink_blocks = 1;     // as TopKArgs
+  int local_blocks = 1;
+  Tensor q2k;              // out: [Hkv, total_q, topk] int32, ascending, -1 padded
+  Tensor status;           // int32[4], required on CUDA
+};
+void block_topk(const BlockTopKArgs& args, cudaStream_t stream = nullptr);
+
 }  // namespace msa

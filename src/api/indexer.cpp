@@ -37,19 +37,37 @@ void check_scores(const Tensor& scores, const ProblemShape& s, int64_t need_bloc
             device_name(scores.device));
 }
 
+// q, the key cache and their scales: the indexer's input rules, shared by both entry points.
+ProblemShape check_indexer_inputs(const QTensor& q, const KVCache& kv, const Tensor& cu_seqlens_q,
+                                  int kv_block_size) {
+  const ProblemShape s = api::check_q_and_kv(
+      q, kv, cu_seqlens_q, {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp4x2},
+      /*need_v=*/false, /*kv_may_be_fp8=*/false, kv_block_size);
+  if (q.scale.defined()) check_same_device(q.values, "q", q.scale, "q.scale");
+  if (kv.k.scale.defined()) check_same_device(q.values, "q", kv.k.scale, "k.scale");
+  return s;
+}
+
 }  // namespace
 
 void block_scores(const BlockScoresArgs& a, cudaStream_t stream) {
-  const ProblemShape s = api::check_q_and_kv(
-      a.q, a.kv, a.cu_seqlens_q, {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp4x2},
-      /*need_v=*/false, /*kv_may_be_fp8=*/false, a.kv_block_size);
+  const ProblemShape s = check_indexer_inputs(a.q, a.kv, a.cu_seqlens_q, a.kv_block_size);
   const Device device = a.q.values.device;
-  if (a.q.scale.defined()) check_same_device(a.q.values, "q", a.q.scale, "q.scale");
-  if (a.kv.k.scale.defined()) check_same_device(a.q.values, "q", a.kv.k.scale, "k.scale");
   check_scores(a.scores, s, host_max_blocks(a.kv, s, device.type == DeviceType::cuda), device);
   api::check_status_arg(a.status, device, "block_scores");
   if (device.type == DeviceType::cuda) return cuda::block_scores(a, s, stream);
   cpu::block_scores(a, s);
+}
+
+void block_topk(const BlockTopKArgs& a, cudaStream_t stream) {
+  ProblemShape s = check_indexer_inputs(a.q, a.kv, a.cu_seqlens_q, a.kv_block_size);
+  const Device device = a.q.values.device;
+  api::check_selection(a.topk, a.sink_blocks, a.local_blocks, a.kv_block_size);
+  s.topk = api::check_q2k(a.q2k, s, device);
+  MSA_CHECK(s.topk == a.topk, "q2k: last dim must equal topk (", a.topk, "), got ", a.q2k.describe());
+  api::check_status_arg(a.status, device, "block_topk");
+  if (device.type == DeviceType::cuda) return cuda::block_topk(a, s, stream);
+  cpu::block_topk(a, s);
 }
 
 }  // namespace msa

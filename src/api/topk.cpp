@@ -11,23 +11,6 @@
 namespace msa {
 namespace {
 
-void check_knobs(const TopKArgs& a, int64_t hq) {
-  MSA_CHECK(a.kv_block_size == 64 || a.kv_block_size == 128,
-            "kv_block_size: must be 64 or 128, got ", a.kv_block_size);
-  MSA_CHECK(a.num_kv_heads > 0 && hq % a.num_kv_heads == 0, "num_kv_heads: must be > 0 and divide ",
-            "the query heads of scores (", hq, "), got ", a.num_kv_heads);
-  const int64_t g = hq / a.num_kv_heads;
-  MSA_CHECK(g == 1 || g == 2 || g == 4 || g == 8 || g == 16,
-            "num_kv_heads: GQA group Hq/Hkv must be 1, 2, 4, 8 or 16, got ", g);
-  MSA_CHECK(a.topk >= 1, "topk: must be >= 1, got ", a.topk);
-  MSA_CHECK(a.sink_blocks >= 0 && a.local_blocks >= 0, "sink_blocks, local_blocks: must be >= 0, got ",
-            a.sink_blocks, " and ", a.local_blocks);
-  // Forced blocks always fit in a row, so no forced block is ever dropped.
-  MSA_CHECK(int64_t(a.sink_blocks) + a.local_blocks <= a.topk,
-            "sink_blocks + local_blocks: must be <= topk (", a.topk, "), got ", a.sink_blocks,
-            " + ", a.local_blocks);
-}
-
 void check_scores(const Tensor& scores) {
   check_defined(scores, "scores");
   check_dtype(scores, "scores", {DType::f32});
@@ -50,7 +33,12 @@ void select_topk(const TopKArgs& a, cudaStream_t stream) {
   check_scores(a.scores);
   const Device device = a.scores.device;
   const int64_t hq = a.scores.shape[0];
-  check_knobs(a, hq);
+  MSA_CHECK(a.num_kv_heads > 0 && hq % a.num_kv_heads == 0, "num_kv_heads: must be > 0 and divide ",
+            "the query heads of scores (", hq, "), got ", a.num_kv_heads);
+  const int64_t g = hq / a.num_kv_heads;
+  MSA_CHECK(g == 1 || g == 2 || g == 4 || g == 8 || g == 16,
+            "num_kv_heads: GQA group Hq/Hkv must be 1, 2, 4, 8 or 16, got ", g);
+  api::check_selection(a.topk, a.sink_blocks, a.local_blocks, a.kv_block_size);
   MSA_CHECK(a.cu_seqlens_q.defined() && a.cu_seqlens_q.ndim == 1 && a.cu_seqlens_q.shape[0] >= 1,
             "cu_seqlens_q: must be a 1-D int32 tensor [B+1]");
   const int64_t batch = a.cu_seqlens_q.shape[0] - 1;

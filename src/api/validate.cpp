@@ -245,6 +245,17 @@ int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device) {
   return q2k.shape[2];
 }
 
+void check_selection(int topk, int sink_blocks, int local_blocks, int kv_block_size) {
+  MSA_CHECK(kv_block_size == 64 || kv_block_size == 128,
+            "kv_block_size: must be 64 or 128, got ", kv_block_size);
+  MSA_CHECK(topk >= 1, "topk: must be >= 1, got ", topk);
+  MSA_CHECK(sink_blocks >= 0 && local_blocks >= 0, "sink_blocks, local_blocks: must be >= 0, got ",
+            sink_blocks, " and ", local_blocks);
+  MSA_CHECK(int64_t(sink_blocks) + local_blocks <= topk,
+            "sink_blocks + local_blocks: must be <= topk (", topk, "), got ", sink_blocks, " + ",
+            local_blocks);
+}
+
 void check_status_arg(const Tensor& status, Device device, const char* op) {
   if (device.type != DeviceType::cuda) return;
   MSA_CHECK(status.defined(), op, ": status (int32[4] on the GPU) is required for CUDA tensors");

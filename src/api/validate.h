@@ -42,6 +42,10 @@ inline int64_t num_blocks(int64_t lk, int64_t blk) { return (lk + blk - 1) / blk
 // q2k [Hkv, total_q, topk] int32 on the op's device; returns topk.
 int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device);
 
+// Top-K selection knobs (DESIGN.md s.3): kv_block_size 64 | 128, topk >= 1, sink/local >= 0,
+// sink + local <= topk so that no forced block is ever dropped.
+void check_selection(int topk, int sink_blocks, int local_blocks, int kv_block_size);
+
 // Status buffer int32[4]: required (and cleared by the caller's op) on CUDA.
 void check_status_arg(const Tensor& status, Device device, const char* op);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -230,6 +231,72 @@ TEST(BlockScores, RandomMatchesReference) {
     fill_half(f.k, rng);
     block_scores(f.args(c.shape));
     EXPECT_TRUE(matches(f.scores, reference(c.shape, f.q.t, f.k.t)));
+  }
+}
+
+// The fused indexer + top-K is, by definition, select_topk applied to block_scores' output.
+TEST(BlockTopK, EqualsBlockScoresThenSelectTopK) {
+  const Shape sh{{37, 0, 90}, {300, 10, 90}, 8, 2, 64, 64, true};
+  std::mt19937 rng(31);
+  Flat f(sh);
+  fill_half(f.q, rng);
+  fill_half(f.k, rng);
+  block_scores(f.args(sh));
+  for (int topk : {1, 3, 9}) {
+    SCOPED_TRACE("topk " + std::to_string(topk));
+    HostTensor want(DType::i32, {sh.hkv, sh.total_q(), topk}), got(DType::i32, {sh.hkv, sh.total_q(), topk});
+    TopKArgs ta;
+    ta.scores = f.scores.t;
+    ta.cu_seqlens_q = f.cu_q.t;
+    ta.kv.cu_seqlens_k = f.cu_k.t;
+    ta.num_kv_heads = int(sh.hkv);
+    ta.topk = topk;
+    ta.sink_blocks = topk > 1 ? 1 : 0;
+    ta.local_blocks = topk > 2 ? 1 : 0;
+    ta.kv_block_size = sh.blk;
+    ta.q2k = want.t;
+    select_topk(ta);
+    BlockTopKArgs fa;
+    fa.q = f.q.t;
+    fa.kv.k = f.k.t;
+    fa.kv.cu_seqlens_k = f.cu_k.t;
+    fa.cu_seqlens_q = f.cu_q.t;
+    fa.kv_block_size = sh.blk;
+    fa.topk = topk;
+    fa.sink_blocks = ta.sink_blocks;
+    fa.local_blocks = ta.local_blocks;
+    fa.q2k = got.t;
+    block_topk(fa);
+    EXPECT_EQ(0, std::memcmp(want.data<int32_t>(), got.data<int32_t>(), want.bytes()));
+  }
+}
+
+TEST(BlockTopK, RejectsBadKnobs) {
+  const Shape sh{{4}, {4}, 2, 1, 64, 128, true};
+  Flat f(sh);
+  HostTensor ids(DType::i32, {1, 4, 2});
+  BlockTopKArgs fa;
+  fa.q = f.q.t;
+  fa.kv.k = f.k.t;
+  fa.kv.cu_seqlens_k = f.cu_k.t;
+  fa.cu_seqlens_q = f.cu_q.t;
+  fa.topk = 2;
+  fa.sink_blocks = 2;
+  fa.local_blocks = 1;
+  fa.q2k = ids.t;
+  try {
+    block_topk(fa);
+    ADD_FAILURE() << "expected msa::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sink_blocks + local_blocks: must be <= topk (2)"), std::string::npos) << e.what();
+  }
+  fa.sink_blocks = 1;
+  fa.topk = 3;
+  try {
+    block_topk(fa);
+    ADD_FAILURE() << "expected msa::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q2k: last dim must equal topk (3)"), std::string::npos) << e.what();
   }
 }
 

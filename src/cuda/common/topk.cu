@@ -13,6 +13,7 @@
 
 #include "backend.h"
 #include "cuda/common/index_checks.cuh"
+#include "cuda/common/topk_select.cuh"
 #include "cuda/device/check.h"
 
 namespace msa::cuda {
@@ -30,35 +31,11 @@ struct TopKParams {
   const int32_t* cu_seqlens_q; // [B+1]
   KeyLengths keys;
   int32_t* status;             // int32[4]
+  SelectRule rule;
   int64_t total_q, nblk_max, batch;
-  int group, topk, sink, local, blk;
+  int group, topk, blk;
   bool causal;
 };
-
-// Sort key: larger is better. High word: order-preserving bits of the score + 1 (NaN -> 1, below
-// -inf), low word: ~block id (lower id wins ties). 0 marks "not a candidate".
-__device__ __forceinline__ uint64_t rank_key(float s, int64_t kb) {
-  const uint32_t u = __float_as_uint(s);
-  const uint32_t ord = (s != s) ? 0u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
-  return (uint64_t(ord + 1u) << 32) | uint32_t(~uint32_t(kb));
-}
-__device__ __forceinline__ int64_t key_block(uint64_t key) { return int64_t(~uint32_t(key)); }
-
-__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = w > v ? w : v;
-  }
-  return v;
-}
-
-__device__ void flag(int32_t* status, StatusCode code, int64_t a, int64_t b, int64_t c) {
-  if (atomicCAS(status, 0, int32_t(code)) == 0) {
-    status[1] = int32_t(a);
-    status[2] = int32_t(b);
-    status[3] = int32_t(c);
-  }
-}
 
 struct TopKSmem {
   float gs[kChunk * kPitch];                  // group scores [block in chunk][token]
@@ -74,7 +51,7 @@ __device__ int64_t visible_blocks(const TopKParams& p, int64_t t) {
   const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
   const int64_t q0 = p.cu_seqlens_q[b], lq = int64_t(p.cu_seqlens_q[b + 1]) - q0;
   if (t < q0 || t - q0 >= lq) {
-    flag(p.status, StatusCode::bad_cu_seqlens, 0, b, 0);
+    flag_status(p.status, int32_t(StatusCode::bad_cu_seqlens), 0, b, 0);
     return 0;
   }
   const int64_t lk = batch_keys(p.keys, b);
@@ -82,25 +59,10 @@ __device__ int64_t visible_blocks(const TopKParams& p, int64_t t) {
   end = end < 0 ? 0 : (end > lk ? lk : end);
   int64_t nvis = (end + p.blk - 1) / p.blk;
   if (nvis > p.nblk_max) {
-    flag(p.status, StatusCode::shape_mismatch, t, nvis, p.nblk_max);
+    flag_status(p.status, int32_t(StatusCode::shape_mismatch), t, nvis, p.nblk_max);
     nvis = p.nblk_max;
   }
   return nvis;
-}
-
-// Forced blocks of a token with nvis visible blocks: sinks [0, nsink) and the local window
-// [lo, nvis) minus the sinks it overlaps.
-__device__ __forceinline__ int64_t forced_sinks(const TopKParams& p, int64_t nvis) { return nvis < p.sink ? nvis : p.sink; }
-__device__ __forceinline__ int64_t local_start(const TopKParams& p, int64_t nvis) {
-  const int64_t lo = nvis - p.local, nsink = forced_sinks(p, nvis);
-  return lo > nsink ? lo : nsink;
-}
-__device__ __forceinline__ int forced_count(const TopKParams& p, int64_t nvis) {
-  return int(forced_sinks(p, nvis) + nvis - local_start(p, nvis));
-}
-
-__device__ __forceinline__ bool is_forced(const TopKParams& p, int64_t kb, int64_t nvis) {
-  return kb < p.sink || kb >= nvis - p.local;
 }
 
 // One pass over a chunk for token `tok` (warp-cooperative): choose the `want` best among the
@@ -114,7 +76,7 @@ __device__ void select_in_chunk(TopKSmem& s, const TopKParams& p, int tok, int64
     uint64_t mine = 0;
     for (int64_t j = lane; j < clen; j += 32) {
       const int64_t kb = c0 + j;
-      if (kb >= nvis || is_forced(p, kb, nvis) || (s.picked[tok][j >> 5] >> (j & 31) & 1u)) continue;
+      if (kb >= nvis || is_forced(p.rule, kb, nvis) || (s.picked[tok][j >> 5] >> (j & 31) & 1u)) continue;
       const uint64_t k = rank_key(s.gs[j * kPitch + tok], kb);
       mine = k > mine ? k : mine;
     }
@@ -135,38 +97,6 @@ __device__ void select_in_chunk(TopKSmem& s, const TopKParams& p, int tok, int64
   __syncwarp();
   for (int i = lane; i < want; i += 32) s.best[tok][i] = s.next[warp][i];
   __syncwarp();
-}
-
-// Writes the row of token t: forced blocks and the picks, ascending, -1 padded.
-__device__ void write_row(TopKSmem& s, const TopKParams& p, int tok, int64_t t, int64_t h,
-                          int64_t nvis, int want, int lane) {
-  // Candidate ids: lane holds slots lane and lane + 32 of a list of at most 2 * 32 entries.
-  int64_t id[2];
-  for (int r = 0; r < 2; ++r) {
-    const int slot = lane + 32 * r;
-    int64_t v = -1;
-    const int nsink = int(forced_sinks(p, nvis));
-    const int64_t lo = local_start(p, nvis);
-    const int nloc = int(nvis - lo);
-    if (slot < nsink) v = slot;
-    else if (slot < nsink + nloc) v = lo + (slot - nsink);
-    else if (slot < nsink + nloc + want && s.best[tok][slot - nsink - nloc] != 0)
-      v = key_block(s.best[tok][slot - nsink - nloc]);
-    id[r] = v;
-  }
-  // Rank of each valid id among all valid ids (ids are distinct) = its output slot.
-  int rank[2] = {0, 0};
-#pragma unroll
-  for (int src = 0; src < 64; ++src) {
-    const int64_t other = __shfl_sync(0xffffffffu, id[src >> 5], src & 31);
-    for (int r = 0; r < 2; ++r) rank[r] += (other >= 0 && other < id[r]) ? 1 : 0;
-  }
-  int32_t* row = p.q2k + (h * p.total_q + t) * p.topk;
-  int valid = 0;
-  for (int r = 0; r < 2; ++r) valid += __popc(__ballot_sync(0xffffffffu, id[r] >= 0));
-  for (int r = 0; r < 2; ++r)
-    if (id[r] >= 0) row[rank[r]] = int32_t(id[r]);
-  for (int k = valid + lane; k < p.topk; k += 32) row[k] = -1;
 }
 
 __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
@@ -197,7 +127,7 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
       const int tok = warp + r * kWarps;
       const int64_t nvis = s.nvis[tok];
       if (nvis <= 0) continue;
-      const int want = p.topk - forced_count(p, nvis);
+      const int want = p.topk - forced_count(p.rule, nvis);
       if (want <= 0 || c0 >= nvis) continue;
       select_in_chunk(s, p, tok, c0, clen, nvis, want, carried[r], lane, warp);
       carried[r] = want;
@@ -210,7 +140,7 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
     const int64_t t = t0 + tok;
     if (t >= p.total_q) continue;
     const int64_t nvis = s.nvis[tok] < 0 ? 0 : s.nvis[tok];
-    write_row(s, p, tok, t, h, nvis, carried[r], lane);
+    write_q2k_row(p.q2k + (h * p.total_q + t) * p.topk, s.best[tok], carried[r], nvis, p.rule, lane);
   }
 }
 
@@ -235,8 +165,7 @@ void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream) 
   p.batch = s.batch;
   p.group = int(s.group);
   p.topk = a.topk;
-  p.sink = a.sink_blocks;
-  p.local = a.local_blocks;
+  p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
   p.blk = a.kv_block_size;
   p.causal = a.causal;
   const size_t smem = sizeof(TopKSmem);

@@ -1,0 +1,92 @@
+// Device pieces of top-K block selection shared by the top-K kernel (common/topk.cu) and the
+// fused indexer (sm90/block_scores): the ranking key, the forced-block rule and the warp-wide
+// writer of one ascending, -1 padded q2k row. The ranking matches src/cpu/topk.cpp exactly.
+#pragma once
+
+#include <cstdint>
+
+namespace msa::cuda {
+
+struct SelectRule {
+  int topk, sink, local;
+};
+
+// Sort key: larger is better. High word: order-preserving bits of the score + 1 (NaN -> 1, below
+// -inf), low word: ~block id (lower id wins ties). 0 marks "not a candidate".
+__device__ __forceinline__ uint64_t rank_key(float s, int64_t kb) {
+  const uint32_t u = __float_as_uint(s);
+  const uint32_t ord = (s != s) ? 0u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+  return (uint64_t(ord + 1u) << 32) | uint32_t(~uint32_t(kb));
+}
+__device__ __forceinline__ int64_t key_block(uint64_t key) { return int64_t(~uint32_t(key)); }
+
+__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+// Forced blocks of a token with nvis visible blocks: sinks [0, nsink) and the local window
+// [local_start, nvis), which excludes the sinks it overlaps.
+__device__ __forceinline__ int64_t forced_sinks(const SelectRule& r, int64_t nvis) {
+  return nvis < r.sink ? nvis : r.sink;
+}
+__device__ __forceinline__ int64_t local_start(const SelectRule& r, int64_t nvis) {
+  const int64_t lo = nvis - r.local, nsink = forced_sinks(r, nvis);
+  return lo > nsink ? lo : nsink;
+}
+__device__ __forceinline__ int forced_count(const SelectRule& r, int64_t nvis) {
+  return int(forced_sinks(r, nvis) + nvis - local_start(r, nvis));
+}
+__device__ __forceinline__ bool is_forced(const SelectRule& r, int64_t kb, int64_t nvis) {
+  return kb < r.sink || kb >= nvis - r.local;
+}
+
+// Warp-wide: writes row[0, topk) = the forced blocks and the picked blocks (keys, 0 = none),
+// ascending, -1 padded. forced + npicks <= topk <= 64.
+__device__ __forceinline__ void write_q2k_row(int32_t* row, const uint64_t* picks, int npicks,
+                                              int64_t nvis, const SelectRule& r, int lane) {
+  const int nsink = int(forced_sinks(r, nvis));
+  const int64_t lo = local_start(r, nvis);
+  const int nloc = int(nvis - lo);
+  int64_t id[2];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int slot = lane + 32 * u;
+    int64_t v = -1;
+    if (slot < nsink) v = slot;
+    else if (slot < nsink + nloc) v = lo + (slot - nsink);
+    else if (slot < nsink + nloc + npicks && picks[slot - nsink - nloc] != 0)
+      v = key_block(picks[slot - nsink - nloc]);
+    id[u] = v;
+  }
+  // Ids are distinct, so an id's rank among the valid ids is its output slot.
+  int rank[2] = {0, 0};
+#pragma unroll
+  for (int src = 0; src < 64; ++src) {
+    const int64_t other = __shfl_sync(0xffffffffu, id[src >> 5], src & 31);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) rank[u] += (other >= 0 && other < id[u]) ? 1 : 0;
+  }
+  int valid = 0;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) valid += __popc(__ballot_sync(0xffffffffu, id[u] >= 0));
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+    if (id[u] >= 0) row[rank[u]] = int32_t(id[u]);
+  for (int k = valid + lane; k < r.topk; k += 32) row[k] = -1;
+}
+
+// Records `status` once (first writer wins) with the offence's details.
+__device__ __forceinline__ void flag_status(int32_t* status, int32_t code, int64_t a, int64_t b,
+                                            int64_t c) {
+  if (atomicCAS(status, 0, code) == 0) {
+    status[1] = int32_t(a);
+    status[2] = int32_t(b);
+    status[3] = int32_t(c);
+  }
+}
+
+}  // namespace msa::cuda

@@ -1,0 +1,19 @@
+// Host-side TMA descriptor builder shared by the sm_90a kernels: a 3-D tiled map over a
+// [tokens, heads, D] tensor (D contiguous) with the 128-byte swizzle wgmma's K-major operands use.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "msa/tensor.h"
+
+namespace msa::cuda {
+
+// Box: `box_cols` elements of D (64 bf16/f16 or 128 fp8 = one 128-byte swizzle row) x
+// `box_heads` heads x `box_tokens` tokens. Out-of-range boxes read as zeros, never fault.
+// `op` names the caller in error messages.
+CUtensorMap make_tma_3d(const Tensor& t, uint32_t box_cols, uint32_t box_heads,
+                        uint32_t box_tokens, const char* op);
+
+}  // namespace msa::cuda

@@ -1,0 +1,27 @@
+// Kernel parameters of the sm_90a indexer (plain POD; shapes on every pointer).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/index_checks.cuh"
+#include "cuda/common/topk_select.cuh"
+
+namespace msa::cuda::indexer_sm90 {
+
+struct Params {
+  const int32_t* cu_seqlens_q;  // [B+1]
+  KeyLengths keys;              // flat: cu_seqlens_k [B+1]
+  const float* q_scale;         // fp8 only, nullable: [1] | [total_q] | [total_q, Hq]
+  const float* k_scale;         // fp8 only, nullable: [1] | [total_k] | [total_k, Hkv]
+  int q_scale_kind, k_scale_kind;  // 0 none, 1 per tensor, 2 per token, 3 per token and head
+  float* scores;                // [Hq, nblk_max, total_q] or null (fused)
+  int32_t* q2k;                 // [Hkv, total_q, topk] (fused) or null
+  int32_t* status;              // int32[4]
+  SelectRule rule;              // fused only
+  int64_t total_q, total_k, batch, nblk_max;
+  int num_q_heads, num_kv_heads, group;
+  int row_groups, tokens_per_cta;
+  bool causal;
+};
+
+}  // namespace msa::cuda::indexer_sm90

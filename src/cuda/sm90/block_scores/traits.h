@@ -1,0 +1,60 @@
+// Tiles, shared-memory plan and barrier protocol of the sm_90a indexer (block scores, optionally
+// with fused top-K). Included by kernel.cuh and launch.cu.
+//
+// Work unit: one CTA per (kv head h, tile of consecutive query tokens). Its rows are the tile's
+// tokens x all G query heads of h, in R row groups of 64 (wgmma M) with the heads of one token
+// adjacent (one token's G heads are one contiguous row of q). The CTA streams the visible 128-key
+// blocks of K through shared memory once and multiplies every row group by each.
+//   R = min(4, G) row groups, tokens per CTA = 64 R / G (64 for G <= 4, 32 for G = 8, 16 for 16).
+// Budget, IDX-32K (S = 32768, Hq 64, Hkv 4, D 128, causal): FLOP = 2 D Hq (visible pairs)
+//   = 2 * 128 * 64 * 5.4e8 = 8.8e12 -> 12.3 ms at 716 TFLOP/s (bf16), 7.1 ms at 1238 (fp8).
+//   Bytes: q 0.54 GB once; K per CTA ~avg 128 blocks x 32 KB, 8192 CTAs -> 34 GB from L2
+//   (256 rows share each K block: 256 FLOP per L2 byte); scores written 2.1 GB (0.5 ms at
+//   4.27 TB/s) unless the top-K is fused. Math-bound: the floor is the matmul rate.
+#pragma once
+
+#include <cstdint>
+
+namespace msa::cuda::indexer_sm90 {
+
+constexpr int kHeadDim = 128;
+constexpr int kBlockN = 128;      // keys per block: one wgmma N
+constexpr int kTileM = 64;        // rows per row group (wgmma M)
+constexpr int kMaxRowGroups = 4;  // 256 rows per CTA share each K block
+constexpr int kConsumers = 2;     // consumer warpgroups; consumer c owns row groups c and c + 2
+constexpr int kStages = 3;        // K block pipeline depth
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kMaxTokens = 64;    // tokens per CTA, any G
+constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per token
+
+// One 128-byte swizzle row holds 64 bf16/f16 or 128 fp8 values: D = 128 is two 64-wide halves
+// for 16-bit inputs and one 128-wide half for fp8.
+constexpr int kRowBytes = 128;
+constexpr int kQGroupBytes = kTileM * kHeadDim * 2;  // 16 KB (16-bit) / 8 KB used (fp8)
+constexpr int kKBlockBytes = kBlockN * kHeadDim * 2; // 32 KB (16-bit) / 16 KB used (fp8)
+
+static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 512, "setmaxnreg budgets exceed the register file");
+static_assert(kMaxRowGroups == 2 * kConsumers, "each consumer owns two row groups");
+
+// Fused top-K state of one token, kept across all blocks and batch segments of the CTA.
+struct TokenPicks {
+  uint64_t key[kMaxPicks];  // best keys so far (0 = empty slot)
+  uint64_t min_key;         // smallest key held once the list is full
+  int32_t count, min_pos, nvis, want;
+};
+
+struct alignas(1024) SharedStorage {
+  uint8_t q[kMaxRowGroups][kQGroupBytes];
+  uint8_t k[kStages][kKBlockBytes];
+  float k_scale[kStages][kBlockN];  // fp8 per-key scales of each stage's block (1 otherwise)
+  TokenPicks picks[kMaxTokens];
+  uint64_t q_full;
+  uint64_t k_full[kStages];
+  uint64_t k_empty[kStages];
+};
+constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
+
+}  // namespace msa::cuda::indexer_sm90
