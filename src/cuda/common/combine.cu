@@ -72,15 +72,27 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
   float acc[kVec] = {};
   float sum = 0.f;
   if (m != -INFINITY) {
-    for (int s = 0; s < p.topk; ++s) {
-      if (ids[s] < 0 || ids[s] >= nblk) continue;
-      // exp(-inf - m) = 0 for a slot whose block held no visible key: its O partial is 0.
-      const float w = expf(lse_g[int64_t(s) * p.group] - m);
-      float x[kVec];
-      load_partial(p, (base + s) * p.group + g, d0, x);
-      sum += w;
+    // Four slots per step with their loads issued together (independent 16-byte loads in
+    // flight); accumulation stays in slot order, so the result is fixed.
+    for (int s0 = 0; s0 < p.topk; s0 += 4) {
+      float w[4], x[4][kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+      for (int k = 0; k < 4; ++k) {
+        const int s = s0 + k;
+        const bool valid = s < p.topk && ids[s] >= 0 && ids[s] < nblk;
+        // exp(-inf - m) = 0 for a slot whose block held no visible key: its O partial is 0.
+        w[k] = valid ? expf(lse_g[int64_t(s) * p.group] - m) : 0.f;
+        if (valid) load_partial(p, (base + s) * p.group + g, d0, x[k]);
+        else
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) x[k][i] = 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        sum += w[k];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w[k], x[k][i], acc[i]);
+      }
     }
   }
   const float inv = sum > 0.f ? 1.f / sum : 0.f;

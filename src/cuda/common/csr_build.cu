@@ -69,32 +69,35 @@ WorkspacePlan plan_workspace(int64_t hkv, int64_t total_rows, int64_t total_q, i
 // One block: rowoff_b = sum_{b' < b} nblk_b', stored at first_row[cu_q[b]] for every batch that
 // has queries (the only ones a token can look up), so the buffer is sized by total_q, not B.
 // first_row[total_q + 1] = total rows. Also flags a total_rows mismatch in `status`.
-__global__ void batch_rows_kernel(CsrBuildParams p, int32_t* first_row) {
-  using Scan = cub::BlockScan<long long, kScanThreads>;
+__global__ void __launch_bounds__(kScanThreads) batch_rows_kernel(CsrBuildParams p,
+                                                                  int32_t* first_row) {
+  using Scan = cub::BlockScan<int, kScanThreads>;
   __shared__ typename Scan::TempStorage tmp;
-  long long carry = 0;
+  int carry = 0;  // sum of nblk_b, saturating: total_rows fits int32 (checked on the host)
   for (int64_t base = 0; base < p.batch; base += kScanThreads) {
     const int64_t b = base + threadIdx.x;
-    long long nblk = 0;
+    int nblk = 0;
     if (b < p.batch) {
       const int64_t lk = batch_keys(p.keys, b);
-      nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
+      nblk = int(lk > 0 ? std::min<int64_t>((lk + p.kv_block_size - 1) / p.kv_block_size,
+                                            INT32_MAX / 2)
+                        : 0);
     }
-    long long excl = 0, agg = 0;
+    int excl = 0, agg = 0;
     Scan(tmp).ExclusiveSum(nblk, excl, agg);
     if (b < p.batch) {
       const int64_t first = p.cu_seqlens_q[b], lq = int64_t(p.cu_seqlens_q[b + 1]) - first;
       if (lq > 0 && first >= 0 && first < p.total_q)
-        first_row[first] = int32_t(std::min<long long>(carry + excl, INT32_MAX));
+        first_row[first] = int32_t(std::min<int64_t>(int64_t(carry) + excl, INT32_MAX));
     }
-    carry += agg;
+    carry = int(std::min<int64_t>(int64_t(carry) + agg, INT32_MAX / 2));
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    first_row[p.total_q + 1] = int32_t(std::min<long long>(carry, INT32_MAX));
+    first_row[p.total_q + 1] = carry;
     if (p.check_total_rows && carry != p.total_rows && p.status[0] == 0) {
       p.status[1] = 1;  // which: the row count of row_ptr
-      p.status[2] = int32_t(std::min<long long>(carry, INT32_MAX));
+      p.status[2] = carry;
       p.status[3] = int32_t(p.total_rows);
       p.status[0] = int32_t(StatusCode::shape_mismatch);
     }

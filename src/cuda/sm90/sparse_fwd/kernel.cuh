@@ -21,12 +21,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kKVStages; ++s) {
       sm90::mbar_init(&sh.kv_full[s], 1);
-      sm90::mbar_init(&sh.kv_empty[s], kConsumers * 4);  // lane 0 of every consumer warp
+      sm90::mbar_init(&sh.kv_empty[s], kConsumers * 128);  // every consumer thread
     }
     for (int c = 0; c < kConsumers; ++c)
       for (int s = 0; s < kQStages; ++s) {
-        sm90::mbar_init(&sh.q_full[c][s], 1);
-        sm90::mbar_init(&sh.q_empty[c][s], 4);  // lane 0 of each warp of consumer c
+        sm90::mbar_init(&sh.q_full[c][s], 32);   // every lane of the buffer's producer warp
+        sm90::mbar_init(&sh.q_empty[c][s], 128);  // every thread of consumer c
       }
     sm90::fence_barrier_init();
     sm90::prefetch_tensor_map(&tm_q);

@@ -206,6 +206,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     c.workspace = ws + w.csr_ws;
     c.status = status;
     launch_csr_build(c, stream);
+    pp.check_rows = 0;  // rows past the real total are empty by construction
     pp.row_ptr = c.row_ptr;
     pp.q_idx = c.q_idx;
     pp.schedule = c.schedule;

@@ -3,8 +3,8 @@
 //
 // Barrier protocol. Tile T (counted over this CTA's chunks) goes to consumer T % 2, Q stage
 // (T / 2) % 2, so producer warp T % 4 owns that buffer and waits only on its q_empty. A tile's
-// q_full phase completes after (1) its warp's lane 0 arrives, which releases the TileMeta the
-// warp wrote, and (2) all TMA bytes announced by that arrive's expect_tx have landed.
+// q_full phase completes after (1) all 32 lanes of its warp arrive, each releasing the TileMeta
+// entries it wrote, and (2) all TMA bytes announced by lane 0's expect_tx have landed.
 // K/V: warp 0 waits kv_empty (both consumers done with the stage), writes ChunkInfo, then
 // arrive.expect_tx(64 KB) + 4 TMA loads. After the last chunk it publishes n_tiles = -1.
 #pragma once
@@ -32,44 +32,63 @@ __device__ __forceinline__ ChunkView load_chunk(const MainParams& p, int32_t chu
   return v;
 }
 
+// CSR entries of one Q tile as this lane sees them: tokens lane and lane + 32 (a tile holds at
+// most 64 tokens, G = 1). Loaded one tile ahead, before the buffer wait, to hide their latency.
+struct TileIdx {
+  int32_t local[2];  // batch-local query id, -1: none
+  int32_t slot[2];   // q2k slot of (token, kb), -1: none
+};
+
+__device__ __forceinline__ TileIdx load_tile_idx(const MainParams& p, const ChunkView& c, int j,
+                                                 int lane) {
+  TileIdx x{{-1, -1}, {-1, -1}};
+  const int64_t head_off = int64_t(c.d.head) * p.q_idx_stride;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = lane + 32 * u;
+    const int32_t e = c.d.e_begin + j * p.tokens_per_tile + i;
+    if (i < p.tokens_per_tile && e < c.d.e_end) {
+      x.local[u] = p.q_idx[head_off + e];
+      x.slot[u] = p.entry_slot[head_off + e];
+    }
+  }
+  return x;
+}
+
 // Fills Q tile `j` of chunk `c` into buffer (consumer, stage) and arms its q_full barrier.
-// Each lane handles tokens lane and lane + 32 (a tile holds at most 64 tokens, G = 1).
+// Every lane arrives once (q_full counts 32) after writing its own metadata, so each write is
+// released by its writer; lane 0 announces the TMA bytes before any copy is issued.
 __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtensorMap* tm_q,
-                                               SharedStorage& sh, const ChunkView& c, int j,
-                                               int consumer, int stage, int lane) {
+                                               SharedStorage& sh, const ChunkView& c,
+                                               const TileIdx& x, int consumer, int stage,
+                                               int lane) {
   TileMeta& meta = sh.meta[consumer][stage];
   const int tpt = p.tokens_per_tile;
-  const int64_t head_off = int64_t(c.d.head) * p.q_idx_stride;
   int32_t tok[2] = {-1, -1};
   int valid = 0;
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
     const int i = lane + 32 * u;
     if (i >= tpt) break;
-    const int32_t e = c.d.e_begin + j * tpt + i;
+    const int32_t tl = x.local[u];
     int32_t slot = -1, limit = -1;
-    if (e < c.d.e_end) {
-      const int32_t tl = p.q_idx[head_off + e];
-      const int32_t s = p.entry_slot[head_off + e];
-      if (tl >= 0 && tl < c.d.q_len && s >= 0 && int64_t(c.d.q_start) + tl < p.total_q) {
-        tok[u] = c.d.q_start + tl;
-        slot = s;
-        // Last visible key of the batch for this query (bottom-right causal), then in block
-        // coordinates, clipped to the keys that exist in the block.
-        const int32_t last = p.causal ? tl + c.d.k_len - c.d.q_len : c.d.k_len - 1;
-        limit = max(-1, min(last - c.d.kb * kBlockN, c.valid_keys - 1));
-        ++valid;
-      }
+    if (tl >= 0 && tl < c.d.q_len && x.slot[u] >= 0 && int64_t(c.d.q_start) + tl < p.total_q) {
+      tok[u] = c.d.q_start + tl;
+      slot = x.slot[u];
+      // Last visible key of the batch for this query (bottom-right causal), then in block
+      // coordinates, clipped to the keys that exist in the block.
+      const int32_t last = p.causal ? tl + c.d.k_len - c.d.q_len : c.d.k_len - 1;
+      limit = max(-1, min(last - c.d.kb * kBlockN, c.valid_keys - 1));
+      ++valid;
     }
     meta.token[i] = tok[u];
     meta.slot[i] = slot;
     meta.limit[i] = limit;
   }
   const int n_valid = __reduce_add_sync(0xffffffffu, valid);
-  __syncwarp();
   if (lane == 0)
-    sm90::mbar_arrive_expect_tx(&sh.q_full[consumer][stage],
-                                uint32_t(n_valid) * uint32_t(p.group) * kHeadDim * 2);
+    sm90::mbar_expect_tx(&sh.q_full[consumer][stage],
+                         uint32_t(n_valid) * uint32_t(p.group) * kHeadDim * 2);
   __syncwarp();
   const int32_t head_row = c.d.head * p.group;  // first query head of kv head h
 #pragma unroll
@@ -82,6 +101,7 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
     sm90::tma_load_3d(sh.q[consumer][stage][1] + row_bytes, tm_q, &sh.q_full[consumer][stage],
                       kHalfCols, head_row, tok[u]);
   }
+  sm90::mbar_arrive(&sh.q_full[consumer][stage]);
 }
 
 __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensorMap* tm_q,
@@ -110,11 +130,15 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
       }
       ++kv_iter;
     }
-    // Tiles j of this chunk with (tile_base + j) % 4 == warp.
-    for (int j = int((warp - tile_base) & 3); j < c.n_tiles; j += kProducerWarps) {
+    // Tiles j of this chunk with (tile_base + j) % 4 == warp; indices one tile ahead.
+    int j = int((warp - tile_base) & 3);
+    TileIdx next = j < c.n_tiles ? load_tile_idx(p, c, j, lane) : TileIdx{};
+    for (; j < c.n_tiles; j += kProducerWarps) {
+      const TileIdx cur = next;
+      if (j + kProducerWarps < c.n_tiles) next = load_tile_idx(p, c, j + kProducerWarps, lane);
       sm90::mbar_wait(&sh.q_empty[consumer][stage], (q_uses & 1) ^ 1);
       ++q_uses;
-      produce_q_tile(p, tm_q, sh, c, j, consumer, stage, lane);
+      produce_q_tile(p, tm_q, sh, c, cur, consumer, stage, lane);
     }
     tile_base += c.n_tiles;
   }

@@ -130,9 +130,9 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   }
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
-  // Q buffer and metadata are free once this warp's share of the product has completed.
-  __syncwarp();
-  if (lane == 0) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
+  // Q buffer and metadata are free once this thread's share of the product has completed; every
+  // thread arrives (q_empty counts 128) so each metadata read is ordered by its own reader.
+  sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
   const RowStats st0 = softmax_row<0>(s, lim0, col_base, p.scale_log2, p.inv_temperature);
   const RowStats st1 = softmax_row<2>(s, lim1, col_base, p.scale_log2, p.inv_temperature);
@@ -174,7 +174,6 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
 template <bool kF16>
 __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage& sh,
                                              int consumer, int tid) {
-  const int lane = tid & 31;
   int32_t kv_iter = 0;
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
   while (true) {
@@ -192,8 +191,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage&
       consume_tile<kF16>(p, sh, info, s, consumer, q_stage, tid);
     }
     tile_base += info.n_tiles;
-    __syncwarp();
-    if (lane == 0) sm90::mbar_arrive(&sh.kv_empty[s]);
+    sm90::mbar_arrive(&sh.kv_empty[s]);  // every consumer thread: kv_empty counts 256
     ++kv_iter;
   }
 }

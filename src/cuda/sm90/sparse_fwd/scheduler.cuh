@@ -81,9 +81,9 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_from_row_ptr_kernel(Pre
 
 // One block: checks that the schedule covers every non-empty (head, row) of row_ptr exactly once
 // with its exact slice (items strictly increasing in (head, row), each matching row_ptr, as many
-// items as non-empty rows), and that row_ptr has sum_b nblk_b rows. On success writes the chunk
-// prefix sums and the chunk count; otherwise status schedule_incomplete / shape_mismatch and a
-// chunk count of 0, so the main kernel does nothing and never reads past any buffer.
+// items as non-empty rows), and (check_rows) that row_ptr has sum_b nblk_b rows. On success
+// writes the chunk prefix sums and the chunk count; otherwise status schedule_incomplete /
+// shape_mismatch and a chunk count of 0, so the main kernel does nothing and never reads past any buffer.
 __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams p) {
   using Reduce = cub::BlockReduce<long long, kPrepThreads>;
   using Scan = cub::BlockScan<int, kPrepThreads>;
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams
     shared_totals[1] = total_bad;
   }
   __syncthreads();
-  const bool rows_ok = p.row_start[p.batch] == rows;
+  const bool rows_ok = !p.check_rows || p.row_start[p.batch] == rows;
   if (!rows_ok || !header_ok || shared_totals[1] != 0 || shared_totals[0] != n_items) {
     if (threadIdx.x == 0) {
       if (!rows_ok)

@@ -32,8 +32,8 @@ constexpr int kConsumers = 2;      // consumer warpgroups, alternating Q tiles
 constexpr int kQStages = 2;        // Q buffers per consumer; one producer warp per buffer
 constexpr int kProducerWarps = kConsumers * kQStages;
 constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kProducerRegs = 40;  // setmaxnreg budgets: 40 + 2 x 232 <= 512 per thread-slot
-constexpr int kConsumerRegs = 232;
+constexpr int kProducerRegs = 56;  // setmaxnreg budgets: 56 + 2 x 224 <= 512 per thread-slot
+constexpr int kConsumerRegs = 224;
 
 // Bytes of one 64-column (128-byte swizzle atom wide) half of each tile.
 constexpr int kHalfCols = 64;

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Peer figures for the sparse prefill cases, in the same run as bench_sparse_fwd.
+
+Reads the selections that `bench_sparse_fwd --dump DIR --json FILE` wrote (DIR/CASE.q2k.bin,
+DIR/CASE.meta.json) and our results (FILE), then times on the same shapes:
+  - FlexAttention with the same selection: `blk` cases (block mask: the selected blocks below the
+    diagonal as full blocks, the diagonal with a causal mask_mod) and `tok` at 8K (union block
+    mask per 128-query block + a per-token mask_mod over a dense [Hkv, S, nblk] table);
+  - cuDNN SDPA, dense causal, on the same S (its own FLOP count: every visible pair).
+Prints ours vs peers and the ratios of effective TFLOP/s (FLOP = 4 * D * attended pairs).
+"""
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def time_ms(fn, iters, warmup):
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for i in range(iters):
+        flush.fill_(i & 0xFF)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), min(times), max(times)
+
+
+def load_case(dump, name):
+    meta = json.load(open(os.path.join(dump, name + ".meta.json")))
+    q2k = torch.from_numpy(
+        __import__("numpy").fromfile(os.path.join(dump, name + ".q2k.bin"), dtype="int32"))
+    s = meta["cu_seqlens"][-1]
+    return meta, q2k.view(meta["hkv"], s, meta["topk"])
+
+
+def flex_block_mask(q2k, meta, pattern, s):
+    """BlockMask over Hq heads for one request of length s (queries == keys, causal)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    hkv, topk, g = meta["hkv"], meta["topk"], meta["hq"] // meta["hkv"]
+    nqb = (s + 127) // 128
+    nkb = nqb
+    dev = "cuda"
+    q2k = q2k.to(dev)
+    if pattern == "blk":
+        sel = q2k[:, ::128, :][:, :nqb, :]  # one selection per query block
+        sel_mask = torch.zeros(hkv, nqb, nkb + 1, dtype=torch.bool, device=dev)
+        idx = torch.where(sel >= 0, sel, torch.full_like(sel, nkb)).long()
+        sel_mask.scatter_(2, idx, True)
+        sel_mask = sel_mask[:, :, :nkb]
+        qb = torch.arange(nqb, device=dev)
+        diag = torch.zeros_like(sel_mask)
+        diag[:, qb, qb] = True
+        partial = sel_mask & diag
+        full = sel_mask & ~diag
+
+        def causal(b, h, qi, ki):
+            return qi >= ki
+
+        mask_mod = causal
+    else:
+        # union of the 128 tokens' selections per query block; per-token table for mask_mod
+        dense = torch.zeros(hkv, s, nkb + 1, dtype=torch.bool, device=dev)
+        idx = torch.where(q2k >= 0, q2k, torch.full_like(q2k, nkb)).long()
+        dense.scatter_(2, idx, True)
+        dense = dense[:, :, :nkb].contiguous()
+        pad = nqb * 128 - s
+        dd = F.pad(dense, (0, 0, 0, pad)) if pad else dense
+        partial = dd.view(hkv, nqb, 128, nkb).any(dim=2)
+        full = torch.zeros_like(partial)
+
+        def per_token(b, h, qi, ki):
+            return dense[h // g, qi, ki // 128] & (qi >= ki)
+
+        mask_mod = per_token
+
+    def to_blocks(m):
+        m = m.repeat_interleave(g, dim=0).unsqueeze(0)  # [1, Hq, nqb, nkb]
+        num = m.sum(-1).to(torch.int32)
+        order = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return num, order
+
+    kv_num, kv_idx = to_blocks(partial)
+    full_num, full_idx = to_blocks(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=128,
+                                    mask_mod=mask_mod)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dump", required=True)
+    ap.add_argument("--ours", required=True, help="bench_sparse_fwd --json output")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--flex-tok-max", type=int, default=8192,
+                    help="longest S for which FlexAttention runs the tok selection")
+    args = ap.parse_args()
+    ours = {}
+    for line in open(args.ours):
+        r = json.loads(line)
+        ours[r["case"]] = r
+    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    rows = []
+    dense_cache = {}
+    for name in ["P8K-tok", "P32K-tok", "P32K-blk", "P48K-tok", "VARLEN-tok"]:
+        if name not in ours or not os.path.exists(os.path.join(args.dump, name + ".meta.json")):
+            continue
+        meta, q2k = load_case(args.dump, name)
+        cu = meta["cu_seqlens"]
+        if len(cu) != 2:
+            rows.append((name, ours[name], None, None, "varlen: peers not run (no varlen flex/cudnn path here)"))
+            continue
+        s, hq, hkv, d = cu[-1], meta["hq"], meta["hkv"], meta["d"]
+        flop = 4.0 * d * meta["attended_pairs"]
+        torch.manual_seed(0)
+        q = torch.randn(1, hq, s, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+        flex_res = None
+        if meta["pattern"] == "blk" or s <= args.flex_tok_max:
+            try:
+                bm = flex_block_mask(q2k, meta, meta["pattern"], s)
+                fn = lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
+                med, lo, hi = time_ms(fn, args.iters, args.warmup)
+                flex_res = (med, lo, hi, flop / (med * 1e-3) / 1e12)
+            except Exception as e:  # report, keep going
+                flex_res = ("error", str(e)[:200])
+        dense_res = dense_cache.get(s)
+        if dense_res is None:
+            try:
+                ke = k.repeat_interleave(hq // hkv, dim=1)
+                ve = v.repeat_interleave(hq // hkv, dim=1)
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    fn = lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=True)
+                    med, lo, hi = time_ms(fn, args.iters, args.warmup)
+                dflop = 4.0 * d * meta["visible_pairs"]
+                dense_res = (med, lo, hi, dflop / (med * 1e-3) / 1e12)
+                del ke, ve
+            except Exception as e:
+                dense_res = ("error", str(e)[:200])
+            dense_cache[s] = dense_res
+        rows.append((name, ours[name], flex_res, dense_res, ""))
+        del q, k, v
+        torch.cuda.empty_cache()
+
+    print("\n%-11s %22s %26s %26s %9s %9s" % ("case", "ours ms / TFLOP/s", "flex same-sel ms / TF/s",
+                                             "cuDNN dense ms / TF/s", "vs flex", "vs cuDNN"))
+    for name, o, fr, dr, note in rows:
+        def fmt(r):
+            if r is None:
+                return "n/a"
+            if r[0] == "error":
+                return "error"
+            return "%.3f / %.1f" % (r[0], r[3])
+        vf = "%.2fx" % (o["tflops"] / fr[3]) if fr and fr[0] != "error" else "-"
+        vd = "%.2fx" % (dr[0] / o["median_ms"]) if dr and dr[0] != "error" else "-"
+        print("%-11s %22s %26s %26s %9s %9s %s" % (name, "%.3f / %.1f" % (o["median_ms"], o["tflops"]),
+                                                  fmt(fr), fmt(dr), vf, vd, note))
+        for r in (fr, dr):
+            if r and r[0] == "error":
+                print("   error:", r[1])
+    print("vs flex: ratio of effective TFLOP/s on the same selection; vs cuDNN: dense causal time "
+          "over our sparse time (speedup of sparse over dense).")
+    for name, o, fr, dr, note in rows:
+        print(json.dumps({"case": name, "ours_ms": o["median_ms"], "ours_tflops": o["tflops"],
+                          "flex": fr, "cudnn_dense": dr}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+// Implementation of the sparse prefill / CSR benchmark cases (sparse_fwd_cases.h): inputs from
+// the shared case table and selection patterns, a GPU fp32 reference on sampled rows checked
+// before timing, CUDA-event timing with an L2 flush before each run, median and spread.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "bench/cases.h"
+#include "bench/inputs.h"
+#include "bench/patterns.h"
+#include "bench/sparse_fwd_cases.h"
+#include "msa/msa.h"
+
+namespace msa_bench {
+namespace {
+
+using msa::DType;
+using msa::Tensor;
+
+#define BENCH_CUDA(expr)                                                                 \
+  do {                                                                                   \
+    cudaError_t e_ = (expr);                                                             \
+    if (e_ != cudaSuccess) msa::fail("bench: ", #expr, ": ", cudaGetErrorString(e_));     \
+  } while (0)
+
+class Buf {
+ public:
+  explicit Buf(size_t bytes) : bytes_(std::max<size_t>(bytes, 256)) {
+    BENCH_CUDA(cudaMalloc(&p_, bytes_));
+  }
+  ~Buf() { cudaFree(p_); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_;
+};
+
+const msa::Device kGpu{msa::DeviceType::cuda, 0};
+
+// fp32 reference for sampled (token, query head) rows: one warp per row, online softmax over the
+// visible keys of the selected blocks, exact expf/logf.
+__global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                               const int32_t* q2k, const int32_t* cu_q, const int32_t* cu_k,
+                               int batch, int64_t total_q, int hq_count, int hkv, int topk,
+                               float scale, const int32_t* samples, int n_samples, float* out,
+                               float* lse) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (w >= int64_t(n_samples) * hq_count) return;
+  const int64_t t = samples[w / hq_count];
+  const int hq = int(w % hq_count), g = hq_count / hkv, h = hq / g;
+  int b = 0;
+  while (b + 1 < batch && cu_q[b + 1] <= t) ++b;
+  const int64_t i = t - cu_q[b], lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+  const int64_t last = i + lk - lq;
+  auto bf = [](uint16_t x) { return __uint_as_float(uint32_t(x) << 16); };
+  float qv[4], acc[4] = {0, 0, 0, 0};
+  for (int e = 0; e < 4; ++e) qv[e] = bf(q[(t * hq_count + hq) * 128 + lane * 4 + e]);
+  float m = -INFINITY, sum = 0.f;
+  const int64_t nblk = (lk + 127) / 128;
+  for (int s = 0; s < topk; ++s) {
+    const int64_t kb = q2k[(int64_t(h) * total_q + t) * topk + s];
+    if (kb < 0 || kb >= nblk) continue;
+    for (int64_t j = kb * 128; j < std::min<int64_t>(lk, kb * 128 + 128) && j <= last; ++j) {
+      const int64_t row = (cu_k[b] + j) * hkv + h;
+      float d = 0.f;
+      for (int e = 0; e < 4; ++e) d += qv[e] * bf(k[row * 128 + lane * 4 + e]);
+      for (int o = 16; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
+      const float x = d * scale, mn = fmaxf(m, x);
+      const float c = expf(m - mn), p = expf(x - mn);
+      sum = sum * c + p;
+      for (int e = 0; e < 4; ++e) acc[e] = acc[e] * c + p * bf(v[row * 128 + lane * 4 + e]);
+      m = mn;
+    }
+  }
+  for (int e = 0; e < 4; ++e) out[w * 128 + lane * 4 + e] = sum > 0.f ? acc[e] / sum : 0.f;
+  if (lane == 0) lse[w] = sum > 0.f ? m + logf(sum) : -INFINITY;
+}
+
+struct Timing {
+  double median = 0, min = 0, max = 0;
+};
+
+template <typename F>
+Timing time_op(F op, const SparseBenchOptions& o, cudaStream_t s, Buf& flush) {
+  for (int i = 0; i < o.warmup; ++i) op();
+  cudaEvent_t a, b;
+  BENCH_CUDA(cudaEventCreate(&a));
+  BENCH_CUDA(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < o.iters; ++i) {
+    if (o.flush_l2) BENCH_CUDA(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), s));
+    BENCH_CUDA(cudaEventRecord(a, s));
+    op();
+    BENCH_CUDA(cudaEventRecord(b, s));
+    BENCH_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return Timing{ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+std::string device_name() {
+  cudaDeviceProp p{};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  cudaGetDeviceProperties(&p, dev);
+  return p.name;
+}
+
+}  // namespace
+
+const std::vector<std::string>& sparse_case_names() {
+  static const std::vector<std::string> names = {"P8K-tok", "P32K-tok", "P32K-blk",
+                                                 "P48K-tok", "VARLEN-tok", "CSR-32K"};
+  return names;
+}
+
+int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
+  const msa::bench::BenchCase* bc = msa::bench::find_case(name);
+  if (bc == nullptr || std::find(sparse_case_names().begin(), sparse_case_names().end(), name) ==
+                           sparse_case_names().end()) {
+    std::fprintf(stderr, "bench: unknown sparse case '%s'\n", name.c_str());
+    return 2;
+  }
+  if (msa::cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench: %s needs a CUDA device\n", name.c_str());
+    return 2;
+  }
+  const int hq = bc->num_q_heads, hkv = bc->num_kv_heads, d = bc->head_dim, g = hq / hkv;
+  const int topk = bc->topk;
+  msa::bench::SelectionShape shape;
+  shape.cu_seqlens_q = {0};
+  shape.cu_seqlens_k = {0};
+  for (size_t b = 0; b < bc->seqlens_q.size(); ++b) {
+    shape.cu_seqlens_q.push_back(shape.cu_seqlens_q.back() + bc->seqlens_q[b]);
+    shape.cu_seqlens_k.push_back(shape.cu_seqlens_k.back() + bc->seqlens_k[b]);
+  }
+  shape.num_kv_heads = hkv;
+  shape.topk = topk;
+  shape.kv_block_size = bc->kv_block_size;
+  shape.causal = bc->causal;
+  shape.seed = 20261130;
+  const int64_t batch = int64_t(bc->seqlens_q.size());
+  const int64_t tq = shape.cu_seqlens_q.back(), tk = shape.cu_seqlens_k.back();
+  const std::vector<int32_t> sel = msa::bench::make_selection(bc->pattern, shape);
+  const msa::bench::PairCounts pairs = msa::bench::count_pairs(sel, shape, g);
+  int64_t total_rows = 0;
+  for (int64_t l : bc->seqlens_k) total_rows += (l + 127) / 128;
+
+  cudaStream_t s;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<int32_t> cu_q(shape.cu_seqlens_q.begin(), shape.cu_seqlens_q.end());
+  std::vector<int32_t> cu_k(shape.cu_seqlens_k.begin(), shape.cu_seqlens_k.end());
+  Buf dq(size_t(tq) * hq * d * 2), dk(size_t(tk) * hkv * d * 2), dv(size_t(tk) * hkv * d * 2),
+      dout(size_t(tq) * hq * d * 2), dlse(size_t(hq) * tq * 4), dq2k(sel.size() * 4),
+      dcuq(cu_q.size() * 4), dcuk(cu_k.size() * 4), status(16), flush(size_t(256) << 20);
+  {
+    std::vector<uint16_t> host(size_t(tq) * hq * d);
+    msa::bench::fill_normal_bf16(host.data(), int64_t(host.size()), shape.seed, 0);
+    BENCH_CUDA(cudaMemcpy(dq.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    host.resize(size_t(tk) * hkv * d);
+    msa::bench::fill_normal_bf16(host.data(), int64_t(host.size()), shape.seed, 1);
+    BENCH_CUDA(cudaMemcpy(dk.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    msa::bench::fill_normal_bf16(host.data(), int64_t(host.size()), shape.seed, 2);
+    BENCH_CUDA(cudaMemcpy(dv.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  }
+  BENCH_CUDA(cudaMemcpy(dq2k.get(), sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(dcuq.get(), cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(dcuk.get(), cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
+  const Tensor st(status.get(), DType::i32, {4}, kGpu);
+  msa::clear_status(st, s);
+
+  // K2Q index, built once on the GPU (timed on its own as CSR-32K).
+  const int64_t sched = msa::k2q_schedule_size(hkv, total_rows, tq, topk);
+  Buf drp(size_t(hkv) * (total_rows + 1) * 4), dqi(size_t(hkv) * tq * topk * 4), dsc(sched * 4);
+  msa::CsrBuildArgs cb;
+  cb.q2k = Tensor(dq2k.get(), DType::i32, {hkv, tq, topk}, kGpu);
+  cb.cu_seqlens_q = Tensor(dcuq.get(), DType::i32, {batch + 1}, kGpu);
+  cb.kv.k = Tensor(dk.get(), DType::bf16, {tk, hkv, d}, kGpu);
+  cb.kv.v = Tensor(dv.get(), DType::bf16, {tk, hkv, d}, kGpu);
+  cb.kv.cu_seqlens_k = Tensor(dcuk.get(), DType::i32, {batch + 1}, kGpu);
+  cb.out.row_ptr = Tensor(drp.get(), DType::i32, {hkv, total_rows + 1}, kGpu);
+  cb.out.q_idx = Tensor(dqi.get(), DType::i32, {hkv, tq * topk}, kGpu);
+  cb.out.schedule = Tensor(dsc.get(), DType::i32, {sched}, kGpu);
+  const size_t csr_ws_bytes = msa::csr_workspace_bytes(hkv, total_rows, tq, topk);
+  Buf csr_ws(csr_ws_bytes);
+  cb.workspace = Tensor(csr_ws.get(), DType::u8, {int64_t(csr_ws_bytes)}, kGpu);
+  cb.status = st;
+  msa::build_k2q_csr(cb, s);
+  msa::check_status(st, s);
+
+  msa::AttentionArgs a;
+  a.q = Tensor(dq.get(), DType::bf16, {tq, hq, d}, kGpu);
+  a.kv = cb.kv;
+  a.cu_seqlens_q = cb.cu_seqlens_q;
+  a.q2k = cb.q2k;
+  a.k2q = cb.out;
+  a.out = Tensor(dout.get(), DType::bf16, {tq, hq, d}, kGpu);
+  a.lse = Tensor(dlse.get(), DType::f32, {hq, tq}, kGpu);
+  a.params.causal = bc->causal;
+  a.params.kv_block_size = bc->kv_block_size;
+  a.params.partial_dtype = o.partial == "f32" ? DType::f32 : DType::bf16;
+  a.status = st;
+  const bool is_csr = bc->kind == msa::bench::CaseKind::csr_build;
+  size_t ws_bytes = is_csr ? 0 : msa::attention_workspace_bytes(a);
+  Buf ws(ws_bytes);
+  a.workspace = Tensor(ws.get(), DType::u8, {int64_t(ws_bytes)}, kGpu);
+
+  double rel_l2 = -1, lse_err = -1;
+  int rc = 0;
+  if (!is_csr && o.check) {
+    BENCH_CUDA(cudaMemsetAsync(dout.get(), 0xff, dout.bytes(), s));
+    msa::attention_forward(a, s);
+    msa::check_status(st, s);
+    std::mt19937 rng(7);
+    std::vector<int32_t> samples;
+    for (int i = 0; i < 255; ++i) samples.push_back(int32_t(rng() % tq));
+    samples.push_back(int32_t(tq - 1));
+    const int ns = int(samples.size());
+    Buf dsm(ns * 4), dref(size_t(ns) * hq * d * 4), dref_lse(size_t(ns) * hq * 4);
+    BENCH_CUDA(cudaMemcpy(dsm.get(), samples.data(), ns * 4, cudaMemcpyHostToDevice));
+    const int64_t threads = int64_t(ns) * hq * 32;
+    reference_rows<<<unsigned((threads + 255) / 256), 256, 0, s>>>(
+        static_cast<uint16_t*>(dq.get()), static_cast<uint16_t*>(dk.get()),
+        static_cast<uint16_t*>(dv.get()), static_cast<int32_t*>(dq2k.get()),
+        static_cast<int32_t*>(dcuq.get()), static_cast<int32_t*>(dcuk.get()), int(batch), tq, hq,
+        hkv, topk, 1.f / std::sqrt(float(d)), static_cast<int32_t*>(dsm.get()), ns,
+        static_cast<float*>(dref.get()), static_cast<float*>(dref_lse.get()));
+    BENCH_CUDA(cudaGetLastError());
+    std::vector<float> ref(size_t(ns) * hq * d), ref_lse(size_t(ns) * hq), lse(size_t(hq) * tq);
+    std::vector<uint16_t> out(size_t(tq) * hq * d);
+    BENCH_CUDA(cudaStreamSynchronize(s));
+    BENCH_CUDA(cudaMemcpy(ref.data(), dref.get(), ref.size() * 4, cudaMemcpyDeviceToHost));
+    BENCH_CUDA(cudaMemcpy(ref_lse.data(), dref_lse.get(), ref_lse.size() * 4, cudaMemcpyDeviceToHost));
+    BENCH_CUDA(cudaMemcpy(out.data(), dout.get(), out.size() * 2, cudaMemcpyDeviceToHost));
+    BENCH_CUDA(cudaMemcpy(lse.data(), dlse.get(), lse.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0, worst = 0;
+    bool nan = false;
+    for (int si = 0; si < ns; ++si)
+      for (int h = 0; h < hq; ++h) {
+        for (int e = 0; e < d; ++e) {
+          const double gv = msa::bench::bf16_to_float(out[(size_t(samples[si]) * hq + h) * d + e]);
+          const double rv = ref[(size_t(si) * hq + h) * d + e];
+          nan |= std::isnan(gv);
+          num += (gv - rv) * (gv - rv);
+          den += rv * rv;
+        }
+        const double gl = lse[size_t(h) * tq + samples[si]], rl = ref_lse[size_t(si) * hq + h];
+        if (std::isinf(rl) || std::isinf(gl)) { if (gl != rl) worst = INFINITY; }
+        else worst = std::max(worst, std::fabs(gl - rl));
+      }
+    rel_l2 = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0);
+    lse_err = worst;
+    if (nan || !(rel_l2 <= 1e-2) || !(lse_err <= 2e-3)) rc = 1;
+  }
+
+  Timing t;
+  if (is_csr) {
+    t = time_op([&] { msa::build_k2q_csr(cb, s); }, o, s, flush);
+  } else {
+    t = time_op([&] { msa::attention_forward(a, s); }, o, s, flush);
+  }
+  msa::check_status(st, s);
+  const double flop = 4.0 * d * double(pairs.attended);
+  const double tflops = is_csr ? 0 : flop / (t.median * 1e-3) / 1e12;
+  std::printf("%-11s %-44s median %8.3f ms  [%7.3f, %7.3f]  %7.1f TFLOP/s  check rel_l2 %.2e "
+              "lse %.2e%s\n",
+              name.c_str(), msa::bench::describe_shape(*bc).c_str(), t.median, t.min, t.max,
+              tflops, rel_l2, lse_err, rc ? "  CHECK FAILED" : "");
+  std::ostringstream js;
+  js << "{\"case\":\"" << name << "\",\"shape\":\"" << msa::bench::describe_shape(*bc)
+     << "\",\"device\":\"" << device_name() << "\",\"median_ms\":" << t.median
+     << ",\"min_ms\":" << t.min << ",\"max_ms\":" << t.max << ",\"iters\":" << o.iters
+     << ",\"attended_pairs\":" << pairs.attended << ",\"flop\":" << flop
+     << ",\"tflops\":" << tflops << ",\"partial\":\"" << o.partial << "\",\"check_rel_l2\":"
+     << rel_l2 << ",\"check_lse_max_abs\":" << (std::isinf(lse_err) ? 1e30 : lse_err)
+     << ",\"check_ok\":" << (rc == 0 ? "true" : "false") << "}";
+  if (!o.json_path.empty()) std::ofstream(o.json_path, std::ios::app) << js.str() << "\n";
+  if (!o.dump_dir.empty() && !is_csr) {
+    std::ofstream(o.dump_dir + "/" + name + ".q2k.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(sel.data()), std::streamsize(sel.size() * 4));
+    std::ofstream meta(o.dump_dir + "/" + name + ".meta.json");
+    meta << "{\"cu_seqlens\":[";
+    for (size_t b = 0; b < cu_q.size(); ++b) meta << (b ? "," : "") << cu_q[b];
+    meta << "],\"hq\":" << hq << ",\"hkv\":" << hkv << ",\"d\":" << d << ",\"topk\":" << topk
+         << ",\"attended_pairs\":" << pairs.attended << ",\"visible_pairs\":" << pairs.visible
+         << ",\"pattern\":\"" << msa::bench::pattern_name(bc->pattern) << "\"}\n";
+  }
+  cudaStreamDestroy(s);
+  return rc;
+}
+
+}  // namespace msa_bench
