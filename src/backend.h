@@ -42,6 +42,19 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);
 void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
+
+// Decode (src/cuda/decode/; only in CUDA builds, api/decode.cpp guards the calls). plan writes
+// the split-KV work list into the workspace and returns its size; run launches the main kernel
+// and the combine on `stream` without allocating or synchronizing.
+struct DecodeWork {
+  int64_t items = 0, jobs = 0;
+  int sm_count = 0;
+};
+size_t decode_workspace_bytes(const DecodeShape& s);
+DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, const Tensor& workspace,
+                       cudaStream_t stream);
+void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& w,
+                const Tensor& workspace, cudaStream_t stream);
 }  // namespace cuda
 
 }  // namespace msa

@@ -20,6 +20,23 @@ struct DecodeShape {
   Device device{};
 };
 
+// CUDA contract (the CPU backend needs no plan data and accepts any lengths):
+// - plan() computes the split-KV work list from the host lengths and copies it into `workspace`
+//   (u8, at least workspace_bytes(shape), on shape.device); the workspace must stay alive and
+//   untouched until the last run(), and one plan serves one stream at a time.
+// - Each request's planned capacity is its host length rounded up to a multiple of 128 keys
+//   (capped at max_pages * page_size), or max_pages * page_size when seqused_k_host is null.
+//   run() reads seqused_k on the device: lengths may shrink freely (to 0) and grow up to that
+//   capacity. A longer length, or a request with more than max_queries_per_request queries, is
+//   reported in the status buffer as shape_mismatch (a = request, b = keys or queries found,
+//   c = the planned capacity or max_queries_per_request); the keys or queries past the plan are
+//   then not attended. q2k may change freely between runs.
+// - run() launches two kernels on `stream` (main, then combine), never allocates or
+//   synchronizes, and can be captured in a CUDA graph; replays read the current seqused_k and
+//   q2k. Device-side checks (cu_seqlens_q, seqused_k < 0, q2k ids, page ids) write the first
+//   offence to args.status; call check_status() to read it.
+// - CUDA needs head_dim 128; tlse (temperature) and a k2q index are not supported; partials are
+//   always f32.
 class DecodePlan {
  public:
   // Workspace bytes run() needs for `shape` (partials and the work list).
@@ -39,6 +56,9 @@ class DecodePlan {
   DecodeShape shape_{};
   Tensor workspace_{};
   bool planned_ = false;
+  // CUDA: size of the work list plan() wrote, and the SM count it was balanced for.
+  int64_t num_items_ = 0, num_jobs_ = 0;
+  int sm_count_ = 0;
 };
 
 }  // namespace msa

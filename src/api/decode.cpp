@@ -1,13 +1,21 @@
 // DecodePlan (msa/decode.h): plan() validates and records a decode batch shape; run() checks
 // that its arguments fit that shape, then runs attention_forward semantics over the paged KV.
-// The CPU backend needs no work list (workspace 0); CUDA decode does not exist yet and says so.
+// The CPU backend needs no work list (workspace 0); the CUDA backend (src/cuda/decode/) plans a
+// split-KV work list into the workspace and runs it without allocating or synchronizing.
+#include <cmath>
+
 #include "api/validate.h"
 #include "msa/decode.h"
 
 namespace msa {
 namespace {
 
-[[noreturn]] void cuda_decode_unsupported() { fail("decode: not supported on CUDA yet"); }
+#ifndef MSA_WITH_CUDA
+[[noreturn]] void no_cuda_build() {
+  fail("decode: CUDA tensors given, but msa was built without CUDA (configure with nvcc present "
+       "or -DMSA_CUDA=ON)");
+}
+#endif
 
 void check_decode_shape(const DecodeShape& s) {
   MSA_CHECK(s.batch >= 0, "decode shape: batch must be >= 0, got ", s.batch);
@@ -31,6 +39,8 @@ void check_decode_shape(const DecodeShape& s) {
   MSA_CHECK(s.topk >= 0, "decode shape: topk must be >= 0 (0 = dense), got ", s.topk);
   MSA_CHECK(s.kv_block_size == 64 || s.kv_block_size == 128,
             "decode shape: kv_block_size must be 64 or 128, got ", s.kv_block_size);
+  if (s.device.type == DeviceType::cuda)
+    MSA_CHECK(s.head_dim == 128, "decode shape: CUDA decode needs head_dim 128, got ", s.head_dim);
 }
 
 // Decode-specific agreement between run()'s arguments and the planned shape; the general
@@ -78,12 +88,54 @@ void check_matches_plan(const AttentionArgs& a, const DecodeShape& s) {
   }
 }
 
+// The attention_forward argument rules that CUDA decode relies on (the CPU path gets them from
+// attention_forward itself), plus what CUDA decode does not support.
+void check_cuda_run_args(const AttentionArgs& a, int64_t kv_block_size) {
+  const ProblemShape s = api::check_q_and_kv(a.q, a.kv, a.cu_seqlens_q, {DType::bf16, DType::f16},
+                                             /*need_v=*/true, /*kv_may_be_fp8=*/true,
+                                             int(kv_block_size));
+  const Device device = a.q.device;
+  const AttentionParams& p = a.params;
+  MSA_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0.f,
+            "params.softmax_scale: must be finite and >= 0 (0 means 1/sqrt(D)), got ",
+            p.softmax_scale);
+  MSA_CHECK(!a.tlse.defined() && p.temperature == 0.f,
+            "tlse: the temperature LSE is not supported by CUDA decode yet (leave tlse absent and "
+            "params.temperature 0)");
+  MSA_CHECK(!a.k2q.row_ptr.defined() && !a.k2q.q_idx.defined() && !a.k2q.schedule.defined(),
+            "k2q: CUDA decode reads q2k directly; leave the k2q index empty");
+  if (a.q2k.defined()) api::check_q2k(a.q2k, s, device);
+  const Tensor& out = a.out;
+  check_defined(out, "out");
+  MSA_CHECK(out.dtype == a.q.dtype, "out: dtype must equal q's (", dtype_name(a.q.dtype), "), got ",
+            dtype_name(out.dtype));
+  check_shape(out, "out", {s.total_q, s.num_q_heads, s.head_dim});
+  check_last_dim_contiguous(out, "out");
+  check_row_alignment(out, "out");
+  MSA_CHECK(out.device == device, "out: must be on ", device_name(device), ", got ",
+            device_name(out.device));
+  if (a.lse.defined()) {
+    check_dtype(a.lse, "lse", {DType::f32});
+    check_shape(a.lse, "lse", {s.num_q_heads, s.total_q});
+    check_contiguous(a.lse, "lse");
+    MSA_CHECK(a.lse.device == device, "lse: must be on ", device_name(device), ", got ",
+              device_name(a.lse.device));
+  }
+  api::check_status_arg(a.status, device, "decode");
+  MSA_CHECK(s.total_q < INT32_MAX, "q: CUDA decode supports up to 2^31 - 1 tokens, got ",
+            a.q.describe());
+}
+
 }  // namespace
 
 size_t DecodePlan::workspace_bytes(const DecodeShape& shape) {
   check_decode_shape(shape);
-  if (shape.device.type == DeviceType::cuda) cuda_decode_unsupported();
-  return 0;
+  if (shape.device.type != DeviceType::cuda) return 0;
+#ifdef MSA_WITH_CUDA
+  return cuda::decode_workspace_bytes(shape);
+#else
+  no_cuda_build();
+#endif
 }
 
 void DecodePlan::plan(const DecodeShape& shape, const int32_t* seqused_k_host,
@@ -100,6 +152,19 @@ void DecodePlan::plan(const DecodeShape& shape, const int32_t* seqused_k_host,
   for (int b = 0; seqused_k_host && b < shape.batch; ++b)
     MSA_CHECK(seqused_k_host[b] >= 0 && seqused_k_host[b] <= cap, "seqused_k_host: entry ", b,
               " = ", seqused_k_host[b], " must be in [0, ", cap, "] (max_pages * page_size)");
+  if (shape.device.type == DeviceType::cuda) {
+    MSA_CHECK(workspace.device == shape.device, "workspace: must be on ", device_name(shape.device),
+              " as the shape says, got ", device_name(workspace.device));
+    check_contiguous(workspace, "workspace");
+#ifdef MSA_WITH_CUDA
+    const cuda::DecodeWork w = cuda::decode_plan(shape, seqused_k_host, workspace, stream);
+    num_items_ = w.items;
+    num_jobs_ = w.jobs;
+    sm_count_ = w.sm_count;
+#else
+    no_cuda_build();
+#endif
+  }
   shape_ = shape;
   workspace_ = workspace;
   planned_ = true;
@@ -107,11 +172,17 @@ void DecodePlan::plan(const DecodeShape& shape, const int32_t* seqused_k_host,
 
 void DecodePlan::run(const AttentionArgs& args, cudaStream_t stream) const {
   MSA_CHECK(planned_, "decode: run() called before a successful plan()");
-  if (shape_.device.type == DeviceType::cuda || args.q.is_cuda()) cuda_decode_unsupported();
   MSA_CHECK(args.q.device == shape_.device, "q: must be on ", device_name(shape_.device),
             " as planned, got ", device_name(args.q.device));
   check_matches_plan(args, shape_);
-  attention_forward(args, stream);
+  if (!args.q.is_cuda()) return attention_forward(args, stream);
+  check_cuda_run_args(args, shape_.kv_block_size);
+#ifdef MSA_WITH_CUDA
+  cuda::decode_run(args, shape_, cuda::DecodeWork{num_items_, num_jobs_, sm_count_}, workspace_,
+                   stream);
+#else
+  no_cuda_build();
+#endif
 }
 
 }  // namespace msa

@@ -142,8 +142,12 @@ TEST(Decode, PlanRules) {
   expect_error([&] { plan.plan(s, &too_long, Tensor()); }, "seqused_k_host: entry 0 = ");
   EXPECT_FALSE(plan.planned());
   s.device = Device{DeviceType::cuda, 0};
-  expect_error([&] { plan.plan(s, nullptr, Tensor()); }, "decode: not supported on CUDA yet");
-  expect_error([&] { DecodePlan::workspace_bytes(s); }, "decode: not supported on CUDA yet");
+  expect_error([&] { plan.plan(s, nullptr, Tensor()); }, "decode shape: CUDA decode needs head_dim 128, got 32");
+  expect_error([&] { DecodePlan::workspace_bytes(s); }, "decode shape: CUDA decode needs head_dim 128, got 32");
+  if (!built_with_cuda()) {
+    s.head_dim = 128;
+    expect_error([&] { DecodePlan::workspace_bytes(s); }, "decode: CUDA tensors given, but msa was built without CUDA");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,241 @@
+// Consumer math of the decode kernel, per warp and 16 query rows: Q fragments in registers,
+// S = Q K^T over a run of key slots of a pipeline stage, masking by select (-inf, never 0 * x),
+// online softmax in log2 units with the (-inf) - (-inf) guard, O += P V. mma.sync m16n8k16:
+// decode's 16-row tiles are too small for wgmma's 64. Used by kernel.cuh.
+//
+// FP8 KV runs f16 MMAs on the raw e4m3 bits (ptx.cuh: exact value / 256). Its contraction order
+// over d differs from bf16's so that one ldmatrix of fp8 bytes feeds whole k-steps: q_dim and
+// o_dim say which head-dim element each fragment register holds.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/decode/load.cuh"
+#include "cuda/decode/ptx.cuh"
+
+namespace msa::cuda::decode {
+
+// Head-dim index of A-fragment element e of k-step ks, register half (0: k slots 2c, 2c+1;
+// 1: 2c+8, 2c+9) of the thread with c = lane % 4.
+template <bool kFp8>
+__device__ __forceinline__ int q_dim(int ks, int half, int c, int e) {
+  return kFp8 ? 16 * ks + 4 * c + 2 * half + e : 16 * ks + 8 * half + 2 * c + e;
+}
+// Head-dim index of accumulator o[nt][e] (and o[nt][2 + e]).
+template <bool kFp8>
+__device__ __forceinline__ int o_dim(int nt, int c, int e) {
+  return kFp8 ? 16 * (nt >> 1) + 4 * c + 2 * e + (nt & 1) : 8 * nt + 2 * c + e;
+}
+
+template <typename TQ>
+__device__ __forceinline__ float2 to_float2(uint32_t v) {
+  if constexpr (std::is_same_v<TQ, __nv_bfloat16>)
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  else
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
+// One warp's 16 rows (thread rows g = lane / 4 and g + 8).
+template <typename TQ, bool kFp8>
+struct WarpTile {
+  using TM = std::conditional_t<kFp8, __half, TQ>;  // MMA operand type
+  uint32_t qa[8][4];  // Q A-fragments, k-steps of 16 head dims (order: q_dim)
+  float o[16][4];     // O accumulators, n-tiles of 8 head dims (order: o_dim)
+  float m[2], l[2];   // running max (log2 units) and this thread's part of the row sum
+  float rs[2];        // score scale per row: softmax_scale * log2(e) * K dequant / Q prescale
+  int climit[2];      // last key the row may see (causal); -1 for padding rows
+  uint32_t qbit[2];   // the row's query bit in the union masks; 0 for padding rows
+};
+
+// Loads Q rows [16 rt, 16 rt + 16) of a CTA serving `rows` rows (query qi = row / G of token
+// t0 + qi, head h * G + row % G). k_mult: K dequant factor (fp8: 256 * k_scale).
+template <typename TQ, bool kFp8>
+__device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams& p, int rt,
+                                       int rows, int64_t t0, int h, int q0, int lq, int lk,
+                                       float k_mult) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const auto* q = static_cast<const TQ*>(p.q);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = rt * 16 + g + 8 * i;
+    const bool valid = r < rows;
+    const int qi = r >> p.group_shift, gh = r & (p.group - 1);
+    w.climit[i] = !valid ? -1 : p.causal ? q0 + qi + lk - lq : INT_MAX;
+    w.qbit[i] = valid ? 1u << qi : 0u;
+    const TQ* row = q + (t0 + qi) * p.q_stride_t + int64_t(h * p.group + gh) * p.q_stride_h;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        w.qa[ks][i + 2 * half] =
+            valid ? *reinterpret_cast<const uint32_t*>(row + q_dim<kFp8>(ks, half, c, 0)) : 0u;
+  }
+  float qscale[2] = {1.f, 1.f};
+  if constexpr (kFp8) {
+    // f16 MMAs: scale each row by a power of two so its largest |q| lands in [2^14, 2^15):
+    // no overflow for any bf16 q, full f16 precision; the factor returns through rs.
+    float amax[2] = {0.f, 0.f};
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = to_float2<TQ>(w.qa[ks][k]);
+        amax[k & 1] = fmaxf(amax[k & 1], fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 1));
+      amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 2));
+    }
+    int shift[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      int ex = 0;
+      if (amax[i] > 0.f && amax[i] <= 3.0e38f) frexpf(amax[i], &ex);
+      shift[i] = amax[i] > 0.f ? min(120, max(-120, 15 - ex)) : 0;
+      qscale[i] = ldexpf(1.f, -shift[i]);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = to_float2<TQ>(w.qa[ks][k]);
+        w.qa[ks][k] = pack2<__half>(ldexpf(f.x, shift[k & 1]), ldexpf(f.y, shift[k & 1]));
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    w.rs[i] = p.scale_log2 * k_mult * qscale[i];
+    w.m[i] = -INFINITY;
+    w.l[i] = 0.f;
+  }
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w.o[nt][k] = 0.f;
+}
+
+// Attends the warp's rows to key slots [kb, kb + 8 nn) of one stage (nn in {2, 4, 8}).
+// sel0 / sel1: whether the thread's rows selected these slots' block (always true for dense).
+template <typename TQ, bool kFp8>
+__device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, uint32_t v_stage,
+                                       const int* slot_key, int kb, int nn, bool sel0,
+                                       bool sel1) {
+  using TM = typename WarpTile<TQ, kFp8>::TM;
+  const int lane = threadIdx.x & 31, c = lane & 3;
+  float s[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s[nt][k] = 0.f;
+
+  // S = Q K^T: ldmatrix rows are keys, so each register is a B fragment.
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    if (nt >= nn) break;
+    const int row = kb + 8 * nt + (lane & 7);
+    if constexpr (!kFp8) {
+#pragma unroll
+      for (int pp = 0; pp < 4; ++pp) {
+        uint32_t r[4];
+        ldmatrix_x4(r, k_stage + tile_offset<false>(row, 4 * pp + (lane >> 3)));
+        mma_16816<TM>(s[nt], w.qa[2 * pp], r[0], r[1]);
+        mma_16816<TM>(s[nt], w.qa[2 * pp + 1], r[2], r[3]);
+      }
+    } else {
+#pragma unroll
+      for (int pp = 0; pp < 2; ++pp) {
+        uint32_t r[4];
+        ldmatrix_x4(r, k_stage + tile_offset<true>(row, 4 * pp + (lane >> 3)));
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi)
+          mma_16816<TM>(s[nt], w.qa[4 * pp + mi], e4m3_pair<kBytes01>(r[mi]),
+                        e4m3_pair<kBytes23>(r[mi]));
+      }
+    }
+  }
+
+  // Mask by select: a slot without a key, past the row's causal limit or in a block the row did
+  // not select becomes -inf (its V row is zero-filled or real data, never garbage).
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    if (nt >= nn) break;
+    const int2 jj = *reinterpret_cast<const int2*>(slot_key + kb + 8 * nt + 2 * c);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int j = e ? jj.y : jj.x;
+      s[nt][e] = (j >= 0 && j <= w.climit[0] && sel0) ? s[nt][e] * w.rs[0] : -INFINITY;
+      s[nt][2 + e] = (j >= 0 && j <= w.climit[1] && sel1) ? s[nt][2 + e] * w.rs[1] : -INFINITY;
+      mx[0] = fmaxf(mx[0], s[nt][e]);
+      mx[1] = fmaxf(mx[1], s[nt][2 + e]);
+    }
+  }
+  float alpha[2], mu[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+    const float m_new = fmaxf(w.m[i], mx[i]);
+    mu[i] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0, no NaN
+    alpha[i] = exp2f(w.m[i] - mu[i]);
+    w.m[i] = m_new;
+  }
+  float sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    if (nt >= nn) break;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      s[nt][k] = exp2f(s[nt][k] - mu[k >> 1]);
+      sum[k >> 1] += s[nt][k];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) w.l[i] = w.l[i] * alpha[i] + sum[i];
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w.o[nt][k] *= alpha[k >> 1];
+
+  // O += P V: P from the S accumulators (keys 16 kk + 2c.. as the A k slots), V through
+  // ldmatrix.trans so each register pairs two keys of one head dim.
+  const int vrow_in = ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if (2 * kk >= nn) break;
+    const uint32_t a[4] = {pack2<TM>(s[2 * kk][0], s[2 * kk][1]),
+                           pack2<TM>(s[2 * kk][2], s[2 * kk][3]),
+                           pack2<TM>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                           pack2<TM>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    const int vrow = kb + 16 * kk + vrow_in;
+    if constexpr (!kFp8) {
+#pragma unroll
+      for (int qq = 0; qq < 8; ++qq) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, v_stage + tile_offset<false>(vrow, 2 * qq + (lane >> 4)));
+        mma_16816<TM>(w.o[2 * qq], a, r[0], r[1]);
+        mma_16816<TM>(w.o[2 * qq + 1], a, r[2], r[3]);
+      }
+    } else {
+      // A trans register of fp8 bytes holds [key 2c: d, d+1 | key 2c+1: d, d+1]: bytes 0, 2
+      // pair the keys at head dim d, bytes 1, 3 at d + 1 (two n-tiles per segment).
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, v_stage + tile_offset<true>(vrow, 2 * qq + (lane >> 4)));
+        mma_16816<TM>(w.o[4 * qq], a, e4m3_pair<kBytes02>(r[0]), e4m3_pair<kBytes02>(r[1]));
+        mma_16816<TM>(w.o[4 * qq + 1], a, e4m3_pair<kBytes13>(r[0]), e4m3_pair<kBytes13>(r[1]));
+        mma_16816<TM>(w.o[4 * qq + 2], a, e4m3_pair<kBytes02>(r[2]), e4m3_pair<kBytes02>(r[3]));
+        mma_16816<TM>(w.o[4 * qq + 3], a, e4m3_pair<kBytes13>(r[2]), e4m3_pair<kBytes13>(r[3]));
+      }
+    }
+  }
+}
+
+}  // namespace msa::cuda::decode

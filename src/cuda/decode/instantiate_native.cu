@@ -1,0 +1,9 @@
+// Decode kernels with KV of q's own type (bf16 q with bf16 KV, f16 with f16).
+#include "cuda/decode/launch_kernels.cuh"
+
+namespace msa::cuda::decode {
+template void set_smem_limit<__nv_bfloat16, false>(int);
+template void set_smem_limit<__half, false>(int);
+template void launch<__nv_bfloat16, false>(const DecodeParams&, cudaStream_t);
+template void launch<__half, false>(const DecodeParams&, cudaStream_t);
+}  // namespace msa::cuda::decode

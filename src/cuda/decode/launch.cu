@@ -1,0 +1,154 @@
+// Host side of the CUDA decode (backend.h: decode_workspace_bytes / decode_plan / decode_run):
+// plan() builds the work list (plan.cpp) and copies it into the caller's workspace; run() fills
+// the kernel parameters from the arguments and dispatches to one of the four instantiations.
+// run() neither allocates nor synchronizes, so it can be captured in a CUDA graph.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend.h"
+#include "cuda/decode/launch_kernels.h"
+#include "cuda/decode/plan.h"
+#include "cuda/device/check.h"
+
+namespace msa::cuda {
+namespace {
+
+using decode::DecodeParams;
+using decode::Geometry;
+
+int sm_count(const Device& d) {
+  int n = 0;
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d.index));
+  return n;
+}
+
+int log2_exact(int64_t x) {
+  int s = 0;
+  while ((int64_t(1) << s) < x) ++s;
+  return s;
+}
+
+DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geometry& g,
+                         const DecodeWork& w, const Tensor& workspace) {
+  DecodeParams p;
+  p.q = a.q.data;
+  p.q_stride_t = a.q.strides[0];
+  p.q_stride_h = a.q.strides[1];
+  const Tensor& k = a.kv.k.values;
+  const Tensor& v = a.kv.v.values;
+  const bool nhd = s.layout == KVLayout::paged_nhd;
+  p.k = k.data;
+  p.v = v.data;
+  p.k_stride_page = k.strides[0];
+  p.k_stride_slot = nhd ? k.strides[1] : k.strides[2];
+  p.k_stride_head = nhd ? k.strides[2] : k.strides[1];
+  p.v_stride_page = v.strides[0];
+  p.v_stride_slot = nhd ? v.strides[1] : v.strides[2];
+  p.v_stride_head = nhd ? v.strides[2] : v.strides[1];
+  p.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.ptr<float>() : nullptr;
+  p.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.ptr<float>() : nullptr;
+  p.page_table = a.kv.page_table.ptr<int32_t>();
+  p.page_table_stride = a.kv.page_table.strides[0];
+  p.seqused_k = a.kv.seqused_k.defined() ? a.kv.seqused_k.ptr<int32_t>() : nullptr;
+  p.cu_seqlens_q = a.cu_seqlens_q.ptr<int32_t>();
+  p.q2k = a.q2k.defined() ? a.q2k.ptr<int32_t>() : nullptr;
+  p.out = a.out.data;
+  p.out_stride_t = a.out.strides[0];
+  p.out_stride_h = a.out.strides[1];
+  p.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
+
+  auto* base = static_cast<uint8_t*>(workspace.data);
+  p.items = reinterpret_cast<const decode::DecodeItem*>(base + g.off_items);
+  p.jobs = reinterpret_cast<const decode::CombineJob*>(base + g.off_jobs);
+  p.key_cap = reinterpret_cast<const int32_t*>(base + g.off_caps);
+  p.part_o = reinterpret_cast<float*>(base + g.off_part_o);
+  p.part_lse = reinterpret_cast<float*>(base + g.off_part_lse);
+  p.offence = reinterpret_cast<unsigned long long*>(base + g.off_offence);
+  p.status = a.status.ptr<int32_t>();
+
+  p.num_items = w.items;
+  p.num_jobs = w.jobs;
+  p.batch = s.batch;
+  p.total_q = int32_t(a.q.shape[0]);
+  p.num_kv_heads = s.num_kv_heads;
+  p.group = g.group;
+  p.group_shift = log2_exact(g.group);
+  p.topk = s.topk;
+  p.kv_block_size = s.kv_block_size;
+  p.block_shift = log2_exact(s.kv_block_size);
+  p.page_size = s.page_size;
+  p.page_shift = log2_exact(s.page_size);
+  p.max_pages = s.max_pages;
+  p.num_pages = int32_t(k.shape[0]);
+  p.max_queries = s.max_queries_per_request;
+  p.queries_per_chunk = g.queries_per_chunk;
+  p.rows_max = g.rows_max;
+  p.bitmap_words = g.bitmap_words;
+  p.causal = a.params.causal ? 1 : 0;
+  // The scale as callers pass it, a float (the default 1/sqrt(D) rounded to float, as the CPU
+  // reference does), then into log2 units for exp2.
+  const float scale = a.params.softmax_scale != 0.f ? a.params.softmax_scale
+                                                    : float(1.0 / std::sqrt(double(s.head_dim)));
+  p.scale_log2 = float(double(scale) * 1.4426950408889634);
+  return p;
+}
+
+}  // namespace
+
+size_t decode_workspace_bytes(const DecodeShape& s) {
+  return decode::geometry(s, sm_count(s.device)).bytes;
+}
+
+DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, const Tensor& workspace,
+                       cudaStream_t stream) {
+  DecodeWork w;
+  w.sm_count = sm_count(s.device);
+  const Geometry g = decode::geometry(s, w.sm_count);
+  std::vector<int64_t> lengths(s.batch, int64_t(s.max_pages) * s.page_size);
+  if (seqused_k_host)
+    for (int b = 0; b < s.batch; ++b) lengths[b] = seqused_k_host[b];
+  const decode::WorkList list = decode::build_work_list(s, g, lengths);
+  MSA_CHECK(int64_t(list.items.size()) * s.num_kv_heads < INT32_MAX,
+            "decode: ", list.items.size(), " work items x ", s.num_kv_heads,
+            " kv heads exceed the grid limit of 2^31 - 1 CTAs");
+  if (s.kv_dtype == DType::fp8_e4m3) {
+    decode::set_smem_limit<__nv_bfloat16, true>(g.bitmap_words);
+    decode::set_smem_limit<__half, true>(g.bitmap_words);
+  } else if (s.kv_dtype == DType::f16) {
+    decode::set_smem_limit<__half, false>(g.bitmap_words);
+  } else {
+    decode::set_smem_limit<__nv_bfloat16, false>(g.bitmap_words);
+  }
+  auto* base = static_cast<uint8_t*>(workspace.data);
+  MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence, 0xff, sizeof(unsigned long long), stream));
+  auto upload = [&](size_t off, const void* src, size_t bytes) {
+    if (bytes) MSA_CUDA_CHECK(cudaMemcpyAsync(base + off, src, bytes, cudaMemcpyHostToDevice, stream));
+  };
+  upload(g.off_items, list.items.data(), list.items.size() * sizeof(decode::DecodeItem));
+  upload(g.off_jobs, list.jobs.data(), list.jobs.size() * sizeof(decode::CombineJob));
+  upload(g.off_caps, list.key_cap.data(), list.key_cap.size() * sizeof(int32_t));
+  // The host vectors die with this call; plan() may synchronize.
+  MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  w.items = int64_t(list.items.size());
+  w.jobs = int64_t(list.jobs.size());
+  return w;
+}
+
+void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& w,
+                const Tensor& workspace, cudaStream_t stream) {
+  const Geometry g = decode::geometry(s, w.sm_count);
+  const DecodeParams p = make_params(a, s, g, w, workspace);
+  const bool f16 = a.q.dtype == DType::f16;
+  if (s.kv_dtype == DType::fp8_e4m3) {
+    if (f16) decode::launch<__half, true>(p, stream);
+    else decode::launch<__nv_bfloat16, true>(p, stream);
+  } else {
+    if (f16) decode::launch<__half, false>(p, stream);
+    else decode::launch<__nv_bfloat16, false>(p, stream);
+  }
+}
+
+}  // namespace msa::cuda

@@ -1,0 +1,34 @@
+// Launchers of the decode kernels for one (q type, KV kind): the main kernel over items x Hkv
+// CTAs, then the combine (which also finalizes the status, so it always runs). Included by the
+// instantiation files instantiate_native.cu and instantiate_fp8.cu; declared in launch_kernels.h.
+#pragma once
+
+#include <algorithm>
+
+#include "cuda/decode/combine.cuh"
+#include "cuda/decode/kernel.cuh"
+#include "cuda/decode/launch_kernels.h"
+#include "cuda/device/check.h"
+
+namespace msa::cuda::decode {
+
+template <typename TQ, bool kFp8>
+void set_smem_limit(int bitmap_words) {
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<TQ, kFp8>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(smem_bytes<kFp8>(bitmap_words))));
+}
+
+template <typename TQ, bool kFp8>
+void launch(const DecodeParams& p, cudaStream_t stream) {
+  if (p.num_items > 0) {
+    decode_kernel<TQ, kFp8><<<unsigned(p.num_items * p.num_kv_heads), kThreads,
+                              smem_bytes<kFp8>(p.bitmap_words), stream>>>(p);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+  const int64_t blocks = std::max<int64_t>(1, p.num_jobs * p.num_kv_heads);
+  combine_kernel<TQ><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace msa::cuda::decode

@@ -1,0 +1,81 @@
+// Producer side of the decode kernel: one tile of 128 key slots (K and V) from the page pool into
+// a pipeline stage with 16-byte cp.async, every thread taking part. Slots without a key (past
+// the length, past the union, bad page id) are zero-filled and marked -1 in slot_key, so no
+// byte of an unused page slot ever reaches the math. Used by kernel.cuh.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/decode/ptx.cuh"
+#include "cuda/decode/params.h"
+#include "cuda/decode/status.cuh"
+#include "cuda/decode/traits.h"
+
+namespace msa::cuda::decode {
+
+// Where the keys of a tile come from.
+struct TileSource {
+  int b = 0, h = 0;
+  int lk = 0;                  // keys of the request
+  int union_size = 0;          // sparse: entries in the union
+  int e0 = 0;                  // sparse: first entry of this item (ids[] index 0)
+  const int* ids = nullptr;    // sparse: block id per entry - e0; null for dense
+};
+
+// Byte offset of 16-byte chunk `chunk` of tile row `row` in a stage: the chunk index is XORed
+// with row % 8, so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
+template <bool kFp8>
+__device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+  return uint32_t(row * Traits<kFp8>::kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// Issues the copies of tile `tile` into stage buffer `stage_base` (K at 0, V at kTileBytes) and
+// writes slot_key[row] = logical key or -1. Warp w covers rows [16w, 16w + 16); lanes split a row
+// into its 16-byte chunks, so each copy instruction reads whole rows.
+template <bool kFp8>
+__device__ __forceinline__ void issue_tile(const DecodeParams& p, const TileSource& src, int tile,
+                                           uint32_t stage_base, int* slot_key) {
+  using Tr = Traits<kFp8>;
+  constexpr int kRowsPerPass = 32 / Tr::kChunks;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int chunk = lane % Tr::kChunks;
+  const auto* kbase = static_cast<const uint8_t*>(p.k);
+  const auto* vbase = static_cast<const uint8_t*>(p.v);
+  constexpr int kElem = kFp8 ? 1 : 2;
+#pragma unroll
+  for (int pass = 0; pass < 16 / kRowsPerPass; ++pass) {
+    const int row = warp * 16 + pass * kRowsPerPass + lane / Tr::kChunks;
+    int j = -1;
+    if (src.ids == nullptr) {
+      const int key = tile * kTileKeys + row;
+      if (key < src.lk) j = key;
+    } else {
+      const int e = tile * (kTileKeys >> p.block_shift) + (row >> p.block_shift);
+      if (e < src.union_size) {
+        const int key = (src.ids[e - src.e0] << p.block_shift) + (row & (p.kv_block_size - 1));
+        if (key < src.lk) j = key;
+      }
+    }
+    int64_t koff = 0, voff = 0;
+    if (j >= 0) {
+      const int col = j >> p.page_shift, slot = j & (p.page_size - 1);
+      const int32_t page = p.page_table[int64_t(src.b) * p.page_table_stride + col];
+      if (page < 0 || page >= p.num_pages) {
+        if (chunk == 0)
+          report(p, Offence::page, uint64_t(src.b) * uint64_t(p.max_pages) + uint64_t(col),
+                 StatusCode::page_id_out_of_range);
+        j = -1;
+      } else {
+        koff = (page * p.k_stride_page + slot * p.k_stride_slot + src.h * p.k_stride_head) * kElem;
+        voff = (page * p.v_stride_page + slot * p.v_stride_slot + src.h * p.v_stride_head) * kElem;
+      }
+    }
+    const uint32_t dst = stage_base + tile_offset<kFp8>(row, chunk);
+    const uint32_t bytes = j >= 0 ? 16u : 0u;
+    cp_async_16(dst, kbase + koff + chunk * 16, bytes);
+    cp_async_16(dst + Tr::kTileBytes, vbase + voff + chunk * 16, bytes);
+    if (chunk == 0) slot_key[row] = j;
+  }
+}
+
+}  // namespace msa::cuda::decode

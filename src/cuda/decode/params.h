@@ -1,0 +1,69 @@
+// Plain parameter structs of the CUDA decode (DESIGN.md s.7): the work list plan() writes into the
+// caller's workspace (items, combine jobs, per-request key capacity) and the kernel arguments.
+// Shared by the host planner (plan.cpp), the launcher (launch.cu) and the kernels.
+#pragma once
+
+#include <cstdint>
+
+namespace msa::cuda::decode {
+
+// One unit of the main kernel, run once per kv head: keys of tiles [tile_begin, tile_end) of one
+// (request, query chunk). A tile is 128 key slots: 128 consecutive keys (dense) or 128 / blk
+// entries of the request's sorted union of selected blocks (sparse).
+struct DecodeItem {
+  int32_t batch = 0;       // request b
+  int32_t chunk = 0;       // queries [chunk * queries_per_chunk, ...) of the request
+  int32_t tile_begin = 0;  // first tile (dense: keys tile * 128; sparse: union entries)
+  int32_t tile_end = 0;    // exclusive
+  int32_t partial = -1;    // partial slot this split writes; -1: the only split, writes out
+  int32_t pad[3] = {};     // 32-byte records
+};
+static_assert(sizeof(DecodeItem) == 32, "DecodeItem: keep 32-byte records (plan copies them raw)");
+
+// The splits of one (request, query chunk) that the combine merges, in split order.
+struct CombineJob {
+  int32_t batch = 0, chunk = 0;
+  int32_t first_partial = 0;  // partial slots [first_partial, first_partial + num_splits)
+  int32_t num_splits = 0;     // >= 2
+};
+static_assert(sizeof(CombineJob) == 16, "CombineJob: keep 16-byte records");
+
+// Kernel arguments (both kernels). Element strides; pointers are device memory.
+struct DecodeParams {
+  const void* q = nullptr;                // [total_q, Hq, 128] bf16 | f16, D contiguous
+  int64_t q_stride_t = 0, q_stride_h = 0;
+  const void* k = nullptr;                // page pool, bf16 | f16 | fp8 e4m3, D contiguous
+  const void* v = nullptr;                // same shape as k
+  int64_t k_stride_page = 0, k_stride_slot = 0, k_stride_head = 0;  // nhd or hnd by strides
+  int64_t v_stride_page = 0, v_stride_slot = 0, v_stride_head = 0;
+  const float* k_scale = nullptr;         // [1] fp8 only; null: 1
+  const float* v_scale = nullptr;         // [1] fp8 only; null: 1
+  const int32_t* page_table = nullptr;    // [B, max_pages], row stride page_table_stride
+  int64_t page_table_stride = 0;
+  const int32_t* seqused_k = nullptr;     // [B] or null (max_pages * page_size keys)
+  const int32_t* cu_seqlens_q = nullptr;  // [B+1]
+  const int32_t* q2k = nullptr;           // [Hkv, total_q, topk] contiguous; null: dense
+  void* out = nullptr;                    // [total_q, Hq, 128], dtype of q, D contiguous
+  int64_t out_stride_t = 0, out_stride_h = 0;
+  float* lse = nullptr;                   // [Hq, total_q] contiguous, natural log; or null
+
+  // Workspace (plan.h layout).
+  const DecodeItem* items = nullptr;      // [num_items]
+  const CombineJob* jobs = nullptr;       // [num_jobs]
+  const int32_t* key_cap = nullptr;       // [B] keys of each request the plan covers
+  float* part_o = nullptr;                // [partials, Hkv, rows_max, 128] f32, normalised
+  float* part_lse = nullptr;              // [partials, Hkv, rows_max] f32, log2 units
+  unsigned long long* offence = nullptr;  // first device-side offence (status.cuh), ~0 = none
+  int32_t* status = nullptr;              // int32[4] (common.h)
+
+  int64_t num_items = 0, num_jobs = 0;
+  int32_t batch = 0, total_q = 0, num_kv_heads = 0, group = 1, group_shift = 0;
+  int32_t topk = 0, kv_block_size = 128, block_shift = 7;
+  int32_t page_size = 0, page_shift = 0, max_pages = 0, num_pages = 0;
+  int32_t max_queries = 1, queries_per_chunk = 1, rows_max = 16;
+  int32_t bitmap_words = 0;               // sparse: union bitmap capacity in 32-bit words
+  int32_t causal = 1;
+  float scale_log2 = 0.f;                 // softmax_scale * log2(e)
+};
+
+}  // namespace msa::cuda::decode

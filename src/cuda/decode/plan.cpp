@@ -1,0 +1,204 @@
+// The CUDA decode planner (plan.h): geometry and workspace bounds from the shape alone, then the
+// split-KV work list from the host lengths. Host only; launch.cu uploads the result.
+#include "cuda/decode/plan.h"
+
+#include <algorithm>
+#include <climits>
+#include <functional>
+#include <numeric>
+#include <queue>
+
+#include "msa/error.h"
+
+namespace msa::cuda::decode {
+namespace {
+
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Planned keys of a request round up to whole tiles: a length may later grow inside its last
+// tile without a new plan (the kernel checks it against this capacity).
+int64_t key_capacity(const DecodeShape& s, int64_t length) {
+  const int64_t cap = std::min<int64_t>(int64_t(s.max_pages) * s.page_size, INT32_MAX);
+  return std::min(cap, ceil_div(length, kTileKeys) * kTileKeys);
+}
+
+// Tiles of one (request, chunk) given the request's planned key capacity.
+int64_t unit_tiles(const DecodeShape& s, const Geometry& g, int64_t cap, int chunk) {
+  if (!g.sparse) return ceil_div(cap, kTileKeys);
+  const int64_t queries =
+      std::min<int64_t>(g.queries_per_chunk, s.max_queries_per_request - int64_t(chunk) * g.queries_per_chunk);
+  const int64_t entries = std::min(queries * s.topk, ceil_div(cap, s.kv_block_size));
+  return ceil_div(entries, g.entries_per_tile);
+}
+
+// Cost of one CTA in tile loads: the tiles plus a fixed prologue/epilogue, plus the partial
+// write and its share of the combine when the unit is split.
+double cta_cost(int64_t tiles, bool split) { return double(tiles) + 1.0 + (split ? 0.25 : 0.0); }
+
+struct Candidate {
+  std::vector<int64_t> unit_splits;  // per unit
+  double makespan = 0;
+  int64_t ctas = 0;
+};
+
+// Split every unit into ceil(tiles / c) near-equal parts, order the parts largest first and
+// simulate the hardware's in-order CTA dispatch onto sm_count SMs.
+Candidate evaluate(const std::vector<int64_t>& tiles, int64_t c, int hkv, int sm_count) {
+  Candidate r;
+  r.unit_splits.resize(tiles.size());
+  std::vector<std::pair<int64_t, bool>> parts;  // (tiles, split)
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const int64_t n = std::max<int64_t>(1, ceil_div(tiles[i], c));
+    r.unit_splits[i] = n;
+    for (int64_t j = 0; j < n; ++j)
+      parts.push_back({tiles[i] * (j + 1) / n - tiles[i] * j / n, n > 1});
+  }
+  std::stable_sort(parts.begin(), parts.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
+  for (int i = 0; i < sm_count; ++i) free_at.push(0.0);
+  for (const auto& [t, split] : parts)
+    for (int h = 0; h < hkv; ++h) {
+      const double start = free_at.top();
+      free_at.pop();
+      const double end = start + cta_cost(t, split);
+      r.makespan = std::max(r.makespan, end);
+      free_at.push(end);
+    }
+  r.ctas = int64_t(parts.size()) * hkv;
+  return r;
+}
+
+}  // namespace
+
+Geometry geometry(const DecodeShape& s, int sm_count) {
+  MSA_CHECK(s.head_dim == kHeadDim, "decode shape: CUDA decode needs head_dim ", kHeadDim,
+            ", got ", s.head_dim);
+  Geometry g;
+  g.sparse = s.topk > 0;
+  g.group = s.num_q_heads / s.num_kv_heads;
+  g.sm_count = std::max(1, sm_count);
+  // Sparse: one 16-row tile per CTA, so every warp works on every selected block (a request's
+  // queries select mostly different blocks; sharing a CTA would idle warps). Dense: all queries
+  // of the request (up to 128 rows) share each K/V load.
+  const int rows = g.sparse ? kSparseRows : kMaxRows;
+  g.queries_per_chunk = std::min(std::max(1, rows / g.group), s.max_queries_per_request);
+  g.chunks = int(ceil_div(s.max_queries_per_request, g.queries_per_chunk));
+  g.rows_max = g.queries_per_chunk * g.group;
+  const int64_t cap_keys = int64_t(s.max_pages) * s.page_size;
+  int64_t tiles_max = ceil_div(cap_keys, kTileKeys);
+  if (g.sparse) {
+    g.entries_per_tile = kTileKeys / s.kv_block_size;
+    g.max_tiles_per_item = kMaxItemEntries / g.entries_per_tile;
+    const int64_t blocks = ceil_div(cap_keys, s.kv_block_size);
+    MSA_CHECK(ceil_div(blocks, 32) <= kMaxBitmapWords, "decode shape: sparse CUDA decode supports up to ",
+              int64_t(kMaxBitmapWords) * 32, " kv blocks per request (max_pages * page_size / ",
+              "kv_block_size), got ", blocks);
+    g.bitmap_words = int(ceil_div(blocks, 32));
+    tiles_max = ceil_div(std::min<int64_t>(int64_t(g.queries_per_chunk) * s.topk, blocks),
+                         g.entries_per_tile);
+  } else {
+    g.max_tiles_per_item = std::max<int64_t>(1, tiles_max);
+  }
+  // Splitting aims at up to max_waves CTAs per SM; fewer for wide CTAs, whose partials are larger.
+  g.max_waves = std::max(2, 256 / g.rows_max);
+  const int64_t units = int64_t(s.batch) * g.chunks;
+  const int64_t spread = ceil_div(int64_t(g.max_waves) * g.sm_count, s.num_kv_heads) + 1;
+  // Units longer than max_tiles_per_item (sparse, huge topk) split regardless of the balance.
+  const int64_t forced = g.sparse && tiles_max > g.max_tiles_per_item
+                             ? ceil_div(tiles_max, g.max_tiles_per_item)
+                             : 0;
+  // Bounds (build_work_list asserts them): items <= units + T / c and split items
+  // <= 2 T / c, where T / c <= max_waves * SMs / Hkv for the balance candidates.
+  g.max_items = units + spread + units * forced;
+  g.max_partials = std::min(g.max_items, 2 * spread + 2 * units * forced);
+  g.max_jobs = g.max_partials / 2;
+  const int64_t hkv = s.num_kv_heads;
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  g.off_offence = take(sizeof(unsigned long long));
+  g.off_items = take(size_t(g.max_items) * sizeof(DecodeItem));
+  g.off_jobs = take(size_t(g.max_jobs) * sizeof(CombineJob));
+  g.off_caps = take(size_t(s.batch) * sizeof(int32_t));
+  g.off_part_lse = take(size_t(g.max_partials) * hkv * g.rows_max * sizeof(float));
+  g.off_part_o = take(size_t(g.max_partials) * hkv * g.rows_max * kHeadDim * sizeof(float));
+  g.bytes = off;
+  return g;
+}
+
+WorkList build_work_list(const DecodeShape& s, const Geometry& g,
+                         const std::vector<int64_t>& lengths) {
+  WorkList w;
+  w.key_cap.resize(s.batch);
+  std::vector<int64_t> tiles;
+  tiles.reserve(size_t(s.batch) * g.chunks);
+  int64_t total = 0, largest = 1;
+  for (int b = 0; b < s.batch; ++b) {
+    const int64_t cap = key_capacity(s, lengths[b]);
+    w.key_cap[b] = int32_t(cap);
+    for (int c = 0; c < g.chunks; ++c) {
+      tiles.push_back(unit_tiles(s, g, cap, c));
+      total += tiles.back();
+      largest = std::max(largest, tiles.back());
+    }
+  }
+  if (tiles.empty()) return w;
+  // Candidate split sizes: no split, and the sizes that give k CTAs per SM (k <= max_waves).
+  std::vector<int64_t> sizes = {largest};
+  for (int k = 1; k <= g.max_waves; ++k)
+    sizes.push_back(ceil_div(total * s.num_kv_heads, int64_t(k) * g.sm_count));
+  Candidate best;
+  int64_t best_c = 0;
+  for (int64_t c : sizes) {
+    c = std::clamp<int64_t>(c, 1, g.max_tiles_per_item);
+    if (c == best_c) continue;
+    Candidate r = evaluate(tiles, c, s.num_kv_heads, g.sm_count);
+    const bool better = best_c == 0 || r.makespan < best.makespan - 1e-9 ||
+                        (r.makespan < best.makespan + 1e-9 && r.ctas < best.ctas);
+    if (better) {
+      best = std::move(r);
+      best_c = c;
+    }
+  }
+  // Materialise the chosen split in the order evaluate() simulated (largest parts first).
+  struct Part {
+    DecodeItem item;
+    int64_t tiles;
+  };
+  std::vector<Part> parts;
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const int64_t n = best.unit_splits[i];
+    const int b = int(i / g.chunks), c = int(i % g.chunks);
+    if (n > 1) {
+      w.jobs.push_back({b, c, int32_t(w.partials), int32_t(n)});
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      Part p;
+      p.item.batch = b;
+      p.item.chunk = c;
+      p.item.tile_begin = int32_t(tiles[i] * j / n);
+      p.item.tile_end = int32_t(tiles[i] * (j + 1) / n);
+      p.item.partial = n > 1 ? int32_t(w.partials + j) : -1;
+      p.tiles = p.item.tile_end - p.item.tile_begin;
+      parts.push_back(p);
+    }
+    if (n > 1) w.partials += n;
+  }
+  std::stable_sort(parts.begin(), parts.end(),
+                   [](const Part& a, const Part& b) { return a.tiles > b.tiles; });
+  w.items.reserve(parts.size());
+  for (const Part& p : parts) w.items.push_back(p.item);
+  MSA_CHECK(int64_t(w.items.size()) <= g.max_items && w.partials <= g.max_partials &&
+                int64_t(w.jobs.size()) <= g.max_jobs,
+            "decode: internal error: work list (", w.items.size(), " items, ", w.partials,
+            " partials, ", w.jobs.size(), " jobs) exceeds its workspace bound (", g.max_items,
+            ", ", g.max_partials, ", ", g.max_jobs, ")");
+  return w;
+}
+
+}  // namespace msa::cuda::decode

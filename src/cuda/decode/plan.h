@@ -1,0 +1,55 @@
+// Host side of the CUDA decode plan: the geometry a DecodeShape implies (query chunks, rows per
+// CTA, workspace layout with shape-only bounds) and the split-KV work list for given lengths.
+// Called by launch.cu (DecodePlan::plan / run through backend.h). Pure host code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cuda/decode/params.h"
+#include "msa/decode.h"
+
+namespace msa::cuda::decode {
+
+constexpr int kHeadDim = 128;
+constexpr int kTileKeys = 128;          // key slots per tile (traits.h builds on this)
+constexpr int kMaxRows = 128;           // query rows (queries x G) per CTA: 8 warps x 16
+constexpr int kSparseRows = 16;         // sparse: one m16 row tile, so all 8 warps split keys
+constexpr int kMaxItemEntries = 512;    // sparse: union entries one item may cover (smem ids/masks)
+constexpr int kMaxBitmapWords = 2048;   // sparse: union bitmap words (65536 blocks per request)
+
+struct Geometry {
+  bool sparse = false;
+  int group = 1;
+  int queries_per_chunk = 1;   // queries of one request a CTA serves
+  int chunks = 1;              // ceil(max_queries_per_request / queries_per_chunk)
+  int rows_max = 16;           // queries_per_chunk * G
+  int entries_per_tile = 1;    // sparse: 128 / kv_block_size union entries per tile
+  int64_t max_tiles_per_item = 0;  // sparse: kMaxItemEntries / entries_per_tile; dense: no cap
+  int bitmap_words = 0;        // sparse: ceil(max blocks per request / 32)
+  int sm_count = 1;
+  int max_waves = 1;           // split candidates aim at up to this many CTAs per SM
+  int64_t max_items = 0, max_jobs = 0, max_partials = 0;
+  // Workspace byte offsets (256-aligned) and total.
+  size_t off_offence = 0, off_items = 0, off_jobs = 0, off_caps = 0, off_part_lse = 0,
+         off_part_o = 0, bytes = 0;
+};
+
+// Throws msa::Error naming the limit when the shape exceeds what the kernels support.
+Geometry geometry(const DecodeShape& s, int sm_count);
+
+struct WorkList {
+  std::vector<DecodeItem> items;  // launch order: larger items first
+  std::vector<CombineJob> jobs;
+  std::vector<int32_t> key_cap;   // [B]
+  int64_t partials = 0;
+};
+
+// Splits every (request, query chunk) into items so that items x Hkv CTAs finish together on
+// sm_count SMs (list scheduling in launch order over a few split sizes). lengths[b]: the
+// planned keys of request b.
+WorkList build_work_list(const DecodeShape& s, const Geometry& g,
+                         const std::vector<int64_t>& lengths);
+
+}  // namespace msa::cuda::decode

@@ -1,0 +1,123 @@
+// Device-side checks of the decode kernels (DESIGN.md s.9): a request's cu_seqlens_q entries and
+// lengths against the plan, q2k ids and page ids. Offences are folded into one 64-bit key with
+// atomicMin, so the reported offence is the first in a fixed order whatever the CTA timing;
+// the combine kernel's finalize turns the key into the status buffer and re-arms it.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/decode/params.h"
+#include "msa/common.h"
+
+namespace msa::cuda::decode {
+
+// Offence classes, earliest first: a request's queries (cu_seqlens_q), its keys (seqused_k),
+// then q2k ids by (head, token, slot), then page ids by (batch, column).
+enum class Offence : uint64_t { queries = 0, keys = 1, q2k = 2, page = 3 };
+
+constexpr unsigned long long kNoOffence = ~0ull;
+
+__device__ __forceinline__ void report(const DecodeParams& p, Offence cls, uint64_t index,
+                                       StatusCode code) {
+  const uint64_t key = (uint64_t(cls) << 60) | ((index & ((1ull << 56) - 1)) << 4) | uint64_t(code);
+  atomicMin(p.offence, static_cast<unsigned long long>(key));
+}
+
+// A request as the kernels see it: checked lengths, never used to read out of bounds.
+struct Request {
+  int64_t q_begin = 0;  // first token of the request
+  int lq = 0;           // queries, at most max_queries
+  int lk = 0;           // keys, in [0, key_cap[b]]
+  bool ok = false;      // cu_seqlens_q entries of b are sane
+};
+
+// `report_offences`: one thread per CTA reports (all compute the same request).
+__device__ __forceinline__ Request load_request(const DecodeParams& p, int b, bool report_offences) {
+  Request r;
+  const int32_t c0 = p.cu_seqlens_q[b], c1 = p.cu_seqlens_q[b + 1];
+  const bool bad = c0 < 0 || c1 < c0 || c1 > p.total_q || (b == 0 && c0 != 0) ||
+                   (b == p.batch - 1 && c1 != p.total_q);
+  if (bad) {
+    if (report_offences) report(p, Offence::queries, uint64_t(b), StatusCode::bad_cu_seqlens);
+    return r;
+  }
+  r.ok = true;
+  r.q_begin = c0;
+  r.lq = c1 - c0;
+  if (r.lq > p.max_queries) {
+    if (report_offences) report(p, Offence::queries, uint64_t(b), StatusCode::shape_mismatch);
+    r.lq = p.max_queries;
+  }
+  const int64_t all = int64_t(p.max_pages) * p.page_size;
+  int64_t lk = p.seqused_k ? int64_t(p.seqused_k[b]) : (all < INT_MAX ? all : INT_MAX);
+  if (lk < 0) {
+    if (report_offences) report(p, Offence::keys, uint64_t(b), StatusCode::bad_cu_seqlens);
+    lk = 0;
+  }
+  const int32_t cap = p.key_cap[b];
+  if (lk > cap) {  // longer than the plan covered: report, never drop keys silently
+    if (report_offences) report(p, Offence::keys, uint64_t(b), StatusCode::shape_mismatch);
+    lk = cap;
+  }
+  r.lk = int(lk);
+  return r;
+}
+
+// Writes the first offence into the status buffer (unless it already holds one) and re-arms the
+// key for the next run. One thread, after the main kernel.
+__device__ __forceinline__ void finalize_status(const DecodeParams& p) {
+  unsigned long long key = *p.offence;
+  if (key == kNoOffence && p.batch == 0 && (p.cu_seqlens_q[0] != 0 || p.total_q != 0))
+    key = (uint64_t(Offence::queries) << 60) | uint64_t(StatusCode::bad_cu_seqlens);
+  if (key == kNoOffence) return;
+  *p.offence = kNoOffence;
+  if (p.status[0] != 0) return;
+  const auto cls = Offence(key >> 60);
+  const int64_t index = int64_t((key >> 4) & ((1ull << 56) - 1));
+  const int32_t code = int32_t(key & 0xf);
+  int32_t s[4] = {code, 0, 0, 0};
+  switch (cls) {
+    case Offence::queries:  // bad_cu_seqlens {which = 0, batch} or {batch, queries, planned}
+      if (code == int32_t(StatusCode::bad_cu_seqlens)) {
+        s[1] = 0;
+        s[2] = int32_t(index);
+      } else {
+        s[1] = int32_t(index);
+        s[2] = p.cu_seqlens_q[index + 1] - p.cu_seqlens_q[index];
+        s[3] = p.max_queries;
+      }
+      break;
+    case Offence::keys:  // bad_cu_seqlens {which = 1, batch} or {batch, keys, planned}
+      if (code == int32_t(StatusCode::bad_cu_seqlens)) {
+        s[1] = 1;
+        s[2] = int32_t(index);
+      } else {
+        s[1] = int32_t(index);
+        const int64_t all = int64_t(p.max_pages) * p.page_size;
+        s[2] = p.seqused_k ? p.seqused_k[index] : int32_t(all < INT_MAX ? all : INT_MAX);
+        s[3] = p.key_cap[index];
+      }
+      break;
+    case Offence::q2k: {  // index = (h * total_q + t) * topk + slot
+      const int64_t row = index / p.topk;
+      s[1] = int32_t(row / p.total_q);
+      s[2] = int32_t(row % p.total_q);
+      s[3] = int32_t(index % p.topk);
+      break;
+    }
+    case Offence::page: {  // index = b * max_pages + column
+      const int64_t b = index / p.max_pages, col = index % p.max_pages;
+      s[1] = int32_t(b);
+      s[2] = int32_t(col);
+      s[3] = p.page_table[b * p.page_table_stride + col];
+      break;
+    }
+  }
+  p.status[1] = s[1];
+  p.status[2] = s[2];
+  p.status[3] = s[3];
+  p.status[0] = s[0];
+}
+
+}  // namespace msa::cuda::decode

@@ -1,0 +1,129 @@
+// Sparse decode: the union of the blocks that a CTA's queries select through one kv head, built
+// in shared memory at the start of every CTA (so run() accepts a new q2k without a new plan).
+// A bitmap over the request's blocks gives the union in ascending block order; this item's
+// entries [e0, e1) get their block id and a mask of the queries (bit qi) that selected them.
+// q2k ids are checked on the way (out of range, repeated within a row). Used by kernel.cuh.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/decode/params.h"
+#include "cuda/decode/status.cuh"
+#include "cuda/decode/traits.h"
+
+namespace msa::cuda::decode {
+
+struct UnionSmem {
+  int* ids;          // [kMaxItemEntries] block id of entry e0 + i
+  uint32_t* masks;   // [kMaxItemEntries] queries (bit qi) that selected entry e0 + i
+  uint32_t* bitmap;  // [bitmap_words] blocks selected by any query of the CTA
+  int* prefix;       // [bitmap_words] union rank of each word's first bit
+  int* scan;         // [kWarps] per-warp totals of the rank scan
+};
+
+__device__ __forceinline__ UnionSmem union_smem(void* base, int bitmap_words) {
+  UnionSmem u;
+  u.ids = static_cast<int*>(base);
+  u.masks = reinterpret_cast<uint32_t*>(u.ids + kMaxItemEntries);
+  u.bitmap = u.masks + kMaxItemEntries;
+  u.prefix = reinterpret_cast<int*>(u.bitmap + bitmap_words);
+  u.scan = u.prefix + bitmap_words;
+  return u;
+}
+
+// First slot of q2k row `row` whose (in-range) id repeats an earlier slot's; -1 if none.
+__device__ __forceinline__ int first_repeat(const int32_t* ids, int topk, int nblk) {
+  for (int s = 1; s < topk; ++s) {
+    const int32_t id = ids[s];
+    if (id < 0 || id >= nblk) continue;
+    for (int r = 0; r < s; ++r)
+      if (ids[r] == id) return s;
+  }
+  return -1;
+}
+
+// Builds the union for queries [t0, t0 + nq) (global token ids, nq <= 32) of kv head h over a
+// request with lk keys. Returns the union size. Ends with __syncthreads.
+__device__ int build_union(const DecodeParams& p, const UnionSmem& u, int h, int64_t t0, int nq,
+                           int lk, int e0, int e1) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;
+  const int words = (nblk + 31) >> 5;
+  for (int i = tid; i < words; i += kThreads) u.bitmap[i] = 0;
+  for (int i = tid; i < e1 - e0; i += kThreads) u.masks[i] = 0;
+  __syncthreads();
+
+  const int topk = p.topk, total = nq * topk;
+  const int64_t row0 = int64_t(h) * p.total_q + t0;  // q2k row of the first query
+  for (int i = tid; i < total; i += kThreads) {
+    const int qi = i / topk, slot = i - qi * topk;
+    const int64_t at = (row0 + qi) * topk + slot;
+    const int32_t id = p.q2k[at];
+    if (id == -1) continue;
+    if (id < -1 || id >= nblk) {
+      report(p, Offence::q2k, uint64_t(at), StatusCode::block_id_out_of_range);
+      continue;
+    }
+    atomicOr(&u.bitmap[id >> 5], 1u << (id & 31));
+  }
+  __syncthreads();
+
+  // Exclusive scan of the words' popcounts: each thread owns a contiguous run of words.
+  const int per = (words + kThreads - 1) / kThreads;
+  const int w_begin = min(words, tid * per), w_end = min(words, w_begin + per);
+  int mine = 0;
+  for (int w = w_begin; w < w_end; ++w) mine += __popc(u.bitmap[w]);
+  int incl = mine;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  if (lane == 31) u.scan[warp] = incl;
+  __syncthreads();
+  int base = 0, size = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    base += w < warp ? u.scan[w] : 0;
+    size += u.scan[w];
+  }
+  int rank = base + incl - mine;
+  for (int w = w_begin; w < w_end; ++w) {
+    u.prefix[w] = rank;
+    rank += __popc(u.bitmap[w]);
+  }
+  __syncthreads();
+
+  // Block ids of this item's entries.
+  for (int w = tid; w < words; w += kThreads) {
+    uint32_t bits = u.bitmap[w];
+    int r = u.prefix[w];
+    if (r >= e1 || r + __popc(bits) <= e0) continue;
+    while (bits) {
+      const int bit = __ffs(bits) - 1;
+      if (r >= e0 && r < e1) u.ids[r - e0] = (w << 5) + bit;
+      ++r;
+      bits &= bits - 1;
+    }
+  }
+  // Which queries selected each entry; a bit already set means the id repeats within the row.
+  for (int i = tid; i < total; i += kThreads) {
+    const int qi = i / topk, slot = i - qi * topk;
+    const int64_t at = (row0 + qi) * topk + slot;
+    const int32_t id = p.q2k[at];
+    if (id < 0 || id >= nblk) continue;
+    const uint32_t word = u.bitmap[id >> 5];
+    const int r = u.prefix[id >> 5] + __popc(word & ((1u << (id & 31)) - 1u));
+    if (r < e0 || r >= e1) continue;
+    const uint32_t old = atomicOr(&u.masks[r - e0], 1u << qi);
+    if (old & (1u << qi)) {
+      const int64_t row_at = (row0 + qi) * topk;
+      const int s = first_repeat(p.q2k + row_at, topk, nblk);
+      report(p, Offence::q2k, uint64_t(row_at + (s < 0 ? slot : s)), StatusCode::block_id_repeated);
+    }
+  }
+  __syncthreads();
+  return size;
+}
+
+}  // namespace msa::cuda::decode

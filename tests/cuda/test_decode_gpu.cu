@@ -1,0 +1,660 @@
+// GPU decode (src/cuda/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps over
+// page size, layout, G, queries per request, skewed and empty lengths, FP8 KV; NaN in unused
+// slots; device-side status for bad ids, bad pages and lengths past the plan; determinism; CUDA
+// graph replays with new lengths and q2k; B = 4096; offsets past 2^31. Outputs are poisoned
+// before each run. MSA_TEST_SMALL=1 shrinks the sweep (compute-sanitizer runs).
+#include <climits>
+#include <cstdlib>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#include "cpu/attention_problem.h"
+#include "gpu_test_util.h"
+
+namespace msa::test {
+namespace {
+
+bool small_run() {
+  const char* e = std::getenv("MSA_TEST_SMALL");
+  return e && e[0] == '1';
+}
+
+// A device copy of a host tensor (same shape and strides; raw bytes).
+struct DeviceTensor {
+  DeviceBuffer buf;
+  Tensor t;
+};
+DeviceTensor to_device(const HostTensor& h, cudaStream_t s) {
+  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.bytes(), 16)), Tensor()};
+  if (h.bytes())
+    MSA_CUDA_CHECK(cudaMemcpyAsync(d.buf.get(), h.t.data, h.bytes(), cudaMemcpyHostToDevice, s));
+  std::vector<int64_t> shape(h.t.shape, h.t.shape + h.t.ndim), strides(h.t.strides, h.t.strides + h.t.ndim);
+  d.t = Tensor(d.buf.get(), h.t.dtype, shape, strides, gpu0());
+  return d;
+}
+void copy_to_device(const HostTensor& h, const DeviceTensor& d, cudaStream_t s) {
+  if (h.bytes())
+    MSA_CUDA_CHECK(cudaMemcpyAsync(d.buf.get(), h.t.data, h.bytes(), cudaMemcpyHostToDevice, s));
+}
+
+// random_q2k for the problem's queries over other key lengths `lk` (lengths changed after the
+// plan): up to topk distinct blocks per (head, token), -1 padded.
+std::vector<int32_t> random_ids(const Problem& p, const std::vector<int32_t>& lk, int64_t topk,
+                                int64_t blk, unsigned seed, bool sorted) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> q2k(p.hkv * p.total_q() * topk, -1);
+  for (int64_t h = 0; h < p.hkv; ++h)
+    for (int64_t b = 0; b < p.batch(); ++b)
+      for (int64_t t = p.q_start(b); t < p.q_start(b + 1); ++t) {
+        std::vector<int32_t> ids((lk[b] + blk - 1) / blk);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        const int64_t n = std::min<int64_t>(int64_t(rng() % (topk + 1)), int64_t(ids.size()));
+        ids.resize(n);
+        ids.resize(topk, -1);
+        if (sorted) std::sort(ids.begin(), ids.begin() + n);
+        else std::shuffle(ids.begin(), ids.end(), rng);
+        std::copy(ids.begin(), ids.end(), q2k.begin() + (h * p.total_q() + t) * topk);
+      }
+  return q2k;
+}
+
+struct Config {
+  std::vector<int32_t> lq, lk;
+  int64_t hq = 16, hkv = 1;
+  int64_t page_size = 64;
+  KVLayout layout = KVLayout::paged_nhd;
+  DType q_dtype = DType::bf16, kv_dtype = DType::bf16;
+  int64_t topk = 0;  // 0: dense
+  int blk = 128;
+  int64_t row_pad = 0;
+  bool causal = true;
+  bool sorted_q2k = true;
+  unsigned seed = 1;
+};
+
+std::string describe(const Config& c) {
+  std::ostringstream os;
+  os << "B=" << c.lq.size() << " Hq=" << c.hq << " Hkv=" << c.hkv << " page=" << c.page_size
+     << " " << kv_layout_name(c.layout) << " q=" << dtype_name(c.q_dtype) << " kv="
+     << dtype_name(c.kv_dtype) << " topk=" << c.topk << " blk=" << c.blk
+     << (c.causal ? " causal" : " full") << " seed=" << c.seed;
+  return os.str();
+}
+
+// One decode problem on both backends: host inputs (and the CPU plan), device copies, the GPU
+// plan with its workspace, poisoned device outputs and a status buffer.
+struct Bench {
+  Config cfg;
+  Problem p;
+  PagedKV paged;
+  std::vector<int32_t> ids;
+  std::optional<HostTensor> q2k;
+  int64_t max_q = 1;
+  TestStream stream;
+  DeviceTensor q, k, v, page_table, seqused, cu_q, q2k_d, k_scale, v_scale;
+  DeviceBuffer out, lse, status, workspace;
+  DecodePlan plan;
+
+  explicit Bench(const Config& c)
+      : cfg(c),
+        p(make_problem(c.lq, c.lk, c.hq, c.hkv, 128, c.seed, c.q_dtype, c.kv_dtype,
+                       c.kv_dtype == DType::fp8_e4m3 ? Fp8Scale::per_tensor : Fp8Scale::none)),
+        paged(make_paged(p, c.layout, c.page_size, c.seed + 1, c.row_pad)) {
+    for (int32_t n : c.lq) max_q = std::max<int64_t>(max_q, n);
+    if (c.topk) {
+      ids = random_q2k(p, c.topk, c.blk, c.seed + 2, c.sorted_q2k);
+      q2k.emplace(q2k_tensor(ids, p.hkv, p.total_q(), c.topk));
+    }
+    q = to_device(p.q, stream);
+    k = to_device(paged.k, stream);
+    v = to_device(paged.v, stream);
+    page_table = to_device(paged.page_table, stream);
+    seqused = to_device(paged.seqused_k, stream);
+    cu_q = to_device(p.cu_q, stream);
+    if (q2k) q2k_d = to_device(*q2k, stream);
+    if (paged.k_scale) {
+      k_scale = to_device(*paged.k_scale, stream);
+      v_scale = to_device(*paged.v_scale, stream);
+    }
+    out = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq * 128) * 2);
+    lse = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq) * 4);
+    status = DeviceBuffer(16);
+  }
+
+  DecodeShape shape(Device device) const {
+    DecodeShape s;
+    s.batch = int(p.batch());
+    s.max_queries_per_request = int(max_q);
+    s.num_q_heads = int(p.hq);
+    s.num_kv_heads = int(p.hkv);
+    s.head_dim = 128;
+    s.page_size = int(cfg.page_size);
+    s.max_pages = int(paged.page_table.t.shape[1]);
+    s.layout = cfg.layout;
+    s.kv_dtype = p.k.t.dtype;
+    s.topk = int(cfg.topk);
+    s.kv_block_size = cfg.blk;
+    s.device = device;
+    return s;
+  }
+  AttentionParams params() const {
+    AttentionParams prm;
+    prm.kv_block_size = cfg.blk;
+    prm.causal = cfg.causal;
+    return prm;
+  }
+  // Plans on the GPU for host lengths `lengths` (null: max_pages * page_size).
+  void plan_gpu(const int32_t* lengths) {
+    const DecodeShape s = shape(gpu0());
+    workspace = DeviceBuffer(DecodePlan::workspace_bytes(s));
+    plan.plan(s, lengths, Tensor(workspace.get(), DType::u8, {int64_t(workspace.bytes())}, gpu0()),
+              stream);
+  }
+  void plan_gpu() { plan_gpu(paged.seqused_k.data<int32_t>()); }
+
+  AttentionArgs gpu_args() {
+    AttentionArgs a;
+    a.q = q.t;
+    KVCache kv;
+    kv.k = paged.k_scale ? QTensor(k.t, k_scale.t) : QTensor(k.t);
+    kv.v = paged.v_scale ? QTensor(v.t, v_scale.t) : QTensor(v.t);
+    kv.layout = cfg.layout;
+    kv.page_table = page_table.t;
+    kv.seqused_k = seqused.t;
+    a.kv = kv;
+    a.cu_seqlens_q = cu_q.t;
+    if (q2k) a.q2k = q2k_d.t;
+    a.out = Tensor(out.get(), p.q.t.dtype, {p.total_q(), p.hq, 128}, gpu0());
+    a.lse = Tensor(lse.get(), DType::f32, {p.hq, p.total_q()}, gpu0());
+    a.params = params();
+    a.status = Tensor(status.get(), DType::i32, {4}, gpu0());
+    return a;
+  }
+  // Poisons the outputs, clears the status and runs the planned decode on the stream.
+  void run_gpu() {
+    out.poison(stream);
+    lse.poison(stream);
+    clear_status(Tensor(status.get(), DType::i32, {4}, gpu0()), stream);
+    plan.run(gpu_args(), stream);
+  }
+  std::vector<int32_t> status_words() { return status.download<int32_t>(4, stream); }
+
+  // The CPU decode of the current host inputs (seqused_k, q2k as they are now).
+  Outputs reference() const {
+    DecodePlan cpu;
+    cpu.plan(shape(Device{}), nullptr, Tensor());
+    Outputs o(p.q.t.dtype, p.total_q(), p.hq, 128);
+    cpu.run(make_args(p, paged.cache(), o, q2k ? &*q2k : nullptr, params()));
+    return o;
+  }
+
+  // Every element written, rel L2 of out and max abs of lse within the DESIGN.md s.10 bounds
+  // (FP8 KV: 3e-2 against the reference on the same dequantized bits).
+  void expect_matches_reference(const char* what = "") {
+    SCOPED_TRACE(describe(cfg) + " " + what);
+    const Outputs ref = reference();
+    const int64_t n = p.total_q() * p.hq * 128;
+    const auto got = out.download<uint16_t>(size_t(n), stream);
+    const auto got_lse = lse.download<float>(size_t(p.hq * p.total_q()), stream);
+    EXPECT_EQ(status_words()[0], 0) << describe_status(status_words().data());
+    const bool fp8 = cfg.kv_dtype == DType::fp8_e4m3;
+    const double tol_out = fp8 ? 3e-2 : 1e-2, tol_lse = fp8 ? 3e-2 : 2e-3;
+    const bool bf16 = p.q.t.dtype == DType::bf16;
+    double diff2 = 0, ref2 = 0;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = bf16 ? codec::bf16_to_float(got[i]) : codec::f16_to_float(got[i]);
+      const double r = load(ref.out.t, i);
+      if (!std::isfinite(g) && bad++ < 5) ADD_FAILURE() << "out[" << i << "] = " << g << ", reference " << r;
+      diff2 += (g - r) * (g - r);
+      ref2 += r * r;
+    }
+    const double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+    EXPECT_LE(rel, tol_out) << "out: relative L2 error";
+    for (int64_t i = 0; i < p.hq * p.total_q(); ++i) {
+      const double g = got_lse[i], r = ref.lse.data<float>()[i];
+      if (r == -kInf) {
+        if (g != -kInf && bad++ < 10) ADD_FAILURE() << "lse[" << i << "] = " << g << ", reference -inf";
+        continue;
+      }
+      if (!(std::fabs(g - r) <= tol_lse) && bad++ < 10)
+        ADD_FAILURE() << "lse[" << i << "] = " << g << ", reference " << r;
+    }
+    EXPECT_EQ(bad, 0);
+  }
+};
+
+// Random lengths: each request gets 1..max_q queries (some 0 when allowed) and 0..max_k keys.
+Config random_config(std::mt19937& rng, int batch, int max_q, int max_k, bool allow_empty) {
+  Config c;
+  std::uniform_int_distribution<int> nq(allow_empty ? 0 : 1, max_q), nk(0, max_k);
+  for (int b = 0; b < batch; ++b) {
+    c.lq.push_back(nq(rng));
+    c.lk.push_back(rng() % 6 == 0 && allow_empty ? 0 : nk(rng));
+  }
+  return c;
+}
+
+TEST(DecodeGpu, SweepDenseAndSparse) {
+  MSA_REQUIRE_GPU();
+  struct Shape {
+    int64_t g, hkv, page;
+    KVLayout layout;
+    int max_q;
+    int blk;
+  };
+  std::vector<Shape> shapes = {
+      {16, 2, 128, KVLayout::paged_nhd, 1, 128},  {16, 1, 16, KVLayout::paged_hnd, 8, 64},
+      {8, 2, 32, KVLayout::paged_nhd, 3, 128},    {4, 2, 64, KVLayout::paged_hnd, 16, 128},
+      {2, 3, 256, KVLayout::paged_nhd, 5, 64},    {1, 4, 16, KVLayout::paged_nhd, 16, 128},
+      {16, 1, 256, KVLayout::paged_hnd, 16, 128}, {1, 2, 128, KVLayout::paged_hnd, 2, 64},
+  };
+  if (small_run()) shapes.resize(3);
+  std::mt19937 rng(7);
+  unsigned seed = 100;
+  for (const Shape& sh : shapes)
+    for (int64_t topk : {int64_t(0), int64_t(6)}) {
+      Config c = random_config(rng, small_run() ? 3 : 6, sh.max_q, small_run() ? 700 : 2500, true);
+      c.hq = sh.g * sh.hkv;
+      c.hkv = sh.hkv;
+      c.page_size = sh.page;
+      c.layout = sh.layout;
+      c.topk = topk;
+      c.blk = sh.blk;
+      c.row_pad = (seed % 3) * 8;
+      c.sorted_q2k = seed % 2 == 0;
+      c.seed = seed++;
+      Bench t(c);
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+    }
+}
+
+TEST(DecodeGpu, Fp8AndF16) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  unsigned seed = 200;
+  struct Kind {
+    DType q, kv;
+    KVLayout layout;
+    int64_t topk;
+  };
+  for (const Kind& kind : {Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_nhd, 0},
+                           Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_hnd, 8},
+                           Kind{DType::f16, DType::fp8_e4m3, KVLayout::paged_nhd, 8},
+                           Kind{DType::f16, DType::f16, KVLayout::paged_hnd, 0},
+                           Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 5}}) {
+    Config c = random_config(rng, 4, 8, small_run() ? 600 : 3000, false);
+    c.hq = 32;
+    c.hkv = 2;
+    c.page_size = 32;
+    c.q_dtype = kind.q;
+    c.kv_dtype = kind.kv;
+    c.layout = kind.layout;
+    c.topk = kind.topk;
+    c.seed = seed++;
+    Bench t(c);
+    t.plan_gpu();
+    t.run_gpu();
+    t.expect_matches_reference();
+  }
+}
+
+TEST(DecodeGpu, NonCausalAndScale) {
+  MSA_REQUIRE_GPU();
+  Config c;
+  c.lq = {4, 1, 7};
+  c.lk = {300, 1, 129};
+  c.hq = 8;
+  c.hkv = 2;
+  c.page_size = 16;
+  c.causal = false;
+  c.seed = 300;
+  Bench t(c);
+  t.plan_gpu();
+  t.run_gpu();
+  t.expect_matches_reference();
+}
+
+TEST(DecodeGpu, EmptyLengthsAndBatches) {
+  MSA_REQUIRE_GPU();
+  for (int64_t topk : {int64_t(0), int64_t(4)}) {
+    Config c;
+    c.lq = {2, 1, 3};
+    c.lk = {0, 0, 0};  // every context empty: out 0, lse -inf
+    c.topk = topk;
+    c.seed = 400 + unsigned(topk);
+    Bench t(c);
+    t.plan_gpu();
+    t.run_gpu();
+    t.expect_matches_reference("all zero lengths");
+    Config z;  // requests with no queries, and Lq > Lk (queries that see nothing)
+    z.lq = {0, 5, 0, 16};
+    z.lk = {100, 3, 0, 40};
+    z.topk = topk;
+    z.seed = 410 + unsigned(topk);
+    Bench tz(z);
+    tz.plan_gpu();
+    tz.run_gpu();
+    tz.expect_matches_reference("zero queries, Lq > Lk");
+  }
+  Config none;  // B = 0
+  none.seed = 420;
+  Bench t0(none);
+  t0.plan_gpu();
+  EXPECT_NO_THROW(t0.run_gpu());
+  EXPECT_EQ(t0.status_words()[0], 0);
+}
+
+TEST(DecodeGpu, SkewedLengthsSplitAndCombineDeterministic) {
+  MSA_REQUIRE_GPU();
+  for (int64_t topk : {int64_t(0), int64_t(16)}) {
+    Config c;
+    const int long_k = small_run() ? 6000 : 40000;
+    c.lq = {8, 8, 8, 8, 8};
+    c.lk = {long_k, 700, 0, 1300, 129};
+    c.hq = 32;
+    c.hkv = 2;
+    c.page_size = 128;
+    c.topk = topk;
+    c.seed = 500 + unsigned(topk);
+    Bench t(c);
+    t.plan_gpu();
+    t.run_gpu();
+    t.expect_matches_reference();
+    const auto out1 = t.out.download<uint16_t>(t.out.bytes() / 2, t.stream);
+    const auto lse1 = t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream);
+    t.run_gpu();
+    EXPECT_EQ(out1, t.out.download<uint16_t>(t.out.bytes() / 2, t.stream)) << "out differs run to run";
+    EXPECT_EQ(lse1, t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream)) << "lse differs run to run";
+  }
+}
+
+TEST(DecodeGpu, NewLengthsWithinThePlanAndPastIt) {
+  MSA_REQUIRE_GPU();
+  for (int64_t topk : {int64_t(0), int64_t(8)}) {
+    Config c;
+    c.lq = {3, 1, 6};
+    c.lk = {1000, 2000, 300};
+    c.hq = 16;
+    c.hkv = 2;
+    c.page_size = 64;
+    c.topk = topk;
+    c.blk = 64;
+    c.seed = 600 + unsigned(topk);
+    Bench t(c);
+    t.plan_gpu();
+    // Shrink: keys past the new lengths stay in the pages (real values) and must be ignored.
+    for (std::vector<int32_t> lk : {std::vector<int32_t>{10, 1999, 0}, {1000, 64, 300}}) {
+      std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
+      if (topk) {  // a q2k valid for the new lengths
+        t.ids = random_ids(t.p, lk, topk, c.blk, c.seed + lk[0], true);
+        std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
+        copy_to_device(*t.q2k, t.q2k_d, t.stream);
+      }
+      copy_to_device(t.paged.seqused_k, t.seqused, t.stream);
+      t.run_gpu();
+      t.expect_matches_reference("shrunk lengths");
+    }
+    // Grow past the planned capacity (1000 -> 1100 > 1024): reported, not silently dropped.
+    std::vector<int32_t> grown = {1100, 2000, 300};
+    MSA_CUDA_CHECK(cudaMemcpyAsync(t.seqused.buf.get(), grown.data(), 12, cudaMemcpyHostToDevice, t.stream));
+    t.run_gpu();
+    const auto st = t.status_words();
+    EXPECT_EQ(st[0], int32_t(StatusCode::shape_mismatch));
+    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 1100, 1024));
+  }
+}
+
+TEST(DecodeGpu, MoreQueriesThanPlanned) {
+  MSA_REQUIRE_GPU();
+  Config c;
+  c.lq = {2, 5};
+  c.lk = {100, 200};
+  c.seed = 700;
+  Bench t(c);
+  t.max_q = 4;  // the plan allows 4 queries per request; request 1 has 5
+  t.plan_gpu();
+  t.run_gpu();
+  const auto st = t.status_words();
+  EXPECT_EQ(st[0], int32_t(StatusCode::shape_mismatch));
+  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, 5, 4));
+}
+
+TEST(DecodeGpu, BadPageIdsReported) {
+  MSA_REQUIRE_GPU();
+  for (int64_t topk : {int64_t(0), int64_t(64)}) {
+    Config c;
+    c.lq = {1, 2, 1, 3, 1};
+    c.lk = {300, 500, 100, 700, 200};
+    c.page_size = 32;
+    c.topk = topk;
+    c.seed = 800 + unsigned(topk);
+    Bench t(c);
+    if (topk) {  // every block selected by every query, so every page is read
+      for (int64_t h = 0; h < t.p.hkv; ++h)
+        for (int64_t b = 0; b < t.p.batch(); ++b)
+          for (int64_t tok = t.p.q_start(b); tok < t.p.q_start(b + 1); ++tok)
+            for (int64_t s = 0; s < topk; ++s)
+              t.q2k->data<int32_t>()[(h * t.p.total_q() + tok) * topk + s] =
+                  s < (t.p.lk[b] + 127) / 128 ? int32_t(s) : -1;
+      copy_to_device(*t.q2k, t.q2k_d, t.stream);
+    }
+    const int64_t mp = t.paged.page_table.t.shape[1], pages = t.paged.k.t.shape[0];
+    int32_t* pt = t.paged.page_table.data<int32_t>();
+    pt[3 * mp + 7] = int32_t(pages);  // (batch 3, column 7): one past the pool
+    pt[1 * mp + 15] = INT_MIN;        // (batch 1, column 15): the first offence
+    pt[4 * mp + 0] = -1;
+    copy_to_device(t.paged.page_table, t.page_table, t.stream);
+    t.plan_gpu();
+    t.run_gpu();
+    const auto st = t.status_words();
+    EXPECT_EQ(st[0], int32_t(StatusCode::page_id_out_of_range));
+    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, 15, INT_MIN));
+    expect_error([&] { check_status(Tensor(t.status.get(), DType::i32, {4}, gpu0()), t.stream); },
+                 "page_table: page id -2147483648 out of range [0, num_pages) at (batch 1, column 15)");
+    // The offence was consumed: a clean run reports nothing.
+    copy_to_device(make_paged(t.p, c.layout, c.page_size, c.seed + 1).page_table, t.page_table, t.stream);
+    t.run_gpu();
+    EXPECT_EQ(t.status_words()[0], 0);
+  }
+}
+
+TEST(DecodeGpu, BadBlockIdsReported) {
+  MSA_REQUIRE_GPU();
+  const std::vector<int32_t> bad = {INT_MIN, -123456, -2, 0 /* nblk */, 1 /* nblk + 1000 */, INT_MAX};
+  for (size_t i = 0; i < bad.size(); ++i) {
+    Config c;
+    c.lq = {2, 4, 3};
+    c.lk = {500, 900, 260};
+    c.hq = 8;
+    c.hkv = 2;
+    c.topk = 4;
+    c.seed = 900 + unsigned(i);
+    Bench t(c);
+    const int64_t total_q = t.p.total_q();
+    auto put = [&](int64_t h, int64_t tok, int64_t slot) {
+      int64_t b = 0;
+      while (t.p.q_start(b + 1) <= tok) ++b;
+      const int32_t nblk = (t.p.lk[b] + 127) / 128;
+      int32_t id = bad[i];
+      if (i == 3) id = nblk;
+      if (i == 4) id = nblk + 1000;
+      t.q2k->data<int32_t>()[(h * total_q + tok) * 4 + slot] = id;
+    };
+    put(1, total_q - 1, 3);
+    put(1, 4, 2);  // earlier in (head, token, slot) order
+    copy_to_device(*t.q2k, t.q2k_d, t.stream);
+    t.plan_gpu();
+    t.run_gpu();
+    const auto st = t.status_words();
+    EXPECT_EQ(st[0], int32_t(StatusCode::block_id_out_of_range)) << "id case " << i;
+    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, 4, 2)) << "id case " << i;
+  }
+  // A repeated id: the second occurrence is the offence.
+  Config c;
+  c.lq = {3};
+  c.lk = {1000};
+  c.topk = 4;
+  c.seed = 950;
+  Bench t(c);
+  const std::vector<int32_t> rows = {0, 1, 2, 3, /**/ 0, 5, -1, 5, /**/ 7, 7, 7, 7};
+  std::copy(rows.begin(), rows.end(), t.q2k->data<int32_t>());
+  copy_to_device(*t.q2k, t.q2k_d, t.stream);
+  t.plan_gpu();
+  t.run_gpu();
+  const auto st = t.status_words();
+  EXPECT_EQ(st[0], int32_t(StatusCode::block_id_repeated));
+  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 1, 3));
+}
+
+TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {
+  MSA_REQUIRE_GPU();
+  Config c;
+  c.lq = {1, 4, 2, 8};
+  c.lk = {3000, 257, 1800, 900};
+  c.hq = 32;
+  c.hkv = 2;
+  c.page_size = 32;
+  c.topk = 8;
+  c.seed = 1000;
+  Bench t(c);
+  t.plan_gpu();
+  const AttentionArgs args = t.gpu_args();
+  const Tensor status(t.status.get(), DType::i32, {4}, gpu0());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MSA_CUDA_CHECK(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeGlobal));
+  t.plan.run(args, t.stream);
+  MSA_CUDA_CHECK(cudaStreamEndCapture(t.stream, &graph));
+  MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::mt19937 rng(11);
+  for (int replay = 0; replay < 4; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    std::vector<int32_t> lk(4);
+    for (int b = 0; b < 4; ++b)
+      lk[b] = replay == 0 ? c.lk[b] : int32_t(rng() % (c.lk[b] + 1));  // within the plan
+    std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
+    t.ids = random_ids(t.p, lk, c.topk, c.blk, 2000 + replay, replay % 2 == 0);
+    std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
+    copy_to_device(*t.q2k, t.q2k_d, t.stream);
+    copy_to_device(t.paged.seqused_k, t.seqused, t.stream);
+    t.out.poison(t.stream);
+    t.lse.poison(t.stream);
+    clear_status(status, t.stream);
+    MSA_CUDA_CHECK(cudaGraphLaunch(exec, t.stream));
+    t.expect_matches_reference("graph replay");
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST(DecodeGpu, LargeBatch) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  const int batch = small_run() ? 1100 : 4096;
+  for (int64_t topk : {int64_t(4), int64_t(0)}) {
+    Config c = random_config(rng, batch, 1, small_run() ? 150 : 600, false);
+    c.topk = topk;
+    c.page_size = 16;
+    c.seed = 1100 + unsigned(topk);
+    Bench t(c);
+    t.plan_gpu();
+    t.run_gpu();
+    t.expect_matches_reference();
+  }
+}
+
+// q is filled on the device (pattern of the element index), so the 4 GB tensors never cross.
+__global__ void fill_pattern_bf16(uint16_t* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = uint32_t(i * 2654435761ull >> 7) ^ uint32_t(i >> 20);
+    x[i] = uint16_t(0x3c00 | (h & 0x3ff) | ((h >> 10 & 1) << 15));  // +-[2^-7, 2)
+  }
+}
+
+TEST(DecodeGpu, OffsetsPast2To31) {
+  MSA_REQUIRE_GPU();
+  if (small_run()) GTEST_SKIP() << "MSA_TEST_SMALL: skipping the 8 GB case";
+  // total_q * Hq * D = 2^31 + 64 * 128 * 16 elements; every request shares one 32-key page.
+  const int64_t hq = 64, hkv = 4, lq = 16;
+  const int64_t batch = (int64_t(1) << 31) / (hq * 128 * lq) + 1, total_q = batch * lq;
+  TestStream stream;
+  DeviceBuffer q(size_t(total_q * hq * 128 * 2)), out(size_t(total_q * hq * 128 * 2)),
+      lse(size_t(hq * total_q * 4)), status(16);
+  fill_pattern_bf16<<<4096, 256, 0, stream>>>(static_cast<uint16_t*>(q.get()), total_q * hq * 128);
+  MSA_CUDA_CHECK(cudaGetLastError());
+  // The KV: one problem of one request; its pool and page table row shared by every request.
+  const Problem small = make_problem({int32_t(lq)}, {32}, hq, hkv, 128, 1200);
+  const PagedKV paged = make_paged(small, KVLayout::paged_nhd, 32, 1201, 0, 0, 0);
+  DeviceTensor k = to_device(paged.k, stream), v = to_device(paged.v, stream);
+  std::vector<int32_t> pt(batch, paged.page_table.data<int32_t>()[0]), used(batch, 32), cu(batch + 1);
+  for (int64_t b = 0; b <= batch; ++b) cu[b] = int32_t(b * lq);
+  DeviceBuffer pt_d(batch * 4), used_d(batch * 4), cu_d((batch + 1) * 4);
+  pt_d.upload(pt, stream);
+  used_d.upload(used, stream);
+  cu_d.upload(cu, stream);
+  DecodeShape s;
+  s.batch = int(batch);
+  s.max_queries_per_request = int(lq);
+  s.num_q_heads = int(hq);
+  s.num_kv_heads = int(hkv);
+  s.page_size = 32;
+  s.max_pages = 1;
+  s.device = gpu0();
+  DeviceBuffer ws(DecodePlan::workspace_bytes(s));
+  DecodePlan plan;
+  plan.plan(s, used.data(), Tensor(ws.get(), DType::u8, {int64_t(ws.bytes())}, gpu0()), stream);
+  AttentionArgs a;
+  a.q = Tensor(q.get(), DType::bf16, {total_q, hq, 128}, gpu0());
+  a.kv.k = k.t;
+  a.kv.v = v.t;
+  a.kv.layout = KVLayout::paged_nhd;
+  a.kv.page_table = Tensor(pt_d.get(), DType::i32, {batch, 1}, gpu0());
+  a.kv.seqused_k = Tensor(used_d.get(), DType::i32, {batch}, gpu0());
+  a.cu_seqlens_q = Tensor(cu_d.get(), DType::i32, {batch + 1}, gpu0());
+  a.out = Tensor(out.get(), DType::bf16, {total_q, hq, 128}, gpu0());
+  a.lse = Tensor(lse.get(), DType::f32, {hq, total_q}, gpu0());
+  a.status = Tensor(status.get(), DType::i32, {4}, gpu0());
+  out.poison(stream);
+  lse.poison(stream);
+  clear_status(a.status, stream);
+  plan.run(a, stream);
+  EXPECT_NO_THROW(check_status(a.status, stream));
+  // The last request (its rows past element 2^31) against the CPU decode of the same values.
+  Problem last = make_problem({int32_t(lq)}, {32}, hq, hkv, 128, 1200);
+  const int64_t row0 = total_q - lq, n = lq * hq * 128;
+  MSA_CUDA_CHECK(cudaMemcpyAsync(last.q.data<uint16_t>(), static_cast<uint16_t*>(q.get()) + row0 * hq * 128,
+                                 n * 2, cudaMemcpyDeviceToHost, stream));
+  std::vector<uint16_t> got(n);
+  MSA_CUDA_CHECK(cudaMemcpyAsync(got.data(), static_cast<uint16_t*>(out.get()) + row0 * hq * 128, n * 2,
+                                 cudaMemcpyDeviceToHost, stream));
+  std::vector<float> got_lse(hq);
+  for (int64_t h = 0; h < hq; ++h)
+    MSA_CUDA_CHECK(cudaMemcpyAsync(&got_lse[h], static_cast<float*>(lse.get()) + h * total_q + total_q - 1, 4,
+                                   cudaMemcpyDeviceToHost, stream));
+  MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  DecodePlan cpu;
+  DecodeShape cs = s;
+  cs.batch = 1;
+  cs.device = Device{};
+  cpu.plan(cs, nullptr, Tensor());
+  Outputs o(DType::bf16, lq, hq, 128);
+  cpu.run(make_args(last, paged.cache(), o, nullptr, {}));
+  double diff2 = 0, ref2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = codec::bf16_to_float(got[i]), r = load(o.out.t, i);
+    ASSERT_TRUE(std::isfinite(g)) << "out element " << i << " of the last request not written";
+    diff2 += (g - r) * (g - r);
+    ref2 += r * r;
+  }
+  EXPECT_LE(std::sqrt(diff2 / ref2), 1e-2);
+  for (int64_t h = 0; h < hq; ++h)
+    EXPECT_NEAR(got_lse[h], o.lse.data<float>()[h * lq + lq - 1], 2e-3) << "lse head " << h;
+}
+
+}  // namespace
+}  // namespace msa::test
