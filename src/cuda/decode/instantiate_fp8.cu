@@ -2,8 +2,8 @@
 #include "cuda/decode/launch_kernels.cuh"
 
 namespace msa::cuda::decode {
-template void set_smem_limit<__nv_bfloat16, true>(int);
-template void set_smem_limit<__half, true>(int);
+template void set_smem_limit<__nv_bfloat16, true>();
+template void set_smem_limit<__half, true>();
 template void launch<__nv_bfloat16, true>(const DecodeParams&, cudaStream_t);
 template void launch<__half, true>(const DecodeParams&, cudaStream_t);
 }  // namespace msa::cuda::decode

@@ -2,8 +2,8 @@
 #include "cuda/decode/launch_kernels.cuh"
 
 namespace msa::cuda::decode {
-template void set_smem_limit<__nv_bfloat16, false>(int);
-template void set_smem_limit<__half, false>(int);
+template void set_smem_limit<__nv_bfloat16, false>();
+template void set_smem_limit<__half, false>();
 template void launch<__nv_bfloat16, false>(const DecodeParams&, cudaStream_t);
 template void launch<__half, false>(const DecodeParams&, cudaStream_t);
 }  // namespace msa::cuda::decode

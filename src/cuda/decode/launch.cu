@@ -115,12 +115,12 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
             "decode: ", list.items.size(), " work items x ", s.num_kv_heads,
             " kv heads exceed the grid limit of 2^31 - 1 CTAs");
   if (s.kv_dtype == DType::fp8_e4m3) {
-    decode::set_smem_limit<__nv_bfloat16, true>(g.bitmap_words);
-    decode::set_smem_limit<__half, true>(g.bitmap_words);
+    decode::set_smem_limit<__nv_bfloat16, true>();
+    decode::set_smem_limit<__half, true>();
   } else if (s.kv_dtype == DType::f16) {
-    decode::set_smem_limit<__half, false>(g.bitmap_words);
+    decode::set_smem_limit<__half, false>();
   } else {
-    decode::set_smem_limit<__nv_bfloat16, false>(g.bitmap_words);
+    decode::set_smem_limit<__nv_bfloat16, false>();
   }
   auto* base = static_cast<uint8_t*>(workspace.data);
   MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence, 0xff, sizeof(unsigned long long), stream));

@@ -12,11 +12,14 @@
 
 namespace msa::cuda::decode {
 
+// The largest plan's need, so a later plan never lowers the limit under an earlier one's.
 template <typename TQ, bool kFp8>
-void set_smem_limit(int bitmap_words) {
+void set_smem_limit() {
+  static_assert(smem_bytes<kFp8>(kMaxBitmapWords) <= 227 * 1024,
+                "decode: shared memory of the largest sparse plan exceeds 227 KB");
   MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<TQ, kFp8>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(smem_bytes<kFp8>(bitmap_words))));
+                                      int(smem_bytes<kFp8>(kMaxBitmapWords))));
 }
 
 template <typename TQ, bool kFp8>

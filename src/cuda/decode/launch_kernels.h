@@ -11,7 +11,7 @@ namespace msa::cuda::decode {
 
 // Raises the kernel's dynamic shared-memory limit (plan time; not a stream operation).
 template <typename TQ, bool kFp8>
-void set_smem_limit(int bitmap_words);
+void set_smem_limit();
 
 // Main kernel (when p.num_items > 0) then combine + status finalize; no allocation, no sync.
 template <typename TQ, bool kFp8>

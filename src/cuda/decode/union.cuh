@@ -44,7 +44,7 @@ __device__ __forceinline__ int first_repeat(const int32_t* ids, int topk, int nb
 
 // Builds the union for queries [t0, t0 + nq) (global token ids, nq <= 32) of kv head h over a
 // request with lk keys. Returns the union size. Ends with __syncthreads.
-__device__ int build_union(const DecodeParams& p, const UnionSmem& u, int h, int64_t t0, int nq,
+__device__ __forceinline__ int build_union(const DecodeParams& p, const UnionSmem& u, int h, int64_t t0, int nq,
                            int lk, int e0, int e1) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;

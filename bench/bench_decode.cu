@@ -1,0 +1,381 @@
+// bench_decode: the decode cases of BENCHMARKS.md (DEC-B32, DEC-B32-dense, DEC-MTP bf16 and fp8
+// KV, DEC-SKEW, DEC-B2048) through DecodePlan on the GPU, in TB/s (bytes that must move: each
+// selected K/V byte once per kv head, q, out, lse, page table and q2k rows) and microseconds.
+//   bench_decode [--case NAME]... [--iters N] [--warmup N] [--json FILE] [--no-check]
+// Inputs are filled on the device (random normal, fp8: e4m3 of it); pages are shuffled over the
+// pool. Before timing, three requests are checked against the CPU decode of the same bits.
+// Each timed run follows an L2 flush (256 MB write); median, min and max of CUDA-event times.
+// Exit status: 0 ok, 1 a check failed, 2 usage / no GPU.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bench/cases.h"
+#include "bench/inputs.h"
+#include "bench/patterns.h"
+#include "msa/msa.h"
+
+namespace {
+
+using namespace msa;
+
+#define BENCH_CUDA(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (expr);                                                               \
+    if (e_ != cudaSuccess) fail("CUDA error in ", #expr, ": ", cudaGetErrorString(e_));   \
+  } while (0)
+
+struct Buf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit Buf(size_t n) : bytes(n) { BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(n, 16))); }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+};
+
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// N(0, 1) draw of element i of stream `seed` (Box-Muller on two hashed uniforms).
+__device__ __forceinline__ float normal_at(uint64_t seed, int64_t i) {
+  const uint64_t a = mix64(seed ^ (uint64_t(i) * 2)), b = mix64(seed ^ (uint64_t(i) * 2 + 1));
+  const float u1 = (float(a >> 40) + 1.f) * 0x1.0p-24f, u2 = float(b >> 40) * 0x1.0p-24f;
+  return sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+}
+__global__ void fill_bf16(__nv_bfloat16* x, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = __float2bfloat16(normal_at(seed, i));
+}
+__global__ void fill_fp8(uint8_t* x, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = __nv_cvt_float_to_fp8(normal_at(seed, i), __NV_SATFINITE, __NV_E4M3);
+}
+
+struct Options {
+  int warmup = 5, iters = 50;
+  bool check = true;
+  std::string json;
+};
+
+struct Result {
+  std::string name, kv;
+  double median_us = 0, min_us = 0, max_us = 0, bytes = 0, rel_l2 = 0, lse_err = 0;
+  int64_t items = 0;
+  bool ok = true;
+};
+
+// One request of the GPU problem rebuilt on the host (its pages, q rows and q2k rows) and run
+// through the CPU decode; returns (rel L2 of out, max abs lse error) against the GPU output.
+std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool fp8, const Buf& q,
+                                        const Buf& k, const Buf& v, const std::vector<int32_t>& pt,
+                                        int max_pages, const std::vector<int32_t>& cu,
+                                        const std::vector<int32_t>& q2k, const Buf& out,
+                                        const Buf& lse, int64_t total_q, cudaStream_t s) {
+  const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim, ps = c.page_size;
+  const int64_t lq = cu[b + 1] - cu[b], lk = c.seqlens_k[b];
+  const int64_t pages = (lk + ps - 1) / ps, esz = fp8 ? 1 : 2, page_bytes = int64_t(ps) * hkv * d * esz;
+  std::vector<uint8_t> hk(std::max<int64_t>(1, pages) * page_bytes), hv(hk.size());
+  for (int64_t p = 0; p < pages; ++p) {
+    const int64_t src = int64_t(pt[int64_t(b) * max_pages + p]) * page_bytes;
+    BENCH_CUDA(cudaMemcpyAsync(hk.data() + p * page_bytes, static_cast<uint8_t*>(k.p) + src, page_bytes, cudaMemcpyDeviceToHost, s));
+    BENCH_CUDA(cudaMemcpyAsync(hv.data() + p * page_bytes, static_cast<uint8_t*>(v.p) + src, page_bytes, cudaMemcpyDeviceToHost, s));
+  }
+  const int64_t row = int64_t(hq) * d;
+  std::vector<uint16_t> hq_rows(std::max<int64_t>(1, lq * row)), got(hq_rows.size());
+  BENCH_CUDA(cudaMemcpyAsync(hq_rows.data(), static_cast<uint16_t*>(q.p) + cu[b] * row, lq * row * 2, cudaMemcpyDeviceToHost, s));
+  BENCH_CUDA(cudaMemcpyAsync(got.data(), static_cast<uint16_t*>(out.p) + cu[b] * row, lq * row * 2, cudaMemcpyDeviceToHost, s));
+  std::vector<float> got_lse(std::max<int64_t>(1, hq * lq));
+  for (int h = 0; h < hq; ++h)
+    BENCH_CUDA(cudaMemcpyAsync(got_lse.data() + h * lq, static_cast<float*>(lse.p) + h * total_q + cu[b], lq * 4, cudaMemcpyDeviceToHost, s));
+  BENCH_CUDA(cudaStreamSynchronize(s));
+
+  std::vector<int32_t> page_ids(std::max<int64_t>(1, pages)), used = {int32_t(lk)}, cuq = {0, int32_t(lq)};
+  std::iota(page_ids.begin(), page_ids.end(), 0);
+  std::vector<int32_t> rows_q2k;
+  if (!c.dense)
+    for (int h = 0; h < hkv; ++h)
+      for (int64_t i = 0; i < lq; ++i)
+        for (int j = 0; j < c.topk; ++j) rows_q2k.push_back(q2k[(int64_t(h) * total_q + cu[b] + i) * c.topk + j]);
+  float one = 1.f;
+  const DType kvt = fp8 ? DType::fp8_e4m3 : DType::bf16;
+  AttentionArgs a;
+  a.q = Tensor(hq_rows.data(), DType::bf16, {lq, hq, d});
+  a.kv.layout = KVLayout::paged_nhd;
+  a.kv.k = fp8 ? QTensor(Tensor(hk.data(), kvt, {std::max<int64_t>(1, pages), ps, hkv, d}), Tensor(&one, DType::f32, {1}))
+               : QTensor(Tensor(hk.data(), kvt, {std::max<int64_t>(1, pages), ps, hkv, d}));
+  a.kv.v = fp8 ? QTensor(Tensor(hv.data(), kvt, {std::max<int64_t>(1, pages), ps, hkv, d}), Tensor(&one, DType::f32, {1}))
+               : QTensor(Tensor(hv.data(), kvt, {std::max<int64_t>(1, pages), ps, hkv, d}));
+  a.kv.page_table = Tensor(page_ids.data(), DType::i32, {1, std::max<int64_t>(1, pages)});
+  a.kv.seqused_k = Tensor(used.data(), DType::i32, {1});
+  a.cu_seqlens_q = Tensor(cuq.data(), DType::i32, {2});
+  if (!c.dense) a.q2k = Tensor(rows_q2k.data(), DType::i32, {hkv, lq, c.topk});
+  std::vector<uint16_t> ref(hq_rows.size());
+  std::vector<float> ref_lse(got_lse.size());
+  a.out = Tensor(ref.data(), DType::bf16, {lq, hq, d});
+  a.lse = Tensor(ref_lse.data(), DType::f32, {hq, lq});
+  DecodeShape sh;
+  sh.batch = 1;
+  sh.max_queries_per_request = int(std::max<int64_t>(1, lq));
+  sh.num_q_heads = hq;
+  sh.num_kv_heads = hkv;
+  sh.head_dim = d;
+  sh.page_size = ps;
+  sh.max_pages = int(std::max<int64_t>(1, pages));
+  sh.kv_dtype = kvt;
+  sh.topk = c.dense ? 0 : c.topk;
+  sh.kv_block_size = c.kv_block_size;
+  DecodePlan cpu;
+  cpu.plan(sh, nullptr, Tensor());
+  cpu.run(a);
+  double d2 = 0, r2 = 0, lse_err = 0;
+  for (int64_t i = 0; i < lq * row; ++i) {
+    const double g = bench::bf16_to_float(got[i]), r = bench::bf16_to_float(ref[i]);
+    d2 += (g - r) * (g - r);
+    r2 += r * r;
+    if (!std::isfinite(g)) d2 = INFINITY;
+  }
+  for (int64_t i = 0; i < hq * lq; ++i) {
+    if (ref_lse[i] == -INFINITY && got_lse[i] == -INFINITY) continue;
+    const double e = std::fabs(double(got_lse[i]) - ref_lse[i]);
+    lse_err = std::max(lse_err, std::isfinite(e) ? e : INFINITY);
+  }
+  return {r2 > 0 ? std::sqrt(d2 / r2) : std::sqrt(d2), lse_err};
+}
+
+Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
+  Result res;
+  res.name = c.name;
+  res.kv = fp8 ? "fp8" : "bf16";
+  cudaStream_t s;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int B = int(c.seqlens_q.size()), hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim;
+  const int ps = c.page_size, esz = fp8 ? 1 : 2;
+  std::vector<int32_t> cu(B + 1, 0), used(B);
+  std::vector<int64_t> cu64(B + 1, 0), cuk64(B + 1, 0);
+  int max_pages = 1;
+  int64_t total_pages = 0;
+  for (int b = 0; b < B; ++b) {
+    cu[b + 1] = cu[b] + int32_t(c.seqlens_q[b]);
+    cu64[b + 1] = cu[b + 1];
+    cuk64[b + 1] = cuk64[b] + c.seqlens_k[b];
+    used[b] = int32_t(c.seqlens_k[b]);
+    const int n = int((c.seqlens_k[b] + ps - 1) / ps);
+    max_pages = std::max(max_pages, n);
+    total_pages += n;
+  }
+  const int64_t total_q = cu[B];
+  // Pages of every request scattered over the pool in a fixed random order.
+  std::vector<int32_t> order(total_pages), pt(int64_t(B) * max_pages, 0);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(c.seed));
+  for (int b = 0, next = 0; b < B; ++b)
+    for (int p = 0; p < int((c.seqlens_k[b] + ps - 1) / ps); ++p) pt[int64_t(b) * max_pages + p] = order[next++];
+  std::vector<int32_t> q2k;
+  if (!c.dense) {
+    bench::SelectionShape sel;
+    sel.cu_seqlens_q = cu64;
+    sel.cu_seqlens_k = cuk64;
+    sel.num_kv_heads = hkv;
+    sel.topk = c.topk;
+    sel.kv_block_size = c.kv_block_size;
+    sel.causal = c.causal;
+    sel.seed = c.seed;
+    q2k = bench::make_selection(c.pattern, sel);
+  }
+  // Bytes that must move.
+  double kv_keys = 0;
+  for (int b = 0; b < B; ++b) {
+    const int64_t lk = c.seqlens_k[b];
+    if (c.dense) {
+      kv_keys += double(lk) * hkv;
+      continue;
+    }
+    for (int h = 0; h < hkv; ++h) {
+      std::set<int32_t> uni;
+      for (int64_t t = cu[b]; t < cu[b + 1]; ++t)
+        for (int j = 0; j < c.topk; ++j) {
+          const int32_t id = q2k[(int64_t(h) * total_q + t) * c.topk + j];
+          if (id >= 0) uni.insert(id);
+        }
+      for (int32_t id : uni) kv_keys += double(std::min<int64_t>(c.kv_block_size, lk - int64_t(id) * c.kv_block_size));
+    }
+  }
+  res.bytes = kv_keys * d * esz * 2 + 2.0 * total_q * hq * d * 2 + double(hq) * total_q * 4 +
+              double(total_pages) * 4 + double(q2k.size()) * 4 + double(B) * 8;
+
+  const int64_t pool = total_pages * ps * hkv * d;
+  Buf q(size_t(total_q) * hq * d * 2), k(size_t(pool) * esz), v(size_t(pool) * esz),
+      out(size_t(total_q) * hq * d * 2), lse(size_t(hq) * total_q * 4), status(16),
+      pt_d(pt.size() * 4), used_d(used.size() * 4), cu_d(cu.size() * 4), q2k_d(q2k.size() * 4),
+      scale(8), flush(256 << 20);
+  fill_bf16<<<2048, 256, 0, s>>>(static_cast<__nv_bfloat16*>(q.p), total_q * hq * d, c.seed * 3 + 1);
+  if (fp8) {
+    fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(k.p), pool, c.seed * 3 + 2);
+    fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(v.p), pool, c.seed * 3 + 3);
+  } else {
+    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(k.p), pool, c.seed * 3 + 2);
+    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(v.p), pool, c.seed * 3 + 3);
+  }
+  BENCH_CUDA(cudaGetLastError());
+  const float one = 1.f;
+  BENCH_CUDA(cudaMemcpyAsync(scale.p, &one, 4, cudaMemcpyHostToDevice, s));
+  BENCH_CUDA(cudaMemcpyAsync(pt_d.p, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice, s));
+  BENCH_CUDA(cudaMemcpyAsync(used_d.p, used.data(), used.size() * 4, cudaMemcpyHostToDevice, s));
+  BENCH_CUDA(cudaMemcpyAsync(cu_d.p, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice, s));
+  if (!q2k.empty()) BENCH_CUDA(cudaMemcpyAsync(q2k_d.p, q2k.data(), q2k.size() * 4, cudaMemcpyHostToDevice, s));
+
+  const Device gpu{DeviceType::cuda, 0};
+  const DType kvt = fp8 ? DType::fp8_e4m3 : DType::bf16;
+  DecodeShape sh;
+  sh.batch = B;
+  sh.max_queries_per_request = int(*std::max_element(c.seqlens_q.begin(), c.seqlens_q.end()));
+  sh.num_q_heads = hq;
+  sh.num_kv_heads = hkv;
+  sh.head_dim = d;
+  sh.page_size = ps;
+  sh.max_pages = max_pages;
+  sh.kv_dtype = kvt;
+  sh.topk = c.dense ? 0 : c.topk;
+  sh.kv_block_size = c.kv_block_size;
+  sh.device = gpu;
+  Buf ws(DecodePlan::workspace_bytes(sh));
+  DecodePlan plan;
+  plan.plan(sh, used.data(), Tensor(ws.p, DType::u8, {int64_t(ws.bytes)}, gpu), s);
+  AttentionArgs a;
+  a.q = Tensor(q.p, DType::bf16, {total_q, hq, d}, gpu);
+  const Tensor kt(k.p, kvt, {total_pages, ps, hkv, d}, gpu), vt(v.p, kvt, {total_pages, ps, hkv, d}, gpu);
+  const Tensor sc(scale.p, DType::f32, {1}, gpu);
+  a.kv.k = fp8 ? QTensor(kt, sc) : QTensor(kt);
+  a.kv.v = fp8 ? QTensor(vt, sc) : QTensor(vt);
+  a.kv.layout = KVLayout::paged_nhd;
+  a.kv.page_table = Tensor(pt_d.p, DType::i32, {B, max_pages}, gpu);
+  a.kv.seqused_k = Tensor(used_d.p, DType::i32, {B}, gpu);
+  a.cu_seqlens_q = Tensor(cu_d.p, DType::i32, {B + 1}, gpu);
+  if (!c.dense) a.q2k = Tensor(q2k_d.p, DType::i32, {hkv, total_q, c.topk}, gpu);
+  a.out = Tensor(out.p, DType::bf16, {total_q, hq, d}, gpu);
+  a.lse = Tensor(lse.p, DType::f32, {hq, total_q}, gpu);
+  a.params.kv_block_size = c.kv_block_size;
+  a.params.causal = c.causal;
+  a.status = Tensor(status.p, DType::i32, {4}, gpu);
+  clear_status(a.status, s);
+  BENCH_CUDA(cudaMemsetAsync(out.p, 0xff, out.bytes, s));
+  plan.run(a, s);
+  check_status(a.status, s);
+  if (o.check) {
+    std::set<int> sample = {0, B / 2, B - 1};
+    for (int b : sample) {
+      const auto [rel, le] = check_request(b, c, fp8, q, k, v, pt, max_pages, cu, q2k, out, lse, total_q, s);
+      res.rel_l2 = std::max(res.rel_l2, rel);
+      res.lse_err = std::max(res.lse_err, le);
+    }
+    const double tol = fp8 ? 3e-2 : 1e-2, tol_lse = fp8 ? 3e-2 : 2e-3;
+    res.ok = res.rel_l2 <= tol && res.lse_err <= tol_lse;
+  }
+  for (int i = 0; i < o.warmup; ++i) plan.run(a, s);
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < o.iters; ++i) {
+    BENCH_CUDA(cudaMemsetAsync(flush.p, i & 0xff, flush.bytes, s));
+    BENCH_CUDA(cudaEventRecord(e0, s));
+    plan.run(a, s);
+    BENCH_CUDA(cudaEventRecord(e1, s));
+    BENCH_CUDA(cudaEventSynchronize(e1));
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  check_status(a.status, s);
+  std::sort(ms.begin(), ms.end());
+  res.median_us = ms[ms.size() / 2] * 1e3;
+  res.min_us = ms.front() * 1e3;
+  res.max_us = ms.back() * 1e3;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> names;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--case") names.push_back(next());
+    else if (arg == "--iters") o.iters = std::max(1, std::atoi(next().c_str()));
+    else if (arg == "--warmup") o.warmup = std::atoi(next().c_str());
+    else if (arg == "--json") o.json = next();
+    else if (arg == "--no-check") o.check = false;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_decode: no CUDA device\n");
+    return 2;
+  }
+  if (names.empty())
+    for (const auto& c : bench::bench_cases())
+      if (c.kind == bench::CaseKind::decode) names.push_back(c.name);
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::ofstream json;
+  if (!o.json.empty()) json.open(o.json, std::ios::app);
+  int rc = 0;
+  for (const std::string& n : names) {
+    const bench::BenchCase* c = bench::find_case(n);
+    if (!c || c->kind != bench::CaseKind::decode) {
+      std::fprintf(stderr, "unknown decode case %s\n", n.c_str());
+      rc = 2;
+      continue;
+    }
+    for (const char* kv : {"bf16", "fp8"}) {
+      if (c->kv_dtypes.find(kv) == std::string::npos) continue;
+      try {
+        const Result r = run_case(*c, std::string(kv) == "fp8", o);
+        const double tbs = r.bytes / (r.median_us * 1e-6) / 1e12;
+        std::printf("%-14s %-4s %-70s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s  (%.3f GB)  check rel_l2 %.2e lse %.2e %s\n",
+                    r.name.c_str(), kv, bench::describe_shape(*c).c_str(), r.median_us, r.min_us,
+                    r.max_us, tbs, r.bytes / 1e9, r.rel_l2, r.lse_err, r.ok ? "ok" : "FAILED");
+        std::fflush(stdout);
+        if (!r.ok) rc = std::max(rc, 1);
+        if (json.is_open())
+          json << "{\"case\":\"" << r.name << "\",\"kv\":\"" << kv << "\",\"device\":\"" << prop.name
+               << "\",\"median_us\":" << r.median_us << ",\"min_us\":" << r.min_us
+               << ",\"max_us\":" << r.max_us << ",\"bytes\":" << r.bytes << ",\"tb_per_s\":" << tbs
+               << ",\"rel_l2\":" << r.rel_l2 << ",\"lse_err\":" << r.lse_err
+               << ",\"ok\":" << (r.ok ? "true" : "false") << "}\n";
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s %s: %s\n", n.c_str(), kv, e.what());
+        rc = std::max(rc, 1);
+      }
+    }
+  }
+  return rc;
+}

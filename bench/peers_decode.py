@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Peers of the decode benchmark, in the same run as bench_decode (BENCHMARKS.md DEC-B32-dense).
+
+Dense decode B=32, 1 query, 16384 keys, Hq=64, Hkv=4, D=128, bf16, on contiguous KV:
+  - cuDNN SDPA and torch flash (FA2), the G = 16 query heads of a kv head passed as 16 queries of
+    one head (non-causal: a decode query sees every key), so each K/V byte is read once;
+  - the same through enable_gqa=True (q [B, 64, 1, D]) where the backend takes it.
+TB/s uses our byte count: K and V once per kv head, q and out. With --ours FILE (bench_decode
+--json) our DEC-B32-dense line prints beside the peers.
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def time_us(fn, iters=50, warmup=5):
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for i in range(iters):
+        flush.fill_(i & 0xFF)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times), min(times), max(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", help="bench_decode --json output")
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args()
+    B, HQ, HKV, D, LK = 32, 64, 4, 128, 16384
+    G = HQ // HKV
+    torch.manual_seed(0)
+    dev = "cuda"
+    k = torch.randn(B, HKV, LK, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(B, HKV, LK, D, device=dev, dtype=torch.bfloat16)
+    q_rows = torch.randn(B, HKV, G, D, device=dev, dtype=torch.bfloat16)  # G heads as G queries
+    q_gqa = q_rows.reshape(B, HQ, 1, D)
+    nbytes = 2 * B * HKV * LK * D * 2 + 2 * B * HQ * D * 2
+    ref = F.scaled_dot_product_attention(q_rows.float(), k.float(), v.float())
+    rows = []
+    for name, backend in (("cuDNN SDPA", SDPBackend.CUDNN_ATTENTION),
+                          ("torch flash (FA2)", SDPBackend.FLASH_ATTENTION)):
+        for form, q, kw in (("G as queries", q_rows, {}), ("enable_gqa", q_gqa, {"enable_gqa": True})):
+            try:
+                with sdpa_kernel(backend):
+                    out = F.scaled_dot_product_attention(q, k, v, **kw)
+                    err = ((out.float().reshape(ref.shape) - ref).norm() / ref.norm()).item()
+                    med, lo, hi = time_us(lambda: F.scaled_dot_product_attention(q, k, v, **kw),
+                                          iters=args.iters)
+                rows.append((f"{name}, {form}", med, lo, hi, nbytes / (med * 1e-6) / 1e12, err))
+            except Exception as e:  # a backend that refuses the shape: say so, keep going
+                rows.append((f"{name}, {form}", None, None, None, None, str(e).split("\n")[0][:80]))
+    ours = None
+    if args.ours:
+        for line in open(args.ours):
+            r = json.loads(line)
+            if r["case"] == "DEC-B32-dense":
+                ours = r
+    print(f"DEC-B32-dense peers (same run), {nbytes / 1e9:.3f} GB moved by the peers' count")
+    if ours:
+        print(f"  {'msa DecodePlan (paged, page 128)':40s} median {ours['median_us']:9.1f} us  "
+              f"{ours['tb_per_s']:6.3f} TB/s")
+    for name, med, lo, hi, tbs, err in rows:
+        if med is None:
+            print(f"  {name:40s} not run: {err}")
+        else:
+            print(f"  {name:40s} median {med:9.1f} us [{lo:9.1f}, {hi:9.1f}]  {tbs:6.3f} TB/s"
+                  f"  rel_l2 {err:.1e}")
+
+
+if __name__ == "__main__":
+    main()
