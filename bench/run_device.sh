@@ -50,8 +50,8 @@ for step in $steps; do
         --ours "$OUT/bench.json" --iters 5 2>&1 | tee "$OUT/peers.log" | grep -v Warning
       summary+=("peers rc=${PIPESTATUS[0]}") ;;
     sanitize)
-      for tool in memcheck racecheck; do
-        for t in test_csr_build test_sparse_fwd; do
+      for tool in racecheck memcheck; do
+        for t in test_sparse_fwd test_csr_build; do
           lim=$(left 60); (( lim == 0 )) && { summary+=("sanitizer $tool $t skipped (time)"); continue; }
           MSA_TEST_SMALL=1 timeout $lim compute-sanitizer --tool $tool --error-exitcode 9 \
             "$BIN/$t" > "$OUT/san_${tool}_$t.log" 2>&1
@@ -61,8 +61,8 @@ for step in $steps; do
       done ;;
     ncu)
       lim=$(left 120); (( lim == 0 )) && { summary+=("ncu skipped (time)"); continue; }
-      timeout $lim ncu --clock-control none --kernel-name regex:"sparse_fwd_kernel|combine_kernel" \
-        --launch-skip 0 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      timeout $lim ncu --clock-control none --kernel-name regex:"sparse_fwd_kernel|sparse_fwd_uniform_kernel|combine_kernel" \
+        --launch-skip 0 --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy --section WarpStateStats \
         "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check \
         > "$OUT/ncu.log" 2>&1

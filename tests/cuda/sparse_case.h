@@ -72,8 +72,10 @@ struct SparseCase {
   int64_t total_rows = 0;
 };
 
-// Random q2k [hkv, total_q, topk] for problem p (block size 128); returns it and fills `rows`.
-inline HostTensor random_q2k(const Problem& p, int64_t topk, bool causal, std::mt19937& rng) {
+// Random q2k [hkv, total_q, topk] for problem p (block size 128). uniform_blocks: every 128-query
+// block copies the row of its last query (the `blk` pattern; the GPU's uniform path).
+inline HostTensor random_q2k(const Problem& p, int64_t topk, bool causal, std::mt19937& rng,
+                             bool uniform_blocks = false) {
   const int64_t hkv = p.hkv, tq = p.total_q();
   HostTensor q2k(DType::i32, {hkv, tq, topk});
   int32_t* ids = q2k.data<int32_t>();
@@ -116,6 +118,14 @@ inline HostTensor random_q2k(const Problem& p, int64_t topk, bool causal, std::m
         if (u(rng) < 0.1 && topk > 1) std::shuffle(row, row + topk, rng);  // -1 in the middle
       }
   }
+  if (uniform_blocks)
+    for (int64_t b = 0; b < p.batch(); ++b)
+      for (int64_t h = 0; h < hkv; ++h)
+        for (int64_t i = 0; i < p.lq[b]; ++i) {
+          const int64_t src = std::min<int64_t>(p.lq[b] - 1, (i / 128) * 128 + 127);
+          const int32_t* from = ids + ((h * tq) + p.q_start(b) + src) * topk;
+          std::copy(from, from + topk, ids + ((h * tq) + p.q_start(b) + i) * topk);
+        }
   return q2k;
 }
 
@@ -180,7 +190,8 @@ inline SparseCase random_case(int index, bool small) {
       if (l > 0) l = std::max<int32_t>(1, int32_t(int64_t(l) * max_q_total / total));
   const DType dt = rng() % 3 == 0 ? DType::f16 : DType::bf16;
   Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt);
-  HostTensor ids = random_q2k(prob, topk, causal, rng);
+  const bool uniform_blocks = rng() % 3 == 0;
+  HostTensor ids = random_q2k(prob, topk, causal, rng, uniform_blocks);
   SparseCase c(std::move(prob), std::move(ids), topk);
   c.causal = causal;
   poison_unselected(c.p, c.q2k, c.topk);
@@ -189,7 +200,8 @@ inline SparseCase random_case(int index, bool small) {
   c.scale = rng() % 4 == 0 ? 0.05f : 0.f;
   std::ostringstream os;
   os << "case " << index << ": B=" << batch << " G=" << g << " Hkv=" << hkv << " topk=" << topk
-     << (c.causal ? " causal" : " non-causal") << " " << dtype_name(dt) << " partial="
+     << (c.causal ? " causal" : " non-causal") << (uniform_blocks ? " blk" : " tok") << " "
+     << dtype_name(dt) << " partial="
      << dtype_name(c.partial) << " T=" << c.temperature << " lq=[";
   for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lq[b];
   os << "] lk=[";

@@ -557,7 +557,7 @@ TEST(DecodeGpu, LargeBatch) {
   std::mt19937 rng(12);
   const int batch = small_run() ? 1100 : 4096;
   for (int64_t topk : {int64_t(4), int64_t(0)}) {
-    Config c = random_config(rng, batch, 1, small_run() ? 150 : 600, false);
+    Config c = random_config(rng, batch, 1, small_run() ? 150 : 200, false);
     c.topk = topk;
     c.page_size = 16;
     c.seed = 1100 + unsigned(topk);

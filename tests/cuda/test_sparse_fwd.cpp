@@ -174,31 +174,41 @@ TEST(SparseFwdGpu, RandomSweepMatchesCpu) {
 }
 
 // Named edges: one block, lengths 1, G=16 with a 4-token tile of which 1 token is used, top-K
-// far above the block count, B = 0 tokens in every request but one.
+// far above the block count, requests without queries or keys, Lq > Lk, and block-uniform
+// selections (the Q-major path); each also bitwise equal with a GPU-built K2QIndex.
 TEST(SparseFwdGpu, NamedEdges) {
   MSA_REQUIRE_GPU();
   TestStream s;
-  struct Edge { std::vector<int32_t> lq, lk; int64_t g, hkv, topk; bool causal; };
+  struct Edge { std::vector<int32_t> lq, lk; int64_t g, hkv, topk; bool causal, blk; };
   const Edge edges[] = {
-      {{1}, {1}, 16, 1, 4, true},
-      {{1}, {129}, 16, 2, 1, true},
-      {{0, 0, 3, 0}, {0, 5, 300, 0}, 8, 1, 64, true},
-      {{200}, {100}, 4, 2, 8, true},   // Lq > Lk: the first 100 queries see nothing
-      {{130, 7}, {257, 7}, 1, 1, 3, false},
-      {{64}, {128}, 2, 3, 2, true},
+      {{1}, {1}, 16, 1, 4, true, false},
+      {{1}, {129}, 16, 2, 1, true, false},
+      {{0, 0, 3, 0}, {0, 5, 300, 0}, 8, 1, 64, true, false},
+      {{200}, {100}, 4, 2, 8, true, false},   // Lq > Lk: the first 100 queries see nothing
+      {{130, 7}, {257, 7}, 1, 1, 3, false, false},
+      {{64}, {128}, 2, 3, 2, true, false},
+      // uniform path: G = 16 (8-token units), G = 1 (128-token units), partial last blocks,
+      // Lq > Lk, Lq < Lk, a request without keys next to ones with keys
+      {{300, 129}, {300, 1000}, 16, 1, 8, true, true},
+      {{257, 40, 0, 9}, {400, 0, 5, 130}, 1, 2, 4, true, true},
+      {{200}, {90}, 4, 2, 16, true, true},
+      {{333}, {333}, 8, 1, 32, false, true},
   };
   int idx = 0;
   for (const Edge& e : edges) {
     std::mt19937 rng(77 + idx);
     Problem prob = make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, 128, 500u + unsigned(idx));
-    HostTensor ids = random_q2k(prob, e.topk, e.causal, rng);
+    HostTensor ids = random_q2k(prob, e.topk, e.causal, rng, e.blk);
     SparseCase c(std::move(prob), std::move(ids), e.topk);
     c.causal = e.causal;
     poison_unselected(c.p, c.q2k, c.topk);
     SCOPED_TRACE("edge " + std::to_string(idx++));
     const Outputs ref = run_cpu(c);
     DeviceCase d(c, s);
-    expect_close(c, run_gpu(c, d, false, s), ref);
+    const Outputs g1 = run_gpu(c, d, false, s);
+    expect_close(c, g1, ref);
+    d.build_csr(c, s);
+    expect_bitwise(g1, run_gpu(c, d, true, s));
   }
 }
 

@@ -60,6 +60,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
   const int g = li / (kHeadDim / kVec), d0 = (li % (kHeadDim / kVec)) * kVec;
   const int64_t t = unit / p.num_kv_heads, h = unit % p.num_kv_heads;
   const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
+  if (p.uniform != nullptr) {
+    const int64_t qblock = p.qblock_start[b] + (t - p.cu_seqlens_q[b]) / 128;
+    if (qblock < p.qblock_cap && p.uniform[h * p.qblock_cap + qblock]) return;
+  }
   const int64_t lk = int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
   const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
   const int64_t base = (h * p.total_q + t) * p.topk;  // first slot of (h, t)
@@ -72,27 +76,15 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
   float acc[kVec] = {};
   float sum = 0.f;
   if (m != -INFINITY) {
-    // Four slots per step with their loads issued together (independent 16-byte loads in
-    // flight); accumulation stays in slot order, so the result is fixed.
-    for (int s0 = 0; s0 < p.topk; s0 += 4) {
-      float w[4], x[4][kVec];
+    for (int s = 0; s < p.topk; ++s) {
+      if (ids[s] < 0 || ids[s] >= nblk) continue;
+      // exp(-inf - m) = 0 for a slot whose block held no visible key: its O partial is 0.
+      const float w = expf(lse_g[int64_t(s) * p.group] - m);
+      float x[kVec];
+      load_partial(p, (base + s) * p.group + g, d0, x);
+      sum += w;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int s = s0 + k;
-        const bool valid = s < p.topk && ids[s] >= 0 && ids[s] < nblk;
-        // exp(-inf - m) = 0 for a slot whose block held no visible key: its O partial is 0.
-        w[k] = valid ? expf(lse_g[int64_t(s) * p.group] - m) : 0.f;
-        if (valid) load_partial(p, (base + s) * p.group + g, d0, x[k]);
-        else
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) x[k][i] = 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        sum += w[k];
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w[k], x[k][i], acc[i]);
-      }
+      for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, x[i], acc[i]);
     }
   }
   const float inv = sum > 0.f ? 1.f / sum : 0.f;

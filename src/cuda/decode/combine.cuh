@@ -1,7 +1,7 @@
 // Split-KV combine of the decode (the third small kernel, after the plan and the main kernel):
 // one CTA per (combine job, kv head) merges a (request, query chunk)'s partials in split order,
-// exactly in fp32 and without atomics, into out / lse. Block 0 also turns the main kernel's first
-// offence into the status buffer. Its own small kernel rather than common/combine: decode
+// exactly in fp32 and without atomics, into out / lse. Without a main kernel (no items), block 0
+// finalizes the status instead. Its own small kernel rather than common/combine: decode
 // partials are per split of a union, not per selected block. Included by launch.cu only.
 #pragma once
 
@@ -11,7 +11,7 @@ namespace msa::cuda::decode {
 
 template <typename TQ>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ DecodeParams p) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) finalize_status(p);
+  if (p.num_items == 0 && blockIdx.x == 0 && threadIdx.x == 0) finalize_status(p);
   const int hkv = p.num_kv_heads;
   const int64_t job_index = blockIdx.x / hkv;
   const int h = int(blockIdx.x % hkv);

@@ -1,7 +1,8 @@
 // The decode main kernel: one CTA per (work item, kv head). It checks its request, builds the
 // sparse union (union.cuh), streams the item's tiles through a cp.async pipeline (load.cuh),
 // lets each warp attend its (row tile, key partition) share of every tile (attend.cuh) and
-// merges the warps (epilogue.cuh). Included by launch.cu only.
+// merges the warps (epilogue.cuh); the last CTA to finish writes the status (status.cuh).
+// Included by launch_kernels.cuh only.
 //
 // Warp roles: rows = queries x G (<= 128) form nrt 16-row tiles; the 8 warps split as
 // nrt row tiles x kp key partitions (kp = 8, 4, 2, 1 for nrt = 1, 2, 3-4, 5-8), warp w taking
@@ -22,10 +23,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   const int h = int(blockIdx.x % hkv);
   const DecodeItem item = p.items[item_index];
   const Request rq = load_request(p, item.batch, threadIdx.x == 0);
-  if (!rq.ok) return;
   const int q0 = item.chunk * p.queries_per_chunk;
   const int nq = min(p.queries_per_chunk, rq.lq - q0);
-  if (nq <= 0) return;  // the request has fewer queries than this chunk starts at
+  if (!rq.ok || nq <= 0) {  // bad cu_seqlens (reported), or fewer queries than this chunk
+    arrive_and_finalize(p);
+    return;
+  }
   const int rows = nq << p.group_shift;
   const int64_t t0 = rq.q_begin + q0;
 
@@ -50,13 +53,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   }
   const int tiles = max(0, min(item.tile_end, last_tile) - item.tile_begin);
 
+  // Prologue: the page-table reads of the first kStages - 1 tiles in flight together, then
+  // their copies; then the reads of the next tile, consumed by the first loop iteration.
+  TileRows<kFp8> first[Tr::kStages - 1], ahead;
+#pragma unroll
+  for (int s = 0; s < Tr::kStages - 1; ++s)
+    if (s < tiles) lookup_tile<kFp8>(p, src, item.tile_begin + s, first[s]);
 #pragma unroll
   for (int s = 0; s < Tr::kStages - 1; ++s) {
     if (s < tiles)
-      issue_tile<kFp8>(p, src, item.tile_begin + s, pipe + s * Tr::kStageBytes,
-                       slot_key + s * kTileKeys);
+      issue_tile<kFp8>(p, src, first[s], pipe + s * Tr::kStageBytes, slot_key + s * kTileKeys);
     cp_async_commit();
   }
+  if (Tr::kStages - 1 < tiles)
+    lookup_tile<kFp8>(p, src, item.tile_begin + Tr::kStages - 1, ahead);
 
   const int nrt = (rows + 15) >> 4;
   const int kp = nrt == 1 ? 8 : nrt == 2 ? 4 : nrt <= 4 ? 2 : 1;
@@ -74,9 +84,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     __syncthreads();  // tile it landed for all threads; stage (it - 1) % kStages is free
     const int next = it + Tr::kStages - 1;
     if (next < tiles)
-      issue_tile<kFp8>(p, src, item.tile_begin + next, pipe + (next % Tr::kStages) * Tr::kStageBytes,
+      issue_tile<kFp8>(p, src, ahead, pipe + (next % Tr::kStages) * Tr::kStageBytes,
                        slot_key + (next % Tr::kStages) * kTileKeys);
     cp_async_commit();
+    if (next + 1 < tiles) lookup_tile<kFp8>(p, src, item.tile_begin + next + 1, ahead);
     if (!active) continue;
     const int stage = it % Tr::kStages, tile = item.tile_begin + it;
     const uint32_t k_stage = pipe + stage * Tr::kStageBytes;
@@ -102,6 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   if (active) store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2));
   __syncthreads();
   merge_and_write<TQ>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult);
+  arrive_and_finalize(p);
 }
 
 }  // namespace msa::cuda::decode

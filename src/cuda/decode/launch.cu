@@ -67,6 +67,7 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.part_o = reinterpret_cast<float*>(base + g.off_part_o);
   p.part_lse = reinterpret_cast<float*>(base + g.off_part_lse);
   p.offence = reinterpret_cast<unsigned long long*>(base + g.off_offence);
+  p.done = reinterpret_cast<unsigned int*>(base + g.off_offence + sizeof(unsigned long long));
   p.status = a.status.ptr<int32_t>();
 
   p.num_items = w.items;
@@ -124,6 +125,8 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
   }
   auto* base = static_cast<uint8_t*>(workspace.data);
   MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence, 0xff, sizeof(unsigned long long), stream));
+  MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence + sizeof(unsigned long long), 0,
+                                 sizeof(unsigned long long), stream));
   auto upload = [&](size_t off, const void* src, size_t bytes) {
     if (bytes) MSA_CUDA_CHECK(cudaMemcpyAsync(base + off, src, bytes, cudaMemcpyHostToDevice, stream));
   };

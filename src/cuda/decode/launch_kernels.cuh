@@ -1,6 +1,6 @@
 // Launchers of the decode kernels for one (q type, KV kind): the main kernel over items x Hkv
-// CTAs, then the combine (which also finalizes the status, so it always runs). Included by the
-// instantiation files instantiate_native.cu and instantiate_fp8.cu; declared in launch_kernels.h.
+// CTAs, then the combine when some request is split (or, with no items, to finalize the status).
+// Included by instantiate_native.cu and instantiate_fp8.cu; declared in launch_kernels.h.
 #pragma once
 
 #include <algorithm>
@@ -29,6 +29,7 @@ void launch(const DecodeParams& p, cudaStream_t stream) {
                               smem_bytes<kFp8>(p.bitmap_words), stream>>>(p);
     MSA_CUDA_CHECK_LAUNCH();
   }
+  if (p.num_jobs == 0 && p.num_items > 0) return;  // the main kernel finalized the status
   const int64_t blocks = std::max<int64_t>(1, p.num_jobs * p.num_kv_heads);
   combine_kernel<TQ><<<unsigned(blocks), kThreads, 0, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();

@@ -29,22 +29,30 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
   return uint32_t(row * Traits<kFp8>::kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-// Issues the copies of tile `tile` into stage buffer `stage_base` (K at 0, V at kTileBytes) and
-// writes slot_key[row] = logical key or -1. Warp w covers rows [16w, 16w + 16); lanes split a row
-// into its 16-byte chunks, so each copy instruction reads whole rows.
+// The rows of a tile one thread copies: warp w covers rows [16 w, 16 w + 16), its lanes split a
+// row into 16-byte chunks, so each copy instruction reads whole rows.
 template <bool kFp8>
-__device__ __forceinline__ void issue_tile(const DecodeParams& p, const TileSource& src, int tile,
-                                           uint32_t stage_base, int* slot_key) {
-  using Tr = Traits<kFp8>;
-  constexpr int kRowsPerPass = 32 / Tr::kChunks;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int chunk = lane % Tr::kChunks;
-  const auto* kbase = static_cast<const uint8_t*>(p.k);
-  const auto* vbase = static_cast<const uint8_t*>(p.v);
-  constexpr int kElem = kFp8 ? 1 : 2;
+struct TileRows {
+  static constexpr int kRowsPerPass = 32 / Traits<kFp8>::kChunks;
+  static constexpr int kPasses = 16 / kRowsPerPass;  // rows per thread: 8 (bf16), 4 (fp8)
+  int key[kPasses];   // logical key of the row, -1 for none
+  int page[kPasses];  // its page id as read from the page table (checked at issue)
+
+  __device__ __forceinline__ static int row(int pass) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    return warp * 16 + pass * kRowsPerPass + lane / Traits<kFp8>::kChunks;
+  }
+};
+
+// First half of a tile load: the logical keys of the thread's rows and their page-table entries.
+// Only global loads, no shared-memory writes, so the kernel issues it a tile ahead and the
+// page-table latency hides behind the math.
+template <bool kFp8>
+__device__ __forceinline__ void lookup_tile(const DecodeParams& p, const TileSource& src, int tile,
+                                            TileRows<kFp8>& r) {
 #pragma unroll
-  for (int pass = 0; pass < 16 / kRowsPerPass; ++pass) {
-    const int row = warp * 16 + pass * kRowsPerPass + lane / Tr::kChunks;
+  for (int pass = 0; pass < TileRows<kFp8>::kPasses; ++pass) {
+    const int row = TileRows<kFp8>::row(pass);
     int j = -1;
     if (src.ids == nullptr) {
       const int key = tile * kTileKeys + row;
@@ -56,13 +64,34 @@ __device__ __forceinline__ void issue_tile(const DecodeParams& p, const TileSour
         if (key < src.lk) j = key;
       }
     }
+    r.key[pass] = j;
+    r.page[pass] = j >= 0 ? p.page_table[int64_t(src.b) * p.page_table_stride + (j >> p.page_shift)] : 0;
+  }
+}
+
+// Second half: checks the page ids (a bad one is reported and its slot zero-filled), issues the
+// 16-byte copies of K and V into stage buffer `stage_base` (K at 0, V at kTileBytes) and writes
+// slot_key[row] = logical key or -1.
+template <bool kFp8>
+__device__ __forceinline__ void issue_tile(const DecodeParams& p, const TileSource& src,
+                                           const TileRows<kFp8>& r, uint32_t stage_base,
+                                           int* slot_key) {
+  using Tr = Traits<kFp8>;
+  constexpr int kElem = kFp8 ? 1 : 2;
+  const int chunk = (threadIdx.x & 31) % Tr::kChunks;
+  const auto* kbase = static_cast<const uint8_t*>(p.k);
+  const auto* vbase = static_cast<const uint8_t*>(p.v);
+#pragma unroll
+  for (int pass = 0; pass < TileRows<kFp8>::kPasses; ++pass) {
+    const int row = TileRows<kFp8>::row(pass);
+    int j = r.key[pass];
+    const int32_t page = r.page[pass];
     int64_t koff = 0, voff = 0;
     if (j >= 0) {
-      const int col = j >> p.page_shift, slot = j & (p.page_size - 1);
-      const int32_t page = p.page_table[int64_t(src.b) * p.page_table_stride + col];
+      const int slot = j & (p.page_size - 1);
       if (page < 0 || page >= p.num_pages) {
         if (chunk == 0)
-          report(p, Offence::page, uint64_t(src.b) * uint64_t(p.max_pages) + uint64_t(col),
+          report(p, Offence::page, uint64_t(src.b) * uint64_t(p.max_pages) + uint64_t(j >> p.page_shift),
                  StatusCode::page_id_out_of_range);
         j = -1;
       } else {

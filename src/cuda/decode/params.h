@@ -54,6 +54,7 @@ struct DecodeParams {
   float* part_o = nullptr;                // [partials, Hkv, rows_max, 128] f32, normalised
   float* part_lse = nullptr;              // [partials, Hkv, rows_max] f32, log2 units
   unsigned long long* offence = nullptr;  // first device-side offence (status.cuh), ~0 = none
+  unsigned int* done = nullptr;           // main-kernel CTAs finished this run (status.cuh)
   int32_t* status = nullptr;              // int32[4] (common.h)
 
   int64_t num_items = 0, num_jobs = 0;

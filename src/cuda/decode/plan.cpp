@@ -121,7 +121,7 @@ Geometry geometry(const DecodeShape& s, int sm_count) {
     off += align256(bytes);
     return at;
   };
-  g.off_offence = take(sizeof(unsigned long long));
+  g.off_offence = take(2 * sizeof(unsigned long long));  // offence key, then the CTA counter
   g.off_items = take(size_t(g.max_items) * sizeof(DecodeItem));
   g.off_jobs = take(size_t(g.max_jobs) * sizeof(CombineJob));
   g.off_caps = take(size_t(s.batch) * sizeof(int32_t));

@@ -65,7 +65,8 @@ __device__ __forceinline__ Request load_request(const DecodeParams& p, int b, bo
 }
 
 // Writes the first offence into the status buffer (unless it already holds one) and re-arms the
-// key for the next run. One thread, after the main kernel.
+// key for the next run. One thread, once every main-kernel CTA has arrived (arrive_and_finalize),
+// or the combine kernel when there is no main kernel.
 __device__ __forceinline__ void finalize_status(const DecodeParams& p) {
   unsigned long long key = *p.offence;
   if (key == kNoOffence && p.batch == 0 && (p.cu_seqlens_q[0] != 0 || p.total_q != 0))
@@ -118,6 +119,20 @@ __device__ __forceinline__ void finalize_status(const DecodeParams& p) {
   p.status[2] = s[2];
   p.status[3] = s[3];
   p.status[0] = s[0];
+}
+
+// Every thread of a main-kernel CTA, at its exit: the last CTA of the grid to arrive finalizes
+// the status and re-arms the counter (threadfence-reduction pattern), which saves run() a second
+// launch when no request is split.
+__device__ __forceinline__ void arrive_and_finalize(const DecodeParams& p) {
+  __threadfence();  // this thread's offence reports are visible before the CTA arrives
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (atomicAdd(p.done, 1u) == gridDim.x - 1) {
+    __threadfence();
+    finalize_status(p);
+    *p.done = 0;
+  }
 }
 
 }  // namespace msa::cuda::decode

@@ -1,6 +1,7 @@
 // Host side of the sm_90a indexer: capability checks, TMA descriptors and the launch of the block
 // scores kernel, materialized (cuda::block_scores) or fused with top-K (cuda::block_topk).
-// Instantiations (the only ones): block_scores_kernel<false> (bf16), <true> (f16).
+// Instantiations (the only ones): block_scores_kernel<f16?, R> for bf16/f16 x R row groups per
+// CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)}: R decides which wgmma each warpgroup issues.
 #include <limits>
 
 #include "backend.h"
@@ -53,7 +54,10 @@ void launch(const QTensor& q, const KVCache& kv, const Params& p, cudaStream_t s
   const CUtensorMap tm_q = make_tma_3d(q.values, 64, uint32_t(p.group), uint32_t(tokens_per_group), op);
   const CUtensorMap tm_k = make_tma_3d(kv.k.values, 64, 1, kBlockN, op);
   const dim3 grid(unsigned((p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta), unsigned(p.num_kv_heads));
-  auto kernel = q.values.dtype == DType::f16 ? block_scores_kernel<true> : block_scores_kernel<false>;
+  const bool f16 = q.values.dtype == DType::f16;
+  auto kernel = p.row_groups == 4 ? (f16 ? block_scores_kernel<true, 4> : block_scores_kernel<false, 4>)
+                : p.row_groups == 2 ? (f16 ? block_scores_kernel<true, 2> : block_scores_kernel<false, 2>)
+                                    : (f16 ? block_scores_kernel<true, 1> : block_scores_kernel<false, 1>);
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_k, p);
   MSA_CUDA_CHECK_LAUNCH();

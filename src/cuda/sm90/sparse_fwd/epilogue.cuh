@@ -1,8 +1,12 @@
-// Consumer epilogue of the sparse forward: normalised partial O (bf16 or f32) and its LSE (and
-// temperature LSE) for one (token, kv head, slot), later merged by the combine kernel.
+// Consumer epilogues of the sparse forward: normalised partial O (bf16 or f32) and its LSE (and
+// temperature LSE) for one (token, kv head, slot), later merged by the combine kernel; and the
+// 16-byte row store the uniform path uses for final outputs.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include <cstdint>
 
@@ -22,12 +26,64 @@ __device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
 
-// Writes one accumulator row: `o` holds this thread's 32 values of the row in the wgmma D layout
-// (pairs at columns 8 * n + col_base + {0, 1}); `lead` threads (lane % 4 == 0) also write the
-// LSE. The four lanes of a quad share the row (and the branch that calls this). bf16: a 4 x 4
-// transpose of packed pairs inside the quad gives each lane 8 consecutive columns, so every
-// store is 16 bytes and a quad writes whole 32-byte sectors (4-byte stores wrote half sectors
-// and doubled L2 write traffic).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return r;
+}
+
+// Stores one accumulator row (x inv) as 16-bit T: `o` holds this thread's 32 values of the row in
+// the wgmma D layout (pairs at columns 8 n + col_base + {0, 1}, kOff 0 for the upper row of the
+// thread, 2 for the lower). The four lanes of a quad share the row (and the branch that calls
+// this). A 4 x 4 transpose of packed pairs inside the quad gives each lane 8 consecutive columns,
+// so every store is 16 bytes and a quad writes whole 32-byte sectors. Used for the uniform path's
+// final outputs (once per row per unit, off the per-block critical path).
+template <typename T, int kOff>
+__device__ __forceinline__ void store_row_16b(T* row, const float (&o)[64], float inv,
+                                              int col_base) {
+  const int q = col_base >> 1;
+  const int lane = threadIdx.x & 31;
+  const unsigned quad = 0xfu << (lane & ~3);
+  auto* dst = reinterpret_cast<uint4*>(row);
+#pragma unroll
+  for (int g4 = 0; g4 < 4; ++g4) {
+    uint32_t mine[4], got[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int n = 4 * g4 + k;
+      mine[k] = pack2<T>(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
+    }
+    // got[r]: lane (q ^ r)'s pair for column group 4 g4 + q (got[0] is our own).
+    got[0] = pick4(mine, q);
+#pragma unroll
+    for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(quad, pick4(mine, q ^ r), r);
+    dst[4 * g4 + q] = make_uint4(pick4(got, q), pick4(got, 1 ^ q), pick4(got, 2 ^ q),
+                                 pick4(got, 3 ^ q));
+  }
+}
+
+// Natural-log LSE (and temperature LSE) of a row from log2-domain statistics.
+__device__ __forceinline__ float row_lse(float max_log2, float sum) {
+  constexpr float kLn2 = 0.69314718055994530942f;
+  return max_log2 == -INFINITY ? -INFINITY : (max_log2 + __log2f(sum)) * kLn2;
+}
+__device__ __forceinline__ float row_tlse(float max_log2, float tsum, float inv_temp) {
+  constexpr float kLn2 = 0.69314718055994530942f;
+  return max_log2 == -INFINITY ? -INFINITY : (max_log2 * inv_temp + __log2f(tsum)) * kLn2;
+}
+
+// Partial of one row (KV-major path): normalised O (bf16 or f32) and its LSE; `lead` threads
+// (lane % 4 == 0) write the LSE. bf16 partials use 4-byte stores (a quad writes half a sector per
+// instruction): store_row_16b halves the L2 write transactions but measured slower here, 12.50
+// vs 11.05 ms at P32K-tok (H200, 2026-11-30, bench/RESULTS.md), its shuffles and selects sitting
+// on the consumer's critical path while L2 had headroom.
 template <int kOff>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],
                                                   int64_t idx, int col_base, bool lead,
@@ -35,27 +91,11 @@ __device__ __forceinline__ void store_partial_row(const MainParams& p, const flo
   const bool empty = st.max_log2 == -INFINITY;
   const float inv = empty ? 0.f : 1.f / st.sum;
   if (p.part_bf16) {
-    const int q = col_base >> 1;
-    const int lane = threadIdx.x & 31;
-    const unsigned quad = 0xfu << (lane & ~3);
-    auto* dst = static_cast<uint4*>(p.part_o) + idx * (kHeadDim / 8);
+    auto* dst = static_cast<__nv_bfloat162*>(p.part_o) + idx * (kHeadDim / 2);
 #pragma unroll
-    for (int g4 = 0; g4 < 4; ++g4) {
-      uint32_t mine[4], got[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int n = 4 * g4 + k;
-        const __nv_bfloat162 v =
-            __floats2bfloat162_rn(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
-        mine[k] = *reinterpret_cast<const uint32_t*>(&v);
-      }
-      // got[r]: lane (q ^ r)'s pair for column group 4 g4 + q (got[0] is our own).
-      got[0] = pick4(mine, q);
-#pragma unroll
-      for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(quad, pick4(mine, q ^ r), r);
-      dst[4 * g4 + q] = make_uint4(pick4(got, q), pick4(got, 1 ^ q), pick4(got, 2 ^ q),
-                                   pick4(got, 3 ^ q));
-    }
+    for (int n = 0; n < 16; ++n)
+      dst[(n * 8 + col_base) / 2] =
+          __floats2bfloat162_rn(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
   } else {
     auto* dst = static_cast<float2*>(p.part_o) + idx * (kHeadDim / 2);
 #pragma unroll
@@ -63,11 +103,8 @@ __device__ __forceinline__ void store_partial_row(const MainParams& p, const flo
       dst[(n * 8 + col_base) / 2] = make_float2(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
   }
   if (lead) {
-    constexpr float kLn2 = 0.69314718055994530942f;
-    p.part_lse[idx] = empty ? -INFINITY : (st.max_log2 + __log2f(st.sum)) * kLn2;
-    if (p.part_tlse)
-      p.part_tlse[idx] =
-          empty ? -INFINITY : (st.max_log2 * p.inv_temperature + __log2f(st.tsum)) * kLn2;
+    p.part_lse[idx] = row_lse(st.max_log2, st.sum);
+    if (p.part_tlse) p.part_tlse[idx] = row_tlse(st.max_log2, st.tsum, p.inv_temperature);
   }
 }
 

@@ -1,45 +1,78 @@
-// Entry of the sm_90a sparse attention forward: shared-memory carve-out, barrier init and the
-// warpgroup role switch (producer: load.cuh; consumers: mma.cuh). Instantiated in launch.cu.
+// Entries of the sm_90a sparse attention forward (KV-major and uniform Q-major): shared-memory
+// carve-out, barrier init and the warpgroup role switch (producers: load.cuh, uniform_load.cuh;
+// consumers: mma.cuh, uniform_mma.cuh). Instantiated in launch.cu.
 #pragma once
 
 #include "cuda/sm90/sparse_fwd/load.cuh"
 #include "cuda/sm90/sparse_fwd/mma.cuh"
+#include "cuda/sm90/sparse_fwd/uniform_load.cuh"
+#include "cuda/sm90/sparse_fwd/uniform_mma.cuh"
 
 namespace msa::cuda::sparse_fwd {
 
-// Persistent: gridDim.x CTAs walk the chunk table with a static stride (chunk = blockIdx.x +
-// k * gridDim.x), so the assignment, and with it every partial, is independent of timing.
+// Shared-memory carve-out (1024-byte aligned) and barrier init, common to both kernels.
+__device__ __forceinline__ SharedStorage& init_shared(uint8_t* smem_raw, int group,
+                                                      int tokens_per_tile,
+                                                      const CUtensorMap* tm_q,
+                                                      const CUtensorMap* tm_k,
+                                                      const CUtensorMap* tm_v) {
+  const uint32_t pad = (1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023;
+  SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kKVStages; ++s) {
+      sm90::mbar_init(&sh.kv_full[s], 1);
+      sm90::mbar_init(&sh.kv_empty[s], kConsumers * 4);  // lane 0 of every consumer warp
+    }
+    for (int c = 0; c < kConsumers; ++c)
+      for (int s = 0; s < kQStages; ++s) {
+        // the producer lanes that own token slots; the metadata readers of consumer c's warps
+        sm90::mbar_init(&sh.q_full[c][s], min(32, tokens_per_tile));
+        sm90::mbar_init(&sh.q_empty[c][s], 4 * warp_tokens(group));
+      }
+    sm90::fence_barrier_init();
+    sm90::prefetch_tensor_map(tm_q);
+    sm90::prefetch_tensor_map(tm_k);
+    sm90::prefetch_tensor_map(tm_v);
+  }
+  __syncthreads();
+  return sh;
+}
+
+// KV-major kernel over the chunk table. Persistent: gridDim.x CTAs walk the table with a static
+// stride (chunk = blockIdx.x + k * gridDim.x), so the assignment, and with it every partial, is
+// independent of timing.
 template <bool kF16>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v, const MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t pad = (1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023;
-  SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
+  SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile, &tm_q, &tm_k, &tm_v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kKVStages; ++s) {
-      sm90::mbar_init(&sh.kv_full[s], 1);
-      sm90::mbar_init(&sh.kv_empty[s], kConsumers * 128);  // every consumer thread
-    }
-    for (int c = 0; c < kConsumers; ++c)
-      for (int s = 0; s < kQStages; ++s) {
-        sm90::mbar_init(&sh.q_full[c][s], 32);   // every lane of the buffer's producer warp
-        sm90::mbar_init(&sh.q_empty[c][s], 128);  // every thread of consumer c
-      }
-    sm90::fence_barrier_init();
-    sm90::prefetch_tensor_map(&tm_q);
-    sm90::prefetch_tensor_map(&tm_k);
-    sm90::prefetch_tensor_map(&tm_v);
-  }
-  __syncthreads();
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
     run_producer(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kConsumerRegs>();
     run_consumer<kF16>(p, sh, wg - 1, threadIdx.x - 128 * wg);
+  }
+}
+
+// Uniform (Q-major) kernel over the unit table, same persistent static stride.
+template <bool kF16>
+__global__ void __launch_bounds__(kThreads, 1)
+    sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
+                              const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v, const UniformParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile, &tm_q, &tm_k, &tm_v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+  if (wg == 0) {
+    sm90::regs_dealloc<kProducerRegs>();
+    run_uniform_producer(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+  } else {
+    sm90::regs_alloc<kConsumerRegs>();
+    run_uniform_consumer<kF16>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 

@@ -1,7 +1,8 @@
 // Host side of the sm_90a sparse attention forward: capability checks, workspace plan, TMA
 // descriptors and the launch sequence (CSR build or q2k check, schedule check + chunk table,
 // main kernel, combine). Defines cuda::attention_forward / attention_workspace_bytes.
-// Instantiations (the only ones): sparse_fwd_kernel<false> (bf16), sparse_fwd_kernel<true> (f16).
+// Instantiations (the only ones): sparse_fwd_kernel and sparse_fwd_uniform_kernel, each <false>
+// (bf16) and <true> (f16).
 #include <cudaTypedefs.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "cuda/device/check.h"
 #include "cuda/sm90/sparse_fwd/kernel.cuh"
 #include "cuda/sm90/sparse_fwd/scheduler.cuh"
+#include "cuda/sm90/sparse_fwd/uniform_scheduler.cuh"
 
 namespace msa::cuda {
 namespace {
@@ -30,8 +32,11 @@ struct AttnPlan {
   int64_t schedule_capacity = 0; // items
   int64_t chunk_capacity = 0;
   int32_t chunk_tokens = 0;
+  int64_t qblock_cap = 0, unit_cap = 0;
   bool build_csr = false, build_schedule = false;
-  size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0, entry_slot = 0;
+  size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0;
+  size_t work_local = 0, work_slot = 0;
+  size_t qblock_start = 0, uniform = 0, unit_start = 0, num_units = 0, units = 0;
   size_t part_o = 0, part_lse = 0, part_tlse = 0;
   size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
   size_t total = 0;
@@ -51,6 +56,9 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.schedule_capacity = hkv * w.total_rows;
   w.chunk_tokens = kChunkTiles * tokens_per_tile(int(s.group));
   w.chunk_capacity = w.schedule_capacity + (hkv * nnz + w.chunk_tokens - 1) / w.chunk_tokens;
+  // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most G units of 128 rows.
+  w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
+  w.unit_cap = hkv * w.qblock_cap * s.group;
   const size_t part_elems = size_t(hkv) * size_t(nnz) * size_t(s.group);
   const size_t part_bytes = a.params.partial_dtype == DType::bf16 ? 2 : 4;
   size_t off = 0;
@@ -60,7 +68,13 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.chunk_start = take(size_t(w.schedule_capacity + 1) * 4);
   w.num_chunks = take(4);
   w.chunks = take(size_t(w.chunk_capacity) * sizeof(ChunkDesc));
-  w.entry_slot = take(size_t(hkv * nnz) * 4);
+  w.work_local = take(size_t(hkv * nnz) * 4);
+  w.work_slot = take(size_t(hkv * nnz) * 4);
+  w.qblock_start = take(size_t(s.batch + 1) * 4);
+  w.uniform = take(size_t(hkv * w.qblock_cap) * 4);
+  w.unit_start = take(size_t(hkv * w.qblock_cap + 1) * 4);
+  w.num_units = take(4);
+  w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
   w.part_o = take(part_elems * kHeadDim * part_bytes);
   w.part_lse = take(part_elems * 4);
   w.part_tlse = take(a.params.temperature > 0.f ? part_elems * 4 : 0);
@@ -148,6 +162,18 @@ void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap
   MSA_CUDA_CHECK_LAUNCH();
 }
 
+template <bool kF16>
+void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+                    const UniformParams& p, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(sparse_fwd_uniform_kernel<kF16>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  });
+  sparse_fwd_uniform_kernel<kF16><<<sm_count(), kThreads, kSmemBytes, stream>>>(tq, tk, tv, p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s) {
@@ -184,7 +210,17 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   pp.chunk_start = reinterpret_cast<int32_t*>(ws + w.chunk_start);
   pp.num_chunks = reinterpret_cast<int32_t*>(ws + w.num_chunks);
   pp.chunks = ws + w.chunks;
-  pp.entry_slot = reinterpret_cast<int32_t*>(ws + w.entry_slot);
+  pp.work_local = reinterpret_cast<int32_t*>(ws + w.work_local);
+  pp.work_slot = reinterpret_cast<int32_t*>(ws + w.work_slot);
+  pp.group = int32_t(s.group);
+  pp.uniform_enabled = total_k > 0 ? 1 : 0;
+  pp.qblock_cap = w.qblock_cap;
+  pp.unit_cap = w.unit_cap;
+  pp.qblock_start = reinterpret_cast<int32_t*>(ws + w.qblock_start);
+  pp.uniform = reinterpret_cast<int32_t*>(ws + w.uniform);
+  pp.unit_start = reinterpret_cast<int32_t*>(ws + w.unit_start);
+  pp.num_units = reinterpret_cast<int32_t*>(ws + w.num_units);
+  pp.units = ws + w.units;
   pp.status = status;
 
   if (w.build_csr) {
@@ -232,11 +268,17 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
       MSA_CUDA_CHECK_LAUNCH();
     }
   }
+  const int sms = sm_count();
   row_start_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
+  MSA_CUDA_CHECK_LAUNCH();
+  uniform_detect_kernel<<<4 * sms, 256, 0, stream>>>(pp);
+  MSA_CUDA_CHECK_LAUNCH();
+  unit_scan_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
+  MSA_CUDA_CHECK_LAUNCH();
+  unit_table_kernel<<<2 * sms, 256, 0, stream>>>(pp);
   MSA_CUDA_CHECK_LAUNCH();
   schedule_check_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
   MSA_CUDA_CHECK_LAUNCH();
-  const int sms = sm_count();
   chunk_table_kernel<<<4 * sms, 256, 0, stream>>>(pp);
   MSA_CUDA_CHECK_LAUNCH();
 
@@ -248,8 +290,8 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     MainParams mp;
     mp.chunks = pp.chunks;
     mp.num_chunks = pp.num_chunks;
-    mp.q_idx = pp.q_idx;
-    mp.entry_slot = pp.entry_slot;
+    mp.work_local = pp.work_local;
+    mp.work_slot = pp.work_slot;
     mp.q_idx_stride = s.total_q * s.topk;
     mp.total_q = s.total_q;
     mp.group = int32_t(s.group);
@@ -267,6 +309,24 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     const CUtensorMap tv = make_map(a.kv.v.values, 1, kBlockN);
     if (f16) launch_main<true>(tq, tk, tv, mp, stream);
     else launch_main<false>(tq, tk, tv, mp, stream);
+    UniformParams up;
+    up.units = pp.units;
+    up.num_units = pp.num_units;
+    up.q2k = q2k;
+    up.total_q = s.total_q;
+    up.group = int32_t(s.group);
+    up.topk = int32_t(s.topk);
+    up.tokens_per_tile = mp.tokens_per_tile;
+    up.causal = mp.causal;
+    up.scale_log2 = mp.scale_log2;
+    up.inv_temperature = mp.inv_temperature;
+    up.out = a.out.data;
+    up.out_stride_t = a.out.strides[0];
+    up.out_stride_h = a.out.strides[1];
+    up.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
+    up.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
+    if (f16) launch_uniform<true>(tq, tk, tv, up, stream);
+    else launch_uniform<false>(tq, tk, tv, up, stream);
   }
 
   CombineParams cp;
@@ -288,6 +348,9 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   cp.group = int32_t(s.group);
   cp.topk = int32_t(s.topk);
   cp.kv_block_size = kBlockN;
+  cp.uniform = pp.uniform;
+  cp.qblock_start = pp.qblock_start;
+  cp.qblock_cap = w.qblock_cap;
   launch_sparse_combine(cp, f16, stream);
 }
 

@@ -3,8 +3,10 @@
 //
 // Barrier protocol. Tile T (counted over this CTA's chunks) goes to consumer T % 2, Q stage
 // (T / 2) % 2, so producer warp T % 4 owns that buffer and waits only on its q_empty. A tile's
-// q_full phase completes after (1) all 32 lanes of its warp arrive, each releasing the TileMeta
-// entries it wrote, and (2) all TMA bytes announced by lane 0's expect_tx have landed.
+// q_full phase completes after (1) the lanes that own token slots arrive, each releasing the
+// TileMeta entries it wrote, and (2) all TMA bytes announced by lane 0's expect_tx have landed.
+// Consumers release a buffer (q_empty) by the lanes that read its metadata, and a K/V stage
+// (kv_empty) by lane 0 of each warp, which read its ChunkInfo: every read precedes its release.
 // K/V: warp 0 waits kv_empty (both consumers done with the stage), writes ChunkInfo, then
 // arrive.expect_tx(64 KB) + 4 TMA loads. After the last chunk it publishes n_tiles = -1.
 #pragma once
@@ -48,16 +50,17 @@ __device__ __forceinline__ TileIdx load_tile_idx(const MainParams& p, const Chun
     const int i = lane + 32 * u;
     const int32_t e = c.d.e_begin + j * p.tokens_per_tile + i;
     if (i < p.tokens_per_tile && e < c.d.e_end) {
-      x.local[u] = p.q_idx[head_off + e];
-      x.slot[u] = p.entry_slot[head_off + e];
+      x.local[u] = p.work_local[head_off + e];
+      x.slot[u] = p.work_slot[head_off + e];
     }
   }
   return x;
 }
 
 // Fills Q tile `j` of chunk `c` into buffer (consumer, stage) and arms its q_full barrier.
-// Every lane arrives once (q_full counts 32) after writing its own metadata, so each write is
-// released by its writer; lane 0 announces the TMA bytes before any copy is issued.
+// Each lane that owns a token slot (lane < min(32, tokens per tile), the q_full count) arrives
+// once after writing its metadata, so every write is released by its writer; lane 0 announces
+// the TMA bytes before any copy is issued.
 __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtensorMap* tm_q,
                                                SharedStorage& sh, const ChunkView& c,
                                                const TileIdx& x, int consumer, int stage,
@@ -101,7 +104,7 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
     sm90::tma_load_3d(sh.q[consumer][stage][1] + row_bytes, tm_q, &sh.q_full[consumer][stage],
                       kHalfCols, head_row, tok[u]);
   }
-  sm90::mbar_arrive(&sh.q_full[consumer][stage]);
+  if (lane < tpt) sm90::mbar_arrive(&sh.q_full[consumer][stage]);
 }
 
 __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensorMap* tm_q,
@@ -114,6 +117,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
   for (int32_t chunk = blockIdx.x; chunk < n_chunks; chunk += gridDim.x) {
     const ChunkView c = load_chunk(p, chunk);
+    if (c.n_tiles == 0) continue;  // every entry went to the uniform path: no K/V load either
     if (warp == 0) {
       const int s = kv_iter % kKVStages;
       sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);

@@ -49,6 +49,46 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// Tokens a consumer warp's 16 rows cover (G = 16: 1, G = 1: 16), and the warp's first token.
+__device__ __forceinline__ int warp_tokens(int group) { return group >= 16 ? 1 : 16 / group; }
+
+// Metadata of this thread's two rows. Only the lanes that own one of the warp's tokens read shared
+// memory (and later arrive on the buffer's q_empty themselves, so each read precedes the release
+// as both the memory model and racecheck see it); the others get the values by shuffle.
+struct RowMeta {
+  int32_t tok0, slot0, lim0, tok1, slot1, lim1;
+};
+__device__ __forceinline__ RowMeta read_row_meta(const TileMeta& meta, int group, int warp,
+                                                 int lane, int j0, int j1) {
+  const int n = warp_tokens(group), first = (16 * warp) / group;
+  int32_t t = -1, sl = -1, li = -1;
+  if (lane < n) {
+    t = meta.token[first + lane];
+    sl = meta.slot[first + lane];
+    li = meta.limit[first + lane];
+  }
+  const unsigned all = 0xffffffffu;
+  return RowMeta{__shfl_sync(all, t, j0 - first), __shfl_sync(all, sl, j0 - first),
+                 __shfl_sync(all, li, j0 - first), __shfl_sync(all, t, j1 - first),
+                 __shfl_sync(all, sl, j1 - first), __shfl_sync(all, li, j1 - first)};
+}
+
+// A stage's info struct (a few int32), read by lane 0 of each consumer warp and broadcast; lane 0
+// is then the warp's one arrive on kv_empty.
+template <class Info>
+__device__ __forceinline__ Info read_info(const Info& src, int lane) {
+  static_assert(sizeof(Info) % 4 == 0 && sizeof(Info) <= 16, "info structs are <= 4 int32");
+  int32_t v[sizeof(Info) / 4];
+#pragma unroll
+  for (int i = 0; i < int(sizeof(Info) / 4); ++i) {
+    v[i] = lane == 0 ? reinterpret_cast<const int32_t*>(&src)[i] : 0;
+    v[i] = __shfl_sync(0xffffffffu, v[i], 0);
+  }
+  Info out;
+  memcpy(&out, v, sizeof(Info));
+  return out;
+}
+
 // Rows [valid, 128) of a tail block hold the next batch's keys (or zeros past the tensor):
 // P is 0 there, but 0 * NaN = NaN, so V's rows are zeroed before any P V product reads them.
 // Consumer 0 writes, both consumer warpgroups meet at the stage's named barrier.
@@ -108,9 +148,9 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   const int j0 = r0 / p.group, g0 = r0 - j0 * p.group;
   const int j1 = r1 / p.group, g1 = r1 - j1 * p.group;
   const int col_base = 2 * (lane & 3);
-  const TileMeta& meta = sh.meta[consumer][q_stage];
-  const int32_t tok0 = meta.token[j0], slot0 = meta.slot[j0], lim0 = meta.limit[j0];
-  const int32_t tok1 = meta.token[j1], slot1 = meta.slot[j1], lim1 = meta.limit[j1];
+  const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, warp, lane, j0, j1);
+  const int32_t tok0 = rm.tok0, slot0 = rm.slot0, lim0 = rm.lim0;
+  const int32_t tok1 = rm.tok1, slot1 = rm.slot1, lim1 = rm.lim1;
 
   float s[64];
 #pragma unroll
@@ -130,9 +170,9 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   }
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
-  // Q buffer and metadata are free once this thread's share of the product has completed; every
-  // thread arrives (q_empty counts 128) so each metadata read is ordered by its own reader.
-  sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
+  // Q buffer and metadata are free once every warp's share of the product has completed; the
+  // metadata readers of each warp arrive (q_empty counts 4 * warp_tokens(G)).
+  if (lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
   const RowStats st0 = softmax_row<0>(s, lim0, col_base, p.scale_log2, p.inv_temperature);
   const RowStats st1 = softmax_row<2>(s, lim1, col_base, p.scale_log2, p.inv_temperature);
@@ -179,7 +219,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage&
   while (true) {
     const int s = kv_iter % kKVStages;
     sm90::mbar_wait(&sh.kv_full[s], (kv_iter / kKVStages) & 1);
-    const ChunkInfo info = sh.info[s];
+    const ChunkInfo info = read_info(sh.info[s], tid & 31);
     if (info.n_tiles < 0) break;
     if (info.valid_keys < kBlockN) zero_v_tail(sh, s, info.valid_keys, consumer, tid);
     // My tiles: T = tile_base + j with T % 2 == consumer; Q stage (T / 2) % 2, that
@@ -191,7 +231,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage&
       consume_tile<kF16>(p, sh, info, s, consumer, q_stage, tid);
     }
     tile_base += info.n_tiles;
-    sm90::mbar_arrive(&sh.kv_empty[s]);  // every consumer thread: kv_empty counts 256
+    if ((tid & 31) == 0) sm90::mbar_arrive(&sh.kv_empty[s]);  // kv_empty counts 4 per consumer
     ++kv_iter;
   }
 }

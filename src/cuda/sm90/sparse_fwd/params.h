@@ -25,15 +25,26 @@ struct PrepParams {
   int32_t* chunk_start = nullptr;  // [schedule_capacity + 1] first chunk of each item
   int32_t* num_chunks = nullptr;   // [1] total chunks (0 when the schedule is rejected)
   void* chunks = nullptr;          // [chunk_capacity] ChunkDesc
-  int32_t* entry_slot = nullptr;   // [Hkv, total_q * topk] q2k slot of each CSR entry
+  int32_t* work_local = nullptr;   // [Hkv, total_q * topk] per chunk, compacted: local query id
+  int32_t* work_slot = nullptr;    // [Hkv, total_q * topk] ... and its q2k slot
+  // uniform path (query blocks whose q2k rows are all equal; see traits.h)
+  int32_t group = 1;
+  int32_t uniform_enabled = 1;     // 0: no pair is uniform (e.g. no keys at all)
+  int64_t qblock_cap = 0;          // >= sum_b ceil(Lq_b / 128)
+  int64_t unit_cap = 0;
+  int32_t* qblock_start = nullptr; // [B+1] first global query block of batch b
+  int32_t* uniform = nullptr;      // [Hkv, qblock_cap] 1: done by the uniform kernel
+  int32_t* unit_start = nullptr;   // [Hkv * qblock_cap + 1] (counts, then exclusive prefix)
+  int32_t* num_units = nullptr;    // [1]
+  void* units = nullptr;           // [unit_cap] UnitDesc
   int32_t* status = nullptr;       // int32[4]
 };
 
 struct MainParams {
   const void* chunks = nullptr;        // [num_chunks] ChunkDesc
   const int32_t* num_chunks = nullptr; // [1]
-  const int32_t* q_idx = nullptr;      // [Hkv, total_q * topk]
-  const int32_t* entry_slot = nullptr; // [Hkv, total_q * topk]
+  const int32_t* work_local = nullptr; // [Hkv, total_q * topk] compacted per chunk (PrepParams)
+  const int32_t* work_slot = nullptr;  // [Hkv, total_q * topk]
   int64_t q_idx_stride = 0;            // total_q * topk
   int64_t total_q = 0;
   int32_t group = 1;                   // G
@@ -47,6 +58,19 @@ struct MainParams {
   int32_t part_bf16 = 0;
   float* part_lse = nullptr;           // natural log
   float* part_tlse = nullptr;          // null unless inv_temperature > 0
+};
+
+struct UniformParams {
+  const void* units = nullptr;          // [num_units] UnitDesc
+  const int32_t* num_units = nullptr;   // [1]
+  const int32_t* q2k = nullptr;         // [Hkv, total_q, topk]
+  int64_t total_q = 0;
+  int32_t group = 1, topk = 0, tokens_per_tile = 64, causal = 1;
+  float scale_log2 = 0.f, inv_temperature = 0.f;
+  void* out = nullptr;                  // [total_q, Hq, 128] bf16 / f16
+  int64_t out_stride_t = 0, out_stride_h = 0;  // elements
+  float* lse = nullptr;                 // [Hq, total_q] or null
+  float* tlse = nullptr;                // [Hq, total_q] or null (inv_temperature > 0)
 };
 
 }  // namespace msa::cuda::sparse_fwd

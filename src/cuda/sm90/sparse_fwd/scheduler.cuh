@@ -28,22 +28,29 @@ __device__ __forceinline__ void set_status(int32_t* status, StatusCode code, int
   status[0] = int32_t(code);
 }
 
-// One block: row_start[b] = sum_{b' < b} ceil(Lk_b' / 128) for b in [0, B].
+// One block: row_start[b] = sum_{b' < b} ceil(Lk_b' / 128) and qblock_start[b] =
+// sum_{b' < b} ceil(Lq_b' / 128) for b in [0, B].
 __global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
   using Scan = cub::BlockScan<int, kPrepThreads>;
   __shared__ typename Scan::TempStorage tmp;
-  int carry = 0;  // total rows fit int32 (checked on the host)
+  int carry_k = 0, carry_q = 0;  // totals fit int32 (checked on the host)
   for (int64_t base = 0; base <= p.batch; base += kPrepThreads) {
     const int64_t b = base + threadIdx.x;
-    int nblk = 0;
+    int nk = 0, nq = 0;
     if (b < p.batch) {
       const int lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-      nblk = lk > 0 ? (lk + kBlockN - 1) / kBlockN : 0;
+      const int lq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+      nk = lk > 0 ? (lk + kBlockN - 1) / kBlockN : 0;
+      nq = lq > 0 ? (lq + 127) / 128 : 0;
     }
     int excl = 0, agg = 0;
-    Scan(tmp).ExclusiveSum(nblk, excl, agg);
-    if (b <= p.batch) p.row_start[b] = carry + excl;
-    carry += agg;
+    Scan(tmp).ExclusiveSum(nk, excl, agg);
+    if (b <= p.batch) p.row_start[b] = carry_k + excl;
+    carry_k += agg;
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(nq, excl, agg);
+    if (b <= p.batch) p.qblock_start[b] = carry_q + excl;
+    carry_q += agg;
     __syncthreads();
   }
 }
@@ -155,9 +162,10 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams
   }
 }
 
-// One warp per chunk (grid-stride): lane 0 writes the ChunkDesc, all lanes the q2k slot of each
-// CSR entry of the chunk (-1 when the token's q2k row does not hold the block: a CSR that does
-// not match q2k; such entries are skipped by the main kernel).
+// One warp per chunk (grid-stride): lane 0 writes the ChunkDesc, the lanes compact the chunk's
+// CSR entries that the main kernel must do into work_local / work_slot (from e_begin on, CSR
+// order kept) and shrink e_end to match. Dropped: tokens of query blocks done by the uniform
+// path, and entries whose token's q2k row does not hold the block (a CSR that does not match q2k).
 __global__ void chunk_table_kernel(PrepParams p) {
   const int32_t n_chunks = *p.num_chunks;
   const int lane = threadIdx.x & 31;
@@ -183,21 +191,35 @@ __global__ void chunk_table_kernel(PrepParams p) {
     const int32_t kb = row - p.row_start[blo];
     const int32_t q_start = p.cu_seqlens_q[blo], q_len = p.cu_seqlens_q[blo + 1] - q_start;
     const int32_t k_start = p.cu_seqlens_k[blo], k_len = p.cu_seqlens_k[blo + 1] - k_start;
+    const int32_t* uni = p.uniform + int64_t(head) * p.qblock_cap;
+    const int64_t off = int64_t(head) * p.total_q * p.topk;
+    int32_t kept = 0;
+    for (int32_t e_base = e0; e_base < e1; e_base += 32) {
+      const int32_t e = e_base + lane;
+      int32_t tl = -1, slot = -1;
+      if (e < e1) {
+        tl = p.q_idx[off + e];
+        if (tl >= 0 && tl < q_len && int64_t(q_start) + tl < p.total_q) {
+          const int64_t qblock = int64_t(p.qblock_start[blo]) + tl / 128;
+          if (qblock >= p.qblock_cap || !uni[qblock]) {
+            const int32_t* ids = p.q2k + (int64_t(head) * p.total_q + q_start + tl) * p.topk;
+            for (int32_t s = 0; s < p.topk; ++s)
+              if (ids[s] == kb) { slot = s; break; }
+          }
+        }
+      }
+      const unsigned keep = __ballot_sync(0xffffffffu, slot >= 0);
+      if (slot >= 0) {
+        const int32_t at = e0 + kept + __popc(keep & ((1u << lane) - 1));
+        p.work_local[off + at] = tl;
+        p.work_slot[off + at] = slot;
+      }
+      kept += __popc(keep);
+    }
     if (lane == 0) {
       int4* dst = static_cast<int4*>(p.chunks) + 2 * c;
-      dst[0] = make_int4(head, kb, e0, e1);
+      dst[0] = make_int4(head, kb, e0, e0 + kept);
       dst[1] = make_int4(q_start, q_len, k_start, k_len);
-    }
-    const int64_t off = int64_t(head) * p.total_q * p.topk;
-    for (int32_t e = e0 + lane; e < e1; e += 32) {
-      const int32_t tl = p.q_idx[off + e];
-      int32_t slot = -1;
-      if (tl >= 0 && tl < q_len && int64_t(q_start) + tl < p.total_q) {
-        const int32_t* ids = p.q2k + (int64_t(head) * p.total_q + q_start + tl) * p.topk;
-        for (int32_t s = 0; s < p.topk; ++s)
-          if (ids[s] == kb) { slot = s; break; }
-      }
-      p.entry_slot[off + e] = slot;
     }
   }
 }

@@ -14,9 +14,14 @@
 //     = 67 MB (chunks re-read a row's block from L2). Memory-bound: ~6.1 ms floor for this
 //     design with bf16 partials (~4.0 ms if the main kernel's traffic hid the math fully), i.e.
 //     ~360 effective TFLOP/s; fp32 partials add 8.6 GB more (~8 ms).
-//   P32K-blk: same entry count and FLOP (the 128 tokens of a query block share a selection),
-//     same bytes; causal masking of the diagonal block halves its useful work, counted by the
-//     attended-pair FLOP rule, not by MMA issue.
+//   P32K-blk: same entry count and FLOP (2.07e12 counted by attended pairs: the causal diagonal
+//     block is half used). Every query block's 128 tokens share one selection, so it runs on the
+//     uniform (Q-major) path instead: Q read once (0.54 GB), out written once (0.54 GB), K/V
+//     64 KB per (unit, block) = 17 GB of L2 reads but 67 MB from DRAM (the 16 units of a (head,
+//     query block) run side by side), no partials, no combine. Floor: the math, 2.2e12 MMA FLOP
+//     issued ~ 3.1 ms at 716 TFLOP/s.
+//   Measured (H200, bench/RESULTS.md): P32K-tok 11.05 ms (main ~8 ms at 2.0 TB/s, combine
+//     2.6 ms at 3.3 TB/s): latency-bound per Q tile, not at either floor. P32K-blk 4.92 ms.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +73,21 @@ struct ChunkInfo {  // what consumers need from the producer for a K/V stage
   int32_t head;        // kv head
 };
 
+// Uniform path (uniform_*.cuh): a query block of 128 tokens whose q2k rows (for kv head h) are
+// all equal is done Q-major: a *unit* = up to 128 rows (two 64-row tiles) of that block streams
+// its selected K/V blocks with an online softmax and writes out / lse directly (no partials).
+struct UnitDesc {
+  int32_t head, q_first, n_tok, q_local0;  // global first token, tokens in the unit, its local id
+  int32_t q_len, k_start, k_len, sel_token;  // batch lengths; the token whose q2k row is read
+};
+static_assert(sizeof(UnitDesc) == 32, "UnitDesc is two int4 loads");
+
+struct UniformInfo {  // one published K/V stage of the uniform path
+  int32_t kb;         // block id; -1: the unit has no block (zeros / -inf out); -2: no more units
+  int32_t valid_keys;
+  int32_t first, last;  // first / last stage of its unit
+};
+
 // Shared memory plan (~197 KB of the 227 KB opt-in): K/V 2 stages x 64 KB, Q 4 x 16 KB, metadata.
 // Every tile buffer is 1024-byte aligned: the 128-byte swizzle repeats every 8 rows of 128 B and
 // wgmma descriptors assume atoms start on that boundary.
@@ -77,6 +97,7 @@ struct alignas(1024) SharedStorage {
   uint8_t q[kConsumers][kQStages][2][kQHalfBytes];
   TileMeta meta[kConsumers][kQStages];
   ChunkInfo info[kKVStages];
+  UniformInfo uinfo[kKVStages];
   uint64_t kv_full[kKVStages];
   uint64_t kv_empty[kKVStages];
   uint64_t q_full[kConsumers][kQStages];
