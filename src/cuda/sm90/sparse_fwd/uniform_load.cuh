@@ -1,0 +1,131 @@
+// Producer of the uniform (Q-major) path: per unit, the two 64-row Q tiles (one per consumer,
+// double-buffered across units) and then the unit's selected K/V blocks, one K/V stage each.
+// One warp does it all: a unit streams up to top-K blocks, so its loads are few. kernel.cuh.
+//
+// Barrier protocol: Q buffer (consumer c, stage unit_iter % 2) is refilled after q_empty (the
+// consumer's one arrive at the end of the unit that used it); q_full counts the lanes that own
+// token slots, each arriving after its metadata (token, last visible key, head) is written.
+// Each K/V stage is published as UniformInfo {kb, valid keys, first, last} by lane 0 with
+// arrive.expect_tx (64 KB) or, for a unit without a usable block, a plain arrive (kb = -1).
+#pragma once
+
+#include "cuda/device/sm90.cuh"
+#include "cuda/sm90/sparse_fwd/params.h"
+#include "cuda/sm90/sparse_fwd/traits.h"
+
+namespace msa::cuda::sparse_fwd {
+
+__device__ __forceinline__ UnitDesc load_unit(const UniformParams& p, int32_t unit) {
+  const int4* src = static_cast<const int4*>(p.units) + 2 * int64_t(unit);
+  const int4 a = src[0], b = src[1];
+  return UnitDesc{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+}
+
+// Q tile of consumer c: unit tokens [c * tpt, c * tpt + tpt), tpt = 64 / G.
+__device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUtensorMap* tm_q,
+                                               SharedStorage& sh, const UnitDesc& u, int c,
+                                               int stage, int lane) {
+  TileMeta& meta = sh.meta[c][stage];
+  const int tpt = p.tokens_per_tile;
+  int32_t tok[2] = {-1, -1};
+  int valid = 0;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int i = lane + 32 * k;
+    if (i >= tpt) break;
+    const int32_t ut = c * tpt + i;
+    int32_t last = -1;
+    if (ut < u.n_tok) {
+      tok[k] = u.q_first + ut;
+      const int32_t local = u.q_local0 + ut;
+      last = p.causal ? local + u.k_len - u.q_len : u.k_len - 1;  // batch-local, may be < 0
+      ++valid;
+    }
+    meta.token[i] = tok[k];
+    meta.limit[i] = last;
+    meta.slot[i] = u.head;
+  }
+  const int n_valid = __reduce_add_sync(0xffffffffu, valid);
+  if (lane == 0)
+    sm90::mbar_expect_tx(&sh.q_full[c][stage], uint32_t(n_valid) * uint32_t(p.group) * kHeadDim * 2);
+  __syncwarp();
+  const int32_t head_row = u.head * p.group;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (tok[k] < 0) continue;
+    const int row_bytes = (lane + 32 * k) * p.group * 128;
+    sm90::tma_load_3d(sh.q[c][stage][0] + row_bytes, tm_q, &sh.q_full[c][stage], 0, head_row,
+                      tok[k]);
+    sm90::tma_load_3d(sh.q[c][stage][1] + row_bytes, tm_q, &sh.q_full[c][stage], kHalfCols,
+                      head_row, tok[k]);
+  }
+  if (lane < tpt) sm90::mbar_arrive(&sh.q_full[c][stage]);
+}
+
+__device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
+                                                     const CUtensorMap* tm_q,
+                                                     const CUtensorMap* tm_k,
+                                                     const CUtensorMap* tm_v, SharedStorage& sh,
+                                                     int warp, int lane) {
+  if (warp != 0) return;
+  const int32_t n_units = *p.num_units;
+  int32_t kv_iter = 0, unit_iter = 0;
+  auto publish = [&](UniformInfo info, int32_t key_row, int32_t head) {
+    const int s = kv_iter % kKVStages;
+    sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);
+    if (lane == 0) {
+      sh.uinfo[s] = info;
+      if (info.kb >= 0) {
+        sm90::mbar_arrive_expect_tx(&sh.kv_full[s], kKVStageTxBytes);
+        for (int half = 0; half < 2; ++half) {
+          sm90::tma_load_3d(sh.k[s][half], tm_k, &sh.kv_full[s], half * kHalfCols, head, key_row);
+          sm90::tma_load_3d(sh.v[s][half], tm_v, &sh.kv_full[s], half * kHalfCols, head, key_row);
+        }
+      } else {
+        sm90::mbar_arrive(&sh.kv_full[s]);
+      }
+    }
+    __syncwarp();
+    ++kv_iter;
+  };
+  for (int32_t unit = blockIdx.x; unit < n_units; unit += gridDim.x, ++unit_iter) {
+    const UnitDesc u = load_unit(p, unit);
+    const int qs = unit_iter & 1;
+    for (int c = 0; c < kConsumers; ++c) {
+      sm90::mbar_wait(&sh.q_empty[c][qs], ((unit_iter >> 1) & 1) ^ 1);
+      produce_unit_q(p, tm_q, sh, u, c, qs, lane);
+    }
+    // Selected blocks in slot order, skipping ids outside [0, nblk) and blocks past the last
+    // key any row of the unit sees (they would be fully masked).
+    const int32_t* sel = p.q2k + (int64_t(u.head) * p.total_q + u.sel_token) * p.topk;
+    const int32_t nblk = (u.k_len + kBlockN - 1) / kBlockN;
+    const int32_t last_max = p.causal ? u.q_local0 + u.n_tok - 1 + u.k_len - u.q_len : u.k_len - 1;
+    int32_t n_blocks = 0;
+    for (int32_t base = 0; base < p.topk; base += 32) {
+      const int32_t kb = base + lane < p.topk ? sel[base + lane] : -1;
+      n_blocks += __popc(__ballot_sync(0xffffffffu, kb >= 0 && kb < nblk && kb * kBlockN <= last_max));
+    }
+    if (n_blocks == 0) {
+      publish(UniformInfo{-1, 0, 1, 1}, 0, 0);
+      continue;
+    }
+    int32_t done = 0;
+    for (int32_t base = 0; base < p.topk; base += 32) {
+      const int32_t mine = base + lane < p.topk ? sel[base + lane] : -1;
+      unsigned use = __ballot_sync(0xffffffffu,
+                                   mine >= 0 && mine < nblk && mine * kBlockN <= last_max);
+      while (use) {
+        const int src = __ffs(use) - 1;
+        use &= use - 1;
+        const int32_t kb = __shfl_sync(0xffffffffu, mine, src);
+        const UniformInfo info{kb, min(kBlockN, u.k_len - kb * kBlockN), done == 0 ? 1 : 0,
+                               done == n_blocks - 1 ? 1 : 0};
+        publish(info, u.k_start + kb * kBlockN, u.head);
+        ++done;
+      }
+    }
+  }
+  publish(UniformInfo{-2, 0, 0, 0}, 0, 0);  // end marker
+}
+
+}  // namespace msa::cuda::sparse_fwd

@@ -1,0 +1,112 @@
+// Scheduler of the uniform path: finds the (kv head, 128-query block) pairs whose q2k rows are all
+// equal (block-uniform selections), counts their 128-row units, and writes the unit table the
+// uniform kernel walks. Runs after row_start_kernel (which also fills qblock_start) and before
+// chunk_table_kernel (which drops those tokens from the KV-major work). Included by launch.cu.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+
+#include "cuda/sm90/sparse_fwd/params.h"
+#include "cuda/sm90/sparse_fwd/scheduler.cuh"
+#include "cuda/sm90/sparse_fwd/traits.h"
+
+namespace msa::cuda::sparse_fwd {
+
+// Last b in [0, B) with starts[b] <= x (starts non-decreasing).
+__device__ __forceinline__ int64_t last_start_le(const int32_t* starts, int64_t batch, int64_t x) {
+  int64_t lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// One warp per (kv head, global query block) pair (grid-stride). Uniform: every row of the
+// block equals its first row, whose ids are in [-1, nblk) and distinct. Writes the flag and the
+// pair's unit count ceil(tokens * G / 128) into unit_start (scanned by unit_scan_kernel).
+__global__ void uniform_detect_kernel(PrepParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  const int64_t pairs = p.num_kv_heads * p.qblock_cap;
+  const int64_t total_blocks = p.qblock_start[p.batch];
+  for (int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pair < pairs;
+       pair += warps) {
+    const int64_t h = pair / p.qblock_cap, g = pair % p.qblock_cap;
+    bool ok = false;
+    int64_t n_tok = 0;
+    if (p.uniform_enabled && g < total_blocks && p.batch > 0) {
+      const int64_t b = last_start_le(p.qblock_start, p.batch, g);
+      const int64_t qb = g - p.qblock_start[b];
+      const int64_t q_start = p.cu_seqlens_q[b], lq = int64_t(p.cu_seqlens_q[b + 1]) - q_start;
+      const int64_t lk = int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
+      const int64_t nblk = lk > 0 ? (lk + kBlockN - 1) / kBlockN : 0;
+      n_tok = min(int64_t(128), lq - qb * 128);
+      const int64_t t0 = q_start + qb * 128;
+      ok = n_tok > 0 && t0 >= 0 && t0 + n_tok <= p.total_q;
+      if (ok) {
+        const int32_t* row0 = p.q2k + (h * p.total_q + t0) * p.topk;
+        for (int64_t s = lane; s < p.topk; s += 32) {
+          const int32_t id = row0[s];
+          if (id < -1 || id >= nblk) ok = false;
+          for (int64_t r = 0; r < s && id >= 0; ++r)
+            if (row0[r] == id) ok = false;
+        }
+        for (int64_t i = p.topk + lane; i < n_tok * p.topk; i += 32)
+          if (row0[i] != row0[i % p.topk]) ok = false;
+      }
+      ok = __all_sync(0xffffffffu, ok);
+    }
+    if (lane == 0) {
+      p.uniform[pair] = ok ? 1 : 0;
+      p.unit_start[pair] = ok ? int32_t((n_tok * p.group + 127) / 128) : 0;
+    }
+  }
+}
+
+// One block: exclusive prefix of the unit counts in place; unit_start[pairs] = *num_units.
+__global__ void __launch_bounds__(kPrepThreads) unit_scan_kernel(PrepParams p) {
+  using Scan = cub::BlockScan<int, kPrepThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int64_t pairs = p.num_kv_heads * p.qblock_cap;
+  int carry = 0;
+  for (int64_t base = 0; base < pairs; base += kPrepThreads) {
+    const int64_t i = base + threadIdx.x;
+    const int count = i < pairs ? p.unit_start[i] : 0;
+    int excl = 0, agg = 0;
+    Scan(tmp).ExclusiveSum(count, excl, agg);
+    if (i < pairs) p.unit_start[i] = carry + excl;
+    carry += agg;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    p.unit_start[pairs] = carry;
+    *p.num_units = carry <= p.unit_cap ? carry : 0;
+  }
+}
+
+// One thread per unit (grid-stride): its pair by binary search, then the UnitDesc.
+__global__ void unit_table_kernel(PrepParams p) {
+  const int32_t n_units = *p.num_units;
+  const int64_t pairs = p.num_kv_heads * p.qblock_cap;
+  const int64_t tokens_per_unit = 128 / p.group;
+  for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < n_units;
+       u += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t pair = last_start_le(p.unit_start, pairs, u);
+    const int64_t h = pair / p.qblock_cap, g = pair % p.qblock_cap;
+    const int64_t k = u - p.unit_start[pair];
+    const int64_t b = last_start_le(p.qblock_start, p.batch, g);
+    const int64_t qb = g - p.qblock_start[b];
+    const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
+    const int32_t k_start = p.cu_seqlens_k[b], lk = p.cu_seqlens_k[b + 1] - k_start;
+    const int64_t n_tok = min(int64_t(128), lq - qb * 128);
+    const int64_t first = k * tokens_per_unit;
+    const int32_t t0 = int32_t(q_start + qb * 128);
+    int4* dst = static_cast<int4*>(p.units) + 2 * u;
+    dst[0] = make_int4(int32_t(h), t0 + int32_t(first),
+                       int32_t(min(tokens_per_unit, n_tok - first)), int32_t(qb * 128 + first));
+    dst[1] = make_int4(lq, k_start, lk, t0);
+  }
+}
+
+}  // namespace msa::cuda::sparse_fwd
