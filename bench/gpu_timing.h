@@ -1,0 +1,71 @@
+// Shared GPU timing harness of the benchmark programs: an owning device buffer, CUDA-event
+// timing after warm-up with an L2 flush before every timed run, median and spread.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace msa::bench {
+
+#define MSA_BENCH_CUDA(expr)                                                              \
+  do {                                                                                    \
+    cudaError_t e_ = (expr);                                                              \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
+                   __LINE__, #expr);                                                      \
+      std::exit(3);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+class GpuBuffer {
+ public:
+  GpuBuffer() = default;
+  explicit GpuBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes) MSA_BENCH_CUDA(cudaMalloc(&p_, bytes));
+  }
+  GpuBuffer(const GpuBuffer&) = delete;
+  GpuBuffer& operator=(const GpuBuffer&) = delete;
+  GpuBuffer(GpuBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; o.bytes_ = 0; }
+  ~GpuBuffer() { if (p_) cudaFree(p_); }
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct Timing {
+  double median = 0, min = 0, max = 0;  // milliseconds
+};
+
+// Runs op `warmup` times, then `iters` timed runs each preceded by an L2 flush (a 256 MB memset,
+// > 4x the 60 MB L2) when `flush` is non-null.
+template <typename F>
+Timing time_op(F op, int warmup, int iters, cudaStream_t s, const GpuBuffer* flush) {
+  for (int i = 0; i < warmup; ++i) op();
+  cudaEvent_t a, b;
+  MSA_BENCH_CUDA(cudaEventCreate(&a));
+  MSA_BENCH_CUDA(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    if (flush) MSA_BENCH_CUDA(cudaMemsetAsync(flush->get(), i & 0xff, flush->bytes(), s));
+    MSA_BENCH_CUDA(cudaEventRecord(a, s));
+    op();
+    MSA_BENCH_CUDA(cudaEventRecord(b, s));
+    MSA_BENCH_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    MSA_BENCH_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return Timing{ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+}  // namespace msa::bench
