@@ -2,7 +2,7 @@
 # One GPU-machine session for the decode: tests, sanitizer (MSA_TEST_SMALL=1), benchmark and
 # peers. Uses binaries prebuilt here (BIN, default build-dec) when they run on the machine, else
 # builds test_decode_gpu and bench_decode there. Logs go to $OUT; a short table prints last.
-#   bench/decode_device.sh [steps...]   steps: tests memcheck racecheck bench peers
+#   bench/decode_device.sh [steps...]   steps: tests memcheck racecheck bench peers ncu
 set -u
 OUT=${OUT:-/tmp/msa_out}
 BIN=${BIN:-build-dec}
@@ -49,6 +49,16 @@ for step in $steps; do
       rm -f "$OUT/bench.json"
       timeout $lim "$BENCH" --iters 30 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
       summary+=("bench rc=$? $(( $(date +%s) - start ))s") ;;
+    ncu)
+      for c in DEC-B32-dense:0 DEC-MTP:2; do  # CASE:launches to skip (DEC-MTP: its bf16 runs, then fp8)
+        lim=$(left 45); (( lim == 0 )) && { summary+=("ncu $c skipped (time)"); continue; }
+        timeout $lim ncu --clock-control none --kernel-name regex:decode_kernel --launch-skip ${c##*:} --launch-count 1 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+          --section WarpStateStats --section SchedulerStats --section LaunchStats \
+          "$BENCH" --case ${c%%:*} --iters 1 --warmup 0 --no-check > "$OUT/ncu_${c%%:*}.log" 2>&1
+        summary+=("ncu ${c%%:*} rc=$?")
+        grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|Warp Cycles Per Issued|Registers Per|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu_${c%%:*}.log" | head -24
+      done ;;
     peers)
       lim=$(left 90)
       timeout $lim python3 bench/peers_decode.py --ours "$OUT/bench.json" > "$OUT/peers.log" 2>&1

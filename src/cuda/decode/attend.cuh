@@ -198,10 +198,13 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) w.l[i] = w.l[i] * alpha[i] + sum[i];
+  // The running max rarely moves once a row has seen some keys: skip the 64 multiplies then.
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-  for (int nt = 0; nt < 16; ++nt)
+    for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w.o[nt][k] *= alpha[k >> 1];
+      for (int k = 0; k < 4; ++k) w.o[nt][k] *= alpha[k >> 1];
+  }
 
   // O += P V: P from the S accumulators (keys 16 kk + 2c.. as the A k slots), V through
   // ldmatrix.trans so each register pairs two keys of one head dim.

@@ -29,18 +29,22 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
   return uint32_t(row * Traits<kFp8>::kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-// The rows of a tile one thread copies: warp w covers rows [16 w, 16 w + 16), its lanes split a
-// row into 16-byte chunks, so each copy instruction reads whole rows.
+// The rows of a tile one thread copies: warp w covers rows [16 w, 16 w + 16); kLanesPerRow lanes
+// share a row and each copies 4 of its 16-byte chunks, so a copy instruction reads whole 32-byte
+// sectors and a thread looks up and addresses only 2 (bf16) or 1 (fp8) rows per tile (the
+// per-row page lookup and 64-bit address math dominate the issue cost).
 template <bool kFp8>
 struct TileRows {
-  static constexpr int kRowsPerPass = 32 / Traits<kFp8>::kChunks;
-  static constexpr int kPasses = 16 / kRowsPerPass;  // rows per thread: 8 (bf16), 4 (fp8)
+  static constexpr int kChunksPerLane = 4;
+  static constexpr int kLanesPerRow = Traits<kFp8>::kChunks / kChunksPerLane;  // bf16 4, fp8 2
+  static constexpr int kRowsPerPass = 32 / kLanesPerRow;                      // bf16 8, fp8 16
+  static constexpr int kPasses = 16 / kRowsPerPass;                           // bf16 2, fp8 1
   int key[kPasses];   // logical key of the row, -1 for none
   int page[kPasses];  // its page id as read from the page table (checked at issue)
 
   __device__ __forceinline__ static int row(int pass) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    return warp * 16 + pass * kRowsPerPass + lane / Traits<kFp8>::kChunks;
+    return warp * 16 + pass * kRowsPerPass + lane / kLanesPerRow;
   }
 };
 
@@ -77,20 +81,21 @@ __device__ __forceinline__ void issue_tile(const DecodeParams& p, const TileSour
                                            const TileRows<kFp8>& r, uint32_t stage_base,
                                            int* slot_key) {
   using Tr = Traits<kFp8>;
+  using Rows = TileRows<kFp8>;
   constexpr int kElem = kFp8 ? 1 : 2;
-  const int chunk = (threadIdx.x & 31) % Tr::kChunks;
+  const int sub = (threadIdx.x & 31) % Rows::kLanesPerRow;  // first chunk of this lane
   const auto* kbase = static_cast<const uint8_t*>(p.k);
   const auto* vbase = static_cast<const uint8_t*>(p.v);
 #pragma unroll
-  for (int pass = 0; pass < TileRows<kFp8>::kPasses; ++pass) {
-    const int row = TileRows<kFp8>::row(pass);
+  for (int pass = 0; pass < Rows::kPasses; ++pass) {
+    const int row = Rows::row(pass);
     int j = r.key[pass];
     const int32_t page = r.page[pass];
     int64_t koff = 0, voff = 0;
     if (j >= 0) {
       const int slot = j & (p.page_size - 1);
       if (page < 0 || page >= p.num_pages) {
-        if (chunk == 0)
+        if (sub == 0)
           report(p, Offence::page, uint64_t(src.b) * uint64_t(p.max_pages) + uint64_t(j >> p.page_shift),
                  StatusCode::page_id_out_of_range);
         j = -1;
@@ -99,11 +104,15 @@ __device__ __forceinline__ void issue_tile(const DecodeParams& p, const TileSour
         voff = (page * p.v_stride_page + slot * p.v_stride_slot + src.h * p.v_stride_head) * kElem;
       }
     }
-    const uint32_t dst = stage_base + tile_offset<kFp8>(row, chunk);
     const uint32_t bytes = j >= 0 ? 16u : 0u;
-    cp_async_16(dst, kbase + koff + chunk * 16, bytes);
-    cp_async_16(dst + Tr::kTileBytes, vbase + voff + chunk * 16, bytes);
-    if (chunk == 0) slot_key[row] = j;
+#pragma unroll
+    for (int i = 0; i < Rows::kChunksPerLane; ++i) {
+      const int chunk = sub + Rows::kLanesPerRow * i;
+      const uint32_t dst = stage_base + tile_offset<kFp8>(row, chunk);
+      cp_async_16(dst, kbase + koff + chunk * 16, bytes);
+      cp_async_16(dst + Tr::kTileBytes, vbase + voff + chunk * 16, bytes);
+    }
+    if (sub == 0) slot_key[row] = j;
   }
 }
 
