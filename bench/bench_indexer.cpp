@@ -47,8 +47,7 @@ Tensor gpu(void* p, DType dt, std::vector<int64_t> shape) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+int run(const Options& o) {
   const int64_t S = o.seq, D = 128, G = o.hq / o.hkv, nblk = (S + 127) / 128;
   std::vector<uint16_t> hq_(S * o.hq * D), hk(S * o.hkv * D);
   fill_normal_bf16(hq_.data(), int64_t(hq_.size()), 1, 0);
@@ -140,4 +139,13 @@ int main(int argc, char** argv) {
        << ",\"fused_equals_unfused\":" << (same_ids ? "true" : "false") << "}\n";
   }
   return worst < 1e-3 && same_ids ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const msa::Error& e) {
+    std::fprintf(stderr, "bench_indexer: %s\n", e.what());
+    return 3;
+  }
 }

@@ -5,27 +5,25 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
+
+#include "msa/error.h"
 
 namespace msa::bench {
 
+// A failed CUDA call in benchmark code becomes msa::Error naming the call.
 #define MSA_BENCH_CUDA(expr)                                                              \
   do {                                                                                    \
     cudaError_t e_ = (expr);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
-                   __LINE__, #expr);                                                      \
-      std::exit(3);                                                                       \
-    }                                                                                     \
+    if (e_ != cudaSuccess) ::msa::fail("bench: ", #expr, ": ", cudaGetErrorString(e_));   \
   } while (0)
 
+// Owning device allocation of at least 256 bytes, so that even empty tensors get a real pointer.
 class GpuBuffer {
  public:
   GpuBuffer() = default;
-  explicit GpuBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes) MSA_BENCH_CUDA(cudaMalloc(&p_, bytes));
+  explicit GpuBuffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 256)) {
+    MSA_BENCH_CUDA(cudaMalloc(&p_, bytes_));
   }
   GpuBuffer(const GpuBuffer&) = delete;
   GpuBuffer& operator=(const GpuBuffer&) = delete;

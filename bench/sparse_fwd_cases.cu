@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "bench/cases.h"
+#include "bench/gpu_timing.h"
 #include "bench/inputs.h"
 #include "bench/patterns.h"
 #include "bench/sparse_fwd_cases.h"
@@ -22,28 +23,9 @@ namespace {
 
 using msa::DType;
 using msa::Tensor;
-
-#define BENCH_CUDA(expr)                                                                 \
-  do {                                                                                   \
-    cudaError_t e_ = (expr);                                                             \
-    if (e_ != cudaSuccess) msa::fail("bench: ", #expr, ": ", cudaGetErrorString(e_));     \
-  } while (0)
-
-class Buf {
- public:
-  explicit Buf(size_t bytes) : bytes_(std::max<size_t>(bytes, 256)) {
-    BENCH_CUDA(cudaMalloc(&p_, bytes_));
-  }
-  ~Buf() { cudaFree(p_); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  void* get() const { return p_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_;
-};
+using msa::bench::GpuBuffer;
+using msa::bench::time_op;
+using msa::bench::Timing;
 
 const msa::Device kGpu{msa::DeviceType::cuda, 0};
 
@@ -85,33 +67,6 @@ __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint1
   }
   for (int e = 0; e < 4; ++e) out[w * 128 + lane * 4 + e] = sum > 0.f ? acc[e] / sum : 0.f;
   if (lane == 0) lse[w] = sum > 0.f ? m + logf(sum) : -INFINITY;
-}
-
-struct Timing {
-  double median = 0, min = 0, max = 0;
-};
-
-template <typename F>
-Timing time_op(F op, const SparseBenchOptions& o, cudaStream_t s, Buf& flush) {
-  for (int i = 0; i < o.warmup; ++i) op();
-  cudaEvent_t a, b;
-  BENCH_CUDA(cudaEventCreate(&a));
-  BENCH_CUDA(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int i = 0; i < o.iters; ++i) {
-    if (o.flush_l2) BENCH_CUDA(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), s));
-    BENCH_CUDA(cudaEventRecord(a, s));
-    op();
-    BENCH_CUDA(cudaEventRecord(b, s));
-    BENCH_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return Timing{ms[ms.size() / 2], ms.front(), ms.back()};
 }
 
 std::string device_name() {
@@ -163,31 +118,31 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   for (int64_t l : bc->seqlens_k) total_rows += (l + 127) / 128;
 
   cudaStream_t s;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<int32_t> cu_q(shape.cu_seqlens_q.begin(), shape.cu_seqlens_q.end());
   std::vector<int32_t> cu_k(shape.cu_seqlens_k.begin(), shape.cu_seqlens_k.end());
-  Buf dq(size_t(tq) * hq * d * 2), dk(size_t(tk) * hkv * d * 2), dv(size_t(tk) * hkv * d * 2),
+  GpuBuffer dq(size_t(tq) * hq * d * 2), dk(size_t(tk) * hkv * d * 2), dv(size_t(tk) * hkv * d * 2),
       dout(size_t(tq) * hq * d * 2), dlse(size_t(hq) * tq * 4), dq2k(sel.size() * 4),
       dcuq(cu_q.size() * 4), dcuk(cu_k.size() * 4), status(16), flush(size_t(256) << 20);
   {
     std::vector<uint16_t> host(size_t(tq) * hq * d);
     msa::bench::fill_normal_bf16(host.data(), int64_t(host.size()), shape.seed, 0);
-    BENCH_CUDA(cudaMemcpy(dq.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    MSA_BENCH_CUDA(cudaMemcpy(dq.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     host.resize(size_t(tk) * hkv * d);
     msa::bench::fill_normal_bf16(host.data(), int64_t(host.size()), shape.seed, 1);
-    BENCH_CUDA(cudaMemcpy(dk.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    MSA_BENCH_CUDA(cudaMemcpy(dk.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     msa::bench::fill_normal_bf16(host.data(), int64_t(host.size()), shape.seed, 2);
-    BENCH_CUDA(cudaMemcpy(dv.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    MSA_BENCH_CUDA(cudaMemcpy(dv.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
   }
-  BENCH_CUDA(cudaMemcpy(dq2k.get(), sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMemcpy(dcuq.get(), cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMemcpy(dcuk.get(), cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
+  MSA_BENCH_CUDA(cudaMemcpy(dq2k.get(), sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+  MSA_BENCH_CUDA(cudaMemcpy(dcuq.get(), cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
+  MSA_BENCH_CUDA(cudaMemcpy(dcuk.get(), cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
   const Tensor st(status.get(), DType::i32, {4}, kGpu);
   msa::clear_status(st, s);
 
   // K2Q index, built once on the GPU (timed on its own as CSR-32K).
   const int64_t sched = msa::k2q_schedule_size(hkv, total_rows, tq, topk);
-  Buf drp(size_t(hkv) * (total_rows + 1) * 4), dqi(size_t(hkv) * tq * topk * 4), dsc(sched * 4);
+  GpuBuffer drp(size_t(hkv) * (total_rows + 1) * 4), dqi(size_t(hkv) * tq * topk * 4), dsc(sched * 4);
   msa::CsrBuildArgs cb;
   cb.q2k = Tensor(dq2k.get(), DType::i32, {hkv, tq, topk}, kGpu);
   cb.cu_seqlens_q = Tensor(dcuq.get(), DType::i32, {batch + 1}, kGpu);
@@ -198,7 +153,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   cb.out.q_idx = Tensor(dqi.get(), DType::i32, {hkv, tq * topk}, kGpu);
   cb.out.schedule = Tensor(dsc.get(), DType::i32, {sched}, kGpu);
   const size_t csr_ws_bytes = msa::csr_workspace_bytes(hkv, total_rows, tq, topk);
-  Buf csr_ws(csr_ws_bytes);
+  GpuBuffer csr_ws(csr_ws_bytes);
   cb.workspace = Tensor(csr_ws.get(), DType::u8, {int64_t(csr_ws_bytes)}, kGpu);
   cb.status = st;
   msa::build_k2q_csr(cb, s);
@@ -218,13 +173,13 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   a.status = st;
   const bool is_csr = bc->kind == msa::bench::CaseKind::csr_build;
   size_t ws_bytes = is_csr ? 0 : msa::attention_workspace_bytes(a);
-  Buf ws(ws_bytes);
+  GpuBuffer ws(ws_bytes);
   a.workspace = Tensor(ws.get(), DType::u8, {int64_t(ws_bytes)}, kGpu);
 
   double rel_l2 = -1, lse_err = -1;
   int rc = 0;
   if (!is_csr && o.check) {
-    BENCH_CUDA(cudaMemsetAsync(dout.get(), 0xff, dout.bytes(), s));
+    MSA_BENCH_CUDA(cudaMemsetAsync(dout.get(), 0xff, dout.bytes(), s));
     msa::attention_forward(a, s);
     msa::check_status(st, s);
     std::mt19937 rng(7);
@@ -232,8 +187,8 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     for (int i = 0; i < 255; ++i) samples.push_back(int32_t(rng() % tq));
     samples.push_back(int32_t(tq - 1));
     const int ns = int(samples.size());
-    Buf dsm(ns * 4), dref(size_t(ns) * hq * d * 4), dref_lse(size_t(ns) * hq * 4);
-    BENCH_CUDA(cudaMemcpy(dsm.get(), samples.data(), ns * 4, cudaMemcpyHostToDevice));
+    GpuBuffer dsm(ns * 4), dref(size_t(ns) * hq * d * 4), dref_lse(size_t(ns) * hq * 4);
+    MSA_BENCH_CUDA(cudaMemcpy(dsm.get(), samples.data(), ns * 4, cudaMemcpyHostToDevice));
     const int64_t threads = int64_t(ns) * hq * 32;
     reference_rows<<<unsigned((threads + 255) / 256), 256, 0, s>>>(
         static_cast<uint16_t*>(dq.get()), static_cast<uint16_t*>(dk.get()),
@@ -241,14 +196,14 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
         static_cast<int32_t*>(dcuq.get()), static_cast<int32_t*>(dcuk.get()), int(batch), tq, hq,
         hkv, topk, 1.f / std::sqrt(float(d)), static_cast<int32_t*>(dsm.get()), ns,
         static_cast<float*>(dref.get()), static_cast<float*>(dref_lse.get()));
-    BENCH_CUDA(cudaGetLastError());
+    MSA_BENCH_CUDA(cudaGetLastError());
     std::vector<float> ref(size_t(ns) * hq * d), ref_lse(size_t(ns) * hq), lse(size_t(hq) * tq);
     std::vector<uint16_t> out(size_t(tq) * hq * d);
-    BENCH_CUDA(cudaStreamSynchronize(s));
-    BENCH_CUDA(cudaMemcpy(ref.data(), dref.get(), ref.size() * 4, cudaMemcpyDeviceToHost));
-    BENCH_CUDA(cudaMemcpy(ref_lse.data(), dref_lse.get(), ref_lse.size() * 4, cudaMemcpyDeviceToHost));
-    BENCH_CUDA(cudaMemcpy(out.data(), dout.get(), out.size() * 2, cudaMemcpyDeviceToHost));
-    BENCH_CUDA(cudaMemcpy(lse.data(), dlse.get(), lse.size() * 4, cudaMemcpyDeviceToHost));
+    MSA_BENCH_CUDA(cudaStreamSynchronize(s));
+    MSA_BENCH_CUDA(cudaMemcpy(ref.data(), dref.get(), ref.size() * 4, cudaMemcpyDeviceToHost));
+    MSA_BENCH_CUDA(cudaMemcpy(ref_lse.data(), dref_lse.get(), ref_lse.size() * 4, cudaMemcpyDeviceToHost));
+    MSA_BENCH_CUDA(cudaMemcpy(out.data(), dout.get(), out.size() * 2, cudaMemcpyDeviceToHost));
+    MSA_BENCH_CUDA(cudaMemcpy(lse.data(), dlse.get(), lse.size() * 4, cudaMemcpyDeviceToHost));
     double num = 0, den = 0, worst = 0;
     bool nan = false;
     for (int si = 0; si < ns; ++si)
@@ -271,9 +226,9 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
 
   Timing t;
   if (is_csr) {
-    t = time_op([&] { msa::build_k2q_csr(cb, s); }, o, s, flush);
+    t = time_op([&] { msa::build_k2q_csr(cb, s); }, o.warmup, o.iters, s, o.flush_l2 ? &flush : nullptr);
   } else {
-    t = time_op([&] { msa::attention_forward(a, s); }, o, s, flush);
+    t = time_op([&] { msa::attention_forward(a, s); }, o.warmup, o.iters, s, o.flush_l2 ? &flush : nullptr);
   }
   msa::check_status(st, s);
   const double flop = 4.0 * d * double(pairs.attended);

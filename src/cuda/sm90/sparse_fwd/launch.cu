@@ -3,8 +3,6 @@
 // main kernel, combine). Defines cuda::attention_forward / attention_workspace_bytes.
 // Instantiations (the only ones): sparse_fwd_kernel and sparse_fwd_uniform_kernel, each <false>
 // (bf16) and <true> (f16).
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <cmath>
 #include <mutex>
@@ -15,6 +13,7 @@
 #include "cuda/common/csr_build.cuh"
 #include "cuda/common/index_checks.cuh"
 #include "cuda/device/check.h"
+#include "cuda/device/tma_map.h"
 #include "cuda/sm90/sparse_fwd/kernel.cuh"
 #include "cuda/sm90/sparse_fwd/scheduler.cuh"
 #include "cuda/sm90/sparse_fwd/uniform_scheduler.cuh"
@@ -109,38 +108,6 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
             "q2k: Hkv * total_q * topk must be below 2^31 on CUDA");
   MSA_CHECK(a.kv.k.values.shape[0] < INT32_MAX && s.total_q < INT32_MAX,
             "q, k: token counts must be below 2^31 on CUDA (TMA coordinates are int32)");
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    MSA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                    cudaEnableDefault, &q));
-    MSA_CHECK(f != nullptr && q == cudaDriverEntryPointSuccess,
-              "CUDA driver: cuTensorMapEncodeTiled not available (driver too old for TMA)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// 3-D map over a [tokens, heads, 128] tensor (D contiguous), 128-byte swizzle, box of
-// 64 columns x `box_heads` heads x `box_tokens` tokens. Out-of-range boxes read as zeros.
-CUtensorMap make_map(const Tensor& t, uint32_t box_heads, uint32_t box_tokens) {
-  CUtensorMap m;
-  const cuuint64_t dims[3] = {cuuint64_t(t.shape[2]), cuuint64_t(t.shape[1]),
-                              cuuint64_t(t.shape[0])};
-  const cuuint64_t strides[2] = {cuuint64_t(t.strides[1]) * 2, cuuint64_t(t.strides[0]) * 2};
-  const cuuint32_t box[3] = {kHalfCols, box_heads, box_tokens};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(
-      &m, t.dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-      3, t.data, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MSA_CHECK(r == CUDA_SUCCESS, "attention_forward: cuTensorMapEncodeTiled failed (", int(r),
-            ") for ", t.describe(), "; strides must be multiples of 16 bytes");
-  return m;
 }
 
 int sm_count() {
@@ -304,9 +271,9 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     mp.part_bf16 = bf16_part ? 1 : 0;
     mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
-    const CUtensorMap tq = make_map(a.q, uint32_t(s.group), 1);
-    const CUtensorMap tk = make_map(a.kv.k.values, 1, kBlockN);
-    const CUtensorMap tv = make_map(a.kv.v.values, 1, kBlockN);
+    const CUtensorMap tq = make_tma_3d(a.q, kHalfCols, uint32_t(s.group), 1, "attention_forward");
+    const CUtensorMap tk = make_tma_3d(a.kv.k.values, kHalfCols, 1, kBlockN, "attention_forward");
+    const CUtensorMap tv = make_tma_3d(a.kv.v.values, kHalfCols, 1, kBlockN, "attention_forward");
     if (f16) launch_main<true>(tq, tk, tv, mp, stream);
     else launch_main<false>(tq, tk, tv, mp, stream);
     UniformParams up;
