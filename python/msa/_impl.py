@@ -39,6 +39,12 @@ def key_lengths(kv: dict) -> list:
     return [max_pages * page_size_of(kv["k"], kv["kv_layout"])] * batch
 
 
+def kv_heads_dim(layout: str) -> int:
+    """The dim of k that counts the kv heads: [total_k, Hkv, D], [pages, page, Hkv, D] or
+    [pages, Hkv, page, D] (fp4x2 halves only the last dim)."""
+    return 2 if layout == "paged_nhd" else 1
+
+
 def max_blocks(kv: dict, kv_block_size: int, max_seqlen_k: Optional[int]) -> int:
     """nblk_max for block scores: from max_seqlen_k when given; for paged KV the page-table
     capacity (static, so CUDA graphs and torch.compile need no host read); for flat KV the
@@ -96,6 +102,22 @@ def block_scores(q: Any, q_scale: Any, q_global_scale: float, kv: dict, cu_seqle
     _C.block_scores(q=as_arg(q), q_scale=as_arg(q_scale), q_global_scale=float(q_global_scale),
                     **kv_kwargs(kv), cu_seqlens_q=as_arg(cu_seqlens_q), scores=as_arg(out),
                     causal=causal, kv_block_size=kv_block_size, status=as_arg(status), stream=st)
+    _finish(q, status, st, check)
+    return out
+
+
+def block_topk(q: Any, q_scale: Any, q_global_scale: float, kv: dict, cu_seqlens_q: Any, *,
+               causal: bool, kv_block_size: int, topk: int, sink_blocks: int,
+               local_blocks: int, out: Any, stream: Any, check: bool, status: Any = None) -> Any:
+    if out is None:
+        hkv = shape_of(kv["k"])[kv_heads_dim(kv["kv_layout"])]
+        out = empty(q, (hkv, shape_of(q)[0], topk), "i32")
+    st = stream_handle(q, stream)
+    status = _status(q, status)
+    _C.block_topk(q=as_arg(q), q_scale=as_arg(q_scale), q_global_scale=float(q_global_scale),
+                  **kv_kwargs(kv), cu_seqlens_q=as_arg(cu_seqlens_q), causal=causal,
+                  kv_block_size=kv_block_size, topk=topk, sink_blocks=sink_blocks,
+                  local_blocks=local_blocks, q2k=as_arg(out), status=as_arg(status), stream=st)
     _finish(q, status, st, check)
     return out
 

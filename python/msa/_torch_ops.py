@@ -48,6 +48,27 @@ def _(q, q_scale, k, k_scale, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
     return q.new_empty((q.shape[1], nblk_max, q.shape[0]), dtype=torch.float32)
 
 
+@torch.library.custom_op("msa::block_topk", mutates_args=())
+def block_topk(q: Tensor, q_scale: Optional[Tensor], k: Tensor, k_scale: Optional[Tensor],
+               cu_seqlens_q: Tensor, cu_seqlens_k: Optional[Tensor], page_table: Optional[Tensor],
+               seqused_k: Optional[Tensor], kv_layout: str, q_global_scale: float,
+               k_global_scale: float, topk: int, sink_blocks: int, local_blocks: int,
+               causal: bool, kv_block_size: int, check: bool, stream: Optional[int]) -> Tensor:
+    kv = _kv(k, k_scale, None, None, cu_seqlens_k, page_table, seqused_k, kv_layout)
+    kv["k_global_scale"] = k_global_scale
+    return _impl.block_topk(q, q_scale, q_global_scale, kv, cu_seqlens_q, causal=causal,
+                            kv_block_size=kv_block_size, topk=topk, sink_blocks=sink_blocks,
+                            local_blocks=local_blocks, out=None, stream=stream, check=check)
+
+
+@block_topk.register_fake
+def _(q, q_scale, k, k_scale, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, kv_layout,
+      q_global_scale, k_global_scale, topk, sink_blocks, local_blocks, causal, kv_block_size,
+      check, stream):
+    hkv = k.shape[_impl.kv_heads_dim(kv_layout)]
+    return q.new_empty((hkv, q.shape[0], topk), dtype=torch.int32)
+
+
 @torch.library.custom_op("msa::select_topk", mutates_args=())
 def select_topk(scores: Tensor, cu_seqlens_q: Tensor, k: Optional[Tensor],
                 cu_seqlens_k: Optional[Tensor], page_table: Optional[Tensor],

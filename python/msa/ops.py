@@ -1,7 +1,8 @@
-"""msa's public ops for Python: block scores, top-K selection, the k2q CSR index, sparse/dense
-attention (flat or paged KV), quantization. Each takes any DLPack array (torch, numpy, cupy)
-and allocates its outputs with the caller's framework; torch tensors go through the torch
-custom ops (torch.ops.msa.*) so torch.compile and CUDA graphs see them."""
+"""msa's public ops for Python: block scores, top-K selection (alone or fused with the
+indexer), the k2q CSR index, sparse/dense attention (flat or paged KV), quantization. Each takes
+any DLPack array (torch, numpy, cupy) and allocates its outputs with the caller's framework;
+torch tensors go through the torch custom ops (torch.ops.msa.*) so torch.compile and CUDA
+graphs see them."""
 
 from __future__ import annotations
 
@@ -74,6 +75,17 @@ def _torch_path(*arrays: Any) -> bool:
     return not any(isinstance(a, Typed) for a in arrays)
 
 
+def _indexer_inputs(q: Any, q_scale: Any, q_global_scale: float, k: Any, k_scale: Any,
+                    k_global_scale: float, **kv_args: Any) -> tuple:
+    """(q values, q scale, q global scale, key cache dict) of the indexer ops. A QTensor k
+    keeps its own global scale unless that is the default 1.0, so the keyword can set it."""
+    q, q_scale, q_global_scale = _unpack(q, q_scale, q_global_scale)
+    kv = _kv(k, k_scale=k_scale, **kv_args)
+    if kv["k_global_scale"] == 1.0:
+        kv["k_global_scale"] = k_global_scale
+    return q, q_scale, q_global_scale, kv
+
+
 def block_scores(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
                  page_table: Any = None, seqused_k: Any = None,
                  kv_layout: Optional[str] = None, causal: bool = True,
@@ -95,11 +107,9 @@ def block_scores(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     batch of a flat cache (read from cu_seqlens_k: a host sync for GPU arrays) or the page
     table's capacity for a paged one.
     """
-    q, q_scale, q_global_scale = _unpack(q, q_scale, q_global_scale)
-    kv = _kv(k, cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
-             kv_layout=kv_layout, k_scale=k_scale)
-    if kv["k_global_scale"] == 1.0:
-        kv["k_global_scale"] = k_global_scale
+    q, q_scale, q_global_scale, kv = _indexer_inputs(
+        q, q_scale, q_global_scale, k, k_scale, k_global_scale, cu_seqlens_k=cu_seqlens_k,
+        page_table=page_table, seqused_k=seqused_k, kv_layout=kv_layout)
     nblk_max = _impl.max_blocks(kv, kv_block_size, max_seqlen_k)
     if out is None and _torch_path(q, q_scale, kv["k"], kv["k_scale"]):
         return _tops.block_scores(q, q_scale, kv["k"], kv["k_scale"], cu_seqlens_q, cu_seqlens_k,
@@ -109,6 +119,37 @@ def block_scores(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     return _impl.block_scores(q, q_scale, q_global_scale, kv, cu_seqlens_q, causal=causal,
                               kv_block_size=kv_block_size, nblk_max=nblk_max, out=out,
                               stream=stream, check=check)
+
+
+def block_topk(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
+               page_table: Any = None, seqused_k: Any = None, kv_layout: Optional[str] = None,
+               topk: int = 16, sink_blocks: int = 1, local_blocks: int = 1, causal: bool = True,
+               kv_block_size: int = 128, q_scale: Any = None, q_global_scale: float = 1.0,
+               k_scale: Any = None, k_global_scale: float = 1.0, out: Any = None,
+               stream: Any = None, check: bool = True) -> Any:
+    """The indexer fused with top-K selection (DESIGN.md sections 2 and 3):
+    ``q2k [Hkv, total_q, topk]`` int32.
+
+    Equals ``select_topk(block_scores(q, k, ...), ...)`` with the same options, without
+    materializing the ``[Hq, nblk, total_q]`` f32 scores (2.1 GB at 32K tokens and 64 heads).
+    Inputs as in `block_scores` (q/k values, a `QTensor`, scales, flat or paged keys); selection
+    as in `select_topk` (sink and local blocks forced, then the highest group scores, ties
+    toward the lower id; rows ascending, -1 padded). The kv heads come from k, and no block
+    count is needed, so nothing is read on the host. CUDA so far: bf16/f16, flat keys,
+    D = 128, ``kv_block_size`` 128, ``topk <= 64``; other inputs raise `MsaError` naming the
+    feature. ``out``: a preallocated q2k.
+    """
+    q, q_scale, q_global_scale, kv = _indexer_inputs(
+        q, q_scale, q_global_scale, k, k_scale, k_global_scale, cu_seqlens_k=cu_seqlens_k,
+        page_table=page_table, seqused_k=seqused_k, kv_layout=kv_layout)
+    if out is None and _torch_path(q, q_scale, kv["k"], kv["k_scale"]):
+        return _tops.block_topk(q, q_scale, kv["k"], kv["k_scale"], cu_seqlens_q, cu_seqlens_k,
+                                page_table, seqused_k, kv["kv_layout"], float(q_global_scale),
+                                float(kv["k_global_scale"]), topk, sink_blocks, local_blocks,
+                                causal, kv_block_size, check, _stream_int(stream))
+    return _impl.block_topk(q, q_scale, q_global_scale, kv, cu_seqlens_q, causal=causal,
+                            kv_block_size=kv_block_size, topk=topk, sink_blocks=sink_blocks,
+                            local_blocks=local_blocks, out=out, stream=stream, check=check)
 
 
 def select_topk(scores: Any, cu_seqlens_q: Any, *, num_kv_heads: int, topk: int = 16,
@@ -288,6 +329,6 @@ def _stream_int(stream: Any) -> Optional[int]:
     return None if stream is None else stream_handle(None, stream)
 
 
-__all__ = ["MsaError", "QTensor", "K2QIndex", "block_scores", "select_topk", "build_k2q_csr",
-           "attention_forward", "quantize", "dequantize", "check_status", "q2k_to_k2q",
-           "k2q_to_q2k"]
+__all__ = ["MsaError", "QTensor", "K2QIndex", "block_scores", "block_topk", "select_topk",
+           "build_k2q_csr", "attention_forward", "quantize", "dequantize", "check_status",
+           "q2k_to_k2q", "k2q_to_q2k"]

@@ -82,6 +82,28 @@ NB_MODULE(_C, m) {
       "msa::block_scores; keywords as in msa.block_scores, outputs preallocated.");
 
   m.def(
+      "block_topk",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "block_topk",
+             [](Args& a) {
+               BlockTopKArgs x;
+               x.q = a.qtensor("q");
+               x.kv = a.kv(/*with_v=*/false);
+               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+               x.causal = a.flag("causal", true);
+               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+               x.topk = static_cast<int>(a.integer("topk", 16));
+               x.sink_blocks = static_cast<int>(a.integer("sink_blocks", 1));
+               x.local_blocks = static_cast<int>(a.integer("local_blocks", 1));
+               x.q2k = a.tensor("q2k");
+               x.status = a.tensor("status");
+               return x;
+             },
+             [](const BlockTopKArgs& x, cudaStream_t s) { block_topk(x, s); });
+      },
+      "msa::block_topk; keywords as in msa.block_topk, q2k preallocated.");
+
+  m.def(
       "select_topk",
       [](nb::kwargs kw) {
         call(std::move(kw), "select_topk",

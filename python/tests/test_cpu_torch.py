@@ -1,6 +1,6 @@
 # CPU tests of msa's torch integration with CPU tensors (skipped without torch): the custom ops
-# agree with the direct path, torch.compile(fullgraph=True) traces them, opcheck passes, and
-# tensors that require grad are accepted.
+# agree with the direct path and the torch reference, torch.compile(fullgraph=True) traces them,
+# opcheck passes, and tensors that require grad are accepted.
 import pytest
 
 import msa
@@ -44,6 +44,27 @@ def test_selection_matches_torch_reference():
     assert torch.equal(k2q.row_ptr, row_ptr)
     for h in range(2):
         assert torch.equal(k2q.q_idx[h, :int(row_ptr[h, -1])], q_idx[h])
+
+
+def test_block_topk_custom_op():
+    gen = torch.Generator().manual_seed(4)
+    lk = [300, 129, 0]
+    q, k, cu_q, cu_k = ref.integer_problem(gen, [9, 40, 3], lk, 8, 2, 64, torch.bfloat16, "cpu")
+
+    def run(q, k, cu_q, cu_k):
+        return msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=3, local_blocks=2,
+                              kv_block_size=64)
+
+    q2k = run(q, k, cu_q, cu_k)
+    want = ref.select_topk(ref.block_scores(q, k, cu_q, cu_k, blk=64), cu_q, lk, hkv=2, topk=3,
+                           local=2, blk=64)
+    assert torch.equal(q2k, want)
+    assert torch.equal(torch.compile(run, fullgraph=True, backend="eager")(q, k, cu_q, cu_k), want)
+    args = (q, None, k, None, cu_q, cu_k, None, None, "flat", 1.0, 1.0, 3, 1, 2, True, 64, True,
+            None)
+    torch.library.opcheck(torch.ops.msa.block_topk.default, args,
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
 
 
 def test_compile_fullgraph_pipeline():

@@ -1,5 +1,6 @@
 # GPU tests of the selection path and quantization with torch tensors: block_scores,
-# select_topk, build_k2q_csr and dequantize/quantize against torch_reference.py, random shapes.
+# select_topk, block_topk (fused), build_k2q_csr and dequantize/quantize against
+# torch_reference.py, random shapes.
 import pytest
 
 import msa
@@ -47,6 +48,61 @@ def test_select_topk(seed):
                               local_blocks=2, cu_seqlens_k=cu_k)
     want = ref.select_topk(scores, cu_q, lk, hkv=hkv, topk=8, sink=1, local=2, blk=128)
     assert torch.equal(q2k, want)
+
+
+# (G, topk, sink_blocks, local_blocks): group sizes 1-16, topk from 1 to the CUDA limit of 64.
+TOPK_CASES = [(1, 1, 0, 1), (2, 8, 1, 1), (4, 16, 1, 2), (8, 64, 2, 1), (16, 5, 0, 0)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("case", TOPK_CASES, ids=[f"G{c[0]}-top{c[1]}-s{c[2]}l{c[3]}"
+                                                  for c in TOPK_CASES])
+def test_block_topk_matches_reference(case, causal, dtype):
+    g, topk, sink, local = case
+    gen = torch.Generator().manual_seed(30 + g + topk)
+    # Varlen: empty query and key batches, fewer keys than queries, and more visible blocks
+    # (9000 / 128 = 71) than the largest topk, so every rank of the selection is exercised.
+    lq, lk = [1, 150, 0, 40, 70, 9], [2000, 9000, 300, 0, 33, 500]
+    hkv = 2 if g <= 4 else 1
+    q, k, cu_q, cu_k = ref.integer_problem(
+        gen, lq, lk, hkv * g, hkv, 128, torch.bfloat16 if dtype == "bf16" else torch.float16,
+        DEV)
+    with gpu_op():
+        q2k = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=topk, sink_blocks=sink,
+                             local_blocks=local, causal=causal)
+    scores = ref.block_scores(q, k, cu_q, cu_k, causal=causal)
+    want = ref.select_topk(scores, cu_q, lk, hkv=hkv, topk=topk, sink=sink, local=local,
+                           causal=causal)
+    assert q2k.dtype == torch.int32 and q2k.shape == want.shape
+    assert torch.equal(q2k, want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_block_topk_equals_unfused(seed):
+    _, q, k, _, cu_q, cu_k, lk, hkv = _case(40 + seed)
+    with gpu_op():
+        fused = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=16)
+        scores = msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k)
+        unfused = msa.select_topk(scores, cu_q, num_kv_heads=hkv, topk=16, cu_seqlens_k=cu_k)
+    assert torch.equal(fused, unfused)
+
+
+def test_block_topk_out_stream_and_limits():
+    gen = torch.Generator().manual_seed(50)
+    q, k, cu_q, cu_k = ref.integer_problem(gen, [64, 200], [1000, 3000], 8, 2, 128,
+                                           torch.bfloat16, DEV)
+    with gpu_op():
+        want = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=8)
+    out = torch.full_like(want, 7)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=8, out=out)
+    side.synchronize()
+    assert got is out and torch.equal(out, want)
+    with pytest.raises(msa.MsaError, match="topk"):
+        msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=65)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -1,6 +1,7 @@
 # GPU tests of msa's torch integration: torch.compile (fullgraph, and reduce-overhead CUDA
-# graphs) over the custom ops, manual CUDA-graph capture and replay of attention and of
-# DecodePlan.run, torch.library.opcheck, and cupy arrays through the same API.
+# graphs) over the custom ops (attention, the fused block_topk, the whole pipeline), manual
+# CUDA-graph capture and replay of attention and of DecodePlan.run, torch.library.opcheck, and
+# cupy arrays through the same API.
 import pytest
 
 import msa
@@ -24,8 +25,8 @@ def _sparse(q, k, v, cu_q, cu_k, q2k):
 
 
 def test_custom_ops_are_registered():
-    for name in ("block_scores", "select_topk", "build_k2q_csr", "attention_forward",
-                 "decode_run", "quantize", "dequantize"):
+    for name in ("block_scores", "block_topk", "select_topk", "build_k2q_csr",
+                 "attention_forward", "decode_run", "quantize", "dequantize"):
         assert hasattr(torch.ops.msa, name)
 
 
@@ -50,6 +51,26 @@ def test_torch_compile_reduce_overhead():
         got = compiled(*args)
     for a, b in zip(got, eager):
         assert torch.equal(a, b)
+
+
+def test_block_topk_compiles_and_passes_opcheck():
+    gen = torch.Generator().manual_seed(9)
+    q, k, cu_q, cu_k = ref.integer_problem(gen, LQ, LK, HQ, HKV, 128, torch.bfloat16, DEV)
+
+    def run(q, k, cu_q, cu_k):
+        return msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=TOPK)
+
+    with gpu_op():
+        eager = run(q, k, cu_q, cu_k)
+    got = torch.compile(run, fullgraph=True)(q, k, cu_q, cu_k)
+    assert torch.equal(got, eager)
+    want = ref.select_topk(ref.block_scores(q, k, cu_q, cu_k), cu_q, LK, hkv=HKV, topk=TOPK)
+    assert torch.equal(got, want)
+    args = (q, None, k, None, cu_q, cu_k, None, None, "flat", 1.0, 1.0, TOPK, 1, 1, True, BLK,
+            True, None)
+    torch.library.opcheck(torch.ops.msa.block_topk.default, args,
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
 
 
 def test_pipeline_compiles_with_static_sizes():

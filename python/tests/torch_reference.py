@@ -152,6 +152,17 @@ def random_problem(gen, lengths_q, lengths_k, hq, hkv, d, dtype, device):
     return q, k, v, cu_q, cu_k
 
 
+def integer_problem(gen, lengths_q, lengths_k, hq, hkv, d, dtype, device):
+    """q, k, cu_q, cu_k with values in {-2, ..., 2}: every dot product (at most 4 d in magnitude)
+    is exact in bf16/f16 inputs and f32 sums, so block scores are exact and tie exactly, and
+    a selection must match the reference's tie rule (toward the lower id) bit for bit."""
+    cu_q, cu_k = cu_from_lengths(lengths_q, device), cu_from_lengths(lengths_k, device)
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    q = torch.randint(-2, 3, (tq, hq, d), generator=gen).to(dtype=dtype, device=device)
+    k = torch.randint(-2, 3, (tk, hkv, d), generator=gen).to(dtype=dtype, device=device)
+    return q, k, cu_q, cu_k
+
+
 def random_q2k(gen, cu_q, lengths_k, hkv, topk, blk):
     """Valid random selections: distinct ids in [0, nblk_b), ascending, -1 padded at the end,
     some rows shorter than topk."""
