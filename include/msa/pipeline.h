@@ -1,0 +1,37 @@
+// The whole sparse-attention path in one call: the fused indexer + top-K selection, then sparse
+// attention (which builds the k2q CSR and its schedule in its own workspace). One caller-owned
+// workspace, sized once for the largest shape the caller will run; on CUDA nothing allocates or
+// synchronizes, so the call can be captured in a CUDA graph and replayed with new inputs.
+#pragma once
+
+#include "msa/attention.h"
+#include "msa/indexer.h"
+
+namespace msa {
+
+struct PipelineArgs {
+  Tensor q;                // [total_q, Hq, D] bf16 | f16: the attention queries
+  KVCache kv;              // k, v (flat or paged), as AttentionArgs
+  Tensor cu_seqlens_q;     // [B+1] int32
+  QTensor index_q;         // optional indexer queries (e.g. FP8 with scales); absent: q
+  QTensor index_k;         // optional indexer keys, laid out like kv.k; absent: kv.k
+  int topk = 16;           // as BlockTopKArgs
+  int sink_blocks = 1;
+  int local_blocks = 1;
+  AttentionParams params;  // causal and kv_block_size apply to the selection too
+  Tensor out;              // out: [total_q, Hq, D], dtype of q
+  Tensor lse;              // out (optional): [Hq, total_q] f32
+  Tensor tlse;             // out (optional, with params.temperature > 0)
+  Tensor workspace;        // u8, at least pipeline_workspace_bytes(args), on q's device
+  Tensor status;           // int32[4], required on CUDA
+};
+
+// Workspace bytes for these shapes: the q2k selection [Hkv, total_q, topk] int32 plus the
+// attention's scratch. A workspace sized for the largest shape serves every smaller one.
+size_t pipeline_workspace_bytes(const PipelineArgs& args);
+
+// block_topk then attention_forward; q2k lives at the start of the workspace, where the caller
+// may read it after the call.
+void sparse_attention_pipeline(const PipelineArgs& args, cudaStream_t stream = nullptr);
+
+}  // namespace msa

@@ -1,0 +1,103 @@
+// Public sparse_attention_pipeline (msa/pipeline.h): lays the q2k selection and the attention
+// scratch out in the caller's workspace, then runs block_topk and attention_forward, each of
+// which validates its own arguments.
+#include "msa/pipeline.h"
+
+#include "api/validate.h"
+
+namespace msa {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// The two calls of the pipeline, with q2k placed at `q2k_data` and the attention scratch at the
+// workspace's remainder (`attn_ws`, absent when sizing).
+struct Calls {
+  BlockTopKArgs select;
+  AttentionArgs attend;
+  size_t q2k_bytes = 0;
+};
+
+Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
+  check_defined(a.q, "q");
+  check_ndim(a.q, "q", 3);
+  check_defined(a.kv.k.values, "k");
+  const Tensor& k = a.kv.k.values;
+  MSA_CHECK(k.ndim == 3 || k.ndim == 4, "k: must be [total_k, Hkv, D] or a 4-d page pool, got ",
+            k.describe());
+  const int64_t hkv = a.kv.layout == KVLayout::paged_nhd ? k.shape[2] : k.shape[1];
+  MSA_CHECK(a.topk >= 1, "topk: must be >= 1, got ", a.topk);
+  Calls c;
+  const Tensor q2k(q2k_data, DType::i32, {hkv, a.q.shape[0], int64_t(a.topk)}, a.q.device);
+  c.q2k_bytes = size_t(q2k.numel()) * 4;
+
+  c.select.q = a.index_q.values.defined() ? a.index_q : QTensor(a.q);
+  c.select.kv = a.kv;
+  c.select.kv.v = QTensor();
+  if (a.index_k.values.defined()) c.select.kv.k = a.index_k;
+  c.select.cu_seqlens_q = a.cu_seqlens_q;
+  c.select.causal = a.params.causal;
+  c.select.kv_block_size = a.params.kv_block_size;
+  c.select.topk = a.topk;
+  c.select.sink_blocks = a.sink_blocks;
+  c.select.local_blocks = a.local_blocks;
+  c.select.q2k = q2k;
+  c.select.status = a.status;
+
+  c.attend.q = a.q;
+  c.attend.kv = a.kv;
+  c.attend.cu_seqlens_q = a.cu_seqlens_q;
+  c.attend.q2k = q2k;
+  c.attend.out = a.out;
+  c.attend.lse = a.lse;
+  c.attend.tlse = a.tlse;
+  c.attend.params = a.params;
+  c.attend.workspace = attn_ws;
+  c.attend.status = a.status;
+  return c;
+}
+
+// Any 256-byte aligned address stands in for q2k while sizing: the size functions read shapes.
+void* const kSizingAddress = reinterpret_cast<void*>(kAlign);
+
+struct Layout {
+  size_t q2k_span = 0;    // q2k bytes rounded up to the alignment
+  size_t attn_bytes = 0;  // attention_workspace_bytes for these shapes
+};
+
+Layout layout(const PipelineArgs& a) {
+  const Calls c = make_calls(a, kSizingAddress, Tensor());
+  return Layout{align_up(c.q2k_bytes), attention_workspace_bytes(c.attend)};
+}
+
+}  // namespace
+
+size_t pipeline_workspace_bytes(const PipelineArgs& a) {
+  const Layout l = layout(a);
+  return l.q2k_span + l.attn_bytes;
+}
+
+void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
+  const Layout l = layout(a);
+  check_defined(a.workspace, "workspace");
+  check_dtype(a.workspace, "workspace", {DType::u8});
+  check_contiguous(a.workspace, "workspace");
+  MSA_CHECK(a.workspace.device == a.q.device, "workspace: must be on ", device_name(a.q.device),
+            " (q's device), got ", device_name(a.workspace.device));
+  MSA_CHECK(size_t(a.workspace.numel()) >= l.q2k_span + l.attn_bytes,
+            "workspace: needs pipeline_workspace_bytes(args) = ", l.q2k_span + l.attn_bytes,
+            " bytes, got ", a.workspace.describe());
+  // cudaMalloc gives 256-byte alignment and the CUDA kernels' scratch layout assumes it.
+  const size_t align = a.q.is_cuda() ? kAlign : 16;
+  MSA_CHECK(reinterpret_cast<uintptr_t>(a.workspace.data) % align == 0, "workspace: must be ",
+            align, "-byte aligned");
+  uint8_t* base = a.workspace.ptr<uint8_t>();
+  const Tensor attn_ws(base + l.q2k_span, DType::u8,
+                       {a.workspace.numel() - int64_t(l.q2k_span)}, a.q.device);
+  const Calls c = make_calls(a, base, attn_ws);
+  block_topk(c.select, stream);
+  attention_forward(c.attend, stream);
+}
+
+}  // namespace msa

@@ -1,0 +1,141 @@
+// The one-call pipeline (msa/pipeline.h) on the CPU: it equals block_topk followed by
+// attention_forward bit for bit, leaves its selection readable at the start of the workspace,
+// uses the optional indexer inputs, and names the workspace rule it needs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "cpu/attention_problem.h"
+
+namespace msa::test {
+namespace {
+
+struct Manual {
+  Outputs o;
+  HostTensor q2k;
+};
+
+// The two calls the pipeline stands for, written out.
+Manual by_hand(const Problem& p, const KVCache& kv, const QTensor& index_q, const QTensor& index_k,
+            int topk, const AttentionParams& prm) {
+  Manual r{Outputs(p.q.t.dtype, p.total_q(), p.hq, p.dim), HostTensor(DType::i32, {p.hkv, p.total_q(), topk})};
+  BlockTopKArgs s;
+  s.q = index_q;
+  s.kv = kv;
+  s.kv.k = index_k;
+  s.kv.v = QTensor();
+  s.cu_seqlens_q = p.cu_q.t;
+  s.causal = prm.causal;
+  s.kv_block_size = prm.kv_block_size;
+  s.topk = topk;
+  s.q2k = r.q2k.t;
+  block_topk(s);
+  attention_forward(make_args(p, kv, r.o, &r.q2k, prm));
+  return r;
+}
+
+PipelineArgs pipeline_args(const Problem& p, const KVCache& kv, const Outputs& o, int topk,
+                           const AttentionParams& prm) {
+  PipelineArgs a;
+  a.q = p.q.t;
+  a.kv = kv;
+  a.cu_seqlens_q = p.cu_q.t;
+  a.topk = topk;
+  a.params = prm;
+  a.out = o.out.t;
+  a.lse = o.lse.t;
+  if (prm.temperature > 0) a.tlse = o.tlse.t;
+  return a;
+}
+
+void expect_same(const HostTensor& a, const HostTensor& b, const char* what) {
+  ASSERT_EQ(a.bytes(), b.bytes()) << what;
+  EXPECT_EQ(0, std::memcmp(a.data<uint8_t>(), b.data<uint8_t>(), a.bytes())) << what << " differ";
+}
+
+TEST(Pipeline, EqualsBlockTopKThenAttention) {
+  struct Case {
+    std::vector<int32_t> lq, lk;
+    int64_t hq, hkv;
+    int blk, topk;
+    bool causal;
+  };
+  const Case cases[] = {
+      {{200, 0, 77}, {450, 30, 77}, 8, 2, 64, 4, true},
+      {{130}, {700}, 16, 1, 128, 3, false},
+      {{40, 300}, {40, 250}, 4, 4, 128, 8, true},  // Lq > Lk: early queries see nothing
+  };
+  unsigned seed = 40;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("case seed " + std::to_string(seed));
+    const Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, 64, seed++);
+    AttentionParams prm;
+    prm.kv_block_size = c.blk;
+    prm.causal = c.causal;
+    prm.temperature = 0.7f;
+    const KVCache kv = p.flat_kv();
+    const Manual want = by_hand(p, kv, p.q.t, p.k.t, c.topk, prm);
+
+    Outputs o(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+    PipelineArgs a = pipeline_args(p, kv, o, c.topk, prm);
+    const size_t bytes = pipeline_workspace_bytes(a);
+    EXPECT_GE(bytes, size_t(p.hkv * p.total_q() * c.topk * 4));
+    HostTensor ws(DType::u8, {int64_t(bytes)});
+    a.workspace = ws.t;
+    sparse_attention_pipeline(a);
+    expect_same(o.out, want.o.out, "out");
+    expect_same(o.lse, want.o.lse, "lse");
+    expect_same(o.tlse, want.o.tlse, "tlse");
+    EXPECT_EQ(0, std::memcmp(ws.data<uint8_t>(), want.q2k.data<uint8_t>(), want.q2k.bytes()))
+        << "q2k at the start of the workspace";
+  }
+}
+
+TEST(Pipeline, SeparateIndexerInputs) {
+  const Problem p = make_problem({90, 60}, {1000, 900}, 8, 2, 64, 77);
+  const Problem other = make_problem({90, 60}, {1000, 900}, 8, 2, 64, 78);  // other q, k values
+  AttentionParams prm;
+  prm.kv_block_size = 64;  // 16 blocks: 2 forced, 2 chosen by score
+  const KVCache kv = p.flat_kv();
+  const Manual want = by_hand(p, kv, other.q.t, other.k.t, 4, prm);
+  const Manual plain = by_hand(p, kv, p.q.t, p.k.t, 4, prm);
+  ASSERT_NE(0, std::memcmp(want.q2k.data<uint8_t>(), plain.q2k.data<uint8_t>(), want.q2k.bytes()))
+      << "the test needs indexer inputs that change the selection";
+  Outputs o(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+  PipelineArgs a = pipeline_args(p, kv, o, 4, prm);
+  a.index_q = other.q.t;
+  a.index_k = other.k.t;
+  HostTensor ws(DType::u8, {int64_t(pipeline_workspace_bytes(a))});
+  a.workspace = ws.t;
+  sparse_attention_pipeline(a);
+  expect_same(o.out, want.o.out, "out");
+  EXPECT_EQ(0, std::memcmp(ws.data<uint8_t>(), want.q2k.data<uint8_t>(), want.q2k.bytes()));
+}
+
+TEST(Pipeline, WorkspaceRules) {
+  const Problem p = make_problem({20}, {200}, 4, 1, 64, 5);
+  Outputs o(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+  PipelineArgs a = pipeline_args(p, p.flat_kv(), o, 2, AttentionParams{});
+  const int64_t need = int64_t(pipeline_workspace_bytes(a));
+  HostTensor small(DType::u8, {need - 1});
+  a.workspace = small.t;
+  try {
+    sparse_attention_pipeline(a);
+    ADD_FAILURE() << "expected msa::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace: needs pipeline_workspace_bytes(args) = " +
+                                         std::to_string(need)),
+              std::string::npos)
+        << e.what();
+  }
+  HostTensor big(DType::u8, {need + 64});
+  a.workspace = Tensor(big.data<uint8_t>() + 4, DType::u8, {need});
+  EXPECT_THROW(sparse_attention_pipeline(a), Error);  // misaligned
+  a.workspace = big.t;
+  a.topk = 0;
+  EXPECT_THROW(sparse_attention_pipeline(a), Error);
+}
+
+}  // namespace
+}  // namespace msa::test

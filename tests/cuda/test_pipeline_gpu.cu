@@ -1,0 +1,125 @@
+// The one-call pipeline on the GPU, captured once into a CUDA graph and replayed with new inputs:
+// every replay matches the CPU pipeline on the same inputs (identical q2k: integer-valued q and
+// k make every block score exact on both sides; out within DESIGN.md s.10 tolerances).
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "common/codecs.h"
+#include "cpu/host_tensor.h"
+#include "gpu_test_util.h"
+
+namespace msa::test {
+namespace {
+
+constexpr int64_t kD = 128, kHq = 16, kHkv = 2;
+constexpr int kTopK = 4;
+
+void fill(HostTensor& t, std::mt19937& rng, bool integer) {
+  std::normal_distribution<float> nd;
+  for (int64_t i = 0; i < t.t.numel(); ++i)
+    t.data<uint16_t>()[i] = codec::float_to_bf16(integer ? float(int(rng() % 5) - 2) : nd(rng));
+}
+
+Tensor on(const HostTensor& h, const DeviceBuffer& d) {
+  Tensor t = h.t;
+  t.data = d.get();
+  t.device = gpu0();
+  return t;
+}
+
+TEST(PipelineGpu, GraphReplaysWithNewInputs) {
+  MSA_REQUIRE_GPU();
+  const std::vector<int32_t> lq = {300, 200}, lk = {700, 500};
+  const int64_t tq = 500, tk = 1200;
+  HostTensor q(DType::bf16, {tq, kHq, kD}), k(DType::bf16, {tk, kHkv, kD}), v(DType::bf16, {tk, kHkv, kD});
+  const HostTensor cu_q = i32_tensor(cumulative(lq)), cu_k = i32_tensor(cumulative(lk));
+  TestStream stream;
+  DeviceBuffer dq(q.bytes()), dk(k.bytes()), dv(v.bytes()), dcq(cu_q.bytes()), dck(cu_k.bytes()),
+      dout(size_t(tq) * kHq * kD * 2), dlse(size_t(kHq) * tq * 4), dst(16);
+  dcq.upload(std::vector<int32_t>(cu_q.data<int32_t>(), cu_q.data<int32_t>() + 3), stream);
+  dck.upload(std::vector<int32_t>(cu_k.data<int32_t>(), cu_k.data<int32_t>() + 3), stream);
+
+  PipelineArgs a;
+  a.q = on(q, dq);
+  a.kv.k = on(k, dk);
+  a.kv.v = on(v, dv);
+  a.kv.cu_seqlens_k = on(cu_k, dck);
+  a.cu_seqlens_q = on(cu_q, dcq);
+  a.topk = kTopK;
+  a.out = Tensor(dout.get(), DType::bf16, {tq, kHq, kD}, gpu0());
+  a.lse = Tensor(dlse.get(), DType::f32, {kHq, tq}, gpu0());
+  a.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+  DeviceBuffer ws(pipeline_workspace_bytes(a));
+  a.workspace = Tensor(ws.get(), DType::u8, {int64_t(ws.bytes())}, gpu0());
+
+  std::mt19937 rng(9);
+  auto upload_inputs = [&] {
+    fill(q, rng, true);
+    fill(k, rng, true);
+    fill(v, rng, false);
+    dq.upload(std::vector<uint8_t>(q.data<uint8_t>(), q.data<uint8_t>() + q.bytes()), stream);
+    dk.upload(std::vector<uint8_t>(k.data<uint8_t>(), k.data<uint8_t>() + k.bytes()), stream);
+    dv.upload(std::vector<uint8_t>(v.data<uint8_t>(), v.data<uint8_t>() + v.bytes()), stream);
+  };
+  upload_inputs();
+  clear_status(a.status, stream);
+  sparse_attention_pipeline(a, stream);  // warm-up outside the capture (driver entry points)
+  check_status(a.status, stream);
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MSA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  sparse_attention_pipeline(a, stream);
+  MSA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    upload_inputs();
+    dout.poison(stream);
+    dlse.poison(stream);
+    MSA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    check_status(a.status, stream);
+
+    HostTensor out(DType::bf16, {tq, kHq, kD}), lse(DType::f32, {kHq, tq});
+    PipelineArgs c = a;
+    c.q = q.t;
+    c.kv.k = k.t;
+    c.kv.v = v.t;
+    c.kv.cu_seqlens_k = cu_k.t;
+    c.cu_seqlens_q = cu_q.t;
+    c.out = out.t;
+    c.lse = lse.t;
+    c.status = Tensor();
+    HostTensor cws(DType::u8, {int64_t(pipeline_workspace_bytes(c))});
+    c.workspace = cws.t;
+    sparse_attention_pipeline(c);
+
+    const auto q2k = ws.download<int32_t>(size_t(kHkv * tq * kTopK), stream);
+    EXPECT_EQ(0, std::memcmp(q2k.data(), cws.data<int32_t>(), q2k.size() * 4)) << "q2k differs";
+    const auto got = dout.download<uint16_t>(size_t(out.t.numel()), stream);
+    const auto got_lse = dlse.download<float>(size_t(lse.t.numel()), stream);
+    double num = 0, den = 0, lse_err = 0;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < out.t.numel(); ++i) {
+      const double x = codec::bf16_to_float(got[i]), r = codec::bf16_to_float(out.data<uint16_t>()[i]);
+      bad += std::isnan(x);
+      num += (x - r) * (x - r);
+      den += r * r;
+    }
+    for (int64_t i = 0; i < lse.t.numel(); ++i) {
+      const float x = got_lse[i], r = lse.data<float>()[i];
+      if (std::isinf(r) || std::isinf(x)) bad += (x != r);
+      else lse_err = std::max(lse_err, double(std::fabs(x - r)));
+    }
+    EXPECT_EQ(bad, 0) << "NaN, unwritten or misplaced -inf";
+    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-2);
+    EXPECT_LE(lse_err, 2e-3);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+}  // namespace
+}  // namespace msa::test
