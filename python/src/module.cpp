@@ -28,6 +28,20 @@ void call(nb::kwargs kw, const char* op, Build build, Body body) {
   body(x, stream);
 }
 
+// The keywords of the CSR family (builder and reference converters); the converters get no
+// workspace or status, which then stay undefined.
+CsrBuildArgs csr_args(Args& a) {
+  CsrBuildArgs x;
+  x.q2k = a.tensor("q2k");
+  x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+  x.kv = a.kv(/*with_v=*/false);
+  x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+  x.out = a.k2q("");
+  x.workspace = a.tensor("workspace");
+  x.status = a.tensor("status");
+  return x;
+}
+
 AttentionArgs attention_args(Args& a) {
   AttentionArgs x;
   x.q = a.tensor("q");
@@ -130,17 +144,7 @@ NB_MODULE(_C, m) {
       "build_k2q_csr",
       [](nb::kwargs kw) {
         call(std::move(kw), "build_k2q_csr",
-             [](Args& a) {
-               CsrBuildArgs x;
-               x.q2k = a.tensor("q2k");
-               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
-               x.kv = a.kv(/*with_v=*/false);
-               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
-               x.out = a.k2q("");
-               x.workspace = a.tensor("workspace");
-               x.status = a.tensor("status");
-               return x;
-             },
+             csr_args,
              [](const CsrBuildArgs& x, cudaStream_t s) { build_k2q_csr(x, s); });
       },
       "msa::build_k2q_csr; outputs row_ptr, q_idx and (optional) schedule preallocated.");
@@ -156,15 +160,7 @@ NB_MODULE(_C, m) {
       "q2k_to_k2q_cpu",
       [](nb::kwargs kw) {
         call(std::move(kw), "q2k_to_k2q_cpu",
-             [](Args& a) {
-               CsrBuildArgs x;
-               x.q2k = a.tensor("q2k");
-               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
-               x.kv = a.kv(/*with_v=*/false);
-               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
-               x.out = a.k2q("");
-               return x;
-             },
+             csr_args,
              [](const CsrBuildArgs& x, cudaStream_t) {
                q2k_to_k2q_cpu(x.q2k, x.cu_seqlens_q, x.kv, x.kv_block_size, x.out.row_ptr,
                               x.out.q_idx);
@@ -176,15 +172,7 @@ NB_MODULE(_C, m) {
       "k2q_to_q2k_cpu",
       [](nb::kwargs kw) {
         call(std::move(kw), "k2q_to_q2k_cpu",
-             [](Args& a) {
-               CsrBuildArgs x;
-               x.out = a.k2q("");
-               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
-               x.kv = a.kv(/*with_v=*/false);
-               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
-               x.q2k = a.tensor("q2k");
-               return x;
-             },
+             csr_args,
              [](const CsrBuildArgs& x, cudaStream_t) {
                k2q_to_q2k_cpu(x.out.row_ptr, x.out.q_idx, x.cu_seqlens_q, x.kv, x.kv_block_size,
                               x.q2k);
