@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench/cases.h"
+#include "bench/gpu_timing.h"
 #include "bench/inputs.h"
 #include "bench/patterns.h"
 #include "msa/msa.h"
@@ -222,7 +223,8 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   Buf q(size_t(total_q) * hq * d * 2), k(size_t(pool) * esz), v(size_t(pool) * esz),
       out(size_t(total_q) * hq * d * 2), lse(size_t(hq) * total_q * 4), status(16),
       pt_d(pt.size() * 4), used_d(used.size() * 4), cu_d(cu.size() * 4), q2k_d(q2k.size() * 4),
-      scale(8), flush(256 << 20);
+      scale(8);
+  const bench::GpuBuffer flush(size_t(256) << 20);
   fill_bf16<<<2048, 256, 0, s>>>(static_cast<__nv_bfloat16*>(q.p), total_q * hq * d, c.seed * 3 + 1);
   if (fp8) {
     fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(k.p), pool, c.seed * 3 + 2);
@@ -286,28 +288,11 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
     const double tol = fp8 ? 3e-2 : 1e-2, tol_lse = fp8 ? 3e-2 : 2e-3;
     res.ok = res.rel_l2 <= tol && res.lse_err <= tol_lse;
   }
-  for (int i = 0; i < o.warmup; ++i) plan.run(a, s);
-  cudaEvent_t e0, e1;
-  BENCH_CUDA(cudaEventCreate(&e0));
-  BENCH_CUDA(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < o.iters; ++i) {
-    BENCH_CUDA(cudaMemsetAsync(flush.p, i & 0xff, flush.bytes, s));
-    BENCH_CUDA(cudaEventRecord(e0, s));
-    plan.run(a, s);
-    BENCH_CUDA(cudaEventRecord(e1, s));
-    BENCH_CUDA(cudaEventSynchronize(e1));
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
+  const bench::Timing t = bench::time_op([&] { plan.run(a, s); }, o.warmup, o.iters, s, &flush);
   check_status(a.status, s);
-  std::sort(ms.begin(), ms.end());
-  res.median_us = ms[ms.size() / 2] * 1e3;
-  res.min_us = ms.front() * 1e3;
-  res.max_us = ms.back() * 1e3;
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  res.median_us = t.median * 1e3;
+  res.min_us = t.min * 1e3;
+  res.max_us = t.max * 1e3;
   cudaStreamDestroy(s);
   return res;
 }
