@@ -1,0 +1,130 @@
+// Consumer warpgroups of the sm_90a indexer: S = Q K^T by wgmma (both operands in shared
+// memory, 128-byte swizzle), the ping-pong turn protocol between the two warpgroups, the K stage
+// releases, and the fused top-K write-out. Called from kernel.cuh.
+#pragma once
+
+#include "cuda/device/sm90.cuh"
+#include "cuda/device/wgmma_m64n128.cuh"
+#include "cuda/sm90/block_scores/epilogue.cuh"
+
+namespace msa::cuda::indexer_sm90 {
+
+constexpr uint32_t kConsumerBarrier = 1;  // named barrier: both consumer warpgroups
+constexpr uint32_t kTurnBarrier = 2;      // 2, 3: consumer 0's / 1's turn to issue wgmma
+
+template <bool kF16>
+__device__ __forceinline__ void issue_qk(float (&acc)[64], uint32_t q_addr, uint32_t k_addr) {
+  constexpr int kHalfQ = kTileM * kRowBytes, kHalfK = kBlockN * kRowBytes;
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    // K-major, 128-byte swizzle: a k16 step is 32 bytes along a 128-byte row; D's second half
+    // is the next 64-column buffer.
+    const uint64_t da = sm90::wgmma_desc_sw128(q_addr + (kk >> 2) * kHalfQ + (kk & 3) * 32, 16, 1024);
+    const uint64_t db = sm90::wgmma_desc_sw128(k_addr + (kk >> 2) * kHalfK + (kk & 3) * 32, 16, 1024);
+    sm90::wgmma_ss<kF16>(acc, da, db, kk > 0 ? 1u : 0u);  // kk = 0 overwrites: no zeroing
+  }
+  sm90::wgmma_commit();
+}
+
+// Pins the accumulators after a wgmma wait: plain register reads must not move above it.
+__device__ __forceinline__ void fence_acc(float (&acc)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) sm90::reg_fence(acc[i]);
+}
+
+__device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane) {
+  __syncwarp();
+  if (lane == 0) sm90::mbar_arrive(&sh.k_empty[stage]);
+}
+
+// The block loop of a consumer warpgroup with kAcc (0, 1 or 2) row groups. Everything that
+// decides where a wgmma is issued or waited on is fixed at compile time or a loop bound, never
+// a branch inside the loop, and accumulators never live across iterations: otherwise ptxas
+// serializes every wgmma of the kernel (C7514 / C7518 / C7520).
+template <bool kF16, int kAcc>
+__device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
+                               int64_t t1, int consumer, int warp, int lane) {
+  const int64_t n = count_items(p, t0, t1);
+  ItemIter iter(p, t0, t1);
+  Segment seg;
+  int64_t kb;
+  auto k_ready = [&](int64_t it) {
+    const int stage = int(it % kStages);
+    sm90::mbar_wait(&sh.k_full[stage], uint32_t((it / kStages) & 1));
+    return sm90::smem_addr(sh.k[stage]);
+  };
+  if constexpr (kAcc == 0) {
+    for (int64_t it = 0; it < n; ++it) {
+      k_ready(it);
+      release(sh, int(it % kStages), lane);
+    }
+  } else if constexpr (kAcc == 1) {
+    const uint32_t q0 = sm90::smem_addr(sh.q[consumer]);
+    float acc0[64];
+    for (int64_t it = 0; it < n; ++it) {
+      const uint32_t k = k_ready(it);
+      sm90::wgmma_fence();
+      issue_qk<kF16>(acc0, q0, k);
+      sm90::wgmma_wait<0>();
+      fence_acc(acc0);
+      release(sh, int(it % kStages), lane);
+      iter.next(seg, kb);
+      epilogue(p, sh, acc0, seg, h, t0, consumer, kb, warp, lane);
+    }
+  } else {
+    // Ping-pong: the warpgroups take turns issuing their two S tiles (named barriers
+    // kTurnBarrier + consumer), so one warpgroup's epilogue runs under the other's wgmma.
+    const int r0 = consumer, r1 = consumer + kConsumers;
+    const uint32_t q0 = sm90::smem_addr(sh.q[r0]), q1 = sm90::smem_addr(sh.q[r1]);
+    const uint32_t my_turn = kTurnBarrier + consumer, other_turn = kTurnBarrier + 1 - consumer;
+    if (consumer == 1 && n > 0) sm90::named_arrive(kTurnBarrier, kConsumers * 128);
+    for (int64_t it = 0; it < n; ++it) {
+      iter.next(seg, kb);
+      const uint32_t k = k_ready(it);
+      float acc0[64], acc1[64];
+      sm90::named_sync(my_turn, kConsumers * 128);
+      sm90::wgmma_fence();
+      issue_qk<kF16>(acc0, q0, k);
+      issue_qk<kF16>(acc1, q1, k);
+      if (consumer == 0 || it + 1 < n) sm90::named_arrive(other_turn, kConsumers * 128);
+      sm90::wgmma_wait<1>();
+      fence_acc(acc0);
+      epilogue(p, sh, acc0, seg, h, t0, r0, kb, warp, lane);
+      sm90::wgmma_wait<0>();
+      fence_acc(acc1);
+      release(sh, int(it % kStages), lane);
+      epilogue(p, sh, acc1, seg, h, t0, r1, kb, warp, lane);
+    }
+  }
+}
+
+template <bool kF16, int kRowGroups>
+__device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int64_t t0, int64_t t1,
+                             int consumer, int tid) {
+  const int warp = tid >> 5, lane = tid & 31;
+  const bool fused = p.scores == nullptr;
+  if (fused) {
+    init_picks(p, sh, t0, t1, consumer * 128 + tid);
+    sm90::named_sync(kConsumerBarrier, kConsumers * 128);
+  }
+  sm90::mbar_wait(&sh.q_full, 0);
+  // Row groups per consumer: 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1 (compile time).
+  if constexpr (kRowGroups == 4) consume_blocks<kF16, 2>(p, sh, h, t0, t1, consumer, warp, lane);
+  else if constexpr (kRowGroups == 2) consume_blocks<kF16, 1>(p, sh, h, t0, t1, consumer, warp, lane);
+  else if (consumer == 0) consume_blocks<kF16, 1>(p, sh, h, t0, t1, consumer, warp, lane);
+  else consume_blocks<kF16, 0>(p, sh, h, t0, t1, consumer, warp, lane);
+  if (!fused) {
+    fill_tail(p, h, t0, t1, consumer, warp, lane);
+    return;
+  }
+  sm90::named_sync(kConsumerBarrier, kConsumers * 128);
+  const int cw = consumer * 4 + warp;  // 0..7 over both consumers
+  for (int tok = cw; tok < p.tokens_per_cta; tok += kConsumers * 4) {
+    const int64_t t = t0 + tok;
+    if (t >= p.total_q) break;
+    const TokenPicks& tp = sh.picks[tok];
+    write_q2k_row(p.q2k + (h * p.total_q + t) * p.rule.topk, tp.key, tp.count, tp.nvis, p.rule, lane);
+  }
+}
+
+}  // namespace msa::cuda::indexer_sm90

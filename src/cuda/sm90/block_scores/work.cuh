@@ -1,0 +1,88 @@
+// Work items of the sm_90a indexer CTA: the batch segments of its token tile and the
+// (segment, block) items both roles walk in the same order. Included by load.cuh and mma.cuh.
+#pragma once
+
+#include "cuda/sm90/block_scores/params.h"
+#include "cuda/sm90/block_scores/traits.h"
+
+namespace msa::cuda::indexer_sm90 {
+
+// The part of the CTA's token tile [t0, t1) that falls in batch b, and what K it reads.
+struct Segment {
+  int64_t q0, lq, k0, lk;  // batch offsets and lengths
+  int64_t t_begin, t_end;  // global tokens of the tile in this batch
+  int64_t nblocks;         // blocks visible to the segment's last token (loop bound)
+};
+
+// Advances `b` to the next non-empty batch overlapping [t0, t1); false when there is none.
+__device__ __forceinline__ bool next_segment(const Params& p, int64_t t0, int64_t t1, int64_t& b,
+                                             Segment& s) {
+  for (; b < p.batch; ++b) {
+    const int64_t q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
+    if (q0 >= t1) return false;
+    if (q1 <= q0 || q1 <= t0) continue;
+    s.q0 = q0;
+    s.lq = q1 - q0;
+    s.k0 = p.keys.cu_seqlens_k[b];
+    s.lk = batch_keys(p.keys, b);
+    s.t_begin = q0 > t0 ? q0 : t0;
+    s.t_end = q1 < t1 ? q1 : t1;
+    if (s.lk < 0 || s.k0 < 0 || s.k0 + s.lk > p.total_k) {  // corrupt cu_seqlens_k: read nothing
+      if (threadIdx.x == 0) flag_status(p.status, int32_t(StatusCode::bad_cu_seqlens), 1, b, 0);
+      s.lk = 0;
+    }
+    const int64_t last = s.t_end - 1 - q0;
+    int64_t end = p.causal ? last + s.lk - s.lq + 1 : s.lk;
+    end = end < 0 ? 0 : (end > s.lk ? s.lk : end);
+    s.nblocks = (end + kBlockN - 1) / kBlockN;
+    if (s.nblocks > p.nblk_max) {
+      if (threadIdx.x == 0)
+        flag_status(p.status, int32_t(StatusCode::shape_mismatch), b, s.nblocks, p.nblk_max);
+      s.nblocks = p.nblk_max;
+    }
+    ++b;
+    return true;
+  }
+  return false;
+}
+
+// The CTA's (segment, block) work items in order, as both roles walk them.
+class ItemIter {
+ public:
+  __device__ ItemIter(const Params& p, int64_t t0, int64_t t1)
+      : p_(p), t0_(t0), t1_(t1), b_(p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0) {}
+  // Next item; false when the tile has no more.
+  __device__ bool next(Segment& seg, int64_t& kb) {
+    while (kb_ + 1 >= cur_.nblocks) {
+      if (!next_segment(p_, t0_, t1_, b_, cur_)) return false;
+      kb_ = -1;
+    }
+    ++kb_;
+    seg = cur_;
+    kb = kb_;
+    return true;
+  }
+
+ private:
+  const Params& p_;
+  int64_t t0_, t1_, b_;
+  Segment cur_{0, 0, 0, 0, 0, 0, 0};
+  int64_t kb_ = -1;
+};
+
+// Visible block count of global token t of segment s.
+__device__ __forceinline__ int64_t token_blocks(const Params& p, const Segment& s, int64_t t) {
+  int64_t end = p.causal ? t - s.q0 + s.lk - s.lq + 1 : s.lk;
+  end = end < 0 ? 0 : (end > s.lk ? s.lk : end);
+  return (end + kBlockN - 1) / kBlockN;
+}
+
+// Number of (segment, block) items of the tile.
+__device__ __forceinline__ int64_t count_items(const Params& p, int64_t t0, int64_t t1) {
+  int64_t n = 0, b = p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0;
+  Segment seg;
+  while (next_segment(p, t0, t1, b, seg)) n += seg.nblocks;
+  return n;
+}
+
+}  // namespace msa::cuda::indexer_sm90
