@@ -3,7 +3,7 @@ BUILD ?= build
 CMAKE_ARGS ?=
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test test-cpu test-gpu pytest demo clean
+.PHONY: all deps configure build test test-cpu test-gpu pytest demo device-bin clean
 
 all: build
 
@@ -38,6 +38,17 @@ pytest: deps
 
 demo: build
 	$(BUILD)/tools/cli/msa demo
+
+# GPU test and benchmark binaries in one flat folder for a GPU-machine session: carry it and run
+# bench/device_session.sh there (built here, they run on the GPU machine unchanged).
+DEVICE_BIN ?= build-device-bin
+GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build \
+	test_sparse_fwd test_decode_gpu test_pipeline_gpu bench_sparse_fwd bench_indexer bench_decode
+device-bin: configure
+	cmake --build $(BUILD) -j $(JOBS) --target $(GPU_TARGETS)
+	mkdir -p $(DEVICE_BIN)
+	cp $(BUILD)/tests/cuda/test_* $(BUILD)/bench/bench_sparse_fwd $(BUILD)/bench/bench_indexer \
+		$(BUILD)/bench/bench_decode $(DEVICE_BIN)/
 
 clean:
 	rm -rf $(BUILD)

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One GPU-machine session for every CUDA op: GPU tests, compute-sanitizer (MSA_TEST_SMALL=1),
+# benchmarks with their correctness checks, peers in the same run, and an ncu profile. Runs the
+# binaries that `make device-bin` built here and the device call carries (BIN, default
+# build-device-bin). Logs go to $OUT; a short summary prints last.
+#   bench/device_session.sh [steps...]
+#   steps: tests memcheck racecheck bench peers ncu-sparse ncu-indexer ncu-decode
+#   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
+set -u
+OUT=${OUT:-/tmp/msa_out}
+BIN=${BIN:-build-device-bin}
+mkdir -p "$OUT" /tmp/msa_dump
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+steps=${*:-tests bench peers}
+TESTS="test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_sparse_fwd test_decode_gpu test_pipeline_gpu"
+summary=()
+t0=$(date +%s)
+DEADLINE=${DEADLINE:-540}
+# left N: seconds a step may use (its cap N, never past the deadline); 0 = skip the step
+left() { local r=$(( DEADLINE - ($(date +%s) - t0) - 10 )); (( r > $1 )) && r=$1; (( r < 15 )) && r=0; echo $r; }
+passed() { grep -E '^\[  (PASSED|FAILED)' "$1" | tr '\n' ' '; }
+
+"$BIN/test_index_checks" --gtest_list_tests > /dev/null 2>&1 ||
+  { echo "binaries in $BIN do not run here; run 'make device-bin' and carry $BIN"; exit 1; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+
+ncu_step() {  # name, kernel regex, command...
+  local name=$1 regex=$2; shift 2
+  local lim; lim=$(left 120); (( lim == 0 )) && { summary+=("ncu $name skipped (time)"); return; }
+  timeout $lim ncu --clock-control none --kernel-name regex:"$regex" --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section SchedulerStats "$@" > "$OUT/ncu_$name.log" 2>&1
+  summary+=("ncu $name rc=$?")
+  grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|No Eligible|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu_$name.log" | head -14
+}
+
+for step in $steps; do
+  start=$(date +%s)
+  case $step in
+    tests)
+      for t in $TESTS; do
+        lim=$(left 120); (( lim == 0 )) && { summary+=("$t skipped (time)"); continue; }
+        timeout $lim "$BIN/$t" > "$OUT/$t.log" 2>&1
+        summary+=("$t rc=$? $(passed "$OUT/$t.log")")
+        grep -E "Failure|Expected|Which is|FAILED  \]" "$OUT/$t.log" | head -12
+      done ;;
+    memcheck|racecheck)
+      for t in $TESTS; do
+        lim=$(left 90); (( lim == 0 )) && { summary+=("$step $t skipped (time)"); continue; }
+        MSA_TEST_SMALL=1 timeout $lim compute-sanitizer --tool $step --error-exitcode 9 \
+          "$BIN/$t" > "$OUT/${step}_$t.log" 2>&1
+        summary+=("$step $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/${step}_$t.log" | tail -1)")
+      done ;;
+    bench)
+      rm -f "$OUT"/bench_*.json
+      lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/bench_sparse.json" \
+        --dump /tmp/msa_dump --iters ${ITERS:-10} --warmup 2 > "$OUT/bench_sparse.log" 2>&1;
+        summary+=("bench_sparse_fwd rc=$?"); }
+      lim=$(left 90); (( lim > 0 )) && { timeout $lim "$BIN/bench_indexer" --json "$OUT/bench_indexer.json" \
+        > "$OUT/bench_indexer.log" 2>&1; summary+=("bench_indexer rc=$?"); }
+      lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_decode" --iters 30 \
+        --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1; summary+=("bench_decode rc=$?"); } ;;
+    peers)
+      lim=$(left 170); (( lim > 0 )) && { PYTHONUNBUFFERED=1 timeout $lim python3 bench/peers.py --dump /tmp/msa_dump \
+        --ours "$OUT/bench_sparse.json" --iters 5 > "$OUT/peers_sparse.log" 2>&1; summary+=("peers.py rc=$?"); }
+      lim=$(left 90); (( lim > 0 )) && { timeout $lim python3 bench/peers_decode.py --ours "$OUT/bench_decode.json" \
+        > "$OUT/peers_decode.log" 2>&1; summary+=("peers_decode.py rc=$?"); } ;;
+    ncu-sparse) ncu_step sparse "sparse_fwd_kernel" "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check ;;
+    ncu-indexer) ncu_step indexer "block_scores_kernel" "$BIN/bench_indexer" --seq 16384 --iters 1 --warmup 0 ;;
+    ncu-decode) ncu_step decode "decode_kernel" "$BIN/bench_decode" --case DEC-B32-dense --iters 1 --warmup 0 --no-check ;;
+    *) summary+=("unknown step $step") ;;
+  esac
+  summary+=("  ($step: $(( $(date +%s) - start ))s)")
+done
+echo "==== summary ($(( $(date +%s) - t0 ))s)"
+printf '%s\n' "${summary[@]}"
+for f in bench_sparse bench_indexer bench_decode; do [[ -f $OUT/$f.log ]] && cut -c1-200 "$OUT/$f.log" | grep -vE "^\s*$" | tail -8; done
+for f in peers_sparse peers_decode; do [[ -f $OUT/$f.log ]] && grep -v Warning "$OUT/$f.log" | tail -8; done
