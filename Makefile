@@ -43,12 +43,13 @@ demo: build
 # bench/device_session.sh there (built here, they run on the GPU machine unchanged).
 DEVICE_BIN ?= build-device-bin
 GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build \
-	test_sparse_fwd test_decode_gpu test_pipeline_gpu bench_sparse_fwd bench_indexer bench_decode
+	test_sparse_fwd test_decode_gpu test_pipeline_gpu bench_sparse_fwd bench_indexer bench_decode \
+	bench_pipeline
 device-bin: configure
 	cmake --build $(BUILD) -j $(JOBS) --target $(GPU_TARGETS)
 	mkdir -p $(DEVICE_BIN)
 	cp $(BUILD)/tests/cuda/test_* $(BUILD)/bench/bench_sparse_fwd $(BUILD)/bench/bench_indexer \
-		$(BUILD)/bench/bench_decode $(DEVICE_BIN)/
+		$(BUILD)/bench/bench_decode $(BUILD)/bench/bench_pipeline $(DEVICE_BIN)/
 
 clean:
 	rm -rf $(BUILD)

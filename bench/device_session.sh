@@ -59,10 +59,13 @@ for step in $steps; do
       lim=$(left 90); (( lim > 0 )) && { timeout $lim "$BIN/bench_indexer" --json "$OUT/bench_indexer.json" \
         > "$OUT/bench_indexer.log" 2>&1; summary+=("bench_indexer rc=$?"); }
       lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_decode" --iters 30 \
-        --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1; summary+=("bench_decode rc=$?"); } ;;
+        --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1; summary+=("bench_decode rc=$?"); }
+      lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_pipeline" --json "$OUT/bench_pipeline.json" \
+        > "$OUT/bench_pipeline.log" 2>&1; summary+=("bench_pipeline rc=$?"); } ;;
     peers)
-      lim=$(left 170); (( lim > 0 )) && { PYTHONUNBUFFERED=1 timeout $lim python3 bench/peers.py --dump /tmp/msa_dump \
-        --ours "$OUT/bench_sparse.json" --iters 5 > "$OUT/peers_sparse.log" 2>&1; summary+=("peers.py rc=$?"); }
+      lim=$(left 200); (( lim > 0 )) && { PYTHONUNBUFFERED=1 timeout $lim python3 bench/peers.py --dump /tmp/msa_dump \
+        --ours "$OUT/bench_sparse.json" --e2e "$OUT/bench_pipeline.json" --iters 5 \
+        > "$OUT/peers_sparse.log" 2>&1; summary+=("peers.py rc=$?"); }
       lim=$(left 90); (( lim > 0 )) && { timeout $lim python3 bench/peers_decode.py --ours "$OUT/bench_decode.json" \
         > "$OUT/peers_decode.log" 2>&1; summary+=("peers_decode.py rc=$?"); } ;;
     ncu-sparse) ncu_step sparse "sparse_fwd_kernel" "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check ;;
@@ -74,5 +77,5 @@ for step in $steps; do
 done
 echo "==== summary ($(( $(date +%s) - t0 ))s)"
 printf '%s\n' "${summary[@]}"
-for f in bench_sparse bench_indexer bench_decode; do [[ -f $OUT/$f.log ]] && cut -c1-200 "$OUT/$f.log" | grep -vE "^\s*$" | tail -8; done
+for f in bench_sparse bench_indexer bench_decode bench_pipeline; do [[ -f $OUT/$f.log ]] && cut -c1-200 "$OUT/$f.log" | grep -vE "^\s*$" | tail -8; done
 for f in peers_sparse peers_decode; do [[ -f $OUT/$f.log ]] && grep -v Warning "$OUT/$f.log" | tail -8; done
