@@ -1,7 +1,8 @@
-// GPU benchmark of the indexer (BENCHMARKS.md IDX-32K-bf16): block scores materialized, the
-// top-K on them, and the fused indexer + top-K, in TFLOP/s with FLOP = 2 D Hq (visible pairs).
-// A correctness check runs first: sampled score rows against an fp64 host dot product, and the
-// fused ids against select_topk on the materialized scores.
+// GPU benchmark of the indexer (BENCHMARKS.md IDX-32K-bf16, and IDX-32K-fp8 with --fp8 1: q and
+// k quantized per token by msa::quantize): block scores materialized, the top-K on them, and
+// the fused indexer + top-K, in TFLOP/s with FLOP = 2 D Hq (visible pairs). A correctness check
+// runs first: sampled score rows against an fp64 host dot product of the (dequantized) inputs,
+// and the fused ids against select_topk on the materialized scores.
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -21,6 +22,7 @@ using namespace msa::bench;
 struct Options {
   int64_t seq = 32768, hq = 64, hkv = 4, topk = 16;
   int warmup = 2, iters = 10;
+  bool fp8 = false;
   std::string json;
 };
 
@@ -36,6 +38,7 @@ Options parse(int argc, char** argv) {
     else if (k == "--iters") o.iters = std::atoi(v);
     else if (k == "--warmup") o.warmup = std::atoi(v);
     else if (k == "--json") o.json = v;
+    else if (k == "--fp8") o.fp8 = std::atoi(v) != 0;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); std::exit(2); }
   }
   return o;
@@ -68,6 +71,16 @@ int run(const Options& o) {
   a.cu_seqlens_q = a.kv.cu_seqlens_k;
   a.scores = gpu(scores.get(), DType::f32, {o.hq, nblk, S});
   a.status = gpu(status.get(), DType::i32, {4});
+  // --fp8: the same inputs quantized per token on the GPU; the check dequantizes the same bits.
+  GpuBuffer q8(hq_.size()), k8(hk.size()), qs(size_t(S) * 4), ks(size_t(S) * 4);
+  if (o.fp8) {
+    const msa::QTensor q_fp8(gpu(q8.get(), DType::fp8_e4m3, {S, o.hq, D}), gpu(qs.get(), DType::f32, {S}));
+    const msa::QTensor k_fp8(gpu(k8.get(), DType::fp8_e4m3, {S, o.hkv, D}), gpu(ks.get(), DType::f32, {S}));
+    msa::quantize(a.q.values, msa::QuantFormat::fp8_per_token, q_fp8, s);
+    msa::quantize(a.kv.k.values, msa::QuantFormat::fp8_per_token, k_fp8, s);
+    a.q = q_fp8;
+    a.kv.k = k_fp8;
+  }
   msa::TopKArgs t;
   t.scores = a.scores;
   t.cu_seqlens_q = a.cu_seqlens_q;
@@ -90,6 +103,19 @@ int run(const Options& o) {
   msa::select_topk(t, s);
   msa::block_topk(f, s);
   msa::check_status(a.status, s);
+  // Host values the scores are defined on: the bf16 inputs, or the FP8 bits dequantized (f32).
+  std::vector<float> qv(hq_.size()), kv(hk.size());
+  if (o.fp8) {
+    GpuBuffer qf(qv.size() * 4), kf(kv.size() * 4);
+    msa::dequantize(a.q, gpu(qf.get(), DType::f32, {S, o.hq, D}), s);
+    msa::dequantize(a.kv.k, gpu(kf.get(), DType::f32, {S, o.hkv, D}), s);
+    MSA_BENCH_CUDA(cudaMemcpyAsync(qv.data(), qf.get(), qf.bytes(), cudaMemcpyDeviceToHost, s));
+    MSA_BENCH_CUDA(cudaMemcpyAsync(kv.data(), kf.get(), kf.bytes(), cudaMemcpyDeviceToHost, s));
+    MSA_BENCH_CUDA(cudaStreamSynchronize(s));
+  } else {
+    for (size_t i = 0; i < qv.size(); ++i) qv[i] = bf16_to_float(hq_[i]);
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_to_float(hk[i]);
+  }
   double worst = 0;
   std::mt19937 rng(3);
   for (int sample = 0; sample < 6; ++sample) {
@@ -103,7 +129,7 @@ int run(const Options& o) {
       for (int64_t j = kb * 128; j < std::min(S, (kb + 1) * 128) && j <= tok; ++j) {
         double dot = 0;
         for (int64_t d = 0; d < D; ++d)
-          dot += double(bf16_to_float(hq_[(tok * o.hq + h) * D + d])) * bf16_to_float(hk[(j * o.hkv + h / G) * D + d]);
+          dot += double(qv[(tok * o.hq + h) * D + d]) * kv[(j * o.hkv + h / G) * D + d];
         best = std::max(best, dot);
       }
       const double err = std::isinf(best) ? (row[kb] == best ? 0 : 1e9) : std::fabs(row[kb] - best) / (1 + std::fabs(best));
@@ -128,12 +154,13 @@ int run(const Options& o) {
   auto row = [&](const char* name, const Timing& x, bool rate) {
     std::printf("%-22s %9.3f %9.3f %9.3f %9.1f\n", name, x.median, x.min, x.max, rate ? flop / (x.median * 1e9) : 0.0);
   };
-  row("IDX-32K-bf16 scores", ts, true);
-  row("IDX-32K-bf16 topk", tk, false);
-  row("IDX-32K-bf16 fused", tf, true);
+  const std::string name = o.fp8 ? "IDX-32K-fp8" : "IDX-32K-bf16";
+  row((name + " scores").c_str(), ts, true);
+  row((name + " topk").c_str(), tk, false);
+  row((name + " fused").c_str(), tf, true);
   if (!o.json.empty()) {
     std::ofstream js(o.json, std::ios::app);
-    js << "{\"case\":\"IDX-32K-bf16\",\"seq\":" << S << ",\"scores_ms\":" << ts.median << ",\"topk_ms\":" << tk.median
+    js << "{\"case\":\"" << name << "\",\"seq\":" << S << ",\"scores_ms\":" << ts.median << ",\"topk_ms\":" << tk.median
        << ",\"fused_ms\":" << tf.median << ",\"scores_tflops\":" << flop / (ts.median * 1e9)
        << ",\"fused_tflops\":" << flop / (tf.median * 1e9) << ",\"check_rel\":" << worst
        << ",\"fused_equals_unfused\":" << (same_ids ? "true" : "false") << "}\n";

@@ -52,12 +52,14 @@ for step in $steps; do
         summary+=("$step $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/${step}_$t.log" | tail -1)")
       done ;;
     bench)
-      rm -f "$OUT"/bench_*.json
+      rm -f "$OUT"/bench_*.json "$OUT"/bench_indexer.log
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/bench_sparse.json" \
         --dump /tmp/msa_dump --iters ${ITERS:-10} --warmup 2 > "$OUT/bench_sparse.log" 2>&1;
         summary+=("bench_sparse_fwd rc=$?"); }
-      lim=$(left 90); (( lim > 0 )) && { timeout $lim "$BIN/bench_indexer" --json "$OUT/bench_indexer.json" \
-        > "$OUT/bench_indexer.log" 2>&1; summary+=("bench_indexer rc=$?"); }
+      for fp8 in 0 1; do
+        lim=$(left 90); (( lim > 0 )) && { timeout $lim "$BIN/bench_indexer" --fp8 $fp8 \
+          --json "$OUT/bench_indexer.json" >> "$OUT/bench_indexer.log" 2>&1; summary+=("bench_indexer fp8=$fp8 rc=$?"); }
+      done
       lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_decode" --iters 30 \
         --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1; summary+=("bench_decode rc=$?"); }
       lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_pipeline" --json "$OUT/bench_pipeline.json" \

@@ -52,6 +52,7 @@ enum class StatusCode : int32_t {
   bad_cu_seqlens = 4,         // a = which (0 = q, 1 = k), b = batch
   schedule_incomplete = 5,    // a = items expected, b = items present
   shape_mismatch = 6,         // a, b, c: op-specific
+  negative_scale = 7,         // a = which (0 q, 1 k), b = token, c = head
 };
 std::string describe_status(const int32_t status[4]);
 // Copies the status to the host on `stream` (synchronizes) and throws msa::Error if non-zero.

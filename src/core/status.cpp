@@ -28,6 +28,9 @@ std::string describe_status(const int32_t s[4]) {
                             ": must start at 0 and be non-decreasing; broken at batch ", s[2]);
     case StatusCode::schedule_incomplete:
       return detail::concat("schedule: incomplete, ", s[2], " of ", s[1], " work items present");
+    case StatusCode::negative_scale:
+      return detail::concat(s[1] == 0 ? "q.scale" : "k.scale", ": FP8 scales must be >= 0; negative at (token ",
+                            s[2], ", head ", s[3], ")");
     case StatusCode::shape_mismatch:
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }

@@ -364,6 +364,25 @@ TEST(BlockScores, Fp8EachScaleGranularity) {
     }
 }
 
+// A negative FP8 scale is an input error (the GPU factors the scales out of the block max).
+TEST(BlockScores, Fp8NegativeScaleIsAnError) {
+  Shape sh{{4}, {40}, 2, 1, 64, 64, true};
+  Flat f(sh, DType::fp8_e4m3);
+  std::mt19937 rng(26);
+  fill_bytes(f.q, rng, 0x00, 0xff);
+  fill_bytes(f.k, rng, 0x00, 0xff);
+  HostTensor ks(DType::f32, {sh.total_k()});
+  for (int64_t i = 0; i < sh.total_k(); ++i) ks.data<float>()[i] = i == 7 ? -0.5f : 1.f;
+  try {
+    block_scores(f.args(sh, f.q.t, QTensor(f.k.t, ks.t)));
+    ADD_FAILURE() << "expected msa::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k.scale: FP8 scales must be >= 0, got -0.5 at element 7"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // NVFP4 (e4m3 scale per 16 times a global scale) and MXFP4 (e8m0 scale per 32), also mixed.
 TEST(BlockScores, Fp4Formats) {
   Shape sh{{9, 14}, {80, 200}, 4, 1, 64, 64, true};

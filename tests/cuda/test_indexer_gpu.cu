@@ -4,6 +4,7 @@
 // products are exact, identical ids to the CPU reference, exact ties included.
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "common/codecs.h"
@@ -18,7 +19,8 @@ struct IdxCase {
   int64_t hkv = 2, group = 4;
   bool causal = true;
   bool integer_values = false;  // q, k in {-2..2}: exact dot products, many ties
-  DType dtype = DType::bf16;
+  DType dtype = DType::bf16;     // bf16 | f16 | fp8_e4m3
+  int q_scale_kind = 0, k_scale_kind = 0;  // fp8: 0 none, 1 per tensor, 2 per token, 3 per token-head
   int topk = 8, sink = 1, local = 1;
   unsigned seed = 1;
 };
@@ -30,9 +32,24 @@ HostTensor random_tokens(int64_t tokens, int64_t heads, DType dt, bool integer, 
   std::normal_distribution<float> nd;
   for (int64_t i = 0; i < tokens * heads * kD; ++i) {
     const float v = integer ? float(int(rng() % 5) - 2) : nd(rng);
-    t.data<uint16_t>()[i] = dt == DType::bf16 ? codec::float_to_bf16(v) : codec::float_to_f16(v);
+    if (dt == DType::fp8_e4m3) t.data<uint8_t>()[i] = codec::float_to_e4m3(v);
+    else t.data<uint16_t>()[i] = dt == DType::bf16 ? codec::float_to_bf16(v) : codec::float_to_f16(v);
   }
   return t;
+}
+
+// FP8 scales of a kind (see IdxCase); powers of two when `exact`, so that scaled integer dot
+// products stay exact on both sides.
+std::optional<HostTensor> random_scale(int kind, int64_t tokens, int64_t heads, bool exact,
+                                       std::mt19937& rng) {
+  if (kind == 0) return std::nullopt;
+  std::vector<int64_t> shape = kind == 1 ? std::vector<int64_t>{1}
+                               : kind == 2 ? std::vector<int64_t>{tokens}
+                                           : std::vector<int64_t>{tokens, heads};
+  HostTensor s(DType::f32, shape);
+  std::uniform_real_distribution<float> u(0.25f, 2.f);
+  for (int64_t i = 0; i < s.t.numel(); ++i) s.data<float>()[i] = exact ? std::ldexp(1.f, int(rng() % 4) - 2) : u(rng);
+  return s;
 }
 
 Tensor to_gpu(const HostTensor& h, DeviceBuffer& d, cudaStream_t s) {
@@ -54,13 +71,15 @@ void run_case(const IdxCase& c) {
   nblk += 1;  // a column past every batch: must be -inf everywhere
   const HostTensor q = random_tokens(total_q, hq, c.dtype, c.integer_values, rng);
   const HostTensor k = random_tokens(total_k, c.hkv, c.dtype, c.integer_values, rng);
+  const auto q_scale = random_scale(c.q_scale_kind, total_q, hq, c.integer_values, rng);
+  const auto k_scale = random_scale(c.k_scale_kind, total_k, c.hkv, c.integer_values, rng);
   const HostTensor cu_q = i32_tensor(cumulative(c.lq)), cu_k = i32_tensor(cumulative(c.lk));
 
   // CPU reference: scores and ids.
   HostTensor ref(DType::f32, {hq, nblk, total_q});
   BlockScoresArgs a;
-  a.q = q.t;
-  a.kv.k = k.t;
+  a.q = q_scale ? QTensor(q.t, q_scale->t) : QTensor(q.t);
+  a.kv.k = k_scale ? QTensor(k.t, k_scale->t) : QTensor(k.t);
   a.kv.cu_seqlens_k = cu_k.t;
   a.cu_seqlens_q = cu_q.t;
   a.scores = ref.t;
@@ -68,10 +87,10 @@ void run_case(const IdxCase& c) {
   block_scores(a);
 
   TestStream stream;
-  DeviceBuffer dq, dk, dcq, dck, dscores(ref.bytes()), dst(16), dids, dids2;
+  DeviceBuffer dq, dk, dcq, dck, dqs, dks, dscores(ref.bytes()), dst(16), dids, dids2;
   BlockScoresArgs g = a;
-  g.q = to_gpu(q, dq, stream);
-  g.kv.k = to_gpu(k, dk, stream);
+  g.q = q_scale ? QTensor(to_gpu(q, dq, stream), to_gpu(*q_scale, dqs, stream)) : QTensor(to_gpu(q, dq, stream));
+  g.kv.k = k_scale ? QTensor(to_gpu(k, dk, stream), to_gpu(*k_scale, dks, stream)) : QTensor(to_gpu(k, dk, stream));
   g.kv.cu_seqlens_k = to_gpu(cu_k, dck, stream);
   g.cu_seqlens_q = to_gpu(cu_q, dcq, stream);
   g.scores = ref.t;
@@ -145,7 +164,7 @@ void run_case(const IdxCase& c) {
   if (c.integer_values) {  // scores are exact, so the CPU's own fused path must agree too
     HostTensor cpu_ids(DType::i32, {c.hkv, total_q, c.topk});
     BlockTopKArgs cf = f;
-    cf.q = q.t;
+    cf.q = a.q;
     cf.kv = a.kv;
     cf.cu_seqlens_q = cu_q.t;
     cf.q2k = cpu_ids.t;
@@ -178,6 +197,28 @@ TEST(IndexerGpu, RandomVarlenSweep) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     run_case(c);
   }
+}
+
+TEST(IndexerGpu, Fp8EachScaleKind) {
+  MSA_REQUIRE_GPU();
+  const int64_t groups[] = {16, 4, 1, 8, 2};
+  int trial = 0;
+  for (int qk = 0; qk < 4; ++qk)
+    for (int kk = 0; kk < 4; ++kk, ++trial) {
+      IdxCase c;
+      c.lq = {int32_t(50 + 40 * (trial % 3)), int32_t(trial % 5 == 0 ? 0 : 130)};
+      c.lk = {int32_t(c.lq[0] + 300), int32_t(c.lq[1] + 700)};
+      c.dtype = DType::fp8_e4m3;
+      c.q_scale_kind = qk;
+      c.k_scale_kind = kk;
+      c.group = groups[trial % 5];
+      c.integer_values = trial % 2 == 0;  // exact: ids must equal the CPU's
+      c.causal = trial % 4 != 3;
+      c.topk = 6;
+      c.seed = 300 + trial;
+      SCOPED_TRACE("fp8 q scale kind " + std::to_string(qk) + ", k scale kind " + std::to_string(kk));
+      run_case(c);
+    }
 }
 
 TEST(IndexerGpu, EdgeShapes) {

@@ -12,7 +12,7 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-template <bool kF16, int kRowGroups>
+template <Elem kElem, int kRowGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     block_scores_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k, const Params p) {
@@ -37,10 +37,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
-    if (threadIdx.x == 0) run_producer<false>(p, &tm_q, &tm_k, sh, h, t0, t1);
+    if (threadIdx.x == 0) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1);
   } else {
     sm90::regs_alloc<kConsumerRegs>();
-    run_consumer<kF16, kRowGroups>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);
+    run_consumer<kElem, kRowGroups>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 

@@ -7,10 +7,10 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-template <bool kFp8>
+template <Elem kElem>
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                              SharedStorage& sh, int64_t h, int64_t t0, int64_t t1) {
-  constexpr int kHalves = kFp8 ? 1 : 2;
+  constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per D = 128
   constexpr int kHalfQ = kTileM * kRowBytes, kHalfK = kBlockN * kRowBytes;
   const int tokens_per_group = kTileM / p.group;
   sm90::mbar_arrive_expect_tx(&sh.q_full, uint32_t(p.row_groups * kHalves * kHalfQ));

@@ -12,16 +12,19 @@ namespace msa::cuda::indexer_sm90 {
 constexpr uint32_t kConsumerBarrier = 1;  // named barrier: both consumer warpgroups
 constexpr uint32_t kTurnBarrier = 2;      // 2, 3: consumer 0's / 1's turn to issue wgmma
 
-template <bool kF16>
+// Issues S = Q K^T for one row group (one commit group). K-major operands, 128-byte swizzle:
+// a k-step is 32 bytes along a 128-byte row (k16 for 16-bit, k32 for e4m3); for 16-bit inputs
+// D's second half is the next 64-column buffer. The first step overwrites: no zeroing.
+template <Elem kElem>
 __device__ __forceinline__ void issue_qk(float (&acc)[64], uint32_t q_addr, uint32_t k_addr) {
   constexpr int kHalfQ = kTileM * kRowBytes, kHalfK = kBlockN * kRowBytes;
+  constexpr int kSteps = kElem == Elem::e4m3 ? kHeadDim / 32 : kHeadDim / 16;
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    // K-major, 128-byte swizzle: a k16 step is 32 bytes along a 128-byte row; D's second half
-    // is the next 64-column buffer.
+  for (int kk = 0; kk < kSteps; ++kk) {
     const uint64_t da = sm90::wgmma_desc_sw128(q_addr + (kk >> 2) * kHalfQ + (kk & 3) * 32, 16, 1024);
     const uint64_t db = sm90::wgmma_desc_sw128(k_addr + (kk >> 2) * kHalfK + (kk & 3) * 32, 16, 1024);
-    sm90::wgmma_ss<kF16>(acc, da, db, kk > 0 ? 1u : 0u);  // kk = 0 overwrites: no zeroing
+    if constexpr (kElem == Elem::e4m3) sm90::wgmma_ss_e4m3(acc, da, db, kk > 0 ? 1u : 0u);
+    else sm90::wgmma_ss<kElem == Elem::f16>(acc, da, db, kk > 0 ? 1u : 0u);
   }
   sm90::wgmma_commit();
 }
@@ -41,7 +44,7 @@ __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane) 
 // decides where a wgmma is issued or waited on is fixed at compile time or a loop bound, never
 // a branch inside the loop, and accumulators never live across iterations: otherwise ptxas
 // serializes every wgmma of the kernel (C7514 / C7518 / C7520).
-template <bool kF16, int kAcc>
+template <Elem kElem, int kAcc>
 __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                int64_t t1, int consumer, int warp, int lane) {
   const int64_t n = count_items(p, t0, t1);
@@ -64,12 +67,12 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     for (int64_t it = 0; it < n; ++it) {
       const uint32_t k = k_ready(it);
       sm90::wgmma_fence();
-      issue_qk<kF16>(acc0, q0, k);
+      issue_qk<kElem>(acc0, q0, k);
       sm90::wgmma_wait<0>();
       fence_acc(acc0);
       release(sh, int(it % kStages), lane);
       iter.next(seg, kb);
-      epilogue(p, sh, acc0, seg, h, t0, consumer, kb, warp, lane);
+      epilogue<kElem>(p, sh, acc0, seg, h, t0, consumer, kb, warp, lane);
     }
   } else {
     // Ping-pong: the warpgroups take turns issuing their two S tiles (named barriers
@@ -84,21 +87,21 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       float acc0[64], acc1[64];
       sm90::named_sync(my_turn, kConsumers * 128);
       sm90::wgmma_fence();
-      issue_qk<kF16>(acc0, q0, k);
-      issue_qk<kF16>(acc1, q1, k);
+      issue_qk<kElem>(acc0, q0, k);
+      issue_qk<kElem>(acc1, q1, k);
       if (consumer == 0 || it + 1 < n) sm90::named_arrive(other_turn, kConsumers * 128);
       sm90::wgmma_wait<1>();
       fence_acc(acc0);
-      epilogue(p, sh, acc0, seg, h, t0, r0, kb, warp, lane);
+      epilogue<kElem>(p, sh, acc0, seg, h, t0, r0, kb, warp, lane);
       sm90::wgmma_wait<0>();
       fence_acc(acc1);
       release(sh, int(it % kStages), lane);
-      epilogue(p, sh, acc1, seg, h, t0, r1, kb, warp, lane);
+      epilogue<kElem>(p, sh, acc1, seg, h, t0, r1, kb, warp, lane);
     }
   }
 }
 
-template <bool kF16, int kRowGroups>
+template <Elem kElem, int kRowGroups>
 __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int64_t t0, int64_t t1,
                              int consumer, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
@@ -109,10 +112,10 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   }
   sm90::mbar_wait(&sh.q_full, 0);
   // Row groups per consumer: 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1 (compile time).
-  if constexpr (kRowGroups == 4) consume_blocks<kF16, 2>(p, sh, h, t0, t1, consumer, warp, lane);
-  else if constexpr (kRowGroups == 2) consume_blocks<kF16, 1>(p, sh, h, t0, t1, consumer, warp, lane);
-  else if (consumer == 0) consume_blocks<kF16, 1>(p, sh, h, t0, t1, consumer, warp, lane);
-  else consume_blocks<kF16, 0>(p, sh, h, t0, t1, consumer, warp, lane);
+  if constexpr (kRowGroups == 4) consume_blocks<kElem, 2>(p, sh, h, t0, t1, consumer, warp, lane);
+  else if constexpr (kRowGroups == 2) consume_blocks<kElem, 1>(p, sh, h, t0, t1, consumer, warp, lane);
+  else if (consumer == 0) consume_blocks<kElem, 1>(p, sh, h, t0, t1, consumer, warp, lane);
+  else consume_blocks<kElem, 0>(p, sh, h, t0, t1, consumer, warp, lane);
   if (!fused) {
     fill_tail(p, h, t0, t1, consumer, warp, lane);
     return;

@@ -17,6 +17,9 @@
 
 namespace msa::cuda::indexer_sm90 {
 
+// Input element type; one kernel instantiation each (with the row-group count).
+enum class Elem { bf16, f16, e4m3 };
+
 constexpr int kHeadDim = 128;
 constexpr int kBlockN = 128;      // keys per block: one wgmma N
 constexpr int kTileM = 64;        // rows per row group (wgmma M)
