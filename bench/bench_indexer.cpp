@@ -19,38 +19,10 @@ using msa::DType;
 using msa::Tensor;
 using namespace msa::bench;
 
-struct Options {
-  int64_t seq = 32768, hq = 64, hkv = 4, topk = 16;
-  int warmup = 2, iters = 10;
-  bool fp8 = false;
-  std::string json;
-};
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--seq") o.seq = std::atoll(v);
-    else if (k == "--hq") o.hq = std::atoll(v);
-    else if (k == "--hkv") o.hkv = std::atoll(v);
-    else if (k == "--topk") o.topk = std::atoll(v);
-    else if (k == "--iters") o.iters = std::atoi(v);
-    else if (k == "--warmup") o.warmup = std::atoi(v);
-    else if (k == "--json") o.json = v;
-    else if (k == "--fp8") o.fp8 = std::atoi(v) != 0;
-    else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); std::exit(2); }
-  }
-  return o;
-}
-
-Tensor gpu(void* p, DType dt, std::vector<int64_t> shape) {
-  return Tensor(p, dt, shape, msa::Device{msa::DeviceType::cuda, 0});
-}
 
 }  // namespace
 
-int run(const Options& o) {
+int run(const RunOptions& o) {
   const int64_t S = o.seq, D = 128, G = o.hq / o.hkv, nblk = (S + 127) / 128;
   std::vector<uint16_t> hq_(S * o.hq * D), hk(S * o.hkv * D);
   fill_normal_bf16(hq_.data(), int64_t(hq_.size()), 1, 0);
@@ -65,17 +37,17 @@ int run(const Options& o) {
   MSA_BENCH_CUDA(cudaMemcpy(cuq.get(), cu.data(), 8, cudaMemcpyHostToDevice));
 
   msa::BlockScoresArgs a;
-  a.q = gpu(q.get(), DType::bf16, {S, o.hq, D});
-  a.kv.k = gpu(k.get(), DType::bf16, {S, o.hkv, D});
-  a.kv.cu_seqlens_k = gpu(cuq.get(), DType::i32, {2});
+  a.q = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
+  a.kv.k = gpu_view(k.get(), DType::bf16, {S, o.hkv, D});
+  a.kv.cu_seqlens_k = gpu_view(cuq.get(), DType::i32, {2});
   a.cu_seqlens_q = a.kv.cu_seqlens_k;
-  a.scores = gpu(scores.get(), DType::f32, {o.hq, nblk, S});
-  a.status = gpu(status.get(), DType::i32, {4});
+  a.scores = gpu_view(scores.get(), DType::f32, {o.hq, nblk, S});
+  a.status = gpu_view(status.get(), DType::i32, {4});
   // --fp8: the same inputs quantized per token on the GPU; the check dequantizes the same bits.
   GpuBuffer q8(hq_.size()), k8(hk.size()), qs(size_t(S) * 4), ks(size_t(S) * 4);
   if (o.fp8) {
-    const msa::QTensor q_fp8(gpu(q8.get(), DType::fp8_e4m3, {S, o.hq, D}), gpu(qs.get(), DType::f32, {S}));
-    const msa::QTensor k_fp8(gpu(k8.get(), DType::fp8_e4m3, {S, o.hkv, D}), gpu(ks.get(), DType::f32, {S}));
+    const msa::QTensor q_fp8(gpu_view(q8.get(), DType::fp8_e4m3, {S, o.hq, D}), gpu_view(qs.get(), DType::f32, {S}));
+    const msa::QTensor k_fp8(gpu_view(k8.get(), DType::fp8_e4m3, {S, o.hkv, D}), gpu_view(ks.get(), DType::f32, {S}));
     msa::quantize(a.q.values, msa::QuantFormat::fp8_per_token, q_fp8, s);
     msa::quantize(a.kv.k.values, msa::QuantFormat::fp8_per_token, k_fp8, s);
     a.q = q_fp8;
@@ -87,14 +59,14 @@ int run(const Options& o) {
   t.kv = a.kv;
   t.num_kv_heads = int(o.hkv);
   t.topk = int(o.topk);
-  t.q2k = gpu(ids.get(), DType::i32, {o.hkv, S, o.topk});
+  t.q2k = gpu_view(ids.get(), DType::i32, {o.hkv, S, o.topk});
   t.status = a.status;
   msa::BlockTopKArgs f;
   f.q = a.q;
   f.kv = a.kv;
   f.cu_seqlens_q = a.cu_seqlens_q;
   f.topk = int(o.topk);
-  f.q2k = gpu(ids2.get(), DType::i32, {o.hkv, S, o.topk});
+  f.q2k = gpu_view(ids2.get(), DType::i32, {o.hkv, S, o.topk});
   f.status = a.status;
 
   // Correctness: sampled (token, head) rows of scores against fp64, fused ids == top-K(scores).
@@ -107,8 +79,8 @@ int run(const Options& o) {
   std::vector<float> qv(hq_.size()), kv(hk.size());
   if (o.fp8) {
     GpuBuffer qf(qv.size() * 4), kf(kv.size() * 4);
-    msa::dequantize(a.q, gpu(qf.get(), DType::f32, {S, o.hq, D}), s);
-    msa::dequantize(a.kv.k, gpu(kf.get(), DType::f32, {S, o.hkv, D}), s);
+    msa::dequantize(a.q, gpu_view(qf.get(), DType::f32, {S, o.hq, D}), s);
+    msa::dequantize(a.kv.k, gpu_view(kf.get(), DType::f32, {S, o.hkv, D}), s);
     MSA_BENCH_CUDA(cudaMemcpyAsync(qv.data(), qf.get(), qf.bytes(), cudaMemcpyDeviceToHost, s));
     MSA_BENCH_CUDA(cudaMemcpyAsync(kv.data(), kf.get(), kf.bytes(), cudaMemcpyDeviceToHost, s));
     MSA_BENCH_CUDA(cudaStreamSynchronize(s));
@@ -170,7 +142,7 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   try {
-    return run(parse(argc, argv));
+    return run(parse_run_options(argc, argv, "bench_indexer", true));
   } catch (const msa::Error& e) {
     std::fprintf(stderr, "bench_indexer: %s\n", e.what());
     return 3;

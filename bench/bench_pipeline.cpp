@@ -18,32 +18,6 @@ using msa::DType;
 using msa::Tensor;
 using namespace msa::bench;
 
-struct Options {
-  int64_t seq = 32768, hq = 64, hkv = 4, topk = 16;
-  int warmup = 2, iters = 10;
-  std::string json;
-};
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--seq") o.seq = std::atoll(v);
-    else if (k == "--hq") o.hq = std::atoll(v);
-    else if (k == "--hkv") o.hkv = std::atoll(v);
-    else if (k == "--topk") o.topk = std::atoll(v);
-    else if (k == "--iters") o.iters = std::atoi(v);
-    else if (k == "--warmup") o.warmup = std::atoi(v);
-    else if (k == "--json") o.json = v;
-    else msa::fail("bench_pipeline: unknown option ", k);
-  }
-  return o;
-}
-
-Tensor gpu(void* p, DType dt, std::vector<int64_t> shape) {
-  return Tensor(p, dt, shape, msa::Device{msa::DeviceType::cuda, 0});
-}
 
 template <typename T>
 std::vector<T> download(const GpuBuffer& b, size_t n) {
@@ -52,7 +26,7 @@ std::vector<T> download(const GpuBuffer& b, size_t n) {
   return h;
 }
 
-int run(const Options& o) {
+int run(const RunOptions& o) {
   const int64_t S = o.seq, D = 128, G = o.hq / o.hkv, blk = 128;
   std::vector<uint16_t> hq_(S * o.hq * D), hk(S * o.hkv * D), hv(S * o.hkv * D);
   fill_normal_bf16(hq_.data(), int64_t(hq_.size()), 2, 0);
@@ -69,17 +43,17 @@ int run(const Options& o) {
   MSA_BENCH_CUDA(cudaMemcpy(cub.get(), cu.data(), 8, cudaMemcpyHostToDevice));
 
   msa::PipelineArgs a;
-  a.q = gpu(q.get(), DType::bf16, {S, o.hq, D});
-  a.kv.k = gpu(k.get(), DType::bf16, {S, o.hkv, D});
-  a.kv.v = gpu(v.get(), DType::bf16, {S, o.hkv, D});
-  a.kv.cu_seqlens_k = gpu(cub.get(), DType::i32, {2});
+  a.q = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
+  a.kv.k = gpu_view(k.get(), DType::bf16, {S, o.hkv, D});
+  a.kv.v = gpu_view(v.get(), DType::bf16, {S, o.hkv, D});
+  a.kv.cu_seqlens_k = gpu_view(cub.get(), DType::i32, {2});
   a.cu_seqlens_q = a.kv.cu_seqlens_k;
   a.topk = int(o.topk);
-  a.out = gpu(out.get(), DType::bf16, {S, o.hq, D});
-  a.lse = gpu(lse.get(), DType::f32, {o.hq, S});
-  a.status = gpu(status.get(), DType::i32, {4});
+  a.out = gpu_view(out.get(), DType::bf16, {S, o.hq, D});
+  a.lse = gpu_view(lse.get(), DType::f32, {o.hq, S});
+  a.status = gpu_view(status.get(), DType::i32, {4});
   GpuBuffer ws(msa::pipeline_workspace_bytes(a));
-  a.workspace = gpu(ws.get(), DType::u8, {int64_t(ws.bytes())});
+  a.workspace = gpu_view(ws.get(), DType::u8, {int64_t(ws.bytes())});
 
   msa::clear_status(a.status, s);
   msa::sparse_attention_pipeline(a, s);
@@ -133,7 +107,7 @@ int run(const Options& o) {
   sel.kv.v = msa::QTensor();
   sel.cu_seqlens_q = a.cu_seqlens_q;
   sel.topk = a.topk;
-  sel.q2k = gpu(ws.get(), DType::i32, {o.hkv, S, o.topk});
+  sel.q2k = gpu_view(ws.get(), DType::i32, {o.hkv, S, o.topk});
   sel.status = a.status;
   msa::AttentionArgs att;
   att.q = a.q;
@@ -144,7 +118,7 @@ int run(const Options& o) {
   att.lse = a.lse;
   att.status = a.status;
   GpuBuffer att_ws(msa::attention_workspace_bytes(att));
-  att.workspace = gpu(att_ws.get(), DType::u8, {int64_t(att_ws.bytes())});
+  att.workspace = gpu_view(att_ws.get(), DType::u8, {int64_t(att_ws.bytes())});
 
   const Timing te = time_op([&] { msa::sparse_attention_pipeline(a, s); }, o.warmup, o.iters, s, &flush);
   const Timing ts = time_op([&] { msa::block_topk(sel, s); }, o.warmup, o.iters, s, &flush);
@@ -170,7 +144,7 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   try {
-    return run(parse(argc, argv));
+    return run(parse_run_options(argc, argv, "bench_pipeline", false));
   } catch (const msa::Error& e) {
     std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
     return 3;

@@ -1,13 +1,17 @@
-// Shared GPU timing harness of the benchmark programs: an owning device buffer, CUDA-event
-// timing after warm-up with an L2 flush before every timed run, median and spread.
+// Shared GPU harness of the benchmark programs: an owning device buffer, CUDA-event timing after
+// warm-up with an L2 flush before every timed run (median and spread), device views, and the
+// options of the single-shape programs.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "msa/error.h"
+#include "msa/tensor.h"
 
 namespace msa::bench {
 
@@ -64,6 +68,41 @@ Timing time_op(F op, int warmup, int iters, cudaStream_t s, const GpuBuffer* flu
   cudaEventDestroy(b);
   std::sort(ms.begin(), ms.end());
   return Timing{ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+// A contiguous view of device memory on GPU 0.
+inline Tensor gpu_view(void* p, DType dt, std::vector<int64_t> shape) {
+  return Tensor(p, dt, shape, Device{DeviceType::cuda, 0});
+}
+
+// The shape and timing options the single-shape benchmark programs share (BENCHMARKS.md
+// defaults: S 32768, Hq 64, Hkv 4, topK 16). `--fp8 1` only where `fp8_allowed`.
+struct RunOptions {
+  int64_t seq = 32768, hq = 64, hkv = 4, topk = 16;
+  int warmup = 2, iters = 10;
+  bool fp8 = false;
+  std::string json;  // append one JSON record per case when set
+};
+
+inline RunOptions parse_run_options(int argc, char** argv, const char* program, bool fp8_allowed) {
+  RunOptions o;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    MSA_CHECK(i + 1 < argc, program, ": option ", k, " needs a value");
+    const char* v = argv[i + 1];
+    if (k == "--seq") o.seq = std::atoll(v);
+    else if (k == "--hq") o.hq = std::atoll(v);
+    else if (k == "--hkv") o.hkv = std::atoll(v);
+    else if (k == "--topk") o.topk = std::atoll(v);
+    else if (k == "--iters") o.iters = std::atoi(v);
+    else if (k == "--warmup") o.warmup = std::atoi(v);
+    else if (k == "--json") o.json = v;
+    else if (k == "--fp8" && fp8_allowed) o.fp8 = std::atoi(v) != 0;
+    else fail(program, ": unknown option ", k);
+  }
+  MSA_CHECK(o.seq > 0 && o.hkv > 0 && o.hq % o.hkv == 0 && o.iters > 0, program,
+            ": need --seq > 0, --hkv > 0 dividing --hq, --iters > 0");
+  return o;
 }
 
 }  // namespace msa::bench

@@ -10,27 +10,17 @@ TB/s uses our byte count: K and V once per kv head, q and out. With --ours FILE 
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from peers import time_ms  # same folder: the script's directory is on sys.path
+
 
 def time_us(fn, iters=50, warmup=5):
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for i in range(iters):
-        flush.fill_(i & 0xFF)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times), min(times), max(times)
+    """Median, min, max microseconds of fn (the shared timing of peers.py, in us)."""
+    return tuple(t * 1e3 for t in time_ms(fn, iters, warmup))
 
 
 def main():
