@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
   try {
     return run(parse_run_options(argc, argv, "bench_indexer", true));
   } catch (const msa::Error& e) {
-    std::fprintf(stderr, "bench_indexer: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", e.what());
     return 3;
   }
 }

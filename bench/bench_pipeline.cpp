@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
   try {
     return run(parse_run_options(argc, argv, "bench_pipeline", false));
   } catch (const msa::Error& e) {
-    std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", e.what());
     return 3;
   }
 }

@@ -19,7 +19,7 @@ namespace msa::bench {
 #define MSA_BENCH_CUDA(expr)                                                              \
   do {                                                                                    \
     cudaError_t e_ = (expr);                                                              \
-    if (e_ != cudaSuccess) ::msa::fail("bench: ", #expr, ": ", cudaGetErrorString(e_));   \
+    if (e_ != cudaSuccess) ::msa::fail("bench: CUDA error in ", #expr, ": ", cudaGetErrorString(e_));   \
   } while (0)
 
 // Owning device allocation of at least 256 bytes, so that even empty tensors get a real pointer.
