@@ -117,28 +117,31 @@ int sm_count() {
   return n;
 }
 
+// One persistent launch (a CTA per SM) of either kernel; each instantiation raises its shared
+// memory limit once per process.
+template <typename P>
+void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
+                       std::once_flag& smem_limit_set, const CUtensorMap& tq, const CUtensorMap& tk,
+                       const CUtensorMap& tv, const P& p, cudaStream_t stream) {
+  std::call_once(smem_limit_set, [kernel] {
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  });
+  kernel<<<sm_count(), kThreads, kSmemBytes, stream>>>(tq, tk, tv, p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
 template <bool kF16>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream) {
   static std::once_flag once;
-  std::call_once(once, [] {
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(sparse_fwd_kernel<kF16>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  });
-  sparse_fwd_kernel<kF16><<<sm_count(), kThreads, kSmemBytes, stream>>>(tq, tk, tv, p);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_persistent(sparse_fwd_kernel<kF16>, once, tq, tk, tv, p, stream);
 }
 
 template <bool kF16>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
   static std::once_flag once;
-  std::call_once(once, [] {
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(sparse_fwd_uniform_kernel<kF16>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  });
-  sparse_fwd_uniform_kernel<kF16><<<sm_count(), kThreads, kSmemBytes, stream>>>(tq, tk, tv, p);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_persistent(sparse_fwd_uniform_kernel<kF16>, once, tq, tk, tv, p, stream);
 }
 
 }  // namespace
