@@ -15,25 +15,21 @@ __device__ __forceinline__ float nan_max(float a, float b) {
 }
 
 // Max over this thread's columns <= lim (in [-1, 127]) of one accumulator row (kOff 0: row
-// lane/4, 2: row lane/4 + 8), reduced over the quad that shares the row. Blocks wholly visible
-// to the row (every block but the diagonal and the batch tail) take the unmasked path: this
-// epilogue runs for every S element, and instruction issue, not the tensor cores, bounded the
-// first version (ncu: 36% issue-slot use, ALU busiest, tensor pipe idle).
-// Max over this thread's columns <= lim (in [-1, 127]) of one accumulator row (kOff 0: row
 // lane/4, 2: row lane/4 + 8), reduced over the quad that shares the row. With kScaled (FP8 with
-// per-key scales), each value is first multiplied by its column's key scale f[]. Blocks
+// per-key scales), each value is first multiplied by its column's key scale, read from the
+// stage's shared-memory copy (ks: the stage's 128 scales). Blocks
 // wholly visible to the row (every block but the diagonal and the batch tail) take the unmasked
 // path: this epilogue runs for every S element, and instruction issue, not the tensor cores,
 // bounded the first version (ncu: 36% issue-slot use, ALU busiest, tensor pipe idle).
 template <int kOff, bool kScaled>
-__device__ __forceinline__ float row_max(const float (&s)[64], int lim, int lane, const float (&f)[32]) {
-  auto value = [&](int n, int e) { return kScaled ? s[n * 4 + kOff + e] * f[n * 2 + e] : s[n * 4 + kOff + e]; };
+__device__ __forceinline__ float row_max(const float (&s)[64], int lim, int lane, const float* ks) {
+  const int c0 = 2 * (lane & 3);
+  auto value = [&](int n, int e) { return kScaled ? s[n * 4 + kOff + e] * ks[n * 8 + c0 + e] : s[n * 4 + kOff + e]; };
   float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};  // independent chains for ILP
   if (lim >= kBlockN - 1) {
 #pragma unroll
     for (int n = 0; n < 16; ++n) m[n & 3] = nan_max(m[n & 3], nan_max(value(n, 0), value(n, 1)));
   } else {
-    const int c0 = 2 * (lane & 3);
 #pragma unroll
     for (int n = 0; n < 16; ++n)
 #pragma unroll
@@ -54,22 +50,6 @@ __device__ __forceinline__ float scale_at(const float* scale, int kind, int64_t 
     case 3: return scale[token * heads + head];
     default: return 1.f;
   }
-}
-
-// The key scales of this thread's 32 columns of block kb (0 past the batch's keys: never
-// visible). A negative scale is an input error, recorded in the status buffer: the row max below
-// factors the scales out, which holds for scales >= 0 only.
-__device__ __forceinline__ void key_scales(const Params& p, const Segment& seg, int64_t h, int64_t kb,
-                                           int lane, float (&f)[32]) {
-#pragma unroll
-  for (int n = 0; n < 16; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int64_t j = kb * kBlockN + n * 8 + 2 * (lane & 3) + e;
-      f[n * 2 + e] = j < seg.lk ? scale_at(p.k_scale, p.k_scale_kind, seg.k0 + j, h, p.num_kv_heads) : 0.f;
-      if (f[n * 2 + e] < 0.f)
-        flag_status(p.status, int32_t(StatusCode::negative_scale), 1, seg.k0 + j, h);
-    }
 }
 
 // Group max over the G heads of one token (rows tok*G .. tok*G+G-1 are adjacent): lane bits 2-4
@@ -111,18 +91,17 @@ __device__ __forceinline__ RowInfo row_info(const Params& p, int64_t t0, int r, 
   return RowInfo{t0 + r * (kTileM / p.group) + tok, row - tok * p.group, r * (kTileM / p.group) + tok};
 }
 
-// Epilogue of one row group's S tile for block kb of segment `seg`.
+// Epilogue of one row group's S tile for block kb of segment `seg`; ks: the block's staged key
+// scales (read only with FP8 per-key scales, so its K stage must still be held).
 template <Elem kElem>
 __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, const float (&s)[64],
                                          const Segment& seg, int64_t h, int64_t t0, int r,
-                                         int64_t kb, int warp, int lane) {
+                                         int64_t kb, int warp, int lane, const float* ks) {
   const int row0 = warp * 16 + (lane >> 2);
   const RowInfo ri[2] = {row_info(p, t0, r, row0), row_info(p, t0, r, row0 + 8)};
   // FP8: score = qs * max_j(dot_j * ks_j) for scales >= 0; per-key scales multiply each value,
   // a per-tensor key scale joins the query scale after the max.
-  const bool per_key = kElem == Elem::e4m3 && p.k_scale_kind >= 2;
-  float ks[32];
-  if (per_key) key_scales(p, seg, h, kb, lane, ks);
+  const bool per_key = per_key_scales<kElem>(p);
   const float k_const = per_key ? 1.f : scale_at(p.k_scale, p.k_scale_kind, 0, 0, 0);
   float m[2];
 #pragma unroll

@@ -2,8 +2,9 @@
 // (query head, block, token), written to `scores` or reduced on the fly to top-K block ids
 // (fused: scores never reach memory). Roles: producer warp (TMA: Q once, then K blocks through a
 // kStages ring) and two consumer warpgroups (wgmma S = Q K^T, mask, row max, write or select).
-// Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same), k_empty[s] (lane 0 of each
-// of the 8 consumer warps); named barrier 1 orders the fused top-K state among consumers, 2 and
+// Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus the producer warp's other
+// 31 lanes after staging FP8 per-key scales), k_empty[s] (lane 0 of each of the 8 consumer
+// warps; every consumer thread when the epilogue reads staged key scales); named barrier 1 orders the fused top-K state among consumers, 2 and
 // 3 pass the turn to issue wgmma between the consumer warpgroups (ping-pong).
 #pragma once
 
@@ -27,8 +28,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     sm90::mbar_init(&sh.q_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(&sh.k_full[s], 1);
-      sm90::mbar_init(&sh.k_empty[s], kConsumers * 4);
+      sm90::mbar_init(&sh.k_full[s], k_full_arrivals(per_key_scales<kElem>(p)));
+      sm90::mbar_init(&sh.k_empty[s], per_key_scales<kElem>(p) ? kConsumers * 128 : kConsumers * 4);
     }
     sm90::fence_barrier_init();
     sm90::prefetch_tensor_map(&tm_q);
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
-    if (threadIdx.x == 0) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1);
+    if (threadIdx.x < 32) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
   } else {
     sm90::regs_alloc<kConsumerRegs>();
     run_consumer<kElem, kRowGroups>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);

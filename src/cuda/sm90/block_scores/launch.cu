@@ -21,10 +21,10 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
                 q.values.dtype == DType::fp8_e4m3,
             op, ": CUDA supports bf16, f16 and fp8_e4m3 inputs, got ", dtype_name(q.values.dtype),
             " (FP4 indexer inputs run on the CPU)");
-  MSA_CHECK(kv.layout == KVLayout::flat, op, ": CUDA supports a flat key cache so far, got ",
-            kv_layout_name(kv.layout));
-  MSA_CHECK(s.head_dim == kHeadDim, op, ": CUDA supports head dim 128, got ", s.head_dim);
-  MSA_CHECK(blk == kBlockN, op, ": CUDA supports kv_block_size 128, got ", blk);
+  MSA_CHECK(kv.layout == KVLayout::flat, op, ": a paged key cache (", kv_layout_name(kv.layout),
+            ") is not supported on CUDA yet");
+  MSA_CHECK(s.head_dim == kHeadDim, op, ": head_dim must be 128 on CUDA, got ", s.head_dim);
+  MSA_CHECK(blk == kBlockN, op, ": kv_block_size must be 128 on CUDA, got ", blk);
   MSA_CHECK(s.total_q < std::numeric_limits<int32_t>::max() &&
                 kv.k.values.shape[0] < std::numeric_limits<int32_t>::max(),
             op, ": token counts must be below 2^31 on CUDA (TMA coordinates are int32)");

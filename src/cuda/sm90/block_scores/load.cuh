@@ -1,5 +1,8 @@
-// Producer of the sm_90a indexer: one thread issues the TMA loads, Q once (q_full), then each
-// work item's K block through the kStages ring (k_full / k_empty). Called from kernel.cuh.
+// Producer warp of the sm_90a indexer: lane 0 issues the TMA loads, Q once (q_full), then each
+// work item's K block through the kStages ring (k_full / k_empty). For FP8 keys with per-key
+// scales the whole warp also stages the block's 128 key scales in shared memory (0 past the
+// batch's keys; negative scales reported once here), each lane arriving on k_full after its
+// stores. Called from kernel.cuh.
 #pragma once
 
 #include "cuda/device/sm90.cuh"
@@ -9,25 +12,45 @@ namespace msa::cuda::indexer_sm90 {
 
 template <Elem kElem>
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                             SharedStorage& sh, int64_t h, int64_t t0, int64_t t1) {
+                             SharedStorage& sh, int64_t h, int64_t t0, int64_t t1, int lane) {
   constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per D = 128
   constexpr int kHalfQ = kTileM * kRowBytes, kHalfK = kBlockN * kRowBytes;
+  const bool per_key = per_key_scales<kElem>(p);
+  if (!per_key && lane != 0) return;
   const int tokens_per_group = kTileM / p.group;
-  sm90::mbar_arrive_expect_tx(&sh.q_full, uint32_t(p.row_groups * kHalves * kHalfQ));
-  for (int r = 0; r < p.row_groups; ++r)
-    for (int half = 0; half < kHalves; ++half)
-      sm90::tma_load_3d(sh.q[r] + half * kHalfQ, tm_q, &sh.q_full, half * 64,
-                        int32_t(h * p.group), int32_t(t0 + r * tokens_per_group));
+  if (lane == 0) {
+    sm90::mbar_arrive_expect_tx(&sh.q_full, uint32_t(p.row_groups * kHalves * kHalfQ));
+    for (int r = 0; r < p.row_groups; ++r)
+      for (int half = 0; half < kHalves; ++half)
+        sm90::tma_load_3d(sh.q[r] + half * kHalfQ, tm_q, &sh.q_full, half * 64,
+                          int32_t(h * p.group), int32_t(t0 + r * tokens_per_group));
+  }
   ItemIter iter(p, t0, t1);
   Segment seg;
   int64_t kb;
   for (int64_t it = 0; iter.next(seg, kb); ++it) {
     const int stage = int(it % kStages);
     if (it >= kStages) sm90::mbar_wait(&sh.k_empty[stage], uint32_t(((it / kStages) + 1) & 1));
-    sm90::mbar_arrive_expect_tx(&sh.k_full[stage], uint32_t(kHalves * kHalfK));
-    for (int half = 0; half < kHalves; ++half)
-      sm90::tma_load_3d(sh.k[stage] + half * kHalfK, tm_k, &sh.k_full[stage], half * 64,
-                        int32_t(h), int32_t(seg.k0 + kb * kBlockN));
+    if (per_key) {
+      for (int c = lane; c < kBlockN; c += 32) {
+        const int64_t j = kb * kBlockN + c;
+        float f = 0.f;
+        if (j < seg.lk) {
+          const int64_t tok = seg.k0 + j;
+          f = p.k_scale_kind == 2 ? p.k_scale[tok] : p.k_scale[tok * p.num_kv_heads + h];
+          if (f < 0.f) flag_status(p.status, int32_t(StatusCode::negative_scale), 1, tok, h);
+        }
+        sh.k_scale[stage][c] = f;
+      }
+    }
+    if (lane == 0) {
+      sm90::mbar_arrive_expect_tx(&sh.k_full[stage], uint32_t(kHalves * kHalfK));
+      for (int half = 0; half < kHalves; ++half)
+        sm90::tma_load_3d(sh.k[stage] + half * kHalfK, tm_k, &sh.k_full[stage], half * 64,
+                          int32_t(h), int32_t(seg.k0 + kb * kBlockN));
+    } else {
+      sm90::mbar_arrive(&sh.k_full[stage]);
+    }
   }
 }
 

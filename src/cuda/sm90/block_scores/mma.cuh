@@ -35,7 +35,13 @@ __device__ __forceinline__ void fence_acc(float (&acc)[64]) {
   for (int i = 0; i < 64; ++i) sm90::reg_fence(acc[i]);
 }
 
-__device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane) {
+// Frees a K stage: lane 0 of each consumer warp after its warp's reads, or, when the epilogue
+// read the stage's key scales, every consumer thread (each reader is then its own arrival).
+__device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, bool per_key) {
+  if (per_key) {
+    sm90::mbar_arrive(&sh.k_empty[stage]);
+    return;
+  }
   __syncwarp();
   if (lane == 0) sm90::mbar_arrive(&sh.k_empty[stage]);
 }
@@ -48,6 +54,7 @@ template <Elem kElem, int kAcc>
 __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                int64_t t1, int consumer, int warp, int lane) {
   const int64_t n = count_items(p, t0, t1);
+  const bool per_key = per_key_scales<kElem>(p);  // the epilogue reads the stage's key scales
   ItemIter iter(p, t0, t1);
   Segment seg;
   int64_t kb;
@@ -59,20 +66,22 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   if constexpr (kAcc == 0) {
     for (int64_t it = 0; it < n; ++it) {
       k_ready(it);
-      release(sh, int(it % kStages), lane);
+      release(sh, int(it % kStages), lane, per_key);
     }
   } else if constexpr (kAcc == 1) {
     const uint32_t q0 = sm90::smem_addr(sh.q[consumer]);
     float acc0[64];
     for (int64_t it = 0; it < n; ++it) {
+      const int stage = int(it % kStages);
       const uint32_t k = k_ready(it);
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
       sm90::wgmma_wait<0>();
       fence_acc(acc0);
-      release(sh, int(it % kStages), lane);
+      if (!per_key) release(sh, stage, lane, false);
       iter.next(seg, kb);
-      epilogue<kElem>(p, sh, acc0, seg, h, t0, consumer, kb, warp, lane);
+      epilogue<kElem>(p, sh, acc0, seg, h, t0, consumer, kb, warp, lane, sh.k_scale[stage]);
+      if (per_key) release(sh, stage, lane, true);
     }
   } else {
     // Ping-pong: the warpgroups take turns issuing their two S tiles (named barriers
@@ -90,13 +99,15 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       issue_qk<kElem>(acc0, q0, k);
       issue_qk<kElem>(acc1, q1, k);
       if (consumer == 0 || it + 1 < n) sm90::named_arrive(other_turn, kConsumers * 128);
+      const int stage = int(it % kStages);
       sm90::wgmma_wait<1>();
       fence_acc(acc0);
-      epilogue<kElem>(p, sh, acc0, seg, h, t0, r0, kb, warp, lane);
+      epilogue<kElem>(p, sh, acc0, seg, h, t0, r0, kb, warp, lane, sh.k_scale[stage]);
       sm90::wgmma_wait<0>();
       fence_acc(acc1);
-      release(sh, int(it % kStages), lane);
-      epilogue<kElem>(p, sh, acc1, seg, h, t0, r1, kb, warp, lane);
+      if (!per_key) release(sh, stage, lane, false);
+      epilogue<kElem>(p, sh, acc1, seg, h, t0, r1, kb, warp, lane, sh.k_scale[stage]);
+      if (per_key) release(sh, stage, lane, true);
     }
   }
 }

@@ -46,6 +46,16 @@ __device__ __forceinline__ bool next_segment(const Params& p, int64_t t0, int64_
   return false;
 }
 
+// Whether the epilogue scales each key (FP8 keys with per-token or per-token-head scales).
+template <Elem kElem>
+__device__ __forceinline__ bool per_key_scales(const Params& p) {
+  return kElem == Elem::e4m3 && p.k_scale_kind >= 2;
+}
+
+// k_full arrivals per phase: lane 0's expect_tx, plus the other 31 lanes after their scale
+// stores when keys carry per-key scales.
+__device__ __forceinline__ uint32_t k_full_arrivals(bool per_key) { return per_key ? 32u : 1u; }
+
 // The CTA's (segment, block) work items in order, as both roles walk them.
 class ItemIter {
  public:
