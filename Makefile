@@ -3,7 +3,7 @@ BUILD ?= build
 CMAKE_ARGS ?=
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test test-cpu test-gpu pytest demo device-bin clean
+.PHONY: all deps configure build test test-cpu test-gpu pytest demo device-bin device-wheel clean
 
 all: build
 
@@ -43,13 +43,21 @@ demo: build
 # bench/device_session.sh there (built here, they run on the GPU machine unchanged).
 DEVICE_BIN ?= build-device-bin
 GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build \
-	test_sparse_fwd test_decode_gpu test_pipeline_gpu bench_sparse_fwd bench_indexer bench_decode \
-	bench_pipeline
+	test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu bench_sparse_fwd \
+	bench_indexer bench_decode bench_pipeline
 device-bin: configure
 	cmake --build $(BUILD) -j $(JOBS) --target $(GPU_TARGETS)
 	mkdir -p $(DEVICE_BIN)
 	cp $(BUILD)/tests/cuda/test_* $(BUILD)/bench/bench_sparse_fwd $(BUILD)/bench/bench_indexer \
 		$(BUILD)/bench/bench_decode $(BUILD)/bench/bench_pipeline $(DEVICE_BIN)/
+
+# The Python package with its CUDA backend, as a wheel for the GPU machine's python (3.12 there):
+# `make device-wheel DEVICE_PYTHON=python3.12`, then carry .whl and run device_session.sh pytest.
+DEVICE_PYTHON ?= python3.12
+device-wheel: deps
+	$(DEVICE_PYTHON) -m pip install -q --disable-pip-version-check --root-user-action=ignore $(PY_BUILD_REQS)
+	rm -f .whl/msa-*.whl
+	$(DEVICE_PYTHON) -m pip wheel -q --no-build-isolation --no-deps -C cmake.define.MSA_CUDA=ON -w .whl .
 
 clean:
 	rm -rf $(BUILD)

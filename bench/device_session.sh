@@ -4,7 +4,8 @@
 # binaries that `make device-bin` built here and the device call carries (BIN, default
 # build-device-bin). Logs go to $OUT; a short summary prints last.
 #   bench/device_session.sh [steps...]
-#   steps: tests memcheck racecheck bench peers ncu-sparse ncu-indexer ncu-decode
+#   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-indexer ncu-decode
+#   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
 #   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
 set -u
 OUT=${OUT:-/tmp/msa_out}
@@ -12,7 +13,7 @@ BIN=${BIN:-build-device-bin}
 mkdir -p "$OUT" /tmp/msa_dump
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 steps=${*:-tests bench peers}
-TESTS="test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_sparse_fwd test_decode_gpu test_pipeline_gpu"
+TESTS="test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu"
 summary=()
 t0=$(date +%s)
 DEADLINE=${DEADLINE:-540}
@@ -70,6 +71,14 @@ for step in $steps; do
         > "$OUT/peers_sparse.log" 2>&1; summary+=("peers.py rc=$?"); }
       lim=$(left 90); (( lim > 0 )) && { timeout $lim python3 bench/peers_decode.py --ours "$OUT/bench_decode.json" \
         > "$OUT/peers_decode.log" 2>&1; summary+=("peers_decode.py rc=$?"); } ;;
+    pytest)
+      whl=$(ls .whl/msa-*-cp3*.whl 2>/dev/null | head -1)
+      if [[ -z $whl ]]; then summary+=("pytest skipped: no .whl/msa-*.whl (make device-wheel, carry .whl)"); else
+        python3 -m pip install -q --no-deps --no-index --force-reinstall "$whl" > "$OUT/pytest.log" 2>&1
+        lim=$(left 240); (( lim > 0 )) && (cd /tmp && timeout $lim python3 -m pytest "$OLDPWD/python/tests" -q -rs \
+          -p no:cacheprovider >> "$OUT/pytest.log" 2>&1); summary+=("pytest rc=$? $(tail -1 "$OUT/pytest.log")")
+        grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
+      fi ;;
     ncu-sparse) ncu_step sparse "sparse_fwd_kernel" "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check ;;
     ncu-indexer) ncu_step indexer "block_scores_kernel" "$BIN/bench_indexer" --seq 16384 --iters 1 --warmup 0 ;;
     ncu-decode) ncu_step decode "decode_kernel" "$BIN/bench_decode" --case DEC-B32-dense --iters 1 --warmup 0 --no-check ;;
@@ -81,3 +90,6 @@ echo "==== summary ($(( $(date +%s) - t0 ))s)"
 printf '%s\n' "${summary[@]}"
 for f in bench_sparse bench_indexer bench_decode bench_pipeline; do [[ -f $OUT/$f.log ]] && cut -c1-200 "$OUT/$f.log" | grep -vE "^\s*$" | tail -8; done
 for f in peers_sparse peers_decode; do [[ -f $OUT/$f.log ]] && grep -v Warning "$OUT/$f.log" | tail -8; done
+# At most 8 files come back from a device call: the logs travel as one archive (JSON stays loose).
+printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
+(cd "$OUT" && tar czf logs.tgz --remove-files *.log summary.txt 2>/dev/null)

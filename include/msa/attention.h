@@ -32,6 +32,10 @@ struct AttentionArgs {
 // out[t, hq] = sum_j softmax(s)_j v[j, hq/G] over the attended keys j (the visible keys of the
 // selected blocks, or every visible key when q2k is absent), s_j = scale * dot(q, k_j);
 // 0 when there is no key.
+// CUDA (sm_90a, sparse only): bf16/f16 KV, flat or paged (page_size 16-256, either pool layout,
+// strides multiples of 16 bytes, B * max_pages * page_size < 2^31). The device checks a paged
+// cache before reading it: a page id outside [0, num_pages) in a column that seqused_k uses, or a
+// seqused_k outside [0, max_pages * page_size], is reported through `status` (check_status).
 void attention_forward(const AttentionArgs& args, cudaStream_t stream = nullptr);
 size_t attention_workspace_bytes(const AttentionArgs& args);
 

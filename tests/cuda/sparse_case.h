@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <set>
@@ -209,6 +210,50 @@ inline SparseCase random_case(int index, bool small) {
   os << "]";
   c.name = os.str();
   return c;
+}
+
+// DESIGN.md s.10 on attention outputs: rel L2 of out <= 1e-2 over every element with no NaN
+// (poisoned outputs left unwritten show as NaN); an lse-like statistic within 2e-3 absolute with
+// -inf at exactly the reference's positions.
+inline void expect_out_close(const HostTensor& gpu, const HostTensor& ref) {
+  double num = 0, den = 0;
+  int64_t nan = 0;
+  for (int64_t i = 0; i < ref.t.numel(); ++i) {
+    const double g = load(gpu.t, i), r = load(ref.t, i);
+    if (std::isnan(g)) { ++nan; continue; }
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  EXPECT_EQ(nan, 0) << "NaN (unwritten or poisoned) outputs";
+  if (den == 0) EXPECT_EQ(num, 0) << "reference is all zeros";
+  else EXPECT_LE(std::sqrt(num / den), 1e-2) << "relative L2 error of out";
+}
+
+inline void expect_stat_close(const HostTensor& gpu, const HostTensor& ref, const char* what) {
+  double worst = 0;
+  int64_t bad_inf = 0, bad_nan = 0;
+  for (int64_t i = 0; i < ref.t.numel(); ++i) {
+    const float gv = gpu.data<float>()[i], rv = ref.data<float>()[i];
+    if (std::isnan(gv)) { ++bad_nan; continue; }
+    if (std::isinf(rv) || std::isinf(gv)) { bad_inf += !(gv == rv); continue; }
+    worst = std::max(worst, double(std::fabs(gv - rv)));
+  }
+  EXPECT_EQ(bad_nan, 0) << what << ": NaN";
+  EXPECT_EQ(bad_inf, 0) << what << ": -inf positions differ";
+  EXPECT_LE(worst, 2e-3) << what << ": max abs error";
+}
+
+// Runs attention_forward with a freshly sized, poisoned workspace and waits for it, so a kernel
+// that reads workspace it never wrote shows up as wrong outputs.
+inline void run_attention_poisoned_workspace(AttentionArgs& a, cudaStream_t s) {
+  const size_t need = attention_workspace_bytes(a);
+  DeviceBuffer ws(std::max<size_t>(need, 256));
+  ws.poison(s);
+  a.workspace = Tensor(ws.get(), DType::u8, {int64_t(need)}, gpu0());
+  attention_forward(a, s);
+  MSA_CUDA_CHECK(cudaGetLastError());
+  MSA_CUDA_CHECK(cudaStreamSynchronize(s));
+  a.workspace = Tensor();
 }
 
 }  // namespace msa::test

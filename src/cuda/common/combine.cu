@@ -1,6 +1,8 @@
 // Kernel of the sparse-attention combine (combine.cuh). One unit = (token, kv head): G x 16
 // threads, each owning 8 consecutive head-dim elements of one query head, so a unit reads its
 // topk x G x 128 partial values as contiguous 16-byte loads.
+#include <algorithm>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -14,6 +16,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kHeadDim = 128;
 constexpr int kVec = 8;  // elements per thread
+constexpr int64_t kMaxBlocks = 132 * 8 * 8;  // 8 waves of 8 resident blocks per SM on an H200
 
 __device__ __forceinline__ void load_partial(const CombineParams& p, int64_t row, int d0,
                                              float (&x)[kVec]) {
@@ -51,12 +54,7 @@ __device__ __forceinline__ float merge_lse(const float* v, const int32_t* ids, i
 }
 
 template <bool kF16>
-__global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
-  const int per_unit = p.group * (kHeadDim / kVec);
-  const int units_per_block = kThreads / per_unit;
-  const int64_t unit = int64_t(blockIdx.x) * units_per_block + threadIdx.x / per_unit;
-  if (threadIdx.x >= units_per_block * per_unit || unit >= p.total_q * p.num_kv_heads) return;
-  const int li = threadIdx.x % per_unit;
+__device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t unit, int li) {
   const int g = li / (kHeadDim / kVec), d0 = (li % (kHeadDim / kVec)) * kVec;
   const int64_t t = unit / p.num_kv_heads, h = unit % p.num_kv_heads;
   const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
@@ -111,6 +109,20 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
         merge_lse(p.part_tlse + base * p.group + g, ids, p.topk, nblk, p.group);
 }
 
+
+// Grid-stride over units: a launch capped at a few waves, so units that the uniform path wrote
+// (every unit under block-uniform selections) cost a flag test, not a block launch each.
+template <bool kF16>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
+  const int per_unit = p.group * (kHeadDim / kVec);
+  const int units_per_block = kThreads / per_unit;
+  if (threadIdx.x >= units_per_block * per_unit) return;
+  const int64_t units = p.total_q * p.num_kv_heads;
+  for (int64_t unit = int64_t(blockIdx.x) * units_per_block + threadIdx.x / per_unit;
+       unit < units; unit += int64_t(gridDim.x) * units_per_block)
+    combine_unit<kF16>(p, unit, threadIdx.x % per_unit);
+}
+
 }  // namespace
 
 void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t stream) {
@@ -118,7 +130,8 @@ void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t st
   if (units == 0) return;
   const int per_unit = p.group * (kHeadDim / kVec);
   const int64_t units_per_block = kThreads / per_unit;
-  const int64_t blocks = (units + units_per_block - 1) / units_per_block;
+  const int64_t blocks = std::min<int64_t>((units + units_per_block - 1) / units_per_block,
+                                           kMaxBlocks);
   if (out_f16)
     combine_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(p);
   else

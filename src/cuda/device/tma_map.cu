@@ -50,4 +50,30 @@ CUtensorMap make_tma_3d(const Tensor& t, uint32_t box_cols, uint32_t box_heads,
   return m;
 }
 
+CUtensorMap make_tma_paged(const Tensor& pool, bool slots_outer, uint32_t box_cols,
+                           uint32_t box_keys, const char* name, const char* op) {
+  const size_t es = dtype_size(pool.dtype);
+  cuuint64_t dims[4], strides[3];
+  for (int i = 0; i < 4; ++i) dims[i] = cuuint64_t(pool.shape[3 - i]);
+  for (int i = 0; i < 3; ++i) {
+    const int d = 2 - i;  // tensor dim of map dim i + 1
+    const int64_t bytes = pool.strides[d] * int64_t(es);
+    MSA_CHECK(pool.shape[d] == 1 || (bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40)),
+              op, ": ", name, ": stride of dim ", d, " (", pool.strides[d], " elements) must be "
+              "positive, a multiple of 16 bytes and below 2^40 bytes for the CUDA paged loads, "
+              "got ", pool.describe());
+    strides[i] = pool.shape[d] == 1 ? cuuint64_t(pool.shape[3]) * es : cuuint64_t(bytes);
+  }
+  const cuuint32_t box[4] = {box_cols, slots_outer ? 1u : box_keys, slots_outer ? box_keys : 1u, 1};
+  const cuuint32_t elem[4] = {1, 1, 1, 1};
+  CUtensorMap m;
+  const CUresult r = encode_fn()(&m, tma_type(pool.dtype), 4, pool.data, dims, strides, box, elem,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MSA_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (", int(r), ") for the paged ",
+            name, " pool ", pool.describe());
+  return m;
+}
+
 }  // namespace msa::cuda

@@ -16,4 +16,12 @@ namespace msa::cuda {
 CUtensorMap make_tma_3d(const Tensor& t, uint32_t box_cols, uint32_t box_heads,
                         uint32_t box_tokens, const char* op);
 
+// 4-D map over a page pool, its dims innermost first: (D, Hkv, slot, page) for
+// [pages, page_size, Hkv, D] (slots_outer) and (D, slot, Hkv, page) for [pages, Hkv, page_size,
+// D]; box `box_cols` columns x `box_keys` slots x 1 head x 1 page, 128-byte swizzle. Any strides
+// of the view work if they are positive multiples of 16 bytes below 2^40 (a dim of extent 1 gets
+// a stand-in stride: it is never stepped); otherwise an msa::Error naming `name` and `op`.
+CUtensorMap make_tma_paged(const Tensor& pool, bool slots_outer, uint32_t box_cols,
+                           uint32_t box_keys, const char* name, const char* op);
+
 }  // namespace msa::cuda

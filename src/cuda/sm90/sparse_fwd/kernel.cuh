@@ -22,6 +22,8 @@ __device__ __forceinline__ SharedStorage& init_shared(uint8_t* smem_raw, int gro
     for (int s = 0; s < kKVStages; ++s) {
       sm90::mbar_init(&sh.kv_full[s], 1);
       sm90::mbar_init(&sh.kv_empty[s], kConsumers * 4);  // lane 0 of every consumer warp
+      sm90::mbar_init(&sh.v_full[s], 1);
+      sm90::mbar_init(&sh.v_empty[s], kConsumers * 4);
     }
     for (int c = 0; c < kConsumers; ++c)
       for (int s = 0; s < kQStages; ++s) {
@@ -68,10 +70,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile, &tm_q, &tm_k, &tm_v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
-    sm90::regs_dealloc<kProducerRegs>();
+    sm90::regs_dealloc<kUniformProducerRegs>();
     run_uniform_producer(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
-    sm90::regs_alloc<kConsumerRegs>();
+    sm90::regs_alloc<kUniformConsumerRegs>();
     run_uniform_consumer<kF16>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }

@@ -1,9 +1,11 @@
 // Host side of the sm_90a sparse attention forward: capability checks, workspace plan, TMA
-// descriptors and the launch sequence (CSR build or q2k check, schedule check + chunk table,
-// main kernel, combine). Defines cuda::attention_forward / attention_workspace_bytes.
+// descriptors and the launch sequence (paged-KV checks, CSR build or q2k check, schedule check +
+// chunk table, main kernel, combine). Defines cuda::attention_forward / attention_workspace_bytes.
 // Instantiations (the only ones): sparse_fwd_kernel and sparse_fwd_uniform_kernel, each <false>
 // (bf16) and <true> (f16).
+
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <mutex>
 
@@ -15,6 +17,7 @@
 #include "cuda/device/check.h"
 #include "cuda/device/tma_map.h"
 #include "cuda/sm90/sparse_fwd/kernel.cuh"
+#include "cuda/sm90/sparse_fwd/paged_checks.cuh"
 #include "cuda/sm90/sparse_fwd/scheduler.cuh"
 #include "cuda/sm90/sparse_fwd/uniform_scheduler.cuh"
 
@@ -33,6 +36,7 @@ struct AttnPlan {
   int32_t chunk_tokens = 0;
   int64_t qblock_cap = 0, unit_cap = 0;
   bool build_csr = false, build_schedule = false;
+  size_t paged_offence = 0, key_offsets = 0;  // paged KV only
   size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0;
   size_t work_local = 0, work_slot = 0;
   size_t qblock_start = 0, uniform = 0, unit_start = 0, num_units = 0, units = 0;
@@ -46,7 +50,11 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   const int64_t hkv = s.num_kv_heads, nnz = s.total_q * s.topk;
   w.build_csr = !a.k2q.row_ptr.defined();
   w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
-  if (w.build_csr) {
+  const bool paged = a.kv.layout != KVLayout::flat;
+  if (w.build_csr && paged) {
+    // Lk_b <= max_pages * page_size (longer seqused_k are clamped and reported).
+    w.total_rows = s.batch * ((s.max_pages * s.page_size + kBlockN - 1) / kBlockN);
+  } else if (w.build_csr) {
     // sum_b ceil(Lk_b / 128) <= total_k / 128 + B: rows past the real total stay empty.
     w.total_rows = (a.kv.k.values.shape[0] + kBlockN - 1) / kBlockN + s.batch;
   } else {
@@ -62,6 +70,10 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   const size_t part_bytes = a.params.partial_dtype == DType::bf16 ? 2 : 4;
   size_t off = 0;
   auto take = [&off](size_t bytes) { const size_t at = off; off += align256(bytes); return at; };
+  if (paged) {
+    w.paged_offence = take(sizeof(unsigned long long));
+    w.key_offsets = take(size_t(s.batch + 1) * 4);
+  }
   w.check = take(kQ2KCheckWorkspaceBytes);
   w.row_start = take(size_t(s.batch + 1) * 4);
   w.chunk_start = take(size_t(w.schedule_capacity + 1) * 4);
@@ -92,8 +104,6 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
 void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(a.q2k.defined(), "attention_forward: dense attention (no q2k) is not supported on "
             "CUDA yet; pass a q2k selection or run on CPU tensors");
-  MSA_CHECK(a.kv.layout == KVLayout::flat, "attention_forward: paged KV (",
-            kv_layout_name(a.kv.layout), ") is not supported by the CUDA sparse prefill yet");
   MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);
   MSA_CHECK(a.kv.k.values.dtype == a.q.dtype && a.kv.v.values.dtype == a.q.dtype,
             "k, v: must have q's dtype (", dtype_name(a.q.dtype),
@@ -108,6 +118,45 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
             "q2k: Hkv * total_q * topk must be below 2^31 on CUDA");
   MSA_CHECK(a.kv.k.values.shape[0] < INT32_MAX && s.total_q < INT32_MAX,
             "q, k: token counts must be below 2^31 on CUDA (TMA coordinates are int32)");
+  if (a.kv.layout != KVLayout::flat)
+    MSA_CHECK(s.batch * s.max_pages * s.page_size < INT32_MAX,
+              "page_table: B * max_pages * page_size (", s.batch, " * ", s.max_pages, " * ",
+              s.page_size, ") must be below 2^31 on CUDA (paged key offsets are int32)");
+}
+
+int log2_exact(int64_t x) {
+  int n = 0;
+  while ((int64_t(1) << n) < x) ++n;
+  return n;
+}
+
+// Enqueues the paged-KV checks (paged_checks.cuh) and returns their key_offsets, the clamped
+// lengths as a flat cu_seqlens_k for everything that follows.
+const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s,
+                                   const AttnPlan& w, uint8_t* ws, int32_t* status,
+                                   cudaStream_t stream) {
+  PagedCheckParams c;
+  c.page_table = a.kv.page_table.ptr<int32_t>();
+  c.page_table_stride = a.kv.page_table.strides[0];
+  c.seqused_k = a.kv.seqused_k.defined() ? a.kv.seqused_k.ptr<int32_t>() : nullptr;
+  c.batch = s.batch;
+  c.max_pages = s.max_pages;
+  c.num_pages = s.num_pages;
+  c.page_size = int32_t(s.page_size);
+  c.max_keys = s.max_pages * s.page_size;
+  c.key_offsets = reinterpret_cast<int32_t*>(ws + w.key_offsets);
+  c.offence = reinterpret_cast<unsigned long long*>(ws + w.paged_offence);
+  c.status = status;
+  paged_lengths_kernel<<<1, kPrepThreads, 0, stream>>>(c);
+  MSA_CUDA_CHECK_LAUNCH();
+  const int64_t entries = s.batch * s.max_pages;
+  if (entries > 0) {
+    page_check_kernel<<<unsigned(std::min<int64_t>((entries + 255) / 256, 1024)), 256, 0, stream>>>(c);
+    MSA_CUDA_CHECK_LAUNCH();
+  }
+  paged_finalize_kernel<<<1, 1, 0, stream>>>(c);
+  MSA_CUDA_CHECK_LAUNCH();
+  return c.key_offsets;
 }
 
 int sm_count() {
@@ -161,13 +210,21 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   int32_t* status = a.status.ptr<int32_t>();
   const auto* q2k = a.q2k.ptr<int32_t>();
   const auto* cu_q = a.cu_seqlens_q.ptr<int32_t>();
-  const auto* cu_k = a.kv.cu_seqlens_k.ptr<int32_t>();
-  const int64_t total_k = a.kv.k.values.shape[0];
+  const bool paged = a.kv.layout != KVLayout::flat;
+  // Paged: the checked, clamped lengths as a flat cu_seqlens_k, so the CSR build, the q2k check,
+  // the prep kernels and the combine treat paged batches like flat ones.
+  const auto* cu_k = paged ? launch_paged_checks(a, s, w, ws, status, stream)
+                           : a.kv.cu_seqlens_k.ptr<int32_t>();
+  // cu_seqlens_k[B] must equal the flat token count; paged offsets have no such total (-1).
+  const int64_t total_k = paged ? -1 : a.kv.k.values.shape[0];
+  // Whether any key can exist: no TMA map over an empty extent (DESIGN.md s.12).
+  const bool has_keys = paged ? s.num_pages > 0 && s.max_pages > 0 : total_k > 0;
 
   PrepParams pp;
   pp.q2k = q2k;
   pp.cu_seqlens_q = cu_q;
   pp.cu_seqlens_k = cu_k;
+  pp.paged = paged ? 1 : 0;
   pp.batch = s.batch;
   pp.num_kv_heads = s.num_kv_heads;
   pp.total_q = s.total_q;
@@ -183,7 +240,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   pp.work_local = reinterpret_cast<int32_t*>(ws + w.work_local);
   pp.work_slot = reinterpret_cast<int32_t*>(ws + w.work_slot);
   pp.group = int32_t(s.group);
-  pp.uniform_enabled = total_k > 0 ? 1 : 0;
+  pp.uniform_enabled = has_keys ? 1 : 0;
   pp.qblock_cap = w.qblock_cap;
   pp.unit_cap = w.unit_cap;
   pp.qblock_start = reinterpret_cast<int32_t*>(ws + w.qblock_start);
@@ -256,7 +313,16 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   const bool bf16_part = a.params.partial_dtype == DType::bf16;
   const float scale = a.params.softmax_scale > 0.f ? a.params.softmax_scale
                                                    : 1.f / std::sqrt(float(s.head_dim));
-  if (total_k > 0) {
+  if (has_keys) {
+    PagedKV pk;
+    if (paged) {
+      pk.page_table = a.kv.page_table.ptr<int32_t>();
+      pk.page_table_stride = a.kv.page_table.strides[0];
+      pk.num_pages = int32_t(s.num_pages);
+      pk.page_shift = log2_exact(s.page_size);
+      pk.box_shift = log2_exact(std::min<int64_t>(s.page_size, kBlockN));
+      pk.head_major = a.kv.layout == KVLayout::paged_hnd ? 1 : 0;
+    }
     MainParams mp;
     mp.chunks = pp.chunks;
     mp.num_chunks = pp.num_chunks;
@@ -274,9 +340,15 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     mp.part_bf16 = bf16_part ? 1 : 0;
     mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
+    mp.paged = pk;
     const CUtensorMap tq = make_tma_3d(a.q, kHalfCols, uint32_t(s.group), 1, "attention_forward");
-    const CUtensorMap tk = make_tma_3d(a.kv.k.values, kHalfCols, 1, kBlockN, "attention_forward");
-    const CUtensorMap tv = make_tma_3d(a.kv.v.values, kHalfCols, 1, kBlockN, "attention_forward");
+    const uint32_t box_keys = 1u << pk.box_shift;
+    const bool slots_outer = a.kv.layout == KVLayout::paged_nhd;
+    auto kv_map = [&](const Tensor& t, const char* name) {
+      return paged ? make_tma_paged(t, slots_outer, kHalfCols, box_keys, name, "attention_forward")
+                   : make_tma_3d(t, kHalfCols, 1, kBlockN, "attention_forward");
+    };
+    const CUtensorMap tk = kv_map(a.kv.k.values, "k"), tv = kv_map(a.kv.v.values, "v");
     if (f16) launch_main<true>(tq, tk, tv, mp, stream);
     else launch_main<false>(tq, tk, tv, mp, stream);
     UniformParams up;
@@ -295,6 +367,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     up.out_stride_h = a.out.strides[1];
     up.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
     up.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
+    up.paged = pk;
     if (f16) launch_uniform<true>(tq, tk, tv, up, stream);
     else launch_uniform<false>(tq, tk, tv, up, stream);
   }

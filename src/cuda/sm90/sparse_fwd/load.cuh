@@ -7,11 +7,13 @@
 // TileMeta entries it wrote, and (2) all TMA bytes announced by lane 0's expect_tx have landed.
 // Consumers release a buffer (q_empty) by the lanes that read its metadata, and a K/V stage
 // (kv_empty) by lane 0 of each warp, which read its ChunkInfo: every read precedes its release.
-// K/V: warp 0 waits kv_empty (both consumers done with the stage), writes ChunkInfo, then
-// arrive.expect_tx(64 KB) + 4 TMA loads. After the last chunk it publishes n_tiles = -1.
+// K/V: warp 0 waits kv_empty (both consumers done with the stage), lane 0 writes ChunkInfo, then
+// the warp loads the block (kv_load.cuh: lane 0's arrive.expect_tx with the exact bytes of the
+// flat or paged boxes, then the TMA loads). After the last chunk it publishes n_tiles = -1.
 #pragma once
 
 #include "cuda/device/sm90.cuh"
+#include "cuda/sm90/sparse_fwd/kv_load.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
 
@@ -22,6 +24,8 @@ struct ChunkView {  // a ChunkDesc plus what every role derives from it
   int32_t n_tiles;
   int32_t valid_keys;  // keys of the block inside the batch (1..128)
 };
+// ChunkDesc::k_start is the batch's first key row for flat KV and the batch index (its
+// page-table row) for paged KV (scheduler.cuh); k_len is the batch's key count either way.
 
 __device__ __forceinline__ ChunkView load_chunk(const MainParams& p, int32_t chunk) {
   ChunkView v;
@@ -32,6 +36,25 @@ __device__ __forceinline__ ChunkView load_chunk(const MainParams& p, int32_t chu
   v.n_tiles = (n_tok + p.tokens_per_tile - 1) / p.tokens_per_tile;
   v.valid_keys = max(0, min(kBlockN, v.d.k_len - v.d.kb * kBlockN));
   return v;
+}
+
+// The first chunk at or after `chunk` (this CTA's stride) with entries left after compaction, or
+// one >= n_chunks. The warp tests 32 of the CTA's chunks per round trip: under block-uniform
+// selections every chunk is empty (its entries went to the uniform path), and a one-by-one walk
+// would be a chain of dependent loads.
+__device__ __forceinline__ int32_t next_busy_chunk(const MainParams& p, int64_t chunk,
+                                                   int32_t n_chunks, int lane) {
+  for (; chunk < n_chunks; chunk += 32 * int64_t(gridDim.x)) {
+    const int64_t mine = chunk + int64_t(lane) * gridDim.x;
+    bool busy = false;
+    if (mine < n_chunks) {
+      const int4 a = static_cast<const int4*>(p.chunks)[2 * mine];
+      busy = a.w > a.z;  // e_end > e_begin
+    }
+    const unsigned any = __ballot_sync(0xffffffffu, busy);
+    if (any) return int32_t(chunk + (__ffs(any) - 1) * int64_t(gridDim.x));
+  }
+  return n_chunks;
 }
 
 // CSR entries of one Q tile as this lane sees them: tokens lane and lane + 32 (a tile holds at
@@ -115,23 +138,14 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
   uint32_t q_uses = 0;  // tiles this warp has produced (parity of its q_empty waits)
   int32_t kv_iter = 0;
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
-  for (int32_t chunk = blockIdx.x; chunk < n_chunks; chunk += gridDim.x) {
-    const ChunkView c = load_chunk(p, chunk);
-    if (c.n_tiles == 0) continue;  // every entry went to the uniform path: no K/V load either
+  for (int32_t chunk = next_busy_chunk(p, blockIdx.x, n_chunks, lane); chunk < n_chunks;
+       chunk = next_busy_chunk(p, int64_t(chunk) + gridDim.x, n_chunks, lane)) {
+    const ChunkView c = load_chunk(p, chunk);  // n_tiles > 0: empty chunks are skipped
     if (warp == 0) {
       const int s = kv_iter % kKVStages;
       sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);
-      if (lane == 0) {
-        sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head};
-        sm90::mbar_arrive_expect_tx(&sh.kv_full[s], kKVStageTxBytes);
-        const int32_t key_row = c.d.k_start + c.d.kb * kBlockN;
-        for (int half = 0; half < 2; ++half) {
-          sm90::tma_load_3d(sh.k[s][half], tm_k, &sh.kv_full[s], half * kHalfCols, c.d.head,
-                            key_row);
-          sm90::tma_load_3d(sh.v[s][half], tm_v, &sh.kv_full[s], half * kHalfCols, c.d.head,
-                            key_row);
-        }
-      }
+      if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head};
+      load_kv_block(p.paged, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len, lane);
       ++kv_iter;
     }
     // Tiles j of this chunk with (tile_base + j) % 4 == warp; indices one tile ahead.

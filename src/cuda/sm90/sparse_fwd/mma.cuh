@@ -106,37 +106,73 @@ __device__ __forceinline__ void zero_v_tail(SharedStorage& sh, int stage, int va
   sm90::named_sync(uint32_t(NamedBarrier::kVTailStage0) + stage, 2 * 128);
 }
 
-// Masks row values to the visible columns [0, limit], converts to log2-domain scores, returns
-// the row statistics after exponentiation (values replaced by p = exp2(x - base)).
+// Max of one accumulator row's raw scores over the visible columns [0, limit]; invisible entries
+// become -inf. Blocks wholly visible to the row (all but the diagonal and batch tails) skip the
+// column compares: the softmax is issue-bound, every instruction per element counts.
+template <int kOff>
+__device__ __forceinline__ float masked_row_max(float (&s)[64], int limit, int col_base) {
+  float m[2] = {-INFINITY, -INFINITY};  // two chains for ILP
+  if (limit >= kBlockN - 1) {
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) m[e] = fmaxf(m[e], s[n * 4 + kOff + e]);
+  } else {
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float x = n * 8 + col_base + e <= limit ? s[n * 4 + kOff + e] : -INFINITY;
+        s[n * 4 + kOff + e] = x;
+        m[e] = fmaxf(m[e], x);
+      }
+  }
+  return quad_max(fmaxf(m[0], m[1]));
+}
+
+// p = exp2(s * scale_log2 - base) in place (one FFMA and one EX2 per element), with the row's
+// sums of p and (inv_temp > 0) of exp2((s * scale_log2 - base) * inv_temp), quad-reduced.
+template <int kOff>
+__device__ __forceinline__ void exp_row(float (&s)[64], float scale_log2, float base,
+                                        float inv_temp, float& sum, float& tsum) {
+  float a[2] = {0.f, 0.f}, t[2] = {0.f, 0.f};
+  if (inv_temp > 0.f) {
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float d = fmaf(s[n * 4 + kOff + e], scale_log2, -base);
+        const float pv = fast_exp2(d);
+        t[e] += fast_exp2(d * inv_temp);
+        s[n * 4 + kOff + e] = pv;
+        a[e] += pv;
+      }
+  } else {
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = fast_exp2(fmaf(s[n * 4 + kOff + e], scale_log2, -base));
+        s[n * 4 + kOff + e] = pv;
+        a[e] += pv;
+      }
+  }
+  sum = quad_sum(a[0] + a[1]);
+  tsum = inv_temp > 0.f ? quad_sum(t[0] + t[1]) : 0.f;
+}
+
+// Masks row values to the visible columns [0, limit] and exponentiates them (values replaced by
+// p = exp2(x - base), x = s * scale_log2 the log2-domain score); returns the row statistics.
+// The max of the scaled scores is the scaled max of the raw ones (scale_log2 > 0, rounding is
+// monotone), so it is taken on the raw values.
 template <int kOff>
 __device__ __forceinline__ RowStats softmax_row(float (&s)[64], int limit, int col_base,
                                                 float scale_log2, float inv_temp) {
-  float mx = -INFINITY;
-#pragma unroll
-  for (int n = 0; n < 16; ++n) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = n * 8 + col_base + e;
-      const float x = col <= limit ? s[n * 4 + kOff + e] * scale_log2 : -INFINITY;
-      s[n * 4 + kOff + e] = x;
-      mx = fmaxf(mx, x);
-    }
-  }
-  mx = quad_max(mx);
+  const float mx = masked_row_max<kOff>(s, limit, col_base) * scale_log2;
   const float base = mx == -INFINITY ? 0.f : mx;
-  float sum = 0.f, tsum = 0.f;
-#pragma unroll
-  for (int n = 0; n < 16; ++n) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float d = s[n * 4 + kOff + e] - base;
-      const float pv = fast_exp2(d);
-      if (inv_temp > 0.f) tsum += fast_exp2(d * inv_temp);
-      s[n * 4 + kOff + e] = pv;
-      sum += pv;
-    }
-  }
-  return RowStats{mx, quad_sum(sum), inv_temp > 0.f ? quad_sum(tsum) : 0.f};
+  float sum, tsum;
+  exp_row<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
+  return RowStats{mx, sum, tsum};
 }
 
 template <bool kF16>

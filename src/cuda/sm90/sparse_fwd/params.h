@@ -6,6 +6,32 @@
 
 namespace msa::cuda::sparse_fwd {
 
+// Paged KV as the producers read it (DESIGN.md s.6, kv_load.cuh); page_table null: flat KV. The
+// K and V tensor maps are then 4-D maps over the pools (launch.cu), boxes of 2^box_shift keys.
+struct PagedKV {
+  const int32_t* page_table = nullptr;  // [B, max_pages], row stride page_table_stride; or null
+  int64_t page_table_stride = 0;        // elements
+  int32_t num_pages = 0;                // ids outside [0, num_pages) are never loaded
+  int32_t page_shift = 0;               // log2(page_size), page_size in {16, ..., 256}
+  int32_t box_shift = 7;                // log2(keys per TMA box) = log2(min(page_size, 128))
+  int32_t head_major = 0;               // 1: [num_pages, Hkv, page_size, D] (map coords slot, head)
+};
+
+// The paged-KV checks that run before everything else (paged_checks.cuh). Lengths are clamped
+// to [0, max_keys] and written as a flat cu_seqlens_k, so the prep kernels, the q2k check, the
+// CSR build and the combine see paged batches exactly like flat ones.
+struct PagedCheckParams {
+  const int32_t* page_table = nullptr;  // [B, max_pages], row stride page_table_stride
+  int64_t page_table_stride = 0;
+  const int32_t* seqused_k = nullptr;   // [B] or null (every batch has max_keys keys)
+  int64_t batch = 0, max_pages = 0, num_pages = 0;
+  int32_t page_size = 0;
+  int64_t max_keys = 0;                 // max_pages * page_size (B * max_keys < 2^31: host check)
+  int32_t* key_offsets = nullptr;       // out [B+1]: exclusive prefix of the clamped lengths
+  unsigned long long* offence = nullptr;  // scratch: first offence key, ~0 = none
+  int32_t* status = nullptr;            // int32[4]
+};
+
 // Inputs of the prep kernels that turn a (checked) schedule into the chunk table.
 struct PrepParams {
   const int32_t* q2k = nullptr;       // [Hkv, total_q, topk]
@@ -13,7 +39,8 @@ struct PrepParams {
   const int32_t* q_idx = nullptr;     // [Hkv, total_q * topk]
   const int32_t* schedule = nullptr;  // sched:: header + items {head, row, q_begin, q_end}
   const int32_t* cu_seqlens_q = nullptr;  // [B+1]
-  const int32_t* cu_seqlens_k = nullptr;  // [B+1]
+  const int32_t* cu_seqlens_k = nullptr;  // [B+1]; paged: PagedCheckParams::key_offsets
+  int32_t paged = 0;  // 1: ChunkDesc / UnitDesc k_start holds the batch index (page-table row)
   int64_t batch = 0, num_kv_heads = 0, total_q = 0, topk = 0;
   int64_t total_rows = 0;
   int32_t check_rows = 1;         // require row_start[B] == total_rows (caller's k2q)
@@ -58,6 +85,7 @@ struct MainParams {
   int32_t part_bf16 = 0;
   float* part_lse = nullptr;           // natural log
   float* part_tlse = nullptr;          // null unless inv_temperature > 0
+  PagedKV paged;                       // page_table null: flat KV
 };
 
 struct UniformParams {
@@ -71,6 +99,7 @@ struct UniformParams {
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
   float* lse = nullptr;                 // [Hq, total_q] or null
   float* tlse = nullptr;                // [Hq, total_q] or null (inv_temperature > 0)
+  PagedKV paged;                        // page_table null: flat KV
 };
 
 }  // namespace msa::cuda::sparse_fwd

@@ -190,7 +190,8 @@ __global__ void chunk_table_kernel(PrepParams p) {
     }
     const int32_t kb = row - p.row_start[blo];
     const int32_t q_start = p.cu_seqlens_q[blo], q_len = p.cu_seqlens_q[blo + 1] - q_start;
-    const int32_t k_start = p.cu_seqlens_k[blo], k_len = p.cu_seqlens_k[blo + 1] - k_start;
+    const int32_t k_len = p.cu_seqlens_k[blo + 1] - p.cu_seqlens_k[blo];
+    const int32_t k_start = p.paged ? int32_t(blo) : p.cu_seqlens_k[blo];  // see PrepParams
     const int32_t* uni = p.uniform + int64_t(head) * p.qblock_cap;
     const int64_t off = int64_t(head) * p.total_q * p.topk;
     int32_t kept = 0;

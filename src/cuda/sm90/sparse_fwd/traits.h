@@ -39,6 +39,10 @@ constexpr int kProducerWarps = kConsumers * kQStages;
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kProducerRegs = 56;  // setmaxnreg budgets: 56 + 2 x 224 <= 512 per thread-slot
 constexpr int kConsumerRegs = 224;
+// The uniform path's consumers hold S, O and P of two blocks' products at once (intra-warpgroup
+// overlap): 240 registers; its one producer warp does with 24 (ptxas: no spills either way).
+constexpr int kUniformProducerRegs = 24;
+constexpr int kUniformConsumerRegs = 240;
 
 // Bytes of one 64-column (128-byte swizzle atom wide) half of each tile.
 constexpr int kHalfCols = 64;
@@ -50,7 +54,9 @@ static_assert(kProducerWarps == 4, "one producer warp per (consumer, Q stage) bu
               "producer warpgroup has exactly four warps");
 static_assert(kHeadDim == 2 * kHalfCols, "D = 128 is two 128-byte swizzle atoms per row");
 static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 512 &&
-                  kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0,
+                  kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0 &&
+                  kUniformProducerRegs + kConsumers * kUniformConsumerRegs <= 512 &&
+                  kUniformConsumerRegs % 8 == 0 && kUniformProducerRegs % 8 == 0,
               "setmaxnreg budgets must fit 64K registers for 384 threads and be multiples of 8");
 
 // Per-token metadata of one Q tile, written by its producer warp before the tile's barrier.
@@ -98,8 +104,10 @@ struct alignas(1024) SharedStorage {
   TileMeta meta[kConsumers][kQStages];
   ChunkInfo info[kKVStages];
   UniformInfo uinfo[kKVStages];
-  uint64_t kv_full[kKVStages];
+  uint64_t kv_full[kKVStages];   // KV-major: K and V of a stage; uniform path: K (and info) only
   uint64_t kv_empty[kKVStages];
+  uint64_t v_full[kKVStages];    // uniform path: V of a stage, its own ring so K runs ahead
+  uint64_t v_empty[kKVStages];
   uint64_t q_full[kConsumers][kQStages];
   uint64_t q_empty[kConsumers][kQStages];
 };
@@ -110,6 +118,8 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB o
 enum class NamedBarrier : uint32_t {
   kVTailStage0 = 1,  // both consumer warpgroups: V tail rows zeroed in K/V stage 0
   kVTailStage1 = 2,  // ... in stage 1
+  kTurn0 = 3,        // uniform path ping-pong: consumer 0's turn to issue its wgmma group
+  kTurn1 = 4,        // ... consumer 1's turn
 };
 
 // Q tokens per tile for group size G (64 rows = tokens x G heads).

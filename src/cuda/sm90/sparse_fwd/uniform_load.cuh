@@ -5,11 +5,14 @@
 // Barrier protocol: Q buffer (consumer c, stage unit_iter % 2) is refilled after q_empty (the
 // consumer's one arrive at the end of the unit that used it); q_full counts the lanes that own
 // token slots, each arriving after its metadata (token, last visible key, head) is written.
-// Each K/V stage is published as UniformInfo {kb, valid keys, first, last} by lane 0 with
-// arrive.expect_tx (64 KB) or, for a unit without a usable block, a plain arrive (kb = -1).
+// Each K stage is published as UniformInfo {kb, valid keys, first, last} by lane 0 with
+// arrive.expect_tx (32 KB, or the bytes of the pages a paged block has: kv_load.cuh) or, for a
+// unit without a usable block, a plain arrive (kb = -1); a block's V follows on the V ring
+// (v_full, the same byte count).
 #pragma once
 
 #include "cuda/device/sm90.cuh"
+#include "cuda/sm90/sparse_fwd/kv_load.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
 
@@ -69,24 +72,34 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
                                                      int warp, int lane) {
   if (warp != 0) return;
   const int32_t n_units = *p.num_units;
-  int32_t kv_iter = 0, unit_iter = 0;
-  auto publish = [&](UniformInfo info, int32_t key_row, int32_t head) {
+  // Two rings over the same stage buffers: K (with the stage's info) on kv_full / kv_empty,
+  // counting every published stage; V on v_full / v_empty, counting real blocks only. Consumers
+  // hold K of block j and V of block j - 1 at once, so K of j + 1 loads while j is in flight.
+  int32_t kv_iter = 0, v_iter = 0, unit_iter = 0;
+  // Block info.kb of unit u (u.k_start: the batch's first key row, or its batch index for paged
+  // KV; kv_load.cuh gives each barrier the exact bytes of the flat or paged boxes).
+  auto publish = [&](UniformInfo info, const UnitDesc& u) {
     const int s = kv_iter % kKVStages;
     sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);
+    KVBlockSource src{};
+    if (info.kb >= 0) src = locate_kv_block(p.paged, u.head, u.k_start, info.kb, u.k_len, lane);
     if (lane == 0) {
       sh.uinfo[s] = info;
-      if (info.kb >= 0) {
-        sm90::mbar_arrive_expect_tx(&sh.kv_full[s], kKVStageTxBytes);
-        for (int half = 0; half < 2; ++half) {
-          sm90::tma_load_3d(sh.k[s][half], tm_k, &sh.kv_full[s], half * kHalfCols, head, key_row);
-          sm90::tma_load_3d(sh.v[s][half], tm_v, &sh.kv_full[s], half * kHalfCols, head, key_row);
-        }
-      } else {
-        sm90::mbar_arrive(&sh.kv_full[s]);
-      }
+      if (info.kb >= 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], src.bytes);
+      else sm90::mbar_arrive(&sh.kv_full[s]);
     }
     __syncwarp();
+    if (info.kb >= 0) load_kv_tile(src, tm_k, sh.k[s], &sh.kv_full[s]);
     ++kv_iter;
+    if (info.kb >= 0) {
+      const int vs = v_iter % kKVStages;
+      sm90::mbar_wait(&sh.v_empty[vs], ((v_iter / kKVStages) & 1) ^ 1);
+      if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.v_full[vs], src.bytes);
+      __syncwarp();
+      load_kv_tile(src, tm_v, sh.v[vs], &sh.v_full[vs]);
+      ++v_iter;
+    }
+    __syncwarp();
   };
   for (int32_t unit = blockIdx.x; unit < n_units; unit += gridDim.x, ++unit_iter) {
     const UnitDesc u = load_unit(p, unit);
@@ -106,7 +119,7 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
       n_blocks += __popc(__ballot_sync(0xffffffffu, kb >= 0 && kb < nblk && kb * kBlockN <= last_max));
     }
     if (n_blocks == 0) {
-      publish(UniformInfo{-1, 0, 1, 1}, 0, 0);
+      publish(UniformInfo{-1, 0, 1, 1}, u);
       continue;
     }
     int32_t done = 0;
@@ -120,12 +133,12 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
         const int32_t kb = __shfl_sync(0xffffffffu, mine, src);
         const UniformInfo info{kb, min(kBlockN, u.k_len - kb * kBlockN), done == 0 ? 1 : 0,
                                done == n_blocks - 1 ? 1 : 0};
-        publish(info, u.k_start + kb * kBlockN, u.head);
+        publish(info, u);
         ++done;
       }
     }
   }
-  publish(UniformInfo{-2, 0, 0, 0}, 0, 0);  // end marker
+  publish(UniformInfo{-2, 0, 0, 0}, UnitDesc{});  // end marker
 }
 
 }  // namespace msa::cuda::sparse_fwd

@@ -16,43 +16,22 @@ struct OnlineRow {
   float t = 0.f;        // running sum of exp2((x - m) / T)
 };
 
-// One row of the block: mask to [0, limit], scale, fold into the running statistics, rescale the
-// row of O, leave p = exp2(x - base) in s.
+// One row of the block: mask to [0, limit], fold into the running statistics and leave
+// p = exp2(x - base) in s (x = s * scale_log2). Returns the factor exp2(m_old - base) that the
+// row of O must take once the P V product still in flight on it has completed.
 template <int kOff>
-__device__ __forceinline__ void online_softmax_row(float (&s)[64], float (&o)[64], int limit,
-                                                   int col_base, float scale_log2,
-                                                   float inv_temp, OnlineRow& r) {
-  float mx = -INFINITY;
-#pragma unroll
-  for (int n = 0; n < 16; ++n) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = n * 8 + col_base + e;
-      const float x = col <= limit ? s[n * 4 + kOff + e] * scale_log2 : -INFINITY;
-      s[n * 4 + kOff + e] = x;
-      mx = fmaxf(mx, x);
-    }
-  }
-  const float m_new = fmaxf(r.m, quad_max(mx));
+__device__ __forceinline__ float online_softmax_row(float (&s)[64], int limit, int col_base,
+                                                   float scale_log2, float inv_temp,
+                                                   OnlineRow& r) {
+  const float m_new = fmaxf(r.m, masked_row_max<kOff>(s, limit, col_base) * scale_log2);
   const float base = m_new == -INFINITY ? 0.f : m_new;
   const float alpha = fast_exp2(r.m - base);
-  float sum = 0.f, tsum = 0.f;
-#pragma unroll
-  for (int n = 0; n < 16; ++n) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float d = s[n * 4 + kOff + e] - base;
-      const float pv = fast_exp2(d);
-      if (inv_temp > 0.f) tsum += fast_exp2(d * inv_temp);
-      s[n * 4 + kOff + e] = pv;
-      sum += pv;
-    }
-    o[n * 4 + kOff] *= alpha;
-    o[n * 4 + kOff + 1] *= alpha;
-  }
-  r.l = r.l * alpha + quad_sum(sum);
-  if (inv_temp > 0.f) r.t = r.t * fast_exp2((r.m - base) * inv_temp) + quad_sum(tsum);
+  float sum, tsum;
+  exp_row<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
+  r.l = r.l * alpha + sum;
+  if (inv_temp > 0.f) r.t = r.t * fast_exp2((r.m - base) * inv_temp) + tsum;
   r.m = m_new;
+  return alpha;
 }
 
 template <typename T, int kOff>
@@ -68,6 +47,73 @@ __device__ __forceinline__ void store_out_row(const UniformParams& p, const floa
   }
 }
 
+// S = Q K^T for the 64-row tile (K-major, 128-byte swizzle; the first k-step overwrites).
+template <bool kF16>
+__device__ __forceinline__ void issue_uniform_qk(float (&sc)[64], uint32_t q_addr,
+                                                 uint32_t k_addr) {
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const uint64_t da = sm90::wgmma_desc_sw128(
+        q_addr + (kk >> 2) * kQHalfBytes + (kk & 3) * 32, 16, 1024);
+    const uint64_t db = sm90::wgmma_desc_sw128(
+        k_addr + (kk >> 2) * kKVHalfBytes + (kk & 3) * 32, 16, 1024);
+    sm90::wgmma_ss<kF16>(sc, da, db, kk > 0 ? 1u : 0u);
+  }
+  sm90::wgmma_commit();
+}
+
+// O += P V with P in registers (MN-major V, as mma.cuh).
+template <bool kF16>
+__device__ __forceinline__ void issue_uniform_pv(float (&o)[64], const uint32_t (&pa)[8][4],
+                                                 uint32_t v_addr) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint64_t db = sm90::wgmma_desc_sw128(v_addr + kk * 2048, kKVHalfBytes, 1024);
+    sm90::wgmma_rs_tb<kF16>(o, pa[kk], db, 1u);
+  }
+  sm90::wgmma_commit();
+}
+
+// Register fences after a wgmma wait: reads of an accumulator must not move above the wait,
+// and P's registers (an operand of an in-flight P V) must stay untouched until it.
+__device__ __forceinline__ void fence_regs(float (&a)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) sm90::reg_fence(a[i]);
+}
+__device__ __forceinline__ void fence_regs(uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[kk][i])::"memory");
+}
+
+template <bool kF16>
+__device__ __forceinline__ void pack_probs(const float (&sc)[64], uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    pa[kk][0] = pack_pair<kF16>(sc[(2 * kk) * 4 + 0], sc[(2 * kk) * 4 + 1]);
+    pa[kk][1] = pack_pair<kF16>(sc[(2 * kk) * 4 + 2], sc[(2 * kk) * 4 + 3]);
+    pa[kk][2] = pack_pair<kF16>(sc[(2 * kk + 1) * 4 + 0], sc[(2 * kk + 1) * 4 + 1]);
+    pa[kk][3] = pack_pair<kF16>(sc[(2 * kk + 1) * 4 + 2], sc[(2 * kk + 1) * 4 + 3]);
+  }
+}
+
+__device__ __forceinline__ void rescale_rows(float (&o)[64], float a0, float a1) {
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+    o[n * 4 + 0] *= a0;
+    o[n * 4 + 1] *= a0;
+    o[n * 4 + 2] *= a1;
+    o[n * 4 + 3] *= a1;
+  }
+}
+
+// The unit loop of a consumer warpgroup. Per unit of n blocks: S_0, then for j = 1..n-1 one
+// wgmma group {S_j = Q K_j^T, O += P_{j-1} V_{j-1}} whose softmax of S_j overlaps the P V
+// product, then O += P_{n-1} V_{n-1}. Ping-pong: the two warpgroups take turns issuing their
+// groups (named barriers kTurn0 / kTurn1), so one's softmax runs under the other's products.
+// Every wgmma group is waited on in the same branch that issued it (ptxas serializes wgmma
+// otherwise). K stage j is released once S_j is done, V stage j - 1 once its product is.
 template <bool kF16>
 __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, SharedStorage& sh,
                                                      int consumer, int tid) {
@@ -77,84 +123,105 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
   const int j0 = r0 / p.group, g0 = r0 - j0 * p.group;
   const int j1 = r1 / p.group, g1 = r1 - j1 * p.group;
   const int col_base = 2 * (lane & 3);
-  int32_t kv_iter = 0, unit_iter = 0, q_stage = 0;
-  int32_t tok0 = -1, tok1 = -1, last0 = -1, last1 = -1, head = 0;
-  OnlineRow st0, st1;
-  float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  constexpr uint32_t kPair = kConsumers * 128;
+  const uint32_t my_turn = uint32_t(NamedBarrier::kTurn0) + consumer;
+  const uint32_t other_turn = uint32_t(NamedBarrier::kTurn0) + 1 - consumer;
+  int32_t k_iter = 0, v_iter = 0, unit_iter = 0;
+  auto wait_k = [&]() {
+    const int s = k_iter % kKVStages;
+    sm90::mbar_wait(&sh.kv_full[s], (k_iter / kKVStages) & 1);
+    return read_info(sh.uinfo[s], lane);
+  };
+  auto release_k = [&]() {
+    if (lane == 0) sm90::mbar_arrive(&sh.kv_empty[k_iter % kKVStages]);
+    ++k_iter;
+  };
+  // V of the previous block: wait for it, zero its tail rows if the block is partial.
+  auto wait_v = [&](int valid_keys) {
+    const int vs = v_iter % kKVStages;
+    sm90::mbar_wait(&sh.v_full[vs], (v_iter / kKVStages) & 1);
+    if (valid_keys < kBlockN) zero_v_tail(sh, vs, valid_keys, consumer, tid);
+    return sm90::smem_addr(sh.v[vs][0]);
+  };
+  auto release_v = [&]() {
+    if (lane == 0) sm90::mbar_arrive(&sh.v_empty[v_iter % kKVStages]);
+    ++v_iter;
+  };
+  if (consumer == 1) sm90::named_arrive(uint32_t(NamedBarrier::kTurn0), kPair);  // 0 goes first
+  float o[64], sc[64];
+  uint32_t pa[kBlockN / 16][4];
   while (true) {
-    const int s = kv_iter % kKVStages;
-    sm90::mbar_wait(&sh.kv_full[s], (kv_iter / kKVStages) & 1);
-    const UniformInfo info = read_info(sh.uinfo[s], lane);
+    UniformInfo info = wait_k();
     if (info.kb == -2) break;
-    if (info.first) {
-      q_stage = unit_iter & 1;
-      sm90::mbar_wait(&sh.q_full[consumer][q_stage], (unit_iter >> 1) & 1);
-      const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, warp, lane, j0, j1);
-      tok0 = rm.tok0;
-      last0 = rm.lim0;
-      tok1 = rm.tok1;
-      last1 = rm.lim1;
-      head = rm.slot0;  // the uniform producer stores the kv head in the slot field
-      st0 = OnlineRow{};
-      st1 = OnlineRow{};
+    const int q_stage = unit_iter & 1;
+    sm90::mbar_wait(&sh.q_full[consumer][q_stage], (unit_iter >> 1) & 1);
+    const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, warp, lane, j0, j1);
+    const int32_t head = rm.slot0;  // the uniform producer stores the kv head in the slot field
+    OnlineRow st0, st1;
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    }
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
     if (info.kb >= 0) {
-      if (info.valid_keys < kBlockN) zero_v_tail(sh, s, info.valid_keys, consumer, tid);
-      float sc[64];
-#pragma unroll
-      for (int i = 0; i < 64; ++i) sc[i] = 0.f;
       const uint32_t q_addr = sm90::smem_addr(sh.q[consumer][q_stage][0]);
-      const uint32_t k_addr = sm90::smem_addr(sh.k[s][0]);
+      auto softmax = [&](const UniformInfo& in, float& a0, float& a1) {
+        const int base_col = in.kb * kBlockN;
+        const int lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
+        const int lim1 = max(-1, min(rm.lim1 - base_col, in.valid_keys - 1));
+        a0 = online_softmax_row<0>(sc, lim0, col_base, p.scale_log2, p.inv_temperature, st0);
+        a1 = online_softmax_row<2>(sc, lim1, col_base, p.scale_log2, p.inv_temperature, st1);
+      };
+      float a0, a1;
+      // Block 0: S_0 alone.
+      sm90::named_sync(my_turn, kPair);
       sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint64_t da = sm90::wgmma_desc_sw128(
-            q_addr + (kk >> 2) * kQHalfBytes + (kk & 3) * 32, 16, 1024);
-        const uint64_t db = sm90::wgmma_desc_sw128(
-            k_addr + (kk >> 2) * kKVHalfBytes + (kk & 3) * 32, 16, 1024);
-        sm90::wgmma_ss<kF16>(sc, da, db, kk > 0 ? 1u : 0u);
-      }
-      sm90::wgmma_commit();
+      issue_uniform_qk<kF16>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
+      sm90::named_arrive(other_turn, kPair);
       sm90::wgmma_wait<0>();
-      const int base_col = info.kb * kBlockN;
-      const int lim0 = max(-1, min(last0 - base_col, info.valid_keys - 1));
-      const int lim1 = max(-1, min(last1 - base_col, info.valid_keys - 1));
-      online_softmax_row<0>(sc, o, lim0, col_base, p.scale_log2, p.inv_temperature, st0);
-      online_softmax_row<2>(sc, o, lim1, col_base, p.scale_log2, p.inv_temperature, st1);
-      uint32_t pa[kBlockN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        pa[kk][0] = pack_pair<kF16>(sc[(2 * kk) * 4 + 0], sc[(2 * kk) * 4 + 1]);
-        pa[kk][1] = pack_pair<kF16>(sc[(2 * kk) * 4 + 2], sc[(2 * kk) * 4 + 3]);
-        pa[kk][2] = pack_pair<kF16>(sc[(2 * kk + 1) * 4 + 0], sc[(2 * kk + 1) * 4 + 1]);
-        pa[kk][3] = pack_pair<kF16>(sc[(2 * kk + 1) * 4 + 2], sc[(2 * kk + 1) * 4 + 3]);
+      fence_regs(sc);
+      release_k();
+      softmax(info, a0, a1);
+      pack_probs<kF16>(sc, pa);
+      UniformInfo prev = info;
+      while (!prev.last) {
+        info = wait_k();
+        const uint32_t v_addr = wait_v(prev.valid_keys);
+        sm90::named_sync(my_turn, kPair);
+        sm90::wgmma_fence();
+        issue_uniform_qk<kF16>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
+        issue_uniform_pv<kF16>(o, pa, v_addr);
+        sm90::named_arrive(other_turn, kPair);
+        sm90::wgmma_wait<1>();
+        fence_regs(sc);
+        release_k();
+        softmax(info, a0, a1);
+        sm90::wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);
+        release_v();
+        rescale_rows(o, a0, a1);
+        pack_probs<kF16>(sc, pa);
+        prev = info;
       }
-      const uint32_t v_addr = sm90::smem_addr(sh.v[s][0]);
+      // Last block's P V.
+      const uint32_t v_addr = wait_v(prev.valid_keys);
+      sm90::named_sync(my_turn, kPair);
       sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint64_t db = sm90::wgmma_desc_sw128(v_addr + kk * 2048, kKVHalfBytes, 1024);
-        sm90::wgmma_rs_tb<kF16>(o, pa[kk], db, 1u);
-      }
-      sm90::wgmma_commit();
+      issue_uniform_pv<kF16>(o, pa, v_addr);
+      sm90::named_arrive(other_turn, kPair);
       sm90::wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      release_v();
+    } else {
+      release_k();  // a unit without a usable block: zeros and -inf out
     }
-    // K/V stage released by lane 0 of each warp (its info reader); at a unit's end the Q buffer
-    // by the warp's metadata readers, as in the KV-major path.
-    if (lane == 0) sm90::mbar_arrive(&sh.kv_empty[s]);
-    ++kv_iter;
-    if (info.last) {
-      if (lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
-      const bool lead = (lane & 3) == 0;
-      if (tok0 >= 0) store_out_row<T, 0>(p, o, tok0, head * p.group + g0, st0, col_base, lead);
-      if (tok1 >= 0) store_out_row<T, 2>(p, o, tok1, head * p.group + g1, st1, col_base, lead);
-      ++unit_iter;
-    }
+    // Q buffer released by the warp's metadata readers, as in the KV-major path.
+    if (lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
+    const bool lead = (lane & 3) == 0;
+    if (rm.tok0 >= 0) store_out_row<T, 0>(p, o, rm.tok0, head * p.group + g0, st0, col_base, lead);
+    if (rm.tok1 >= 0) store_out_row<T, 2>(p, o, rm.tok1, head * p.group + g1, st1, col_base, lead);
+    ++unit_iter;
   }
+  if (consumer == 0) sm90::named_sync(uint32_t(NamedBarrier::kTurn0), kPair);  // 1's last arrive
 }
 
 }  // namespace msa::cuda::sparse_fwd

@@ -98,7 +98,8 @@ __global__ void unit_table_kernel(PrepParams p) {
     const int64_t b = last_start_le(p.qblock_start, p.batch, g);
     const int64_t qb = g - p.qblock_start[b];
     const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
-    const int32_t k_start = p.cu_seqlens_k[b], lk = p.cu_seqlens_k[b + 1] - k_start;
+    const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    const int32_t k_start = p.paged ? int32_t(b) : p.cu_seqlens_k[b];  // see PrepParams
     const int64_t n_tok = min(int64_t(128), lq - qb * 128);
     const int64_t first = k * tokens_per_unit;
     const int32_t t0 = int32_t(q_start + qb * 128);

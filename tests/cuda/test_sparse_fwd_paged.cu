@@ -1,0 +1,270 @@
+// GPU sparse attention forward over paged KV (src/cuda/sm90/sparse_fwd: kv_load.cuh, paged_checks.cuh)
+// against the CPU reference: page sizes 16-256 in both pool layouts, G 1/4/16, causal both ways,
+// varlen batches with empty requests, shuffled page tables, seqused_k below what the pages hold,
+// NaN in every unused slot and unselected block, per-token and block-uniform selections,
+// poisoned outputs with every element checked, paged == flat bitwise on the same logical KV,
+// and device-reported bad page ids / lengths. MSA_TEST_SMALL=1 shortens every request.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "sparse_case.h"
+
+namespace msa::test {
+namespace {
+
+struct Result {
+  HostTensor out, lse;
+};
+
+Result make_result(const SparseCase& c) {
+  const int64_t tq = c.p.total_q();
+  return Result{HostTensor(c.p.q.t.dtype, {tq, c.p.hq, c.p.dim}), HostTensor(DType::f32, {c.p.hq, tq})};
+}
+
+AttentionParams params_of(const SparseCase& c) {
+  AttentionParams prm;
+  prm.causal = c.causal;
+  prm.partial_dtype = c.partial;
+  return prm;
+}
+
+// The CPU backend on the flat KV the pool was built from.
+Result run_cpu(const SparseCase& c) {
+  Result r = make_result(c);
+  AttentionArgs a;
+  a.params = params_of(c);
+  a.q = c.p.q.t;
+  a.kv = c.p.flat_kv();
+  a.cu_seqlens_q = c.p.cu_q.t;
+  a.q2k = c.q2k.t;
+  a.out = r.out.t;
+  a.lse = r.lse.t;
+  attention_forward(a);
+  return r;
+}
+
+// The case's inputs on the device: q, q2k, cu_seqlens and both KV forms (flat and paged).
+struct DeviceInputs {
+  DeviceTensor q, cu_q, q2k, k, v, cu_k;
+  DeviceTensor pool_k, pool_v, page_table, seqused_k;
+  KVLayout layout;
+
+  DeviceInputs(const SparseCase& c, const PagedKV& h, cudaStream_t s)
+      : q(to_device(c.p.q, s)), cu_q(to_device(c.p.cu_q, s)), q2k(to_device(c.q2k, s)),
+        k(to_device(c.p.k, s)), v(to_device(c.p.v, s)), cu_k(to_device(c.p.cu_k, s)),
+        pool_k(to_device(h.k, s)), pool_v(to_device(h.v, s)),
+        page_table(to_device(h.page_table, s)), seqused_k(to_device(h.seqused_k, s)),
+        layout(h.layout) {}
+  KVCache flat() const {
+    KVCache kv;
+    kv.k = k.t;
+    kv.v = v.t;
+    kv.cu_seqlens_k = cu_k.t;
+    return kv;
+  }
+  KVCache paged(bool with_seqused = true) const {
+    KVCache kv;
+    kv.k = pool_k.t;
+    kv.v = pool_v.t;
+    kv.layout = layout;
+    kv.page_table = page_table.t;
+    if (with_seqused) kv.seqused_k = seqused_k.t;
+    return kv;
+  }
+};
+
+// Runs the GPU forward into poisoned outputs (and a poisoned workspace) on a fresh status;
+// throws msa::Error for an offence the device reported.
+Result run_gpu(const SparseCase& c, const DeviceInputs& d, const KVCache& kv, cudaStream_t s) {
+  Result host = make_result(c);
+  DeviceTensor out = device_like(host.out, s), lse = device_like(host.lse, s);
+  AttentionArgs a;
+  a.params = params_of(c);
+  a.q = d.q.t;
+  a.kv = kv;
+  a.cu_seqlens_q = d.cu_q.t;
+  a.q2k = d.q2k.t;
+  a.out = out.t;
+  a.lse = lse.t;
+  DeviceBuffer status(16);
+  a.status = Tensor(status.get(), DType::i32, {4}, gpu0());
+  clear_status(a.status, s);
+  run_attention_poisoned_workspace(a, s);
+  copy_to_host(out, host.out, s);
+  copy_to_host(lse, host.lse, s);
+  check_status(a.status, s);
+  return host;
+}
+
+// DESIGN.md s.10 on out and lse (sparse_case.h).
+void expect_close(const Result& gpu, const Result& ref) {
+  expect_out_close(gpu.out, ref.out);
+  expect_stat_close(gpu.lse, ref.lse, "lse");
+}
+
+void expect_bitwise(const Result& a, const Result& b) {
+  EXPECT_EQ(std::memcmp(a.out.t.data, b.out.t.data, a.out.bytes()), 0) << "out differs";
+  EXPECT_EQ(std::memcmp(a.lse.t.data, b.lse.t.data, a.lse.bytes()), 0) << "lse differs";
+}
+
+struct Spec {
+  const char* name;
+  std::vector<int32_t> lq, lk;
+  int64_t g, hkv, topk;
+  bool causal, blk;       // blk: block-uniform selections (the uniform Q-major path)
+  int64_t page_size;
+  KVLayout layout;
+  int64_t row_pad = 0;    // pool row = D + row_pad elements: non-contiguous strides
+  DType dtype = DType::bf16;
+  bool spare_columns = false;  // page-table columns past seqused_k hold valid ids of real pages
+};
+
+// A SparseCase from a spec: random q2k (-1 slots, sometimes unsorted) and NaN in every K/V row
+// of a block its kv head never selects. small: requests shortened for the sanitizer runs.
+SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
+  std::vector<int32_t> lq = sp.lq, lk = sp.lk;
+  if (small)
+    for (size_t b = 0; b < lq.size(); ++b) {
+      lq[b] = std::min(lq[b], 150);
+      lk[b] = std::min(lk[b], 300);
+    }
+  std::mt19937 rng(seed);
+  Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, 128, seed, sp.dtype);
+  HostTensor ids = random_q2k(prob, sp.topk, sp.causal, rng, sp.blk);
+  SparseCase c(std::move(prob), std::move(ids), sp.topk);
+  c.causal = sp.causal;
+  c.partial = seed % 2 ? DType::bf16 : DType::f32;
+  poison_unselected(c.p, c.q2k, c.topk);
+  c.name = sp.name;
+  return c;
+}
+
+// Page-table columns a request does not use point at real pages (other requests' keys): a
+// kernel that read past seqused_k would attend them.
+void fill_spare_columns(PagedKV& h, const std::vector<int32_t>& lk, int64_t page_size) {
+  const int64_t batch = h.page_table.t.shape[0], cols = h.page_table.t.shape[1];
+  const int64_t pages = h.k.t.shape[0];
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t col = (lk[b] + page_size - 1) / page_size; col < cols; ++col)
+      h.page_table.data<int32_t>()[b * cols + col] = int32_t((b * 7 + col) % pages);
+}
+
+// Every page size in both layouts, G 1/4/16, causal both ways, lengths that are not multiples of
+// 128 or of the page size, requests without keys or queries, Lq > Lk, tok and blk selections.
+// Each: GPU paged vs the CPU reference, and GPU paged == GPU flat bitwise.
+TEST(SparseFwdPagedGpu, PageSizesLayoutsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const Spec specs[] = {
+      {"ps16 nhd G1", {300, 0, 77}, {300, 50, 200}, 1, 2, 4, true, false, 16, nhd},
+      {"ps16 hnd G4 non-causal", {200, 5, 130}, {513, 0, 130}, 4, 2, 8, false, false, 16, hnd},
+      {"ps32 nhd G16 blk", {260, 17}, {260, 700}, 16, 1, 4, true, true, 32, nhd},
+      {"ps32 hnd G1 padded rows", {100, 0, 90}, {333, 0, 257}, 1, 3, 4, false, false, 32, hnd, 8},
+      {"ps64 nhd G4 blk f16 padded", {257, 40, 0, 9}, {400, 0, 5, 130}, 4, 2, 4, true, true, 64,
+       nhd, 8, DType::f16},
+      {"ps64 hnd G16 spare columns", {200, 64}, {90, 640}, 16, 1, 8, true, false, 64, hnd, 0,
+       DType::bf16, true},
+      {"ps128 nhd G1 blk", {129, 0, 300}, {129, 0, 1000}, 1, 2, 8, true, true, 128, nhd},
+      {"ps128 hnd G4 non-causal f16", {150, 33}, {383, 129}, 4, 2, 4, false, false, 128, hnd, 0,
+       DType::f16},
+      {"ps256 nhd G16", {300, 1}, {700, 257}, 16, 1, 4, true, false, 256, nhd},
+      {"ps256 hnd G4 blk padded spare", {333, 0}, {600, 0}, 4, 2, 4, true, true, 256, hnd, 8,
+       DType::bf16, true},
+      {"ps16 nhd G16 blk non-causal", {128, 70}, {200, 1100}, 16, 1, 8, false, true, 16, nhd},
+      {"ps256 nhd G1 one key", {1, 3}, {1, 3}, 1, 1, 2, true, false, 256, nhd},
+  };
+  unsigned seed = 9000;
+  for (const Spec& sp : specs) {
+    SparseCase c = make_case(sp, ++seed, small);
+    SCOPED_TRACE(c.name);
+    PagedKV h = make_paged(c.p, sp.layout, sp.page_size, seed, sp.row_pad);
+    if (sp.spare_columns) fill_spare_columns(h, c.p.lk, sp.page_size);
+    DeviceInputs d(c, h, s);
+    const Result ref = run_cpu(c);
+    const Result paged = run_gpu(c, d, d.paged(), s);
+    expect_close(paged, ref);
+    expect_bitwise(paged, run_gpu(c, d, d.flat(), s));
+    if (HasFailure()) break;
+  }
+}
+
+// seqused_k absent: every request has max_pages * page_size keys (DESIGN.md s.6).
+TEST(SparseFwdPagedGpu, DefaultLengthsWithoutSeqused) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  for (const KVLayout layout : {KVLayout::paged_nhd, KVLayout::paged_hnd}) {
+    const Spec sp{"no seqused_k", {100, 384}, {384, 384}, 4, 2, 4, true, layout == KVLayout::paged_hnd,
+                  64, layout};
+    SparseCase c = make_case(sp, 31, /*small=*/false);
+    SCOPED_TRACE(kv_layout_name(layout));
+    const PagedKV h = make_paged(c.p, layout, 64, 32, 0, 3, /*extra_columns=*/0);
+    ASSERT_EQ(h.page_table.t.shape[1] * 64, 384);
+    DeviceInputs d(c, h, s);
+    const Result paged = run_gpu(c, d, d.paged(/*with_seqused=*/false), s);
+    expect_close(paged, run_cpu(c));
+    expect_bitwise(paged, run_gpu(c, d, d.flat(), s));
+  }
+}
+
+// A page id outside [0, num_pages) in a column that seqused_k uses is an msa::Error naming the
+// batch and the column (logical page); the same ids past seqused_k are never read.
+TEST(SparseFwdPagedGpu, BadPageIdsReported) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  const Spec sp{"bad page", {300, 40}, {300, 500}, 4, 2, 4, true, false, 64, KVLayout::paged_nhd};
+  for (const bool blk : {false, true}) {
+    Spec spec = sp;
+    spec.blk = blk;
+    SparseCase c = make_case(spec, 41, /*small=*/false);
+    PagedKV h = make_paged(c.p, spec.layout, 64, 42);
+    const int64_t cols = h.page_table.t.shape[1], pages = h.k.t.shape[0];
+    for (const int64_t bad : {int64_t(INT_MIN), int64_t(-1), pages, int64_t(INT_MAX)}) {
+      SCOPED_TRACE("bad id " + std::to_string(bad) + (blk ? " blk" : " tok"));
+      const int32_t keep = h.page_table.data<int32_t>()[1 * cols + 3];
+      h.page_table.data<int32_t>()[1 * cols + 3] = int32_t(bad);  // batch 1 uses 8 columns
+      DeviceInputs d(c, h, s);
+      try {
+        run_gpu(c, d, d.paged(), s);
+        ADD_FAILURE() << "no error for page id " << bad;
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("page_table"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("page id " + std::to_string(bad)), std::string::npos) << msg;
+        EXPECT_NE(msg.find("batch 1"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("column 3"), std::string::npos) << msg;
+      }
+      h.page_table.data<int32_t>()[1 * cols + 3] = keep;
+    }
+  }
+}
+
+// seqused_k outside [0, max_pages * page_size] is reported (and clamped, never read past).
+TEST(SparseFwdPagedGpu, BadSequsedReported) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  const Spec sp{"bad seqused", {300, 40}, {300, 500}, 4, 2, 4, true, false, 64, KVLayout::paged_hnd};
+  SparseCase c = make_case(sp, 51, /*small=*/false);
+  PagedKV h = make_paged(c.p, sp.layout, 64, 52);
+  const int64_t cap = h.page_table.t.shape[1] * 64;
+  for (const int32_t bad : {int32_t(cap + 1), -5}) {
+    SCOPED_TRACE("seqused_k[1] = " + std::to_string(bad));
+    h.seqused_k.data<int32_t>()[1] = bad;
+    DeviceInputs d(c, h, s);
+    try {
+      run_gpu(c, d, d.paged(), s);
+      ADD_FAILURE() << "no error for seqused_k " << bad;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(bad > 0 ? "(1, " + std::to_string(bad) : std::string("batch 1")),
+                std::string::npos) << msg;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace msa::test
