@@ -1,15 +1,20 @@
 // GPU indexer (src/cuda/sm90/block_scores) against the CPU reference: block scores within 1e-3
 // relative with identical -inf positions on random bf16/f16 inputs; the fused top-K equal to
 // select_topk on the same scores (fused == unfused) and, on integer-valued inputs whose dot
-// products are exact, identical ids to the CPU reference, exact ties included.
+// products are exact, identical ids to the CPU reference, exact ties included. Paged K (page
+// sizes 16-256, both pool layouts, NaN in every unused slot): the same checks, plus paged ==
+// flat bitwise on the same logical K, and device-reported bad page ids / lengths.
+// MSA_TEST_SMALL=1 shortens the sweeps (compute-sanitizer runs).
+#include <climits>
 #include <cmath>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <string>
 
 #include "common/codecs.h"
 #include "cpu/host_tensor.h"
-#include "gpu_test_util.h"
+#include "sparse_case.h"
 
 namespace msa::test {
 namespace {
@@ -61,6 +66,78 @@ Tensor to_gpu(const HostTensor& h, DeviceBuffer& d, cudaStream_t s) {
   return t;
 }
 
+// Runs `op` (block_scores or block_topk, device inputs in `args`) with its output `out` in a
+// poisoned device buffer shaped like `like`, on a fresh status; throws msa::Error for an offence
+// the device reported. Returns the output.
+template <typename T, typename Args>
+std::vector<T> run_gpu(void (*op)(const Args&, cudaStream_t), Args args, Tensor Args::*out,
+                       const HostTensor& like, cudaStream_t s) {
+  DeviceBuffer buf(like.bytes() + 16);
+  args.*out = like.t;
+  (args.*out).data = buf.get();
+  (args.*out).device = gpu0();
+  clear_status(args.status, s);
+  buf.poison(s);
+  op(args, s);
+  check_status(args.status, s);
+  return buf.download<T>(size_t(like.t.numel()), s);
+}
+
+std::vector<float> gpu_scores(const BlockScoresArgs& g, const HostTensor& like, cudaStream_t s) {
+  return run_gpu<float>(&block_scores, g, &BlockScoresArgs::scores, like, s);
+}
+
+// The fused call on block_scores' inputs.
+BlockTopKArgs topk_args(const BlockScoresArgs& g, int topk, int sink = 1, int local = 1) {
+  return BlockTopKArgs{.q = g.q, .kv = g.kv, .cu_seqlens_q = g.cu_seqlens_q, .causal = g.causal,
+                       .kv_block_size = g.kv_block_size, .topk = topk, .sink_blocks = sink,
+                       .local_blocks = local, .q2k = Tensor(), .status = g.status};
+}
+
+// GPU scores against the CPU's: no NaN (or unwritten entry), -inf at the same positions,
+// relative L2 within 1e-3, and bit-exact when `exact` (integer-valued inputs).
+void expect_scores_match(const std::vector<float>& got, const HostTensor& ref, bool exact) {
+  double num = 0, den = 0;
+  int64_t bad_inf = 0, nan = 0;
+  for (int64_t i = 0; i < ref.t.numel(); ++i) {
+    const float r = ref.data<float>()[i], x = got[i];
+    if (std::isnan(x)) ++nan;
+    if (std::isinf(r) || std::isinf(x)) {
+      bad_inf += (r != x);
+      continue;
+    }
+    num += (double(x) - r) * (double(x) - r);
+    den += double(r) * r;
+  }
+  EXPECT_EQ(nan, 0) << "NaN (or unwritten) scores";
+  EXPECT_EQ(bad_inf, 0) << "-inf positions differ";
+  if (den > 0) EXPECT_LE(std::sqrt(num / den), 1e-3);
+  if (exact) EXPECT_EQ(0, std::memcmp(got.data(), ref.data<float>(), got.size() * 4)) << "exact scores differ";
+}
+
+// Fused ids (f, on the device) against select_topk on the GPU's own scores `got` [Hq, nblk,
+// total_q] (host, flat key lengths cu_k): they must be identical. Returns the fused ids.
+std::vector<int32_t> expect_fused_matches_unfused(const BlockTopKArgs& f, const std::vector<float>& got,
+                                                  int64_t hq, int64_t nblk, const HostTensor& cu_q,
+                                                  const HostTensor& cu_k, int64_t hkv, cudaStream_t s) {
+  const int64_t total_q = cu_q.data<int32_t>()[cu_q.t.numel() - 1];
+  HostTensor gpu_scores_h(DType::f32, {hq, nblk, total_q});
+  std::memcpy(gpu_scores_h.data<float>(), got.data(), got.size() * 4);
+  HostTensor want(DType::i32, {hkv, total_q, f.topk});
+  KVCache lengths;
+  lengths.cu_seqlens_k = cu_k.t;
+  select_topk(TopKArgs{.scores = gpu_scores_h.t, .cu_seqlens_q = cu_q.t, .kv = lengths,
+                       .num_kv_heads = int(hkv), .topk = f.topk, .sink_blocks = f.sink_blocks,
+                       .local_blocks = f.local_blocks, .causal = f.causal, .q2k = want.t});
+  const auto ids = run_gpu<int32_t>(&block_topk, f, &BlockTopKArgs::q2k, want, s);
+  int64_t mismatch = 0;
+  for (int64_t i = 0; i < want.t.numel(); ++i)
+    if (ids[i] != want.data<int32_t>()[i] && mismatch++ < 5)
+      ADD_FAILURE() << "fused id " << i << ": " << ids[i] << " vs unfused " << want.data<int32_t>()[i];
+  EXPECT_EQ(mismatch, 0);
+  return ids;
+}
+
 void run_case(const IdxCase& c) {
   std::mt19937 rng(c.seed);
   const int64_t total_q = std::accumulate(c.lq.begin(), c.lq.end(), int64_t(0));
@@ -87,79 +164,19 @@ void run_case(const IdxCase& c) {
   block_scores(a);
 
   TestStream stream;
-  DeviceBuffer dq, dk, dcq, dck, dqs, dks, dscores(ref.bytes()), dst(16), dids, dids2;
+  DeviceBuffer dq, dk, dcq, dck, dqs, dks, dst(16);
   BlockScoresArgs g = a;
   g.q = q_scale ? QTensor(to_gpu(q, dq, stream), to_gpu(*q_scale, dqs, stream)) : QTensor(to_gpu(q, dq, stream));
   g.kv.k = k_scale ? QTensor(to_gpu(k, dk, stream), to_gpu(*k_scale, dks, stream)) : QTensor(to_gpu(k, dk, stream));
   g.kv.cu_seqlens_k = to_gpu(cu_k, dck, stream);
   g.cu_seqlens_q = to_gpu(cu_q, dcq, stream);
-  g.scores = ref.t;
-  g.scores.data = dscores.get();
-  g.scores.device = gpu0();
   g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
-  clear_status(g.status, stream);
-  dscores.poison(stream);
-  block_scores(g, stream);
-  check_status(g.status, stream);
-  const auto got = dscores.download<float>(size_t(ref.t.numel()), stream);
-
-  double num = 0, den = 0;
-  int64_t bad_inf = 0, nan = 0;
-  for (int64_t i = 0; i < ref.t.numel(); ++i) {
-    const float r = ref.data<float>()[i], x = got[i];
-    if (std::isnan(x)) ++nan;
-    if (std::isinf(r) || std::isinf(x)) {
-      bad_inf += (r != x);
-      continue;
-    }
-    num += (double(x) - r) * (double(x) - r);
-    den += double(r) * r;
-  }
-  EXPECT_EQ(nan, 0) << "NaN (or unwritten) scores";
-  EXPECT_EQ(bad_inf, 0) << "-inf positions differ";
-  if (den > 0) EXPECT_LE(std::sqrt(num / den), 1e-3);
-  if (c.integer_values) {
-    EXPECT_EQ(0, std::memcmp(got.data(), ref.data<float>(), got.size() * 4)) << "exact scores differ";
-  }
+  const auto got = gpu_scores(g, ref, stream);
+  expect_scores_match(got, ref, c.integer_values);
 
   // Fused top-K vs select_topk on the GPU's own scores (exact), and vs the CPU ids when exact.
-  HostTensor gpu_scores(DType::f32, {hq, nblk, total_q});
-  std::memcpy(gpu_scores.data<float>(), got.data(), got.size() * 4);
-  HostTensor want(DType::i32, {c.hkv, total_q, c.topk});
-  TopKArgs ta;
-  ta.scores = gpu_scores.t;
-  ta.cu_seqlens_q = cu_q.t;
-  ta.kv.cu_seqlens_k = cu_k.t;
-  ta.num_kv_heads = int(c.hkv);
-  ta.topk = c.topk;
-  ta.sink_blocks = c.sink;
-  ta.local_blocks = c.local;
-  ta.causal = c.causal;
-  ta.q2k = want.t;
-  select_topk(ta);
-
-  BlockTopKArgs f;
-  f.q = g.q;
-  f.kv = g.kv;
-  f.cu_seqlens_q = g.cu_seqlens_q;
-  f.causal = c.causal;
-  f.topk = c.topk;
-  f.sink_blocks = c.sink;
-  f.local_blocks = c.local;
-  f.status = g.status;
-  dids = DeviceBuffer(want.bytes() + 16);
-  dids.poison(stream);
-  f.q2k = want.t;
-  f.q2k.data = dids.get();
-  f.q2k.device = gpu0();
-  block_topk(f, stream);
-  check_status(f.status, stream);
-  const auto ids = dids.download<int32_t>(size_t(want.t.numel()), stream);
-  int64_t mismatch = 0;
-  for (int64_t i = 0; i < want.t.numel(); ++i)
-    if (ids[i] != want.data<int32_t>()[i] && mismatch++ < 5)
-      ADD_FAILURE() << "fused id " << i << ": " << ids[i] << " vs unfused " << want.data<int32_t>()[i];
-  EXPECT_EQ(mismatch, 0);
+  const BlockTopKArgs f = topk_args(g, c.topk, c.sink, c.local);
+  const auto ids = expect_fused_matches_unfused(f, got, hq, nblk, cu_q, cu_k, c.hkv, stream);
 
   if (c.integer_values) {  // scores are exact, so the CPU's own fused path must agree too
     HostTensor cpu_ids(DType::i32, {c.hkv, total_q, c.topk});
@@ -178,7 +195,8 @@ TEST(IndexerGpu, RandomVarlenSweep) {
   MSA_REQUIRE_GPU();
   std::mt19937 rng(5);
   const int64_t groups[] = {1, 2, 4, 8, 16};
-  for (int trial = 0; trial < 15; ++trial) {
+  const int trials = small_tests() ? 5 : 15;
+  for (int trial = 0; trial < trials; ++trial) {
     IdxCase c;
     const int b = 1 + int(rng() % 3);
     for (int i = 0; i < b; ++i) {
@@ -257,6 +275,260 @@ TEST(IndexerGpu, RejectsWhatItDoesNotSupport) {
         }
       },
       Error);
+}
+
+// ---- Paged K (DESIGN.md s.6) ----
+
+// A page pool holding a flat k [total_k, Hkv, D] (copy_row: bit-exact), pages shuffled, 2 spare
+// pages, one spare page-table column per request. Every slot no key occupies stays NaN (the
+// HostTensor poison). Spare columns hold ids no kernel may read: INT_MIN, or another request's
+// page (attending it would change the scores).
+struct PagedK {
+  HostTensor pool, page_table, seqused_k;
+};
+
+PagedK make_paged_k(const HostTensor& k, const std::vector<int32_t>& lk, KVLayout layout,
+                    int64_t page_size, int64_t row_pad, std::mt19937& rng) {
+  const int64_t batch = int64_t(lk.size()), hkv = k.t.shape[1];
+  int64_t max_pages = 1, used = 0;
+  for (int32_t l : lk) {
+    max_pages = std::max<int64_t>(max_pages, (l + page_size - 1) / page_size + 1);
+    used += (l + page_size - 1) / page_size;
+  }
+  const int64_t pages = used + 2;
+  std::vector<int32_t> order(pages);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  PagedK out{make_pool(k.t.dtype, layout, pages, page_size, hkv, kD, row_pad),
+             HostTensor(DType::i32, {batch, max_pages}), i32_tensor(lk)};
+  int64_t next = 0, k0 = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t* row = out.page_table.data<int32_t>() + b * max_pages;
+    const int64_t n = (lk[b] + page_size - 1) / page_size;
+    for (int64_t col = 0; col < max_pages; ++col)
+      row[col] = col < n ? order[next++] : col % 2 ? order[(b + col) % pages] : INT_MIN;
+    for (int64_t j = 0; j < lk[b]; ++j)
+      for (int64_t h = 0; h < hkv; ++h)
+        copy_row(k, k0 + j, h, out.pool, layout, row[j / page_size], j % page_size);
+    k0 += lk[b];
+  }
+  return out;
+}
+
+struct PagedSpec {
+  const char* name;
+  std::vector<int32_t> lq, lk;
+  int64_t page_size;
+  KVLayout layout;
+  int64_t group = 4, hkv = 2;
+  bool causal = true;
+  DType dtype = DType::bf16;  // fp8_e4m3: per-token q scales, a per-tensor k scale
+  int64_t row_pad = 0;        // pool rows of D + row_pad elements
+  int topk = 6;
+};
+
+// One paged case: GPU paged scores vs the CPU reference on the same pool, GPU paged == GPU flat
+// bitwise on the same logical K, fused ids on the pool == select_topk on the paged scores.
+void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
+  std::mt19937 rng(seed);
+  if (small)  // shorter requests, still not multiples of 128 or of the page size
+    for (auto* v : {&sp.lq, &sp.lk})
+      for (int32_t& l : *v) l = l > 3 ? l / 3 + 1 : l;
+  const int64_t total_q = std::accumulate(sp.lq.begin(), sp.lq.end(), int64_t(0));
+  const int64_t total_k = std::accumulate(sp.lk.begin(), sp.lk.end(), int64_t(0));
+  const int64_t hq = sp.hkv * sp.group;
+  int64_t nblk = 1;
+  for (int32_t k : sp.lk) nblk = std::max<int64_t>(nblk, (k + 127) / 128);
+  nblk += 1;
+  const bool fp8 = sp.dtype == DType::fp8_e4m3;
+  const HostTensor q = random_tokens(total_q, hq, sp.dtype, false, rng);
+  const HostTensor k = random_tokens(total_k, sp.hkv, sp.dtype, false, rng);
+  const auto q_scale = random_scale(fp8 ? 2 : 0, total_q, hq, false, rng);
+  const auto k_scale = random_scale(fp8 ? 1 : 0, total_k, sp.hkv, false, rng);
+  const HostTensor cu_q = i32_tensor(cumulative(sp.lq)), cu_k = i32_tensor(cumulative(sp.lk));
+  const PagedK pk = make_paged_k(k, sp.lk, sp.layout, sp.page_size, sp.row_pad, rng);
+
+  HostTensor ref(DType::f32, {hq, nblk, total_q});
+  BlockScoresArgs a;
+  a.q = q_scale ? QTensor(q.t, q_scale->t) : QTensor(q.t);
+  a.kv.k = k_scale ? QTensor(pk.pool.t, k_scale->t) : QTensor(pk.pool.t);
+  a.kv.layout = sp.layout;
+  a.kv.page_table = pk.page_table.t;
+  a.kv.seqused_k = pk.seqused_k.t;
+  a.cu_seqlens_q = cu_q.t;
+  a.scores = ref.t;
+  a.causal = sp.causal;
+  block_scores(a);
+
+  TestStream s;
+  const DeviceTensor dq = to_device(q, s), dk = to_device(k, s), dpool = to_device(pk.pool, s);
+  const DeviceTensor dpt = to_device(pk.page_table, s), dsu = to_device(pk.seqused_k, s);
+  const DeviceTensor dcq = to_device(cu_q, s), dck = to_device(cu_k, s);
+  std::optional<DeviceTensor> dqs, dks;
+  if (q_scale) dqs.emplace(to_device(*q_scale, s));
+  if (k_scale) dks.emplace(to_device(*k_scale, s));
+  DeviceBuffer dst(16);
+  BlockScoresArgs g = a;
+  g.q = dqs ? QTensor(dq.t, dqs->t) : QTensor(dq.t);
+  g.kv.k = dks ? QTensor(dpool.t, dks->t) : QTensor(dpool.t);
+  g.kv.page_table = dpt.t;
+  g.kv.seqused_k = dsu.t;
+  g.cu_seqlens_q = dcq.t;
+  g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+  const auto paged = gpu_scores(g, ref, s);
+  expect_scores_match(paged, ref, false);
+
+  BlockScoresArgs gf = g;  // the same logical K, flat
+  gf.kv = KVCache();
+  gf.kv.k = dks ? QTensor(dk.t, dks->t) : QTensor(dk.t);
+  gf.kv.cu_seqlens_k = dck.t;
+  const auto flat = gpu_scores(gf, ref, s);
+  EXPECT_EQ(0, std::memcmp(paged.data(), flat.data(), paged.size() * 4)) << "paged != flat scores";
+
+  expect_fused_matches_unfused(topk_args(g, sp.topk), paged, hq, nblk, cu_q, cu_k, sp.hkv, s);
+}
+
+// Every page size in both layouts, G 1/4/16, causal both ways, bf16/f16/FP8, lengths that are
+// not multiples of 128 or of the page size, requests without keys or queries, Lq > Lk,
+// seqused_k below the pages' capacity (a spare column each), padded pool rows.
+TEST(IndexerGpu, PagedMatchesCpuAndFlat) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const DType bf16 = DType::bf16, f16 = DType::f16, fp8 = DType::fp8_e4m3;
+  const PagedSpec specs[] = {
+      {"ps16 nhd G1", {300, 0, 77}, {300, 50, 200}, 16, nhd, 1, 2},
+      {"ps16 hnd G4 non-causal fp8", {200, 5, 130}, {513, 0, 130}, 16, hnd, 4, 2, false, fp8},
+      {"ps32 nhd G16 padded", {260, 17}, {260, 700}, 32, nhd, 16, 1, true, bf16, 8},
+      {"ps32 hnd G1 f16", {100, 0, 90}, {333, 0, 257}, 32, hnd, 1, 3, true, f16},
+      {"ps64 nhd G4 fp8 padded", {257, 40, 0, 9}, {400, 0, 5, 130}, 64, nhd, 4, 2, true, fp8, 16},
+      {"ps64 hnd G16 non-causal", {200, 64}, {90, 640}, 64, hnd, 16, 1, false},
+      {"ps128 nhd G1 fp8", {129, 0, 300}, {129, 0, 1000}, 128, nhd, 1, 2, true, fp8},
+      {"ps128 hnd G4 non-causal padded", {150, 33}, {383, 129}, 128, hnd, 4, 2, false, bf16, 8},
+      {"ps256 nhd G16", {300, 1}, {700, 257}, 256, nhd, 16, 1},
+      {"ps256 hnd G4 fp8 non-causal", {333, 0}, {600, 0}, 256, hnd, 4, 2, false, fp8},
+      {"ps256 nhd G1 f16 one key", {1, 3}, {1, 3}, 256, nhd, 1, 1, true, f16},
+      {"ps16 nhd G4 topk 64", {128, 70}, {200, 1100}, 16, nhd, 4, 1, true, bf16, 0, 64},
+  };
+  unsigned seed = 7000;
+  int index = 0;
+  for (const PagedSpec& sp : specs) {
+    ++seed;
+    if (small && index++ % 3 != 0) continue;
+    SCOPED_TRACE(sp.name);
+    run_paged_case(sp, seed, small);
+    if (HasFailure()) break;
+  }
+}
+
+// seqused_k absent: every request has max_pages * page_size keys, so spare columns are used.
+TEST(IndexerGpu, PagedDefaultLengths) {
+  MSA_REQUIRE_GPU();
+  for (const KVLayout layout : {KVLayout::paged_nhd, KVLayout::paged_hnd}) {
+    SCOPED_TRACE(kv_layout_name(layout));
+    std::mt19937 rng(77);
+    const std::vector<int32_t> lq = {100, 37}, lk = {256, 384};  // whole pages of 128: no tail
+    const int64_t hq = 8, hkv = 2, total_q = 137, total_k = 640, nblk = 4;
+    const HostTensor q = random_tokens(total_q, hq, DType::bf16, false, rng);
+    const HostTensor k = random_tokens(total_k, hkv, DType::bf16, false, rng);
+    PagedK pk = make_paged_k(k, lk, layout, 128, 0, rng);
+    // Drop the spare column: capacity = max_pages * 128 = 384 keys for both requests, so the
+    // first request's third column must hold a real page: request 1's last one (shared pages).
+    const int64_t cols = pk.page_table.t.shape[1] - 1;
+    HostTensor pt(DType::i32, {2, cols});
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t c = 0; c < cols; ++c)
+        pt.data<int32_t>()[b * cols + c] = pk.page_table.data<int32_t>()[b * (cols + 1) + c];
+    pt.data<int32_t>()[2] = pt.data<int32_t>()[cols + 2];  // request 0 reads request 1's last page
+    const HostTensor cu_q = i32_tensor(cumulative(lq));
+    HostTensor ref(DType::f32, {hq, nblk, total_q});
+    BlockScoresArgs a;
+    a.q = q.t;
+    a.kv.k = pk.pool.t;
+    a.kv.layout = layout;
+    a.kv.page_table = pt.t;
+    a.cu_seqlens_q = cu_q.t;
+    a.scores = ref.t;
+    block_scores(a);
+    TestStream s;
+    const DeviceTensor dq = to_device(q, s), dpool = to_device(pk.pool, s), dpt = to_device(pt, s);
+    const DeviceTensor dcq = to_device(cu_q, s);
+    DeviceBuffer dst(16);
+    BlockScoresArgs g = a;
+    g.q = dq.t;
+    g.kv.k = dpool.t;
+    g.kv.page_table = dpt.t;
+    g.cu_seqlens_q = dcq.t;
+    g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+    expect_scores_match(gpu_scores(g, ref, s), ref, false);
+  }
+}
+
+// A page id out of [0, num_pages) in a used column, or a seqused_k above the capacity, is
+// reported by the device as an msa::Error naming it (the first offence: lengths, then page ids
+// in (batch, column) order); ids in unused columns are never read.
+TEST(IndexerGpu, PagedBadPageIdsReported) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(91);
+  const std::vector<int32_t> lq = {40, 90}, lk = {100, 200};
+  const int64_t hq = 4, hkv = 1, total_q = 130, total_k = 300;
+  const HostTensor q = random_tokens(total_q, hq, DType::bf16, false, rng);
+  const HostTensor k = random_tokens(total_k, hkv, DType::bf16, false, rng);
+  const PagedK pk = make_paged_k(k, lk, KVLayout::paged_nhd, 32, 0, rng);
+  const int64_t cols = pk.page_table.t.shape[1], pages = pk.pool.t.shape[0];
+  std::vector<int32_t> pt(pk.page_table.data<int32_t>(), pk.page_table.data<int32_t>() + 2 * cols);
+  pt[cols + 2] = int32_t(pages) + 5;  // request 1, column 2: used (keys 64..95)
+  pt[cols + 5] = -3;                   // request 1, column 5: used, but a later offence
+  pt[4] = INT_MAX;                     // request 0, column 4: past its 100 keys, never read
+  const HostTensor cu_q = i32_tensor(cumulative(lq));
+  TestStream s;
+  DeviceTensor dq = to_device(q, s), dpool = to_device(pk.pool, s), dpt = to_device(pk.page_table, s);
+  DeviceTensor dsu = to_device(pk.seqused_k, s), dcq = to_device(cu_q, s);
+  dpt.buf.upload(pt, s);
+  DeviceBuffer dst(16), dscores(size_t(hq * 3 * total_q) * 4), dids(size_t(hkv * total_q * 4) * 4);
+  BlockScoresArgs g;
+  g.q = dq.t;
+  g.kv.k = dpool.t;
+  g.kv.layout = KVLayout::paged_nhd;
+  g.kv.page_table = dpt.t;
+  g.kv.seqused_k = dsu.t;
+  g.cu_seqlens_q = dcq.t;
+  g.scores = Tensor(dscores.get(), DType::f32, {hq, 3, total_q}, gpu0());
+  g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+  const std::string bad_id = "page_table: page id " + std::to_string(pages + 5) +
+                             " out of range [0, num_pages) at (batch 1, column 2)";
+  expect_error([&] {
+    clear_status(g.status, s);
+    block_scores(g, s);
+    check_status(g.status, s);
+  }, bad_id);
+  BlockTopKArgs f = topk_args(g, 4);
+  f.q2k = Tensor(dids.get(), DType::i32, {hkv, total_q, 4}, gpu0());
+  expect_error([&] {
+    clear_status(f.status, s);
+    block_topk(f, s);
+    check_status(f.status, s);
+  }, bad_id);
+  // No queries at all: the page ids are still checked.
+  BlockScoresArgs none = g;
+  const HostTensor cu_none = i32_tensor({0, 0, 0});
+  const DeviceTensor dcn = to_device(cu_none, s);
+  none.q = Tensor(dq.t.data, DType::bf16, {0, hq, kD}, gpu0());
+  none.cu_seqlens_q = dcn.t;
+  none.scores = Tensor(dscores.get(), DType::f32, {hq, 3, 0}, gpu0());
+  expect_error([&] {
+    clear_status(none.status, s);
+    block_scores(none, s);
+    check_status(none.status, s);
+  }, bad_id);
+  // A length above max_pages * page_size comes first (lengths before page ids).
+  const int32_t cap = int32_t(cols * 32);
+  dsu.buf.upload(std::vector<int32_t>{lk[0], cap + 1}, s);
+  expect_error([&] {
+    clear_status(g.status, s);
+    block_scores(g, s);
+    check_status(g.status, s);
+  }, "shape mismatch detected on device (1, " + std::to_string(cap + 1) + ", " + std::to_string(cap) + ")");
 }
 
 }  // namespace

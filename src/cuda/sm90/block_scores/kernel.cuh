@@ -1,7 +1,7 @@
 // The sm_90a indexer kernel: block scores (max over a block's visible keys of q . k) for every
 // (query head, block, token), written to `scores` or reduced on the fly to top-K block ids
 // (fused: scores never reach memory). Roles: producer warp (TMA: Q once, then K blocks through a
-// kStages ring) and two consumer warpgroups (wgmma S = Q K^T, mask, row max, write or select).
+// kStages ring; flat K by lane 0, paged K one box per lane) and two consumer warpgroups (wgmma S = Q K^T, mask, row max, write or select).
 // Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus the producer warp's other
 // 31 lanes after staging FP8 per-key scales), k_empty[s] (lane 0 of each of the 8 consumer
 // warps; every consumer thread when the epilogue reads staged key scales); named barrier 1 orders the fused top-K state among consumers, 2 and

@@ -1,11 +1,15 @@
-// Host side of the sm_90a indexer: capability checks, TMA descriptors and the launch of the block
-// scores kernel, materialized (cuda::block_scores) or fused with top-K (cuda::block_topk).
+// Host side of the sm_90a indexer: capability checks, TMA descriptors, the paged-K check and the
+// launch of the block scores kernel, materialized (cuda::block_scores) or fused with top-K
+// (cuda::block_topk).
 // Instantiations (the only ones): block_scores_kernel<Elem, R> for Elem in {bf16, f16, e4m3} x R
 // row groups per CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)}: R decides which wgmma each
 // warpgroup issues, so it cannot be a runtime value.
+#include <algorithm>
+#include <bit>
 #include <limits>
 
 #include "backend.h"
+#include "cuda/common/paged_checks.cuh"
 #include "cuda/device/check.h"
 #include "cuda/device/tma_map.h"
 #include "cuda/sm90/block_scores/kernel.cuh"
@@ -21,13 +25,20 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
                 q.values.dtype == DType::fp8_e4m3,
             op, ": CUDA supports bf16, f16 and fp8_e4m3 inputs, got ", dtype_name(q.values.dtype),
             " (FP4 indexer inputs run on the CPU)");
-  MSA_CHECK(kv.layout == KVLayout::flat, op, ": a paged key cache (", kv_layout_name(kv.layout),
-            ") is not supported on CUDA yet");
   MSA_CHECK(s.head_dim == kHeadDim, op, ": head_dim must be 128 on CUDA, got ", s.head_dim);
   MSA_CHECK(blk == kBlockN, op, ": kv_block_size must be 128 on CUDA, got ", blk);
   MSA_CHECK(s.total_q < std::numeric_limits<int32_t>::max() &&
                 kv.k.values.shape[0] < std::numeric_limits<int32_t>::max(),
             op, ": token counts must be below 2^31 on CUDA (TMA coordinates are int32)");
+  if (kv.layout == KVLayout::flat) return;
+  // Paged: the kernel reads batch-local key indices as int32 and takes no per-key scales (the
+  // API admits only a per-tensor scale for paged FP8, like the CPU reference).
+  MSA_CHECK(s.max_pages * s.page_size < std::numeric_limits<int32_t>::max(), op,
+            ": page_table: max_pages * page_size (", s.max_pages, " * ", s.page_size,
+            ") must be below 2^31 on CUDA (key indices are int32)");
+  MSA_CHECK(!kv.k.scale.defined() || kv.k.scale.numel() == 1, op,
+            ": k.scale: a paged FP8 key cache takes a per-tensor scale [1], got ",
+            kv.k.scale.describe());
 }
 
 // FP8 scale kind (Params): 0 none, 1 per tensor [1], 2 per token [T], 3 per token and head [T, H].
@@ -45,11 +56,23 @@ Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, cons
   p.q_scale_kind = scale_kind(q.scale);
   p.k_scale_kind = scale_kind(kv.k.scale);
   p.cu_seqlens_q = cu_q.ptr<int32_t>();
-  p.keys.cu_seqlens_k = kv.cu_seqlens_k.ptr<int32_t>();
-  p.keys.total_k = kv.k.values.shape[0];
+  if (kv.layout == KVLayout::flat) {
+    p.keys.cu_seqlens_k = kv.cu_seqlens_k.ptr<int32_t>();
+    p.keys.total_k = p.total_k = kv.k.values.shape[0];
+  } else {
+    p.keys.seqused_k = kv.seqused_k.defined() ? kv.seqused_k.ptr<int32_t>() : nullptr;
+    p.keys.max_keys = s.max_pages * s.page_size;
+    // Page and box sizes are powers of two (validated): shifts instead of divisions.
+    p.paged = sparse_fwd::PagedKV{
+        .page_table = kv.page_table.ptr<int32_t>(),
+        .page_table_stride = kv.page_table.strides[0],
+        .num_pages = int32_t(s.num_pages),
+        .page_shift = std::countr_zero(uint64_t(s.page_size)),
+        .box_shift = std::countr_zero(uint64_t(std::min<int64_t>(s.page_size, kBlockN))),
+        .head_major = kv.layout == KVLayout::paged_hnd ? 1 : 0};
+  }
   p.status = status.ptr<int32_t>();
   p.total_q = s.total_q;
-  p.total_k = kv.k.values.shape[0];
   p.batch = s.batch;
   p.num_q_heads = int(s.num_q_heads);
   p.num_kv_heads = int(s.num_kv_heads);
@@ -77,14 +100,42 @@ KernelFn pick_kernel(DType dt, int row_groups) {
   }
 }
 
-void launch(const QTensor& q, const KVCache& kv, const Params& p, cudaStream_t stream) {
+// Paged K: seqused_k and the page ids its lengths use, checked by one block before the main
+// kernel (the indexer has no workspace for the sparse forward's multi-block form); the first
+// offence lands in the status buffer, which check_status() turns into an msa::Error.
+void launch_paged_check(const ProblemShape& s, const Params& p, cudaStream_t stream) {
+  const sparse_fwd::PagedCheckParams c{.page_table = p.paged.page_table,
+                                       .page_table_stride = p.paged.page_table_stride,
+                                       .seqused_k = p.keys.seqused_k,
+                                       .batch = s.batch,
+                                       .max_pages = s.max_pages,
+                                       .num_pages = s.num_pages,
+                                       .page_size = int32_t(s.page_size),
+                                       .max_keys = p.keys.max_keys,
+                                       .status = p.status};
+  paged_check_block_kernel<<<1, kPagedCheckThreads, 0, stream>>>(c);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Params& p,
+            cudaStream_t stream) {
+  const bool paged = kv.layout != KVLayout::flat;
+  if (paged && p.batch > 0) launch_paged_check(s, p, stream);  // even without queries
   if (p.total_q == 0 || p.batch == 0) return;
   const char* op = p.scores ? "block_scores" : "block_topk";
   const int tokens_per_group = kTileM / p.group;
   const DType dt = q.values.dtype;
   const uint32_t cols = dt == DType::fp8_e4m3 ? 128 : 64;  // one 128-byte swizzle row per box row
   const CUtensorMap tm_q = make_tma_3d(q.values, cols, uint32_t(p.group), uint32_t(tokens_per_group), op);
-  const CUtensorMap tm_k = make_tma_3d(kv.k.values, cols, 1, kBlockN, op);
+  // Paged: boxes of 2^box_shift slots of one page (load.cuh). Without pages to read, no map over
+  // an empty pool (DESIGN.md s.12): every length is 0 or every page id is bad, so no K box is
+  // issued and tm_k stands in for nothing.
+  const CUtensorMap tm_k =
+      !paged ? make_tma_3d(kv.k.values, cols, 1, kBlockN, op)
+      : s.num_pages > 0 && s.max_pages > 0
+          ? make_tma_paged(kv.k.values, kv.layout == KVLayout::paged_nhd, cols,
+                           1u << p.paged.box_shift, "k", op)
+          : tm_q;
   const dim3 grid(unsigned((p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta), unsigned(p.num_kv_heads));
   const auto kernel = pick_kernel(dt, p.row_groups);
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
@@ -99,8 +150,7 @@ void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t 
   Params p = make_params(a.q, a.kv, a.cu_seqlens_q, s, a.causal, a.status);
   p.scores = a.scores.ptr<float>();
   p.nblk_max = a.scores.shape[1];
-  if (p.total_q > 0 && p.batch == 0) return;
-  launch(a.q, a.kv, p, stream);
+  launch(a.q, a.kv, s, p, stream);
 }
 
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
@@ -110,7 +160,7 @@ void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stre
   p.q2k = a.q2k.ptr<int32_t>();
   p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
   p.nblk_max = std::numeric_limits<int32_t>::max();  // nothing materialized: no bound
-  launch(a.q, a.kv, p, stream);
+  launch(a.q, a.kv, s, p, stream);
 }
 
 }  // namespace msa::cuda

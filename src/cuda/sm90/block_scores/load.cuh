@@ -2,13 +2,42 @@
 // work item's K block through the kStages ring (k_full / k_empty). For FP8 keys with per-key
 // scales the whole warp also stages the block's 128 key scales in shared memory (0 past the
 // batch's keys; negative scales reported once here), each lane arriving on k_full after its
-// stores. Called from kernel.cuh.
+// stores. Paged K (DESIGN.md s.6) is loaded by the whole warp, one box per lane (load_paged_k).
+// Called from kernel.cuh.
 #pragma once
 
 #include "cuda/device/sm90.cuh"
 #include "cuda/sm90/block_scores/work.cuh"
+#include "cuda/sm90/sparse_fwd/kv_load.cuh"
 
 namespace msa::cuda::indexer_sm90 {
+
+static_assert(kBlockN == sparse_fwd::kBlockN, "the paged K locator assumes 128-key blocks");
+
+// Block kb of a paged batch into K stage `stage`, through the sparse forward's locator
+// (sparse_fwd/kv_load.cuh): with R = min(page_size, 128) slots per box, lane i < 128 / R owns
+// box i (keys kb * 128 + [i R, i R + R), one page) and lands it at row i R of each 128-byte-row
+// half (R >= 16 rows: every box starts on a 1024-byte swizzle atom, so the stage holds the
+// same swizzled tiles as a flat load). Boxes whose first key is past the batch's keys or whose
+// page id is out of range are skipped; lane 0 expects exactly the bytes issued (R * 128 B per
+// box and half). Rows not loaded keep stale data and are past lk (masked by the epilogue) or
+// behind a bad page id (already reported). Warp-collective.
+template <Elem kElem>
+__device__ __forceinline__ void load_paged_k(const Params& p, const CUtensorMap* tm_k,
+                                             SharedStorage& sh, int stage, int64_t h,
+                                             const Segment& seg, int64_t kb, int lane) {
+  constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per key
+  constexpr int kHalfK = kBlockN * kRowBytes;
+  const sparse_fwd::KVBlockSource src = sparse_fwd::locate_kv_block(
+      p.paged, int32_t(h), int32_t(seg.k0), int32_t(kb), int32_t(seg.lk), lane);
+  // src.bytes counts the sparse forward's two 128-byte rows per key; fp8 keys have one.
+  if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.k_full[stage], src.bytes / 2 * kHalves);
+  __syncwarp();  // the bytes are announced before any box can complete
+  if (!src.issue) return;
+  for (int half = 0; half < kHalves; ++half)
+    sparse_fwd::tma_load_4d(sh.k[stage] + half * kHalfK + src.row_bytes, tm_k, &sh.k_full[stage],
+                            half * 64, src.c1, src.c2, src.c3);
+}
 
 template <Elem kElem>
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
@@ -16,7 +45,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
   constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per D = 128
   constexpr int kHalfQ = kTileM * kRowBytes, kHalfK = kBlockN * kRowBytes;
   const bool per_key = per_key_scales<kElem>(p);
-  if (!per_key && lane != 0) return;
+  const bool paged = p.paged.page_table != nullptr;  // never with per-key scales (launch.cu)
+  if (!per_key && !paged && lane != 0) return;
   const int tokens_per_group = kTileM / p.group;
   if (lane == 0) {
     sm90::mbar_arrive_expect_tx(&sh.q_full, uint32_t(p.row_groups * kHalves * kHalfQ));
@@ -43,14 +73,15 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
         sh.k_scale[stage][c] = f;
       }
     }
-    if (lane == 0) {
+    if (paged) {
+      load_paged_k<kElem>(p, tm_k, sh, stage, h, seg, kb, lane);
+    } else if (lane == 0) {
       sm90::mbar_arrive_expect_tx(&sh.k_full[stage], uint32_t(kHalves * kHalfK));
       for (int half = 0; half < kHalves; ++half)
         sm90::tma_load_3d(sh.k[stage] + half * kHalfK, tm_k, &sh.k_full[stage], half * 64,
                           int32_t(h), int32_t(seg.k0 + kb * kBlockN));
-    } else {
-      sm90::mbar_arrive(&sh.k_full[stage]);
     }
+    if (per_key && lane != 0) sm90::mbar_arrive(&sh.k_full[stage]);
   }
 }
 

@@ -9,7 +9,7 @@ namespace msa::cuda::indexer_sm90 {
 
 // The part of the CTA's token tile [t0, t1) that falls in batch b, and what K it reads.
 struct Segment {
-  int64_t q0, lq, k0, lk;  // batch offsets and lengths
+  int64_t q0, lq, k0, lk;  // batch offsets and lengths (paged: k0 = b, the page-table row)
   int64_t t_begin, t_end;  // global tokens of the tile in this batch
   int64_t nblocks;         // blocks visible to the segment's last token (loop bound)
 };
@@ -23,13 +23,20 @@ __device__ __forceinline__ bool next_segment(const Params& p, int64_t t0, int64_
     if (q1 <= q0 || q1 <= t0) continue;
     s.q0 = q0;
     s.lq = q1 - q0;
-    s.k0 = p.keys.cu_seqlens_k[b];
     s.lk = batch_keys(p.keys, b);
     s.t_begin = q0 > t0 ? q0 : t0;
     s.t_end = q1 < t1 ? q1 : t1;
-    if (s.lk < 0 || s.k0 < 0 || s.k0 + s.lk > p.total_k) {  // corrupt cu_seqlens_k: read nothing
-      if (threadIdx.x == 0) flag_status(p.status, int32_t(StatusCode::bad_cu_seqlens), 1, b, 0);
-      s.lk = 0;
+    if (p.paged.page_table != nullptr) {
+      // Paged: k0 is the batch's page-table row. A seqused_k outside [0, max_keys] was reported
+      // by the paged check (launch.cu) and is clamped here, as that check clamps it.
+      s.k0 = b;
+      s.lk = s.lk < 0 ? 0 : (s.lk > p.keys.max_keys ? p.keys.max_keys : s.lk);
+    } else {
+      s.k0 = p.keys.cu_seqlens_k[b];
+      if (s.lk < 0 || s.k0 < 0 || s.k0 + s.lk > p.total_k) {  // corrupt cu_seqlens_k: read nothing
+        if (threadIdx.x == 0) flag_status(p.status, int32_t(StatusCode::bad_cu_seqlens), 1, b, 0);
+        s.lk = 0;
+      }
     }
     const int64_t last = s.t_end - 1 - q0;
     int64_t end = p.causal ? last + s.lk - s.lq + 1 : s.lk;

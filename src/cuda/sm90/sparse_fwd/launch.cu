@@ -4,6 +4,8 @@
 // Instantiations (the only ones): sparse_fwd_kernel and sparse_fwd_uniform_kernel, each <false>
 // (bf16) and <true> (f16).
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -17,7 +19,7 @@
 #include "cuda/device/check.h"
 #include "cuda/device/tma_map.h"
 #include "cuda/sm90/sparse_fwd/kernel.cuh"
-#include "cuda/sm90/sparse_fwd/paged_checks.cuh"
+#include "cuda/common/paged_checks.cuh"
 #include "cuda/sm90/sparse_fwd/scheduler.cuh"
 #include "cuda/sm90/sparse_fwd/uniform_scheduler.cuh"
 
@@ -27,6 +29,17 @@ namespace {
 using namespace sparse_fwd;
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+// Temporary bytes of the stable radix sort of `n` (16-bit window key, chunk id) pairs.
+size_t chunk_sort_bytes(int64_t n) {
+  size_t bytes = 0;
+  MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
+                                                 static_cast<uint32_t*>(nullptr),
+                                                 static_cast<const int32_t*>(nullptr),
+                                                 static_cast<int32_t*>(nullptr), int(n), 0,
+                                                 kWindowKeyBits));
+  return bytes;
+}
 
 // Byte offsets into the attention workspace; sized from host-known shapes only.
 struct AttnPlan {
@@ -38,6 +51,8 @@ struct AttnPlan {
   bool build_csr = false, build_schedule = false;
   size_t paged_offence = 0, key_offsets = 0;  // paged KV only
   size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0;
+  size_t chunks_by_row = 0, chunk_keys = 0, chunk_keys_sorted = 0, chunk_ids = 0, chunk_order = 0;
+  size_t sort_tmp = 0, sort_tmp_bytes = 0;
   size_t work_local = 0, work_slot = 0;
   size_t qblock_start = 0, uniform = 0, unit_start = 0, num_units = 0, units = 0;
   size_t part_o = 0, part_lse = 0, part_tlse = 0;
@@ -79,6 +94,13 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.chunk_start = take(size_t(w.schedule_capacity + 1) * 4);
   w.num_chunks = take(4);
   w.chunks = take(size_t(w.chunk_capacity) * sizeof(ChunkDesc));
+  w.chunks_by_row = take(size_t(w.chunk_capacity) * sizeof(ChunkDesc));
+  w.chunk_keys = take(size_t(w.chunk_capacity) * 4);
+  w.chunk_keys_sorted = take(size_t(w.chunk_capacity) * 4);
+  w.chunk_ids = take(size_t(w.chunk_capacity) * 4);
+  w.chunk_order = take(size_t(w.chunk_capacity) * 4);
+  w.sort_tmp_bytes = chunk_sort_bytes(w.chunk_capacity);
+  w.sort_tmp = take(w.sort_tmp_bytes);
   w.work_local = take(size_t(hkv * nnz) * 4);
   w.work_slot = take(size_t(hkv * nnz) * 4);
   w.qblock_start = take(size_t(s.batch + 1) * 4);
@@ -237,6 +259,9 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   pp.chunk_start = reinterpret_cast<int32_t*>(ws + w.chunk_start);
   pp.num_chunks = reinterpret_cast<int32_t*>(ws + w.num_chunks);
   pp.chunks = ws + w.chunks;
+  pp.chunks_by_row = ws + w.chunks_by_row;
+  pp.chunk_keys = reinterpret_cast<uint32_t*>(ws + w.chunk_keys);
+  pp.chunk_ids = reinterpret_cast<int32_t*>(ws + w.chunk_ids);
   pp.work_local = reinterpret_cast<int32_t*>(ws + w.work_local);
   pp.work_slot = reinterpret_cast<int32_t*>(ws + w.work_slot);
   pp.group = int32_t(s.group);
@@ -307,6 +332,13 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   schedule_check_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
   MSA_CUDA_CHECK_LAUNCH();
   chunk_table_kernel<<<4 * sms, 256, 0, stream>>>(pp);
+  MSA_CUDA_CHECK_LAUNCH();
+  size_t sort_bytes = w.sort_tmp_bytes;
+  auto* order = reinterpret_cast<int32_t*>(ws + w.chunk_order);
+  MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      ws + w.sort_tmp, sort_bytes, pp.chunk_keys, reinterpret_cast<uint32_t*>(ws + w.chunk_keys_sorted),
+      pp.chunk_ids, order, int(w.chunk_capacity), 0, kWindowKeyBits, stream));
+  chunk_permute_kernel<<<2 * sms, 256, 0, stream>>>(pp, order);
   MSA_CUDA_CHECK_LAUNCH();
 
   const bool f16 = a.q.dtype == DType::f16;
