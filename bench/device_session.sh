@@ -4,7 +4,7 @@
 # binaries that `make device-bin` built here and the device call carries (BIN, default
 # build-device-bin). Logs go to $OUT; a short summary prints last.
 #   bench/device_session.sh [steps...]
-#   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-indexer ncu-decode
+#   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer ncu-decode
 #   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
 #   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
 set -u
@@ -80,6 +80,7 @@ for step in $steps; do
         grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
       fi ;;
     ncu-sparse) ncu_step sparse "sparse_fwd_kernel" "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check ;;
+    ncu-uniform) ncu_step uniform "uniform_kernel" "$BIN/bench_sparse_fwd" --case P32K-blk --iters 1 --warmup 0 --no-check ;;
     ncu-indexer) ncu_step indexer "block_scores_kernel" "$BIN/bench_indexer" --seq 16384 --iters 1 --warmup 0 ;;
     ncu-decode) ncu_step decode "decode_kernel" "$BIN/bench_decode" --case DEC-B32-dense --iters 1 --warmup 0 --no-check ;;
     *) summary+=("unknown step $step") ;;

@@ -83,7 +83,8 @@ __device__ __forceinline__ float row_tlse(float max_log2, float tsum, float inv_
 // (lane % 4 == 0) write the LSE. bf16 partials use 4-byte stores (a quad writes half a sector per
 // instruction): store_row_16b halves the L2 write transactions but measured slower here, 12.50
 // vs 11.05 ms at P32K-tok (H200, 2026-11-30, bench/RESULTS.md), its shuffles and selects sitting
-// on the consumer's critical path while L2 had headroom.
+// on the consumer's critical path; measured again with window-ordered chunks (L2 80% busy):
+// still slower, 12.42 vs 11.02 ms at P32K-tok and 2.79 vs 2.50 ms at P8K-tok.
 template <int kOff>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],
                                                   int64_t idx, int col_base, bool lead,

@@ -51,7 +51,11 @@ struct PrepParams {
   int32_t* row_start = nullptr;    // [B+1] rowoff_b (first CSR row of batch b)
   int32_t* chunk_start = nullptr;  // [schedule_capacity + 1] first chunk of each item
   int32_t* num_chunks = nullptr;   // [1] total chunks (0 when the schedule is rejected)
-  void* chunks = nullptr;          // [chunk_capacity] ChunkDesc
+  void* chunks = nullptr;          // [chunk_capacity] ChunkDesc in walk order (window_sort.cuh)
+  void* chunks_by_row = nullptr;   // [chunk_capacity] ChunkDesc in schedule (head, row) order
+  uint32_t* chunk_keys = nullptr;  // [chunk_capacity] query window of each chunk (sort keys)
+  int32_t* chunk_ids = nullptr;    // [chunk_capacity] 0, 1, ... (sort values)
+  int32_t window_shift = 3;        // a query window is 2^window_shift query blocks of 128
   int32_t* work_local = nullptr;   // [Hkv, total_q * topk] per chunk, compacted: local query id
   int32_t* work_slot = nullptr;    // [Hkv, total_q * topk] ... and its q2k slot
   // uniform path (query blocks whose q2k rows are all equal; see traits.h)

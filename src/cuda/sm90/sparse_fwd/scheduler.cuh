@@ -2,7 +2,8 @@
 // src/common/schedule.h) into the chunk table the persistent kernel walks. Runs before the main
 // kernel on the same stream: row offsets per batch, a completeness check of the schedule with the
 // chunk prefix sums, then one warp per chunk writing its ChunkDesc and the q2k slot of each of
-// its CSR entries (where its partial goes). Kernels included only by launch.cu.
+// its CSR entries (where its partial goes), and a permutation of the chunks into walk order
+// (sorted by query window). Kernels included only by launch.cu.
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
@@ -18,6 +19,12 @@
 namespace msa::cuda::sparse_fwd {
 
 constexpr int kPrepThreads = 1024;
+// Chunk walk order (chunk_table_kernel, chunk_permute_kernel): chunks are sorted, stably, by the
+// query window of their first token (2^window_shift query blocks), so the CTAs running at any
+// moment gather the same few thousand tokens' Q and find it in L2, instead of every row's
+// tokens across the whole sequence. Keys fit 16 bits (kWindowKeyBits) for the radix sort.
+constexpr int kWindowKeyBits = 16;
+constexpr uint32_t kLastWindowKey = (1u << kWindowKeyBits) - 2;
 
 __device__ __forceinline__ void set_status(int32_t* status, StatusCode code, int32_t a,
                                            int32_t b, int32_t c) {
@@ -218,10 +225,34 @@ __global__ void chunk_table_kernel(PrepParams p) {
       kept += __popc(keep);
     }
     if (lane == 0) {
-      int4* dst = static_cast<int4*>(p.chunks) + 2 * c;
+      int4* dst = static_cast<int4*>(p.chunks_by_row) + 2 * c;
       dst[0] = make_int4(head, kb, e0, e0 + kept);
       dst[1] = make_int4(q_start, q_len, k_start, k_len);
+      // Walk-order key: the query window of the chunk's first token (0 for a corrupt entry).
+      const int32_t tl0 = e0 < e1 ? p.q_idx[off + e0] : -1;
+      const int64_t qblock = tl0 >= 0 && tl0 < q_len ? int64_t(p.qblock_start[blo]) + tl0 / 128 : 0;
+      const int64_t window = qblock >> p.window_shift;
+      p.chunk_keys[c] = window < kLastWindowKey ? uint32_t(window) : kLastWindowKey;
+      p.chunk_ids[c] = int32_t(c);
     }
+  }
+  // Capacity past the real chunks: keys that sort last.
+  for (int64_t c = n_chunks + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < p.chunk_capacity;
+       c += int64_t(gridDim.x) * blockDim.x) {
+    p.chunk_keys[c] = kLastWindowKey + 1;
+    p.chunk_ids[c] = int32_t(c);
+  }
+}
+
+// After the sort: chunks[v] = chunks_by_row[order[v]] for the real chunks.
+__global__ void chunk_permute_kernel(PrepParams p, const int32_t* order) {
+  const int32_t n_chunks = *p.num_chunks;
+  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < n_chunks;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    const int4* src = static_cast<const int4*>(p.chunks_by_row) + 2 * int64_t(order[v]);
+    int4* dst = static_cast<int4*>(p.chunks) + 2 * v;
+    dst[0] = src[0];
+    dst[1] = src[1];
   }
 }
 
