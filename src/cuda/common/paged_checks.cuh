@@ -2,131 +2,37 @@
 // page pools: seqused_k in [0, max_pages * page_size], and every page id that a batch's length
 // uses in [0, num_pages). The first offence goes to the status buffer (lengths by batch, then
 // page ids by (batch, column)); nothing reads outside the page table's used columns.
-// Two forms, both enqueued before the op's main kernel:
-// - with workspace (sm90/sparse_fwd/launch.cu): paged_lengths_kernel, page_check_kernel and
-//   paged_finalize_kernel; they also write the clamped lengths as a flat cu_seqlens_k
-//   (key_offsets) that the rest of that launch uses;
-// - without workspace (sm90/block_scores/launch.cu): paged_check_block_kernel, one block that
-//   finds the first offence by a reduction; the op's kernel clamps the lengths itself.
-// P is a PagedCheckParams (sm90/sparse_fwd/params.h): a template parameter so that this
-// arch-agnostic header includes no op's headers. Kernels included only by launch .cu files.
+// Two forms, both enqueued before the op's main kernel (kernels in paged_checks.cu):
+// - launch_paged_checks_with_offsets (sm90/sparse_fwd/launch.cu, which has workspace): also
+//   writes the clamped lengths as a flat cu_seqlens_k (key_offsets) that the rest of that launch
+//   uses;
+// - launch_paged_check_block (sm90/block_scores/launch.cu, no workspace): one block finds the
+//   first offence by a reduction; the op's kernel clamps the lengths itself.
 #pragma once
 
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
 
-#include <climits>
 #include <cstdint>
-
-#include "cuda/common/topk_select.cuh"
-#include "msa/common.h"
 
 namespace msa::cuda {
 
-// Threads of the single-block kernels (the sparse forward launches paged_lengths_kernel with
-// its kPrepThreads, which equals this).
-constexpr int kPagedCheckThreads = 1024;
+// Inputs of the checks. With workspace, lengths are clamped to [0, max_keys] and written as a
+// flat cu_seqlens_k (key_offsets), so that op's later kernels see paged batches like flat ones.
+struct PagedCheckParams {
+  const int32_t* page_table = nullptr;  // [B, max_pages], row stride page_table_stride
+  int64_t page_table_stride = 0;
+  const int32_t* seqused_k = nullptr;   // [B] or null (every batch has max_keys keys)
+  int64_t batch = 0, max_pages = 0, num_pages = 0;
+  int32_t page_size = 0;
+  int64_t max_keys = 0;                 // max_pages * page_size (B * max_keys < 2^31: host check)
+  int32_t* key_offsets = nullptr;       // out [B+1]: exclusive prefix of the clamped lengths
+  unsigned long long* offence = nullptr;  // scratch: first offence key, ~0 = none
+  int32_t* status = nullptr;            // int32[4]
+};
 
-// Offence key: class (0 lengths, 1 page ids), then linear index, then the status code; the
-// smallest key is the first offence. ~0 = none.
-constexpr unsigned long long kNoPagedOffence = ~0ull;
-__device__ __forceinline__ unsigned long long paged_offence_key(uint64_t cls, uint64_t index,
-                                                                StatusCode code) {
-  return static_cast<unsigned long long>((cls << 60) | (index << 4) | uint64_t(code));
-}
-
-// Batch b's key count, clamped to [0, max_keys]; an out-of-range seqused_k lowers `offence`.
-template <class P>
-__device__ __forceinline__ int64_t checked_length(const P& p, int64_t b, unsigned long long& offence) {
-  const int64_t want = p.seqused_k ? int64_t(p.seqused_k[b]) : p.max_keys;
-  if (want < 0) offence = min(offence, paged_offence_key(0, uint64_t(b), StatusCode::bad_cu_seqlens));
-  else if (want > p.max_keys) offence = min(offence, paged_offence_key(0, uint64_t(b), StatusCode::shape_mismatch));
-  return min(max(want, int64_t(0)), p.max_keys);
-}
-
-// Page-table entry i = b * max_pages + column of a batch with `lk` keys: its offence key when
-// the column holds keys and its id is outside [0, num_pages); later columns are never read.
-template <class P>
-__device__ __forceinline__ unsigned long long page_offence(const P& p, int64_t i, int64_t lk) {
-  const int64_t b = i / p.max_pages, col = i % p.max_pages;
-  if (col * p.page_size >= lk) return kNoPagedOffence;
-  const int32_t id = p.page_table[b * p.page_table_stride + col];
-  return id < 0 || id >= p.num_pages ? paged_offence_key(1, uint64_t(i), StatusCode::page_id_out_of_range)
-                                     : kNoPagedOffence;
-}
-
-// One thread: offence `key` into the status buffer, unless it already holds one.
-template <class P>
-__device__ void report_paged_offence(const P& p, unsigned long long key) {
-  if (key == kNoPagedOffence) return;
-  const auto code = StatusCode(key & 0xf);
-  const int64_t index = int64_t((key & ((1ull << 60) - 1)) >> 4);
-  if ((key >> 60) == 0 && code == StatusCode::bad_cu_seqlens)  // {which = 1 (keys), batch}
-    flag_status(p.status, int32_t(code), 1, index, 0);
-  else if ((key >> 60) == 0)  // shape_mismatch {batch, seqused_k, max_pages * page_size}
-    flag_status(p.status, int32_t(code), index, p.seqused_k[index], min(p.max_keys, int64_t(INT_MAX)));
-  else  // page_id_out_of_range {batch, column, id}
-    flag_status(p.status, int32_t(code), index / p.max_pages, index % p.max_pages,
-                p.page_table[(index / p.max_pages) * p.page_table_stride + index % p.max_pages]);
-}
-
-// One block of kPagedCheckThreads: re-arms the offence key, checks and clamps each batch's
-// length, and writes key_offsets = exclusive prefix of the clamped lengths (fits int32:
-// B * max_keys < 2^31, a host check).
-template <class P>
-__global__ void __launch_bounds__(kPagedCheckThreads) paged_lengths_kernel(P p) {
-  using Scan = cub::BlockScan<int, kPagedCheckThreads>;
-  __shared__ typename Scan::TempStorage tmp;
-  if (threadIdx.x == 0) *p.offence = kNoPagedOffence;
-  __syncthreads();
-  unsigned long long offence = kNoPagedOffence;
-  int carry = 0;
-  for (int64_t base = 0; base <= p.batch; base += kPagedCheckThreads) {
-    const int64_t b = base + threadIdx.x;
-    const int lk = b < p.batch ? int(checked_length(p, b, offence)) : 0;
-    int excl = 0, agg = 0;
-    Scan(tmp).ExclusiveSum(lk, excl, agg);
-    if (b <= p.batch) p.key_offsets[b] = carry + excl;
-    carry += agg;
-    __syncthreads();
-  }
-  if (offence != kNoPagedOffence) atomicMin(p.offence, offence);
-}
-
-// One thread per page-table entry (grid-stride), lengths from key_offsets.
-template <class P>
-__global__ void page_check_kernel(P p) {
-  const int64_t n = p.batch * p.max_pages;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = i / p.max_pages;
-    const unsigned long long key = page_offence(p, i, int64_t(p.key_offsets[b + 1]) - p.key_offsets[b]);
-    if (key != kNoPagedOffence) atomicMin(p.offence, key);
-  }
-}
-
-// One thread: the first offence of the two kernels above into the status buffer.
-template <class P>
-__global__ void paged_finalize_kernel(P p) {
-  report_paged_offence(p, *p.offence);
-}
-
-// The whole check in one block of kPagedCheckThreads, for ops without scratch memory: each
-// thread keeps its smallest offence key and a block reduction picks the first. Writes no
-// lengths (key_offsets and offence unused). A page-table entry re-reads its batch's seqused_k
-// (cached) instead of a stored prefix.
-template <class P>
-__global__ void __launch_bounds__(kPagedCheckThreads) paged_check_block_kernel(P p) {
-  using Reduce = cub::BlockReduce<unsigned long long, kPagedCheckThreads>;
-  __shared__ typename Reduce::TempStorage tmp;
-  unsigned long long offence = kNoPagedOffence, unused = kNoPagedOffence;
-  for (int64_t b = threadIdx.x; b < p.batch; b += kPagedCheckThreads) checked_length(p, b, offence);
-  const int64_t n = p.batch * p.max_pages;
-  for (int64_t i = threadIdx.x; i < n; i += kPagedCheckThreads)
-    offence = min(offence, page_offence(p, i, checked_length(p, i / p.max_pages, unused)));
-  const auto smaller = [](unsigned long long a, unsigned long long b) { return a < b ? a : b; };
-  const unsigned long long first = Reduce(tmp).Reduce(offence, smaller);
-  if (threadIdx.x == 0) report_paged_offence(p, first);
-}
+// Needs key_offsets and offence (workspace); returns nothing, key_offsets holds the result.
+void launch_paged_checks_with_offsets(const PagedCheckParams& c, cudaStream_t stream);
+// key_offsets and offence unused.
+void launch_paged_check_block(const PagedCheckParams& c, cudaStream_t stream);
 
 }  // namespace msa::cuda

@@ -62,14 +62,8 @@ Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, cons
   } else {
     p.keys.seqused_k = kv.seqused_k.defined() ? kv.seqused_k.ptr<int32_t>() : nullptr;
     p.keys.max_keys = s.max_pages * s.page_size;
-    // Page and box sizes are powers of two (validated): shifts instead of divisions.
-    p.paged = sparse_fwd::PagedKV{
-        .page_table = kv.page_table.ptr<int32_t>(),
-        .page_table_stride = kv.page_table.strides[0],
-        .num_pages = int32_t(s.num_pages),
-        .page_shift = std::countr_zero(uint64_t(s.page_size)),
-        .box_shift = std::countr_zero(uint64_t(std::min<int64_t>(s.page_size, kBlockN))),
-        .head_major = kv.layout == KVLayout::paged_hnd ? 1 : 0};
+    p.paged = make_paged_kv(kv.page_table.ptr<int32_t>(), kv.page_table.strides[0], s.num_pages,
+                            s.page_size, kv.layout == KVLayout::paged_hnd);
   }
   p.status = status.ptr<int32_t>();
   p.total_q = s.total_q;
@@ -104,7 +98,7 @@ KernelFn pick_kernel(DType dt, int row_groups) {
 // kernel (the indexer has no workspace for the sparse forward's multi-block form); the first
 // offence lands in the status buffer, which check_status() turns into an msa::Error.
 void launch_paged_check(const ProblemShape& s, const Params& p, cudaStream_t stream) {
-  const sparse_fwd::PagedCheckParams c{.page_table = p.paged.page_table,
+  const PagedCheckParams c{.page_table = p.paged.page_table,
                                        .page_table_stride = p.paged.page_table_stride,
                                        .seqused_k = p.keys.seqused_k,
                                        .batch = s.batch,
@@ -113,8 +107,7 @@ void launch_paged_check(const ProblemShape& s, const Params& p, cudaStream_t str
                                        .page_size = int32_t(s.page_size),
                                        .max_keys = p.keys.max_keys,
                                        .status = p.status};
-  paged_check_block_kernel<<<1, kPagedCheckThreads, 0, stream>>>(c);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_paged_check_block(c, stream);
 }
 
 void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Params& p,

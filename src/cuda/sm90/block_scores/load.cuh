@@ -8,35 +8,30 @@
 
 #include "cuda/device/sm90.cuh"
 #include "cuda/sm90/block_scores/work.cuh"
-#include "cuda/sm90/sparse_fwd/kv_load.cuh"
+#include "cuda/common/paged_kv.cuh"
 
 namespace msa::cuda::indexer_sm90 {
 
-static_assert(kBlockN == sparse_fwd::kBlockN, "the paged K locator assumes 128-key blocks");
+static_assert(kBlockN == 128 && kRowBytes == 128, "the paged K locator assumes 128-key blocks of "
+              "128-byte rows");
 
-// Block kb of a paged batch into K stage `stage`, through the sparse forward's locator
-// (sparse_fwd/kv_load.cuh): with R = min(page_size, 128) slots per box, lane i < 128 / R owns
-// box i (keys kb * 128 + [i R, i R + R), one page) and lands it at row i R of each 128-byte-row
-// half (R >= 16 rows: every box starts on a 1024-byte swizzle atom, so the stage holds the
-// same swizzled tiles as a flat load). Boxes whose first key is past the batch's keys or whose
-// page id is out of range are skipped; lane 0 expects exactly the bytes issued (R * 128 B per
-// box and half). Rows not loaded keep stale data and are past lk (masked by the epilogue) or
-// behind a bad page id (already reported). Warp-collective.
+// Block kb of a paged batch into K stage `stage` (cuda/common/paged_kv.cuh: lane i < 128 / R owns
+// box i and lands it at row i R of each 128-byte-row half, the same swizzled tile as a flat load;
+// lane 0 expects exactly the bytes issued). Warp-collective.
 template <Elem kElem>
 __device__ __forceinline__ void load_paged_k(const Params& p, const CUtensorMap* tm_k,
                                              SharedStorage& sh, int stage, int64_t h,
                                              const Segment& seg, int64_t kb, int lane) {
   constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per key
   constexpr int kHalfK = kBlockN * kRowBytes;
-  const sparse_fwd::KVBlockSource src = sparse_fwd::locate_kv_block(
-      p.paged, int32_t(h), int32_t(seg.k0), int32_t(kb), int32_t(seg.lk), lane);
-  // src.bytes counts the sparse forward's two 128-byte rows per key; fp8 keys have one.
-  if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.k_full[stage], src.bytes / 2 * kHalves);
+  const KVBlockSource src =
+      locate_kv_block(p.paged, int32_t(h), int32_t(seg.k0), int32_t(kb), int32_t(seg.lk), kHalves, lane);
+  if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.k_full[stage], src.bytes);
   __syncwarp();  // the bytes are announced before any box can complete
   if (!src.issue) return;
   for (int half = 0; half < kHalves; ++half)
-    sparse_fwd::tma_load_4d(sh.k[stage] + half * kHalfK + src.row_bytes, tm_k, &sh.k_full[stage],
-                            half * 64, src.c1, src.c2, src.c3);
+    sm90::tma_load_4d(sh.k[stage] + half * kHalfK + src.row_bytes, tm_k, &sh.k_full[stage],
+                      half * 64, src.c1, src.c2, src.c3);
 }
 
 template <Elem kElem>

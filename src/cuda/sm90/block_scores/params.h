@@ -5,7 +5,7 @@
 
 #include "cuda/common/index_checks.cuh"
 #include "cuda/common/topk_select.cuh"
-#include "cuda/sm90/sparse_fwd/params.h"  // PagedKV: the paged K loads are the sparse forward's
+#include "cuda/common/paged_kv.cuh"
 
 namespace msa::cuda::indexer_sm90 {
 
@@ -13,7 +13,7 @@ struct Params {
   const int32_t* cu_seqlens_q;  // [B+1]
   KeyLengths keys;              // flat: cu_seqlens_k [B+1]; paged: seqused_k [B] (nullable)
                                 // and max_keys = max_pages * page_size
-  sparse_fwd::PagedKV paged;    // page_table null: flat K; else K is a page pool (4-D map)
+  PagedKV paged;                // page_table null: flat K; else K is a page pool (4-D map)
   const float* q_scale;         // fp8 only, nullable: [1] | [total_q] | [total_q, Hq]
   const float* k_scale;         // fp8 only, nullable: [1] | [total_k] | [total_k, Hkv] (paged: [1])
   int q_scale_kind, k_scale_kind;  // 0 none, 1 per tensor, 2 per token, 3 per token and head

@@ -146,12 +146,6 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
               s.page_size, ") must be below 2^31 on CUDA (paged key offsets are int32)");
 }
 
-int log2_exact(int64_t x) {
-  int n = 0;
-  while ((int64_t(1) << n) < x) ++n;
-  return n;
-}
-
 // Enqueues the paged-KV checks (paged_checks.cuh) and returns their key_offsets, the clamped
 // lengths as a flat cu_seqlens_k for everything that follows.
 const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s,
@@ -169,15 +163,7 @@ const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s
   c.key_offsets = reinterpret_cast<int32_t*>(ws + w.key_offsets);
   c.offence = reinterpret_cast<unsigned long long*>(ws + w.paged_offence);
   c.status = status;
-  paged_lengths_kernel<<<1, kPrepThreads, 0, stream>>>(c);
-  MSA_CUDA_CHECK_LAUNCH();
-  const int64_t entries = s.batch * s.max_pages;
-  if (entries > 0) {
-    page_check_kernel<<<unsigned(std::min<int64_t>((entries + 255) / 256, 1024)), 256, 0, stream>>>(c);
-    MSA_CUDA_CHECK_LAUNCH();
-  }
-  paged_finalize_kernel<<<1, 1, 0, stream>>>(c);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_paged_checks_with_offsets(c, stream);
   return c.key_offsets;
 }
 
@@ -346,15 +332,10 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   const float scale = a.params.softmax_scale > 0.f ? a.params.softmax_scale
                                                    : 1.f / std::sqrt(float(s.head_dim));
   if (has_keys) {
-    PagedKV pk;
-    if (paged) {
-      pk.page_table = a.kv.page_table.ptr<int32_t>();
-      pk.page_table_stride = a.kv.page_table.strides[0];
-      pk.num_pages = int32_t(s.num_pages);
-      pk.page_shift = log2_exact(s.page_size);
-      pk.box_shift = log2_exact(std::min<int64_t>(s.page_size, kBlockN));
-      pk.head_major = a.kv.layout == KVLayout::paged_hnd ? 1 : 0;
-    }
+    const PagedKV pk = paged ? make_paged_kv(a.kv.page_table.ptr<int32_t>(),
+                                             a.kv.page_table.strides[0], s.num_pages, s.page_size,
+                                             a.kv.layout == KVLayout::paged_hnd)
+                             : PagedKV{};
     MainParams mp;
     mp.chunks = pp.chunks;
     mp.num_chunks = pp.num_chunks;

@@ -4,33 +4,9 @@
 
 #include <cstdint>
 
+#include "cuda/common/paged_kv.cuh"
+
 namespace msa::cuda::sparse_fwd {
-
-// Paged KV as the producers read it (DESIGN.md s.6, kv_load.cuh); page_table null: flat KV. The
-// K and V tensor maps are then 4-D maps over the pools (launch.cu), boxes of 2^box_shift keys.
-struct PagedKV {
-  const int32_t* page_table = nullptr;  // [B, max_pages], row stride page_table_stride; or null
-  int64_t page_table_stride = 0;        // elements
-  int32_t num_pages = 0;                // ids outside [0, num_pages) are never loaded
-  int32_t page_shift = 0;               // log2(page_size), page_size in {16, ..., 256}
-  int32_t box_shift = 7;                // log2(keys per TMA box) = log2(min(page_size, 128))
-  int32_t head_major = 0;               // 1: [num_pages, Hkv, page_size, D] (map coords slot, head)
-};
-
-// The paged-KV checks that run before everything else (paged_checks.cuh). Lengths are clamped
-// to [0, max_keys] and written as a flat cu_seqlens_k, so the prep kernels, the q2k check, the
-// CSR build and the combine see paged batches exactly like flat ones.
-struct PagedCheckParams {
-  const int32_t* page_table = nullptr;  // [B, max_pages], row stride page_table_stride
-  int64_t page_table_stride = 0;
-  const int32_t* seqused_k = nullptr;   // [B] or null (every batch has max_keys keys)
-  int64_t batch = 0, max_pages = 0, num_pages = 0;
-  int32_t page_size = 0;
-  int64_t max_keys = 0;                 // max_pages * page_size (B * max_keys < 2^31: host check)
-  int32_t* key_offsets = nullptr;       // out [B+1]: exclusive prefix of the clamped lengths
-  unsigned long long* offence = nullptr;  // scratch: first offence key, ~0 = none
-  int32_t* status = nullptr;            // int32[4]
-};
 
 // Inputs of the prep kernels that turn a (checked) schedule into the chunk table.
 struct PrepParams {

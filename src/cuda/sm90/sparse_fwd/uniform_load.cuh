@@ -82,7 +82,7 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     const int s = kv_iter % kKVStages;
     sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);
     KVBlockSource src{};
-    if (info.kb >= 0) src = locate_kv_block(p.paged, u.head, u.k_start, info.kb, u.k_len, lane);
+    if (info.kb >= 0) src = locate_kv_block(p.paged, u.head, u.k_start, info.kb, u.k_len, 2, lane);
     if (lane == 0) {
       sh.uinfo[s] = info;
       if (info.kb >= 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], src.bytes);
