@@ -15,22 +15,13 @@
 #include <vector>
 
 #include "common/codecs.h"
+#include "cpu/expect_error.h"
 #include "cpu/host_tensor.h"
 #include "msa/msa.h"
 
 namespace msa::test {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-template <typename F>
-void expect_error(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected msa::Error containing: " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 // Decoded element `offset` of a bf16 / f16 / f32 tensor.
 inline double load(const Tensor& t, int64_t offset) {

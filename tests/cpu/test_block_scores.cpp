@@ -11,6 +11,7 @@
 #include <random>
 
 #include "common/codecs.h"
+#include "cpu/expect_error.h"
 #include "cpu/host_tensor.h"
 #include "cpu/ref_codecs.h"
 #include "msa/msa.h"
@@ -510,16 +511,6 @@ TEST(BlockScores, PagedFp8WithoutSeqused) {
 }
 
 // ------------------------------- argument errors -------------------------------
-
-template <typename F>
-void expect_error(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected msa::Error containing: " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST(BlockScoresErrors, MessagesNameArgumentAndRule) {
   Shape sh{{4, 3}, {100, 60}, 4, 2, 64, 64, true};

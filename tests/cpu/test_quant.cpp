@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/codecs.h"
+#include "cpu/expect_error.h"
 #include "cpu/host_tensor.h"
 #include "cpu/ref_codecs.h"
 #include "msa/msa.h"
@@ -52,16 +53,6 @@ std::vector<double> fill_random(HostTensor& x, std::mt19937& rng, double lo, dou
                                                  : ref_f16_decode(codec::float_to_f16(v)));
       }
   return out;
-}
-
-template <typename F>
-void expect_error(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected msa::Error containing: " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 // ---------------------------------- FP8 ----------------------------------

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 
+#include "cpu/expect_error.h"
 #include "cpu/host_tensor.h"
 #include "msa/msa.h"
 
@@ -348,16 +349,6 @@ TEST(TopK, EveryOutputEntryWritten) {
 }
 
 // ---------------------------------- argument errors ----------------------------------
-
-template <typename F>
-void expect_error(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected msa::Error containing: " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST(TopKErrors, MessagesNameArgumentAndRule) {
   Problem p{{4, 3}, {100, 60}, 4, 2, 64, true, 3, 1, 1};
