@@ -85,6 +85,31 @@ __device__ __forceinline__ float row_tlse(float max_log2, float tsum, float inv_
 // vs 11.05 ms at P32K-tok (H200, 2026-11-30, bench/RESULTS.md), its shuffles and selects sitting
 // on the consumer's critical path; measured again with window-ordered chunks (L2 80% busy):
 // still slower, 12.42 vs 11.02 ms at P32K-tok and 2.79 vs 2.50 ms at P8K-tok.
+// LSE (and temperature LSE) of one partial row.
+__device__ __forceinline__ void store_partial_lse(const MainParams& p, int64_t idx,
+                                                  const RowStats& st) {
+  p.part_lse[idx] = row_lse(st.max_log2, st.sum);
+  if (p.part_tlse) p.part_tlse[idx] = row_tlse(st.max_log2, st.tsum, p.inv_temperature);
+}
+
+// Row `row` (0..63) of a normalised bf16 partial tile into a Q buffer laid out as wgmma and TMA
+// see it: two 64-column halves of 64 rows x 128 bytes, 16-byte chunk c of row r stored at chunk
+// c ^ (r % 8). One 4-byte store per column pair; the 8 rows a warp instruction covers land in 8
+// different chunks, so the stores are free of bank conflicts. A row with no visible key (or no
+// token) stages zeros.
+template <int kOff>
+__device__ __forceinline__ void stage_partial_row(uint8_t* buf, const float (&o)[64], int row,
+                                                  int col_base, const RowStats& st) {
+  const float inv = st.max_log2 == -INFINITY ? 0.f : 1.f / st.sum;
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+    const int half = n >> 3, chunk = n & 7;
+    uint8_t* dst = buf + half * kQHalfBytes + row * 128 + ((chunk ^ (row & 7)) << 4) + col_base * 2;
+    const __nv_bfloat162 v = __floats2bfloat162_rn(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
+    *reinterpret_cast<__nv_bfloat162*>(dst) = v;
+  }
+}
+
 template <int kOff>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],
                                                   int64_t idx, int col_base, bool lead,
@@ -103,10 +128,7 @@ __device__ __forceinline__ void store_partial_row(const MainParams& p, const flo
     for (int n = 0; n < 16; ++n)
       dst[(n * 8 + col_base) / 2] = make_float2(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
   }
-  if (lead) {
-    p.part_lse[idx] = row_lse(st.max_log2, st.sum);
-    if (p.part_tlse) p.part_tlse[idx] = row_tlse(st.max_log2, st.tsum, p.inv_temperature);
-  }
+  if (lead) store_partial_lse(p, idx, st);
 }
 
 }  // namespace msa::cuda::sparse_fwd

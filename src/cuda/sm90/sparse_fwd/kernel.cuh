@@ -11,8 +11,9 @@
 namespace msa::cuda::sparse_fwd {
 
 // Shared-memory carve-out (1024-byte aligned) and barrier init, common to both kernels.
+// q_empty_count: arrivals that free a Q buffer (q_empty_arrivals in mma.cuh).
 __device__ __forceinline__ SharedStorage& init_shared(uint8_t* smem_raw, int group,
-                                                      int tokens_per_tile,
+                                                      int tokens_per_tile, int q_empty_count,
                                                       const CUtensorMap* tm_q,
                                                       const CUtensorMap* tm_k,
                                                       const CUtensorMap* tm_v) {
@@ -27,9 +28,9 @@ __device__ __forceinline__ SharedStorage& init_shared(uint8_t* smem_raw, int gro
     }
     for (int c = 0; c < kConsumers; ++c)
       for (int s = 0; s < kQStages; ++s) {
-        // the producer lanes that own token slots; the metadata readers of consumer c's warps
+        // the producer lanes that own token slots; q_empty: see q_empty_count
         sm90::mbar_init(&sh.q_full[c][s], min(32, tokens_per_tile));
-        sm90::mbar_init(&sh.q_empty[c][s], 4 * warp_tokens(group));
+        sm90::mbar_init(&sh.q_empty[c][s], q_empty_count);
       }
     sm90::fence_barrier_init();
     sm90::prefetch_tensor_map(tm_q);
@@ -47,9 +48,12 @@ template <bool kF16>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k,
-                      const __grid_constant__ CUtensorMap tm_v, const MainParams p) {
+                      const __grid_constant__ CUtensorMap tm_v,
+                      const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile, &tm_q, &tm_k, &tm_v);
+  SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile,
+                                  q_empty_arrivals(p.group, p.part_bf16 != 0), &tm_q, &tm_k, &tm_v);
+  if (threadIdx.x == 0 && p.part_bf16) sm90::prefetch_tensor_map(&p.tm_part);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
@@ -67,7 +71,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const UniformParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile, &tm_q, &tm_k, &tm_v);
+  SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile,
+                                  q_empty_arrivals(p.group, false), &tm_q, &tm_k, &tm_v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
     sm90::regs_dealloc<kUniformProducerRegs>();

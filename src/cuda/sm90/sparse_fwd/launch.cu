@@ -351,6 +351,11 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     mp.inv_temperature = a.params.temperature > 0.f ? 1.f / a.params.temperature : 0.f;
     mp.part_o = ws + w.part_o;
     mp.part_bf16 = bf16_part ? 1 : 0;
+    if (bf16_part)  // [entries, G, 128] bf16: each token's G partial rows are one box per half
+      mp.tm_part = make_tma_3d(Tensor(mp.part_o, DType::bf16,
+                                      {s.num_kv_heads * s.total_q * s.topk, s.group, kHeadDim},
+                                      a.q.device),
+                               kHalfCols, uint32_t(s.group), 1, "attention_forward");
     mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
     mp.paged = pk;

@@ -52,6 +52,14 @@ __device__ __forceinline__ float quad_sum(float v) {
 // Tokens a consumer warp's 16 rows cover (G = 16: 1, G = 1: 16), and the warp's first token.
 __device__ __forceinline__ int warp_tokens(int group) { return group >= 16 ? 1 : 16 / group; }
 
+// Arrivals that free a Q buffer. Its metadata readers (4 warps x warp_tokens(G) lanes) when the
+// buffer is released as soon as S is done; every consumer thread when the KV-major path stages
+// its bf16 partial tile in the buffer (each writer is then its own arrival, after the TMA stores'
+// reads of the tile: stage_partial_tile).
+__device__ __forceinline__ int q_empty_arrivals(int group, bool staged_partials) {
+  return staged_partials ? 128 : 4 * warp_tokens(group);
+}
+
 // Metadata of this thread's two rows. Only the lanes that own one of the warp's tokens read shared
 // memory (and later arrive on the buffer's q_empty themselves, so each read precedes the release
 // as both the memory model and racecheck see it); the others get the values by shuffle.
@@ -206,9 +214,10 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   }
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
-  // Q buffer and metadata are free once every warp's share of the product has completed; the
-  // metadata readers of each warp arrive (q_empty counts 4 * warp_tokens(G)).
-  if (lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
+  // f32 partials: the Q buffer and metadata are free once every warp's share of the product has
+  // completed; the metadata readers of each warp arrive (q_empty counts 4 * warp_tokens(G)). bf16
+  // partials: the buffer stages the partial tile first and is freed later (release_q_buffer).
+  if (!p.part_bf16 && lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
   const RowStats st0 = softmax_row<0>(s, lim0, col_base, p.scale_log2, p.inv_temperature);
   const RowStats st1 = softmax_row<2>(s, lim1, col_base, p.scale_log2, p.inv_temperature);
@@ -239,6 +248,31 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
 
   const bool lead = (lane & 3) == 0;
   const int64_t head_base = int64_t(info.head) * p.total_q;
+  if (p.part_bf16) {
+    // Normalised bf16 rows into this tile's Q buffer (the wgmma layout: two 64-column halves,
+    // 128-byte swizzle), then one TMA store per half for each of the warp's tokens (G rows, a
+    // contiguous [G, 128] block of part_o): full-line L2 writes instead of half-sector ones.
+    uint8_t* buf = sh.q[consumer][q_stage][0];
+    stage_partial_row<0>(buf, o, r0, col_base, tok0 >= 0 ? st0 : RowStats{-INFINITY, 0.f, 0.f});
+    stage_partial_row<2>(buf, o, r1, col_base, tok1 >= 0 ? st1 : RowStats{-INFINITY, 0.f, 0.f});
+    sm90::fence_proxy_async_smem();
+    __syncwarp();
+    if (lane < warp_tokens(p.group)) {
+      const TileMeta& meta = sh.meta[consumer][q_stage];
+      const int first = (16 * warp) / p.group;
+      const int32_t t = meta.token[first + lane], sl = meta.slot[first + lane];
+      if (t >= 0) {
+        const int32_t entry = int32_t((head_base + t) * p.topk + sl);
+        const int row = (first + lane) * p.group;  // the token's first row in the tile
+        sm90::tma_store_3d(&p.tm_part, buf + row * 128, 0, 0, entry);
+        sm90::tma_store_3d(&p.tm_part, buf + kQHalfBytes + row * 128, kHalfCols, 0, entry);
+      }
+      sm90::bulk_commit();
+    }
+    if (lead && tok0 >= 0) store_partial_lse(p, ((head_base + tok0) * p.topk + slot0) * p.group + g0, st0);
+    if (lead && tok1 >= 0) store_partial_lse(p, ((head_base + tok1) * p.topk + slot1) * p.group + g1, st1);
+    return;
+  }
   if (tok0 >= 0)
     store_partial_row<0>(p, o, ((head_base + tok0) * p.topk + slot0) * p.group + g0, col_base,
                          lead, st0);
@@ -247,11 +281,19 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
                          lead, st1);
 }
 
+// Frees a Q buffer whose tile staged its bf16 partials: every consumer thread arrives, the lanes
+// that issued TMA stores once those have read the buffer.
+__device__ __forceinline__ void release_q_buffer(SharedStorage& sh, int consumer, int stage) {
+  sm90::bulk_wait_read<0>();
+  sm90::mbar_arrive(&sh.q_empty[consumer][stage]);
+}
+
 template <bool kF16>
 __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage& sh,
                                              int consumer, int tid) {
   int32_t kv_iter = 0;
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
+  int pending = -1;       // bf16 partials: Q stage of this consumer's previous tile, not yet freed
   while (true) {
     const int s = kv_iter % kKVStages;
     sm90::mbar_wait(&sh.kv_full[s], (kv_iter / kKVStages) & 1);
@@ -263,13 +305,19 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage&
     for (int j = int((consumer - tile_base) & 1); j < info.n_tiles; j += kConsumers) {
       const int64_t t_glob = tile_base + j;
       const int q_stage = int((t_glob >> 1) & 1);
+      // The previous tile's buffer (the other stage) is freed here, a tile after its TMA stores
+      // were issued, so their reads are long done and nothing waits.
+      if (pending >= 0) release_q_buffer(sh, consumer, pending);
       sm90::mbar_wait(&sh.q_full[consumer][q_stage], uint32_t((t_glob >> 2) & 1));
       consume_tile<kF16>(p, sh, info, s, consumer, q_stage, tid);
+      pending = p.part_bf16 ? q_stage : -1;
     }
     tile_base += info.n_tiles;
     if ((tid & 31) == 0) sm90::mbar_arrive(&sh.kv_empty[s]);  // kv_empty counts 4 per consumer
     ++kv_iter;
   }
+  if (pending >= 0) release_q_buffer(sh, consumer, pending);
+  sm90::bulk_wait<0>();  // the partial stores are complete before the CTA exits
 }
 
 }  // namespace msa::cuda::sparse_fwd

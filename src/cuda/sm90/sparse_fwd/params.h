@@ -2,6 +2,8 @@
 // launch.cu. Every pointer is device memory; shapes in the comments, nullability noted.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "cuda/common/paged_kv.cuh"
@@ -48,6 +50,9 @@ struct PrepParams {
 };
 
 struct MainParams {
+  // bf16 partials: 3-D map over part_o viewed as [entries, G, 128] (box 64 x G x 1, 128-byte
+  // swizzle), the consumers' TMA stores of each token's G rows (mma.cuh). First: 64-byte aligned.
+  CUtensorMap tm_part;
   const void* chunks = nullptr;        // [num_chunks] ChunkDesc
   const int32_t* num_chunks = nullptr; // [1]
   const int32_t* work_local = nullptr; // [Hkv, total_q * topk] compacted per chunk (PrepParams)
