@@ -3,6 +3,8 @@
 // candidates; plus the fused-path setup and the unfused -inf tail. Called from mma.cuh.
 #pragma once
 
+#include <climits>
+
 #include "cuda/sm90/block_scores/work.cuh"
 
 namespace msa::cuda::indexer_sm90 {
@@ -14,31 +16,64 @@ __device__ __forceinline__ float nan_max(float a, float b) {
   return r;
 }
 
-// Max over this thread's columns <= lim (in [-1, 127]) of one accumulator row (kOff 0: row
-// lane/4, 2: row lane/4 + 8), reduced over the quad that shares the row. With kScaled (FP8 with
-// per-key scales), each value is first multiplied by its column's key scale, read from the
-// stage's shared-memory copy (ks: the stage's 128 scales). Blocks
-// wholly visible to the row (every block but the diagonal and the batch tail) take the unmasked
-// path: this epilogue runs for every S element, and instruction issue, not the tensor cores,
-// bounded the first version (ncu: 36% issue-slot use, ALU busiest, tensor pipe idle).
-template <int kOff, bool kScaled>
-__device__ __forceinline__ float row_max(const float (&s)[64], int lim, int lane, const float* ks) {
+// This thread's key scales of one block (FP8 with per-key scales): one float2 per column pair
+// n*8 + 2 (lane & 3) + {0, 1}, read from the stage's staged copy once per block and shared by
+// both rows of both row groups (ks: the stage's 128 scales; its K stage must be full).
+__device__ __forceinline__ void load_key_scales(const float* ks, int lane, float2 (&k)[16]) {
+  const float2* ks2 = reinterpret_cast<const float2*>(ks) + (lane & 3);
+#pragma unroll
+  for (int n = 0; n < 16; ++n) k[n] = ks2[n * 4];
+}
+
+// Max over this thread's columns of its two accumulator rows (u = 0: row lane/4, elements
+// n*4 + {0, 1}; u = 1: row lane/4 + 8, elements n*4 + {2, 3}), each reduced over the quad that
+// shares the row; every lane of the quad ends with both row maxima. kScaled (FP8 with per-key
+// scales): each value is first multiplied by its column's key scale (k: load_key_scales).
+// kMasked: only columns <= lim[u] (in [-1, 127]) count; the caller takes the unmasked form
+// when the block is wholly visible to every row of the warp (all blocks but the diagonal and the
+// batch tail).
+// The reduction order is the previous per-row epilogue's, so the maxima are the same bits: a
+// wholly visible row folds max(v0, v1) pairs into 4 chains over n & 3, a partly visible row
+// folds one masked element at a time (-inf past lim), then both combine the chains and the
+// quad the same way. (A chain's first fold with its -inf start is dropped: max.NaN(-inf, x) is
+// x, or the canonical NaN when x is NaN, which the next max.NaN returns anyway.)
+// This runs for every S element: instruction issue, not the tensor cores, bounds the kernel
+// (ncu: issue slots 36-44% busy, ALU the busiest pipe), so nothing here is per-tile setup.
+template <bool kMasked, bool kScaled>
+__device__ __forceinline__ void row_max2(const float (&s)[64], const float2 (&k)[16], int lane,
+                                         const int (&lim)[2], float (&out)[2]) {
   const int c0 = 2 * (lane & 3);
-  auto value = [&](int n, int e) { return kScaled ? s[n * 4 + kOff + e] * ks[n * 8 + c0 + e] : s[n * 4 + kOff + e]; };
-  float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};  // independent chains for ILP
-  if (lim >= kBlockN - 1) {
+  float pair[2][4], elem[2][4];  // independent chains for ILP: pair-wise and element-wise folds
 #pragma unroll
-    for (int n = 0; n < 16; ++n) m[n & 3] = nan_max(m[n & 3], nan_max(value(n, 0), value(n, 1)));
-  } else {
+  for (int n = 0; n < 16; ++n) {
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        m[n & 3] = nan_max(m[n & 3], n * 8 + c0 + e <= lim ? value(n, e) : -INFINITY);
+    for (int u = 0; u < 2; ++u) {
+      float v0 = s[n * 4 + 2 * u], v1 = s[n * 4 + 2 * u + 1];
+      if constexpr (kScaled) {
+        v0 *= k[n].x;
+        v1 *= k[n].y;
+      }
+      const float p = nan_max(v0, v1);
+      pair[u][n & 3] = n < 4 ? p : nan_max(pair[u][n & 3], p);
+      if constexpr (kMasked) {
+        v0 = n * 8 + c0 <= lim[u] ? v0 : -INFINITY;
+        v1 = n * 8 + c0 + 1 <= lim[u] ? v1 : -INFINITY;
+        elem[u][n & 3] = nan_max(n < 4 ? v0 : nan_max(elem[u][n & 3], v0), v1);
+      }
+    }
   }
-  float r = nan_max(nan_max(m[0], m[1]), nan_max(m[2], m[3]));
-  r = nan_max(r, __shfl_xor_sync(0xffffffffu, r, 1));
-  return nan_max(r, __shfl_xor_sync(0xffffffffu, r, 2));
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    float m[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      m[i] = pair[u][i];
+      if constexpr (kMasked) m[i] = lim[u] < kBlockN - 1 ? elem[u][i] : m[i];
+    }
+    float r = nan_max(nan_max(m[0], m[1]), nan_max(m[2], m[3]));
+    r = nan_max(r, __shfl_xor_sync(0xffffffffu, r, 1));
+    out[u] = nan_max(r, __shfl_xor_sync(0xffffffffu, r, 2));
+  }
 }
 
 // FP8 scales (Params: 0 none, 1 per tensor, 2 per token, 3 per token and head).
@@ -91,52 +126,88 @@ __device__ __forceinline__ RowInfo row_info(const Params& p, int64_t t0, int r, 
   return RowInfo{t0 + r * (kTileM / p.group) + tok, row - tok * p.group, r * (kTileM / p.group) + tok};
 }
 
-// Epilogue of one row group's S tile for block kb of segment `seg`; ks: the block's staged key
-// scales (read only with FP8 per-key scales, so its K stage must still be held).
+// What the epilogue needs of this thread's two rows of one row group in the current batch
+// segment, computed once per segment (segment_rows), never per block.
+struct SegRows {
+  int last[2];    // batch-local index of the row's last visible key, clamped to [-1, lk - 1]
+  int full_last;  // min of `last` over the warp's rows in the segment (INT_MAX if none): block kb
+                  // is wholly visible to all of them iff kb * 128 + 127 <= full_last (warp-uniform)
+  float qk[2];    // FP8: q scale * per-tensor key scale (per-key scales apply per column)
+  float* out[2];  // unfused: &scores[hq, 0, t], null for rows outside the segment
+  int pick[2];    // fused: the row's token in the CTA if it is head 0 of its group and in the
+                  // segment (that row offers the token's group max), else -1
+};
+
+// Rows of row group r held by this thread in segment `seg` (row lane/4 + 8 u of the warp's 16).
+// Also reports negative FP8 scales, with the arguments the per-block check used to give.
 template <Elem kElem>
-__device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, const float (&s)[64],
-                                         const Segment& seg, int64_t h, int64_t t0, int r,
-                                         int64_t kb, int warp, int lane, const float* ks) {
-  const int row0 = warp * 16 + (lane >> 2);
-  const RowInfo ri[2] = {row_info(p, t0, r, row0), row_info(p, t0, r, row0 + 8)};
-  // FP8: score = qs * max_j(dot_j * ks_j) for scales >= 0; per-key scales multiply each value,
-  // a per-tensor key scale joins the query scale after the max.
-  const bool per_key = per_key_scales<kElem>(p);
-  const float k_const = per_key ? 1.f : scale_at(p.k_scale, p.k_scale_kind, 0, 0, 0);
-  float m[2];
+__device__ __forceinline__ SegRows segment_rows(const Params& p, const Segment& seg, int64_t h,
+                                                int64_t t0, int r, int warp, int lane) {
+  SegRows sr;
+  int vis_last = INT_MAX;
+  const float k_const =
+      per_key_scales<kElem>(p) ? 1.f : scale_at(p.k_scale, p.k_scale_kind, 0, 0, 0);
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
-    // Last visible key of the row's token (batch-local), in this block's columns; the block's
-    // keys past lk belong to the next batch (or are TMA zeros) and are never visible.
-    const int64_t last = p.causal ? ri[u].t - seg.q0 + seg.lk - seg.lq : seg.lk - 1;
-    int64_t lim = (last < seg.lk - 1 ? last : seg.lk - 1) - kb * kBlockN;
-    lim = lim < -1 ? -1 : (lim > kBlockN - 1 ? kBlockN - 1 : lim);
-    if (per_key) m[u] = u == 0 ? row_max<0, true>(s, int(lim), lane, ks) : row_max<2, true>(s, int(lim), lane, ks);
-    else m[u] = u == 0 ? row_max<0, false>(s, int(lim), lane, ks) : row_max<2, false>(s, int(lim), lane, ks);
+    const RowInfo ri = row_info(p, t0, r, warp * 16 + (lane >> 2) + 8 * u);
+    const int64_t hq = h * p.group + ri.g;
+    // The block's keys past lk belong to the next batch (or are TMA zeros): never visible.
+    int64_t last = p.causal ? ri.t - seg.q0 + seg.lk - seg.lq : seg.lk - 1;
+    last = last < seg.lk - 1 ? last : seg.lk - 1;
+    sr.last[u] = int(last < -1 ? -1 : last);  // lk < 2^31 (launch.cu)
+    const bool in = ri.t >= seg.t_begin && ri.t < seg.t_end;
+    if (in && sr.last[u] < vis_last) vis_last = sr.last[u];
+    sr.out[u] = in && p.scores != nullptr ? p.scores + hq * p.nblk_max * p.total_q + ri.t : nullptr;
+    sr.pick[u] = in && ri.g == 0 ? ri.cta_tok : -1;
+    sr.qk[u] = 1.f;
     if constexpr (kElem == Elem::e4m3) {
-      const int64_t t = ri[u].t < p.total_q ? ri[u].t : 0;  // rows past total_q are never stored
-      const float qs = scale_at(p.q_scale, p.q_scale_kind, t, h * p.group + ri[u].g, p.num_q_heads);
+      const int64_t t = ri.t < p.total_q ? ri.t : 0;  // rows past total_q are never stored
+      const float qs = scale_at(p.q_scale, p.q_scale_kind, t, hq, p.num_q_heads);
       if (qs < 0.f || k_const < 0.f)
-        flag_status(p.status, int32_t(StatusCode::negative_scale), 0, t, h * p.group + ri[u].g);
-      if (m[u] != -INFINITY) m[u] *= qs * k_const;  // no visible key stays -inf, even at scale 0
+        flag_status(p.status, int32_t(StatusCode::negative_scale), 0, t, hq);
+      sr.qk[u] = qs * k_const;
     }
   }
-  const bool in0 = ri[0].t >= seg.t_begin && ri[0].t < seg.t_end;
-  const bool in1 = ri[1].t >= seg.t_begin && ri[1].t < seg.t_end;
+  sr.full_last = __reduce_min_sync(0xffffffffu, vis_last);
+  return sr;
+}
+
+// Epilogue of one row group's S tile for block kb: kb_off = kb * total_q (the scores offset of
+// block kb); k: the thread's key scales of the block (read only with kPerKey). FP8: score = qs * max_j(dot_j * ks_j) for scales >= 0; per-key scales
+// multiply each value, a per-tensor key scale joins the query scale after the max.
+template <Elem kElem, bool kPerKey>
+__device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, const float (&s)[64],
+                                         const SegRows& sr, int kb, int64_t kb_off, int lane,
+                                         const float2 (&k)[16]) {
+  const int key0 = kb * kBlockN;
+  float m[2];
+  if (key0 + (kBlockN - 1) <= sr.full_last) {
+    row_max2<false, kPerKey>(s, k, lane, sr.last, m);
+  } else {
+    // Diagonal or tail block: per-row limits in this block's columns, in [-1, 127].
+    int lim[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) lim[u] = max(-1, min(kBlockN - 1, sr.last[u] - key0));
+    row_max2<true, kPerKey>(s, k, lane, lim, m);
+  }
+  if constexpr (kElem == Elem::e4m3) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+      if (m[u] != -INFINITY) m[u] *= sr.qk[u];  // no visible key stays -inf, even at scale 0
+  }
+  // Lane 0 of the quad writes both rows: its maxima are the ones the previous epilogue stored.
   if (p.scores != nullptr) {
     if ((lane & 3) == 0) {
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-        if (u == 0 ? in0 : in1)
-          p.scores[((h * p.group + ri[u].g) * p.nblk_max + kb) * p.total_q + ri[u].t] = m[u];
+      if (sr.out[0] != nullptr) sr.out[0][kb_off] = m[0];
+      if (sr.out[1] != nullptr) sr.out[1][kb_off] = m[1];
     }
     return;
   }
   float g0 = group_max_half(m[0], p.group), g1 = group_max_half(m[1], p.group);
   if (p.group == 16) g0 = g1 = fmaxf(g0, g1);  // one token spans both 8-row halves
   if ((lane & 3) == 0) {
-    if (in0 && ri[0].g == 0) offer(sh.picks[ri[0].cta_tok], p.rule, kb, g0);
-    if (in1 && ri[1].g == 0) offer(sh.picks[ri[1].cta_tok], p.rule, kb, g1);
+    if (sr.pick[0] >= 0) offer(sh.picks[sr.pick[0]], p.rule, kb, g0);
+    if (sr.pick[1] >= 0) offer(sh.picks[sr.pick[1]], p.rule, kb, g1);
   }
 }
 

@@ -4,7 +4,7 @@
 // kStages ring; flat K by lane 0, paged K one box per lane) and two consumer warpgroups (wgmma S = Q K^T, mask, row max, write or select).
 // Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus the producer warp's other
 // 31 lanes after staging FP8 per-key scales), k_empty[s] (lane 0 of each of the 8 consumer
-// warps; every consumer thread when the epilogue reads staged key scales); named barrier 1 orders the fused top-K state among consumers, 2 and
+// warps; every consumer thread when it reads staged key scales); named barrier 1 orders the fused top-K state among consumers, 2 and
 // 3 pass the turn to issue wgmma between the consumer warpgroups (ping-pong).
 #pragma once
 

@@ -12,17 +12,31 @@ namespace msa::cuda::indexer_sm90 {
 constexpr uint32_t kConsumerBarrier = 1;  // named barrier: both consumer warpgroups
 constexpr uint32_t kTurnBarrier = 2;      // 2, 3: consumer 0's / 1's turn to issue wgmma
 
+// wgmma descriptor of the K-major 128-byte-swizzled tile `byte_off` bytes past the one `d`
+// describes: the offset moves only the start address (bits 0-13 of the low word, in 16-byte
+// units; shared addresses stay below 2^18, so nothing carries out of them). Built once per
+// operand and offset by constants: re-encoding every k-step's descriptors (mask, shift, or in
+// vector registers, then two R2UR each) was ~170 of the ~710 instructions of a bf16 loop
+// iteration. With uniform inputs (consume_blocks) the offsets are UIADD3s.
+__device__ __forceinline__ uint64_t desc_offset(uint64_t d, uint32_t byte_off) {
+  return (d & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(d) + (byte_off >> 4));
+}
+__device__ __forceinline__ uint64_t tile_desc(const void* smem) {
+  return sm90::wgmma_desc_sw128(sm90::smem_addr(smem), 16, 1024);
+}
+
 // Issues S = Q K^T for one row group (one commit group). K-major operands, 128-byte swizzle:
 // a k-step is 32 bytes along a 128-byte row (k16 for 16-bit, k32 for e4m3); for 16-bit inputs
 // D's second half is the next 64-column buffer. The first step overwrites: no zeroing.
+// q_desc, k_desc: descriptors of the row group's Q tile and of the K stage (tile_desc).
 template <Elem kElem>
-__device__ __forceinline__ void issue_qk(float (&acc)[64], uint32_t q_addr, uint32_t k_addr) {
+__device__ __forceinline__ void issue_qk(float (&acc)[64], uint64_t q_desc, uint64_t k_desc) {
   constexpr int kHalfQ = kTileM * kRowBytes, kHalfK = kBlockN * kRowBytes;
   constexpr int kSteps = kElem == Elem::e4m3 ? kHeadDim / 32 : kHeadDim / 16;
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    const uint64_t da = sm90::wgmma_desc_sw128(q_addr + (kk >> 2) * kHalfQ + (kk & 3) * 32, 16, 1024);
-    const uint64_t db = sm90::wgmma_desc_sw128(k_addr + (kk >> 2) * kHalfK + (kk & 3) * 32, 16, 1024);
+    const uint64_t da = desc_offset(q_desc, (kk >> 2) * kHalfQ + (kk & 3) * 32);
+    const uint64_t db = desc_offset(k_desc, (kk >> 2) * kHalfK + (kk & 3) * 32);
     if constexpr (kElem == Elem::e4m3) sm90::wgmma_ss_e4m3(acc, da, db, kk > 0 ? 1u : 0u);
     else sm90::wgmma_ss<kElem == Elem::f16>(acc, da, db, kk > 0 ? 1u : 0u);
   }
@@ -35,8 +49,9 @@ __device__ __forceinline__ void fence_acc(float (&acc)[64]) {
   for (int i = 0; i < 64; ++i) sm90::reg_fence(acc[i]);
 }
 
-// Frees a K stage: lane 0 of each consumer warp after its warp's reads, or, when the epilogue
-// read the stage's key scales, every consumer thread (each reader is then its own arrival).
+// Frees a K stage: lane 0 of each consumer warp after its warp's reads, or, when the consumers
+// read the stage's key scales (load_key_scales), every consumer thread (each reader is then its
+// own arrival; the arrive's release orders its scale loads before the producer's next write).
 __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, bool per_key) {
   if (per_key) {
     sm90::mbar_arrive(&sh.k_empty[stage]);
@@ -49,65 +64,94 @@ __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, 
 // The block loop of a consumer warpgroup with kAcc (0, 1 or 2) row groups. Everything that
 // decides where a wgmma is issued or waited on is fixed at compile time or a loop bound, never
 // a branch inside the loop, and accumulators never live across iterations: otherwise ptxas
-// serializes every wgmma of the kernel (C7514 / C7518 / C7520).
+// serializes every wgmma of the kernel (C7514 / C7518 / C7520). What the epilogue needs of the
+// thread's rows is computed once per batch segment (segment_rows), never per block; the stage
+// and phase are 32-bit counters.
 template <Elem kElem, int kAcc>
 __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
-                               int64_t t1, int consumer, int warp, int lane) {
-  const int64_t n = count_items(p, t0, t1);
+                               int64_t t1, int consumer_in, int warp, int lane) {
+  // Warp-uniform by construction (redux.sync results land in uniform registers): with a uniform
+  // loop bound, consumer index and stage, ptxas builds the wgmma descriptors in the uniform
+  // datapath (UIADD3) instead of in vector registers moved over with R2UR per k-step.
+  const int n = __reduce_max_sync(0xffffffffu, int(count_items(p, t0, t1)));  // < 2^31 items
+  const int consumer = __reduce_max_sync(0xffffffffu, consumer_in);
   const bool per_key = per_key_scales<kElem>(p);  // the epilogue reads the stage's key scales
   ItemIter iter(p, t0, t1);
-  Segment seg;
-  int64_t kb;
-  auto k_ready = [&](int64_t it) {
-    const int stage = int(it % kStages);
-    sm90::mbar_wait(&sh.k_full[stage], uint32_t((it / kStages) & 1));
-    return sm90::smem_addr(sh.k[stage]);
+  int stage = 0, kb = 0;
+  uint32_t phase = 0;
+  bool fresh = false;
+  const uint64_t k_desc0 = tile_desc(sh.k[0]);  // stage s: + s * kKBlockBytes
+  auto k_ready = [&]() {
+    sm90::mbar_wait(&sh.k_full[stage], phase);
+    const int s = __reduce_max_sync(0xffffffffu, stage);  // uniform again (see n)
+    return desc_offset(k_desc0, uint32_t(s) * kKBlockBytes);
+  };
+  auto advance = [&]() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  };
+  float2 ksc[16];  // per-key scales of the current block (load_key_scales), only if per_key
+  auto epi = [&](const float(&acc)[64], const SegRows& sr, int64_t kb_off) {
+    if (per_key) epilogue<kElem, true>(p, sh, acc, sr, kb, kb_off, lane, ksc);
+    else epilogue<kElem, false>(p, sh, acc, sr, kb, kb_off, lane, ksc);
   };
   if constexpr (kAcc == 0) {
-    for (int64_t it = 0; it < n; ++it) {
-      k_ready(it);
-      release(sh, int(it % kStages), lane, per_key);
+    for (int it = 0; it < n; ++it) {
+      k_ready();
+      release(sh, stage, lane, per_key);
+      advance();
     }
   } else if constexpr (kAcc == 1) {
-    const uint32_t q0 = sm90::smem_addr(sh.q[consumer]);
+    const uint64_t q0 = tile_desc(sh.q[consumer]);
+    SegRows sr0;
     float acc0[64];
-    for (int64_t it = 0; it < n; ++it) {
-      const int stage = int(it % kStages);
-      const uint32_t k = k_ready(it);
+    for (int it = 0; it < n; ++it) {
+      const uint64_t k = k_ready();
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
+      if (per_key) load_key_scales(sh.k_scale[stage], lane, ksc);
       sm90::wgmma_wait<0>();
       fence_acc(acc0);
-      if (!per_key) release(sh, stage, lane, false);
-      iter.next(seg, kb);
-      epilogue<kElem>(p, sh, acc0, seg, h, t0, consumer, kb, warp, lane, sh.k_scale[stage]);
-      if (per_key) release(sh, stage, lane, true);
+      release(sh, stage, lane, per_key);
+      iter.next(kb, fresh);
+      if (fresh) sr0 = segment_rows<kElem>(p, iter.segment(), h, t0, consumer, warp, lane);
+      epi(acc0, sr0, int64_t(uint64_t(uint32_t(kb)) * uint32_t(p.total_q)));
+      advance();
     }
   } else {
     // Ping-pong: the warpgroups take turns issuing their two S tiles (named barriers
     // kTurnBarrier + consumer), so one warpgroup's epilogue runs under the other's wgmma.
     const int r0 = consumer, r1 = consumer + kConsumers;
-    const uint32_t q0 = sm90::smem_addr(sh.q[r0]), q1 = sm90::smem_addr(sh.q[r1]);
+    const uint64_t q0 = tile_desc(sh.q[r0]), q1 = tile_desc(sh.q[r1]);
     const uint32_t my_turn = kTurnBarrier + consumer, other_turn = kTurnBarrier + 1 - consumer;
+    SegRows sr0, sr1;
     if (consumer == 1 && n > 0) sm90::named_arrive(kTurnBarrier, kConsumers * 128);
-    for (int64_t it = 0; it < n; ++it) {
-      iter.next(seg, kb);
-      const uint32_t k = k_ready(it);
+    for (int it = 0; it < n; ++it) {
+      iter.next(kb, fresh);
+      if (fresh) {
+        sr0 = segment_rows<kElem>(p, iter.segment(), h, t0, r0, warp, lane);
+        sr1 = segment_rows<kElem>(p, iter.segment(), h, t0, r1, warp, lane);
+      }
+      // Scores offset of block kb; total_q < 2^31 (launch.cu): one 32 x 32 -> 64-bit multiply.
+      const int64_t kb_off = int64_t(uint64_t(uint32_t(kb)) * uint32_t(p.total_q));
+      const uint64_t k = k_ready();
       float acc0[64], acc1[64];
       sm90::named_sync(my_turn, kConsumers * 128);
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
       issue_qk<kElem>(acc1, q1, k);
       if (consumer == 0 || it + 1 < n) sm90::named_arrive(other_turn, kConsumers * 128);
-      const int stage = int(it % kStages);
+      if (per_key) load_key_scales(sh.k_scale[stage], lane, ksc);
       sm90::wgmma_wait<1>();
       fence_acc(acc0);
-      epilogue<kElem>(p, sh, acc0, seg, h, t0, r0, kb, warp, lane, sh.k_scale[stage]);
+      epi(acc0, sr0, kb_off);
       sm90::wgmma_wait<0>();
       fence_acc(acc1);
-      if (!per_key) release(sh, stage, lane, false);
-      epilogue<kElem>(p, sh, acc1, seg, h, t0, r1, kb, warp, lane, sh.k_scale[stage]);
-      if (per_key) release(sh, stage, lane, true);
+      release(sh, stage, lane, per_key);  // the stage's scales are in registers by now
+      epi(acc1, sr1, kb_off);
+      advance();
     }
   }
 }

@@ -79,6 +79,19 @@ class ItemIter {
     kb = kb_;
     return true;
   }
+  // Next item without copying its segment: block kb, and whether it opens a new segment (then
+  // segment() describes it). False when the tile has no more.
+  __device__ bool next(int& kb, bool& fresh) {
+    fresh = false;
+    while (kb_ + 1 >= cur_.nblocks) {
+      if (!next_segment(p_, t0_, t1_, b_, cur_)) return false;
+      kb_ = -1;
+      fresh = true;
+    }
+    kb = int(++kb_);  // kb * 128 < lk < 2^31 (launch.cu)
+    return true;
+  }
+  __device__ const Segment& segment() const { return cur_; }
 
  private:
   const Params& p_;
