@@ -3,9 +3,12 @@
 // online softmax in log2 units with the (-inf) - (-inf) guard, O += P V. mma.sync m16n8k16:
 // decode's 16-row tiles are too small for wgmma's 64. Used by kernel.cuh.
 //
-// FP8 KV runs f16 MMAs on the raw e4m3 bits (ptx.cuh: exact value / 256). Its contraction order
-// over d differs from bf16's so that one ldmatrix of fp8 bytes feeds whole k-steps: q_dim and
-// o_dim say which head-dim element each fragment register holds.
+// FP8 KV runs f16 MMAs on the e4m3 values converted exactly in registers (ptx.cuh, one cvt per
+// pair: 3 instructions per 4 K bytes, 4 per 4 V bytes; the per-tensor scales apply to S and O in
+// fp32). With kp = 8 warps splitting each stage's keys (the 16-row sparse CTAs), every element
+// is converted once per CTA. Its contraction order over d differs from bf16's so that one
+// ldmatrix of fp8 bytes feeds whole k-steps: q_dim and o_dim say which head-dim element each
+// fragment register holds.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,7 +56,7 @@ struct WarpTile {
 };
 
 // Loads Q rows [16 rt, 16 rt + 16) of a CTA serving `rows` rows (query qi = row / G of token
-// t0 + qi, head h * G + row % G). k_mult: K dequant factor (fp8: 256 * k_scale).
+// t0 + qi, head h * G + row % G). k_mult: K dequant factor (fp8: k_scale).
 template <typename TQ, bool kFp8>
 __device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams& p, int rt,
                                        int rows, int64_t t0, int h, int q0, int lq, int lk,

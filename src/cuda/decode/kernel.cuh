@@ -53,49 +53,74 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   }
   const int tiles = max(0, min(item.tile_end, last_tile) - item.tile_begin);
 
-  // Prologue: the page-table reads of the first kStages - 1 tiles in flight together, then
-  // their copies; then the reads of the next tile, consumed by the first loop iteration.
-  TileRows<kFp8> first[Tr::kStages - 1], ahead;
+  // Pipeline steps: one stage of kTps consecutive tiles each (traits.h); with an odd tile count
+  // the last fp8 stage holds one tile and its second half is never issued nor read.
+  constexpr int kTps = Tr::kTilesPerStage;
+  const int steps = (tiles + kTps - 1) / kTps;
+
+  // Prologue: the page-table reads of the first kStages - 1 stages in flight together, then
+  // their copies; then the reads of the next stage, consumed by the first loop iteration.
+  TileRows<kFp8> first[Tr::kStages - 1][kTps], ahead[kTps];
 #pragma unroll
   for (int s = 0; s < Tr::kStages - 1; ++s)
-    if (s < tiles) lookup_tile<kFp8>(p, src, item.tile_begin + s, first[s]);
+#pragma unroll
+    for (int u = 0; u < kTps; ++u)
+      if (s * kTps + u < tiles) lookup_tile<kFp8>(p, src, item.tile_begin + s * kTps + u, first[s][u]);
 #pragma unroll
   for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if (s < tiles)
-      issue_tile<kFp8>(p, src, first[s], pipe + s * Tr::kStageBytes, slot_key + s * kTileKeys);
+#pragma unroll
+    for (int u = 0; u < kTps; ++u)
+      if (s * kTps + u < tiles)
+        issue_tile<kFp8>(p, src, first[s][u], pipe + s * Tr::kStageBytes + u * Tr::kTileBytes,
+                         slot_key + s * Tr::kStageKeys + u * kTileKeys);
     cp_async_commit();
   }
-  if (Tr::kStages - 1 < tiles)
-    lookup_tile<kFp8>(p, src, item.tile_begin + Tr::kStages - 1, ahead);
+#pragma unroll
+  for (int u = 0; u < kTps; ++u)
+    if ((Tr::kStages - 1) * kTps + u < tiles)
+      lookup_tile<kFp8>(p, src, item.tile_begin + (Tr::kStages - 1) * kTps + u, ahead[u]);
 
   const int nrt = (rows + 15) >> 4;
   const int kp = nrt == 1 ? 8 : nrt == 2 ? 4 : nrt <= 4 ? 2 : 1;
-  const int kw = kTileKeys / kp;  // keys per warp per tile: 16, 32, 64 or 128
+  const int kw = Tr::kStageKeys / kp;  // keys per warp per stage: bf16 16..128, fp8 32..256
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool active = warp < nrt * kp;
   const int rt = warp % nrt, kpi = warp / nrt;
-  const float k_mult = kFp8 ? 256.f * (p.k_scale ? *p.k_scale : 1.f) : 1.f;
-  const float v_mult = kFp8 ? 256.f * (p.v_scale ? *p.v_scale : 1.f) : 1.f;
+  const float k_mult = kFp8 && p.k_scale ? *p.k_scale : 1.f;
+  const float v_mult = kFp8 && p.v_scale ? *p.v_scale : 1.f;
   WarpTile<TQ, kFp8> w;
   load_q(w, p, active ? rt : 0, active ? rows : 0, t0, h, q0, rq.lq, rq.lk, k_mult);
 
-  for (int it = 0; it < tiles; ++it) {
+  for (int it = 0; it < steps; ++it) {
     cp_async_wait<Tr::kStages - 2>();
-    __syncthreads();  // tile it landed for all threads; stage (it - 1) % kStages is free
+    __syncthreads();  // stage it landed for all threads; stage (it - 1) % kStages is free
     const int next = it + Tr::kStages - 1;
-    if (next < tiles)
-      issue_tile<kFp8>(p, src, ahead, pipe + (next % Tr::kStages) * Tr::kStageBytes,
-                       slot_key + (next % Tr::kStages) * kTileKeys);
+    if (next < steps) {
+#pragma unroll
+      for (int u = 0; u < kTps; ++u)
+        if (next * kTps + u < tiles)
+          issue_tile<kFp8>(p, src, ahead[u],
+                           pipe + (next % Tr::kStages) * Tr::kStageBytes + u * Tr::kTileBytes,
+                           slot_key + (next % Tr::kStages) * Tr::kStageKeys + u * kTileKeys);
+    }
     cp_async_commit();
-    if (next + 1 < tiles) lookup_tile<kFp8>(p, src, item.tile_begin + next + 1, ahead);
+    if (next + 1 < steps) {
+#pragma unroll
+      for (int u = 0; u < kTps; ++u)
+        if ((next + 1) * kTps + u < tiles)
+          lookup_tile<kFp8>(p, src, item.tile_begin + (next + 1) * kTps + u, ahead[u]);
+    }
     if (!active) continue;
-    const int stage = it % Tr::kStages, tile = item.tile_begin + it;
+    const int stage = it % Tr::kStages, tile = item.tile_begin + it * kTps;
     const uint32_t k_stage = pipe + stage * Tr::kStageBytes;
-    const int* sk = slot_key + stage * kTileKeys;
+    const int* sk = slot_key + stage * Tr::kStageKeys;
     for (int kb = kpi * kw; kb < (kpi + 1) * kw; kb += 64) {
+      // The window's tile was never issued (odd tile count): its slot keys are stale.
+      if constexpr (kTps > 1)
+        if (it * kTps + kb / kTileKeys >= tiles) continue;
       const int nn = min(8, kw / 8);
       bool sel0 = true, sel1 = true;
-      if (masks) {
+      if (masks) {  // union entries run on across the stage's tiles: entry of slot kb
         const uint32_t m = masks[tile * epb + (kb >> p.block_shift) - src.e0];
         sel0 = (m & w.qbit[0]) != 0;
         sel1 = (m & w.qbit[1]) != 0;
@@ -103,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       const bool has_key = (lane < 8 * nn && sk[kb + lane] >= 0) ||
                            (lane + 32 < 8 * nn && sk[kb + lane + 32] >= 0);
       if (!__any_sync(0xffffffffu, has_key) || !__any_sync(0xffffffffu, sel0 || sel1)) continue;
-      attend(w, k_stage, k_stage + Tr::kTileBytes, sk, kb, nn, sel0, sel1);
+      attend(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1);
     }
   }
   cp_async_wait<0>();

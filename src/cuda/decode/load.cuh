@@ -1,7 +1,8 @@
 // Producer side of the decode kernel: one tile of 128 key slots (K and V) from the page pool into
-// a pipeline stage with 16-byte cp.async, every thread taking part. Slots without a key (past
-// the length, past the union, bad page id) are zero-filled and marked -1 in slot_key, so no
-// byte of an unused page slot ever reaches the math. Used by kernel.cuh.
+// a pipeline stage (one tile for bf16 / f16, two for fp8: traits.h) with 16-byte cp.async, every
+// thread taking part. Slots without a key (past the length, past the union, bad page id) are
+// zero-filled and marked -1 in slot_key, so no byte of an unused page slot ever reaches the
+// math. Used by kernel.cuh.
 #pragma once
 
 #include <cstdint>
@@ -74,11 +75,13 @@ __device__ __forceinline__ void lookup_tile(const DecodeParams& p, const TileSou
 }
 
 // Second half: checks the page ids (a bad one is reported and its slot zero-filled), issues the
-// 16-byte copies of K and V into stage buffer `stage_base` (K at 0, V at kTileBytes) and writes
-// slot_key[row] = logical key or -1.
+// 16-byte copies of K and V of one tile to `tile_base` (its K rows; the V rows sit kStageKBytes
+// further, Traits) and writes slot_key[row] = logical key or -1. A stage of two fp8 tiles takes
+// its second tile at stage base + kTileBytes, i.e. stage rows 128..255: tile_offset swizzles by
+// row % 8, the same for row and row + 128.
 template <bool kFp8>
 __device__ __forceinline__ void issue_tile(const DecodeParams& p, const TileSource& src,
-                                           const TileRows<kFp8>& r, uint32_t stage_base,
+                                           const TileRows<kFp8>& r, uint32_t tile_base,
                                            int* slot_key) {
   using Tr = Traits<kFp8>;
   using Rows = TileRows<kFp8>;
@@ -108,9 +111,9 @@ __device__ __forceinline__ void issue_tile(const DecodeParams& p, const TileSour
 #pragma unroll
     for (int i = 0; i < Rows::kChunksPerLane; ++i) {
       const int chunk = sub + Rows::kLanesPerRow * i;
-      const uint32_t dst = stage_base + tile_offset<kFp8>(row, chunk);
+      const uint32_t dst = tile_base + tile_offset<kFp8>(row, chunk);
       cp_async_16(dst, kbase + koff + chunk * 16, bytes);
-      cp_async_16(dst + Tr::kTileBytes, vbase + voff + chunk * 16, bytes);
+      cp_async_16(dst + Tr::kStageKBytes, vbase + voff + chunk * 16, bytes);
     }
     if (sub == 0) slot_key[row] = j;
   }

@@ -1,5 +1,5 @@
 // Warp-level PTX wrappers of the decode kernel: cp.async with zero fill, ldmatrix, mma.sync
-// m16n8k16 (bf16 / f16 in, f32 accumulate) and the FP8 e4m3 -> f16 bit conversion.
+// m16n8k16 (bf16 / f16 in, f32 accumulate) and the FP8 e4m3x2 -> f16x2 conversion.
 // Included by load.cuh and attend.cuh; each wrapper is one instruction or a few bit operations.
 #pragma once
 
@@ -71,22 +71,29 @@ __device__ __forceinline__ uint32_t pack2(float x, float y) {
   }
 }
 
-// Two e4m3 bytes, placed as the high bytes of the two 16-bit halves of z ([0, b0, 0, b1]), to
-// f16x2 holding exactly value / 256: the sign stays in bit 15 and the 7 exponent-mantissa bits
-// move to bits 13..7, so the e4m3 exponent (bias 7) reads as an f16 exponent (bias 15): a factor
-// 2^-8 for normals and subnormals alike. The 256 is folded into the K and V scales. The NaN
-// codes 0x7f / 0xff read as +-480 / 256 (slots without a key are zero-filled, never converted).
-__device__ __forceinline__ uint32_t e4m3x2_hi_bytes_to_f16x2(uint32_t z) {
-  return (z & 0x80008000u) | ((z >> 1) & 0x3f803f80u);
+// Two e4m3 values (x: bits 7..0 -> low half, bits 15..8 -> high half) to f16x2, exactly (every
+// e4m3 value is an f16; NaN stays NaN). One F2FP.F16.E4M3.UNPACK_B on sm_90a; it reads the low
+// 16 bits of a register, so the high pair costs one shift or byte permute more.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
+  uint32_t d;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}"
+      : "=r"(d)
+      : "r"(x));
+  return d;
 }
-// Bytes i and j of x (i in the low half) as f16x2 value / 256.
+// Bytes i and j of x (i in the low half) as f16x2.
 template <int kSelector>
 __device__ __forceinline__ uint32_t e4m3_pair(uint32_t x) {
-  return e4m3x2_hi_bytes_to_f16x2(__byte_perm(x, 0u, kSelector));
+  if constexpr (kSelector == 0x10)
+    return e4m3x2_to_f16x2(x);
+  else if constexpr (kSelector == 0x32)
+    return e4m3x2_to_f16x2(x >> 16);
+  else
+    return e4m3x2_to_f16x2(__byte_perm(x, 0u, kSelector));
 }
-constexpr int kBytes01 = 0x1404;  // [0, b0, 0, b1]
-constexpr int kBytes23 = 0x3424;  // [0, b2, 0, b3]
-constexpr int kBytes02 = 0x2404;  // [0, b0, 0, b2]
-constexpr int kBytes13 = 0x3414;  // [0, b1, 0, b3]
+constexpr int kBytes01 = 0x10;  // __byte_perm selectors of the low two result bytes
+constexpr int kBytes23 = 0x32;
+constexpr int kBytes02 = 0x20;
+constexpr int kBytes13 = 0x31;
 
 }  // namespace msa::cuda::decode
