@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/codecs.h"
 #include "cpu/attention_problem.h"
 #include "cpu/host_tensor.h"
 #include "gpu_test_util.h"
@@ -254,6 +255,79 @@ inline void run_attention_poisoned_workspace(AttentionArgs& a, cudaStream_t s) {
   MSA_CUDA_CHECK(cudaGetLastError());
   MSA_CUDA_CHECK(cudaStreamSynchronize(s));
   a.workspace = Tensor();
+}
+
+// DESIGN.md s.10, the FlashAttention-3 bar: on sampled rows, the largest error of the GPU's out
+// against fp64 is at most twice the largest error, against fp64, of a same-precision reference:
+// the same 16-bit inputs, fp32 math (scores, exponentials, sums, P V), probabilities rounded to
+// the input type before P V, out rounded to it. Rows: every `stride`-th (token, query head).
+inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out, int64_t stride) {
+  const Problem& p = c.p;
+  const int64_t tq = p.total_q(), g = p.hq / p.hkv, D = p.dim, blk = 128;
+  const bool f16 = p.q.t.dtype == DType::f16;
+  auto round16 = [f16](float x) {
+    return f16 ? codec::f16_to_float(codec::float_to_f16(x))
+               : codec::bf16_to_float(codec::float_to_bf16(x));
+  };
+  const double scale = c.scale != 0.f ? c.scale : float(1.0 / std::sqrt(double(D)));
+  double err_gpu = 0, err_same = 0;
+  int64_t rows = 0;
+  for (int64_t b = 0; b < p.batch(); ++b)
+    for (int64_t i = 0; i < p.lq[b]; ++i)
+      for (int64_t hq = 0; hq < p.hq; ++hq) {
+        const int64_t t = p.q_start(b) + i, h = hq / g;
+        if ((t * p.hq + hq) % stride != 0) continue;
+        const int32_t* sel = c.q2k.data<int32_t>() + (h * tq + t) * c.topk;
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j < p.lk[b]; ++j) {
+          const bool visible = !c.causal || j <= i + p.lk[b] - p.lq[b];
+          if (visible && std::find(sel, sel + c.topk, int32_t(j / blk)) != sel + c.topk)
+            keys.push_back(p.k_start(b) + j);
+        }
+        if (keys.empty()) continue;
+        std::vector<double> s64(keys.size());
+        std::vector<float> s32(keys.size());
+        for (size_t n = 0; n < keys.size(); ++n) {
+          double d64 = 0;
+          float d32 = 0.f;
+          for (int64_t d = 0; d < D; ++d) {
+            const double qv = p.q_val[(t * p.hq + hq) * D + d];
+            const double kv = p.k_val[(keys[n] * p.hkv + h) * D + d];
+            d64 += qv * kv;
+            d32 = std::fma(float(qv), float(kv), d32);
+          }
+          s64[n] = scale * d64;
+          s32[n] = float(scale) * d32;
+        }
+        const double m64 = *std::max_element(s64.begin(), s64.end());
+        const float m32 = *std::max_element(s32.begin(), s32.end());
+        double l64 = 0;
+        float l32 = 0.f;
+        std::vector<double> o64(D, 0.0);
+        std::vector<float> o32(D, 0.f);
+        for (size_t n = 0; n < keys.size(); ++n) {
+          const double w64 = std::exp(s64[n] - m64);
+          const float w32 = std::exp(s32[n] - m32);
+          l64 += w64;
+          l32 += w32;
+          const float w16 = round16(w32);
+          for (int64_t d = 0; d < D; ++d) {
+            const double vv = p.v_val[(keys[n] * p.hkv + h) * D + d];
+            o64[d] += w64 * vv;
+            o32[d] = std::fma(w16, float(vv), o32[d]);
+          }
+        }
+        for (int64_t d = 0; d < D; ++d) {
+          const double exact = o64[d] / l64;
+          err_same = std::max(err_same, std::fabs(double(round16(o32[d] / l32)) - exact));
+          err_gpu = std::max(err_gpu, std::fabs(load(gpu_out.t, (t * p.hq + hq) * D + d) - exact));
+        }
+        ++rows;
+      }
+  if (rows == 0) return;
+  EXPECT_LE(err_gpu, 2.0 * err_same)
+      << "out: max error vs fp64 " << err_gpu << ", same-precision reference " << err_same
+      << " (" << rows << " sampled rows; DESIGN.md s.10 allows 2x)";
 }
 
 }  // namespace msa::test
