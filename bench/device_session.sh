@@ -28,9 +28,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 ncu_step() {  # name, kernel regex, command...
   local name=$1 regex=$2; shift 2
   local lim; lim=$(left 120); (( lim == 0 )) && { summary+=("ncu $name skipped (time)"); return; }
-  timeout $lim ncu --clock-control none --kernel-name regex:"$regex" --launch-count 1 \
+  timeout $lim ncu --clock-control none --kernel-name regex:"$regex" --launch-count ${NCU_COUNT:-1} \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-    --section WarpStateStats --section SchedulerStats "$@" > "$OUT/ncu_$name.log" 2>&1
+    --section WarpStateStats --section SchedulerStats ${NCU_EXTRA:-} "$@" > "$OUT/ncu_$name.log" 2>&1
   summary+=("ncu $name rc=$?")
   grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|No Eligible|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu_$name.log" | head -14
 }
@@ -82,6 +82,12 @@ for step in $steps; do
     ncu-sparse) ncu_step sparse "sparse_fwd_kernel" "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check ;;
     ncu-uniform) ncu_step uniform "uniform_kernel" "$BIN/bench_sparse_fwd" --case P32K-blk --iters 1 --warmup 0 --no-check ;;
     ncu-indexer) ncu_step indexer "block_scores_kernel" "$BIN/bench_indexer" --seq 16384 --iters 1 --warmup 0 ;;
+    ncu-times)  # every kernel's duration in one iteration of the prefill cases (prep, main, combine)
+      lim=$(left 120); (( lim > 0 )) && { timeout $lim ncu --clock-control none --metrics gpu__time_duration.sum \
+        --csv "$BIN/bench_sparse_fwd" --case P32K-blk --case P8K-tok --case P32K-tok --iters 1 --warmup 0 \
+        --no-check --no-flush > "$OUT/ncu_times.log" 2>&1; summary+=("ncu times rc=$?");
+        grep gpu__time_duration "$OUT/ncu_times.log" | awk -F'","' '{printf "%-60.60s %s\n", $5, $NF}' | tr -d '"' | head -60; } ;;
+    ncu-mtp) NCU_COUNT=2 ncu_step mtp "decode_kernel" "$BIN/bench_decode" --case DEC-MTP --iters 1 --warmup 0 --no-check ;;
     ncu-decode) ncu_step decode "decode_kernel" "$BIN/bench_decode" --case DEC-B32-dense --iters 1 --warmup 0 --no-check ;;
     *) summary+=("unknown step $step") ;;
   esac
