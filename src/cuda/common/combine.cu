@@ -2,6 +2,7 @@
 // threads, each owning 8 consecutive head-dim elements of one query head, so a unit reads its
 // topk x G x 128 partial values as contiguous 16-byte loads.
 #include <algorithm>
+#include <climits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -54,17 +55,11 @@ __device__ __forceinline__ float merge_lse(const float* v, const int32_t* ids, i
   return m + logf(sum);
 }
 
+// One unit = (token t of batch b, kv head h), nblk = batch b's key blocks.
 template <bool kF16>
-__device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t unit, int li) {
+__device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, int64_t h,
+                                             int64_t nblk, int li) {
   const int g = li / (kHeadDim / kVec), d0 = (li % (kHeadDim / kVec)) * kVec;
-  const int64_t t = unit / p.num_kv_heads, h = unit % p.num_kv_heads;
-  const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
-  if (p.uniform != nullptr) {
-    const int64_t qblock = p.qblock_start[b] + (t - p.cu_seqlens_q[b]) / 128;
-    if (qblock < p.qblock_cap && p.uniform[h * p.qblock_cap + qblock]) return;
-  }
-  const int64_t lk = int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
-  const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
   const int64_t base = (h * p.total_q + t) * p.topk;  // first slot of (h, t)
   const int32_t* ids = p.q2k + base;
   const float* lse_g = p.part_lse + base * p.group + g;
@@ -141,27 +136,54 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t uni
 }
 
 
-// Grid-stride over units: a launch capped at a few waves, so units that the uniform path wrote
-// (every unit under block-uniform selections) cost a flag test, not a block launch each.
+// Last b in [0, batch) with starts[b] <= x (starts non-decreasing).
+__device__ __forceinline__ int64_t last_start_le(const int32_t* starts, int64_t batch, int64_t x) {
+  int64_t lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Work tiles of kTileTokens tokens of one (kv head, 128-query block) pair, grid-stride: a pair
+// the uniform path wrote (every pair under block-uniform selections) costs one flag test per
+// tile, and the batch lookup is done once per tile instead of once per unit.
+constexpr int kTileTokens = 16;
+constexpr int kTilesPerQBlock = 128 / kTileTokens;
+
 template <bool kF16>
-__global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
+__global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParams p) {
   const int per_unit = p.group * (kHeadDim / kVec);
   const int units_per_block = kThreads / per_unit;
   if (threadIdx.x >= units_per_block * per_unit) return;
-  const int64_t units = p.total_q * p.num_kv_heads;
-  for (int64_t unit = int64_t(blockIdx.x) * units_per_block + threadIdx.x / per_unit;
-       unit < units; unit += int64_t(gridDim.x) * units_per_block)
-    combine_unit<kF16>(p, unit, threadIdx.x % per_unit);
+  // 32-bit tile state (tiles, tokens and blocks fit int32; checked on the host) keeps the
+  // kernel at 64 registers, 4 blocks per SM.
+  const int32_t tiles = int32_t(p.num_kv_heads * p.qblock_cap) * kTilesPerQBlock;
+  const int32_t qblocks = p.qblock_start[p.batch], qcap = int32_t(p.qblock_cap);
+  for (int32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int32_t pair = tile / kTilesPerQBlock, sub = tile % kTilesPerQBlock;
+    const int32_t h = pair / qcap, qblock = pair % qcap;
+    if (qblock >= qblocks || p.uniform[pair]) continue;
+    const int32_t b = int32_t(last_start_le(p.qblock_start, p.batch, qblock));
+    const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
+    const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    const int32_t nblk = lk > 0 ? (lk - 1) / p.kv_block_size + 1 : 0;
+    const int32_t lo = (qblock - p.qblock_start[b]) * 128 + sub * kTileTokens;
+    const int32_t hi = min(lq, lo + kTileTokens);
+    for (int32_t tl = lo + int32_t(threadIdx.x) / per_unit; tl < hi; tl += units_per_block)
+      combine_unit<kF16>(p, q_start + tl, h, nblk, threadIdx.x % per_unit);
+  }
 }
 
 }  // namespace
 
 void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t stream) {
-  const int64_t units = p.total_q * p.num_kv_heads;
-  if (units == 0) return;
-  const int per_unit = p.group * (kHeadDim / kVec);
-  const int64_t units_per_block = kThreads / per_unit;
-  const int64_t blocks = std::min<int64_t>((units + units_per_block - 1) / units_per_block,
+  if (p.total_q * p.num_kv_heads == 0 || p.batch == 0) return;
+  MSA_CHECK(p.num_kv_heads * p.qblock_cap * kTilesPerQBlock < INT32_MAX,
+            "attention_forward: Hkv * query blocks = ", p.num_kv_heads * p.qblock_cap,
+            " is too large for the CUDA combine");
+  const int64_t blocks = std::min<int64_t>(p.num_kv_heads * p.qblock_cap * kTilesPerQBlock,
                                            kMaxBlocks);
   if (out_f16)
     combine_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(p);

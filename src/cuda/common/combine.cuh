@@ -24,10 +24,11 @@ struct CombineParams {
   float* tlse = nullptr;                  // [Hq, total_q] or null
   int64_t batch = 0, total_q = 0;
   int32_t num_kv_heads = 0, group = 1, topk = 0, kv_block_size = 128;
-  // (head, query block) pairs already written by the uniform path: skipped here. Null: none.
+  // The combine walks (kv head, 128-query block) pairs; the pairs already written by the
+  // uniform path (flag 1) are skipped. All three are required.
   const int32_t* uniform = nullptr;       // [Hkv, qblock_cap]
   const int32_t* qblock_start = nullptr;  // [B+1] first global 128-query block of batch b
-  int64_t qblock_cap = 0;
+  int64_t qblock_cap = 0;                 // >= qblock_start[B]
 };
 
 // out_f16: out is f16 (else bf16).

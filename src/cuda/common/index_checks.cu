@@ -1,6 +1,9 @@
-// Kernels of the device-side index checks (index_checks.cuh): one thread per (head, token) row
-// of q2k, one per cu_seqlens entry, and a single-thread finalize that turns the first-offence
-// key into the status buffer.
+// Kernels of the device-side index checks (index_checks.cuh): q2k rows staged per block in shared
+// memory (one thread per entry; one thread per row for very long rows), one thread per
+// cu_seqlens entry, and a single-thread finalize that turns the first-offence key into the
+// status buffer.
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "cuda/common/index_checks.cuh"
@@ -33,6 +36,48 @@ __global__ void check_cu_seqlens_kernel(Q2KCheckParams p, unsigned long long* fi
   }
   if (p.keys.seqused_k && i < p.batch && p.keys.seqused_k[i] < 0)
     atomicMin(first, offence_key(0, uint64_t(i) * 2 + 1, uint64_t(StatusCode::bad_cu_seqlens)));
+}
+
+constexpr int kThreads = 256;
+constexpr int kStagedEntries = 2048;  // q2k entries a block stages in shared memory per step
+
+// Blocks of whole q2k rows staged in shared memory (coalesced loads), one thread per entry:
+// range test against the row's batch, then a repeat test against the row's earlier slots.
+// For topk <= kStagedEntries; check_q2k_kernel below takes larger rows one thread per row.
+__global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckParams p,
+                                                                    unsigned long long* first) {
+  __shared__ int32_t ids[kStagedEntries];
+  __shared__ int32_t row_nblk[kStagedEntries];
+  const int topk = int(p.topk);
+  const int per_step = kStagedEntries / topk;  // rows per step
+  const int64_t rows = p.num_kv_heads * p.total_q;
+  for (int64_t row0 = int64_t(blockIdx.x) * per_step; row0 < rows;
+       row0 += int64_t(gridDim.x) * per_step) {
+    const int n_rows = int(rows - row0 < per_step ? rows - row0 : per_step), n = n_rows * topk;
+    const int32_t* src = p.q2k + row0 * topk;
+    for (int e = threadIdx.x; e < n; e += kThreads) ids[e] = src[e];
+    for (int r = threadIdx.x; r < n_rows; r += kThreads) {
+      const int64_t b = find_batch(p.cu_seqlens_q, p.batch, (row0 + r) % p.total_q);
+      const int64_t lk = batch_keys(p.keys, b);
+      const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
+      row_nblk[r] = int(nblk < INT32_MAX ? nblk : INT32_MAX);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += kThreads) {
+      const int r = e / topk, s = e - r * topk;
+      const int32_t id = ids[e];
+      if (id == -1) continue;
+      uint64_t code = 0;
+      if (id < -1 || id >= row_nblk[r]) {
+        code = uint64_t(StatusCode::block_id_out_of_range);
+      } else {
+        for (int q = r * topk; q < e; ++q)
+          if (ids[q] == id) { code = uint64_t(StatusCode::block_id_repeated); break; }
+      }
+      if (code) atomicMin(first, offence_key(1, uint64_t((row0 + r) * topk + s), code));
+    }
+    __syncthreads();
+  }
 }
 
 __global__ void check_q2k_kernel(Q2KCheckParams p, unsigned long long* first) {
@@ -85,14 +130,20 @@ void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
                       cudaStream_t stream) {
   auto* first = static_cast<unsigned long long*>(workspace);
   MSA_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(*first), stream));
-  constexpr int kThreads = 256;
   const int64_t cu_threads = p.batch + 1;
   check_cu_seqlens_kernel<<<unsigned((cu_threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       p, first);
   MSA_CUDA_CHECK_LAUNCH();
   const int64_t rows = p.num_kv_heads * p.total_q;
   if (rows > 0 && p.topk > 0 && p.batch > 0) {
-    check_q2k_kernel<<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, first);
+    if (p.topk <= kStagedEntries) {
+      const int64_t per_step = kStagedEntries / p.topk;
+      const int64_t blocks = std::min<int64_t>((rows + per_step - 1) / per_step, 132 * 16);
+      check_q2k_staged_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p, first);
+    } else {
+      check_q2k_kernel<<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p,
+                                                                                         first);
+    }
     MSA_CUDA_CHECK_LAUNCH();
   }
   finalize_kernel<<<1, 1, 0, stream>>>(p, first, status);

@@ -30,14 +30,23 @@ using namespace sparse_fwd;
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-// Temporary bytes of the stable radix sort of `n` (16-bit window key, chunk id) pairs.
-size_t chunk_sort_bytes(int64_t n) {
+// Bits of the window sort keys: real keys are 0 .. window_keys - 1, the unused capacity sorts
+// last with key window_keys (PrepParams::window_keys). One radix pass up to 8 bits (S <= 128K
+// tokens at 1024-token windows).
+int window_key_bits(int32_t window_keys) {
+  int bits = 1;
+  while ((1u << bits) <= uint32_t(window_keys)) ++bits;
+  return bits;
+}
+
+// Temporary bytes of the stable radix sort of `n` (window key of `bits` bits, chunk id) pairs.
+size_t chunk_sort_bytes(int64_t n, int bits) {
   size_t bytes = 0;
   MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
                                                  static_cast<uint32_t*>(nullptr),
                                                  static_cast<const int32_t*>(nullptr),
                                                  static_cast<int32_t*>(nullptr), int(n), 0,
-                                                 kWindowKeyBits));
+                                                 bits));
   return bytes;
 }
 
@@ -48,6 +57,7 @@ struct AttnPlan {
   int64_t chunk_capacity = 0;
   int32_t chunk_tokens = 0;
   int64_t qblock_cap = 0, unit_cap = 0;
+  int32_t window_keys = 0;       // query windows (PrepParams::window_keys)
   bool build_csr = false, build_schedule = false;
   size_t paged_offence = 0, key_offsets = 0;  // paged KV only
   size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0;
@@ -81,6 +91,8 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most G units of 128 rows.
   w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
   w.unit_cap = hkv * w.qblock_cap * s.group;
+  w.window_keys = int32_t(std::min<int64_t>(((w.qblock_cap - 1) >> kWindowShift) + 1,
+                                            kMaxWindowKeys));
   const size_t part_elems = size_t(hkv) * size_t(nnz) * size_t(s.group);
   const size_t part_bytes = a.params.partial_dtype == DType::bf16 ? 2 : 4;
   size_t off = 0;
@@ -99,7 +111,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.chunk_keys_sorted = take(size_t(w.chunk_capacity) * 4);
   w.chunk_ids = take(size_t(w.chunk_capacity) * 4);
   w.chunk_order = take(size_t(w.chunk_capacity) * 4);
-  w.sort_tmp_bytes = chunk_sort_bytes(w.chunk_capacity);
+  w.sort_tmp_bytes = chunk_sort_bytes(w.chunk_capacity, window_key_bits(w.window_keys));
   w.sort_tmp = take(w.sort_tmp_bytes);
   w.work_local = take(size_t(hkv * nnz) * 4);
   w.work_slot = take(size_t(hkv * nnz) * 4);
@@ -230,6 +242,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
 
   PrepParams pp;
   pp.q2k = q2k;
+  pp.q2k_vec4 = s.topk % 4 == 0 && (reinterpret_cast<uintptr_t>(q2k) & 15) == 0 ? 1 : 0;
   pp.cu_seqlens_q = cu_q;
   pp.cu_seqlens_k = cu_k;
   pp.paged = paged ? 1 : 0;
@@ -241,6 +254,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   pp.schedule_capacity = w.schedule_capacity;
   pp.chunk_capacity = w.chunk_capacity;
   pp.chunk_tokens = w.chunk_tokens;
+  pp.window_keys = w.window_keys;
   pp.row_start = reinterpret_cast<int32_t*>(ws + w.row_start);
   pp.chunk_start = reinterpret_cast<int32_t*>(ws + w.chunk_start);
   pp.num_chunks = reinterpret_cast<int32_t*>(ws + w.num_chunks);
@@ -309,7 +323,9 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   const int sms = sm_count();
   row_start_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
   MSA_CUDA_CHECK_LAUNCH();
-  uniform_detect_kernel<<<4 * sms, 256, 0, stream>>>(pp);
+  const int64_t pairs = int64_t(s.num_kv_heads) * w.qblock_cap;  // one block per pair
+  uniform_detect_kernel<<<unsigned(std::clamp<int64_t>(pairs, 1, 16 * int64_t(sms))), 256, 0,
+                          stream>>>(pp);
   MSA_CUDA_CHECK_LAUNCH();
   unit_scan_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
   MSA_CUDA_CHECK_LAUNCH();
@@ -317,13 +333,13 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   MSA_CUDA_CHECK_LAUNCH();
   schedule_check_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
   MSA_CUDA_CHECK_LAUNCH();
-  chunk_table_kernel<<<4 * sms, 256, 0, stream>>>(pp);
+  chunk_table_kernel<<<8 * sms, 256, 0, stream>>>(pp);  // one warp per chunk: latency-bound
   MSA_CUDA_CHECK_LAUNCH();
   size_t sort_bytes = w.sort_tmp_bytes;
   auto* order = reinterpret_cast<int32_t*>(ws + w.chunk_order);
   MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       ws + w.sort_tmp, sort_bytes, pp.chunk_keys, reinterpret_cast<uint32_t*>(ws + w.chunk_keys_sorted),
-      pp.chunk_ids, order, int(w.chunk_capacity), 0, kWindowKeyBits, stream));
+      pp.chunk_ids, order, int(w.chunk_capacity), 0, window_key_bits(w.window_keys), stream));
   chunk_permute_kernel<<<2 * sms, 256, 0, stream>>>(pp, order);
   MSA_CUDA_CHECK_LAUNCH();
 

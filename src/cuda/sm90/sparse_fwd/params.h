@@ -10,9 +10,15 @@
 
 namespace msa::cuda::sparse_fwd {
 
+// Chunk walk order: a query window is 2^kWindowShift query blocks of 128 (scheduler.cuh); at
+// most kMaxWindowKeys distinct sort keys (16-bit keys), later windows share the last.
+constexpr int32_t kWindowShift = 3;
+constexpr int32_t kMaxWindowKeys = (1 << 16) - 1;
+
 // Inputs of the prep kernels that turn a (checked) schedule into the chunk table.
 struct PrepParams {
   const int32_t* q2k = nullptr;       // [Hkv, total_q, topk]
+  int32_t q2k_vec4 = 0;               // topk % 4 == 0 and q2k 16-byte aligned: int4 row loads
   const int32_t* row_ptr = nullptr;   // [Hkv, total_rows + 1]
   const int32_t* q_idx = nullptr;     // [Hkv, total_q * topk]
   const int32_t* schedule = nullptr;  // sched:: header + items {head, row, q_begin, q_end}
@@ -33,7 +39,9 @@ struct PrepParams {
   void* chunks_by_row = nullptr;   // [chunk_capacity] ChunkDesc in schedule (head, row) order
   uint32_t* chunk_keys = nullptr;  // [chunk_capacity] query window of each chunk (sort keys)
   int32_t* chunk_ids = nullptr;    // [chunk_capacity] 0, 1, ... (sort values)
-  int32_t window_shift = 3;        // a query window is 2^window_shift query blocks of 128
+  int32_t window_shift = kWindowShift;  // a query window is 2^window_shift query blocks of 128
+  int32_t window_keys = 1;         // sort keys 0 .. window_keys - 1 (windows past the last share
+                                   // it); the unused capacity gets window_keys and sorts last
   int32_t* work_local = nullptr;   // [Hkv, total_q * topk] per chunk, compacted: local query id
   int32_t* work_slot = nullptr;    // [Hkv, total_q * topk] ... and its q2k slot
   // uniform path (query blocks whose q2k rows are all equal; see traits.h)

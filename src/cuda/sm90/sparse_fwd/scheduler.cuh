@@ -22,9 +22,7 @@ constexpr int kPrepThreads = 1024;
 // Chunk walk order (chunk_table_kernel, chunk_permute_kernel): chunks are sorted, stably, by the
 // query window of their first token (2^window_shift query blocks), so the CTAs running at any
 // moment gather the same few thousand tokens' Q and find it in L2, instead of every row's
-// tokens across the whole sequence. Keys fit 16 bits (kWindowKeyBits) for the radix sort.
-constexpr int kWindowKeyBits = 16;
-constexpr uint32_t kLastWindowKey = (1u << kWindowKeyBits) - 2;
+// tokens across the whole sequence. The sort uses only the key bits in use (launch.cu).
 
 __device__ __forceinline__ void set_status(int32_t* status, StatusCode code, int32_t a,
                                            int32_t b, int32_t c) {
@@ -169,6 +167,21 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams
   }
 }
 
+// Last i in [0, n) with a[i] <= x, for a non-decreasing a with a[0] <= x, n >= 1: a 32-way
+// search by the whole warp (each lane probes one point per round), so a lookup costs
+// log32(n) dependent loads instead of log2(n). Every lane gets the answer.
+__device__ __forceinline__ int64_t warp_last_le(const int32_t* a, int64_t n, int64_t x, int lane) {
+  int64_t lo = 0, hi = n;
+  while (hi - lo > 1) {
+    const int64_t step = (hi - lo + 31) / 32;
+    const int64_t i = lo + int64_t(lane) * step;
+    const unsigned le = __ballot_sync(0xffffffffu, i < hi && a[i] <= x);
+    lo += int64_t(31 - __clz(le)) * step;  // lane 0 probes lo itself: le is never 0
+    hi = min(hi, lo + step);
+  }
+  return lo;
+}
+
 // One warp per chunk (grid-stride): lane 0 writes the ChunkDesc, the lanes compact the chunk's
 // CSR entries that the main kernel must do into work_local / work_slot (from e_begin on, CSR
 // order kept) and shrink e_end to match. Dropped: tokens of query blocks done by the uniform
@@ -181,20 +194,12 @@ __global__ void chunk_table_kernel(PrepParams p) {
   const int64_t n_items = n_chunks > 0 ? sc[1] : 0;
   for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < n_chunks;
        c += warps) {
-    int64_t lo = 0, hi = n_items - 1;  // last item whose first chunk is <= c
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (p.chunk_start[mid] <= c) lo = mid; else hi = mid - 1;
-    }
+    const int64_t lo = warp_last_le(p.chunk_start, n_items, c, lane);  // the chunk's item
     const int32_t* it = sc + sched::kHeaderInts + sched::kItemInts * lo;
     const int32_t head = it[0], row = it[1];
     const int32_t e0 = it[2] + int32_t(c - p.chunk_start[lo]) * p.chunk_tokens;
     const int32_t e1 = min(it[3], e0 + p.chunk_tokens);
-    int64_t blo = 0, bhi = p.batch - 1;  // last batch whose first row is <= row
-    while (blo < bhi) {
-      const int64_t mid = (blo + bhi + 1) / 2;
-      if (p.row_start[mid] <= row) blo = mid; else bhi = mid - 1;
-    }
+    const int64_t blo = warp_last_le(p.row_start, p.batch, row, lane);  // the row's batch
     const int32_t kb = row - p.row_start[blo];
     const int32_t q_start = p.cu_seqlens_q[blo], q_len = p.cu_seqlens_q[blo + 1] - q_start;
     const int32_t k_len = p.cu_seqlens_k[blo + 1] - p.cu_seqlens_k[blo];
@@ -211,8 +216,15 @@ __global__ void chunk_table_kernel(PrepParams p) {
           const int64_t qblock = int64_t(p.qblock_start[blo]) + tl / 128;
           if (qblock >= p.qblock_cap || !uni[qblock]) {
             const int32_t* ids = p.q2k + (int64_t(head) * p.total_q + q_start + tl) * p.topk;
-            for (int32_t s = 0; s < p.topk; ++s)
-              if (ids[s] == kb) { slot = s; break; }
+            if (p.q2k_vec4) {  // rows of whole, 16-byte aligned int4s: 4 ids per load
+              for (int32_t s = 0; s < p.topk && slot < 0; s += 4) {
+                const int4 v = *reinterpret_cast<const int4*>(ids + s);
+                slot = v.x == kb ? s : v.y == kb ? s + 1 : v.z == kb ? s + 2 : v.w == kb ? s + 3 : -1;
+              }
+            } else {
+              for (int32_t s = 0; s < p.topk; ++s)
+                if (ids[s] == kb) { slot = s; break; }
+            }
           }
         }
       }
@@ -232,14 +244,14 @@ __global__ void chunk_table_kernel(PrepParams p) {
       const int32_t tl0 = e0 < e1 ? p.q_idx[off + e0] : -1;
       const int64_t qblock = tl0 >= 0 && tl0 < q_len ? int64_t(p.qblock_start[blo]) + tl0 / 128 : 0;
       const int64_t window = qblock >> p.window_shift;
-      p.chunk_keys[c] = window < kLastWindowKey ? uint32_t(window) : kLastWindowKey;
+      p.chunk_keys[c] = uint32_t(window < p.window_keys - 1 ? window : p.window_keys - 1);
       p.chunk_ids[c] = int32_t(c);
     }
   }
   // Capacity past the real chunks: keys that sort last.
   for (int64_t c = n_chunks + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < p.chunk_capacity;
        c += int64_t(gridDim.x) * blockDim.x) {
-    p.chunk_keys[c] = kLastWindowKey + 1;
+    p.chunk_keys[c] = uint32_t(p.window_keys);
     p.chunk_ids[c] = int32_t(c);
   }
 }

@@ -22,20 +22,21 @@ __device__ __forceinline__ int64_t last_start_le(const int32_t* starts, int64_t 
   return lo;
 }
 
-// One warp per (kv head, global query block) pair (grid-stride). Uniform: every row of the
-// block equals its first row, whose ids are in [-1, nblk) and distinct. Writes the flag and the
-// pair's unit count ceil(tokens * G / 128) into unit_start (scanned by unit_scan_kernel).
+// One block per (kv head, global query block) pair (grid-stride; blockDim a multiple of 32).
+// Uniform: every row of the block equals its first row, whose ids are in [-1, nblk) and
+// distinct. Writes the flag and the pair's unit count ceil(tokens * G / 128) into unit_start
+// (scanned by unit_scan_kernel). The rows of a pair are contiguous in q2k: the block compares
+// them with 32-bit indices, each thread a strided share, and agrees by __syncthreads_and.
 __global__ void uniform_detect_kernel(PrepParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
   const int64_t pairs = p.num_kv_heads * p.qblock_cap;
   const int64_t total_blocks = p.qblock_start[p.batch];
-  for (int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pair < pairs;
-       pair += warps) {
+  const int topk = p.topk;
+  for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const int64_t h = pair / p.qblock_cap, g = pair % p.qblock_cap;
     bool ok = false;
     int64_t n_tok = 0;
-    if (p.uniform_enabled && g < total_blocks && p.batch > 0) {
+    const bool live = p.uniform_enabled && g < total_blocks && p.batch > 0;  // same for the block
+    if (live) {
       const int64_t b = last_start_le(p.qblock_start, p.batch, g);
       const int64_t qb = g - p.qblock_start[b];
       const int64_t q_start = p.cu_seqlens_q[b], lq = int64_t(p.cu_seqlens_q[b + 1]) - q_start;
@@ -45,19 +46,25 @@ __global__ void uniform_detect_kernel(PrepParams p) {
       const int64_t t0 = q_start + qb * 128;
       ok = n_tok > 0 && t0 >= 0 && t0 + n_tok <= p.total_q;
       if (ok) {
-        const int32_t* row0 = p.q2k + (h * p.total_q + t0) * p.topk;
-        for (int64_t s = lane; s < p.topk; s += 32) {
+        const int32_t* row0 = p.q2k + (h * p.total_q + t0) * topk;
+        for (int s = threadIdx.x; s < topk; s += blockDim.x) {
           const int32_t id = row0[s];
           if (id < -1 || id >= nblk) ok = false;
-          for (int64_t r = 0; r < s && id >= 0; ++r)
+          for (int r = 0; r < s && id >= 0; ++r)
             if (row0[r] == id) ok = false;
         }
-        for (int64_t i = p.topk + lane; i < n_tok * p.topk; i += 32)
-          if (row0[i] != row0[i % p.topk]) ok = false;
+        const int n = int(n_tok) * topk;  // <= 128 * topk
+        int col = (topk + int(threadIdx.x)) % topk;
+        const int step = int(blockDim.x) % topk;
+        for (int i = topk + threadIdx.x; i < n; i += blockDim.x) {
+          if (row0[i] != row0[col]) ok = false;
+          col += step;
+          if (col >= topk) col -= topk;
+        }
       }
-      ok = __all_sync(0xffffffffu, ok);
     }
-    if (lane == 0) {
+    ok = __syncthreads_and(ok);  // also orders this pair's reads before the next pair's
+    if (threadIdx.x == 0) {
       p.uniform[pair] = ok ? 1 : 0;
       p.unit_start[pair] = ok ? int32_t((n_tok * p.group + 127) / 128) : 0;
     }
