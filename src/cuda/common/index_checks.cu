@@ -55,7 +55,17 @@ __global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckPara
        row0 += int64_t(gridDim.x) * per_step) {
     const int n_rows = int(rows - row0 < per_step ? rows - row0 : per_step), n = n_rows * topk;
     const int32_t* src = p.q2k + row0 * topk;
-    for (int e = threadIdx.x; e < n; e += kThreads) ids[e] = src[e];
+    int32_t v[kStagedEntries / kThreads];  // every load in flight before the stores
+#pragma unroll
+    for (int u = 0; u < kStagedEntries / kThreads; ++u) {
+      const int e = u * kThreads + int(threadIdx.x);
+      v[u] = e < n ? src[e] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kStagedEntries / kThreads; ++u) {
+      const int e = u * kThreads + int(threadIdx.x);
+      if (e < n) ids[e] = v[u];
+    }
     for (int r = threadIdx.x; r < n_rows; r += kThreads) {
       const int64_t b = find_batch(p.cu_seqlens_q, p.batch, (row0 + r) % p.total_q);
       const int64_t lk = batch_keys(p.keys, b);
