@@ -5,7 +5,7 @@
 # build-device-bin). Logs go to $OUT; a short summary prints last.
 #   bench/device_session.sh [steps...]
 #   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer ncu-decode
-#          ncu-times ncu-combine ncu-mtp
+#          ncu-times ncu-combine ncu-mtp bench-sparse; TESTS="..." limits the test suites
 #   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
 #   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
 set -u
@@ -14,7 +14,7 @@ BIN=${BIN:-build-device-bin}
 mkdir -p "$OUT" /tmp/msa_dump
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 steps=${*:-tests bench peers}
-TESTS="test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu"
+TESTS=${TESTS:-"test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu"}
 summary=()
 t0=$(date +%s)
 DEADLINE=${DEADLINE:-540}
@@ -66,11 +66,16 @@ for step in $steps; do
         --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1; summary+=("bench_decode rc=$?"); }
       lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_pipeline" --json "$OUT/bench_pipeline.json" \
         > "$OUT/bench_pipeline.log" 2>&1; summary+=("bench_pipeline rc=$?"); } ;;
+    bench-sparse)  # bench_sparse_fwd alone (its cases only; peers then compare those)
+      rm -f "$OUT"/bench_*.json
+      lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/bench_sparse.json" \
+        --dump /tmp/msa_dump --iters ${ITERS:-10} --warmup 2 > "$OUT/bench_sparse.log" 2>&1;
+        summary+=("bench_sparse_fwd rc=$?"); } ;;
     peers)
       lim=$(left 200); (( lim > 0 )) && { PYTHONUNBUFFERED=1 timeout $lim python3 bench/peers.py --dump /tmp/msa_dump \
         --ours "$OUT/bench_sparse.json" --e2e "$OUT/bench_pipeline.json" --iters 5 \
         > "$OUT/peers_sparse.log" 2>&1; summary+=("peers.py rc=$?"); }
-      lim=$(left 90); (( lim > 0 )) && { timeout $lim python3 bench/peers_decode.py --ours "$OUT/bench_decode.json" \
+      lim=$(left 90); [[ -f $OUT/bench_decode.json ]] && (( lim > 0 )) && { timeout $lim python3 bench/peers_decode.py --ours "$OUT/bench_decode.json" \
         > "$OUT/peers_decode.log" 2>&1; summary+=("peers_decode.py rc=$?"); } ;;
     pytest)
       whl=$(ls .whl/msa-*-cp3*.whl 2>/dev/null | head -1)

@@ -18,7 +18,6 @@ constexpr int kThreads = 256;
 constexpr int kHeadDim = 128;
 constexpr int kVec = 8;  // elements per thread
 constexpr int kBatch = 4;  // bf16 partial rows loaded together per thread
-constexpr int kMaxBatch = 8;  // slot LSEs loaded together per thread for the max
 constexpr int64_t kMaxBlocks = 132 * 8 * 8;  // 8 waves of 8 resident blocks per SM on an H200
 
 __device__ __forceinline__ void load_partial(const CombineParams& p, int64_t row, int d0,
@@ -56,23 +55,6 @@ __device__ __forceinline__ float merge_lse(const float* v, const int32_t* ids, i
   return m + logf(sum);
 }
 
-// Bulk L2 prefetch of [addr, addr + bytes), widened to 16-byte bounds (the partial buffers are
-// 256-byte aligned allocations, so the widened range stays inside them).
-__device__ __forceinline__ void prefetch_l2(const void* addr, uint64_t bytes) {
-  const uint64_t a = reinterpret_cast<uint64_t>(addr), lo = a & ~uint64_t(15);
-  const uint64_t n = ((a + bytes + 15) & ~uint64_t(15)) - lo;
-  if (n == 0 || n > 0xffffffffull) return;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"(uint32_t(n)) : "memory");
-}
-
-// The partial rows and LSEs of unit (t, h): topk * G rows each, contiguous.
-__device__ __forceinline__ void prefetch_unit(const CombineParams& p, int64_t t, int64_t h) {
-  const int64_t rows = (h * p.total_q + t) * p.topk * p.group, n = int64_t(p.topk) * p.group;
-  const int64_t row_bytes = kHeadDim * (p.part_bf16 ? 2 : 4);
-  prefetch_l2(static_cast<const uint8_t*>(p.part_o) + rows * row_bytes, uint64_t(n * row_bytes));
-  prefetch_l2(p.part_lse + rows, uint64_t(n) * 4);
-}
-
 // One unit = (token t of batch b, kv head h), nblk = batch b's key blocks.
 template <bool kF16>
 __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, int64_t h,
@@ -82,22 +64,9 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
   const int32_t* ids = p.q2k + base;
   const float* lse_g = p.part_lse + base * p.group + g;
 
-  // Max over the valid slots' LSEs, kMaxBatch loads in flight (a load per slot behind its id
-  // test was a chain of ~topk dependent L2 round trips per unit). Slots < topk are in bounds of
-  // the partial buffers whether or not they hold a partial; invalid ones are never used.
   float m = -INFINITY;
-  for (int s0 = 0; s0 < p.topk; s0 += kMaxBatch) {
-    int32_t id[kMaxBatch];
-    float l[kMaxBatch];
-#pragma unroll
-    for (int u = 0; u < kMaxBatch; ++u) id[u] = s0 + u < p.topk ? ids[s0 + u] : -1;
-#pragma unroll
-    for (int u = 0; u < kMaxBatch; ++u)
-      l[u] = s0 + u < p.topk ? lse_g[int64_t(s0 + u) * p.group] : -INFINITY;
-#pragma unroll
-    for (int u = 0; u < kMaxBatch; ++u)
-      if (id[u] >= 0 && id[u] < nblk) m = fmaxf(m, l[u]);
-  }
+  for (int s = 0; s < p.topk; ++s)
+    if (ids[s] >= 0 && ids[s] < nblk) m = fmaxf(m, lse_g[int64_t(s) * p.group]);
   float acc[kVec] = {};
   float sum = 0.f;
   if (m != -INFINITY && p.part_bf16) {
@@ -202,13 +171,8 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
     const int32_t nblk = lk > 0 ? (lk - 1) / p.kv_block_size + 1 : 0;
     const int32_t lo = (qblock - p.qblock_start[b]) * 128 + sub * kTileTokens;
     const int32_t hi = min(lq, lo + kTileTokens);
-    for (int32_t tl = lo + int32_t(threadIdx.x) / per_unit; tl < hi; tl += units_per_block) {
-      // The unit's next unit in this tile: its partials and LSEs start streaming into L2 now
-      // (one bulk prefetch each; ~64 KB in flight per unit at G = 16, topk = 16, bf16).
-      if (threadIdx.x % per_unit == 0 && tl + units_per_block < hi)
-        prefetch_unit(p, q_start + tl + units_per_block, h);
+    for (int32_t tl = lo + int32_t(threadIdx.x) / per_unit; tl < hi; tl += units_per_block)
       combine_unit<kF16>(p, q_start + tl, h, nblk, threadIdx.x % per_unit);
-    }
   }
 }
 
