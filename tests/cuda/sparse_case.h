@@ -281,12 +281,17 @@ inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out
         const int64_t t = p.q_start(b) + i, h = hq / g;
         if ((t * p.hq + hq) % stride != 0) continue;
         const int32_t* sel = c.q2k.data<int32_t>() + (h * tq + t) * c.topk;
+        // The selected blocks' visible keys, ascending (blocks in id order, each once).
+        std::vector<int32_t> blocks;
+        for (int64_t sl = 0; sl < c.topk; ++sl)
+          if (sel[sl] >= 0 && int64_t(sel[sl]) * blk < p.lk[b]) blocks.push_back(sel[sl]);
+        std::sort(blocks.begin(), blocks.end());
+        blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+        const int64_t last = c.causal ? i + p.lk[b] - p.lq[b] : p.lk[b] - 1;
         std::vector<int64_t> keys;
-        for (int64_t j = 0; j < p.lk[b]; ++j) {
-          const bool visible = !c.causal || j <= i + p.lk[b] - p.lq[b];
-          if (visible && std::find(sel, sel + c.topk, int32_t(j / blk)) != sel + c.topk)
+        for (const int32_t kb : blocks)
+          for (int64_t j = int64_t(kb) * blk; j < std::min<int64_t>(p.lk[b], (kb + 1) * blk) && j <= last; ++j)
             keys.push_back(p.k_start(b) + j);
-        }
         if (keys.empty()) continue;
         std::vector<double> s64(keys.size());
         std::vector<float> s32(keys.size());

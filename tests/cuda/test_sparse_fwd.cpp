@@ -136,7 +136,7 @@ TEST(SparseFwdGpu, RandomSweepMatchesCpu) {
     const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
     expect_close(c, g1, ref);
     if (small) continue;  // the sanitizer run checks memory, not determinism
-    expect_within_fa3_bar(c, g1.out, 7);
+    expect_within_fa3_bar(c, g1.out, 29);  // sampled rows: the sweep stays well inside 120 s
     d.build_csr(c, s);
     const Outputs g2 = run_gpu(c, d, /*with_k2q=*/true, s);
     expect_bitwise(g1, g2);
