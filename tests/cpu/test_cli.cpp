@@ -72,6 +72,15 @@ TEST(Cli, BenchCaseWithoutBackendSaysWhatItNeeds) {
   EXPECT_TRUE(has(d, "prefill stages only")) << d.output;
 }
 
+// The GPU runner of `msa bench` times the named prefill shapes only: with a shape option the
+// case names that reason (CUDA builds) or the missing backend (CPU builds), never a silent
+// switch to another shape.
+TEST(Cli, BenchGpuRunnerRefusesShapeOverrides) {
+  const RunResult r = run_cli("bench --case P8K-tok --seq 4096 --device gpu");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, built_with_cuda() ? "drop the shape options" : "no CUDA backend")) << r.output;
+}
+
 TEST(Cli, BenchTimesCustomCpuShapeAndWritesJson) {
   const std::string path = ::testing::TempDir() + "msa_cli_bench.json";
   const RunResult r = run_cli("bench --device cpu --seq 256 --hq 4 --hkv 1 --topk 2 --pattern blk "

@@ -9,6 +9,9 @@
 #include <iostream>
 
 #include "bench/cases.h"
+#ifdef MSA_CLI_SPARSE_BENCH
+#include "bench/sparse_fwd_cases.h"
+#endif
 #include "commands.h"
 #include "json.h"
 #include "options.h"
@@ -18,22 +21,67 @@ namespace msa::cli {
 namespace {
 
 struct BenchSettings {
-  int iters = 3;
-  int warmup = 0;
+  int iters = 3;   // CPU timing mode; the GPU runner defaults to 20 (gpu_iters)
+  int warmup = 0;  // CPU timing mode; the GPU runner defaults to 3 (gpu_warmup)
+  int gpu_iters = 20, gpu_warmup = 3;
   DeviceChoice device = DeviceChoice::auto_select;
 };
 
 // ==== GPU benchmark hook ======================================================================
 // The one place where `msa bench` reaches the GPU benchmarks. They live in bench/ next to the
-// CUDA kernels and own the GPU timing rules of BENCHMARKS.md (CUDA events, warm-up, buffer
-// rotation, median and spread, the peer in the same run). When they expose an entry point (e.g.
-// bench/sparse_fwd_cases.h), call it from these two functions. Until then no case has a GPU
-// backend and each reports what it needs.
-bool gpu_case_available(const bench::BenchCase&) { return false; }
+// CUDA kernels and own the GPU timing rules of BENCHMARKS.md (CUDA events, warm-up, L2 flush,
+// median and spread). The sparse-prefill cases (P8K-tok ... CSR-32K) run through
+// bench/sparse_fwd_cases.h at their BENCHMARKS.md shapes; the indexer, decode and E2E cases have
+// their own programs (bench_indexer, bench_decode, bench_pipeline) and no hook here yet.
 
-// Runs `c` on the GPU and writes its record into `json`; returns the exit code, or -1 when this
-// build has no GPU benchmark for the case.
-int dispatch_gpu_case(const bench::BenchCase&, const BenchSettings&, JsonWriter&) { return -1; }
+#ifdef MSA_CLI_SPARSE_BENCH
+bool same_shape(const bench::BenchCase& a, const bench::BenchCase& b) {
+  return a.seqlens_q == b.seqlens_q && a.seqlens_k == b.seqlens_k &&
+         a.num_q_heads == b.num_q_heads && a.num_kv_heads == b.num_kv_heads &&
+         a.head_dim == b.head_dim && a.topk == b.topk && a.kv_block_size == b.kv_block_size &&
+         a.causal == b.causal && a.pattern == b.pattern && a.seed == b.seed;
+}
+
+// Why this build cannot time `c` on the GPU; empty when it can (a GPU is checked separately).
+std::string gpu_case_gap(const bench::BenchCase& c) {
+  const std::vector<std::string>& names = msa_bench::sparse_case_names();
+  if (std::find(names.begin(), names.end(), c.name) == names.end())
+    return "no GPU benchmark for it in `msa bench`; bench_indexer, bench_decode and bench_pipeline "
+           "time the other cases";
+  const bench::BenchCase* named = bench::find_case(c.name);
+  if (named != nullptr && same_shape(*named, c)) return "";
+  return "the GPU runner times the BENCHMARKS.md shape only; drop the shape options";
+}
+#else
+std::string gpu_case_gap(const bench::BenchCase&) { return "this build has no CUDA backend"; }
+#endif
+
+// Runs `c` on the GPU and writes its record into `json`; returns the exit code (0 ok, 1 the
+// correctness check failed), or -1 when this build has no GPU benchmark for the case.
+int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, JsonWriter& j) {
+  if (!gpu_unavailable_reason().empty() || !gpu_case_gap(c).empty()) return -1;
+#ifdef MSA_CLI_SPARSE_BENCH
+  msa_bench::SparseBenchOptions o;
+  o.iters = b.gpu_iters;
+  o.warmup = b.gpu_warmup;
+  std::string record;
+  o.record = &record;
+  std::printf("msa bench %s on the GPU: median of %d runs after %d warm-up runs, L2 flushed before "
+              "each; FlexAttention and cuDNN on the same selection: bench/peers.py\n",
+              c.name.c_str(), o.iters, o.warmup);
+  std::fflush(stdout);
+  const int rc = msa_bench::run_sparse_case(c.name, o);
+  MSA_CHECK(rc != 2, "msa bench: the GPU runner could not run ", c.name);
+  j.field("device", "gpu").field("iters", o.iters).field("warmup", o.warmup);
+  if (!record.empty()) j.key("result").json(record);
+  j.field("status", rc == 0 ? "ok" : "check_failed");
+  return rc;
+#else
+  (void)b;
+  (void)j;
+  return -1;
+#endif
+}
 // ==============================================================================================
 
 std::vector<OptionSpec> bench_specs() {
@@ -43,8 +91,8 @@ std::vector<OptionSpec> bench_specs() {
   };
   for (const OptionSpec& s : shape_option_specs(true)) v.push_back(s);
   v.push_back(device_option_spec());
-  v.push_back({"iters", "N", "timed runs per stage, median reported (default 3)"});
-  v.push_back({"warmup", "N", "untimed runs first (default 0)"});
+  v.push_back({"iters", "N", "timed runs, median reported (default 20 on the GPU, 3 per CPU stage)"});
+  v.push_back({"warmup", "N", "untimed runs first (default 3 on the GPU, 0 on the CPU)"});
   v.push_back({"json", "FILE", "also write the results as JSON"});
   v.push_back({"help", "", "show this help"});
   return v;
@@ -59,10 +107,9 @@ std::string cpu_gap(const bench::BenchCase& c) {
 }
 
 std::string gpu_gap(const bench::BenchCase& c) {
-  const std::string no_gpu = gpu_unavailable_reason();
-  if (!no_gpu.empty()) return no_gpu;
-  if (!gpu_case_available(c)) return "no GPU benchmark for it in this build";
-  return "";
+  const std::string gap = gpu_case_gap(c);
+  if (!gap.empty()) return gap;
+  return gpu_unavailable_reason();
 }
 
 void print_list() {
@@ -250,8 +297,12 @@ int run_bench(const std::vector<std::string>& args) {
   const ShapeOptions so = parse_shape_options(a);
   BenchSettings b;
   b.device = parse_device(a);
-  b.iters = static_cast<int>(a.integer("iters", 1, 100000).value_or(3));
-  b.warmup = static_cast<int>(a.integer("warmup", 0, 100000).value_or(0));
+  const std::optional<int64_t> iters = a.integer("iters", 1, 100000);
+  const std::optional<int64_t> warmup = a.integer("warmup", 0, 100000);
+  b.iters = static_cast<int>(iters.value_or(b.iters));
+  b.gpu_iters = static_cast<int>(iters.value_or(b.gpu_iters));
+  b.warmup = static_cast<int>(warmup.value_or(b.warmup));
+  b.gpu_warmup = static_cast<int>(warmup.value_or(b.gpu_warmup));
   const bench::BenchCase c = pick_case(a, so);
   const std::optional<std::string> json_path = a.text("json");
   // Fail before a long run, not after it, when the JSON file cannot be written.

@@ -43,6 +43,8 @@ class JsonWriter {
   }
   template <typename T>
   JsonWriter& field(std::string_view k, const T& v) { return key(k).value(v); }
+  // An already serialized JSON value (e.g. a benchmark's record), inserted as is.
+  JsonWriter& json(const std::string& text) { return raw(text); }
   const std::string& str() const { return out_; }
 
  private:
