@@ -5,7 +5,8 @@
 # build-device-bin). Logs go to $OUT; a short summary prints last.
 #   bench/device_session.sh [steps...]
 #   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer ncu-decode
-#          ncu-times ncu-combine ncu-mtp bench-sparse; TESTS="..." limits the test suites
+#          ncu-times ncu-combine ncu-mtp bench-sparse ab (variants of scripts/build_ab.sh);
+#          TESTS="..." limits the test suites
 #   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
 #   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
 set -u
@@ -71,6 +72,22 @@ for step in $steps; do
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/bench_sparse.json" \
         --dump /tmp/msa_dump --iters ${ITERS:-10} --warmup 2 > "$OUT/bench_sparse.log" 2>&1;
         summary+=("bench_sparse_fwd rc=$?"); } ;;
+    ab)  # variants from scripts/build_ab.sh: each one's quick tests, then the prefill cases,
+         # the variants interleaved twice so drift hits them alike
+      for d in "$BIN"/ab/*/; do
+        v=$(basename "$d"); lim=$(left 60); (( lim == 0 )) && break
+        timeout $lim "$d/test_sparse_fwd" --gtest_filter='*NamedEdges*:*Invalid*:*Mismatched*' \
+          > "$OUT/ab_test_$v.log" 2>&1
+        summary+=("ab $v tests rc=$? $(passed "$OUT/ab_test_$v.log")")
+      done
+      for round in 1 2; do
+        for d in "$BIN"/ab/*/; do
+          v=$(basename "$d"); lim=$(left 90); (( lim == 0 )) && break
+          timeout $lim "$d/bench_sparse_fwd" --case P8K-tok --case P32K-blk --case P32K-tok \
+            --iters 10 --warmup 2 --no-check > "$OUT/ab_${v}_$round.log" 2>&1
+          summary+=("ab $v round $round: $(awk '/median/ {for (i = 1; i <= NF; ++i) if ($i == "median") printf "%s %s ms  ", $1, $(i + 1)}' "$OUT/ab_${v}_$round.log")")
+        done
+      done ;;
     peers)
       lim=$(left 200); (( lim > 0 )) && { PYTHONUNBUFFERED=1 timeout $lim python3 bench/peers.py --dump /tmp/msa_dump \
         --ours "$OUT/bench_sparse.json" --e2e "$OUT/bench_pipeline.json" --iters 5 \
