@@ -16,7 +16,6 @@ struct SparseBenchOptions {
   std::string partial = "bf16";  // partial_dtype: "bf16" or "f32"
   std::string json_path;         // append one JSON object per case (a line each) when set
   std::string dump_dir;          // write q2k (int32, raw) + shape there for bench/peers.py
-  std::string* record = nullptr; // when set, also receives the case's JSON record
 };
 
 // The case names this program runs, in BENCHMARKS.md order.

@@ -9,7 +9,12 @@
 #include <iostream>
 
 #include "bench/cases.h"
-#ifdef MSA_CLI_SPARSE_BENCH
+#ifdef MSA_CLI_GPU_BENCH
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "bench/gpu_benches.h"
 #include "bench/sparse_fwd_cases.h"
 #endif
 #include "commands.h"
@@ -30,11 +35,25 @@ struct BenchSettings {
 // ==== GPU benchmark hook ======================================================================
 // The one place where `msa bench` reaches the GPU benchmarks. They live in bench/ next to the
 // CUDA kernels and own the GPU timing rules of BENCHMARKS.md (CUDA events, warm-up, L2 flush,
-// median and spread). The sparse-prefill cases (P8K-tok ... CSR-32K) run through
-// bench/sparse_fwd_cases.h at their BENCHMARKS.md shapes; the indexer, decode and E2E cases have
-// their own programs (bench_indexer, bench_decode, bench_pipeline) and no hook here yet.
+// median and spread, a correctness check first): the sparse-prefill cases (P8K-tok ... CSR-32K)
+// through bench/sparse_fwd_cases.h, IDX-32K-*, E2E-32K and DEC-* through bench/gpu_benches.h.
+// They time the BENCHMARKS.md shapes; shape options make a custom shape, which they refuse.
 
-#ifdef MSA_CLI_SPARSE_BENCH
+#ifdef MSA_CLI_GPU_BENCH
+enum class GpuRunner { none, sparse, indexer, pipeline, decode };
+
+GpuRunner runner_of(const bench::BenchCase& c) {
+  const std::vector<std::string>& sparse = msa_bench::sparse_case_names();
+  if (std::find(sparse.begin(), sparse.end(), c.name) != sparse.end()) return GpuRunner::sparse;
+  if (bench::find_case(c.name) == nullptr) return GpuRunner::none;  // a custom shape
+  switch (c.kind) {
+    case bench::CaseKind::block_scores: return GpuRunner::indexer;
+    case bench::CaseKind::end_to_end: return GpuRunner::pipeline;
+    case bench::CaseKind::decode: return GpuRunner::decode;
+    default: return GpuRunner::none;
+  }
+}
+
 bool same_shape(const bench::BenchCase& a, const bench::BenchCase& b) {
   return a.seqlens_q == b.seqlens_q && a.seqlens_k == b.seqlens_k &&
          a.num_q_heads == b.num_q_heads && a.num_kv_heads == b.num_kv_heads &&
@@ -44,36 +63,74 @@ bool same_shape(const bench::BenchCase& a, const bench::BenchCase& b) {
 
 // Why this build cannot time `c` on the GPU; empty when it can (a GPU is checked separately).
 std::string gpu_case_gap(const bench::BenchCase& c) {
-  const std::vector<std::string>& names = msa_bench::sparse_case_names();
-  if (std::find(names.begin(), names.end(), c.name) == names.end())
-    return "no GPU benchmark for it in `msa bench`; bench_indexer, bench_decode and bench_pipeline "
-           "time the other cases";
-  const bench::BenchCase* named = bench::find_case(c.name);
-  if (named != nullptr && same_shape(*named, c)) return "";
-  return "the GPU runner times the BENCHMARKS.md shape only; drop the shape options";
+  if (runner_of(c) == GpuRunner::none) return "no GPU benchmark for a custom shape";
+  if (!same_shape(*bench::find_case(c.name), c))
+    return "the GPU runner times the BENCHMARKS.md shape only; drop the shape options";
+  return "";
+}
+
+// Runs the case's benchmark with its JSON records going to a scratch file, then moves them into
+// `json` as "results" (one record per timed variant).
+template <typename Run>
+int run_with_records(Run&& run, JsonWriter& j) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("msa_bench_" + std::to_string(getpid()) + ".jsonl");
+  std::filesystem::remove(path);
+  const int rc = run(path.string());
+  j.key("results").begin_array();
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) j.json(line);
+  j.end_array();
+  std::filesystem::remove(path);
+  return rc;
 }
 #else
 std::string gpu_case_gap(const bench::BenchCase&) { return "this build has no CUDA backend"; }
 #endif
 
-// Runs `c` on the GPU and writes its record into `json`; returns the exit code (0 ok, 1 the
+// Runs `c` on the GPU and writes its records into `json`; returns the exit code (0 ok, 1 a
 // correctness check failed), or -1 when this build has no GPU benchmark for the case.
 int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, JsonWriter& j) {
   if (!gpu_unavailable_reason().empty() || !gpu_case_gap(c).empty()) return -1;
-#ifdef MSA_CLI_SPARSE_BENCH
-  msa_bench::SparseBenchOptions o;
-  o.iters = b.gpu_iters;
-  o.warmup = b.gpu_warmup;
-  std::string record;
-  o.record = &record;
+#ifdef MSA_CLI_GPU_BENCH
   std::printf("msa bench %s on the GPU: median of %d runs after %d warm-up runs, L2 flushed before "
-              "each; FlexAttention and cuDNN on the same selection: bench/peers.py\n",
-              c.name.c_str(), o.iters, o.warmup);
+              "each, results checked first%s\n",
+              c.name.c_str(), b.gpu_iters, b.gpu_warmup,
+              runner_of(c) == GpuRunner::sparse ? "; FlexAttention and cuDNN on the same selection: "
+                                                  "bench/peers.py"
+                                                : "");
   std::fflush(stdout);
-  const int rc = msa_bench::run_sparse_case(c.name, o);
-  MSA_CHECK(rc != 2, "msa bench: the GPU runner could not run ", c.name);
-  j.field("device", "gpu").field("iters", o.iters).field("warmup", o.warmup);
-  if (!record.empty()) j.key("result").json(record);
+  const GpuRunner runner = runner_of(c);
+  const int rc = run_with_records([&](const std::string& records) {
+    if (runner == GpuRunner::sparse) {
+      msa_bench::SparseBenchOptions o;
+      o.iters = b.gpu_iters;
+      o.warmup = b.gpu_warmup;
+      o.json_path = records;
+      return msa_bench::run_sparse_case(c.name, o);
+    }
+    if (runner == GpuRunner::decode) {
+      msa_bench::DecodeBenchOptions o;
+      o.iters = b.gpu_iters;
+      o.warmup = b.gpu_warmup;
+      o.json = records;
+      return msa_bench::run_decode_bench({c.name}, o);
+    }
+    bench::RunOptions o;
+    o.seq = c.seqlens_q.at(0);
+    o.hq = c.num_q_heads;
+    o.hkv = c.num_kv_heads;
+    o.topk = c.topk;
+    o.fp8 = c.kv_dtypes == "fp8";
+    o.iters = b.gpu_iters;
+    o.warmup = b.gpu_warmup;
+    o.json = records;
+    return runner == GpuRunner::indexer ? msa_bench::run_indexer_bench(o)
+                                        : msa_bench::run_pipeline_bench(o);
+  }, j);
+  MSA_CHECK(rc != 2, "msa bench: the GPU benchmark could not run ", c.name);
+  j.field("device", "gpu").field("iters", b.gpu_iters).field("warmup", b.gpu_warmup);
   j.field("status", rc == 0 ? "ok" : "check_failed");
   return rc;
 #else

@@ -1,11 +1,10 @@
-// bench_decode: the decode cases of BENCHMARKS.md (DEC-B32, DEC-B32-dense, DEC-MTP bf16 and fp8
-// KV, DEC-SKEW, DEC-B2048) through DecodePlan on the GPU, in TB/s (bytes that must move: each
-// selected K/V byte once per kv head, q, out, lse, page table and q2k rows) and microseconds.
-//   bench_decode [--case NAME]... [--iters N] [--warmup N] [--json FILE] [--no-check]
+// The decode benchmark (gpu_benches.h; programs: bench_decode, `msa bench`): the decode cases of
+// BENCHMARKS.md (DEC-B32, DEC-B32-dense, DEC-MTP bf16 and fp8 KV, DEC-SKEW, DEC-B2048) through
+// DecodePlan on the GPU, in TB/s (bytes that must move: each selected K/V byte once per kv head,
+// q, out, lse, page table and q2k rows) and microseconds.
 // Inputs are filled on the device (random normal, fp8: e4m3 of it); pages are shuffled over the
 // pool. Before timing, three requests are checked against the CPU decode of the same bits.
 // Each timed run follows an L2 flush (256 MB write); median, min and max of CUDA-event times.
-// Exit status: 0 ok, 1 a check failed, 2 usage / no GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "bench/cases.h"
+#include "bench/gpu_benches.h"
 #include "bench/gpu_timing.h"
 #include "bench/inputs.h"
 #include "bench/patterns.h"
@@ -67,11 +67,7 @@ __global__ void fill_fp8(uint8_t* x, int64_t n, uint64_t seed) {
     x[i] = __nv_cvt_float_to_fp8(normal_at(seed, i), __NV_SATFINITE, __NV_E4M3);
 }
 
-struct Options {
-  int warmup = 5, iters = 50;
-  bool check = true;
-  std::string json;
-};
+using Options = msa_bench::DecodeBenchOptions;
 
 struct Result {
   std::string name, kv;
@@ -299,28 +295,8 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  Options o;
-  std::vector<std::string> names;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--case") names.push_back(next());
-    else if (arg == "--iters") o.iters = std::max(1, std::atoi(next().c_str()));
-    else if (arg == "--warmup") o.warmup = std::atoi(next().c_str());
-    else if (arg == "--json") o.json = next();
-    else if (arg == "--no-check") o.check = false;
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
-      return 2;
-    }
-  }
+int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenchOptions& o) {
+  using namespace msa;
   if (cuda_device_count() == 0) {
     std::fprintf(stderr, "bench_decode: no CUDA device\n");
     return 2;

@@ -1,0 +1,31 @@
+// The GPU benchmarks of the indexer (IDX-32K), the whole pipeline (E2E-32K) and the decode
+// (DEC-*), as functions: called by their programs (bench_indexer, bench_pipeline, bench_decode)
+// and by `msa bench --case NAME` (tools/cli). Each checks its results first, prints a table and
+// appends JSON records to a file when asked. CUDA builds only.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bench/gpu_timing.h"
+
+namespace msa_bench {
+
+// Block scores, top-K on them and the fused indexer + top-K at o.seq (o.fp8: FP8 e4m3 q and k
+// with per-token scales). Returns 0, or 1 when the check failed.
+int run_indexer_bench(const msa::bench::RunOptions& o);
+
+// sparse_attention_pipeline in one call and stage by stage. Returns 0, or 1 when the check failed.
+int run_pipeline_bench(const msa::bench::RunOptions& o);
+
+struct DecodeBenchOptions {
+  int warmup = 5, iters = 50;
+  bool check = true;     // three requests against the CPU decode of the same bits first
+  std::string json;      // append one JSON record per case and KV dtype when set
+};
+
+// The named decode cases (all of them when `names` is empty), bf16 and FP8 KV where the case
+// has them. Returns 0, 1 when a check failed, 2 for an unknown case or no GPU.
+int run_decode_bench(std::vector<std::string> names, const DecodeBenchOptions& o);
+
+}  // namespace msa_bench

@@ -1,0 +1,144 @@
+// The indexer benchmark (gpu_benches.h; programs: bench_indexer, `msa bench`): BENCHMARKS.md
+// IDX-32K-bf16, and IDX-32K-fp8 with o.fp8 (q and k quantized per token by msa::quantize). Block
+// scores materialized, the top-K on them, and the fused indexer + top-K, in TFLOP/s with FLOP =
+// 2 D Hq (visible pairs). A correctness check runs first: sampled score rows against an fp64 host
+// dot product of the (dequantized) inputs, and the fused ids against select_topk on the
+// materialized scores.
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "bench/gpu_benches.h"
+#include "bench/gpu_timing.h"
+#include "bench/inputs.h"
+#include "msa/msa.h"
+
+namespace {
+
+using msa::DType;
+using msa::Tensor;
+using namespace msa::bench;
+
+
+}  // namespace
+
+int msa_bench::run_indexer_bench(const RunOptions& o) {
+  const int64_t S = o.seq, D = 128, G = o.hq / o.hkv, nblk = (S + 127) / 128;
+  std::vector<uint16_t> hq_(S * o.hq * D), hk(S * o.hkv * D);
+  fill_normal_bf16(hq_.data(), int64_t(hq_.size()), 1, 0);
+  fill_normal_bf16(hk.data(), int64_t(hk.size()), 1, 1);
+  const std::vector<int32_t> cu = {0, int32_t(S)};
+  GpuBuffer q(hq_.size() * 2), k(hk.size() * 2), cuq(8), scores(size_t(o.hq * nblk * S) * 4),
+      ids(size_t(o.hkv * S * o.topk) * 4), ids2(ids.bytes()), status(16), flush(size_t(256) << 20);
+  cudaStream_t s;
+  MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  MSA_BENCH_CUDA(cudaMemcpy(q.get(), hq_.data(), q.bytes(), cudaMemcpyHostToDevice));
+  MSA_BENCH_CUDA(cudaMemcpy(k.get(), hk.data(), k.bytes(), cudaMemcpyHostToDevice));
+  MSA_BENCH_CUDA(cudaMemcpy(cuq.get(), cu.data(), 8, cudaMemcpyHostToDevice));
+
+  msa::BlockScoresArgs a;
+  a.q = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
+  a.kv.k = gpu_view(k.get(), DType::bf16, {S, o.hkv, D});
+  a.kv.cu_seqlens_k = gpu_view(cuq.get(), DType::i32, {2});
+  a.cu_seqlens_q = a.kv.cu_seqlens_k;
+  a.scores = gpu_view(scores.get(), DType::f32, {o.hq, nblk, S});
+  a.status = gpu_view(status.get(), DType::i32, {4});
+  // --fp8: the same inputs quantized per token on the GPU; the check dequantizes the same bits.
+  GpuBuffer q8(hq_.size()), k8(hk.size()), qs(size_t(S) * 4), ks(size_t(S) * 4);
+  if (o.fp8) {
+    const msa::QTensor q_fp8(gpu_view(q8.get(), DType::fp8_e4m3, {S, o.hq, D}), gpu_view(qs.get(), DType::f32, {S}));
+    const msa::QTensor k_fp8(gpu_view(k8.get(), DType::fp8_e4m3, {S, o.hkv, D}), gpu_view(ks.get(), DType::f32, {S}));
+    msa::quantize(a.q.values, msa::QuantFormat::fp8_per_token, q_fp8, s);
+    msa::quantize(a.kv.k.values, msa::QuantFormat::fp8_per_token, k_fp8, s);
+    a.q = q_fp8;
+    a.kv.k = k_fp8;
+  }
+  msa::TopKArgs t;
+  t.scores = a.scores;
+  t.cu_seqlens_q = a.cu_seqlens_q;
+  t.kv = a.kv;
+  t.num_kv_heads = int(o.hkv);
+  t.topk = int(o.topk);
+  t.q2k = gpu_view(ids.get(), DType::i32, {o.hkv, S, o.topk});
+  t.status = a.status;
+  msa::BlockTopKArgs f;
+  f.q = a.q;
+  f.kv = a.kv;
+  f.cu_seqlens_q = a.cu_seqlens_q;
+  f.topk = int(o.topk);
+  f.q2k = gpu_view(ids2.get(), DType::i32, {o.hkv, S, o.topk});
+  f.status = a.status;
+
+  // Correctness: sampled (token, head) rows of scores against fp64, fused ids == top-K(scores).
+  msa::clear_status(a.status, s);
+  msa::block_scores(a, s);
+  msa::select_topk(t, s);
+  msa::block_topk(f, s);
+  msa::check_status(a.status, s);
+  // Host values the scores are defined on: the bf16 inputs, or the FP8 bits dequantized (f32).
+  std::vector<float> qv(hq_.size()), kv(hk.size());
+  if (o.fp8) {
+    GpuBuffer qf(qv.size() * 4), kf(kv.size() * 4);
+    msa::dequantize(a.q, gpu_view(qf.get(), DType::f32, {S, o.hq, D}), s);
+    msa::dequantize(a.kv.k, gpu_view(kf.get(), DType::f32, {S, o.hkv, D}), s);
+    MSA_BENCH_CUDA(cudaMemcpyAsync(qv.data(), qf.get(), qf.bytes(), cudaMemcpyDeviceToHost, s));
+    MSA_BENCH_CUDA(cudaMemcpyAsync(kv.data(), kf.get(), kf.bytes(), cudaMemcpyDeviceToHost, s));
+    MSA_BENCH_CUDA(cudaStreamSynchronize(s));
+  } else {
+    for (size_t i = 0; i < qv.size(); ++i) qv[i] = bf16_to_float(hq_[i]);
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_to_float(hk[i]);
+  }
+  double worst = 0;
+  std::mt19937 rng(3);
+  for (int sample = 0; sample < 6; ++sample) {
+    const int64_t tok = sample == 0 ? S - 1 : int64_t(rng() % S), h = int64_t(rng() % o.hq);
+    std::vector<float> row(nblk);
+    for (int64_t kb = 0; kb < nblk; ++kb)
+      MSA_BENCH_CUDA(cudaMemcpy(&row[kb], static_cast<float*>(scores.get()) + (h * nblk + kb) * S + tok, 4,
+                                cudaMemcpyDeviceToHost));
+    for (int64_t kb = 0; kb < nblk; ++kb) {
+      double best = -INFINITY;
+      for (int64_t j = kb * 128; j < std::min(S, (kb + 1) * 128) && j <= tok; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d)
+          dot += double(qv[(tok * o.hq + h) * D + d]) * kv[(j * o.hkv + h / G) * D + d];
+        best = std::max(best, dot);
+      }
+      const double err = std::isinf(best) ? (row[kb] == best ? 0 : 1e9) : std::fabs(row[kb] - best) / (1 + std::fabs(best));
+      worst = std::max(worst, err);
+    }
+  }
+  std::vector<int32_t> i1(ids.bytes() / 4), i2(ids.bytes() / 4);
+  MSA_BENCH_CUDA(cudaMemcpy(i1.data(), ids.get(), ids.bytes(), cudaMemcpyDeviceToHost));
+  MSA_BENCH_CUDA(cudaMemcpy(i2.data(), ids2.get(), ids.bytes(), cudaMemcpyDeviceToHost));
+  const bool same_ids = i1 == i2;
+  std::printf("check: sampled score rows max rel err %.2e, fused ids %s unfused\n", worst,
+              same_ids ? "==" : "!=");
+
+  double pairs = 0;  // causal visible (query, key) pairs of one head
+  for (int64_t i = 0; i < S; ++i) pairs += double(i + 1);
+  const double flop = 2.0 * D * o.hq * pairs;
+  const Timing ts = time_op([&] { msa::block_scores(a, s); }, o.warmup, o.iters, s, &flush);
+  const Timing tk = time_op([&] { msa::select_topk(t, s); }, o.warmup, o.iters, s, &flush);
+  const Timing tf = time_op([&] { msa::block_topk(f, s); }, o.warmup, o.iters, s, &flush);
+  msa::check_status(a.status, s);
+  std::printf("%-22s %9s %9s %9s %9s\n", "case", "median_ms", "min_ms", "max_ms", "TFLOP/s");
+  auto row = [&](const char* name, const Timing& x, bool rate) {
+    std::printf("%-22s %9.3f %9.3f %9.3f %9.1f\n", name, x.median, x.min, x.max, rate ? flop / (x.median * 1e9) : 0.0);
+  };
+  const std::string name = o.fp8 ? "IDX-32K-fp8" : "IDX-32K-bf16";
+  row((name + " scores").c_str(), ts, true);
+  row((name + " topk").c_str(), tk, false);
+  row((name + " fused").c_str(), tf, true);
+  if (!o.json.empty()) {
+    std::ofstream js(o.json, std::ios::app);
+    js << "{\"case\":\"" << name << "\",\"seq\":" << S << ",\"scores_ms\":" << ts.median << ",\"topk_ms\":" << tk.median
+       << ",\"fused_ms\":" << tf.median << ",\"scores_tflops\":" << flop / (ts.median * 1e9)
+       << ",\"fused_tflops\":" << flop / (tf.median * 1e9) << ",\"check_rel\":" << worst
+       << ",\"fused_equals_unfused\":" << (same_ids ? "true" : "false") << "}\n";
+  }
+  return worst < 1e-3 && same_ids ? 0 : 1;
+}
+

@@ -1,0 +1,145 @@
+// The pipeline benchmark (gpu_benches.h; programs: bench_pipeline, `msa bench`): BENCHMARKS.md
+// E2E-32K, the fused indexer + top-K, then sparse attention with its CSR build, timed as one
+// sparse_attention_pipeline call and stage by stage. Checked first: sampled (token, head) rows of
+// out / lse against an fp64 host computation over the keys the GPU's own selection attends.
+// bench/peers.py times cuDNN dense causal on the same shape from the JSON record.
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "bench/gpu_benches.h"
+#include "bench/gpu_timing.h"
+#include "bench/inputs.h"
+#include "msa/msa.h"
+
+namespace {
+
+using msa::DType;
+using msa::Tensor;
+using namespace msa::bench;
+
+
+template <typename T>
+std::vector<T> download(const GpuBuffer& b, size_t n) {
+  std::vector<T> h(n);
+  MSA_BENCH_CUDA(cudaMemcpy(h.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+}  // namespace
+
+int msa_bench::run_pipeline_bench(const RunOptions& o) {
+  const int64_t S = o.seq, D = 128, G = o.hq / o.hkv, blk = 128;
+  std::vector<uint16_t> hq_(S * o.hq * D), hk(S * o.hkv * D), hv(S * o.hkv * D);
+  fill_normal_bf16(hq_.data(), int64_t(hq_.size()), 2, 0);
+  fill_normal_bf16(hk.data(), int64_t(hk.size()), 2, 1);
+  fill_normal_bf16(hv.data(), int64_t(hv.size()), 2, 2);
+  const std::vector<int32_t> cu = {0, int32_t(S)};
+  GpuBuffer q(hq_.size() * 2), k(hk.size() * 2), v(hv.size() * 2), cub(8), out(hq_.size() * 2),
+      lse(size_t(o.hq * S) * 4), status(16), flush(size_t(256) << 20);
+  cudaStream_t s;
+  MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  MSA_BENCH_CUDA(cudaMemcpy(q.get(), hq_.data(), q.bytes(), cudaMemcpyHostToDevice));
+  MSA_BENCH_CUDA(cudaMemcpy(k.get(), hk.data(), k.bytes(), cudaMemcpyHostToDevice));
+  MSA_BENCH_CUDA(cudaMemcpy(v.get(), hv.data(), v.bytes(), cudaMemcpyHostToDevice));
+  MSA_BENCH_CUDA(cudaMemcpy(cub.get(), cu.data(), 8, cudaMemcpyHostToDevice));
+
+  msa::PipelineArgs a;
+  a.q = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
+  a.kv.k = gpu_view(k.get(), DType::bf16, {S, o.hkv, D});
+  a.kv.v = gpu_view(v.get(), DType::bf16, {S, o.hkv, D});
+  a.kv.cu_seqlens_k = gpu_view(cub.get(), DType::i32, {2});
+  a.cu_seqlens_q = a.kv.cu_seqlens_k;
+  a.topk = int(o.topk);
+  a.out = gpu_view(out.get(), DType::bf16, {S, o.hq, D});
+  a.lse = gpu_view(lse.get(), DType::f32, {o.hq, S});
+  a.status = gpu_view(status.get(), DType::i32, {4});
+  GpuBuffer ws(msa::pipeline_workspace_bytes(a));
+  a.workspace = gpu_view(ws.get(), DType::u8, {int64_t(ws.bytes())});
+
+  msa::clear_status(a.status, s);
+  msa::sparse_attention_pipeline(a, s);
+  msa::check_status(a.status, s);
+
+  // Check: the q2k at the start of the workspace says which keys each row attends.
+  const auto q2k = download<int32_t>(ws, size_t(o.hkv * S * o.topk));
+  const auto got = download<uint16_t>(out, size_t(S * o.hq * D));
+  const auto got_lse = download<float>(lse, size_t(o.hq * S));
+  const double scale = 1.0 / std::sqrt(double(D));
+  double worst_rel = 0, worst_lse = 0;
+  std::mt19937 rng(4);
+  for (int sample = 0; sample < 8; ++sample) {
+    const int64_t t = sample == 0 ? S - 1 : int64_t(rng() % S), h = int64_t(rng() % o.hq), kh = h / G;
+    std::vector<int64_t> keys;
+    for (int64_t slot = 0; slot < o.topk; ++slot) {
+      const int32_t b = q2k[(kh * S + t) * o.topk + slot];
+      for (int64_t j = b * blk; b >= 0 && j < std::min(S, (b + 1) * blk) && j <= t; ++j) keys.push_back(j);
+    }
+    std::vector<double> logit(keys.size()), acc(D, 0.0);
+    double m = -INFINITY, sum = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      double dot = 0;
+      for (int64_t d = 0; d < D; ++d)
+        dot += double(bf16_to_float(hq_[(t * o.hq + h) * D + d])) * bf16_to_float(hk[(keys[i] * o.hkv + kh) * D + d]);
+      logit[i] = dot * scale;
+      m = std::max(m, logit[i]);
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const double w = std::exp(logit[i] - m);
+      sum += w;
+      for (int64_t d = 0; d < D; ++d) acc[d] += w * bf16_to_float(hv[(keys[i] * o.hkv + kh) * D + d]);
+    }
+    double num = 0, den = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double r = acc[d] / sum, x = bf16_to_float(got[(t * o.hq + h) * D + d]);
+      num += (x - r) * (x - r);
+      den += r * r;
+    }
+    worst_rel = std::max(worst_rel, std::sqrt(num / den));
+    worst_lse = std::max(worst_lse, std::fabs(double(got_lse[h * S + t]) - (m + std::log(sum))));
+  }
+  const bool ok = worst_rel <= 1e-2 && worst_lse <= 2e-3;
+  std::printf("check: 8 sampled rows, out rel L2 %.2e, lse max abs %.2e: %s\n", worst_rel, worst_lse,
+              ok ? "ok" : "FAILED");
+
+  // Stage by stage, on the same buffers: the fused selection, then attention on its q2k.
+  msa::BlockTopKArgs sel;
+  sel.q = a.q;
+  sel.kv = a.kv;
+  sel.kv.v = msa::QTensor();
+  sel.cu_seqlens_q = a.cu_seqlens_q;
+  sel.topk = a.topk;
+  sel.q2k = gpu_view(ws.get(), DType::i32, {o.hkv, S, o.topk});
+  sel.status = a.status;
+  msa::AttentionArgs att;
+  att.q = a.q;
+  att.kv = a.kv;
+  att.cu_seqlens_q = a.cu_seqlens_q;
+  att.q2k = sel.q2k;
+  att.out = a.out;
+  att.lse = a.lse;
+  att.status = a.status;
+  GpuBuffer att_ws(msa::attention_workspace_bytes(att));
+  att.workspace = gpu_view(att_ws.get(), DType::u8, {int64_t(att_ws.bytes())});
+
+  const Timing te = time_op([&] { msa::sparse_attention_pipeline(a, s); }, o.warmup, o.iters, s, &flush);
+  const Timing ts = time_op([&] { msa::block_topk(sel, s); }, o.warmup, o.iters, s, &flush);
+  const Timing ta = time_op([&] { msa::attention_forward(att, s); }, o.warmup, o.iters, s, &flush);
+  msa::check_status(a.status, s);
+  std::printf("%-26s %9s %9s %9s\n", "E2E-32K stage", "median_ms", "min_ms", "max_ms");
+  std::printf("%-26s %9.3f %9.3f %9.3f\n", "pipeline (one call)", te.median, te.min, te.max);
+  std::printf("%-26s %9.3f %9.3f %9.3f\n", "  indexer + top-K (fused)", ts.median, ts.min, ts.max);
+  std::printf("%-26s %9.3f %9.3f %9.3f\n", "  CSR + sparse attention", ta.median, ta.min, ta.max);
+  if (!o.json.empty()) {
+    double visible = 0;  // causal visible (query, key) pairs of one head, for the dense peer
+    for (int64_t i = 0; i < S; ++i) visible += double(i + 1);
+    std::ofstream js(o.json, std::ios::app);
+    js << "{\"case\":\"E2E-32K\",\"seq\":" << S << ",\"hq\":" << o.hq << ",\"hkv\":" << o.hkv
+       << ",\"d\":" << D << ",\"visible_pairs\":" << visible << ",\"median_ms\":" << te.median
+       << ",\"select_ms\":" << ts.median << ",\"attention_ms\":" << ta.median
+       << ",\"check_rel_l2\":" << worst_rel << ",\"check_lse\":" << worst_lse << "}\n";
+  }
+  return ok ? 0 : 1;
+}
+
