@@ -273,97 +273,103 @@ inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out
                : codec::bf16_to_float(codec::float_to_bf16(x));
   };
   const double scale = c.scale != 0.f ? c.scale : float(1.0 / std::sqrt(double(D)));
-  double err_gpu = 0, err_same = 0;
-  int64_t rows = 0;
+  struct Row { int64_t b, i, hq; };
+  std::vector<Row> sampled;
   for (int64_t b = 0; b < p.batch(); ++b)
     for (int64_t i = 0; i < p.lq[b]; ++i)
-      for (int64_t hq = 0; hq < p.hq; ++hq) {
-        const int64_t t = p.q_start(b) + i, h = hq / g;
-        if ((t * p.hq + hq) % stride != 0) continue;
-        const int32_t* sel = c.q2k.data<int32_t>() + (h * tq + t) * c.topk;
-        // The selected blocks' visible keys, ascending (blocks in id order, each once).
-        std::vector<int32_t> blocks;
-        for (int64_t sl = 0; sl < c.topk; ++sl)
-          if (sel[sl] >= 0 && int64_t(sel[sl]) * blk < p.lk[b]) blocks.push_back(sel[sl]);
-        std::sort(blocks.begin(), blocks.end());
-        blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
-        const int64_t last = c.causal ? i + p.lk[b] - p.lq[b] : p.lk[b] - 1;
-        std::vector<int64_t> keys;
-        for (const int32_t kb : blocks)
-          for (int64_t j = int64_t(kb) * blk; j < std::min<int64_t>(p.lk[b], (kb + 1) * blk) && j <= last; ++j)
-            keys.push_back(p.k_start(b) + j);
-        if (keys.empty()) continue;
-        std::vector<double> s64(keys.size());
-        std::vector<float> s32(keys.size());
-        for (size_t n = 0; n < keys.size(); ++n) {
-          double d64 = 0;
-          float d32 = 0.f;
-          for (int64_t d = 0; d < D; ++d) {
-            const double qv = p.q_val[(t * p.hq + hq) * D + d];
-            const double kv = p.k_val[(keys[n] * p.hkv + h) * D + d];
-            d64 += qv * kv;
-            d32 = std::fma(float(qv), float(kv), d32);
-          }
-          s64[n] = scale * d64;
-          s32[n] = float(scale) * d32;
-        }
-        const double m64 = *std::max_element(s64.begin(), s64.end());
-        double l64 = 0;
-        std::vector<double> o64(D, 0.0);
-        for (size_t n = 0; n < keys.size(); ++n) {
-          const double w64 = std::exp(s64[n] - m64);
-          l64 += w64;
-          for (int64_t d = 0; d < D; ++d) o64[d] += w64 * p.v_val[(keys[n] * p.hkv + h) * D + d];
-        }
-        // fp32 attention over keys [lo, hi) (probabilities rounded to 16 bits before P V):
-        // normalized output into o, log-sum-exp returned.
-        auto attend32 = [&](size_t lo, size_t hi, std::vector<float>& o) {
-          const float m32 = *std::max_element(s32.begin() + lo, s32.begin() + hi);
-          float l32 = 0.f;
-          std::fill(o.begin(), o.end(), 0.f);
-          for (size_t n = lo; n < hi; ++n) {
-            const float w32 = std::exp(s32[n] - m32);
-            l32 += w32;
-            const float w16 = round16(w32);
-            for (int64_t d = 0; d < D; ++d)
-              o[d] = std::fma(w16, float(p.v_val[(keys[n] * p.hkv + h) * D + d]), o[d]);
-          }
-          for (int64_t d = 0; d < D; ++d) o[d] /= l32;
-          return m32 + std::log(l32);
-        };
-        std::vector<float> o32(D);
-        if (!bf16_partials) {
-          attend32(0, keys.size(), o32);
-        } else {
-          // The precision the call asked for: one partial per selected block, its normalized
-          // output rounded to bf16, merged in fp32 by the blocks' log-sum-exps.
-          std::vector<float> lse_b, part;
-          std::vector<float> ob(D);
-          for (size_t lo = 0; lo < keys.size();) {
-            size_t hi = lo + 1;
-            while (hi < keys.size() && (keys[hi] - p.k_start(b)) / blk == (keys[lo] - p.k_start(b)) / blk) ++hi;
-            lse_b.push_back(attend32(lo, hi, ob));
-            for (int64_t d = 0; d < D; ++d)
-              part.push_back(codec::bf16_to_float(codec::float_to_bf16(ob[d])));
-            lo = hi;
-          }
-          const float mx = *std::max_element(lse_b.begin(), lse_b.end());
-          float den = 0.f;
-          std::fill(o32.begin(), o32.end(), 0.f);
-          for (size_t k = 0; k < lse_b.size(); ++k) {
-            const float w = std::exp(lse_b[k] - mx);
-            den += w;
-            for (int64_t d = 0; d < D; ++d) o32[d] = std::fma(w, part[k * D + d], o32[d]);
-          }
-          for (int64_t d = 0; d < D; ++d) o32[d] /= den;
-        }
-        for (int64_t d = 0; d < D; ++d) {
-          const double exact = o64[d] / l64;
-          err_same = std::max(err_same, std::fabs(double(round16(o32[d])) - exact));
-          err_gpu = std::max(err_gpu, std::fabs(load(gpu_out.t, (t * p.hq + hq) * D + d) - exact));
-        }
-        ++rows;
+      for (int64_t hq = 0; hq < p.hq; ++hq)
+        if (((p.q_start(b) + i) * p.hq + hq) % stride == 0) sampled.push_back({b, i, hq});
+  double err_gpu = 0, err_same = 0;
+  int64_t rows = 0;
+  // Rows in parallel (max and count reductions: the result does not depend on the order).
+#pragma omp parallel for schedule(dynamic, 16) reduction(max : err_gpu, err_same) reduction(+ : rows)
+  for (int64_t n_row = 0; n_row < int64_t(sampled.size()); ++n_row) {
+    const int64_t b = sampled[n_row].b, i = sampled[n_row].i, hq = sampled[n_row].hq;
+    const int64_t t = p.q_start(b) + i, h = hq / g;
+    const int32_t* sel = c.q2k.data<int32_t>() + (h * tq + t) * c.topk;
+    // The selected blocks' visible keys, ascending (blocks in id order, each once).
+    std::vector<int32_t> blocks;
+    for (int64_t sl = 0; sl < c.topk; ++sl)
+      if (sel[sl] >= 0 && int64_t(sel[sl]) * blk < p.lk[b]) blocks.push_back(sel[sl]);
+    std::sort(blocks.begin(), blocks.end());
+    blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+    const int64_t last = c.causal ? i + p.lk[b] - p.lq[b] : p.lk[b] - 1;
+    std::vector<int64_t> keys;
+    for (const int32_t kb : blocks)
+      for (int64_t j = int64_t(kb) * blk; j < std::min<int64_t>(p.lk[b], (kb + 1) * blk) && j <= last; ++j)
+        keys.push_back(p.k_start(b) + j);
+    if (keys.empty()) continue;
+    std::vector<double> s64(keys.size());
+    std::vector<float> s32(keys.size());
+    for (size_t n = 0; n < keys.size(); ++n) {
+      double d64 = 0;
+      float d32 = 0.f;
+      for (int64_t d = 0; d < D; ++d) {
+        const double qv = p.q_val[(t * p.hq + hq) * D + d];
+        const double kv = p.k_val[(keys[n] * p.hkv + h) * D + d];
+        d64 += qv * kv;
+        d32 = std::fma(float(qv), float(kv), d32);
       }
+      s64[n] = scale * d64;
+      s32[n] = float(scale) * d32;
+    }
+    const double m64 = *std::max_element(s64.begin(), s64.end());
+    double l64 = 0;
+    std::vector<double> o64(D, 0.0);
+    for (size_t n = 0; n < keys.size(); ++n) {
+      const double w64 = std::exp(s64[n] - m64);
+      l64 += w64;
+      for (int64_t d = 0; d < D; ++d) o64[d] += w64 * p.v_val[(keys[n] * p.hkv + h) * D + d];
+    }
+    // fp32 attention over keys [lo, hi) (probabilities rounded to 16 bits before P V):
+    // normalized output into o, log-sum-exp returned.
+    auto attend32 = [&](size_t lo, size_t hi, std::vector<float>& o) {
+      const float m32 = *std::max_element(s32.begin() + lo, s32.begin() + hi);
+      float l32 = 0.f;
+      std::fill(o.begin(), o.end(), 0.f);
+      for (size_t n = lo; n < hi; ++n) {
+        const float w32 = std::exp(s32[n] - m32);
+        l32 += w32;
+        const float w16 = round16(w32);
+        for (int64_t d = 0; d < D; ++d)
+          o[d] = std::fma(w16, float(p.v_val[(keys[n] * p.hkv + h) * D + d]), o[d]);
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] /= l32;
+      return m32 + std::log(l32);
+    };
+    std::vector<float> o32(D);
+    if (!bf16_partials) {
+      attend32(0, keys.size(), o32);
+    } else {
+      // The precision the call asked for: one partial per selected block, its normalized
+      // output rounded to bf16, merged in fp32 by the blocks' log-sum-exps.
+      std::vector<float> lse_b, part;
+      std::vector<float> ob(D);
+      for (size_t lo = 0; lo < keys.size();) {
+        size_t hi = lo + 1;
+        while (hi < keys.size() && (keys[hi] - p.k_start(b)) / blk == (keys[lo] - p.k_start(b)) / blk) ++hi;
+        lse_b.push_back(attend32(lo, hi, ob));
+        for (int64_t d = 0; d < D; ++d)
+          part.push_back(codec::bf16_to_float(codec::float_to_bf16(ob[d])));
+        lo = hi;
+      }
+      const float mx = *std::max_element(lse_b.begin(), lse_b.end());
+      float den = 0.f;
+      std::fill(o32.begin(), o32.end(), 0.f);
+      for (size_t k = 0; k < lse_b.size(); ++k) {
+        const float w = std::exp(lse_b[k] - mx);
+        den += w;
+        for (int64_t d = 0; d < D; ++d) o32[d] = std::fma(w, part[k * D + d], o32[d]);
+      }
+      for (int64_t d = 0; d < D; ++d) o32[d] /= den;
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      const double exact = o64[d] / l64;
+      err_same = std::max(err_same, std::fabs(double(round16(o32[d])) - exact));
+      err_gpu = std::max(err_gpu, std::fabs(load(gpu_out.t, (t * p.hq + hq) * D + d) - exact));
+    }
+    ++rows;
+  }
   if (rows == 0) return;
   EXPECT_LE(err_gpu, 2.0 * err_same)
       << "out: max error vs fp64 " << err_gpu << ", same-precision reference " << err_same
