@@ -115,7 +115,8 @@ inline std::optional<HostTensor> make_scale(Fp8Scale kind, int64_t tokens, int64
 // q_dtype bf16 | f16; kv_dtype = q_dtype or fp8_e4m3 (with `scale`).
 inline Problem make_problem(std::vector<int32_t> lq, std::vector<int32_t> lk, int64_t hq,
                             int64_t hkv, int64_t dim, unsigned seed, DType q_dtype = DType::bf16,
-                            DType kv_dtype = DType::bf16, Fp8Scale scale = Fp8Scale::none) {
+                            DType kv_dtype = DType::bf16, Fp8Scale scale = Fp8Scale::none,
+                            bool fill_inputs = true) {
   if (kv_dtype != DType::fp8_e4m3) kv_dtype = q_dtype;
   std::mt19937 rng(seed);
   const std::vector<int32_t> cq = cumulative(lq), ck = cumulative(lk);
@@ -124,6 +125,7 @@ inline Problem make_problem(std::vector<int32_t> lq, std::vector<int32_t> lk, in
             HostTensor(kv_dtype, {ck.back(), hkv, dim}),
             HostTensor(kv_dtype, {ck.back(), hkv, dim}),
             i32_tensor(cq), i32_tensor(ck)};
+  if (!fill_inputs) return p;  // shapes only (index tests): q / k / v left as allocated
   p.q_val = fill_values(p.q, rng, 2.0);  // larger q: peakier softmax
   if (kv_dtype == DType::fp8_e4m3) {
     p.k_scale = make_scale(scale, ck.back(), hkv, rng);

@@ -156,10 +156,11 @@ inline void poison_unselected(Problem& p, const HostTensor& q2k, int64_t topk) {
   }
 }
 
-// A random configuration. `index` selects the seed; small: short lengths for the sanitizer.
+// A random configuration. `index` selects the seed; small: short lengths for the sanitizer;
+// fill_inputs false: shapes and q2k only (the same q2k), for tests of the index builders.
 // The CPU reference costs ~ tokens * Hq * attended keys * D, so long query sets come with few
 // heads / small top-K and the key lengths (up to 5000) carry the long-context part.
-inline SparseCase random_case(int index, bool small) {
+inline SparseCase random_case(int index, bool small, bool fill_inputs = true) {
   std::mt19937 rng(1234567u + 7919u * unsigned(index));
   const int groups[] = {1, 2, 4, 8, 16};
   const int topks[] = {1, 4, 8, 16, 32};
@@ -191,7 +192,8 @@ inline SparseCase random_case(int index, bool small) {
     for (int32_t& l : lq)
       if (l > 0) l = std::max<int32_t>(1, int32_t(int64_t(l) * max_q_total / total));
   const DType dt = rng() % 3 == 0 ? DType::f16 : DType::bf16;
-  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt);
+  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt, dt,
+                              Fp8Scale::none, fill_inputs);
   const bool uniform_blocks = rng() % 3 == 0;
   HostTensor ids = random_q2k(prob, topk, causal, rng, uniform_blocks);
   SparseCase c(std::move(prob), std::move(ids), topk);
