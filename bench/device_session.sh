@@ -5,7 +5,7 @@
 # build-device-bin). Logs go to $OUT; a short summary prints last.
 #   bench/device_session.sh [steps...]
 #   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer ncu-decode
-#          ncu-times ncu-combine ncu-mtp bench-sparse ab (variants of scripts/build_ab.sh);
+#          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch: two bf16 launches come first) bench-sparse ab (variants of scripts/build_ab.sh);
 #          TESTS="..." limits the test suites
 #   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
 #   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
@@ -113,7 +113,7 @@ for step in $steps; do
         --no-check --no-flush > "$OUT/ncu_times.log" 2>&1; summary+=("ncu times rc=$?");
         grep gpu__time_duration "$OUT/ncu_times.log" | awk -F'","' '{printf "%-60.60s %s\n", $5, $NF}' | tr -d '"' | head -60; } ;;
     ncu-combine) ncu_step combine "combine_kernel" "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check ;;
-    ncu-mtp) NCU_COUNT=2 ncu_step mtp "decode_kernel" "$BIN/bench_decode" --case DEC-MTP --iters 1 --warmup 0 --no-check ;;
+    ncu-mtp) NCU_EXTRA="--launch-skip 2" ncu_step mtp "decode_kernel" "$BIN/bench_decode" --case DEC-MTP --iters 1 --warmup 0 --no-check ;;
     ncu-decode) ncu_step decode "decode_kernel" "$BIN/bench_decode" --case DEC-B32-dense --iters 1 --warmup 0 --no-check ;;
     *) summary+=("unknown step $step") ;;
   esac
