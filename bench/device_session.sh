@@ -5,7 +5,8 @@
 # build-device-bin). Logs go to $OUT; a short summary prints last.
 #   bench/device_session.sh [steps...]
 #   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer ncu-decode
-#          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch: two bf16 launches come first) bench-sparse ab (variants of scripts/build_ab.sh);
+#          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
+#          ab (variants of scripts/build_ab.sh);
 #          TESTS="..." limits the test suites
 #   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
 #   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
