@@ -4,7 +4,8 @@
 # binaries that `make device-bin` built here and the device call carries (BIN, default
 # build-device-bin). Logs go to $OUT; a short summary prints last.
 #   bench/device_session.sh [steps...]
-#   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer ncu-decode
+#   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer
+#          ncu-indexer-fp8 ncu-decode
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
 #          ab (variants of scripts/build_ab.sh);
 #          TESTS="..." limits the test suites
@@ -108,6 +109,8 @@ for step in $steps; do
     ncu-sparse) ncu_step sparse "sparse_fwd_kernel" "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check ;;
     ncu-uniform) ncu_step uniform "uniform_kernel" "$BIN/bench_sparse_fwd" --case P32K-blk --iters 1 --warmup 0 --no-check ;;
     ncu-indexer) ncu_step indexer "block_scores_kernel" "$BIN/bench_indexer" --seq 16384 --iters 1 --warmup 0 ;;
+    ncu-indexer-fp8) ncu_step indexer_fp8 "block_scores_kernel" "$BIN/bench_indexer" --seq 16384 --fp8 1 \
+      --iters 1 --warmup 0 ;;
     ncu-times)  # every kernel's duration in one iteration of the prefill cases (prep, main, combine)
       lim=$(left 120); (( lim > 0 )) && { timeout $lim ncu --clock-control none --metrics gpu__time_duration.sum \
         --csv "$BIN/bench_sparse_fwd" --case P32K-blk --case P8K-tok --case P32K-tok --iters 1 --warmup 0 \
