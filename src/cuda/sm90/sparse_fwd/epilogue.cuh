@@ -26,10 +26,11 @@ __device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+// Two floats as one 16-bit pair (fp16 when kF16, else bf16), lo in the low half.
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
   uint32_t r;
-  if constexpr (std::is_same_v<T, __half>) {
+  if constexpr (kF16) {
     const __half2 h = __floats2half2_rn(lo, hi);
     r = *reinterpret_cast<const uint32_t*>(&h);
   } else {
@@ -58,7 +59,8 @@ __device__ __forceinline__ void store_row_16b(T* row, const float (&o)[64], floa
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int n = 4 * g4 + k;
-      mine[k] = pack2<T>(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
+      mine[k] = pack_pair<std::is_same_v<T, __half>>(o[n * 4 + kOff] * inv,
+                                                     o[n * 4 + kOff + 1] * inv);
     }
     // got[r]: lane (q ^ r)'s pair for column group 4 g4 + q (got[0] is our own).
     got[0] = pick4(mine, q);

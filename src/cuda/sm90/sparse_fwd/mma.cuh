@@ -27,18 +27,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <bool kF16>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  uint32_t r;
-  if constexpr (kF16) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    r = *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    r = *reinterpret_cast<const uint32_t*>(&h);
-  }
-  return r;
-}
 
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -183,6 +171,18 @@ __device__ __forceinline__ RowStats softmax_row(float (&s)[64], int limit, int c
   return RowStats{mx, sum, tsum};
 }
 
+// P (the S accumulator after softmax) as the A operand of P V: 16-bit pairs per k-step.
+template <bool kF16>
+__device__ __forceinline__ void pack_probs(const float (&sc)[64], uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    pa[kk][0] = pack_pair<kF16>(sc[(2 * kk) * 4 + 0], sc[(2 * kk) * 4 + 1]);
+    pa[kk][1] = pack_pair<kF16>(sc[(2 * kk) * 4 + 2], sc[(2 * kk) * 4 + 3]);
+    pa[kk][2] = pack_pair<kF16>(sc[(2 * kk + 1) * 4 + 0], sc[(2 * kk + 1) * 4 + 1]);
+    pa[kk][3] = pack_pair<kF16>(sc[(2 * kk + 1) * 4 + 2], sc[(2 * kk + 1) * 4 + 3]);
+  }
+}
+
 template <bool kF16>
 __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
@@ -223,13 +223,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   const RowStats st1 = softmax_row<2>(s, lim1, col_base, p.scale_log2, p.inv_temperature);
 
   uint32_t pa[kBlockN / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    pa[kk][0] = pack_pair<kF16>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
-    pa[kk][1] = pack_pair<kF16>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
-    pa[kk][2] = pack_pair<kF16>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
-    pa[kk][3] = pack_pair<kF16>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
-  }
+  pack_probs<kF16>(s, pa);
 
   float o[64];
 #pragma unroll

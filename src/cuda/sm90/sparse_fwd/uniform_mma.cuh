@@ -87,17 +87,6 @@ __device__ __forceinline__ void fence_regs(uint32_t (&pa)[8][4]) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[kk][i])::"memory");
 }
 
-template <bool kF16>
-__device__ __forceinline__ void pack_probs(const float (&sc)[64], uint32_t (&pa)[8][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    pa[kk][0] = pack_pair<kF16>(sc[(2 * kk) * 4 + 0], sc[(2 * kk) * 4 + 1]);
-    pa[kk][1] = pack_pair<kF16>(sc[(2 * kk) * 4 + 2], sc[(2 * kk) * 4 + 3]);
-    pa[kk][2] = pack_pair<kF16>(sc[(2 * kk + 1) * 4 + 0], sc[(2 * kk + 1) * 4 + 1]);
-    pa[kk][3] = pack_pair<kF16>(sc[(2 * kk + 1) * 4 + 2], sc[(2 * kk + 1) * 4 + 3]);
-  }
-}
-
 __device__ __forceinline__ void rescale_rows(float (&o)[64], float a0, float a1) {
 #pragma unroll
   for (int n = 0; n < 16; ++n) {
