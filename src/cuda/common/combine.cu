@@ -136,16 +136,6 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
 }
 
 
-// Last b in [0, batch) with starts[b] <= x (starts non-decreasing).
-__device__ __forceinline__ int64_t last_start_le(const int32_t* starts, int64_t batch, int64_t x) {
-  int64_t lo = 0, hi = batch - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (starts[mid] <= x) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
 // Work tiles of kTileTokens tokens of one (kv head, 128-query block) pair, grid-stride: a pair
 // the uniform path wrote (every pair under block-uniform selections) costs one flag test per
 // tile, and the batch lookup is done once per tile instead of once per unit.
@@ -165,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
     const int32_t pair = tile / kTilesPerQBlock, sub = tile % kTilesPerQBlock;
     const int32_t h = pair / qcap, qblock = pair % qcap;
     if (qblock >= qblocks || p.uniform[pair]) continue;
-    const int32_t b = int32_t(last_start_le(p.qblock_start, p.batch, qblock));
+    const int32_t b = int32_t(last_le(p.qblock_start, p.batch, qblock));
     const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
     const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
     const int32_t nblk = lk > 0 ? (lk - 1) / p.kv_block_size + 1 : 0;

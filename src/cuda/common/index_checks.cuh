@@ -41,15 +41,20 @@ constexpr size_t kQ2KCheckWorkspaceBytes = 256;
 void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
                       cudaStream_t stream);
 
-// Batch of token t (0 <= t < total): the b with cu[b] <= t < cu[b+1], by binary search over a
-// possibly corrupt cu array (always returns b in [0, batch), never reads outside [0, batch]).
-__device__ __forceinline__ int64_t find_batch(const int32_t* cu, int64_t batch, int64_t t) {
-  int64_t lo = 0, hi = batch - 1;
+// The last i in [0, n) with starts[i] <= x, for non-decreasing starts, by binary search over a
+// possibly corrupt array (always returns i in [0, n) for n >= 1, never reads outside [0, n)).
+__device__ __forceinline__ int64_t last_le(const int32_t* starts, int64_t n, int64_t x) {
+  int64_t lo = 0, hi = n - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+    if (starts[mid] <= x) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+// Batch of token t (0 <= t < total): the b with cu[b] <= t < cu[b+1].
+__device__ __forceinline__ int64_t find_batch(const int32_t* cu, int64_t batch, int64_t t) {
+  return last_le(cu, batch, t);
 }
 
 __device__ __forceinline__ int64_t batch_keys(const KeyLengths& k, int64_t b) {

@@ -6,21 +6,12 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "cuda/common/index_checks.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/scheduler.cuh"
 #include "cuda/sm90/sparse_fwd/traits.h"
 
 namespace msa::cuda::sparse_fwd {
-
-// Last b in [0, B) with starts[b] <= x (starts non-decreasing).
-__device__ __forceinline__ int64_t last_start_le(const int32_t* starts, int64_t batch, int64_t x) {
-  int64_t lo = 0, hi = batch - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (starts[mid] <= x) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
 
 // One block per (kv head, global query block) pair (grid-stride; blockDim a multiple of 32).
 // Uniform: every row of the block equals its first row, whose ids are in [-1, nblk) and
@@ -37,7 +28,7 @@ __global__ void uniform_detect_kernel(PrepParams p) {
     int64_t n_tok = 0;
     const bool live = p.uniform_enabled && g < total_blocks && p.batch > 0;  // same for the block
     if (live) {
-      const int64_t b = last_start_le(p.qblock_start, p.batch, g);
+      const int64_t b = last_le(p.qblock_start, p.batch, g);
       const int64_t qb = g - p.qblock_start[b];
       const int64_t q_start = p.cu_seqlens_q[b], lq = int64_t(p.cu_seqlens_q[b + 1]) - q_start;
       const int64_t lk = int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
@@ -99,10 +90,10 @@ __global__ void unit_table_kernel(PrepParams p) {
   const int64_t tokens_per_unit = 128 / p.group;
   for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < n_units;
        u += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t pair = last_start_le(p.unit_start, pairs, u);
+    const int64_t pair = last_le(p.unit_start, pairs, u);
     const int64_t h = pair / p.qblock_cap, g = pair % p.qblock_cap;
     const int64_t k = u - p.unit_start[pair];
-    const int64_t b = last_start_le(p.qblock_start, p.batch, g);
+    const int64_t b = last_le(p.qblock_start, p.batch, g);
     const int64_t qb = g - p.qblock_start[b];
     const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
     const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
