@@ -182,18 +182,7 @@ size_t csr_build_workspace_bytes(int64_t hkv, int64_t total_rows, int64_t total_
 void launch_csr_build(const CsrBuildParams& p, cudaStream_t stream) {
   const WorkspacePlan w = plan_workspace(p.num_kv_heads, p.total_rows, p.total_q, p.topk);
   auto* ws = static_cast<uint8_t*>(p.workspace);
-  if (p.run_q2k_check) {
-    Q2KCheckParams c;
-    c.q2k = p.q2k;
-    c.cu_seqlens_q = p.cu_seqlens_q;
-    c.keys = p.keys;
-    c.batch = p.batch;
-    c.num_kv_heads = p.num_kv_heads;
-    c.total_q = p.total_q;
-    c.topk = p.topk;
-    c.kv_block_size = p.kv_block_size;
-    launch_q2k_check(c, ws + w.check, p.status, stream);
-  }
+  if (p.run_q2k_check) launch_q2k_check(p, ws + w.check, p.status, stream);
   const int64_t n = p.num_kv_heads * p.total_q * p.topk;
   auto* first_row = reinterpret_cast<int32_t*>(ws + w.first_row);
   if (p.batch > 0) {

@@ -12,11 +12,9 @@
 
 namespace msa::cuda {
 
-struct CsrBuildParams {
-  const int32_t* q2k = nullptr;           // [Hkv, total_q, topk] contiguous
-  const int32_t* cu_seqlens_q = nullptr;  // [B+1]
-  KeyLengths keys;                        // Lk_b (flat or paged)
-  int64_t batch = 0, num_kv_heads = 0, total_q = 0, topk = 0, kv_block_size = 128;
+// The index inputs (q2k, cu_seqlens_q, key lengths, shape) are the q2k check's, so the builder
+// hands itself to launch_q2k_check as is.
+struct CsrBuildParams : Q2KCheckParams {
   int64_t total_rows = 0;     // rows of row_ptr; an upper bound when !check_total_rows
   bool check_total_rows = true;  // status shape_mismatch unless sum_b nblk_b == total_rows
   bool run_q2k_check = true;  // validate q2k / cu_seqlens into status first

@@ -275,17 +275,19 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   pp.units = ws + w.units;
   pp.status = status;
 
+  Q2KCheckParams index;  // the q2k check's inputs, also the CSR builder's
+  index.q2k = q2k;
+  index.cu_seqlens_q = cu_q;
+  index.keys.cu_seqlens_k = cu_k;
+  index.keys.total_k = total_k;
+  index.batch = s.batch;
+  index.num_kv_heads = s.num_kv_heads;
+  index.total_q = s.total_q;
+  index.topk = s.topk;
+  index.kv_block_size = kBlockN;
   if (w.build_csr) {
     CsrBuildParams c;
-    c.q2k = q2k;
-    c.cu_seqlens_q = cu_q;
-    c.keys.cu_seqlens_k = cu_k;
-    c.keys.total_k = total_k;
-    c.batch = s.batch;
-    c.num_kv_heads = s.num_kv_heads;
-    c.total_q = s.total_q;
-    c.topk = s.topk;
-    c.kv_block_size = kBlockN;
+    static_cast<Q2KCheckParams&>(c) = index;
     c.total_rows = w.total_rows;
     c.check_total_rows = false;  // an upper bound: the real rows come first, the rest are empty
     c.row_ptr = reinterpret_cast<int32_t*>(ws + w.row_ptr);
@@ -299,17 +301,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     pp.q_idx = c.q_idx;
     pp.schedule = c.schedule;
   } else {
-    Q2KCheckParams c;
-    c.q2k = q2k;
-    c.cu_seqlens_q = cu_q;
-    c.keys.cu_seqlens_k = cu_k;
-    c.keys.total_k = total_k;
-    c.batch = s.batch;
-    c.num_kv_heads = s.num_kv_heads;
-    c.total_q = s.total_q;
-    c.topk = s.topk;
-    c.kv_block_size = kBlockN;
-    launch_q2k_check(c, ws + w.check, status, stream);
+    launch_q2k_check(index, ws + w.check, status, stream);
     pp.row_ptr = a.k2q.row_ptr.ptr<int32_t>();
     pp.q_idx = a.k2q.q_idx.ptr<int32_t>();
     pp.schedule = w.build_schedule ? reinterpret_cast<int32_t*>(ws + w.schedule)
