@@ -94,14 +94,14 @@ std::string gpu_case_gap(const bench::BenchCase&) { return "this build has no CU
 int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, JsonWriter& j) {
   if (!gpu_unavailable_reason().empty() || !gpu_case_gap(c).empty()) return -1;
 #ifdef MSA_CLI_GPU_BENCH
+  const GpuRunner runner = runner_of(c);
   std::printf("msa bench %s on the GPU: median of %d runs after %d warm-up runs, L2 flushed before "
               "each, results checked first%s\n",
               c.name.c_str(), b.gpu_iters, b.gpu_warmup,
-              runner_of(c) == GpuRunner::sparse ? "; FlexAttention and cuDNN on the same selection: "
-                                                  "bench/peers.py"
-                                                : "");
+              runner == GpuRunner::sparse ? "; FlexAttention and cuDNN on the same selection: "
+                                            "bench/peers.py"
+                                          : "");
   std::fflush(stdout);
-  const GpuRunner runner = runner_of(c);
   const int rc = run_with_records([&](const std::string& records) {
     if (runner == GpuRunner::sparse) {
       msa_bench::SparseBenchOptions o;
