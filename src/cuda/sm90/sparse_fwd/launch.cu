@@ -64,7 +64,8 @@ struct AttnPlan {
   size_t chunks_by_row = 0, chunk_keys = 0, chunk_keys_sorted = 0, chunk_ids = 0, chunk_order = 0;
   size_t sort_tmp = 0, sort_tmp_bytes = 0;
   size_t work_local = 0, work_slot = 0;
-  size_t qblock_start = 0, uniform = 0, unit_start = 0, num_units = 0, units = 0;
+  size_t qblock_start = 0, uniform = 0, unit_start = 0, unit_order_start = 0, num_units = 0;
+  size_t units = 0;
   size_t part_o = 0, part_lse = 0, part_tlse = 0;
   size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
   size_t total = 0;
@@ -117,7 +118,8 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.work_slot = take(size_t(hkv * nnz) * 4);
   w.qblock_start = take(size_t(s.batch + 1) * 4);
   w.uniform = take(size_t(hkv * w.qblock_cap) * 4);
-  w.unit_start = take(size_t(hkv * w.qblock_cap + 1) * 4);
+  w.unit_start = take(size_t(hkv * w.qblock_cap) * 4);
+  w.unit_order_start = take(size_t(hkv * w.qblock_cap + 1) * 4);
   w.num_units = take(4);
   w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
   w.part_o = take(part_elems * kHeadDim * part_bytes);
@@ -271,6 +273,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   pp.qblock_start = reinterpret_cast<int32_t*>(ws + w.qblock_start);
   pp.uniform = reinterpret_cast<int32_t*>(ws + w.uniform);
   pp.unit_start = reinterpret_cast<int32_t*>(ws + w.unit_start);
+  pp.unit_order_start = reinterpret_cast<int32_t*>(ws + w.unit_order_start);
   pp.num_units = reinterpret_cast<int32_t*>(ws + w.num_units);
   pp.units = ws + w.units;
   pp.status = status;

@@ -51,7 +51,10 @@ struct PrepParams {
   int64_t unit_cap = 0;
   int32_t* qblock_start = nullptr; // [B+1] first global query block of batch b
   int32_t* uniform = nullptr;      // [Hkv, qblock_cap] 1: done by the uniform kernel
-  int32_t* unit_start = nullptr;   // [Hkv * qblock_cap + 1] (counts, then exclusive prefix)
+  int32_t* unit_start = nullptr;   // [Hkv * qblock_cap] unit count of each (h, g) pair
+  // [Hkv * qblock_cap + 1] exclusive prefix of the counts in walk order: o = (qblock_cap - 1 - g)
+  // * Hkv + h, latest query blocks first (under causal masking they have the most blocks)
+  int32_t* unit_order_start = nullptr;
   int32_t* num_units = nullptr;    // [1]
   void* units = nullptr;           // [unit_cap] UnitDesc
   int32_t* status = nullptr;       // int32[4]

@@ -62,37 +62,44 @@ __global__ void uniform_detect_kernel(PrepParams p) {
   }
 }
 
-// One block: exclusive prefix of the unit counts in place; unit_start[pairs] = *num_units.
+// One block: exclusive prefix of the unit counts in walk order o = (qblock_cap - 1 - g) * Hkv + h
+// into unit_order_start (unit_order_start[pairs] = *num_units). Walking the latest query blocks
+// first is longest-processing-time-first for causal masking: the CTAs' round-robin takes the
+// long units first and ends on the short ones, instead of each CTA drawing a fixed mix.
 __global__ void __launch_bounds__(kPrepThreads) unit_scan_kernel(PrepParams p) {
   using Scan = cub::BlockScan<int, kPrepThreads>;
   __shared__ typename Scan::TempStorage tmp;
-  const int64_t pairs = p.num_kv_heads * p.qblock_cap;
+  const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
   int carry = 0;
   for (int64_t base = 0; base < pairs; base += kPrepThreads) {
-    const int64_t i = base + threadIdx.x;
-    const int count = i < pairs ? p.unit_start[i] : 0;
+    const int64_t o = base + threadIdx.x;
+    int count = 0;
+    if (o < pairs) {
+      const int64_t g = p.qblock_cap - 1 - o / hkv, h = o % hkv;
+      count = p.unit_start[h * p.qblock_cap + g];
+    }
     int excl = 0, agg = 0;
     Scan(tmp).ExclusiveSum(count, excl, agg);
-    if (i < pairs) p.unit_start[i] = carry + excl;
+    if (o < pairs) p.unit_order_start[o] = carry + excl;
     carry += agg;
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    p.unit_start[pairs] = carry;
+    p.unit_order_start[pairs] = carry;
     *p.num_units = carry <= p.unit_cap ? carry : 0;
   }
 }
 
-// One thread per unit (grid-stride): its pair by binary search, then the UnitDesc.
+// One thread per unit (grid-stride): its pair by binary search in walk order, then the UnitDesc.
 __global__ void unit_table_kernel(PrepParams p) {
   const int32_t n_units = *p.num_units;
-  const int64_t pairs = p.num_kv_heads * p.qblock_cap;
+  const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
   const int64_t tokens_per_unit = 128 / p.group;
   for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < n_units;
        u += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t pair = last_le(p.unit_start, pairs, u);
-    const int64_t h = pair / p.qblock_cap, g = pair % p.qblock_cap;
-    const int64_t k = u - p.unit_start[pair];
+    const int64_t o = last_le(p.unit_order_start, pairs, u);
+    const int64_t h = o % hkv, g = p.qblock_cap - 1 - o / hkv;
+    const int64_t k = u - p.unit_order_start[o];
     const int64_t b = last_le(p.qblock_start, p.batch, g);
     const int64_t qb = g - p.qblock_start[b];
     const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
