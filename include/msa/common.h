@@ -53,6 +53,7 @@ enum class StatusCode : int32_t {
   schedule_incomplete = 5,    // a = items expected, b = items present
   shape_mismatch = 6,         // a, b, c: op-specific
   negative_scale = 7,         // a = which (0 q, 1 k), b = token, c = head
+  k2q_mismatch = 8,           // a = kv head, b = CSR row (-1: the head's entry count)
 };
 std::string describe_status(const int32_t status[4]);
 // Copies the status to the host on `stream` (synchronizes) and throws msa::Error if non-zero.

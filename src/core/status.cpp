@@ -31,6 +31,13 @@ std::string describe_status(const int32_t s[4]) {
     case StatusCode::negative_scale:
       return detail::concat(s[1] == 0 ? "q.scale" : "k.scale", ": FP8 scales must be >= 0; negative at (token ",
                             s[2], ", head ", s[3], ")");
+    case StatusCode::k2q_mismatch:
+      if (s[2] < 0)
+        return detail::concat("k2q: does not match q2k for kv head ", s[1],
+                              " (its entry count differs from the q2k ids in range); build it with "
+                              "build_k2q_csr from the same q2k");
+      return detail::concat("k2q: does not match q2k at (head ", s[1], ", row ", s[2],
+                            "); build it with build_k2q_csr from the same q2k");
     case StatusCode::shape_mismatch:
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }

@@ -129,6 +129,12 @@ TEST(Status, DescribesAndThrowsOnCpuBuffers) {
   clear_status(st, nullptr);
   EXPECT_NO_THROW(check_status(st, nullptr));
   EXPECT_EQ(s[0], 0);
+  // The CUDA forward's k2q check names the row, or the head whose entry count is off.
+  const int32_t row[4] = {int32_t(StatusCode::k2q_mismatch), 1, 7, 0};
+  EXPECT_EQ(describe_status(row),
+            "k2q: does not match q2k at (head 1, row 7); build it with build_k2q_csr from the same q2k");
+  const int32_t count[4] = {int32_t(StatusCode::k2q_mismatch), 2, -1, 0};
+  EXPECT_NE(describe_status(count).find("k2q: does not match q2k for kv head 2"), std::string::npos);
 }
 
 TEST(Codecs, E4m3AndE2m1RoundTripEveryCode) {

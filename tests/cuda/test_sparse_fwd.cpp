@@ -211,5 +211,70 @@ TEST(SparseFwdGpu, InvalidIdsReported) {
   }
 }
 
+// A caller's k2q that is not build_k2q_csr's output for this q2k is an error, as on the CPU:
+// an entry out of order, an entry whose token does not select the row's block, and a q2k with
+// an id the CSR lacks (each head's entry count).
+TEST(SparseFwdGpu, MismatchedK2QReported) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  enum Tamper { kSwap, kForeignToken, kExtraId };
+  for (Tamper t : {kSwap, kForeignToken, kExtraId}) {
+    SCOPED_TRACE("tamper " + std::to_string(int(t)));
+    std::mt19937 rng(9);
+    Problem prob = make_problem({300, 40}, {300, 500}, 8, 2, 128, 19u);
+    HostTensor ids = random_q2k(prob, 4, true, rng);
+    SparseCase cc(std::move(prob), std::move(ids), 4);
+    const int64_t hkv = cc.p.hkv, rows = cc.total_rows, nnz = cc.p.total_q() * cc.topk;
+    DeviceCase d(cc, s);
+    d.build_csr(cc, s);
+    check_status(d.status_t(), s);
+    std::vector<int32_t> rp(hkv * (rows + 1)), qi(hkv * nnz);
+    MSA_CUDA_CHECK(cudaMemcpy(rp.data(), d.row_ptr.get(), rp.size() * 4, cudaMemcpyDeviceToHost));
+    MSA_CUDA_CHECK(cudaMemcpy(qi.data(), d.q_idx.get(), qi.size() * 4, cudaMemcpyDeviceToHost));
+    // Head 1, a row of batch 0 (rows 0..2 are its blocks): with two entries or more for the
+    // swap; for the foreign token, one that a batch-0 token's head-1 q2k row does not select.
+    const int32_t* q2k1 = cc.q2k.data<int32_t>() + cc.p.total_q() * cc.topk;
+    auto selects = [&](int32_t tl, int64_t kb) {
+      const int32_t* row = q2k1 + tl * cc.topk;
+      return std::find(row, row + cc.topk, int32_t(kb)) != row + cc.topk;
+    };
+    auto len = [&](int64_t r) { return rp[(rows + 1) + r + 1] - rp[(rows + 1) + r]; };
+    int64_t r = -1;
+    int32_t tok = -1;
+    for (int64_t rr = 0; rr < 3 && r < 0; ++rr) {
+      if (t == kSwap && len(rr) >= 2) r = rr;
+      for (int32_t tl = 0; t == kForeignToken && r < 0 && len(rr) >= 1 && tl < 300; ++tl)
+        if (!selects(tl, rr)) { r = rr; tok = tl; }
+    }
+    if (t != kExtraId) ASSERT_GE(r, 0) << "no row to tamper with";
+    int32_t* row_q = qi.data() + nnz + (r >= 0 ? rp[(rows + 1) + r] : 0);
+    if (t == kSwap) std::swap(row_q[0], row_q[1]);
+    if (t == kForeignToken) {
+      row_q[0] = tok;
+      std::sort(row_q, row_q + len(r));
+    }
+    MSA_CUDA_CHECK(cudaMemcpy(d.q_idx.get(), qi.data(), qi.size() * 4, cudaMemcpyHostToDevice));
+    if (t == kExtraId) {
+      // Head 0, token 17 (batch 0, 3 blocks, topk 4): a -1 slot becomes a block it lacks.
+      int32_t* row = cc.q2k.data<int32_t>() + 17 * cc.topk;
+      int32_t* hole = std::find(row, row + cc.topk, -1);
+      ASSERT_NE(hole, row + cc.topk);
+      for (int32_t kb = 0; kb < 3; ++kb)
+        if (std::find(row, row + cc.topk, kb) == row + cc.topk) { *hole = kb; break; }
+      ASSERT_NE(*hole, -1);
+      d.q2k = to_device(cc.q2k, s);
+    }
+    try {
+      run_gpu(cc, d, /*with_k2q=*/true, s);
+      ADD_FAILURE() << "no error for a mismatched k2q";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("k2q: does not match q2k"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(t == kExtraId ? "kv head 0" : "head 1, row " + std::to_string(r)),
+                std::string::npos) << msg;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace msa::test

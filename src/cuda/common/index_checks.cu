@@ -48,6 +48,8 @@ __global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckPara
                                                                     unsigned long long* first) {
   __shared__ int32_t ids[kStagedEntries];
   __shared__ int32_t row_nblk[kStagedEntries];
+  __shared__ int32_t head_valid[kStagedEntries];  // valid_per_head: counts of this step's heads
+  __shared__ int32_t row_head[kStagedEntries];    // ... and each row's index among them
   const int topk = int(p.topk);
   const int per_step = kStagedEntries / topk;  // rows per step
   const int64_t rows = p.num_kv_heads * p.total_q;
@@ -71,11 +73,18 @@ __global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckPara
       const int64_t lk = batch_keys(p.keys, b);
       const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
       row_nblk[r] = int(nblk < INT32_MAX ? nblk : INT32_MAX);
+      row_head[r] = int((row0 + r) / p.total_q - row0 / p.total_q);
     }
+    const int64_t h_first = row0 / p.total_q;
+    const int n_heads = int((row0 + n_rows - 1) / p.total_q - h_first) + 1;
+    if (p.valid_per_head)
+      for (int i = threadIdx.x; i < n_heads; i += kThreads) head_valid[i] = 0;
     __syncthreads();
     for (int e = threadIdx.x; e < n; e += kThreads) {
       const int r = e / topk, s = e - r * topk;
       const int32_t id = ids[e];
+      if (p.valid_per_head && id >= 0 && id < row_nblk[r])
+        atomicAdd(&head_valid[row_head[r]], 1);
       if (id == -1) continue;
       uint64_t code = 0;
       if (id < -1 || id >= row_nblk[r]) {
@@ -87,6 +96,10 @@ __global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckPara
       if (code) atomicMin(first, offence_key(1, uint64_t((row0 + r) * topk + s), code));
     }
     __syncthreads();
+    if (p.valid_per_head)
+      for (int i = threadIdx.x; i < n_heads; i += kThreads)
+        if (head_valid[i]) atomicAdd(&p.valid_per_head[h_first + i], head_valid[i]);
+    __syncthreads();  // the flush reads head_valid before the next step zeroes it
   }
 }
 
@@ -98,6 +111,11 @@ __global__ void check_q2k_kernel(Q2KCheckParams p, unsigned long long* first) {
   const int64_t lk = batch_keys(p.keys, b);
   const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
   const int32_t* ids = p.q2k + row * p.topk;
+  if (p.valid_per_head) {
+    int32_t valid = 0;
+    for (int64_t s = 0; s < p.topk; ++s) valid += ids[s] >= 0 && ids[s] < nblk;
+    if (valid) atomicAdd(&p.valid_per_head[row / p.total_q], valid);
+  }
   for (int64_t s = 0; s < p.topk; ++s) {
     const int32_t id = ids[s];
     if (id == -1) continue;
@@ -140,6 +158,8 @@ void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
                       cudaStream_t stream) {
   auto* first = static_cast<unsigned long long*>(workspace);
   MSA_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(*first), stream));
+  if (p.valid_per_head && p.num_kv_heads > 0)
+    MSA_CUDA_CHECK(cudaMemsetAsync(p.valid_per_head, 0, size_t(p.num_kv_heads) * 4, stream));
   const int64_t cu_threads = p.batch + 1;
   check_cu_seqlens_kernel<<<unsigned((cu_threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       p, first);

@@ -29,6 +29,9 @@ struct Q2KCheckParams {
   int64_t total_q = 0;
   int64_t topk = 0;
   int64_t kv_block_size = 128;
+  // Optional [Hkv] device counts (zeroed by launch_q2k_check): the q2k ids in [0, nblk_b) of
+  // each kv head, i.e. the entries an exact k2q CSR of this q2k holds per head.
+  int32_t* valid_per_head = nullptr;
 };
 
 // Scratch the check needs (one 64-bit first-offence key).

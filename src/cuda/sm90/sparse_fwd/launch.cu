@@ -61,6 +61,7 @@ struct AttnPlan {
   bool build_csr = false, build_schedule = false;
   size_t paged_offence = 0, key_offsets = 0;  // paged KV only
   size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0;
+  size_t valid_per_head = 0, k2q_first = 0;  // the caller's k2q check (build_csr false)
   size_t chunks_by_row = 0, chunk_keys = 0, chunk_keys_sorted = 0, chunk_ids = 0, chunk_order = 0;
   size_t sort_tmp = 0, sort_tmp_bytes = 0;
   size_t work_local = 0, work_slot = 0;
@@ -103,6 +104,8 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
     w.key_offsets = take(size_t(s.batch + 1) * 4);
   }
   w.check = take(kQ2KCheckWorkspaceBytes);
+  w.valid_per_head = take(size_t(hkv) * 4);
+  w.k2q_first = take(sizeof(unsigned long long));
   w.row_start = take(size_t(s.batch + 1) * 4);
   w.chunk_start = take(size_t(w.schedule_capacity + 1) * 4);
   w.num_chunks = take(4);
@@ -304,7 +307,13 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     pp.q_idx = c.q_idx;
     pp.schedule = c.schedule;
   } else {
+    // The caller's k2q must be the one build_k2q_csr makes from this q2k (checked on the way:
+    // the q2k check counts each head's ids in range, the prep kernels test every entry).
+    index.valid_per_head = reinterpret_cast<int32_t*>(ws + w.valid_per_head);
     launch_q2k_check(index, ws + w.check, status, stream);
+    pp.valid_per_head = index.valid_per_head;
+    pp.k2q_first = reinterpret_cast<unsigned long long*>(ws + w.k2q_first);
+    MSA_CUDA_CHECK(cudaMemsetAsync(pp.k2q_first, 0xff, sizeof(unsigned long long), stream));
     pp.row_ptr = a.k2q.row_ptr.ptr<int32_t>();
     pp.q_idx = a.k2q.q_idx.ptr<int32_t>();
     pp.schedule = w.build_schedule ? reinterpret_cast<int32_t*>(ws + w.schedule)

@@ -58,6 +58,12 @@ struct PrepParams {
   int32_t* num_units = nullptr;    // [1]
   void* units = nullptr;           // [unit_cap] UnitDesc
   int32_t* status = nullptr;       // int32[4]
+  // A caller's k2q is checked against q2k (the CPU backend's rule: exactly build_k2q_csr's
+  // output) when valid_per_head is set: every entry's token selects the row's block, entries
+  // strictly ascending within a row, and each head holds as many entries as q2k ids in range.
+  const int32_t* valid_per_head = nullptr;  // [Hkv] from the q2k check, or null: no k2q check
+  unsigned long long* k2q_first = nullptr;  // first mismatch: head * (total_rows + 1) + row
+                                            // (row = total_rows: entry count); ~0: none
 };
 
 struct MainParams {

@@ -109,6 +109,12 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams
   const int64_t n_items = sc[1];
   const bool header_ok = sc[0] == sched::kMagic && n_items >= 0 && n_items <= p.schedule_capacity;
 
+  if (p.valid_per_head)  // a caller's k2q: each head's entries = its q2k ids in range
+    for (int64_t h = threadIdx.x; h < p.num_kv_heads; h += kPrepThreads) {
+      const int32_t* rp = p.row_ptr + h * (rows + 1);
+      if (rp[0] != 0 || rp[rows] - rp[0] != p.valid_per_head[h])
+        atomicMin(p.k2q_first, static_cast<unsigned long long>(h * (rows + 1) + rows));
+    }
   long long non_empty = 0, bad = 0;
   for (int64_t r = threadIdx.x; r < p.num_kv_heads * rows; r += kPrepThreads) {
     const int32_t* rp = p.row_ptr + (r / rows) * (rows + 1) + r % rows;
@@ -207,14 +213,18 @@ __global__ void chunk_table_kernel(PrepParams p) {
     const int32_t* uni = p.uniform + int64_t(head) * p.qblock_cap;
     const int64_t off = int64_t(head) * p.total_q * p.topk;
     int32_t kept = 0;
+    const bool check = p.valid_per_head != nullptr;
+    bool mismatch = false;
     for (int32_t e_base = e0; e_base < e1; e_base += 32) {
       const int32_t e = e_base + lane;
       int32_t tl = -1, slot = -1;
       if (e < e1) {
         tl = p.q_idx[off + e];
+        bool holds = false;  // the token's q2k row holds kb
         if (tl >= 0 && tl < q_len && int64_t(q_start) + tl < p.total_q) {
           const int64_t qblock = int64_t(p.qblock_start[blo]) + tl / 128;
-          if (qblock >= p.qblock_cap || !uni[qblock]) {
+          const bool mine = qblock >= p.qblock_cap || !uni[qblock];  // not the uniform path's
+          if (mine || check) {
             const int32_t* ids = p.q2k + (int64_t(head) * p.total_q + q_start + tl) * p.topk;
             if (p.q2k_vec4) {  // rows of whole, 16-byte aligned int4s: 4 ids per load
               for (int32_t s = 0; s < p.topk && slot < 0; s += 4) {
@@ -225,8 +235,12 @@ __global__ void chunk_table_kernel(PrepParams p) {
               for (int32_t s = 0; s < p.topk; ++s)
                 if (ids[s] == kb) { slot = s; break; }
             }
+            holds = slot >= 0;
+            if (!mine) slot = -1;  // found only for the check
           }
         }
+        // Strictly ascending within the row (the chunk's first entry against the row's previous).
+        if (check && (!holds || (e > it[2] && p.q_idx[off + e - 1] >= tl))) mismatch = true;
       }
       const unsigned keep = __ballot_sync(0xffffffffu, slot >= 0);
       if (slot >= 0) {
@@ -236,6 +250,8 @@ __global__ void chunk_table_kernel(PrepParams p) {
       }
       kept += __popc(keep);
     }
+    if (__any_sync(0xffffffffu, mismatch) && lane == 0)
+      atomicMin(p.k2q_first, static_cast<unsigned long long>(int64_t(head) * (p.total_rows + 1) + row));
     if (lane == 0) {
       int4* dst = static_cast<int4*>(p.chunks_by_row) + 2 * c;
       dst[0] = make_int4(head, kb, e0, e0 + kept);
@@ -258,6 +274,13 @@ __global__ void chunk_table_kernel(PrepParams p) {
 
 // After the sort: chunks[v] = chunks_by_row[order[v]] for the real chunks.
 __global__ void chunk_permute_kernel(PrepParams p, const int32_t* order) {
+  if (p.k2q_first && blockIdx.x == 0 && threadIdx.x == 0) {  // after chunk_table: report
+    const unsigned long long key = *p.k2q_first;
+    if (key != ~0ull) {
+      const int64_t rows1 = p.total_rows + 1, h = int64_t(key / rows1), r = int64_t(key % rows1);
+      set_status(p.status, StatusCode::k2q_mismatch, int32_t(h), r == p.total_rows ? -1 : int32_t(r), 0);
+    }
+  }
   const int32_t n_chunks = *p.num_chunks;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < n_chunks;
        v += int64_t(gridDim.x) * blockDim.x) {
