@@ -225,7 +225,10 @@ __global__ void chunk_table_kernel(PrepParams p) {
           const int64_t qblock = int64_t(p.qblock_start[blo]) + tl / 128;
           const bool mine = qblock >= p.qblock_cap || !uni[qblock];  // not the uniform path's
           if (mine || check) {
-            const int32_t* ids = p.q2k + (int64_t(head) * p.total_q + q_start + tl) * p.topk;
+            // A uniform pair's rows all equal its first: test that one (the same row for
+            // every token of the query block, so the check's loads stay in L1).
+            const int32_t row_tok = mine ? tl : tl / 128 * 128;
+            const int32_t* ids = p.q2k + (int64_t(head) * p.total_q + q_start + row_tok) * p.topk;
             if (p.q2k_vec4) {  // rows of whole, 16-byte aligned int4s: 4 ids per load
               for (int32_t s = 0; s < p.topk && slot < 0; s += 4) {
                 const int4 v = *reinterpret_cast<const int4*>(ids + s);
