@@ -55,60 +55,77 @@ __device__ __forceinline__ float merge_lse(const float* v, const int32_t* ids, i
   return m + logf(sum);
 }
 
-// One unit = (token t of batch b, kv head h), nblk = batch b's key blocks.
+// One unit = (token t of batch b, kv head h), nblk = batch b's key blocks. The kHeadDim / kVec
+// = 16 threads of one query head form an aligned half-warp segment: lane d of the segment reads
+// the id and LSE of slots d, d + 16, ... (one round of parallel loads per 16 slots instead of a
+// chain of one dependent load per slot), the max comes from segment shuffles, and each slot's
+// weight is broadcast from the lane that computed it. Sums still run in slot order over the same
+// slots, so the result is bit for bit that of a per-thread loop.
+constexpr int kSeg = kHeadDim / kVec;
+
 template <bool kF16>
 __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, int64_t h,
                                              int64_t nblk, int li) {
-  const int g = li / (kHeadDim / kVec), d0 = (li % (kHeadDim / kVec)) * kVec;
+  const int g = li / kSeg, d = li % kSeg, d0 = d * kVec;
+  const unsigned seg_shift = threadIdx.x & 16, seg = 0xffffu << seg_shift;
   const int64_t base = (h * p.total_q + t) * p.topk;  // first slot of (h, t)
   const int32_t* ids = p.q2k + base;
   const float* lse_g = p.part_lse + base * p.group + g;
 
   float m = -INFINITY;
-  for (int s = 0; s < p.topk; ++s)
-    if (ids[s] >= 0 && ids[s] < nblk) m = fmaxf(m, lse_g[int64_t(s) * p.group]);
+  for (int s0 = 0; s0 < p.topk; s0 += kSeg) {
+    const int s = s0 + d;
+    const int32_t id = s < p.topk ? ids[s] : -1;
+    const float l = s < p.topk ? lse_g[int64_t(s) * p.group] : -INFINITY;
+    if (id >= 0 && id < nblk) m = fmaxf(m, l);
+  }
+#pragma unroll
+  for (int o = kSeg / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(seg, m, o, kSeg));
   float acc[kVec] = {};
   float sum = 0.f;
-  if (m != -INFINITY && p.part_bf16) {
-    // kBatch slots' 16-byte loads in flight per thread (one at a time left the combine at ~3.3
-    // TB/s, latency-bound); the sums still run in slot order, skipping the same slots.
-    for (int s0 = 0; s0 < p.topk; s0 += kBatch) {
-      bool valid[kBatch];
-      float w[kBatch];
-      uint4 raw[kBatch];
+  for (int s0 = 0; m != -INFINITY && s0 < p.topk; s0 += kSeg) {
+    const int s = s0 + d;
+    const int32_t id = s < p.topk ? ids[s] : -1;
+    const bool ok = id >= 0 && id < nblk;
+    // exp(-inf - m) = 0 for a slot whose block held no visible key: its O partial is 0.
+    const float w_mine = ok ? expf(lse_g[int64_t(s) * p.group] - m) : 0.f;
+    const unsigned valid = (__ballot_sync(seg, ok) >> seg_shift) & 0xffffu;  // same in the segment
+    const int n = min(kSeg, p.topk - s0);
+    if (p.part_bf16) {
+      // kBatch slots' 16-byte loads in flight per thread.
+      for (int u0 = 0; u0 < n; u0 += kBatch) {
+        uint4 raw[kBatch];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int s = s0 + u;
-        valid[u] = s < p.topk && ids[s] >= 0 && ids[s] < nblk;
-        w[u] = valid[u] ? expf(lse_g[int64_t(s) * p.group] - m) : 0.f;
-        raw[u] = valid[u] ? *reinterpret_cast<const uint4*>(
-                                static_cast<const __nv_bfloat16*>(p.part_o) +
-                                ((base + s) * p.group + g) * kHeadDim + d0)
-                          : make_uint4(0, 0, 0, 0);
-      }
+        for (int u = 0; u < kBatch; ++u)
+          raw[u] = (valid >> (u0 + u)) & 1u
+                       ? *reinterpret_cast<const uint4*>(
+                             static_cast<const __nv_bfloat16*>(p.part_o) +
+                             ((base + s0 + u0 + u) * p.group + g) * kHeadDim + d0)
+                       : make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (!valid[u]) continue;
-        const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
-        sum += w[u];
+        for (int u = 0; u < kBatch; ++u) {
+          const float w = __shfl_sync(seg, w_mine, u0 + u, kSeg);
+          if (!((valid >> (u0 + u)) & 1u)) continue;
+          const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+          sum += w;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(h2[i]);
-          acc[2 * i] = fmaf(w[u], f.x, acc[2 * i]);
-          acc[2 * i + 1] = fmaf(w[u], f.y, acc[2 * i + 1]);
+          for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(h2[i]);
+            acc[2 * i] = fmaf(w, f.x, acc[2 * i]);
+            acc[2 * i + 1] = fmaf(w, f.y, acc[2 * i + 1]);
+          }
         }
       }
-    }
-  } else if (m != -INFINITY) {
-    for (int s = 0; s < p.topk; ++s) {
-      if (ids[s] < 0 || ids[s] >= nblk) continue;
-      // exp(-inf - m) = 0 for a slot whose block held no visible key: its O partial is 0.
-      const float w = expf(lse_g[int64_t(s) * p.group] - m);
-      float x[kVec];
-      load_partial(p, (base + s) * p.group + g, d0, x);
-      sum += w;
+    } else {
+      for (int u = 0; u < n; ++u) {
+        const float w = __shfl_sync(seg, w_mine, u, kSeg);
+        if (!((valid >> u) & 1u)) continue;
+        float x[kVec];
+        load_partial(p, (base + s0 + u) * p.group + g, d0, x);
+        sum += w;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+        for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+      }
     }
   }
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
