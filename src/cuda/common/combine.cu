@@ -9,6 +9,7 @@
 
 #include "cuda/common/combine.cuh"
 #include "cuda/common/index_checks.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/device/check.h"
 
 namespace msa::cuda {
@@ -161,6 +162,7 @@ constexpr int kTilesPerQBlock = 128 / kTileTokens;
 
 template <bool kF16>
 __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParams p) {
+  pdl_wait();  // pdl.cuh
   const int per_unit = p.group * (kHeadDim / kVec);
   const int units_per_block = kThreads / per_unit;
   if (threadIdx.x >= units_per_block * per_unit) return;
@@ -192,11 +194,8 @@ void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t st
             " is too large for the CUDA combine");
   const int64_t blocks = std::min<int64_t>(p.num_kv_heads * p.qblock_cap * kTilesPerQBlock,
                                            kMaxBlocks);
-  if (out_f16)
-    combine_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(p);
-  else
-    combine_kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(p);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_pdl(out_f16 ? combine_kernel<true> : combine_kernel<false>, unsigned(blocks), kThreads, 0,
+             stream, p);
 }
 
 }  // namespace msa::cuda

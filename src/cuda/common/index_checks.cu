@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda/common/index_checks.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/device/check.h"
 #include "msa/common.h"
 
@@ -21,6 +22,8 @@ __device__ __forceinline__ uint64_t offence_key(uint64_t cls, uint64_t index, ui
 }
 
 __global__ void check_cu_seqlens_kernel(Q2KCheckParams p, unsigned long long* first) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i > p.batch) return;
   for (int which = 0; which < 2; ++which) {
@@ -50,6 +53,8 @@ __global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckPara
   __shared__ int32_t row_nblk[kStagedEntries];
   __shared__ int32_t head_valid[kStagedEntries];  // valid_per_head: counts of this step's heads
   __shared__ int32_t row_head[kStagedEntries];    // ... and each row's index among them
+  pdl_wait();
+  pdl_trigger();
   const int topk = int(p.topk);
   const int per_step = kStagedEntries / topk;  // rows per step
   const int64_t rows = p.num_kv_heads * p.total_q;
@@ -104,6 +109,8 @@ __global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckPara
 }
 
 __global__ void check_q2k_kernel(Q2KCheckParams p, unsigned long long* first) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // h * total_q + t
   if (row >= p.num_kv_heads * p.total_q) return;
   const int64_t t = row % p.total_q;
@@ -135,6 +142,8 @@ __global__ void check_q2k_kernel(Q2KCheckParams p, unsigned long long* first) {
 
 __global__ void finalize_kernel(Q2KCheckParams p, const unsigned long long* first,
                                 int32_t* status) {
+  pdl_wait();
+  pdl_trigger();
   const uint64_t key = *first;
   if (key == kNoOffence || status[0] != 0) return;
   const int32_t code = int32_t(key & 0xf);
@@ -161,23 +170,20 @@ void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
   if (p.valid_per_head && p.num_kv_heads > 0)
     MSA_CUDA_CHECK(cudaMemsetAsync(p.valid_per_head, 0, size_t(p.num_kv_heads) * 4, stream));
   const int64_t cu_threads = p.batch + 1;
-  check_cu_seqlens_kernel<<<unsigned((cu_threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      p, first);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_pdl(check_cu_seqlens_kernel, unsigned((cu_threads + kThreads - 1) / kThreads), kThreads, 0,
+             stream, p, first);
   const int64_t rows = p.num_kv_heads * p.total_q;
   if (rows > 0 && p.topk > 0 && p.batch > 0) {
     if (p.topk <= kStagedEntries) {
       const int64_t per_step = kStagedEntries / p.topk;
       const int64_t blocks = std::min<int64_t>((rows + per_step - 1) / per_step, 132 * 16);
-      check_q2k_staged_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p, first);
+      launch_pdl(check_q2k_staged_kernel, unsigned(blocks), kThreads, 0, stream, p, first);
     } else {
-      check_q2k_kernel<<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p,
-                                                                                         first);
+      launch_pdl(check_q2k_kernel, unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, stream,
+                 p, first);
     }
-    MSA_CUDA_CHECK_LAUNCH();
   }
-  finalize_kernel<<<1, 1, 0, stream>>>(p, first, status);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_pdl(finalize_kernel, 1, 1, 0, stream, p, first, status);
 }
 
 }  // namespace msa::cuda

@@ -3,6 +3,7 @@
 // consumers: mma.cuh, uniform_mma.cuh). Instantiated in launch.cu.
 #pragma once
 
+#include "cuda/common/pdl.cuh"
 #include "cuda/sm90/sparse_fwd/load.cuh"
 #include "cuda/sm90/sparse_fwd/mma.cuh"
 #include "cuda/sm90/sparse_fwd/uniform_load.cuh"
@@ -54,6 +55,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile,
                                   q_empty_arrivals(p.group, p.part_bf16 != 0), &tm_q, &tm_k, &tm_v);
   if (threadIdx.x == 0 && p.part_bf16) sm90::prefetch_tensor_map(&p.tm_part);
+  pdl_wait();     // the prep kernels' tables (pdl.cuh)
+  pdl_trigger();  // the uniform kernel may take each SM this kernel leaves
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
@@ -64,7 +67,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Uniform (Q-major) kernel over the unit table, same persistent static stride.
+// Uniform (Q-major) kernel over the unit table, same persistent static stride. Launched right
+// after the KV-major kernel with programmatic serialization (pdl.cuh), it runs ahead of its
+// pdl_wait: that kernel triggers only after its own pdl_wait, so every prep kernel has completed
+// once this one starts, and the two kernels touch disjoint memory (partials vs. the uniform rows
+// of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle. One warp
+// per CTA waits, so the combine's pdl_wait also covers the KV-major kernel's partials.
 template <bool kF16>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
@@ -76,6 +84,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
     sm90::regs_dealloc<kUniformProducerRegs>();
+    // Warp 1 (idle otherwise) does the end wait: the grid completes only after every thread.
+    // (A pdl_wait after the role code makes ptxas spill the consumer.) Its trigger lets the
+    // combine's CTAs launch onto the SMs this kernel's CTAs leave.
+    if (warp == 1) {
+      pdl_trigger();
+      pdl_wait();
+    }
     run_uniform_producer(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kUniformConsumerRegs>();

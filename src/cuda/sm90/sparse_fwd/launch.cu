@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "common/schedule.h"
 #include "cuda/common/combine.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/csr_build.cuh"
 #include "cuda/common/index_checks.cuh"
 #include "cuda/device/check.h"
@@ -200,8 +201,7 @@ void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
   std::call_once(smem_limit_set, [kernel] {
     MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   });
-  kernel<<<sm_count(), kThreads, kSmemBytes, stream>>>(tq, tk, tv, p);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_pdl(kernel, sm_count(), kThreads, kSmemBytes, stream, tq, tk, tv, p);
 }
 
 template <bool kF16>
@@ -310,42 +310,36 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     // The caller's k2q must be the one build_k2q_csr makes from this q2k (checked on the way:
     // the q2k check counts each head's ids in range, the prep kernels test every entry).
     index.valid_per_head = reinterpret_cast<int32_t*>(ws + w.valid_per_head);
-    launch_q2k_check(index, ws + w.check, status, stream);
     pp.valid_per_head = index.valid_per_head;
     pp.k2q_first = reinterpret_cast<unsigned long long*>(ws + w.k2q_first);
+    // Before the check's kernels: from there on, kernels only (each one's launch overlaps the
+    // previous kernel's run; pdl.cuh).
     MSA_CUDA_CHECK(cudaMemsetAsync(pp.k2q_first, 0xff, sizeof(unsigned long long), stream));
+    launch_q2k_check(index, ws + w.check, status, stream);
     pp.row_ptr = a.k2q.row_ptr.ptr<int32_t>();
     pp.q_idx = a.k2q.q_idx.ptr<int32_t>();
     pp.schedule = w.build_schedule ? reinterpret_cast<int32_t*>(ws + w.schedule)
                                    : a.k2q.schedule.ptr<int32_t>();
     if (w.build_schedule) {
-      schedule_from_row_ptr_kernel<<<1, kPrepThreads, 0, stream>>>(
-          pp, reinterpret_cast<int32_t*>(ws + w.schedule));
-      MSA_CUDA_CHECK_LAUNCH();
+      launch_pdl(schedule_from_row_ptr_kernel, 1, kPrepThreads, 0, stream, pp,
+                 reinterpret_cast<int32_t*>(ws + w.schedule));
     }
   }
   const int sms = sm_count();
-  row_start_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_pdl(row_start_kernel, 1, kPrepThreads, 0, stream, pp);
   const int64_t pairs = int64_t(s.num_kv_heads) * w.qblock_cap;  // one block per pair
-  uniform_detect_kernel<<<unsigned(std::clamp<int64_t>(pairs, 1, 16 * int64_t(sms))), 256, 0,
-                          stream>>>(pp);
-  MSA_CUDA_CHECK_LAUNCH();
-  unit_scan_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
-  MSA_CUDA_CHECK_LAUNCH();
-  unit_table_kernel<<<2 * sms, 256, 0, stream>>>(pp);
-  MSA_CUDA_CHECK_LAUNCH();
-  schedule_check_kernel<<<1, kPrepThreads, 0, stream>>>(pp);
-  MSA_CUDA_CHECK_LAUNCH();
-  chunk_table_kernel<<<8 * sms, 256, 0, stream>>>(pp);  // one warp per chunk: latency-bound
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_pdl(uniform_detect_kernel, unsigned(std::clamp<int64_t>(pairs, 1, 16 * int64_t(sms))), 256,
+             0, stream, pp);
+  launch_pdl(unit_scan_kernel, 1, kPrepThreads, 0, stream, pp);
+  launch_pdl(unit_table_kernel, 2 * sms, 256, 0, stream, pp);
+  launch_pdl(schedule_check_kernel, 1, kPrepThreads, 0, stream, pp);
+  launch_pdl(chunk_table_kernel, 8 * sms, 256, 0, stream, pp);  // a warp per chunk: latency-bound
   size_t sort_bytes = w.sort_tmp_bytes;
   auto* order = reinterpret_cast<int32_t*>(ws + w.chunk_order);
   MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       ws + w.sort_tmp, sort_bytes, pp.chunk_keys, reinterpret_cast<uint32_t*>(ws + w.chunk_keys_sorted),
       pp.chunk_ids, order, int(w.chunk_capacity), 0, window_key_bits(w.window_keys), stream));
-  chunk_permute_kernel<<<2 * sms, 256, 0, stream>>>(pp, order);
-  MSA_CUDA_CHECK_LAUNCH();
+  launch_pdl(chunk_permute_kernel, 2 * sms, 256, 0, stream, pp, order);
 
   const bool f16 = a.q.dtype == DType::f16;
   const bool bf16_part = a.params.partial_dtype == DType::bf16;

@@ -12,6 +12,7 @@
 #include <climits>
 
 #include "common/schedule.h"
+#include "cuda/common/pdl.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
 #include "msa/common.h"
@@ -36,6 +37,8 @@ __device__ __forceinline__ void set_status(int32_t* status, StatusCode code, int
 // One block: row_start[b] = sum_{b' < b} ceil(Lk_b' / 128) and qblock_start[b] =
 // sum_{b' < b} ceil(Lq_b' / 128) for b in [0, B].
 __global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
   using Scan = cub::BlockScan<int, kPrepThreads>;
   __shared__ typename Scan::TempStorage tmp;
   int carry_k = 0, carry_q = 0;  // totals fit int32 (checked on the host)
@@ -64,6 +67,8 @@ __global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
 // build_k2q_csr's): one item per non-empty (head, row), ranked by a block scan of the flags.
 __global__ void __launch_bounds__(kPrepThreads) schedule_from_row_ptr_kernel(PrepParams p,
                                                                              int32_t* schedule) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
   using Scan = cub::BlockScan<int, kPrepThreads>;
   __shared__ typename Scan::TempStorage tmp;
   const int64_t rows = p.total_rows, n = p.num_kv_heads * rows;
@@ -97,6 +102,8 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_from_row_ptr_kernel(Pre
 // writes the chunk prefix sums and the chunk count; otherwise status schedule_incomplete /
 // shape_mismatch and a chunk count of 0, so the main kernel does nothing and never reads past any buffer.
 __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
   using Reduce = cub::BlockReduce<long long, kPrepThreads>;
   using Scan = cub::BlockScan<int, kPrepThreads>;
   __shared__ union {
@@ -193,6 +200,8 @@ __device__ __forceinline__ int64_t warp_last_le(const int32_t* a, int64_t n, int
 // order kept) and shrink e_end to match. Dropped: tokens of query blocks done by the uniform
 // path, and entries whose token's q2k row does not hold the block (a CSR that does not match q2k).
 __global__ void chunk_table_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
   const int32_t n_chunks = *p.num_chunks;
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
@@ -277,6 +286,8 @@ __global__ void chunk_table_kernel(PrepParams p) {
 
 // After the sort: chunks[v] = chunks_by_row[order[v]] for the real chunks.
 __global__ void chunk_permute_kernel(PrepParams p, const int32_t* order) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
   if (p.k2q_first && blockIdx.x == 0 && threadIdx.x == 0) {  // after chunk_table: report
     const unsigned long long key = *p.k2q_first;
     if (key != ~0ull) {

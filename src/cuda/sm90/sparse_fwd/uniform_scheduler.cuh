@@ -7,6 +7,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/common/index_checks.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/scheduler.cuh"
 #include "cuda/sm90/sparse_fwd/traits.h"
@@ -19,6 +20,8 @@ namespace msa::cuda::sparse_fwd {
 // (scanned by unit_scan_kernel). The rows of a pair are contiguous in q2k: the block compares
 // them with 32-bit indices, each thread a strided share, and agrees by __syncthreads_and.
 __global__ void uniform_detect_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
   const int64_t pairs = p.num_kv_heads * p.qblock_cap;
   const int64_t total_blocks = p.qblock_start[p.batch];
   const int topk = p.topk;
@@ -67,6 +70,8 @@ __global__ void uniform_detect_kernel(PrepParams p) {
 // first is longest-processing-time-first for causal masking: the CTAs' round-robin takes the
 // long units first and ends on the short ones, instead of each CTA drawing a fixed mix.
 __global__ void __launch_bounds__(kPrepThreads) unit_scan_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
   using Scan = cub::BlockScan<int, kPrepThreads>;
   __shared__ typename Scan::TempStorage tmp;
   const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
@@ -92,6 +97,8 @@ __global__ void __launch_bounds__(kPrepThreads) unit_scan_kernel(PrepParams p) {
 
 // One thread per unit (grid-stride): its pair by binary search in walk order, then the UnitDesc.
 __global__ void unit_table_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
   const int32_t n_units = *p.num_units;
   const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
   const int64_t tokens_per_unit = 128 / p.group;
