@@ -22,10 +22,6 @@ struct RowStats {
   float tsum;      // sum of exp2((x - max) / T), temperature LSE only
 };
 
-__device__ __forceinline__ uint32_t pick4(const uint32_t (&a)[4], int i) {
-  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
-}
-
 // Two floats as one 16-bit pair (fp16 when kF16, else bf16), lo in the low half.
 template <bool kF16>
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
@@ -42,33 +38,18 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
 
 // Stores one accumulator row (x inv) as 16-bit T: `o` holds this thread's 32 values of the row in
 // the wgmma D layout (pairs at columns 8 n + col_base + {0, 1}, kOff 0 for the upper row of the
-// thread, 2 for the lower). The four lanes of a quad share the row (and the branch that calls
-// this). A 4 x 4 transpose of packed pairs inside the quad gives each lane 8 consecutive columns,
-// so every store is 16 bytes and a quad writes whole 32-byte sectors. Used for the uniform path's
-// final outputs (once per row per unit, off the per-block critical path).
+// thread, 2 for the lower), one 4-byte store per pair. Used for the uniform path's final outputs.
+// Its first version transposed pairs inside the quad for 16-byte stores, with shuffles under the
+// quad's mask: the caller's branch on the row's token made ptxas wrap every shuffle in a
+// convergence loop (MATCH.ANY / BRA.DIV), 734 instructions per warp per unit, 8% of the uniform
+// kernel's warp samples at P32K-blk (ncu source view, session 4).
 template <typename T, int kOff>
-__device__ __forceinline__ void store_row_16b(T* row, const float (&o)[64], float inv,
-                                              int col_base) {
-  const int q = col_base >> 1;
-  const int lane = threadIdx.x & 31;
-  const unsigned quad = 0xfu << (lane & ~3);
-  auto* dst = reinterpret_cast<uint4*>(row);
+__device__ __forceinline__ void store_row(T* row, const float (&o)[64], float inv, int col_base) {
+  auto* dst = reinterpret_cast<uint32_t*>(row);
 #pragma unroll
-  for (int g4 = 0; g4 < 4; ++g4) {
-    uint32_t mine[4], got[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int n = 4 * g4 + k;
-      mine[k] = pack_pair<std::is_same_v<T, __half>>(o[n * 4 + kOff] * inv,
-                                                     o[n * 4 + kOff + 1] * inv);
-    }
-    // got[r]: lane (q ^ r)'s pair for column group 4 g4 + q (got[0] is our own).
-    got[0] = pick4(mine, q);
-#pragma unroll
-    for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(quad, pick4(mine, q ^ r), r);
-    dst[4 * g4 + q] = make_uint4(pick4(got, q), pick4(got, 1 ^ q), pick4(got, 2 ^ q),
-                                 pick4(got, 3 ^ q));
-  }
+  for (int n = 0; n < 16; ++n)
+    dst[(n * 8 + col_base) / 2] = pack_pair<std::is_same_v<T, __half>>(o[n * 4 + kOff] * inv,
+                                                                       o[n * 4 + kOff + 1] * inv);
 }
 
 // Natural-log LSE (and temperature LSE) of a row from log2-domain statistics.
@@ -83,7 +64,8 @@ __device__ __forceinline__ float row_tlse(float max_log2, float tsum, float inv_
 
 // Partial of one row (KV-major path): normalised O (bf16 or f32) and its LSE; `lead` threads
 // (lane % 4 == 0) write the LSE. bf16 partials use 4-byte stores (a quad writes half a sector per
-// instruction): store_row_16b halves the L2 write transactions but measured slower here, 12.50
+// instruction): a 16-byte variant (pairs transposed inside the quad by shuffles) halves the L2
+// write transactions but measured slower here, 12.50
 // vs 11.05 ms at P32K-tok (H200, 2026-11-30, bench/RESULTS.md), its shuffles and selects sitting
 // on the consumer's critical path; measured again with window-ordered chunks (L2 80% busy):
 // still slower, 12.42 vs 11.02 ms at P32K-tok and 2.79 vs 2.50 ms at P8K-tok.

@@ -40,7 +40,7 @@ __device__ __forceinline__ void store_out_row(const UniformParams& p, const floa
                                               int col_base, bool lead) {
   const float inv = r.m == -INFINITY ? 0.f : 1.f / r.l;
   T* row = static_cast<T*>(p.out) + int64_t(tok) * p.out_stride_t + int64_t(hq) * p.out_stride_h;
-  store_row_16b<T, kOff>(row, o, inv, col_base);
+  store_row<T, kOff>(row, o, inv, col_base);
   if (lead) {
     if (p.lse) p.lse[int64_t(hq) * p.total_q + tok] = row_lse(r.m, r.l);
     if (p.tlse) p.tlse[int64_t(hq) * p.total_q + tok] = row_tlse(r.m, r.t, p.inv_temperature);
