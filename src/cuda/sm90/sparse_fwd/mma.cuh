@@ -126,11 +126,12 @@ __device__ __forceinline__ float masked_row_max(float (&s)[64], int limit, int c
   return quad_max(fmaxf(m[0], m[1]));
 }
 
-// p = exp2(s * scale_log2 - base) in place (one FFMA and one EX2 per element), with the row's
-// sums of p and (inv_temp > 0) of exp2((s * scale_log2 - base) * inv_temp), quad-reduced.
+// p = exp2(s * scale_log2 - base) in place (one FFMA and one EX2 per element), with this thread's
+// shares (its 32 columns) of the row's sums of p and (inv_temp > 0) of
+// exp2((s * scale_log2 - base) * inv_temp). exp_row adds the quad's shares.
 template <int kOff>
-__device__ __forceinline__ void exp_row(float (&s)[64], float scale_log2, float base,
-                                        float inv_temp, float& sum, float& tsum) {
+__device__ __forceinline__ void exp_row_local(float (&s)[64], float scale_log2, float base,
+                                              float inv_temp, float& sum, float& tsum) {
   float a[2] = {0.f, 0.f}, t[2] = {0.f, 0.f};
   if (inv_temp > 0.f) {
 #pragma unroll
@@ -153,8 +154,15 @@ __device__ __forceinline__ void exp_row(float (&s)[64], float scale_log2, float 
         a[e] += pv;
       }
   }
-  sum = quad_sum(a[0] + a[1]);
-  tsum = inv_temp > 0.f ? quad_sum(t[0] + t[1]) : 0.f;
+  sum = a[0] + a[1];
+  tsum = t[0] + t[1];
+}
+template <int kOff>
+__device__ __forceinline__ void exp_row(float (&s)[64], float scale_log2, float base,
+                                        float inv_temp, float& sum, float& tsum) {
+  exp_row_local<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
+  sum = quad_sum(sum);
+  tsum = inv_temp > 0.f ? quad_sum(tsum) : 0.f;
 }
 
 // Masks row values to the visible columns [0, limit] and exponentiates them (values replaced by

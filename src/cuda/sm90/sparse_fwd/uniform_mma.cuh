@@ -10,28 +10,45 @@
 
 namespace msa::cuda::sparse_fwd {
 
+// Running statistics of one row. l and t are this thread's shares (its 32 columns of the row):
+// the quad's alpha is common (m is quad-reduced), so they are summed once, at the unit's end.
 struct OnlineRow {
-  float m = -INFINITY;  // running max, log2 domain
-  float l = 0.f;        // running sum of exp2(x - m)
-  float t = 0.f;        // running sum of exp2((x - m) / T)
+  float m = -INFINITY;  // running base, log2 domain
+  float l = 0.f;        // running sum of exp2(x - m), this thread's share
+  float t = 0.f;        // running sum of exp2((x - m) / T), this thread's share
 };
+
+// A row keeps its base m while a block's max exceeds it by at most kRescaleSlack (log2 domain):
+// then p = exp2(x - m) <= 2^8 (exact in fp32; bf16 keeps its relative precision for P V), alpha is
+// 1 and O needs no rescale; the result is the same softmax, the base being any value. With a
+// warp vote the rescale of O (64 FMULs on the path from P V's end to the next issue) runs only
+// when a row of the warp raised its base: after the first blocks, rarely.
+constexpr float kRescaleSlack = 8.f;
 
 // One row of the block: mask to [0, limit], fold into the running statistics and leave
 // p = exp2(x - base) in s (x = s * scale_log2). Returns the factor exp2(m_old - base) that the
-// row of O must take once the P V product still in flight on it has completed.
+// row of O must take once the P V product still in flight on it has completed (1: none).
 template <int kOff>
 __device__ __forceinline__ float online_softmax_row(float (&s)[64], int limit, int col_base,
                                                    float scale_log2, float inv_temp,
                                                    OnlineRow& r) {
-  const float m_new = fmaxf(r.m, masked_row_max<kOff>(s, limit, col_base) * scale_log2);
+  const float bmax = masked_row_max<kOff>(s, limit, col_base) * scale_log2;
+  const bool raise = bmax > r.m + kRescaleSlack;  // always while m = -inf and bmax is finite
+  const float m_new = raise ? bmax : r.m;
   const float base = m_new == -INFINITY ? 0.f : m_new;
-  const float alpha = fast_exp2(r.m - base);
+  const float alpha = raise ? fast_exp2(r.m - base) : 1.f;
   float sum, tsum;
-  exp_row<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
+  exp_row_local<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
   r.l = r.l * alpha + sum;
-  if (inv_temp > 0.f) r.t = r.t * fast_exp2((r.m - base) * inv_temp) + tsum;
+  if (inv_temp > 0.f) r.t = r.t * (raise ? fast_exp2((r.m - base) * inv_temp) : 1.f) + tsum;
   r.m = m_new;
   return alpha;
+}
+
+// The quad's shares of l and t added (the whole warp calls it, before any branch on the row).
+__device__ __forceinline__ void finish_row(OnlineRow& r, float inv_temp) {
+  r.l = quad_sum(r.l);
+  if (inv_temp > 0.f) r.t = quad_sum(r.t);
 }
 
 template <typename T, int kOff>
@@ -186,7 +203,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
         fence_regs(o);
         fence_regs(pa);
         release_v();
-        rescale_rows(o, a0, a1);
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale_rows(o, a0, a1);
         pack_probs<kF16>(sc, pa);
         prev = info;
       }
@@ -205,6 +222,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
     }
     // Q buffer released by the warp's metadata readers, as in the KV-major path.
     if (lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
+    finish_row(st0, p.inv_temperature);
+    finish_row(st1, p.inv_temperature);
     const bool lead = (lane & 3) == 0;
     if (rm.tok0 >= 0) store_out_row<T, 0>(p, o, rm.tok0, head * p.group + g0, st0, col_base, lead);
     if (rm.tok1 >= 0) store_out_row<T, 2>(p, o, rm.tok1, head * p.group + g1, st1, col_base, lead);
