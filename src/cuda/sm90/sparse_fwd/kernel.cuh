@@ -71,8 +71,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // after the KV-major kernel with programmatic serialization (pdl.cuh), it runs ahead of its
 // pdl_wait: that kernel triggers only after its own pdl_wait, so every prep kernel has completed
 // once this one starts, and the two kernels touch disjoint memory (partials vs. the uniform rows
-// of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle. One warp
-// per CTA waits, so the combine's pdl_wait also covers the KV-major kernel's partials.
+// of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle
+// (P8K-tok -50 us, session 4). One warp per CTA waits, so this grid completes only after the
+// KV-major one and the combine (a normal launch) finds every partial written.
 template <bool kF16>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
@@ -85,12 +86,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     sm90::regs_dealloc<kUniformProducerRegs>();
     // Warp 1 (idle otherwise) does the end wait: the grid completes only after every thread.
-    // (A pdl_wait after the role code makes ptxas spill the consumer.) Its trigger lets the
-    // combine's CTAs launch onto the SMs this kernel's CTAs leave.
-    if (warp == 1) {
-      pdl_trigger();
-      pdl_wait();
-    }
+    // (A pdl_wait after the role code makes ptxas spill the consumer.)
+    if (warp == 1) pdl_wait();
     run_uniform_producer(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kUniformConsumerRegs>();
