@@ -292,7 +292,10 @@ __device__ __forceinline__ void release_q_buffer(SharedStorage& sh, int consumer
 
 template <bool kF16>
 __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage& sh,
-                                             int consumer, int tid) {
+                                             int consumer_in, int tid) {
+  // Warp-uniform for ptxas (lane-0 broadcast): the wgmma descriptors derived from it stay in
+  // uniform registers instead of being moved there (R2UR) before every wgmma.
+  const int consumer = __shfl_sync(0xffffffffu, consumer_in, 0);
   int32_t kv_iter = 0;
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
   int pending = -1;       // bf16 partials: Q stage of this consumer's previous tile, not yet freed
