@@ -57,6 +57,19 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// ---- cp.async (4-byte, zero fill) tracked by an mbarrier ----------------------------------
+// Copies src_bytes (0 or 4) of src to the shared address dst and zero-fills the rest.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+// One arrival on `bar`, made when every cp.async this thread issued before has landed (.noinc:
+// it is one of the phase's expected arrivals).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar))
+               : "memory");
+}
+
 // ---- TMA (cp.async.bulk.tensor) ----------------------------------------------------------
 // 3-D tile load global -> shared, completing `bar`'s transaction count. Out-of-range
 // coordinates are zero-filled by the copy engine and never fault.

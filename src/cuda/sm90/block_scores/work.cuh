@@ -59,9 +59,9 @@ __device__ __forceinline__ bool per_key_scales(const Params& p) {
   return kElem == Elem::e4m3 && p.k_scale_kind >= 2;
 }
 
-// k_full arrivals per phase: lane 0's expect_tx, plus the other 31 lanes after their scale
-// stores when keys carry per-key scales.
-__device__ __forceinline__ uint32_t k_full_arrivals(bool per_key) { return per_key ? 32u : 1u; }
+// k_full arrivals per phase: lane 0's expect_tx, plus each of the 32 lanes' cp.async arrival
+// (made when its scale copies land) when keys carry per-key scales.
+__device__ __forceinline__ uint32_t k_full_arrivals(bool per_key) { return per_key ? 33u : 1u; }
 
 // The CTA's (segment, block) work items in order, as both roles walk them.
 class ItemIter {
