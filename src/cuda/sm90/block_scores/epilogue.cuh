@@ -96,62 +96,27 @@ __device__ __forceinline__ float group_max_half(float m, int group) {
   return m;
 }
 
-// Streams candidate block kb into the best-`want` lists of the warp's tokens. Warp-collective:
-// every lane calls it; a lane with pick >= 0 offers value v for token `pick` (the lead lane of
-// the token's head-0 row; lanes hold distinct tokens). The lane inserts the key when it beats
-// the list's minimum (or fills an empty slot); the list's new minimum is then found by the whole
-// warp, two keys per lane and a shuffle reduction, instead of by that lane alone (a 64-key scan
-// that held the warp on one lane: 8% of the fused kernel's warp samples, ncu, session 4). Keys
-// are distinct within a list (the block id is in the low bits), so the minimum is unique.
-__device__ __forceinline__ void offer_warp(SharedStorage& sh, const SelectRule& rule, int64_t kb,
-                                           int pick, float v, int lane) {
-  bool rescan = false;
-  if (pick >= 0) {
-    TokenPicks& tp = sh.picks[pick];
-    if (kb < tp.nvis && !is_forced(rule, kb, tp.nvis) && tp.want > 0) {
-      const uint64_t key = rank_key(v, kb);
-      if (tp.count < tp.want) {
-        tp.key[tp.count++] = key;
-        rescan = tp.count == tp.want;
-      } else if (key > tp.min_key) {
-        tp.key[tp.min_pos] = key;
-        rescan = true;
-      }
-    }
+// Streams candidate block kb of a token into its best-`want` list (the token's selector thread,
+// run_selector).
+__device__ __forceinline__ void offer(TokenPicks& tp, const SelectRule& rule, int64_t kb, float v) {
+  if (kb >= tp.nvis || is_forced(rule, kb, tp.nvis) || tp.want <= 0) return;
+  const uint64_t key = rank_key(v, kb);
+  if (tp.count < tp.want) {
+    tp.key[tp.count++] = key;
+    if (tp.count < tp.want) return;
+  } else {
+    if (key <= tp.min_key) return;
+    tp.key[tp.min_pos] = key;
   }
-  unsigned todo = __ballot_sync(0xffffffffu, rescan);
-  if (todo == 0) return;
-  __syncwarp();  // the inserted keys are visible to the whole warp
-  do {
-    const int src = __ffs(todo) - 1;
-    todo &= todo - 1;
-    const int tok = __shfl_sync(0xffffffffu, pick, src);
-    const TokenPicks& tp = sh.picks[tok];
-    const int want = tp.want;
-    uint64_t mk = ~0ull;
-    int mp = 0;
-    for (int i = lane; i < want; i += 32) {
-      const uint64_t k = tp.key[i];
-      if (k < mk) {
-        mk = k;
-        mp = i;
-      }
+  uint64_t mk = ~0ull;
+  int mp = 0;
+  for (int i = 0; i < tp.want; ++i)
+    if (tp.key[i] < mk) {
+      mk = tp.key[i];
+      mp = i;
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const uint64_t ok = __shfl_xor_sync(0xffffffffu, mk, off);
-      const int op = __shfl_xor_sync(0xffffffffu, mp, off);
-      if (ok < mk) {
-        mk = ok;
-        mp = op;
-      }
-    }
-    if (lane == src) {  // the token's own lane: it reads them at its next offer
-      sh.picks[tok].min_key = mk;
-      sh.picks[tok].min_pos = mp;
-    }
-  } while (todo);
-  __syncwarp();  // the scans' reads precede the next inserts
+  tp.min_key = mk;
+  tp.min_pos = mp;
 }
 
 struct RowInfo {  // one accumulator row of a row group
@@ -173,8 +138,9 @@ struct SegRows {
                   // is wholly visible to all of them iff kb * 128 + 127 <= full_last (warp-uniform)
   float qk[2];    // FP8: q scale * per-tensor key scale (per-key scales apply per column)
   float* out[2];  // unfused: &scores[hq, 0, t], null for rows outside the segment
-  int pick[2];    // fused: the row's token in the CTA if it is head 0 of its group and in the
-                  // segment (that row offers the token's group max), else -1
+  int pick[2];    // fused: if the row is head 0 of its group, its token in the CTA, plus
+                  // kMaxTokens when the token is outside the segment (that row reports the
+                  // token's group max, or that it has none this block); else -1
 };
 
 // Rows of row group r held by this thread in segment `seg` (row lane/4 + 8 u of the warp's 16).
@@ -197,7 +163,7 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const Segment& 
     const bool in = ri.t >= seg.t_begin && ri.t < seg.t_end;
     if (in && sr.last[u] < vis_last) vis_last = sr.last[u];
     sr.out[u] = in && p.scores != nullptr ? p.scores + hq * p.nblk_max * p.total_q + ri.t : nullptr;
-    sr.pick[u] = in && ri.g == 0 ? ri.cta_tok : -1;
+    sr.pick[u] = ri.g != 0 ? -1 : in ? ri.cta_tok : ri.cta_tok + kMaxTokens;
     sr.qk[u] = 1.f;
     if constexpr (kElem == Elem::e4m3) {
       const int64_t t = ri.t < p.total_q ? ri.t : 0;  // rows past total_q are never stored
@@ -217,7 +183,7 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const Segment& 
 template <Elem kElem, bool kPerKey>
 __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, const float (&s)[64],
                                          const SegRows& sr, int kb, int64_t kb_off, int lane,
-                                         const float2 (&k)[16]) {
+                                         const float2 (&k)[16], int sel_slot) {
   const int key0 = kb * kBlockN;
   float m[2];
   if (key0 + (kBlockN - 1) <= sr.full_last) {
@@ -244,22 +210,27 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
   }
   float g0 = group_max_half(m[0], p.group), g1 = group_max_half(m[1], p.group);
   if (p.group == 16) g0 = g1 = fmaxf(g0, g1);  // one token spans both 8-row halves
-  const bool lead = (lane & 3) == 0;
-  offer_warp(sh, p.rule, kb, lead ? sr.pick[0] : -1, g0, lane);
-  offer_warp(sh, p.rule, kb, lead ? sr.pick[1] : -1, g1, lane);
+  if ((lane & 3) == 0) {  // into the selector ring (run_selector); the caller holds the slot
+    SelSlot& slot = sh.sel[sel_slot];
+    if (sr.pick[0] >= 0) {
+      slot.val[sr.pick[0] % kMaxTokens] = g0;
+      slot.ok[sr.pick[0] % kMaxTokens] = sr.pick[0] < kMaxTokens;
+    }
+    if (sr.pick[1] >= 0) {
+      slot.val[sr.pick[1] % kMaxTokens] = g1;
+      slot.ok[sr.pick[1] % kMaxTokens] = sr.pick[1] < kMaxTokens;
+    }
+  }
 }
 
-// Fused top-K: every token of the tile gets its visibility and pick budget before any block.
-__device__ void init_picks(const Params& p, SharedStorage& sh, int64_t t0, int64_t t1, int tid) {
-  for (int64_t t = t0 + tid; t < t1; t += kConsumers * 128) {
-    TokenPicks& tp = sh.picks[t - t0];
-    const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
-    Segment seg;
-    int64_t cursor = b;
-    tp.nvis = next_segment(p, t, t + 1, cursor, seg) ? int32_t(token_blocks(p, seg, t)) : 0;
-    tp.want = p.rule.topk - forced_count(p.rule, tp.nvis);
-    tp.count = 0;
-  }
+// Fused top-K: token t's visibility and pick budget, before its first offer.
+__device__ void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
+  const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
+  Segment seg;
+  int64_t cursor = b;
+  tp.nvis = next_segment(p, t, t + 1, cursor, seg) ? int32_t(token_blocks(p, seg, t)) : 0;
+  tp.want = p.rule.topk - forced_count(p.rule, tp.nvis);
+  tp.count = 0;
 }
 
 // Unfused: blocks past each segment's loop bound have no visible key for any row of it.

@@ -2,10 +2,13 @@
 // (query head, block, token), written to `scores` or reduced on the fly to top-K block ids
 // (fused: scores never reach memory). Roles: producer warp (TMA: Q once, then K blocks through a
 // kStages ring; flat K by lane 0, paged K one box per lane) and two consumer warpgroups (wgmma S = Q K^T, mask, row max, write or select).
-// Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus the producer warp's other
-// 31 lanes after staging FP8 per-key scales), k_empty[s] (lane 0 of each of the 8 consumer
-// warps; every consumer thread when it reads staged key scales); named barrier 1 orders the fused top-K state among consumers, 2 and
-// 3 pass the turn to issue wgmma between the consumer warpgroups (ping-pong).
+// Fused top-K: producer warps 1 and 2 are the selectors (run_selector), one thread per token.
+// Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus each producer lane's
+// cp.async arrival for FP8 per-key scales), k_empty[s] (lane 0 of each of the 8 consumer warps;
+// every consumer thread when it reads staged key scales), sel_full[s] / sel_empty[s] (the fused
+// path's ring of group maxima: consumer threads that run epilogues / the 64 selector threads);
+// named barriers 2 and 3 pass the turn to issue wgmma between the consumer warpgroups
+// (ping-pong), 4 holds the consumers until the selectors' last offers (fused).
 #pragma once
 
 #include "cuda/sm90/block_scores/load.cuh"
@@ -31,6 +34,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::mbar_init(&sh.k_full[s], k_full_arrivals(per_key_scales<kElem>(p)));
       sm90::mbar_init(&sh.k_empty[s], per_key_scales<kElem>(p) ? kConsumers * 128 : kConsumers * 4);
     }
+    for (int s = 0; s < kSelRing; ++s) {  // fused: consumers running epilogues / selectors
+      sm90::mbar_init(&sh.sel_full[s], p.row_groups == 1 ? 128 : kConsumers * 128);
+      sm90::mbar_init(&sh.sel_empty[s], kSelectors);
+    }
     sm90::fence_barrier_init();
     sm90::prefetch_tensor_map(&tm_q);
     sm90::prefetch_tensor_map(&tm_k);
@@ -39,6 +46,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
     if (threadIdx.x < 32) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
+    else if (threadIdx.x < 32 + kSelectors && p.scores == nullptr)
+      run_selector(p, sh, t0, t1, threadIdx.x - 32);
   } else {
     sm90::regs_alloc<kConsumerRegs>();
     run_consumer<kElem, kRowGroups>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);

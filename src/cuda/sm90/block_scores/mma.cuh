@@ -9,8 +9,8 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-constexpr uint32_t kConsumerBarrier = 1;  // named barrier: both consumer warpgroups
 constexpr uint32_t kTurnBarrier = 2;      // 2, 3: consumer 0's / 1's turn to issue wgmma
+constexpr uint32_t kSelectBarrier = 4;    // fused: consumers wait for the selectors' last offers
 
 // wgmma descriptor of the K-major 128-byte-swizzled tile `byte_off` bytes past the one `d`
 // describes: the offset moves only the start address (bits 0-13 of the low word, in 16-byte
@@ -93,9 +93,21 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     }
   };
   float2 ksc[16];  // per-key scales of the current block (load_key_scales), only if per_key
-  auto epi = [&](const float(&acc)[64], const SegRows& sr, int64_t kb_off) {
-    if (per_key) epilogue<kElem, true>(p, sh, acc, sr, kb, kb_off, lane, ksc);
-    else epilogue<kElem, false>(p, sh, acc, sr, kb, kb_off, lane, ksc);
+  // Fused: item it's group maxima go to selector ring slot it % kSelRing; every thread that runs
+  // epilogues waits for the slot to be free before the item's wgmma and arrives once the item's
+  // epilogues have written it (run_selector reads it).
+  const bool fused = p.scores == nullptr;
+  auto sel_acquire = [&](int it) {
+    if (fused) sm90::mbar_wait(&sh.sel_empty[it % kSelRing], uint32_t(((it / kSelRing) & 1) ^ 1));
+  };
+  auto sel_publish = [&](int it) {
+    if (!fused) return;
+    if (consumer == 0 && warp == 0 && lane == 0) sh.sel[it % kSelRing].kb = kb;
+    sm90::mbar_arrive(&sh.sel_full[it % kSelRing]);
+  };
+  auto epi = [&](const float(&acc)[64], const SegRows& sr, int64_t kb_off, int it) {
+    if (per_key) epilogue<kElem, true>(p, sh, acc, sr, kb, kb_off, lane, ksc, it % kSelRing);
+    else epilogue<kElem, false>(p, sh, acc, sr, kb, kb_off, lane, ksc, it % kSelRing);
   };
   if constexpr (kAcc == 0) {
     for (int it = 0; it < n; ++it) {
@@ -108,6 +120,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     SegRows sr0;
     float acc0[64];
     for (int it = 0; it < n; ++it) {
+      sel_acquire(it);
       const uint64_t k = k_ready();
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
@@ -117,7 +130,8 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       release(sh, stage, lane, per_key);
       iter.next(kb, fresh);
       if (fresh) sr0 = segment_rows<kElem>(p, iter.segment(), h, t0, consumer, warp, lane);
-      epi(acc0, sr0, int64_t(uint64_t(uint32_t(kb)) * uint32_t(p.total_q)));
+      epi(acc0, sr0, int64_t(uint64_t(uint32_t(kb)) * uint32_t(p.total_q)), it);
+      sel_publish(it);
       advance();
     }
   } else {
@@ -136,6 +150,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       }
       // Scores offset of block kb; total_q < 2^31 (launch.cu): one 32 x 32 -> 64-bit multiply.
       const int64_t kb_off = int64_t(uint64_t(uint32_t(kb)) * uint32_t(p.total_q));
+      sel_acquire(it);
       const uint64_t k = k_ready();
       float acc0[64], acc1[64];
       sm90::named_sync(my_turn, kConsumers * 128);
@@ -146,14 +161,34 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       if (per_key) load_key_scales(sh.k_scale[stage], lane, ksc);
       sm90::wgmma_wait<1>();
       fence_acc(acc0);
-      epi(acc0, sr0, kb_off);
+      epi(acc0, sr0, kb_off, it);
       sm90::wgmma_wait<0>();
       fence_acc(acc1);
       release(sh, stage, lane, per_key);  // the stage's scales are in registers by now
-      epi(acc1, sr1, kb_off);
+      epi(acc1, sr1, kb_off, it);
+      sel_publish(it);
       advance();
     }
   }
+}
+
+// Fused top-K selector: thread `tok` (producer warps 1 and 2) owns token t0 + tok's best list.
+// Per item it reads the token's group max from the ring slot the consumers published and offers
+// it, in block order as the consumers walk them, so the lists (and ids) are those of offering
+// inside the epilogue; then frees the slot. The insertions and their list scans run here instead
+// of on one lane of an MMA warp (ncu, session 4: the consumers waited on them). Every selector
+// thread takes part in the ring barriers, with or without a token.
+__device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int64_t t1, int tok) {
+  const int n = int(count_items(p, t0, t1));
+  const bool active = tok < p.tokens_per_cta && t0 + tok < t1;
+  if (active) init_pick(p, sh.picks[tok], t0 + tok);
+  for (int it = 0; it < n; ++it) {
+    const int s = it % kSelRing;
+    sm90::mbar_wait(&sh.sel_full[s], uint32_t((it / kSelRing) & 1));
+    if (active && sh.sel[s].ok[tok]) offer(sh.picks[tok], p.rule, sh.sel[s].kb, sh.sel[s].val[tok]);
+    sm90::mbar_arrive(&sh.sel_empty[s]);
+  }
+  sm90::named_arrive(kSelectBarrier, kConsumers * 128 + kSelectors);
 }
 
 template <Elem kElem, int kRowGroups>
@@ -161,10 +196,6 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
                              int consumer, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
   const bool fused = p.scores == nullptr;
-  if (fused) {
-    init_picks(p, sh, t0, t1, consumer * 128 + tid);
-    sm90::named_sync(kConsumerBarrier, kConsumers * 128);
-  }
   sm90::mbar_wait(&sh.q_full, 0);
   // Row groups per consumer: 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1 (compile time).
   if constexpr (kRowGroups == 4) consume_blocks<kElem, 2>(p, sh, h, t0, t1, consumer, warp, lane);
@@ -175,7 +206,7 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
     fill_tail(p, h, t0, t1, consumer, warp, lane);
     return;
   }
-  sm90::named_sync(kConsumerBarrier, kConsumers * 128);
+  sm90::named_sync(kSelectBarrier, kConsumers * 128 + kSelectors);  // the selectors are done
   const int cw = consumer * 4 + warp;  // 0..7 over both consumers
   for (int tok = cw; tok < p.tokens_per_cta; tok += kConsumers * 4) {
     const int64_t t = t0 + tok;

@@ -48,11 +48,26 @@ struct TokenPicks {
   int32_t count, min_pos, nvis, want;
 };
 
+// Fused top-K: each block's per-token group maxima travel from the consumers to the selector
+// threads (producer warps 1 and 2, one thread per token) through a ring of kSelRing slots, so
+// the list insertions run off the MMA warps' critical path.
+constexpr int kSelRing = 4;
+constexpr int kSelectors = 64;  // one per token
+static_assert(kSelectors == kMaxTokens, "selectors are producer warps 1-2, one per token");
+struct SelSlot {
+  float val[kMaxTokens];    // the token's group max for the slot's block
+  uint8_t ok[kMaxTokens];   // 1: offer it (the token is in the block's batch segment)
+  int32_t kb;               // the slot's block
+};
+
 struct alignas(1024) SharedStorage {
   uint8_t q[kMaxRowGroups][kQGroupBytes];
   uint8_t k[kStages][kKBlockBytes];
   float k_scale[kStages][kBlockN];  // fp8 per-key scales of each stage's block (1 otherwise)
   TokenPicks picks[kMaxTokens];
+  SelSlot sel[kSelRing];
+  uint64_t sel_full[kSelRing];   // consumer threads that run epilogues, after their writes
+  uint64_t sel_empty[kSelRing];  // the kSelectors selector threads, after their reads
   uint64_t q_full;
   uint64_t k_full[kStages];
   uint64_t k_empty[kStages];
