@@ -1,6 +1,6 @@
 // Epilogue of the sm_90a indexer's consumers: the masked row max of an S tile, then either the
-// score store or (fused) the group max over the G heads streamed into each token's top-K
-// candidates; plus the fused-path setup and the unfused -inf tail. Called from mma.cuh.
+// score store or (fused) the group max over the G heads, written to the selector ring; plus the
+// selectors' list insertion (offer) and setup, and the unfused -inf tail. Called from mma.cuh.
 #pragma once
 
 #include <climits>

@@ -1,8 +1,9 @@
 // The sm_90a indexer kernel: block scores (max over a block's visible keys of q . k) for every
 // (query head, block, token), written to `scores` or reduced on the fly to top-K block ids
 // (fused: scores never reach memory). Roles: producer warp (TMA: Q once, then K blocks through a
-// kStages ring; flat K by lane 0, paged K one box per lane) and two consumer warpgroups (wgmma S = Q K^T, mask, row max, write or select).
-// Fused top-K: producer warps 1 and 2 are the selectors (run_selector), one thread per token.
+// kStages ring; flat K by lane 0, paged K one box per lane), two consumer warpgroups (wgmma
+// S = Q K^T, mask, row max, then the score store or, fused, the group max into the selector
+// ring) and, fused, the selectors (producer warps 1 and 2, one thread per token: run_selector).
 // Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus each producer lane's
 // cp.async arrival for FP8 per-key scales), k_empty[s] (lane 0 of each of the 8 consumer warps;
 // every consumer thread when it reads staged key scales), sel_full[s] / sel_empty[s] (the fused
