@@ -186,6 +186,44 @@ TEST(SparseFwdGpu, NamedEdges) {
   }
 }
 
+// Scores whose block maxima differ by far more than the uniform path's rescale slack (2^8 in the
+// log2 domain): K of block b is scaled by 1 + 3 b, so later blocks raise a row's running base
+// mid-unit and O must be rescaled (random inputs keep every block's maximum within the slack,
+// so the sweep alone never takes that branch). Block-uniform and per-token selections, G = 16
+// and G = 4, with and without a temperature.
+TEST(SparseFwdGpu, WideScoreRangeMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  struct Wide { int64_t g; bool blk; float temperature; };
+  const Wide cases[] = {{16, true, 0.f}, {4, true, 1.5f}, {16, false, 0.f}, {1, true, 0.f}};
+  int idx = 0;
+  for (const Wide& w : cases) {
+    SCOPED_TRACE("wide " + std::to_string(idx));
+    Problem prob = make_problem({700, 300}, {700, 900}, w.g * 2, 2, 128, 900u + unsigned(idx));
+    for (int64_t b = 0; b < prob.batch(); ++b)
+      for (int64_t i = 0; i < prob.lk[b]; ++i) {
+        const int64_t row = prob.k_start(b) + i;
+        const float f = 1.f + 3.f * float(i / 128);
+        for (int64_t h = 0; h < prob.hkv; ++h)
+          for (int64_t d = 0; d < prob.dim; ++d) {
+            double& val = prob.k_val[(row * prob.hkv + h) * prob.dim + d];
+            val = store(prob.k.t, prob.k.offset({row, h, d}), float(val) * f);
+          }
+      }
+    std::mt19937 rng(31 + idx++);
+    HostTensor ids = random_q2k(prob, 8, true, rng, w.blk);
+    SparseCase c(std::move(prob), std::move(ids), 8);
+    c.causal = true;
+    c.temperature = w.temperature;
+    poison_unselected(c.p, c.q2k, c.topk);
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, false, s);
+    expect_close(c, g1, ref);
+    expect_within_fa3_bar(c, g1.out, 1);
+  }
+}
+
 // Bad block ids are reported through the status buffer (first offence) and never dereferenced.
 TEST(SparseFwdGpu, InvalidIdsReported) {
   MSA_REQUIRE_GPU();
