@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Builds bench_sparse_fwd and test_sparse_fwd for main and for each wip/<name> patch series named
-# on the command line, into build-device-bin/ab/<name>/ (main: build-device-bin/ab/main/), so one
-# device call can A/B them (`bench/device_session.sh ab`, carry build-device-bin). Builds
-# incrementally in BUILD (default build-me) on a throwaway branch per series and returns the tree
-# to the branch it started on; the working tree must be clean.
+# Builds TARGETS (default: bench_sparse_fwd test_sparse_fwd) for main and for each wip/<name>
+# patch series named on the command line, into build-device-bin/ab/<name>/ (main:
+# build-device-bin/ab/main/), so one device call can A/B them (`bench/device_session.sh ab` runs
+# the prefill pair; carry build-device-bin/ab). Builds incrementally in BUILD (default build-me)
+# on a throwaway branch per series and returns the tree to the branch it started on; the working
+# tree must be clean.
 #   scripts/build_ab.sh combine-seg uniform-lpt
+#   TARGETS="bench_indexer test_indexer_gpu" scripts/build_ab.sh indexer-fused-tmpl
 set -euo pipefail
 BUILD=${BUILD:-build-me}
 JOBS=${JOBS:-2}
-TARGETS="bench_sparse_fwd test_sparse_fwd"
+TARGETS=${TARGETS:-"bench_sparse_fwd test_sparse_fwd"}
 if ! git diff --quiet || ! git diff --cached --quiet; then
   echo "build_ab.sh: commit or stash your changes first" >&2
   exit 1
@@ -17,7 +19,10 @@ base=$(git rev-parse --abbrev-ref HEAD)
 build_into() {
   cmake --build "$BUILD" -j "$JOBS" --target $TARGETS > /dev/null
   mkdir -p "build-device-bin/ab/$1"
-  cp "$BUILD/bench/bench_sparse_fwd" "$BUILD/tests/cuda/test_sparse_fwd" "build-device-bin/ab/$1/"
+  for t in $TARGETS; do
+    if [[ -f $BUILD/bench/$t ]]; then cp "$BUILD/bench/$t" "build-device-bin/ab/$1/"
+    else cp "$BUILD/tests/cuda/$t" "build-device-bin/ab/$1/"; fi
+  done
   echo "built build-device-bin/ab/$1"
 }
 make --no-print-directory configure BUILD="$BUILD" > /dev/null
