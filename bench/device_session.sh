@@ -128,5 +128,8 @@ printf '%s\n' "${summary[@]}"
 for f in bench_sparse bench_indexer bench_decode bench_pipeline; do [[ -f $OUT/$f.log ]] && cut -c1-200 "$OUT/$f.log" | grep -vE "^\s*$" | tail -8; done
 for f in peers_sparse peers_decode; do [[ -f $OUT/$f.log ]] && grep -v Warning "$OUT/$f.log" | tail -8; done
 # At most 8 files come back from a device call: the logs travel as one archive (JSON stays loose).
+# A second session in the same call writes logs_2.tgz (and so on) instead of replacing the first.
 printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
-(cd "$OUT" && tar czf logs.tgz --remove-files *.log summary.txt 2>/dev/null)
+archive=logs.tgz n=1
+while [[ -e $OUT/$archive ]]; do n=$((n + 1)); archive=logs_$n.tgz; done
+(cd "$OUT" && tar czf "$archive" --remove-files *.log summary.txt 2>/dev/null)
