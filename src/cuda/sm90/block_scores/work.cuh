@@ -68,19 +68,8 @@ class ItemIter {
  public:
   __device__ ItemIter(const Params& p, int64_t t0, int64_t t1)
       : p_(p), t0_(t0), t1_(t1), b_(p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0) {}
-  // Next item; false when the tile has no more.
-  __device__ bool next(Segment& seg, int64_t& kb) {
-    while (kb_ + 1 >= cur_.nblocks) {
-      if (!next_segment(p_, t0_, t1_, b_, cur_)) return false;
-      kb_ = -1;
-    }
-    ++kb_;
-    seg = cur_;
-    kb = kb_;
-    return true;
-  }
-  // Next item without copying its segment: block kb, and whether it opens a new segment (then
-  // segment() describes it). False when the tile has no more.
+  // Next item: block kb, and whether it opens a new segment (then segment() describes it).
+  // False when the tile has no more.
   __device__ bool next(int& kb, bool& fresh) {
     fresh = false;
     while (kb_ + 1 >= cur_.nblocks) {

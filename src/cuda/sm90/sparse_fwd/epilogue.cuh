@@ -89,8 +89,7 @@ __device__ __forceinline__ void stage_partial_row(uint8_t* buf, const float (&o)
   for (int n = 0; n < 16; ++n) {
     const int half = n >> 3, chunk = n & 7;
     uint8_t* dst = buf + half * kQHalfBytes + row * 128 + ((chunk ^ (row & 7)) << 4) + col_base * 2;
-    const __nv_bfloat162 v = __floats2bfloat162_rn(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
-    *reinterpret_cast<__nv_bfloat162*>(dst) = v;
+    *reinterpret_cast<uint32_t*>(dst) = pack_pair<false>(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
   }
 }
 

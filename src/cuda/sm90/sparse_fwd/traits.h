@@ -50,7 +50,6 @@ constexpr int kUniformConsumerRegs = 240;
 constexpr int kHalfCols = 64;
 constexpr int kKVHalfBytes = kBlockN * kHalfCols * 2;  // 16 KB
 constexpr int kQHalfBytes = kTileM * kHalfCols * 2;    // 8 KB
-constexpr uint32_t kKVStageTxBytes = 4 * kKVHalfBytes;  // K and V, two halves each
 
 static_assert(kProducerWarps == 4, "one producer warp per (consumer, Q stage) buffer: the "
               "producer warpgroup has exactly four warps");
