@@ -1,5 +1,5 @@
 // Programmatic dependent launch (sm_90) for chains of kernels on one stream, such as the prefill's
-// checks, prep kernels, main kernels and combine: a kernel launched by launch_pdl may start while
+// checks, prep kernels and main kernels: a kernel launched by launch_pdl may start while
 // its predecessor still runs, once every CTA of the predecessor has called pdl_trigger (or
 // exited), which hides the launch gap between dependent kernels.
 //

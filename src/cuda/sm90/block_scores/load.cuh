@@ -1,8 +1,9 @@
 // Producer warp of the sm_90a indexer: lane 0 issues the TMA loads, Q once (q_full), then each
 // work item's K block through the kStages ring (k_full / k_empty). For FP8 keys with per-key
-// scales the whole warp also stages the block's 128 key scales in shared memory (0 past the
-// batch's keys; negative scales reported once here), each lane arriving on k_full after its
-// stores. Paged K (DESIGN.md s.6) is loaded by the whole warp, one box per lane (load_paged_k).
+// scales the whole warp also copies the block's 128 key scales into shared memory by cp.async
+// (0 past the batch's keys), each lane's arrival on k_full made when its copies land; negative
+// scales are reported once here, from the staged copy two items later. Paged K (DESIGN.md s.6)
+// is loaded by the whole warp, one box per lane (load_paged_k).
 // Called from kernel.cuh.
 #pragma once
 

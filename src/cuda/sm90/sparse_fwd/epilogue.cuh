@@ -62,13 +62,6 @@ __device__ __forceinline__ float row_tlse(float max_log2, float tsum, float inv_
   return max_log2 == -INFINITY ? -INFINITY : (max_log2 * inv_temp + __log2f(tsum)) * kLn2;
 }
 
-// Partial of one row (KV-major path): normalised O (bf16 or f32) and its LSE; `lead` threads
-// (lane % 4 == 0) write the LSE. bf16 partials use 4-byte stores (a quad writes half a sector per
-// instruction): a 16-byte variant (pairs transposed inside the quad by shuffles) halves the L2
-// write transactions but measured slower here, 12.50
-// vs 11.05 ms at P32K-tok (H200, 2026-11-30, bench/RESULTS.md), its shuffles and selects sitting
-// on the consumer's critical path; measured again with window-ordered chunks (L2 80% busy):
-// still slower, 12.42 vs 11.02 ms at P32K-tok and 2.79 vs 2.50 ms at P8K-tok.
 // LSE (and temperature LSE) of one partial row.
 __device__ __forceinline__ void store_partial_lse(const MainParams& p, int64_t idx,
                                                   const RowStats& st) {
@@ -93,6 +86,13 @@ __device__ __forceinline__ void stage_partial_row(uint8_t* buf, const float (&o)
   }
 }
 
+// Partial of one row (KV-major path): normalised O (bf16 or f32) and its LSE; `lead` threads
+// (lane % 4 == 0) write the LSE. consume_tile takes this path for f32 partials only; bf16 ones
+// are staged and stored by TMA (stage_partial_row), so the bf16 branch below is not reached
+// (its removal waits in wip/, as it changes the kernel's SASS). Direct 4-byte bf16 stores left
+// half-sector L2 writes, and a 16-byte variant (pairs transposed inside the quad by shuffles)
+// measured slower still, 12.50 vs 11.05 ms at P32K-tok (H200, 2026-11-30, bench/RESULTS.md), its
+// shuffles and selects sitting on the consumer's critical path.
 template <int kOff>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],
                                                   int64_t idx, int col_base, bool lead,

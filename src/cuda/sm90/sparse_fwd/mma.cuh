@@ -27,7 +27,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -43,7 +42,7 @@ __device__ __forceinline__ int warp_tokens(int group) { return group >= 16 ? 1 :
 // Arrivals that free a Q buffer. Its metadata readers (4 warps x warp_tokens(G) lanes) when the
 // buffer is released as soon as S is done; every consumer thread when the KV-major path stages
 // its bf16 partial tile in the buffer (each writer is then its own arrival, after the TMA stores'
-// reads of the tile: stage_partial_tile).
+// reads of the tile: consume_tile, release_q_buffer).
 __device__ __forceinline__ int q_empty_arrivals(int group, bool staged_partials) {
   return staged_partials ? 128 : 4 * warp_tokens(group);
 }

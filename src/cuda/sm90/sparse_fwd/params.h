@@ -35,7 +35,7 @@ struct PrepParams {
   int32_t* row_start = nullptr;    // [B+1] rowoff_b (first CSR row of batch b)
   int32_t* chunk_start = nullptr;  // [schedule_capacity + 1] first chunk of each item
   int32_t* num_chunks = nullptr;   // [1] total chunks (0 when the schedule is rejected)
-  void* chunks = nullptr;          // [chunk_capacity] ChunkDesc in walk order (window_sort.cuh)
+  void* chunks = nullptr;          // [chunk_capacity] ChunkDesc in walk order (scheduler.cuh)
   void* chunks_by_row = nullptr;   // [chunk_capacity] ChunkDesc in schedule (head, row) order
   uint32_t* chunk_keys = nullptr;  // [chunk_capacity] query window of each chunk (sort keys)
   int32_t* chunk_ids = nullptr;    // [chunk_capacity] 0, 1, ... (sort values)

@@ -2,8 +2,9 @@
 // shared memory and its O accumulator in registers while the unit's K/V blocks stream by: per
 // block S = Q K^T, mask, online softmax (running max / sum in the log2 domain, O rescaled), then
 // O += P V; at the unit's last block O / l, lse and tlse go straight to the outputs. kernel.cuh.
-// Numerics: as mma.cuh; the rescale factor exp2(m_old - base) is 0 while no key has been seen
-// (m_old = -inf), never NaN, and rows with no visible key end with out = 0, lse = -inf.
+// Numerics: as mma.cuh; the rescale factor is 1 while a row keeps its base, exp2(m_old - base)
+// when the base rises (0 at the first visible key, m_old = -inf), never NaN, and rows with no
+// visible key end with out = 0, lse = -inf.
 #pragma once
 
 #include "cuda/sm90/sparse_fwd/mma.cuh"
