@@ -3,6 +3,8 @@
 // releases, and the fused top-K write-out. Called from kernel.cuh.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/device/sm90.cuh"
 #include "cuda/device/wgmma_m64n128.cuh"
 #include "cuda/sm90/block_scores/epilogue.cuh"
@@ -67,7 +69,7 @@ __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, 
 // serializes every wgmma of the kernel (C7514 / C7518 / C7520). What the epilogue needs of the
 // thread's rows is computed once per batch segment (segment_rows), never per block; the stage
 // and phase are 32-bit counters.
-template <Elem kElem, int kAcc>
+template <Elem kElem, int kAcc, bool kFused>
 __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                int64_t t1, int consumer_in, int warp, int lane) {
   // Warp-uniform by construction (redux.sync results land in uniform registers): with a uniform
@@ -96,7 +98,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   // Fused: item it's group maxima go to selector ring slot it % kSelRing; every thread that runs
   // epilogues waits for the slot to be free before the item's wgmma and arrives once the item's
   // epilogues have written it (run_selector reads it).
-  const bool fused = p.scores == nullptr;
+  constexpr bool fused = kFused;  // p.scores == nullptr, a loop of its own for each
   auto sel_acquire = [&](int it) {
     if (fused) sm90::mbar_wait(&sh.sel_empty[it % kSelRing], uint32_t(((it / kSelRing) & 1) ^ 1));
   };
@@ -197,11 +199,18 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   const int warp = tid >> 5, lane = tid & 31;
   const bool fused = p.scores == nullptr;
   sm90::mbar_wait(&sh.q_full, 0);
-  // Row groups per consumer: 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1 (compile time).
-  if constexpr (kRowGroups == 4) consume_blocks<kElem, 2>(p, sh, h, t0, t1, consumer, warp, lane);
-  else if constexpr (kRowGroups == 2) consume_blocks<kElem, 1>(p, sh, h, t0, t1, consumer, warp, lane);
-  else if (consumer == 0) consume_blocks<kElem, 1>(p, sh, h, t0, t1, consumer, warp, lane);
-  else consume_blocks<kElem, 0>(p, sh, h, t0, t1, consumer, warp, lane);
+  // Row groups per consumer: 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1 (compile time); the
+  // fused and unfused loops are separate code (the unfused loop then carries no selector-ring
+  // branches).
+  auto consume = [&](auto fused_tag) {
+    constexpr bool kF = decltype(fused_tag)::value;
+    if constexpr (kRowGroups == 4) consume_blocks<kElem, 2, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+    else if constexpr (kRowGroups == 2) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+    else if (consumer == 0) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+    else consume_blocks<kElem, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+  };
+  if (fused) consume(std::true_type{});
+  else consume(std::false_type{});
   if (!fused) {
     fill_tail(p, h, t0, t1, consumer, warp, lane);
     return;
