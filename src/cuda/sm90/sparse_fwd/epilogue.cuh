@@ -86,31 +86,21 @@ __device__ __forceinline__ void stage_partial_row(uint8_t* buf, const float (&o)
   }
 }
 
-// Partial of one row (KV-major path): normalised O (bf16 or f32) and its LSE; `lead` threads
-// (lane % 4 == 0) write the LSE. consume_tile takes this path for f32 partials only; bf16 ones
-// are staged and stored by TMA (stage_partial_row), so the bf16 branch below is not reached
-// (its removal waits in wip/, as it changes the kernel's SASS). Direct 4-byte bf16 stores left
-// half-sector L2 writes, and a 16-byte variant (pairs transposed inside the quad by shuffles)
-// measured slower still, 12.50 vs 11.05 ms at P32K-tok (H200, 2026-11-30, bench/RESULTS.md), its
-// shuffles and selects sitting on the consumer's critical path.
+// Partial of one row (KV-major path) with f32 partials: normalised O and its LSE; `lead` threads
+// (lane % 4 == 0) write the LSE. bf16 partials are staged and stored by TMA instead
+// (stage_partial_row): direct 4-byte bf16 stores left half-sector L2 writes, and a 16-byte
+// variant (pairs transposed inside the quad by shuffles) measured slower still, 12.50 vs 11.05 ms
+// at P32K-tok (H200, 2026-11-30, bench/RESULTS.md), its shuffles and selects sitting on the
+// consumer's critical path.
 template <int kOff>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],
                                                   int64_t idx, int col_base, bool lead,
                                                   const RowStats& st) {
-  const bool empty = st.max_log2 == -INFINITY;
-  const float inv = empty ? 0.f : 1.f / st.sum;
-  if (p.part_bf16) {
-    auto* dst = static_cast<__nv_bfloat162*>(p.part_o) + idx * (kHeadDim / 2);
+  const float inv = st.max_log2 == -INFINITY ? 0.f : 1.f / st.sum;
+  auto* dst = static_cast<float2*>(p.part_o) + idx * (kHeadDim / 2);
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
-      dst[(n * 8 + col_base) / 2] =
-          __floats2bfloat162_rn(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
-  } else {
-    auto* dst = static_cast<float2*>(p.part_o) + idx * (kHeadDim / 2);
-#pragma unroll
-    for (int n = 0; n < 16; ++n)
-      dst[(n * 8 + col_base) / 2] = make_float2(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
-  }
+  for (int n = 0; n < 16; ++n)
+    dst[(n * 8 + col_base) / 2] = make_float2(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
   if (lead) store_partial_lse(p, idx, st);
 }
 
