@@ -1,8 +1,9 @@
 // GPU decode (src/cuda/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps over
-// page size, layout, G, queries per request, skewed and empty lengths, FP8 KV; NaN in unused
-// slots; device-side status for bad ids, bad pages and lengths past the plan; determinism; CUDA
-// graph replays with new lengths and q2k; B = 4096; offsets past 2^31. Outputs are poisoned
-// before each run. MSA_TEST_SMALL=1 shrinks the sweep (compute-sanitizer runs).
+// page size, layout, G, queries per request (both CTA widths: 4 warps up to 64 rows, 8 up to 128),
+// skewed and empty lengths, FP8 KV; NaN in unused slots; device-side status for bad ids, bad
+// pages and lengths past the plan; determinism; CUDA graph replays with new lengths and q2k;
+// B = 4096; offsets past 2^31. Outputs are poisoned before each run. MSA_TEST_SMALL=1 shrinks the
+// sweep (compute-sanitizer runs).
 #include <climits>
 #include <cstdlib>
 #include <optional>
@@ -281,13 +282,16 @@ TEST(DecodeGpu, Fp8AndF16) {
     DType q, kv;
     KVLayout layout;
     int64_t topk;
+    int max_q;  // dense G = 16: 8 queries need the 8-warp CTA, up to 4 the 4-warp one
   };
-  for (const Kind& kind : {Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_nhd, 0},
-                           Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_hnd, 8},
-                           Kind{DType::f16, DType::fp8_e4m3, KVLayout::paged_nhd, 8},
-                           Kind{DType::f16, DType::f16, KVLayout::paged_hnd, 0},
-                           Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 5}}) {
-    Config c = random_config(rng, 4, 8, small_run() ? 600 : 3000, false);
+  for (const Kind& kind : {Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_nhd, 0, 8},
+                           Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_nhd, 0, 3},
+                           Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_hnd, 8, 8},
+                           Kind{DType::f16, DType::fp8_e4m3, KVLayout::paged_nhd, 8, 8},
+                           Kind{DType::f16, DType::f16, KVLayout::paged_hnd, 0, 8},
+                           Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 0, 2},
+                           Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 5, 8}}) {
+    Config c = random_config(rng, 4, kind.max_q, small_run() ? 600 : 3000, false);
     c.hq = 32;
     c.hkv = 2;
     c.page_size = 32;

@@ -9,8 +9,10 @@
 
 namespace msa::cuda::decode {
 
+constexpr int kCombineThreads = 256;
+
 template <typename TQ>
-__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ DecodeParams p) {
   if (p.num_items == 0 && blockIdx.x == 0 && threadIdx.x == 0) finalize_status(p);
   const int hkv = p.num_kv_heads;
   const int64_t job_index = blockIdx.x / hkv;
@@ -26,7 +28,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant
   const int64_t t0 = rq.q_begin + q0;
   const int64_t split_stride = int64_t(hkv) * p.rows_max;  // rows between consecutive splits
   const int64_t first = (int64_t(job.first_partial) * hkv + h) * p.rows_max;
-  for (int idx = threadIdx.x; idx < rows * 32; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < rows * 32; idx += kCombineThreads) {
     const int r = idx >> 5, d = (idx & 31) * 4;
     float m = -INFINITY;
     for (int s = 0; s < job.num_splits; ++s) m = fmaxf(m, p.part_lse[first + s * split_stride + r]);

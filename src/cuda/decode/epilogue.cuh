@@ -26,17 +26,17 @@ __device__ __forceinline__ void write_out4(const DecodeParams& p, int64_t t, int
   *reinterpret_cast<uint2*>(dst) = packed;
 }
 
-// Scratch layout in the (drained) pipeline smem: O rows [kMaxRows][kOutStride] f32, then m, l.
+// Scratch layout in the (drained) pipeline smem: O rows [max_rows][kOutStride] f32, then m, l.
 struct MergeSmem {
   float* o;
   float* m;
   float* l;
 };
-__device__ __forceinline__ MergeSmem merge_smem(void* base) {
+__device__ __forceinline__ MergeSmem merge_smem(void* base, int max_rows) {
   MergeSmem s;
   s.o = static_cast<float*>(base);
-  s.m = s.o + kMaxRows * kOutStride;
-  s.l = s.m + kMaxRows;
+  s.m = s.o + max_rows * kOutStride;
+  s.l = s.m + max_rows;
   return s;
 }
 
@@ -69,7 +69,8 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kFp8>& w, const Me
 
 // Merges the kp key partitions (scratch rows k * 16 nrt + r) of each of the `rows` rows and
 // writes them: out / lse when partial < 0, else partial slot `partial`. v_mult: V dequant factor.
-template <typename TQ>
+// A CTA of kThreads threads.
+template <typename TQ, int kThreads>
 __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const MergeSmem& s, int rows,
                                                 int nrt, int kp, int partial, int h, int64_t t0,
                                                 float v_mult) {

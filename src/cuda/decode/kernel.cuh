@@ -1,12 +1,12 @@
 // The decode main kernel: one CTA per (work item, kv head). It checks its request, builds the
-// sparse union (union.cuh), streams the item's tiles through a cp.async pipeline (load.cuh),
-// lets each warp attend its (row tile, key partition) share of every tile (attend.cuh) and
-// merges the warps (epilogue.cuh); the last CTA to finish writes the status (status.cuh).
-// Included by launch_kernels.cuh only.
+// sparse union (union.cuh), streams the item's key slots through a cp.async pipeline of stages
+// (load.cuh), lets each warp attend its (row tile, key partition) share of every stage
+// (attend.cuh) and merges the warps (epilogue.cuh); the last CTA to finish writes the status
+// (status.cuh). Included by launch_kernels.cuh only.
 //
-// Warp roles: rows = queries x G (<= 128) form nrt 16-row tiles; the 8 warps split as
-// nrt row tiles x kp key partitions (kp = 8, 4, 2, 1 for nrt = 1, 2, 3-4, 5-8), warp w taking
-// row tile w % nrt and keys [kpi * 128 / kp, ...) of every tile, kpi = w / nrt.
+// Warp roles: rows = queries x G (<= 16 kW) form nrt 16-row tiles; the kW warps split as
+// nrt row tiles x kp key partitions (kp the largest power of two <= kW / nrt), warp w taking
+// row tile w % nrt and keys [kpi * S / kp, ...) of every stage of S slots, kpi = w / nrt.
 #pragma once
 
 #include "cuda/decode/epilogue.cuh"
@@ -14,9 +14,10 @@
 
 namespace msa::cuda::decode {
 
-template <typename TQ, bool kFp8>
-__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeParams p) {
-  using Tr = Traits<kFp8>;
+template <typename TQ, bool kFp8, int kW>
+__global__ void __launch_bounds__(32 * kW, kW == 4 ? 2 : 1)
+    decode_kernel(const __grid_constant__ DecodeParams p) {
+  using Tr = Traits<kFp8, kW>;
   extern __shared__ __align__(128) uint8_t smem[];
   const int hkv = p.num_kv_heads;
   const int64_t item_index = blockIdx.x / hkv;
@@ -44,7 +45,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   if (p.q2k) {
     const UnionSmem u = union_smem(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes, p.bitmap_words);
     src.e0 = item.tile_begin * epb;
-    src.union_size = build_union(p, u, h, t0, nq, rq.lk, src.e0, item.tile_end * epb);
+    src.union_size = build_union<kW>(p, u, h, t0, nq, rq.lk, src.e0, item.tile_end * epb);
     src.ids = u.ids;
     masks = u.masks;
     last_tile = (src.union_size + epb - 1) / epb;
@@ -52,37 +53,31 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     last_tile = (rq.lk + kTileKeys - 1) / kTileKeys;
   }
   const int tiles = max(0, min(item.tile_end, last_tile) - item.tile_begin);
+  const int s0 = item.tile_begin * kTileKeys;  // the item's first slot
+  src.slot_end = s0 + tiles * kTileKeys;
 
-  // Pipeline steps: one stage of kTps consecutive tiles each (traits.h); with an odd tile count
-  // the last fp8 stage holds one tile and its second half is never issued nor read.
-  constexpr int kTps = Tr::kTilesPerStage;
-  const int steps = (tiles + kTps - 1) / kTps;
+  // Pipeline steps: one stage of kStageKeys consecutive slots each; the slots of a last stage
+  // past the item are zero-filled with key -1 (lookup_stage) and skipped by the math.
+  constexpr int kS = Tr::kStageKeys;
+  const int steps = (tiles * kTileKeys + kS - 1) / kS;
 
   // Prologue: the page-table reads of the first kStages - 1 stages in flight together, then
   // their copies; then the reads of the next stage, consumed by the first loop iteration.
-  TileRows<kFp8> first[Tr::kStages - 1][kTps], ahead[kTps];
+  StageRows<kFp8, kW> first[Tr::kStages - 1], ahead;
 #pragma unroll
   for (int s = 0; s < Tr::kStages - 1; ++s)
-#pragma unroll
-    for (int u = 0; u < kTps; ++u)
-      if (s * kTps + u < tiles) lookup_tile<kFp8>(p, src, item.tile_begin + s * kTps + u, first[s][u]);
+    if (s < steps) lookup_stage(p, src, s0 + s * kS, first[s]);
 #pragma unroll
   for (int s = 0; s < Tr::kStages - 1; ++s) {
-#pragma unroll
-    for (int u = 0; u < kTps; ++u)
-      if (s * kTps + u < tiles)
-        issue_tile<kFp8>(p, src, first[s][u], pipe + s * Tr::kStageBytes + u * Tr::kTileBytes,
-                         slot_key + s * Tr::kStageKeys + u * kTileKeys);
+    if (s < steps) issue_stage(p, src, first[s], pipe + s * Tr::kStageBytes, slot_key + s * kS);
     cp_async_commit();
   }
-#pragma unroll
-  for (int u = 0; u < kTps; ++u)
-    if ((Tr::kStages - 1) * kTps + u < tiles)
-      lookup_tile<kFp8>(p, src, item.tile_begin + (Tr::kStages - 1) * kTps + u, ahead[u]);
+  if (Tr::kStages - 1 < steps) lookup_stage(p, src, s0 + (Tr::kStages - 1) * kS, ahead);
 
   const int nrt = (rows + 15) >> 4;
-  const int kp = nrt == 1 ? 8 : nrt == 2 ? 4 : nrt <= 4 ? 2 : 1;
-  const int kw = Tr::kStageKeys / kp;  // keys per warp per stage: bf16 16..128, fp8 32..256
+  const int kp_max = kW / nrt;
+  const int kp = kp_max >= 8 ? 8 : kp_max >= 4 ? 4 : kp_max >= 2 ? 2 : 1;
+  const int kw = kS / kp;  // keys per warp per stage: 16..256
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool active = warp < nrt * kp;
   const int rt = warp % nrt, kpi = warp / nrt;
@@ -95,33 +90,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     cp_async_wait<Tr::kStages - 2>();
     __syncthreads();  // stage it landed for all threads; stage (it - 1) % kStages is free
     const int next = it + Tr::kStages - 1;
-    if (next < steps) {
-#pragma unroll
-      for (int u = 0; u < kTps; ++u)
-        if (next * kTps + u < tiles)
-          issue_tile<kFp8>(p, src, ahead[u],
-                           pipe + (next % Tr::kStages) * Tr::kStageBytes + u * Tr::kTileBytes,
-                           slot_key + (next % Tr::kStages) * Tr::kStageKeys + u * kTileKeys);
-    }
+    if (next < steps)
+      issue_stage(p, src, ahead, pipe + (next % Tr::kStages) * Tr::kStageBytes,
+                  slot_key + (next % Tr::kStages) * kS);
     cp_async_commit();
-    if (next + 1 < steps) {
-#pragma unroll
-      for (int u = 0; u < kTps; ++u)
-        if ((next + 1) * kTps + u < tiles)
-          lookup_tile<kFp8>(p, src, item.tile_begin + (next + 1) * kTps + u, ahead[u]);
-    }
+    if (next + 1 < steps) lookup_stage(p, src, s0 + (next + 1) * kS, ahead);
     if (!active) continue;
-    const int stage = it % Tr::kStages, tile = item.tile_begin + it * kTps;
+    const int stage = it % Tr::kStages, slot0 = s0 + it * kS;
     const uint32_t k_stage = pipe + stage * Tr::kStageBytes;
-    const int* sk = slot_key + stage * Tr::kStageKeys;
+    const int* sk = slot_key + stage * kS;
     for (int kb = kpi * kw; kb < (kpi + 1) * kw; kb += 64) {
-      // The window's tile was never issued (odd tile count): its slot keys are stale.
-      if constexpr (kTps > 1)
-        if (it * kTps + kb / kTileKeys >= tiles) continue;
+      if (slot0 + kb >= src.slot_end) break;  // past the item (a last, partial stage)
       const int nn = min(8, kw / 8);
       bool sel0 = true, sel1 = true;
-      if (masks) {  // union entries run on across the stage's tiles: entry of slot kb
-        const uint32_t m = masks[tile * epb + (kb >> p.block_shift) - src.e0];
+      if (masks) {  // the union entry of the window's slots
+        const uint32_t m = masks[((slot0 + kb) >> p.block_shift) - src.e0];
         sel0 = (m & w.qbit[0]) != 0;
         sel1 = (m & w.qbit[1]) != 0;
       }
@@ -134,10 +117,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   cp_async_wait<0>();
   __syncthreads();  // pipeline drained: its smem becomes the merge scratch
 
-  const MergeSmem ms = merge_smem(smem);
+  const MergeSmem ms = merge_smem(smem, Tr::kMaxRows);
   if (active) store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2));
   __syncthreads();
-  merge_and_write<TQ>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult);
+  merge_and_write<TQ, Tr::kThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult);
   arrive_and_finalize(p);
 }
 

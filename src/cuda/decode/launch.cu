@@ -25,6 +25,13 @@ int sm_count(const Device& d) {
   return n;
 }
 
+decode::DeviceLimits device_limits(const Device& d, int sms) {
+  int per_sm = 0, reserved = 0;
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, d.index));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, d.index));
+  return {sms, size_t(per_sm), size_t(reserved)};
+}
+
 int log2_exact(int64_t x) {
   int s = 0;
   while ((int64_t(1) << s) < x) ++s;
@@ -88,6 +95,7 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.queries_per_chunk = g.queries_per_chunk;
   p.rows_max = g.rows_max;
   p.bitmap_words = g.bitmap_words;
+  p.warps = g.warps;
   p.causal = a.params.causal ? 1 : 0;
   // The scale as callers pass it, a float (the default 1/sqrt(D) rounded to float, as the CPU
   // reference does), then into log2 units for exp2.
@@ -100,14 +108,14 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
 }  // namespace
 
 size_t decode_workspace_bytes(const DecodeShape& s) {
-  return decode::geometry(s, sm_count(s.device)).bytes;
+  return decode::geometry(s, device_limits(s.device, sm_count(s.device))).bytes;
 }
 
 DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, const Tensor& workspace,
                        cudaStream_t stream) {
   DecodeWork w;
   w.sm_count = sm_count(s.device);
-  const Geometry g = decode::geometry(s, w.sm_count);
+  const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count));
   std::vector<int64_t> lengths(s.batch, int64_t(s.max_pages) * s.page_size);
   if (seqused_k_host)
     for (int b = 0; b < s.batch; ++b) lengths[b] = seqused_k_host[b];
@@ -142,7 +150,7 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
 
 void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& w,
                 const Tensor& workspace, cudaStream_t stream) {
-  const Geometry g = decode::geometry(s, w.sm_count);
+  const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count));
   const DecodeParams p = make_params(a, s, g, w, workspace);
   const bool f16 = a.q.dtype == DType::f16;
   if (s.kv_dtype == DType::fp8_e4m3) {

@@ -1,6 +1,7 @@
 // The CUDA decode planner (plan.h): geometry and workspace bounds from the shape alone, then the
 // split-KV work list from the host lengths. Host only; launch.cu uploads the result.
 #include "cuda/decode/plan.h"
+#include "cuda/decode/traits.h"
 
 #include <algorithm>
 #include <climits>
@@ -32,9 +33,12 @@ int64_t unit_tiles(const DecodeShape& s, const Geometry& g, int64_t cap, int chu
   return ceil_div(entries, g.entries_per_tile);
 }
 
-// Cost of one CTA in tile loads: the tiles plus a fixed prologue/epilogue, plus the partial
-// write and its share of the combine when the unit is split.
-double cta_cost(int64_t tiles, bool split) { return double(tiles) + 1.0 + (split ? 0.25 : 0.0); }
+// Cost of one CTA in tile loads of a CTA alone on its SM: the tiles (slowed by the CTAs sharing
+// the SM's bandwidth) plus a fixed prologue/epilogue, plus the partial write and its share of
+// the combine when the unit is split.
+double cta_cost(int64_t tiles, bool split, int ctas_per_sm) {
+  return double(tiles) * ctas_per_sm + 1.0 + (split ? 0.25 : 0.0);
+}
 
 struct Candidate {
   std::vector<int64_t> unit_splits;  // per unit
@@ -43,8 +47,8 @@ struct Candidate {
 };
 
 // Split every unit into ceil(tiles / c) near-equal parts, order the parts largest first and
-// simulate the hardware's in-order CTA dispatch onto sm_count SMs.
-Candidate evaluate(const std::vector<int64_t>& tiles, int64_t c, int hkv, int sm_count) {
+// simulate the hardware's in-order CTA dispatch onto the slots.
+Candidate evaluate(const std::vector<int64_t>& tiles, int64_t c, int hkv, const Geometry& g) {
   Candidate r;
   r.unit_splits.resize(tiles.size());
   std::vector<std::pair<int64_t, bool>> parts;  // (tiles, split)
@@ -57,12 +61,12 @@ Candidate evaluate(const std::vector<int64_t>& tiles, int64_t c, int hkv, int sm
   std::stable_sort(parts.begin(), parts.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
-  for (int i = 0; i < sm_count; ++i) free_at.push(0.0);
+  for (int i = 0; i < g.slots; ++i) free_at.push(0.0);
   for (const auto& [t, split] : parts)
     for (int h = 0; h < hkv; ++h) {
       const double start = free_at.top();
       free_at.pop();
-      const double end = start + cta_cost(t, split);
+      const double end = start + cta_cost(t, split, g.ctas_per_sm);
       r.makespan = std::max(r.makespan, end);
       free_at.push(end);
     }
@@ -72,13 +76,13 @@ Candidate evaluate(const std::vector<int64_t>& tiles, int64_t c, int hkv, int sm
 
 }  // namespace
 
-Geometry geometry(const DecodeShape& s, int sm_count) {
+Geometry geometry(const DecodeShape& s, const DeviceLimits& d) {
   MSA_CHECK(s.head_dim == kHeadDim, "decode shape: CUDA decode needs head_dim ", kHeadDim,
             ", got ", s.head_dim);
   Geometry g;
   g.sparse = s.topk > 0;
   g.group = s.num_q_heads / s.num_kv_heads;
-  g.sm_count = std::max(1, sm_count);
+  g.sm_count = std::max(1, d.sm_count);
   // Sparse: one 16-row tile per CTA, so every warp works on every selected block (a request's
   // queries select mostly different blocks; sharing a CTA would idle warps). Dense: all queries
   // of the request (up to 128 rows) share each K/V load.
@@ -101,16 +105,26 @@ Geometry geometry(const DecodeShape& s, int sm_count) {
   } else {
     g.max_tiles_per_item = std::max<int64_t>(1, tiles_max);
   }
-  // Splitting aims at up to max_waves CTAs per SM; fewer for wide CTAs, whose partials are larger.
-  g.max_waves = std::max(2, 256 / g.rows_max);
+  // CTA width, and how many CTAs of it an SM holds (the 8-warp CTA takes most of an SM's smem).
+  g.warps = g.rows_max <= kNarrowRows ? 4 : 8;
+  if (g.warps == 4) {
+    const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
+    const size_t cta = (fp8 ? smem_bytes<true, 4>(g.bitmap_words) : smem_bytes<false, 4>(g.bitmap_words)) +
+                       d.smem_reserved_cta;
+    g.ctas_per_sm = int(std::clamp<size_t>(d.smem_per_sm / cta, 1, 2));
+  }
+  g.slots = g.sm_count * g.ctas_per_sm;
+  // Splitting aims at up to max_waves CTAs per slot (256 / rows_max per SM); fewer for wide
+  // CTAs, whose partials are larger.
+  g.max_waves = std::max(2, 256 / g.rows_max / g.ctas_per_sm);
   const int64_t units = int64_t(s.batch) * g.chunks;
-  const int64_t spread = ceil_div(int64_t(g.max_waves) * g.sm_count, s.num_kv_heads) + 1;
+  const int64_t spread = ceil_div(int64_t(g.max_waves) * g.slots, s.num_kv_heads) + 1;
   // Units longer than max_tiles_per_item (sparse, huge topk) split regardless of the balance.
   const int64_t forced = g.sparse && tiles_max > g.max_tiles_per_item
                              ? ceil_div(tiles_max, g.max_tiles_per_item)
                              : 0;
   // Bounds (build_work_list asserts them): items <= units + T / c and split items
-  // <= 2 T / c, where T / c <= max_waves * SMs / Hkv for the balance candidates.
+  // <= 2 T / c, where T / c <= max_waves * slots / Hkv for the balance candidates.
   g.max_items = units + spread + units * forced;
   g.max_partials = std::min(g.max_items, 2 * spread + 2 * units * forced);
   g.max_jobs = g.max_partials / 2;
@@ -148,16 +162,16 @@ WorkList build_work_list(const DecodeShape& s, const Geometry& g,
     }
   }
   if (tiles.empty()) return w;
-  // Candidate split sizes: no split, and the sizes that give k CTAs per SM (k <= max_waves).
+  // Candidate split sizes: no split, and the sizes that give k CTAs per slot (k <= max_waves).
   std::vector<int64_t> sizes = {largest};
   for (int k = 1; k <= g.max_waves; ++k)
-    sizes.push_back(ceil_div(total * s.num_kv_heads, int64_t(k) * g.sm_count));
+    sizes.push_back(ceil_div(total * s.num_kv_heads, int64_t(k) * g.slots));
   Candidate best;
   int64_t best_c = 0;
   for (int64_t c : sizes) {
     c = std::clamp<int64_t>(c, 1, g.max_tiles_per_item);
     if (c == best_c) continue;
-    Candidate r = evaluate(tiles, c, s.num_kv_heads, g.sm_count);
+    Candidate r = evaluate(tiles, c, s.num_kv_heads, g);
     const bool better = best_c == 0 || r.makespan < best.makespan - 1e-9 ||
                         (r.makespan < best.makespan + 1e-9 && r.ctas < best.ctas);
     if (better) {

@@ -15,7 +15,8 @@ namespace msa::cuda::decode {
 constexpr int kHeadDim = 128;
 constexpr int kTileKeys = 128;          // key slots per tile (traits.h builds on this)
 constexpr int kMaxRows = 128;           // query rows (queries x G) per CTA: 8 warps x 16
-constexpr int kSparseRows = 16;         // sparse: one m16 row tile, so all 8 warps split keys
+constexpr int kNarrowRows = 64;         // up to this many rows a CTA has 4 warps (traits.h)
+constexpr int kSparseRows = 16;         // sparse: one m16 row tile, so all warps split keys
 constexpr int kMaxItemEntries = 512;    // sparse: union entries one item may cover (smem ids/masks)
 constexpr int kMaxBitmapWords = 2048;   // sparse: union bitmap words (65536 blocks per request)
 
@@ -28,16 +29,26 @@ struct Geometry {
   int entries_per_tile = 1;    // sparse: 128 / kv_block_size union entries per tile
   int64_t max_tiles_per_item = 0;  // sparse: kMaxItemEntries / entries_per_tile; dense: no cap
   int bitmap_words = 0;        // sparse: ceil(max blocks per request / 32)
+  int warps = 8;               // CTA width: 4 when rows_max <= kNarrowRows, else 8
   int sm_count = 1;
-  int max_waves = 1;           // split candidates aim at up to this many CTAs per SM
+  int ctas_per_sm = 1;         // resident CTAs per SM (4 warps: 2 when the smem allows)
+  int slots = 1;               // sm_count * ctas_per_sm
+  int max_waves = 1;           // split candidates aim at up to this many CTAs per slot
   int64_t max_items = 0, max_jobs = 0, max_partials = 0;
   // Workspace byte offsets (256-aligned) and total.
   size_t off_offence = 0, off_items = 0, off_jobs = 0, off_caps = 0, off_part_lse = 0,
          off_part_o = 0, bytes = 0;
 };
 
+// What the device offers the main kernel (launch.cu queries it).
+struct DeviceLimits {
+  int sm_count = 1;
+  size_t smem_per_sm = 0;        // shared memory of an SM
+  size_t smem_reserved_cta = 0;  // shared memory the driver reserves per CTA
+};
+
 // Throws msa::Error naming the limit when the shape exceeds what the kernels support.
-Geometry geometry(const DecodeShape& s, int sm_count);
+Geometry geometry(const DecodeShape& s, const DeviceLimits& d);
 
 struct WorkList {
   std::vector<DecodeItem> items;  // launch order: larger items first
@@ -47,7 +58,7 @@ struct WorkList {
 };
 
 // Splits every (request, query chunk) into items so that items x Hkv CTAs finish together on
-// sm_count SMs (list scheduling in launch order over a few split sizes). lengths[b]: the
+// the device's CTA slots (list scheduling in launch order over a few split sizes). lengths[b]: the
 // planned keys of request b.
 WorkList build_work_list(const DecodeShape& s, const Geometry& g,
                          const std::vector<int64_t>& lengths);

@@ -18,7 +18,7 @@ struct UnionSmem {
   uint32_t* masks;   // [kMaxItemEntries] queries (bit qi) that selected entry e0 + i
   uint32_t* bitmap;  // [bitmap_words] blocks selected by any query of the CTA
   int* prefix;       // [bitmap_words] union rank of each word's first bit
-  int* scan;         // [kWarps] per-warp totals of the rank scan
+  int* scan;         // [warps] per-warp totals of the rank scan (64 slots)
 };
 
 __device__ __forceinline__ UnionSmem union_smem(void* base, int bitmap_words) {
@@ -43,9 +43,11 @@ __device__ __forceinline__ int first_repeat(const int32_t* ids, int topk, int nb
 }
 
 // Builds the union for queries [t0, t0 + nq) (global token ids, nq <= 32) of kv head h over a
-// request with lk keys. Returns the union size. Ends with __syncthreads.
+// request with lk keys, by a CTA of kW warps. Returns the union size. Ends with __syncthreads.
+template <int kW>
 __device__ __forceinline__ int build_union(const DecodeParams& p, const UnionSmem& u, int h, int64_t t0, int nq,
                            int lk, int e0, int e1) {
+  constexpr int kThreads = 32 * kW;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;
   const int words = (nblk + 31) >> 5;
@@ -83,7 +85,7 @@ __device__ __forceinline__ int build_union(const DecodeParams& p, const UnionSme
   __syncthreads();
   int base = 0, size = 0;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
+  for (int w = 0; w < kW; ++w) {
     base += w < warp ? u.scan[w] : 0;
     size += u.scan[w];
   }
