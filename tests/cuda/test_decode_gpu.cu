@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cpu/attention_problem.h"
+#include "cuda/decode/plan.h"
 #include "gpu_test_util.h"
 
 namespace msa::test {
@@ -227,6 +228,16 @@ struct Bench {
   }
 };
 
+// The CTA width for the tests' small batches, which the heuristic would all give 8 warps: 0 (the
+// heuristic) or 4 (forced wherever a plan has at most 64 rows). Restored on scope exit.
+struct CtaWidth {
+  explicit CtaWidth(int warps) { cuda::decode::force_cta_warps(warps); }
+  ~CtaWidth() { cuda::decode::force_cta_warps(0); }
+  CtaWidth(const CtaWidth&) = delete;
+  CtaWidth& operator=(const CtaWidth&) = delete;
+};
+constexpr int kWidths[] = {0, 4};
+
 // Random lengths: each request gets 1..max_q queries (some 0 when allowed) and 0..max_k keys.
 Config random_config(std::mt19937& rng, int batch, int max_q, int max_k, bool allow_empty) {
   Config c;
@@ -255,23 +266,27 @@ TEST(DecodeGpu, SweepDenseAndSparse) {
   if (small_run()) shapes.resize(3);
   std::mt19937 rng(7);
   unsigned seed = 100;
-  for (const Shape& sh : shapes)
-    for (int64_t topk : {int64_t(0), int64_t(6)}) {
-      Config c = random_config(rng, small_run() ? 3 : 6, sh.max_q, small_run() ? 700 : 2500, true);
-      c.hq = sh.g * sh.hkv;
-      c.hkv = sh.hkv;
-      c.page_size = sh.page;
-      c.layout = sh.layout;
-      c.topk = topk;
-      c.blk = sh.blk;
-      c.row_pad = (seed % 3) * 8;
-      c.sorted_q2k = seed % 2 == 0;
-      c.seed = seed++;
-      Bench t(c);
-      t.plan_gpu();
-      t.run_gpu();
-      t.expect_matches_reference();
-    }
+  for (int warps : kWidths)
+    for (const Shape& sh : shapes)
+      for (int64_t topk : {int64_t(0), int64_t(6)}) {
+        SCOPED_TRACE("forced width " + std::to_string(warps));
+        const CtaWidth width(warps);
+        Config c =
+            random_config(rng, small_run() ? 3 : 6, sh.max_q, small_run() ? 700 : 2500, true);
+        c.hq = sh.g * sh.hkv;
+        c.hkv = sh.hkv;
+        c.page_size = sh.page;
+        c.layout = sh.layout;
+        c.topk = topk;
+        c.blk = sh.blk;
+        c.row_pad = (seed % 3) * 8;
+        c.sorted_q2k = seed % 2 == 0;
+        c.seed = seed++;
+        Bench t(c);
+        t.plan_gpu();
+        t.run_gpu();
+        t.expect_matches_reference();
+      }
 }
 
 TEST(DecodeGpu, Fp8AndF16) {
@@ -290,21 +305,24 @@ TEST(DecodeGpu, Fp8AndF16) {
                            Kind{DType::f16, DType::fp8_e4m3, KVLayout::paged_nhd, 8, 8},
                            Kind{DType::f16, DType::f16, KVLayout::paged_hnd, 0, 8},
                            Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 0, 2},
-                           Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 5, 8}}) {
-    Config c = random_config(rng, 4, kind.max_q, small_run() ? 600 : 3000, false);
-    c.hq = 32;
-    c.hkv = 2;
-    c.page_size = 32;
-    c.q_dtype = kind.q;
-    c.kv_dtype = kind.kv;
-    c.layout = kind.layout;
-    c.topk = kind.topk;
-    c.seed = seed++;
-    Bench t(c);
-    t.plan_gpu();
-    t.run_gpu();
-    t.expect_matches_reference();
-  }
+                           Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 5, 8}})
+    for (int warps : kWidths) {
+      SCOPED_TRACE("forced width " + std::to_string(warps));
+      const CtaWidth width(warps);
+      Config c = random_config(rng, 4, kind.max_q, small_run() ? 600 : 3000, false);
+      c.hq = 32;
+      c.hkv = 2;
+      c.page_size = 32;
+      c.q_dtype = kind.q;
+      c.kv_dtype = kind.kv;
+      c.layout = kind.layout;
+      c.topk = kind.topk;
+      c.seed = seed++;
+      Bench t(c);
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+    }
 }
 
 TEST(DecodeGpu, NonCausalAndScale) {
@@ -355,26 +373,31 @@ TEST(DecodeGpu, EmptyLengthsAndBatches) {
 
 TEST(DecodeGpu, SkewedLengthsSplitAndCombineDeterministic) {
   MSA_REQUIRE_GPU();
-  for (int64_t topk : {int64_t(0), int64_t(16)}) {
-    Config c;
-    const int long_k = small_run() ? 6000 : 40000;
-    c.lq = {8, 8, 8, 8, 8};
-    c.lk = {long_k, 700, 0, 1300, 129};
-    c.hq = 32;
-    c.hkv = 2;
-    c.page_size = 128;
-    c.topk = topk;
-    c.seed = 500 + unsigned(topk);
-    Bench t(c);
-    t.plan_gpu();
-    t.run_gpu();
-    t.expect_matches_reference();
-    const auto out1 = t.out.download<uint16_t>(t.out.bytes() / 2, t.stream);
-    const auto lse1 = t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream);
-    t.run_gpu();
-    EXPECT_EQ(out1, t.out.download<uint16_t>(t.out.bytes() / 2, t.stream)) << "out differs run to run";
-    EXPECT_EQ(lse1, t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream)) << "lse differs run to run";
-  }
+  for (int warps : kWidths)
+    for (int64_t topk : {int64_t(0), int64_t(16)}) {
+      SCOPED_TRACE("forced width " + std::to_string(warps));
+      const CtaWidth width(warps);
+      Config c;
+      const int long_k = small_run() ? 6000 : 40000;
+      c.lq = {8, 8, 8, 8, 8};
+      c.lk = {long_k, 700, 0, 1300, 129};
+      c.hq = 32;
+      c.hkv = 2;
+      c.page_size = 128;
+      c.topk = topk;
+      c.seed = 500 + unsigned(topk);
+      Bench t(c);
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+      const auto out1 = t.out.download<uint16_t>(t.out.bytes() / 2, t.stream);
+      const auto lse1 = t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream);
+      t.run_gpu();
+      EXPECT_EQ(out1, t.out.download<uint16_t>(t.out.bytes() / 2, t.stream))
+          << "out differs run to run";
+      EXPECT_EQ(lse1, t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream))
+          << "lse differs run to run";
+    }
 }
 
 TEST(DecodeGpu, NewLengthsWithinThePlanAndPastIt) {
@@ -517,43 +540,47 @@ TEST(DecodeGpu, BadBlockIdsReported) {
 
 TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {
   MSA_REQUIRE_GPU();
-  Config c;
-  c.lq = {1, 4, 2, 8};
-  c.lk = {3000, 257, 1800, 900};
-  c.hq = 32;
-  c.hkv = 2;
-  c.page_size = 32;
-  c.topk = 8;
-  c.seed = 1000;
-  Bench t(c);
-  t.plan_gpu();
-  const AttentionArgs args = t.gpu_args();
-  const Tensor status(t.status.get(), DType::i32, {4}, gpu0());
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  MSA_CUDA_CHECK(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeGlobal));
-  t.plan.run(args, t.stream);
-  MSA_CUDA_CHECK(cudaStreamEndCapture(t.stream, &graph));
-  MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  std::mt19937 rng(11);
-  for (int replay = 0; replay < 4; ++replay) {
-    SCOPED_TRACE("replay " + std::to_string(replay));
-    std::vector<int32_t> lk(4);
-    for (int b = 0; b < 4; ++b)
-      lk[b] = replay == 0 ? c.lk[b] : int32_t(rng() % (c.lk[b] + 1));  // within the plan
-    std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
-    t.ids = random_ids(t.p, lk, c.topk, c.blk, 2000 + replay, replay % 2 == 0);
-    std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
-    copy_to_device(*t.q2k, t.q2k_d, t.stream);
-    copy_to_device(t.paged.seqused_k, t.seqused, t.stream);
-    t.out.poison(t.stream);
-    t.lse.poison(t.stream);
-    clear_status(status, t.stream);
-    MSA_CUDA_CHECK(cudaGraphLaunch(exec, t.stream));
-    t.expect_matches_reference("graph replay");
+  for (int warps : kWidths) {
+    SCOPED_TRACE("forced width " + std::to_string(warps));
+    const CtaWidth width(warps);
+    Config c;
+    c.lq = {1, 4, 2, 8};
+    c.lk = {3000, 257, 1800, 900};
+    c.hq = 32;
+    c.hkv = 2;
+    c.page_size = 32;
+    c.topk = 8;
+    c.seed = 1000;
+    Bench t(c);
+    t.plan_gpu();
+    const AttentionArgs args = t.gpu_args();
+    const Tensor status(t.status.get(), DType::i32, {4}, gpu0());
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    MSA_CUDA_CHECK(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeGlobal));
+    t.plan.run(args, t.stream);
+    MSA_CUDA_CHECK(cudaStreamEndCapture(t.stream, &graph));
+    MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    std::mt19937 rng(11);
+    for (int replay = 0; replay < 4; ++replay) {
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      std::vector<int32_t> lk(4);
+      for (int b = 0; b < 4; ++b)
+        lk[b] = replay == 0 ? c.lk[b] : int32_t(rng() % (c.lk[b] + 1));  // within the plan
+      std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
+      t.ids = random_ids(t.p, lk, c.topk, c.blk, 2000 + replay, replay % 2 == 0);
+      std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
+      copy_to_device(*t.q2k, t.q2k_d, t.stream);
+      copy_to_device(t.paged.seqused_k, t.seqused, t.stream);
+      t.out.poison(t.stream);
+      t.lse.poison(t.stream);
+      clear_status(status, t.stream);
+      MSA_CUDA_CHECK(cudaGraphLaunch(exec, t.stream));
+      t.expect_matches_reference("graph replay");
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 TEST(DecodeGpu, LargeBatch) {

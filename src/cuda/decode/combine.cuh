@@ -1,44 +1,34 @@
-// Split-KV combine of the decode (the third small kernel, after the plan and the main kernel):
-// one CTA per (combine job, kv head) merges a (request, query chunk)'s partials in split order,
-// exactly in fp32 and without atomics, into out / lse. Without a main kernel (no items), block 0
-// finalizes the status instead. Its own small kernel rather than common/combine: decode
-// partials are per split of a union, not per selected block. Included by launch.cu only.
+// Split-KV combine of the decode, inside the main kernel: every split CTA of a (request, query
+// chunk) writes its f32 partial, and the last of them to finish (a per-(job, kv head) counter,
+// the threadfence-reduction pattern) merges all of them in split order, exactly in fp32 and
+// without atomics on the data, into out / lse. So run() needs no second kernel, whose launch and
+// drain cost ~10-15 us per call (RESULTS.md, session 5 run 3). Without a main kernel (no items),
+// status_kernel finalizes the status instead. Included by kernel.cuh and launch_kernels.cuh.
 #pragma once
 
 #include "cuda/decode/epilogue.cuh"
 
 namespace msa::cuda::decode {
 
-constexpr int kCombineThreads = 256;
-
-template <typename TQ>
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ DecodeParams p) {
-  if (p.num_items == 0 && blockIdx.x == 0 && threadIdx.x == 0) finalize_status(p);
-  const int hkv = p.num_kv_heads;
-  const int64_t job_index = blockIdx.x / hkv;
-  const int h = int(blockIdx.x % hkv);
-  if (job_index >= p.num_jobs) return;
-  const CombineJob job = p.jobs[job_index];
-  const Request rq = load_request(p, job.batch, false);
-  if (!rq.ok) return;
-  const int q0 = job.chunk * p.queries_per_chunk;
-  const int nq = min(p.queries_per_chunk, rq.lq - q0);
-  if (nq <= 0) return;
-  const int rows = nq << p.group_shift;
-  const int64_t t0 = rq.q_begin + q0;
-  const int64_t split_stride = int64_t(hkv) * p.rows_max;  // rows between consecutive splits
-  const int64_t first = (int64_t(job.first_partial) * hkv + h) * p.rows_max;
-  for (int idx = threadIdx.x; idx < rows * 32; idx += kCombineThreads) {
+// Merges the job's num_splits partials of the `rows` rows of kv head h (queries from token t0)
+// into out / lse. A CTA of kThreads threads; the partials were written by other CTAs of this
+// grid, so they are read through L2 (ld.global.cg), never from a stale L1 line.
+template <typename TQ, int kThreads>
+__device__ __forceinline__ void combine_job(const DecodeParams& p, const CombineJob& job, int h,
+                                            int rows, int64_t t0) {
+  const int64_t split_stride = int64_t(p.num_kv_heads) * p.rows_max;  // rows between splits
+  const int64_t first = (int64_t(job.first_partial) * p.num_kv_heads + h) * p.rows_max;
+  for (int idx = threadIdx.x; idx < rows * 32; idx += kThreads) {
     const int r = idx >> 5, d = (idx & 31) * 4;
     float m = -INFINITY;
-    for (int s = 0; s < job.num_splits; ++s) m = fmaxf(m, p.part_lse[first + s * split_stride + r]);
+    for (int s = 0; s < job.num_splits; ++s) m = fmaxf(m, __ldcg(p.part_lse + first + s * split_stride + r));
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     float l = 0.f;
     if (m != -INFINITY) {
       for (int s = 0; s < job.num_splits; ++s) {
         const int64_t row = first + s * split_stride + r;
-        const float wgt = exp2f(p.part_lse[row] - m);  // 0 for a split without keys
-        const float4 o = *reinterpret_cast<const float4*>(p.part_o + row * kHeadDim + d);
+        const float wgt = exp2f(__ldcg(p.part_lse + row) - m);  // 0 for a split without keys
+        const float4 o = __ldcg(reinterpret_cast<const float4*>(p.part_o + row * kHeadDim + d));
         l += wgt;
         acc.x += wgt * o.x;
         acc.y += wgt * o.y;
@@ -52,6 +42,31 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
     write_out4<TQ>(p, t, hq, d, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
     if (d == 0 && p.lse) p.lse[int64_t(hq) * p.total_q + t] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
   }
+}
+
+// After a split CTA wrote its partial (whole CTA): counts it, and the job's last split merges the
+// job and re-arms the counter for the next run. Every split of a job sees the same request, so
+// either all of them arrive or (a request that fails its checks) none does.
+template <typename TQ, int kThreads>
+__device__ __forceinline__ void finish_split(const DecodeParams& p, int job_index, int h, int rows,
+                                             int64_t t0) {
+  __threadfence();  // this CTA's partial is visible device-wide before it is counted
+  __syncthreads();
+  bool mine = false;
+  if (threadIdx.x == 0) {
+    unsigned int* count = p.job_done + int64_t(job_index) * p.num_kv_heads + h;
+    mine = atomicAdd(count, 1u) == unsigned(p.jobs[job_index].num_splits) - 1;
+    if (mine) *count = 0;
+  }
+  if (!__syncthreads_or(mine)) return;
+  __threadfence();  // the other splits' partials, counted before ours, are read after this
+  combine_job<TQ, kThreads>(p, p.jobs[job_index], h, rows, t0);
+}
+
+// No main-kernel CTA ran (no items): one thread writes the status a main kernel would have.
+template <typename TQ>  // one per instantiation TU (TQ unused)
+__global__ void status_kernel(const __grid_constant__ DecodeParams p) {
+  if (threadIdx.x == 0) finalize_status(p);
 }
 
 }  // namespace msa::cuda::decode

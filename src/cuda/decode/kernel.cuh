@@ -1,15 +1,16 @@
 // The decode main kernel: one CTA per (work item, kv head). It checks its request, builds the
 // sparse union (union.cuh), streams the item's key slots through a cp.async pipeline of stages
 // (load.cuh), lets each warp attend its (row tile, key partition) share of every stage
-// (attend.cuh) and merges the warps (epilogue.cuh); the last CTA to finish writes the status
-// (status.cuh). Included by launch_kernels.cuh only.
+// (attend.cuh) and merges the warps (epilogue.cuh); the last split of a request merges the splits
+// (combine.cuh) and the last CTA to finish writes the status (status.cuh). Included by
+// launch_kernels.cuh only.
 //
 // Warp roles: rows = queries x G (<= 16 kW) form nrt 16-row tiles; the kW warps split as
 // nrt row tiles x kp key partitions (kp the largest power of two <= kW / nrt), warp w taking
 // row tile w % nrt and keys [kpi * S / kp, ...) of every stage of S slots, kpi = w / nrt.
 #pragma once
 
-#include "cuda/decode/epilogue.cuh"
+#include "cuda/decode/combine.cuh"
 #include "cuda/decode/union.cuh"
 
 namespace msa::cuda::decode {
@@ -121,6 +122,7 @@ __global__ void __launch_bounds__(32 * kW, kW == 4 ? 2 : 1)
   if (active) store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2));
   __syncthreads();
   merge_and_write<TQ, Tr::kThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult);
+  if (item.partial >= 0) finish_split<TQ, Tr::kThreads>(p, item.job, h, rows, t0);
   arrive_and_finalize(p);
 }
 

@@ -75,6 +75,7 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.part_lse = reinterpret_cast<float*>(base + g.off_part_lse);
   p.offence = reinterpret_cast<unsigned long long*>(base + g.off_offence);
   p.done = reinterpret_cast<unsigned int*>(base + g.off_offence + sizeof(unsigned long long));
+  p.job_done = reinterpret_cast<unsigned int*>(base + g.off_job_done);
   p.status = a.status.ptr<int32_t>();
 
   p.num_items = w.items;
@@ -135,6 +136,8 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
   MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence, 0xff, sizeof(unsigned long long), stream));
   MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence + sizeof(unsigned long long), 0,
                                  sizeof(unsigned long long), stream));
+  MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_job_done, 0,
+                                 size_t(g.max_jobs) * s.num_kv_heads * sizeof(uint32_t), stream));
   auto upload = [&](size_t off, const void* src, size_t bytes) {
     if (bytes) MSA_CUDA_CHECK(cudaMemcpyAsync(base + off, src, bytes, cudaMemcpyHostToDevice, stream));
   };

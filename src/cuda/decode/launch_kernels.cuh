@@ -1,11 +1,11 @@
 // Launchers of the decode kernels for one (q type, KV kind): the main kernel over items x Hkv
-// CTAs, then the combine when some request is split (or, with no items, to finalize the status).
+// CTAs, which also combines split requests and finalizes the status; with no items, a one-thread
+// status kernel instead.
 // Included by instantiate_native.cu and instantiate_fp8.cu; declared in launch_kernels.h.
 #pragma once
 
 #include <algorithm>
 
-#include "cuda/decode/combine.cuh"
 #include "cuda/decode/kernel.cuh"
 #include "cuda/decode/launch_kernels.h"
 #include "cuda/device/check.h"
@@ -30,17 +30,13 @@ void set_smem_limit() {
 
 template <typename TQ, bool kFp8>
 void launch(const DecodeParams& p, cudaStream_t stream) {
-  if (p.num_items > 0) {
-    const unsigned grid = unsigned(p.num_items * p.num_kv_heads);
-    if (p.warps == 4)
-      decode_kernel<TQ, kFp8, 4><<<grid, 128, smem_bytes<kFp8, 4>(p.bitmap_words), stream>>>(p);
-    else
-      decode_kernel<TQ, kFp8, 8><<<grid, 256, smem_bytes<kFp8, 8>(p.bitmap_words), stream>>>(p);
-    MSA_CUDA_CHECK_LAUNCH();
-  }
-  if (p.num_jobs == 0 && p.num_items > 0) return;  // the main kernel finalized the status
-  const int64_t blocks = std::max<int64_t>(1, p.num_jobs * p.num_kv_heads);
-  combine_kernel<TQ><<<unsigned(blocks), kCombineThreads, 0, stream>>>(p);
+  const unsigned grid = unsigned(p.num_items * p.num_kv_heads);
+  if (grid == 0)
+    status_kernel<TQ><<<1, 32, 0, stream>>>(p);
+  else if (p.warps == 4)
+    decode_kernel<TQ, kFp8, 4><<<grid, 128, smem_bytes<kFp8, 4>(p.bitmap_words), stream>>>(p);
+  else
+    decode_kernel<TQ, kFp8, 8><<<grid, 256, smem_bytes<kFp8, 8>(p.bitmap_words), stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -13,7 +13,7 @@ namespace msa::cuda::decode {
 template <typename TQ, bool kFp8>
 void set_smem_limit();
 
-// Main kernel (when p.num_items > 0), then the combine if needed; no allocation, no sync.
+// The main kernel (or, with no items, the status kernel); no allocation, no sync.
 template <typename TQ, bool kFp8>
 void launch(const DecodeParams& p, cudaStream_t stream);
 

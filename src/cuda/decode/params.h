@@ -16,11 +16,12 @@ struct DecodeItem {
   int32_t tile_begin = 0;  // first tile (dense: keys tile * 128; sparse: union entries)
   int32_t tile_end = 0;    // exclusive
   int32_t partial = -1;    // partial slot this split writes; -1: the only split, writes out
-  int32_t pad[3] = {};     // 32-byte records
+  int32_t job = -1;        // split items: the CombineJob whose last split merges them
+  int32_t pad[2] = {};     // 32-byte records
 };
 static_assert(sizeof(DecodeItem) == 32, "DecodeItem: keep 32-byte records (plan copies them raw)");
 
-// The splits of one (request, query chunk) that the combine merges, in split order.
+// The splits of one (request, query chunk) that the last of them to finish merges, in split order.
 struct CombineJob {
   int32_t batch = 0, chunk = 0;
   int32_t first_partial = 0;  // partial slots [first_partial, first_partial + num_splits)
@@ -55,6 +56,7 @@ struct DecodeParams {
   float* part_lse = nullptr;              // [partials, Hkv, rows_max] f32, log2 units
   unsigned long long* offence = nullptr;  // first device-side offence (status.cuh), ~0 = none
   unsigned int* done = nullptr;           // main-kernel CTAs finished this run (status.cuh)
+  unsigned int* job_done = nullptr;       // [num_jobs, Hkv] splits finished this run (combine.cuh)
   int32_t* status = nullptr;              // int32[4] (common.h)
 
   int64_t num_items = 0, num_jobs = 0;

@@ -14,6 +14,8 @@
 namespace msa::cuda::decode {
 namespace {
 
+int forced_warps = 0;  // force_cta_warps
+
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -106,7 +108,14 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d) {
     g.max_tiles_per_item = std::max<int64_t>(1, tiles_max);
   }
   // CTA width, and how many CTAs of it an SM holds (the 8-warp CTA takes most of an SM's smem).
-  g.warps = g.rows_max <= kNarrowRows ? 4 : 8;
+  // 4 warps pay off where two CTAs per SM hide each other's prologue and epilogue, i.e. with
+  // several waves of them (DEC-MTP 365 -> 292 us, DEC-B2048 3.2 -> 3.9 TB/s). With fewer
+  // (request, chunk, kv head) units than two per CTA slot, an 8-warp CTA per SM streams its unit
+  // with twice the bytes in flight (DEC-B32 59 vs 64 us, DEC-B32-dense 278 vs 292-320 us,
+  // session 5 runs 2-4).
+  const int64_t unit_ctas = int64_t(s.batch) * g.chunks * s.num_kv_heads;
+  g.warps = g.rows_max <= kNarrowRows && unit_ctas >= 4 * int64_t(g.sm_count) ? 4 : 8;
+  if (forced_warps != 0) g.warps = forced_warps == 4 && g.rows_max <= kNarrowRows ? 4 : 8;
   if (g.warps == 4) {
     const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
     const size_t cta = (fp8 ? smem_bytes<true, 4>(g.bitmap_words) : smem_bytes<false, 4>(g.bitmap_words)) +
@@ -138,11 +147,17 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d) {
   g.off_offence = take(2 * sizeof(unsigned long long));  // offence key, then the CTA counter
   g.off_items = take(size_t(g.max_items) * sizeof(DecodeItem));
   g.off_jobs = take(size_t(g.max_jobs) * sizeof(CombineJob));
+  g.off_job_done = take(size_t(g.max_jobs) * hkv * sizeof(uint32_t));  // zero between runs
   g.off_caps = take(size_t(s.batch) * sizeof(int32_t));
   g.off_part_lse = take(size_t(g.max_partials) * hkv * g.rows_max * sizeof(float));
   g.off_part_o = take(size_t(g.max_partials) * hkv * g.rows_max * kHeadDim * sizeof(float));
   g.bytes = off;
   return g;
+}
+
+void force_cta_warps(int warps) {
+  MSA_CHECK(warps == 0 || warps == 4 || warps == 8, "force_cta_warps: 0, 4 or 8, got ", warps);
+  forced_warps = warps;
 }
 
 WorkList build_work_list(const DecodeShape& s, const Geometry& g,
@@ -198,6 +213,7 @@ WorkList build_work_list(const DecodeShape& s, const Geometry& g,
       p.item.tile_begin = int32_t(tiles[i] * j / n);
       p.item.tile_end = int32_t(tiles[i] * (j + 1) / n);
       p.item.partial = n > 1 ? int32_t(w.partials + j) : -1;
+      p.item.job = n > 1 ? int32_t(w.jobs.size() - 1) : -1;
       p.tiles = p.item.tile_end - p.item.tile_begin;
       parts.push_back(p);
     }

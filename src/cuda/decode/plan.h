@@ -36,8 +36,8 @@ struct Geometry {
   int max_waves = 1;           // split candidates aim at up to this many CTAs per slot
   int64_t max_items = 0, max_jobs = 0, max_partials = 0;
   // Workspace byte offsets (256-aligned) and total.
-  size_t off_offence = 0, off_items = 0, off_jobs = 0, off_caps = 0, off_part_lse = 0,
-         off_part_o = 0, bytes = 0;
+  size_t off_offence = 0, off_items = 0, off_jobs = 0, off_job_done = 0, off_caps = 0,
+         off_part_lse = 0, off_part_o = 0, bytes = 0;
 };
 
 // What the device offers the main kernel (launch.cu queries it).
@@ -49,6 +49,11 @@ struct DeviceLimits {
 
 // Throws msa::Error naming the limit when the shape exceeds what the kernels support.
 Geometry geometry(const DecodeShape& s, const DeviceLimits& d);
+
+// Testing hook (tests/cuda/test_decode_gpu.cu): later geometry() calls use CTAs of `warps`
+// warps (4 only where rows_max <= kNarrowRows) instead of the heuristic; 0 restores it. Not
+// thread-safe; plan and run under the same setting.
+void force_cta_warps(int warps);
 
 struct WorkList {
   std::vector<DecodeItem> items;  // launch order: larger items first

@@ -1,7 +1,8 @@
 // Device-side checks of the decode kernels (DESIGN.md s.9): a request's cu_seqlens_q entries and
 // lengths against the plan, q2k ids and page ids. Offences are folded into one 64-bit key with
 // atomicMin, so the reported offence is the first in a fixed order whatever the CTA timing;
-// the combine kernel's finalize turns the key into the status buffer and re-arms it.
+// finalize_status (the grid's last CTA, or status_kernel) turns the key into the status buffer
+// and re-arms it.
 #pragma once
 
 #include <climits>
@@ -66,7 +67,7 @@ __device__ __forceinline__ Request load_request(const DecodeParams& p, int b, bo
 
 // Writes the first offence into the status buffer (unless it already holds one) and re-arms the
 // key for the next run. One thread, once every main-kernel CTA has arrived (arrive_and_finalize),
-// or the combine kernel when there is no main kernel.
+// or status_kernel when there is no main kernel.
 __device__ __forceinline__ void finalize_status(const DecodeParams& p) {
   unsigned long long key = *p.offence;
   if (key == kNoOffence && p.batch == 0 && (p.cu_seqlens_q[0] != 0 || p.total_q != 0))
@@ -123,7 +124,7 @@ __device__ __forceinline__ void finalize_status(const DecodeParams& p) {
 
 // Every thread of a main-kernel CTA, at its exit: the last CTA of the grid to arrive finalizes
 // the status and re-arms the counter (threadfence-reduction pattern), which saves run() a second
-// launch when no request is split.
+// launch.
 __device__ __forceinline__ void arrive_and_finalize(const DecodeParams& p) {
   __threadfence();  // this thread's offence reports are visible before the CTA arrives
   __syncthreads();
