@@ -180,7 +180,9 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const Segment& 
 // Epilogue of one row group's S tile for block kb: kb_off = kb * total_q (the scores offset of
 // block kb); k: the thread's key scales of the block (read only with kPerKey). FP8: score = qs * max_j(dot_j * ks_j) for scales >= 0; per-key scales
 // multiply each value, a per-tensor key scale joins the query scale after the max.
-template <Elem kElem, bool kPerKey>
+// kFused (p.scores == nullptr) is the caller's loop flag: a runtime test here kept the other
+// path's code and branches in each loop, ~10 instructions per tile on the unfused FP8 loop.
+template <Elem kElem, bool kPerKey, bool kFused>
 __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, const float (&s)[64],
                                          const SegRows& sr, int kb, int64_t kb_off, int lane,
                                          const float2 (&k)[16], int sel_slot) {
@@ -201,7 +203,7 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
       if (m[u] != -INFINITY) m[u] *= sr.qk[u];  // no visible key stays -inf, even at scale 0
   }
   // Lane 0 of the quad writes both rows: its maxima are the ones the previous epilogue stored.
-  if (p.scores != nullptr) {
+  if constexpr (!kFused) {
     if ((lane & 3) == 0) {
       if (sr.out[0] != nullptr) sr.out[0][kb_off] = m[0];
       if (sr.out[1] != nullptr) sr.out[1][kb_off] = m[1];

@@ -108,8 +108,8 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     sm90::mbar_arrive(&sh.sel_full[it % kSelRing]);
   };
   auto epi = [&](const float(&acc)[64], const SegRows& sr, int64_t kb_off, int it) {
-    if (per_key) epilogue<kElem, true>(p, sh, acc, sr, kb, kb_off, lane, ksc, it % kSelRing);
-    else epilogue<kElem, false>(p, sh, acc, sr, kb, kb_off, lane, ksc, it % kSelRing);
+    if (per_key) epilogue<kElem, true, kFused>(p, sh, acc, sr, kb, kb_off, lane, ksc, it % kSelRing);
+    else epilogue<kElem, false, kFused>(p, sh, acc, sr, kb, kb_off, lane, ksc, it % kSelRing);
   };
   if constexpr (kAcc == 0) {
     for (int it = 0; it < n; ++it) {
