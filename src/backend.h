@@ -44,11 +44,13 @@ void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t s
 void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
 
 // Decode (src/cuda/decode/; only in CUDA builds, api/decode.cpp guards the calls). plan writes
-// the split-KV work list into the workspace and returns its size; run launches the main kernel
-// and the combine on `stream` without allocating or synchronizing.
+// the split-KV work list into the workspace and returns its size and geometry; run launches the
+// main kernel (which also combines split requests) on `stream` without allocating or
+// synchronizing.
 struct DecodeWork {
   int64_t items = 0, jobs = 0;
   int sm_count = 0;
+  int warps = 0;  // the planned CTA width, so run() rebuilds exactly the planned geometry
 };
 size_t decode_workspace_bytes(const DecodeShape& s);
 DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, const Tensor& workspace,

@@ -109,7 +109,7 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
 }  // namespace
 
 size_t decode_workspace_bytes(const DecodeShape& s) {
-  return decode::geometry(s, device_limits(s.device, sm_count(s.device))).bytes;
+  return decode::workspace_bytes(s, device_limits(s.device, sm_count(s.device)));
 }
 
 DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, const Tensor& workspace,
@@ -117,6 +117,7 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
   DecodeWork w;
   w.sm_count = sm_count(s.device);
   const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count));
+  w.warps = g.warps;
   std::vector<int64_t> lengths(s.batch, int64_t(s.max_pages) * s.page_size);
   if (seqused_k_host)
     for (int b = 0; b < s.batch; ++b) lengths[b] = seqused_k_host[b];
@@ -153,7 +154,7 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
 
 void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& w,
                 const Tensor& workspace, cudaStream_t stream) {
-  const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count));
+  const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count), w.warps);
   const DecodeParams p = make_params(a, s, g, w, workspace);
   const bool f16 = a.q.dtype == DType::f16;
   if (s.kv_dtype == DType::fp8_e4m3) {

@@ -78,7 +78,8 @@ Candidate evaluate(const std::vector<int64_t>& tiles, int64_t c, int hkv, const 
 
 }  // namespace
 
-Geometry geometry(const DecodeShape& s, const DeviceLimits& d) {
+Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
+  MSA_CHECK(warps == 0 || warps == 4 || warps == 8, "decode geometry: width 0, 4 or 8, got ", warps);
   MSA_CHECK(s.head_dim == kHeadDim, "decode shape: CUDA decode needs head_dim ", kHeadDim,
             ", got ", s.head_dim);
   Geometry g;
@@ -115,7 +116,8 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d) {
   // session 5 runs 2-4).
   const int64_t unit_ctas = int64_t(s.batch) * g.chunks * s.num_kv_heads;
   g.warps = g.rows_max <= kNarrowRows && unit_ctas >= 4 * int64_t(g.sm_count) ? 4 : 8;
-  if (forced_warps != 0) g.warps = forced_warps == 4 && g.rows_max <= kNarrowRows ? 4 : 8;
+  const int fixed = warps != 0 ? warps : forced_warps;
+  if (fixed != 0) g.warps = fixed == 4 && g.rows_max <= kNarrowRows ? 4 : 8;
   if (g.warps == 4) {
     const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
     const size_t cta = (fp8 ? smem_bytes<true, 4>(g.bitmap_words) : smem_bytes<false, 4>(g.bitmap_words)) +
@@ -153,6 +155,11 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d) {
   g.off_part_o = take(size_t(g.max_partials) * hkv * g.rows_max * kHeadDim * sizeof(float));
   g.bytes = off;
   return g;
+}
+
+size_t workspace_bytes(const DecodeShape& s, const DeviceLimits& d) {
+  const Geometry wide = geometry(s, d, 8);
+  return wide.rows_max <= kNarrowRows ? std::max(wide.bytes, geometry(s, d, 4).bytes) : wide.bytes;
 }
 
 void force_cta_warps(int warps) {

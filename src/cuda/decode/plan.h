@@ -47,12 +47,17 @@ struct DeviceLimits {
   size_t smem_reserved_cta = 0;  // shared memory the driver reserves per CTA
 };
 
-// Throws msa::Error naming the limit when the shape exceeds what the kernels support.
-Geometry geometry(const DecodeShape& s, const DeviceLimits& d);
+// Throws msa::Error naming the limit when the shape exceeds what the kernels support. `warps`:
+// the CTA width (4 or 8; run() passes the planned one), or 0 for the heuristic (or the testing
+// hook below).
+Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps = 0);
 
-// Testing hook (tests/cuda/test_decode_gpu.cu): later geometry() calls use CTAs of `warps`
-// warps (4 only where rows_max <= kNarrowRows) instead of the heuristic; 0 restores it. Not
-// thread-safe; plan and run under the same setting.
+// Workspace bytes that cover the plan of either CTA width.
+size_t workspace_bytes(const DecodeShape& s, const DeviceLimits& d);
+
+// Testing hook (tests/cuda/test_decode_gpu.cu): later geometry() calls without a width use CTAs
+// of `warps` warps (4 only where rows_max <= kNarrowRows) instead of the heuristic; 0 restores
+// it. Not thread-safe; a plan keeps the width it was made with.
 void force_cta_warps(int warps);
 
 struct WorkList {

@@ -1,0 +1,148 @@
+// The CUDA decode planner (src/cuda/decode/plan.cpp), host code that needs no device: the CTA
+// width heuristic and CTAs per SM on the benchmark shapes (H200 limits), and, over random shapes
+// and lengths with either width, that the split-KV work list covers every (request, query chunk)
+// unit's tiles exactly once in contiguous items, that its jobs and partial slots are consistent,
+// and that it fits the workspace the shape alone sizes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+
+#include "cuda/decode/plan.h"
+#include "msa/error.h"
+
+namespace msa::cuda::decode {
+namespace {
+
+const DeviceLimits kH200{132, 233472, 1024};  // SMs, smem per SM, reserved per CTA
+
+DecodeShape shape(int batch, int queries, int64_t keys, int topk, DType kv = DType::bf16) {
+  DecodeShape s;
+  s.batch = batch;
+  s.max_queries_per_request = queries;
+  s.num_q_heads = 64;
+  s.num_kv_heads = 4;
+  s.page_size = 128;
+  s.max_pages = int((keys + 127) / 128);
+  s.topk = topk;
+  s.kv_dtype = kv;
+  return s;
+}
+
+TEST(DecodePlan, WidthOnBenchmarkShapes) {
+  struct Case {
+    const char* name;
+    DecodeShape s;
+    int warps, ctas_per_sm;
+  };
+  const Case cases[] = {
+      {"DEC-B32", shape(32, 1, 16384, 16), 8, 1},
+      {"DEC-B32-dense", shape(32, 1, 16384, 0), 8, 1},
+      {"DEC-MTP bf16", shape(30, 8, 67584, 16), 4, 2},
+      {"DEC-MTP fp8", shape(30, 8, 67584, 16, DType::fp8_e4m3), 4, 2},
+      {"DEC-SKEW", shape(30, 8, 270336, 16), 4, 2},
+      {"DEC-B2048", shape(2048, 1, 4096, 16), 4, 2},
+      {"dense, 8 queries x G 16 = 128 rows", shape(512, 8, 4096, 0), 8, 1},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Geometry g = geometry(c.s, kH200);
+    EXPECT_EQ(g.warps, c.warps);
+    EXPECT_EQ(g.ctas_per_sm, c.ctas_per_sm);
+    EXPECT_EQ(g.slots, 132 * c.ctas_per_sm);
+    EXPECT_LE(g.bytes, workspace_bytes(c.s, kH200));
+  }
+  // A forced width holds where the rows allow it, and a fixed one overrides the hook.
+  force_cta_warps(4);
+  EXPECT_EQ(geometry(shape(32, 1, 16384, 16), kH200).warps, 4);
+  EXPECT_EQ(geometry(shape(512, 8, 4096, 0), kH200).warps, 8);  // 128 rows need 8 warps
+  EXPECT_EQ(geometry(shape(32, 1, 16384, 16), kH200, 8).warps, 8);
+  force_cta_warps(0);
+  EXPECT_THROW(force_cta_warps(5), Error);
+  EXPECT_THROW(geometry(shape(32, 1, 16384, 16), kH200, 6), Error);
+}
+
+// Checks the work list of `s` (width `warps`) for `lengths` against the geometry's bounds.
+void expect_valid_work_list(const DecodeShape& s, int warps, const std::vector<int64_t>& lengths) {
+  const Geometry g = geometry(s, kH200, warps);
+  ASSERT_LE(g.bytes, workspace_bytes(s, kH200));
+  const WorkList w = build_work_list(s, g, lengths);
+  EXPECT_LE(int64_t(w.items.size()), g.max_items);
+  EXPECT_LE(int64_t(w.jobs.size()), g.max_jobs);
+  EXPECT_LE(w.partials, g.max_partials);
+  ASSERT_EQ(int(w.key_cap.size()), s.batch);
+  for (int b = 0; b < s.batch; ++b) {
+    const int64_t all = int64_t(s.max_pages) * s.page_size;
+    EXPECT_EQ(w.key_cap[b], std::min(all, (lengths[b] + 127) / 128 * 128)) << "request " << b;
+  }
+  // Items per unit: contiguous from tile 0, none empty unless the unit is one empty item.
+  std::map<std::pair<int, int>, std::vector<DecodeItem>> units;
+  std::set<int> partials;
+  for (const DecodeItem& it : w.items) {
+    ASSERT_GE(it.batch, 0);
+    ASSERT_LT(it.batch, s.batch);
+    ASSERT_GE(it.chunk, 0);
+    ASSERT_LT(it.chunk, g.chunks);
+    units[{it.batch, it.chunk}].push_back(it);
+    if (it.partial >= 0) {
+      EXPECT_TRUE(partials.insert(it.partial).second) << "partial slot " << it.partial << " twice";
+      EXPECT_LT(it.partial, w.partials);
+    }
+  }
+  EXPECT_EQ(int64_t(units.size()), int64_t(s.batch) * g.chunks) << "every unit has items";
+  for (auto& [key, items] : units) {
+    std::sort(items.begin(), items.end(),
+              [](const DecodeItem& a, const DecodeItem& b) { return a.tile_begin < b.tile_begin; });
+    EXPECT_EQ(items.front().tile_begin, 0);
+    for (size_t i = 1; i < items.size(); ++i)
+      EXPECT_EQ(items[i].tile_begin, items[i - 1].tile_end) << "unit (" << key.first << ", "
+                                                            << key.second << ")";
+    if (items.size() == 1) {
+      EXPECT_EQ(items[0].partial, -1);
+      EXPECT_EQ(items[0].job, -1);
+      continue;
+    }
+    // A split unit: one job naming it, its splits' partial slots in order.
+    const int job = items[0].job;
+    ASSERT_GE(job, 0);
+    ASSERT_LT(job, int(w.jobs.size()));
+    const CombineJob& j = w.jobs[job];
+    EXPECT_EQ(j.batch, key.first);
+    EXPECT_EQ(j.chunk, key.second);
+    EXPECT_EQ(j.num_splits, int(items.size()));
+    for (size_t i = 0; i < items.size(); ++i) {
+      EXPECT_GT(items[i].tile_end, items[i].tile_begin) << "empty split";
+      EXPECT_EQ(items[i].job, job);
+      EXPECT_EQ(items[i].partial, j.first_partial + int(i));
+    }
+  }
+}
+
+TEST(DecodePlan, WorkListsCoverEveryUnitOnce) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int batch = 1 + int(rng() % (trial % 10 == 0 ? 3000 : 40));
+    const int queries = 1 + int(rng() % 9);
+    const int64_t keys = 1 + int64_t(rng() % 300000);
+    const int topk = trial % 2 == 0 ? 0 : 1 + int(rng() % 64);
+    DecodeShape s = shape(batch, queries, keys, topk, trial % 3 == 0 ? DType::fp8_e4m3 : DType::bf16);
+    const int g = 1 << (rng() % 5);  // G 1..16
+    s.num_kv_heads = 1 + int(rng() % 4);
+    s.num_q_heads = g * s.num_kv_heads;
+    s.kv_block_size = trial % 4 == 1 ? 64 : 128;
+    std::vector<int64_t> lengths(batch);
+    for (int64_t& l : lengths)
+      l = rng() % 5 == 0 ? 0 : int64_t(rng() % (int64_t(s.max_pages) * s.page_size + 1));
+    for (int warps : {4, 8}) {
+      SCOPED_TRACE(testing::Message() << "trial " << trial << ": B " << batch << " q " << queries
+                                      << " keys " << keys << " topk " << topk << " G " << g
+                                      << " width " << warps);
+      expect_valid_work_list(s, warps, lengths);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace msa::cuda::decode
