@@ -76,20 +76,46 @@ for step in $steps; do
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/bench_sparse.json" \
         --dump /tmp/msa_dump --iters ${ITERS:-10} --warmup 2 > "$OUT/bench_sparse.log" 2>&1;
         summary+=("bench_sparse_fwd rc=$?"); } ;;
-    ab)  # variants from scripts/build_ab.sh: each one's test_sparse_fwd at MSA_TEST_SMALL=1, then
-         # the prefill cases with their correctness checks, variants interleaved twice so drift
-         # hits them alike
+    ab)  # variants from scripts/build_ab.sh (whatever TARGETS each folder holds): every test_*
+         # binary in full, then racecheck on it at MSA_TEST_SMALL=1 (a variant that changes
+         # synchronization must stay clean), then each benchmark program with its correctness
+         # checks, variants interleaved twice so drift hits them alike (bench_sparse_fwd: the
+         # three prefill cases; bench_indexer: --fp8 0 and 1; bench_decode: every case)
       for d in "$BIN"/ab/*/; do
-        v=$(basename "$d"); lim=$(left 60); (( lim == 0 )) && break
-        MSA_TEST_SMALL=1 timeout $lim "$d/test_sparse_fwd" > "$OUT/ab_test_$v.log" 2>&1
-        summary+=("ab $v tests rc=$? $(passed "$OUT/ab_test_$v.log")")
+        v=$(basename "$d")
+        for t in "$d"test_*; do
+          [[ -x $t ]] || continue
+          tn=$(basename "$t"); lim=$(left 150); (( lim == 0 )) && break
+          timeout $lim "$t" > "$OUT/ab_${v}_$tn.log" 2>&1
+          summary+=("ab $v $tn rc=$? $(passed "$OUT/ab_${v}_$tn.log")")
+          lim=$(left 120); (( lim == 0 )) && break
+          MSA_TEST_SMALL=1 timeout $lim compute-sanitizer --tool racecheck --error-exitcode 9 "$t" \
+            > "$OUT/ab_${v}_race_$tn.log" 2>&1
+          summary+=("ab $v racecheck $tn rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/ab_${v}_race_$tn.log" | tail -1)")
+        done
       done
       for round in 1 2; do
         for d in "$BIN"/ab/*/; do
-          v=$(basename "$d"); lim=$(left 90); (( lim == 0 )) && break
-          timeout $lim "$d/bench_sparse_fwd" --case P8K-tok --case P32K-blk --case P32K-tok \
-            --iters 10 --warmup 2 > "$OUT/ab_${v}_$round.log" 2>&1
-          summary+=("ab $v round $round: $(awk '/median/ {for (i = 1; i <= NF; ++i) if ($i == "median") printf "%s %s ms  ", $1, $(i + 1)}' "$OUT/ab_${v}_$round.log")")
+          v=$(basename "$d")
+          if [[ -x $d/bench_sparse_fwd ]]; then
+            lim=$(left 90); (( lim == 0 )) && break
+            timeout $lim "$d/bench_sparse_fwd" --case P8K-tok --case P32K-blk --case P32K-tok \
+              --iters 10 --warmup 2 > "$OUT/ab_${v}_sparse_$round.log" 2>&1
+            summary+=("ab $v round $round: $(awk '/median/ {for (i = 1; i <= NF; ++i) if ($i == "median") printf "%s %s ms  ", $1, $(i + 1)}' "$OUT/ab_${v}_sparse_$round.log")")
+          fi
+          if [[ -x $d/bench_indexer ]]; then
+            for fp8 in 0 1; do
+              lim=$(left 90); (( lim == 0 )) && break
+              timeout $lim "$d/bench_indexer" --fp8 $fp8 > "$OUT/ab_${v}_indexer${fp8}_$round.log" 2>&1
+              summary+=("ab $v round $round: $(awk '/^IDX/ && !/topk/ {printf "%s %s %s ms  ", $1, $2, $3}' "$OUT/ab_${v}_indexer${fp8}_$round.log")")
+            done
+          fi
+          if [[ -x $d/bench_decode ]]; then
+            lim=$(left 120); (( lim == 0 )) && break
+            timeout $lim "$d/bench_decode" --iters 30 \
+              > "$OUT/ab_${v}_decode_$round.log" 2>&1
+            summary+=("ab $v round $round: $(awk '/median/ {for (i = 1; i <= NF; ++i) if ($i == "median") printf "%s %s %s us  ", $1, $2, $(i + 1)}' "$OUT/ab_${v}_decode_$round.log")")
+          fi
         done
       done ;;
     peers)

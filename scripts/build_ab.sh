@@ -2,7 +2,7 @@
 # Builds TARGETS (default: bench_sparse_fwd test_sparse_fwd) for main and for each wip/<name>
 # patch series named on the command line, into build-device-bin/ab/<name>/ (main:
 # build-device-bin/ab/main/), so one device call can A/B them (`bench/device_session.sh ab` runs
-# the prefill pair; carry build-device-bin/ab). Builds incrementally in BUILD (default build-me)
+# each folder's tests, racecheck on them and its benchmarks; carry build-device-bin/ab). Builds incrementally in BUILD (default build-me)
 # on a throwaway branch per series and returns the tree to the branch it started on; the working
 # tree must be clean.
 #   scripts/build_ab.sh combine-seg uniform-lpt
