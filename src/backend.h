@@ -48,7 +48,7 @@ void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
 // main kernel (which also combines split requests) on `stream` without allocating or
 // synchronizing.
 struct DecodeWork {
-  int64_t items = 0, jobs = 0;
+  int64_t items = 0;
   int sm_count = 0;
   int warps = 0;  // the planned CTA width, so run() rebuilds exactly the planned geometry
 };

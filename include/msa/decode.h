@@ -58,7 +58,7 @@ class DecodePlan {
   Tensor workspace_{};
   bool planned_ = false;
   // CUDA: size of the work list plan() wrote, the SM count it was balanced for and its CTA width.
-  int64_t num_items_ = 0, num_jobs_ = 0;
+  int64_t num_items_ = 0;
   int sm_count_ = 0, warps_ = 0;
 };
 

@@ -159,7 +159,6 @@ void DecodePlan::plan(const DecodeShape& shape, const int32_t* seqused_k_host,
 #ifdef MSA_WITH_CUDA
     const cuda::DecodeWork w = cuda::decode_plan(shape, seqused_k_host, workspace, stream);
     num_items_ = w.items;
-    num_jobs_ = w.jobs;
     sm_count_ = w.sm_count;
     warps_ = w.warps;
 #else
@@ -179,8 +178,8 @@ void DecodePlan::run(const AttentionArgs& args, cudaStream_t stream) const {
   if (!args.q.is_cuda()) return attention_forward(args, stream);
   check_cuda_run_args(args, shape_.kv_block_size);
 #ifdef MSA_WITH_CUDA
-  cuda::decode_run(args, shape_, cuda::DecodeWork{num_items_, num_jobs_, sm_count_, warps_},
-                   workspace_, stream);
+  cuda::decode_run(args, shape_, cuda::DecodeWork{num_items_, sm_count_, warps_}, workspace_,
+                   stream);
 #else
   no_cuda_build();
 #endif

@@ -5,8 +5,8 @@
 //
 // FP8 KV runs f16 MMAs on the e4m3 values converted exactly in registers (ptx.cuh, one cvt per
 // pair: 3 instructions per 4 K bytes, 4 per 4 V bytes; the per-tensor scales apply to S and O in
-// fp32). With kp = 8 warps splitting each stage's keys (the 16-row sparse CTAs), every element
-// is converted once per CTA. Its contraction order over d differs from bf16's so that one
+// fp32). With the warps of a 16-row CTA (sparse) splitting each stage's keys, every element is
+// converted once per CTA. Its contraction order over d differs from bf16's so that one
 // ldmatrix of fp8 bytes feeds whole k-steps: q_dim and o_dim say which head-dim element each
 // fragment register holds.
 #pragma once

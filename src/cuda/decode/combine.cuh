@@ -1,8 +1,8 @@
 // Split-KV combine of the decode, inside the main kernel: every split CTA of a (request, query
 // chunk) writes its f32 partial, and the last of them to finish (a per-(job, kv head) counter,
 // the threadfence-reduction pattern) merges all of them in split order, exactly in fp32 and
-// without atomics on the data, into out / lse. So run() needs no second kernel, whose launch and
-// drain cost ~10-15 us per call (RESULTS.md, session 5 run 3). Without a main kernel (no items),
+// without atomics on the data, into out / lse. run() thus launches one kernel (measured at the
+// two-kernel version's time, RESULTS.md session 5 run 4). Without a main kernel (no items),
 // status_kernel finalizes the status instead. Included by kernel.cuh and launch_kernels.cuh.
 #pragma once
 

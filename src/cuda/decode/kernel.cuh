@@ -16,7 +16,7 @@
 namespace msa::cuda::decode {
 
 template <typename TQ, bool kFp8, int kW>
-__global__ void __launch_bounds__(32 * kW, kW == 4 ? 2 : 1)
+__global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
     decode_kernel(const __grid_constant__ DecodeParams p) {
   using Tr = Traits<kFp8, kW>;
   extern __shared__ __align__(128) uint8_t smem[];

@@ -79,7 +79,6 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.status = a.status.ptr<int32_t>();
 
   p.num_items = w.items;
-  p.num_jobs = w.jobs;
   p.batch = s.batch;
   p.total_q = int32_t(a.q.shape[0]);
   p.num_kv_heads = s.num_kv_heads;
@@ -148,7 +147,6 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
   // The host vectors die with this call; plan() may synchronize.
   MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
   w.items = int64_t(list.items.size());
-  w.jobs = int64_t(list.jobs.size());
   return w;
 }
 

@@ -29,7 +29,7 @@ struct TileSource {
 // row % 8, so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
 template <bool kFp8>
 __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
-  return uint32_t(row * (kFp8 ? kHeadDim : 2 * kHeadDim) + ((chunk ^ (row & 7)) << 4));
+  return uint32_t(row * kKVRowBytes<kFp8> + ((chunk ^ (row & 7)) << 4));
 }
 
 // The rows of a stage one thread copies: warp w covers rows [w R, w R + R), R = kRowsPerWarp;

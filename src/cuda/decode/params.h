@@ -50,16 +50,16 @@ struct DecodeParams {
 
   // Workspace (plan.h layout).
   const DecodeItem* items = nullptr;      // [num_items]
-  const CombineJob* jobs = nullptr;       // [num_jobs]
+  const CombineJob* jobs = nullptr;       // [jobs of the plan]
   const int32_t* key_cap = nullptr;       // [B] keys of each request the plan covers
   float* part_o = nullptr;                // [partials, Hkv, rows_max, 128] f32, normalised
   float* part_lse = nullptr;              // [partials, Hkv, rows_max] f32, log2 units
   unsigned long long* offence = nullptr;  // first device-side offence (status.cuh), ~0 = none
   unsigned int* done = nullptr;           // main-kernel CTAs finished this run (status.cuh)
-  unsigned int* job_done = nullptr;       // [num_jobs, Hkv] splits finished this run (combine.cuh)
+  unsigned int* job_done = nullptr;       // [jobs, Hkv] splits finished this run (combine.cuh)
   int32_t* status = nullptr;              // int32[4] (common.h)
 
-  int64_t num_items = 0, num_jobs = 0;
+  int64_t num_items = 0;
   int32_t batch = 0, total_q = 0, num_kv_heads = 0, group = 1, group_shift = 0;
   int32_t topk = 0, kv_block_size = 128, block_shift = 7;
   int32_t page_size = 0, page_shift = 0, max_pages = 0, num_pages = 0;

@@ -16,12 +16,14 @@ namespace msa::cuda::decode {
 
 constexpr int kOutStride = kHeadDim + 8;  // f32 row stride of the merge scratch: no bank conflicts
 
+template <bool kFp8>
+constexpr int kKVRowBytes = kFp8 ? kHeadDim : 2 * kHeadDim;  // one K or V row in a stage
+
 template <bool kFp8, int kW>
 struct Traits {
-  static constexpr int kWarps = kW;
   static constexpr int kThreads = 32 * kW;
   static constexpr int kMaxRows = 16 * kW;                          // 16-row tiles, one per warp
-  static constexpr int kRowBytes = kFp8 ? kHeadDim : 2 * kHeadDim;  // one K or V row
+  static constexpr int kRowBytes = kKVRowBytes<kFp8>;
   static constexpr int kChunks = kRowBytes / 16;                    // 16-byte chunks per row
   // A pipeline stage holds K then V of kStageKeys consecutive key slots of the item, 8 KB per
   // warp (64 KB for 8 warps, 32 KB for 4), and each loop step (one barrier, one softmax update
