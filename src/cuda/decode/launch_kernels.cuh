@@ -34,11 +34,11 @@ void launch(const DecodeParams& p, cudaStream_t stream) {
   if (grid == 0)
     status_kernel<TQ><<<1, 32, 0, stream>>>(p);
   else if (p.warps == 4)
-    decode_kernel<TQ, kFp8, 4><<<grid, Traits<kFp8, 4>::kThreads, smem_bytes<kFp8, 4>(p.bitmap_words),
-                                 stream>>>(p);
+    decode_kernel<TQ, kFp8, 4>
+        <<<grid, Traits<kFp8, 4>::kThreads, smem_bytes<kFp8, 4>(p.bitmap_words), stream>>>(p);
   else
-    decode_kernel<TQ, kFp8, 8><<<grid, Traits<kFp8, 8>::kThreads, smem_bytes<kFp8, 8>(p.bitmap_words),
-                                 stream>>>(p);
+    decode_kernel<TQ, kFp8, 8>
+        <<<grid, Traits<kFp8, 8>::kThreads, smem_bytes<kFp8, 8>(p.bitmap_words), stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
