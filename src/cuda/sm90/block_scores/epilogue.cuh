@@ -178,8 +178,9 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const Segment& 
 }
 
 // Epilogue of one row group's S tile for block kb: kb_off = kb * total_q (the scores offset of
-// block kb); k: the thread's key scales of the block (read only with kPerKey). FP8: score = qs * max_j(dot_j * ks_j) for scales >= 0; per-key scales
-// multiply each value, a per-tensor key scale joins the query scale after the max.
+// block kb); k: the thread's key scales of the block (read only with kPerKey). FP8: score =
+// qs * max_j(dot_j * ks_j) for scales >= 0; per-key scales multiply each value, a per-tensor key
+// scale joins the query scale after the max.
 // kFused (p.scores == nullptr) is the caller's loop flag: a runtime test here kept the other
 // path's code and branches in each loop, ~10 instructions per tile on the unfused FP8 loop.
 template <Elem kElem, bool kPerKey, bool kFused>

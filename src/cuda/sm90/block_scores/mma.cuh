@@ -98,12 +98,12 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   // Fused: item it's group maxima go to selector ring slot it % kSelRing; every thread that runs
   // epilogues waits for the slot to be free before the item's wgmma and arrives once the item's
   // epilogues have written it (run_selector reads it).
-  constexpr bool fused = kFused;  // p.scores == nullptr, a loop of its own for each
+  // kFused: p.scores == nullptr (run_consumer runs a loop of its own for each).
   auto sel_acquire = [&](int it) {
-    if (fused) sm90::mbar_wait(&sh.sel_empty[it % kSelRing], uint32_t(((it / kSelRing) & 1) ^ 1));
+    if constexpr (kFused) sm90::mbar_wait(&sh.sel_empty[it % kSelRing], uint32_t(((it / kSelRing) & 1) ^ 1));
   };
   auto sel_publish = [&](int it) {
-    if (!fused) return;
+    if constexpr (!kFused) return;
     if (consumer == 0 && warp == 0 && lane == 0) sh.sel[it % kSelRing].kb = kb;
     sm90::mbar_arrive(&sh.sel_full[it % kSelRing]);
   };
