@@ -7,18 +7,19 @@
 #pragma once
 
 #include "cuda/decode/epilogue.cuh"
+#include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {
 
 // Merges the job's num_splits partials of the `rows` rows of kv head h (queries from token t0)
-// into out / lse. A CTA of kThreads threads; the partials were written by other CTAs of this
-// grid, so they are read through L2 (ld.global.cg), never from a stale L1 line.
+// into out / lse. kThreads threads, this one number tid of them; the partials were written by
+// other CTAs of this grid, so they are read through L2 (ld.global.cg), never from a stale L1 line.
 template <typename TQ, int kThreads>
 __device__ __forceinline__ void combine_job(const DecodeParams& p, const CombineJob& job, int h,
-                                            int rows, int64_t t0) {
+                                            int rows, int64_t t0, int tid) {
   const int64_t split_stride = int64_t(p.num_kv_heads) * p.rows_max;  // rows between splits
   const int64_t first = (int64_t(job.first_partial) * p.num_kv_heads + h) * p.rows_max;
-  for (int idx = threadIdx.x; idx < rows * 32; idx += kThreads) {
+  for (int idx = tid; idx < rows * 32; idx += kThreads) {
     const int r = idx >> 5, d = (idx & 31) * 4;
     float m = -INFINITY;
     for (int s = 0; s < job.num_splits; ++s) m = fmaxf(m, __ldcg(p.part_lse + first + s * split_stride + r));
@@ -44,23 +45,25 @@ __device__ __forceinline__ void combine_job(const DecodeParams& p, const Combine
   }
 }
 
-// After a split CTA wrote its partial (whole CTA): counts it, and the job's last split merges the
-// job and re-arms the counter for the next run. Every split of a job sees the same request, so
-// either all of them arrive or (a request that fails its checks) none does.
+// After a split CTA's kThreads consumer threads (this one tid; named barrier `bar`) wrote its
+// partial: counts it, and the job's last split merges the job and re-arms the counter for the
+// next run. Every split of a job sees the same request, so either all of them arrive or (a
+// request that fails its checks) none does. `flag`: a shared int for the broadcast.
 template <typename TQ, int kThreads>
 __device__ __forceinline__ void finish_split(const DecodeParams& p, int job_index, int h, int rows,
-                                             int64_t t0) {
+                                             int64_t t0, int tid, uint32_t bar, int* flag) {
   __threadfence();  // this CTA's partial is visible device-wide before it is counted
-  __syncthreads();
-  bool mine = false;
-  if (threadIdx.x == 0) {
+  sm90::named_sync(bar, kThreads);
+  if (tid == 0) {
     unsigned int* count = p.job_done + int64_t(job_index) * p.num_kv_heads + h;
-    mine = atomicAdd(count, 1u) == unsigned(p.jobs[job_index].num_splits) - 1;
-    if (mine) *count = 0;
+    const bool last = atomicAdd(count, 1u) == unsigned(p.jobs[job_index].num_splits) - 1;
+    if (last) *count = 0;
+    *flag = last;
   }
-  if (!__syncthreads_or(mine)) return;
+  sm90::named_sync(bar, kThreads);
+  if (!*flag) return;
   __threadfence();  // the other splits' partials, counted before ours, are read after this
-  combine_job<TQ, kThreads>(p, p.jobs[job_index], h, rows, t0);
+  combine_job<TQ, kThreads>(p, p.jobs[job_index], h, rows, t0, tid);
 }
 
 // No main-kernel CTA ran (no items): one thread writes the status a main kernel would have.

@@ -69,12 +69,12 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kFp8>& w, const Me
 
 // Merges the kp key partitions (scratch rows k * 16 nrt + r) of each of the `rows` rows and
 // writes them: out / lse when partial < 0, else partial slot `partial`. v_mult: V dequant factor.
-// A CTA of kThreads threads.
+// kThreads threads, this one number tid of them.
 template <typename TQ, int kThreads>
 __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const MergeSmem& s, int rows,
                                                 int nrt, int kp, int partial, int h, int64_t t0,
-                                                float v_mult) {
-  for (int idx = threadIdx.x; idx < rows * 32; idx += kThreads) {
+                                                float v_mult, int tid) {
+  for (int idx = tid; idx < rows * 32; idx += kThreads) {
     const int r = idx >> 5, d = (idx & 31) * 4;
     float m = -INFINITY;
     for (int k = 0; k < kp; ++k) m = fmaxf(m, s.m[k * 16 * nrt + r]);

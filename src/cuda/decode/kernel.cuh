@@ -1,19 +1,24 @@
-// The decode main kernel: one CTA per (work item, kv head). It checks its request, builds the
-// sparse union (union.cuh), streams the item's key slots through a cp.async pipeline of stages
-// (load.cuh), lets each warp attend its (row tile, key partition) share of every stage
-// (attend.cuh) and merges the warps (epilogue.cuh); the last split of a request merges the splits
-// (combine.cuh) and the last CTA to finish writes the status (status.cuh). Included by
-// launch_kernels.cuh only.
+// The decode main kernel: one CTA per (work item, kv head). It checks its request and builds the
+// sparse union (union.cuh, all threads); then the producer warpgroup streams the item's key slots
+// into a ring of stages (load.cuh: page lookups and cp.async, each stage's arrival on its `full`
+// mbarrier), while the consumer warps attend their (row tile, key partition) share of every stage
+// (attend.cuh) and free it on its `empty` mbarrier; the consumers merge (epilogue.cuh), the last
+// split of a request merges the splits (combine.cuh) and the last CTA to finish writes the status
+// (status.cuh). Included by launch_kernels.cuh only.
 //
-// Warp roles: rows = queries x G (<= 16 kW) form nrt 16-row tiles; the kW warps split as
-// nrt row tiles x kp key partitions (kp the largest power of two <= kW / nrt), warp w taking
-// row tile w % nrt and keys [kpi * S / kp, ...) of every stage of S slots, kpi = w / nrt.
+// Consumer roles: rows = queries x G (<= 16 kW) form nrt 16-row tiles; the kW consumer warps
+// split as nrt row tiles x kp key partitions (kp the largest power of two <= kW / nrt), warp w
+// taking row tile w % nrt and keys [kpi * S / kp, ...) of every stage of S slots, kpi = w / nrt.
 #pragma once
 
 #include "cuda/decode/combine.cuh"
 #include "cuda/decode/union.cuh"
+#include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {
+
+constexpr uint32_t kConsumerBarrier = 1;  // named barriers (0 is __syncthreads)
+constexpr uint32_t kExitBarrier = 2;
 
 template <typename TQ, bool kFp8, int kW>
 __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
@@ -36,6 +41,17 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
 
   const uint32_t pipe = smem_u32(smem);
   int* slot_key = reinterpret_cast<int*>(smem + Tr::kPipeBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes);
+  uint64_t* empty = full + Tr::kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Tr::kStages; ++s) {
+      // Each producer thread arrives twice per fill: once plainly after its slot-key stores
+      // (release), once by cp.async.mbarrier.arrive when its copies land.
+      sm90::mbar_init(&full[s], 2 * Tr::kProducerThreads);
+      sm90::mbar_init(&empty[s], kW);  // lane 0 of every consumer warp
+    }
+    sm90::fence_barrier_init();
+  }
   TileSource src;
   src.b = item.batch;
   src.h = h;
@@ -44,42 +60,50 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int epb = kTileKeys >> p.block_shift;  // sparse: union entries per tile
   int last_tile;                               // tiles at or past it hold no key
   if (p.q2k) {
-    const UnionSmem u = union_smem(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes, p.bitmap_words);
+    const UnionSmem u =
+        union_smem(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes, p.bitmap_words);
     src.e0 = item.tile_begin * epb;
-    src.union_size = build_union<kW>(p, u, h, t0, nq, rq.lk, src.e0, item.tile_end * epb);
+    src.union_size = build_union<Tr::kThreads / 32>(p, u, h, t0, nq, rq.lk, src.e0, item.tile_end * epb);
     src.ids = u.ids;
     masks = u.masks;
     last_tile = (src.union_size + epb - 1) / epb;
   } else {
+    __syncthreads();  // the barrier init
     last_tile = (rq.lk + kTileKeys - 1) / kTileKeys;
   }
   const int tiles = max(0, min(item.tile_end, last_tile) - item.tile_begin);
   const int s0 = item.tile_begin * kTileKeys;  // the item's first slot
   src.slot_end = s0 + tiles * kTileKeys;
-
-  // Pipeline steps: one stage of kStageKeys consecutive slots each; the slots of a last stage
-  // past the item are zero-filled with key -1 (lookup_stage) and skipped by the math.
+  // Steps: one stage of kStageKeys consecutive slots each; the slots of a last stage past the
+  // item are zero-filled with key -1 (lookup_stage) and skipped by the math.
   constexpr int kS = Tr::kStageKeys;
   const int steps = (tiles * kTileKeys + kS - 1) / kS;
 
-  // Prologue: the page-table reads of the first kStages - 1 stages in flight together, then
-  // their copies; then the reads of the next stage, consumed by the first loop iteration.
-  StageRows<kFp8, kW> first[Tr::kStages - 1], ahead;
-#pragma unroll
-  for (int s = 0; s < Tr::kStages - 1; ++s)
-    if (s < steps) lookup_stage(p, src, s0 + s * kS, first[s]);
-#pragma unroll
-  for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if (s < steps) issue_stage(p, src, first[s], pipe + s * Tr::kStageBytes, slot_key + s * kS);
-    cp_async_commit();
+  if (threadIdx.x < Tr::kProducerThreads) {
+    sm90::regs_dealloc<Tr::kProducerRegs>();
+    // The next stage's page-table reads are in flight while this one waits for its slot.
+    StageRows<kFp8, kW> cur, next;
+    if (steps > 0) lookup_stage(p, src, s0, cur);
+    for (int it = 0; it < steps; ++it) {
+      const int stage = it % Tr::kStages;
+      if (it + 1 < steps) lookup_stage(p, src, s0 + (it + 1) * kS, next);
+      if (it >= Tr::kStages) sm90::mbar_wait(&empty[stage], uint32_t(it / Tr::kStages - 1) & 1u);
+      issue_stage(p, src, cur, pipe + stage * Tr::kStageBytes, slot_key + stage * kS);
+      sm90::mbar_arrive(&full[stage]);
+      sm90::cp_async_mbar_arrive(&full[stage]);
+      cur = next;
+    }
+    arrive_and_finalize(p, false, false, kExitBarrier, Tr::kThreads);
+    return;
   }
-  if (Tr::kStages - 1 < steps) lookup_stage(p, src, s0 + (Tr::kStages - 1) * kS, ahead);
 
+  sm90::regs_alloc<Tr::kConsumerRegs>();
+  const int tid = threadIdx.x - Tr::kProducerThreads;  // consumer thread index
   const int nrt = (rows + 15) >> 4;
   const int kp_max = kW / nrt;
   const int kp = kp_max >= 8 ? 8 : kp_max >= 4 ? 4 : kp_max >= 2 ? 2 : 1;
   const int kw = kS / kp;  // keys per warp per stage: 16..256
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = tid >> 5, lane = tid & 31;
   const bool active = warp < nrt * kp;
   const int rt = warp % nrt, kpi = warp / nrt;
   const float k_mult = kFp8 && p.k_scale ? *p.k_scale : 1.f;
@@ -88,42 +112,39 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   load_q(w, p, active ? rt : 0, active ? rows : 0, t0, h, q0, rq.lq, rq.lk, k_mult);
 
   for (int it = 0; it < steps; ++it) {
-    cp_async_wait<Tr::kStages - 2>();
-    __syncthreads();  // stage it landed for all threads; stage (it - 1) % kStages is free
-    const int next = it + Tr::kStages - 1;
-    if (next < steps)
-      issue_stage(p, src, ahead, pipe + (next % Tr::kStages) * Tr::kStageBytes,
-                  slot_key + (next % Tr::kStages) * kS);
-    cp_async_commit();
-    if (next + 1 < steps) lookup_stage(p, src, s0 + (next + 1) * kS, ahead);
-    if (!active) continue;
     const int stage = it % Tr::kStages, slot0 = s0 + it * kS;
-    const uint32_t k_stage = pipe + stage * Tr::kStageBytes;
-    const int* sk = slot_key + stage * kS;
-    for (int kb = kpi * kw; kb < (kpi + 1) * kw; kb += 64) {
-      if (slot0 + kb >= src.slot_end) break;  // past the item (a last, partial stage)
-      const int nn = min(8, kw / 8);
-      bool sel0 = true, sel1 = true;
-      if (masks) {  // the union entry of the window's slots
-        const uint32_t m = masks[((slot0 + kb) >> p.block_shift) - src.e0];
-        sel0 = (m & w.qbit[0]) != 0;
-        sel1 = (m & w.qbit[1]) != 0;
+    sm90::mbar_wait(&full[stage], uint32_t(it / Tr::kStages) & 1u);
+    if (active) {
+      const uint32_t k_stage = pipe + stage * Tr::kStageBytes;
+      const int* sk = slot_key + stage * kS;
+      for (int kb = kpi * kw; kb < (kpi + 1) * kw; kb += 64) {
+        if (slot0 + kb >= src.slot_end) break;  // past the item (a last, partial stage)
+        const int nn = min(8, kw / 8);
+        bool sel0 = true, sel1 = true;
+        if (masks) {  // the union entry of the window's slots
+          const uint32_t m = masks[((slot0 + kb) >> p.block_shift) - src.e0];
+          sel0 = (m & w.qbit[0]) != 0;
+          sel1 = (m & w.qbit[1]) != 0;
+        }
+        const bool has_key = (lane < 8 * nn && sk[kb + lane] >= 0) ||
+                             (lane + 32 < 8 * nn && sk[kb + lane + 32] >= 0);
+        if (!__any_sync(0xffffffffu, has_key) || !__any_sync(0xffffffffu, sel0 || sel1)) continue;
+        attend(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1);
       }
-      const bool has_key = (lane < 8 * nn && sk[kb + lane] >= 0) ||
-                           (lane + 32 < 8 * nn && sk[kb + lane + 32] >= 0);
-      if (!__any_sync(0xffffffffu, has_key) || !__any_sync(0xffffffffu, sel0 || sel1)) continue;
-      attend(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1);
     }
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(&empty[stage]);
   }
-  cp_async_wait<0>();
-  __syncthreads();  // pipeline drained: its smem becomes the merge scratch
-
+  // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
+  // scratch once all consumers are past their last step.
+  sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
   const MergeSmem ms = merge_smem(smem, Tr::kMaxRows);
   if (active) store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2));
-  __syncthreads();
-  merge_and_write<TQ, Tr::kThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult);
-  if (item.partial >= 0) finish_split<TQ, Tr::kThreads>(p, item.job, h, rows, t0);
-  arrive_and_finalize(p);
+  sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
+  merge_and_write<TQ, Tr::kConsumerThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult, tid);
+  if (item.partial >= 0)
+    finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid, kConsumerBarrier, slot_key);
+  arrive_and_finalize(p, true, tid == 0, kExitBarrier, Tr::kThreads);
 }
 
 }  // namespace msa::cuda::decode

@@ -1,6 +1,6 @@
 // Producer side of the decode kernel: one pipeline stage (K and V of kStageKeys consecutive key
-// slots of the item, traits.h) from the page pool into shared memory with 16-byte cp.async, every
-// thread taking part. Slots without a key (past the length, past the union or the item, bad page
+// slots of the item, traits.h) from the page pool into shared memory with 16-byte cp.async by the
+// producer warpgroup's 128 threads. Slots without a key (past the length, past the union or the item, bad page
 // id) are zero-filled and marked -1 in slot_key, so no byte of an unused page slot ever reaches
 // the math. Used by kernel.cuh.
 #pragma once
@@ -32,9 +32,10 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
   return uint32_t(row * kKVRowBytes<kFp8> + ((chunk ^ (row & 7)) << 4));
 }
 
-// The rows of a stage one thread copies: warp w covers rows [w R, w R + R), R = kRowsPerWarp;
+// The rows of a stage one producer thread copies: warp w covers rows [w R, w R + R), R =
+// kRowsPerWarp;
 // kLanesPerRow lanes share a row and each copies 4 of its 16-byte chunks, so a copy instruction
-// reads whole 32-byte sectors and a thread looks up and addresses only 2 rows per stage (the
+// reads whole 32-byte sectors and a thread looks up and addresses only 2 or 4 rows per stage (the
 // per-row page lookup and 64-bit address math dominate the issue cost).
 template <bool kFp8, int kW>
 struct StageRows {
@@ -42,7 +43,7 @@ struct StageRows {
   static constexpr int kChunksPerLane = 4;
   static constexpr int kLanesPerRow = Tr::kChunks / kChunksPerLane;  // bf16 4, fp8 2
   static constexpr int kRowsPerPass = 32 / kLanesPerRow;             // bf16 8, fp8 16
-  static constexpr int kPasses = Tr::kRowsPerWarp / kRowsPerPass;    // 2
+  static constexpr int kPasses = Tr::kRowsPerWarp / kRowsPerPass;    // 4 warps: 2; 8: 4
   static_assert(Tr::kRowsPerWarp % kRowsPerPass == 0, "StageRows: whole passes per warp");
   int key[kPasses];   // logical key of the row, -1 for none
   int page[kPasses];  // its page id as read from the page table (checked at issue)

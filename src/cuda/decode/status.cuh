@@ -125,15 +125,30 @@ __device__ __forceinline__ void finalize_status(const DecodeParams& p) {
 // Every thread of a main-kernel CTA, at its exit: the last CTA of the grid to arrive finalizes
 // the status and re-arms the counter (threadfence-reduction pattern), which saves run() a second
 // launch.
-__device__ __forceinline__ void arrive_and_finalize(const DecodeParams& p) {
-  __threadfence();  // this thread's offence reports are visible before the CTA arrives
-  __syncthreads();
-  if (threadIdx.x != 0) return;
+__device__ __forceinline__ void count_cta_done(const DecodeParams& p) {
   if (atomicAdd(p.done, 1u) == gridDim.x - 1) {
     __threadfence();
     finalize_status(p);
     *p.done = 0;
   }
+}
+__device__ __forceinline__ void arrive_and_finalize(const DecodeParams& p) {
+  __threadfence();  // this thread's offence reports are visible before the CTA arrives
+  __syncthreads();
+  if (threadIdx.x == 0) count_cta_done(p);
+}
+// The same after the role split (kernel.cuh): every thread of the CTA calls it, `waits` for the
+// threads that meet at named barrier `bar` (all `threads` of the CTA arrive there), and `leader`,
+// one of the waiting threads, counts the CTA.
+__device__ __forceinline__ void arrive_and_finalize(const DecodeParams& p, bool waits, bool leader,
+                                                    uint32_t bar, uint32_t threads) {
+  __threadfence();
+  if (!waits) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(bar), "r"(threads) : "memory");
+    return;
+  }
+  asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(threads) : "memory");
+  if (leader) count_cta_done(p);
 }
 
 }  // namespace msa::cuda::decode

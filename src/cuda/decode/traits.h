@@ -2,13 +2,16 @@
 // pipeline depth and the shared-memory plan. Read by decode/kernel.cuh, decode/launch.cu and the
 // planner (plan.cpp sizes CTAs per SM from smem_bytes).
 //
-// Two CTA widths (plan.cpp picks one per plan): 8 warps for up to 128 query rows (dense
-// multi-query), one CTA per SM; 4 warps for up to 64 rows (sparse, and dense with few queries),
-// with half the stage bytes so that two CTAs share an SM and one's prologue (union build, first
-// loads) and epilogue (merge, partial write) hide behind the other's streaming.
+// A CTA is one producer warpgroup (page lookups and cp.async copies of every stage, at few
+// registers) and kW consumer warps (the math, at many), handing stages over by mbarriers, so a
+// consumer's step is its math alone. Two widths (plan.cpp picks one per plan): 8 consumer warps
+// for up to 128 query rows (dense multi-query), one CTA per SM; 4 for up to 64 rows, with half
+// the stage bytes so that two CTAs share an SM and one's prologue (union build, first loads) and
+// epilogue (merge, partial write) hide behind the other's streaming.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "cuda/decode/plan.h"
 
@@ -21,7 +24,14 @@ constexpr int kKVRowBytes = kFp8 ? kHeadDim : 2 * kHeadDim;  // one K or V row i
 
 template <bool kFp8, int kW>
 struct Traits {
-  static constexpr int kThreads = 32 * kW;
+  static constexpr int kConsumerThreads = 32 * kW;
+  static constexpr int kProducerThreads = 128;                      // warpgroup 0
+  static constexpr int kThreads = kProducerThreads + kConsumerThreads;
+  // Registers after setmaxnreg: 4 consumer warps launch 2 CTAs per SM at 128 registers
+  // (128 x 56 + 128 x 200 = 2 x 128 x 128); 8 launch one at 168 (128 x 72 + 256 x 216 <= 64K).
+  // Fewer producer registers spill its lookahead (ptxas).
+  static constexpr uint32_t kProducerRegs = kW == 4 ? 56 : 72;
+  static constexpr uint32_t kConsumerRegs = kW == 4 ? 200 : 216;
   static constexpr int kMaxRows = 16 * kW;                          // 16-row tiles, one per warp
   static constexpr int kRowBytes = kKVRowBytes<kFp8>;
   static constexpr int kChunks = kRowBytes / 16;                    // 16-byte chunks per row
@@ -35,8 +45,8 @@ struct Traits {
   static constexpr int kStageBytes = kW * 8 * 1024;
   static constexpr int kStageKeys = kStageBytes / (2 * kRowBytes);
   static constexpr int kStageKBytes = kStageKeys * kRowBytes;       // K of a stage; V follows
-  // Each warp copies kRowsPerWarp rows of every stage (bf16 16, fp8 32; load.cuh).
-  static constexpr int kRowsPerWarp = kStageKeys / kW;
+  // Each producer warp copies kRowsPerWarp rows of every stage (load.cuh).
+  static constexpr int kRowsPerWarp = kStageKeys / 4;
   // Pipeline depth: kStages - 1 stages in flight while one is consumed, per SM 128 KB with
   // either width (one 8-warp CTA or two 4-warp CTAs): enough to cover HBM latency at a 1/132
   // share of the bandwidth (~32 KB in flight needed). 8 warps: 3 x 64 KB = 192 KB (+ slot keys +
@@ -44,6 +54,7 @@ struct Traits {
   static constexpr int kStages = 3;
   static constexpr size_t kPipeBytes = size_t(kStages) * kStageBytes;
   static constexpr size_t kSlotKeyBytes = size_t(kStages) * kStageKeys * sizeof(int);
+  static constexpr size_t kBarrierBytes = 2 * size_t(kStages) * sizeof(uint64_t);  // full, empty
   // Merge scratch (reuses the pipeline after the last stage): O rows of every warp plus (m, l).
   static constexpr size_t kMergeBytes =
       size_t(kMaxRows) * kOutStride * sizeof(float) + 2 * size_t(kMaxRows) * sizeof(float);
@@ -58,10 +69,12 @@ struct Traits {
                 "Traits: stages and 128-slot tiles nest");
 };
 
-// Dynamic shared memory of one CTA: pipeline, slot keys, then (sparse) the union scratch.
+// Dynamic shared memory of one CTA: pipeline, slot keys, stage barriers, then (sparse) the union
+// scratch.
 template <bool kFp8, int kW>
 constexpr size_t smem_bytes(int bitmap_words) {
   return Traits<kFp8, kW>::kPipeBytes + Traits<kFp8, kW>::kSlotKeyBytes +
+         Traits<kFp8, kW>::kBarrierBytes +
          (bitmap_words > 0 ? size_t(2 * kMaxItemEntries + 2 * bitmap_words + 64) * sizeof(int) : 0);
 }
 
