@@ -48,7 +48,10 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
       // Each producer thread arrives twice per fill: once plainly after its slot-key stores
       // (release), once by cp.async.mbarrier.arrive when its copies land.
       sm90::mbar_init(&full[s], 2 * Tr::kProducerThreads);
-      sm90::mbar_init(&empty[s], kW);  // lane 0 of every consumer warp
+      // Every consumer thread: each reader's own release orders its reads of the stage before
+      // the producer's next copies into it (with lane 0 alone after __syncwarp, racecheck
+      // reported the copies racing the other lanes' ldmatrix reads, session 5 run 9).
+      sm90::mbar_init(&empty[s], Tr::kConsumerThreads);
     }
     sm90::fence_barrier_init();
   }
@@ -132,8 +135,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
         attend(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1);
       }
     }
-    __syncwarp();
-    if (lane == 0) sm90::mbar_arrive(&empty[stage]);
+    sm90::mbar_arrive(&empty[stage]);
   }
   // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
   // scratch once all consumers are past their last step.
