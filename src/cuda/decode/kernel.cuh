@@ -2,9 +2,9 @@
 // sparse union (union.cuh, all threads); then the producer warpgroup streams the item's key slots
 // into a ring of stages (load.cuh: page lookups and cp.async, each stage's arrival on its `full`
 // mbarrier), while the consumer warps attend their (row tile, key partition) share of every stage
-// (attend.cuh) and free it on its `empty` mbarrier; the consumers merge (epilogue.cuh), the last
-// split of a request merges the splits (combine.cuh) and the last CTA to finish writes the status
-// (status.cuh). Included by launch_kernels.cuh only.
+// (attend.cuh) and free it by arriving at its named barrier; the consumers merge (epilogue.cuh),
+// the last split of a request merges the splits (combine.cuh) and the last CTA to finish writes
+// the status (status.cuh). Included by launch_kernels.cuh only.
 //
 // Consumer roles: rows = queries x G (<= 16 kW) form nrt 16-row tiles; the kW consumer warps
 // split as nrt row tiles x kp key partitions (kp the largest power of two <= kW / nrt), warp w
@@ -19,11 +19,31 @@ namespace msa::cuda::decode {
 
 constexpr uint32_t kConsumerBarrier = 1;  // named barriers (0 is __syncthreads)
 constexpr uint32_t kExitBarrier = 2;
+// Stage s is freed through named barrier kEmptyBarrier + s: every consumer thread arrives
+// (bar.arrive: release, no wait) after its reads of the stage, and the producer threads sync
+// there (acquire) before copying into it again. One hardware barrier per stage instead of an
+// mbarrier that 128-256 threads arrive at one by one (session 5 run 10: DEC-B32-dense 271 ->
+// 328 us with per-thread mbarrier arrivals), and unlike lane 0 arriving after __syncwarp (run 9)
+// each reader's own release orders its reads (racecheck).
+constexpr uint32_t kEmptyBarrier = 3;  // 3 .. 3 + kStages - 1
+
+// Named-barrier ids must be constants for ptxas to count 3 + kStages barriers, not all 16.
+template <bool kSync>
+__device__ __forceinline__ void empty_barrier(int stage, uint32_t threads) {
+  const auto op = [threads](uint32_t id) {
+    if constexpr (kSync) sm90::named_sync(id, threads);
+    else sm90::named_arrive(id, threads);
+  };
+  if (stage == 0) op(kEmptyBarrier);
+  else if (stage == 1) op(kEmptyBarrier + 1);
+  else op(kEmptyBarrier + 2);
+}
 
 template <typename TQ, bool kFp8, int kW>
 __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
     decode_kernel(const __grid_constant__ DecodeParams p) {
   using Tr = Traits<kFp8, kW>;
+  static_assert(Tr::kStages == 3, "decode_kernel: empty_barrier has one case per stage");
   extern __shared__ __align__(128) uint8_t smem[];
   const int hkv = p.num_kv_heads;
   const int64_t item_index = blockIdx.x / hkv;
@@ -42,16 +62,11 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const uint32_t pipe = smem_u32(smem);
   int* slot_key = reinterpret_cast<int*>(smem + Tr::kPipeBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes);
-  uint64_t* empty = full + Tr::kStages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       // Each producer thread arrives twice per fill: once plainly after its slot-key stores
       // (release), once by cp.async.mbarrier.arrive when its copies land.
       sm90::mbar_init(&full[s], 2 * Tr::kProducerThreads);
-      // Every consumer thread: each reader's own release orders its reads of the stage before
-      // the producer's next copies into it (with lane 0 alone after __syncwarp, racecheck
-      // reported the copies racing the other lanes' ldmatrix reads, session 5 run 9).
-      sm90::mbar_init(&empty[s], Tr::kConsumerThreads);
     }
     sm90::fence_barrier_init();
   }
@@ -90,7 +105,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
     for (int it = 0; it < steps; ++it) {
       const int stage = it % Tr::kStages;
       if (it + 1 < steps) lookup_stage(p, src, s0 + (it + 1) * kS, next);
-      if (it >= Tr::kStages) sm90::mbar_wait(&empty[stage], uint32_t(it / Tr::kStages - 1) & 1u);
+      if (it >= Tr::kStages) empty_barrier<true>(stage, Tr::kThreads);
       issue_stage(p, src, cur, pipe + stage * Tr::kStageBytes, slot_key + stage * kS);
       sm90::mbar_arrive(&full[stage]);
       sm90::cp_async_mbar_arrive(&full[stage]);
@@ -135,7 +150,9 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
         attend(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1);
       }
     }
-    sm90::mbar_arrive(&empty[stage]);
+    // The producer syncs only before steps it + kStages < steps: the last stages' arrivals would
+    // leave a barrier generation open at exit.
+    if (it + Tr::kStages < steps) empty_barrier<false>(stage, Tr::kThreads);
   }
   // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
   // scratch once all consumers are past their last step.

@@ -54,7 +54,7 @@ struct Traits {
   static constexpr int kStages = 3;
   static constexpr size_t kPipeBytes = size_t(kStages) * kStageBytes;
   static constexpr size_t kSlotKeyBytes = size_t(kStages) * kStageKeys * sizeof(int);
-  static constexpr size_t kBarrierBytes = 2 * size_t(kStages) * sizeof(uint64_t);  // full, empty
+  static constexpr size_t kBarrierBytes = size_t(kStages) * sizeof(uint64_t);  // full
   // Merge scratch (reuses the pipeline after the last stage): O rows of every warp plus (m, l).
   static constexpr size_t kMergeBytes =
       size_t(kMaxRows) * kOutStride * sizeof(float) + 2 * size_t(kMaxRows) * sizeof(float);
