@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
     const UnionSmem u =
         union_smem(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes, p.bitmap_words);
     src.e0 = item.tile_begin * epb;
-    src.union_size = build_union<Tr::kThreads / 32>(p, u, h, t0, nq, rq.lk, src.e0, item.tile_end * epb);
+    src.union_size =
+        build_union<Tr::kThreads / 32>(p, u, h, t0, nq, rq.lk, src.e0, item.tile_end * epb);
     src.ids = u.ids;
     masks = u.masks;
     last_tile = (src.union_size + epb - 1) / epb;
@@ -162,7 +163,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
   merge_and_write<TQ, Tr::kConsumerThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult, tid);
   if (item.partial >= 0)
-    finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid, kConsumerBarrier, slot_key);
+    finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid, kConsumerBarrier,
+                                           slot_key);
   arrive_and_finalize(p, true, tid == 0, kExitBarrier, Tr::kThreads);
 }
 

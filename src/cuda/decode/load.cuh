@@ -1,8 +1,8 @@
 // Producer side of the decode kernel: one pipeline stage (K and V of kStageKeys consecutive key
 // slots of the item, traits.h) from the page pool into shared memory with 16-byte cp.async by the
-// producer warpgroup's 128 threads. Slots without a key (past the length, past the union or the item, bad page
-// id) are zero-filled and marked -1 in slot_key, so no byte of an unused page slot ever reaches
-// the math. Used by kernel.cuh.
+// producer warpgroup's 128 threads. Slots without a key (past the length, past the union or the
+// item, bad page id) are zero-filled and marked -1 in slot_key, so no byte of an unused page slot
+// ever reaches the math. Used by kernel.cuh.
 #pragma once
 
 #include <cstdint>
@@ -33,10 +33,9 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
 }
 
 // The rows of a stage one producer thread copies: warp w covers rows [w R, w R + R), R =
-// kRowsPerWarp;
-// kLanesPerRow lanes share a row and each copies 4 of its 16-byte chunks, so a copy instruction
-// reads whole 32-byte sectors and a thread looks up and addresses only 2 or 4 rows per stage (the
-// per-row page lookup and 64-bit address math dominate the issue cost).
+// kRowsPerWarp; kLanesPerRow lanes share a row and each copies 4 of its 16-byte chunks, so a copy
+// instruction reads whole 32-byte sectors and a thread looks up and addresses only 2 or 4 rows per
+// stage (the per-row page lookup and 64-bit address math dominate the issue cost).
 template <bool kFp8, int kW>
 struct StageRows {
   using Tr = Traits<kFp8, kW>;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/decode/params.h"
+#include "cuda/device/sm90.cuh"
 #include "msa/common.h"
 
 namespace msa::cuda::decode {
@@ -122,9 +123,9 @@ __device__ __forceinline__ void finalize_status(const DecodeParams& p) {
   p.status[0] = s[0];
 }
 
-// Every thread of a main-kernel CTA, at its exit: the last CTA of the grid to arrive finalizes
-// the status and re-arms the counter (threadfence-reduction pattern), which saves run() a second
-// launch.
+// One thread per main-kernel CTA, once the CTA is done: the last CTA of the grid to arrive
+// finalizes the status and re-arms the counter (threadfence-reduction pattern), which saves run()
+// a second launch.
 __device__ __forceinline__ void count_cta_done(const DecodeParams& p) {
   if (atomicAdd(p.done, 1u) == gridDim.x - 1) {
     __threadfence();
@@ -132,6 +133,7 @@ __device__ __forceinline__ void count_cta_done(const DecodeParams& p) {
     *p.done = 0;
   }
 }
+// Every thread of a main-kernel CTA, at its exit (before the role split).
 __device__ __forceinline__ void arrive_and_finalize(const DecodeParams& p) {
   __threadfence();  // this thread's offence reports are visible before the CTA arrives
   __syncthreads();
@@ -144,10 +146,10 @@ __device__ __forceinline__ void arrive_and_finalize(const DecodeParams& p, bool 
                                                     uint32_t bar, uint32_t threads) {
   __threadfence();
   if (!waits) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(bar), "r"(threads) : "memory");
+    sm90::named_arrive(bar, threads);
     return;
   }
-  asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(threads) : "memory");
+  sm90::named_sync(bar, threads);
   if (leader) count_cta_done(p);
 }
 
