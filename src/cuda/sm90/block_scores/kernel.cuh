@@ -3,7 +3,8 @@
 // (fused: scores never reach memory). Roles: producer warp (TMA: Q once, then K blocks through a
 // kStages ring; flat K by lane 0, paged K one box per lane), two consumer warpgroups (wgmma
 // S = Q K^T, mask, row max, then the score store or, fused, the group max into the selector
-// ring) and, fused, the selectors (producer warps 1 and 2, one thread per token: run_selector).
+// ring); fused, the selectors (producer warps 1 and 2, one thread per token: run_selector);
+// unfused, the -inf stores past each segment's blocks (producer warps 1-3: fill_tail).
 // Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus each producer lane's
 // cp.async arrival for FP8 per-key scales), k_empty[s] (lane 0 of each of the 8 consumer warps;
 // every consumer thread when it reads staged key scales), sel_full[s] / sel_empty[s] (the fused
@@ -47,8 +48,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
     if (threadIdx.x < 32) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
-    else if (threadIdx.x < 32 + kSelectors && p.scores == nullptr)
-      run_selector(p, sh, t0, t1, threadIdx.x - 32);
+    else if (p.scores == nullptr) {
+      if (threadIdx.x < 32 + kSelectors) run_selector(p, sh, t0, t1, threadIdx.x - 32);
+    } else {
+      fill_tail(p, h, t0, t1, threadIdx.x / 32 - 1, 3, threadIdx.x & 31);
+    }
   } else {
     sm90::regs_alloc<kConsumerRegs>();
     run_consumer<kElem, kRowGroups>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);

@@ -211,10 +211,7 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   };
   if (fused) consume(std::true_type{});
   else consume(std::false_type{});
-  if (!fused) {
-    fill_tail(p, h, t0, t1, consumer, warp, lane);
-    return;
-  }
+  if (!fused) return;  // the producer warpgroup's warps 1-3 write the -inf tail (fill_tail)
   sm90::named_sync(kSelectBarrier, kConsumers * 128 + kSelectors);  // the selectors are done
   const int cw = consumer * 4 + warp;  // 0..7 over both consumers
   for (int tok = cw; tok < p.tokens_per_cta; tok += kConsumers * 4) {
