@@ -87,13 +87,30 @@ __device__ __forceinline__ float scale_at(const float* scale, int kind, int64_t 
   }
 }
 
-// Group max over the G heads of one token (rows tok*G .. tok*G+G-1 are adjacent): lane bits 2-4
-// index rows lane/4 within an 8-row half. NaN heads are skipped (CPU: fmax), like top-K's rule.
-__device__ __forceinline__ float group_max_half(float m, int group) {
-  if (group >= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-  if (group >= 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-  if (group >= 8) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-  return m;
+// Group max over the G heads of each token (rows tok*G .. tok*G+G-1 are adjacent) of this
+// thread's two rows (m: rows lane/4 and lane/4 + 8; lane bits 2-4 index rows within an 8-row
+// half); every lane of a token's rows ends with it. NaN heads are skipped (CPU: fmax), like
+// top-K's rule. G = 16: one token spans both halves, so the halves merge first and one chain of
+// three shuffle rounds follows. Otherwise both halves' chains run interleaved, a round past the
+// group's size keeping its value (a uniform select, no branch): the two chains behind per-round
+// branches were six dependent shuffle rounds per tile (ncu, session 6 run 2).
+__device__ __forceinline__ void group_max(const float (&m)[2], int group, float (&g)[2]) {
+  if (group == 16) {
+    float x = fmaxf(m[0], m[1]);
+#pragma unroll
+    for (int step = 4; step <= 16; step *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, step));
+    g[0] = g[1] = x;
+    return;
+  }
+  g[0] = m[0];
+  g[1] = m[1];
+#pragma unroll
+  for (int step = 4; step <= 16; step *= 2) {  // rows lane/4 ^ step/4 join when G >= step/2
+    const float o0 = __shfl_xor_sync(0xffffffffu, g[0], step);
+    const float o1 = __shfl_xor_sync(0xffffffffu, g[1], step);
+    g[0] = group >= step / 2 ? fmaxf(g[0], o0) : g[0];
+    g[1] = group >= step / 2 ? fmaxf(g[1], o1) : g[1];
+  }
 }
 
 // Streams candidate block kb of a token into its best-`want` list (the token's selector thread,
@@ -211,16 +228,16 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
     }
     return;
   }
-  float g0 = group_max_half(m[0], p.group), g1 = group_max_half(m[1], p.group);
-  if (p.group == 16) g0 = g1 = fmaxf(g0, g1);  // one token spans both 8-row halves
+  float g[2];
+  group_max(m, p.group, g);
   if ((lane & 3) == 0) {  // into the selector ring (run_selector); the caller holds the slot
     SelSlot& slot = sh.sel[sel_slot];
     if (sr.pick[0] >= 0) {
-      slot.val[sr.pick[0] % kMaxTokens] = g0;
+      slot.val[sr.pick[0] % kMaxTokens] = g[0];
       slot.ok[sr.pick[0] % kMaxTokens] = sr.pick[0] < kMaxTokens;
     }
     if (sr.pick[1] >= 0) {
-      slot.val[sr.pick[1] % kMaxTokens] = g1;
+      slot.val[sr.pick[1] % kMaxTokens] = g[1];
       slot.ok[sr.pick[1] % kMaxTokens] = sr.pick[1] < kMaxTokens;
     }
   }
