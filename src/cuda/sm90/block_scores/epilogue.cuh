@@ -163,7 +163,7 @@ struct SegRows {
 // Rows of row group r held by this thread in segment `seg` (row lane/4 + 8 u of the warp's 16).
 // Also reports negative FP8 scales, with the arguments the per-block check used to give.
 template <Elem kElem>
-__device__ __forceinline__ SegRows segment_rows(const Params& p, const Segment& seg, int64_t h,
+__device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds& seg, int64_t h,
                                                 int64_t t0, int r, int warp, int lane) {
   SegRows sr;
   int vis_last = INT_MAX;

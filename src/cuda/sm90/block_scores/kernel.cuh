@@ -9,8 +9,8 @@
 // cp.async arrival for FP8 per-key scales), k_empty[s] (lane 0 of each of the 8 consumer warps;
 // every consumer thread when it reads staged key scales), sel_full[s] / sel_empty[s] (the fused
 // path's ring of group maxima: consumer threads that run epilogues / the 64 selector threads);
-// named barriers 2 and 3 pass the turn to issue wgmma between the consumer warpgroups
-// (ping-pong), 4 holds the consumers until the selectors' last offers (fused).
+// named barrier 4 holds the consumers until the selectors' last offers (fused). Each consumer
+// warpgroup pipelines its two row groups' wgmmas under its own epilogues (mma.cuh).
 #pragma once
 
 #include "cuda/sm90/block_scores/load.cuh"

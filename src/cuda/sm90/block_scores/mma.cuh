@@ -11,7 +11,6 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-constexpr uint32_t kTurnBarrier = 2;      // 2, 3: consumer 0's / 1's turn to issue wgmma
 constexpr uint32_t kSelectBarrier = 4;    // fused: consumers wait for the selectors' last offers
 
 // wgmma descriptor of the K-major 128-byte-swizzled tile `byte_off` bytes past the one `d`
@@ -65,8 +64,8 @@ __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, 
 
 // The block loop of a consumer warpgroup with kAcc (0, 1 or 2) row groups. Everything that
 // decides where a wgmma is issued or waited on is fixed at compile time or a loop bound, never
-// a branch inside the loop, and accumulators never live across iterations: otherwise ptxas
-// serializes every wgmma of the kernel (C7514 / C7518 / C7520). What the epilogue needs of the
+// a branch inside the loop, and no wgmma is in flight across an iteration's end: otherwise
+// ptxas serializes every wgmma of the kernel (C7514 / C7517 / C7518 / C7520). What the epilogue needs of the
 // thread's rows is computed once per batch segment (segment_rows), never per block; the stage
 // and phase are 32-bit counters.
 template <Elem kElem, int kAcc, bool kFused>
@@ -78,15 +77,18 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   const int n = __reduce_max_sync(0xffffffffu, int(count_items(p, t0, t1)));  // < 2^31 items
   const int consumer = __reduce_max_sync(0xffffffffu, consumer_in);
   const bool per_key = per_key_scales<kElem>(p);  // the epilogue reads the stage's key scales
-  ItemIter iter(p, t0, t1);
+  ItemCursor iter(p, t0, t1);
   int stage = 0, kb = 0;
   uint32_t phase = 0;
   bool fresh = false;
   const uint64_t k_desc0 = tile_desc(sh.k[0]);  // stage s: + s * kKBlockBytes
-  auto k_ready = [&]() {
-    sm90::mbar_wait(&sh.k_full[stage], phase);
+  auto k_stage = [&]() {  // descriptor of the current stage's K block
     const int s = __reduce_max_sync(0xffffffffu, stage);  // uniform again (see n)
     return desc_offset(k_desc0, uint32_t(s) * kKBlockBytes);
+  };
+  auto k_ready = [&]() {
+    sm90::mbar_wait(&sh.k_full[stage], phase);
+    return k_stage();
   };
   auto advance = [&]() {
     if (++stage == kStages) {
@@ -102,14 +104,17 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   auto sel_acquire = [&](int it) {
     if constexpr (kFused) sm90::mbar_wait(&sh.sel_empty[it % kSelRing], uint32_t(((it / kSelRing) & 1) ^ 1));
   };
-  auto sel_publish = [&](int it) {
+  auto sel_publish = [&](int it, int blk) {
     if constexpr (!kFused) return;
-    if (consumer == 0 && warp == 0 && lane == 0) sh.sel[it % kSelRing].kb = kb;
+    if (consumer == 0 && warp == 0 && lane == 0) sh.sel[it % kSelRing].kb = blk;
     sm90::mbar_arrive(&sh.sel_full[it % kSelRing]);
   };
-  auto epi = [&](const float(&acc)[64], const SegRows& sr, int64_t kb_off, int it) {
-    if (per_key) epilogue<kElem, true, kFused>(p, sh, acc, sr, kb, kb_off, lane, ksc, it % kSelRing);
-    else epilogue<kElem, false, kFused>(p, sh, acc, sr, kb, kb_off, lane, ksc, it % kSelRing);
+  // Epilogue of item it (block blk) for one row group. Scores offset of block blk: total_q < 2^31
+  // (launch.cu), one 32 x 32 -> 64-bit multiply.
+  auto epi = [&](const float(&acc)[64], const SegRows& sr, int blk, int it) {
+    const int64_t blk_off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
+    if (per_key) epilogue<kElem, true, kFused>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing);
+    else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing);
   };
   if constexpr (kAcc == 0) {
     for (int it = 0; it < n; ++it) {
@@ -130,46 +135,78 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       sm90::wgmma_wait<0>();
       fence_acc(acc0);
       release(sh, stage, lane, per_key);
-      iter.next(kb, fresh);
-      if (fresh) sr0 = segment_rows<kElem>(p, iter.segment(), h, t0, consumer, warp, lane);
-      epi(acc0, sr0, int64_t(uint64_t(uint32_t(kb)) * uint32_t(p.total_q)), it);
-      sel_publish(it);
+      SegBounds seg;
+      iter.next(kb, fresh, seg);
+      if (fresh) sr0 = segment_rows<kElem>(p, seg, h, t0, consumer, warp, lane);
+      epi(acc0, sr0, kb, it);
+      sel_publish(it, kb);
       advance();
     }
   } else {
-    // Ping-pong: the warpgroups take turns issuing their two S tiles (named barriers
-    // kTurnBarrier + consumer), so one warpgroup's epilogue runs under the other's wgmma.
+    // Two row groups, software-pipelined across items: while the epilogue of one row group runs,
+    // the wgmma of the other is in flight (item it-1's second tile during item it's first
+    // epilogue, item it's second tile during its own first epilogue), so the warpgroup's chain
+    // per item is its two epilogues, not a wgmma wait plus both. The warpgroups run freely (no
+    // issue turns): each keeps one tile queued on the tensor cores through each epilogue. ncu
+    // (session 6 run 1): the ping-pong period was the wgmma wait, both epilogues and the turn
+    // hand-off in series, the tensor pipe ~36% busy.
+    // Every iteration ends with no wgmma in flight (ptxas serializes wgmmas in flight across the
+    // back edge: C7514 / C7517): item it-1's second tile completes at the end of iteration it-1
+    // and its epilogue runs in iteration it under item it's first tile. The first item is peeled
+    // so that no branch inside the loop decides where a wgmma is issued or waited on (see above);
+    // the last item's second epilogue drains after the loop.
     const int r0 = consumer, r1 = consumer + kConsumers;
     const uint64_t q0 = tile_desc(sh.q[r0]), q1 = tile_desc(sh.q[r1]);
-    const uint32_t my_turn = kTurnBarrier + consumer, other_turn = kTurnBarrier + 1 - consumer;
     SegRows sr0, sr1;
-    if (consumer == 1 && n > 0) sm90::named_arrive(kTurnBarrier, kConsumers * 128);
-    for (int it = 0; it < n; ++it) {
-      iter.next(kb, fresh);
-      if (fresh) {
-        sr0 = segment_rows<kElem>(p, iter.segment(), h, t0, r0, warp, lane);
-        sr1 = segment_rows<kElem>(p, iter.segment(), h, t0, r1, warp, lane);
-      }
-      // Scores offset of block kb; total_q < 2^31 (launch.cu): one 32 x 32 -> 64-bit multiply.
-      const int64_t kb_off = int64_t(uint64_t(uint32_t(kb)) * uint32_t(p.total_q));
-      sel_acquire(it);
+    float acc0[64], acc1[64];
+    int kb_prev = 0;  // item it-1's block; its stage is the one before `stage`
+    auto prev_stage = [&]() { return stage == 0 ? kStages - 1 : stage - 1; };
+    if (n > 0) {
+      SegBounds seg;
+      iter.next(kb, fresh, seg);  // the first item opens a segment
+      sr0 = segment_rows<kElem>(p, seg, h, t0, r0, warp, lane);
+      sr1 = segment_rows<kElem>(p, seg, h, t0, r1, warp, lane);
+      sel_acquire(0);
       const uint64_t k = k_ready();
-      float acc0[64], acc1[64];
-      sm90::named_sync(my_turn, kConsumers * 128);
+      if (per_key) load_key_scales(sh.k_scale[stage], lane, ksc);
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
       issue_qk<kElem>(acc1, q1, k);
-      if (consumer == 0 || it + 1 < n) sm90::named_arrive(other_turn, kConsumers * 128);
-      if (per_key) load_key_scales(sh.k_scale[stage], lane, ksc);
       sm90::wgmma_wait<1>();
       fence_acc(acc0);
-      epi(acc0, sr0, kb_off, it);
+      epi(acc0, sr0, kb, 0);
       sm90::wgmma_wait<0>();
       fence_acc(acc1);
-      release(sh, stage, lane, per_key);  // the stage's scales are in registers by now
-      epi(acc1, sr1, kb_off, it);
-      sel_publish(it);
+      kb_prev = kb;
       advance();
+    }
+    for (int it = 1; it < n; ++it) {
+      SegBounds seg;
+      iter.next(kb, fresh, seg);
+      if (fresh) sr0 = segment_rows<kElem>(p, seg, h, t0, r0, warp, lane);
+      sel_acquire(it);
+      const uint64_t k = k_ready();
+      sm90::wgmma_fence();
+      issue_qk<kElem>(acc0, q0, k);
+      epi(acc1, sr1, kb_prev, it - 1);
+      sel_publish(it - 1, kb_prev);
+      release(sh, prev_stage(), lane, per_key);  // its scales were read in iteration it-1
+      if (fresh) sr1 = segment_rows<kElem>(p, seg, h, t0, r1, warp, lane);
+      if (per_key) load_key_scales(sh.k_scale[stage], lane, ksc);
+      sm90::wgmma_fence();
+      issue_qk<kElem>(acc1, q1, k_stage());  // recomputed: no descriptor live across the epilogue
+      sm90::wgmma_wait<1>();  // this item's first tile
+      fence_acc(acc0);
+      epi(acc0, sr0, kb, it);
+      sm90::wgmma_wait<0>();  // the second: nothing in flight across the back edge
+      fence_acc(acc1);
+      kb_prev = kb;
+      advance();
+    }
+    if (n > 0) {
+      epi(acc1, sr1, kb_prev, n - 1);
+      sel_publish(n - 1, kb_prev);
+      release(sh, prev_stage(), lane, per_key);
     }
   }
 }

@@ -89,6 +89,43 @@ class ItemIter {
   int64_t kb_ = -1;
 };
 
+// What the consumers' epilogue setup (segment_rows) reads of a segment, in 32 bits: token and
+// key counts are < 2^31 (launch.cu).
+struct SegBounds {
+  int32_t q0, lq, lk, t_begin, t_end;
+};
+
+// The consumers' walk over the same items as ItemIter: between items only the block counter and
+// the segment's block count stay live; a new segment's bounds go to the caller's `seg`, so they
+// live only until the caller has used them (ItemIter's Segment kept ~14 registers live through
+// the whole block loop).
+class ItemCursor {
+ public:
+  __device__ ItemCursor(const Params& p, int64_t t0, int64_t t1)
+      : p_(p), t0_(t0), t1_(t1), b_(p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0) {}
+  // Next item: block kb; fresh when it opens a new segment, then described in seg (else seg is
+  // not written). False when the tile has no more.
+  __device__ bool next(int& kb, bool& fresh, SegBounds& bounds) {
+    fresh = false;
+    while (kb_ + 1 >= nblocks_) {
+      Segment seg;
+      if (!next_segment(p_, t0_, t1_, b_, seg)) return false;
+      bounds = SegBounds{int32_t(seg.q0), int32_t(seg.lq), int32_t(seg.lk), int32_t(seg.t_begin),
+                         int32_t(seg.t_end)};
+      nblocks_ = int(seg.nblocks);  // <= nblk_max < 2^24
+      kb_ = -1;
+      fresh = true;
+    }
+    kb = ++kb_;
+    return true;
+  }
+
+ private:
+  const Params& p_;
+  int64_t t0_, t1_, b_;
+  int nblocks_ = 0, kb_ = -1;
+};
+
 // Visible block count of global token t of segment s.
 __device__ __forceinline__ int64_t token_blocks(const Params& p, const Segment& s, int64_t t) {
   int64_t end = p.causal ? t - s.q0 + s.lk - s.lq + 1 : s.lk;
