@@ -116,6 +116,13 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     if (per_key) epilogue<kElem, true, kFused>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing);
     else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing);
   };
+  // The same, refilling ksc meanwhile with the scales staged at `next` (per_key only).
+  auto epi_refill = [&](const float(&acc)[64], const SegRows& sr, int blk, int it, const float* next) {
+    const int64_t blk_off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
+    if (per_key)
+      epilogue<kElem, true, kFused, true>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing, next);
+    else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing);
+  };
   if constexpr (kAcc == 0) {
     for (int it = 0; it < n; ++it) {
       k_ready();
@@ -188,11 +195,11 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       const uint64_t k = k_ready();
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
-      epi(acc1, sr1, kb_prev, it - 1);
+      // ksc: item it-1's scales in, item it's out (read from its stage, full since k_ready).
+      epi_refill(acc1, sr1, kb_prev, it - 1, sh.k_scale[stage]);
       sel_publish(it - 1, kb_prev);
       release(sh, prev_stage(), lane, per_key);  // its scales were read in iteration it-1
       if (fresh) sr1 = segment_rows<kElem>(p, seg, h, t0, r1, warp, lane);
-      if (per_key) load_key_scales(sh.k_scale[stage], lane, ksc);
       sm90::wgmma_fence();
       issue_qk<kElem>(acc1, q1, k_stage());  // recomputed: no descriptor live across the epilogue
       sm90::wgmma_wait<1>();  // this item's first tile
