@@ -251,6 +251,24 @@ TEST(IndexerGpu, EdgeShapes) {
   run_case(c);
 }
 
+// The -inf tail past each segment's blocks (fill_tail) with 16-byte stores (every row start
+// aligned: total_q % 4 == 0, segments starting at multiples of 4) and with 4-byte ones, for
+// 16-, 32- and 64-token tiles (G 16, 8, 4).
+TEST(IndexerGpu, TailFillAlignedAndNot) {
+  MSA_REQUIRE_GPU();
+  const std::vector<std::vector<int32_t>> lqs = {{256, 512}, {257, 510}, {64, 4, 188}};
+  for (const int64_t group : {16, 8, 4})
+    for (const auto& lq : lqs) {
+      IdxCase c;
+      c.lq = lq;
+      for (const int32_t l : lq) c.lk.push_back(l + 200);
+      c.group = group;
+      c.hkv = 1;
+      SCOPED_TRACE("G " + std::to_string(group) + " first batch " + std::to_string(lq[0]));
+      run_case(c);
+    }
+}
+
 TEST(IndexerGpu, RejectsWhatItDoesNotSupport) {
   MSA_REQUIRE_GPU();
   TestStream stream;

@@ -267,10 +267,12 @@ __device__ void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
 // while the consumers run their block loop: as the consumers' epilogue after the loop it held
 // the SM with the tensor cores idle (ncu, session 6 run 1: 15% of the FP8 kernel's warp samples,
 // uncoalesced stores). Rows (head g, block kb), kb fastest, are dealt to the warps in turn; a
-// warp's lanes write consecutive tokens of a row (each row's [t_begin, t_end) is one coalesced
-// run), two rows at a time when a row has at most 16 tokens, and walk to their next row by
-// adding, not by division (run 3: ~35 instructions per 16-token row took the consumers' issue
-// slots at each CTA's start).
+// row's [t_begin, t_end) is one coalesced run, written by L lanes (the power of two >= its
+// stores, at most 32) in 16-byte stores when the row and its length allow, else 4-byte ones, so
+// a warp writes 32 / L rows per step (a 16-token row: 4 lanes, 8 rows); warps walk to their
+// next rows by adding, not by division. Each store instruction is the fill warps' issue cost
+// taken from the consumers on their schedulers (runs 3-4: 35 instructions per 16-token row,
+// then ~20 per two rows, 10% of the FP8 kernel's warp samples).
 __device__ void fill_tail(const Params& p, int64_t h, int64_t t0, int64_t t1, int warp, int warps,
                           int lane) {
   Segment seg;
@@ -280,18 +282,28 @@ __device__ void fill_tail(const Params& p, int64_t h, int64_t t0, int64_t t1, in
     const int tokens = int(seg.t_end - seg.t_begin), nblk = int(p.nblk_max);
     const int first = int(seg.nblocks), tail = nblk - first;
     if (tail <= 0) continue;
-    const int pair = tokens <= 16 ? 2 : 1;  // rows per warp step
-    const int t_lane = pair == 2 ? lane & 15 : lane, t_step = 32 / pair;
-    const int step = warps * pair;
-    int g = 0, kb = first + warp * pair + (pair == 2 ? lane >> 4 : 0);
+    float* const base = p.scores + seg.t_begin;
+    // 16-byte stores when every row start is 16-byte aligned and the length is whole float4s.
+    const bool vec = (p.total_q & 3) == 0 && (tokens & 3) == 0 &&
+                     (reinterpret_cast<uintptr_t>(base) & 15) == 0;
+    const int n = vec ? tokens / 4 : tokens;  // stores per row
+    int L = 1;
+    while (L < n && L < 32) L *= 2;
+    const int rows = 32 / L, t_lane = lane % L;  // rows per warp step, this lane's first store
+    const int step = warps * rows;
+    int g = 0, kb = first + warp * rows + lane / L;
     while (kb >= nblk) {
       kb -= tail;
       ++g;
     }
-    float* const base = p.scores + seg.t_begin;
     while (g < p.group) {
       float* row = base + ((h * p.group + g) * p.nblk_max + kb) * p.total_q;
-      for (int t = t_lane; t < tokens; t += t_step) row[t] = -INFINITY;
+      if (vec) {
+        for (int t = t_lane; t < n; t += L)
+          reinterpret_cast<float4*>(row)[t] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      } else {
+        for (int t = t_lane; t < n; t += L) row[t] = -INFINITY;
+      }
       kb += step;
       while (kb >= nblk) {
         kb -= tail;
