@@ -78,11 +78,16 @@ struct Result {
 
 // One request of the GPU problem rebuilt on the host (its pages, q rows and q2k rows) and run
 // through the CPU decode; returns (rel L2 of out, max abs lse error) against the GPU output.
+// Shape of a K or V page pool: [pages, page_size, Hkv, D] (nhd) or [pages, Hkv, page_size, D].
+std::vector<int64_t> pool_shape(int64_t pages, int64_t ps, int64_t hkv, int64_t d, bool hnd) {
+  return hnd ? std::vector<int64_t>{pages, hkv, ps, d} : std::vector<int64_t>{pages, ps, hkv, d};
+}
+
 std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool fp8, const Buf& q,
                                         const Buf& k, const Buf& v, const std::vector<int32_t>& pt,
                                         int max_pages, const std::vector<int32_t>& cu,
                                         const std::vector<int32_t>& q2k, const Buf& out,
-                                        const Buf& lse, int64_t total_q, cudaStream_t s) {
+                                        const Buf& lse, int64_t total_q, bool hnd, cudaStream_t s) {
   const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim, ps = c.page_size;
   const int64_t lq = cu[b + 1] - cu[b], lk = c.seqlens_k[b];
   const int64_t pages = (lk + ps - 1) / ps, esz = fp8 ? 1 : 2, page_bytes = int64_t(ps) * hkv * d * esz;
@@ -112,11 +117,11 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   const DType kvt = fp8 ? DType::fp8_e4m3 : DType::bf16;
   AttentionArgs a;
   a.q = Tensor(hq_rows.data(), DType::bf16, {lq, hq, d});
-  a.kv.layout = KVLayout::paged_nhd;
-  a.kv.k = fp8 ? QTensor(Tensor(hk.data(), kvt, {std::max<int64_t>(1, pages), ps, hkv, d}), Tensor(&one, DType::f32, {1}))
-               : QTensor(Tensor(hk.data(), kvt, {std::max<int64_t>(1, pages), ps, hkv, d}));
-  a.kv.v = fp8 ? QTensor(Tensor(hv.data(), kvt, {std::max<int64_t>(1, pages), ps, hkv, d}), Tensor(&one, DType::f32, {1}))
-               : QTensor(Tensor(hv.data(), kvt, {std::max<int64_t>(1, pages), ps, hkv, d}));
+  a.kv.layout = hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
+  a.kv.k = fp8 ? QTensor(Tensor(hk.data(), kvt, pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd)), Tensor(&one, DType::f32, {1}))
+               : QTensor(Tensor(hk.data(), kvt, pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd)));
+  a.kv.v = fp8 ? QTensor(Tensor(hv.data(), kvt, pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd)), Tensor(&one, DType::f32, {1}))
+               : QTensor(Tensor(hv.data(), kvt, pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd)));
   a.kv.page_table = Tensor(page_ids.data(), DType::i32, {1, std::max<int64_t>(1, pages)});
   a.kv.seqused_k = Tensor(used.data(), DType::i32, {1});
   a.cu_seqlens_q = Tensor(cuq.data(), DType::i32, {2});
@@ -136,6 +141,7 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   sh.kv_dtype = kvt;
   sh.topk = c.dense ? 0 : c.topk;
   sh.kv_block_size = c.kv_block_size;
+  sh.layout = a.kv.layout;
   DecodePlan cpu;
   cpu.plan(sh, nullptr, Tensor());
   cpu.run(a);
@@ -250,17 +256,18 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   sh.kv_dtype = kvt;
   sh.topk = c.dense ? 0 : c.topk;
   sh.kv_block_size = c.kv_block_size;
+  sh.layout = o.hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
   sh.device = gpu;
   Buf ws(DecodePlan::workspace_bytes(sh));
   DecodePlan plan;
   plan.plan(sh, used.data(), Tensor(ws.p, DType::u8, {int64_t(ws.bytes)}, gpu), s);
   AttentionArgs a;
   a.q = Tensor(q.p, DType::bf16, {total_q, hq, d}, gpu);
-  const Tensor kt(k.p, kvt, {total_pages, ps, hkv, d}, gpu), vt(v.p, kvt, {total_pages, ps, hkv, d}, gpu);
+  const Tensor kt(k.p, kvt, pool_shape(total_pages, ps, hkv, d, o.hnd), gpu), vt(v.p, kvt, pool_shape(total_pages, ps, hkv, d, o.hnd), gpu);
   const Tensor sc(scale.p, DType::f32, {1}, gpu);
   a.kv.k = fp8 ? QTensor(kt, sc) : QTensor(kt);
   a.kv.v = fp8 ? QTensor(vt, sc) : QTensor(vt);
-  a.kv.layout = KVLayout::paged_nhd;
+  a.kv.layout = o.hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
   a.kv.page_table = Tensor(pt_d.p, DType::i32, {B, max_pages}, gpu);
   a.kv.seqused_k = Tensor(used_d.p, DType::i32, {B}, gpu);
   a.cu_seqlens_q = Tensor(cu_d.p, DType::i32, {B + 1}, gpu);
@@ -277,7 +284,7 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   if (o.check) {
     std::set<int> sample = {0, B / 2, B - 1};
     for (int b : sample) {
-      const auto [rel, le] = check_request(b, c, fp8, q, k, v, pt, max_pages, cu, q2k, out, lse, total_q, s);
+      const auto [rel, le] = check_request(b, c, fp8, q, k, v, pt, max_pages, cu, q2k, out, lse, total_q, o.hnd, s);
       res.rel_l2 = std::max(res.rel_l2, rel);
       res.lse_err = std::max(res.lse_err, le);
     }
@@ -322,7 +329,7 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
         const Result r = run_case(*c, std::string(kv) == "fp8", o);
         const double tbs = r.bytes / (r.median_us * 1e-6) / 1e12;
         std::printf("%-14s %-4s %-70s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s  (%.3f GB)  check rel_l2 %.2e lse %.2e %s\n",
-                    r.name.c_str(), kv, bench::describe_shape(*c).c_str(), r.median_us, r.min_us,
+                    r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "")).c_str(), r.median_us, r.min_us,
                     r.max_us, tbs, r.bytes / 1e9, r.rel_l2, r.lse_err, r.ok ? "ok" : "FAILED");
         std::fflush(stdout);
         if (!r.ok) rc = std::max(rc, 1);
@@ -331,7 +338,7 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
                << "\",\"median_us\":" << r.median_us << ",\"min_us\":" << r.min_us
                << ",\"max_us\":" << r.max_us << ",\"bytes\":" << r.bytes << ",\"tb_per_s\":" << tbs
                << ",\"rel_l2\":" << r.rel_l2 << ",\"lse_err\":" << r.lse_err
-               << ",\"ok\":" << (r.ok ? "true" : "false") << "}\n";
+               << ",\"layout\":\"" << (o.hnd ? "hnd" : "nhd") << "\",\"ok\":" << (r.ok ? "true" : "false") << "}\n";
       } catch (const Error& e) {
         std::fprintf(stderr, "%s %s: %s\n", n.c_str(), kv, e.what());
         rc = std::max(rc, 1);
