@@ -299,8 +299,8 @@ __device__ void fill_tail(const Params& p, int64_t h, int64_t t0, int64_t t1, in
     while (g < p.group) {
       float* row = base + ((h * p.group + g) * p.nblk_max + kb) * p.total_q;
       if (vec) {
-        for (int t = t_lane; t < n; t += L)
-          reinterpret_cast<float4*>(row)[t] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        const float4 ninf = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        for (int t = t_lane; t < n; t += L) reinterpret_cast<float4*>(row)[t] = ninf;
       } else {
         for (int t = t_lane; t < n; t += L) row[t] = -INFINITY;
       }

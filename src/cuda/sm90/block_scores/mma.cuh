@@ -65,9 +65,9 @@ __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, 
 // The block loop of a consumer warpgroup with kAcc (0, 1 or 2) row groups. Everything that
 // decides where a wgmma is issued or waited on is fixed at compile time or a loop bound, never
 // a branch inside the loop, and no wgmma is in flight across an iteration's end: otherwise
-// ptxas serializes every wgmma of the kernel (C7514 / C7517 / C7518 / C7520). What the epilogue needs of the
-// thread's rows is computed once per batch segment (segment_rows), never per block; the stage
-// and phase are 32-bit counters.
+// ptxas serializes every wgmma of the kernel (C7514 / C7517 / C7518 / C7520). What the
+// epilogue needs of the thread's rows is computed once per batch segment (segment_rows), never
+// per block; the stage and phase are 32-bit counters.
 template <Elem kElem, int kAcc, bool kFused>
 __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                int64_t t1, int consumer_in, int warp, int lane) {
@@ -112,16 +112,18 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   // Epilogue of item it (block blk) for one row group. Scores offset of block blk: total_q < 2^31
   // (launch.cu), one 32 x 32 -> 64-bit multiply.
   auto epi = [&](const float(&acc)[64], const SegRows& sr, int blk, int it) {
-    const int64_t blk_off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
-    if (per_key) epilogue<kElem, true, kFused>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing);
-    else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing);
+    const int64_t off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
+    const int slot = it % kSelRing;
+    if (per_key) epilogue<kElem, true, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
+    else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
   };
   // The same, refilling ksc meanwhile with the scales staged at `next` (per_key only).
-  auto epi_refill = [&](const float(&acc)[64], const SegRows& sr, int blk, int it, const float* next) {
-    const int64_t blk_off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
-    if (per_key)
-      epilogue<kElem, true, kFused, true>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing, next);
-    else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, blk_off, lane, ksc, it % kSelRing);
+  auto epi_refill = [&](const float(&acc)[64], const SegRows& sr, int blk, int it,
+                        const float* next) {
+    const int64_t off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
+    const int slot = it % kSelRing;
+    if (per_key) epilogue<kElem, true, kFused, true>(p, sh, acc, sr, blk, off, lane, ksc, slot, next);
+    else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
   };
   if constexpr (kAcc == 0) {
     for (int it = 0; it < n; ++it) {
@@ -151,9 +153,9 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     }
   } else {
     // Two row groups, software-pipelined across items: while the epilogue of one row group runs,
-    // the wgmma of the other is in flight (item it-1's second tile during item it's first
-    // epilogue, item it's second tile during its own first epilogue), so the warpgroup's chain
-    // per item is its two epilogues, not a wgmma wait plus both. The warpgroups run freely (no
+    // the wgmma of the other is in flight (item it-1's second-tile epilogue under item it's first
+    // tile, item it's first-tile epilogue under its second tile), so the warpgroup's chain per
+    // item is its two epilogues, not a wgmma wait plus both. The warpgroups run freely (no
     // issue turns): each keeps one tile queued on the tensor cores through each epilogue. ncu
     // (session 6 run 1): the ping-pong period was the wgmma wait, both epilogues and the turn
     // hand-off in series, the tensor pipe ~36% busy.
@@ -195,7 +197,8 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       const uint64_t k = k_ready();
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
-      // ksc: item it-1's scales in, item it's out (read from its stage, full since k_ready).
+      // ksc holds item it-1's scales on entry and item it's on return (read from item it's
+      // stage, full since k_ready).
       epi_refill(acc1, sr1, kb_prev, it - 1, sh.k_scale[stage]);
       sel_publish(it - 1, kb_prev);
       release(sh, prev_stage(), lane, per_key);  // its scales were read in iteration it-1
