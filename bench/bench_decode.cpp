@@ -1,6 +1,7 @@
 // bench_decode: the decode cases of BENCHMARKS.md; the benchmark itself is bench/decode_bench.cu.
 //   bench_decode [--case NAME]... [--iters N] [--warmup N] [--json FILE] [--no-check]
 //                [--layout nhd|hnd]   (page layout, default nhd: [pages, page_size, Hkv, D])
+//                [--warps 4|8]        (force the CUDA decode CTA width; default: the planner's)
 // Exit status: 0 ok, 1 a check failed, 2 usage / no GPU.
 #include <algorithm>
 #include <cstdio>
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     else if (arg == "--json") o.json = next();
     else if (arg == "--no-check") o.check = false;
     else if (arg == "--layout") o.hnd = next() == "hnd";
+    else if (arg == "--warps") o.warps = std::atoi(next().c_str());
     else {
       std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
       return 2;

@@ -9,6 +9,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "cuda/decode/plan.h"  // force_cta_warps (--warps)
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -260,7 +262,9 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   sh.device = gpu;
   Buf ws(DecodePlan::workspace_bytes(sh));
   DecodePlan plan;
+  cuda::decode::force_cta_warps(o.warps);  // 0: the planner's width (plan.cpp)
   plan.plan(sh, used.data(), Tensor(ws.p, DType::u8, {int64_t(ws.bytes)}, gpu), s);
+  cuda::decode::force_cta_warps(0);
   AttentionArgs a;
   a.q = Tensor(q.p, DType::bf16, {total_q, hq, d}, gpu);
   const Tensor kt(k.p, kvt, pool_shape(total_pages, ps, hkv, d, o.hnd), gpu), vt(v.p, kvt, pool_shape(total_pages, ps, hkv, d, o.hnd), gpu);
@@ -329,7 +333,7 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
         const Result r = run_case(*c, std::string(kv) == "fp8", o);
         const double tbs = r.bytes / (r.median_us * 1e-6) / 1e12;
         std::printf("%-14s %-4s %-70s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s  (%.3f GB)  check rel_l2 %.2e lse %.2e %s\n",
-                    r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "")).c_str(), r.median_us, r.min_us,
+                    r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "") + (o.warps ? " w" + std::to_string(o.warps) : "")).c_str(), r.median_us, r.min_us,
                     r.max_us, tbs, r.bytes / 1e9, r.rel_l2, r.lse_err, r.ok ? "ok" : "FAILED");
         std::fflush(stdout);
         if (!r.ok) rc = std::max(rc, 1);

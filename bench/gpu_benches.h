@@ -23,6 +23,7 @@ struct DecodeBenchOptions {
   bool check = true;     // three requests against the CPU decode of the same bits first
   std::string json;      // append one JSON record per case and KV dtype when set
   bool hnd = false;      // page layout [pages, Hkv, page_size, D] instead of [pages, page_size, Hkv, D]
+  int warps = 0;         // decode CTA width forced (4 or 8; 0: the planner's choice)
 };
 
 // The named decode cases (all of them when `names` is empty), bf16 and FP8 KV where the case
