@@ -21,7 +21,6 @@ using msa::DType;
 using msa::Tensor;
 using namespace msa::bench;
 
-
 }  // namespace
 
 int msa_bench::run_indexer_bench(const RunOptions& o) {

@@ -110,21 +110,18 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     sm90::mbar_arrive(&sh.sel_full[it % kSelRing]);
   };
   // Epilogue of item it (block blk) for one row group. Scores offset of block blk: total_q < 2^31
-  // (launch.cu), one 32 x 32 -> 64-bit multiply.
-  auto epi = [&](const float(&acc)[64], const SegRows& sr, int blk, int it) {
+  // (launch.cu), one 32 x 32 -> 64-bit multiply. With kRefill (std::true_type, per_key only) ksc
+  // is reloaded meanwhile with the scales staged at `next` (row_max2).
+  auto epi = [&](const float(&acc)[64], const SegRows& sr, int blk, int it, auto refill,
+                 const float* next) {
+    constexpr bool kR = decltype(refill)::value;
     const int64_t off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
     const int slot = it % kSelRing;
-    if (per_key) epilogue<kElem, true, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
+    if (per_key) epilogue<kElem, true, kFused, kR>(p, sh, acc, sr, blk, off, lane, ksc, slot, next);
     else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
   };
-  // The same, refilling ksc meanwhile with the scales staged at `next` (per_key only).
-  auto epi_refill = [&](const float(&acc)[64], const SegRows& sr, int blk, int it,
-                        const float* next) {
-    const int64_t off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
-    const int slot = it % kSelRing;
-    if (per_key) epilogue<kElem, true, kFused, true>(p, sh, acc, sr, blk, off, lane, ksc, slot, next);
-    else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
-  };
+  constexpr std::false_type kKeepScales{};
+  constexpr std::true_type kRefillScales{};
   if constexpr (kAcc == 0) {
     for (int it = 0; it < n; ++it) {
       k_ready();
@@ -147,7 +144,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       SegBounds seg;
       iter.next(kb, fresh, seg);
       if (fresh) sr0 = segment_rows<kElem>(p, seg, h, t0, consumer, warp, lane);
-      epi(acc0, sr0, kb, it);
+      epi(acc0, sr0, kb, it, kKeepScales, nullptr);
       sel_publish(it, kb);
       advance();
     }
@@ -183,7 +180,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       issue_qk<kElem>(acc1, q1, k);
       sm90::wgmma_wait<1>();
       fence_acc(acc0);
-      epi(acc0, sr0, kb, 0);
+      epi(acc0, sr0, kb, 0, kKeepScales, nullptr);
       sm90::wgmma_wait<0>();
       fence_acc(acc1);
       kb_prev = kb;
@@ -199,7 +196,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       issue_qk<kElem>(acc0, q0, k);
       // ksc holds item it-1's scales on entry and item it's on return (read from item it's
       // stage, full since k_ready).
-      epi_refill(acc1, sr1, kb_prev, it - 1, sh.k_scale[stage]);
+      epi(acc1, sr1, kb_prev, it - 1, kRefillScales, sh.k_scale[stage]);
       sel_publish(it - 1, kb_prev);
       release(sh, prev_stage(), lane, per_key);  // its scales were read in iteration it-1
       if (fresh) sr1 = segment_rows<kElem>(p, seg, h, t0, r1, warp, lane);
@@ -207,14 +204,14 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       issue_qk<kElem>(acc1, q1, k_stage());  // recomputed: no descriptor live across the epilogue
       sm90::wgmma_wait<1>();  // this item's first tile
       fence_acc(acc0);
-      epi(acc0, sr0, kb, it);
+      epi(acc0, sr0, kb, it, kKeepScales, nullptr);
       sm90::wgmma_wait<0>();  // the second: nothing in flight across the back edge
       fence_acc(acc1);
       kb_prev = kb;
       advance();
     }
     if (n > 0) {
-      epi(acc1, sr1, kb_prev, n - 1);
+      epi(acc1, sr1, kb_prev, n - 1, kKeepScales, nullptr);
       sel_publish(n - 1, kb_prev);
       release(sh, prev_stage(), lane, per_key);
     }

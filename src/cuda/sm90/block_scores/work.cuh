@@ -63,7 +63,8 @@ __device__ __forceinline__ bool per_key_scales(const Params& p) {
 // (made when its scale copies land) when keys carry per-key scales.
 __device__ __forceinline__ uint32_t k_full_arrivals(bool per_key) { return per_key ? 33u : 1u; }
 
-// The CTA's (segment, block) work items in order, as both roles walk them.
+// The CTA's (segment, block) work items in order, as the producer walks them (the consumers walk
+// the same order with ItemCursor).
 class ItemIter {
  public:
   __device__ ItemIter(const Params& p, int64_t t0, int64_t t1)
