@@ -9,8 +9,6 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include "cuda/decode/plan.h"  // force_cta_warps (--warps)
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +25,7 @@
 #include "bench/gpu_timing.h"
 #include "bench/inputs.h"
 #include "bench/patterns.h"
+#include "cuda/decode/plan.h"  // force_cta_warps (--warps)
 #include "msa/msa.h"
 
 namespace {
@@ -262,9 +261,14 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   sh.device = gpu;
   Buf ws(DecodePlan::workspace_bytes(sh));
   DecodePlan plan;
-  cuda::decode::force_cta_warps(o.warps);  // 0: the planner's width (plan.cpp)
-  plan.plan(sh, used.data(), Tensor(ws.p, DType::u8, {int64_t(ws.bytes)}, gpu), s);
-  cuda::decode::force_cta_warps(0);
+  {
+    // --warps: the CTA width for this plan only (0: the planner's choice), restored on any exit.
+    struct Width {
+      explicit Width(int w) { cuda::decode::force_cta_warps(w); }
+      ~Width() { cuda::decode::force_cta_warps(0); }
+    } width(o.warps);
+    plan.plan(sh, used.data(), Tensor(ws.p, DType::u8, {int64_t(ws.bytes)}, gpu), s);
+  }
   AttentionArgs a;
   a.q = Tensor(q.p, DType::bf16, {total_q, hq, d}, gpu);
   const Tensor kt(k.p, kvt, pool_shape(total_pages, ps, hkv, d, o.hnd), gpu), vt(v.p, kvt, pool_shape(total_pages, ps, hkv, d, o.hnd), gpu);
