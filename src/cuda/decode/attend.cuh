@@ -123,9 +123,9 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams
     for (int k = 0; k < 4; ++k) w.o[nt][k] = 0.f;
 }
 
-// Attends the warp's rows to key slots [kb, kb + 8 nn) of one stage (nn in {2, 4, 8}).
+// Attends the warp's rows to key slots [kb, kb + 8 nn) of one stage of kS slots (nn in {2, 4, 8}).
 // sel0 / sel1: whether the thread's rows selected these slots' block (always true for dense).
-template <typename TQ, bool kFp8>
+template <int kS, typename TQ, bool kFp8>
 __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, uint32_t v_stage,
                                        const int* slot_key, int kb, int nn, bool sel0,
                                        bool sel1) {
@@ -146,7 +146,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
 #pragma unroll
       for (int pp = 0; pp < 4; ++pp) {
         uint32_t r[4];
-        ldmatrix_x4(r, k_stage + tile_offset<false>(row, 4 * pp + (lane >> 3)));
+        ldmatrix_x4(r, k_stage + tile_offset<false, kS>(row, 4 * pp + (lane >> 3)));
         mma_16816<TM>(s[nt], w.qa[2 * pp], r[0], r[1]);
         mma_16816<TM>(s[nt], w.qa[2 * pp + 1], r[2], r[3]);
       }
@@ -154,7 +154,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
 #pragma unroll
       for (int pp = 0; pp < 2; ++pp) {
         uint32_t r[4];
-        ldmatrix_x4(r, k_stage + tile_offset<true>(row, 4 * pp + (lane >> 3)));
+        ldmatrix_x4(r, k_stage + tile_offset<true, kS>(row, 4 * pp + (lane >> 3)));
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
           mma_16816<TM>(s[nt], w.qa[4 * pp + mi], e4m3_pair<kBytes01>(r[mi]),
@@ -224,7 +224,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
 #pragma unroll
       for (int qq = 0; qq < 8; ++qq) {
         uint32_t r[4];
-        ldmatrix_x4_trans(r, v_stage + tile_offset<false>(vrow, 2 * qq + (lane >> 4)));
+        ldmatrix_x4_trans(r, v_stage + tile_offset<false, kS>(vrow, 2 * qq + (lane >> 4)));
         mma_16816<TM>(w.o[2 * qq], a, r[0], r[1]);
         mma_16816<TM>(w.o[2 * qq + 1], a, r[2], r[3]);
       }
@@ -234,7 +234,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
 #pragma unroll
       for (int qq = 0; qq < 4; ++qq) {
         uint32_t r[4];
-        ldmatrix_x4_trans(r, v_stage + tile_offset<true>(vrow, 2 * qq + (lane >> 4)));
+        ldmatrix_x4_trans(r, v_stage + tile_offset<true, kS>(vrow, 2 * qq + (lane >> 4)));
         mma_16816<TM>(w.o[4 * qq], a, e4m3_pair<kBytes02>(r[0]), e4m3_pair<kBytes02>(r[1]));
         mma_16816<TM>(w.o[4 * qq + 1], a, e4m3_pair<kBytes13>(r[0]), e4m3_pair<kBytes13>(r[1]));
         mma_16816<TM>(w.o[4 * qq + 2], a, e4m3_pair<kBytes02>(r[2]), e4m3_pair<kBytes02>(r[3]));

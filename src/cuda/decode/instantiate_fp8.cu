@@ -4,6 +4,8 @@
 namespace msa::cuda::decode {
 template void set_smem_limit<__nv_bfloat16, true>();
 template void set_smem_limit<__half, true>();
-template void launch<__nv_bfloat16, true>(const DecodeParams&, cudaStream_t);
-template void launch<__half, true>(const DecodeParams&, cudaStream_t);
+template void launch<__nv_bfloat16, true>(const DecodeParams&, const CUtensorMap&,
+                                          const CUtensorMap&, cudaStream_t);
+template void launch<__half, true>(const DecodeParams&, const CUtensorMap&,
+                                          const CUtensorMap&, cudaStream_t);
 }  // namespace msa::cuda::decode

@@ -4,6 +4,8 @@
 namespace msa::cuda::decode {
 template void set_smem_limit<__nv_bfloat16, false>();
 template void set_smem_limit<__half, false>();
-template void launch<__nv_bfloat16, false>(const DecodeParams&, cudaStream_t);
-template void launch<__half, false>(const DecodeParams&, cudaStream_t);
+template void launch<__nv_bfloat16, false>(const DecodeParams&, const CUtensorMap&,
+                                          const CUtensorMap&, cudaStream_t);
+template void launch<__half, false>(const DecodeParams&, const CUtensorMap&,
+                                          const CUtensorMap&, cudaStream_t);
 }  // namespace msa::cuda::decode

@@ -39,12 +39,18 @@ __device__ __forceinline__ void empty_barrier(int stage, uint32_t threads) {
   else op(kEmptyBarrier + 2);
 }
 
+// tm_k / tm_v: the K and V pools as 4-D TMA maps with boxes of 2^p.box_shift slots x one 128-byte
+// line (launch.cu).
 template <typename TQ, bool kFp8, int kW>
 __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
-    decode_kernel(const __grid_constant__ DecodeParams p) {
+    decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_k,
+                  const __grid_constant__ CUtensorMap tm_v) {
   using Tr = Traits<kFp8, kW>;
   static_assert(Tr::kStages == 3, "decode_kernel: empty_barrier has one case per stage");
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ uint8_t smem_raw[];
+  // TMA's 128-byte swizzle repeats every 1024 bytes: the pipeline starts on such a boundary
+  // (smem_bytes has the slack).
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const int hkv = p.num_kv_heads;
   const int64_t item_index = blockIdx.x / hkv;
   const int h = int(blockIdx.x % hkv);
@@ -101,13 +107,18 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   if (threadIdx.x < Tr::kProducerThreads) {
     sm90::regs_dealloc<Tr::kProducerRegs>();
     // The next stage's page-table reads are in flight while this one waits for its slot.
-    StageRows<kFp8, kW> cur, next;
-    if (steps > 0) lookup_stage(p, src, s0, cur);
+    if (threadIdx.x < 32) {
+      sm90::prefetch_tensor_map(&tm_k);
+      sm90::prefetch_tensor_map(&tm_v);
+    }
+    StageBox cur, next;
+    if (steps > 0) cur = lookup_stage<kFp8, kW>(p, src, s0);
     for (int it = 0; it < steps; ++it) {
       const int stage = it % Tr::kStages;
-      if (it + 1 < steps) lookup_stage(p, src, s0 + (it + 1) * kS, next);
+      if (it + 1 < steps) next = lookup_stage<kFp8, kW>(p, src, s0 + (it + 1) * kS);
       if (it >= Tr::kStages) empty_barrier<true>(stage, Tr::kThreads);
-      issue_stage(p, src, cur, pipe + stage * Tr::kStageBytes, slot_key + stage * kS);
+      issue_stage<kFp8, kW>(p, src, cur, &tm_k, &tm_v, &full[stage],
+                            pipe + stage * Tr::kStageBytes, slot_key + stage * kS);
       sm90::mbar_arrive(&full[stage]);
       sm90::cp_async_mbar_arrive(&full[stage]);
       cur = next;
@@ -148,7 +159,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
         const bool has_key = (lane < 8 * nn && sk[kb + lane] >= 0) ||
                              (lane + 32 < 8 * nn && sk[kb + lane + 32] >= 0);
         if (!__any_sync(0xffffffffu, has_key) || !__any_sync(0xffffffffu, sel0 || sel1)) continue;
-        attend(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1);
+        attend<kS>(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1);
       }
     }
     // The producer syncs only before steps it + kStages < steps: the last stages' arrivals would

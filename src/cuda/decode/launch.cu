@@ -5,13 +5,16 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "backend.h"
 #include "cuda/decode/launch_kernels.h"
 #include "cuda/decode/plan.h"
+#include "cuda/decode/traits.h"
 #include "cuda/device/check.h"
+#include "cuda/device/tma_map.h"
 
 namespace msa::cuda {
 namespace {
@@ -91,6 +94,17 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.page_shift = log2_exact(s.page_size);
   p.max_pages = s.max_pages;
   p.num_pages = int32_t(k.shape[0]);
+  p.head_major = nhd ? 0 : 1;
+  // TMA boxes (load.cuh): the largest power of two of slots that divides the page, the sparse kv
+  // block and the stage, so that a box's keys are consecutive and lie in one page.
+  const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
+  const int stage_keys = g.warps == 4 ? (fp8 ? decode::Traits<true, 4>::kStageKeys
+                                             : decode::Traits<false, 4>::kStageKeys)
+                                      : (fp8 ? decode::Traits<true, 8>::kStageKeys
+                                             : decode::Traits<false, 8>::kStageKeys);
+  int box = std::min(s.page_size, stage_keys);
+  if (g.sparse) box = std::min(box, s.kv_block_size);
+  p.box_shift = log2_exact(box);
   p.max_queries = s.max_queries_per_request;
   p.queries_per_chunk = g.queries_per_chunk;
   p.rows_max = g.rows_max;
@@ -155,12 +169,22 @@ void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& 
   const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count), w.warps);
   const DecodeParams p = make_params(a, s, g, w, workspace);
   const bool f16 = a.q.dtype == DType::f16;
-  if (s.kv_dtype == DType::fp8_e4m3) {
-    if (f16) decode::launch<__half, true>(p, stream);
-    else decode::launch<__nv_bfloat16, true>(p, stream);
+  const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
+  // Boxes of one 128-byte line: all 128 fp8 columns, or 64 of bf16 / f16. An empty pool gets no
+  // map (every page id is out of range, so no box is ever loaded by TMA).
+  CUtensorMap tm_k{}, tm_v{};
+  if (p.num_pages > 0) {
+    const bool nhd = s.layout == KVLayout::paged_nhd;
+    const uint32_t cols = fp8 ? 128u : 64u, keys = 1u << p.box_shift;
+    tm_k = make_tma_paged(a.kv.k.values, nhd, cols, keys, "k", "decode");
+    tm_v = make_tma_paged(a.kv.v.values, nhd, cols, keys, "v", "decode");
+  }
+  if (fp8) {
+    if (f16) decode::launch<__half, true>(p, tm_k, tm_v, stream);
+    else decode::launch<__nv_bfloat16, true>(p, tm_k, tm_v, stream);
   } else {
-    if (f16) decode::launch<__half, false>(p, stream);
-    else decode::launch<__nv_bfloat16, false>(p, stream);
+    if (f16) decode::launch<__half, false>(p, tm_k, tm_v, stream);
+    else decode::launch<__nv_bfloat16, false>(p, tm_k, tm_v, stream);
   }
 }
 

@@ -3,6 +3,7 @@
 // instantiate_fp8.cu so the two kernel families compile in parallel.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "cuda/decode/params.h"
@@ -13,8 +14,10 @@ namespace msa::cuda::decode {
 template <typename TQ, bool kFp8>
 void set_smem_limit();
 
-// The main kernel (or, with no items, the status kernel); no allocation, no sync.
+// The main kernel (or, with no items, the status kernel); no allocation, no sync. tm_k / tm_v:
+// the pools' TMA maps (launch.cu; boxes of 2^p.box_shift slots).
 template <typename TQ, bool kFp8>
-void launch(const DecodeParams& p, cudaStream_t stream);
+void launch(const DecodeParams& p, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
+            cudaStream_t stream);
 
 }  // namespace msa::cuda::decode

@@ -1,8 +1,9 @@
 // Producer side of the decode kernel: one pipeline stage (K and V of kStageKeys consecutive key
-// slots of the item, traits.h) from the page pool into shared memory with 16-byte cp.async by the
-// producer warpgroup's 128 threads. Slots without a key (past the length, past the union or the
-// item, bad page id) are zero-filled and marked -1 in slot_key, so no byte of an unused page slot
-// ever reaches the math. Used by kernel.cuh.
+// slots of the item, traits.h) from the page pool into shared memory: whole boxes of keys by TMA
+// (one lane of warp 0 per box), the rest row by row with 16-byte cp.async by the producer
+// warpgroup's 128 threads. Slots without a key (past the length, past the union or the item, bad
+// page id) are zero-filled and marked -1 in slot_key, so no byte of an unused page slot ever
+// reaches the math. Used by kernel.cuh.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "cuda/decode/params.h"
 #include "cuda/decode/status.cuh"
 #include "cuda/decode/traits.h"
+#include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {
 
@@ -25,17 +27,20 @@ struct TileSource {
   const int* ids = nullptr;    // sparse: block id per entry - e0; null for dense
 };
 
-// Byte offset of 16-byte chunk `chunk` of stage row `row`: the chunk index is XORed with
-// row % 8, so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
-template <bool kFp8>
+// Byte offset of 16-byte chunk `chunk` of row `row` in a stage of kS key slots: the layout that
+// TMA's 128-byte swizzle writes. A row is cut into 128-byte lines (bf16: two, columns 0-63 in the
+// first half of the K region, 64-127 in the second; fp8: one), and the 16-byte chunk index within
+// a line is XORed with row % 8, so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
+template <bool kFp8, int kS>
 __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
-  return uint32_t(row * kKVRowBytes<kFp8> + ((chunk ^ (row & 7)) << 4));
+  if constexpr (kFp8) return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
+  else
+    return uint32_t((chunk >> 3) * (kS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-// The rows of a stage one producer thread copies: warp w covers rows [w R, w R + R), R =
-// kRowsPerWarp; kLanesPerRow lanes share a row and each copies 4 of its 16-byte chunks, so a copy
-// instruction reads whole 32-byte sectors and a thread looks up and addresses only 2 or 4 rows per
-// stage (the per-row page lookup and 64-bit address math dominate the issue cost).
+// The rows of a stage one producer thread copies when its box is not loaded by TMA (issue_stage):
+// warp w covers rows [w R, w R + R), R = kRowsPerWarp; kLanesPerRow lanes share a row and each
+// copies 4 of its 16-byte chunks, so a copy instruction reads whole 32-byte sectors.
 template <bool kFp8, int kW>
 struct StageRows {
   using Tr = Traits<kFp8, kW>;
@@ -44,8 +49,6 @@ struct StageRows {
   static constexpr int kRowsPerPass = 32 / kLanesPerRow;             // bf16 8, fp8 16
   static constexpr int kPasses = Tr::kRowsPerWarp / kRowsPerPass;    // 4 warps: 2; 8: 4
   static_assert(Tr::kRowsPerWarp % kRowsPerPass == 0, "StageRows: whole passes per warp");
-  int key[kPasses];   // logical key of the row, -1 for none
-  int page[kPasses];  // its page id as read from the page table (checked at issue)
 
   __device__ __forceinline__ static int row(int pass) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -53,70 +56,112 @@ struct StageRows {
   }
 };
 
-// First half of a stage load: the logical keys of the thread's rows of the stage starting at
-// item slot `slot0`, and their page-table entries. Only global loads, no shared-memory writes,
-// so the kernel issues it a stage ahead and the page-table latency hides behind the math.
+// A stage is cut into boxes of B = 2^p.box_shift consecutive slots (B divides the page size, the
+// kv block and the stage, so a box's keys are consecutive and lie in one page). Lane b < kS / B of
+// every producer warp describes box b: its first key (-1: none) and that key's page-table entry.
+struct StageBox {
+  int key0 = -1;
+  int page = 0;
+};
+
+// First half of a stage load: the boxes of the stage starting at item slot `slot0` and their
+// page-table entries. Only global loads, no shared-memory writes, so the kernel issues it a stage
+// ahead and the page-table latency hides behind the wait for a free stage.
 template <bool kFp8, int kW>
-__device__ __forceinline__ void lookup_stage(const DecodeParams& p, const TileSource& src,
-                                             int slot0, StageRows<kFp8, kW>& r) {
-#pragma unroll
-  for (int pass = 0; pass < StageRows<kFp8, kW>::kPasses; ++pass) {
-    const int slot = slot0 + StageRows<kFp8, kW>::row(pass);
-    int j = -1;
+__device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const TileSource& src,
+                                                 int slot0) {
+  constexpr int kS = Traits<kFp8, kW>::kStageKeys;
+  const int lane = threadIdx.x & 31;
+  StageBox bx;
+  if (lane < (kS >> p.box_shift)) {
+    const int slot = slot0 + (lane << p.box_shift);
     if (slot < src.slot_end) {
       if (src.ids == nullptr) {
-        if (slot < src.lk) j = slot;
+        if (slot < src.lk) bx.key0 = slot;
       } else {
         const int e = slot >> p.block_shift;
         if (e < src.union_size) {
           const int key = (src.ids[e - src.e0] << p.block_shift) + (slot & (p.kv_block_size - 1));
-          if (key < src.lk) j = key;
+          if (key < src.lk) bx.key0 = key;
         }
       }
     }
-    r.key[pass] = j;
-    r.page[pass] = j >= 0 ? p.page_table[int64_t(src.b) * p.page_table_stride + (j >> p.page_shift)] : 0;
+    if (bx.key0 >= 0)
+      bx.page = p.page_table[int64_t(src.b) * p.page_table_stride + (bx.key0 >> p.page_shift)];
   }
+  return bx;
 }
 
-// Second half: checks the page ids (a bad one is reported and its slot zero-filled), issues the
-// 16-byte copies of K and V of the stage to `stage_base` (its K rows; the V rows sit
-// kStageKBytes further, Traits) and writes slot_key[row] = logical key or -1.
+// Second half, by the whole producer warpgroup. A box whose B keys all exist (below the request's
+// length) on a page id in range is loaded by TMA: lane b of warp 0 issues box b's K and V boxes,
+// after lane 0 announced the stage's TMA bytes on `full`. Every other box (the last, partial page
+// of a request, slots past the union or the item, a bad page id: reported) is copied row by row
+// with 16-byte cp.async that zero-fill the slots without a key, so no byte past a request's keys
+// ever reaches the math (DESIGN.md s.10: unused page slots may hold NaN). slot_key[row] gets the
+// logical key of every row or -1.
 template <bool kFp8, int kW>
 __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSource& src,
-                                            const StageRows<kFp8, kW>& r, uint32_t stage_base,
-                                            int* slot_key) {
+                                            const StageBox& bx, const CUtensorMap* tm_k,
+                                            const CUtensorMap* tm_v, uint64_t* full,
+                                            uint32_t stage_base, int* slot_key) {
   using Tr = Traits<kFp8, kW>;
   using Rows = StageRows<kFp8, kW>;
+  constexpr int kS = Tr::kStageKeys;
   constexpr int kElem = kFp8 ? 1 : 2;
-  const int sub = (threadIdx.x & 31) % Rows::kLanesPerRow;  // first chunk of this lane
+  constexpr int kHalves = kFp8 ? 1 : 2;  // 128-byte lines per row: one TMA box each
+  const int lane = threadIdx.x & 31;
+  const int box = 1 << p.box_shift;
+  const bool tma = bx.key0 >= 0 && bx.key0 + box <= src.lk && bx.page >= 0 && bx.page < p.num_pages;
+  const unsigned tma_boxes = __ballot_sync(0xffffffffu, tma);
+  if (threadIdx.x < 32) {
+    if (lane == 0 && tma_boxes)
+      sm90::mbar_expect_tx(full, uint32_t(__popc(tma_boxes)) * uint32_t(2 * box * Tr::kRowBytes));
+    __syncwarp();  // the bytes are announced before any box can complete
+    if (tma) {
+      const int slot = bx.key0 & (p.page_size - 1);
+      const int c1 = p.head_major ? slot : src.h, c2 = p.head_major ? src.h : slot;
+      const uint32_t dst = stage_base + uint32_t(lane * box * 128);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        sm90::tma_load_4d(dst + half * (kS * 128), tm_k, full, half * 64, c1, c2, bx.page);
+        sm90::tma_load_4d(dst + half * (kS * 128) + Tr::kStageKBytes, tm_v, full, half * 64, c1,
+                          c2, bx.page);
+      }
+    }
+  }
+  const int sub = lane % Rows::kLanesPerRow;  // first chunk of this lane
   const auto* kbase = static_cast<const uint8_t*>(p.k);
   const auto* vbase = static_cast<const uint8_t*>(p.v);
 #pragma unroll
   for (int pass = 0; pass < Rows::kPasses; ++pass) {
     const int row = Rows::row(pass);
-    int j = r.key[pass];
-    const int32_t page = r.page[pass];
-    int64_t koff = 0, voff = 0;
-    if (j >= 0) {
-      const int slot = j & (p.page_size - 1);
-      if (page < 0 || page >= p.num_pages) {
-        if (sub == 0)
-          report(p, Offence::page, uint64_t(src.b) * uint64_t(p.max_pages) + uint64_t(j >> p.page_shift),
-                 StatusCode::page_id_out_of_range);
-        j = -1;
-      } else {
-        koff = (page * p.k_stride_page + slot * p.k_stride_slot + src.h * p.k_stride_head) * kElem;
-        voff = (page * p.v_stride_page + slot * p.v_stride_slot + src.h * p.v_stride_head) * kElem;
+    const int b = row >> p.box_shift;
+    const int key0 = __shfl_sync(0xffffffffu, bx.key0, b);
+    const int32_t page = __shfl_sync(0xffffffffu, bx.page, b);
+    int j = key0 >= 0 && key0 + (row & (box - 1)) < src.lk ? key0 + (row & (box - 1)) : -1;
+    if (!((tma_boxes >> b) & 1u)) {
+      int64_t koff = 0, voff = 0;
+      if (j >= 0) {
+        const int slot = j & (p.page_size - 1);
+        if (page < 0 || page >= p.num_pages) {
+          if (sub == 0)
+            report(p, Offence::page,
+                   uint64_t(src.b) * uint64_t(p.max_pages) + uint64_t(j >> p.page_shift),
+                   StatusCode::page_id_out_of_range);
+          j = -1;
+        } else {
+          koff = (page * p.k_stride_page + slot * p.k_stride_slot + src.h * p.k_stride_head) * kElem;
+          voff = (page * p.v_stride_page + slot * p.v_stride_slot + src.h * p.v_stride_head) * kElem;
+        }
       }
-    }
-    const uint32_t bytes = j >= 0 ? 16u : 0u;
+      const uint32_t bytes = j >= 0 ? 16u : 0u;
 #pragma unroll
-    for (int i = 0; i < Rows::kChunksPerLane; ++i) {
-      const int chunk = sub + Rows::kLanesPerRow * i;
-      const uint32_t dst = stage_base + tile_offset<kFp8>(row, chunk);
-      cp_async_16(dst, kbase + koff + chunk * 16, bytes);
-      cp_async_16(dst + Tr::kStageKBytes, vbase + voff + chunk * 16, bytes);
+      for (int i = 0; i < Rows::kChunksPerLane; ++i) {
+        const int chunk = sub + Rows::kLanesPerRow * i;
+        const uint32_t dst = stage_base + tile_offset<kFp8, kS>(row, chunk);
+        cp_async_16(dst, kbase + koff + chunk * 16, bytes);
+        cp_async_16(dst + Tr::kStageKBytes, vbase + voff + chunk * 16, bytes);
+      }
     }
     if (sub == 0) slot_key[row] = j;
   }

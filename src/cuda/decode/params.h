@@ -63,6 +63,8 @@ struct DecodeParams {
   int32_t batch = 0, total_q = 0, num_kv_heads = 0, group = 1, group_shift = 0;
   int32_t topk = 0, kv_block_size = 128, block_shift = 7;
   int32_t page_size = 0, page_shift = 0, max_pages = 0, num_pages = 0;
+  int32_t head_major = 0;                 // pool [pages, Hkv, page_size, D] (TMA coordinates)
+  int32_t box_shift = 7;                  // log2 of the key slots of one TMA box (load.cuh)
   int32_t max_queries = 1, queries_per_chunk = 1, rows_max = 16;
   int32_t bitmap_words = 0;               // sparse: union bitmap capacity in 32-bit words
   int32_t warps = 8;                      // main-kernel CTA width (plan.h Geometry::warps)

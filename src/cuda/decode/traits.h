@@ -70,10 +70,10 @@ struct Traits {
 };
 
 // Dynamic shared memory of one CTA: pipeline, slot keys, stage barriers, then (sparse) the union
-// scratch.
+// scratch, plus the slack that puts the pipeline on a 1024-byte boundary (kernel.cuh).
 template <bool kFp8, int kW>
 constexpr size_t smem_bytes(int bitmap_words) {
-  return Traits<kFp8, kW>::kPipeBytes + Traits<kFp8, kW>::kSlotKeyBytes +
+  return 1024 + Traits<kFp8, kW>::kPipeBytes + Traits<kFp8, kW>::kSlotKeyBytes +
          Traits<kFp8, kW>::kBarrierBytes +
          (bitmap_words > 0 ? size_t(2 * kMaxItemEntries + 2 * bitmap_words + 64) * sizeof(int) : 0);
 }
