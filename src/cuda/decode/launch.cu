@@ -170,14 +170,16 @@ void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& 
   const DecodeParams p = make_params(a, s, g, w, workspace);
   const bool f16 = a.q.dtype == DType::f16;
   const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
-  // Boxes of one 128-byte line: all 128 fp8 columns, or 64 of bf16 / f16. An empty pool gets no
-  // map (every page id is out of range, so no box is ever loaded by TMA).
+  // Boxes of one 128-byte line: all 128 fp8 columns, or 64 of bf16 / f16. A 128-byte L2 fetch per
+  // line: fp8 NHD rows are one line, and with 256 bytes every row pulled in a line of the next
+  // head, which the per-head sparse selections rarely read (DEC-MTP fp8, RESULTS.md). An empty
+  // pool gets no map (every page id is out of range, so no box is ever loaded by TMA).
   CUtensorMap tm_k{}, tm_v{};
   if (p.num_pages > 0) {
     const bool nhd = s.layout == KVLayout::paged_nhd;
     const uint32_t cols = fp8 ? 128u : 64u, keys = 1u << p.box_shift;
-    tm_k = make_tma_paged(a.kv.k.values, nhd, cols, keys, "k", "decode");
-    tm_v = make_tma_paged(a.kv.v.values, nhd, cols, keys, "v", "decode");
+    tm_k = make_tma_paged(a.kv.k.values, nhd, cols, keys, "k", "decode", 128);
+    tm_v = make_tma_paged(a.kv.v.values, nhd, cols, keys, "v", "decode", 128);
   }
   if (fp8) {
     if (f16) decode::launch<__half, true>(p, tm_k, tm_v, stream);

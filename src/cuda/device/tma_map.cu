@@ -51,7 +51,10 @@ CUtensorMap make_tma_3d(const Tensor& t, uint32_t box_cols, uint32_t box_heads,
 }
 
 CUtensorMap make_tma_paged(const Tensor& pool, bool slots_outer, uint32_t box_cols,
-                           uint32_t box_keys, const char* name, const char* op) {
+                           uint32_t box_keys, const char* name, const char* op,
+                           uint32_t l2_promotion) {
+  MSA_CHECK(l2_promotion == 128 || l2_promotion == 256, op, ": L2 promotion of 128 or 256 bytes, got ",
+            l2_promotion);
   const size_t es = dtype_size(pool.dtype);
   cuuint64_t dims[4], strides[3];
   for (int i = 0; i < 4; ++i) dims[i] = cuuint64_t(pool.shape[3 - i]);
@@ -69,7 +72,8 @@ CUtensorMap make_tma_paged(const Tensor& pool, bool slots_outer, uint32_t box_co
   CUtensorMap m;
   const CUresult r = encode_fn()(&m, tma_type(pool.dtype), 4, pool.data, dims, strides, box, elem,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 l2_promotion == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                     : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MSA_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (", int(r), ") for the paged ",
             name, " pool ", pool.describe());

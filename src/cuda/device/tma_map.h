@@ -21,7 +21,11 @@ CUtensorMap make_tma_3d(const Tensor& t, uint32_t box_cols, uint32_t box_heads,
 // D]; box `box_cols` columns x `box_keys` slots x 1 head x 1 page, 128-byte swizzle. Any strides
 // of the view work if they are positive multiples of 16 bytes below 2^40 (a dim of extent 1 gets
 // a stand-in stride: it is never stepped); otherwise an msa::Error naming `name` and `op`.
+// `l2_promotion` (128 or 256 bytes): the L2 fetch granularity of a box row. 256 suits rows whose
+// neighbour line is read too (16-bit D = 128: both halves); 128 keeps a 128-byte row from
+// pulling in its neighbour, another head's data in a [pages, page_size, Hkv, D] fp8 pool.
 CUtensorMap make_tma_paged(const Tensor& pool, bool slots_outer, uint32_t box_cols,
-                           uint32_t box_keys, const char* name, const char* op);
+                           uint32_t box_keys, const char* name, const char* op,
+                           uint32_t l2_promotion = 256);
 
 }  // namespace msa::cuda
