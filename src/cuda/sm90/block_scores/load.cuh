@@ -51,7 +51,7 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
         sm90::tma_load_3d(sh.q[r] + half * kHalfQ, tm_q, &sh.q_full, half * 64,
                           int32_t(h * p.group), int32_t(t0 + r * tokens_per_group));
   }
-  ItemIter iter(p, t0, t1);
+  ItemCursor iter(p, t0, t1);
   // Per-key scales: each lane copies 4 of the block's 128 by cp.async (zeros past lk) and
   // arrives on k_full when they land, so the producer never waits on their global latency (a
   // round trip per stage that starved the consumers once FP8 made the math faster: ncu, session
@@ -72,8 +72,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
   int kb;
   bool fresh;
   int64_t it = 0;
-  for (; iter.next(kb, fresh); ++it) {
-    const Segment& seg = iter.segment();
+  Segment seg;  // the current item's segment (next writes it when one opens)
+  for (; iter.next(kb, fresh, seg); ++it) {
     const int stage = int(it % kStages);
     const int64_t key0 = seg.k0 + int64_t(kb) * kBlockN;
     if (it >= kStages) sm90::mbar_wait(&sh.k_empty[stage], uint32_t(((it / kStages) + 1) & 1));

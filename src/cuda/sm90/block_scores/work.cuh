@@ -63,56 +63,33 @@ __device__ __forceinline__ bool per_key_scales(const Params& p) {
 // (made when its scale copies land) when keys carry per-key scales.
 __device__ __forceinline__ uint32_t k_full_arrivals(bool per_key) { return per_key ? 33u : 1u; }
 
-// The CTA's (segment, block) work items in order, as the producer walks them (the consumers walk
-// the same order with ItemCursor).
-class ItemIter {
- public:
-  __device__ ItemIter(const Params& p, int64_t t0, int64_t t1)
-      : p_(p), t0_(t0), t1_(t1), b_(p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0) {}
-  // Next item: block kb, and whether it opens a new segment (then segment() describes it).
-  // False when the tile has no more.
-  __device__ bool next(int& kb, bool& fresh) {
-    fresh = false;
-    while (kb_ + 1 >= cur_.nblocks) {
-      if (!next_segment(p_, t0_, t1_, b_, cur_)) return false;
-      kb_ = -1;
-      fresh = true;
-    }
-    kb = int(++kb_);  // kb * 128 < lk < 2^31 (launch.cu)
-    return true;
-  }
-  __device__ const Segment& segment() const { return cur_; }
-
- private:
-  const Params& p_;
-  int64_t t0_, t1_, b_;
-  Segment cur_{0, 0, 0, 0, 0, 0, 0};
-  int64_t kb_ = -1;
-};
-
 // What the consumers' epilogue setup (segment_rows) reads of a segment, in 32 bits: token and
 // key counts are < 2^31 (launch.cu).
 struct SegBounds {
   int32_t q0, lq, lk, t_begin, t_end;
 };
+__device__ __forceinline__ void describe(const Segment& s, Segment& out) { out = s; }
+__device__ __forceinline__ void describe(const Segment& s, SegBounds& out) {
+  out = SegBounds{int32_t(s.q0), int32_t(s.lq), int32_t(s.lk), int32_t(s.t_begin), int32_t(s.t_end)};
+}
 
-// The consumers' walk over the same items as ItemIter: between items only the block counter and
-// the segment's block count stay live; a new segment's bounds go to the caller's `seg`, so they
-// live only until the caller has used them (ItemIter's Segment kept ~14 registers live through
-// the whole block loop).
+// The CTA's (segment, block) work items in order, as both roles walk them. Between items only the
+// block counter and the segment's block count stay live; a new segment goes to the caller's
+// `seg`, so the consumers hold its fields only until they have used them (a Segment kept in the
+// walker held ~14 registers through the whole block loop).
 class ItemCursor {
  public:
   __device__ ItemCursor(const Params& p, int64_t t0, int64_t t1)
       : p_(p), t0_(t0), t1_(t1), b_(p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0) {}
-  // Next item: block kb; fresh when it opens a new segment, then described in seg (else seg is
-  // not written). False when the tile has no more.
-  __device__ bool next(int& kb, bool& fresh, SegBounds& bounds) {
+  // Next item: block kb; fresh when it opens a new segment, then described in out (a Segment,
+  // or its SegBounds; else out is not written). False when the tile has no more.
+  template <typename Out>
+  __device__ bool next(int& kb, bool& fresh, Out& out) {
     fresh = false;
     while (kb_ + 1 >= nblocks_) {
       Segment seg;
       if (!next_segment(p_, t0_, t1_, b_, seg)) return false;
-      bounds = SegBounds{int32_t(seg.q0), int32_t(seg.lq), int32_t(seg.lk), int32_t(seg.t_begin),
-                         int32_t(seg.t_end)};
+      describe(seg, out);
       nblocks_ = int(seg.nblocks);  // <= nblk_max < 2^24
       kb_ = -1;
       fresh = true;
