@@ -4,7 +4,8 @@
 // decode's 16-row tiles are too small for wgmma's 64. Used by kernel.cuh.
 //
 // FP8 KV runs f16 MMAs on the e4m3 values converted exactly in registers (ptx.cuh, one cvt per
-// pair: 3 instructions per 4 K bytes, 4 per 4 V bytes; the per-tensor scales apply to S and O in
+// pair, reading either half of a register: 2 instructions per 4 K bytes, 3 per 4 V bytes with one
+// byte permute; the per-tensor scales apply to S and O in
 // fp32). With the warps of a 16-row CTA (sparse) splitting each stage's keys, every element is
 // converted once per CTA. Its contraction order over d differs from bf16's so that one
 // ldmatrix of fp8 bytes feeds whole k-steps: q_dim and o_dim say which head-dim element each
@@ -156,9 +157,11 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
         uint32_t r[4];
         ldmatrix_x4(r, k_stage + tile_offset<true, kS>(row, 4 * pp + (lane >> 3)));
 #pragma unroll
-        for (int mi = 0; mi < 4; ++mi)
-          mma_16816<TM>(s[nt], w.qa[4 * pp + mi], e4m3_pair<kBytes01>(r[mi]),
-                        e4m3_pair<kBytes23>(r[mi]));
+        for (int mi = 0; mi < 4; ++mi) {
+          uint32_t b0, b1;
+          e4m3x4_pairs_01_23(r[mi], b0, b1);
+          mma_16816<TM>(s[nt], w.qa[4 * pp + mi], b0, b1);
+        }
       }
     }
   }
@@ -179,35 +182,45 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
       mx[1] = fmaxf(mx[1], s[nt][2 + e]);
     }
   }
-  float alpha[2], mu[2];
+  // Lazy rescaling: a row's reference max w.m moves only when the new max passes it by more than
+  // kSlack (log2 units), so most steps skip the 64 multiplies of O. Exact: any reference works as
+  // long as the terms stay finite, and exp2(s - w.m) <= 2^kSlack = 256 here (f16 / bf16 P keep
+  // their relative precision; l and O are f32). A row whose keys were all masked so far keeps
+  // w.m = -inf, and its terms use 0 as the reference: exp2(-inf - 0) = 0, no NaN.
+  constexpr float kSlack = 8.f;
+  bool grow[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-    const float m_new = fmaxf(w.m[i], mx[i]);
-    mu[i] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0, no NaN
-    alpha[i] = exp2f(w.m[i] - mu[i]);
-    w.m[i] = m_new;
+    grow[i] = mx[i] > w.m[i] + kSlack;  // false while both are -inf
   }
+  if (__any_sync(0xffffffffu, grow[0] || grow[1])) {
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      alpha[i] = grow[i] ? fast_exp2(w.m[i] - mx[i]) : 1.f;  // -inf - x: 0 (O and l are 0 then)
+      if (grow[i]) w.m[i] = mx[i];
+      w.l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w.o[nt][k] *= alpha[k >> 1];
+  }
+  const float mu[2] = {w.m[0] == -INFINITY ? 0.f : w.m[0], w.m[1] == -INFINITY ? 0.f : w.m[1]};
   float sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
     if (nt >= nn) break;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      s[nt][k] = exp2f(s[nt][k] - mu[k >> 1]);
+      s[nt][k] = fast_exp2(s[nt][k] - mu[k >> 1]);
       sum[k >> 1] += s[nt][k];
     }
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) w.l[i] = w.l[i] * alpha[i] + sum[i];
-  // The running max rarely moves once a row has seen some keys: skip the 64 multiplies then.
-  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) w.o[nt][k] *= alpha[k >> 1];
-  }
+  for (int i = 0; i < 2; ++i) w.l[i] += sum[i];
 
   // O += P V: P from the S accumulators (keys 16 kk + 2c.. as the A k slots), V through
   // ldmatrix.trans so each register pairs two keys of one head dim.
@@ -235,10 +248,13 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
       for (int qq = 0; qq < 4; ++qq) {
         uint32_t r[4];
         ldmatrix_x4_trans(r, v_stage + tile_offset<true, kS>(vrow, 2 * qq + (lane >> 4)));
-        mma_16816<TM>(w.o[4 * qq], a, e4m3_pair<kBytes02>(r[0]), e4m3_pair<kBytes02>(r[1]));
-        mma_16816<TM>(w.o[4 * qq + 1], a, e4m3_pair<kBytes13>(r[0]), e4m3_pair<kBytes13>(r[1]));
-        mma_16816<TM>(w.o[4 * qq + 2], a, e4m3_pair<kBytes02>(r[2]), e4m3_pair<kBytes02>(r[3]));
-        mma_16816<TM>(w.o[4 * qq + 3], a, e4m3_pair<kBytes13>(r[2]), e4m3_pair<kBytes13>(r[3]));
+        uint32_t e[4][2];  // e[i]: register i as its (0, 2) and (1, 3) byte pairs
+#pragma unroll
+        for (int i = 0; i < 4; ++i) e4m3x4_pairs_02_13(r[i], e[i][0], e[i][1]);
+        mma_16816<TM>(w.o[4 * qq], a, e[0][0], e[1][0]);
+        mma_16816<TM>(w.o[4 * qq + 1], a, e[0][1], e[1][1]);
+        mma_16816<TM>(w.o[4 * qq + 2], a, e[2][0], e[3][0]);
+        mma_16816<TM>(w.o[4 * qq + 3], a, e[2][1], e[3][1]);
       }
     }
   }

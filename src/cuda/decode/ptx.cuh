@@ -81,19 +81,34 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
       : "r"(x));
   return d;
 }
-// Bytes i and j of x (i in the low half) as f16x2.
-template <int kSelector>
-__device__ __forceinline__ uint32_t e4m3_pair(uint32_t x) {
-  if constexpr (kSelector == 0x10)
-    return e4m3x2_to_f16x2(x);
-  else if constexpr (kSelector == 0x32)
-    return e4m3x2_to_f16x2(x >> 16);
-  else
-    return e4m3x2_to_f16x2(__byte_perm(x, 0u, kSelector));
+// The high two bytes of x (byte 2 in the low half) as f16x2: the conversion reads the register's
+// upper half directly, no shift.
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t x) {
+  uint32_t d;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}"
+      : "=r"(d)
+      : "r"(x));
+  return d;
 }
-constexpr int kBytes01 = 0x10;  // __byte_perm selectors of the low two result bytes
-constexpr int kBytes23 = 0x32;
-constexpr int kBytes02 = 0x20;
-constexpr int kBytes13 = 0x31;
+// Four e4m3 bytes as two f16x2: bytes (0, 1) and (2, 3).
+__device__ __forceinline__ void e4m3x4_pairs_01_23(uint32_t x, uint32_t& p01, uint32_t& p23) {
+  p01 = e4m3x2_to_f16x2(x);
+  p23 = e4m3x2_hi_to_f16x2(x);
+}
+// Four e4m3 bytes as two f16x2: bytes (0, 2) and (1, 3), with one byte permute for both.
+__device__ __forceinline__ void e4m3x4_pairs_02_13(uint32_t x, uint32_t& p02, uint32_t& p13) {
+  const uint32_t y = __byte_perm(x, 0u, 0x3120);  // bytes 0, 2, 1, 3
+  p02 = e4m3x2_to_f16x2(y);
+  p13 = e4m3x2_hi_to_f16x2(y);
+}
+
+// 2^x on the SFU alone (ex2.approx.ftz: ~2^-22 relative error; a result below 2^-126 becomes 0,
+// -inf gives 0, NaN stays NaN). exp2f adds a range fix-up for subnormal results around it; the
+// softmax sums here always hold a term >= 1, so no subnormal term can matter.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 }  // namespace msa::cuda::decode
