@@ -1,10 +1,10 @@
 // The decode main kernel: one CTA per (work item, kv head). It checks its request and builds the
 // sparse union (union.cuh, all threads); then the producer warpgroup streams the item's key slots
-// into a ring of stages (load.cuh: page lookups and cp.async, each stage's arrival on its `full`
-// mbarrier), while the consumer warps attend their (row tile, key partition) share of every stage
-// (attend.cuh) and free it by arriving at its named barrier; the consumers merge (epilogue.cuh),
-// the last split of a request merges the splits (combine.cuh) and the last CTA to finish writes
-// the status (status.cuh). Included by launch_kernels.cuh only.
+// into a ring of stages (load.cuh: page lookups, TMA boxes and cp.async rows, each stage's arrival
+// on its `full` mbarrier), while the consumer warps attend their (row tile, key partition) share of
+// every stage (attend.cuh) and free it by arriving at its named barrier; the consumers merge
+// (epilogue.cuh), the last split of a request merges the splits (combine.cuh) and the last CTA to
+// finish writes the status (status.cuh). Included by launch_kernels.cuh only.
 //
 // Consumer roles: rows = queries x G (<= 16 kW) form nrt 16-row tiles; the kW consumer warps
 // split as nrt row tiles x kp key partitions (kp the largest power of two <= kW / nrt), warp w
@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       // Each producer thread arrives twice per fill: once plainly after its slot-key stores
-      // (release), once by cp.async.mbarrier.arrive when its copies land.
+      // (release), once by cp.async.mbarrier.arrive when its copies land. The TMA boxes add
+      // their bytes (announced by lane 0 of warp 0 before its plain arrival).
       sm90::mbar_init(&full[s], 2 * Tr::kProducerThreads);
     }
     sm90::fence_barrier_init();

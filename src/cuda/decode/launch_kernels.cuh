@@ -35,11 +35,13 @@ void launch(const DecodeParams& p, const CUtensorMap& tm_k, const CUtensorMap& t
   if (grid == 0)
     status_kernel<TQ><<<1, 32, 0, stream>>>(p);
   else if (p.warps == 4)
-    decode_kernel<TQ, kFp8, 4><<<grid, Traits<kFp8, 4>::kThreads, smem_bytes<kFp8, 4>(p.bitmap_words),
-                                 stream>>>(p, tm_k, tm_v);
+    decode_kernel<TQ, kFp8, 4>
+        <<<grid, Traits<kFp8, 4>::kThreads, smem_bytes<kFp8, 4>(p.bitmap_words), stream>>>(
+            p, tm_k, tm_v);
   else
-    decode_kernel<TQ, kFp8, 8><<<grid, Traits<kFp8, 8>::kThreads, smem_bytes<kFp8, 8>(p.bitmap_words),
-                                 stream>>>(p, tm_k, tm_v);
+    decode_kernel<TQ, kFp8, 8>
+        <<<grid, Traits<kFp8, 8>::kThreads, smem_bytes<kFp8, 8>(p.bitmap_words), stream>>>(
+            p, tm_k, tm_v);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -150,8 +150,10 @@ __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSou
                    StatusCode::page_id_out_of_range);
           j = -1;
         } else {
-          koff = (page * p.k_stride_page + slot * p.k_stride_slot + src.h * p.k_stride_head) * kElem;
-          voff = (page * p.v_stride_page + slot * p.v_stride_slot + src.h * p.v_stride_head) * kElem;
+          koff =
+              (page * p.k_stride_page + slot * p.k_stride_slot + src.h * p.k_stride_head) * kElem;
+          voff =
+              (page * p.v_stride_page + slot * p.v_stride_slot + src.h * p.v_stride_head) * kElem;
         }
       }
       const uint32_t bytes = j >= 0 ? 16u : 0u;

@@ -2,12 +2,12 @@
 // pipeline depth and the shared-memory plan. Read by decode/kernel.cuh, decode/launch.cu and the
 // planner (plan.cpp sizes CTAs per SM from smem_bytes).
 //
-// A CTA is one producer warpgroup (page lookups and cp.async copies of every stage, at few
-// registers) and kW consumer warps (the math, at many), handing stages over by mbarriers, so a
-// consumer's step is its math alone. Two widths (plan.cpp picks one per plan): 8 consumer warps
-// for up to 128 query rows (dense multi-query), one CTA per SM; 4 for up to 64 rows, with half
-// the stage bytes so that two CTAs share an SM and one's prologue (union build, first loads) and
-// epilogue (merge, partial write) hide behind the other's streaming.
+// A CTA is one producer warpgroup (page lookups, the TMA boxes and the cp.async copies of partial
+// boxes of every stage, at few registers) and kW consumer warps (the math, at many), handing stages
+// over by mbarriers, so a consumer's step is its math alone. Two widths (plan.cpp picks one per
+// plan): 8 consumer warps for up to 128 query rows (dense multi-query), one CTA per SM; 4 for up to
+// 64 rows, with half the stage bytes so that two CTAs share an SM and one's prologue (union build,
+// first loads) and epilogue (merge, partial write) hide behind the other's streaming.
 #pragma once
 
 #include <cstddef>
@@ -37,7 +37,7 @@ struct Traits {
   static constexpr int kChunks = kRowBytes / 16;                    // 16-byte chunks per row
   // A pipeline stage holds K then V of kStageKeys consecutive key slots of the item, 8 KB per
   // warp (64 KB for 8 warps, 32 KB for 4), and each loop step (one barrier, one softmax update
-  // per warp) consumes one stage. The step's fixed cost (cp.async wait + __syncthreads, the
+  // per warp) consumes one stage. The step's fixed cost (the stage wait and release, the
   // page-table lookahead, the softmax shuffles and exp chain) does not shrink with the element
   // size: with 32 KB fp8 steps in the 8-warp CTA, fp8 ran at bf16's time per tile (DEC-MTP 389 vs
   // 366 us, RESULTS.md), so a step moves the same bytes for both kinds, i.e. fp8 steps cover

@@ -53,8 +53,8 @@ CUtensorMap make_tma_3d(const Tensor& t, uint32_t box_cols, uint32_t box_heads,
 CUtensorMap make_tma_paged(const Tensor& pool, bool slots_outer, uint32_t box_cols,
                            uint32_t box_keys, const char* name, const char* op,
                            uint32_t l2_promotion) {
-  MSA_CHECK(l2_promotion == 128 || l2_promotion == 256, op, ": L2 promotion of 128 or 256 bytes, got ",
-            l2_promotion);
+  MSA_CHECK(l2_promotion == 128 || l2_promotion == 256, op,
+            ": L2 promotion of 128 or 256 bytes, got ", l2_promotion);
   const size_t es = dtype_size(pool.dtype);
   cuuint64_t dims[4], strides[3];
   for (int i = 0; i < 4; ++i) dims[i] = cuuint64_t(pool.shape[3 - i]);
