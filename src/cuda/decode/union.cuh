@@ -42,11 +42,73 @@ __device__ __forceinline__ int first_repeat(const int32_t* ids, int topk, int nb
   return -1;
 }
 
+// The union of one query's q2k row (topk <= 64) by warp 0 alone: the row's distinct valid ids in
+// ascending order, each ranked by counting the smaller distinct ids (two passes of topk shuffles),
+// instead of the bitmap, its scan and their five CTA barriers. The same entries, masks (bit 0)
+// and reports as the general path. Returns the union size. Ends with __syncthreads.
+__device__ __forceinline__ int build_union_one(const DecodeParams& p, const UnionSmem& u, int h,
+                                               int64_t t0, int lk, int e0, int e1) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, topk = p.topk;
+    const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;
+    const int64_t row_at = (int64_t(h) * p.total_q + t0) * topk;
+    int32_t id[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int s = lane + 32 * k;
+      id[k] = s < topk ? p.q2k[row_at + s] : -1;
+      if (id[k] < -1 || id[k] >= nblk) {
+        report(p, Offence::q2k, uint64_t(row_at + s), StatusCode::block_id_out_of_range);
+        id[k] = -1;
+      }
+    }
+    // A valid id is its row's first copy unless an earlier slot holds it.
+    bool first[2] = {id[0] >= 0, id[1] >= 0};
+    for (int s = 0; s < topk; ++s) {
+      const int y = __shfl_sync(0xffffffffu, s < 32 ? id[0] : id[1], s & 31);
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        if (y == id[k] && s < lane + 32 * k) first[k] = false;
+    }
+    // Rank: the distinct valid ids below it.
+    int rank[2] = {0, 0};
+    for (int s = 0; s < topk; ++s) {
+      const int y = __shfl_sync(0xffffffffu, s < 32 ? (first[0] ? id[0] : -1) : (first[1] ? id[1] : -1),
+                                s & 31);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) rank[k] += (y >= 0 && y < id[k]) ? 1 : 0;
+    }
+    const unsigned f0 = __ballot_sync(0xffffffffu, first[0]);
+    const unsigned f1 = __ballot_sync(0xffffffffu, first[1]);
+    const int size = __popc(f0) + __popc(f1);
+    // Entries of this item past the union (a last tile's tail) get empty masks.
+    for (int i = max(0, size - e0) + lane; i < e1 - e0; i += 32) u.masks[i] = 0u;
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      if (first[k] && rank[k] >= e0 && rank[k] < e1) {
+        u.ids[rank[k] - e0] = id[k];
+        u.masks[rank[k] - e0] = 1u;
+      }
+    const unsigned r0 = __ballot_sync(0xffffffffu, id[0] >= 0 && !first[0]);
+    const unsigned r1 = __ballot_sync(0xffffffffu, id[1] >= 0 && !first[1]);
+    if (lane == 0) {
+      if (r0 | r1) {
+        const int s = r0 ? __ffs(r0) - 1 : 32 + __ffs(r1) - 1;
+        report(p, Offence::q2k, uint64_t(row_at + s), StatusCode::block_id_repeated);
+      }
+      u.scan[0] = size;
+    }
+  }
+  __syncthreads();
+  return u.scan[0];
+}
+
 // Builds the union for queries [t0, t0 + nq) (global token ids, nq <= 32) of kv head h over a
 // request with lk keys, by a CTA of kW warps. Returns the union size. Ends with __syncthreads.
 template <int kW>
 __device__ __forceinline__ int build_union(const DecodeParams& p, const UnionSmem& u, int h, int64_t t0, int nq,
                            int lk, int e0, int e1) {
+  if (nq == 1 && p.topk <= 64) return build_union_one(p, u, h, t0, lk, e0, e1);
   constexpr int kThreads = 32 * kW;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;
