@@ -71,35 +71,18 @@ __device__ __forceinline__ uint32_t pack2(float x, float y) {
   }
 }
 
-// Two e4m3 values (x: bits 7..0 -> low half, bits 15..8 -> high half) to f16x2, exactly (every
-// e4m3 value is an f16; NaN stays NaN). One F2FP.F16.E4M3.UNPACK_B on sm_90a; it reads the low
-// 16 bits of a register, so the high pair costs one shift or byte permute more.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
-  uint32_t d;
-  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}"
-      : "=r"(d)
-      : "r"(x));
-  return d;
-}
-// The high two bytes of x (byte 2 in the low half) as f16x2: the conversion reads the register's
-// upper half directly, no shift.
-__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t x) {
-  uint32_t d;
-  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}"
-      : "=r"(d)
-      : "r"(x));
-  return d;
-}
-// Four e4m3 bytes as two f16x2: bytes (0, 1) and (2, 3).
+// Four e4m3 bytes to two f16x2, exactly (every e4m3 value is an f16; NaN stays NaN): bytes (0, 1)
+// into p01 (byte 0 in the low half), bytes (2, 3) into p23. One F2FP.F16.E4M3.UNPACK_B per pair on
+// sm_90a, reading either 16-bit half of the register, so no shift.
 __device__ __forceinline__ void e4m3x4_pairs_01_23(uint32_t x, uint32_t& p01, uint32_t& p23) {
-  p01 = e4m3x2_to_f16x2(x);
-  p23 = e4m3x2_hi_to_f16x2(x);
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, hi;\n}"
+      : "=r"(p01), "=r"(p23)
+      : "r"(x));
 }
 // Four e4m3 bytes as two f16x2: bytes (0, 2) and (1, 3), with one byte permute for both.
 __device__ __forceinline__ void e4m3x4_pairs_02_13(uint32_t x, uint32_t& p02, uint32_t& p13) {
-  const uint32_t y = __byte_perm(x, 0u, 0x3120);  // bytes 0, 2, 1, 3
-  p02 = e4m3x2_to_f16x2(y);
-  p13 = e4m3x2_hi_to_f16x2(y);
+  e4m3x4_pairs_01_23(__byte_perm(x, 0u, 0x3120), p02, p13);  // bytes 0, 2, 1, 3
 }
 
 // 2^x on the SFU alone (ex2.approx.ftz: ~2^-22 relative error; a result below 2^-126 becomes 0,
