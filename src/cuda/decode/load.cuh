@@ -97,7 +97,7 @@ __device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const Ti
 // after lane 0 announced the stage's TMA bytes on `full`. Every other box (the last, partial page
 // of a request, slots past the union or the item, a bad page id: reported) is copied row by row
 // with 16-byte cp.async that zero-fill the slots without a key, so no byte past a request's keys
-// ever reaches the math (DESIGN.md s.10: unused page slots may hold NaN). slot_key[row] gets the
+// ever reaches the math (DESIGN.md s.12: unused page slots may hold NaN). slot_key[row] gets the
 // logical key of every row or -1.
 template <bool kFp8, int kW>
 __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSource& src,
