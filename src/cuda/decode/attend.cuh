@@ -21,6 +21,7 @@
 
 #include "cuda/decode/load.cuh"
 #include "cuda/decode/ptx.cuh"
+#include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {
 
@@ -199,7 +200,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
     float alpha[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      alpha[i] = grow[i] ? fast_exp2(w.m[i] - mx[i]) : 1.f;  // -inf - x: 0 (O and l are 0 then)
+      alpha[i] = grow[i] ? sm90::fast_exp2(w.m[i] - mx[i]) : 1.f;  // -inf - x: 0 (O and l are 0 then)
       if (grow[i]) w.m[i] = mx[i];
       w.l[i] *= alpha[i];
     }
@@ -215,7 +216,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
     if (nt >= nn) break;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      s[nt][k] = fast_exp2(s[nt][k] - mu[k >> 1]);
+      s[nt][k] = sm90::fast_exp2(s[nt][k] - mu[k >> 1]);
       sum[k >> 1] += s[nt][k];
     }
   }

@@ -85,13 +85,4 @@ __device__ __forceinline__ void e4m3x4_pairs_02_13(uint32_t x, uint32_t& p02, ui
   e4m3x4_pairs_01_23(__byte_perm(x, 0u, 0x3120), p02, p13);  // bytes 0, 2, 1, 3
 }
 
-// 2^x on the SFU alone (ex2.approx.ftz: ~2^-22 relative error; a result below 2^-126 becomes 0,
-// -inf gives 0, NaN stays NaN). exp2f adds a range fix-up for subnormal results around it; the
-// softmax sums here always hold a term >= 1, so no subnormal term can matter.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 }  // namespace msa::cuda::decode

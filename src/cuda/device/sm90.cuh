@@ -57,6 +57,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// 2^x on the SFU alone (ex2.approx.ftz: ~2^-22 relative error; a result below 2^-126 becomes 0,
+// -inf gives 0, NaN stays NaN). exp2f adds a range fix-up for subnormal results around it, which
+// softmax terms never need: every row sum holds a term >= 1.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---- cp.async (4-byte, zero fill) tracked by an mbarrier ----------------------------------
 // Copies src_bytes (0 or 4) of src to the shared address dst and zero-fills the rest.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, uint32_t src_bytes) {

@@ -21,12 +21,6 @@
 
 namespace msa::cuda::sparse_fwd {
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -138,8 +132,8 @@ __device__ __forceinline__ void exp_row_local(float (&s)[64], float scale_log2, 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float d = fmaf(s[n * 4 + kOff + e], scale_log2, -base);
-        const float pv = fast_exp2(d);
-        t[e] += fast_exp2(d * inv_temp);
+        const float pv = sm90::fast_exp2(d);
+        t[e] += sm90::fast_exp2(d * inv_temp);
         s[n * 4 + kOff + e] = pv;
         a[e] += pv;
       }
@@ -148,7 +142,7 @@ __device__ __forceinline__ void exp_row_local(float (&s)[64], float scale_log2, 
     for (int n = 0; n < 16; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float pv = fast_exp2(fmaf(s[n * 4 + kOff + e], scale_log2, -base));
+        const float pv = sm90::fast_exp2(fmaf(s[n * 4 + kOff + e], scale_log2, -base));
         s[n * 4 + kOff + e] = pv;
         a[e] += pv;
       }

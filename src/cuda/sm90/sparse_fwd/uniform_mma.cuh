@@ -37,11 +37,11 @@ __device__ __forceinline__ float online_softmax_row(float (&s)[64], int limit, i
   const bool raise = bmax > r.m + kRescaleSlack;  // always while m = -inf and bmax is finite
   const float m_new = raise ? bmax : r.m;
   const float base = m_new == -INFINITY ? 0.f : m_new;
-  const float alpha = raise ? fast_exp2(r.m - base) : 1.f;
+  const float alpha = raise ? sm90::fast_exp2(r.m - base) : 1.f;
   float sum, tsum;
   exp_row_local<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
   r.l = r.l * alpha + sum;
-  if (inv_temp > 0.f) r.t = r.t * (raise ? fast_exp2((r.m - base) * inv_temp) : 1.f) + tsum;
+  if (inv_temp > 0.f) r.t = r.t * (raise ? sm90::fast_exp2((r.m - base) * inv_temp) : 1.f) + tsum;
   r.m = m_new;
   return alpha;
 }
