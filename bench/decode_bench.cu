@@ -77,13 +77,13 @@ struct Result {
   bool ok = true;
 };
 
-// One request of the GPU problem rebuilt on the host (its pages, q rows and q2k rows) and run
-// through the CPU decode; returns (rel L2 of out, max abs lse error) against the GPU output.
 // Shape of a K or V page pool: [pages, page_size, Hkv, D] (nhd) or [pages, Hkv, page_size, D].
 std::vector<int64_t> pool_shape(int64_t pages, int64_t ps, int64_t hkv, int64_t d, bool hnd) {
   return hnd ? std::vector<int64_t>{pages, hkv, ps, d} : std::vector<int64_t>{pages, ps, hkv, d};
 }
 
+// One request of the GPU problem rebuilt on the host (its pages, q rows and q2k rows) and run
+// through the CPU decode; returns (rel L2 of out, max abs lse error) against the GPU output.
 std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool fp8, const Buf& q,
                                         const Buf& k, const Buf& v, const std::vector<int32_t>& pt,
                                         int max_pages, const std::vector<int32_t>& cu,
@@ -119,10 +119,10 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   AttentionArgs a;
   a.q = Tensor(hq_rows.data(), DType::bf16, {lq, hq, d});
   a.kv.layout = hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
-  a.kv.k = fp8 ? QTensor(Tensor(hk.data(), kvt, pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd)), Tensor(&one, DType::f32, {1}))
-               : QTensor(Tensor(hk.data(), kvt, pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd)));
-  a.kv.v = fp8 ? QTensor(Tensor(hv.data(), kvt, pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd)), Tensor(&one, DType::f32, {1}))
-               : QTensor(Tensor(hv.data(), kvt, pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd)));
+  const std::vector<int64_t> pool_dims = pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd);
+  const Tensor unit_scale(&one, DType::f32, {1});
+  a.kv.k = fp8 ? QTensor(Tensor(hk.data(), kvt, pool_dims), unit_scale) : QTensor(Tensor(hk.data(), kvt, pool_dims));
+  a.kv.v = fp8 ? QTensor(Tensor(hv.data(), kvt, pool_dims), unit_scale) : QTensor(Tensor(hv.data(), kvt, pool_dims));
   a.kv.page_table = Tensor(page_ids.data(), DType::i32, {1, std::max<int64_t>(1, pages)});
   a.kv.seqused_k = Tensor(used.data(), DType::i32, {1});
   a.cu_seqlens_q = Tensor(cuq.data(), DType::i32, {2});
@@ -271,7 +271,8 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   }
   AttentionArgs a;
   a.q = Tensor(q.p, DType::bf16, {total_q, hq, d}, gpu);
-  const Tensor kt(k.p, kvt, pool_shape(total_pages, ps, hkv, d, o.hnd), gpu), vt(v.p, kvt, pool_shape(total_pages, ps, hkv, d, o.hnd), gpu);
+  const std::vector<int64_t> pool_dims = pool_shape(total_pages, ps, hkv, d, o.hnd);
+  const Tensor kt(k.p, kvt, pool_dims, gpu), vt(v.p, kvt, pool_dims, gpu);
   const Tensor sc(scale.p, DType::f32, {1}, gpu);
   a.kv.k = fp8 ? QTensor(kt, sc) : QTensor(kt);
   a.kv.v = fp8 ? QTensor(vt, sc) : QTensor(vt);

@@ -34,8 +34,9 @@ struct DecodeShape {
 // - run() launches one kernel on `stream` (the last split of a request to finish combines the
 //   splits), never allocates or synchronizes, and can be captured in a CUDA graph; replays read
 //   the current seqused_k and q2k. The workspace's split counters return to zero at the end of
-//   every run, so one plan serves one stream at a time. Device-side checks (cu_seqlens_q, seqused_k < 0, q2k ids, page ids) write the first
-//   offence to args.status; call check_status() to read it.
+//   every run, so one plan serves one stream at a time. Device-side checks (cu_seqlens_q,
+//   seqused_k < 0, q2k ids, page ids) write the first offence to args.status; call
+//   check_status() to read it.
 // - CUDA needs head_dim 128; tlse (temperature) and a k2q index are not supported; partials are
 //   always f32.
 class DecodePlan {

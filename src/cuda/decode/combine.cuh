@@ -22,7 +22,8 @@ __device__ __forceinline__ void combine_job(const DecodeParams& p, const Combine
   for (int idx = tid; idx < rows * 32; idx += kThreads) {
     const int r = idx >> 5, d = (idx & 31) * 4;
     float m = -INFINITY;
-    for (int s = 0; s < job.num_splits; ++s) m = fmaxf(m, __ldcg(p.part_lse + first + s * split_stride + r));
+    for (int s = 0; s < job.num_splits; ++s)
+      m = fmaxf(m, __ldcg(p.part_lse + first + s * split_stride + r));
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     float l = 0.f;
     if (m != -INFINITY) {
