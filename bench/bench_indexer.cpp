@@ -1,7 +1,7 @@
 // bench_indexer: BENCHMARKS.md IDX-32K-bf16 (and IDX-32K-fp8 with --fp8 1); the benchmark itself
 // is bench/indexer_bench.cpp.
-//   bench_indexer [--seq S] [--hq H] [--hkv H] [--topk K] [--fp8 0|1] [--iters N] [--warmup N]
-//                 [--json FILE]
+//   bench_indexer [--seq S] [--hq H] [--hkv H] [--topk K] [--fp8 0|1] [--fp8-scales token|tensor]
+//                 [--iters N] [--warmup N] [--json FILE]
 #include <cstdio>
 
 #include "bench/gpu_benches.h"

@@ -76,11 +76,13 @@ inline Tensor gpu_view(void* p, DType dt, std::vector<int64_t> shape) {
 }
 
 // The shape and timing options the single-shape benchmark programs share (BENCHMARKS.md
-// defaults: S 32768, Hq 64, Hkv 4, topK 16). `--fp8 1` only where `fp8_allowed`.
+// defaults: S 32768, Hq 64, Hkv 4, topK 16). `--fp8 1` and `--fp8-scales token|tensor` (FP8
+// scales per token, the default, or one per tensor) only where `fp8_allowed`.
 struct RunOptions {
   int64_t seq = 32768, hq = 64, hkv = 4, topk = 16;
   int warmup = 2, iters = 10;
   bool fp8 = false;
+  bool fp8_per_tensor = false;  // --fp8-scales tensor
   std::string json;  // append one JSON record per case when set
 };
 
@@ -98,6 +100,11 @@ inline RunOptions parse_run_options(int argc, char** argv, const char* program, 
     else if (k == "--warmup") o.warmup = std::atoi(v);
     else if (k == "--json") o.json = v;
     else if (k == "--fp8" && fp8_allowed) o.fp8 = std::atoi(v) != 0;
+    else if (k == "--fp8-scales" && fp8_allowed) {
+      const std::string sv = v;
+      MSA_CHECK(sv == "token" || sv == "tensor", program, ": --fp8-scales must be token or tensor, got ", sv);
+      o.fp8_per_tensor = sv == "tensor";
+    }
     else fail(program, ": unknown option ", k);
   }
   MSA_CHECK(o.seq > 0 && o.hkv > 0 && o.hq % o.hkv == 0 && o.iters > 0, program,

@@ -1,5 +1,7 @@
 // The indexer benchmark (gpu_benches.h; programs: bench_indexer, `msa bench`): BENCHMARKS.md
-// IDX-32K-bf16, and IDX-32K-fp8 with o.fp8 (q and k quantized per token by msa::quantize). Block
+// IDX-32K-bf16, and IDX-32K-fp8 with o.fp8 (q and k quantized per token by msa::quantize; with
+// o.fp8_per_tensor one scale per tensor instead, printed as IDX-32K-fp8-tensor: the kernel then
+// has no per-key scale multiply, which shows that multiply's cost). Block
 // scores materialized, the top-K on them, and the fused indexer + top-K, in TFLOP/s with FLOP =
 // 2 D Hq (visible pairs). A correctness check runs first: sampled score rows against an fp64 host
 // dot product of the (dequantized) inputs, and the fused ids against select_topk on the
@@ -44,13 +46,16 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   a.cu_seqlens_q = a.kv.cu_seqlens_k;
   a.scores = gpu_view(scores.get(), DType::f32, {o.hq, nblk, S});
   a.status = gpu_view(status.get(), DType::i32, {4});
-  // --fp8: the same inputs quantized per token on the GPU; the check dequantizes the same bits.
-  GpuBuffer q8(hq_.size()), k8(hk.size()), qs(size_t(S) * 4), ks(size_t(S) * 4);
+  // --fp8: the same inputs quantized on the GPU (per token, or per tensor); the check
+  // dequantizes the same bits.
+  const int64_t nsc = o.fp8_per_tensor ? 1 : S;
+  const auto fmt = o.fp8_per_tensor ? msa::QuantFormat::fp8_per_tensor : msa::QuantFormat::fp8_per_token;
+  GpuBuffer q8(hq_.size()), k8(hk.size()), qs(size_t(nsc) * 4), ks(size_t(nsc) * 4);
   if (o.fp8) {
-    const msa::QTensor q_fp8(gpu_view(q8.get(), DType::fp8_e4m3, {S, o.hq, D}), gpu_view(qs.get(), DType::f32, {S}));
-    const msa::QTensor k_fp8(gpu_view(k8.get(), DType::fp8_e4m3, {S, o.hkv, D}), gpu_view(ks.get(), DType::f32, {S}));
-    msa::quantize(a.q.values, msa::QuantFormat::fp8_per_token, q_fp8, s);
-    msa::quantize(a.kv.k.values, msa::QuantFormat::fp8_per_token, k_fp8, s);
+    const msa::QTensor q_fp8(gpu_view(q8.get(), DType::fp8_e4m3, {S, o.hq, D}), gpu_view(qs.get(), DType::f32, {nsc}));
+    const msa::QTensor k_fp8(gpu_view(k8.get(), DType::fp8_e4m3, {S, o.hkv, D}), gpu_view(ks.get(), DType::f32, {nsc}));
+    msa::quantize(a.q.values, fmt, q_fp8, s);
+    msa::quantize(a.kv.k.values, fmt, k_fp8, s);
     a.q = q_fp8;
     a.kv.k = k_fp8;
   }
@@ -127,7 +132,7 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   auto row = [&](const char* name, const Timing& x, bool rate) {
     std::printf("%-22s %9.3f %9.3f %9.3f %9.1f\n", name, x.median, x.min, x.max, rate ? flop / (x.median * 1e9) : 0.0);
   };
-  const std::string name = o.fp8 ? "IDX-32K-fp8" : "IDX-32K-bf16";
+  const std::string name = !o.fp8 ? "IDX-32K-bf16" : o.fp8_per_tensor ? "IDX-32K-fp8-tensor" : "IDX-32K-fp8";
   row((name + " scores").c_str(), ts, true);
   row((name + " topk").c_str(), tk, false);
   row((name + " fused").c_str(), tf, true);
