@@ -39,11 +39,14 @@ __device__ __forceinline__ void load_key_scales(const float* ks, int lane, float
 // x, or the canonical NaN when x is NaN, which the next max.NaN returns anyway.)
 // This runs for every S element: instruction issue, not the tensor cores, bounds the kernel
 // (ncu: issue slots 36-44% busy, ALU the busiest pipe), so nothing here is per-tile setup.
-// kRefill (with kScaled): once a column pair's scale has served both rows, k[n] is reloaded
-// from `next` (the next block's staged scales): the next block's scales arrive during this
-// epilogue in the same registers, instead of by a load whose shared-memory latency sits on
-// the warpgroup's chain between its two epilogues (session 6 run 3).
-template <bool kMasked, bool kScaled, bool kRefill = false>
+// Where the key scales come from (kScaled): kKeep, k as loaded (load_key_scales); kRefill, the
+// same, and once a column pair's scale has served both rows k[n] is reloaded from `next` (the
+// next block's staged scales): the next block's scales arrive during this epilogue in the same
+// registers, instead of by a load whose shared-memory latency sits on the warpgroup's chain
+// between its two epilogues (session 6 run 3); kSmem, each pair read from `next` (this block's
+// staged scales) where it is used, k untouched (the FP8 4-consumer CTA, Cfg: no scale registers).
+enum ScaleSrc { kKeep, kRefill, kSmem };
+template <bool kMasked, bool kScaled, int kSrc = kKeep>
 __device__ __forceinline__ void row_max2(const float (&s)[64], float2 (&k)[16], int lane,
                                          const int (&lim)[2], float (&out)[2],
                                          const float* next = nullptr) {
@@ -52,12 +55,14 @@ __device__ __forceinline__ void row_max2(const float (&s)[64], float2 (&k)[16], 
   float pair[2][4], elem[2][4];  // independent chains for ILP: pair-wise and element-wise folds
 #pragma unroll
   for (int n = 0; n < 16; ++n) {
+    float2 kn{1.f, 1.f};
+    if constexpr (kScaled) kn = kSrc == kSmem ? next2[n * 4] : k[n];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       float v0 = s[n * 4 + 2 * u], v1 = s[n * 4 + 2 * u + 1];
       if constexpr (kScaled) {
-        v0 *= k[n].x;
-        v1 *= k[n].y;
+        v0 *= kn.x;
+        v1 *= kn.y;
       }
       const float p = nan_max(v0, v1);
       pair[u][n & 3] = n < 4 ? p : nan_max(pair[u][n & 3], p);
@@ -67,7 +72,7 @@ __device__ __forceinline__ void row_max2(const float (&s)[64], float2 (&k)[16], 
         elem[u][n & 3] = nan_max(n < 4 ? v0 : nan_max(elem[u][n & 3], v0), v1);
       }
     }
-    if constexpr (kRefill) k[n] = next2[n * 4];
+    if constexpr (kSrc == kRefill) k[n] = next2[n * 4];
   }
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
@@ -207,8 +212,9 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds
 // scale joins the query scale after the max.
 // kFused (p.scores == nullptr) is the caller's loop flag: a runtime test here kept the other
 // path's code and branches in each loop, ~10 instructions per tile on the unfused FP8 loop.
-// kRefill (with kPerKey): k is reloaded from k_next meanwhile (row_max2).
-template <Elem kElem, bool kPerKey, bool kFused, bool kRefill = false>
+// kSrc (with kPerKey): where the key scales come from (row_max2; k_next: the next block's
+// staged scales for kRefill, this block's for kSmem).
+template <Elem kElem, bool kPerKey, bool kFused, int kSrc = kKeep>
 __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, const float (&s)[64],
                                          const SegRows& sr, int kb, int64_t kb_off, int lane,
                                          float2 (&k)[16], int sel_slot,
@@ -216,13 +222,13 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
   const int key0 = kb * kBlockN;
   float m[2];
   if (key0 + (kBlockN - 1) <= sr.full_last) {
-    row_max2<false, kPerKey, kRefill>(s, k, lane, sr.last, m, k_next);
+    row_max2<false, kPerKey, kSrc>(s, k, lane, sr.last, m, k_next);
   } else {
     // Diagonal or tail block: per-row limits in this block's columns, in [-1, 127].
     int lim[2];
 #pragma unroll
     for (int u = 0; u < 2; ++u) lim[u] = max(-1, min(kBlockN - 1, sr.last[u] - key0));
-    row_max2<true, kPerKey, kRefill>(s, k, lane, lim, m, k_next);
+    row_max2<true, kPerKey, kSrc>(s, k, lane, lim, m, k_next);
   }
   if constexpr (kElem == Elem::e4m3) {
 #pragma unroll

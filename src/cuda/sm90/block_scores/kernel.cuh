@@ -19,7 +19,7 @@
 namespace msa::cuda::indexer_sm90 {
 
 template <Elem kElem, int kRowGroups>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Cfg<kElem>::kThreads, 1)
     block_scores_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k, const Params p) {
   extern __shared__ uint8_t smem_raw[];
@@ -30,14 +30,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t t0 = tile * p.tokens_per_cta;
   const int64_t t1 = t0 + p.tokens_per_cta < p.total_q ? t0 + p.tokens_per_cta : p.total_q;
   const int wg = threadIdx.x / 128;
+  constexpr int kC = Cfg<kElem>::kConsumers;
   if (threadIdx.x == 0) {
     sm90::mbar_init(&sh.q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       sm90::mbar_init(&sh.k_full[s], k_full_arrivals(per_key_scales<kElem>(p)));
-      sm90::mbar_init(&sh.k_empty[s], per_key_scales<kElem>(p) ? kConsumers * 128 : kConsumers * 4);
+      sm90::mbar_init(&sh.k_empty[s], per_key_scales<kElem>(p) ? kC * 128 : kC * 4);
     }
     for (int s = 0; s < kSelRing; ++s) {  // fused: consumers running epilogues / selectors
-      sm90::mbar_init(&sh.sel_full[s], p.row_groups == 1 ? 128 : kConsumers * 128);
+      sm90::mbar_init(&sh.sel_full[s], (p.row_groups < kC ? p.row_groups : kC) * 128);
       sm90::mbar_init(&sh.sel_empty[s], kSelectors);
     }
     sm90::fence_barrier_init();
@@ -46,15 +47,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (wg == 0) {
-    sm90::regs_dealloc<kProducerRegs>();
+    sm90::regs_dealloc<Cfg<kElem>::kProducerRegs>();
     if (threadIdx.x < 32) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
     else if (p.scores == nullptr) {
-      if (threadIdx.x < 32 + kSelectors) run_selector(p, sh, t0, t1, threadIdx.x - 32);
+      if (threadIdx.x < 32 + kSelectors) run_selector<kC>(p, sh, t0, t1, threadIdx.x - 32);
     } else {
       fill_tail(p, h, t0, t1, threadIdx.x / 32 - 1, 3, threadIdx.x & 31);
     }
   } else {
-    sm90::regs_alloc<kConsumerRegs>();
+    sm90::regs_alloc<Cfg<kElem>::kConsumerRegs>();
     run_consumer<kElem, kRowGroups>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);
   }
 }

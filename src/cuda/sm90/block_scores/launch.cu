@@ -131,8 +131,9 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
           : tm_q;
   const dim3 grid(unsigned((p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta), unsigned(p.num_kv_heads));
   const auto kernel = pick_kernel(dt, p.row_groups);
+  const int threads = dt == DType::fp8_e4m3 ? Cfg<Elem::e4m3>::kThreads : Cfg<Elem::bf16>::kThreads;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_k, p);
+  kernel<<<grid, threads, kSmemBytes, stream>>>(tm_q, tm_k, p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -112,16 +112,17 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   // Epilogue of item it (block blk) for one row group. Scores offset of block blk: total_q < 2^31
   // (launch.cu), one 32 x 32 -> 64-bit multiply. With kRefill (std::true_type, per_key only) ksc
   // is reloaded meanwhile with the scales staged at `next` (row_max2).
-  auto epi = [&](const float(&acc)[64], const SegRows& sr, int blk, int it, auto refill,
+  auto epi = [&](const float(&acc)[64], const SegRows& sr, int blk, int it, auto src,
                  const float* next) {
-    constexpr bool kR = decltype(refill)::value;
+    constexpr int kSrc = decltype(src)::value;
     const int64_t off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
     const int slot = it % kSelRing;
-    if (per_key) epilogue<kElem, true, kFused, kR>(p, sh, acc, sr, blk, off, lane, ksc, slot, next);
+    if (per_key) epilogue<kElem, true, kFused, kSrc>(p, sh, acc, sr, blk, off, lane, ksc, slot, next);
     else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
   };
-  constexpr std::false_type kKeepScales{};
-  constexpr std::true_type kRefillScales{};
+  constexpr std::integral_constant<int, kKeep> kKeepScales{};
+  constexpr std::integral_constant<int, kRefill> kRefillScales{};
+  constexpr std::integral_constant<int, kSmem> kSmemScales{};
   if constexpr (kAcc == 0) {
     for (int it = 0; it < n; ++it) {
       k_ready();
@@ -129,6 +130,9 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       advance();
     }
   } else if constexpr (kAcc == 1) {
+    // One tile per block. With Cfg::kScalesFromSmem (FP8, four consumers) the epilogue reads the
+    // stage's key scales itself, so the stage is released after it, not after the wgmma.
+    constexpr bool kFromSmem = Cfg<kElem>::kScalesFromSmem;
     const uint64_t q0 = tile_desc(sh.q[consumer]);
     SegRows sr0;
     float acc0[64];
@@ -137,14 +141,19 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       const uint64_t k = k_ready();
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
-      if (per_key) load_key_scales(sh.k_scale[stage], lane, ksc);
+      if (per_key && !kFromSmem) load_key_scales(sh.k_scale[stage], lane, ksc);
       sm90::wgmma_wait<0>();
       fence_acc(acc0);
-      release(sh, stage, lane, per_key);
+      if (!kFromSmem) release(sh, stage, lane, per_key);
       SegBounds seg;
       iter.next(kb, fresh, seg);
       if (fresh) sr0 = segment_rows<kElem>(p, seg, h, t0, consumer, warp, lane);
-      epi(acc0, sr0, kb, it, kKeepScales, nullptr);
+      if constexpr (kFromSmem) {
+        epi(acc0, sr0, kb, it, kSmemScales, sh.k_scale[stage]);
+        release(sh, stage, lane, per_key);
+      } else {
+        epi(acc0, sr0, kb, it, kKeepScales, nullptr);
+      }
       sel_publish(it, kb);
       advance();
     }
@@ -161,7 +170,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     // and its epilogue runs in iteration it under item it's first tile. The first item is peeled
     // so that no branch inside the loop decides where a wgmma is issued or waited on (see above);
     // the last item's second epilogue drains after the loop.
-    const int r0 = consumer, r1 = consumer + kConsumers;
+    const int r0 = consumer, r1 = consumer + Cfg<kElem>::kConsumers;
     const uint64_t q0 = tile_desc(sh.q[r0]), q1 = tile_desc(sh.q[r1]);
     SegRows sr0, sr1;
     float acc0[64], acc1[64];
@@ -224,6 +233,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
 // inside the epilogue; then frees the slot. The insertions and their list scans run here instead
 // of on one lane of an MMA warp (ncu, session 4: the consumers waited on them). Every selector
 // thread takes part in the ring barriers, with or without a token.
+template <int kC>  // consumer warpgroups (Cfg)
 __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int64_t t1, int tok) {
   const int n = int(count_items(p, t0, t1));
   const bool active = tok < p.tokens_per_cta && t0 + tok < t1;
@@ -234,7 +244,7 @@ __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int
     if (active && sh.sel[s].ok[tok]) offer(sh.picks[tok], p.rule, sh.sel[s].kb, sh.sel[s].val[tok]);
     sm90::mbar_arrive(&sh.sel_empty[s]);
   }
-  sm90::named_arrive(kSelectBarrier, kConsumers * 128 + kSelectors);
+  sm90::named_arrive(kSelectBarrier, kC * 128 + kSelectors);
 }
 
 template <Elem kElem, int kRowGroups>
@@ -242,13 +252,17 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
                              int consumer, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
   const bool fused = p.scores == nullptr;
+  constexpr int kC = Cfg<kElem>::kConsumers;
   sm90::mbar_wait(&sh.q_full, 0);
-  // Row groups per consumer: 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1 (compile time); the
-  // fused and unfused loops are separate code (the unfused loop then carries no selector-ring
-  // branches).
+  // Row groups per consumer: with 2 consumers, 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1; with
+  // 4, 1 for consumers below R, else 0 (compile time, but for the consumer index); the fused and
+  // unfused loops are separate code (the unfused loop then carries no selector-ring branches).
   auto consume = [&](auto fused_tag) {
     constexpr bool kF = decltype(fused_tag)::value;
-    if constexpr (kRowGroups == 4) consume_blocks<kElem, 2, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+    if constexpr (kC == 4) {
+      if (consumer < kRowGroups) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+      else consume_blocks<kElem, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+    } else if constexpr (kRowGroups == 4) consume_blocks<kElem, 2, kF>(p, sh, h, t0, t1, consumer, warp, lane);
     else if constexpr (kRowGroups == 2) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
     else if (consumer == 0) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
     else consume_blocks<kElem, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
@@ -256,9 +270,9 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   if (fused) consume(std::true_type{});
   else consume(std::false_type{});
   if (!fused) return;  // the producer warpgroup's warps 1-3 write the -inf tail (fill_tail)
-  sm90::named_sync(kSelectBarrier, kConsumers * 128 + kSelectors);  // the selectors are done
-  const int cw = consumer * 4 + warp;  // 0..7 over both consumers
-  for (int tok = cw; tok < p.tokens_per_cta; tok += kConsumers * 4) {
+  sm90::named_sync(kSelectBarrier, kC * 128 + kSelectors);  // the selectors are done
+  const int cw = consumer * 4 + warp;  // 0 .. 4 kC - 1 over the consumers
+  for (int tok = cw; tok < p.tokens_per_cta; tok += kC * 4) {
     const int64_t t = t0 + tok;
     if (t >= p.total_q) break;
     const TokenPicks& tp = sh.picks[tok];

@@ -24,12 +24,31 @@ constexpr int kHeadDim = 128;
 constexpr int kBlockN = 128;      // keys per block: one wgmma N
 constexpr int kTileM = 64;        // rows per row group (wgmma M)
 constexpr int kMaxRowGroups = 4;  // 256 rows per CTA share each K block
-constexpr int kConsumers = 2;     // consumer warpgroups; consumer c owns row groups c and c + 2
 constexpr int kStages = 3;        // K block pipeline depth
-constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
 constexpr int kMaxTokens = 64;    // tokens per CTA, any G
+
+// Consumer warpgroups per CTA, by input type. 16-bit inputs: 2, consumer c owning row groups c
+// and c + 2, its two tiles pipelined under each other's epilogues (mma.cuh). FP8: 4, consumer c
+// owning row group c, one tile per block: the wgmma takes half as long as a 16-bit one while the
+// epilogue (row max, per-key scales) costs the same, so FP8 is bound by the epilogue's
+// instruction latency, and four warps per scheduler hide more of it than two (ncu, session 8:
+// two warps ran at 5.5-7 cycles per issued instruction, tensor pipe 41-46% busy). The FP8
+// consumers read the per-key scales from shared memory as they use them (no 32 scale registers),
+// to fit 112 registers.
+// Registers: the launch gives every thread 65536 / threads (rounded down to 8: 168 for 384
+// threads, 96 for 640); setmaxnreg moves them from the producer warpgroup to the consumers, and
+// the budgets must add up to no more than the launch's.
+template <Elem kElem>
+struct Cfg {
+  static constexpr int kConsumers = kElem == Elem::e4m3 ? 4 : 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = kConsumers == 4 ? 32 : 40;
+  static constexpr int kConsumerRegs = kConsumers == 4 ? 112 : 232;
+  static constexpr bool kScalesFromSmem = kConsumers == 4;
+  static_assert(kConsumers == 2 || kConsumers == kMaxRowGroups, "Cfg: 2 or 4 consumer warpgroups");
+  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
+                "Cfg: setmaxnreg budgets exceed the launch's registers");
+};
 constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per token
 
 // One 128-byte swizzle row holds 64 bf16/f16 or 128 fp8 values: D = 128 is two 64-wide halves
@@ -38,8 +57,6 @@ constexpr int kRowBytes = 128;
 constexpr int kQGroupBytes = kTileM * kHeadDim * 2;  // 16 KB (16-bit) / 8 KB used (fp8)
 constexpr int kKBlockBytes = kBlockN * kHeadDim * 2; // 32 KB (16-bit) / 16 KB used (fp8)
 
-static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 512, "setmaxnreg budgets exceed the register file");
-static_assert(kMaxRowGroups == 2 * kConsumers, "each consumer owns two row groups");
 
 // Fused top-K state of one token, kept across all blocks and batch segments of the CTA.
 struct TokenPicks {
