@@ -18,8 +18,8 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-template <Elem kElem, int kRowGroups>
-__global__ void __launch_bounds__(Cfg<kElem>::kThreads, 1)
+template <Elem kElem, int kRowGroups, bool kWide>
+__global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
     block_scores_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k, const Params p) {
   extern __shared__ uint8_t smem_raw[];
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(Cfg<kElem>::kThreads, 1)
   const int64_t t0 = tile * p.tokens_per_cta;
   const int64_t t1 = t0 + p.tokens_per_cta < p.total_q ? t0 + p.tokens_per_cta : p.total_q;
   const int wg = threadIdx.x / 128;
-  constexpr int kC = Cfg<kElem>::kConsumers;
+  constexpr int kC = Cfg<kWide>::kConsumers;
   if (threadIdx.x == 0) {
     sm90::mbar_init(&sh.q_full, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(Cfg<kElem>::kThreads, 1)
   }
   __syncthreads();
   if (wg == 0) {
-    sm90::regs_dealloc<Cfg<kElem>::kProducerRegs>();
+    sm90::regs_dealloc<Cfg<kWide>::kProducerRegs>();
     if (threadIdx.x < 32) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
     else if (p.scores == nullptr) {
       if (threadIdx.x < 32 + kSelectors) run_selector<kC>(p, sh, t0, t1, threadIdx.x - 32);
@@ -55,8 +55,8 @@ __global__ void __launch_bounds__(Cfg<kElem>::kThreads, 1)
       fill_tail(p, h, t0, t1, threadIdx.x / 32 - 1, 3, threadIdx.x & 31);
     }
   } else {
-    sm90::regs_alloc<Cfg<kElem>::kConsumerRegs>();
-    run_consumer<kElem, kRowGroups>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);
+    sm90::regs_alloc<Cfg<kWide>::kConsumerRegs>();
+    run_consumer<kElem, kRowGroups, kWide>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 

@@ -1,9 +1,10 @@
 // Host side of the sm_90a indexer: capability checks, TMA descriptors, the paged-K check and the
 // launch of the block scores kernel, materialized (cuda::block_scores) or fused with top-K
 // (cuda::block_topk).
-// Instantiations (the only ones): block_scores_kernel<Elem, R> for Elem in {bf16, f16, e4m3} x R
-// row groups per CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)}: R decides which wgmma each
-// warpgroup issues, so it cannot be a runtime value.
+// Instantiations (the only ones): block_scores_kernel<Elem, R, wide> for Elem in {bf16, f16, e4m3}
+// x R row groups per CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)}, and for e4m3 both widths (Cfg:
+// fused runs wide, unfused narrow): R decides which wgmma each warpgroup issues and the width
+// the CTA's size, so neither can be a runtime value.
 #include <algorithm>
 #include <bit>
 #include <limits>
@@ -79,18 +80,20 @@ Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, cons
 
 using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const Params);
 
-template <Elem kElem>
+template <Elem kElem, bool kWide>
 KernelFn pick_rows(int row_groups) {
-  return row_groups == 4 ? block_scores_kernel<kElem, 4>
-         : row_groups == 2 ? block_scores_kernel<kElem, 2> : block_scores_kernel<kElem, 1>;
+  return row_groups == 4 ? block_scores_kernel<kElem, 4, kWide>
+         : row_groups == 2 ? block_scores_kernel<kElem, 2, kWide> : block_scores_kernel<kElem, 1, kWide>;
 }
 
-// The instantiation for an input type and row-group count (R = 4 for G >= 4, 2 for G = 2, 1).
-KernelFn pick_kernel(DType dt, int row_groups) {
+// The instantiation for an input type, row-group count (R = 4 for G >= 4, 2 for G = 2, 1) and,
+// for FP8, the fused flag: FP8 fused runs the wide kernel (Cfg).
+KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
   switch (dt) {
-    case DType::f16: return pick_rows<Elem::f16>(row_groups);
-    case DType::fp8_e4m3: return pick_rows<Elem::e4m3>(row_groups);
-    default: return pick_rows<Elem::bf16>(row_groups);
+    case DType::f16: return pick_rows<Elem::f16, false>(row_groups);
+    case DType::fp8_e4m3:
+      return fused ? pick_rows<Elem::e4m3, true>(row_groups) : pick_rows<Elem::e4m3, false>(row_groups);
+    default: return pick_rows<Elem::bf16, false>(row_groups);
   }
 }
 
@@ -130,8 +133,9 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
                            1u << p.paged.box_shift, "k", op)
           : tm_q;
   const dim3 grid(unsigned((p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta), unsigned(p.num_kv_heads));
-  const auto kernel = pick_kernel(dt, p.row_groups);
-  const int threads = dt == DType::fp8_e4m3 ? Cfg<Elem::e4m3>::kThreads : Cfg<Elem::bf16>::kThreads;
+  const bool wide = dt == DType::fp8_e4m3 && p.scores == nullptr;
+  const auto kernel = pick_kernel(dt, p.row_groups, wide);
+  const int threads = wide ? Cfg<true>::kThreads : Cfg<false>::kThreads;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   kernel<<<grid, threads, kSmemBytes, stream>>>(tm_q, tm_k, p);
   MSA_CUDA_CHECK_LAUNCH();

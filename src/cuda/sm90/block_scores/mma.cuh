@@ -132,7 +132,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   } else if constexpr (kAcc == 1) {
     // One tile per block. With Cfg::kScalesFromSmem (FP8, four consumers) the epilogue reads the
     // stage's key scales itself, so the stage is released after it, not after the wgmma.
-    constexpr bool kFromSmem = Cfg<kElem>::kScalesFromSmem;
+    constexpr bool kFromSmem = Cfg<kWideFor<kElem, kFused>>::kScalesFromSmem;
     const uint64_t q0 = tile_desc(sh.q[consumer]);
     SegRows sr0;
     float acc0[64];
@@ -170,7 +170,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     // and its epilogue runs in iteration it under item it's first tile. The first item is peeled
     // so that no branch inside the loop decides where a wgmma is issued or waited on (see above);
     // the last item's second epilogue drains after the loop.
-    const int r0 = consumer, r1 = consumer + Cfg<kElem>::kConsumers;
+    const int r0 = consumer, r1 = consumer + Cfg<kWideFor<kElem, kFused>>::kConsumers;
     const uint64_t q0 = tile_desc(sh.q[r0]), q1 = tile_desc(sh.q[r1]);
     SegRows sr0, sr1;
     float acc0[64], acc1[64];
@@ -247,19 +247,19 @@ __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int
   sm90::named_arrive(kSelectBarrier, kC * 128 + kSelectors);
 }
 
-template <Elem kElem, int kRowGroups>
+template <Elem kElem, int kRowGroups, bool kWide>
 __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int64_t t0, int64_t t1,
                              int consumer, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
   const bool fused = p.scores == nullptr;
-  constexpr int kC = Cfg<kElem>::kConsumers;
+  constexpr int kC = Cfg<kWide>::kConsumers;
   sm90::mbar_wait(&sh.q_full, 0);
   // Row groups per consumer: with 2 consumers, 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1; with
   // 4, 1 for consumers below R, else 0 (compile time, but for the consumer index); the fused and
   // unfused loops are separate code (the unfused loop then carries no selector-ring branches).
   auto consume = [&](auto fused_tag) {
     constexpr bool kF = decltype(fused_tag)::value;
-    if constexpr (kC == 4) {
+    if constexpr (kWide) {
       if (consumer < kRowGroups) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
       else consume_blocks<kElem, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
     } else if constexpr (kRowGroups == 4) consume_blocks<kElem, 2, kF>(p, sh, h, t0, t1, consumer, warp, lane);
@@ -267,7 +267,11 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
     else if (consumer == 0) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
     else consume_blocks<kElem, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
   };
-  if (fused) consume(std::true_type{});
+  // Each loop exists only where it runs: the wide kernel is FP8 fused, the narrow FP8 kernel
+  // FP8 unfused (launch.cu); 16-bit kernels run either.
+  if constexpr (kWide) consume(std::true_type{});
+  else if constexpr (kElem == Elem::e4m3) consume(std::false_type{});
+  else if (fused) consume(std::true_type{});
   else consume(std::false_type{});
   if (!fused) return;  // the producer warpgroup's warps 1-3 write the -inf tail (fill_tail)
   sm90::named_sync(kSelectBarrier, kC * 128 + kSelectors);  // the selectors are done

@@ -27,28 +27,33 @@ constexpr int kMaxRowGroups = 4;  // 256 rows per CTA share each K block
 constexpr int kStages = 3;        // K block pipeline depth
 constexpr int kMaxTokens = 64;    // tokens per CTA, any G
 
-// Consumer warpgroups per CTA, by input type. 16-bit inputs: 2, consumer c owning row groups c
-// and c + 2, its two tiles pipelined under each other's epilogues (mma.cuh). FP8: 4, consumer c
-// owning row group c, one tile per block: the wgmma takes half as long as a 16-bit one while the
-// epilogue (row max, per-key scales) costs the same, so FP8 is bound by the epilogue's
-// instruction latency, and four warps per scheduler hide more of it than two (ncu, session 8:
-// two warps ran at 5.5-7 cycles per issued instruction, tensor pipe 41-46% busy). The FP8
-// consumers read the per-key scales from shared memory as they use them (no 32 scale registers),
-// to fit 112 registers.
+// Consumer warpgroups per CTA (Cfg<kWide>). Narrow (16-bit inputs, and FP8 unfused): 2, consumer
+// c owning row groups c and c + 2, its two tiles pipelined under each other's epilogues
+// (mma.cuh). Wide (FP8 fused, kWide): 4, consumer c owning row group c, one tile per block. FP8's
+// wgmma takes half a 16-bit one's time while the epilogue (row max, per-key scales, group max,
+// selector ring) costs the same, so FP8 is bound by the consumers' instruction latency, and four
+// warps per scheduler hide more of it than two: fused 12.8 -> 11.6 ms at IDX-32K-fp8 (session 8).
+// FP8 unfused stays narrow: there the wide loop's extra instructions per tile (its own loop
+// overhead, the per-tile scale loads, spilled loop counters) cost more than the latency it hides
+// (10.8 -> 11.6 ms). The wide consumers read the per-key scales from shared memory where they use
+// them (no 32 scale registers), to fit 112 registers.
 // Registers: the launch gives every thread 65536 / threads (rounded down to 8: 168 for 384
 // threads, 96 for 640); setmaxnreg moves them from the producer warpgroup to the consumers, and
 // the budgets must add up to no more than the launch's.
-template <Elem kElem>
+template <bool kWide>
 struct Cfg {
-  static constexpr int kConsumers = kElem == Elem::e4m3 ? 4 : 2;
+  static constexpr int kConsumers = kWide ? 4 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = kConsumers == 4 ? 32 : 40;
-  static constexpr int kConsumerRegs = kConsumers == 4 ? 112 : 232;
-  static constexpr bool kScalesFromSmem = kConsumers == 4;
-  static_assert(kConsumers == 2 || kConsumers == kMaxRowGroups, "Cfg: 2 or 4 consumer warpgroups");
+  static constexpr int kProducerRegs = kWide ? 32 : 40;
+  static constexpr int kConsumerRegs = kWide ? 112 : 232;
+  static constexpr bool kScalesFromSmem = kWide;
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
                 "Cfg: setmaxnreg budgets exceed the launch's registers");
 };
+static_assert(Cfg<true>::kConsumers == kMaxRowGroups, "Cfg: a wide consumer owns one row group");
+// Whether a kernel (and its loops) runs wide: FP8 fused (launch.cu picks the kernel by it).
+template <Elem kElem, bool kFused>
+constexpr bool kWideFor = kElem == Elem::e4m3 && kFused;
 constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per token
 
 // One 128-byte swizzle row holds 64 bf16/f16 or 128 fp8 values: D = 128 is two 64-wide halves
