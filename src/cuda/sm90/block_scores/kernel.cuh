@@ -1,16 +1,17 @@
 // The sm_90a indexer kernel: block scores (max over a block's visible keys of q . k) for every
 // (query head, block, token), written to `scores` or reduced on the fly to top-K block ids
 // (fused: scores never reach memory). Roles: producer warp (TMA: Q once, then K blocks through a
-// kStages ring; flat K by lane 0, paged K one box per lane), two consumer warpgroups (wgmma
+// kStages ring; flat K by lane 0, paged K one box per lane), consumer warpgroups (wgmma
 // S = Q K^T, mask, row max, then the score store or, fused, the group max into the selector
-// ring); fused, the selectors (producer warps 1 and 2, one thread per token: run_selector);
-// unfused, the -inf stores past each segment's blocks (producer warps 1-3: fill_tail).
+// ring: two, or four in the wide FP8 fused kernel, Cfg); fused, the selectors (producer warps 1
+// and 2, one thread per token: run_selector); unfused, the -inf stores past each segment's blocks
+// (producer warps 1-3: fill_tail).
 // Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus each producer lane's
-// cp.async arrival for FP8 per-key scales), k_empty[s] (lane 0 of each of the 8 consumer warps;
-// every consumer thread when it reads staged key scales), sel_full[s] / sel_empty[s] (the fused
+// cp.async arrival for FP8 per-key scales), k_empty[s] (lane 0 of each consumer warp; every
+// consumer thread when it reads staged key scales), sel_full[s] / sel_empty[s] (the fused
 // path's ring of group maxima: consumer threads that run epilogues / the 64 selector threads);
-// named barrier 4 holds the consumers until the selectors' last offers (fused). Each consumer
-// warpgroup pipelines its two row groups' wgmmas under its own epilogues (mma.cuh).
+// named barrier 4 holds the consumers until the selectors' last offers (fused). Each narrow
+// consumer warpgroup pipelines its two row groups' wgmmas under its own epilogues (mma.cuh).
 #pragma once
 
 #include "cuda/sm90/block_scores/load.cuh"

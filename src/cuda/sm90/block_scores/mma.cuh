@@ -1,6 +1,7 @@
 // Consumer warpgroups of the sm_90a indexer: S = Q K^T by wgmma (both operands in shared
-// memory, 128-byte swizzle), the ping-pong turn protocol between the two warpgroups, the K stage
-// releases, and the fused top-K write-out. Called from kernel.cuh.
+// memory, 128-byte swizzle), the block loops (two pipelined row groups per narrow consumer, one
+// per wide one: Cfg), the K stage releases, the fused selectors and top-K write-out. Called from
+// kernel.cuh.
 #pragma once
 
 #include <type_traits>

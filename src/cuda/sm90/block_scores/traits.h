@@ -17,7 +17,7 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-// Input element type; one kernel instantiation each (with the row-group count).
+// Input element type; one kernel instantiation each (with the row-group count and width).
 enum class Elem { bf16, f16, e4m3 };
 
 constexpr int kHeadDim = 128;
@@ -26,6 +26,7 @@ constexpr int kTileM = 64;        // rows per row group (wgmma M)
 constexpr int kMaxRowGroups = 4;  // 256 rows per CTA share each K block
 constexpr int kStages = 3;        // K block pipeline depth
 constexpr int kMaxTokens = 64;    // tokens per CTA, any G
+constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per token
 
 // Consumer warpgroups per CTA (Cfg<kWide>). Narrow (16-bit inputs, and FP8 unfused): 2, consumer
 // c owning row groups c and c + 2, its two tiles pipelined under each other's epilogues
@@ -54,14 +55,12 @@ static_assert(Cfg<true>::kConsumers == kMaxRowGroups, "Cfg: a wide consumer owns
 // Whether a kernel (and its loops) runs wide: FP8 fused (launch.cu picks the kernel by it).
 template <Elem kElem, bool kFused>
 constexpr bool kWideFor = kElem == Elem::e4m3 && kFused;
-constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per token
 
 // One 128-byte swizzle row holds 64 bf16/f16 or 128 fp8 values: D = 128 is two 64-wide halves
 // for 16-bit inputs and one 128-wide half for fp8.
 constexpr int kRowBytes = 128;
 constexpr int kQGroupBytes = kTileM * kHeadDim * 2;  // 16 KB (16-bit) / 8 KB used (fp8)
 constexpr int kKBlockBytes = kBlockN * kHeadDim * 2; // 32 KB (16-bit) / 16 KB used (fp8)
-
 
 // Fused top-K state of one token, kept across all blocks and batch segments of the CTA.
 struct TokenPicks {
