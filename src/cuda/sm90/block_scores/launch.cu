@@ -90,10 +90,12 @@ KernelFn pick_rows(int row_groups) {
 // for FP8, the fused flag: FP8 fused runs the wide kernel (Cfg).
 KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
   switch (dt) {
-    case DType::f16: return pick_rows<Elem::f16, false>(row_groups);
+    case DType::f16:
+      return fused ? pick_rows<Elem::f16, true>(row_groups) : pick_rows<Elem::f16, false>(row_groups);
     case DType::fp8_e4m3:
       return fused ? pick_rows<Elem::e4m3, true>(row_groups) : pick_rows<Elem::e4m3, false>(row_groups);
-    default: return pick_rows<Elem::bf16, false>(row_groups);
+    default:
+      return fused ? pick_rows<Elem::bf16, true>(row_groups) : pick_rows<Elem::bf16, false>(row_groups);
   }
 }
 
@@ -133,7 +135,7 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
                            1u << p.paged.box_shift, "k", op)
           : tm_q;
   const dim3 grid(unsigned((p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta), unsigned(p.num_kv_heads));
-  const bool wide = dt == DType::fp8_e4m3 && p.scores == nullptr;
+  const bool wide = p.scores == nullptr;
   const auto kernel = pick_kernel(dt, p.row_groups, wide);
   const int threads = wide ? Cfg<true>::kThreads : Cfg<false>::kThreads;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));

@@ -271,8 +271,6 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   // Each loop exists only where it runs: the wide kernel is FP8 fused, the narrow FP8 kernel
   // FP8 unfused (launch.cu); 16-bit kernels run either.
   if constexpr (kWide) consume(std::true_type{});
-  else if constexpr (kElem == Elem::e4m3) consume(std::false_type{});
-  else if (fused) consume(std::true_type{});
   else consume(std::false_type{});
   if (!fused) return;  // the producer warpgroup's warps 1-3 write the -inf tail (fill_tail)
   sm90::named_sync(kSelectBarrier, kC * 128 + kSelectors);  // the selectors are done

@@ -54,7 +54,7 @@ struct Cfg {
 static_assert(Cfg<true>::kConsumers == kMaxRowGroups, "Cfg: a wide consumer owns one row group");
 // Whether a kernel (and its loops) runs wide: FP8 fused (launch.cu picks the kernel by it).
 template <Elem kElem, bool kFused>
-constexpr bool kWideFor = kElem == Elem::e4m3 && kFused;
+constexpr bool kWideFor = kFused;
 
 // One 128-byte swizzle row holds 64 bf16/f16 or 128 fp8 values: D = 128 is two 64-wide halves
 // for 16-bit inputs and one 128-wide half for fp8.
