@@ -3,7 +3,7 @@
 // (fused: scores never reach memory). Roles: producer warp (TMA: Q once, then K blocks through a
 // kStages ring; flat K by lane 0, paged K one box per lane), consumer warpgroups (wgmma
 // S = Q K^T, mask, row max, then the score store or, fused, the group max into the selector
-// ring: two, or four in the wide FP8 fused kernel, Cfg); fused, the selectors (producer warps 1
+// ring: two, or four in the wide (fused) kernels, Cfg); fused, the selectors (producer warps 1
 // and 2, one thread per token: run_selector); unfused, the -inf stores past each segment's blocks
 // (producer warps 1-3: fill_tail).
 // Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus each producer lane's
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
   if (wg == 0) {
     sm90::regs_dealloc<Cfg<kWide>::kProducerRegs>();
     if (threadIdx.x < 32) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
-    else if (p.scores == nullptr) {
+    else if constexpr (kWide) {  // fused (launch.cu)
       if (threadIdx.x < 32 + kSelectors) run_selector<kC>(p, sh, t0, t1, threadIdx.x - 32);
     } else {
       fill_tail(p, h, t0, t1, threadIdx.x / 32 - 1, 3, threadIdx.x & 31);

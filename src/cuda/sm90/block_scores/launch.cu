@@ -2,9 +2,9 @@
 // launch of the block scores kernel, materialized (cuda::block_scores) or fused with top-K
 // (cuda::block_topk).
 // Instantiations (the only ones): block_scores_kernel<Elem, R, wide> for Elem in {bf16, f16, e4m3}
-// x R row groups per CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)}, and for e4m3 both widths (Cfg:
-// fused runs wide, unfused narrow): R decides which wgmma each warpgroup issues and the width
-// the CTA's size, so neither can be a runtime value.
+// x R row groups per CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)} x both widths (Cfg: fused runs
+// wide, unfused narrow): R decides which wgmma each warpgroup issues and the width the CTA's
+// size, so neither can be a runtime value.
 #include <algorithm>
 #include <bit>
 #include <limits>
@@ -86,8 +86,8 @@ KernelFn pick_rows(int row_groups) {
          : row_groups == 2 ? block_scores_kernel<kElem, 2, kWide> : block_scores_kernel<kElem, 1, kWide>;
 }
 
-// The instantiation for an input type, row-group count (R = 4 for G >= 4, 2 for G = 2, 1) and,
-// for FP8, the fused flag: FP8 fused runs the wide kernel (Cfg).
+// The instantiation for an input type, row-group count (R = 4 for G >= 4, 2 for G = 2, 1) and
+// the fused flag: fused runs the wide kernel (Cfg).
 KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
   switch (dt) {
     case DType::f16:

@@ -252,7 +252,6 @@ template <Elem kElem, int kRowGroups, bool kWide>
 __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int64_t t0, int64_t t1,
                              int consumer, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
-  const bool fused = p.scores == nullptr;
   constexpr int kC = Cfg<kWide>::kConsumers;
   sm90::mbar_wait(&sh.q_full, 0);
   // Row groups per consumer: with 2 consumers, 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1; with
@@ -268,11 +267,10 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
     else if (consumer == 0) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
     else consume_blocks<kElem, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
   };
-  // Each loop exists only where it runs: the wide kernel is FP8 fused, the narrow FP8 kernel
-  // FP8 unfused (launch.cu); 16-bit kernels run either.
+  // Wide kernels run fused, narrow ones unfused (launch.cu): each loop exists only where it runs.
   if constexpr (kWide) consume(std::true_type{});
   else consume(std::false_type{});
-  if (!fused) return;  // the producer warpgroup's warps 1-3 write the -inf tail (fill_tail)
+  if constexpr (!kWide) return;  // the producer warpgroup's warps 1-3 write the -inf tail (fill_tail)
   sm90::named_sync(kSelectBarrier, kC * 128 + kSelectors);  // the selectors are done
   const int cw = consumer * 4 + warp;  // 0 .. 4 kC - 1 over the consumers
   for (int tok = cw; tok < p.tokens_per_cta; tok += kC * 4) {

@@ -28,16 +28,16 @@ constexpr int kStages = 3;        // K block pipeline depth
 constexpr int kMaxTokens = 64;    // tokens per CTA, any G
 constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per token
 
-// Consumer warpgroups per CTA (Cfg<kWide>). Narrow (16-bit inputs, and FP8 unfused): 2, consumer
-// c owning row groups c and c + 2, its two tiles pipelined under each other's epilogues
-// (mma.cuh). Wide (FP8 fused, kWide): 4, consumer c owning row group c, one tile per block. FP8's
-// wgmma takes half a 16-bit one's time while the epilogue (row max, per-key scales, group max,
-// selector ring) costs the same, so FP8 is bound by the consumers' instruction latency, and four
-// warps per scheduler hide more of it than two: fused 12.8 -> 11.6 ms at IDX-32K-fp8 (session 8).
-// FP8 unfused stays narrow: there the wide loop's extra instructions per tile (its own loop
-// overhead, the per-tile scale loads, spilled loop counters) cost more than the latency it hides
-// (10.8 -> 11.6 ms). The wide consumers read the per-key scales from shared memory where they use
-// them (no 32 scale registers), to fit 112 registers.
+// Consumer warpgroups per CTA (Cfg<kWide>). Narrow (unfused): 2, consumer c owning row groups c
+// and c + 2, its two tiles pipelined under each other's epilogues (mma.cuh). Wide (fused, kWide):
+// 4, consumer c owning row group c, one tile per block. The fused epilogue (row max, group max,
+// selector ring; FP8: per-key scales) is long next to the wgmma, half a 16-bit one's time for
+// FP8, so the consumers' instruction latency bounds it, and four warps per scheduler hide more of
+// it than two: session 8, IDX-32K-fp8 fused 12.8 -> 11.6 ms, bf16 fused 13.3 -> 12.8 ms. Unfused
+// stays narrow: there the wide loop's extra instructions per tile (its own loop overhead, the
+// per-tile scale loads, spilled loop counters) cost more than the latency it hides (FP8 10.8 ->
+// 11.6 ms). The wide consumers read the per-key scales from shared memory where they use them
+// (no 32 scale registers), to fit 112 registers.
 // Registers: the launch gives every thread 65536 / threads (rounded down to 8: 168 for 384
 // threads, 96 for 640); setmaxnreg moves them from the producer warpgroup to the consumers, and
 // the budgets must add up to no more than the launch's.
@@ -52,7 +52,7 @@ struct Cfg {
                 "Cfg: setmaxnreg budgets exceed the launch's registers");
 };
 static_assert(Cfg<true>::kConsumers == kMaxRowGroups, "Cfg: a wide consumer owns one row group");
-// Whether a kernel (and its loops) runs wide: FP8 fused (launch.cu picks the kernel by it).
+// Whether a kernel (and its loops) runs wide: fused (launch.cu picks the kernel by it).
 template <Elem kElem, bool kFused>
 constexpr bool kWideFor = kFused;
 
