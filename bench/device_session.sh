@@ -63,8 +63,9 @@ for step in $steps; do
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/bench_sparse.json" \
         --dump /tmp/msa_dump --iters ${ITERS:-10} --warmup 2 > "$OUT/bench_sparse.log" 2>&1;
         summary+=("bench_sparse_fwd rc=$?"); }
-      for fp8 in 0 1; do
-        lim=$(left 90); (( lim > 0 )) && { timeout $lim "$BIN/bench_indexer" --fp8 $fp8 \
+      for fp8 in 0 1 tensor; do  # tensor: FP8 with one scale per tensor (IDX-32K-fp8-tensor)
+        args="--fp8 $fp8"; [[ $fp8 == tensor ]] && args="--fp8 1 --fp8-scales tensor"
+        lim=$(left 90); (( lim > 0 )) && { timeout $lim "$BIN/bench_indexer" $args \
           --json "$OUT/bench_indexer.json" >> "$OUT/bench_indexer.log" 2>&1; summary+=("bench_indexer fp8=$fp8 rc=$?"); }
       done
       lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_decode" --iters 30 \
