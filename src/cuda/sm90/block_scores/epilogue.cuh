@@ -44,7 +44,7 @@ __device__ __forceinline__ void load_key_scales(const float* ks, int lane, float
 // next block's staged scales): the next block's scales arrive during this epilogue in the same
 // registers, instead of by a load whose shared-memory latency sits on the warpgroup's chain
 // between its two epilogues (session 6 run 3); kSmem, each pair read from `next` (this block's
-// staged scales) where it is used, k untouched (the FP8 4-consumer CTA, Cfg: no scale registers).
+// staged scales) where it is used, k untouched (the wide consumers, Cfg: no scale registers).
 enum ScaleSrc { kKeep, kRefill, kSmem };
 template <bool kMasked, bool kScaled, int kSrc = kKeep>
 __device__ __forceinline__ void row_max2(const float (&s)[64], float2 (&k)[16], int lane,

@@ -111,8 +111,9 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     sm90::mbar_arrive(&sh.sel_full[it % kSelRing]);
   };
   // Epilogue of item it (block blk) for one row group. Scores offset of block blk: total_q < 2^31
-  // (launch.cu), one 32 x 32 -> 64-bit multiply. With kRefill (std::true_type, per_key only) ksc
-  // is reloaded meanwhile with the scales staged at `next` (row_max2).
+  // (launch.cu), one 32 x 32 -> 64-bit multiply. src (a ScaleSrc tag, per_key only): kKeep, ksc
+  // as loaded; kRefill, ksc reloaded meanwhile with the scales staged at `next`; kSmem, the scales
+  // read from `next` where used (row_max2).
   auto epi = [&](const float(&acc)[64], const SegRows& sr, int blk, int it, auto src,
                  const float* next) {
     constexpr int kSrc = decltype(src)::value;
@@ -131,7 +132,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       advance();
     }
   } else if constexpr (kAcc == 1) {
-    // One tile per block. With Cfg::kScalesFromSmem (FP8, four consumers) the epilogue reads the
+    // One tile per block. With Cfg::kScalesFromSmem (the wide consumers) the epilogue reads the
     // stage's key scales itself, so the stage is released after it, not after the wgmma.
     constexpr bool kFromSmem = Cfg<kWideFor<kElem, kFused>>::kScalesFromSmem;
     const uint64_t q0 = tile_desc(sh.q[consumer]);
