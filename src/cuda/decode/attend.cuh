@@ -127,12 +127,12 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams
 
 // Attends the warp's rows to key slots [kb, kb + 8 nn) of one stage of kS slots (nn in {2, 4, 8}).
 // sel0 / sel1: whether the thread's rows selected these slots' block (always true for dense).
-// full (warp-uniform): every slot of the window holds a key that every row of the warp sees and
+// whole (warp-uniform): every slot of the window holds a key that every row of the warp sees and
 // selected, so the masks are skipped (the same values as the masked path: only the selects go).
 template <int kS, typename TQ, bool kFp8>
 __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, uint32_t v_stage,
                                        const int* slot_key, int kb, int nn, bool sel0,
-                                       bool sel1, bool full) {
+                                       bool sel1, bool whole) {
   using TM = typename WarpTile<TQ, kFp8>::TM;
   const int lane = threadIdx.x & 31, c = lane & 3;
   float s[8][4];
@@ -172,7 +172,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
   // Mask by select: a slot without a key, past the row's causal limit or in a block the row did
   // not select becomes -inf (its V row is zero-filled or real data, never garbage).
   float mx[2] = {-INFINITY, -INFINITY};
-  if (full) {
+  if (whole) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       if (nt >= nn) break;
