@@ -141,6 +141,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const float v_mult = kFp8 && p.v_scale ? *p.v_scale : 1.f;
   WarpTile<TQ, kFp8> w;
   load_q(w, p, active ? rt : 0, active ? rows : 0, t0, h, q0, rq.lq, rq.lk, k_mult);
+  // The lowest causal limit of the warp's rows (padding rows: -1), for the whole-window test.
+  const int warp_climit = __reduce_min_sync(0xffffffffu, min(w.climit[0], w.climit[1]));
 
   for (int it = 0; it < steps; ++it) {
     const int stage = it % Tr::kStages, slot0 = s0 + it * kS;
@@ -160,12 +162,12 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
         const bool in0 = lane < 8 * nn, in1 = lane + 32 < 8 * nn;
         const int j0 = in0 ? sk[kb + lane] : -1, j1 = in1 ? sk[kb + lane + 32] : -1;
         if (!__any_sync(0xffffffffu, j0 >= 0 || j1 >= 0) || !__any_sync(0xffffffffu, sel0 || sel1)) continue;
-        // Whole window: no empty slot, every key at or below every row's causal limit (padding
-        // rows have -1), every row selected the block.
+        // Whole window: no empty slot, every key at or below every row's causal limit, every
+        // row selected the block.
         const int jmin = __reduce_min_sync(0xffffffffu, min(in0 ? j0 : INT_MAX, in1 ? j1 : INT_MAX));
         const int jmax = __reduce_max_sync(0xffffffffu, max(j0, j1));
-        const int lim = __reduce_min_sync(0xffffffffu, min(w.climit[0], w.climit[1]));
-        const bool whole = jmin >= 0 && jmax <= lim && __all_sync(0xffffffffu, sel0 && sel1);
+        const bool whole =
+            jmin >= 0 && jmax <= warp_climit && __all_sync(0xffffffffu, sel0 && sel1);
         attend<kS>(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1, whole);
       }
     }
