@@ -51,6 +51,7 @@ struct DecodeWork {
   int64_t items = 0;
   int sm_count = 0;
   int warps = 0;  // the planned CTA width, so run() rebuilds exactly the planned geometry
+  int identity_tiles = 0;  // > 0: the work list is the identity (decode/plan.h WorkList)
 };
 size_t decode_workspace_bytes(const DecodeShape& s);
 DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, const Tensor& workspace,

@@ -58,9 +58,10 @@ class DecodePlan {
   DecodeShape shape_{};
   Tensor workspace_{};
   bool planned_ = false;
-  // CUDA: size of the work list plan() wrote, the SM count it was balanced for and its CTA width.
+  // CUDA: size of the work list plan() wrote, the SM count it was balanced for, its CTA width and
+  // whether the list is the identity (its largest item's tiles, else 0).
   int64_t num_items_ = 0;
-  int sm_count_ = 0, warps_ = 0;
+  int sm_count_ = 0, warps_ = 0, identity_tiles_ = 0;
 };
 
 }  // namespace msa

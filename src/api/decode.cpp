@@ -161,6 +161,7 @@ void DecodePlan::plan(const DecodeShape& shape, const int32_t* seqused_k_host,
     num_items_ = w.items;
     sm_count_ = w.sm_count;
     warps_ = w.warps;
+    identity_tiles_ = w.identity_tiles;
 #else
     no_cuda_build();
 #endif
@@ -178,7 +179,7 @@ void DecodePlan::run(const AttentionArgs& args, cudaStream_t stream) const {
   if (!args.q.is_cuda()) return attention_forward(args, stream);
   check_cuda_run_args(args, shape_.kv_block_size);
 #ifdef MSA_WITH_CUDA
-  cuda::decode_run(args, shape_, cuda::DecodeWork{num_items_, sm_count_, warps_}, workspace_,
+  cuda::decode_run(args, shape_, cuda::DecodeWork{num_items_, sm_count_, warps_, identity_tiles_}, workspace_,
                    stream);
 #else
   no_cuda_build();

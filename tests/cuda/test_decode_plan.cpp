@@ -2,7 +2,8 @@
 // width heuristic and CTAs per SM on the benchmark shapes (H200 limits), and, over random shapes
 // and lengths with either width, that the split-KV work list covers every (request, query chunk)
 // unit's tiles exactly once in contiguous items, that its jobs and partial slots are consistent,
-// and that it fits the workspace the shape alone sizes.
+// that it is flagged as the identity exactly when it is one, and that it fits the workspace the
+// shape alone sizes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +62,10 @@ TEST(DecodePlan, WidthOnBenchmarkShapes) {
   EXPECT_EQ(geometry(shape(32, 1, 16384, 16), kH200, 8).warps, 8);
   force_cta_warps(0);
   EXPECT_THROW(force_cta_warps(5), Error);
+  // DEC-B32 plans one unsplit 16-tile item per (request, kv head): the identity list.
+  const DecodeShape b32 = shape(32, 1, 16384, 16);
+  EXPECT_EQ(build_work_list(b32, geometry(b32, kH200), std::vector<int64_t>(32, 16384)).identity_tiles,
+            16);
   EXPECT_THROW(geometry(shape(32, 1, 16384, 16), kH200, 6), Error);
 }
 
@@ -92,6 +97,24 @@ void expect_valid_work_list(const DecodeShape& s, int warps, const std::vector<i
     }
   }
   EXPECT_EQ(int64_t(units.size()), int64_t(s.batch) * g.chunks) << "every unit has items";
+  // The identity flag (the kernel then derives items from CTA indices) exactly when the list is
+  // one unsplit item per unit in natural order; identity_tiles bounds every item's tiles.
+  bool natural = w.partials == 0 && !w.items.empty() &&
+                 int64_t(w.items.size()) == int64_t(s.batch) * g.chunks;
+  int32_t largest = 0;
+  for (size_t i = 0; natural && i < w.items.size(); ++i) {
+    natural = w.items[i].batch == int(i / g.chunks) && w.items[i].chunk == int(i % g.chunks);
+    largest = std::max(largest, w.items[i].tile_end);
+  }
+  if (natural) {
+    EXPECT_EQ(w.identity_tiles, std::max(largest, 1));
+    for (const DecodeItem& it : w.items) {
+      EXPECT_EQ(it.tile_begin, 0);
+      EXPECT_EQ(it.partial, -1);
+    }
+  } else {
+    EXPECT_EQ(w.identity_tiles, 0);
+  }
   for (auto& [key, items] : units) {
     std::sort(items.begin(), items.end(),
               [](const DecodeItem& a, const DecodeItem& b) { return a.tile_begin < b.tile_begin; });

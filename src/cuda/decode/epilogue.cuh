@@ -51,14 +51,24 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kFp8>& w, const Me
     l[i] = w.l[i] + __shfl_xor_sync(0xffffffffu, w.l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
   }
+  // 8-byte stores of head-dim pairs (d, d + 1): bf16 holds them in o[nt][e = 0, 1], fp8 (o_dim)
+  // in o[nt][e] and o[nt + 1][e] for even nt.
+  const auto store2 = [&](int d, float2 lo, float2 hi) {
+    *reinterpret_cast<float2*>(s.o + srow * kOutStride + d) = lo;
+    *reinterpret_cast<float2*>(s.o + (srow + 8) * kOutStride + d) = hi;
+  };
 #pragma unroll
-  for (int nt = 0; nt < 16; ++nt)
+  for (int nt = 0; nt < 16; ++nt) {
+    if constexpr (!kFp8) {
+      store2(o_dim<kFp8>(nt, c, 0), make_float2(w.o[nt][0], w.o[nt][1]),
+             make_float2(w.o[nt][2], w.o[nt][3]));
+    } else if (nt % 2 == 0) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int d = o_dim<kFp8>(nt, c, e);
-      s.o[srow * kOutStride + d] = w.o[nt][e];
-      s.o[(srow + 8) * kOutStride + d] = w.o[nt][2 + e];
+      for (int e = 0; e < 2; ++e)
+        store2(o_dim<kFp8>(nt, c, e), make_float2(w.o[nt][e], w.o[nt + 1][e]),
+               make_float2(w.o[nt][2 + e], w.o[nt + 1][2 + e]));
     }
+  }
   if (c == 0) {
     s.m[srow] = w.m[0];
     s.l[srow] = l[0];

@@ -54,7 +54,18 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int hkv = p.num_kv_heads;
   const int64_t item_index = blockIdx.x / hkv;
   const int h = int(blockIdx.x % hkv);
-  const DecodeItem item = p.items[item_index];
+  DecodeItem item;
+  if (p.identity_tiles > 0) {  // the identity list (plan.h): no load before the request's
+    item.batch = int32_t(item_index / p.chunks);
+    item.chunk = int32_t(item_index % p.chunks);
+    item.tile_end = p.identity_tiles;
+  } else {
+    item = p.items[item_index];
+  }
+  // Dense: the page-table line of the item's first keys heads for L2 beside the request loads.
+  if (p.q2k == nullptr && threadIdx.x == 0)
+    sm90::prefetch_l2(p.page_table + int64_t(item.batch) * p.page_table_stride +
+                      ((int64_t(item.tile_begin) * kTileKeys) >> p.page_shift));
   const Request rq = load_request(p, item.batch, threadIdx.x == 0);
   const int q0 = item.chunk * p.queries_per_chunk;
   const int nq = min(p.queries_per_chunk, rq.lq - q0);
@@ -89,7 +100,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
         union_smem(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes, p.bitmap_words);
     src.e0 = item.tile_begin * epb;
     src.union_size =
-        build_union<Tr::kThreads / 32>(p, u, h, t0, nq, rq.lk, src.e0, item.tile_end * epb);
+        build_union<Tr::kThreads / 32>(p, u, item.batch, h, t0, nq, rq.lk, src.e0, item.tile_end * epb);
     src.ids = u.ids;
     masks = u.masks;
     last_tile = (src.union_size + epb - 1) / epb;

@@ -110,6 +110,8 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.rows_max = g.rows_max;
   p.bitmap_words = g.bitmap_words;
   p.warps = g.warps;
+  p.identity_tiles = w.identity_tiles;
+  p.chunks = g.chunks;
   p.causal = a.params.causal ? 1 : 0;
   // The scale as callers pass it, a float (the default 1/sqrt(D) rounded to float, as the CPU
   // reference does), then into log2 units for exp2.
@@ -161,6 +163,7 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
   // The host vectors die with this call; plan() may synchronize.
   MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
   w.items = int64_t(list.items.size());
+  w.identity_tiles = list.identity_tiles;
   return w;
 }
 

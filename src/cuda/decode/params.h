@@ -68,6 +68,8 @@ struct DecodeParams {
   int32_t max_queries = 1, queries_per_chunk = 1, rows_max = 16;
   int32_t bitmap_words = 0;               // sparse: union bitmap capacity in 32-bit words
   int32_t warps = 8;                      // main-kernel CTA width (plan.h Geometry::warps)
+  int32_t identity_tiles = 0;             // > 0: items[i] is implied by i (plan.h WorkList)
+  int32_t chunks = 1;                     // query chunks per request (identity items)
   int32_t causal = 1;
   float scale_log2 = 0.f;                 // softmax_scale * log2(e)
 };

@@ -65,6 +65,11 @@ struct WorkList {
   std::vector<CombineJob> jobs;
   std::vector<int32_t> key_cap;   // [B]
   int64_t partials = 0;
+  // > 0 when the list is the identity: one unsplit item per (request, chunk) in their natural
+  // order (item i = request i / chunks, chunk i % chunks, tiles [0, identity_tiles)), where
+  // identity_tiles is the largest unit's tile count. The kernel then derives its item from its
+  // CTA index instead of loading it: one dependent global load less before the first K/V byte.
+  int32_t identity_tiles = 0;
 };
 
 // Splits every (request, query chunk) into items so that items x Hkv CTAs finish together on

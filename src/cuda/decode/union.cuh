@@ -31,6 +31,15 @@ __device__ __forceinline__ UnionSmem union_smem(void* base, int bitmap_words) {
   return u;
 }
 
+// Starts the page-table line of block `id` of request b towards L2 as soon as the id is known, so
+// that the producer's first lookups (load.cuh), which wait for the union, find it there: one
+// dependent DRAM round trip less before the first K/V byte. A block's entries are consecutive and
+// lie in one 128-byte line (blk / page_size <= 32 entries starting at a multiple of that count).
+__device__ __forceinline__ void prefetch_block_pages(const DecodeParams& p, int b, int id) {
+  sm90::prefetch_l2(p.page_table + int64_t(b) * p.page_table_stride +
+                    ((int64_t(id) << p.block_shift) >> p.page_shift));
+}
+
 // First slot of q2k row `row` whose (in-range) id repeats an earlier slot's; -1 if none.
 __device__ __forceinline__ int first_repeat(const int32_t* ids, int topk, int nblk) {
   for (int s = 1; s < topk; ++s) {
@@ -44,10 +53,11 @@ __device__ __forceinline__ int first_repeat(const int32_t* ids, int topk, int nb
 
 // The union of one query's q2k row (topk <= 64) by warp 0 alone: the row's distinct valid ids in
 // ascending order, each ranked by counting the smaller distinct ids (two passes of topk shuffles),
-// instead of the bitmap, its scan and their five CTA barriers. The same entries, masks (bit 0)
-// and reports as the general path. Returns the union size. Ends with __syncthreads.
-__device__ __forceinline__ int build_union_one(const DecodeParams& p, const UnionSmem& u, int h,
-                                               int64_t t0, int lk, int e0, int e1) {
+// instead of the bitmap, its scan and their five CTA barriers. The same entries, masks (bit 0),
+// reports and page-table prefetches as the general path. Returns the union size. Ends with
+// __syncthreads.
+__device__ __forceinline__ int build_union_one(const DecodeParams& p, const UnionSmem& u, int b,
+                                               int h, int64_t t0, int lk, int e0, int e1) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x, topk = p.topk;
     const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;
@@ -61,6 +71,7 @@ __device__ __forceinline__ int build_union_one(const DecodeParams& p, const Unio
         report(p, Offence::q2k, uint64_t(row_at + s), StatusCode::block_id_out_of_range);
         id[k] = -1;
       }
+      if (id[k] >= 0) prefetch_block_pages(p, b, id[k]);
     }
     // A valid id is its row's first copy unless an earlier slot holds it.
     bool first[2] = {id[0] >= 0, id[1] >= 0};
@@ -103,12 +114,13 @@ __device__ __forceinline__ int build_union_one(const DecodeParams& p, const Unio
   return u.scan[0];
 }
 
-// Builds the union for queries [t0, t0 + nq) (global token ids, nq <= 32) of kv head h over a
-// request with lk keys, by a CTA of kW warps. Returns the union size. Ends with __syncthreads.
+// Builds the union for queries [t0, t0 + nq) (global token ids, nq <= 32) of kv head h over
+// request b with lk keys, by a CTA of kW warps, and prefetches the page-table lines of its
+// blocks. Returns the union size. Ends with __syncthreads.
 template <int kW>
-__device__ __forceinline__ int build_union(const DecodeParams& p, const UnionSmem& u, int h, int64_t t0, int nq,
-                           int lk, int e0, int e1) {
-  if (nq == 1 && p.topk <= 64) return build_union_one(p, u, h, t0, lk, e0, e1);
+__device__ __forceinline__ int build_union(const DecodeParams& p, const UnionSmem& u, int b, int h,
+                                           int64_t t0, int nq, int lk, int e0, int e1) {
+  if (nq == 1 && p.topk <= 64) return build_union_one(p, u, b, h, t0, lk, e0, e1);
   constexpr int kThreads = 32 * kW;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;
@@ -129,6 +141,7 @@ __device__ __forceinline__ int build_union(const DecodeParams& p, const UnionSme
       continue;
     }
     atomicOr(&u.bitmap[id >> 5], 1u << (id & 31));
+    prefetch_block_pages(p, b, id);
   }
   __syncthreads();
 
