@@ -26,17 +26,20 @@ __device__ __forceinline__ void write_out4(const DecodeParams& p, int64_t t, int
   *reinterpret_cast<uint2*>(dst) = packed;
 }
 
-// Scratch layout in the (drained) pipeline smem: O rows [max_rows][kOutStride] f32, then m, l.
+// Scratch layout in the (drained) pipeline smem: O rows [max_rows][kOutStride] f32, then m, l
+// and the merge weights, one per scratch row.
 struct MergeSmem {
   float* o;
   float* m;
   float* l;
+  float* w;
 };
 __device__ __forceinline__ MergeSmem merge_smem(void* base, int max_rows) {
   MergeSmem s;
   s.o = static_cast<float*>(base);
   s.m = s.o + max_rows * kOutStride;
   s.l = s.m + max_rows;
+  s.w = s.l + max_rows;
   return s;
 }
 
@@ -79,41 +82,55 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kFp8>& w, const Me
 
 // Merges the kp key partitions (scratch rows k * 16 nrt + r) of each of the `rows` rows and
 // writes them: out / lse when partial < 0, else partial slot `partial`. v_mult: V dequant factor.
-// kThreads threads, this one number tid of them.
+// kThreads threads (>= rows), this one number tid of them, meeting at named barrier `bar`. First
+// one thread per row turns the partitions' (m, l) into normalised weights (and writes the LSE),
+// then every thread sums 4 head dims of one row over the partitions: no exponential and no
+// dependent chain of shared loads per output element.
 template <typename TQ, int kThreads>
 __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const MergeSmem& s, int rows,
                                                 int nrt, int kp, int partial, int h, int64_t t0,
-                                                float v_mult, int tid) {
-  for (int idx = tid; idx < rows * 32; idx += kThreads) {
-    const int r = idx >> 5, d = (idx & 31) * 4;
+                                                float v_mult, int tid, uint32_t bar) {
+  const int stride = 16 * nrt;  // scratch rows between a row's partitions
+  if (tid < rows) {
+    const int r = tid;
     float m = -INFINITY;
-    for (int k = 0; k < kp; ++k) m = fmaxf(m, s.m[k * 16 * nrt + r]);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < kp; ++k) m = fmaxf(m, s.m[k * stride + r]);
     float l = 0.f;
-    if (m != -INFINITY) {
+    if (m != -INFINITY)
       for (int k = 0; k < kp; ++k) {
-        const int sr = k * 16 * nrt + r;
-        const float wgt = exp2f(s.m[sr] - m);
-        const float4 o = *reinterpret_cast<const float4*>(s.o + sr * kOutStride + d);
-        l += wgt * s.l[sr];
-        acc.x += wgt * o.x;
-        acc.y += wgt * o.y;
-        acc.z += wgt * o.z;
-        acc.w += wgt * o.w;
+        const float wgt = exp2f(s.m[k * stride + r] - m);
+        s.w[k * stride + r] = wgt;
+        l += wgt * s.l[k * stride + r];
       }
-    }
     const float inv = l > 0.f ? v_mult / l : 0.f;
-    acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    for (int k = 0; k < kp; ++k) s.w[k * stride + r] = m != -INFINITY ? s.w[k * stride + r] * inv : 0.f;
     const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
     if (partial < 0) {
       const int64_t t = t0 + (r >> p.group_shift);
       const int hq = h * p.group + (r & (p.group - 1));
-      write_out4<TQ>(p, t, hq, d, acc);
-      if (d == 0 && p.lse) p.lse[int64_t(hq) * p.total_q + t] = lse2 * kLn2;
+      if (p.lse) p.lse[int64_t(hq) * p.total_q + t] = lse2 * kLn2;
+    } else {
+      p.part_lse[(int64_t(partial) * p.num_kv_heads + h) * p.rows_max + r] = lse2;
+    }
+  }
+  sm90::named_sync(bar, kThreads);
+  for (int idx = tid; idx < rows * 32; idx += kThreads) {
+    const int r = idx >> 5, d = (idx & 31) * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < kp; ++k) {
+      const int sr = k * stride + r;
+      const float wgt = s.w[sr];
+      const float4 o = *reinterpret_cast<const float4*>(s.o + sr * kOutStride + d);
+      acc.x += wgt * o.x;
+      acc.y += wgt * o.y;
+      acc.z += wgt * o.z;
+      acc.w += wgt * o.w;
+    }
+    if (partial < 0) {
+      write_out4<TQ>(p, t0 + (r >> p.group_shift), h * p.group + (r & (p.group - 1)), d, acc);
     } else {
       const int64_t row = (int64_t(partial) * p.num_kv_heads + h) * p.rows_max + r;
       *reinterpret_cast<float4*>(p.part_o + row * kHeadDim + d) = acc;
-      if (d == 0) p.part_lse[row] = lse2;
     }
   }
 }

@@ -55,9 +55,10 @@ struct Traits {
   static constexpr size_t kPipeBytes = size_t(kStages) * kStageBytes;
   static constexpr size_t kSlotKeyBytes = size_t(kStages) * kStageKeys * sizeof(int);
   static constexpr size_t kBarrierBytes = size_t(kStages) * sizeof(uint64_t);  // full
-  // Merge scratch (reuses the pipeline after the last stage): O rows of every warp plus (m, l).
+  // Merge scratch (reuses the pipeline after the last stage): O rows of every warp plus (m, l) and
+  // a merge weight per row.
   static constexpr size_t kMergeBytes =
-      size_t(kMaxRows) * kOutStride * sizeof(float) + 2 * size_t(kMaxRows) * sizeof(float);
+      size_t(kMaxRows) * kOutStride * sizeof(float) + 3 * size_t(kMaxRows) * sizeof(float);
 
   static_assert(kW == 4 || kW == 8, "Traits: CTAs of 4 or 8 warps");
   static_assert(kChunks == 8 || kChunks == 16, "Traits: a row is 8 (fp8) or 16 (bf16) chunks");
