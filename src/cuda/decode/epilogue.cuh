@@ -82,35 +82,35 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kFp8>& w, const Me
 
 // Merges the kp key partitions (scratch rows k * 16 nrt + r) of each of the `rows` rows and
 // writes them: out / lse when partial < 0, else partial slot `partial`. v_mult: V dequant factor.
-// kThreads threads (>= rows), this one number tid of them, meeting at named barrier `bar`. First
-// one thread per row turns the partitions' (m, l) into normalised weights (and writes the LSE),
-// then every thread sums 4 head dims of one row over the partitions: no exponential and no
-// dependent chain of shared loads per output element.
+// kThreads threads (>= rows * kp), this one number tid of them, meeting at named barrier `bar`.
+// First the kp consecutive threads of each row turn its partitions' (m, l) into normalised
+// weights (one exponential each, the row sum by shuffles) and write the LSE; then every thread
+// sums 4 head dims of one row over the partitions, with no exponential and no dependent chain.
 template <typename TQ, int kThreads>
 __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const MergeSmem& s, int rows,
                                                 int nrt, int kp, int partial, int h, int64_t t0,
                                                 float v_mult, int tid, uint32_t bar) {
   const int stride = 16 * nrt;  // scratch rows between a row's partitions
-  if (tid < rows) {
-    const int r = tid;
+  // Thread tid < rows * kp: row tid / kp, partition tid % kp (kp a power of two <= 8, so a row's
+  // threads share a warp).
+  if (tid < ((rows * kp + 31) & ~31)) {
+    const bool mine = tid < rows * kp;
+    const int r = mine ? tid / kp : 0, k = tid % kp, sr = k * stride + r;
     float m = -INFINITY;
-    for (int k = 0; k < kp; ++k) m = fmaxf(m, s.m[k * stride + r]);
-    float l = 0.f;
-    if (m != -INFINITY)
-      for (int k = 0; k < kp; ++k) {
-        const float wgt = exp2f(s.m[k * stride + r] - m);
-        s.w[k * stride + r] = wgt;
-        l += wgt * s.l[k * stride + r];
+    for (int j = 0; j < kp; ++j) m = fmaxf(m, s.m[j * stride + r]);
+    const float wgt = mine && m != -INFINITY ? exp2f(s.m[sr] - m) : 0.f;
+    float l = mine ? wgt * s.l[sr] : 0.f;
+    for (int off = 1; off < kp; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (mine) s.w[sr] = l > 0.f ? wgt * (v_mult / l) : 0.f;
+    if (mine && k == 0) {
+      const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
+      if (partial < 0) {
+        const int64_t t = t0 + (r >> p.group_shift);
+        const int hq = h * p.group + (r & (p.group - 1));
+        if (p.lse) p.lse[int64_t(hq) * p.total_q + t] = lse2 * kLn2;
+      } else {
+        p.part_lse[(int64_t(partial) * p.num_kv_heads + h) * p.rows_max + r] = lse2;
       }
-    const float inv = l > 0.f ? v_mult / l : 0.f;
-    for (int k = 0; k < kp; ++k) s.w[k * stride + r] = m != -INFINITY ? s.w[k * stride + r] * inv : 0.f;
-    const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
-    if (partial < 0) {
-      const int64_t t = t0 + (r >> p.group_shift);
-      const int hq = h * p.group + (r & (p.group - 1));
-      if (p.lse) p.lse[int64_t(hq) * p.total_q + t] = lse2 * kLn2;
-    } else {
-      p.part_lse[(int64_t(partial) * p.num_kv_heads + h) * p.rows_max + r] = lse2;
     }
   }
   sm90::named_sync(bar, kThreads);
