@@ -268,7 +268,9 @@ TEST(DecodeGpu, SweepDenseAndSparse) {
   unsigned seed = 100;
   for (int warps : kWidths)
     for (const Shape& sh : shapes)
-      for (int64_t topk : {int64_t(0), int64_t(6)}) {
+      for (int64_t topk : {int64_t(0), int64_t(6), int64_t(40)}) {
+        // topk 40: the one-query union's ranking past 32 ids, at G = 16 only (one query a CTA).
+        if (topk == 40 && sh.g != 16) continue;
         SCOPED_TRACE("forced width " + std::to_string(warps));
         const CtaWidth width(warps);
         Config c =
@@ -453,11 +455,18 @@ TEST(DecodeGpu, MoreQueriesThanPlanned) {
 
 TEST(DecodeGpu, BadPageIdsReported) {
   MSA_REQUIRE_GPU();
-  for (int64_t topk : {int64_t(0), int64_t(64)}) {
+  // Page 32: blocks over four pages, a lookup per 32-key box; page 128 and topk 16: one block per
+  // page, whole-page TMA boxes (one-query CTAs, the union's one-warp ranking).
+  struct Kind {
+    int64_t topk, page;
+  };
+  for (const Kind kind : {Kind{0, 32}, Kind{64, 32}, Kind{16, 128}}) {
+    const int64_t topk = kind.topk;
+    SCOPED_TRACE("topk " + std::to_string(topk) + " page " + std::to_string(kind.page));
     Config c;
     c.lq = {1, 2, 1, 3, 1};
     c.lk = {300, 500, 100, 700, 200};
-    c.page_size = 32;
+    c.page_size = kind.page;
     c.topk = topk;
     c.seed = 800 + unsigned(topk);
     Bench t(c);
@@ -471,18 +480,20 @@ TEST(DecodeGpu, BadPageIdsReported) {
       copy_to_device(*t.q2k, t.q2k_d, t.stream);
     }
     const int64_t mp = t.paged.page_table.t.shape[1], pages = t.paged.k.t.shape[0];
+    const int col1 = kind.page == 32 ? 15 : 3, col3 = kind.page == 32 ? 7 : 4;  // within lk
     int32_t* pt = t.paged.page_table.data<int32_t>();
-    pt[3 * mp + 7] = int32_t(pages);  // (batch 3, column 7): one past the pool
-    pt[1 * mp + 15] = INT_MIN;        // (batch 1, column 15): the first offence
+    pt[3 * mp + col3] = int32_t(pages);  // (batch 3, col3): one past the pool
+    pt[1 * mp + col1] = INT_MIN;         // (batch 1, col1): the first offence
     pt[4 * mp + 0] = -1;
     copy_to_device(t.paged.page_table, t.page_table, t.stream);
     t.plan_gpu();
     t.run_gpu();
     const auto st = t.status_words();
     EXPECT_EQ(st[0], int32_t(StatusCode::page_id_out_of_range));
-    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, 15, INT_MIN));
+    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, col1, INT_MIN));
     expect_error([&] { check_status(Tensor(t.status.get(), DType::i32, {4}, gpu0()), t.stream); },
-                 "page_table: page id -2147483648 out of range [0, num_pages) at (batch 1, column 15)");
+                 "page_table: page id -2147483648 out of range [0, num_pages) at (batch 1, column " +
+                     std::to_string(col1) + ")");
     // The offence was consumed: a clean run reports nothing.
     copy_to_device(make_paged(t.p, c.layout, c.page_size, c.seed + 1).page_table, t.page_table, t.stream);
     t.run_gpu();

@@ -52,10 +52,9 @@ __device__ __forceinline__ int first_repeat(const int32_t* ids, int topk, int nb
 }
 
 // The union of one query's q2k row (topk <= 64) by warp 0 alone: the row's distinct valid ids in
-// ascending order, each ranked by counting the smaller distinct ids (two passes of topk shuffles),
-// instead of the bitmap, its scan and their five CTA barriers. The same entries, masks (bit 0),
-// reports and page-table prefetches as the general path. Returns the union size. Ends with
-// __syncthreads.
+// ascending order, each ranked by counting the smaller distinct ids (shuffles), instead of the
+// bitmap, its scan and their five CTA barriers. The same entries, masks (bit 0), reports and
+// page-table prefetches as the general path. Returns the union size. Ends with __syncthreads.
 __device__ __forceinline__ int build_union_one(const DecodeParams& p, const UnionSmem& u, int b,
                                                int h, int64_t t0, int lk, int e0, int e1) {
   if (threadIdx.x < 32) {
@@ -73,21 +72,34 @@ __device__ __forceinline__ int build_union_one(const DecodeParams& p, const Unio
       }
       if (id[k] >= 0) prefetch_block_pages(p, b, id[k]);
     }
-    // A valid id is its row's first copy unless an earlier slot holds it.
-    bool first[2] = {id[0] >= 0, id[1] >= 0};
-    for (int s = 0; s < topk; ++s) {
-      const int y = __shfl_sync(0xffffffffu, s < 32 ? id[0] : id[1], s & 31);
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-        if (y == id[k] && s < lane + 32 * k) first[k] = false;
-    }
-    // Rank: the distinct valid ids below it.
+    // A valid id is its row's first copy unless an earlier slot holds it. Rank: the distinct
+    // valid ids below it (unsigned compares: -1 is never below an id). Up to 32 ids (topk <= 32,
+    // the usual case) take a match and one unrolled pass of independent shuffles.
+    bool first[2];
     int rank[2] = {0, 0};
-    for (int s = 0; s < topk; ++s) {
-      const int y = __shfl_sync(0xffffffffu, s < 32 ? (first[0] ? id[0] : -1) : (first[1] ? id[1] : -1),
-                                s & 31);
+    if (topk <= 32) {
+      const unsigned same = __match_any_sync(0xffffffffu, id[0]);
+      first[0] = id[0] >= 0 && (same & ((1u << lane) - 1u)) == 0u;
+      first[1] = false;
+      const int mine = first[0] ? id[0] : -1;
 #pragma unroll
-      for (int k = 0; k < 2; ++k) rank[k] += (y >= 0 && y < id[k]) ? 1 : 0;
+      for (int s = 0; s < 32; ++s)
+        rank[0] += uint32_t(__shfl_sync(0xffffffffu, mine, s)) < uint32_t(id[0]) ? 1 : 0;
+    } else {
+      first[0] = id[0] >= 0;
+      first[1] = id[1] >= 0;
+      for (int s = 0; s < topk; ++s) {
+        const int y = __shfl_sync(0xffffffffu, s < 32 ? id[0] : id[1], s & 31);
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+          if (y == id[k] && s < lane + 32 * k) first[k] = false;
+      }
+      for (int s = 0; s < topk; ++s) {
+        const int y = __shfl_sync(0xffffffffu, s < 32 ? (first[0] ? id[0] : -1) : (first[1] ? id[1] : -1),
+                                  s & 31);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) rank[k] += uint32_t(y) < uint32_t(id[k]) ? 1 : 0;
+      }
     }
     const unsigned f0 = __ballot_sync(0xffffffffu, first[0]);
     const unsigned f1 = __ballot_sync(0xffffffffu, first[1]);
