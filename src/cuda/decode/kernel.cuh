@@ -97,11 +97,13 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   int last_tile;                               // tiles at or past it hold no key
   if (p.q2k) {
     const UnionSmem u =
-        union_smem(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes, p.bitmap_words);
+        union_smem<kW>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes, p.bitmap_words);
     src.e0 = item.tile_begin * epb;
-    src.union_size =
-        build_union<Tr::kThreads / 32>(p, u, item.batch, h, t0, nq, rq.lk, src.e0, item.tile_end * epb);
+    const bool with_pages = union_has_pages<kW>(p, nq);  // the blocks' pages, read with the union
+    src.union_size = build_union<Tr::kThreads / 32>(p, u, item.batch, h, t0, nq, rq.lk, src.e0,
+                                                    item.tile_end * epb, with_pages);
     src.ids = u.ids;
+    if (with_pages) src.pages = u.pages;
     masks = u.masks;
     last_tile = (src.union_size + epb - 1) / epb;
   } else {

@@ -25,6 +25,7 @@ struct TileSource {
   int union_size = 0;          // sparse: entries in the union
   int e0 = 0;                  // sparse: first entry of this item (ids[] index 0)
   const int* ids = nullptr;    // sparse: block id per entry - e0; null for dense
+  const int* pages = nullptr;  // sparse: page per entry - e0 when every block lies in one page
 };
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a stage of kS key slots: the layout that
@@ -75,6 +76,7 @@ __device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const Ti
   StageBox bx;
   if (lane < (kS >> p.box_shift)) {
     const int slot = slot0 + (lane << p.box_shift);
+    bool known = false;  // bx.page already from the union's pages
     if (slot < src.slot_end) {
       if (src.ids == nullptr) {
         if (slot < src.lk) bx.key0 = slot;
@@ -82,11 +84,17 @@ __device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const Ti
         const int e = slot >> p.block_shift;
         if (e < src.union_size) {
           const int key = (src.ids[e - src.e0] << p.block_shift) + (slot & (p.kv_block_size - 1));
-          if (key < src.lk) bx.key0 = key;
+          if (key < src.lk) {
+            bx.key0 = key;
+            if (src.pages) {
+              bx.page = src.pages[e - src.e0];
+              known = true;
+            }
+          }
         }
       }
     }
-    if (bx.key0 >= 0)
+    if (bx.key0 >= 0 && !known)
       bx.page = p.page_table[int64_t(src.b) * p.page_table_stride + (bx.key0 >> p.page_shift)];
   }
   return bx;

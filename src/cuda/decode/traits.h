@@ -76,7 +76,7 @@ template <bool kFp8, int kW>
 constexpr size_t smem_bytes(int bitmap_words) {
   return 1024 + Traits<kFp8, kW>::kPipeBytes + Traits<kFp8, kW>::kSlotKeyBytes +
          Traits<kFp8, kW>::kBarrierBytes +
-         (bitmap_words > 0 ? size_t(2 * kMaxItemEntries + 2 * bitmap_words + 64) * sizeof(int) : 0);
+         (bitmap_words > 0 ? size_t((kW == 8 ? 3 : 2) * kMaxItemEntries + 2 * bitmap_words + 64) * sizeof(int) : 0);
 }
 
 }  // namespace msa::cuda::decode

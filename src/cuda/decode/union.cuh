@@ -16,16 +16,21 @@ namespace msa::cuda::decode {
 struct UnionSmem {
   int* ids;          // [kMaxItemEntries] block id of entry e0 + i
   uint32_t* masks;   // [kMaxItemEntries] queries (bit qi) that selected entry e0 + i
+  int* pages;        // [kMaxItemEntries] page of entry e0 + i (build_union_one, one-page blocks)
   uint32_t* bitmap;  // [bitmap_words] blocks selected by any query of the CTA
   int* prefix;       // [bitmap_words] union rank of each word's first bit
   int* scan;         // [warps] per-warp totals of the rank scan (64 slots)
 };
 
+// 8-warp CTAs (one wave, prologue on the critical path) keep a page per entry; 4-warp CTAs, whose
+// prologues overlap a co-resident CTA's streaming, do not (traits.h sizes both).
+template <int kW>
 __device__ __forceinline__ UnionSmem union_smem(void* base, int bitmap_words) {
   UnionSmem u;
   u.ids = static_cast<int*>(base);
   u.masks = reinterpret_cast<uint32_t*>(u.ids + kMaxItemEntries);
-  u.bitmap = u.masks + kMaxItemEntries;
+  u.pages = kW == 8 ? reinterpret_cast<int*>(u.masks + kMaxItemEntries) : nullptr;
+  u.bitmap = kW == 8 ? reinterpret_cast<uint32_t*>(u.pages + kMaxItemEntries) : u.masks + kMaxItemEntries;
   u.prefix = reinterpret_cast<int*>(u.bitmap + bitmap_words);
   u.scan = u.prefix + bitmap_words;
   return u;
@@ -51,17 +56,30 @@ __device__ __forceinline__ int first_repeat(const int32_t* ids, int topk, int nb
   return -1;
 }
 
+// Whether build_union takes the one-query path below, and whether that path fills u.pages: in
+// 8-warp CTAs when every block lies in one page (page_size >= kv_block_size).
+__device__ __forceinline__ bool one_query_union(const DecodeParams& p, int nq) {
+  return nq == 1 && p.topk <= 64;
+}
+template <int kW>
+__device__ __forceinline__ bool union_has_pages(const DecodeParams& p, int nq) {
+  return kW == 8 && one_query_union(p, nq) && p.page_shift >= p.block_shift;
+}
+
 // The union of one query's q2k row (topk <= 64) by warp 0 alone: the row's distinct valid ids in
 // ascending order, each ranked by counting the smaller distinct ids (shuffles), instead of the
-// bitmap, its scan and their five CTA barriers. The same entries, masks (bit 0), reports and
-// page-table prefetches as the general path. Returns the union size. Ends with __syncthreads.
+// bitmap, its scan and their five CTA barriers. The same entries, masks (bit 0) and reports as the
+// general path; with one_page (union_has_pages) each entry's page id in u.pages, read while the
+// ranks are counted, else the page-table lines are prefetched. Returns the union size. Ends with
+// __syncthreads.
 __device__ __forceinline__ int build_union_one(const DecodeParams& p, const UnionSmem& u, int b,
-                                               int h, int64_t t0, int lk, int e0, int e1) {
+                                               int h, int64_t t0, int lk, int e0, int e1,
+                                               bool one_page) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x, topk = p.topk;
     const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;
     const int64_t row_at = (int64_t(h) * p.total_q + t0) * topk;
-    int32_t id[2];
+    int32_t id[2], page[2] = {0, 0};
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int s = lane + 32 * k;
@@ -70,7 +88,15 @@ __device__ __forceinline__ int build_union_one(const DecodeParams& p, const Unio
         report(p, Offence::q2k, uint64_t(row_at + s), StatusCode::block_id_out_of_range);
         id[k] = -1;
       }
-      if (id[k] >= 0) prefetch_block_pages(p, b, id[k]);
+      // The page of a one-page block is read now, under the ranking below, and handed to the
+      // producer through u.pages; a block over several pages gets its line prefetched.
+      if (id[k] >= 0) {
+        if (one_page)
+          page[k] = p.page_table[int64_t(b) * p.page_table_stride +
+                                 ((int64_t(id[k]) << p.block_shift) >> p.page_shift)];
+        else
+          prefetch_block_pages(p, b, id[k]);
+      }
     }
     // A valid id is its row's first copy unless an earlier slot holds it. Rank: the distinct
     // valid ids below it (unsigned compares: -1 is never below an id). Up to 32 ids (topk <= 32,
@@ -111,6 +137,7 @@ __device__ __forceinline__ int build_union_one(const DecodeParams& p, const Unio
       if (first[k] && rank[k] >= e0 && rank[k] < e1) {
         u.ids[rank[k] - e0] = id[k];
         u.masks[rank[k] - e0] = 1u;
+        u.pages[rank[k] - e0] = page[k];
       }
     const unsigned r0 = __ballot_sync(0xffffffffu, id[0] >= 0 && !first[0]);
     const unsigned r1 = __ballot_sync(0xffffffffu, id[1] >= 0 && !first[1]);
@@ -127,12 +154,14 @@ __device__ __forceinline__ int build_union_one(const DecodeParams& p, const Unio
 }
 
 // Builds the union for queries [t0, t0 + nq) (global token ids, nq <= 32) of kv head h over
-// request b with lk keys, by a CTA of kW warps, and prefetches the page-table lines of its
-// blocks. Returns the union size. Ends with __syncthreads.
+// request b with lk keys, by a CTA of kW warps (all of its threads), and prefetches the page-table
+// lines of its blocks; with_pages (union_has_pages of the kernel's consumer width): the one-query
+// path fills u.pages instead. Returns the union size. Ends with __syncthreads.
 template <int kW>
 __device__ __forceinline__ int build_union(const DecodeParams& p, const UnionSmem& u, int b, int h,
-                                           int64_t t0, int nq, int lk, int e0, int e1) {
-  if (nq == 1 && p.topk <= 64) return build_union_one(p, u, b, h, t0, lk, e0, e1);
+                                           int64_t t0, int nq, int lk, int e0, int e1,
+                                           bool with_pages) {
+  if (one_query_union(p, nq)) return build_union_one(p, u, b, h, t0, lk, e0, e1, with_pages);
   constexpr int kThreads = 32 * kW;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;
