@@ -179,8 +179,8 @@ void DecodePlan::run(const AttentionArgs& args, cudaStream_t stream) const {
   if (!args.q.is_cuda()) return attention_forward(args, stream);
   check_cuda_run_args(args, shape_.kv_block_size);
 #ifdef MSA_WITH_CUDA
-  cuda::decode_run(args, shape_, cuda::DecodeWork{num_items_, sm_count_, warps_, identity_tiles_}, workspace_,
-                   stream);
+  cuda::decode_run(args, shape_, cuda::DecodeWork{num_items_, sm_count_, warps_, identity_tiles_},
+                   workspace_, stream);
 #else
   no_cuda_build();
 #endif

@@ -64,8 +64,8 @@ TEST(DecodePlan, WidthOnBenchmarkShapes) {
   EXPECT_THROW(force_cta_warps(5), Error);
   // DEC-B32 plans one unsplit 16-tile item per (request, kv head): the identity list.
   const DecodeShape b32 = shape(32, 1, 16384, 16);
-  EXPECT_EQ(build_work_list(b32, geometry(b32, kH200), std::vector<int64_t>(32, 16384)).identity_tiles,
-            16);
+  const WorkList b32_list = build_work_list(b32, geometry(b32, kH200), std::vector<int64_t>(32, 16384));
+  EXPECT_EQ(b32_list.identity_tiles, 16);
   EXPECT_THROW(geometry(shape(32, 1, 16384, 16), kH200, 6), Error);
 }
 

@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int64_t item_index = blockIdx.x / hkv;
   const int h = int(blockIdx.x % hkv);
   DecodeItem item;
-  if (p.identity_tiles > 0) {  // the identity list (plan.h): no load before the request's
+  if (p.identity_tiles > 0) {  // the identity list (plan.h): the item follows from the CTA index
     item.batch = int32_t(item_index / p.chunks);
     item.chunk = int32_t(item_index % p.chunks);
     item.tile_end = p.identity_tiles;
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int epb = kTileKeys >> p.block_shift;  // sparse: union entries per tile
   int last_tile;                               // tiles at or past it hold no key
   if (p.q2k) {
-    const UnionSmem u =
-        union_smem<kW>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes, p.bitmap_words);
+    const UnionSmem u = union_smem<kW>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes,
+                                       p.bitmap_words);
     src.e0 = item.tile_begin * epb;
     const bool with_pages = union_has_pages<kW>(p, nq);  // the blocks' pages, read with the union
     src.union_size = build_union<Tr::kThreads / 32>(p, u, item.batch, h, t0, nq, rq.lk, src.e0,

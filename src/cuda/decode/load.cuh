@@ -25,7 +25,7 @@ struct TileSource {
   int union_size = 0;          // sparse: entries in the union
   int e0 = 0;                  // sparse: first entry of this item (ids[] index 0)
   const int* ids = nullptr;    // sparse: block id per entry - e0; null for dense
-  const int* pages = nullptr;  // sparse: page per entry - e0 when every block lies in one page
+  const int* pages = nullptr;  // sparse: page per entry - e0, or null (union.cuh union_has_pages)
 };
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a stage of kS key slots: the layout that

@@ -232,7 +232,8 @@ WorkList build_work_list(const DecodeShape& s, const Geometry& g,
   for (const Part& p : parts) w.items.push_back(p.item);
   bool identity = w.partials == 0;
   for (size_t i = 0; identity && i < w.items.size(); ++i)
-    identity = w.items[i].batch == int32_t(i / g.chunks) && w.items[i].chunk == int32_t(i % g.chunks);
+    identity =
+        w.items[i].batch == int32_t(i / g.chunks) && w.items[i].chunk == int32_t(i % g.chunks);
   if (identity) w.identity_tiles = int32_t(std::min<int64_t>(largest, INT32_MAX));
   MSA_CHECK(int64_t(w.items.size()) <= g.max_items && w.partials <= g.max_partials &&
                 int64_t(w.jobs.size()) <= g.max_jobs,

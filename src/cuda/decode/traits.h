@@ -71,12 +71,16 @@ struct Traits {
 };
 
 // Dynamic shared memory of one CTA: pipeline, slot keys, stage barriers, then (sparse) the union
-// scratch, plus the slack that puts the pipeline on a 1024-byte boundary (kernel.cuh).
+// scratch (union.cuh: ids, masks, 8 warps also pages; bitmap, prefix, scan), plus the slack that
+// puts the pipeline on a 1024-byte boundary (kernel.cuh).
 template <bool kFp8, int kW>
 constexpr size_t smem_bytes(int bitmap_words) {
+  const size_t entry_arrays = kW == 8 ? 3 : 2;
   return 1024 + Traits<kFp8, kW>::kPipeBytes + Traits<kFp8, kW>::kSlotKeyBytes +
          Traits<kFp8, kW>::kBarrierBytes +
-         (bitmap_words > 0 ? size_t((kW == 8 ? 3 : 2) * kMaxItemEntries + 2 * bitmap_words + 64) * sizeof(int) : 0);
+         (bitmap_words > 0
+              ? (entry_arrays * kMaxItemEntries + 2 * size_t(bitmap_words) + 64) * sizeof(int)
+              : 0);
 }
 
 }  // namespace msa::cuda::decode

@@ -16,7 +16,7 @@ namespace msa::cuda::decode {
 struct UnionSmem {
   int* ids;          // [kMaxItemEntries] block id of entry e0 + i
   uint32_t* masks;   // [kMaxItemEntries] queries (bit qi) that selected entry e0 + i
-  int* pages;        // [kMaxItemEntries] page of entry e0 + i (build_union_one, one-page blocks)
+  int* pages;        // [kMaxItemEntries] page of entry e0 + i (8 warps only: union_has_pages)
   uint32_t* bitmap;  // [bitmap_words] blocks selected by any query of the CTA
   int* prefix;       // [bitmap_words] union rank of each word's first bit
   int* scan;         // [warps] per-warp totals of the rank scan (64 slots)
@@ -30,7 +30,8 @@ __device__ __forceinline__ UnionSmem union_smem(void* base, int bitmap_words) {
   u.ids = static_cast<int*>(base);
   u.masks = reinterpret_cast<uint32_t*>(u.ids + kMaxItemEntries);
   u.pages = kW == 8 ? reinterpret_cast<int*>(u.masks + kMaxItemEntries) : nullptr;
-  u.bitmap = kW == 8 ? reinterpret_cast<uint32_t*>(u.pages + kMaxItemEntries) : u.masks + kMaxItemEntries;
+  u.bitmap = kW == 8 ? reinterpret_cast<uint32_t*>(u.pages + kMaxItemEntries)
+                     : u.masks + kMaxItemEntries;
   u.prefix = reinterpret_cast<int*>(u.bitmap + bitmap_words);
   u.scan = u.prefix + bitmap_words;
   return u;
@@ -69,12 +70,12 @@ __device__ __forceinline__ bool union_has_pages(const DecodeParams& p, int nq) {
 // The union of one query's q2k row (topk <= 64) by warp 0 alone: the row's distinct valid ids in
 // ascending order, each ranked by counting the smaller distinct ids (shuffles), instead of the
 // bitmap, its scan and their five CTA barriers. The same entries, masks (bit 0) and reports as the
-// general path; with one_page (union_has_pages) each entry's page id in u.pages, read while the
+// general path; with_pages (union_has_pages): each entry's page id in u.pages, read while the
 // ranks are counted, else the page-table lines are prefetched. Returns the union size. Ends with
 // __syncthreads.
 __device__ __forceinline__ int build_union_one(const DecodeParams& p, const UnionSmem& u, int b,
                                                int h, int64_t t0, int lk, int e0, int e1,
-                                               bool one_page) {
+                                               bool with_pages) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x, topk = p.topk;
     const int nblk = lk > 0 ? ((lk - 1) >> p.block_shift) + 1 : 0;
@@ -91,7 +92,7 @@ __device__ __forceinline__ int build_union_one(const DecodeParams& p, const Unio
       // The page of a one-page block is read now, under the ranking below, and handed to the
       // producer through u.pages; a block over several pages gets its line prefetched.
       if (id[k] >= 0) {
-        if (one_page)
+        if (with_pages)
           page[k] = p.page_table[int64_t(b) * p.page_table_stride +
                                  ((int64_t(id[k]) << p.block_shift) >> p.page_shift)];
         else
@@ -137,7 +138,7 @@ __device__ __forceinline__ int build_union_one(const DecodeParams& p, const Unio
       if (first[k] && rank[k] >= e0 && rank[k] < e1) {
         u.ids[rank[k] - e0] = id[k];
         u.masks[rank[k] - e0] = 1u;
-        u.pages[rank[k] - e0] = page[k];
+        if (with_pages) u.pages[rank[k] - e0] = page[k];
       }
     const unsigned r0 = __ballot_sync(0xffffffffu, id[0] >= 0 && !first[0]);
     const unsigned r1 = __ballot_sync(0xffffffffu, id[1] >= 0 && !first[1]);
