@@ -27,16 +27,96 @@ constexpr uint32_t kExitBarrier = 2;
 // each reader's own release orders its reads (racecheck).
 constexpr uint32_t kEmptyBarrier = 3;  // 3 .. 3 + kStages - 1
 
-// Named-barrier ids must be constants for ptxas to count 3 + kStages barriers, not all 16.
+// Named-barrier ids must be constants for ptxas to count 3 + kStages barriers, not all 16: one
+// predicated barrier op per stage (the stage is warp-uniform), which a switch would compile to an
+// indirect branch through a jump table at every step.
 template <bool kSync>
 __device__ __forceinline__ void empty_barrier(int stage, uint32_t threads) {
-  const auto op = [threads](uint32_t id) {
-    if constexpr (kSync) sm90::named_sync(id, threads);
-    else sm90::named_arrive(id, threads);
-  };
-  if (stage == 0) op(kEmptyBarrier);
-  else if (stage == 1) op(kEmptyBarrier + 1);
-  else op(kEmptyBarrier + 2);
+  if constexpr (kSync)
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "setp.eq.s32 p, %0, 0;\n\t@p bar.sync %1, %4;\n\t"
+        "setp.eq.s32 p, %0, 1;\n\t@p bar.sync %2, %4;\n\t"
+        "setp.eq.s32 p, %0, 2;\n\t@p bar.sync %3, %4;\n\t}" ::"r"(stage),
+        "n"(kEmptyBarrier), "n"(kEmptyBarrier + 1), "n"(kEmptyBarrier + 2), "r"(threads)
+        : "memory");
+  else
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "setp.eq.s32 p, %0, 0;\n\t@p bar.arrive %1, %4;\n\t"
+        "setp.eq.s32 p, %0, 1;\n\t@p bar.arrive %2, %4;\n\t"
+        "setp.eq.s32 p, %0, 2;\n\t@p bar.arrive %3, %4;\n\t}" ::"r"(stage),
+        "n"(kEmptyBarrier), "n"(kEmptyBarrier + 1), "n"(kEmptyBarrier + 2), "r"(threads)
+        : "memory");
+}
+
+// A copy of v in a fresh register, so a loop counter that starts from a value ptxas spilled
+// earlier does not reload it from local memory at every step.
+__device__ __forceinline__ int reg_copy(int v) {
+  int r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
+
+// The consumer warps' stage loop (kernel below): per-warp constants fixed before the loop, the
+// stage and phase stepped instead of divided. Every instruction between a stage's arrival and its
+// first ldmatrix delays the warp: in session 10 that bookkeeping was ~40% of the FP8 consumers'
+// sampled time. kKw: keys per warp per stage when known at compile time, else 0 (kw at run time).
+struct ConsumerLoop {
+  uint32_t full = 0, pipe = 0;       // shared addresses: the stages' full barriers, the pipeline
+  const int* slot_key = nullptr;
+  int steps = 0, s0 = 0, e0 = 0;
+  const uint32_t* masks = nullptr;   // union masks; null when every row selected every entry
+  int kb0 = 0;                       // the warp's first slot in each stage
+  int warp_climit = 0;               // the lowest causal limit of the warp's rows
+  bool active = false;
+};
+
+template <int kKw, int kS, typename Tr, typename TQ, bool kFp8>
+__device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8>& w,
+                                        const ConsumerLoop& lp, int kw_rt) {
+  const int kw = kKw > 0 ? kKw : kw_rt;
+  const int nn = kKw > 0 ? (kKw / 8 < 8 ? kKw / 8 : 8) : min(8, kw / 8);
+  const int lane = threadIdx.x & 31;
+  const bool in0 = lane < 8 * nn, in1 = lane + 32 < 8 * nn;
+  int stage = 0;
+  uint32_t phase = 0;
+  // Counting the steps down keeps one loop register; slots past the item (a last, partial stage)
+  // hold key -1 (lookup_stage), so their windows end at the jmax test without a bound. ptxas
+  // spills the counters' start values before the role split (under the launch bound's 128
+  // registers): reg_copy starts the loop from fresh registers.
+  for (int left = reg_copy(lp.steps), slot0 = reg_copy(lp.s0); left > 0; --left, slot0 += kS) {
+    sm90::mbar_wait(lp.full + uint32_t(stage) * 8u, phase);
+    if (lp.active) {
+      const uint32_t k_stage = lp.pipe + uint32_t(stage) * Tr::kStageBytes;
+      const int* sk = lp.slot_key + stage * kS;
+      for (int kb = lp.kb0; kb < lp.kb0 + kw; kb += 64) {
+        const int j0 = in0 ? sk[kb + lane] : -1, j1 = in1 ? sk[kb + lane + 32] : -1;
+        const int jmax = __reduce_max_sync(0xffffffffu, max(j0, j1));
+        if (jmax < 0) continue;  // no key in the window
+        bool sel0 = true, sel1 = true, all_sel = true;
+        if (lp.masks) {  // the union entry of the window's slots
+          const uint32_t m = lp.masks[((slot0 + kb) >> p.block_shift) - lp.e0];
+          sel0 = (m & w.qbit[0]) != 0;
+          sel1 = (m & w.qbit[1]) != 0;
+          if (!__any_sync(0xffffffffu, sel0 || sel1)) continue;
+          all_sel = __all_sync(0xffffffffu, sel0 && sel1);
+        }
+        // Whole window: no empty slot, every key at or below every row's causal limit, every
+        // row selected the block.
+        const int jmin = __reduce_min_sync(0xffffffffu, min(in0 ? j0 : INT_MAX, in1 ? j1 : INT_MAX));
+        const bool whole = jmin >= 0 && jmax <= lp.warp_climit && all_sel;
+        attend<kS>(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1, whole);
+      }
+    }
+    // Released only while more than kStages steps remain (this one included): the producer syncs
+    // only before refilling, and the last stages' arrivals would leave a barrier generation open.
+    if (left > Tr::kStages) empty_barrier<false>(stage, Tr::kThreads);
+    if (++stage == Tr::kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
 }
 
 // tm_k / tm_v: the K and V pools as 4-D TMA maps with boxes of 2^p.box_shift slots x one 128-byte
@@ -157,37 +237,21 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   // The lowest causal limit of the warp's rows (padding rows: -1), for the whole-window test.
   const int warp_climit = __reduce_min_sync(0xffffffffu, min(w.climit[0], w.climit[1]));
 
-  for (int it = 0; it < steps; ++it) {
-    const int stage = it % Tr::kStages, slot0 = s0 + it * kS;
-    sm90::mbar_wait(&full[stage], uint32_t(it / Tr::kStages) & 1u);
-    if (active) {
-      const uint32_t k_stage = pipe + stage * Tr::kStageBytes;
-      const int* sk = slot_key + stage * kS;
-      for (int kb = kpi * kw; kb < (kpi + 1) * kw; kb += 64) {
-        if (slot0 + kb >= src.slot_end) break;  // past the item (a last, partial stage)
-        const int nn = min(8, kw / 8);
-        bool sel0 = true, sel1 = true;
-        if (masks) {  // the union entry of the window's slots
-          const uint32_t m = masks[((slot0 + kb) >> p.block_shift) - src.e0];
-          sel0 = (m & w.qbit[0]) != 0;
-          sel1 = (m & w.qbit[1]) != 0;
-        }
-        const bool in0 = lane < 8 * nn, in1 = lane + 32 < 8 * nn;
-        const int j0 = in0 ? sk[kb + lane] : -1, j1 = in1 ? sk[kb + lane + 32] : -1;
-        if (!__any_sync(0xffffffffu, j0 >= 0 || j1 >= 0) || !__any_sync(0xffffffffu, sel0 || sel1)) continue;
-        // Whole window: no empty slot, every key at or below every row's causal limit, every
-        // row selected the block.
-        const int jmin = __reduce_min_sync(0xffffffffu, min(in0 ? j0 : INT_MAX, in1 ? j1 : INT_MAX));
-        const int jmax = __reduce_max_sync(0xffffffffu, max(j0, j1));
-        const bool whole =
-            jmin >= 0 && jmax <= warp_climit && __all_sync(0xffffffffu, sel0 && sel1);
-        attend<kS>(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1, whole);
-      }
-    }
-    // The producer syncs only before steps it + kStages < steps: the last stages' arrivals would
-    // leave a barrier generation open at exit.
-    if (it + Tr::kStages < steps) empty_barrier<false>(stage, Tr::kThreads);
-  }
+  ConsumerLoop lp;
+  lp.full = smem_u32(full);
+  lp.pipe = pipe;
+  lp.slot_key = slot_key;
+  lp.steps = steps;
+  lp.s0 = s0;
+  lp.e0 = src.e0;
+  lp.masks = nq > 1 ? masks : nullptr;  // a one-query union holds only its query's blocks
+  lp.kb0 = kpi * kw;
+  lp.warp_climit = warp_climit;
+  lp.active = active;
+  // One row tile (every sparse CTA, single-query dense): the warps split each stage's keys kW
+  // ways, a width known at compile time, so the window's loops and registers shrink to it.
+  if (nrt == 1) consume<kS / kW, kS, Tr>(p, w, lp, kw);
+  else consume<0, kS, Tr>(p, w, lp, kw);
   // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
   // scratch once all consumers are past their last step.
   sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
