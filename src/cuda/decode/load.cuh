@@ -76,7 +76,6 @@ __device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const Ti
   StageBox bx;
   if (lane < (kS >> p.box_shift)) {
     const int slot = slot0 + (lane << p.box_shift);
-    bool known = false;  // bx.page already from the union's pages
     if (slot < src.slot_end) {
       if (src.ids == nullptr) {
         if (slot < src.lk) bx.key0 = slot;
@@ -86,15 +85,13 @@ __device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const Ti
           const int key = (src.ids[e - src.e0] << p.block_shift) + (slot & (p.kv_block_size - 1));
           if (key < src.lk) {
             bx.key0 = key;
-            if (src.pages) {
-              bx.page = src.pages[e - src.e0];
-              known = true;
-            }
+            if (src.pages) bx.page = src.pages[e - src.e0];
           }
         }
       }
     }
-    if (bx.key0 >= 0 && !known)
+    // Without the union's pages (dense, or sparse without the hand-off) from the page table.
+    if (bx.key0 >= 0 && src.pages == nullptr)
       bx.page = p.page_table[int64_t(src.b) * p.page_table_stride + (bx.key0 >> p.page_shift)];
   }
   return bx;
