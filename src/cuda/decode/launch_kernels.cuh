@@ -35,8 +35,10 @@ void set_smem_limit() {
 
 #ifdef MSA_DECODE_TRACE
 // The trace build's report of one launch (trace.cuh): per phase, the spread over the CTAs of the
-// time from each CTA's entry (us); CTAs that never reached a phase are left out of it.
-inline void print_trace(unsigned grid, int warps, cudaStream_t stream) {
+// time from each CTA's entry (us); CTAs that never reached a phase are left out of it. Internal
+// linkage: each instantiation TU reads its own table (an inline function would be merged across
+// the two TUs, and the FP8 launches would print the bf16 kernels' table).
+static void print_trace(unsigned grid, int warps, cudaStream_t stream) {
   MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
   const int n = int(std::min<unsigned>(grid, kTraceCtas));
   std::vector<unsigned long long> t(size_t(n) * kTracePoints);
