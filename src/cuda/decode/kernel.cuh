@@ -33,22 +33,16 @@ constexpr uint32_t kEmptyBarrier = 3;  // 3 .. 3 + kStages - 1
 // indirect branch through a jump table at every step.
 template <bool kSync>
 __device__ __forceinline__ void empty_barrier(int stage, uint32_t threads) {
-  if constexpr (kSync)
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "setp.eq.s32 p, %0, 0;\n\t@p bar.sync %1, %4;\n\t"
-        "setp.eq.s32 p, %0, 1;\n\t@p bar.sync %2, %4;\n\t"
-        "setp.eq.s32 p, %0, 2;\n\t@p bar.sync %3, %4;\n\t}" ::"r"(stage),
-        "n"(kEmptyBarrier), "n"(kEmptyBarrier + 1), "n"(kEmptyBarrier + 2), "r"(threads)
-        : "memory");
-  else
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "setp.eq.s32 p, %0, 0;\n\t@p bar.arrive %1, %4;\n\t"
-        "setp.eq.s32 p, %0, 1;\n\t@p bar.arrive %2, %4;\n\t"
-        "setp.eq.s32 p, %0, 2;\n\t@p bar.arrive %3, %4;\n\t}" ::"r"(stage),
-        "n"(kEmptyBarrier), "n"(kEmptyBarrier + 1), "n"(kEmptyBarrier + 2), "r"(threads)
-        : "memory");
+#define MSA_DECODE_STAGE_BARRIER(OP)                                                        \
+  asm volatile("{\n\t.reg .pred p;\n\t"                                                   \
+               "setp.eq.s32 p, %0, 0;\n\t@p " OP " %1, %4;\n\t"                         \
+               "setp.eq.s32 p, %0, 1;\n\t@p " OP " %2, %4;\n\t"                         \
+               "setp.eq.s32 p, %0, 2;\n\t@p " OP " %3, %4;\n\t}" ::"r"(stage),          \
+               "n"(kEmptyBarrier), "n"(kEmptyBarrier + 1), "n"(kEmptyBarrier + 2), "r"(threads) \
+               : "memory")
+  if constexpr (kSync) MSA_DECODE_STAGE_BARRIER("bar.sync");
+  else MSA_DECODE_STAGE_BARRIER("bar.arrive");
+#undef MSA_DECODE_STAGE_BARRIER
 }
 
 // A copy of v in a fresh register, so a loop counter that starts from a value ptxas spilled
