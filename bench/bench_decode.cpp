@@ -2,6 +2,7 @@
 //   bench_decode [--case NAME]... [--iters N] [--warmup N] [--json FILE] [--no-check]
 //                [--layout nhd|hnd]   (page layout, default nhd: [pages, page_size, Hkv, D])
 //                [--warps 4|8]        (force the CUDA decode CTA width; default: the planner's)
+//                [--topk N]           (sparse cases: N blocks per query instead of the case's topK)
 // Exit status: 0 ok, 1 a check failed, 2 usage / no GPU.
 #include <algorithm>
 #include <cstdio>
@@ -30,6 +31,13 @@ int main(int argc, char** argv) {
     else if (arg == "--no-check") o.check = false;
     else if (arg == "--layout") o.hnd = next() == "hnd";
     else if (arg == "--warps") o.warps = std::atoi(next().c_str());
+    else if (arg == "--topk") {
+      o.topk = std::atoi(next().c_str());
+      if (o.topk < 1) {
+        std::fprintf(stderr, "--topk needs a value >= 1\n");
+        return 2;
+      }
+    }
     else {
       std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
       return 2;

@@ -326,12 +326,15 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
   if (!o.json.empty()) json.open(o.json, std::ios::app);
   int rc = 0;
   for (const std::string& n : names) {
-    const bench::BenchCase* c = bench::find_case(n);
-    if (!c || c->kind != bench::CaseKind::decode) {
+    const bench::BenchCase* found = bench::find_case(n);
+    if (!found || found->kind != bench::CaseKind::decode) {
       std::fprintf(stderr, "unknown decode case %s\n", n.c_str());
       rc = 2;
       continue;
     }
+    bench::BenchCase custom = *found;  // --topk: the same case with another selection size
+    if (o.topk > 0 && !custom.dense) custom.topk = o.topk;
+    const bench::BenchCase* c = &custom;
     for (const char* kv : {"bf16", "fp8"}) {
       if (c->kv_dtypes.find(kv) == std::string::npos) continue;
       try {
@@ -347,7 +350,8 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
                << "\",\"median_us\":" << r.median_us << ",\"min_us\":" << r.min_us
                << ",\"max_us\":" << r.max_us << ",\"bytes\":" << r.bytes << ",\"tb_per_s\":" << tbs
                << ",\"rel_l2\":" << r.rel_l2 << ",\"lse_err\":" << r.lse_err
-               << ",\"layout\":\"" << (o.hnd ? "hnd" : "nhd") << "\",\"ok\":" << (r.ok ? "true" : "false") << "}\n";
+               << ",\"layout\":\"" << (o.hnd ? "hnd" : "nhd") << "\",\"topk\":" << (c->dense ? 0 : c->topk)
+               << ",\"ok\":" << (r.ok ? "true" : "false") << "}\n";
       } catch (const Error& e) {
         std::fprintf(stderr, "%s %s: %s\n", n.c_str(), kv, e.what());
         rc = std::max(rc, 1);
