@@ -86,21 +86,30 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kFp8>& w, const Me
 // First the kp consecutive threads of each row turn its partitions' (m, l) into normalised
 // weights (one exponential each, the row sum by shuffles) and write the LSE; then every thread
 // sums 4 head dims of one row over the partitions, with no exponential and no dependent chain.
-template <typename TQ, int kThreads>
+// kKp > 0: one row tile (rows <= 16) whose warps split the keys kKp ways, known at compile time:
+// the loops unroll and each thread issues all its shared-memory loads before its sums (with one
+// warp per scheduler left in the CTA, each dependent load would otherwise cost its full latency:
+// session 10's trace timed this merge at 2-2.5 us per CTA).
+template <typename TQ, int kThreads, int kKp = 0>
 __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const MergeSmem& s, int rows,
-                                                int nrt, int kp, int partial, int h, int64_t t0,
-                                                float v_mult, int tid, uint32_t bar) {
-  const int stride = 16 * nrt;  // scratch rows between a row's partitions
+                                                int nrt, int kp_rt, int partial, int h,
+                                                int64_t t0, float v_mult, int tid, uint32_t bar) {
+  const int kp = kKp > 0 ? kKp : kp_rt;
+  const int stride = kKp > 0 ? 16 : 16 * nrt;  // scratch rows between a row's partitions
   // Thread tid < rows * kp: row tid / kp, partition tid % kp (kp a power of two <= 8, so a row's
   // threads share a warp).
   if (tid < ((rows * kp + 31) & ~31)) {
     const bool mine = tid < rows * kp;
     const int r = mine ? tid / kp : 0, k = tid % kp, sr = k * stride + r;
     float m = -INFINITY;
-    for (int j = 0; j < kp; ++j) m = fmaxf(m, s.m[j * stride + r]);
+#pragma unroll
+    for (int j = 0; j < (kKp > 0 ? kKp : 8); ++j)
+      if (kKp > 0 || j < kp) m = fmaxf(m, s.m[j * stride + r]);
     const float wgt = mine && m != -INFINITY ? exp2f(s.m[sr] - m) : 0.f;
     float l = mine ? wgt * s.l[sr] : 0.f;
-    for (int off = 1; off < kp; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+#pragma unroll
+    for (int off = 1; off < (kKp > 0 ? kKp : 8); off <<= 1)
+      if (kKp > 0 || off < kp) l += __shfl_xor_sync(0xffffffffu, l, off);
     if (mine) s.w[sr] = l > 0.f ? wgt * (v_mult / l) : 0.f;
     if (mine && k == 0) {
       const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
@@ -114,23 +123,57 @@ __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const Mer
     }
   }
   sm90::named_sync(bar, kThreads);
-  for (int idx = tid; idx < rows * 32; idx += kThreads) {
-    const int r = idx >> 5, d = (idx & 31) * 4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < kp; ++k) {
-      const int sr = k * stride + r;
-      const float wgt = s.w[sr];
-      const float4 o = *reinterpret_cast<const float4*>(s.o + sr * kOutStride + d);
-      acc.x += wgt * o.x;
-      acc.y += wgt * o.y;
-      acc.z += wgt * o.z;
-      acc.w += wgt * o.w;
-    }
+  const auto write4 = [&](int r, int d, float4 acc) {
     if (partial < 0) {
       write_out4<TQ>(p, t0 + (r >> p.group_shift), h * p.group + (r & (p.group - 1)), d, acc);
     } else {
       const int64_t row = (int64_t(partial) * p.num_kv_heads + h) * p.rows_max + r;
       *reinterpret_cast<float4*>(p.part_o + row * kHeadDim + d) = acc;
+    }
+  };
+  if constexpr (kKp > 0) {
+    constexpr int kIters = 16 * 32 / kThreads;  // (row, 4 dims) slots of a 16-row tile per thread
+    static_assert(16 * 32 % kThreads == 0, "merge_and_write: whole passes over a row tile");
+    float wk[kIters][kKp];
+    float4 ok[kIters][kKp];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = tid + i * kThreads, r = idx >> 5, d = (idx & 31) * 4;
+      const bool valid = r < rows;  // rows past `rows` have no weights (phase 1 wrote none)
+#pragma unroll
+      for (int k = 0; k < kKp; ++k) {
+        wk[i][k] = valid ? s.w[k * stride + r] : 0.f;
+        ok[i][k] = valid ? *reinterpret_cast<const float4*>(s.o + (k * stride + r) * kOutStride + d)
+                         : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = tid + i * kThreads, r = idx >> 5, d = (idx & 31) * 4;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int k = 0; k < kKp; ++k) {
+        acc.x += wk[i][k] * ok[i][k].x;
+        acc.y += wk[i][k] * ok[i][k].y;
+        acc.z += wk[i][k] * ok[i][k].z;
+        acc.w += wk[i][k] * ok[i][k].w;
+      }
+      if (r < rows) write4(r, d, acc);
+    }
+  } else {
+    for (int idx = tid; idx < rows * 32; idx += kThreads) {
+      const int r = idx >> 5, d = (idx & 31) * 4;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = 0; k < kp; ++k) {
+        const int sr = k * stride + r;
+        const float wgt = s.w[sr];
+        const float4 o = *reinterpret_cast<const float4*>(s.o + sr * kOutStride + d);
+        acc.x += wgt * o.x;
+        acc.y += wgt * o.y;
+        acc.z += wgt * o.z;
+        acc.w += wgt * o.w;
+      }
+      write4(r, d, acc);
     }
   }
 }

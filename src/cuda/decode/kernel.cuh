@@ -259,8 +259,12 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const MergeSmem ms = merge_smem(smem, Tr::kMaxRows);
   if (active) store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2));
   sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
-  merge_and_write<TQ, Tr::kConsumerThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult, tid,
-                                            kConsumerBarrier);
+  if (nrt == 1)  // one row tile: kW key partitions (kp = kW / nrt, consume's compile-time width)
+    merge_and_write<TQ, Tr::kConsumerThreads, kW>(p, ms, rows, nrt, kp, item.partial, h, t0,
+                                                  v_mult, tid, kConsumerBarrier);
+  else
+    merge_and_write<TQ, Tr::kConsumerThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult,
+                                              tid, kConsumerBarrier);
   MSA_DECODE_STAMP(kTraceMerged, tid == 0);
   if (item.partial >= 0)
     finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid, kConsumerBarrier,
