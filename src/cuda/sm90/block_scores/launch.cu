@@ -86,16 +86,18 @@ KernelFn pick_rows(int row_groups) {
          : row_groups == 2 ? block_scores_kernel<kElem, 2, kWide> : block_scores_kernel<kElem, 1, kWide>;
 }
 
+template <Elem kElem>
+KernelFn pick_width(int row_groups, bool fused) {
+  return fused ? pick_rows<kElem, true>(row_groups) : pick_rows<kElem, false>(row_groups);
+}
+
 // The instantiation for an input type, row-group count (R = 4 for G >= 4, 2 for G = 2, 1) and
 // the fused flag: fused runs the wide kernel (Cfg).
 KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
   switch (dt) {
-    case DType::f16:
-      return fused ? pick_rows<Elem::f16, true>(row_groups) : pick_rows<Elem::f16, false>(row_groups);
-    case DType::fp8_e4m3:
-      return fused ? pick_rows<Elem::e4m3, true>(row_groups) : pick_rows<Elem::e4m3, false>(row_groups);
-    default:
-      return fused ? pick_rows<Elem::bf16, true>(row_groups) : pick_rows<Elem::bf16, false>(row_groups);
+    case DType::f16: return pick_width<Elem::f16>(row_groups, fused);
+    case DType::fp8_e4m3: return pick_width<Elem::e4m3>(row_groups, fused);
+    default: return pick_width<Elem::bf16>(row_groups, fused);
   }
 }
 

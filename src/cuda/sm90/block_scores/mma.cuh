@@ -134,7 +134,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   } else if constexpr (kAcc == 1) {
     // One tile per block. With Cfg::kScalesFromSmem (the wide consumers) the epilogue reads the
     // stage's key scales itself, so the stage is released after it, not after the wgmma.
-    constexpr bool kFromSmem = Cfg<kWideFor<kElem, kFused>>::kScalesFromSmem;
+    constexpr bool kFromSmem = Cfg<kFused>::kScalesFromSmem;
     const uint64_t q0 = tile_desc(sh.q[consumer]);
     SegRows sr0;
     float acc0[64];
@@ -172,7 +172,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     // and its epilogue runs in iteration it under item it's first tile. The first item is peeled
     // so that no branch inside the loop decides where a wgmma is issued or waited on (see above);
     // the last item's second epilogue drains after the loop.
-    const int r0 = consumer, r1 = consumer + Cfg<kWideFor<kElem, kFused>>::kConsumers;
+    const int r0 = consumer, r1 = consumer + Cfg<kFused>::kConsumers;
     const uint64_t q0 = tile_desc(sh.q[r0]), q1 = tile_desc(sh.q[r1]);
     SegRows sr0, sr1;
     float acc0[64], acc1[64];

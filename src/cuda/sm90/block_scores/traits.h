@@ -52,9 +52,7 @@ struct Cfg {
                 "Cfg: setmaxnreg budgets exceed the launch's registers");
 };
 static_assert(Cfg<true>::kConsumers == kMaxRowGroups, "Cfg: a wide consumer owns one row group");
-// Whether a kernel (and its loops) runs wide: fused (launch.cu picks the kernel by it).
-template <Elem kElem, bool kFused>
-constexpr bool kWideFor = kFused;
+// A kernel runs wide exactly when it is fused (launch.cu picks it so): its loops use Cfg<kFused>.
 
 // One 128-byte swizzle row holds 64 bf16/f16 or 128 fp8 values: D = 128 is two 64-wide halves
 // for 16-bit inputs and one 128-wide half for fp8.
