@@ -204,6 +204,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
       sm90::prefetch_tensor_map(&tm_k);
       sm90::prefetch_tensor_map(&tm_v);
     }
+    const bool evict_first = p.kv_evict_first != 0;
+    const uint64_t policy = evict_first ? sm90::l2_evict_first_policy() : 0;
     StageBox cur, next;
     if (steps > 0) cur = lookup_stage<kFp8, kW>(p, src, s0);
     for (int it = 0; it < steps; ++it) {
@@ -211,7 +213,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
       if (it + 1 < steps) next = lookup_stage<kFp8, kW>(p, src, s0 + (it + 1) * kS);
       if (it >= Tr::kStages) empty_barrier<true>(stage, Tr::kThreads);
       issue_stage<kFp8, kW>(p, src, cur, &tm_k, &tm_v, &full[stage],
-                            pipe + stage * Tr::kStageBytes, slot_key + stage * kS);
+                            pipe + stage * Tr::kStageBytes, slot_key + stage * kS, evict_first,
+                            policy);
       sm90::mbar_arrive(&full[stage]);
       sm90::cp_async_mbar_arrive(&full[stage]);
       MSA_DECODE_STAMP(kTraceFirstIssue, it == 0 && threadIdx.x == 0);

@@ -113,6 +113,10 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.identity_tiles = w.identity_tiles;
   p.chunks = g.chunks;
   p.causal = a.params.causal ? 1 : 0;
+  // One chunk per request: every K/V line of a (request, kv head) is read by one CTA, once, so
+  // its L2 lines go first (sm90::l2_evict_first_policy). With several chunks, the chunks'
+  // selections share blocks, which L2 then serves to the later chunks (DEC-MTP).
+  p.kv_evict_first = g.chunks == 1 ? 1 : 0;
   // The scale as callers pass it, a float (the default 1/sqrt(D) rounded to float, as the CPU
   // reference does), then into log2 units for exp2.
   const float scale = a.params.softmax_scale != 0.f ? a.params.softmax_scale

@@ -71,6 +71,7 @@ struct DecodeParams {
   int32_t identity_tiles = 0;             // > 0: items[i] is implied by i (plan.h WorkList)
   int32_t chunks = 1;                     // query chunks per request (identity items)
   int32_t causal = 1;
+  int32_t kv_evict_first = 0;             // K/V lines read by one CTA only: L2 evict_first
   float scale_log2 = 0.f;                 // softmax_scale * log2(e)
 };
 

@@ -111,6 +111,25 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
                                             int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
   tma_load_4d(smem_addr(dst), map, bar, c0, c1, c2, c3);
 }
+// The same with an L2 cache policy (l2_evict_first_policy) for the lines it brings in.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint64_t* bar,
+                                            int32_t c0, int32_t c1, int32_t c2, int32_t c3,
+                                            uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3), "l"(policy)
+      : "memory");
+}
+// An L2 policy under which the lines a load brings in are the first to go: data read once (a
+// decode's K/V when no other CTA reads the same lines) does not push out other lines, e.g. the
+// dirty ones a previous kernel left, whose write-backs would share the read's DRAM time.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
 
 // 3-D tile store shared -> global, in the issuing thread's bulk async-group. The source must be
 // written (generic proxy) and fenced with fence_proxy_async_smem() before the store is issued.
