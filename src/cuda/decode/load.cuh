@@ -99,12 +99,11 @@ __device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const Ti
 
 // Second half, by the whole producer warpgroup. A box whose B keys all exist (below the request's
 // length) on a page id in range is loaded by TMA: lane b of warp 0 issues box b's K and V boxes
-// (with L2 policy `policy` when evict_first), after lane 0 announced the stage's TMA bytes on
-// `full`. Every other box (the last, partial page
-// of a request, slots past the union or the item, a bad page id: reported) is copied row by row
-// with 16-byte cp.async that zero-fill the slots without a key, so no byte past a request's keys
-// ever reaches the math (DESIGN.md s.12: unused page slots may hold NaN). slot_key[row] gets the
-// logical key of every row or -1.
+// (under L2 policy `policy` when evict_first), after lane 0 announced the stage's TMA bytes on
+// `full`. Every other box (the last, partial page of a request, slots past the union or the
+// item, a bad page id: reported) is copied row by row with 16-byte cp.async that zero-fill the
+// slots without a key, so no byte past a request's keys ever reaches the math (DESIGN.md s.12:
+// unused page slots may hold NaN). slot_key[row] gets the logical key of every row or -1.
 template <bool kFp8, int kW>
 __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSource& src,
                                             const StageBox& bx, const CUtensorMap* tm_k,
@@ -128,7 +127,7 @@ __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSou
       const int slot = bx.key0 & (p.page_size - 1);
       const int c1 = p.head_major ? slot : src.h, c2 = p.head_major ? src.h : slot;
       const uint32_t dst = stage_base + uint32_t(lane * box * 128);
-      if (evict_first) {
+      if (evict_first) {  // the loop twice: a branch per box instruction costs 32 instructions
 #pragma unroll
         for (int half = 0; half < kHalves; ++half) {
           sm90::tma_load_4d(dst + half * (kS * 128), tm_k, full, half * 64, c1, c2, bx.page, policy);
