@@ -39,6 +39,9 @@ struct DecodeShape {
 //   check_status() to read it.
 // - CUDA needs head_dim 128; tlse (temperature) and a k2q index are not supported; partials are
 //   always f32.
+// - A sparse plan with one query chunk per request whose CTAs fit one wave (e.g. B = 32, one
+//   query each) reads K/V under an L2 evict_first policy: each line is read once, and the lines
+//   earlier kernels left in L2 stay there.
 class DecodePlan {
  public:
   // Workspace bytes run() needs for `shape` (partials and the work list).
