@@ -66,6 +66,17 @@ TEST(DecodePlan, WidthOnBenchmarkShapes) {
   const DecodeShape b32 = shape(32, 1, 16384, 16);
   const WorkList b32_list = build_work_list(b32, geometry(b32, kH200), std::vector<int64_t>(32, 16384));
   EXPECT_EQ(b32_list.identity_tiles, 16);
+  // L2 evict_first only for sparse one-chunk plans of one wave: DEC-B32 (128 CTAs on 132 slots),
+  // not its dense twin, DEC-B2048 (many waves) or DEC-MTP (eight chunks per request).
+  const auto evicts = [](const DecodeShape& s, int64_t keys) {
+    const Geometry g = geometry(s, kH200);
+    const WorkList w = build_work_list(s, g, std::vector<int64_t>(s.batch, keys));
+    return kv_evict_first(g, int64_t(w.items.size()), s.num_kv_heads);
+  };
+  EXPECT_TRUE(evicts(b32, 16384));
+  EXPECT_FALSE(evicts(shape(32, 1, 16384, 0), 16384));
+  EXPECT_FALSE(evicts(shape(2048, 1, 4096, 16), 4096));
+  EXPECT_FALSE(evicts(shape(30, 8, 67584, 16), 67584));
   EXPECT_THROW(geometry(shape(32, 1, 16384, 16), kH200, 6), Error);
 }
 

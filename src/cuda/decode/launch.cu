@@ -113,14 +113,7 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.identity_tiles = w.identity_tiles;
   p.chunks = g.chunks;
   p.causal = a.params.causal ? 1 : 0;
-  // L2 evict_first for the K/V loads (sm90::l2_evict_first_policy) of a sparse plan with one
-  // chunk per request (every K/V line is read by one CTA, once) whose CTAs fit one wave: such a
-  // launch reads little more than L2 holds (DEC-B32: 135 MB), and keeping the lines an earlier
-  // kernel left (the benchmark's flush leaves 60 MB of dirty ones) saved 3.5% (51.1 -> 49.3 us,
-  // session 11 run 6). Measured worse elsewhere: dense (DEC-B32-dense +6.5%), many waves
-  // (DEC-B2048 +0.6%); and several chunks share blocks through L2 (DEC-MTP).
-  p.kv_evict_first =
-      g.sparse && g.chunks == 1 && w.items * s.num_kv_heads <= g.slots ? 1 : 0;
+  p.kv_evict_first = decode::kv_evict_first(g, w.items, s.num_kv_heads) ? 1 : 0;
   // The scale as callers pass it, a float (the default 1/sqrt(D) rounded to float, as the CPU
   // reference does), then into log2 units for exp2.
   const float scale = a.params.softmax_scale != 0.f ? a.params.softmax_scale

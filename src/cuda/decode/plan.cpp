@@ -167,6 +167,10 @@ void force_cta_warps(int warps) {
   forced_warps = warps;
 }
 
+bool kv_evict_first(const Geometry& g, int64_t items, int num_kv_heads) {
+  return g.sparse && g.chunks == 1 && items * num_kv_heads <= g.slots;
+}
+
 WorkList build_work_list(const DecodeShape& s, const Geometry& g,
                          const std::vector<int64_t>& lengths) {
   WorkList w;
