@@ -56,7 +56,7 @@ __device__ __forceinline__ int reg_copy(int v) {
 // The consumer warps' stage loop (kernel below): per-warp constants fixed before the loop, the
 // stage and phase stepped instead of divided. Every instruction between a stage's arrival and its
 // first ldmatrix delays the warp: in session 10 that bookkeeping was ~40% of the FP8 consumers'
-// sampled time. kKw: keys per warp per stage when known at compile time, else 0 (kw at run time).
+// sampled time.
 struct ConsumerLoop {
   uint32_t full = 0, pipe = 0;       // shared addresses: the stages' full barriers, the pipeline
   const int* slot_key = nullptr;
@@ -67,6 +67,7 @@ struct ConsumerLoop {
   bool active = false;
 };
 
+// kKw: keys per warp per stage when known at compile time, else 0 (kw_rt at run time).
 template <int kKw, int kS, typename Tr, typename TQ, bool kFp8>
 __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8>& w,
                                         const ConsumerLoop& lp, int kw_rt) {

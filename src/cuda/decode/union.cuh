@@ -37,13 +37,17 @@ __device__ __forceinline__ UnionSmem union_smem(void* base, int bitmap_words) {
   return u;
 }
 
+// Index in p.page_table of the entry of the first key of block `id` of request b.
+__device__ __forceinline__ int64_t block_page_index(const DecodeParams& p, int b, int id) {
+  return int64_t(b) * p.page_table_stride + ((int64_t(id) << p.block_shift) >> p.page_shift);
+}
+
 // Starts the page-table line of block `id` of request b towards L2 as soon as the id is known, so
 // that the producer's first lookups (load.cuh), which wait for the union, find it there: one
 // dependent DRAM round trip less before the first K/V byte. A block's entries are consecutive and
 // lie in one 128-byte line (blk / page_size <= 32 entries starting at a multiple of that count).
 __device__ __forceinline__ void prefetch_block_pages(const DecodeParams& p, int b, int id) {
-  sm90::prefetch_l2(p.page_table + int64_t(b) * p.page_table_stride +
-                    ((int64_t(id) << p.block_shift) >> p.page_shift));
+  sm90::prefetch_l2(p.page_table + block_page_index(p, b, id));
 }
 
 // First slot of q2k row `row` whose (in-range) id repeats an earlier slot's; -1 if none.
@@ -93,8 +97,7 @@ __device__ __forceinline__ int build_union_one(const DecodeParams& p, const Unio
       // producer through u.pages; a block over several pages gets its line prefetched.
       if (id[k] >= 0) {
         if (with_pages)
-          page[k] = p.page_table[int64_t(b) * p.page_table_stride +
-                                 ((int64_t(id[k]) << p.block_shift) >> p.page_shift)];
+          page[k] = p.page_table[block_page_index(p, b, id[k])];
         else
           prefetch_block_pages(p, b, id[k]);
       }
