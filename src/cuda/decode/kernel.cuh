@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
       MSA_DECODE_STAMP(kTraceFirstIssue, it == 0 && threadIdx.x == 0);
       cur = next;
     }
-    arrive_and_finalize(p, false, false, kExitBarrier, Tr::kThreads);
+    producers_arrive(p, kExitBarrier, Tr::kProducerThreads);
     return;
   }
 
@@ -273,7 +273,6 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   if (item.partial >= 0)
     finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid, kConsumerBarrier,
                                            slot_key);
-  arrive_and_finalize(p, true, tid == 0, kExitBarrier, Tr::kThreads);
 }
 
 }  // namespace msa::cuda::decode

@@ -24,6 +24,9 @@ __device__ __forceinline__ void report(const DecodeParams& p, Offence cls, uint6
                                        StatusCode code) {
   const uint64_t key = (uint64_t(cls) << 60) | ((index & ((1ull << 56) - 1)) << 4) | uint64_t(code);
   atomicMin(p.offence, static_cast<unsigned long long>(key));
+  // Visible before any later step of this thread, so a barrier that follows orders the report
+  // before its CTA's arrival (count_cta_done): no thread fences at exit (rare path, cost moot).
+  __threadfence();
 }
 
 // A request as the kernels see it: checked lengths, never used to read out of bounds.
@@ -135,22 +138,17 @@ __device__ __forceinline__ void count_cta_done(const DecodeParams& p) {
 }
 // Every thread of a main-kernel CTA, at its exit (before the role split).
 __device__ __forceinline__ void arrive_and_finalize(const DecodeParams& p) {
-  __threadfence();  // this thread's offence reports are visible before the CTA arrives
-  __syncthreads();
+  __syncthreads();  // every report of the CTA (fenced in report) precedes its arrival
   if (threadIdx.x == 0) count_cta_done(p);
 }
-// The same after the role split (kernel.cuh): every thread of the CTA calls it, `waits` for the
-// threads that meet at named barrier `bar` (all `threads` of the CTA arrive there), and `leader`,
-// one of the waiting threads, counts the CTA.
-__device__ __forceinline__ void arrive_and_finalize(const DecodeParams& p, bool waits, bool leader,
-                                                    uint32_t bar, uint32_t threads) {
-  __threadfence();
-  if (!waits) {
-    sm90::named_arrive(bar, threads);
-    return;
-  }
-  sm90::named_sync(bar, threads);
-  if (leader) count_cta_done(p);
+// After the role split (kernel.cuh): the producer warpgroup, once it issued its last copy, meets
+// at named barrier `bar` and thread 0 counts the CTA. The consumers report nothing after the
+// union build (a CTA-wide barrier before the split), so they leave without a fence or barrier:
+// their output stores need not be acknowledged before the CTA frees its slot.
+__device__ __forceinline__ void producers_arrive(const DecodeParams& p, uint32_t bar,
+                                                 uint32_t producers) {
+  sm90::named_sync(bar, producers);
+  if (threadIdx.x == 0) count_cta_done(p);
 }
 
 }  // namespace msa::cuda::decode
