@@ -3,8 +3,8 @@
 // into a ring of stages (load.cuh: page lookups, TMA boxes and cp.async rows, each stage's arrival
 // on its `full` mbarrier), while the consumer warps attend their (row tile, key partition) share of
 // every stage (attend.cuh) and free it by arriving at its named barrier; the consumers merge
-// (epilogue.cuh), the last split of a request merges the splits (combine.cuh) and the last CTA to
-// finish writes the status (status.cuh). Included by launch_kernels.cuh only.
+// (epilogue.cuh), the last split of a request merges the splits (combine.cuh) and the last CTA
+// whose producers are done writes the status (status.cuh). Included by launch_kernels.cuh only.
 //
 // Consumer roles: rows = queries x G (<= 16 kW) form nrt 16-row tiles; the kW consumer warps
 // split as nrt row tiles x kp key partitions (kp the largest power of two <= kW / nrt), warp w
