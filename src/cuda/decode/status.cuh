@@ -24,8 +24,9 @@ __device__ __forceinline__ void report(const DecodeParams& p, Offence cls, uint6
                                        StatusCode code) {
   const uint64_t key = (uint64_t(cls) << 60) | ((index & ((1ull << 56) - 1)) << 4) | uint64_t(code);
   atomicMin(p.offence, static_cast<unsigned long long>(key));
-  // Visible before any later step of this thread, so a barrier that follows orders the report
-  // before its CTA's arrival (count_cta_done): no thread fences at exit (rare path, cost moot).
+  // Visible device-wide before this thread's next step, so any barrier it passes later orders the
+  // report before its CTA's arrival (count_cta_done). Reports are rare; in exchange no thread
+  // fences at exit (producers_arrive).
   __threadfence();
 }
 
