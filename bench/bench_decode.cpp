@@ -3,6 +3,7 @@
 //                [--layout nhd|hnd]   (page layout, default nhd: [pages, page_size, Hkv, D])
 //                [--warps 4|8]        (force the CUDA decode CTA width; default: the planner's)
 //                [--topk N]           (sparse cases: N blocks per query instead of the case's topK)
+//                [--fp8-scales tensor|slot]  (FP8 KV scales: one per tensor (default) or per pool slot)
 // Exit status: 0 ok, 1 a check failed, 2 usage / no GPU.
 #include <algorithm>
 #include <cstdio>
@@ -31,6 +32,14 @@ int main(int argc, char** argv) {
     else if (arg == "--no-check") o.check = false;
     else if (arg == "--layout") o.hnd = next() == "hnd";
     else if (arg == "--warps") o.warps = std::atoi(next().c_str());
+    else if (arg == "--fp8-scales") {
+      const std::string k = next();
+      if (k != "tensor" && k != "slot") {
+        std::fprintf(stderr, "--fp8-scales takes tensor or slot, got %s\n", k.c_str());
+        return 2;
+      }
+      o.slot_scales = k == "slot";
+    }
     else if (arg == "--topk") {
       o.topk = std::atoi(next().c_str());
       if (o.topk < 1) {

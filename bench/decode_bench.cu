@@ -68,6 +68,12 @@ __global__ void fill_fp8(uint8_t* x, int64_t n, uint64_t seed) {
     x[i] = __nv_cvt_float_to_fp8(normal_at(seed, i), __NV_SATFINITE, __NV_E4M3);
 }
 
+// Per-slot FP8 scales (--fp8-scales slot): positive, in [0.25, 1.25).
+__global__ void fill_scales(float* x, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = 0.25f + float(mix64(seed ^ uint64_t(i)) >> 40) * 0x1.0p-24f;
+}
+
 using Options = msa_bench::DecodeBenchOptions;
 
 struct Result {
@@ -88,15 +94,21 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
                                         const Buf& k, const Buf& v, const std::vector<int32_t>& pt,
                                         int max_pages, const std::vector<int32_t>& cu,
                                         const std::vector<int32_t>& q2k, const Buf& out,
-                                        const Buf& lse, int64_t total_q, bool hnd, cudaStream_t s) {
+                                        const Buf& lse, int64_t total_q, bool hnd,
+                                        const Buf* k_scale, const Buf* v_scale, cudaStream_t s) {
   const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim, ps = c.page_size;
   const int64_t lq = cu[b + 1] - cu[b], lk = c.seqlens_k[b];
   const int64_t pages = (lk + ps - 1) / ps, esz = fp8 ? 1 : 2, page_bytes = int64_t(ps) * hkv * d * esz;
   std::vector<uint8_t> hk(std::max<int64_t>(1, pages) * page_bytes), hv(hk.size());
+  std::vector<float> hks(std::max<int64_t>(1, pages) * ps), hvs(hks.size());  // per-slot scales
   for (int64_t p = 0; p < pages; ++p) {
-    const int64_t src = int64_t(pt[int64_t(b) * max_pages + p]) * page_bytes;
+    const int64_t page = pt[int64_t(b) * max_pages + p], src = page * page_bytes;
     BENCH_CUDA(cudaMemcpyAsync(hk.data() + p * page_bytes, static_cast<uint8_t*>(k.p) + src, page_bytes, cudaMemcpyDeviceToHost, s));
     BENCH_CUDA(cudaMemcpyAsync(hv.data() + p * page_bytes, static_cast<uint8_t*>(v.p) + src, page_bytes, cudaMemcpyDeviceToHost, s));
+    if (k_scale) {
+      BENCH_CUDA(cudaMemcpyAsync(hks.data() + p * ps, static_cast<float*>(k_scale->p) + page * ps, ps * 4, cudaMemcpyDeviceToHost, s));
+      BENCH_CUDA(cudaMemcpyAsync(hvs.data() + p * ps, static_cast<float*>(v_scale->p) + page * ps, ps * 4, cudaMemcpyDeviceToHost, s));
+    }
   }
   const int64_t row = int64_t(hq) * d;
   std::vector<uint16_t> hq_rows(std::max<int64_t>(1, lq * row)), got(hq_rows.size());
@@ -121,8 +133,11 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   a.kv.layout = hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
   const std::vector<int64_t> pool_dims = pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd);
   const Tensor unit_scale(&one, DType::f32, {1});
-  a.kv.k = fp8 ? QTensor(Tensor(hk.data(), kvt, pool_dims), unit_scale) : QTensor(Tensor(hk.data(), kvt, pool_dims));
-  a.kv.v = fp8 ? QTensor(Tensor(hv.data(), kvt, pool_dims), unit_scale) : QTensor(Tensor(hv.data(), kvt, pool_dims));
+  const int64_t slots = std::max<int64_t>(1, pages) * ps;
+  const Tensor ksc = k_scale ? Tensor(hks.data(), DType::f32, {slots}) : unit_scale;
+  const Tensor vsc = k_scale ? Tensor(hvs.data(), DType::f32, {slots}) : unit_scale;
+  a.kv.k = fp8 ? QTensor(Tensor(hk.data(), kvt, pool_dims), ksc) : QTensor(Tensor(hk.data(), kvt, pool_dims));
+  a.kv.v = fp8 ? QTensor(Tensor(hv.data(), kvt, pool_dims), vsc) : QTensor(Tensor(hv.data(), kvt, pool_dims));
   a.kv.page_table = Tensor(page_ids.data(), DType::i32, {1, std::max<int64_t>(1, pages)});
   a.kv.seqused_k = Tensor(used.data(), DType::i32, {1});
   a.cu_seqlens_q = Tensor(cuq.data(), DType::i32, {2});
@@ -219,15 +234,22 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
       for (int32_t id : uni) kv_keys += double(std::min<int64_t>(c.kv_block_size, lk - int64_t(id) * c.kv_block_size));
     }
   }
+  const bool slot_scales = fp8 && o.slot_scales;
   res.bytes = kv_keys * d * esz * 2 + 2.0 * total_q * hq * d * 2 + double(hq) * total_q * 4 +
-              double(total_pages) * 4 + double(q2k.size()) * 4 + double(B) * 8;
+              double(total_pages) * 4 + double(q2k.size()) * 4 + double(B) * 8 +
+              (slot_scales ? kv_keys * 2 * 4 : 0.0);  // per-slot scales: K's and V's per key and head
 
   const int64_t pool = total_pages * ps * hkv * d;
   Buf q(size_t(total_q) * hq * d * 2), k(size_t(pool) * esz), v(size_t(pool) * esz),
       out(size_t(total_q) * hq * d * 2), lse(size_t(hq) * total_q * 4), status(16),
       pt_d(pt.size() * 4), used_d(used.size() * 4), cu_d(cu.size() * 4), q2k_d(q2k.size() * 4),
-      scale(8);
+      scale(8), k_slot(slot_scales ? size_t(total_pages) * ps * 4 : 0),
+      v_slot(slot_scales ? size_t(total_pages) * ps * 4 : 0);
   const bench::GpuBuffer flush(size_t(256) << 20);
+  if (slot_scales) {
+    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(k_slot.p), total_pages * ps, c.seed * 3 + 4);
+    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(v_slot.p), total_pages * ps, c.seed * 3 + 5);
+  }
   fill_bf16<<<2048, 256, 0, s>>>(static_cast<__nv_bfloat16*>(q.p), total_q * hq * d, c.seed * 3 + 1);
   if (fp8) {
     fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(k.p), pool, c.seed * 3 + 2);
@@ -274,8 +296,10 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   const std::vector<int64_t> pool_dims = pool_shape(total_pages, ps, hkv, d, o.hnd);
   const Tensor kt(k.p, kvt, pool_dims, gpu), vt(v.p, kvt, pool_dims, gpu);
   const Tensor sc(scale.p, DType::f32, {1}, gpu);
-  a.kv.k = fp8 ? QTensor(kt, sc) : QTensor(kt);
-  a.kv.v = fp8 ? QTensor(vt, sc) : QTensor(vt);
+  const Tensor ksc = slot_scales ? Tensor(k_slot.p, DType::f32, {total_pages * ps}, gpu) : sc;
+  const Tensor vsc = slot_scales ? Tensor(v_slot.p, DType::f32, {total_pages * ps}, gpu) : sc;
+  a.kv.k = fp8 ? QTensor(kt, ksc) : QTensor(kt);
+  a.kv.v = fp8 ? QTensor(vt, vsc) : QTensor(vt);
   a.kv.layout = o.hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
   a.kv.page_table = Tensor(pt_d.p, DType::i32, {B, max_pages}, gpu);
   a.kv.seqused_k = Tensor(used_d.p, DType::i32, {B}, gpu);
@@ -293,7 +317,9 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   if (o.check) {
     std::set<int> sample = {0, B / 2, B - 1};
     for (int b : sample) {
-      const auto [rel, le] = check_request(b, c, fp8, q, k, v, pt, max_pages, cu, q2k, out, lse, total_q, o.hnd, s);
+      const auto [rel, le] = check_request(b, c, fp8, q, k, v, pt, max_pages, cu, q2k, out, lse, total_q, o.hnd,
+                                           slot_scales ? &k_slot : nullptr,
+                                           slot_scales ? &v_slot : nullptr, s);
       res.rel_l2 = std::max(res.rel_l2, rel);
       res.lse_err = std::max(res.lse_err, le);
     }
@@ -341,7 +367,7 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
         const Result r = run_case(*c, std::string(kv) == "fp8", o);
         const double tbs = r.bytes / (r.median_us * 1e-6) / 1e12;
         std::printf("%-14s %-4s %-70s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s  (%.3f GB)  check rel_l2 %.2e lse %.2e %s\n",
-                    r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "") + (o.warps ? " w" + std::to_string(o.warps) : "")).c_str(), r.median_us, r.min_us,
+                    r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "") + (o.warps ? " w" + std::to_string(o.warps) : "") + (o.slot_scales && std::string(kv) == "fp8" ? " slot-scales" : "")).c_str(), r.median_us, r.min_us,
                     r.max_us, tbs, r.bytes / 1e9, r.rel_l2, r.lse_err, r.ok ? "ok" : "FAILED");
         std::fflush(stdout);
         if (!r.ok) rc = std::max(rc, 1);
@@ -351,6 +377,7 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
                << ",\"max_us\":" << r.max_us << ",\"bytes\":" << r.bytes << ",\"tb_per_s\":" << tbs
                << ",\"rel_l2\":" << r.rel_l2 << ",\"lse_err\":" << r.lse_err
                << ",\"layout\":\"" << (o.hnd ? "hnd" : "nhd") << "\",\"topk\":" << (c->dense ? 0 : c->topk)
+               << ",\"fp8_scales\":\"" << (o.slot_scales ? "slot" : "tensor") << "\""
                << ",\"ok\":" << (r.ok ? "true" : "false") << "}\n";
       } catch (const Error& e) {
         std::fprintf(stderr, "%s %s: %s\n", n.c_str(), kv, e.what());

@@ -25,6 +25,7 @@ struct DecodeBenchOptions {
   bool hnd = false;      // page layout [pages, Hkv, page_size, D] instead of [pages, page_size, Hkv, D]
   int warps = 0;         // decode CTA width forced (4 or 8; 0: the planner's choice)
   int topk = 0;          // sparse cases: blocks selected per query instead of the case's (0: the case's)
+  bool slot_scales = false;  // FP8 KV: K and V scales per pool slot [pages * page_size] (else per tensor)
 };
 
 // The named decode cases (all of them when `names` is empty), bf16 and FP8 KV where the case

@@ -193,15 +193,12 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
     const Tensor& pt = kv.page_table;
     check_last_dim_contiguous(pt, "page_table");
     MSA_CHECK(k.dtype != DType::fp4x2, "k: FP4 page pools are not supported");
-    for (const auto& [x, name] : {std::pair{&kv.k, "k"}, std::pair{&kv.v, "v"}}) {
-      if (!x->scale.defined() || (x == &kv.v && !need_v)) continue;
-      const std::string sn = std::string(name) + ".scale";
-      MSA_CHECK(x->values.dtype == DType::fp8_e4m3, sn, ": only fp8_e4m3 values take a scale, got ",
-                dtype_name(x->values.dtype), " values");
-      check_dtype(x->scale, sn.c_str(), {DType::f32});
-      MSA_CHECK(x->scale.numel() == 1, sn, ": paged fp8 KV takes a per-tensor scale [1], got ",
-                x->scale.describe());
-    }
+    // Paged FP8 scales count the pool's slots as its tokens: slot s of page P is token
+    // P * page_size + s (either layout), so a per-token scale is [num_pages * page_size] and a
+    // per-token-and-head one [num_pages * page_size, Hkv].
+    const int64_t pool_tokens = s.num_pages * s.page_size;
+    check_qtensor_scale(kv.k, "k", pool_tokens, s.num_kv_heads, s.head_dim);
+    if (need_v) check_qtensor_scale(kv.v, "v", pool_tokens, s.num_kv_heads, s.head_dim);
     if (!q.is_cuda()) {
       const int64_t cap = s.max_pages * s.page_size;
       for (int64_t b = 0; b < s.batch; ++b) {

@@ -130,8 +130,8 @@ class KeyReader {
     const int64_t off = kv_.layout == KVLayout::paged_nhd
                             ? page * t_.strides[0] + slot * t_.strides[1] + h * t_.strides[2]
                             : page * t_.strides[0] + h * t_.strides[1] + slot * t_.strides[2];
-    // Paged fp8 takes only a per-tensor scale (validation), so the token index is unused.
-    dec_.decode(off, 0, h, out_D);
+    // Scales of a page pool are indexed by pool slot (validate.cpp): token page * page_size + slot.
+    dec_.decode(off, page * page_size_ + slot, h, out_D);
   }
 
  private:

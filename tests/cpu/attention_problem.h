@@ -195,12 +195,28 @@ inline PagedKV make_paged(const Problem& p, KVLayout layout, int64_t page_size, 
               make_pool(dt, layout, pages, page_size, p.hkv, p.dim, row_pad),
               HostTensor(DType::i32, {batch, max_pages}), i32_tensor(p.lk), std::nullopt,
               std::nullopt, layout};
-  if (p.k_scale) {
-    out.k_scale.emplace(DType::f32, std::vector<int64_t>{1});
-    out.v_scale.emplace(DType::f32, std::vector<int64_t>{1});
-    out.k_scale->data<float>()[0] = p.k_scale->data<float>()[0];
-    out.v_scale->data<float>()[0] = p.v_scale->data<float>()[0];
-  }
+  // Scales: per tensor as they are; per token (and head) moved to the pool's slots (token
+  // page * page_size + slot), every slot that holds no key NaN.
+  const auto pool_scale = [&](const std::optional<HostTensor>& flat) -> std::optional<HostTensor> {
+    if (!flat) return std::nullopt;
+    const bool tensor = flat->t.numel() == 1;
+    std::vector<int64_t> shape{tensor ? 1 : pages * page_size};
+    if (flat->t.ndim == 2) shape.push_back(p.hkv);
+    std::optional<HostTensor> s;
+    s.emplace(DType::f32, shape);
+    std::fill(s->data<float>(), s->data<float>() + s->t.numel(),
+              tensor ? flat->data<float>()[0] : std::numeric_limits<float>::quiet_NaN());
+    return s;
+  };
+  out.k_scale = pool_scale(p.k_scale);
+  out.v_scale = pool_scale(p.v_scale);
+  const auto move_scale = [&](const std::optional<HostTensor>& flat, std::optional<HostTensor>& pool,
+                              int64_t row, int64_t slot) {
+    if (!flat || flat->t.numel() == 1) return;
+    const int64_t n = flat->t.ndim == 2 ? p.hkv : 1;
+    std::copy(flat->data<float>() + row * n, flat->data<float>() + row * n + n,
+              pool->data<float>() + slot * n);
+  };
   int64_t next = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t n = (p.lk[b] + page_size - 1) / page_size;
@@ -209,6 +225,8 @@ inline PagedKV make_paged(const Problem& p, KVLayout layout, int64_t page_size, 
           c < n ? order[next++] : std::numeric_limits<int32_t>::max();
     for (int64_t j = 0; j < p.lk[b]; ++j) {
       const int64_t page = out.page_table.data<int32_t>()[b * max_pages + j / page_size];
+      move_scale(p.k_scale, out.k_scale, p.k_start(b) + j, page * page_size + j % page_size);
+      move_scale(p.v_scale, out.v_scale, p.k_start(b) + j, page * page_size + j % page_size);
       for (int64_t h = 0; h < p.hkv; ++h) {
         copy_row(p.k, p.k_start(b) + j, h, out.k, layout, page, j % page_size);
         copy_row(p.v, p.k_start(b) + j, h, out.v, layout, page, j % page_size);

@@ -118,11 +118,25 @@ TEST(Attention, Fp8KvMatchesBruteForce) {
       expect_matches(run_attention(p, p.flat_kv(), nullptr, prm), reference_attention(p, nullptr, 0, prm));
     }
   }
-  // Paged fp8 takes the per-tensor scale.
-  const Problem p = make_problem({5, 16}, {100, 300}, 2, 1, 64, seed++, DType::bf16,
-                                 DType::fp8_e4m3, Fp8Scale::per_tensor);
-  const PagedKV paged = make_paged(p, KVLayout::paged_hnd, 32, seed++);
-  expect_matches(run_attention(p, paged.cache(), nullptr, {}), reference_attention(p, nullptr, 0, {}));
+  // Paged fp8: every scale kind, per-token scales indexed by pool slot (NaN in the unused ones).
+  for (Fp8Scale sc : {Fp8Scale::per_tensor, Fp8Scale::per_token, Fp8Scale::per_token_head})
+    for (KVLayout layout : {KVLayout::paged_nhd, KVLayout::paged_hnd}) {
+      const Problem p = make_problem({5, 16}, {100, 300}, 2, 1, 64, seed++, DType::bf16,
+                                     DType::fp8_e4m3, sc);
+      const PagedKV paged = make_paged(p, layout, 32, seed++);
+      expect_matches(run_attention(p, paged.cache(), nullptr, {}),
+                     reference_attention(p, nullptr, 0, {}));
+    }
+}
+
+TEST(Attention, PagedFp8ScaleShapesChecked) {
+  const Problem p = make_problem({5}, {100}, 2, 1, 64, 250, DType::bf16, DType::fp8_e4m3,
+                                 Fp8Scale::per_token);
+  PagedKV paged = make_paged(p, KVLayout::paged_nhd, 32, 251);
+  // A flat-sized [total_k] scale is not the pool's [num_pages * page_size].
+  paged.k_scale.emplace(DType::f32, std::vector<int64_t>{p.total_k()});
+  expect_error([&] { run_attention(p, paged.cache(), nullptr, {}); },
+               "k.scale: fp8 scales must be [1], [" + std::to_string(paged.k.t.shape[0] * 32) + "]");
 }
 
 TEST(Attention, ExplicitAndDefaultScale) {
@@ -442,7 +456,7 @@ TEST(AttentionRules, PageIdsAndSeqused) {
   KVCache scaled = paged.cache();
   scaled.k.scale = Tensor(&scale, DType::f32, {1});
   expect_error([&] { attention_forward(make_args(p, scaled, o, nullptr, {})); },
-               "k.scale: only fp8_e4m3 values take a scale, got bf16 values");
+               "k.scale: must be absent for bf16 values");
 }
 
 TEST(AttentionRules, TemperatureAndTlse) {

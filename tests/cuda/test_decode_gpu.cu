@@ -74,7 +74,33 @@ struct Config {
   bool causal = true;
   bool sorted_q2k = true;
   unsigned seed = 1;
+  // FP8 KV: the scale kinds of K and V, and (wide_scales) per-slot scales drawn over 10^[-4, 3]
+  // instead of [0.05, 0.5), so a window's V scales span far more than f16 holds.
+  Fp8Scale k_scale = Fp8Scale::per_tensor, v_scale = Fp8Scale::per_tensor;
+  bool wide_scales = false;
 };
+
+// The problem of a config: make_problem's, with V's scale kind (and the scales' spread) redrawn
+// where the config asks.
+Problem make_decode_problem(const Config& c) {
+  const bool fp8 = c.kv_dtype == DType::fp8_e4m3;
+  Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, 128, c.seed, c.q_dtype, c.kv_dtype,
+                           fp8 ? c.k_scale : Fp8Scale::none);
+  if (!fp8 || (c.v_scale == c.k_scale && !c.wide_scales)) return p;
+  std::mt19937 rng(c.seed + 7);
+  const auto redraw = [&](std::optional<HostTensor>& scale, Fp8Scale kind) {
+    scale = make_scale(kind, p.total_k(), p.hkv, rng);
+    if (scale && c.wide_scales && scale->t.numel() > 1) {
+      std::uniform_real_distribution<float> e(-4.f, 3.f);
+      for (int64_t i = 0; i < scale->t.numel(); ++i) scale->data<float>()[i] = std::pow(10.f, e(rng));
+    }
+  };
+  redraw(p.k_scale, c.k_scale);
+  redraw(p.v_scale, c.v_scale);
+  p.k_val = fill_fp8(p.k, p.k_scale, rng);
+  p.v_val = fill_fp8(p.v, p.v_scale, rng);
+  return p;
+}
 
 std::string describe(const Config& c) {
   std::ostringstream os;
@@ -82,6 +108,8 @@ std::string describe(const Config& c) {
      << " " << kv_layout_name(c.layout) << " q=" << dtype_name(c.q_dtype) << " kv="
      << dtype_name(c.kv_dtype) << " topk=" << c.topk << " blk=" << c.blk
      << (c.causal ? " causal" : " full") << " seed=" << c.seed;
+  if (c.kv_dtype == DType::fp8_e4m3)
+    os << " scales k/v=" << int(c.k_scale) << "/" << int(c.v_scale) << (c.wide_scales ? " wide" : "");
   return os.str();
 }
 
@@ -101,8 +129,7 @@ struct Bench {
 
   explicit Bench(const Config& c)
       : cfg(c),
-        p(make_problem(c.lq, c.lk, c.hq, c.hkv, 128, c.seed, c.q_dtype, c.kv_dtype,
-                       c.kv_dtype == DType::fp8_e4m3 ? Fp8Scale::per_tensor : Fp8Scale::none)),
+        p(make_decode_problem(c)),
         paged(make_paged(p, c.layout, c.page_size, c.seed + 1, c.row_pad)) {
     for (int32_t n : c.lq) max_q = std::max<int64_t>(max_q, n);
     if (c.topk) {
@@ -116,10 +143,8 @@ struct Bench {
     seqused = to_device(paged.seqused_k, stream);
     cu_q = to_device(p.cu_q, stream);
     if (q2k) q2k_d = to_device(*q2k, stream);
-    if (paged.k_scale) {
-      k_scale = to_device(*paged.k_scale, stream);
-      v_scale = to_device(*paged.v_scale, stream);
-    }
+    if (paged.k_scale) k_scale = to_device(*paged.k_scale, stream);
+    if (paged.v_scale) v_scale = to_device(*paged.v_scale, stream);
     out = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq * 128) * 2);
     lse = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq) * 4);
     status = DeviceBuffer(16);
@@ -319,6 +344,52 @@ TEST(DecodeGpu, Fp8AndF16) {
       c.kv_dtype = kind.kv;
       c.layout = kind.layout;
       c.topk = kind.topk;
+      c.seed = seed++;
+      Bench t(c);
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+    }
+}
+
+// FP8 KV with scales per pool slot (and head) for K, V or both (the other per tensor or absent):
+// both CTA widths, dense and sparse, both layouts, unused slots' scales NaN (make_paged), and
+// scales spread over seven decades so the V-scale reference (attend.cuh) rises mid-request.
+TEST(DecodeGpu, Fp8SlotScales) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  unsigned seed = 260;
+  struct Kind {
+    Fp8Scale k, v;
+    KVLayout layout;
+    int64_t topk, page;
+    int max_q;
+    bool wide;
+  };
+  const Fp8Scale tok = Fp8Scale::per_token, th = Fp8Scale::per_token_head;
+  std::vector<Kind> kinds = {
+      {tok, tok, KVLayout::paged_nhd, 0, 32, 8, false},
+      {th, th, KVLayout::paged_hnd, 8, 64, 3, false},
+      {tok, Fp8Scale::per_tensor, KVLayout::paged_nhd, 6, 16, 2, false},
+      {Fp8Scale::none, th, KVLayout::paged_hnd, 0, 128, 4, false},
+      {th, tok, KVLayout::paged_nhd, 12, 256, 8, true},
+      {tok, tok, KVLayout::paged_hnd, 0, 32, 1, true},
+  };
+  if (small_run()) kinds.resize(3);
+  for (const Kind& kind : kinds)
+    for (int warps : kWidths) {
+      SCOPED_TRACE("forced width " + std::to_string(warps));
+      const CtaWidth width(warps);
+      Config c = random_config(rng, 4, kind.max_q, small_run() ? 600 : 3000, false);
+      c.hq = 32;
+      c.hkv = 2;
+      c.page_size = kind.page;
+      c.kv_dtype = DType::fp8_e4m3;
+      c.layout = kind.layout;
+      c.topk = kind.topk;
+      c.k_scale = kind.k;
+      c.v_scale = kind.v;
+      c.wide_scales = kind.wide;
       c.seed = seed++;
       Bench t(c);
       t.plan_gpu();

@@ -55,6 +55,9 @@ struct WarpTile {
   float rs[2];        // score scale per row: softmax_scale * log2(e) * K dequant / Q prescale
   int climit[2];      // last key the row may see (causal); -1 for padding rows
   uint32_t qbit[2];   // the row's query bit in the union masks; 0 for padding rows
+  // Per-slot V scales (attend's kSlotScales): O holds sum P * (vs / vref) * V, vref a power of two
+  // at least 16x every |vs| seen so far (warp-uniform, raised lazily); 0 before any. vinv = 1/vref.
+  float vref, vinv;
 };
 
 // Loads Q rows [16 rt, 16 rt + 16) of a CTA serving `rows` rows (query qi = row / G of token
@@ -119,6 +122,7 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams
     w.m[i] = -INFINITY;
     w.l[i] = 0.f;
   }
+  w.vref = w.vinv = 0.f;
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
@@ -129,10 +133,13 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams
 // sel0 / sel1: whether the thread's rows selected these slots' block (always true for dense).
 // whole (warp-uniform): every slot of the window holds a key that every row of the warp sees and
 // selected, so the masks are skipped (the same values as the masked path: only the selects go).
-template <int kS, typename TQ, bool kFp8>
+// kSlotScales (FP8 with per-slot scales, load.cuh): slot_scale[slot] multiplies the slot's scores
+// (in f32, before the softmax) and slot_scale[kS + slot] its probability in the P V product. P
+// enters the f16 MMA as P * vs / vref <= 256 (WarpTile::vref), so no V scale can overflow it.
+template <int kS, bool kSlotScales, typename TQ, bool kFp8>
 __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, uint32_t v_stage,
-                                       const int* slot_key, int kb, int nn, bool sel0,
-                                       bool sel1, bool whole) {
+                                       const int* slot_key, const float* slot_scale, int kb,
+                                       int nn, bool sel0, bool sel1, bool whole) {
   using TM = typename WarpTile<TQ, kFp8>::TM;
   const int lane = threadIdx.x & 31, c = lane & 3;
   float s[8][4];
@@ -166,6 +173,18 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
           mma_16816<TM>(s[nt], w.qa[4 * pp + mi], b0, b1);
         }
       }
+    }
+  }
+
+  if constexpr (kSlotScales) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt >= nn) break;
+      const float2 ks = *reinterpret_cast<const float2*>(slot_scale + kb + 8 * nt + 2 * c);
+      s[nt][0] *= ks.x;
+      s[nt][1] *= ks.y;
+      s[nt][2] *= ks.x;
+      s[nt][3] *= ks.y;
     }
   }
 
@@ -238,6 +257,41 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) w.l[i] += sum[i];
+  if constexpr (kSlotScales) {
+    // The window's V scales; the reference rises (O rescaled by an exact power of two) when one
+    // passes it. NaN scales never raise it (fmaxf) and reach O through their P as NaN.
+    float2 vs[8];
+    float amax = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt >= nn) break;
+      vs[nt] = *reinterpret_cast<const float2*>(slot_scale + kS + kb + 8 * nt + 2 * c);
+      amax = fmaxf(amax, fmaxf(fabsf(vs[nt].x), fabsf(vs[nt].y)));
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // every quad holds the same slots
+    if (amax > w.vref) {  // warp-uniform
+      int ex = 0;
+      frexpf(amax, &ex);  // amax < 2^ex
+      const float ref = ldexpf(1.f, min(ex + 4, 127));
+      const float alpha = w.vref / ref;  // 0 from the start (O is 0), else 2^-k
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w.o[nt][k] *= alpha;
+      w.vref = ref;
+      w.vinv = 1.f / ref;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt >= nn) break;
+      const float vx = vs[nt].x * w.vinv, vy = vs[nt].y * w.vinv;
+      s[nt][0] *= vx;
+      s[nt][1] *= vy;
+      s[nt][2] *= vx;
+      s[nt][3] *= vy;
+    }
+  }
 
   // O += P V: P from the S accumulators (keys 16 kk + 2c.. as the A k slots), V through
   // ldmatrix.trans so each register pairs two keys of one head dim.

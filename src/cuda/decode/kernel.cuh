@@ -60,6 +60,7 @@ __device__ __forceinline__ int reg_copy(int v) {
 struct ConsumerLoop {
   uint32_t full = 0, pipe = 0;       // shared addresses: the stages' full barriers, the pipeline
   const int* slot_key = nullptr;
+  const float* slot_scale = nullptr;  // FP8 per-slot scales (K then V per stage), or null
   int steps = 0, s0 = 0, e0 = 0;
   const uint32_t* masks = nullptr;   // union masks; null when every row selected every entry
   int kb0 = 0;                       // the warp's first slot in each stage
@@ -68,7 +69,8 @@ struct ConsumerLoop {
 };
 
 // kKw: keys per warp per stage when known at compile time, else 0 (kw_rt at run time).
-template <int kKw, int kS, typename Tr, typename TQ, bool kFp8>
+// kSlotScales: FP8 K and V scales per slot (attend).
+template <int kKw, int kS, typename Tr, bool kSlotScales, typename TQ, bool kFp8>
 __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8>& w,
                                         const ConsumerLoop& lp, int kw_rt) {
   const int kw = kKw > 0 ? kKw : kw_rt;
@@ -103,7 +105,9 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8
         // row selected the block.
         const int jmin = __reduce_min_sync(0xffffffffu, min(in0 ? j0 : INT_MAX, in1 ? j1 : INT_MAX));
         const bool whole = jmin >= 0 && jmax <= lp.warp_climit && all_sel;
-        attend<kS>(w, k_stage, k_stage + Tr::kStageKBytes, sk, kb, nn, sel0, sel1, whole);
+        attend<kS, kSlotScales>(w, k_stage, k_stage + Tr::kStageKBytes, sk,
+                                kSlotScales ? lp.slot_scale + stage * 2 * kS : nullptr, kb, nn,
+                                sel0, sel1, whole);
       }
     }
     // Released only while more than kStages steps remain (this one included): the producer syncs
@@ -158,6 +162,10 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const uint32_t pipe = smem_u32(smem);
   int* slot_key = reinterpret_cast<int*>(smem + Tr::kPipeBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes);
+  float* slot_scale =  // FP8 per-slot scales of each stage (null when the tensors have none)
+      kFp8 && p.slot_scales
+          ? reinterpret_cast<float*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes)
+          : nullptr;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       // Each producer thread arrives twice per fill: once plainly after its slot-key stores
@@ -175,8 +183,9 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int epb = kTileKeys >> p.block_shift;  // sparse: union entries per tile
   int last_tile;                               // tiles at or past it hold no key
   if (p.q2k) {
-    const UnionSmem u = union_smem<kW>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes,
-                                       p.bitmap_words);
+    const UnionSmem u = union_smem<kW>(
+        smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes + Tr::kScaleBytes,
+        p.bitmap_words);
     src.e0 = item.tile_begin * epb;
     const bool with_pages = union_has_pages<kW>(p, nq);  // the blocks' pages, read with the union
     src.union_size = build_union<Tr::kThreads / 32>(p, u, item.batch, h, t0, nq, rq.lk, src.e0,
@@ -214,7 +223,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
       if (it + 1 < steps) next = lookup_stage<kFp8, kW>(p, src, s0 + (it + 1) * kS);
       if (it >= Tr::kStages) empty_barrier<true>(stage, Tr::kThreads);
       issue_stage<kFp8, kW>(p, src, cur, &tm_k, &tm_v, &full[stage],
-                            pipe + stage * Tr::kStageBytes, slot_key + stage * kS, evict_first,
+                            pipe + stage * Tr::kStageBytes, slot_key + stage * kS,
+                            slot_scale ? slot_scale + stage * 2 * kS : nullptr, evict_first,
                             policy);
       sm90::mbar_arrive(&full[stage]);
       sm90::cp_async_mbar_arrive(&full[stage]);
@@ -234,8 +244,9 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int warp = tid >> 5, lane = tid & 31;
   const bool active = warp < nrt * kp;
   const int rt = warp % nrt, kpi = warp / nrt;
-  const float k_mult = kFp8 && p.k_scale ? *p.k_scale : 1.f;
-  const float v_mult = kFp8 && p.v_scale ? *p.v_scale : 1.f;
+  // Per-tensor scales apply to S and O; with per-slot ones every scale is staged per slot.
+  const float k_mult = kFp8 && p.k_scale && !slot_scale ? *p.k_scale : 1.f;
+  const float v_mult = kFp8 && p.v_scale && !slot_scale ? *p.v_scale : 1.f;
   WarpTile<TQ, kFp8> w;
   load_q(w, p, active ? rt : 0, active ? rows : 0, t0, h, q0, rq.lq, rq.lk, k_mult);
   // The lowest causal limit of the warp's rows (padding rows: -1), for the whole-window test.
@@ -245,6 +256,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   lp.full = smem_u32(full);
   lp.pipe = pipe;
   lp.slot_key = slot_key;
+  lp.slot_scale = slot_scale;
   lp.steps = steps;
   lp.s0 = s0;
   lp.e0 = src.e0;
@@ -254,8 +266,17 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   lp.active = active;
   // One row tile (every sparse CTA, single-query dense): the warps split each stage's keys kW
   // ways, a width known at compile time, so the window's loops and registers shrink to it.
-  if (nrt == 1) consume<kS / kW, kS, Tr>(p, w, lp, kw);
-  else consume<0, kS, Tr>(p, w, lp, kw);
+  if (kFp8 && slot_scale) {
+    if (nrt == 1) consume<kS / kW, kS, Tr, kFp8>(p, w, lp, kw);
+    else consume<0, kS, Tr, kFp8>(p, w, lp, kw);
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)  // O back from the V-scale reference (attend)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w.o[nt][k] *= w.vref;
+  } else {
+    if (nrt == 1) consume<kS / kW, kS, Tr, false>(p, w, lp, kw);
+    else consume<0, kS, Tr, false>(p, w, lp, kw);
+  }
   // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
   // scratch once all consumers are past their last step.
   sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);

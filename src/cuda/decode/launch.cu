@@ -60,6 +60,13 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.v_stride_head = nhd ? v.strides[2] : v.strides[1];
   p.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.ptr<float>() : nullptr;
   p.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.ptr<float>() : nullptr;
+  // Scale kinds (params.h) from the validated shapes: [1], [pool slots] or [pool slots, Hkv].
+  const auto kind = [](const Tensor& t) {
+    return !t.defined() ? 0 : t.numel() == 1 && t.ndim == 1 ? 1 : t.ndim == 1 ? 2 : 3;
+  };
+  p.k_scale_kind = kind(a.kv.k.scale);
+  p.v_scale_kind = kind(a.kv.v.scale);
+  p.slot_scales = p.k_scale_kind >= 2 || p.v_scale_kind >= 2 ? 1 : 0;
   p.page_table = a.kv.page_table.ptr<int32_t>();
   p.page_table_stride = a.kv.page_table.strides[0];
   p.seqused_k = a.kv.seqused_k.defined() ? a.kv.seqused_k.ptr<int32_t>() : nullptr;

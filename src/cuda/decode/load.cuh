@@ -97,18 +97,33 @@ __device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const Ti
   return bx;
 }
 
+// One slot's FP8 scale of one tensor into shared memory (params.h kinds): from the pool slot's
+// entry (per slot, per slot and head) or the per-tensor scale by 4-byte cp.async, 1 without a
+// scale; 0 for a slot without a key (never a read past the scales, and no NaN of an unused slot).
+__device__ __forceinline__ void stage_scale(const float* scale, int kind, int64_t token, int h,
+                                            int heads, bool key, float* dst) {
+  if (kind == 0) {
+    *dst = key ? 1.f : 0.f;
+    return;
+  }
+  const float* src = kind == 1 ? scale : kind == 2 ? scale + token : scale + token * heads + h;
+  sm90::cp_async_4(sm90::smem_addr(dst), key ? src : scale, key ? 4u : 0u);
+}
+
 // Second half, by the whole producer warpgroup. A box whose B keys all exist (below the request's
 // length) on a page id in range is loaded by TMA: lane b of warp 0 issues box b's K and V boxes
 // (under L2 policy `policy` when evict_first), after lane 0 announced the stage's TMA bytes on
 // `full`. Every other box (the last, partial page of a request, slots past the union or the
 // item, a bad page id: reported) is copied row by row with 16-byte cp.async that zero-fill the
 // slots without a key, so no byte past a request's keys ever reaches the math (DESIGN.md s.12:
-// unused page slots may hold NaN). slot_key[row] gets the logical key of every row or -1.
+// unused page slots may hold NaN). slot_key[row] gets the logical key of every row or -1, and
+// with per-slot FP8 scales (slot_scale non-null) slot_scale[row] its K scale, slot_scale[kS + row]
+// its V scale (stage_scale).
 template <bool kFp8, int kW>
 __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSource& src,
                                             const StageBox& bx, const CUtensorMap* tm_k,
                                             const CUtensorMap* tm_v, uint64_t* full,
-                                            uint32_t stage_base, int* slot_key,
+                                            uint32_t stage_base, int* slot_key, float* slot_scale,
                                             bool evict_first, uint64_t policy) {
   using Tr = Traits<kFp8, kW>;
   using Rows = StageRows<kFp8, kW>;
@@ -180,7 +195,16 @@ __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSou
         cp_async_16(dst + Tr::kStageKBytes, vbase + voff + chunk * 16, bytes);
       }
     }
-    if (sub == 0) slot_key[row] = j;
+    if (sub == 0) {
+      slot_key[row] = j;
+      if (slot_scale) {  // j >= 0: its page is in range (a TMA box, or checked above)
+        const int64_t token = j >= 0 ? int64_t(page) * p.page_size + (j & (p.page_size - 1)) : 0;
+        stage_scale(p.k_scale, p.k_scale_kind, token, src.h, p.num_kv_heads, j >= 0,
+                    slot_scale + row);
+        stage_scale(p.v_scale, p.v_scale_kind, token, src.h, p.num_kv_heads, j >= 0,
+                    slot_scale + kS + row);
+      }
+    }
   }
 }
 

@@ -37,8 +37,11 @@ struct DecodeParams {
   const void* v = nullptr;                // same shape as k
   int64_t k_stride_page = 0, k_stride_slot = 0, k_stride_head = 0;  // nhd or hnd by strides
   int64_t v_stride_page = 0, v_stride_slot = 0, v_stride_head = 0;
-  const float* k_scale = nullptr;         // [1] fp8 only; null: 1
-  const float* v_scale = nullptr;         // [1] fp8 only; null: 1
+  // FP8 scales: null (1), [1] per tensor, [num_pages * page_size] per pool slot or
+  // [num_pages * page_size, Hkv] per slot and head (kinds below). With any per-slot kind
+  // (slot_scales), both K's and V's scales are staged per slot (load.cuh) and applied per key.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   const int32_t* page_table = nullptr;    // [B, max_pages], row stride page_table_stride
   int64_t page_table_stride = 0;
   const int32_t* seqused_k = nullptr;     // [B] or null (max_pages * page_size keys)
@@ -72,6 +75,8 @@ struct DecodeParams {
   int32_t chunks = 1;                     // query chunks per request (identity items)
   int32_t causal = 1;
   int32_t kv_evict_first = 0;             // K/V lines read by one CTA only: L2 evict_first
+  int32_t k_scale_kind = 0, v_scale_kind = 0;  // 0 none, 1 per tensor, 2 per slot, 3 slot and head
+  int32_t slot_scales = 0;                // some kind >= 2: scales staged per slot
   float scale_log2 = 0.f;                 // softmax_scale * log2(e)
 };
 

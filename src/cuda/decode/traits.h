@@ -55,6 +55,8 @@ struct Traits {
   static constexpr size_t kPipeBytes = size_t(kStages) * kStageBytes;
   static constexpr size_t kSlotKeyBytes = size_t(kStages) * kStageKeys * sizeof(int);
   static constexpr size_t kBarrierBytes = size_t(kStages) * sizeof(uint64_t);  // full
+  // FP8 with per-slot scales (params.h slot_scales): each stage's K then V scale of every slot.
+  static constexpr size_t kScaleBytes = kFp8 ? size_t(kStages) * 2 * kStageKeys * sizeof(float) : 0;
   // Merge scratch (reuses the pipeline after the last stage): O rows of every warp plus (m, l) and
   // a merge weight per row.
   static constexpr size_t kMergeBytes =
@@ -70,14 +72,14 @@ struct Traits {
                 "Traits: stages and 128-slot tiles nest");
 };
 
-// Dynamic shared memory of one CTA: pipeline, slot keys, stage barriers, then (sparse) the union
-// scratch (union.cuh: ids, masks, 8 warps also pages; bitmap, prefix, scan), plus the slack that
-// puts the pipeline on a 1024-byte boundary (kernel.cuh).
+// Dynamic shared memory of one CTA: pipeline, slot keys, stage barriers, FP8 slot scales, then
+// (sparse) the union scratch (union.cuh: ids, masks, 8 warps also pages; bitmap, prefix, scan),
+// plus the slack that puts the pipeline on a 1024-byte boundary (kernel.cuh).
 template <bool kFp8, int kW>
 constexpr size_t smem_bytes(int bitmap_words) {
   const size_t entry_arrays = kW == 8 ? 3 : 2;
   return 1024 + Traits<kFp8, kW>::kPipeBytes + Traits<kFp8, kW>::kSlotKeyBytes +
-         Traits<kFp8, kW>::kBarrierBytes +
+         Traits<kFp8, kW>::kBarrierBytes + Traits<kFp8, kW>::kScaleBytes +
          (bitmap_words > 0
               ? (entry_arrays * kMaxItemEntries + 2 * size_t(bitmap_words) + 64) * sizeof(int)
               : 0);
