@@ -56,7 +56,8 @@ struct WarpTile {
   int climit[2];      // last key the row may see (causal); -1 for padding rows
   uint32_t qbit[2];   // the row's query bit in the union masks; 0 for padding rows
   // Per-slot V scales (attend's kSlotScales): O holds sum P * (vs / vref) * V, vref a power of two
-  // at least 16x every |vs| seen so far (warp-uniform, raised lazily); 0 before any. vinv = 1/vref.
+  // at least 16x every |vs| seen so far (warp-uniform, raised lazily); 0 before any (set by the
+  // kernel). vinv = 1/vref.
   float vref, vinv;
 };
 
@@ -122,7 +123,6 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams
     w.m[i] = -INFINITY;
     w.l[i] = 0.f;
   }
-  w.vref = w.vinv = 0.f;
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt)
 #pragma unroll

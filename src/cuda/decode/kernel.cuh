@@ -121,11 +121,13 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8
 }
 
 // tm_k / tm_v: the K and V pools as 4-D TMA maps with boxes of 2^p.box_shift slots x one 128-byte
-// line (launch.cu).
-template <typename TQ, bool kFp8, int kW>
+// line (launch.cu). kSlotScales: FP8 with per-slot scales (p.slot_scales), a kernel of its own so
+// that the per-tensor kernels keep their code (one runtime branch cost them 1.6% on DEC-MTP).
+template <typename TQ, bool kFp8, int kW, bool kSlotScales>
 __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_v) {
+  static_assert(kFp8 || !kSlotScales, "decode_kernel: only FP8 KV takes per-slot scales");
   using Tr = Traits<kFp8, kW>;
   static_assert(Tr::kStages == 3, "decode_kernel: empty_barrier has one case per stage");
   extern __shared__ uint8_t smem_raw[];
@@ -162,10 +164,10 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const uint32_t pipe = smem_u32(smem);
   int* slot_key = reinterpret_cast<int*>(smem + Tr::kPipeBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes);
-  float* slot_scale =  // FP8 per-slot scales of each stage (null when the tensors have none)
-      kFp8 && p.slot_scales
-          ? reinterpret_cast<float*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes)
-          : nullptr;
+  float* slot_scale =  // FP8 per-slot scales of each stage (kSlotScales only; traits.h)
+      kSlotScales ? reinterpret_cast<float*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes +
+                                             Tr::kBarrierBytes + union_bytes<kW>(p.bitmap_words))
+                  : nullptr;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       // Each producer thread arrives twice per fill: once plainly after its slot-key stores
@@ -183,9 +185,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int epb = kTileKeys >> p.block_shift;  // sparse: union entries per tile
   int last_tile;                               // tiles at or past it hold no key
   if (p.q2k) {
-    const UnionSmem u = union_smem<kW>(
-        smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes + Tr::kScaleBytes,
-        p.bitmap_words);
+    const UnionSmem u = union_smem<kW>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes,
+                                       p.bitmap_words);
     src.e0 = item.tile_begin * epb;
     const bool with_pages = union_has_pages<kW>(p, nq);  // the blocks' pages, read with the union
     src.union_size = build_union<Tr::kThreads / 32>(p, u, item.batch, h, t0, nq, rq.lk, src.e0,
@@ -256,7 +257,10 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   lp.full = smem_u32(full);
   lp.pipe = pipe;
   lp.slot_key = slot_key;
-  lp.slot_scale = slot_scale;
+  if constexpr (kSlotScales) {
+    lp.slot_scale = slot_scale;
+    w.vref = w.vinv = 0.f;
+  }
   lp.steps = steps;
   lp.s0 = s0;
   lp.e0 = src.e0;
@@ -266,16 +270,13 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   lp.active = active;
   // One row tile (every sparse CTA, single-query dense): the warps split each stage's keys kW
   // ways, a width known at compile time, so the window's loops and registers shrink to it.
-  if (kFp8 && slot_scale) {
-    if (nrt == 1) consume<kS / kW, kS, Tr, kFp8>(p, w, lp, kw);
-    else consume<0, kS, Tr, kFp8>(p, w, lp, kw);
+  if (nrt == 1) consume<kS / kW, kS, Tr, kSlotScales>(p, w, lp, kw);
+  else consume<0, kS, Tr, kSlotScales>(p, w, lp, kw);
+  if constexpr (kSlotScales) {
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)  // O back from the V-scale reference (attend)
 #pragma unroll
       for (int k = 0; k < 4; ++k) w.o[nt][k] *= w.vref;
-  } else {
-    if (nrt == 1) consume<kS / kW, kS, Tr, false>(p, w, lp, kw);
-    else consume<0, kS, Tr, false>(p, w, lp, kw);
   }
   // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
   // scratch once all consumers are past their last step.

@@ -18,19 +18,38 @@
 namespace msa::cuda::decode {
 
 // The largest plan's need, so a later plan never lowers the limit under an earlier one's.
-template <typename TQ, bool kFp8, int kW>
+template <typename TQ, bool kFp8, int kW, bool kSlotScales>
 void set_smem_limit_of() {
   static_assert(smem_bytes<kFp8, kW>(kMaxBitmapWords) <= 227 * 1024,
                 "decode: shared memory of the largest sparse plan exceeds 227 KB");
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<TQ, kFp8, kW>,
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<TQ, kFp8, kW, kSlotScales>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       int(smem_bytes<kFp8, kW>(kMaxBitmapWords))));
 }
 
 template <typename TQ, bool kFp8>
 void set_smem_limit() {
-  set_smem_limit_of<TQ, kFp8, 4>();
-  set_smem_limit_of<TQ, kFp8, 8>();
+  set_smem_limit_of<TQ, kFp8, 4, false>();
+  set_smem_limit_of<TQ, kFp8, 8, false>();
+  if constexpr (kFp8) {
+    set_smem_limit_of<TQ, kFp8, 4, true>();
+    set_smem_limit_of<TQ, kFp8, 8, true>();
+  }
+}
+
+// The main kernel of one CTA width, with or without per-slot FP8 scales (FP8 only).
+template <typename TQ, bool kFp8, int kW>
+void launch_main(const DecodeParams& p, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
+                 unsigned grid, cudaStream_t stream) {
+  const size_t smem = smem_bytes<kFp8, kW>(p.bitmap_words);
+  if constexpr (kFp8) {
+    if (p.slot_scales) {
+      decode_kernel<TQ, kFp8, kW, true>
+          <<<grid, Traits<kFp8, kW>::kThreads, smem, stream>>>(p, tm_k, tm_v);
+      return;
+    }
+  }
+  decode_kernel<TQ, kFp8, kW, false><<<grid, Traits<kFp8, kW>::kThreads, smem, stream>>>(p, tm_k, tm_v);
 }
 
 #ifdef MSA_DECODE_TRACE
@@ -84,13 +103,9 @@ void launch(const DecodeParams& p, const CUtensorMap& tm_k, const CUtensorMap& t
   if (grid == 0)
     status_kernel<TQ><<<1, 32, 0, stream>>>(p);
   else if (p.warps == 4)
-    decode_kernel<TQ, kFp8, 4>
-        <<<grid, Traits<kFp8, 4>::kThreads, smem_bytes<kFp8, 4>(p.bitmap_words), stream>>>(
-            p, tm_k, tm_v);
+    launch_main<TQ, kFp8, 4>(p, tm_k, tm_v, grid, stream);
   else
-    decode_kernel<TQ, kFp8, 8>
-        <<<grid, Traits<kFp8, 8>::kThreads, smem_bytes<kFp8, 8>(p.bitmap_words), stream>>>(
-            p, tm_k, tm_v);
+    launch_main<TQ, kFp8, 8>(p, tm_k, tm_v, grid, stream);
   MSA_CUDA_CHECK_LAUNCH();
 #ifdef MSA_DECODE_TRACE
   if (trace) print_trace(grid, p.warps, stream);

@@ -75,9 +75,9 @@ struct DecodeParams {
   int32_t chunks = 1;                     // query chunks per request (identity items)
   int32_t causal = 1;
   int32_t kv_evict_first = 0;             // K/V lines read by one CTA only: L2 evict_first
+  float scale_log2 = 0.f;                 // softmax_scale * log2(e)
   int32_t k_scale_kind = 0, v_scale_kind = 0;  // 0 none, 1 per tensor, 2 per slot, 3 slot and head
   int32_t slot_scales = 0;                // some kind >= 2: scales staged per slot
-  float scale_log2 = 0.f;                 // softmax_scale * log2(e)
 };
 
 }  // namespace msa::cuda::decode

@@ -72,17 +72,24 @@ struct Traits {
                 "Traits: stages and 128-slot tiles nest");
 };
 
-// Dynamic shared memory of one CTA: pipeline, slot keys, stage barriers, FP8 slot scales, then
-// (sparse) the union scratch (union.cuh: ids, masks, 8 warps also pages; bitmap, prefix, scan),
-// plus the slack that puts the pipeline on a 1024-byte boundary (kernel.cuh).
+// Sparse union scratch (union.cuh: ids, masks, 8 warps also pages; bitmap, prefix, scan).
+template <int kW>
+constexpr size_t union_bytes(int bitmap_words) {
+  const size_t entry_arrays = kW == 8 ? 3 : 2;
+  return bitmap_words > 0
+             ? (entry_arrays * kMaxItemEntries + 2 * size_t(bitmap_words) + 64) * sizeof(int)
+             : 0;
+}
+
+// Dynamic shared memory of one CTA: pipeline, slot keys, stage barriers, the union scratch, then
+// the FP8 slot scales (last, so that kernels without them address everything as before), plus
+// the slack that puts the pipeline on a 1024-byte boundary (kernel.cuh). Every FP8 plan reserves
+// the scales' room: the planner sizes CTAs per SM without knowing the scales' kind.
 template <bool kFp8, int kW>
 constexpr size_t smem_bytes(int bitmap_words) {
-  const size_t entry_arrays = kW == 8 ? 3 : 2;
   return 1024 + Traits<kFp8, kW>::kPipeBytes + Traits<kFp8, kW>::kSlotKeyBytes +
-         Traits<kFp8, kW>::kBarrierBytes + Traits<kFp8, kW>::kScaleBytes +
-         (bitmap_words > 0
-              ? (entry_arrays * kMaxItemEntries + 2 * size_t(bitmap_words) + 64) * sizeof(int)
-              : 0);
+         Traits<kFp8, kW>::kBarrierBytes + union_bytes<kW>(bitmap_words) +
+         Traits<kFp8, kW>::kScaleBytes;
 }
 
 }  // namespace msa::cuda::decode
