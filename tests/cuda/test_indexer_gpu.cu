@@ -6,6 +6,7 @@
 // flat bitwise on the same logical K, and device-reported bad page ids / lengths.
 // MSA_TEST_SMALL=1 shortens the sweeps (compute-sanitizer runs).
 #include <climits>
+#include <limits>
 #include <cmath>
 #include <numeric>
 #include <optional>
@@ -301,12 +302,16 @@ TEST(IndexerGpu, RejectsWhatItDoesNotSupport) {
 // pages, one spare page-table column per request. Every slot no key occupies stays NaN (the
 // HostTensor poison). Spare columns hold ids no kernel may read: INT_MIN, or another request's
 // page (attending it would change the scores).
+// FP8 key scales per token (and head), k_scale given, move to the pool's slots (page * page_size
+// + slot); the slots without a key get NaN.
 struct PagedK {
   HostTensor pool, page_table, seqused_k;
+  std::optional<HostTensor> slot_scale;
 };
 
 PagedK make_paged_k(const HostTensor& k, const std::vector<int32_t>& lk, KVLayout layout,
-                    int64_t page_size, int64_t row_pad, std::mt19937& rng) {
+                    int64_t page_size, int64_t row_pad, std::mt19937& rng,
+                    const HostTensor* k_scale = nullptr) {
   const int64_t batch = int64_t(lk.size()), hkv = k.t.shape[1];
   int64_t max_pages = 1, used = 0;
   for (int32_t l : lk) {
@@ -319,15 +324,28 @@ PagedK make_paged_k(const HostTensor& k, const std::vector<int32_t>& lk, KVLayou
   std::shuffle(order.begin(), order.end(), rng);
   PagedK out{make_pool(k.t.dtype, layout, pages, page_size, hkv, kD, row_pad),
              HostTensor(DType::i32, {batch, max_pages}), i32_tensor(lk)};
+  const int64_t per_slot = k_scale && k_scale->t.numel() > 1 ? (k_scale->t.ndim == 2 ? hkv : 1) : 0;
+  if (per_slot) {
+    std::vector<int64_t> shape{pages * page_size};
+    if (k_scale->t.ndim == 2) shape.push_back(hkv);
+    out.slot_scale.emplace(DType::f32, shape);
+    std::fill(out.slot_scale->data<float>(), out.slot_scale->data<float>() + out.slot_scale->t.numel(),
+              std::numeric_limits<float>::quiet_NaN());
+  }
   int64_t next = 0, k0 = 0;
   for (int64_t b = 0; b < batch; ++b) {
     int32_t* row = out.page_table.data<int32_t>() + b * max_pages;
     const int64_t n = (lk[b] + page_size - 1) / page_size;
     for (int64_t col = 0; col < max_pages; ++col)
       row[col] = col < n ? order[next++] : col % 2 ? order[(b + col) % pages] : INT_MIN;
-    for (int64_t j = 0; j < lk[b]; ++j)
+    for (int64_t j = 0; j < lk[b]; ++j) {
       for (int64_t h = 0; h < hkv; ++h)
         copy_row(k, k0 + j, h, out.pool, layout, row[j / page_size], j % page_size);
+      if (per_slot)
+        std::copy_n(k_scale->data<float>() + (k0 + j) * per_slot, per_slot,
+                    out.slot_scale->data<float>() +
+                        (int64_t(row[j / page_size]) * page_size + j % page_size) * per_slot);
+    }
     k0 += lk[b];
   }
   return out;
@@ -340,9 +358,10 @@ struct PagedSpec {
   KVLayout layout;
   int64_t group = 4, hkv = 2;
   bool causal = true;
-  DType dtype = DType::bf16;  // fp8_e4m3: per-token q scales, a per-tensor k scale
+  DType dtype = DType::bf16;  // fp8_e4m3: per-token q scales, k scales of kind k_scale_kind
   int64_t row_pad = 0;        // pool rows of D + row_pad elements
   int topk = 6;
+  int k_scale_kind = 1;       // fp8: 1 per tensor, 2 per token, 3 per token and head (pool slots)
 };
 
 // One paged case: GPU paged scores vs the CPU reference on the same pool, GPU paged == GPU flat
@@ -362,14 +381,16 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
   const HostTensor q = random_tokens(total_q, hq, sp.dtype, false, rng);
   const HostTensor k = random_tokens(total_k, sp.hkv, sp.dtype, false, rng);
   const auto q_scale = random_scale(fp8 ? 2 : 0, total_q, hq, false, rng);
-  const auto k_scale = random_scale(fp8 ? 1 : 0, total_k, sp.hkv, false, rng);
+  const auto k_scale = random_scale(fp8 ? sp.k_scale_kind : 0, total_k, sp.hkv, false, rng);
   const HostTensor cu_q = i32_tensor(cumulative(sp.lq)), cu_k = i32_tensor(cumulative(sp.lk));
-  const PagedK pk = make_paged_k(k, sp.lk, sp.layout, sp.page_size, sp.row_pad, rng);
+  const PagedK pk = make_paged_k(k, sp.lk, sp.layout, sp.page_size, sp.row_pad, rng,
+                                 k_scale ? &*k_scale : nullptr);
+  const HostTensor* pool_scale = pk.slot_scale ? &*pk.slot_scale : k_scale ? &*k_scale : nullptr;
 
   HostTensor ref(DType::f32, {hq, nblk, total_q});
   BlockScoresArgs a;
   a.q = q_scale ? QTensor(q.t, q_scale->t) : QTensor(q.t);
-  a.kv.k = k_scale ? QTensor(pk.pool.t, k_scale->t) : QTensor(pk.pool.t);
+  a.kv.k = pool_scale ? QTensor(pk.pool.t, pool_scale->t) : QTensor(pk.pool.t);
   a.kv.layout = sp.layout;
   a.kv.page_table = pk.page_table.t;
   a.kv.seqused_k = pk.seqused_k.t;
@@ -382,13 +403,14 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
   const DeviceTensor dq = to_device(q, s), dk = to_device(k, s), dpool = to_device(pk.pool, s);
   const DeviceTensor dpt = to_device(pk.page_table, s), dsu = to_device(pk.seqused_k, s);
   const DeviceTensor dcq = to_device(cu_q, s), dck = to_device(cu_k, s);
-  std::optional<DeviceTensor> dqs, dks;
+  std::optional<DeviceTensor> dqs, dks, dps;
   if (q_scale) dqs.emplace(to_device(*q_scale, s));
   if (k_scale) dks.emplace(to_device(*k_scale, s));
+  if (pool_scale) dps.emplace(to_device(*pool_scale, s));
   DeviceBuffer dst(16);
   BlockScoresArgs g = a;
   g.q = dqs ? QTensor(dq.t, dqs->t) : QTensor(dq.t);
-  g.kv.k = dks ? QTensor(dpool.t, dks->t) : QTensor(dpool.t);
+  g.kv.k = dps ? QTensor(dpool.t, dps->t) : QTensor(dpool.t);
   g.kv.page_table = dpt.t;
   g.kv.seqused_k = dsu.t;
   g.cu_seqlens_q = dcq.t;
@@ -406,9 +428,10 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
   expect_fused_matches_unfused(topk_args(g, sp.topk), paged, hq, nblk, cu_q, cu_k, sp.hkv, s);
 }
 
-// Every page size in both layouts, G 1/4/16, causal both ways, bf16/f16/FP8, lengths that are
-// not multiples of 128 or of the page size, requests without keys or queries, Lq > Lk,
-// seqused_k below the pages' capacity (a spare column each), padded pool rows.
+// Every page size in both layouts, G 1/4/16, causal both ways, bf16/f16/FP8 (key scales per
+// tensor, per pool slot, per slot and head), lengths that are not multiples of 128 or of the page
+// size, requests without keys or queries, Lq > Lk, seqused_k below the pages' capacity (a spare
+// column each), padded pool rows.
 TEST(IndexerGpu, PagedMatchesCpuAndFlat) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -427,6 +450,9 @@ TEST(IndexerGpu, PagedMatchesCpuAndFlat) {
       {"ps256 hnd G4 fp8 non-causal", {333, 0}, {600, 0}, 256, hnd, 4, 2, false, fp8},
       {"ps256 nhd G1 f16 one key", {1, 3}, {1, 3}, 256, nhd, 1, 1, true, f16},
       {"ps16 nhd G4 topk 64", {128, 70}, {200, 1100}, 16, nhd, 4, 1, true, bf16, 0, 64},
+      {"ps32 hnd G4 fp8 per-token k", {150, 0, 61}, {400, 3, 300}, 32, hnd, 4, 2, true, fp8, 0, 6, 2},
+      {"ps128 nhd G16 fp8 per-token-head k", {90, 129}, {700, 129}, 128, nhd, 16, 2, true, fp8, 8, 6, 3},
+      {"ps256 nhd G1 fp8 per-token k non-causal", {70, 5}, {900, 40}, 256, nhd, 1, 2, false, fp8, 0, 6, 2},
   };
   unsigned seed = 7000;
   int index = 0;
@@ -480,6 +506,55 @@ TEST(IndexerGpu, PagedDefaultLengths) {
     g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
     expect_scores_match(gpu_scores(g, ref, s), ref, false);
   }
+}
+
+// A negative FP8 key scale of a key the kernel reads is reported with the token that indexes
+// the scale tensor: the flat key, or (paged) the pool slot page * page_size + slot; scales of
+// unused pool slots (NaN here) are never read.
+TEST(IndexerGpu, NegativeKeyScaleReportedFlatAndPaged) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(93);
+  const std::vector<int32_t> lq = {40, 90}, lk = {100, 200};
+  const int64_t hq = 4, hkv = 1, total_q = 130, total_k = 300;
+  const HostTensor q = random_tokens(total_q, hq, DType::fp8_e4m3, false, rng);
+  const HostTensor k = random_tokens(total_k, hkv, DType::fp8_e4m3, false, rng);
+  auto k_scale = random_scale(2, total_k, hkv, false, rng);
+  const int64_t bad_key = 100 + 150;  // request 1, key 150 (visible to its later queries)
+  k_scale->data<float>()[bad_key] = -0.5f;
+  const PagedK pk = make_paged_k(k, lk, KVLayout::paged_hnd, 32, 0, rng, &*k_scale);
+  const int64_t cols = pk.page_table.t.shape[1];
+  const int64_t bad_slot = int64_t(pk.page_table.data<int32_t>()[cols + 150 / 32]) * 32 + 150 % 32;
+  ASSERT_EQ(pk.slot_scale->data<float>()[bad_slot], -0.5f);
+  const HostTensor cu_q = i32_tensor(cumulative(lq)), cu_k = i32_tensor(cumulative(lk));
+  TestStream s;
+  const DeviceTensor dq = to_device(q, s), dk = to_device(k, s), dks = to_device(*k_scale, s);
+  const DeviceTensor dpool = to_device(pk.pool, s), dps = to_device(*pk.slot_scale, s);
+  const DeviceTensor dpt = to_device(pk.page_table, s), dsu = to_device(pk.seqused_k, s);
+  const DeviceTensor dcq = to_device(cu_q, s), dck = to_device(cu_k, s);
+  DeviceBuffer dst(16), dscores(size_t(hq * 8 * total_q) * 4);
+  BlockScoresArgs g;
+  g.q = dq.t;
+  g.kv.k = QTensor(dk.t, dks.t);
+  g.kv.cu_seqlens_k = dck.t;
+  g.cu_seqlens_q = dcq.t;
+  g.scores = Tensor(dscores.get(), DType::f32, {hq, 2, total_q}, gpu0());
+  g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+  const auto run = [&](const BlockScoresArgs& args, int64_t token) {
+    expect_error([&] {
+      clear_status(args.status, s);
+      block_scores(args, s);
+      check_status(args.status, s);
+    }, "k.scale: FP8 scales must be >= 0; negative at (token " + std::to_string(token) + ", head 0)");
+  };
+  run(g, bad_key);
+  BlockScoresArgs gp = g;
+  gp.kv = KVCache();
+  gp.kv.k = QTensor(dpool.t, dps.t);
+  gp.kv.layout = KVLayout::paged_hnd;
+  gp.kv.page_table = dpt.t;
+  gp.kv.seqused_k = dsu.t;
+  gp.scores = Tensor(dscores.get(), DType::f32, {hq, 8, total_q}, gpu0());
+  run(gp, bad_slot);
 }
 
 // A page id out of [0, num_pages) in a used column, or a seqused_k above the capacity, is

@@ -32,15 +32,10 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
                 kv.k.values.shape[0] < std::numeric_limits<int32_t>::max(),
             op, ": token counts must be below 2^31 on CUDA (TMA coordinates are int32)");
   if (kv.layout == KVLayout::flat) return;
-  // Paged: the kernel reads batch-local key indices as int32 and stages no per-slot scales:
-  // paged FP8 keys take a per-tensor scale here (the CPU backend also takes per-slot ones).
+  // Paged: the kernel reads batch-local key indices as int32.
   MSA_CHECK(s.max_pages * s.page_size < std::numeric_limits<int32_t>::max(), op,
             ": page_table: max_pages * page_size (", s.max_pages, " * ", s.page_size,
             ") must be below 2^31 on CUDA (key indices are int32)");
-  MSA_CHECK(!kv.k.scale.defined() || kv.k.scale.numel() == 1, op,
-            ": k.scale: the CUDA indexer takes a per-tensor scale [1] for a paged FP8 key "
-            "cache (per-token scales: flat K, or the CPU backend), got ",
-            kv.k.scale.describe());
 }
 
 // FP8 scale kind (Params): 0 none, 1 per tensor [1], 2 per token [T], 3 per token and head [T, H].

@@ -1,9 +1,10 @@
 // Producer warp of the sm_90a indexer: lane 0 issues the TMA loads, Q once (q_full), then each
 // work item's K block through the kStages ring (k_full / k_empty). For FP8 keys with per-key
 // scales the whole warp also copies the block's 128 key scales into shared memory by cp.async
-// (0 past the batch's keys), each lane's arrival on k_full made when its copies land; negative
-// scales are reported once here, from the staged copy two items later. Paged K (DESIGN.md s.6)
-// is loaded by the whole warp, one box per lane (load_paged_k).
+// (0 past the batch's keys; paged K: from each key's pool slot), each lane's arrival on k_full
+// made when its copies land; negative scales are reported once here, from the staged copy two
+// items later. Paged K (DESIGN.md s.6) is loaded by the whole warp, one box per lane
+// (load_paged_k).
 // Called from kernel.cuh.
 #pragma once
 
@@ -41,7 +42,7 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
   constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per D = 128
   constexpr int kHalfQ = kTileM * kRowBytes, kHalfK = kBlockN * kRowBytes;
   const bool per_key = per_key_scales<kElem>(p);
-  const bool paged = p.paged.page_table != nullptr;  // never with per-key scales (launch.cu)
+  const bool paged = p.paged.page_table != nullptr;
   if (!per_key && !paged && lane != 0) return;
   const int tokens_per_group = kTileM / p.group;
   if (lane == 0) {
@@ -57,18 +58,32 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
   // round trip per stage that starved the consumers once FP8 made the math faster: ncu, session
   // 4, 16% of warp samples on k_full). The negative-scale check reads an item's scales back two
   // items later, once its k_full phase is seen complete, before the next copy into that stage.
+  // Flat K: key j of a batch is scale token seg.k0 + j. Paged K (seg.k0 = the batch): the pool
+  // slot that holds it, page * page_size + j % page_size (validate.cpp), 0 bytes copied for a
+  // page id out of range (reported by the paged check).
   constexpr int kPerLane = kBlockN / 32;
   const int64_t scale_stride = p.k_scale_kind == 2 ? 1 : p.num_kv_heads;
   const float* scale_base = p.k_scale + (p.k_scale_kind == 2 ? 0 : h);
-  auto check_scales = [&](int64_t item, int64_t key0) {
+  auto scale_token = [&](int64_t k0, int64_t j, bool& in) -> int64_t {
+    if (!paged) return k0 + j;
+    const int32_t id =
+        in ? p.paged.page_table[k0 * p.paged.page_table_stride + (j >> p.paged.page_shift)] : -1;
+    in = in && id >= 0 && id < p.paged.num_pages;
+    return (int64_t(id) << p.paged.page_shift) | (j & ((1 << p.paged.page_shift) - 1));
+  };
+  auto check_scales = [&](int64_t item, int64_t k0, int64_t j0) {
     const int st = int(item % kStages);
     sm90::mbar_wait(&sh.k_full[st], uint32_t((item / kStages) & 1));
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i)
-      if (sh.k_scale[st][lane + 32 * i] < 0.f)
-        flag_status(p.status, int32_t(StatusCode::negative_scale), 1, key0 + lane + 32 * i, h);
+      if (sh.k_scale[st][lane + 32 * i] < 0.f) {  // only copied keys hold one (others 0)
+        bool in = true;
+        flag_status(p.status, int32_t(StatusCode::negative_scale), 1,
+                    scale_token(k0, j0 + lane + 32 * i, in), h);
+      }
   };
-  int64_t key_prev2 = -1, key_prev1 = -1;  // first key rows of items it - 2 and it - 1
+  // (segment k0, first batch-local key) of items it - 2 and it - 1
+  int64_t k0_prev2 = 0, k0_prev1 = 0, j_prev2 = 0, j_prev1 = 0;
   int kb;
   bool fresh;
   int64_t it = 0;
@@ -78,17 +93,20 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     const int64_t key0 = seg.k0 + int64_t(kb) * kBlockN;
     if (it >= kStages) sm90::mbar_wait(&sh.k_empty[stage], uint32_t(((it / kStages) + 1) & 1));
     if (per_key) {
-      if (it >= 2) check_scales(it - 2, key_prev2);
+      if (it >= 2) check_scales(it - 2, k0_prev2, j_prev2);
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const int64_t j = int64_t(kb) * kBlockN + lane + 32 * i;
-        const bool in = j < seg.lk;
+        bool in = j < seg.lk;
+        const int64_t token = scale_token(seg.k0, j, in);
         sm90::cp_async_4(sm90::smem_addr(&sh.k_scale[stage][lane + 32 * i]),
-                         in ? scale_base + (seg.k0 + j) * scale_stride : scale_base, in ? 4u : 0u);
+                         in ? scale_base + token * scale_stride : scale_base, in ? 4u : 0u);
       }
       sm90::cp_async_mbar_arrive(&sh.k_full[stage]);
-      key_prev2 = key_prev1;
-      key_prev1 = key0;
+      k0_prev2 = k0_prev1;
+      j_prev2 = j_prev1;
+      k0_prev1 = seg.k0;
+      j_prev1 = int64_t(kb) * kBlockN;
     }
     if (paged) {
       load_paged_k<kElem>(p, tm_k, sh, stage, h, seg, kb, lane);
@@ -100,8 +118,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     }
   }
   if (per_key) {  // the last two items' scales
-    if (it >= 2) check_scales(it - 2, key_prev2);
-    if (it >= 1) check_scales(it - 1, key_prev1);
+    if (it >= 2) check_scales(it - 2, k0_prev2, j_prev2);
+    if (it >= 1) check_scales(it - 1, k0_prev1, j_prev1);
   }
 }
 
