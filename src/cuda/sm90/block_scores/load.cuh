@@ -64,26 +64,34 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
   constexpr int kPerLane = kBlockN / 32;
   const int64_t scale_stride = p.k_scale_kind == 2 ? 1 : p.num_kv_heads;
   const float* scale_base = p.k_scale + (p.k_scale_kind == 2 ? 0 : h);
-  auto scale_token = [&](int64_t k0, int64_t j, bool& in) -> int64_t {
+  // The scale token of batch-local key j < 2^31 of the segment that starts at k0 (paged: the
+  // batch b); `in` turns false for a page id out of range.
+  auto scale_token = [&](int64_t k0, int32_t j, bool& in) -> int64_t {
     if (!paged) return k0 + j;
     const int32_t id =
         in ? p.paged.page_table[k0 * p.paged.page_table_stride + (j >> p.paged.page_shift)] : -1;
     in = in && id >= 0 && id < p.paged.num_pages;
     return (int64_t(id) << p.paged.page_shift) | (j & ((1 << p.paged.page_shift) - 1));
   };
-  auto check_scales = [&](int64_t item, int64_t k0, int64_t j0) {
+  // An item's first key as one register pair for the check two items later (the producer runs
+  // at 40 registers): flat, its global key k0 + j0; paged, b << 32 | j0.
+  auto item_key = [&](int64_t k0, int32_t j0) {
+    return paged ? (k0 << 32) | int64_t(j0) : k0 + j0;
+  };
+  auto check_scales = [&](int64_t item, int64_t key) {
     const int st = int(item % kStages);
     sm90::mbar_wait(&sh.k_full[st], uint32_t((item / kStages) & 1));
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i)
       if (sh.k_scale[st][lane + 32 * i] < 0.f) {  // only copied keys hold one (others 0)
         bool in = true;
+        const int64_t k0 = paged ? key >> 32 : key;
+        const int32_t j0 = paged ? int32_t(key & 0xffffffff) : 0;
         flag_status(p.status, int32_t(StatusCode::negative_scale), 1,
                     scale_token(k0, j0 + lane + 32 * i, in), h);
       }
   };
-  // (segment k0, first batch-local key) of items it - 2 and it - 1
-  int64_t k0_prev2 = 0, k0_prev1 = 0, j_prev2 = 0, j_prev1 = 0;
+  int64_t key_prev2 = -1, key_prev1 = -1;  // item_key of items it - 2 and it - 1
   int kb;
   bool fresh;
   int64_t it = 0;
@@ -93,20 +101,28 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     const int64_t key0 = seg.k0 + int64_t(kb) * kBlockN;
     if (it >= kStages) sm90::mbar_wait(&sh.k_empty[stage], uint32_t(((it / kStages) + 1) & 1));
     if (per_key) {
-      if (it >= 2) check_scales(it - 2, k0_prev2, j_prev2);
+      if (it >= 2) check_scales(it - 2, key_prev2);
+      if (paged) {
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int64_t j = int64_t(kb) * kBlockN + lane + 32 * i;
-        bool in = j < seg.lk;
-        const int64_t token = scale_token(seg.k0, j, in);
-        sm90::cp_async_4(sm90::smem_addr(&sh.k_scale[stage][lane + 32 * i]),
-                         in ? scale_base + token * scale_stride : scale_base, in ? 4u : 0u);
+        for (int i = 0; i < kPerLane; ++i) {
+          const int32_t j = kb * kBlockN + lane + 32 * i;
+          bool in = j < seg.lk;
+          const int64_t token = scale_token(seg.k0, j, in);
+          sm90::cp_async_4(sm90::smem_addr(&sh.k_scale[stage][lane + 32 * i]),
+                           in ? scale_base + token * scale_stride : scale_base, in ? 4u : 0u);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          const int64_t j = int64_t(kb) * kBlockN + lane + 32 * i;
+          const bool in = j < seg.lk;
+          sm90::cp_async_4(sm90::smem_addr(&sh.k_scale[stage][lane + 32 * i]),
+                           in ? scale_base + (seg.k0 + j) * scale_stride : scale_base, in ? 4u : 0u);
+        }
       }
       sm90::cp_async_mbar_arrive(&sh.k_full[stage]);
-      k0_prev2 = k0_prev1;
-      j_prev2 = j_prev1;
-      k0_prev1 = seg.k0;
-      j_prev1 = int64_t(kb) * kBlockN;
+      key_prev2 = key_prev1;
+      key_prev1 = item_key(seg.k0, kb * kBlockN);
     }
     if (paged) {
       load_paged_k<kElem>(p, tm_k, sh, stage, h, seg, kb, lane);
@@ -118,8 +134,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     }
   }
   if (per_key) {  // the last two items' scales
-    if (it >= 2) check_scales(it - 2, k0_prev2, j_prev2);
-    if (it >= 1) check_scales(it - 1, k0_prev1, j_prev1);
+    if (it >= 2) check_scales(it - 2, key_prev2);
+    if (it >= 1) check_scales(it - 1, key_prev1);
   }
 }
 
