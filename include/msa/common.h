@@ -9,7 +9,8 @@ namespace msa {
 // A tensor plus its quantization scales (DESIGN.md section 8). The format follows from dtypes:
 // - values bf16/f16: no scale.
 // - values fp8_e4m3: optional f32 scale, shape [1] (per tensor), [T] (per token) or
-//   [T, H] (per token and head).
+//   [T, H] (per token and head). For a page pool (KVCache paged layouts) the tokens are the
+//   pool's slots: T = num_pages * page_size, slot s of page P is token P * page_size + s.
 // - values fp4x2 [T, H, D/2]: scale fp8_e4m3 [T, H, D/16] -> NVFP4 (times global_scale);
 //   scale e8m0 [T, H, D/32] -> MXFP4. Scales in the public layout; kernels that want another
 //   layout say so and offer a reorder function (quant.h).

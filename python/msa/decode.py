@@ -110,7 +110,10 @@ class DecodePlan:
         """Decode attention for the planned shape: returns ``(out, lse)`` or
         ``(out, lse, tlse)`` as `msa.attention_forward` does. q ``[total_q, Hq, D]``,
         k_cache/v_cache page pools in the planned layout, page_table ``[B, max_pages]`` int32,
-        cu_seqlens_q ``[B+1]``, seqused_k ``[B]`` int32 (default: full pages)."""
+        cu_seqlens_q ``[B+1]``, seqused_k ``[B]`` int32 (default: full pages). FP8 e4m3 caches
+        take f32 ``k_scale``/``v_scale`` of ``[1]`` (per tensor), ``[num_pages * page_size]``
+        (per pool slot: slot s of page P at P * page_size + s) or
+        ``[num_pages * page_size, Hkv]`` (per slot and kv head)."""
         if out is None and lse is None and tlse is None and _torch_path(
                 q, k_cache, v_cache, k_scale, v_scale, q2k):
             out, lse, tlse = _tops.decode_run(

@@ -102,7 +102,9 @@ def block_scores(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     q: ``[total_q, Hq, D]`` bf16/f16/fp8_e4m3 (fp4x2 ``[total_q, Hq, D/2]``) or a `QTensor`;
     k: flat ``[total_k, Hkv, D]`` with ``cu_seqlens_k``, or a page pool (``page_table``,
     optional ``seqused_k``, ``kv_layout`` "paged_nhd"/"paged_hnd"); same value dtype as q.
-    q_scale/k_scale: FP8 per-token (or per-tensor) f32 scales, NVFP4/MXFP4 block scales.
+    q_scale/k_scale: FP8 per-token (or per-tensor) f32 scales, NVFP4/MXFP4 block scales; a page
+    pool's per-token scales are per slot, ``[num_pages * page_size]`` (slot s of page P at
+    P * page_size + s), or ``[num_pages * page_size, Hkv]``.
     nblk_max is ``ceil(max_seqlen_k / kv_block_size)``; without max_seqlen_k it is the longest
     batch of a flat cache (read from cu_seqlens_k: a host sync for GPU arrays) or the page
     table's capacity for a paged one.
