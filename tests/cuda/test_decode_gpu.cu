@@ -316,6 +316,25 @@ TEST(DecodeGpu, SweepDenseAndSparse) {
       }
 }
 
+// At each CTA width: 4 requests of 1..max_q queries and up to 3000 keys (600 small), Hq 32 over
+// Hkv 2, shaped further by `setup`, against the CPU reference.
+template <typename F>
+void each_width(std::mt19937& rng, int max_q, unsigned& seed, F&& setup) {
+  for (int warps : kWidths) {
+    SCOPED_TRACE("forced width " + std::to_string(warps));
+    const CtaWidth width(warps);
+    Config c = random_config(rng, 4, max_q, small_run() ? 600 : 3000, false);
+    c.hq = 32;
+    c.hkv = 2;
+    setup(c);
+    c.seed = seed++;
+    Bench t(c);
+    t.plan_gpu();
+    t.run_gpu();
+    t.expect_matches_reference();
+  }
+}
+
 TEST(DecodeGpu, Fp8AndF16) {
   MSA_REQUIRE_GPU();
   std::mt19937 rng(8);
@@ -333,23 +352,13 @@ TEST(DecodeGpu, Fp8AndF16) {
                            Kind{DType::f16, DType::f16, KVLayout::paged_hnd, 0, 8},
                            Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 0, 2},
                            Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 5, 8}})
-    for (int warps : kWidths) {
-      SCOPED_TRACE("forced width " + std::to_string(warps));
-      const CtaWidth width(warps);
-      Config c = random_config(rng, 4, kind.max_q, small_run() ? 600 : 3000, false);
-      c.hq = 32;
-      c.hkv = 2;
+    each_width(rng, kind.max_q, seed, [&](Config& c) {
       c.page_size = 32;
       c.q_dtype = kind.q;
       c.kv_dtype = kind.kv;
       c.layout = kind.layout;
       c.topk = kind.topk;
-      c.seed = seed++;
-      Bench t(c);
-      t.plan_gpu();
-      t.run_gpu();
-      t.expect_matches_reference();
-    }
+    });
 }
 
 // FP8 KV with scales per pool slot (and head) for K, V or both (the other per tensor or absent):
@@ -377,12 +386,7 @@ TEST(DecodeGpu, Fp8SlotScales) {
   };
   if (small_run()) kinds.resize(3);
   for (const Kind& kind : kinds)
-    for (int warps : kWidths) {
-      SCOPED_TRACE("forced width " + std::to_string(warps));
-      const CtaWidth width(warps);
-      Config c = random_config(rng, 4, kind.max_q, small_run() ? 600 : 3000, false);
-      c.hq = 32;
-      c.hkv = 2;
+    each_width(rng, kind.max_q, seed, [&](Config& c) {
       c.page_size = kind.page;
       c.kv_dtype = DType::fp8_e4m3;
       c.layout = kind.layout;
@@ -390,12 +394,7 @@ TEST(DecodeGpu, Fp8SlotScales) {
       c.k_scale = kind.k;
       c.v_scale = kind.v;
       c.wide_scales = kind.wide;
-      c.seed = seed++;
-      Bench t(c);
-      t.plan_gpu();
-      t.run_gpu();
-      t.expect_matches_reference();
-    }
+    });
 }
 
 TEST(DecodeGpu, NonCausalAndScale) {
