@@ -102,6 +102,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     if (it >= kStages) sm90::mbar_wait(&sh.k_empty[stage], uint32_t(((it / kStages) + 1) & 1));
     if (per_key) {
       if (it >= 2) check_scales(it - 2, key_prev2);
+      // Two loops: the flat copy written through scale_token spilled in the FP8 producers at 40
+      // registers (IDX-32K-fp8 +6%, RESULTS.md session 13 run 2).
       if (paged) {
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
