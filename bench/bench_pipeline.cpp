@@ -1,12 +1,14 @@
 // bench_pipeline: BENCHMARKS.md E2E-32K; the benchmark itself is bench/pipeline_bench.cpp.
 //   bench_pipeline [--seq S] [--hq H] [--hkv H] [--topk K] [--iters N] [--warmup N] [--json FILE]
+//                  [--partial bf16|f32]   (the attention's partial outputs; default bf16, as in
+//                                          bench_sparse_fwd's cases)
 #include <cstdio>
 
 #include "bench/gpu_benches.h"
 
 int main(int argc, char** argv) {
   try {
-    return msa_bench::run_pipeline_bench(msa::bench::parse_run_options(argc, argv, "bench_pipeline", false));
+    return msa_bench::run_pipeline_bench(msa::bench::parse_run_options(argc, argv, "bench_pipeline", false, true));
   } catch (const msa::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 3;

@@ -84,9 +84,13 @@ struct RunOptions {
   bool fp8 = false;
   bool fp8_per_tensor = false;  // --fp8-scales tensor
   std::string json;  // append one JSON record per case when set
+  // The attention's partial outputs (AttentionParams::partial_dtype): bf16 as in bench_sparse_fwd,
+  // or f32 (the library default); `--partial` only where `partial_allowed` (bench_pipeline).
+  DType partial = DType::bf16;
 };
 
-inline RunOptions parse_run_options(int argc, char** argv, const char* program, bool fp8_allowed) {
+inline RunOptions parse_run_options(int argc, char** argv, const char* program, bool fp8_allowed,
+                                    bool partial_allowed = false) {
   RunOptions o;
   for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
@@ -104,6 +108,11 @@ inline RunOptions parse_run_options(int argc, char** argv, const char* program, 
       const std::string sv = v;
       MSA_CHECK(sv == "token" || sv == "tensor", program, ": --fp8-scales must be token or tensor, got ", sv);
       o.fp8_per_tensor = sv == "tensor";
+    }
+    else if (k == "--partial" && partial_allowed) {
+      const std::string sv = v;
+      MSA_CHECK(sv == "bf16" || sv == "f32", program, ": --partial must be bf16 or f32, got ", sv);
+      o.partial = sv == "bf16" ? DType::bf16 : DType::f32;
     }
     else fail(program, ": unknown option ", k);
   }
