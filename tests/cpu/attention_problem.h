@@ -199,7 +199,7 @@ inline PagedKV make_paged(const Problem& p, KVLayout layout, int64_t page_size, 
   // page * page_size + slot), every slot that holds no key NaN.
   const auto pool_scale = [&](const std::optional<HostTensor>& flat) -> std::optional<HostTensor> {
     if (!flat) return std::nullopt;
-    const bool tensor = flat->t.numel() == 1;
+    const bool tensor = flat->t.numel() == 1 && flat->t.ndim == 1;
     std::vector<int64_t> shape{tensor ? 1 : pages * page_size};
     if (flat->t.ndim == 2) shape.push_back(p.hkv);
     std::optional<HostTensor> s;
@@ -212,7 +212,7 @@ inline PagedKV make_paged(const Problem& p, KVLayout layout, int64_t page_size, 
   out.v_scale = pool_scale(p.v_scale);
   const auto move_scale = [&](const std::optional<HostTensor>& flat, std::optional<HostTensor>& pool,
                               int64_t row, int64_t slot) {
-    if (!flat || flat->t.numel() == 1) return;
+    if (!flat || (flat->t.numel() == 1 && flat->t.ndim == 1)) return;
     const int64_t n = flat->t.ndim == 2 ? p.hkv : 1;
     std::copy(flat->data<float>() + row * n, flat->data<float>() + row * n + n,
               pool->data<float>() + slot * n);
