@@ -22,6 +22,15 @@ ProblemShape check_q_and_kv(const QTensor& q, const KVCache& kv, const Tensor& c
 void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,
                          int64_t dim);
 
+// The kind of an FP8 scale check_qtensor_scale accepted, as the CUDA kernels' parameters encode
+// it: 0 none, 1 per tensor [1], 2 per token [T], 3 per token and head [T, H] (a page pool's
+// tokens are its slots).
+inline int fp8_scale_kind(const Tensor& scale) {
+  if (!scale.defined()) return 0;
+  if (scale.numel() == 1) return 1;
+  return scale.ndim == 1 ? 2 : 3;
+}
+
 // cu_seqlens [B+1] int32 on `device`. For CPU tensors the values are checked too: start at 0,
 // non-decreasing, last == total.
 void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t total,

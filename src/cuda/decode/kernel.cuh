@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const bool active = warp < nrt * kp;
   const int rt = warp % nrt, kpi = warp / nrt;
   // Per-tensor scales apply to S and O; with per-slot ones every scale is staged per slot.
-  const float k_mult = kFp8 && p.k_scale && !slot_scale ? *p.k_scale : 1.f;
-  const float v_mult = kFp8 && p.v_scale && !slot_scale ? *p.v_scale : 1.f;
+  const float k_mult = kFp8 && !kSlotScales && p.k_scale ? *p.k_scale : 1.f;
+  const float v_mult = kFp8 && !kSlotScales && p.v_scale ? *p.v_scale : 1.f;
   WarpTile<TQ, kFp8> w;
   load_q(w, p, active ? rt : 0, active ? rows : 0, t0, h, q0, rq.lq, rq.lk, k_mult);
   // The lowest causal limit of the warp's rows (padding rows: -1), for the whole-window test.

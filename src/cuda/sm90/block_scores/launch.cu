@@ -9,6 +9,7 @@
 #include <bit>
 #include <limits>
 
+#include "api/validate.h"
 #include "backend.h"
 #include "cuda/common/paged_checks.cuh"
 #include "cuda/device/check.h"
@@ -38,20 +39,13 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
             ") must be below 2^31 on CUDA (key indices are int32)");
 }
 
-// FP8 scale kind (Params): 0 none, 1 per tensor [1], 2 per token [T], 3 per token and head [T, H].
-int scale_kind(const Tensor& scale) {
-  if (!scale.defined()) return 0;
-  if (scale.numel() == 1) return 1;
-  return scale.ndim == 1 ? 2 : 3;
-}
-
 Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, const ProblemShape& s,
                    bool causal, const Tensor& status) {
   Params p{};
   p.q_scale = q.scale.defined() ? q.scale.ptr<float>() : nullptr;
   p.k_scale = kv.k.scale.defined() ? kv.k.scale.ptr<float>() : nullptr;
-  p.q_scale_kind = scale_kind(q.scale);
-  p.k_scale_kind = scale_kind(kv.k.scale);
+  p.q_scale_kind = api::fp8_scale_kind(q.scale);
+  p.k_scale_kind = api::fp8_scale_kind(kv.k.scale);
   p.cu_seqlens_q = cu_q.ptr<int32_t>();
   if (kv.layout == KVLayout::flat) {
     p.keys.cu_seqlens_k = kv.cu_seqlens_k.ptr<int32_t>();
