@@ -102,25 +102,13 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     if (it >= kStages) sm90::mbar_wait(&sh.k_empty[stage], uint32_t(((it / kStages) + 1) & 1));
     if (per_key) {
       if (it >= 2) check_scales(it - 2, key_prev2);
-      // Two loops: the flat copy written through scale_token spilled in the FP8 producers at 40
-      // registers (IDX-32K-fp8 +6%, RESULTS.md session 13 run 2).
-      if (paged) {
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          const int32_t j = kb * kBlockN + lane + 32 * i;
-          bool in = j < seg.lk;
-          const int64_t token = scale_token(seg.k0, j, in);
-          sm90::cp_async_4(sm90::smem_addr(&sh.k_scale[stage][lane + 32 * i]),
-                           in ? scale_base + token * scale_stride : scale_base, in ? 4u : 0u);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          const int64_t j = int64_t(kb) * kBlockN + lane + 32 * i;
-          const bool in = j < seg.lk;
-          sm90::cp_async_4(sm90::smem_addr(&sh.k_scale[stage][lane + 32 * i]),
-                           in ? scale_base + (seg.k0 + j) * scale_stride : scale_base, in ? 4u : 0u);
-        }
+      for (int i = 0; i < kPerLane; ++i) {
+        const int32_t j = kb * kBlockN + lane + 32 * i;
+        bool in = j < seg.lk;
+        const int64_t token = scale_token(seg.k0, j, in);
+        sm90::cp_async_4(sm90::smem_addr(&sh.k_scale[stage][lane + 32 * i]),
+                         in ? scale_base + token * scale_stride : scale_base, in ? 4u : 0u);
       }
       sm90::cp_async_mbar_arrive(&sh.k_full[stage]);
       key_prev2 = key_prev1;
