@@ -4,7 +4,8 @@
 // q, out, lse, page table and q2k rows) and microseconds.
 // Inputs are filled on the device (random normal, fp8: e4m3 of it); pages are shuffled over the
 // pool. Before timing, three requests are checked against the CPU decode of the same bits.
-// Each timed run follows an L2 flush (256 MB write); median, min and max of CUDA-event times.
+// Each timed run follows an L2 flush (gpu_timing.h: a 256 MB write, or read with MSA_BENCH_FLUSH=read);
+// median, min and max of CUDA-event times.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -367,7 +368,7 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
         const Result r = run_case(*c, std::string(kv) == "fp8", o);
         const double tbs = r.bytes / (r.median_us * 1e-6) / 1e12;
         std::printf("%-14s %-4s %-70s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s  (%.3f GB)  check rel_l2 %.2e lse %.2e %s\n",
-                    r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "") + (o.warps ? " w" + std::to_string(o.warps) : "") + (o.slot_scales && std::string(kv) == "fp8" ? " slot-scales" : "")).c_str(), r.median_us, r.min_us,
+                    r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "") + (o.warps ? " w" + std::to_string(o.warps) : "") + (o.slot_scales && std::string(kv) == "fp8" ? " slot-scales" : "") + (bench::flush_reads() ? " read-flush" : "")).c_str(), r.median_us, r.min_us,
                     r.max_us, tbs, r.bytes / 1e9, r.rel_l2, r.lse_err, r.ok ? "ok" : "FAILED");
         std::fflush(stdout);
         if (!r.ok) rc = std::max(rc, 1);
@@ -378,6 +379,7 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
                << ",\"rel_l2\":" << r.rel_l2 << ",\"lse_err\":" << r.lse_err
                << ",\"layout\":\"" << (o.hnd ? "hnd" : "nhd") << "\",\"topk\":" << (c->dense ? 0 : c->topk)
                << ",\"fp8_scales\":\"" << (o.slot_scales ? "slot" : "tensor") << "\""
+               << ",\"flush\":\"" << bench::flush_name() << "\""
                << ",\"ok\":" << (r.ok ? "true" : "false") << "}\n";
       } catch (const Error& e) {
         std::fprintf(stderr, "%s %s: %s\n", n.c_str(), kv, e.what());

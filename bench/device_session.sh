@@ -7,6 +7,7 @@
 #   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer
 #          ncu-indexer-fp8 ncu-decode
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
+#          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines)
 #          ab (variants of scripts/build_ab.sh);
 #          TESTS="..." limits the test suites
 #   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
@@ -125,6 +126,12 @@ for step in $steps; do
         > "$OUT/peers_sparse.log" 2>&1; summary+=("peers.py rc=$?"); }
       lim=$(left 90); [[ -f $OUT/bench_decode.json ]] && (( lim > 0 )) && { timeout $lim python3 bench/peers_decode.py --ours "$OUT/bench_decode.json" \
         > "$OUT/peers_decode.log" 2>&1; summary+=("peers_decode.py rc=$?"); } ;;
+    decode-read)
+      lim=$(left 120); (( lim > 0 )) && { MSA_BENCH_FLUSH=read timeout $lim "$BIN/bench_decode" --iters 30 \
+        --json "$OUT/bench_decode_read.json" > "$OUT/bench_decode_read.log" 2>&1; summary+=("bench_decode (read flush) rc=$?"); }
+      lim=$(left 90); [[ -f $OUT/bench_decode_read.json ]] && (( lim > 0 )) && { MSA_BENCH_FLUSH=read timeout $lim \
+        python3 bench/peers_decode.py --ours "$OUT/bench_decode_read.json" > "$OUT/peers_decode_read.log" 2>&1;
+        summary+=("peers_decode.py (read flush) rc=$?"); } ;;
     pytest)
       whl=$(ls .whl/msa-*-cp3*.whl 2>/dev/null | head -1)
       if [[ -z $whl ]]; then summary+=("pytest skipped: no .whl/msa-*.whl (make device-wheel, carry .whl)"); else
@@ -152,8 +159,8 @@ for step in $steps; do
 done
 echo "==== summary ($(( $(date +%s) - t0 ))s)"
 printf '%s\n' "${summary[@]}"
-for f in bench_sparse bench_indexer bench_decode bench_pipeline; do [[ -f $OUT/$f.log ]] && cut -c1-200 "$OUT/$f.log" | grep -vE "^\s*$" | tail -8; done
-for f in peers_sparse peers_decode; do [[ -f $OUT/$f.log ]] && grep -v Warning "$OUT/$f.log" | tail -8; done
+for f in bench_sparse bench_indexer bench_decode bench_pipeline bench_decode_read; do [[ -f $OUT/$f.log ]] && cut -c1-200 "$OUT/$f.log" | grep -vE "^\s*$" | tail -8; done
+for f in peers_sparse peers_decode peers_decode_read; do [[ -f $OUT/$f.log ]] && grep -v Warning "$OUT/$f.log" | tail -8; done
 # At most 8 files come back from a device call: the logs travel as one archive (JSON stays loose).
 # A second session in the same call writes logs_2.tgz (and so on) instead of replacing the first.
 printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"

@@ -41,12 +41,18 @@ class GpuBuffer {
   size_t bytes_ = 0;
 };
 
+// The L2 flush before a timed run (flush.cu): a memset of `b` (MSA_BENCH_FLUSH unset or write) or
+// a kernel reading it (MSA_BENCH_FLUSH=read); flush_reads() says which, for the programs' output.
+void flush_l2(const GpuBuffer& b, int i, cudaStream_t s);
+bool flush_reads();
+inline const char* flush_name() { return flush_reads() ? "read" : "write"; }
+
 struct Timing {
   double median = 0, min = 0, max = 0;  // milliseconds
 };
 
-// Runs op `warmup` times, then `iters` timed runs each preceded by an L2 flush (a 256 MB memset,
-// > 4x the 60 MB L2) when `flush` is non-null.
+// Runs op `warmup` times, then `iters` timed runs each preceded by an L2 flush over `flush` (a
+// 256 MB buffer, > 4x the 60 MB L2; flush_l2) when it is non-null.
 template <typename F>
 Timing time_op(F op, int warmup, int iters, cudaStream_t s, const GpuBuffer* flush) {
   for (int i = 0; i < warmup; ++i) op();
@@ -55,7 +61,7 @@ Timing time_op(F op, int warmup, int iters, cudaStream_t s, const GpuBuffer* flu
   MSA_BENCH_CUDA(cudaEventCreate(&b));
   std::vector<double> ms;
   for (int i = 0; i < iters; ++i) {
-    if (flush) MSA_BENCH_CUDA(cudaMemsetAsync(flush->get(), i & 0xff, flush->bytes(), s));
+    if (flush) flush_l2(*flush, i, s);
     MSA_BENCH_CUDA(cudaEventRecord(a, s));
     op();
     MSA_BENCH_CUDA(cudaEventRecord(b, s));

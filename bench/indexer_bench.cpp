@@ -128,7 +128,8 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   const Timing tk = time_op([&] { msa::select_topk(t, s); }, o.warmup, o.iters, s, &flush);
   const Timing tf = time_op([&] { msa::block_topk(f, s); }, o.warmup, o.iters, s, &flush);
   msa::check_status(a.status, s);
-  std::printf("%-22s %9s %9s %9s %9s\n", "case", "median_ms", "min_ms", "max_ms", "TFLOP/s");
+  std::printf("%-22s %9s %9s %9s %9s   (L2 flush: %s)\n", "case", "median_ms", "min_ms", "max_ms", "TFLOP/s",
+              flush_name());
   auto row = [&](const char* name, const Timing& x, bool rate) {
     std::printf("%-22s %9.3f %9.3f %9.3f %9.1f\n", name, x.median, x.min, x.max, rate ? flop / (x.median * 1e9) : 0.0);
   };
@@ -141,7 +142,8 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
     js << "{\"case\":\"" << name << "\",\"seq\":" << S << ",\"scores_ms\":" << ts.median << ",\"topk_ms\":" << tk.median
        << ",\"fused_ms\":" << tf.median << ",\"scores_tflops\":" << flop / (ts.median * 1e9)
        << ",\"fused_tflops\":" << flop / (tf.median * 1e9) << ",\"check_rel\":" << worst
-       << ",\"fused_equals_unfused\":" << (same_ids ? "true" : "false") << "}\n";
+       << ",\"fused_equals_unfused\":" << (same_ids ? "true" : "false")
+       << ",\"flush\":\"" << flush_name() << "\"}\n";
   }
   return worst < 1e-3 && same_ids ? 0 : 1;
 }

@@ -18,13 +18,28 @@ import torch
 import torch.nn.functional as F
 
 
+FLUSH = os.environ.get("MSA_BENCH_FLUSH", "write")
+
+
+def flush_l2(flush, i):
+    """The L2 flush before a timed run, as the C++ programs' (bench/flush.cu): MSA_BENCH_FLUSH
+    write (default: a 256 MB fill, which leaves dirty lines in the L2) or read (a reduction over
+    the buffer, which leaves clean lines)."""
+    if FLUSH == "write":
+        flush.fill_(i & 0xFF)
+    elif FLUSH == "read":
+        flush.view(torch.int32).max()
+    else:
+        raise ValueError(f"MSA_BENCH_FLUSH must be write or read, got {FLUSH}")
+
+
 def time_ms(fn, iters, warmup):
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
     for _ in range(warmup):
         fn()
     times = []
     for i in range(iters):
-        flush.fill_(i & 0xFF)
+        flush_l2(flush, i)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -188,7 +203,8 @@ def main():
         del q, k, v
         torch.cuda.empty_cache()
 
-    print("\n%-11s %22s %26s %26s %9s %9s" % ("case", "ours ms / TFLOP/s", "flex same-sel ms / TF/s",
+    print("\nL2 flush before each timed run: %s (MSA_BENCH_FLUSH)" % FLUSH)
+    print("%-11s %22s %26s %26s %9s %9s" % ("case", "ours ms / TFLOP/s", "flex same-sel ms / TF/s",
                                              "cuDNN dense ms / TF/s", "vs flex", "vs cuDNN"))
     for name, o, fr, dr, note in rows:
         def fmt(r):

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from peers import time_ms  # same folder: the script's directory is on sys.path
+from peers import FLUSH, time_ms  # same folder: the script's directory is on sys.path
 
 
 def time_us(fn, iters=50, warmup=5):
@@ -57,7 +57,8 @@ def main():
             r = json.loads(line)
             if r["case"] == "DEC-B32-dense":
                 ours = r
-    print(f"DEC-B32-dense peers (same run), {nbytes / 1e9:.3f} GB moved by the peers' count")
+    print(f"DEC-B32-dense peers (same run), {nbytes / 1e9:.3f} GB moved by the peers' count, "
+          f"L2 flush: {FLUSH}")
     if ours:
         print(f"  {'msa DecodePlan (paged, page 128)':40s} median {ours['median_us']:9.1f} us  "
               f"{ours['tb_per_s']:6.3f} TB/s")

@@ -129,8 +129,8 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   const Timing ts = time_op([&] { msa::block_topk(sel, s); }, o.warmup, o.iters, s, &flush);
   const Timing ta = time_op([&] { msa::attention_forward(att, s); }, o.warmup, o.iters, s, &flush);
   msa::check_status(a.status, s);
-  std::printf("%-26s %9s %9s %9s   (%s partials)\n", "E2E-32K stage", "median_ms", "min_ms",
-              "max_ms", msa::dtype_name(o.partial));
+  std::printf("%-26s %9s %9s %9s   (%s partials, L2 flush: %s)\n", "E2E-32K stage", "median_ms",
+              "min_ms", "max_ms", msa::dtype_name(o.partial), flush_name());
   std::printf("%-26s %9.3f %9.3f %9.3f\n", "pipeline (one call)", te.median, te.min, te.max);
   std::printf("%-26s %9.3f %9.3f %9.3f\n", "  indexer + top-K (fused)", ts.median, ts.min, ts.max);
   std::printf("%-26s %9.3f %9.3f %9.3f\n", "  CSR + sparse attention", ta.median, ta.min, ta.max);
@@ -141,7 +141,7 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
     js << "{\"case\":\"E2E-32K\",\"seq\":" << S << ",\"hq\":" << o.hq << ",\"hkv\":" << o.hkv
        << ",\"d\":" << D << ",\"visible_pairs\":" << visible << ",\"median_ms\":" << te.median
        << ",\"select_ms\":" << ts.median << ",\"attention_ms\":" << ta.median
-       << ",\"partial\":\"" << msa::dtype_name(o.partial) << "\""
+       << ",\"partial\":\"" << msa::dtype_name(o.partial) << "\",\"flush\":\"" << flush_name() << "\""
        << ",\"check_rel_l2\":" << worst_rel << ",\"check_lse\":" << worst_lse << "}\n";
   }
   return ok ? 0 : 1;

@@ -242,7 +242,8 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
      << "\",\"device\":\"" << device_name() << "\",\"median_ms\":" << t.median
      << ",\"min_ms\":" << t.min << ",\"max_ms\":" << t.max << ",\"iters\":" << o.iters
      << ",\"attended_pairs\":" << pairs.attended << ",\"flop\":" << flop
-     << ",\"tflops\":" << tflops << ",\"partial\":\"" << o.partial << "\",\"check_rel_l2\":"
+     << ",\"tflops\":" << tflops << ",\"partial\":\"" << o.partial << "\",\"flush\":\""
+     << (o.flush_l2 ? msa::bench::flush_name() : "none") << "\",\"check_rel_l2\":"
      << rel_l2 << ",\"check_lse_max_abs\":" << (std::isinf(lse_err) ? 1e30 : lse_err)
      << ",\"check_ok\":" << (rc == 0 ? "true" : "false") << "}";
   if (!o.json_path.empty()) std::ofstream(o.json_path, std::ios::app) << js.str() << "\n";

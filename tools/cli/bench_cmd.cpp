@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "bench/gpu_benches.h"
+#include "bench/gpu_timing.h"
 #include "bench/sparse_fwd_cases.h"
 #endif
 #include "commands.h"
@@ -95,9 +96,9 @@ int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, JsonWri
   if (!gpu_unavailable_reason().empty() || !gpu_case_gap(c).empty()) return -1;
 #ifdef MSA_CLI_GPU_BENCH
   const GpuRunner runner = runner_of(c);
-  std::printf("msa bench %s on the GPU: median of %d runs after %d warm-up runs, L2 flushed before "
-              "each, results checked first%s\n",
-              c.name.c_str(), b.gpu_iters, b.gpu_warmup,
+  std::printf("msa bench %s on the GPU: median of %d runs after %d warm-up runs, L2 flushed (%s) "
+              "before each, results checked first%s\n",
+              c.name.c_str(), b.gpu_iters, b.gpu_warmup, msa::bench::flush_name(),
               runner == GpuRunner::sparse ? "; FlexAttention and cuDNN on the same selection: "
                                             "bench/peers.py"
                                           : "");

@@ -1,0 +1,50 @@
+// The L2 flush before each timed run (gpu_timing.h), over a 256 MB buffer (> 4x the 60 MB L2).
+// MSA_BENCH_FLUSH picks how:
+//   write (the default, and every figure in bench/RESULTS.md before 2026-12-01 session 14): a
+//         memset, as triton's do_bench and most peers' harnesses flush. It leaves the L2 full of
+//         dirty lines, whose write-back then shares DRAM with the timed kernel (DEC-B32: ~8 us of
+//         48, session 14);
+//   read: a kernel that reads the buffer, leaving the L2 full of clean lines of other data, which
+//         is what rotating input buffers (BENCHMARKS.md) gives.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "bench/gpu_timing.h"
+
+namespace msa::bench {
+namespace {
+
+__global__ void read_all(const uint4* __restrict__ p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; the buffer's bytes are irrelevant
+}
+
+}  // namespace
+
+bool flush_reads() {
+  static const bool reads = [] {
+    const char* e = std::getenv("MSA_BENCH_FLUSH");
+    const std::string m = e ? e : "write";
+    MSA_CHECK(m == "write" || m == "read", "MSA_BENCH_FLUSH must be write or read, got ", m);
+    return m == "read";
+  }();
+  return reads;
+}
+
+void flush_l2(const GpuBuffer& b, int i, cudaStream_t s) {
+  if (!flush_reads()) {
+    MSA_BENCH_CUDA(cudaMemsetAsync(b.get(), i & 0xff, b.bytes(), s));
+    return;
+  }
+  // The last 16 bytes are the sink, not read.
+  read_all<<<1024, 512, 0, s>>>(static_cast<const uint4*>(b.get()), b.bytes() / 16 - 1,
+                                reinterpret_cast<unsigned*>(static_cast<char*>(b.get()) + b.bytes() - 16));
+  MSA_BENCH_CUDA(cudaGetLastError());
+}
+
+}  // namespace msa::bench
