@@ -1,11 +1,10 @@
 // The L2 flush before each timed run (gpu_timing.h), over a 256 MB buffer (> 4x the 60 MB L2).
 // MSA_BENCH_FLUSH picks how:
 //   write (the default, and every figure in bench/RESULTS.md before 2026-12-01 session 14): a
-//         memset, as triton's do_bench and most peers' harnesses flush. It leaves the L2 full of
-//         dirty lines, whose write-back then shares DRAM with the timed kernel (DEC-B32: ~8 us of
-//         48, session 14);
-//   read: a kernel that reads the buffer, leaving the L2 full of clean lines of other data, which
-//         is what rotating input buffers (BENCHMARKS.md) gives.
+//         memset, as triton's do_bench flushes. It leaves the L2 full of dirty lines, whose
+//         write-back then shares DRAM with the timed kernel (DEC-B32: ~8 us of 48, session 14);
+//   read: a kernel that reads the buffer, leaving the L2 full of clean lines of other data, the
+//         state that rotating input buffers (BENCHMARKS.md) would leave.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
