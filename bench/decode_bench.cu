@@ -4,8 +4,8 @@
 // q, out, lse, page table and q2k rows) and microseconds.
 // Inputs are filled on the device (random normal, fp8: e4m3 of it); pages are shuffled over the
 // pool. Before timing, three requests are checked against the CPU decode of the same bits.
-// Each timed run follows an L2 flush (gpu_timing.h: a 256 MB write, or read with MSA_BENCH_FLUSH=read);
-// median, min and max of CUDA-event times.
+// Each timed run follows an L2 flush (gpu_timing.h: a 256 MB write, or a read with
+// MSA_BENCH_FLUSH=read); median, min and max of CUDA-event times.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>

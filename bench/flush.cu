@@ -5,7 +5,6 @@
 //         write-back then shares DRAM with the timed kernel (DEC-B32: ~8 us of 48, session 14);
 //   read: a kernel that reads the buffer, leaving the L2 full of clean lines of other data, the
 //         state that rotating input buffers (BENCHMARKS.md) would leave.
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 

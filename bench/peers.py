@@ -19,6 +19,8 @@ import torch.nn.functional as F
 
 
 FLUSH = os.environ.get("MSA_BENCH_FLUSH", "write")
+if FLUSH not in ("write", "read"):
+    raise SystemExit(f"MSA_BENCH_FLUSH must be write or read, got {FLUSH}")
 
 
 def flush_l2(flush, i):
@@ -27,10 +29,8 @@ def flush_l2(flush, i):
     the buffer, which leaves clean lines)."""
     if FLUSH == "write":
         flush.fill_(i & 0xFF)
-    elif FLUSH == "read":
-        flush.view(torch.int32).max()
     else:
-        raise ValueError(f"MSA_BENCH_FLUSH must be write or read, got {FLUSH}")
+        flush.view(torch.int32).max()
 
 
 def time_ms(fn, iters, warmup):
