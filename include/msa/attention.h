@@ -2,6 +2,8 @@
 // (DESIGN.md sections 5 and 6).
 #pragma once
 
+#include <optional>
+
 #include "msa/common.h"
 #include "msa/csr.h"
 
@@ -12,10 +14,11 @@ struct AttentionParams {
   bool causal = true;         // bottom-right aligned: query i sees key j iff j <= i + Lk - Lq
   int kv_block_size = 128;    // 64 or 128; the unit of q2k block ids
   float temperature = 0.f;    // > 0: also write tlse = log sum exp(s / T); tlse given iff T > 0
-  // f32 or bf16, for any intermediate partial outputs. bf16 halves the partial traffic of the
-  // per-token path; each block's normalized partial then keeps 8 mantissa bits (coarser than fp16
-  // outputs' 11), so fp16 callers who need fp16 accuracy keep f32.
-  DType partial_dtype = DType::f32;
+  // f32 or bf16, for any intermediate partial outputs; absent (the default) picks bf16 for bf16 q
+  // and f32 for f16 q. bf16 halves the partial traffic of the per-token path and keeps bf16
+  // outputs within the FlashAttention-3 error bar (docs/semantics.md, Numerics); each block's
+  // normalized partial keeps 8 mantissa bits, coarser than fp16 outputs' 11, hence f32 for f16.
+  std::optional<DType> partial_dtype;
 };
 
 struct AttentionArgs {

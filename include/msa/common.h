@@ -55,6 +55,9 @@ enum class StatusCode : int32_t {
   shape_mismatch = 6,         // a, b, c: op-specific
   negative_scale = 7,         // a = which (0 q, 1 k), b = token, c = head
   k2q_mismatch = 8,           // a = kv head, b = CSR row (-1: the head's entry count)
+  kv_length_past_plan = 9,    // decode: a = request, b = keys (seqused_k), c = planned capacity
+  queries_past_plan = 10,     // decode: a = request, b = queries, c = max_queries_per_request
+  csr_rows_short = 11,        // k2q build: a = rows the batches need, b = row_ptr's total_rows
 };
 std::string describe_status(const int32_t status[4]);
 // Copies the status to the host on `stream` (synchronizes) and throws msa::Error if non-zero.

@@ -1,17 +1,28 @@
 """msa: block-sparse attention for long-context LLM inference (CPU reference + CUDA sm_90a).
 
 Every op takes DLPack arrays (torch, numpy, cupy) and returns arrays of the caller's
-framework; see docs/python.md. With torch installed the ops are also torch custom ops
-(torch.ops.msa.*), so torch.compile and CUDA-graph capture work.
+framework; see docs/python.md. GPU ops run on the caller's current stream and never wait for
+it (device-side index checks are raised by `check_status`, or after every op with the
+environment switch MSA_CHECK_SYNC=1). With torch installed the ops are also torch custom ops
+(torch.ops.msa.*), so torch.compile traces them and CUDA graphs capture them.
 """
 
 from . import _C
 from ._arrays import DTYPES, Typed, typed
+from ._runtime import MsaError, check_status
+from .attention import attention_forward, pipeline_workspace_bytes, sparse_attention
+from .csr import K2QIndex, build_k2q_csr, k2q_to_q2k, q2k_to_k2q
 from .decode import DecodePlan
-from .ops import (K2QIndex, MsaError, QTensor, attention_forward, block_scores, block_topk,
-                  build_k2q_csr, check_status, dequantize, k2q_to_q2k, q2k_to_k2q, quantize,
-                  select_topk)
-from .pipeline import Selection, sparse_attention
+from .indexer import block_scores, block_topk, select_topk
+from .quant import QTensor, dequantize, quantize
+
+# Registers the torch custom ops (torch.ops.msa.*) before torch.compile traces a caller.
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:
+    pass
+else:
+    from . import _torch_ops  # noqa: F401
 
 __version__: str = _C.__version__
 
@@ -26,7 +37,8 @@ def cuda_device_count() -> int:
     return _C.cuda_device_count()
 
 
-__all__ = ["DTYPES", "DecodePlan", "K2QIndex", "MsaError", "QTensor", "Selection", "Typed",
+__all__ = ["DTYPES", "DecodePlan", "K2QIndex", "MsaError", "QTensor", "Typed",
            "attention_forward", "block_scores", "block_topk", "build_k2q_csr",
            "built_with_cuda", "check_status", "cuda_device_count", "dequantize", "k2q_to_q2k",
-           "q2k_to_k2q", "quantize", "select_topk", "sparse_attention", "typed"]
+           "pipeline_workspace_bytes", "q2k_to_k2q", "quantize", "select_topk",
+           "sparse_attention", "typed"]

@@ -116,12 +116,9 @@ def as_arg(x: Any, expect: Optional[str] = None) -> Any:
         return (_storage_view(x.array, _BITS[x.dtype]), x.dtype)
     fw = framework(x)
     if fw == "torch":
-        x = x.detach()  # DLPack refuses tensors that require grad
-        name = dtype_of(x)
-        if name in ("fp8_e4m3", "e8m0", "fp4x2"):
-            return (x.view(_torch().uint8), name)
-        if expect is not None and name != expect and x.dtype in (
-                _torch().uint8, _torch().int16) and x.element_size() * 8 == _BITS[expect]:
+        # msa._C reads torch tensors (any dtype msa names, requires_grad or not) directly.
+        if expect is not None and x.dtype in (_torch().uint8, _torch().int16) and \
+                dtype_of(x) != expect and x.element_size() * 8 == _BITS[expect]:
             return (x, expect)
         return x
     name = dtype_of(x)

@@ -1,21 +1,18 @@
-"""msa.DecodePlan: decode attention over a paged KV cache with a plan()/run() split (DESIGN.md
-section 7). plan() sizes the work list once per batch shape (may allocate and synchronize);
-run() allocates nothing in C++, never synchronizes with check=False, and is CUDA-graph safe."""
+"""msa.DecodePlan: decode attention over a paged KV cache with a plan()/run() split
+(docs/semantics.md, Decode). plan() sizes the split-KV work list once per batch shape (it may
+allocate and wait for the stream); run() allocates nothing in C++, never waits unless asked to
+(``check``), and is CUDA-graph safe."""
 
 from __future__ import annotations
 
 import itertools
 from typing import Any, Optional
 
-from . import _C, _impl
-from ._arrays import _torch, as_arg, empty_on, parse_device, stream_handle, \
-    to_host_list, torch_dtype
-from .ops import _kv, _stream_int, _torch_path
-
-if _torch() is not None:
-    from . import _torch_ops as _tops
-else:
-    _tops = None
+from . import _C
+from ._arrays import _torch, empty_on, parse_device, stream_handle, to_host_list, torch_dtype
+from ._kv import layout_name
+from ._runtime import MsaError, arg, check_pending, compiling, stream_of
+from .attention import _results, attention_eager
 
 _ids = itertools.count(1)
 
@@ -42,6 +39,10 @@ def _host_int32(values: list) -> Any:
         return t.tensor(values, dtype=t.int32)
 
 
+def _nbytes(workspace: Any) -> int:
+    return 0 if workspace is None else int(workspace.shape[0])
+
+
 class DecodePlan:
     """Plans and runs decode attention (few queries per request, long paged KV).
 
@@ -49,14 +50,18 @@ class DecodePlan:
 
         plan = msa.DecodePlan().plan(batch=B, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D,
                                      page_size=P, max_pages=M, kv_dtype=torch.bfloat16,
-                                     device="cuda")
+                                     seqused_k=seqused_k)  # the device is seqused_k's
         for step in ...:
-            out, lse = plan.run(q, k_cache, v_cache, page_table, cu_seqlens_q,
-                                seqused_k=seqused_k)
+            out = plan.run(q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k=seqused_k)
 
-    ``run`` accepts new ``seqused_k`` values within the planned shape (at most
-    ``max_pages * page_size`` keys each, at most ``max_queries_per_request`` queries per
-    request). Sparse decode: plan with ``topk > 0`` and pass ``q2k [Hkv, total_q, topk]``.
+    Each request's planned capacity is its length at plan() rounded up to 128 keys (all of
+    ``max_pages * page_size`` without ``seqused_k``). ``run`` accepts new ``seqused_k`` values
+    up to that capacity and up to ``max_queries_per_request`` queries per request; a longer
+    request is reported (`MsaError` "seqused_k: request b has n keys, past the planned
+    capacity c", raised by `msa.check_status`, or at once with ``check=True``) and its keys
+    past the capacity are not attended: plan() again when lengths grow. Re-planning reuses the
+    workspace when it is large enough, so a CUDA graph that captured run() stays valid.
+    Sparse decode: plan with ``topk > 0`` and pass ``q2k [Hkv, total_q, topk]``.
     """
 
     def __init__(self) -> None:
@@ -64,8 +69,9 @@ class DecodePlan:
         self._workspace: Any = None
         self._shape: Optional[dict] = None
         self._id = next(_ids)
-        if _tops is not None:
-            _tops.DECODE_PLANS[self._id] = self
+        if _torch() is not None:
+            from . import _torch_ops
+            _torch_ops.DECODE_PLANS[self._id] = self
 
     @property
     def planned(self) -> bool:
@@ -79,26 +85,37 @@ class DecodePlan:
     def plan(self, *, batch: int, num_q_heads: int, num_kv_heads: int, page_size: int,
              max_pages: int, head_dim: int = 128, max_queries_per_request: int = 1,
              kv_layout: str = "paged_nhd", kv_dtype: Any = "bf16", topk: int = 0,
-             kv_block_size: int = 128, device: Any = "cpu", seqused_k: Any = None,
+             kv_block_size: int = 128, seqused_k: Any = None, device: Any = None,
              stream: Any = None) -> "DecodePlan":
-        """Validates and records the batch shape and allocates the workspace on `device`
-        ('cpu', 'cuda[:i]', a torch.device or an array on it). ``seqused_k``: the current
-        lengths, read on the host. Returns self."""
-        kind, index = parse_device(device)
-        layout = _impl.layout_name(kv_layout, page_table=True)
+        """Validates and records the batch shape, sizes the split-KV work list and writes it into
+        the workspace. ``seqused_k``: the current lengths (an array on any device: read on the
+        host, which waits for a GPU array's stream). The device is ``device`` ('cpu',
+        'cuda[:i]', a torch.device or an array on it), else seqused_k's, else the CPU. Returns
+        self."""
+        where = device if device is not None else seqused_k
+        kind, index = parse_device(where)
+        layout = layout_name(kv_layout, page_table=True)
         shape = dict(batch=batch, max_queries_per_request=max_queries_per_request,
                      num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      page_size=page_size, max_pages=max_pages, kv_layout=layout,
                      kv_dtype=_dtype_name(kv_dtype), topk=topk, kv_block_size=kv_block_size,
                      device_type=kind, device_index=index)
         nbytes = _C.DecodePlan.workspace_bytes(**shape)
-        workspace = empty_on(device if kind == "cpu" else f"cuda:{index}", (nbytes,), "u8") \
-            if nbytes > 0 else None
-        lengths = None if seqused_k is None else _host_int32(to_host_list(seqused_k))
+        same_device = self._shape is not None and (self._shape["device_type"],
+                                                   self._shape["device_index"]) == (kind, index)
+        workspace = self._workspace
+        if nbytes > 0 and not (same_device and _nbytes(workspace) >= nbytes):
+            workspace = empty_on("cpu" if kind == "cpu" else f"cuda:{index}", (nbytes,), "u8")
+        lengths = None
+        if seqused_k is not None:
+            lengths = _host_int32(to_host_list(seqused_k))
         handle = stream_handle(None, stream) if stream is not None else (
             _torch().cuda.current_stream(index).cuda_stream
             if kind == "cuda" and _torch() is not None else 0)
-        self._plan.plan(**shape, seqused_k=lengths, workspace=as_arg(workspace), stream=handle)
+        if seqused_k is not None and kind == "cuda" and _torch() is not None and \
+                isinstance(seqused_k, _torch().Tensor) and seqused_k.is_cuda:
+            check_pending(seqused_k, handle)  # the read above waited for the stream anyway
+        self._plan.plan(**shape, seqused_k=lengths, workspace=arg(workspace), stream=handle)
         self._workspace, self._shape = workspace, shape
         return self
 
@@ -106,38 +123,38 @@ class DecodePlan:
             seqused_k: Any = None, q2k: Any = None, k_scale: Any = None, v_scale: Any = None,
             softmax_scale: Optional[float] = None, causal: bool = True,
             temperature: Optional[float] = None, out: Any = None, lse: Any = None,
-            tlse: Any = None, stream: Any = None, check: bool = True) -> tuple:
-        """Decode attention for the planned shape: returns ``(out, lse)`` or
-        ``(out, lse, tlse)`` as `msa.attention_forward` does. q ``[total_q, Hq, D]``,
-        k_cache/v_cache page pools in the planned layout, page_table ``[B, max_pages]`` int32,
-        cu_seqlens_q ``[B+1]``, seqused_k ``[B]`` int32 (default: full pages). FP8 e4m3 caches
-        take f32 ``k_scale``/``v_scale`` of ``[1]`` (per tensor), ``[num_pages * page_size]``
-        (per pool slot: slot s of page P at P * page_size + s) or
+            tlse: Any = None, return_lse: bool = False, stream: Any = None,
+            check: Optional[bool] = None) -> Any:
+        """Decode attention for the planned shape: returns ``out``, or ``(out, lse)`` with
+        ``return_lse`` (``tlse`` last with a temperature), as `msa.attention_forward` does.
+        q ``[total_q, Hq, D]``, k_cache/v_cache page pools in the planned layout, page_table
+        ``[B, max_pages]`` int32, cu_seqlens_q ``[B+1]``, seqused_k ``[B]`` int32 (default: full
+        pages). FP8 e4m3 caches take f32 ``k_scale``/``v_scale`` of ``[1]`` (per tensor),
+        ``[num_pages * page_size]`` (per pool slot: slot s of page P at P * page_size + s) or
         ``[num_pages * page_size, Hkv]`` (per slot and kv head)."""
-        if out is None and lse is None and tlse is None and _torch_path(
-                q, k_cache, v_cache, k_scale, v_scale, q2k):
-            out, lse, tlse = _tops.decode_run(
+        if self._shape is None:
+            raise MsaError("decode: run() called before a successful plan()")
+        if out is None and lse is None and tlse is None and compiling():
+            from . import _torch_ops
+            out, lse, tlse = _torch_ops.decode_run(
                 self._id, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, k_scale,
                 v_scale, q2k, float(softmax_scale or 0.0), causal, float(temperature or 0.0),
-                check, _stream_int(stream))
+                check, stream)
         else:
-            out, lse, tlse = self._run_impl(q, k_cache, v_cache, page_table, cu_seqlens_q,
+            out, lse, tlse = self.run_eager(q, k_cache, v_cache, page_table, cu_seqlens_q,
                                             seqused_k, k_scale, v_scale, q2k, softmax_scale,
-                                            causal, temperature, out, lse, tlse, stream, check)
-        return (out, lse, tlse) if temperature else (out, lse)
+                                            causal, temperature, out, lse, tlse, return_lse,
+                                            stream, check)
+        return _results(out, lse, tlse, return_lse, temperature)
 
-    def _run_impl(self, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, k_scale,
-                  v_scale, q2k, softmax_scale, causal, temperature, out, lse, tlse, stream,
-                  check) -> tuple:
-        if self._shape is None:
-            raise _C.MsaError("decode: run() called before a successful plan()")
-        kv = _kv(k_cache, v_cache, page_table=page_table, seqused_k=seqused_k,
-                 kv_layout=self._shape["kv_layout"], k_scale=k_scale, v_scale=v_scale)
-        return _impl.attention_forward(
-            q, kv, cu_seqlens_q, q2k=q2k, k2q=None, softmax_scale=softmax_scale or None,
-            causal=causal, kv_block_size=self._shape["kv_block_size"], temperature=temperature,
-            partial_dtype="f32", out=out, lse=lse, tlse=tlse, stream=stream, check=check,
-            decode_plan=self._plan)
+    def run_eager(self, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, k_scale,
+                  v_scale, q2k, softmax_scale, causal, temperature, out, lse, tlse, want_lse,
+                  stream, check) -> tuple:
+        return attention_eager(
+            q, k_cache, v_cache, cu_seqlens_q, None, page_table, seqused_k,
+            self._shape["kv_layout"], q2k, None, softmax_scale, causal,
+            self._shape["kv_block_size"], temperature, "", k_scale, v_scale, out, lse, tlse,
+            want_lse, None, stream, check, decode_plan=self._plan)
 
 
 __all__ = ["DecodePlan"]

@@ -1,11 +1,14 @@
-// Keyword-argument unpacking for msa._C (args.h): DLPack import through nanobind's ndarray and
-// name parsing through msa's own *_name functions, so the spellings have one definition.
+// Keyword-argument unpacking for msa._C (args.h): torch tensors read through their attributes,
+// other arrays through DLPack (nanobind's ndarray), and name parsing through msa's own *_name
+// functions, so the spellings have one definition.
 #include "args.h"
 
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <utility>
 
 namespace msa::py {
 
@@ -45,29 +48,76 @@ QuantFormat parse_quant_format(const std::string& name) {
                     quant_format_name, "format");
 }
 
-nb::handle Args::take(const char* key) {
-  used_.emplace_back(key);
-  return PyDict_GetItemString(kw_.ptr(), key);  // borrowed; null when absent
+namespace {
+
+// torch.Tensor and the torch dtypes msa names, set once by register_torch (module lifetime).
+struct TorchTypes {
+  nb::object tensor_type;
+  std::vector<std::pair<nb::object, DType>> dtypes;
+};
+TorchTypes& torch_types() {
+  static TorchTypes* t = new TorchTypes();  // never destroyed: Python objects outlive exit order
+  return *t;
 }
 
-Tensor Args::tensor(const char* key) {
-  nb::handle h = take(key);
-  if (!h.is_valid() || h.is_none()) return {};
-  nb::handle array = h;
-  std::string override_name;
-  if (nb::isinstance<nb::tuple>(h)) {
-    nb::tuple t = nb::borrow<nb::tuple>(h);
-    MSA_CHECK(t.size() == 2 && nb::isinstance<nb::str>(t[1]), op_, ": ", key,
-              ": a tuple must be (array, dtype name)");
-    array = t[0];
-    override_name = nb::cast<std::string>(t[1]);
+// A torch tensor's view from its attributes; false when `h` is no torch tensor. With
+// `override_name` the element type is that name's (the storage element size must match), so
+// any torch dtype of the right size may carry it (uint16/int16 holding bf16, ...).
+bool torch_view(nb::handle h, const char* op, const char* key, const std::string& override_name,
+                Tensor& out) {
+  const TorchTypes& tt = torch_types();
+  if (!tt.tensor_type.is_valid() ||
+      !PyObject_TypeCheck(h.ptr(), reinterpret_cast<PyTypeObject*>(tt.tensor_type.ptr())))
+    return false;
+  const nb::object dtype = h.attr("dtype");
+  bool known = false;
+  for (const auto& [obj, dt] : tt.dtypes)
+    if (obj.is(dtype)) {
+      out.dtype = dt;
+      known = true;
+      break;
+    }
+  if (!override_name.empty()) {
+    const DType want = parse_dtype(override_name);
+    const size_t bytes = nb::cast<size_t>(h.attr("element_size")());
+    MSA_CHECK(bytes == dtype_size(want), op, ": ", key, ": dtype '", override_name, "' needs ",
+              dtype_size(want) * 8, "-bit storage elements, got ", bytes * 8, "-bit ones");
+    out.dtype = want;
+  } else if (!known) {
+    fail(op, ": ", key, ": torch dtype ", nb::cast<std::string>(nb::str(dtype)),
+         " has no msa element type (float32, float16, bfloat16, float8_e4m3fn, "
+         "float4_e2m1fn_x2, float8_e8m0fnu, uint8, int32)");
   }
+  if (nb::cast<bool>(h.attr("is_cuda"))) {
+    out.device = Device{DeviceType::cuda, nb::cast<int>(h.attr("get_device")())};
+  } else if (nb::cast<bool>(h.attr("is_cpu"))) {
+    out.device = Device{};
+  } else {
+    fail(op, ": ", key, ": tensors on ", nb::cast<std::string>(nb::str(h.attr("device"))),
+         " are not supported (cpu or cuda only)");
+  }
+  const nb::tuple shape = nb::borrow<nb::tuple>(h.attr("shape"));
+  const nb::tuple strides = nb::borrow<nb::tuple>(h.attr("stride")());
+  const size_t n = shape.size();
+  MSA_CHECK(n <= size_t(Tensor::kMaxDims), op, ": ", key, ": at most ", Tensor::kMaxDims,
+            " dimensions, got ", n);
+  out.ndim = int(n);
+  for (size_t d = 0; d < n; ++d) {
+    out.shape[d] = nb::cast<int64_t>(shape[d]);
+    out.strides[d] = nb::cast<int64_t>(strides[d]);
+  }
+  out.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(h.attr("data_ptr")()));
+  return true;
+}
+
+// Any other array through DLPack; `keep` holds the import until the call returns.
+Tensor dlpack_view(nb::handle array, const char* op, const char* key,
+                   const std::string& override_name, std::vector<nb::ndarray<nb::ro>>& keep) {
   nb::ndarray<nb::ro> a;
   if (!nb::try_cast(array, a, /*convert=*/false))
-    fail(op_, ": ", key, ": expected a DLPack tensor (torch, numpy, cupy, ...), got ",
+    fail(op, ": ", key, ": expected a DLPack tensor (torch, numpy, cupy, ...), got ",
          nb::cast<std::string>(nb::str(array.type().attr("__name__"))));
-  keep_.push_back(a);
-
+  keep.push_back(a);
   DLTensor t{};
   t.data = const_cast<void*>(a.data_handle());
   t.byte_offset = a.byte_offset();
@@ -81,12 +131,12 @@ Tensor Args::tensor(const char* key) {
     try {
       return from_dlpack(t);
     } catch (const Error& e) {
-      fail(op_, ": ", key, ": ", e.what());
+      fail(op, ": ", key, ": ", e.what());
     }
   }
   // A storage view: the element size must match; shape and strides (in elements) carry over.
   const DType want = parse_dtype(override_name);
-  MSA_CHECK(size_t(dt.bits) * dt.lanes == dtype_size(want) * 8, op_, ": ", key, ": dtype '",
+  MSA_CHECK(size_t(dt.bits) * dt.lanes == dtype_size(want) * 8, op, ": ", key, ": dtype '",
             override_name, "' needs ", dtype_size(want) * 8, "-bit storage elements, got ",
             int(dt.bits) * int(dt.lanes), "-bit ones");
   t.dtype = {kDLUInt, 8, 1};
@@ -94,6 +144,43 @@ Tensor Args::tensor(const char* key) {
   out.dtype = want;
   return out;
 }
+
+// One tensor argument: None -> undefined; (array, "dtype") -> a storage view; torch tensors
+// through torch_view, anything else through DLPack.
+Tensor import_tensor(nb::handle h, const char* op, const char* key,
+                     std::vector<nb::ndarray<nb::ro>>& keep) {
+  if (!h.is_valid() || h.is_none()) return {};
+  nb::handle array = h;
+  std::string override_name;
+  if (nb::isinstance<nb::tuple>(h)) {
+    nb::tuple t = nb::borrow<nb::tuple>(h);
+    MSA_CHECK(t.size() == 2 && nb::isinstance<nb::str>(t[1]), op, ": ", key,
+              ": a tuple must be (array, dtype name)");
+    array = t[0];
+    override_name = nb::cast<std::string>(t[1]);
+  }
+  if (Tensor view; torch_view(array, op, key, override_name, view)) return view;
+  return dlpack_view(array, op, key, override_name, keep);
+}
+
+}  // namespace
+
+void register_torch(nb::handle tensor_type, nb::dict dtypes) {
+  TorchTypes& t = torch_types();
+  t.tensor_type = nb::borrow(tensor_type);
+  t.dtypes.clear();
+  for (auto [obj, name] : dtypes)
+    t.dtypes.emplace_back(nb::borrow(obj), parse_dtype(nb::cast<std::string>(name)));
+}
+
+nb::handle Args::take(const char* key) {
+  used_.emplace_back(key);
+  PyObject* v = PyDict_GetItemString(kw_.ptr(), key);  // borrowed; null when absent
+  found_ += v != nullptr;
+  return v;
+}
+
+Tensor Args::tensor(const char* key) { return import_tensor(take(key), op_, key, keep_); }
 
 QTensor Args::qtensor(const char* key) {
   const std::string k(key);
@@ -137,6 +224,11 @@ T Args::scalar(const char* key, T dflt, const char* what) {
 }
 
 int64_t Args::integer(const char* key, int64_t dflt) { return scalar(key, dflt, "an int"); }
+int Args::int32(const char* key, int dflt) {
+  const int64_t v = integer(key, dflt);
+  MSA_CHECK(v >= INT_MIN && v <= INT_MAX, op_, ": ", key, ": ", v, " does not fit a 32-bit int");
+  return int(v);
+}
 double Args::real(const char* key, double dflt) { return scalar(key, dflt, "a float"); }
 bool Args::flag(const char* key, bool dflt) { return scalar(key, dflt, "a bool"); }
 std::string Args::text(const char* key, const char* dflt) {
@@ -148,7 +240,21 @@ cudaStream_t Args::stream() {
   return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(s));
 }
 
+void Args::allocator() { alloc_ = take("alloc"); }
+
+Tensor Args::allocate(size_t bytes) {
+  if (bytes == 0) return {};
+  MSA_CHECK(alloc_.is_valid() && !alloc_.is_none(), op_, ": needs ", bytes,
+            " bytes of workspace: pass workspace=");
+  scratch_.push_back(alloc_(bytes));
+  const Tensor ws = import_tensor(scratch_.back(), op_, "workspace", keep_);
+  MSA_CHECK(ws.dtype == DType::u8 && ws.numel() >= int64_t(bytes), op_, ": alloc must return >= ",
+            bytes, " bytes of u8, got ", ws.describe());
+  return ws;
+}
+
 void Args::finish() const {
+  if (found_ == PyDict_Size(kw_.ptr())) return;  // every given key was read
   std::string unknown;
   for (auto [key, value] : kw_) {
     const std::string k = nb::cast<std::string>(key);

@@ -1,5 +1,6 @@
-// Keyword-argument unpacking for the private extension msa._C: turns DLPack producers (torch,
-// numpy, cupy, ...) into msa::Tensor views and reads the scalar options of an op by name.
+// Keyword-argument unpacking for the private extension msa._C: turns torch tensors (read
+// directly, see tensor()) and other DLPack producers (numpy, cupy, ...) into msa::Tensor views,
+// reads the scalar options of an op by name, and allocates scratch through a Python callback.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -19,9 +20,14 @@ DType parse_dtype(const std::string& name);
 KVLayout parse_layout(const std::string& name);
 QuantFormat parse_quant_format(const std::string& name);
 
-// One op call's keyword arguments. Every key must be read exactly once (finish() names the
-// unknown ones), so a misspelt keyword in the Python layer is an error, not a silent default.
-// The imported arrays are kept alive until the call returns.
+// Registers torch.Tensor and the torch dtypes msa names ({torch.bfloat16: "bf16", ...}), so
+// tensor() reads torch tensors without a DLPack capsule (torch's __dlpack__ is a Python method
+// that costs several microseconds a tensor). Called once by msa/_arrays.py when torch imports.
+void register_torch(nb::handle tensor_type, nb::dict dtypes);
+
+// One op call's keyword arguments. Every key given must be read (finish() names the unknown
+// ones), so a misspelt keyword in the Python layer is an error, not a silent default. The
+// imported arrays and allocated scratch are kept alive until the call returns.
 class Args {
  public:
   Args(nb::kwargs kw, const char* op) : kw_(std::move(kw)), op_(op) {}
@@ -37,11 +43,19 @@ class Args {
   K2QIndex k2q(const char* prefix);
 
   int64_t integer(const char* key, int64_t dflt);
+  // An int argument that must fit a C++ int (a larger Python int is an error, never truncated).
+  int int32(const char* key, int dflt);
   double real(const char* key, double dflt);
   bool flag(const char* key, bool dflt);
   std::string text(const char* key, const char* dflt);
   // "stream": a cudaStream_t as an integer handle (0 = the legacy default stream).
   cudaStream_t stream();
+
+  // Reads the "alloc" keyword: a Python callable (nbytes) -> u8 array on the op's device, or None.
+  void allocator();
+  // `bytes` of u8 scratch from that callable (an undefined view when bytes is 0). Called with the
+  // GIL held, before the op runs; the array stays alive until the call returns.
+  Tensor allocate(size_t bytes);
 
   // Throws msa::Error naming any keyword that no accessor read.
   void finish() const;
@@ -53,8 +67,11 @@ class Args {
 
   nb::kwargs kw_;
   const char* op_;
+  Py_ssize_t found_ = 0;  // keys read that were present
+  nb::handle alloc_;
   std::vector<std::string> used_;
   std::vector<nb::ndarray<nb::ro>> keep_;
+  std::vector<nb::object> scratch_;
 };
 
 }  // namespace msa::py

@@ -12,21 +12,21 @@ namespace {
 
 DecodeShape decode_shape(Args& a) {
   DecodeShape s;
-  s.batch = static_cast<int>(a.integer("batch", 0));
-  s.max_queries_per_request = static_cast<int>(a.integer("max_queries_per_request", 1));
-  s.num_q_heads = static_cast<int>(a.integer("num_q_heads", 0));
-  s.num_kv_heads = static_cast<int>(a.integer("num_kv_heads", 0));
-  s.head_dim = static_cast<int>(a.integer("head_dim", 128));
-  s.page_size = static_cast<int>(a.integer("page_size", 128));
-  s.max_pages = static_cast<int>(a.integer("max_pages", 0));
+  s.batch = a.int32("batch", 0);
+  s.max_queries_per_request = a.int32("max_queries_per_request", 1);
+  s.num_q_heads = a.int32("num_q_heads", 0);
+  s.num_kv_heads = a.int32("num_kv_heads", 0);
+  s.head_dim = a.int32("head_dim", 128);
+  s.page_size = a.int32("page_size", 128);
+  s.max_pages = a.int32("max_pages", 0);
   s.layout = parse_layout(a.text("kv_layout", "paged_nhd"));
   s.kv_dtype = parse_dtype(a.text("kv_dtype", "bf16"));
-  s.topk = static_cast<int>(a.integer("topk", 0));
-  s.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+  s.topk = a.int32("topk", 0);
+  s.kv_block_size = a.int32("kv_block_size", 128);
   const std::string dev = a.text("device_type", "cpu");
   MSA_CHECK(dev == "cpu" || dev == "cuda", "device_type: must be 'cpu' or 'cuda', got '", dev, "'");
   s.device = {dev == "cpu" ? DeviceType::cpu : DeviceType::cuda,
-              static_cast<int>(a.integer("device_index", 0))};
+              a.int32("device_index", 0)};
   return s;
 }
 

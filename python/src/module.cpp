@@ -1,6 +1,7 @@
 // The private extension msa._C: one thin function per public C++ entry point, called by the
-// Python layer (python/msa/) with keyword arguments only. Outputs, workspaces and status
-// buffers arrive preallocated; this file allocates nothing and adds no semantics.
+// Python layer (python/msa/) with keyword arguments only. Outputs and status buffers arrive
+// preallocated; scratch comes from the caller's workspace= or, sized here, from its alloc=
+// callable (so one call imports each array once). No semantics are added here.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -35,14 +36,28 @@ CsrBuildArgs csr_args(Args& a) {
   x.q2k = a.tensor("q2k");
   x.cu_seqlens_q = a.tensor("cu_seqlens_q");
   x.kv = a.kv(/*with_v=*/false);
-  x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+  x.kv_block_size = a.int32("kv_block_size", 128);
   x.out = a.k2q("");
   x.workspace = a.tensor("workspace");
   x.status = a.tensor("status");
   return x;
 }
 
-AttentionArgs attention_args(Args& a) {
+AttentionParams attention_params(Args& a) {
+  AttentionParams p;
+  p.softmax_scale = static_cast<float>(a.real("softmax_scale", 0.0));
+  p.causal = a.flag("causal", true);
+  p.kv_block_size = a.int32("kv_block_size", 128);
+  p.temperature = static_cast<float>(a.real("temperature", 0.0));
+  const std::string partial = a.text("partial_dtype", "");
+  if (!partial.empty()) p.partial_dtype = py::parse_dtype(partial);
+  return p;
+}
+
+// Attention's arguments; with `scratch`, a CUDA call without workspace= gets
+// attention_workspace_bytes from alloc= (the size function validates the arguments first, so a
+// bad call allocates nothing).
+AttentionArgs attention_args(Args& a, bool scratch) {
   AttentionArgs x;
   x.q = a.tensor("q");
   x.kv = a.kv(/*with_v=*/true);
@@ -52,13 +67,36 @@ AttentionArgs attention_args(Args& a) {
   x.out = a.tensor("out");
   x.lse = a.tensor("lse");
   x.tlse = a.tensor("tlse");
-  x.params.softmax_scale = static_cast<float>(a.real("softmax_scale", 0.0));
-  x.params.causal = a.flag("causal", true);
-  x.params.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
-  x.params.temperature = static_cast<float>(a.real("temperature", 0.0));
-  x.params.partial_dtype = py::parse_dtype(a.text("partial_dtype", "f32"));
+  x.params = attention_params(a);
   x.workspace = a.tensor("workspace");
   x.status = a.tensor("status");
+  if (!scratch) return x;
+  a.allocator();
+  if (!x.workspace.defined() && x.q.is_cuda()) x.workspace = a.allocate(attention_workspace_bytes(x));
+  return x;
+}
+
+// The pipeline's arguments; with `scratch`, the workspace (also on the CPU, where it holds q2k)
+// from alloc= when workspace= is absent.
+PipelineArgs pipeline_args(Args& a, bool scratch) {
+  PipelineArgs x;
+  x.q = a.tensor("q");
+  x.kv = a.kv(/*with_v=*/true);
+  x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+  x.index_q = a.qtensor("index_q");
+  x.index_k = a.qtensor("index_k");
+  x.topk = a.int32("topk", 16);
+  x.sink_blocks = a.int32("sink_blocks", 1);
+  x.local_blocks = a.int32("local_blocks", 1);
+  x.params = attention_params(a);
+  x.out = a.tensor("out");
+  x.lse = a.tensor("lse");
+  x.tlse = a.tensor("tlse");
+  x.workspace = a.tensor("workspace");
+  x.status = a.tensor("status");
+  if (!scratch) return x;
+  a.allocator();
+  if (!x.workspace.defined()) x.workspace = a.allocate(pipeline_workspace_bytes(x));
   return x;
 }
 
@@ -72,6 +110,8 @@ NB_MODULE(_C, m) {
   // shutdown check would report as leaks; they are not.
   nb::set_leak_warnings(false);
 
+  m.def("register_torch", &py::register_torch, nb::arg("tensor_type"), nb::arg("dtypes"),
+        "Lets the ops read torch tensors directly: torch.Tensor and {torch dtype: msa name}.");
   m.def("built_with_cuda", &built_with_cuda, "True when this build contains the CUDA backend.");
   m.def("cuda_device_count", &cuda_device_count,
         "Number of usable CUDA devices (0 without CUDA or without a GPU).");
@@ -87,7 +127,7 @@ NB_MODULE(_C, m) {
                x.cu_seqlens_q = a.tensor("cu_seqlens_q");
                x.scores = a.tensor("scores");
                x.causal = a.flag("causal", true);
-               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+               x.kv_block_size = a.int32("kv_block_size", 128);
                x.status = a.tensor("status");
                return x;
              },
@@ -105,10 +145,10 @@ NB_MODULE(_C, m) {
                x.kv = a.kv(/*with_v=*/false);
                x.cu_seqlens_q = a.tensor("cu_seqlens_q");
                x.causal = a.flag("causal", true);
-               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
-               x.topk = static_cast<int>(a.integer("topk", 16));
-               x.sink_blocks = static_cast<int>(a.integer("sink_blocks", 1));
-               x.local_blocks = static_cast<int>(a.integer("local_blocks", 1));
+               x.kv_block_size = a.int32("kv_block_size", 128);
+               x.topk = a.int32("topk", 16);
+               x.sink_blocks = a.int32("sink_blocks", 1);
+               x.local_blocks = a.int32("local_blocks", 1);
                x.q2k = a.tensor("q2k");
                x.status = a.tensor("status");
                return x;
@@ -126,12 +166,12 @@ NB_MODULE(_C, m) {
                x.scores = a.tensor("scores");
                x.cu_seqlens_q = a.tensor("cu_seqlens_q");
                x.kv = a.kv(/*with_v=*/false);
-               x.num_kv_heads = static_cast<int>(a.integer("num_kv_heads", 0));
-               x.topk = static_cast<int>(a.integer("topk", 16));
-               x.sink_blocks = static_cast<int>(a.integer("sink_blocks", 1));
-               x.local_blocks = static_cast<int>(a.integer("local_blocks", 1));
+               x.num_kv_heads = a.int32("num_kv_heads", 0);
+               x.topk = a.int32("topk", 16);
+               x.sink_blocks = a.int32("sink_blocks", 1);
+               x.local_blocks = a.int32("local_blocks", 1);
                x.causal = a.flag("causal", true);
-               x.kv_block_size = static_cast<int>(a.integer("kv_block_size", 128));
+               x.kv_block_size = a.int32("kv_block_size", 128);
                x.q2k = a.tensor("q2k");
                x.status = a.tensor("status");
                return x;
@@ -144,10 +184,19 @@ NB_MODULE(_C, m) {
       "build_k2q_csr",
       [](nb::kwargs kw) {
         call(std::move(kw), "build_k2q_csr",
-             csr_args,
+             [](Args& a) {
+               CsrBuildArgs x = csr_args(a);
+               a.allocator();
+               if (!x.workspace.defined() && x.q2k.is_cuda() && x.q2k.ndim == 3 &&
+                   x.out.row_ptr.ndim == 2)
+                 x.workspace = a.allocate(csr_workspace_bytes(
+                     x.q2k.shape[0], x.out.row_ptr.shape[1] - 1, x.q2k.shape[1], x.q2k.shape[2]));
+               return x;
+             },
              [](const CsrBuildArgs& x, cudaStream_t s) { build_k2q_csr(x, s); });
       },
-      "msa::build_k2q_csr; outputs row_ptr, q_idx and (optional) schedule preallocated.");
+      "msa::build_k2q_csr; outputs row_ptr, q_idx and (optional) schedule preallocated; scratch "
+      "from workspace= or alloc=.");
 
   m.def("k2q_schedule_size", &k2q_schedule_size, nb::arg("num_kv_heads"), nb::arg("total_rows"),
         nb::arg("total_q"), nb::arg("topk"),
@@ -184,7 +233,7 @@ NB_MODULE(_C, m) {
       "attention_workspace_bytes",
       [](nb::kwargs kw) {
         Args a(std::move(kw), "attention_workspace_bytes");
-        AttentionArgs x = attention_args(a);
+        AttentionArgs x = attention_args(a, /*scratch=*/false);
         a.stream();  // accepted so one keyword dict serves both calls
         a.finish();
         return attention_workspace_bytes(x);
@@ -194,10 +243,33 @@ NB_MODULE(_C, m) {
   m.def(
       "attention_forward",
       [](nb::kwargs kw) {
-        call(std::move(kw), "attention_forward", attention_args,
+        call(std::move(kw), "attention_forward",
+             [](Args& a) { return attention_args(a, /*scratch=*/true); },
              [](const AttentionArgs& x, cudaStream_t s) { attention_forward(x, s); });
       },
-      "msa::attention_forward; out, lse, tlse, workspace and status preallocated.");
+      "msa::attention_forward; out, lse, tlse and status preallocated; scratch from "
+      "workspace= or alloc=.");
+
+  m.def(
+      "pipeline_workspace_bytes",
+      [](nb::kwargs kw) {
+        Args a(std::move(kw), "pipeline_workspace_bytes");
+        PipelineArgs x = pipeline_args(a, /*scratch=*/false);
+        a.stream();
+        a.finish();
+        return pipeline_workspace_bytes(x);
+      },
+      "Workspace bytes sparse_attention_pipeline needs for these arguments.");
+
+  m.def(
+      "sparse_attention_pipeline",
+      [](nb::kwargs kw) {
+        call(std::move(kw), "sparse_attention",
+             [](Args& a) { return pipeline_args(a, /*scratch=*/true); },
+             [](const PipelineArgs& x, cudaStream_t s) { sparse_attention_pipeline(x, s); });
+      },
+      "msa::sparse_attention_pipeline (block_topk, then attention_forward); out, lse, tlse and "
+      "status preallocated; the workspace (q2k first) from workspace= or alloc=.");
 
   m.def(
       "quantize",

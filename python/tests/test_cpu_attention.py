@@ -24,7 +24,7 @@ def _check(out, lse, want_out, want_lse, tol=1e-2):
 def test_dense_flat_f16(causal, groups):
     rng = np.random.default_rng(1)
     q, k, v, cu_q, cu_k = ref.problem(rng, [3, 0, 70], [150, 20, 90], 2 * groups, 2, 64)
-    out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal)
+    out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True)
     assert out.dtype == np.float16 and out.shape == q.shape and lse.dtype == np.float32
     want, want_lse, _ = ref.attention(q.astype(np.float64), ref.split(k, cu_k), ref.split(v, cu_k),
                                       cu_q, causal=causal)
@@ -41,7 +41,7 @@ def test_sparse_flat_bf16_with_temperature_and_k2q():
     k2q = msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, kv_block_size=blk)
     out, lse, tlse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, k2q=k2q,
                                            kv_block_size=blk, temperature=0.5,
-                                           softmax_scale=0.1)
+                                           softmax_scale=0.1, return_lse=True)
     assert out.dtype == ml_dtypes.bfloat16
     want, want_lse, want_tlse = ref.attention(
         q.astype(np.float64), ref.split(k, cu_k), ref.split(v, cu_k), cu_q, q2k=q2k, blk=blk,
@@ -50,7 +50,7 @@ def test_sparse_flat_bf16_with_temperature_and_k2q():
     assert np.abs(tlse - want_tlse).max() < 2e-3
     # Without the CSR index the result is the same.
     out2, lse2 = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
-                                       kv_block_size=blk, softmax_scale=0.1)
+                                       kv_block_size=blk, softmax_scale=0.1, return_lse=True)
     assert np.array_equal(out2.view(np.uint16), out.view(np.uint16))
     assert np.array_equal(lse2, lse)
 
@@ -61,8 +61,8 @@ def test_paged_equals_flat(layout):
     q, k, v, cu_q, cu_k = ref.problem(rng, [1, 17, 0], [100, 40, 0], 4, 1, 64)
     kp, vp, table, seqused = ref.to_pages(rng, k, v, cu_k, 16, layout)
     out, lse = msa.attention_forward(q, kp, vp, cu_q, page_table=table, seqused_k=seqused,
-                                     kv_layout=layout)
-    flat, flat_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k)
+                                     kv_layout=layout, return_lse=True)
+    flat, flat_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, return_lse=True)
     assert np.isfinite(out.astype(np.float32)).all()  # NaN in unused page slots never leaks
     np.testing.assert_allclose(out.astype(np.float32), flat.astype(np.float32), atol=2e-3)
     np.testing.assert_allclose(lse, flat_lse, atol=1e-5)
@@ -71,15 +71,15 @@ def test_paged_equals_flat(layout):
 def test_typed_uint16_views_and_preallocated_outputs():
     rng = np.random.default_rng(4)
     q, k, v, cu_q, cu_k = ref.problem(rng, [9], [33], 2, 2, 64, ml_dtypes.bfloat16)
-    want, want_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k)
+    want, want_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, return_lse=True)
     bits = [msa.typed(x.view(np.uint16), "bf16") for x in (q, k, v)]
     out = np.full(q.shape, 0xFFFF, np.uint16)  # NaN poison; bf16 storage inferred from q
     lse = np.full((2, 9), np.nan, np.float32)
-    got, got_lse = msa.attention_forward(*bits, cu_q, cu_seqlens_k=cu_k, out=out, lse=lse)
+    got, got_lse = msa.attention_forward(*bits, cu_q, cu_seqlens_k=cu_k, out=out, lse=lse, return_lse=True)
     assert got is out and got_lse is lse
     assert np.array_equal(out, want.view(np.uint16)) and np.array_equal(lse, want_lse)
     # Allocated bf16 outputs are ml_dtypes.bfloat16 (uint16 storage without ml_dtypes).
-    alloc, _ = msa.attention_forward(*bits, cu_q, cu_seqlens_k=cu_k)
+    alloc, _ = msa.attention_forward(*bits, cu_q, cu_seqlens_k=cu_k, return_lse=True)
     assert alloc.dtype == ml_dtypes.bfloat16 and np.array_equal(alloc.view(np.uint16), out)
 
 
@@ -89,7 +89,7 @@ def test_fp8_kv():
     kq = msa.quantize(k, "fp8_per_tensor")
     vq = msa.quantize(v, "fp8_per_tensor")
     out, lse = msa.attention_forward(q, kq.values, vq.values, cu_q, cu_seqlens_k=cu_k,
-                                     k_scale=kq.scale, v_scale=vq.scale)
+                                     k_scale=kq.scale, v_scale=vq.scale, return_lse=True)
     kd = msa.dequantize(kq).astype(np.float64)
     vd = msa.dequantize(vq).astype(np.float64)
     want, want_lse, _ = ref.attention(q.astype(np.float64), ref.split(kd, cu_k),
@@ -101,5 +101,5 @@ def test_empty_rows_give_zero_and_neg_inf():
     rng = np.random.default_rng(6)
     q, k, v, cu_q, cu_k = ref.problem(rng, [4, 3], [0, 5], 2, 2, 64)
     q2k = np.full((2, 7, 2), -1, np.int32)  # nothing selected anywhere
-    out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)
+    out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, return_lse=True)
     assert (out == 0).all() and np.isneginf(lse).all()

@@ -19,14 +19,14 @@ def test_cpp_error_message_reaches_python():
     k = np.zeros((4, 2, 64), np.float16)
     cu = np.array([0, 4], np.int32)
     with pytest.raises(msa.MsaError, match=r"k: kv heads \(2\) must divide q heads \(3\)"):
-        msa.attention_forward(q, k, k, cu, cu_seqlens_k=cu)
+        msa.attention_forward(q, k, k, cu, cu_seqlens_k=cu, return_lse=True)
 
 
 def test_unsupported_dtype_names_the_argument():
     q = np.zeros((4, 2, 64), np.float64)
     cu = np.array([0, 4], np.int32)
     with pytest.raises(msa.MsaError, match="attention_forward: q: from_dlpack: unsupported"):
-        msa.attention_forward(q, q, q, cu, cu_seqlens_k=cu)
+        msa.attention_forward(q, q, q, cu, cu_seqlens_k=cu, return_lse=True)
 
 
 def test_unknown_keyword_and_wrong_type_are_errors():
@@ -50,7 +50,7 @@ def test_typed_checks_storage_width():
     q = msa.typed(np.zeros((4, 2, 64), np.uint8), "bf16")
     cu = np.array([0, 4], np.int32)
     with pytest.raises(ValueError, match="16-bit"):
-        msa.attention_forward(q, q, q, cu, cu_seqlens_k=cu)
+        msa.attention_forward(q, q, q, cu, cu_seqlens_k=cu, return_lse=True)
 
 
 def test_strided_inputs():
@@ -58,9 +58,9 @@ def test_strided_inputs():
     qkv = rng.standard_normal((10, 3, 2, 64)).astype(np.float16)
     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # token stride 3 * 2 * 64: not contiguous
     cu = np.array([0, 10], np.int32)
-    out, lse = msa.attention_forward(q, k, v, cu, cu_seqlens_k=cu)
+    out, lse = msa.attention_forward(q, k, v, cu, cu_seqlens_k=cu, return_lse=True)
     want, want_lse = msa.attention_forward(*(np.ascontiguousarray(x) for x in (q, k, v)), cu,
-                                           cu_seqlens_k=cu)
+                                           cu_seqlens_k=cu, return_lse=True)
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(lse, want_lse)
 
@@ -68,4 +68,4 @@ def test_strided_inputs():
 def test_flat_cache_needs_lengths():
     q = np.zeros((4, 2, 64), np.float16)
     with pytest.raises(ValueError, match="cu_seqlens_k"):
-        msa.attention_forward(q, q, q, np.array([0, 4], np.int32))
+        msa.attention_forward(q, q, q, np.array([0, 4], np.int32), return_lse=True)

@@ -22,9 +22,9 @@ def test_dense_decode_matches_attention_and_accepts_new_lengths():
     assert plan.planned and plan.shape["batch"] == 3
     for step in range(2):
         lengths = seqused - step  # the cache shrinks a little: still within the plan
-        out, lse = plan.run(q, kp, vp, table, cu_q, seqused_k=lengths)
+        out, lse = plan.run(q, kp, vp, table, cu_q, seqused_k=lengths, return_lse=True)
         want, want_lse = msa.attention_forward(q, kp, vp, cu_q, page_table=table,
-                                               seqused_k=lengths)
+                                               seqused_k=lengths, return_lse=True)
         np.testing.assert_array_equal(out, want)
         np.testing.assert_array_equal(lse, want_lse)
 
@@ -38,9 +38,9 @@ def test_sparse_decode_with_temperature():
     plan = msa.DecodePlan().plan(batch=2, num_q_heads=8, num_kv_heads=2, head_dim=64,
                                  page_size=64, max_pages=table.shape[1], kv_dtype="f16", topk=2)
     out, lse, tlse = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, q2k=q2k,
-                              temperature=2.0)
+                              temperature=2.0, return_lse=True)
     want = msa.attention_forward(q, kp, vp, cu_q, page_table=table, seqused_k=seqused, q2k=q2k,
-                                 temperature=2.0)
+                                 temperature=2.0, return_lse=True)
     for got, exp in zip((out, lse, tlse), want):
         np.testing.assert_array_equal(got, exp)
 
@@ -50,11 +50,11 @@ def test_decode_errors():
     q, kp, vp, table, seqused, cu_q = _paged_problem(rng, [1], [20])
     plan = msa.DecodePlan()
     with pytest.raises(msa.MsaError, match="before"):
-        plan.run(q, kp, vp, table, cu_q)
+        plan.run(q, kp, vp, table, cu_q, return_lse=True)
     plan.plan(batch=1, num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
               max_pages=table.shape[1], kv_dtype="f16")
     with pytest.raises(msa.MsaError, match="q2k"):
-        plan.run(q, kp, vp, table, cu_q, q2k=np.zeros((2, 1, 1), np.int32))
+        plan.run(q, kp, vp, table, cu_q, q2k=np.zeros((2, 1, 1), np.int32), return_lse=True)
     with pytest.raises(msa.MsaError, match="page_size"):
         msa.DecodePlan().plan(batch=1, num_q_heads=8, num_kv_heads=2, page_size=24, max_pages=1)
 
@@ -76,10 +76,10 @@ def test_fp8_pool_with_per_slot_scales():
                                  page_size=32, max_pages=table.shape[1],
                                  max_queries_per_request=2, kv_dtype="fp8_e4m3")
     out, lse = plan.run(q, kf8, vf8, table, cu_q, seqused_k=seqused, k_scale=kq.scale,
-                        v_scale=vq.scale)
+                        v_scale=vq.scale, return_lse=True)
     want, want_lse = msa.attention_forward(q, kf8, vf8, cu_q, page_table=table,
                                            seqused_k=seqused, k_scale=kq.scale,
-                                           v_scale=vq.scale)
+                                           v_scale=vq.scale, return_lse=True)
     np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
     np.testing.assert_array_equal(lse, want_lse)
     # Against the dequantized values in flat form.

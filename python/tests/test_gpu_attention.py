@@ -35,7 +35,7 @@ def test_dense_flat(seed, dtype):
     tdtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, tdtype, DEV)
     with gpu_op():
-        out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal)
+        out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True)
     assert out.dtype == tdtype and out.device.type == DEV
     want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, causal=causal)
     ref.check_close(out, lse, want, want_lse)
@@ -50,7 +50,7 @@ def test_sparse_flat(seed):
         k2q = msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, kv_block_size=blk)
         out, lse, tlse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
                                                k2q=k2q, kv_block_size=blk, causal=causal,
-                                               temperature=0.7)
+                                               temperature=0.7, return_lse=True)
     want, want_lse, want_tlse = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k, blk=blk,
                                               causal=causal, temperature=0.7)
     ref.check_close(out, lse, want, want_lse)
@@ -67,7 +67,7 @@ def test_sparse_paged(layout, page_size):
     with gpu_op():
         out, lse = msa.attention_forward(q, kp, vp, cu_q, page_table=table, seqused_k=seqused,
                                          kv_layout=layout, q2k=q2k, kv_block_size=blk,
-                                         causal=causal)
+                                         causal=causal, return_lse=True)
     want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k, blk=blk, causal=causal)
     ref.check_close(out, lse, want, want_lse)
 
@@ -82,7 +82,7 @@ def test_preallocated_outputs_on_a_side_stream():
     side.wait_stream(torch.cuda.current_stream())
     with gpu_op(), torch.cuda.stream(side):
         got, got_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
-                                             kv_block_size=blk, causal=causal, out=out, lse=lse)
+                                             kv_block_size=blk, causal=causal, out=out, lse=lse, return_lse=True)
     torch.cuda.current_stream().wait_stream(side)
     assert got is out and got_lse is lse
     want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k, blk=blk, causal=causal)
@@ -90,7 +90,7 @@ def test_preallocated_outputs_on_a_side_stream():
     # An explicit stream handle works the same way.
     with gpu_op():
         again, _ = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
-                                         kv_block_size=blk, causal=causal, stream=side)
+                                         kv_block_size=blk, causal=causal, stream=side, return_lse=True)
     side.synchronize()
     assert torch.equal(again, out)
 
@@ -101,4 +101,4 @@ def test_invalid_block_id_raises_after_the_call():
     q2k = torch.full((2, 5, 4), -1, dtype=torch.int32, device=DEV)
     q2k[1, 3, 0] = 1000
     with gpu_op(), pytest.raises(msa.MsaError, match=r"head 1, token 3, slot 0"):
-        msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)
+        msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, return_lse=True)

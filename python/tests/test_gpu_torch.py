@@ -21,7 +21,7 @@ def _problem(seed=0):
 
 
 def _sparse(q, k, v, cu_q, cu_k, q2k):
-    return msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, temperature=0.5)
+    return msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, temperature=0.5, return_lse=True)
 
 
 def test_custom_ops_are_registered():
@@ -79,7 +79,7 @@ def test_pipeline_compiles_with_static_sizes():
 
     def run(q, k, v, cu_q, cu_k):
         return msa.sparse_attention(q, k, v, cu_q, cu_seqlens_k=cu_k, topk=TOPK,
-                                    max_seqlen_k=max(LK), total_rows=rows)
+                                    max_seqlen_k=max(LK), total_rows=rows, return_lse=True)
 
     with gpu_op():
         eager = run(q, k, v, cu_q, cu_k)
@@ -122,21 +122,21 @@ def test_decode_plan_in_cuda_graph():
                                      page_size=page, max_pages=table.shape[1],
                                      max_queries_per_request=2, kv_dtype=torch.bfloat16,
                                      device=DEV, seqused_k=seqused)
-        eager = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused)
+        eager = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, return_lse=True)
     want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k)
     ref.check_close(eager[0], eager[1], want, want_lse)
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        plan.run(q, kp, vp, table, cu_q, seqused_k=seqused)
+        plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, return_lse=True)
     torch.cuda.current_stream().wait_stream(side)
     with torch.cuda.graph(graph):
-        out, lse = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused)
+        out, lse = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, return_lse=True)
     seqused.copy_(torch.tensor([650, 1, 0, 999], dtype=torch.int32))  # new lengths, same plan
     graph.replay()
     torch.cuda.synchronize()
-    again = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused)
+    again = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, return_lse=True)
     assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
 
 
@@ -155,12 +155,12 @@ def test_cupy_arrays():
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
     q, k, v, cu_q, cu_k, q2k = _problem(8)
     with gpu_op():
-        want, want_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)
+        want, want_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, return_lse=True)
     torch.cuda.synchronize()
     cq, ck, cv = (msa.typed(cupy.from_dlpack(x.view(torch.int16)), "bf16") for x in (q, k, v))
     out, lse = msa.attention_forward(cq, ck, cv, cupy.from_dlpack(cu_q),
                                      cu_seqlens_k=cupy.from_dlpack(cu_k),
-                                     q2k=cupy.from_dlpack(q2k))
+                                     q2k=cupy.from_dlpack(q2k), return_lse=True)
     cupy.cuda.get_current_stream().synchronize()
     assert isinstance(out, cupy.ndarray) and out.dtype == cupy.uint16
     assert torch.equal(torch.from_dlpack(out).view(torch.bfloat16), want)

@@ -29,8 +29,9 @@ void check_params(const AttentionArgs& a) {
             "tlse: given, so params.temperature must be > 0, got ", p.temperature);
   MSA_CHECK(a.tlse.defined() || p.temperature == 0.f, "params.temperature: is ", p.temperature,
             " (> 0), so tlse [Hq, total_q] f32 must be given");
-  MSA_CHECK(p.partial_dtype == DType::f32 || p.partial_dtype == DType::bf16,
-            "params.partial_dtype: must be f32 or bf16, got ", dtype_name(p.partial_dtype));
+  MSA_CHECK(!p.partial_dtype || *p.partial_dtype == DType::f32 || *p.partial_dtype == DType::bf16,
+            "params.partial_dtype: must be f32 or bf16 (or absent), got ",
+            dtype_name(p.partial_dtype.value_or(DType::f32)));
 }
 
 ProblemShape check_attention_args(const AttentionArgs& a) {
@@ -59,15 +60,24 @@ ProblemShape check_attention_args(const AttentionArgs& a) {
   return s;
 }
 
-}  // namespace
-
-size_t attention_workspace_bytes(const AttentionArgs& args) {
-  const ProblemShape s = check_attention_args(args);
-  return args.q.is_cuda() ? cuda::attention_workspace_bytes(args, s) : 0;
+// The call with its partial precision made explicit (AttentionParams::partial_dtype), so the
+// backends never see the default.
+AttentionArgs with_partial_dtype(const AttentionArgs& a) {
+  AttentionArgs r = a;
+  if (!r.params.partial_dtype) r.params.partial_dtype = a.q.dtype == DType::f16 ? DType::f32 : DType::bf16;
+  return r;
 }
 
-void attention_forward(const AttentionArgs& args, cudaStream_t stream) {
-  const ProblemShape s = check_attention_args(args);
+}  // namespace
+
+size_t attention_workspace_bytes(const AttentionArgs& a) {
+  const ProblemShape s = check_attention_args(a);
+  return a.q.is_cuda() ? cuda::attention_workspace_bytes(with_partial_dtype(a), s) : 0;
+}
+
+void attention_forward(const AttentionArgs& a, cudaStream_t stream) {
+  const ProblemShape s = check_attention_args(a);
+  const AttentionArgs args = with_partial_dtype(a);
   if (!args.q.is_cuda()) return cpu::attention_forward(args, s);
   const size_t need = cuda::attention_workspace_bytes(args, s);
   if (need > 0) {

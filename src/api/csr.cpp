@@ -30,9 +30,9 @@ int64_t check_k2q_index(const K2QIndex& k2q, const char* name, const KVCache& kv
   if (device.type == DeviceType::cpu) {
     int64_t want = 0;
     for (int64_t lk : host_key_lengths(kv, s)) want += num_blocks(lk, s.kv_block_size);
-    MSA_CHECK(total_rows == want, rp_name, ": second dim must be total_rows + 1 = ", want + 1,
-              " (total_rows = sum over batches of ceil(Lk_b / kv_block_size) = ", want, "), got ",
-              rp.describe());
+    MSA_CHECK(total_rows >= want, rp_name, ": second dim must be at least total_rows + 1 = ",
+              want + 1, " (total_rows = sum over batches of ceil(Lk_b / kv_block_size) = ", want,
+              "), got ", rp.describe());
   }
   const Tensor& qi = k2q.q_idx;
   check_defined(qi, qi_name.c_str());
@@ -135,7 +135,7 @@ void k2q_to_q2k_cpu(const Tensor& row_ptr, const Tensor& q_idx, const Tensor& cu
   api::check_k2q_index(k2q, "k2q", kv, s, q2k.device);
   const cpu::BatchGeometry g =
       cpu::batch_geometry(cu_seqlens_q, api::host_key_lengths(kv, s), kv_block_size);
-  cpu::fill_q2k(row_ptr.ptr<int32_t>(), q_idx.ptr<int32_t>(), g, q2k);
+  cpu::fill_q2k(row_ptr.ptr<int32_t>(), q_idx.ptr<int32_t>(), row_ptr.shape[1] - 1, g, q2k);
 }
 
 }  // namespace msa

@@ -26,8 +26,14 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
   const Tensor& k = a.kv.k.values;
   MSA_CHECK(k.ndim == 3 || k.ndim == 4, "k: must be [total_k, Hkv, D] or a 4-d page pool, got ",
             k.describe());
-  const int64_t hkv = a.kv.layout == KVLayout::paged_nhd ? k.shape[2] : k.shape[1];
+  const int kv_heads_dim = a.kv.layout == KVLayout::paged_nhd ? 2 : 1;
+  const int64_t hkv = k.shape[kv_heads_dim];
   MSA_CHECK(a.topk >= 1, "topk: must be >= 1, got ", a.topk);
+  const Tensor& ik = a.index_k.values;
+  MSA_CHECK(!ik.defined() || (ik.ndim == k.ndim && ik.shape[kv_heads_dim] == hkv),
+            "index_k: must be laid out like k with its ", hkv,
+            " kv heads (the fused selection scores one index key head per kv head), got ",
+            ik.describe());
   Calls c;
   const Tensor q2k(q2k_data, DType::i32, {hkv, a.q.shape[0], int64_t(a.topk)}, a.q.device);
   c.q2k_bytes = size_t(q2k.numel()) * 4;
@@ -80,6 +86,11 @@ size_t pipeline_workspace_bytes(const PipelineArgs& a) {
 
 void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
   const Layout l = layout(a);
+  if (l.q2k_span + l.attn_bytes == 0) {  // no query or no kv head: nothing to select or attend
+    const Calls c = make_calls(a, nullptr, Tensor());
+    block_topk(c.select, stream);
+    return attention_forward(c.attend, stream);
+  }
   check_defined(a.workspace, "workspace");
   check_dtype(a.workspace, "workspace", {DType::u8});
   check_contiguous(a.workspace, "workspace");

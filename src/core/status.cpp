@@ -38,6 +38,19 @@ std::string describe_status(const int32_t s[4]) {
                               "build_k2q_csr from the same q2k");
       return detail::concat("k2q: does not match q2k at (head ", s[1], ", row ", s[2],
                             "); build it with build_k2q_csr from the same q2k");
+    case StatusCode::kv_length_past_plan:
+      return detail::concat("seqused_k: request ", s[1], " has ", s[2],
+                            " keys, past the planned capacity ", s[3],
+                            "; the keys past it were not attended (call plan() again with the new "
+                            "lengths)");
+    case StatusCode::queries_past_plan:
+      return detail::concat("cu_seqlens_q: request ", s[1], " has ", s[2],
+                            " queries, more than the planned max_queries_per_request = ", s[3],
+                            "; the queries past it were not computed (call plan() again)");
+    case StatusCode::csr_rows_short:
+      return detail::concat("row_ptr: has ", s[2], " rows, fewer than the ", s[1],
+                            " kv blocks of the batches (sum_b ceil(Lk_b / kv_block_size)); size it "
+                            "for an upper bound such as total_k / kv_block_size + B");
     case StatusCode::shape_mismatch:
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }

@@ -73,9 +73,9 @@ HeadResult attend(const double* q, const double* k, const double* v, int64_t n, 
 // A k2q CSR passed alongside q2k must be exactly the one build_k2q_csr makes from that q2k,
 // and a schedule must be complete: both are checked here, never silently ignored.
 void check_k2q_input(const AttentionArgs& a, const BatchGeometry& g, int64_t hkv, int64_t topk) {
-  const int64_t rows = g.total_rows(), slots = g.total_q() * topk;
+  const int64_t rows = a.k2q.row_ptr.shape[1] - 1, slots = g.total_q() * topk;  // >= g.total_rows()
   std::vector<int32_t> rp(hkv * (rows + 1)), qi(hkv * slots);
-  fill_k2q(a.q2k, g, rp.data(), qi.data());
+  fill_k2q(a.q2k, g, rows, rp.data(), qi.data());
   const int32_t* in_rp = a.k2q.row_ptr.ptr<int32_t>();
   const int32_t* in_qi = a.k2q.q_idx.ptr<int32_t>();
   for (int64_t h = 0; h < hkv; ++h) {

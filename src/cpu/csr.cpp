@@ -11,8 +11,9 @@ void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s) {
       batch_geometry(a.cu_seqlens_q, api::host_key_lengths(a.kv, s), s.kv_block_size);
   check_q2k_ids(a.q2k, g);
   int32_t* row_ptr = a.out.row_ptr.ptr<int32_t>();
-  fill_k2q(a.q2k, g, row_ptr, a.out.q_idx.ptr<int32_t>());
-  if (a.out.schedule.defined()) fill_schedule(row_ptr, s.num_kv_heads, g.total_rows(), a.out.schedule);
+  const int64_t rows = a.out.row_ptr.shape[1] - 1;  // checked >= g.total_rows()
+  fill_k2q(a.q2k, g, rows, row_ptr, a.out.q_idx.ptr<int32_t>());
+  if (a.out.schedule.defined()) fill_schedule(row_ptr, s.num_kv_heads, rows, a.out.schedule);
 }
 
 }  // namespace msa::cpu

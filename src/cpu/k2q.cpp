@@ -61,9 +61,10 @@ void check_q2k_ids(const Tensor& q2k, const BatchGeometry& g) {
   }
 }
 
-void fill_k2q(const Tensor& q2k, const BatchGeometry& g, int32_t* row_ptr, int32_t* q_idx) {
+void fill_k2q(const Tensor& q2k, const BatchGeometry& g, int64_t rows, int32_t* row_ptr,
+              int32_t* q_idx) {
   const int64_t hkv = q2k.shape[0], total_q = q2k.shape[1], topk = q2k.shape[2];
-  const int64_t rows = g.total_rows(), slots = total_q * topk;
+  const int64_t slots = total_q * topk;
 #pragma omp parallel for schedule(static)
   for (int64_t h = 0; h < hkv; ++h) {
     const int32_t* ids = q2k.ptr<int32_t>() + h * slots;
@@ -88,10 +89,10 @@ void fill_k2q(const Tensor& q2k, const BatchGeometry& g, int32_t* row_ptr, int32
   }
 }
 
-void fill_q2k(const int32_t* row_ptr, const int32_t* q_idx, const BatchGeometry& g,
+void fill_q2k(const int32_t* row_ptr, const int32_t* q_idx, int64_t rows, const BatchGeometry& g,
               const Tensor& q2k) {
   const int64_t hkv = q2k.shape[0], total_q = q2k.shape[1], topk = q2k.shape[2];
-  const int64_t rows = g.total_rows(), slots = total_q * topk;
+  const int64_t slots = total_q * topk;
   int32_t* out = q2k.ptr<int32_t>();
   std::fill(out, out + hkv * slots, -1);
   std::vector<int64_t> used(total_q);  // blocks written so far per token
@@ -120,6 +121,10 @@ void fill_q2k(const int32_t* row_ptr, const int32_t* q_idx, const BatchGeometry&
         }
       }
     }
+    for (int64_t r = g.total_rows(); r < rows; ++r)
+      MSA_CHECK(rp[r + 1] == rp[r], "row_ptr: head ", h, " row ", r, " lies past the ",
+                g.total_rows(), " rows of the batches' blocks and must be empty, got ", rp[r],
+                " then ", rp[r + 1]);
   }
 }
 

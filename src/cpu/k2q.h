@@ -35,15 +35,18 @@ BatchGeometry batch_geometry(const Tensor& cu_seqlens_q, std::vector<int64_t> ke
 // earlier id of its row. q2k: validated host [Hkv, total_q, topk] int32, contiguous.
 void check_q2k_ids(const Tensor& q2k, const BatchGeometry& g);
 
-// Writes the k2q CSR of a checked q2k: row_ptr [Hkv, total_rows+1], q_idx [Hkv, total_q*topk]
-// (both contiguous int32), each row's batch-local query ids ascending, q_idx's tail -1.
-void fill_k2q(const Tensor& q2k, const BatchGeometry& g, int32_t* row_ptr, int32_t* q_idx);
+// Writes the k2q CSR of a checked q2k: row_ptr [Hkv, rows+1], q_idx [Hkv, total_q*topk] (both
+// contiguous int32), each row's batch-local query ids ascending, q_idx's tail -1. rows >=
+// g.total_rows(); the rows past g.total_rows() are empty.
+void fill_k2q(const Tensor& q2k, const BatchGeometry& g, int64_t rows, int32_t* row_ptr,
+              int32_t* q_idx);
 
 // The inverse, for tests: writes q2k [Hkv, total_q, topk] (contiguous int32) from a k2q CSR,
 // each token's blocks ascending, -1 padded. Throws msa::Error on a malformed CSR (row_ptr not
 // starting at 0 or decreasing, a query id outside [0, Lq_b) or not strictly ascending within
 // a row, more than topk blocks for one token).
-void fill_q2k(const int32_t* row_ptr, const int32_t* q_idx, const BatchGeometry& g,
+// row_ptr has `rows` >= g.total_rows() rows; those past g.total_rows() must be empty.
+void fill_q2k(const int32_t* row_ptr, const int32_t* q_idx, int64_t rows, const BatchGeometry& g,
               const Tensor& q2k);
 
 // Writes the schedule (src/common/schedule.h) for a filled row_ptr into `schedule`, whose size

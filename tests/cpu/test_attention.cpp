@@ -474,7 +474,7 @@ TEST(AttentionRules, TemperatureAndTlse) {
   expect_error([&] { attention_forward(a); }, "params.softmax_scale: must be finite and >= 0");
   a = f.args();
   a.params.partial_dtype = DType::f16;
-  expect_error([&] { attention_forward(a); }, "params.partial_dtype: must be f32 or bf16, got f16");
+  expect_error([&] { attention_forward(a); }, "params.partial_dtype: must be f32 or bf16 (or absent), got f16");
   EXPECT_EQ(attention_workspace_bytes(f.args()), 0u);
 }
 

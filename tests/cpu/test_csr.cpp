@@ -2,7 +2,9 @@
 // a hand-built index, brute-force row contents, round trips, edge shapes and every input rule.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstring>
 #include <set>
 
 #include "common/schedule.h"
@@ -262,9 +264,9 @@ TEST(Csr, InputRules) {
   const Csr c3 = make_csr(2, 4, tq, topk);
   expect_error([&] { build_k2q_csr(csr_args(q2k.t, bad_cu.t, kv, 128, c3)); },
                "cu_seqlens_q: must be non-decreasing");
-  const Csr wrong_rows = make_csr(2, 5, tq, topk);
-  expect_error([&] { build_k2q_csr(csr_args(q2k.t, p.cu_q.t, kv, 128, wrong_rows)); },
-               "out.row_ptr: second dim must be total_rows + 1 = 5");
+  const Csr too_few_rows = make_csr(2, 3, tq, topk);
+  expect_error([&] { build_k2q_csr(csr_args(q2k.t, p.cu_q.t, kv, 128, too_few_rows)); },
+               "out.row_ptr: second dim must be at least total_rows + 1 = 5");
   HostTensor short_idx(DType::i32, {2, tq * topk - 1});
   CsrBuildArgs a = csr_args(q2k.t, p.cu_q.t, kv, 128, c);
   a.out.q_idx = short_idx.t;
@@ -284,6 +286,36 @@ TEST(Csr, InputRules) {
   paged.page_table = pt.t;
   expect_error([&] { build_k2q_csr(csr_args(q2k.t, p.cu_q.t, paged, 128, c)); },
                "k: required for a paged KV cache");
+}
+
+// total_rows may be an upper bound (what a caller can size without reading the lengths): the
+// rows past sum_b nblk_b come out empty, the real rows and the schedule are unchanged, and the
+// converter and attention take the padded index.
+TEST(Csr, UpperBoundRowsArePaddedWithEmptyRows) {
+  const Problem p = make_problem({3, 2}, {300, 100}, 2, 2, 8, 14);
+  const int64_t topk = 2, tq = p.total_q(), rows = 4, bound = (300 + 100) / 128 + 2;
+  const HostTensor q2k = q2k_tensor(random_q2k(p, topk, 128, 15), 2, tq, topk);
+  const KVCache kv = p.flat_kv();
+  const Csr exact = make_csr(2, rows, tq, topk), padded = make_csr(2, bound, tq, topk);
+  build_k2q_csr(csr_args(q2k.t, p.cu_q.t, kv, 128, exact));
+  build_k2q_csr(csr_args(q2k.t, p.cu_q.t, kv, 128, padded));
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t r = 0; r <= bound; ++r)
+      EXPECT_EQ(padded.row_ptr.data<int32_t>()[h * (bound + 1) + r],
+                exact.row_ptr.data<int32_t>()[h * (rows + 1) + std::min(r, rows)])
+          << "head " << h << " row " << r;
+  }
+  EXPECT_EQ(std::memcmp(padded.q_idx.t.data, exact.q_idx.t.data, exact.q_idx.bytes()), 0);
+  EXPECT_EQ(std::memcmp(padded.schedule.t.data, exact.schedule.t.data, exact.schedule.bytes()), 0);
+  HostTensor back(DType::i32, {2, tq, topk});
+  k2q_to_q2k_cpu(padded.row_ptr.t, padded.q_idx.t, p.cu_q.t, kv, 128, back.t);
+  HostTensor want(DType::i32, {2, tq, topk});
+  k2q_to_q2k_cpu(exact.row_ptr.t, exact.q_idx.t, p.cu_q.t, kv, 128, want.t);
+  EXPECT_EQ(std::memcmp(back.t.data, want.t.data, want.bytes()), 0);
+  // A padded row that is not empty is malformed.
+  padded.row_ptr.data<int32_t>()[bound] += 1;
+  expect_error([&] { k2q_to_q2k_cpu(padded.row_ptr.t, padded.q_idx.t, p.cu_q.t, kv, 128, back.t); },
+               "lies past the 4 rows of the batches' blocks and must be empty");
 }
 
 TEST(Csr, ConverterRejectsMalformedCsr) {

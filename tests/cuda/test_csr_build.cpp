@@ -1,6 +1,7 @@
 // GPU k2q CSR + schedule builder (src/cuda/common/csr_build.cu) against the CPU builder: row_ptr,
-// q_idx (with its -1 tail) and the schedule identical, over random varlen selections; bad ids and
-// a wrong row count are reported through the status buffer.
+// q_idx (with its -1 tail) and the schedule identical, over random varlen selections and with a
+// row count past the batches' blocks (an upper bound: empty rows); bad ids and too few rows are
+// reported through the status buffer.
 #include <cstring>
 
 #include "sparse_case.h"
@@ -17,8 +18,9 @@ Csr make_csr(int64_t hkv, int64_t rows, int64_t tq, int64_t topk) {
              HostTensor(DType::i32, {k2q_schedule_size(hkv, rows, tq, topk)})};
 }
 
-Csr build_cpu(const SparseCase& c) {
-  Csr o = make_csr(c.p.hkv, c.total_rows, c.p.total_q(), c.topk);
+// rows: the row count of row_ptr (c.total_rows, or an upper bound of it).
+Csr build_cpu(const SparseCase& c, int64_t rows) {
+  Csr o = make_csr(c.p.hkv, rows, c.p.total_q(), c.topk);
   CsrBuildArgs a;
   a.q2k = c.q2k.t;
   a.cu_seqlens_q = c.p.cu_q.t;
@@ -71,7 +73,7 @@ TEST(CsrBuildGpu, RandomMatchesCpu) {
   for (int i = 0; i < (small ? 6 : 60); ++i) {
     const SparseCase c = random_case(1000 + i, small, /*fill_inputs=*/false);  // indices only
     SCOPED_TRACE(c.name);
-    expect_same(build_gpu(c, c.total_rows, s), build_cpu(c));
+    expect_same(build_gpu(c, c.total_rows, s), build_cpu(c, c.total_rows));
     if (HasFailure()) break;
   }
 }
@@ -85,7 +87,7 @@ TEST(CsrBuildGpu, TokPatternMatchesCpu) {
   Problem prob = make_problem({len}, {len}, 4, 4, 128, 3u);
   HostTensor ids = random_q2k(prob, 16, true, rng);
   const SparseCase c(std::move(prob), std::move(ids), 16);
-  expect_same(build_gpu(c, c.total_rows, s), build_cpu(c));
+  expect_same(build_gpu(c, c.total_rows, s), build_cpu(c, c.total_rows));
 }
 
 TEST(CsrBuildGpu, ErrorsReportedThroughStatus) {
@@ -95,8 +97,12 @@ TEST(CsrBuildGpu, ErrorsReportedThroughStatus) {
   Problem prob = make_problem({50, 0, 260}, {200, 10, 300}, 2, 2, 128, 9u);
   HostTensor ids = random_q2k(prob, 5, true, rng);
   SparseCase c(std::move(prob), std::move(ids), 5);
-  // Wrong row count: the builder must flag it and stay inside row_ptr.
-  expect_error([&] { build_gpu(c, c.total_rows + 3, s); }, "");
+  // More rows than the batches' blocks: the extra rows are empty, as on the CPU.
+  expect_same(build_gpu(c, c.total_rows + 3, s), build_cpu(c, c.total_rows + 3));
+  // Too few rows: the builder must flag it and stay inside row_ptr.
+  expect_error([&] { build_gpu(c, c.total_rows - 1, s); },
+               "row_ptr: has " + std::to_string(c.total_rows - 1) + " rows, fewer than the " +
+                   std::to_string(c.total_rows) + " kv blocks");
   const int32_t bad_ids[] = {INT32_MIN, -123456, -2, 2, 1002, INT32_MAX};
   for (int32_t bad : bad_ids) {
     const int64_t at = ((1 * c.p.total_q()) + 30) * c.topk + 1;  // (head 1, token 30, slot 1)

@@ -503,7 +503,7 @@ TEST(DecodeGpu, NewLengthsWithinThePlanAndPastIt) {
     MSA_CUDA_CHECK(cudaMemcpyAsync(t.seqused.buf.get(), grown.data(), 12, cudaMemcpyHostToDevice, t.stream));
     t.run_gpu();
     const auto st = t.status_words();
-    EXPECT_EQ(st[0], int32_t(StatusCode::shape_mismatch));
+    EXPECT_EQ(st[0], int32_t(StatusCode::kv_length_past_plan));
     EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 1100, 1024));
   }
 }
@@ -519,7 +519,7 @@ TEST(DecodeGpu, MoreQueriesThanPlanned) {
   t.plan_gpu();
   t.run_gpu();
   const auto st = t.status_words();
-  EXPECT_EQ(st[0], int32_t(StatusCode::shape_mismatch));
+  EXPECT_EQ(st[0], int32_t(StatusCode::queries_past_plan));
   EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, 5, 4));
 }
 

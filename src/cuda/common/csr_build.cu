@@ -68,7 +68,7 @@ WorkspacePlan plan_workspace(int64_t hkv, int64_t total_rows, int64_t total_q, i
 
 // One block: rowoff_b = sum_{b' < b} nblk_b', stored at first_row[cu_q[b]] for every batch that
 // has queries (the only ones a token can look up), so the buffer is sized by total_q, not B.
-// first_row[total_q + 1] = total rows. Also flags a total_rows mismatch in `status`.
+// first_row[total_q + 1] = total rows. Also flags rows past row_ptr's total_rows in `status`.
 __global__ void __launch_bounds__(kScanThreads) batch_rows_kernel(CsrBuildParams p,
                                                                   int32_t* first_row) {
   using Scan = cub::BlockScan<int, kScanThreads>;
@@ -95,11 +95,11 @@ __global__ void __launch_bounds__(kScanThreads) batch_rows_kernel(CsrBuildParams
   }
   if (threadIdx.x == 0) {
     first_row[p.total_q + 1] = carry;
-    if (p.check_total_rows && carry != p.total_rows && p.status[0] == 0) {
-      p.status[1] = 1;  // which: the row count of row_ptr
-      p.status[2] = carry;
-      p.status[3] = int32_t(p.total_rows);
-      p.status[0] = int32_t(StatusCode::shape_mismatch);
+    if (p.check_total_rows && carry > p.total_rows && p.status[0] == 0) {
+      p.status[1] = carry;
+      p.status[2] = int32_t(p.total_rows);
+      p.status[3] = 0;
+      p.status[0] = int32_t(StatusCode::csr_rows_short);
     }
   }
 }

@@ -16,7 +16,7 @@ namespace msa::cuda {
 // hands itself to launch_q2k_check as is.
 struct CsrBuildParams : Q2KCheckParams {
   int64_t total_rows = 0;     // rows of row_ptr; an upper bound when !check_total_rows
-  bool check_total_rows = true;  // status shape_mismatch unless sum_b nblk_b == total_rows
+  bool check_total_rows = true;  // status csr_rows_short if sum_b nblk_b > total_rows
   bool run_q2k_check = true;  // validate q2k / cu_seqlens into status first
   int32_t* row_ptr = nullptr;   // out [Hkv, total_rows + 1]
   int32_t* q_idx = nullptr;     // out [Hkv, total_q * topk], tail -1

@@ -52,7 +52,7 @@ __device__ __forceinline__ Request load_request(const DecodeParams& p, int b, bo
   r.q_begin = c0;
   r.lq = c1 - c0;
   if (r.lq > p.max_queries) {
-    if (report_offences) report(p, Offence::queries, uint64_t(b), StatusCode::shape_mismatch);
+    if (report_offences) report(p, Offence::queries, uint64_t(b), StatusCode::queries_past_plan);
     r.lq = p.max_queries;
   }
   const int64_t all = int64_t(p.max_pages) * p.page_size;
@@ -63,7 +63,7 @@ __device__ __forceinline__ Request load_request(const DecodeParams& p, int b, bo
   }
   const int32_t cap = p.key_cap[b];
   if (lk > cap) {  // longer than the plan covered: report, never drop keys silently
-    if (report_offences) report(p, Offence::keys, uint64_t(b), StatusCode::shape_mismatch);
+    if (report_offences) report(p, Offence::keys, uint64_t(b), StatusCode::kv_length_past_plan);
     lk = cap;
   }
   r.lk = int(lk);

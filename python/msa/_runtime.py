@@ -1,0 +1,138 @@
+"""Per-call plumbing shared by every op: the argument of msa._C for an array, the stream an op
+runs on, scratch allocation, the per-device status buffers of the device-side index checks and
+when they are read (the check policy), and whether torch.compile is tracing."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from . import _C
+from ._arrays import Typed, _torch, as_arg, empty, framework, is_cuda, stream_handle
+
+#: The exception every msa check raises; its message names the argument and the rule broken.
+MsaError = _C.MsaError
+
+torch = _torch()
+_TorchTensor = torch.Tensor if torch is not None else None
+if torch is not None:
+    # msa._C then reads torch tensors through their attributes instead of a DLPack capsule.
+    _names = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
+              torch.float8_e4m3fn: "fp8_e4m3", torch.uint8: "u8", torch.int32: "i32"}
+    for _attr, _name in (("float8_e8m0fnu", "e8m0"), ("float4_e2m1fn_x2", "fp4x2")):
+        if hasattr(torch, _attr):
+            _names[getattr(torch, _attr)] = _name
+    _C.register_torch(tensor_type=torch.Tensor, dtypes=_names)
+    _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    compiling: Callable[[], bool] = torch.compiler.is_compiling
+else:
+    _raw_stream = None
+
+    def compiling() -> bool:
+        return False
+
+#: MSA_CHECK_SYNC=1 (read at import) makes every GPU op wait for its stream and raise at once for
+#: the invalid indices the device recorded; by default no op waits.
+CHECK_SYNC = os.environ.get("MSA_CHECK_SYNC", "0") not in ("", "0")
+
+
+def arg(x: Any, expect: Optional[str] = None) -> Any:
+    """What msa._C takes for one array argument (a torch tensor as it is)."""
+    if x is None or (type(x) is _TorchTensor and expect is None):
+        return x
+    return as_arg(x, expect)
+
+
+def dims(x: Any, name: str, n: int, what: str) -> tuple:
+    """x's shape, which must have `n` dims (`what` spells them); an MsaError naming `name` else."""
+    shape = tuple((x.array if isinstance(x, Typed) else x).shape)
+    if len(shape) != n:
+        raise MsaError(f"{name}: must be {what} ({n} dims), got {len(shape)} dims {list(shape)}")
+    return shape
+
+
+def stream_of(like: Any, stream: Any) -> int:
+    """The cudaStream_t (an int) an op on `like` runs on: `stream`, else the caller's current
+    stream of like's device; 0 for CPU arrays."""
+    if stream is None and type(like) is _TorchTensor:
+        if not like.is_cuda:
+            return 0
+        if _raw_stream is not None:
+            return _raw_stream(like.get_device())
+    return stream_handle(like, stream)
+
+
+def allocator(like: Any) -> Callable[[int], Any]:
+    """The alloc= callable of msa._C: `n` bytes of u8 scratch on like's device, from like's
+    framework (torch's caching allocator for torch tensors: stream-ordered, capturable)."""
+    if type(like) is _TorchTensor:
+        device = like.device
+        return lambda n: torch.empty(n, dtype=torch.uint8, device=device)
+    return lambda n: empty(like, (n,), "u8")
+
+
+# Status buffers (int32[4], zero = ok) by (framework, device index): the device-side checks of
+# every op on that device record their first offence there until a check reads and clears it.
+_status: dict = {}
+
+
+def status_for(like: Any) -> Any:
+    """The status buffer of like's device (None for CPU arrays: the CPU backend raises)."""
+    if type(like) is _TorchTensor:
+        if not like.is_cuda:
+            return None
+        key = ("torch", like.get_device())
+    else:
+        if not is_cuda(like):
+            return None
+        arr = like.array if isinstance(like, Typed) else like
+        key = (framework(arr), int(arr.__dlpack_device__()[1]))
+    buf = _status.get(key)
+    if buf is None:
+        buf = _status[key] = empty(like, (4,), "i32", zero=True)
+    return buf
+
+
+def _capturing(status: Any) -> bool:
+    return type(status) is _TorchTensor and torch.cuda.is_current_stream_capturing()
+
+
+def _read(status: Any, stream: int) -> None:
+    """Waits for `stream`, then raises MsaError for a recorded offence, clearing the buffer."""
+    try:
+        _C.check_status(status=arg(status), stream=stream)
+    except MsaError:
+        _C.clear_status(status=arg(status), stream=stream)
+        raise
+
+
+def finish(status: Any, stream: int, check: Optional[bool]) -> None:
+    """After a GPU op: with check (default: MSA_CHECK_SYNC) wait for the stream and raise for the
+    offences its device recorded. Skipped while the stream is captured into a CUDA graph, which
+    cannot wait."""
+    if status is None or not (CHECK_SYNC if check is None else check) or _capturing(status):
+        return
+    _read(status, stream)
+
+
+def check_pending(like: Any, stream: int) -> None:
+    """Reads like's status buffer after a call that waited for the stream anyway (a host read of
+    lengths), so an offence recorded by earlier ops surfaces at no extra wait."""
+    status = _status.get(("torch", like.get_device())) if type(like) is _TorchTensor else None
+    if status is not None and not _capturing(status):
+        _read(status, stream)
+
+
+def check_status(status: Any = None, stream: Any = None) -> None:
+    """Raises `MsaError` for the first invalid index (block id, page id, cu_seqlens entry, a
+    length past a decode plan) that GPU ops recorded since the last check, and clears it.
+
+    Without arguments: the status buffers msa keeps per device; waits for each device's current
+    stream (or `stream`). With `status`: a caller's int32[4] buffer, on `stream` or the current
+    stream of its device. Ops never wait by default; call this where a sync is affordable (e.g.
+    once per step), or set MSA_CHECK_SYNC=1 to check after every op."""
+    if status is not None:
+        _C.check_status(status=arg(status), stream=stream_handle(status, stream))
+        return
+    for buf in list(_status.values()):
+        _read(buf, stream_of(buf, stream))

@@ -1,0 +1,285 @@
+"""Attention (docs/semantics.md, Attention and Paged KV): `attention_forward` (sparse with a
+q2k selection, or dense) over a flat or paged KV cache, and `sparse_attention`, the whole
+prefill path (fused indexer + top-K, k2q CSR, attention) as the C++ library's one-call pipeline.
+GPU calls run on the caller's stream and never wait for it unless asked to (``check``)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from . import _C
+from ._arrays import Typed, dtype_of, empty, framework, shape_of
+from ._kv import kv_args, kv_heads_dim, layout_name
+from ._runtime import (allocator, arg, compiling, dims, finish, status_for, stream_of,
+                       MsaError)
+from .quant import unpack
+
+_PARTIAL = {None: "", "f32": "f32", "bf16": "bf16"}
+
+
+def _partial(partial_dtype: Optional[str]) -> str:
+    if partial_dtype not in _PARTIAL:
+        raise MsaError(f"partial_dtype: must be 'f32', 'bf16' or None (bf16 for bf16 q, f32 for "
+                       f"f16 q), got {partial_dtype!r}")
+    return _PARTIAL[partial_dtype]
+
+
+def _results(out: Any, lse: Any, tlse: Any, return_lse: bool, temperature: Optional[float]):
+    """out, (out, lse), with the tlse last when a temperature is set."""
+    if not return_lse and not temperature:
+        return out
+    res = (out, lse) if return_lse else (out,)
+    return res + (tlse,) if temperature else res
+
+
+def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
+                      page_table: Any = None, seqused_k: Any = None,
+                      kv_layout: Optional[str] = None, q2k: Any = None,
+                      k2q: Optional[Sequence[Any]] = None,
+                      softmax_scale: Optional[float] = None, causal: bool = True,
+                      kv_block_size: int = 128, temperature: Optional[float] = None,
+                      partial_dtype: Optional[str] = None, k_scale: Any = None,
+                      v_scale: Any = None, out: Any = None, lse: Any = None, tlse: Any = None,
+                      return_lse: bool = False, workspace: Any = None, stream: Any = None,
+                      check: Optional[bool] = None) -> Any:
+    """Sparse (with ``q2k``) or dense (without) attention, flat or paged KV.
+
+    Returns ``out`` ``[total_q, Hq, D]`` in q's dtype (bf16/f16; 0 for a query with no key), or
+    ``(out, lse)`` with ``return_lse`` (lse ``[Hq, total_q]`` f32, natural log
+    ``log sum_j exp(s_j)``, ``-inf`` with no key); with ``temperature`` the tlse
+    ``[Hq, total_q]`` f32 ``log sum_j exp(s_j / temperature)`` comes last.
+    ``s_j = softmax_scale * dot(q, k_j)``, softmax_scale defaulting to ``1/sqrt(D)``.
+
+    q2k ``[Hkv, total_q, topk]`` int32 selects kv blocks per (kv head, query); ``k2q`` (from
+    `build_k2q_csr` for the same q2k) lets the GPU kernel skip building the index. k/v may be
+    fp8_e4m3 with f32 scales (``k_scale``/``v_scale``). ``partial_dtype``: the precision of the
+    per-block partial outputs, "f32" or "bf16" (default: bf16 for bf16 q, f32 for f16 q).
+    ``out``/``lse``/``tlse``: preallocated outputs; ``workspace``: u8 scratch of at least
+    ``attention_workspace_bytes`` (default: allocated per call by q's framework). GPU calls run
+    on ``stream`` or the caller's current stream and do not wait for it; ``check=True`` (or the
+    MSA_CHECK_SYNC=1 environment switch) waits and raises `MsaError` for invalid block or page
+    ids, which are otherwise raised by `msa.check_status`.
+    """
+    layout = layout_name(kv_layout, page_table)
+    partial = _partial(partial_dtype)
+    if out is None and lse is None and tlse is None and workspace is None and compiling():
+        from . import _torch_ops
+        row_ptr, q_idx, schedule = (tuple(k2q) + (None,))[:3] if k2q is not None else (None,) * 3
+        out, lse, tlse = _torch_ops.attention_forward(
+            q, unpack(k)[0], unpack(v)[0], cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
+            unpack(k, k_scale)[1], unpack(v, v_scale)[1], q2k, row_ptr, q_idx, schedule, layout,
+            float(softmax_scale or 0.0), causal, kv_block_size, float(temperature or 0.0),
+            partial, check, stream)
+    else:
+        out, lse, tlse = attention_eager(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, q2k, k2q,
+            softmax_scale, causal, kv_block_size, temperature, partial, k_scale, v_scale, out,
+            lse, tlse, return_lse, workspace, stream, check)
+    return _results(out, lse, tlse, return_lse, temperature)
+
+
+def _outputs(q: Any, out: Any, lse: Any, tlse: Any, want_lse: bool,
+             temperature: Optional[float]) -> tuple:
+    """The attention outputs the caller did not pass, allocated like q."""
+    total_q, hq, d = dims(q, "q", 3, "[total_q, Hq, D]")
+    if out is None:
+        # out takes q's dtype; for a q msa cannot name, any placeholder does: _C rejects q first.
+        out = empty(q, (total_q, hq, d),
+                    q.dtype if isinstance(q, Typed) else dtype_of(q) or "f32")
+    if want_lse and lse is None:
+        lse = empty(q, (hq, total_q), "f32")
+    if temperature and tlse is None:
+        tlse = empty(q, (hq, total_q), "f32")
+    return out, lse, tlse
+
+
+def attention_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, q2k,
+                    k2q, softmax_scale, causal, kv_block_size, temperature, partial, k_scale,
+                    v_scale, out, lse, tlse, want_lse, workspace, stream, check,
+                    decode_plan: Any = None) -> tuple:
+    """The eager body of attention_forward and, with `decode_plan` (a msa._C.DecodePlan), of
+    DecodePlan.run."""
+    out, lse, tlse = _outputs(q, out, lse, tlse, want_lse, temperature)
+    st = stream_of(q, stream)
+    status = status_for(q)
+    args = dict(q=arg(q), **kv_args(k, v, layout=layout, cu_seqlens_k=cu_seqlens_k,
+                                    page_table=page_table, seqused_k=seqused_k, k_scale=k_scale,
+                                    v_scale=v_scale),
+                cu_seqlens_q=arg(cu_seqlens_q), q2k=arg(q2k),
+                out=arg(out, q.dtype if isinstance(q, Typed) else None), lse=arg(lse),
+                tlse=arg(tlse), softmax_scale=float(softmax_scale or 0.0), causal=causal,
+                temperature=float(temperature or 0.0), status=status, stream=st)
+    if decode_plan is not None:
+        decode_plan.run(**args)
+    else:
+        k2q = tuple(k2q) + (None,) * (3 - len(k2q)) if k2q is not None else (None,) * 3
+        _C.attention_forward(**args, k2q_row_ptr=arg(k2q[0]), k2q_q_idx=arg(k2q[1]),
+                             k2q_schedule=arg(k2q[2]), kv_block_size=kv_block_size,
+                             partial_dtype=partial, workspace=arg(workspace),
+                             alloc=allocator(q) if workspace is None else None)
+    finish(status, st, check)
+    return out, lse, tlse
+
+
+def sparse_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
+                     page_table: Any = None, seqused_k: Any = None,
+                     kv_layout: Optional[str] = None, topk: int = 16, sink_blocks: int = 1,
+                     local_blocks: int = 1, causal: bool = True, kv_block_size: int = 128,
+                     index_q: Any = None, index_k: Any = None,
+                     softmax_scale: Optional[float] = None, temperature: Optional[float] = None,
+                     partial_dtype: Optional[str] = None, k_scale: Any = None,
+                     v_scale: Any = None, max_seqlen_k: Optional[int] = None, out: Any = None,
+                     lse: Any = None, return_lse: bool = False, return_selection: bool = False,
+                     workspace: Any = None, stream: Any = None,
+                     check: Optional[bool] = None) -> Any:
+    """Block-sparse attention with the block selection computed on the fly: the C++ library's
+    one-call pipeline (`block_topk`, then `attention_forward`, which builds the k2q index in its
+    workspace). Nothing is read on the host, so the call can be captured in a CUDA graph.
+
+    Scores kv blocks with the indexer inputs (``index_q``/``index_k``, e.g. FP8 `QTensor` copies
+    of q and k with as many kv heads as k; default q and k themselves), keeps ``topk`` blocks
+    per (kv head, query) with ``sink_blocks``/``local_blocks`` forced, then attends them.
+    Returns what `attention_forward` returns (``return_lse``, ``temperature``), plus the q2k
+    selection ``[Hkv, total_q, topk]`` last with ``return_selection`` (a view of the workspace:
+    it lives as long as the workspace, and a caller's ``workspace`` is overwritten by the next
+    call). ``workspace``: u8 of at least `pipeline_workspace_bytes` bytes (default: allocated
+    per call by q's framework).
+
+    An ``index_k`` with another kv-head count than k (index heads grouped per attention kv
+    head, docs/semantics.md, Top-K selection) is not fused yet: it runs `block_scores`, then
+    `select_topk`, then `attention_forward`, and for a flat cache reads the longest length on
+    the host unless ``max_seqlen_k`` is given.
+    """
+    layout = layout_name(kv_layout, page_table)
+    partial = _partial(partial_dtype)
+    if index_k is not None and _kv_heads(index_k, layout) != _kv_heads(k, layout):
+        return _unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
+                        sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k,
+                        softmax_scale, temperature, partial_dtype, k_scale, v_scale,
+                        max_seqlen_k, out, lse, return_lse, return_selection, stream, check)
+    if out is None and lse is None and workspace is None and compiling():
+        from . import _torch_ops
+        res = _torch_ops.sparse_attention(
+            q, unpack(k)[0], unpack(v)[0], cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
+            unpack(k, k_scale)[1], unpack(v, v_scale)[1], layout, topk, sink_blocks,
+            local_blocks, causal, kv_block_size, index_q, index_k, float(softmax_scale or 0.0),
+            float(temperature or 0.0), partial, check, stream)
+        out, lse, tlse, q2k = res
+    else:
+        out, lse, tlse, q2k = pipeline_eager(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
+            sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k, softmax_scale,
+            temperature, partial, k_scale, v_scale, out, lse, return_lse, workspace, stream,
+            check)
+    res = _results(out, lse, tlse, return_lse, temperature)
+    if not return_selection:
+        return res
+    return (res if isinstance(res, tuple) else (res,)) + (q2k,)
+
+
+def _kv_heads(k: Any, layout: str) -> int:
+    return shape_of(unpack(k)[0])[kv_heads_dim(layout)]
+
+
+def _unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
+             sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k, softmax_scale,
+             temperature, partial_dtype, k_scale, v_scale, max_seqlen_k, out, lse, return_lse,
+             return_selection, stream, check) -> Any:
+    """sparse_attention for index keys whose kv heads differ from k's (not fused yet)."""
+    from .indexer import block_scores, select_topk
+    kv = dict(cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
+              kv_layout=layout)
+    scores = block_scores(q if index_q is None else index_q, index_k, cu_seqlens_q,
+                          causal=causal, kv_block_size=kv_block_size, max_seqlen_k=max_seqlen_k,
+                          stream=stream, check=check, **kv)
+    q2k = select_topk(scores, cu_seqlens_q, num_kv_heads=_kv_heads(k, layout), topk=topk,
+                      sink_blocks=sink_blocks, local_blocks=local_blocks, causal=causal,
+                      kv_block_size=kv_block_size, k=unpack(k)[0], stream=stream, check=check,
+                      **kv)
+    res = attention_forward(q, k, v, cu_seqlens_q, q2k=q2k, softmax_scale=softmax_scale,
+                            causal=causal, kv_block_size=kv_block_size, temperature=temperature,
+                            partial_dtype=partial_dtype, k_scale=k_scale, v_scale=v_scale,
+                            out=out, lse=lse, return_lse=return_lse, stream=stream, check=check,
+                            **kv)
+    if not return_selection:
+        return res
+    return (res if isinstance(res, tuple) else (res,)) + (q2k,)
+
+
+def _pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
+                     sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k,
+                     softmax_scale, temperature, partial, k_scale, v_scale) -> dict:
+    iq, iq_scale, iq_global = unpack(index_q)
+    ik, ik_scale, ik_global = unpack(index_k)
+    return dict(q=arg(q), **kv_args(k, v, layout=layout, cu_seqlens_k=cu_seqlens_k,
+                                    page_table=page_table, seqused_k=seqused_k,
+                                    k_scale=k_scale, v_scale=v_scale),
+                cu_seqlens_q=arg(cu_seqlens_q), index_q=arg(iq), index_q_scale=arg(iq_scale),
+                index_q_global_scale=float(iq_global), index_k=arg(ik),
+                index_k_scale=arg(ik_scale), index_k_global_scale=float(ik_global), topk=topk,
+                sink_blocks=sink_blocks, local_blocks=local_blocks, causal=causal,
+                kv_block_size=kv_block_size, softmax_scale=float(softmax_scale or 0.0),
+                temperature=float(temperature or 0.0), partial_dtype=partial)
+
+
+def pipeline_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
+                             cu_seqlens_k: Any = None, page_table: Any = None,
+                             seqused_k: Any = None, kv_layout: Optional[str] = None,
+                             topk: int = 16, sink_blocks: int = 1, local_blocks: int = 1,
+                             causal: bool = True, kv_block_size: int = 128, index_q: Any = None,
+                             index_k: Any = None, temperature: Optional[float] = None,
+                             partial_dtype: Optional[str] = None, k_scale: Any = None,
+                             v_scale: Any = None) -> int:
+    """Bytes of the ``workspace`` `sparse_attention` needs for these arguments (its q2k
+    selection first, then the attention's scratch); one sized for the largest shape serves
+    every smaller one."""
+    layout = layout_name(kv_layout, page_table)
+    kw = _pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout,
+                          topk, sink_blocks, local_blocks, causal, kv_block_size, index_q,
+                          index_k, None, temperature, _partial(partial_dtype), k_scale, v_scale)
+    out, lse, tlse = _outputs(q, None, None, None, False, temperature)
+    return _C.pipeline_workspace_bytes(**kw, out=arg(out), tlse=arg(tlse), stream=0)
+
+
+def pipeline_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
+                   sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k,
+                   softmax_scale, temperature, partial, k_scale, v_scale, out, lse, want_lse,
+                   workspace, stream, check) -> tuple:
+    out, lse, tlse = _outputs(q, out, lse, None, want_lse, temperature)
+    total_q = dims(q, "q", 3, "[total_q, Hq, D]")[0]
+    st = stream_of(q, stream)
+    status = status_for(q)
+    scratch = []
+    alloc = None
+    if workspace is None:
+        base = allocator(q)
+
+        def alloc(n: int) -> Any:
+            scratch.append(base(n))
+            return scratch[-1]
+    _C.sparse_attention_pipeline(
+        **_pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout,
+                           topk, sink_blocks, local_blocks, causal, kv_block_size, index_q,
+                           index_k, softmax_scale, temperature, partial, k_scale, v_scale),
+        out=arg(out, q.dtype if isinstance(q, Typed) else None), lse=arg(lse), tlse=arg(tlse),
+        workspace=arg(workspace), alloc=alloc, status=status, stream=st)
+    finish(status, st, check)
+    ws = workspace if workspace is not None else (scratch[0] if scratch else None)
+    return out, lse, tlse, _q2k_view(ws, q, k, layout, total_q, topk)
+
+
+def _q2k_view(workspace: Any, q: Any, k: Any, layout: str, total_q: int, topk: int) -> Any:
+    """The pipeline's q2k, int32 [Hkv, total_q, topk] at the start of its workspace (which is
+    absent only when the selection is empty)."""
+    hkv = shape_of(unpack(k)[0])[kv_heads_dim(layout)]
+    n = hkv * total_q * topk
+    if workspace is None or n == 0:
+        return empty(q, (hkv, total_q, topk), "i32")
+    arr = workspace.array if isinstance(workspace, Typed) else workspace
+    if framework(arr) == "torch":
+        import torch
+        return arr[:n * 4].view(torch.int32).view(hkv, total_q, topk)
+    return arr[:n * 4].view("int32").reshape(hkv, total_q, topk)
+
+
+__all__ = ["attention_forward", "sparse_attention", "pipeline_workspace_bytes"]

@@ -1,0 +1,125 @@
+"""Quantized tensors (FP8 e4m3, NVFP4, MXFP4; docs/semantics.md, Quantized formats): the
+`QTensor` type the ops accept wherever an input may be quantized, and `quantize` / `dequantize`
+on the CPU or the GPU (bitwise equal results)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Sequence
+
+from . import _C
+from ._arrays import Typed, dtype_of, empty, shape_of
+from ._runtime import arg, compiling, dims, stream_of
+
+# Per format: element types of values and scale, and the scale's shape for x [T, H, D].
+VALUE_DTYPES = {"fp8_per_tensor": "fp8_e4m3", "fp8_per_token": "fp8_e4m3",
+                "fp8_per_token_head": "fp8_e4m3", "nvfp4": "fp4x2", "mxfp4": "fp4x2"}
+SCALE_DTYPES = {"fp8_per_tensor": "f32", "fp8_per_token": "f32", "fp8_per_token_head": "f32",
+                "nvfp4": "fp8_e4m3", "mxfp4": "e8m0"}
+SCALE_SHAPES = {"fp8_per_tensor": lambda t, h, d: (1,),
+                "fp8_per_token": lambda t, h, d: (t,),
+                "fp8_per_token_head": lambda t, h, d: (t, h),
+                "nvfp4": lambda t, h, d: (t, h, d // 16),
+                "mxfp4": lambda t, h, d: (t, h, d // 32)}
+
+
+class QTensor(NamedTuple):
+    """A quantized tensor: values, scale (None for bf16/f16), NVFP4 global scale, and the
+    format it came from (None when unknown). Returned by `quantize`; accepted wherever q or k
+    may be quantized (`block_scores`, `block_topk`, the index inputs of `sparse_attention`)
+    and by `dequantize`."""
+
+    values: Any
+    scale: Any = None
+    global_scale: float = 1.0
+    format: Optional[str] = None
+
+
+def tag(x: Any, dtype: str) -> Any:
+    """Types a uint storage array as `dtype`; arrays whose own type msa can name stay as they
+    are (a mismatch is then reported by the C++ checks)."""
+    if x is None or isinstance(x, Typed):
+        return x
+    return Typed(x, dtype) if dtype_of(x) in ("u8", None) else x
+
+
+def unpack(x: Any, scale: Any = None, global_scale: float = 1.0) -> tuple:
+    """(values, scale, global_scale) of a plain array or a QTensor (typed by its format). A
+    QTensor's global scale wins unless it is the default 1.0, so the keyword can set it."""
+    if not isinstance(x, QTensor):
+        return x, scale, global_scale
+    values, qscale = x.values, x.scale
+    if x.format is not None:
+        values = tag(values, VALUE_DTYPES[x.format])
+        qscale = tag(qscale, SCALE_DTYPES[x.format])
+    return values, qscale, x.global_scale if x.global_scale != 1.0 else global_scale
+
+
+def quantize(x: Any, format: str, *, global_scale: float = 1.0,
+             out: Optional[Sequence[Any]] = None, stream: Any = None) -> QTensor:
+    """Quantizes ``x [T, H, D]`` (f32/bf16/f16) to `format`:
+
+    - "fp8_per_tensor" / "fp8_per_token" / "fp8_per_token_head": fp8_e4m3 values ``[T, H, D]``,
+      f32 scale ``[1]`` / ``[T]`` / ``[T, H]`` = amax / 448;
+    - "nvfp4": fp4x2 values ``[T, H, D/2]``, fp8_e4m3 scale ``[T, H, D/16]`` (times
+      ``global_scale``);
+    - "mxfp4": fp4x2 values ``[T, H, D/2]``, e8m0 scale ``[T, H, D/32]``.
+
+    Returns a `QTensor`. numpy without ml_dtypes holds fp8/e8m0 as uint8; fp4x2 is uint8 in
+    numpy (two e2m1 values a byte, element 2i in the low nibble).
+    """
+    if format not in VALUE_DTYPES:
+        raise ValueError(f"format: must be one of {sorted(VALUE_DTYPES)}, got {format!r}")
+    if out is None and compiling():
+        from . import _torch_ops
+        values, scale = _torch_ops.quantize(x, format, float(global_scale), stream)
+    else:
+        values, scale = quantize_eager(x, format, float(global_scale), out, stream)
+    return QTensor(values, scale, float(global_scale), format)
+
+
+def quantize_eager(x: Any, format: str, global_scale: float, out: Optional[Sequence[Any]],
+                   stream: Any) -> tuple:
+    t, h, d = dims(x, "x", 3, "[T, H, D]")
+    if out is None:
+        fp8 = format.startswith("fp8")
+        values = empty(x, (t, h, d) if fp8 else (t, h, d // 2), VALUE_DTYPES[format])
+        scale = empty(x, SCALE_SHAPES[format](t, h, d), SCALE_DTYPES[format])
+    else:
+        values, scale = out
+    _C.quantize(x=arg(x), format=format, out=arg(values, VALUE_DTYPES[format]),
+                out_scale=arg(scale, SCALE_DTYPES[format]), out_global_scale=global_scale,
+                stream=stream_of(x, stream))
+    return values, scale
+
+
+def dequantize(x: Any, scale: Any = None, *, format: Optional[str] = None,
+               global_scale: float = 1.0, dtype: str = "f32", out: Any = None,
+               stream: Any = None) -> Any:
+    """The exact dequantized values of `x` (a `QTensor`, or values plus ``scale``), rounded
+    once to `dtype` ("f32", "bf16" or "f16"): ``[T, H, D]``. ``format`` types uint8 storage
+    arrays (numpy without ml_dtypes); a QTensor carries its own."""
+    if isinstance(x, QTensor):
+        x, scale, global_scale, format = x.values, x.scale, x.global_scale, x.format
+    if out is None and compiling():
+        from . import _torch_ops
+        return _torch_ops.dequantize(x, scale, format, float(global_scale), dtype, stream)
+    return dequantize_eager(x, scale, format, float(global_scale), dtype, out, stream)
+
+
+def dequantize_eager(values: Any, scale: Any, format: Optional[str], global_scale: float,
+                     dtype: str, out: Any, stream: Any) -> Any:
+    if format is not None:
+        values = tag(values, VALUE_DTYPES[format])
+        scale = tag(scale, SCALE_DTYPES[format])
+    shape = list(shape_of(values))
+    vdtype = values.dtype if isinstance(values, Typed) else dtype_of(values)
+    if vdtype == "fp4x2":
+        shape[-1] *= 2
+    if out is None:
+        out = empty(values, shape, dtype)
+    _C.dequantize(x=arg(values), x_scale=arg(scale), x_global_scale=global_scale,
+                  out=arg(out, dtype), stream=stream_of(values, stream))
+    return out
+
+
+__all__ = ["QTensor", "quantize", "dequantize"]
