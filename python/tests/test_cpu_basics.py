@@ -69,3 +69,51 @@ def test_flat_cache_needs_lengths():
     q = np.zeros((4, 2, 64), np.float16)
     with pytest.raises(ValueError, match="cu_seqlens_k"):
         msa.attention_forward(q, q, q, np.array([0, 4], np.int32), return_lse=True)
+
+
+def test_return_lse_flag_and_temperature():
+    rng = np.random.default_rng(41)
+    q = rng.standard_normal((6, 2, 64)).astype(np.float16)
+    cu = np.array([0, 6], np.int32)
+    out = msa.attention_forward(q, q, q, cu, cu_seqlens_k=cu)
+    assert isinstance(out, np.ndarray) and out.shape == q.shape
+    both = msa.attention_forward(q, q, q, cu, cu_seqlens_k=cu, return_lse=True)
+    np.testing.assert_array_equal(both[0], out)
+    assert both[1].shape == (2, 6)
+    out_t, tlse = msa.attention_forward(q, q, q, cu, cu_seqlens_k=cu, temperature=2.0)
+    np.testing.assert_array_equal(out_t, out)
+    assert tlse.shape == (2, 6)
+
+
+def test_inputs_with_too_many_dims_name_the_argument():
+    q = np.zeros((1, 4, 2, 64), np.float16)  # batched [B, S, H, D]
+    cu = np.array([0, 4], np.int32)
+    with pytest.raises(msa.MsaError, match=r"q: must be \[total_q, Hq, D\] \(3 dims\), got 4"):
+        msa.attention_forward(q, q[0], q[0], cu, cu_seqlens_k=cu)
+    with pytest.raises(msa.MsaError, match=r"q: must be \[total_q, Hq, D\] \(3 dims\), got 4"):
+        msa.sparse_attention(q, q[0], q[0], cu, cu_seqlens_k=cu)
+    with pytest.raises(msa.MsaError, match=r"q: must be \[total_q, Hq, D\]"):
+        msa.block_topk(q, q[0], cu, cu_seqlens_k=cu)
+    with pytest.raises(msa.MsaError, match=r"k: must be a 3-d \[total_k, Hkv, D\]|k: "):
+        msa.attention_forward(q[0], q, q, cu, cu_seqlens_k=cu)
+
+
+def test_integers_past_32_bits_are_errors_not_truncated():
+    rng = np.random.default_rng(42)
+    q = rng.standard_normal((4, 2, 64)).astype(np.float16)
+    cu = np.array([0, 4], np.int32)
+    with pytest.raises(msa.MsaError, match="kv_block_size: 4294967360 does not fit a 32-bit int"):
+        msa.attention_forward(q, q, q, cu, cu_seqlens_k=cu, kv_block_size=2**32 + 64)
+    with pytest.raises(msa.MsaError, match="topk: 4294967298 does not fit"):
+        msa.block_topk(q, q, cu, cu_seqlens_k=cu, topk=2**32 + 2, kv_block_size=64,
+                       out=np.zeros((2, 4, 2), np.int32))
+    with pytest.raises(msa.MsaError, match="batch: 4294967299 does not fit"):
+        msa.DecodePlan().plan(batch=2**32 + 3, num_q_heads=2, num_kv_heads=2, page_size=16,
+                              max_pages=1)
+
+
+def test_partial_dtype_is_checked():
+    q = np.zeros((4, 2, 64), np.float16)
+    cu = np.array([0, 4], np.int32)
+    with pytest.raises(msa.MsaError, match="partial_dtype: must be 'f32', 'bf16' or None"):
+        msa.attention_forward(q, q, q, cu, cu_seqlens_k=cu, partial_dtype="f16")

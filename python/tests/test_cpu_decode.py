@@ -94,3 +94,19 @@ def test_fp8_pool_with_per_slot_scales():
     got = out.astype(np.float64)
     assert np.linalg.norm(got - exp) <= 3e-2 * np.linalg.norm(exp)
     assert np.max(np.abs(lse - exp_lse)) <= 3e-2
+
+
+def test_plan_infers_its_device_and_reuses_its_workspace():
+    rng = np.random.default_rng(24)
+    q, kp, vp, table, seqused, cu_q = _paged_problem(rng, [1, 1], [40, 70])
+    plan = msa.DecodePlan().plan(batch=2, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                                 page_size=16, max_pages=table.shape[1], kv_dtype="f16",
+                                 seqused_k=seqused)
+    assert plan.shape["device_type"] == "cpu"  # seqused_k is a host array
+    ws = plan._workspace
+    plan.plan(batch=2, num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+              max_pages=table.shape[1], kv_dtype="f16", seqused_k=seqused - 1)
+    assert plan._workspace is ws  # same shape: nothing reallocated
+    out = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused - 1)
+    np.testing.assert_array_equal(
+        out, msa.attention_forward(q, kp, vp, cu_q, page_table=table, seqused_k=seqused - 1))

@@ -87,3 +87,40 @@ def test_sparse_attention_pipeline(paged):
     direct, direct_lse = msa.attention_forward(q, k, v, cu_q, q2k=sel, kv_block_size=64, **kv, return_lse=True)
     np.testing.assert_array_equal(out, direct)
     np.testing.assert_array_equal(lse, direct_lse)
+
+
+def test_build_k2q_csr_sizes_rows_from_shapes():
+    # total_rows defaults to total_k // blk + B (no host read of the lengths): the rows past the
+    # batches' blocks are empty, and attention takes the padded index.
+    rng = np.random.default_rng(16)
+    q, k, v, cu_q, cu_k = ref.problem(rng, [20, 5], [300, 70], 4, 4, 64)
+    q2k = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=2)
+    padded = msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, k=k)
+    exact = msa.q2k_to_k2q(q2k, cu_q, cu_seqlens_k=cu_k)
+    rows = exact.row_ptr.shape[1] - 1
+    assert rows == 4 and padded.row_ptr.shape == (4, 370 // 128 + 2 + 1)
+    np.testing.assert_array_equal(padded.row_ptr[:, :rows + 1], exact.row_ptr)
+    assert (padded.row_ptr[:, rows:] == exact.row_ptr[:, -1:]).all()
+    want = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)
+    got = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, k2q=padded)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(msa.MsaError, match="second dim must be at least total_rows"):
+        msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, total_rows=3)
+
+
+def test_sparse_attention_with_a_caller_workspace():
+    rng = np.random.default_rng(17)
+    q, k, v, cu_q, cu_k = ref.problem(rng, [40], [300], 4, 2, 64)
+    n = msa.pipeline_workspace_bytes(q, k, v, cu_q, cu_seqlens_k=cu_k, topk=3, kv_block_size=64)
+    assert n >= 2 * 40 * 3 * 4  # the q2k selection comes first
+    ws = np.zeros(n, np.uint8)
+    out, sel = msa.sparse_attention(q, k, v, cu_q, cu_seqlens_k=cu_k, topk=3, kv_block_size=64,
+                                    workspace=ws, return_selection=True)
+    assert np.shares_memory(sel, ws)
+    np.testing.assert_array_equal(
+        sel, msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=3, kv_block_size=64))
+    np.testing.assert_array_equal(
+        out, msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=sel, kv_block_size=64))
+    with pytest.raises(msa.MsaError, match="workspace: needs pipeline_workspace_bytes"):
+        msa.sparse_attention(q, k, v, cu_q, cu_seqlens_k=cu_k, topk=3, kv_block_size=64,
+                             workspace=ws[:n - 1])

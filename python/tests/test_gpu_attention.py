@@ -95,10 +95,38 @@ def test_preallocated_outputs_on_a_side_stream():
     assert torch.equal(again, out)
 
 
-def test_invalid_block_id_raises_after_the_call():
+def test_invalid_block_id_is_recorded_and_raised_by_check_status():
     gen, lq, lk, hq, hkv, blk, causal = _random_case(400)
     q, k, v, cu_q, cu_k = ref.random_problem(gen, [5], [700], 4, 2, 128, torch.bfloat16, DEV)
     q2k = torch.full((2, 5, 4), -1, dtype=torch.int32, device=DEV)
     q2k[1, 3, 0] = 1000
+    msa.check_status()  # nothing pending
+    with gpu_op():
+        out = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)  # does not wait
+    assert out.shape == q.shape
+    with pytest.raises(msa.MsaError, match=r"head 1, token 3, slot 0"):
+        msa.check_status()
+    msa.check_status()  # the check cleared it
     with gpu_op(), pytest.raises(msa.MsaError, match=r"head 1, token 3, slot 0"):
-        msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, return_lse=True)
+        msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, check=True)
+    msa.check_status()
+
+
+def test_check_sync_environment_switch_raises_at_the_op():
+    import subprocess
+    import sys
+    code = ("import torch, msa\n"
+            "q = torch.randn(5, 4, 128, dtype=torch.bfloat16, device='cuda')\n"
+            "k = torch.randn(700, 2, 128, dtype=torch.bfloat16, device='cuda')\n"
+            "cu_q = torch.tensor([0, 5], dtype=torch.int32, device='cuda')\n"
+            "cu_k = torch.tensor([0, 700], dtype=torch.int32, device='cuda')\n"
+            "q2k = torch.full((2, 5, 4), -1, dtype=torch.int32, device='cuda')\n"
+            "q2k[1, 3, 0] = 1000\n"
+            "try:\n"
+            "    msa.attention_forward(q, k, k, cu_q, cu_seqlens_k=cu_k, q2k=q2k)\n"
+            "except msa.MsaError as e:\n"
+            "    print('raised:', e)\n")
+    env = dict(__import__("os").environ, MSA_CHECK_SYNC="1")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert "raised: " in run.stdout and "head 1, token 3, slot 0" in run.stdout, run.stderr
