@@ -215,9 +215,9 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true) {
   return c;
 }
 
-// DESIGN.md s.10 on attention outputs: rel L2 of out <= 1e-2 over every element with no NaN
-// (poisoned outputs left unwritten show as NaN); an lse-like statistic within 2e-3 absolute with
-// -inf at exactly the reference's positions.
+// docs/semantics.md, Numerics, on attention outputs: rel L2 of out <= 1e-2 over every element with
+// no NaN (poisoned outputs left unwritten show as NaN); an lse-like statistic within 2e-3 absolute
+// with -inf at exactly the reference's positions.
 inline void expect_out_close(const HostTensor& gpu, const HostTensor& ref) {
   double num = 0, den = 0;
   int64_t nan = 0;
@@ -259,12 +259,12 @@ inline void run_attention_poisoned_workspace(AttentionArgs& a, cudaStream_t s) {
   a.workspace = Tensor();
 }
 
-// DESIGN.md s.10, the FlashAttention-3 bar: on sampled rows, the largest error of the GPU's out
-// against fp64 is at most twice the largest error, against fp64, of a same-precision reference:
-// the same 16-bit inputs, fp32 math (scores, exponentials, sums, P V), probabilities rounded to
-// the input type before P V, out rounded to it. With partial_dtype bf16 the reference is at the
-// precision the call asked for: each selected block's normalized partial is rounded to bf16 and
-// the partials are merged in fp32 (for fp16 outputs that rounding dominates: bf16 keeps 8
+// docs/semantics.md, Numerics, the FlashAttention-3 bar: on sampled rows, the largest error of the
+// GPU's out against fp64 is at most twice the largest error, against fp64, of a same-precision
+// reference: the same 16-bit inputs, fp32 math (scores, exponentials, sums, P V), probabilities
+// rounded to the input type before P V, out rounded to it. With partial_dtype bf16 the reference is
+// at the precision the call asked for: each selected block's normalized partial is rounded to bf16
+// and the partials are merged in fp32 (for fp16 outputs that rounding dominates: bf16 keeps 8
 // mantissa bits, fp16 11). Rows: every `stride`-th (token, query head).
 inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out, int64_t stride) {
   const Problem& p = c.p;
@@ -375,7 +375,7 @@ inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out
   if (rows == 0) return;
   EXPECT_LE(err_gpu, 2.0 * err_same)
       << "out: max error vs fp64 " << err_gpu << ", same-precision reference " << err_same
-      << " (" << rows << " sampled rows; DESIGN.md s.10 allows 2x)";
+      << " (" << rows << " sampled rows; the bound is 2x)";
 }
 
 }  // namespace msa::test
