@@ -1,5 +1,5 @@
 // Attention forward: sparse (q2k selection) or dense (every visible key), flat or paged KV
-// (DESIGN.md sections 5 and 6).
+// (docs/semantics.md: Attention, Paged KV).
 #pragma once
 
 #include <optional>

@@ -6,7 +6,8 @@
 
 namespace msa {
 
-// A tensor plus its quantization scales (DESIGN.md section 8). The format follows from dtypes:
+// A tensor plus its quantization scales (docs/semantics.md, Quantized formats). The format
+// follows from dtypes:
 // - values bf16/f16: no scale.
 // - values fp8_e4m3: optional f32 scale, shape [1] (per tensor), [T] (per token) or
 //   [T, H] (per token and head). For a page pool (KVCache paged layouts) the tokens are the
@@ -41,7 +42,7 @@ struct KVCache {
   Tensor seqused_k;        // [B] int32, paged only, optional
 };
 
-// Device-side index checks (DESIGN.md section 9) never read out of bounds: they skip the bad
+// Device-side index checks (docs/semantics.md, Errors) never read out of bounds: they skip the bad
 // entry and record the first offence in a status buffer, int32[4] on the op's device:
 // {code, a, b, c} with code 0 = ok. GPU entry points only write it; check_status() waits on the
 // stream and throws msa::Error describing the offence. CPU entry points throw directly.

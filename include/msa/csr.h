@@ -1,4 +1,4 @@
-// The key-block -> queries (k2q) CSR index and work schedule (DESIGN.md section 4).
+// The key-block -> queries (k2q) CSR index and work schedule (docs/semantics.md, k2q CSR).
 #pragma once
 
 #include "msa/common.h"

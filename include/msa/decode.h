@@ -1,4 +1,4 @@
-// Decode (DESIGN.md section 7): few queries per request over a long paged KV cache, sparse
+// Decode (docs/semantics.md, Decode): few queries per request over a long paged KV cache, sparse
 // (q2k per kv head and token) or dense, with a plan()/run() split: plan sizes the split-KV
 // work list once for a batch shape; run neither allocates nor synchronizes.
 #pragma once

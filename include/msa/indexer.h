@@ -1,4 +1,4 @@
-// The indexer: block scores (DESIGN.md section 2).
+// The indexer: block scores (docs/semantics.md, Block scores).
 #pragma once
 
 #include "msa/common.h"
@@ -21,9 +21,9 @@ struct BlockScoresArgs {
 // kb >= nblk_b.
 void block_scores(const BlockScoresArgs& args, cudaStream_t stream = nullptr);
 
-// The indexer fused with top-K selection (DESIGN.md s.2 + s.3): writes the q2k ids that
-// select_topk would produce from block_scores' output, without materializing the scores
-// ([Hq, nblk, total_q] f32 is 2.1 GB at 32K tokens and 64 heads).
+// The indexer fused with top-K selection (docs/semantics.md: Block scores, Top-K selection): writes
+// the q2k ids that select_topk would produce from block_scores' output, without materializing the
+// scores ([Hq, nblk, total_q] f32 is 2.1 GB at 32K tokens and 64 heads).
 struct BlockTopKArgs {
   QTensor q;               // as BlockScoresArgs
   KVCache kv;              // keys only

@@ -1,4 +1,5 @@
-// Quantize / dequantize for the KV and indexer formats (DESIGN.md section 8), CPU and CUDA.
+// Quantize / dequantize for the KV and indexer formats (docs/semantics.md, Quantized formats), CPU
+// and CUDA.
 #pragma once
 
 #include "msa/common.h"

@@ -1,4 +1,4 @@
-// Top-K block selection (DESIGN.md section 3).
+// Top-K block selection (docs/semantics.md, Top-K selection).
 #pragma once
 
 #include "msa/common.h"

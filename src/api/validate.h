@@ -1,7 +1,7 @@
-// Device-agnostic argument rules shared by every public entry point (DESIGN.md sections 1, 6, 9).
-// Each check throws msa::Error naming the argument and the rule. Value checks (cu_seqlens
-// monotone, page ids in range) run here on the host for CPU tensors; for CUDA tensors they run on
-// the device and report through the status buffer.
+// Device-agnostic argument rules shared by every public entry point (docs/semantics.md:
+// Conventions, Paged KV, Errors). Each check throws msa::Error naming the argument and the rule.
+// Value checks (cu_seqlens monotone, page ids in range) run here on the host for CPU tensors; for
+// CUDA tensors they run on the device and report through the status buffer.
 #pragma once
 
 #include <vector>
@@ -51,8 +51,8 @@ inline int64_t num_blocks(int64_t lk, int64_t blk) { return (lk + blk - 1) / blk
 // q2k [Hkv, total_q, topk] int32 on the op's device; returns topk.
 int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device);
 
-// Top-K selection knobs (DESIGN.md s.3): kv_block_size 64 | 128, topk >= 1, sink/local >= 0,
-// sink + local <= topk so that no forced block is ever dropped.
+// Top-K selection knobs (docs/semantics.md, Top-K selection): kv_block_size 64 | 128, topk >= 1,
+// sink/local >= 0, sink + local <= topk so that no forced block is ever dropped.
 void check_selection(int topk, int sink_blocks, int local_blocks, int kv_block_size);
 
 // Status buffer int32[4]: required (and cleared by the caller's op) on CUDA.

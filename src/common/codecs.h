@@ -160,7 +160,7 @@ MSA_HD uint16_t double_to_f16(double x) { return float_to_f16(to_float_round_odd
 MSA_HD uint8_t double_to_e4m3(double x) { return float_to_e4m3(to_float_round_odd(x)); }
 MSA_HD uint8_t double_to_e2m1(double x) { return float_to_e2m1(to_float_round_odd(x)); }
 
-// ---- quantization scales (DESIGN.md s.8; rules in include/msa/quant.h) ----
+// ---- quantization scales (docs/semantics.md, Quantized formats; rules in msa/quant.h) ----
 
 // FP8: amax / 448 rounded to f32; 1 where that is not > 0 (all-zero rows, underflow, NaN).
 MSA_HD float fp8_scale_from_amax(float amax) {

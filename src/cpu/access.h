@@ -1,8 +1,8 @@
 // Shared by the whole CPU backend (block scores, top-K, attention, CSR, quant): read a
 // dequantized row of a QTensor (q, or K/V of a flat or paged KVCache) as double, write a double
-// into an f32/bf16/f16 tensor with one rounding, and the causal visibility rule of DESIGN.md s.1.
-// Keep this API small and stable: several CPU files depend on it. Arguments are validated by
-// src/api before any of this runs, so these helpers do not re-check shapes.
+// into an f32/bf16/f16 tensor with one rounding, and the causal visibility rule (docs/semantics.md,
+// Visibility). Keep this API small and stable: several CPU files depend on it. Arguments are
+// validated by src/api before any of this runs, so these helpers do not re-check shapes.
 #pragma once
 
 #include <algorithm>
@@ -16,8 +16,8 @@
 
 namespace msa::cpu {
 
-// Exclusive end of the batch-local keys visible to batch-local query i (DESIGN.md s.1):
-// causal is bottom-right aligned, query i sees key j iff j <= i + lk - lq.
+// Exclusive end of the batch-local keys visible to batch-local query i (docs/semantics.md,
+// Visibility): causal is bottom-right aligned, query i sees key j iff j <= i + lk - lq.
 inline int64_t visible_key_end(int64_t i, int64_t lq, int64_t lk, bool causal) {
   if (!causal) return lk;
   return std::clamp<int64_t>(i + lk - lq + 1, 0, lk);

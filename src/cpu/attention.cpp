@@ -1,5 +1,5 @@
-// CPU reference attention forward (msa/attention.h; DESIGN.md sections 5 and 6), called by
-// api/attention.cpp after argument validation. It is the oracle for every GPU kernel: plain
+// CPU reference attention forward (msa/attention.h; docs/semantics.md: Attention, Paged KV), called
+// by api/attention.cpp after argument validation. It is the oracle for every GPU kernel: plain
 // loops, fp64 accumulation, no tiling; V rows of keys that are not attended are never read.
 #include <algorithm>
 #include <cmath>

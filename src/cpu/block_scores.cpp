@@ -1,6 +1,6 @@
-// CPU reference of the indexer (DESIGN.md s.2): scores[hq, kb, t] = max over the keys of block kb
-// visible to t of dot(q[t, hq], k[j, hq / G]) in fp64, -inf where no key is visible or kb >= nblk_b.
-// Called by msa::block_scores (src/api/indexer.cpp) after validation.
+// CPU reference of the indexer (docs/semantics.md, Block scores): scores[hq, kb, t] = max over the
+// keys of block kb visible to t of dot(q[t, hq], k[j, hq / G]) in fp64, -inf where no key is
+// visible or kb >= nblk_b. Called by msa::block_scores (src/api/indexer.cpp) after validation.
 #include <limits>
 #include <vector>
 

@@ -1,6 +1,7 @@
-// CPU reference quantizers (DESIGN.md s.8): the exact rounding rules every backend's quantize /
-// dequantize reproduces. Called by msa::quantize / msa::dequantize (src/api/quant.cpp) after
-// validation. Every quotient is formed exactly (in double) and rounded once to the target grid.
+// CPU reference quantizers (docs/semantics.md, Quantized formats): the exact rounding rules every
+// backend's quantize / dequantize reproduces. Called by msa::quantize / msa::dequantize
+// (src/api/quant.cpp) after validation. Every quotient is formed exactly (in double) and rounded
+// once to the target grid.
 #include <cmath>
 #include <vector>
 

@@ -1,7 +1,8 @@
-// CPU reference of top-K block selection (DESIGN.md s.3). Called by msa::select_topk
-// (src/api/topk.cpp) after validation. Ranking, which every backend reproduces exactly: a higher
-// group score first; NaN below every number (a NaN block is taken only when nothing else is
-// left); equal scores toward the lower block id. Eligibility is visibility, never the score.
+// CPU reference of top-K block selection (docs/semantics.md, Top-K selection). Called by
+// msa::select_topk (src/api/topk.cpp) after validation. Ranking, which every backend reproduces
+// exactly: a higher group score first; NaN below every number (a NaN block is taken only when
+// nothing else is left); equal scores toward the lower block id. Eligibility is visibility, never
+// the score.
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -1,6 +1,7 @@
 // Test inputs and an independent reference for the CPU attention, CSR and decode suites:
 // random varlen problems (flat KV, bf16/f16 or FP8 KV), page pools built from them, random q2k,
-// and a brute-force attention written straight from DESIGN.md s.5 (a mask over every key).
+// and a brute-force attention written straight from docs/semantics.md, Attention (a mask over every
+// key).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -273,8 +274,8 @@ struct Reference {
   std::vector<double> tlse;  // [Hq, total_q], when temperature > 0
 };
 
-// Brute force from DESIGN.md s.5: for every query, a mask over every key of its batch
-// (visible under the causal rule, and in a selected block when q2k is given).
+// Brute force from docs/semantics.md, Attention: for every query, a mask over every key of its
+// batch (visible under the causal rule, and in a selected block when q2k is given).
 inline Reference reference_attention(const Problem& p, const std::vector<int32_t>* q2k,
                                      int64_t topk, const AttentionParams& prm) {
   const int64_t total_q = p.total_q(), g = p.hq / p.hkv, D = p.dim, blk = prm.kv_block_size;

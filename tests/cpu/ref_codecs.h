@@ -1,6 +1,6 @@
-// Test-side reference decoders written from the format definitions (DESIGN.md s.8), independent
-// of src/common/codecs.h and src/cpu/access.h, so the CPU tests check those against a second
-// implementation. Used by test_quant and test_block_scores.
+// Test-side reference decoders written from the format definitions (docs/semantics.md, Quantized
+// formats), independent of src/common/codecs.h and src/cpu/access.h, so the CPU tests check those
+// against a second implementation. Used by test_quant and test_block_scores.
 #pragma once
 
 #include <cmath>

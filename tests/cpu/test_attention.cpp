@@ -1,7 +1,7 @@
-// CPU attention forward (DESIGN.md s.5, s.6, s.12; include/msa/attention.h): hand-computed
-// cases, a brute-force reference over a curated matrix, exact properties (sparse with every
-// block == dense, paged == flat, tlse at T = 1 == lse), NaN never leaking from unused KV slots,
-// edge shapes, the k2q / schedule inputs, and one test per input rule.
+// CPU attention forward (docs/semantics.md: Attention, Paged KV; include/msa/attention.h):
+// hand-computed cases, a brute-force reference over a curated matrix, exact properties (sparse with
+// every block == dense, paged == flat, tlse at T = 1 == lse), NaN never leaking from unused KV
+// slots, edge shapes, the k2q / schedule inputs, and one test per input rule.
 #include <gtest/gtest.h>
 
 #include <climits>

@@ -1,4 +1,4 @@
-// bench/patterns.h: the tok/blk selections of BENCHMARKS.md (forced blocks, visibility, order,
+// bench/patterns.h: the tok/blk selections of bench/CASES.md (forced blocks, visibility, order,
 // padding, sharing within a query block, fixed seeds) and the attended/visible pair counts.
 #include <gtest/gtest.h>
 

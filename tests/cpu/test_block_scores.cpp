@@ -1,5 +1,6 @@
-// CPU block scores (DESIGN.md s.2, include/msa/indexer.h) against hand-computed cases and a
-// reference that follows the definition key by key: visibility tested per key, max per block.
+// CPU block scores (docs/semantics.md, Block scores; include/msa/indexer.h) against hand-computed
+// cases and a reference that follows the definition key by key: visibility tested per key, max per
+// block.
 #include <gtest/gtest.h>
 
 #include <algorithm>

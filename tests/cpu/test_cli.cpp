@@ -1,5 +1,5 @@
 // The `msa` command-line tool, run as a subprocess: demo on small CPU shapes passes its own
-// check, bench lists every BENCHMARKS.md case and times custom CPU shapes, bad options exit 2.
+// check, bench lists every bench/CASES.md case and times custom CPU shapes, bad options exit 2.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 

@@ -1,5 +1,6 @@
-// CPU k2q CSR builder, schedule and reference converters (DESIGN.md s.4, include/msa/csr.h):
-// a hand-built index, brute-force row contents, round trips, edge shapes and every input rule.
+// CPU k2q CSR builder, schedule and reference converters (docs/semantics.md, k2q CSR;
+// include/msa/csr.h): a hand-built index, brute-force row contents, round trips, edge shapes and
+// every input rule.
 #include <gtest/gtest.h>
 
 #include <algorithm>

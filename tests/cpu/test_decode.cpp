@@ -1,5 +1,5 @@
-// CPU decode (DESIGN.md s.7, include/msa/decode.h): plan once, run with 1..16 queries per
-// request over paged KV (dense and sparse) against the brute-force reference, lengths changed
+// CPU decode (docs/semantics.md, Decode; include/msa/decode.h): plan once, run with 1..16 queries
+// per request over paged KV (dense and sparse) against the brute-force reference, lengths changed
 // between runs within the plan, and the checks that tie run() to its planned shape.
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// DESIGN.md s.1 / s.12: element offsets past 2^31 are formed in 64 bits. The CPU backend runs on
-// strided views whose rows lie 2^31 + 128 elements apart inside one sparse (MAP_NORESERVE)
-// mapping, so row 1 already sits past 2^31 elements and only the touched pages use memory; the
-// results must equal the same problem on small contiguous tensors.
+// docs/semantics.md, Conventions (64-bit offsets): element offsets past 2^31 are formed in 64 bits.
+// The CPU backend runs on strided views whose rows lie 2^31 + 128 elements apart inside one sparse
+// (MAP_NORESERVE) mapping, so row 1 already sits past 2^31 elements and only the touched pages use
+// memory; the results must equal the same problem on small contiguous tensors.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 

@@ -1,5 +1,6 @@
-// CPU quantize / dequantize (DESIGN.md s.8, include/msa/quant.h) against hand-computed bytes and a
-// brute-force reference that picks the nearest code of each format by search.
+// CPU quantize / dequantize (docs/semantics.md, Quantized formats; include/msa/quant.h) against
+// hand-computed bytes and a brute-force reference that picks the nearest code of each format by
+// search.
 #include <gtest/gtest.h>
 
 #include <cmath>

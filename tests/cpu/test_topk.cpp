@@ -1,5 +1,6 @@
-// CPU top-K block selection (DESIGN.md s.3, include/msa/topk.h) against hand-computed rows and a
-// reference that tests visibility key by key and picks the remaining blocks greedily, one scan each.
+// CPU top-K block selection (docs/semantics.md, Top-K selection; include/msa/topk.h) against
+// hand-computed rows and a reference that tests visibility key by key and picks the remaining
+// blocks greedily, one scan each.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -217,9 +217,9 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true) {
   return c;
 }
 
-// DESIGN.md s.10 on attention outputs: rel L2 of out <= 1e-2 over every element with no NaN
-// (poisoned outputs left unwritten show as NaN); an lse-like statistic within 2e-3 absolute with
-// -inf at exactly the reference's positions.
+// docs/semantics.md, Numerics, on attention outputs: rel L2 of out <= 1e-2 over every element with
+// no NaN (poisoned outputs left unwritten show as NaN); an lse-like statistic within 2e-3 absolute
+// with -inf at exactly the reference's positions.
 inline void expect_out_close(const HostTensor& gpu, const HostTensor& ref) {
   double num = 0, den = 0;
   int64_t nan = 0;

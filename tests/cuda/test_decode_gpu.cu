@@ -217,8 +217,8 @@ struct Bench {
     return o;
   }
 
-  // Every element written, rel L2 of out and max abs of lse within the DESIGN.md s.10 bounds
-  // (FP8 KV: 3e-2 against the reference on the same dequantized bits).
+  // Every element written, rel L2 of out and max abs of lse within the bounds of docs/semantics.md,
+  // Numerics (FP8 KV: 3e-2 against the reference on the same dequantized bits).
   void expect_matches_reference(const char* what = "") {
     SCOPED_TRACE(describe(cfg) + " " + what);
     const Outputs ref = reference();

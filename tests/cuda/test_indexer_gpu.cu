@@ -296,7 +296,7 @@ TEST(IndexerGpu, RejectsWhatItDoesNotSupport) {
       Error);
 }
 
-// ---- Paged K (DESIGN.md s.6) ----
+// ---- Paged K (docs/semantics.md, Paged KV) ----
 
 // A page pool holding a flat k [total_k, Hkv, D] (copy_row: bit-exact), pages shuffled, 2 spare
 // pages, one spare page-table column per request. Every slot no key occupies stays NaN (the

@@ -1,6 +1,7 @@
 // The one-call pipeline on the GPU, captured once into a CUDA graph and replayed with new inputs:
 // every replay matches the CPU pipeline on the same inputs (identical q2k: integer-valued q and
-// k make every block score exact on both sides; out within DESIGN.md s.10 tolerances).
+// k make every block score exact on both sides; out within the tolerances of docs/semantics.md,
+// Numerics).
 #include <cmath>
 #include <numeric>
 #include <random>

@@ -110,7 +110,7 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
   return host;
 }
 
-// DESIGN.md s.10 on out, lse and (with a temperature) tlse.
+// docs/semantics.md, Numerics, on out, lse and (with a temperature) tlse.
 void expect_close(const SparseCase& c, const Outputs& gpu, const Outputs& ref) {
   expect_out_close(gpu.out, ref.out);
   expect_stat_close(gpu.lse, ref.lse, "lse");

@@ -99,7 +99,7 @@ Result run_gpu(const SparseCase& c, const DeviceInputs& d, const KVCache& kv, cu
   return host;
 }
 
-// DESIGN.md s.10 on out and lse (sparse_case.h).
+// docs/semantics.md, Numerics, on out and lse (sparse_case.h).
 void expect_close(const Result& gpu, const Result& ref) {
   expect_out_close(gpu.out, ref.out);
   expect_stat_close(gpu.lse, ref.lse, "lse");
@@ -193,7 +193,7 @@ TEST(SparseFwdPagedGpu, PageSizesLayoutsMatchCpu) {
   }
 }
 
-// seqused_k absent: every request has max_pages * page_size keys (DESIGN.md s.6).
+// seqused_k absent: every request has max_pages * page_size keys (docs/semantics.md, Paged KV).
 TEST(SparseFwdPagedGpu, DefaultLengthsWithoutSeqused) {
   MSA_REQUIRE_GPU();
   TestStream s;

@@ -35,7 +35,7 @@ void print_usage(std::ostream& os) {
      << (gpu.empty() ? "GPU available" : "CPU only: " + gpu) << ").\n\n"
         "commands:\n"
         "  demo     run block scores -> top-K -> CSR -> sparse attention end to end and check it\n"
-        "  bench    time a BENCHMARKS.md case (--case NAME, --list) or a custom shape\n\n"
+        "  bench    time a bench/CASES.md case (--case NAME, --list) or a custom shape\n\n"
         "`msa <command> --help` lists the options of a command; `msa --version` prints the version.\n";
 }
 

@@ -59,7 +59,8 @@ RowRef reference_row(const Shape& s, const HostInputs& in, const std::vector<int
   return ref;
 }
 
-// Sinks and the local (diagonal) block are forced by select_topk whenever visible (DESIGN.md s.3).
+// Sinks and the local (diagonal) block are forced by select_topk whenever visible
+// (docs/semantics.md, Top-K selection).
 bool forced_blocks_present(const Shape& s, const HostInputs& in, const std::vector<int32_t>& q2k, RowId r) {
   const auto& cu = in.cu_seqlens;
   const int64_t total = cu.back(), h = r.hq / (s.num_q_heads / s.num_kv_heads);
@@ -110,7 +111,8 @@ CheckResult check_sampled_rows(const Shape& s, const HostInputs& in, const std::
     const std::vector<uint16_t> out = p.out_row(r.t, r.hq);
     const double lse = p.lse(r.t, r.hq);
     if (!forced_blocks_present(s, in, q2k, r)) ++res.forced_missing;
-    // No attended key: the answer is out = 0 and lse = -inf (DESIGN.md s.12), nothing else.
+    // No attended key: the answer is out = 0 and lse = -inf (docs/semantics.md, Attention), nothing
+    // else.
     const double neg_inf = -std::numeric_limits<double>::infinity();
     bool bad = std::isinf(ref.lse) ? lse != neg_inf : !std::isfinite(lse);
     for (uint16_t o : out) bad = bad || std::isnan(bench::bf16_to_float(o));

@@ -20,7 +20,7 @@ struct CheckResult {
   bool pass() const;
 };
 
-// DESIGN.md section 10 bars for bf16 outputs.
+// The bounds of docs/semantics.md, Numerics, for bf16 outputs.
 inline constexpr double kOutRelTol = 1e-2;
 inline constexpr double kLseAbsTol = 2e-3;
 

@@ -1,6 +1,7 @@
-// GPU k2q CSR + schedule builder (DESIGN.md s.4): q2k -> row_ptr, q_idx and the work schedule,
-// bit-identical to the CPU builder. Called by cuda::build_k2q_csr (public API) and by sparse
-// attention when the caller passes no K2QIndex. Asynchronous, no allocation, graph-capturable.
+// GPU k2q CSR + schedule builder (docs/semantics.md, k2q CSR): q2k -> row_ptr, q_idx and the work
+// schedule, bit-identical to the CPU builder. Called by cuda::build_k2q_csr (public API) and by
+// sparse attention when the caller passes no K2QIndex. Asynchronous, no allocation,
+// graph-capturable.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,7 +1,7 @@
-// Device-side index checks (DESIGN.md s.4 and s.9): q2k block ids and cu_seqlens are validated
-// on the GPU without reading out of bounds. The first offence (cu_seqlens before q2k, then in
-// (head, token, slot) order) is written to the op's status buffer. Called by GPU ops that take
-// q2k (the CSR builder, attention); asynchronous and graph-capturable.
+// Device-side index checks (docs/semantics.md: k2q CSR, Errors): q2k block ids and cu_seqlens are
+// validated on the GPU without reading out of bounds. The first offence (cu_seqlens before q2k,
+// then in (head, token, slot) order) is written to the op's status buffer. Called by GPU ops that
+// take q2k (the CSR builder, attention); asynchronous and graph-capturable.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,7 +1,7 @@
-// Device-side checks of a paged KV cache (DESIGN.md s.6 and s.9), shared by the ops that read
-// page pools: seqused_k in [0, max_pages * page_size], and every page id that a batch's length
-// uses in [0, num_pages). The first offence goes to the status buffer (lengths by batch, then
-// page ids by (batch, column)); nothing reads outside the page table's used columns.
+// Device-side checks of a paged KV cache (docs/semantics.md: Paged KV, Errors), shared by the ops
+// that read page pools: seqused_k in [0, max_pages * page_size], and every page id that a batch's
+// length uses in [0, num_pages). The first offence goes to the status buffer (lengths by batch,
+// then page ids by (batch, column)); nothing reads outside the page table's used columns.
 // Two forms, both enqueued before the op's main kernel (kernels in paged_checks.cu):
 // - launch_paged_checks_with_offsets (sm90/sparse_fwd/launch.cu, which has workspace): also
 //   writes the clamped lengths as a flat cu_seqlens_k (key_offsets) that the rest of that launch

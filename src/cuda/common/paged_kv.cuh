@@ -1,6 +1,6 @@
-// Paged K/V as the sm_90a producers read it (DESIGN.md s.6), shared by the sparse forward
-// (sparse_fwd/kv_load.cuh) and the indexer (block_scores/load.cuh): the page-pool description and
-// the per-lane locator of one 128-key block's TMA boxes.
+// Paged K/V as the sm_90a producers read it (docs/semantics.md, Paged KV), shared by the sparse
+// forward (sparse_fwd/kv_load.cuh) and the indexer (block_scores/load.cuh): the page-pool
+// description and the per-lane locator of one 128-key block's TMA boxes.
 //
 // The pool's tensor map is 4-D ([pages, slots, Hkv, D] or [pages, Hkv, slots, D], make_tma_paged)
 // with boxes of R = min(page_size, 128) slots x one 128-byte row. Box i of a block covers keys

@@ -1,6 +1,7 @@
-// CUDA top-K block selection from materialized block scores (DESIGN.md s.3), giving the same ids
-// as the CPU reference (src/cpu/topk.cpp): forced sink and local blocks, then the highest group
-// scores (NaN below every number), ties toward the lower block id, rows ascending, -1 padded.
+// CUDA top-K block selection from materialized block scores (docs/semantics.md, Top-K selection),
+// giving the same ids as the CPU reference (src/cpu/topk.cpp): forced sink and local blocks, then
+// the highest group scores (NaN below every number), ties toward the lower block id, rows
+// ascending, -1 padded.
 //
 // One CTA per (kv head, 32 consecutive tokens). Group scores of a chunk of up to kChunk blocks
 // are gathered into shared memory with coalesced reads (scores is [Hq, nblk_max, total_q], tokens

@@ -115,10 +115,10 @@ __device__ __forceinline__ void stage_scale(const float* scale, int kind, int64_
 // (under L2 policy `policy` when evict_first), after lane 0 announced the stage's TMA bytes on
 // `full`. Every other box (the last, partial page of a request, slots past the union or the
 // item, a bad page id: reported) is copied row by row with 16-byte cp.async that zero-fill the
-// slots without a key, so no byte past a request's keys ever reaches the math (DESIGN.md s.12:
-// unused page slots may hold NaN). slot_key[row] gets the logical key of every row or -1, and
-// with per-slot FP8 scales (slot_scale non-null) slot_scale[row] its K scale, slot_scale[kS + row]
-// its V scale (stage_scale).
+// slots without a key, so no byte past a request's keys ever reaches the math (docs/semantics.md,
+// Attention: unused page slots may hold NaN). slot_key[row] gets the logical key of every row or
+// -1, and with per-slot FP8 scales (slot_scale non-null) slot_scale[row] its K scale,
+// slot_scale[kS + row] its V scale (stage_scale).
 template <bool kFp8, int kW>
 __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSource& src,
                                             const StageBox& bx, const CUtensorMap* tm_k,

@@ -1,6 +1,6 @@
-// Plain parameter structs of the CUDA decode (DESIGN.md s.7): the work list plan() writes into the
-// caller's workspace (items, combine jobs, per-request key capacity) and the kernel arguments.
-// Shared by the host planner (plan.cpp), the launcher (launch.cu) and the kernels.
+// Plain parameter structs of the CUDA decode (docs/semantics.md, Decode): the work list plan()
+// writes into the caller's workspace (items, combine jobs, per-request key capacity) and the kernel
+// arguments. Shared by the host planner (plan.cpp), the launcher (launch.cu) and the kernels.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
-// Device-side checks of the decode kernels (DESIGN.md s.9): a request's cu_seqlens_q entries and
-// lengths against the plan, q2k ids and page ids. Offences are folded into one 64-bit key with
-// atomicMin, so the reported offence is the first in a fixed order whatever the CTA timing;
-// finalize_status (the grid's last CTA, or status_kernel) turns the key into the status buffer
-// and re-arms it.
+// Device-side checks of the decode kernels (docs/semantics.md, Errors): a request's cu_seqlens_q
+// entries and lengths against the plan, q2k ids and page ids. Offences are folded into one 64-bit
+// key with atomicMin, so the reported offence is the first in a fixed order whatever the CTA
+// timing; finalize_status (the grid's last CTA, or status_kernel) turns the key into the status
+// buffer and re-arms it.
 #pragma once
 
 #include <climits>

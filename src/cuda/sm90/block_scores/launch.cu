@@ -118,8 +118,8 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
   const uint32_t cols = dt == DType::fp8_e4m3 ? 128 : 64;  // one 128-byte swizzle row per box row
   const CUtensorMap tm_q = make_tma_3d(q.values, cols, uint32_t(p.group), uint32_t(tokens_per_group), op);
   // Paged: boxes of 2^box_shift slots of one page (load.cuh). Without pages to read, no map over
-  // an empty pool (DESIGN.md s.12): every length is 0 or every page id is bad, so no K box is
-  // issued and tm_k stands in for nothing.
+  // an empty pool (a TMA map needs a non-empty extent): every length is 0 or every page id is bad,
+  // so no K box is issued and tm_k stands in for nothing.
   const CUtensorMap tm_k =
       !paged ? make_tma_3d(kv.k.values, cols, 1, kBlockN, op)
       : s.num_pages > 0 && s.max_pages > 0

@@ -3,7 +3,7 @@
 // scales the whole warp also copies the block's 128 key scales into shared memory by cp.async
 // (0 past the batch's keys; paged K: from each key's pool slot), each lane's arrival on k_full
 // made when its copies land; negative scales are reported once here, from the staged copy two
-// items later. Paged K (DESIGN.md s.6) is loaded by the whole warp, one box per lane
+// items later. Paged K (docs/semantics.md, Paged KV) is loaded by the whole warp, one box per lane
 // (load_paged_k).
 // Called from kernel.cuh.
 #pragma once

@@ -1,7 +1,7 @@
 // K/V block loads of the sparse forward producers (load.cuh, uniform_load.cuh): one 128-key block
-// of one kv head into a K/V stage, from flat KV or from a page pool (DESIGN.md s.6). The KV-major
-// path loads K and V on one barrier (load_kv_block); the uniform path locates the block once and
-// loads K and V on their own barriers (locate_kv_block + load_kv_tile).
+// of one kv head into a K/V stage, from flat KV or from a page pool (docs/semantics.md, Paged KV).
+// The KV-major path loads K and V on one barrier (load_kv_block); the uniform path locates the
+// block once and loads K and V on their own barriers (locate_kv_block + load_kv_tile).
 //
 // Flat: per 64-column half one 128-row box of the 3-D map [total_k, Hkv, D] (4 boxes, 64 KB).
 // Paged: boxes of R = min(page_size, 128) slots, one per lane (cuda/common/paged_kv.cuh).

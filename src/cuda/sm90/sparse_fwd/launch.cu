@@ -242,7 +242,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
                            : a.kv.cu_seqlens_k.ptr<int32_t>();
   // cu_seqlens_k[B] must equal the flat token count; paged offsets have no such total (-1).
   const int64_t total_k = paged ? -1 : a.kv.k.values.shape[0];
-  // Whether any key can exist: no TMA map over an empty extent (DESIGN.md s.12).
+  // Whether any key can exist: no TMA map over an empty extent (all lengths may be 0).
   const bool has_keys = paged ? s.num_pages > 0 && s.max_pages > 0 : total_k > 0;
 
   PrepParams pp;

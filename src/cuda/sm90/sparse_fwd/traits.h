@@ -5,7 +5,8 @@
 // CSR row). The CTA loads the 128x128 K and V block once per chunk and streams the row's query
 // tokens through it, each Q tile holding 64 rows = 64/G tokens x G heads of kv head h.
 //
-// Byte / FLOP budget (counted before building; DESIGN.md s.11, BENCHMARKS.md shapes, G = 16):
+// Byte / FLOP budget (counted before building; bench/CASES.md shapes, G = 16; H200: 716 TFLOP/s
+// bf16 matmul, 4.27 TB/s copy):
 //   per (token, kv head, selected block): Q gather 4 KB, partial O out 4 KB (bf16), partial O
 //   re-read by the combine 4 KB, 64 B of LSE; FLOP = 4 * 128 * 128 * 16 = 1.05 MFLOP.
 //   P32K-tok: 32768 tokens x 4 heads x 16 slots = 2.10 M entries -> 2.2e12 FLOP (3.1 ms at
