@@ -1,5 +1,6 @@
-"""numpy float64 references of msa's semantics (DESIGN.md sections 2, 3, 5) and random varlen
-problems, for the CPU pytest suite. Written from the design text, independent of the C++ code."""
+"""numpy float64 references of msa's semantics (docs/semantics.md: Block scores, Top-K
+selection, Attention) and random varlen problems, for the CPU pytest suite. Written from the
+semantics, independent of the C++ code."""
 
 import numpy as np
 
@@ -79,7 +80,7 @@ def block_scores(q, ks, cu_q, *, blk=128, causal=True, nblk_max=None):
 
 
 def select_topk(scores, cu_q, lengths_k, *, hkv, topk, sink=1, local=1, blk=128, causal=True):
-    """q2k [Hkv, total_q, topk] from given scores, following DESIGN.md section 3."""
+    """q2k [Hkv, total_q, topk] from given scores, following docs/semantics.md, Top-K selection."""
     hq, _, total_q = scores.shape
     g = hq // hkv
     q2k = np.full((hkv, total_q, topk), -1, np.int32)

@@ -24,7 +24,8 @@ def _check(out, lse, want_out, want_lse, tol=1e-2):
 def test_dense_flat_f16(causal, groups):
     rng = np.random.default_rng(1)
     q, k, v, cu_q, cu_k = ref.problem(rng, [3, 0, 70], [150, 20, 90], 2 * groups, 2, 64)
-    out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True)
+    out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal,
+                                     return_lse=True)
     assert out.dtype == np.float16 and out.shape == q.shape and lse.dtype == np.float32
     want, want_lse, _ = ref.attention(q.astype(np.float64), ref.split(k, cu_k), ref.split(v, cu_k),
                                       cu_q, causal=causal)
@@ -75,7 +76,8 @@ def test_typed_uint16_views_and_preallocated_outputs():
     bits = [msa.typed(x.view(np.uint16), "bf16") for x in (q, k, v)]
     out = np.full(q.shape, 0xFFFF, np.uint16)  # NaN poison; bf16 storage inferred from q
     lse = np.full((2, 9), np.nan, np.float32)
-    got, got_lse = msa.attention_forward(*bits, cu_q, cu_seqlens_k=cu_k, out=out, lse=lse, return_lse=True)
+    got, got_lse = msa.attention_forward(*bits, cu_q, cu_seqlens_k=cu_k, out=out, lse=lse,
+                                         return_lse=True)
     assert got is out and got_lse is lse
     assert np.array_equal(out, want.view(np.uint16)) and np.array_equal(lse, want_lse)
     # Allocated bf16 outputs are ml_dtypes.bfloat16 (uint16 storage without ml_dtypes).

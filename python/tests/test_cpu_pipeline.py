@@ -84,7 +84,8 @@ def test_sparse_attention_pipeline(paged):
     out, lse, sel = msa.sparse_attention(q, k, v, cu_q, topk=3, kv_block_size=64,
                                          return_selection=True, **kv, return_lse=True)
     assert sel.shape == (2, 58, 3)
-    direct, direct_lse = msa.attention_forward(q, k, v, cu_q, q2k=sel, kv_block_size=64, **kv, return_lse=True)
+    direct, direct_lse = msa.attention_forward(q, k, v, cu_q, q2k=sel, kv_block_size=64, **kv,
+                                               return_lse=True)
     np.testing.assert_array_equal(out, direct)
     np.testing.assert_array_equal(lse, direct_lse)
 

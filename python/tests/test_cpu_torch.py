@@ -91,5 +91,6 @@ def test_opcheck_and_requires_grad():
     assert qt.values.dtype == getattr(torch, "float4_e2m1fn_x2", torch.uint8)
     y = torch.compile(msa.dequantize, fullgraph=True, backend="eager")(qt)
     assert torch.equal(y, msa.dequantize(qt))
-    out, _ = msa.attention_forward(q.requires_grad_(), k, v, cu_q, cu_seqlens_k=cu_k, return_lse=True)
+    out, _ = msa.attention_forward(q.requires_grad_(), k, v, cu_q, cu_seqlens_k=cu_k,
+                                   return_lse=True)
     assert out.shape == q.shape

@@ -35,7 +35,8 @@ def test_dense_flat(seed, dtype):
     tdtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, tdtype, DEV)
     with gpu_op():
-        out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True)
+        out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal,
+                                         return_lse=True)
     assert out.dtype == tdtype and out.device.type == DEV
     want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, causal=causal)
     ref.check_close(out, lse, want, want_lse)
@@ -82,7 +83,8 @@ def test_preallocated_outputs_on_a_side_stream():
     side.wait_stream(torch.cuda.current_stream())
     with gpu_op(), torch.cuda.stream(side):
         got, got_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
-                                             kv_block_size=blk, causal=causal, out=out, lse=lse, return_lse=True)
+                                             kv_block_size=blk, causal=causal, out=out, lse=lse,
+                                             return_lse=True)
     torch.cuda.current_stream().wait_stream(side)
     assert got is out and got_lse is lse
     want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k, blk=blk, causal=causal)
@@ -90,7 +92,8 @@ def test_preallocated_outputs_on_a_side_stream():
     # An explicit stream handle works the same way.
     with gpu_op():
         again, _ = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
-                                         kv_block_size=blk, causal=causal, stream=side, return_lse=True)
+                                         kv_block_size=blk, causal=causal, stream=side,
+                                         return_lse=True)
     side.synchronize()
     assert torch.equal(again, out)
 

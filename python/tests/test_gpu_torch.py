@@ -21,7 +21,8 @@ def _problem(seed=0):
 
 
 def _sparse(q, k, v, cu_q, cu_k, q2k):
-    return msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, temperature=0.5, return_lse=True)
+    return msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, temperature=0.5,
+                                 return_lse=True)
 
 
 def test_custom_ops_are_registered():
@@ -155,7 +156,8 @@ def test_cupy_arrays():
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
     q, k, v, cu_q, cu_k, q2k = _problem(8)
     with gpu_op():
-        want, want_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, return_lse=True)
+        want, want_lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
+                                               return_lse=True)
     torch.cuda.synchronize()
     cq, ck, cv = (msa.typed(cupy.from_dlpack(x.view(torch.int16)), "bf16") for x in (q, k, v))
     out, lse = msa.attention_forward(cq, ck, cv, cupy.from_dlpack(cu_q),

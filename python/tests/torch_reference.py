@@ -1,5 +1,6 @@
-"""torch references of msa's semantics (DESIGN.md sections 2-5 and 8) for the torch/GPU tests:
-fp32 math on the rounded inputs, written from the design text (not msa's C++ CPU backend),
+"""torch references of msa's semantics (docs/semantics.md: Block scores, Top-K selection, k2q
+CSR, Attention, Quantized formats) for the torch/GPU tests: fp32 math on the rounded inputs,
+    written from the design text (not msa's C++ CPU backend),
 plus random varlen problems, random valid q2k selections and paged-cache builders."""
 
 import math
@@ -87,7 +88,7 @@ def block_scores(q, k, cu_q, cu_k, *, blk=128, causal=True, nblk_max=None):
 
 
 def select_topk(scores, cu_q, lengths_k, *, hkv, topk, sink=1, local=1, blk=128, causal=True):
-    """q2k [Hkv, total_q, topk] int32 from given scores (DESIGN.md section 3)."""
+    """q2k [Hkv, total_q, topk] int32 from given scores (docs/semantics.md, Top-K selection)."""
     hq, nmax, total_q = scores.shape
     dev = scores.device
     group = scores.view(hkv, hq // hkv, nmax, total_q).amax(1).double()
@@ -121,7 +122,7 @@ def select_topk(scores, cu_q, lengths_k, *, hkv, topk, sink=1, local=1, blk=128,
 
 def k2q_csr(q2k, cu_q, lengths_k, blk):
     """(row_ptr [Hkv, total_rows + 1], q_idx rows) as lists of per-head tensors: each row's
-    batch-local query ids ascending (DESIGN.md section 4)."""
+    batch-local query ids ascending (docs/semantics.md, k2q CSR)."""
     hkv, total_q, _ = q2k.shape
     dev = q2k.device
     nblk = [(lk + blk - 1) // blk for lk in lengths_k]
@@ -228,7 +229,7 @@ def e2m1_dequant(values, scale, group, scale_kind, global_scale=1.0):
 
 
 def check_close(out, lse, want_out, want_lse, tol=1e-2, lse_tol=2e-3):
-    """DESIGN.md section 10: relative L2 of out, max-abs of lse, -inf at the same places."""
+    """docs/semantics.md, Numerics: relative L2 of out, max-abs of lse, -inf at the same places."""
     out = out.float()
     assert torch.isfinite(out).all(), "NaN or inf in out"
     err = (out - want_out).norm() / want_out.norm().clamp_min(1e-30)
