@@ -36,9 +36,22 @@ bool has(const RunResult& r, const std::string& text) { return r.output.find(tex
 TEST(Cli, DemoRunsEveryStageAndPassesItsCheck) {
   const RunResult r = run_cli("demo --device cpu --seq 256 --hq 4 --hkv 2 --topk 2");
   EXPECT_EQ(r.code, 0) << r.output;
-  for (const char* s : {"block_scores", "select_topk", "build_k2q_csr", "attention_forward",
-                        "density:", "32 sampled (token, head) rows", "result: PASS"})
+  for (const char* s : {"index branch Hi=2 on 2 key heads", "block_topk", "build_k2q_csr",
+                        "attention_forward", "density:", "32 sampled (token, head) rows",
+                        "result: PASS"})
     EXPECT_TRUE(has(r, s)) << "missing '" << s << "' in:\n" << r.output;
+}
+
+TEST(Cli, DemoIndexHeads) {
+  const RunResult attn = run_cli("demo --device cpu --seq 200 --hq 4 --hkv 2 --topk 2 --index-heads 0");
+  EXPECT_EQ(attn.code, 0) << attn.output;
+  EXPECT_FALSE(has(attn, "index branch")) << attn.output;  // scores with the attention heads
+  const RunResult wide = run_cli("demo --device cpu --seq 200 --hq 4 --hkv 2 --topk 2 --index-heads 8");
+  EXPECT_EQ(wide.code, 0) << wide.output;
+  EXPECT_TRUE(has(wide, "index branch Hi=8 on 2 key heads")) << wide.output;
+  const RunResult bad = run_cli("demo --device cpu --seq 200 --hq 4 --hkv 2 --index-heads 3");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_TRUE(has(bad, "--index-heads 3 must be 0 or Hkv times 1, 2, 4, 8 or 16")) << bad.output;
 }
 
 TEST(Cli, DemoVarlenNonCausalBlk64) {

@@ -180,6 +180,7 @@ std::string describe(const Shape& s) {
   os << " Hq=" << s.num_q_heads << " Hkv=" << s.num_kv_heads << " (G="
      << s.num_q_heads / s.num_kv_heads << ") D=" << s.head_dim << " blk=" << s.kv_block_size
      << " topK=" << s.topk << (s.causal ? " causal" : " non-causal");
+  if (s.index_heads > 0) os << ", index branch Hi=" << s.index_heads << " on " << s.num_kv_heads << " key heads";
   return os.str();
 }
 

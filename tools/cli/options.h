@@ -67,6 +67,9 @@ struct Shape {
   bool causal = true;
   bench::Pattern pattern = bench::Pattern::idx;
   uint64_t seed = 1;
+  // Index heads of a separate index branch (demo): index_q [total, Hi, D] and index_k
+  // [total, Hkv, D] of their own, Hi a multiple of Hkv. 0: the indexer scores with q and k.
+  int index_heads = 0;
 };
 // Applies the options on top of `defaults`; UsageError when the result breaks a rule the CLI can
 // state up front (Hq a multiple of Hkv with G in {1, 2, 4, 8, 16}, blk 64 or 128, ...).

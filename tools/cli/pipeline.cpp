@@ -14,6 +14,7 @@ const char* stage_name(Stage s) {
     case Stage::select_topk: return "select_topk";
     case Stage::build_k2q_csr: return "build_k2q_csr";
     case Stage::attention_forward: return "attention_forward";
+    case Stage::index_topk: return "block_topk";
   }
   return "?";
 }
@@ -46,6 +47,12 @@ HostInputs make_inputs(const Shape& s) {
   bench::fill_normal_bf16(in.q.data(), static_cast<int64_t>(in.q.size()), s.seed, 0);
   bench::fill_normal_bf16(in.k.data(), static_cast<int64_t>(in.k.size()), s.seed, 1);
   bench::fill_normal_bf16(in.v.data(), static_cast<int64_t>(in.v.size()), s.seed, 2);
+  if (s.index_heads > 0) {
+    in.index_q.resize(static_cast<size_t>(total) * s.index_heads * s.head_dim);
+    in.index_k.resize(in.k.size());
+    bench::fill_normal_bf16(in.index_q.data(), static_cast<int64_t>(in.index_q.size()), s.seed, 3);
+    bench::fill_normal_bf16(in.index_k.data(), static_cast<int64_t>(in.index_k.size()), s.seed, 4);
+  }
   in.cu_seqlens.push_back(0);
   for (int64_t l : s.seqlens) in.cu_seqlens.push_back(static_cast<int32_t>(in.cu_seqlens.back() + l));
   return in;
@@ -64,6 +71,10 @@ Pipeline::Pipeline(const Shape& shape, const HostInputs& in, Device device)
   k_ = Buffer::from_host(in.k, device);
   v_ = Buffer::from_host(in.v, device);
   cu_ = Buffer::from_host(in.cu_seqlens, device);
+  if (shape.index_heads > 0) {
+    index_q_ = Buffer::from_host(in.index_q, device);
+    index_k_ = Buffer::from_host(in.index_k, device);
+  }
   scores_ = Buffer(static_cast<size_t>(hq * nblk_max_ * total_) * 4, device);
   q2k_ = Buffer(static_cast<size_t>(hkv * total_ * topk) * 4, device);
   row_ptr_ = Buffer(static_cast<size_t>(hkv * (total_rows_ + 1)) * 4, device);
@@ -156,6 +167,24 @@ void Pipeline::call(Stage s) {
     case Stage::attention_forward:
       attention(q, q2k, k2q, status);
       return;
+    case Stage::index_topk: {
+      BlockTopKArgs a;
+      a.q = q;
+      a.kv = kv_;
+      if (shape_.index_heads > 0) {
+        a.q = index_q_.view(DType::bf16, {total_, shape_.index_heads, d});
+        a.kv.k = index_k_.view(DType::bf16, {total_, hkv, d});
+      }
+      a.kv.v = QTensor();
+      a.cu_seqlens_q = cu;
+      a.causal = shape_.causal;
+      a.kv_block_size = shape_.kv_block_size;
+      a.topk = shape_.topk;
+      a.q2k = q2k;
+      a.status = status;
+      block_topk(a, stream_);
+      return;
+    }
   }
 }
 

@@ -12,15 +12,21 @@
 
 namespace msa::cli {
 
-enum class Stage { block_scores, select_topk, build_k2q_csr, attention_forward };
+// index_topk is block_topk (the indexer fused with top-K) on the index branch, or on q and k
+// when the shape has none: it replaces block_scores + select_topk in a serving pipeline.
+enum class Stage { block_scores, select_topk, build_k2q_csr, attention_forward, index_topk };
 inline constexpr Stage kStages[] = {Stage::block_scores, Stage::select_topk,
                                     Stage::build_k2q_csr, Stage::attention_forward};
+inline constexpr Stage kServingStages[] = {Stage::index_topk, Stage::build_k2q_csr,
+                                           Stage::attention_forward};
 const char* stage_name(Stage s);
 
 // Host copies of the inputs (bf16 bits), kept for the reference check.
 struct HostInputs {
   std::vector<uint16_t> q;        // [total, Hq, D]
   std::vector<uint16_t> k, v;     // [total, Hkv, D]
+  std::vector<uint16_t> index_q;  // [total, Hi, D] (index branch only)
+  std::vector<uint16_t> index_k;  // [total, Hkv, D] (index branch only)
   std::vector<int32_t> cu_seqlens;  // [B+1], shared by queries and keys (Lq = Lk)
 };
 HostInputs make_inputs(const Shape& s);
@@ -54,7 +60,7 @@ class Pipeline {
   Device device_;
   int64_t total_ = 0, nblk_max_ = 0, total_rows_ = 0;
   Buffer q_, k_, v_, cu_, scores_, q2k_, row_ptr_, q_idx_, schedule_, csr_ws_, out_, lse_;
-  Buffer attn_ws_, status_;
+  Buffer attn_ws_, status_, index_q_, index_k_;
   KVCache kv_;
   cudaStream_t stream_ = nullptr;  // a non-blocking stream on the GPU; null (unused) on the CPU
 };
