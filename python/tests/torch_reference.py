@@ -1,7 +1,7 @@
 """torch references of msa's semantics (docs/semantics.md: Block scores, Top-K selection, k2q
 CSR, Attention, Quantized formats) for the torch/GPU tests: fp32 math on the rounded inputs,
-    written from the design text (not msa's C++ CPU backend),
-plus random varlen problems, random valid q2k selections and paged-cache builders."""
+written from the semantics (not msa's C++ CPU backend), plus random varlen problems, random valid
+q2k selections and paged-cache builders."""
 
 import math
 
