@@ -79,17 +79,23 @@ def is_cuda(x: Any) -> bool:
     return x.__dlpack_device__()[0] == _DL_CUDA
 
 
+def _make_torch_dtypes(torch) -> dict:
+    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+            "fp8_e4m3": torch.float8_e4m3fn, "u8": torch.uint8, "i32": torch.int32,
+            # Older torch lacks these two; a uint8 tensor then stands in (typed by msa).
+            "e8m0": getattr(torch, "float8_e8m0fnu", torch.uint8),
+            "fp4x2": getattr(torch, "float4_e2m1fn_x2", torch.uint8)}
+
+
+_TORCH_DTYPES = _make_torch_dtypes(_torch_module) if _torch_module is not None else {}
+
+
 def _torch_dtypes(torch) -> dict:
-    table = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-             "fp8_e4m3": torch.float8_e4m3fn, "u8": torch.uint8, "i32": torch.int32,
-             # Older torch lacks these two; a uint8 tensor then stands in (typed by msa).
-             "e8m0": getattr(torch, "float8_e8m0fnu", torch.uint8),
-             "fp4x2": getattr(torch, "float4_e2m1fn_x2", torch.uint8)}
-    return table
+    return _TORCH_DTYPES
 
 
 def torch_dtype(name: str):
-    return _torch_dtypes(_torch())[name]
+    return _TORCH_DTYPES[name]
 
 
 def dtype_of(x: Any) -> Optional[str]:
