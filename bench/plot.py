@@ -51,18 +51,61 @@ def family(r):
     return op, op
 
 
-def series_label(r, ops_in_figure):
-    """The legend entry: the implementation, then what tells its lines apart in this figure."""
+# Fields that, when they differ between records of one figure, must tell its lines apart.
+VARYING = ("batch", "varlen", "hq", "hkv", "d", "blk", "topk", "causal", "page_size", "layout", "partial",
+           "kv", "flush", "device")
+
+
+def field(r, name):
+    if name == "varlen":
+        return "seqlens_k" in r
+    if name == "kv":
+        dtypes = r.get("dtypes") or {}
+        return (dtypes.get("kv"), dtypes.get("scales"))
+    return r.get(name)
+
+
+def varying(groups):
+    """The VARYING fields that differ between records of one implementation within one of
+    `groups` (lists of records): the implementation's name already tells the others apart."""
+    found = set()
+    for group in groups:
+        by_impl = defaultdict(list)
+        for r in group:
+            by_impl[r["impl"]].append(r)
+        for recs in by_impl.values():
+            found |= {n for n in VARYING
+                      if len({repr(field(r, n)) for r in recs if field(r, n) is not None}) > 1}
+    return [n for n in VARYING if n in found]
+
+
+def series_label(r, ops, vary):
+    """The legend entry: the implementation, then what tells its records apart from the others
+    drawn with it (the op, the variant, and every field in `vary`)."""
     parts = [r["impl"]]
     if r.get("variant"):
         parts.append(r["variant"])
-    if len(ops_in_figure) > 1:
+    if r["op"] == "attention_forward" and r.get("pattern") == "dense":
+        parts.append("dense causal")
+    if len(ops) > 1:
         parts.append(r["op"])
-    dtypes = r.get("dtypes") or {}
-    if dtypes.get("kv", "bf16") != "bf16":
-        parts.append(dtypes["kv"] + (f" ({dtypes['scales']} scales)" if dtypes.get("scales") else ""))
-    if r.get("device") == "cpu":
-        parts.append("(CPU reference)")
+    for name in vary:
+        value = field(r, name)
+        if value is None:  # does not apply to this record (a stage without partials)
+            continue
+        if name == "kv":
+            kv, scales = value
+            parts.append(f"kv {kv}" + (f" ({scales} scales)" if scales else ""))
+        elif name == "varlen":
+            parts += ["varlen batch"] if value else []
+        elif name == "flush":
+            parts.append(f"{value} flush")
+        elif name == "device":
+            parts.append("(CPU reference)" if value == "cpu" else "(GPU)")
+        elif name == "batch":
+            parts += [f"B={value}"] if value != 1 else []
+        else:
+            parts.append(f"{name}={value}")
     return " ".join(parts)
 
 
@@ -77,7 +120,7 @@ def provenance(recs):
     flushes = sorted({r.get("flush", "?") for r in recs})
     dates = sorted(r.get("date", "")[:10] for r in recs if r.get("date"))
     when = dates[0] if dates and dates[0] == dates[-1] else f"{dates[0]} .. {dates[-1]}" if dates else "?"
-    return (f"{', '.join(gpus)}; commit {', '.join(commits)}; L2 flush {', '.join(flushes)}; {when}")
+    return f"{', '.join(gpus)}; commit {', '.join(commits)}; L2 flush {', '.join(flushes)}; {when}"
 
 
 def file_key(text):
@@ -97,8 +140,103 @@ def style_for(labels, impl_of):
     return styles
 
 
+def msa_first(impl_of):
+    return lambda label: (impl_of[label] != "msa", label)
+
+
+def set_value_axis(ax, values, unit, effective):
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > 20:
+        ax.set_yscale("log")  # peers can sit 50x apart: a linear axis would flatten the slow ones
+        ax.set_ylim(min(positive) / 2, max(positive) * 3)
+    else:
+        ax.set_ylim(0, max(values, default=1) * 1.22)
+    ax.set_ylabel(("effective " if effective else "") + unit)
+
+
+def save(fig, ax, title, group, path):
+    ax.set_title(title, fontsize=11)
+    fig.text(0.5, 0.005, provenance(group), ha="center", fontsize=7, color="#555555")
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.savefig(path, dpi=120)
+
+
+def draw_lines(ax, group, metric):
+    """One line per series across sequence lengths (the cases of a family that differ only there)."""
+    ops, vary = {r["op"] for r in group}, varying([group])
+    lines, impl_of = defaultdict(lambda: defaultdict(list)), {}
+    for r in group:
+        label = series_label(r, ops, vary)
+        lines[label][r["seq_k"]].append(r[metric])
+        impl_of[label] = r["impl"]
+    styles = style_for(sorted(lines), impl_of)
+    values = []
+    for label in sorted(lines, key=msa_first(impl_of)):
+        xs = sorted(lines[label])
+        ys = [statistics.median(lines[label][x]) for x in xs]  # repeated runs: their median
+        values += ys
+        color, marker = styles[label]
+        ax.plot(xs, ys, marker=marker, color=color, label=label, linewidth=1.8, markersize=7)
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(0, 7), ha="center",
+                        fontsize=8, color=color)
+    seqs = sorted({r["seq_k"] for r in group})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(seqs)
+    ax.set_xticklabels([seq_label(s) for s in seqs])
+    ax.minorticks_off()
+    ax.set_xlim(seqs[0] / 1.5, seqs[-1] * 1.5)
+    ax.set_xlabel("keys per request (sequence length)")
+    ax.grid(True, which="major", axis="x", alpha=0.3)
+    return values
+
+
+def case_label(r):
+    lengths = f"S={seq_label(r['seq_k'])}" if r["seq_q"] == r["seq_k"] else \
+        f"{r['seq_q']} q x {seq_label(r['seq_k'])} keys"
+    if "seqlens_k" in r:  # the longest request's
+        lengths = f"S<={seq_label(r['seq_k'])}" if r["seq_q"] == r["seq_k"] else \
+            f"{r['seq_q']} q x <={seq_label(r['seq_k'])} keys"
+    return f"{r['case']}\nB={r['batch']} {lengths}"
+
+
+def draw_bars(ax, group, metric):
+    """Cases side by side, a bar per series: for families whose cases differ in more than their
+    length (decode batches) or that were run at one length only."""
+    cases = sorted({r["case"] for r in group},
+                   key=lambda c: min((r["seq_k"], r["batch"]) for r in group if r["case"] == c))
+    vary = varying([[r for r in group if r["case"] == c] for c in cases])
+    ops = {r["op"] for r in group}
+    bars, impl_of, label_of_case = defaultdict(lambda: defaultdict(list)), {}, {}
+    for r in group:
+        label = series_label(r, ops, vary)
+        bars[label][r["case"]].append(r[metric])
+        impl_of[label] = r["impl"]
+        label_of_case.setdefault(r["case"], case_label(r))
+    labels = sorted(bars, key=msa_first(impl_of))
+    styles = style_for(labels, impl_of)
+    width = 0.8 / len(labels)
+    values = []
+    for i, label in enumerate(labels):
+        color, _ = styles[label]
+        xs = [j + (i - (len(labels) - 1) / 2) * width for j, c in enumerate(cases) if c in bars[label]]
+        ys = [statistics.median(bars[label][c]) for c in cases if c in bars[label]]
+        values += ys
+        hatch = None if impl_of[label] == "msa" or i % 2 == 0 else "//"
+        ax.bar(xs, ys, width=width * 0.92, color=color, alpha=0.85 - 0.12 * (i % 3), hatch=hatch, label=label)
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7,
+                        color=color)
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([label_of_case[c] for c in cases], fontsize=8)
+    ax.set_xlim(-0.6, len(cases) - 0.4)
+    return values
+
+
 def plot_throughput(plt, recs, out):
-    """Figure (a): the headline metric against the sequence length, per family and metric."""
+    """Figure (a): the headline rate against the sequence length, one figure per family and rate."""
     groups = defaultdict(list)
     for r in recs:
         metric = r.get("metric")
@@ -106,47 +244,12 @@ def plot_throughput(plt, recs, out):
             groups[(family(r), metric)].append(r)
     written = []
     for ((key, title), metric), group in sorted(groups.items()):
-        ops = {r["op"] for r in group}
-        lines = defaultdict(lambda: defaultdict(list))  # label -> seq -> values
-        impl_of = {}
-        for r in group:
-            label = series_label(r, ops)
-            lines[label][r["seq_k"]].append(r[metric])
-            impl_of[label] = r["impl"]
-        styles = style_for(sorted(lines), impl_of)
-        fig, ax = plt.subplots(figsize=(9, 5.5))
-        values = []
-        for label in sorted(lines, key=lambda lab: (impl_of[lab] != "msa", lab)):
-            xs = sorted(lines[label])
-            ys = [statistics.median(lines[label][x]) for x in xs]  # repeated runs: their median
-            values += ys
-            color, marker = styles[label]
-            ax.plot(xs, ys, marker=marker, color=color, label=label, linewidth=1.8, markersize=7)
-            for x, y in zip(xs, ys):
-                ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(0, 7), ha="center",
-                            fontsize=8, color=color)
-        seqs = sorted({r["seq_k"] for r in group})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(seqs)
-        ax.set_xticklabels([seq_label(s) for s in seqs])
-        ax.minorticks_off()
-        ax.set_xlim(seqs[0] / 1.5, seqs[-1] * 1.5)
-        positive = [v for v in values if v > 0]
-        if positive and max(positive) / min(positive) > 20:
-            ax.set_yscale("log")  # peers can sit 50x apart: a linear axis would flatten the slow ones
-            ax.set_ylim(min(positive) / 2, max(positive) * 3)
-        else:
-            ax.set_ylim(0, max(values, default=1) * 1.2)
-        unit = METRIC_LABEL[metric]
-        ax.set_xlabel("keys per request (sequence length)")
-        ax.set_ylabel(("effective " if key.startswith("sparse") else "") + unit)
-        ax.set_title(title, fontsize=11)
-        fig.text(0.5, 0.005, provenance(group), ha="center", fontsize=7, color="#555555")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
-        fig.tight_layout(rect=(0, 0.02, 1, 1))
+        fig, ax = plt.subplots(figsize=(10, 5.8))
+        one_length = len({r["seq_k"] for r in group}) == 1
+        values = (draw_bars if key == "decode" or one_length else draw_lines)(ax, group, metric)
+        set_value_axis(ax, values, METRIC_LABEL[metric], key.startswith("sparse"))
         path = os.path.join(out, f"throughput_{file_key(key)}_{metric}.png")
-        fig.savefig(path, dpi=120)
+        save(fig, ax, title, group, path)
         plt.close(fig)
         written.append(path)
     return written
@@ -171,11 +274,11 @@ def plot_rooflines(plt, recs, out, ceilings):
             skipped.add(r["case"])
     written = []
     for case, group in sorted(by_case.items()):
-        ops = {r["op"] for r in group}
+        ops, vary = {r["op"] for r in group}, varying([group])
         points = defaultdict(list)  # label -> (intensity, TFLOP/s, % of the roof there)
         impl_of = {}
         for r in group:
-            label = series_label(r, ops)
+            label = series_label(r, ops, vary)
             x = r["flop"] / r["bytes"]
             y = r["flop"] / (r["median_ms"] * 1e-3) / 1e12
             peak = fp8 if (r.get("dtypes") or {}).get("q", "").startswith("fp8") else bf16
@@ -186,12 +289,12 @@ def plot_rooflines(plt, recs, out, ceilings):
         lo = min(min(xs), bf16 / bw) / 8
         hi = max(max(xs), fp8 / bw) * 8
         grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-        fig, ax = plt.subplots(figsize=(9, 5.5))
+        fig, ax = plt.subplots(figsize=(10, 5.8))
         ax.plot(grid, [min(bw * x, fp8) for x in grid], color="#444444", linestyle="--", linewidth=1.2,
                 label=f"fp8 matmul {fp8:g} TFLOP/s")
         ax.plot(grid, [min(bw * x, bf16) for x in grid], color="#000000", linewidth=1.5,
                 label=f"bf16 matmul {bf16:g} TFLOP/s, device copy {bw:g} TB/s")
-        for label in sorted(points, key=lambda lab: (impl_of[lab] != "msa", lab)):
+        for label in sorted(points, key=msa_first(impl_of)):
             color, marker = styles[label]
             pts = points[label]
             legend = label if len(pts) > 1 else f"{label}: {pts[0][1]:.3g} TFLOP/s, {pts[0][2]:.0f}% of roof"
@@ -207,13 +310,9 @@ def plot_rooflines(plt, recs, out, ceilings):
         ax.set_ylim(min(min(ys), bw * lo) / 2, fp8 * 4)
         ax.set_xlabel("arithmetic intensity (FLOP / byte that must move)")
         ax.set_ylabel("TFLOP/s")
-        ax.set_title(f"Roofline: {case} ({shape_text(group[0])})", fontsize=11)
-        fig.text(0.5, 0.005, provenance(group), ha="center", fontsize=7, color="#555555")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
-        fig.tight_layout(rect=(0, 0.02, 1, 1))
+        ax.grid(True, which="major", axis="x", alpha=0.3)
         path = os.path.join(out, f"roofline_{file_key(case)}.png")
-        fig.savefig(path, dpi=120)
+        save(fig, ax, f"Roofline: {case} ({shape_text(group[0])})", group, path)
         plt.close(fig)
         written.append(path)
     for case in sorted(skipped - set(by_case)):

@@ -129,9 +129,9 @@ def _finite(v):
 
 
 def append(path, r):
-    """Appends r as one line of the JSON Lines file at path."""
+    """Appends r as one line of the JSON Lines file at path, spaced as the C++ programs write it."""
     with open(path, "a") as f:
-        f.write(json.dumps(_finite(r), allow_nan=False) + "\n")
+        f.write(json.dumps(_finite(r), allow_nan=False, separators=(",", ":")) + "\n")
 
 
 def read(path):
