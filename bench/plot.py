@@ -43,7 +43,7 @@ def family(r):
     if op in ("block_scores", "block_topk", "select_topk"):
         return "indexer", "Indexer: block scores, top-K, fused (FLOP = 2·D·Hq·visible pairs)"
     if op == "pipeline":
-        return "pipeline", "Indexer + top-K + CSR + sparse attention, one call"
+        return "pipeline", "Indexer + top-K + CSR + sparse attention in one call (FLOP: the indexer's + the attention's)"
     if op == "build_k2q_csr":
         return "csr", "k2q CSR build (bytes that must move)"
     if op == "decode":
@@ -217,7 +217,7 @@ def draw_bars(ax, group, metric):
         label_of_case.setdefault(r["case"], case_label(r))
     labels = sorted(bars, key=msa_first(impl_of))
     styles = style_for(labels, impl_of)
-    width = 0.8 / len(labels)
+    width = min(0.8 / len(labels), 0.3)
     values = []
     for i, label in enumerate(labels):
         color, _ = styles[label]
