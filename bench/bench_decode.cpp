@@ -1,9 +1,10 @@
-// bench_decode: the decode cases of BENCHMARKS.md; the benchmark itself is bench/decode_bench.cu.
+// bench_decode: the decode cases of bench/CASES.md; the benchmark itself is bench/decode_bench.cu.
 //   bench_decode [--case NAME]... [--iters N] [--warmup N] [--json FILE] [--no-check]
 //                [--layout nhd|hnd]   (page layout, default nhd: [pages, page_size, Hkv, D])
 //                [--warps 4|8]        (force the CUDA decode CTA width; default: the planner's)
 //                [--topk N]           (sparse cases: N blocks per query instead of the case's topK)
 //                [--fp8-scales tensor|slot]  (FP8 KV scales: one per tensor (default) or per pool slot)
+// --json FILE appends one record per case and KV dtype (bench/SCHEMA.md); progress goes to stderr.
 // Exit status: 0 ok, 1 a check failed, 2 usage / no GPU.
 #include <algorithm>
 #include <cstdio>

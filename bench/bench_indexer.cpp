@@ -1,5 +1,5 @@
-// bench_indexer: BENCHMARKS.md IDX-32K-bf16 (and IDX-32K-fp8 with --fp8 1); the benchmark itself
-// is bench/indexer_bench.cpp.
+// bench_indexer: bench/CASES.md's IDX-32K-bf16 (and IDX-32K-fp8 with --fp8 1); the benchmark
+// itself is bench/indexer_bench.cpp. --json FILE appends one record per timed op (bench/SCHEMA.md).
 //   bench_indexer [--seq S] [--hq H] [--hkv H] [--topk K] [--fp8 0|1] [--fp8-scales token|tensor]
 //                 [--iters N] [--warmup N] [--json FILE]
 #include <cstdio>

@@ -1,4 +1,5 @@
-// bench_pipeline: BENCHMARKS.md E2E-32K; the benchmark itself is bench/pipeline_bench.cpp.
+// bench_pipeline: bench/CASES.md's E2E-32K; the benchmark itself is bench/pipeline_bench.cpp.
+// --json FILE appends one record per timed op (bench/SCHEMA.md).
 //   bench_pipeline [--seq S] [--hq H] [--hkv H] [--topk K] [--iters N] [--warmup N] [--json FILE]
 //                  [--partial bf16|f32]   (the attention's partial outputs; default bf16, as in
 //                                          bench_sparse_fwd's cases)

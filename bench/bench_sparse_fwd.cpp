@@ -1,7 +1,9 @@
-// bench_sparse_fwd: runs the sparse prefill / CSR cases of BENCHMARKS.md on the GPU.
+// bench_sparse_fwd: runs the sparse prefill / CSR cases of bench/CASES.md on the GPU.
 //   bench_sparse_fwd [--case NAME]... [--iters N] [--warmup N] [--partial bf16|f32]
 //                    [--json FILE] [--dump DIR] [--no-check] [--no-flush]
-// Without --case it runs every case. Exit status: 0 ok, 1 a check failed, 2 usage / no GPU.
+// Without --case it runs every case. --json appends one record per case (bench/SCHEMA.md);
+// --dump writes each case's selection for bench/peers.py. Progress goes to stderr.
+// Exit status: 0 ok, 1 a check failed, 2 usage / no GPU.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -31,7 +33,9 @@ int main(int argc, char** argv) {
   }
   if (cases.empty()) cases = msa_bench::sparse_case_names();
   int rc = 0;
-  for (const std::string& c : cases) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string& c = cases[i];
+    std::fprintf(stderr, "[case %zu/%zu] %s\n", i + 1, cases.size(), c.c_str());
     try {
       rc = std::max(rc, msa_bench::run_sparse_case(c, o));
     } catch (const msa::Error& e) {

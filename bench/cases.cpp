@@ -1,4 +1,4 @@
-// The BENCHMARKS.md case table (see cases.h). Defaults of every case: Hq=64, Hkv=4 (G=16),
+// The case table of bench/CASES.md (see cases.h). Defaults of every case: Hq=64, Hkv=4 (G=16),
 // D=128, blk_kv=128, topK=16, bf16, causal; a case overrides only what the table says.
 #include "bench/cases.h"
 

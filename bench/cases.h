@@ -1,4 +1,4 @@
-// The named benchmark cases of BENCHMARKS.md as data: shape, selection pattern, what is timed
+// The named benchmark cases of bench/CASES.md as data: shape, selection pattern, what is timed
 // and which GPU op they need. Shared by `msa bench` and the GPU benchmark programs.
 #pragma once
 
@@ -23,7 +23,7 @@ const char* case_kind_name(CaseKind k);
 struct BenchCase {
   std::string name;
   CaseKind kind = CaseKind::sparse_prefill;
-  std::string timed;                 // BENCHMARKS.md "what is timed"
+  std::string timed;                 // the timed op, as bench/CASES.md says it
   std::vector<int64_t> seqlens_q;    // per request
   std::vector<int64_t> seqlens_k;    // per request
   int num_q_heads = 64, num_kv_heads = 4, head_dim = 128;
@@ -33,11 +33,11 @@ struct BenchCase {
   bool dense = false;                // decode over every key (no selection)
   int page_size = 0;                 // > 0: paged KV (decode cases)
   std::string kv_dtypes = "bf16";    // e.g. "bf16", "fp8", "bf16,fp8"
-  uint64_t seed = 1;                 // inputs and selection (BENCHMARKS.md: fixed seeds)
+  uint64_t seed = 1;                 // inputs and selection (fixed: every run selects the same)
   std::string needs;                 // the GPU op the case needs, for "no backend" messages
 };
 
-// Every case of BENCHMARKS.md, in its table order.
+// Every case of bench/CASES.md, in its table order.
 const std::vector<BenchCase>& bench_cases();
 // nullptr when no case has that name (exact match).
 const BenchCase* find_case(std::string_view name);

@@ -1,7 +1,8 @@
 // The decode benchmark (gpu_benches.h; programs: bench_decode, `msa bench`): the decode cases of
-// BENCHMARKS.md (DEC-B32, DEC-B32-dense, DEC-MTP bf16 and fp8 KV, DEC-SKEW, DEC-B2048) through
+// bench/CASES.md (DEC-B32, DEC-B32-dense, DEC-MTP bf16 and fp8 KV, DEC-SKEW, DEC-B2048) through
 // DecodePlan on the GPU, in TB/s (bytes that must move: each selected K/V byte once per kv head,
-// q, out, lse, page table and q2k rows) and microseconds.
+// q, out, lse, page table and q2k rows) and microseconds, one record (bench/SCHEMA.md) per case
+// and KV dtype.
 // Inputs are filled on the device (random normal, fp8: e4m3 of it); pages are shuffled over the
 // pool. Before timing, three requests are checked against the CPU decode of the same bits.
 // Each timed run follows an L2 flush (gpu_timing.h: a 256 MB write, or a read with
@@ -14,7 +15,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <set>
@@ -26,6 +26,7 @@
 #include "bench/gpu_timing.h"
 #include "bench/inputs.h"
 #include "bench/patterns.h"
+#include "bench/record.h"
 #include "cuda/decode/plan.h"  // force_cta_warps (--warps)
 #include "msa/msa.h"
 
@@ -79,8 +80,8 @@ using Options = msa_bench::DecodeBenchOptions;
 
 struct Result {
   std::string name, kv;
-  double median_us = 0, min_us = 0, max_us = 0, bytes = 0, rel_l2 = 0, lse_err = 0;
-  int64_t items = 0;
+  double median_us = 0, min_us = 0, max_us = 0, bytes = 0, flop = 0, rel_l2 = 0, lse_err = 0;
+  bench::PairCounts pairs;
   bool ok = true;
 };
 
@@ -205,36 +206,24 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   std::shuffle(order.begin(), order.end(), std::mt19937_64(c.seed));
   for (int b = 0, next = 0; b < B; ++b)
     for (int p = 0; p < int((c.seqlens_k[b] + ps - 1) / ps); ++p) pt[int64_t(b) * max_pages + p] = order[next++];
+  bench::SelectionShape sel;
+  sel.cu_seqlens_q = cu64;
+  sel.cu_seqlens_k = cuk64;
+  sel.num_kv_heads = hkv;
+  sel.topk = c.dense ? 0 : c.topk;
+  sel.kv_block_size = c.kv_block_size;
+  sel.causal = c.causal;
+  sel.seed = c.seed;
   std::vector<int32_t> q2k;
-  if (!c.dense) {
-    bench::SelectionShape sel;
-    sel.cu_seqlens_q = cu64;
-    sel.cu_seqlens_k = cuk64;
-    sel.num_kv_heads = hkv;
-    sel.topk = c.topk;
-    sel.kv_block_size = c.kv_block_size;
-    sel.causal = c.causal;
-    sel.seed = c.seed;
-    q2k = bench::make_selection(c.pattern, sel);
+  if (!c.dense) q2k = bench::make_selection(c.pattern, sel);
+  // Bytes that must move: every selected K/V row once per kv head (all of them when dense).
+  res.pairs = bench::count_pairs(q2k, sel, hq / hkv);
+  if (c.dense) {
+    res.pairs.attended = res.pairs.visible;
+    res.pairs.selected_keys = cuk64[B] * hkv;
   }
-  // Bytes that must move.
-  double kv_keys = 0;
-  for (int b = 0; b < B; ++b) {
-    const int64_t lk = c.seqlens_k[b];
-    if (c.dense) {
-      kv_keys += double(lk) * hkv;
-      continue;
-    }
-    for (int h = 0; h < hkv; ++h) {
-      std::set<int32_t> uni;
-      for (int64_t t = cu[b]; t < cu[b + 1]; ++t)
-        for (int j = 0; j < c.topk; ++j) {
-          const int32_t id = q2k[(int64_t(h) * total_q + t) * c.topk + j];
-          if (id >= 0) uni.insert(id);
-        }
-      for (int32_t id : uni) kv_keys += double(std::min<int64_t>(c.kv_block_size, lk - int64_t(id) * c.kv_block_size));
-    }
-  }
+  const double kv_keys = double(res.pairs.selected_keys);
+  res.flop = 4.0 * d * double(res.pairs.attended);
   const bool slot_scales = fp8 && o.slot_scales;
   res.bytes = kv_keys * d * esz * 2 + 2.0 * total_q * hq * d * 2 + double(hq) * total_q * 4 +
               double(total_pages) * 4 + double(q2k.size()) * 4 + double(B) * 8 +
@@ -327,7 +316,8 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
     const double tol = fp8 ? 3e-2 : 1e-2, tol_lse = fp8 ? 3e-2 : 2e-3;
     res.ok = res.rel_l2 <= tol && res.lse_err <= tol_lse;
   }
-  const bench::Timing t = bench::time_op([&] { plan.run(a, s); }, o.warmup, o.iters, s, &flush);
+  const bench::Timing t = bench::time_op([&] { plan.run(a, s); }, o.warmup, o.iters, s, &flush,
+                                         (c.name + " " + res.kv).c_str());
   check_status(a.status, s);
   res.median_us = t.median * 1e3;
   res.min_us = t.min * 1e3;
@@ -347,12 +337,10 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
   if (names.empty())
     for (const auto& c : bench::bench_cases())
       if (c.kind == bench::CaseKind::decode) names.push_back(c.name);
-  cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::ofstream json;
-  if (!o.json.empty()) json.open(o.json, std::ios::app);
   int rc = 0;
-  for (const std::string& n : names) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& n = names[i];
+    std::fprintf(stderr, "[case %zu/%zu] %s\n", i + 1, names.size(), n.c_str());
     const bench::BenchCase* found = bench::find_case(n);
     if (!found || found->kind != bench::CaseKind::decode) {
       std::fprintf(stderr, "unknown decode case %s\n", n.c_str());
@@ -372,15 +360,21 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
                     r.max_us, tbs, r.bytes / 1e9, r.rel_l2, r.lse_err, r.ok ? "ok" : "FAILED");
         std::fflush(stdout);
         if (!r.ok) rc = std::max(rc, 1);
-        if (json.is_open())
-          json << "{\"case\":\"" << r.name << "\",\"kv\":\"" << kv << "\",\"device\":\"" << prop.name
-               << "\",\"median_us\":" << r.median_us << ",\"min_us\":" << r.min_us
-               << ",\"max_us\":" << r.max_us << ",\"bytes\":" << r.bytes << ",\"tb_per_s\":" << tbs
-               << ",\"rel_l2\":" << r.rel_l2 << ",\"lse_err\":" << r.lse_err
-               << ",\"layout\":\"" << (o.hnd ? "hnd" : "nhd") << "\",\"topk\":" << (c->dense ? 0 : c->topk)
-               << ",\"fp8_scales\":\"" << (o.slot_scales ? "slot" : "tensor") << "\""
-               << ",\"flush\":\"" << bench::flush_name() << "\""
-               << ",\"ok\":" << (r.ok ? "true" : "false") << "}\n";
+        if (!o.json.empty()) {
+          bench::Json rec = bench::new_record(r.name, "decode");
+          bench::add_shape(rec, *c);
+          rec["layout"] = o.hnd ? "hnd" : "nhd";
+          if (o.warps) rec["cta_warps"] = o.warps;
+          const bool fp8 = std::string(kv) == "fp8";
+          bench::add_dtypes(rec, "bf16", fp8 ? "fp8_e4m3" : "bf16", fp8 ? (o.slot_scales ? "slot" : "tensor") : "");
+          bench::add_pairs(rec, r.pairs);
+          bench::add_timing(rec, {r.median_us * 1e-3, r.min_us * 1e-3, r.max_us * 1e-3}, o.iters, o.warmup, r.flop,
+                            r.bytes, bench::Metric::tbps);
+          bench::add_check(rec, bench::check_result(o.check, r.ok),
+                           o.check ? bench::Json{{"out_rel_l2", r.rel_l2}, {"lse_max_abs", r.lse_err}} : bench::Json());
+          bench::add_environment(rec, true, bench::flush_name());
+          bench::append_record(o.json, rec);
+        }
       } catch (const Error& e) {
         std::fprintf(stderr, "%s %s: %s\n", n.c_str(), kv, e.what());
         rc = std::max(rc, 1);

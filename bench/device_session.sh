@@ -2,7 +2,9 @@
 # One GPU-machine session for every CUDA op: GPU tests, compute-sanitizer (MSA_TEST_SMALL=1),
 # benchmarks with their correctness checks, peers in the same run, and an ncu profile. Runs the
 # binaries that `make device-bin` built here and the device call carries (BIN, default
-# build-device-bin). Logs go to $OUT; a short summary prints last.
+# build-device-bin). Logs go to $OUT; a short summary prints last. Records (bench/SCHEMA.md): the
+# benchmark programs' in $OUT/records.jsonl, the peers' in $OUT/peers.jsonl; `python3
+# bench/plot.py records.jsonl peers.jsonl --out DIR` draws them.
 #   bench/device_session.sh [steps...]
 #   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer
 #          ncu-indexer-fp8 ncu-decode
@@ -60,22 +62,22 @@ for step in $steps; do
         summary+=("$step $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/${step}_$t.log" | tail -1)")
       done ;;
     bench)
-      rm -f "$OUT"/bench_*.json "$OUT"/bench_indexer.log
-      lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/bench_sparse.json" \
+      rm -f "$OUT"/records.jsonl "$OUT"/bench_indexer.log
+      lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/records.jsonl" \
         --dump /tmp/msa_dump --iters ${ITERS:-10} --warmup 2 > "$OUT/bench_sparse.log" 2>&1;
         summary+=("bench_sparse_fwd rc=$?"); }
       for fp8 in 0 1 tensor; do  # tensor: FP8 with one scale per tensor (IDX-32K-fp8-tensor)
         args="--fp8 $fp8"; [[ $fp8 == tensor ]] && args="--fp8 1 --fp8-scales tensor"
         lim=$(left 90); (( lim > 0 )) && { timeout $lim "$BIN/bench_indexer" $args \
-          --json "$OUT/bench_indexer.json" >> "$OUT/bench_indexer.log" 2>&1; summary+=("bench_indexer fp8=$fp8 rc=$?"); }
+          --json "$OUT/records.jsonl" >> "$OUT/bench_indexer.log" 2>&1; summary+=("bench_indexer fp8=$fp8 rc=$?"); }
       done
       lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_decode" --iters 30 \
-        --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1; summary+=("bench_decode rc=$?"); }
-      lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_pipeline" --json "$OUT/bench_pipeline.json" \
+        --json "$OUT/records.jsonl" > "$OUT/bench_decode.log" 2>&1; summary+=("bench_decode rc=$?"); }
+      lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_pipeline" --json "$OUT/records.jsonl" \
         > "$OUT/bench_pipeline.log" 2>&1; summary+=("bench_pipeline rc=$?"); } ;;
     bench-sparse)  # bench_sparse_fwd alone (its cases only; peers then compare those)
-      rm -f "$OUT"/bench_*.json
-      lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/bench_sparse.json" \
+      rm -f "$OUT"/records.jsonl
+      lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/records.jsonl" \
         --dump /tmp/msa_dump --iters ${ITERS:-10} --warmup 2 > "$OUT/bench_sparse.log" 2>&1;
         summary+=("bench_sparse_fwd rc=$?"); } ;;
     ab)  # variants from scripts/build_ab.sh (whatever TARGETS each folder holds): every test_*
@@ -122,15 +124,17 @@ for step in $steps; do
       done ;;
     peers)
       lim=$(left 200); (( lim > 0 )) && { PYTHONUNBUFFERED=1 timeout $lim python3 bench/peers.py --dump /tmp/msa_dump \
-        --ours "$OUT/bench_sparse.json" --e2e "$OUT/bench_pipeline.json" --iters 5 \
+        --ours "$OUT/records.jsonl" --e2e "$OUT/records.jsonl" --json "$OUT/peers.jsonl" --iters 5 \
         > "$OUT/peers_sparse.log" 2>&1; summary+=("peers.py rc=$?"); }
-      lim=$(left 90); [[ -f $OUT/bench_decode.json ]] && (( lim > 0 )) && { timeout $lim python3 bench/peers_decode.py --ours "$OUT/bench_decode.json" \
+      lim=$(left 90); [[ -f $OUT/records.jsonl ]] && (( lim > 0 )) && { timeout $lim python3 bench/peers_decode.py \
+        --ours "$OUT/records.jsonl" --json "$OUT/peers.jsonl" \
         > "$OUT/peers_decode.log" 2>&1; summary+=("peers_decode.py rc=$?"); } ;;
     decode-read)
       lim=$(left 120); (( lim > 0 )) && { MSA_BENCH_FLUSH=read timeout $lim "$BIN/bench_decode" --iters 30 \
-        --json "$OUT/bench_decode_read.json" > "$OUT/bench_decode_read.log" 2>&1; summary+=("bench_decode (read flush) rc=$?"); }
-      lim=$(left 90); [[ -f $OUT/bench_decode_read.json ]] && (( lim > 0 )) && { MSA_BENCH_FLUSH=read timeout $lim \
-        python3 bench/peers_decode.py --ours "$OUT/bench_decode_read.json" > "$OUT/peers_decode_read.log" 2>&1;
+        --json "$OUT/records.jsonl" > "$OUT/bench_decode_read.log" 2>&1; summary+=("bench_decode (read flush) rc=$?"); }
+      lim=$(left 90); [[ -f $OUT/records.jsonl ]] && (( lim > 0 )) && { MSA_BENCH_FLUSH=read timeout $lim \
+        python3 bench/peers_decode.py --ours "$OUT/records.jsonl" --json "$OUT/peers.jsonl" \
+        > "$OUT/peers_decode_read.log" 2>&1;
         summary+=("peers_decode.py (read flush) rc=$?"); } ;;
     pytest)
       whl=$(ls .whl/msa-*-cp3*.whl 2>/dev/null | head -1)
@@ -161,7 +165,7 @@ echo "==== summary ($(( $(date +%s) - t0 ))s)"
 printf '%s\n' "${summary[@]}"
 for f in bench_sparse bench_indexer bench_decode bench_pipeline bench_decode_read; do [[ -f $OUT/$f.log ]] && cut -c1-200 "$OUT/$f.log" | grep -vE "^\s*$" | tail -8; done
 for f in peers_sparse peers_decode peers_decode_read; do [[ -f $OUT/$f.log ]] && grep -v Warning "$OUT/$f.log" | tail -8; done
-# At most 8 files come back from a device call: the logs travel as one archive (JSON stays loose).
+# At most 8 files come back from a device call: the logs travel as one archive (records stay loose).
 # A second session in the same call writes logs_2.tgz (and so on) instead of replacing the first.
 printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
 archive=logs.tgz n=1

@@ -1,10 +1,11 @@
 // The L2 flush before each timed run (gpu_timing.h), over a 256 MB buffer (> 4x the 60 MB L2).
 // MSA_BENCH_FLUSH picks how:
-//   write (the default, and every figure in bench/RESULTS.md before 2026-12-01 session 14): a
-//         memset, as triton's do_bench flushes. It leaves the L2 full of dirty lines, whose
-//         write-back then shares DRAM with the timed kernel (DEC-B32: ~8 us of 48, session 14);
+//   memset (the default; `write` is its older name, and every figure in bench/RESULTS.md not
+//         marked read used it): as triton's do_bench flushes. It leaves the L2 full of dirty
+//         lines, whose write-back then shares DRAM with the timed kernel (DEC-B32: about 8 us of
+//         48);
 //   read: a kernel that reads the buffer, leaving the L2 full of clean lines of other data, the
-//         state that rotating input buffers (BENCHMARKS.md) would leave.
+//         state that rotating input buffers (bench/CASES.md, Counting) would leave.
 #include <cstdlib>
 #include <string>
 
@@ -27,8 +28,9 @@ __global__ void read_all(const uint4* __restrict__ p, size_t n, unsigned* sink) 
 bool flush_reads() {
   static const bool reads = [] {
     const char* e = std::getenv("MSA_BENCH_FLUSH");
-    const std::string m = e ? e : "write";
-    MSA_CHECK(m == "write" || m == "read", "MSA_BENCH_FLUSH must be write or read, got ", m);
+    const std::string m = e ? e : "memset";
+    MSA_CHECK(m == "memset" || m == "write" || m == "read",
+              "MSA_BENCH_FLUSH must be memset (or write, its older name) or read, got ", m);
     return m == "read";
   }();
   return reads;

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -41,20 +42,27 @@ class GpuBuffer {
   size_t bytes_ = 0;
 };
 
-// The L2 flush before a timed run (flush.cu): a memset of `b` (MSA_BENCH_FLUSH unset or write) or
-// a kernel reading it (MSA_BENCH_FLUSH=read); flush_reads() says which, for the programs' output.
+// The L2 flush before a timed run (flush.cu): a memset of `b` (MSA_BENCH_FLUSH unset, memset or
+// write) or a kernel reading it (MSA_BENCH_FLUSH=read); flush_reads() says which, and
+// flush_name() names it as the records do (bench/SCHEMA.md, flush).
 void flush_l2(const GpuBuffer& b, int i, cudaStream_t s);
 bool flush_reads();
-inline const char* flush_name() { return flush_reads() ? "read" : "write"; }
+inline const char* flush_name() { return flush_reads() ? "read" : "memset"; }
 
 struct Timing {
   double median = 0, min = 0, max = 0;  // milliseconds
 };
 
 // Runs op `warmup` times, then `iters` timed runs each preceded by an L2 flush over `flush` (a
-// 256 MB buffer, > 4x the 60 MB L2; flush_l2) when it is non-null.
+// 256 MB buffer, > 4x the 60 MB L2; flush_l2) when it is non-null. With a label, says on stderr
+// what it is about to do, since a slow op's runs can take seconds.
 template <typename F>
-Timing time_op(F op, int warmup, int iters, cudaStream_t s, const GpuBuffer* flush) {
+Timing time_op(F op, int warmup, int iters, cudaStream_t s, const GpuBuffer* flush,
+               const char* label = nullptr) {
+  if (label) {
+    std::fprintf(stderr, "  %s: %d warm-up runs, then timing %d runs\n", label, warmup, iters);
+    std::fflush(stderr);
+  }
   for (int i = 0; i < warmup; ++i) op();
   cudaEvent_t a, b;
   MSA_BENCH_CUDA(cudaEventCreate(&a));
@@ -81,8 +89,8 @@ inline Tensor gpu_view(void* p, DType dt, std::vector<int64_t> shape) {
   return Tensor(p, dt, shape, Device{DeviceType::cuda, 0});
 }
 
-// The shape and timing options the single-shape benchmark programs share (BENCHMARKS.md
-// defaults: S 32768, Hq 64, Hkv 4, topK 16). `--fp8 1` and `--fp8-scales token|tensor` (FP8
+// The shape and timing options the single-shape benchmark programs share (the defaults of
+// bench/CASES.md: S 32768, Hq 64, Hkv 4, topK 16). `--fp8 1` and `--fp8-scales token|tensor` (FP8
 // scales per token, the default, or one per tensor) only where `fp8_allowed`.
 struct RunOptions {
   int64_t seq = 32768, hq = 64, hkv = 4, topk = 16;

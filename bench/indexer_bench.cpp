@@ -1,20 +1,22 @@
-// The indexer benchmark (gpu_benches.h; programs: bench_indexer, `msa bench`): BENCHMARKS.md
+// The indexer benchmark (gpu_benches.h; programs: bench_indexer, `msa bench`): bench/CASES.md's
 // IDX-32K-bf16, and IDX-32K-fp8 with o.fp8 (q and k quantized per token by msa::quantize; with
 // o.fp8_per_tensor one scale per tensor instead, printed as IDX-32K-fp8-tensor: the kernel then
-// has no per-key scale multiply, which shows that multiply's cost). Block
-// scores materialized, the top-K on them, and the fused indexer + top-K, in TFLOP/s with FLOP =
-// 2 D Hq (visible pairs). A correctness check runs first: sampled score rows against an fp64 host
-// dot product of the (dequantized) inputs, and the fused ids against select_topk on the
-// materialized scores.
+// has no per-key scale multiply, which shows that multiply's cost). Block scores materialized,
+// the top-K on them, and the fused indexer + top-K, in TFLOP/s with FLOP = 2 D Hq (visible
+// pairs), one record (bench/SCHEMA.md) each. A correctness check runs first: sampled score rows
+// against an fp64 host dot product of the (dequantized) inputs, and the fused ids against
+// select_topk on the materialized scores.
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 
+#include "bench/cases.h"
+#include "bench/counts.h"
 #include "bench/gpu_benches.h"
 #include "bench/gpu_timing.h"
 #include "bench/inputs.h"
+#include "bench/record.h"
 #include "msa/msa.h"
 
 namespace {
@@ -121,30 +123,46 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   std::printf("check: sampled score rows max rel err %.2e, fused ids %s unfused\n", worst,
               same_ids ? "==" : "!=");
 
-  double pairs = 0;  // causal visible (query, key) pairs of one head
-  for (int64_t i = 0; i < S; ++i) pairs += double(i + 1);
-  const double flop = 2.0 * D * o.hq * pairs;
-  const Timing ts = time_op([&] { msa::block_scores(a, s); }, o.warmup, o.iters, s, &flush);
-  const Timing tk = time_op([&] { msa::select_topk(t, s); }, o.warmup, o.iters, s, &flush);
-  const Timing tf = time_op([&] { msa::block_topk(f, s); }, o.warmup, o.iters, s, &flush);
+  const std::string name = !o.fp8 ? "IDX-32K-bf16" : o.fp8_per_tensor ? "IDX-32K-fp8-tensor" : "IDX-32K-fp8";
+  SelectionShape sel;
+  sel.cu_seqlens_q = sel.cu_seqlens_k = {0, S};
+  sel.num_kv_heads = int(o.hkv);
+  sel.topk = int(o.topk);
+  OpShape shape = op_shape(sel, int(o.hq), int(D));
+  shape.q_elem = shape.kv_elem = o.fp8 ? 1 : 2;
+  PairCounts pairs;  // causal visible (query head, key) pairs
+  pairs.visible = o.hq * S * (S + 1) / 2;
+  const Timing ts = time_op([&] { msa::block_scores(a, s); }, o.warmup, o.iters, s, &flush, "block_scores");
+  const Timing tk = time_op([&] { msa::select_topk(t, s); }, o.warmup, o.iters, s, &flush, "select_topk");
+  const Timing tf = time_op([&] { msa::block_topk(f, s); }, o.warmup, o.iters, s, &flush, "block_topk");
   msa::check_status(a.status, s);
   std::printf("%-22s %9s %9s %9s %9s   (L2 flush: %s)\n", "case", "median_ms", "min_ms", "max_ms", "TFLOP/s",
               flush_name());
-  auto row = [&](const char* name, const Timing& x, bool rate) {
-    std::printf("%-22s %9.3f %9.3f %9.3f %9.1f\n", name, x.median, x.min, x.max, rate ? flop / (x.median * 1e9) : 0.0);
+  const bool ok = worst < 1e-3 && same_ids;
+  // The case as run: the named one with the options' shape.
+  BenchCase bc = *find_case(o.fp8 ? "IDX-32K-fp8" : "IDX-32K-bf16");
+  bc.seqlens_q = bc.seqlens_k = {S};
+  bc.num_q_heads = int(o.hq);
+  bc.num_kv_heads = int(o.hkv);
+  bc.topk = int(o.topk);
+  auto report = [&](const char* stage, Op op, const Timing& x) {
+    const OpCount n = count_op(op, shape, pairs);
+    std::printf("%-22s %9.3f %9.3f %9.3f %9.1f\n", (name + " " + stage).c_str(), x.median, x.min, x.max,
+                n.flop / (x.median * 1e9));
+    if (o.json.empty()) return;
+    Json r = new_record(name, op_name(op));
+    add_shape(r, bc);
+    const char* dt = o.fp8 ? "fp8_e4m3" : "bf16";
+    add_dtypes(r, dt, dt, o.fp8 ? (o.fp8_per_tensor ? "tensor" : "token") : "");
+    add_timing(r, {x.median, x.min, x.max}, o.iters, o.warmup, n.flop, n.bytes,
+               n.flop > 0 ? Metric::tflops : Metric::tbps);
+    add_check(r, check_result(true, ok), Json{{"scores_max_rel", worst}, {"fused_equals_unfused", same_ids}});
+    add_environment(r, true, flush_name());
+    append_record(o.json, r);
   };
-  const std::string name = !o.fp8 ? "IDX-32K-bf16" : o.fp8_per_tensor ? "IDX-32K-fp8-tensor" : "IDX-32K-fp8";
-  row((name + " scores").c_str(), ts, true);
-  row((name + " topk").c_str(), tk, false);
-  row((name + " fused").c_str(), tf, true);
-  if (!o.json.empty()) {
-    std::ofstream js(o.json, std::ios::app);
-    js << "{\"case\":\"" << name << "\",\"seq\":" << S << ",\"scores_ms\":" << ts.median << ",\"topk_ms\":" << tk.median
-       << ",\"fused_ms\":" << tf.median << ",\"scores_tflops\":" << flop / (ts.median * 1e9)
-       << ",\"fused_tflops\":" << flop / (tf.median * 1e9) << ",\"check_rel\":" << worst
-       << ",\"fused_equals_unfused\":" << (same_ids ? "true" : "false")
-       << ",\"flush\":\"" << flush_name() << "\"}\n";
-  }
-  return worst < 1e-3 && same_ids ? 0 : 1;
+  report("scores", Op::block_scores, ts);
+  report("topk", Op::select_topk, tk);
+  report("fused", Op::block_topk, tf);
+  return ok ? 0 : 1;
 }
 

@@ -1,4 +1,4 @@
-// Random benchmark inputs (BENCHMARKS.md: random normal bf16) and the bf16 bit conversions
+// Random benchmark inputs (bench/CASES.md: random normal bf16) and the bf16 bit conversions
 // the host side of a benchmark needs. Shared by the CLI and the GPU benchmarks.
 #pragma once
 

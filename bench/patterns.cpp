@@ -3,6 +3,7 @@
 #include "bench/patterns.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace msa::bench {
 namespace {
@@ -108,12 +109,13 @@ PairCounts count_pairs(const std::vector<int32_t>& q2k, const SelectionShape& s,
   const int64_t batch = static_cast<int64_t>(s.cu_seqlens_q.size()) - 1;
   const int64_t total_q = batch > 0 ? s.cu_seqlens_q[batch] : 0;
   const int64_t blk = s.kv_block_size;
-  int64_t attended = 0, visible = 0;
-#pragma omp parallel for collapse(2) reduction(+ : attended, visible)
+  int64_t attended = 0, visible = 0, selected = 0;
+#pragma omp parallel for collapse(2) reduction(+ : attended, visible, selected)
   for (int h = 0; h < s.num_kv_heads; ++h) {
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t q0 = s.cu_seqlens_q[b], lq = s.cu_seqlens_q[b + 1] - q0;
       const int64_t lk = s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b];
+      std::vector<char> chosen(static_cast<size_t>((lk + blk - 1) / blk), 0);
       for (int64_t i = 0; i < lq; ++i) {
         const int64_t vis_end = visible_key_end(i, lq, lk, s.causal);
         visible += vis_end;
@@ -122,11 +124,31 @@ PairCounts count_pairs(const std::vector<int32_t>& q2k, const SelectionShape& s,
           if (row[j] < 0) continue;
           const int64_t lo = row[j] * blk, hi = std::min(lo + blk, vis_end);
           if (hi > lo) attended += hi - lo;
+          if (static_cast<size_t>(row[j]) < chosen.size()) chosen[row[j]] = 1;
         }
       }
+      for (size_t kb = 0; kb < chosen.size(); ++kb)
+        if (chosen[kb]) selected += std::min<int64_t>(blk, lk - static_cast<int64_t>(kb) * blk);
     }
   }
-  return {attended * group, visible * group};
+  return {attended * group, visible * group, selected};
+}
+
+std::string dense_selection_warning(const PairCounts& p, const SelectionShape& s) {
+  int64_t key_blocks = 0;
+  for (size_t b = 0; b + 1 < s.cu_seqlens_k.size(); ++b)
+    key_blocks = std::max(key_blocks, (s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b] + s.kv_block_size - 1) /
+                                          s.kv_block_size);
+  const double density = p.visible > 0 ? double(p.attended) / double(p.visible) : 0.0;
+  const bool all_blocks = s.topk >= key_blocks;
+  if (density < 0.9 && !all_blocks) return "";
+  char pct[16];
+  std::snprintf(pct, sizeof(pct), "%.1f%%", 100.0 * density);
+  std::string w = std::string("warning: the selection is dense: it covers ") + pct +
+                  " of the causally visible (head, key) pairs";
+  if (all_blocks)
+    w += " (topK " + std::to_string(s.topk) + " >= " + std::to_string(key_blocks) + " key blocks)";
+  return w + ", so this times dense attention, not sparse; use a longer sequence or a smaller topK";
 }
 
 }  // namespace msa::bench

@@ -1,4 +1,4 @@
-// Synthetic top-K selections for benchmarks (BENCHMARKS.md "Selection patterns") and the
+// Synthetic top-K selections for benchmarks (bench/CASES.md, Selection patterns) and the
 // attended-pair counts that the FLOP rules need. Shared by the CLI and the GPU benchmarks.
 #pragma once
 
@@ -35,17 +35,25 @@ struct SelectionShape {
 std::vector<int32_t> make_selection(Pattern p, const SelectionShape& s);
 
 // Pair counts of a selection, in (query head, key) pairs: `attended` counts the causally
-// visible keys of the selected blocks (the BENCHMARKS.md attention FLOP rule: 4 * D * attended),
-// `visible` every causally visible key (dense attention). Both are multiplied by `group`
-// (G = Hq / Hkv) because the G query heads of a kv head share its selection.
+// visible keys of the selected blocks (the attention FLOP rule of bench/CASES.md: 4 * D *
+// attended), `visible` every causally visible key (dense attention). Both are multiplied by
+// `group` (G = Hq / Hkv) because the G query heads of a kv head share its selection.
+// `selected_keys` counts the (kv head, key) pairs of the blocks that any query of a request
+// selected: the K and V rows an attention over the selection must read at least once.
 struct PairCounts {
   int64_t attended = 0;
   int64_t visible = 0;
+  int64_t selected_keys = 0;
 };
 PairCounts count_pairs(const std::vector<int32_t>& q2k, const SelectionShape& s, int group);
 
-// Exclusive end of the batch-local keys visible to batch-local query i (DESIGN.md section 1,
-// bottom-right causal alignment).
+// A "sparse" benchmark of a selection that covers >= 90% of the causally visible pairs, or whose
+// topK reaches the key blocks of the longest request, times dense attention: a warning that
+// says so and names the density; empty for a sparse selection.
+std::string dense_selection_warning(const PairCounts& p, const SelectionShape& s);
+
+// Exclusive end of the batch-local keys visible to batch-local query i (bottom-right causal
+// alignment: docs/semantics.md, Visibility).
 int64_t visible_key_end(int64_t i, int64_t lq, int64_t lk, bool causal);
 
 }  // namespace msa::bench

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Peer figures for the sparse prefill cases, in the same run as bench_sparse_fwd.
 
-Reads the selections that `bench_sparse_fwd --dump DIR --json FILE` wrote (DIR/CASE.q2k.bin,
-DIR/CASE.meta.json) and our results (FILE), then times on the same shapes:
+Reads the selections that `bench_sparse_fwd --dump DIR --json FILE` wrote (DIR/CASE.q2k.bin) and
+our records (FILE, bench/SCHEMA.md; the shapes come from them), then times on the same shapes:
   - FlexAttention with the same selection: `blk` cases (block mask: the selected blocks below the
     diagonal as full blocks, the diagonal with a causal mask_mod) and `tok` at 8K (union block
     mask per 128-query block + a per-token mask_mod over a dense [Hkv, S, nblk] table);
   - cuDNN SDPA, dense causal, on the same S (its own FLOP count: every visible pair).
-Prints ours vs peers and the ratios of effective TFLOP/s (FLOP = 4 * D * attended pairs).
+Prints ours vs peers and the ratios of effective TFLOP/s (FLOP = 4 * D * attended pairs), and
+with --json FILE appends a record per peer measurement (bench/records.py).
 """
 import argparse
-import json
 import os
 import statistics
 
@@ -18,16 +18,16 @@ import torch
 import torch.nn.functional as F
 
 
-FLUSH = os.environ.get("MSA_BENCH_FLUSH", "write")
-if FLUSH not in ("write", "read"):
-    raise SystemExit(f"MSA_BENCH_FLUSH must be write or read, got {FLUSH}")
+import records  # same folder: the script's directory is on sys.path
+
+FLUSH = records.flush_name()
 
 
 def flush_l2(flush, i):
     """The L2 flush before a timed run, as the C++ programs' (bench/flush.cu): MSA_BENCH_FLUSH
-    write (default: a 256 MB fill, which leaves dirty lines in the L2) or read (a reduction over
+    memset (default: a 256 MB fill, which leaves dirty lines in the L2) or read (a reduction over
     the buffer, which leaves clean lines)."""
-    if FLUSH == "write":
+    if FLUSH == "memset":
         flush.fill_(i & 0xFF)
     else:
         flush.view(torch.int32).max()
@@ -49,19 +49,19 @@ def time_ms(fn, iters, warmup):
     return statistics.median(times), min(times), max(times)
 
 
-def load_case(dump, name):
-    meta = json.load(open(os.path.join(dump, name + ".meta.json")))
-    q2k = torch.from_numpy(
-        __import__("numpy").fromfile(os.path.join(dump, name + ".q2k.bin"), dtype="int32"))
-    s = meta["cu_seqlens"][-1]
-    return meta, q2k.view(meta["hkv"], s, meta["topk"])
+def load_selection(dump, rec):
+    """The q2k [Hkv, S, topK] that bench_sparse_fwd --dump wrote for the one-request case `rec`."""
+    import numpy
+
+    q2k = torch.from_numpy(numpy.fromfile(os.path.join(dump, rec["case"] + ".q2k.bin"), dtype="int32"))
+    return q2k.view(rec["hkv"], rec["seq_q"], rec["topk"])
 
 
-def flex_block_mask(q2k, meta, pattern, s):
+def flex_block_mask(q2k, rec, pattern, s):
     """BlockMask over Hq heads for one request of length s (queries == keys, causal)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    hkv, topk, g = meta["hkv"], meta["topk"], meta["hq"] // meta["hkv"]
+    hkv, g = rec["hkv"], rec["hq"] // rec["hkv"]
     nqb = (s + 127) // 128
     nkb = nqb
     dev = "cuda"
@@ -128,78 +128,102 @@ def cudnn_dense(q, k, v, visible_pairs, iters, warmup):
         return ("error", str(e)[:200])
 
 
-def e2e(path, iters, warmup):
+def peer_record(path, ours, impl, times, iters, warmup, dense=False):
+    """Appends a peer's record on our record's shape: the same selection (FLOP and bytes as ours),
+    or with dense=True dense causal attention (its own counts: every visible pair; q, k, v, out
+    and lse once). No-op without --json or for a peer that did not run."""
+    if not path or times is None or times[0] == "error":
+        return
+    r = records.new_record(ours["case"], "attention_forward", impl)
+    r.update(records.shape_of(ours))
+    flop, nbytes = ours["flop"], ours["bytes"]
+    if dense:
+        r.update({"topk": 0, "pattern": "dense"})
+        s, hq, hkv, d = ours["seq_q"], ours["hq"], ours["hkv"], ours["d"]
+        flop = 4.0 * d * ours["pairs"]["visible"]
+        nbytes = 2.0 * s * d * (2 * hq + 2 * hkv) + 4.0 * hq * s
+    records.add_timing(r, times[:3], iters, warmup, flop, nbytes, "tflops")
+    records.add_check(r, "skipped")
+    records.add_environment(r, FLUSH, ours.get("commit"))
+    records.append(path, r)
+
+
+def e2e(path, iters, warmup, out):
     """E2E-32K: our pipeline time (bench_pipeline --json) over cuDNN dense causal on the shape."""
-    for line in open(path):
-        r = json.loads(line)
-        s, hq, hkv, d = r["seq"], r["hq"], r["hkv"], r["d"]
+    ours = [r for r in records.read(path) if r["impl"] == "msa" and r["flush"] == FLUSH]
+    stage = {(r["case"], r["op"]): r for r in ours}
+    for r in ours:
+        if r["op"] != "pipeline":
+            continue
+        s, hq, hkv, d = r["seq_q"], r["hq"], r["hkv"], r["d"]
         q = torch.randn(1, hq, s, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16)
-        dr = cudnn_dense(q, k, v, r["visible_pairs"] * hq, iters, warmup)  # the record counts one head
+        dr = cudnn_dense(q, k, v, r["pairs"]["visible"], iters, warmup)
         if dr[0] == "error":
             print("%s: cuDNN error %s" % (r["case"], dr[1]))
             continue
+        select, attention = stage[(r["case"], "block_topk")], stage[(r["case"], "attention_forward")]
         print("%s: ours %.3f ms (select %.3f + attention %.3f); cuDNN dense causal %.3f ms "
               "(%.1f TF/s); ours / cuDNN = %.3f (target <= 0.333)"
-              % (r["case"], r["median_ms"], r["select_ms"], r["attention_ms"], dr[0], dr[3],
+              % (r["case"], r["median_ms"], select["median_ms"], attention["median_ms"], dr[0], dr[3],
                  r["median_ms"] / dr[0]))
-        print(json.dumps({"case": r["case"], "ours_ms": r["median_ms"], "cudnn_dense": dr}))
+        peer_record(out, r, "cudnn", dr, iters, warmup, dense=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", help="bench_sparse_fwd --dump folder")
-    ap.add_argument("--ours", help="bench_sparse_fwd --json output")
-    ap.add_argument("--e2e", help="bench_pipeline --json output (E2E-32K vs cuDNN dense)")
+    ap.add_argument("--ours", help="bench_sparse_fwd --json records")
+    ap.add_argument("--e2e", help="bench_pipeline --json records (E2E-32K vs cuDNN dense)")
+    ap.add_argument("--json", help="append the peers' records to this file (bench/SCHEMA.md)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--flex-tok-max", type=int, default=8192,
                     help="longest S for which FlexAttention runs the tok selection")
     args = ap.parse_args()
     if args.e2e and os.path.exists(args.e2e):
-        e2e(args.e2e, args.iters, args.warmup)
+        e2e(args.e2e, args.iters, args.warmup, args.json)
     elif args.e2e:
         print("E2E-32K: no %s (bench_pipeline did not run): cuDNN comparison skipped" % args.e2e)
     if not (args.dump and args.ours):
         return
-    ours = {}
-    for line in open(args.ours):
-        r = json.loads(line)
-        ours[r["case"]] = r
+    ours = {r["case"]: r for r in records.read(args.ours)
+            if r["impl"] == "msa" and r["op"] == "attention_forward" and r["flush"] == FLUSH}
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     dense_cache = {}
     for name in ["P8K-tok", "P32K-tok", "P32K-blk", "P48K-tok", "VARLEN-tok"]:
-        if name not in ours or not os.path.exists(os.path.join(args.dump, name + ".meta.json")):
+        if name not in ours or not os.path.exists(os.path.join(args.dump, name + ".q2k.bin")):
             continue
-        meta, q2k = load_case(args.dump, name)
-        cu = meta["cu_seqlens"]
-        if len(cu) != 2:
-            rows.append((name, ours[name], None, None, "varlen: peers not run (no varlen flex/cudnn path here)"))
+        rec = ours[name]
+        if rec["batch"] != 1:
+            rows.append((name, rec, None, None, "varlen: peers not run (no varlen flex/cudnn path here)"))
             continue
-        s, hq, hkv, d = cu[-1], meta["hq"], meta["hkv"], meta["d"]
-        flop = 4.0 * d * meta["attended_pairs"]
+        s, hq, hkv, d = rec["seq_q"], rec["hq"], rec["hkv"], rec["d"]
+        q2k = load_selection(args.dump, rec)
         torch.manual_seed(0)
         q = torch.randn(1, hq, s, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16)
         flex_res = None
-        if meta["pattern"] == "blk" or s <= args.flex_tok_max:
+        if rec["pattern"] == "blk" or s <= args.flex_tok_max:
             try:
-                bm = flex_block_mask(q2k, meta, meta["pattern"], s)
+                bm = flex_block_mask(q2k, rec, rec["pattern"], s)
                 fn = lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
                 med, lo, hi = time_ms(fn, args.iters, args.warmup)
-                flex_res = (med, lo, hi, flop / (med * 1e-3) / 1e12)
+                flex_res = (med, lo, hi, rec["flop"] / (med * 1e-3) / 1e12)
             except Exception as e:  # report, keep going
                 flex_res = ("error", str(e)[:200])
+        peer_record(args.json, rec, "flex-triton", flex_res, args.iters, args.warmup)
         dense_res = dense_cache.get(s)
         if dense_res is None:
-            dense_res = cudnn_dense(q, k, v, meta["visible_pairs"], args.iters, args.warmup)
+            dense_res = cudnn_dense(q, k, v, rec["pairs"]["visible"], args.iters, args.warmup)
             dense_cache[s] = dense_res
-        rows.append((name, ours[name], flex_res, dense_res, ""))
+            peer_record(args.json, rec, "cudnn", dense_res, args.iters, args.warmup, dense=True)
+        rows.append((name, rec, flex_res, dense_res, ""))
         del q, k, v
         torch.cuda.empty_cache()
 
@@ -222,9 +246,8 @@ def main():
                 print("   error:", r[1])
     print("vs flex: ratio of effective TFLOP/s on the same selection; vs cuDNN: dense causal time "
           "over our sparse time (speedup of sparse over dense).")
-    for name, o, fr, dr, note in rows:
-        print(json.dumps({"case": name, "ours_ms": o["median_ms"], "ours_tflops": o["tflops"],
-                          "flex": fr, "cudnn_dense": dr}))
+    if args.json:
+        print("peers' records appended to %s" % args.json)
 
 
 if __name__ == "__main__":

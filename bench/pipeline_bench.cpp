@@ -1,16 +1,20 @@
-// The pipeline benchmark (gpu_benches.h; programs: bench_pipeline, `msa bench`): BENCHMARKS.md
+// The pipeline benchmark (gpu_benches.h; programs: bench_pipeline, `msa bench`): bench/CASES.md's
 // E2E-32K, the fused indexer + top-K, then sparse attention with its CSR build, timed as one
-// sparse_attention_pipeline call and stage by stage. Checked first: sampled (token, head) rows of
-// out / lse against an fp64 host computation over the keys the GPU's own selection attends.
-// bench/peers.py times cuDNN dense causal on the same shape from the JSON record.
+// sparse_attention_pipeline call and stage by stage, one record (bench/SCHEMA.md) each. Checked
+// first: sampled (token, head) rows of out / lse against an fp64 host computation over the keys
+// the GPU's own selection attends. bench/peers.py times cuDNN dense causal on the same shape from
+// the pipeline's record.
 #include <cmath>
-#include <fstream>
 #include <random>
 #include <string>
 
+#include "bench/cases.h"
+#include "bench/counts.h"
 #include "bench/gpu_benches.h"
 #include "bench/gpu_timing.h"
 #include "bench/inputs.h"
+#include "bench/patterns.h"
+#include "bench/record.h"
 #include "msa/msa.h"
 
 namespace {
@@ -18,7 +22,6 @@ namespace {
 using msa::DType;
 using msa::Tensor;
 using namespace msa::bench;
-
 
 template <typename T>
 std::vector<T> download(const GpuBuffer& b, size_t n) {
@@ -125,9 +128,10 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   GpuBuffer att_ws(msa::attention_workspace_bytes(att));
   att.workspace = gpu_view(att_ws.get(), DType::u8, {int64_t(att_ws.bytes())});
 
-  const Timing te = time_op([&] { msa::sparse_attention_pipeline(a, s); }, o.warmup, o.iters, s, &flush);
-  const Timing ts = time_op([&] { msa::block_topk(sel, s); }, o.warmup, o.iters, s, &flush);
-  const Timing ta = time_op([&] { msa::attention_forward(att, s); }, o.warmup, o.iters, s, &flush);
+  const Timing te = time_op([&] { msa::sparse_attention_pipeline(a, s); }, o.warmup, o.iters, s, &flush, "pipeline");
+  const Timing ts = time_op([&] { msa::block_topk(sel, s); }, o.warmup, o.iters, s, &flush, "block_topk");
+  const Timing ta = time_op([&] { msa::attention_forward(att, s); }, o.warmup, o.iters, s, &flush,
+                            "attention_forward");
   msa::check_status(a.status, s);
   std::printf("%-26s %9s %9s %9s   (%s partials, L2 flush: %s)\n", "E2E-32K stage", "median_ms",
               "min_ms", "max_ms", msa::dtype_name(o.partial), flush_name());
@@ -135,14 +139,29 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   std::printf("%-26s %9.3f %9.3f %9.3f\n", "  indexer + top-K (fused)", ts.median, ts.min, ts.max);
   std::printf("%-26s %9.3f %9.3f %9.3f\n", "  CSR + sparse attention", ta.median, ta.min, ta.max);
   if (!o.json.empty()) {
-    double visible = 0;  // causal visible (query, key) pairs of one head, for the dense peer
-    for (int64_t i = 0; i < S; ++i) visible += double(i + 1);
-    std::ofstream js(o.json, std::ios::app);
-    js << "{\"case\":\"E2E-32K\",\"seq\":" << S << ",\"hq\":" << o.hq << ",\"hkv\":" << o.hkv
-       << ",\"d\":" << D << ",\"visible_pairs\":" << visible << ",\"median_ms\":" << te.median
-       << ",\"select_ms\":" << ts.median << ",\"attention_ms\":" << ta.median
-       << ",\"partial\":\"" << msa::dtype_name(o.partial) << "\",\"flush\":\"" << flush_name() << "\""
-       << ",\"check_rel_l2\":" << worst_rel << ",\"check_lse\":" << worst_lse << "}\n";
+    SelectionShape shape;
+    shape.cu_seqlens_q = shape.cu_seqlens_k = {0, S};
+    shape.num_kv_heads = int(o.hkv);
+    shape.topk = int(o.topk);
+    const PairCounts pairs = count_pairs(q2k, shape, int(G));  // on the GPU's own selection
+    BenchCase bc = *find_case("E2E-32K");  // the case as run: the options' shape
+    bc.seqlens_q = bc.seqlens_k = {S};
+    bc.num_q_heads = int(o.hq);
+    bc.num_kv_heads = int(o.hkv);
+    bc.topk = int(o.topk);
+    const std::pair<Op, Timing> timed[] = {{Op::pipeline, te}, {Op::block_topk, ts}, {Op::attention_forward, ta}};
+    for (const auto& [op, x] : timed) {
+      const OpCount n = count_op(op, op_shape(shape, int(o.hq), int(D)), pairs);
+      Json r = new_record("E2E-32K", op_name(op));
+      add_shape(r, bc);
+      add_dtypes(r, "bf16", "bf16");
+      if (op != Op::block_topk) r["partial"] = msa::dtype_name(o.partial);
+      add_pairs(r, pairs);
+      add_timing(r, {x.median, x.min, x.max}, o.iters, o.warmup, n.flop, n.bytes, Metric::tflops);
+      add_check(r, check_result(true, ok), Json{{"out_rel_l2", worst_rel}, {"lse_max_abs", worst_lse}});
+      add_environment(r, true, flush_name());
+      append_record(o.json, r);
+    }
   }
   return ok ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 // Implementation of the sparse prefill / CSR benchmark cases (sparse_fwd_cases.h): inputs from
 // the shared case table and selection patterns, a GPU fp32 reference on sampled rows checked
-// before timing, CUDA-event timing with an L2 flush before each run, median and spread.
+// before timing, CUDA-event timing with an L2 flush before each run, median and spread, and one
+// record (bench/SCHEMA.md) per case.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -9,12 +10,13 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
-#include <sstream>
 
 #include "bench/cases.h"
+#include "bench/counts.h"
 #include "bench/gpu_timing.h"
 #include "bench/inputs.h"
 #include "bench/patterns.h"
+#include "bench/record.h"
 #include "bench/sparse_fwd_cases.h"
 #include "msa/msa.h"
 
@@ -69,14 +71,6 @@ __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint1
   if (lane == 0) lse[w] = sum > 0.f ? m + logf(sum) : -INFINITY;
 }
 
-std::string device_name() {
-  cudaDeviceProp p{};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  cudaGetDeviceProperties(&p, dev);
-  return p.name;
-}
-
 }  // namespace
 
 const std::vector<std::string>& sparse_case_names() {
@@ -114,6 +108,8 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   const int64_t tq = shape.cu_seqlens_q.back(), tk = shape.cu_seqlens_k.back();
   const std::vector<int32_t> sel = msa::bench::make_selection(bc->pattern, shape);
   const msa::bench::PairCounts pairs = msa::bench::count_pairs(sel, shape, g);
+  if (const std::string w = msa::bench::dense_selection_warning(pairs, shape); !w.empty())
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), w.c_str());
   int64_t total_rows = 0;
   for (int64_t l : bc->seqlens_k) total_rows += (l + 127) / 128;
 
@@ -226,36 +222,39 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
 
   Timing t;
   if (is_csr) {
-    t = time_op([&] { msa::build_k2q_csr(cb, s); }, o.warmup, o.iters, s, o.flush_l2 ? &flush : nullptr);
+    t = time_op([&] { msa::build_k2q_csr(cb, s); }, o.warmup, o.iters, s, o.flush_l2 ? &flush : nullptr,
+                name.c_str());
   } else {
-    t = time_op([&] { msa::attention_forward(a, s); }, o.warmup, o.iters, s, o.flush_l2 ? &flush : nullptr);
+    t = time_op([&] { msa::attention_forward(a, s); }, o.warmup, o.iters, s, o.flush_l2 ? &flush : nullptr,
+                name.c_str());
   }
   msa::check_status(st, s);
-  const double flop = 4.0 * d * double(pairs.attended);
-  const double tflops = is_csr ? 0 : flop / (t.median * 1e-3) / 1e12;
+  const msa::bench::Op op = is_csr ? msa::bench::Op::build_k2q_csr : msa::bench::Op::attention_forward;
+  const msa::bench::OpCount count = msa::bench::count_op(op, msa::bench::op_shape(shape, hq, d), pairs);
+  const double tflops = is_csr ? 0 : count.flop / (t.median * 1e-3) / 1e12;
   std::printf("%-11s %-44s median %8.3f ms  [%7.3f, %7.3f]  %7.1f TFLOP/s  check rel_l2 %.2e "
               "lse %.2e%s\n",
               name.c_str(), msa::bench::describe_shape(*bc).c_str(), t.median, t.min, t.max,
               tflops, rel_l2, lse_err, rc ? "  CHECK FAILED" : "");
-  std::ostringstream js;
-  js << "{\"case\":\"" << name << "\",\"shape\":\"" << msa::bench::describe_shape(*bc)
-     << "\",\"device\":\"" << device_name() << "\",\"median_ms\":" << t.median
-     << ",\"min_ms\":" << t.min << ",\"max_ms\":" << t.max << ",\"iters\":" << o.iters
-     << ",\"attended_pairs\":" << pairs.attended << ",\"flop\":" << flop
-     << ",\"tflops\":" << tflops << ",\"partial\":\"" << o.partial << "\",\"flush\":\""
-     << (o.flush_l2 ? msa::bench::flush_name() : "none") << "\",\"check_rel_l2\":"
-     << rel_l2 << ",\"check_lse_max_abs\":" << (std::isinf(lse_err) ? 1e30 : lse_err)
-     << ",\"check_ok\":" << (rc == 0 ? "true" : "false") << "}";
-  if (!o.json_path.empty()) std::ofstream(o.json_path, std::ios::app) << js.str() << "\n";
+  if (!o.json_path.empty()) {
+    namespace mb = msa::bench;
+    mb::Json r = mb::new_record(name, mb::op_name(op));
+    mb::add_shape(r, *bc);
+    mb::add_dtypes(r, "bf16", "bf16");
+    if (!is_csr) r["partial"] = o.partial;
+    mb::add_pairs(r, pairs);
+    mb::add_timing(r, {t.median, t.min, t.max}, o.iters, o.warmup, count.flop, count.bytes,
+                   is_csr ? mb::Metric::tbps : mb::Metric::tflops);
+    const bool checked = !is_csr && o.check;
+    mb::add_check(r, mb::check_result(checked, rc == 0),
+                  checked ? mb::Json{{"out_rel_l2", rel_l2}, {"lse_max_abs", lse_err}} : mb::Json());
+    mb::add_environment(r, true, o.flush_l2 ? mb::flush_name() : "none");
+    mb::append_record(o.json_path, r);
+  }
+  // The selection for bench/peers.py, which takes the shape from the JSON record.
   if (!o.dump_dir.empty() && !is_csr) {
     std::ofstream(o.dump_dir + "/" + name + ".q2k.bin", std::ios::binary)
         .write(reinterpret_cast<const char*>(sel.data()), std::streamsize(sel.size() * 4));
-    std::ofstream meta(o.dump_dir + "/" + name + ".meta.json");
-    meta << "{\"cu_seqlens\":[";
-    for (size_t b = 0; b < cu_q.size(); ++b) meta << (b ? "," : "") << cu_q[b];
-    meta << "],\"hq\":" << hq << ",\"hkv\":" << hkv << ",\"d\":" << d << ",\"topk\":" << topk
-         << ",\"attended_pairs\":" << pairs.attended << ",\"visible_pairs\":" << pairs.visible
-         << ",\"pattern\":\"" << msa::bench::pattern_name(bc->pattern) << "\"}\n";
   }
   cudaStreamDestroy(s);
   return rc;

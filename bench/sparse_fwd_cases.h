@@ -1,4 +1,4 @@
-// GPU benchmark of the sparse prefill and the CSR builder for the BENCHMARKS.md cases P8K-tok,
+// GPU benchmark of the sparse prefill and the CSR builder for the bench/CASES.md cases P8K-tok,
 // P32K-tok, P32K-blk, P48K-tok, VARLEN-tok and CSR-32K. Called by bench_sparse_fwd (main) and
 // by `msa bench --case NAME` (tools/cli): msa_bench::run_sparse_case(name, options).
 #pragma once
@@ -14,11 +14,11 @@ struct SparseBenchOptions {
   bool check = true;             // compare a sample of rows with a GPU fp32 reference first
   bool flush_l2 = true;          // overwrite a 256 MB buffer before every timed run
   std::string partial = "bf16";  // partial_dtype: "bf16" or "f32"
-  std::string json_path;         // append one JSON object per case (a line each) when set
-  std::string dump_dir;          // write q2k (int32, raw) + shape there for bench/peers.py
+  std::string json_path;         // append one record per case (bench/SCHEMA.md) when set
+  std::string dump_dir;          // write each case's q2k there (int32, raw) for bench/peers.py
 };
 
-// The case names this program runs, in BENCHMARKS.md order.
+// The case names this program runs, in bench/CASES.md order.
 const std::vector<std::string>& sparse_case_names();
 
 // Runs one case on the current CUDA device; prints one human-readable line and (if asked) the

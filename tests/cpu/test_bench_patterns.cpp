@@ -94,6 +94,23 @@ TEST(BenchPatterns, PairCountsByHand) {
   const bench::PairCounts c = bench::count_pairs(q2k, s, 2);
   EXPECT_EQ(c.visible, 2 * (1 + 2 + 3 + 4 + 5));
   EXPECT_EQ(c.attended, 2 * (1 + 2 + 2 + 2 + 2));
+  EXPECT_EQ(c.selected_keys, 2);  // block 0's two keys, read once for the kv head
+  EXPECT_EQ(bench::dense_selection_warning(c, s), "");  // 60% of the visible pairs
+}
+
+// Dense when topK reaches the key blocks, or when the selection covers >= 90% of the visible
+// pairs anyway (8 blocks, topK 7: only the last 104 queries miss a block).
+TEST(BenchPatterns, DenseSelectionWarning) {
+  auto warning = [](const bench::SelectionShape& s, int group) {
+    return bench::dense_selection_warning(bench::count_pairs(bench::make_selection(Pattern::tok, s), s, group), s);
+  };
+  const std::string w = warning(one_batch(256, 256, 1, 2, 128, true), 4);
+  EXPECT_NE(w.find("covers 100.0% of the causally visible"), std::string::npos) << w;
+  EXPECT_NE(w.find("topK 2 >= 2 key blocks"), std::string::npos) << w;
+  const std::string m = warning(one_batch(1000, 1000, 1, 7, 128, true), 1);
+  EXPECT_NE(m.find("the selection is dense"), std::string::npos) << m;
+  EXPECT_EQ(m.find("key blocks"), std::string::npos) << m;
+  EXPECT_EQ(warning(one_batch(4096, 4096, 1, 4, 128, true), 1), "");
 }
 
 TEST(BenchPatterns, ParseNames) {

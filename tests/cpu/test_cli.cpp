@@ -1,12 +1,17 @@
 // The `msa` command-line tool, run as a subprocess: demo on small CPU shapes passes its own
-// check, bench lists every bench/CASES.md case and times custom CPU shapes, bad options exit 2.
+// check, bench lists every named case, times custom CPU shapes into records of bench/SCHEMA.md
+// and warns about dense selections, bad options exit 2.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
-#include <sstream>
+#include <regex>
+#include <set>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "bench/cases.h"
 #include "msa/version.h"
@@ -19,8 +24,9 @@ struct RunResult {
   std::string output;  // stdout and stderr together
 };
 
-RunResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(MSA_CLI_PATH) + " " + args + " 2>&1";
+// env: "NAME=value " assignments for the command, e.g. "MSA_COMMIT=abc ".
+RunResult run_cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + std::string(MSA_CLI_PATH) + " " + args + " 2>&1";
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -94,17 +100,77 @@ TEST(Cli, BenchGpuRunnerRefusesShapeOverrides) {
   EXPECT_TRUE(has(r, built_with_cuda() ? "drop the shape options" : "no CUDA backend")) << r.output;
 }
 
-TEST(Cli, BenchTimesCustomCpuShapeAndWritesJson) {
-  const std::string path = ::testing::TempDir() + "msa_cli_bench.json";
-  const RunResult r = run_cli("bench --device cpu --seq 256 --hq 4 --hkv 1 --topk 2 --pattern blk "
-                              "--iters 2 --json " + path);
+// The records of a JSON Lines file, each parsed.
+std::vector<nlohmann::json> read_records(const std::string& path) {
+  std::vector<nlohmann::json> v;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+TEST(Cli, BenchTimesCustomCpuShapeAndAppendsSchemaRecords) {
+  const std::string path = ::testing::TempDir() + "msa_cli_bench.jsonl";
+  std::remove(path.c_str());
+  const std::string args = "bench --device cpu --seq 256 --hq 4 --hkv 1 --topk 2 --pattern blk --iters 2 --json " + path;
+  const RunResult r = run_cli(args, "MSA_COMMIT=test-commit ");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(has(r, "attention_forward")) << r.output;
-  std::ifstream f(path);
-  std::stringstream json;
-  json << f.rdbuf();
-  EXPECT_TRUE(json.str().find("\"status\":\"ok\"") != std::string::npos) << json.str();
-  EXPECT_TRUE(json.str().find("\"pattern\":\"blk\"") != std::string::npos) << json.str();
+  std::vector<nlohmann::json> recs = read_records(path);
+  ASSERT_EQ(recs.size(), 4u) << "one record per stage";
+  std::set<std::string> ops;
+  for (const nlohmann::json& j : recs) {
+    for (const char* k : {"schema", "case", "impl", "op", "batch", "seq_q", "seq_k", "hq", "hkv", "d", "blk",
+                          "topk", "pattern", "causal", "dtypes", "pairs", "density", "median_ms", "min_ms",
+                          "max_ms", "iters", "warmup", "flop", "bytes", "tflops", "tbps", "metric", "check",
+                          "flush", "commit", "device", "gpu", "driver", "cuda", "date"})
+      EXPECT_TRUE(j.contains(k)) << "missing " << k << " in " << j.dump();
+    EXPECT_EQ(j["schema"], 1);
+    EXPECT_EQ(j["case"], "custom");
+    EXPECT_EQ(j["impl"], "msa");
+    EXPECT_EQ(j["seq_k"], 256);
+    EXPECT_EQ(j["pattern"], "blk");
+    EXPECT_EQ(j["dtypes"]["q"], "bf16");
+    EXPECT_EQ(j["iters"], 2);
+    EXPECT_EQ(j["check"], "skipped");
+    EXPECT_EQ(j["flush"], "none");
+    EXPECT_EQ(j["device"], "cpu");
+    EXPECT_TRUE(j["gpu"].is_null());
+    EXPECT_EQ(j["commit"], "test-commit");
+    EXPECT_TRUE(std::regex_match(j["date"].get<std::string>(), std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")))
+        << j["date"];
+    EXPECT_GT(j["median_ms"].get<double>(), 0.0);
+    EXPECT_GT(j["bytes"].get<double>(), 0.0);
+    ops.insert(j["op"].get<std::string>());
+    if (j["op"] == "attention_forward") {
+      EXPECT_GT(j["flop"].get<double>(), 0.0);
+      EXPECT_EQ(j["metric"], "tflops");
+      // The rate is the count over the median.
+      EXPECT_NEAR(j["tflops"].get<double>(), j["flop"].get<double>() / (j["median_ms"].get<double>() * 1e9),
+                  1e-9 * j["tflops"].get<double>());
+    }
+    if (j["op"] == "select_topk") {
+      EXPECT_TRUE(j["flop"].is_null());
+      EXPECT_EQ(j["metric"], "tbps");
+    }
+  }
+  EXPECT_EQ(ops, (std::set<std::string>{"block_scores", "select_topk", "build_k2q_csr", "attention_forward"}));
+  // A second run appends.
+  EXPECT_EQ(run_cli(args).code, 0);
+  recs = read_records(path);
+  ASSERT_EQ(recs.size(), 8u);
+  EXPECT_NE(recs.back()["commit"], "test-commit") << "the build's commit without MSA_COMMIT";
+}
+
+// Two blocks and topK 2: every visible pair is attended, so the "sparse" run is dense attention.
+TEST(Cli, BenchWarnsAboutADenseSelectionOnly) {
+  const RunResult dense = run_cli("bench --device cpu --seq 256 --hq 4 --hkv 1 --topk 2 --blk 128 --iters 1");
+  EXPECT_EQ(dense.code, 0) << dense.output;
+  EXPECT_TRUE(has(dense, "warning: the selection is dense: it covers 100.0%")) << dense.output;
+  EXPECT_TRUE(has(dense, "topK 2 >= 2 key blocks")) << dense.output;
+  const RunResult sparse = run_cli("bench --device cpu --seq 1024 --hq 4 --hkv 1 --topk 2 --blk 128 --iters 1");
+  EXPECT_EQ(sparse.code, 0) << sparse.output;
+  EXPECT_FALSE(has(sparse, "the selection is dense")) << sparse.output;
 }
 
 TEST(Cli, HelpExitsZero) {

@@ -1,25 +1,25 @@
-// `msa bench`: the BENCHMARKS.md cases (--case NAME, --list) and custom shapes. GPU cases go
-// through one hook into the GPU benchmarks of bench/; the CPU mode times the reference stages,
-// which is useful for small shapes and says plainly that it is the fp64 reference.
+// `msa bench`: the named cases of bench/CASES.md (--case NAME, --list) and custom shapes. GPU
+// cases go through one hook into the GPU benchmarks of bench/; the CPU mode times the reference
+// stages, which is useful for small shapes and says plainly that it is the fp64 reference. Both
+// append records of bench/SCHEMA.md to the --json file, say on stderr how far a long run has
+// got, and warn when the selection is dense.
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 
 #include "bench/cases.h"
+#include "bench/counts.h"
+#include "bench/record.h"
 #ifdef MSA_CLI_GPU_BENCH
-#include <unistd.h>
-
-#include <filesystem>
-
 #include "bench/gpu_benches.h"
 #include "bench/gpu_timing.h"
 #include "bench/sparse_fwd_cases.h"
 #endif
 #include "commands.h"
-#include "json.h"
 #include "options.h"
 #include "pipeline.h"
 
@@ -35,10 +35,10 @@ struct BenchSettings {
 
 // ==== GPU benchmark hook ======================================================================
 // The one place where `msa bench` reaches the GPU benchmarks. They live in bench/ next to the
-// CUDA kernels and own the GPU timing rules of BENCHMARKS.md (CUDA events, warm-up, L2 flush,
+// CUDA kernels and own the GPU timing rules of bench/CASES.md (CUDA events, warm-up, L2 flush,
 // median and spread, a correctness check first): the sparse-prefill cases (P8K-tok ... CSR-32K)
 // through bench/sparse_fwd_cases.h, IDX-32K-*, E2E-32K and DEC-* through bench/gpu_benches.h.
-// They time the BENCHMARKS.md shapes; shape options make a custom shape, which they refuse.
+// They time the named shapes; shape options make a custom shape, which they refuse.
 
 #ifdef MSA_CLI_GPU_BENCH
 enum class GpuRunner { none, sparse, indexer, pipeline, decode };
@@ -66,33 +66,16 @@ bool same_shape(const bench::BenchCase& a, const bench::BenchCase& b) {
 std::string gpu_case_gap(const bench::BenchCase& c) {
   if (runner_of(c) == GpuRunner::none) return "no GPU benchmark for a custom shape";
   if (!same_shape(*bench::find_case(c.name), c))
-    return "the GPU runner times the BENCHMARKS.md shape only; drop the shape options";
+    return "the GPU runner times the named case's shape only; drop the shape options";
   return "";
-}
-
-// Runs the case's benchmark with its JSON records going to a scratch file, then moves them into
-// `json` as "results" (one record per timed variant).
-template <typename Run>
-int run_with_records(Run&& run, JsonWriter& j) {
-  const std::filesystem::path path = std::filesystem::temp_directory_path() /
-                                     ("msa_bench_" + std::to_string(getpid()) + ".jsonl");
-  std::filesystem::remove(path);
-  const int rc = run(path.string());
-  j.key("results").begin_array();
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) j.json(line);
-  j.end_array();
-  std::filesystem::remove(path);
-  return rc;
 }
 #else
 std::string gpu_case_gap(const bench::BenchCase&) { return "this build has no CUDA backend"; }
 #endif
 
-// Runs `c` on the GPU and writes its records into `json`; returns the exit code (0 ok, 1 a
-// correctness check failed), or -1 when this build has no GPU benchmark for the case.
-int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, JsonWriter& j) {
+// Runs `c` on the GPU, its records appended to `json` when not empty; returns the exit code (0
+// ok, 1 a correctness check failed), or -1 when this build has no GPU benchmark for the case.
+int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, const std::string& json) {
   if (!gpu_unavailable_reason().empty() || !gpu_case_gap(c).empty()) return -1;
 #ifdef MSA_CLI_GPU_BENCH
   const GpuRunner runner = runner_of(c);
@@ -103,21 +86,20 @@ int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, JsonWri
                                             "bench/peers.py"
                                           : "");
   std::fflush(stdout);
-  const int rc = run_with_records([&](const std::string& records) {
-    if (runner == GpuRunner::sparse) {
-      msa_bench::SparseBenchOptions o;
-      o.iters = b.gpu_iters;
-      o.warmup = b.gpu_warmup;
-      o.json_path = records;
-      return msa_bench::run_sparse_case(c.name, o);
-    }
-    if (runner == GpuRunner::decode) {
-      msa_bench::DecodeBenchOptions o;
-      o.iters = b.gpu_iters;
-      o.warmup = b.gpu_warmup;
-      o.json = records;
-      return msa_bench::run_decode_bench({c.name}, o);
-    }
+  int rc = 2;
+  if (runner == GpuRunner::sparse) {
+    msa_bench::SparseBenchOptions o;
+    o.iters = b.gpu_iters;
+    o.warmup = b.gpu_warmup;
+    o.json_path = json;
+    rc = msa_bench::run_sparse_case(c.name, o);
+  } else if (runner == GpuRunner::decode) {
+    msa_bench::DecodeBenchOptions o;
+    o.iters = b.gpu_iters;
+    o.warmup = b.gpu_warmup;
+    o.json = json;
+    rc = msa_bench::run_decode_bench({c.name}, o);
+  } else {
     bench::RunOptions o;
     o.seq = c.seqlens_q.at(0);
     o.hq = c.num_q_heads;
@@ -126,17 +108,14 @@ int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, JsonWri
     o.fp8 = c.kv_dtypes == "fp8";
     o.iters = b.gpu_iters;
     o.warmup = b.gpu_warmup;
-    o.json = records;
-    return runner == GpuRunner::indexer ? msa_bench::run_indexer_bench(o)
-                                        : msa_bench::run_pipeline_bench(o);
-  }, j);
+    o.json = json;
+    rc = runner == GpuRunner::indexer ? msa_bench::run_indexer_bench(o) : msa_bench::run_pipeline_bench(o);
+  }
   MSA_CHECK(rc != 2, "msa bench: the GPU benchmark could not run ", c.name);
-  j.field("device", "gpu").field("iters", b.gpu_iters).field("warmup", b.gpu_warmup);
-  j.field("status", rc == 0 ? "ok" : "check_failed");
   return rc;
 #else
   (void)b;
-  (void)j;
+  (void)json;
   return -1;
 #endif
 }
@@ -144,14 +123,14 @@ int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, JsonWri
 
 std::vector<OptionSpec> bench_specs() {
   std::vector<OptionSpec> v = {
-      {"case", "NAME", "a BENCHMARKS.md case (see --list); shape options override its values"},
+      {"case", "NAME", "a case of bench/CASES.md (see --list); shape options override its values"},
       {"list", "", "list the cases with their shapes and whether this build can run them"},
   };
   for (const OptionSpec& s : shape_option_specs(true)) v.push_back(s);
   v.push_back(device_option_spec());
   v.push_back({"iters", "N", "timed runs, median reported (default 20 on the GPU, 3 per CPU stage)"});
   v.push_back({"warmup", "N", "untimed runs first (default 3 on the GPU, 0 on the CPU)"});
-  v.push_back({"json", "FILE", "also write the results as JSON"});
+  v.push_back({"json", "FILE", "append one JSON record per timed op to FILE (JSON Lines, bench/SCHEMA.md)"});
   v.push_back({"help", "", "show this help"});
   return v;
 }
@@ -211,7 +190,7 @@ bench::BenchCase with_overrides(bench::BenchCase c, const ShapeOptions& o) {
   return c;
 }
 
-// A custom prefill shape: BENCHMARKS.md defaults (Hq=64, Hkv=4, D=128, topK=16, tok) under the
+// A custom prefill shape: the defaults of bench/CASES.md (Hq=64, Hkv=4, D=128, topK=16, tok) under the
 // given options; --seq (or --seqlens) is required.
 bench::BenchCase custom_case(const ShapeOptions& o) {
   bench::BenchCase c;
@@ -236,7 +215,7 @@ Shape shape_of(const bench::BenchCase& c) {
   return s;
 }
 
-// The stage whose time the case is about (BENCHMARKS.md "what is timed"); -1: all of them.
+// The stage whose time the case is about (its "what is timed" in bench/CASES.md); -1: all of them.
 int case_stage(const bench::BenchCase& c) {
   switch (c.kind) {
     case bench::CaseKind::sparse_prefill: return static_cast<int>(Stage::attention_forward);
@@ -246,83 +225,131 @@ int case_stage(const bench::BenchCase& c) {
   }
 }
 
-struct StageStats {
-  double median = 0, min = 0, max = 0;
-};
-StageStats stats(std::vector<double> v) {
+bench::Times stats(std::vector<double> v) {
   if (v.empty()) return {};
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back()};
 }
 
-void write_shape_json(JsonWriter& j, const bench::BenchCase& c) {
-  j.key("shape").begin_object();
-  j.key("seqlens_q").begin_array();
-  for (int64_t l : c.seqlens_q) j.value(l);
-  j.end_array().key("seqlens_k").begin_array();
-  for (int64_t l : c.seqlens_k) j.value(l);
-  j.end_array();
-  j.field("hq", c.num_q_heads).field("hkv", c.num_kv_heads).field("dim", c.head_dim);
-  j.field("topk", c.topk).field("blk", c.kv_block_size).field("causal", c.causal);
-  j.field("pattern", bench::pattern_name(c.pattern)).field("seed", static_cast<int64_t>(c.seed));
-  j.field("kv_dtypes", c.kv_dtypes).field("page_size", c.page_size).field("dense", c.dense);
-  j.end_object();
+bench::Op op_of(Stage st) {
+  switch (st) {
+    case Stage::block_scores: return bench::Op::block_scores;
+    case Stage::select_topk: return bench::Op::select_topk;
+    case Stage::build_k2q_csr: return bench::Op::build_k2q_csr;
+    case Stage::attention_forward: return bench::Op::attention_forward;
+  }
+  return bench::Op::pipeline;
 }
 
-// Runs every stage warmup + iters times; tok/blk selections replace the top-K output before the
-// CSR build, so the CSR and attention stages see the case's pattern.
-std::vector<std::vector<double>> time_stages(Pipeline& p, const Shape& s, const BenchSettings& b) {
-  const std::vector<int32_t> selection = s.pattern == bench::Pattern::idx
-                                             ? std::vector<int32_t>()
-                                             : bench::make_selection(s.pattern, selection_shape(s));
+// Progress of a CPU run on stderr, a line per iteration, when the whole run looks like taking
+// more than a few seconds: announced up front from its FLOP count (the fp64 reference does a few
+// GFLOP/s), or found out once an iteration has been timed. Small shapes finish without a word.
+class IterationProgress {
+ public:
+  IterationProgress(int warmup, int iters, double flop_per_iteration)
+      : warmup_(warmup), total_(warmup + iters), announced_(flop_per_iteration * total_ > 1e10) {
+    if (!announced_) return;
+    std::fprintf(stderr, "msa bench: %d warm-up + %d timed iterations of the four stages, %.1f GFLOP each, "
+                 "on the CPU: this takes a while\n", warmup, iters, flop_per_iteration * 1e-9);
+    std::fflush(stderr);
+  }
+  void done(int it) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double left = elapsed / (it + 1) * (total_ - it - 1);
+    if (!announced_ && elapsed + left < 3.0) return;
+    std::fprintf(stderr, "[iteration %d/%d] %s, %.1f s so far, about %.0f s left\n", it + 1, total_,
+                 it < warmup_ ? "warm-up" : "timed", elapsed, left);
+    std::fflush(stderr);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  int warmup_, total_;
+  bool announced_;
+  Clock::time_point start_ = Clock::now();
+};
+
+// Runs every stage warmup + iters times; a tok/blk `selection` replaces the top-K output before
+// the CSR build, so the CSR and attention stages see the case's pattern.
+std::vector<std::vector<double>> time_stages(Pipeline& p, const std::vector<int32_t>& selection,
+                                             const BenchSettings& b, double flop_per_iteration) {
   std::vector<std::vector<double>> ms(4);
+  IterationProgress progress(b.warmup, b.iters, flop_per_iteration);
   for (int it = 0; it < b.warmup + b.iters; ++it) {
     for (Stage st : kStages) {
       if (st == Stage::build_k2q_csr && !selection.empty()) p.set_q2k(selection);
       const double t = p.run(st);
       if (it >= b.warmup) ms[static_cast<int>(st)].push_back(t);
     }
+    progress.done(it);
   }
   return ms;
 }
 
-int time_cpu(const bench::BenchCase& c, const BenchSettings& b, JsonWriter& j) {
+void warn_if_dense(const bench::PairCounts& pairs, const bench::SelectionShape& sel) {
+  const std::string w = bench::dense_selection_warning(pairs, sel);
+  if (w.empty()) return;
+  std::fprintf(stderr, "msa bench: %s\n", w.c_str());
+  std::fflush(stderr);
+}
+
+// One record per stage: the CPU reference is what a check would compare against, so "check" is
+// skipped.
+void append_stage_record(const std::string& path, const bench::BenchCase& c, Stage st,
+                         const bench::Times& t, const BenchSettings& b, const bench::OpCount& n,
+                         const bench::PairCounts& pairs) {
+  bench::Json r = bench::new_record(c.name, stage_name(st));
+  bench::add_shape(r, c);
+  bench::add_dtypes(r, "bf16", "bf16");
+  bench::add_pairs(r, pairs);
+  r["threads"] = omp_get_max_threads();
+  bench::add_timing(r, t, b.iters, b.warmup, n.flop, n.bytes,
+                    n.flop > 0 ? bench::Metric::tflops : bench::Metric::tbps);
+  bench::add_check(r, bench::Check::skipped);
+  bench::add_environment(r, false, "none");
+  bench::append_record(path, r);
+}
+
+int time_cpu(const bench::BenchCase& c, const BenchSettings& b, const std::string& json) {
   const Shape s = shape_of(c);
   std::printf("msa bench %s on cpu (fp64 reference, %d OpenMP threads): %s, %s selection, bf16\n",
               c.name.c_str(), omp_get_max_threads(), describe(s).c_str(), bench::pattern_name(s.pattern));
   std::fflush(stdout);
+  const bench::SelectionShape sel = selection_shape(s);
+  const int group = s.num_q_heads / s.num_kv_heads;
+  // tok / blk: known before the run, so a dense one is named before the wait.
+  const std::vector<int32_t> selection = s.pattern == bench::Pattern::idx
+                                             ? std::vector<int32_t>()
+                                             : bench::make_selection(s.pattern, sel);
+  bench::SelectionShape unselected = sel;  // idx: visible pairs only, the selection comes later
+  unselected.topk = 0;
+  const bench::PairCounts known = selection.empty() ? bench::count_pairs({}, unselected, group)
+                                                    : bench::count_pairs(selection, sel, group);
+  if (!selection.empty()) warn_if_dense(known, sel);
+  // Block scores plus attention; dense attention bounds an idx selection's.
+  const double flop = 2.0 * s.head_dim * double(known.visible) +
+                      4.0 * s.head_dim * double(selection.empty() ? known.visible : known.attended);
   const HostInputs in = make_inputs(s);
   Pipeline p(s, in, Device{});
-  const std::vector<std::vector<double>> ms = time_stages(p, s, b);
-  const bench::PairCounts pairs = bench::count_pairs(p.q2k(), selection_shape(s), s.num_q_heads / s.num_kv_heads);
-  const double flop[4] = {2.0 * s.head_dim * pairs.visible, 0, 0, 4.0 * s.head_dim * pairs.attended};
+  const std::vector<std::vector<double>> ms = time_stages(p, selection, b, flop);
+  const bench::PairCounts pairs = bench::count_pairs(p.q2k(), sel, group);
+  if (selection.empty()) warn_if_dense(pairs, sel);
+  const bench::OpShape shape = bench::op_shape(sel, s.num_q_heads, s.head_dim);
   const int focus = case_stage(c);
   std::printf("%-20s %11s %11s %11s  %s\n", "stage", "median ms", "min ms", "max ms", "rate");
-  j.field("device", "cpu").field("threads", omp_get_max_threads()).field("iters", b.iters);
-  j.field("warmup", b.warmup).key("stages").begin_array();
   for (Stage st : kStages) {
     const int i = static_cast<int>(st);
-    const StageStats t = stats(ms[i]);
-    std::printf("%s%-19s %11.2f %11.2f %11.2f  %s\n", i == focus ? "*" : " ", stage_name(st), t.median,
-                t.min, t.max, flop[i] > 0 ? flop_rate(flop[i], t.median).c_str() : "");
-    j.begin_object().field("name", stage_name(st)).field("median_ms", t.median).field("min_ms", t.min);
-    j.field("max_ms", t.max).field("flop", static_cast<int64_t>(flop[i])).field("timed_by_case", focus < 0 || i == focus);
-    j.end_object();
+    const bench::Times t = stats(ms[i]);
+    const bench::OpCount n = bench::count_op(op_of(st), shape, pairs);
+    std::printf("%s%-19s %11.2f %11.2f %11.2f  %s\n", i == focus ? "*" : " ", stage_name(st), t.median_ms,
+                t.min_ms, t.max_ms, n.flop > 0 ? flop_rate(n.flop, t.median_ms).c_str() : "");
+    if (!json.empty()) append_stage_record(json, c, st, t, b, n, pairs);
   }
-  j.end_array().field("attended_pairs", pairs.attended).field("visible_pairs", pairs.visible);
   const double density = pairs.visible ? double(pairs.attended) / double(pairs.visible) : 0.0;
-  j.field("density", density);
   std::printf("density %.2f%% (attended / causal dense (head, key) pairs)%s\n", 100 * density,
               focus >= 0 ? "; * = the stage this case times" : "");
   return 0;
-}
-
-void write_json(const std::string& path, const JsonWriter& j) {
-  std::ofstream f(path);
-  f << j.str() << "\n";
-  MSA_CHECK(f.good(), "msa bench: cannot write --json file '", path, "'");
-  std::printf("wrote %s\n", path.c_str());
 }
 
 // Resolves what to run: a named case with overrides, or a custom shape.
@@ -343,8 +370,9 @@ int run_bench(const std::vector<std::string>& args) {
   const ParsedArgs a(specs, args);
   if (a.has("help")) {
     print_help(std::cout, "msa bench (--case NAME | --list | --seq N) [options]",
-               "Times a BENCHMARKS.md case on the GPU, or the CPU reference stages with --device cpu.\n"
-               "A case this build has no backend for says what it needs and exits 0.",
+               "Times a case of bench/CASES.md on the GPU, or the CPU reference stages with --device\n"
+               "cpu. A case this build has no backend for says what it needs and exits 0.\n"
+               "`python bench/plot.py FILE --out DIR` draws the --json records.",
                specs);
     return 0;
   }
@@ -362,20 +390,18 @@ int run_bench(const std::vector<std::string>& args) {
   b.warmup = static_cast<int>(warmup.value_or(b.warmup));
   b.gpu_warmup = static_cast<int>(warmup.value_or(b.gpu_warmup));
   const bench::BenchCase c = pick_case(a, so);
-  const std::optional<std::string> json_path = a.text("json");
-  // Fail before a long run, not after it, when the JSON file cannot be written.
-  if (json_path) MSA_CHECK(std::ofstream(*json_path).good(), "msa bench: cannot write --json file '", *json_path, "'");
-  JsonWriter j;
-  j.begin_object().field("tool", "msa bench").field("version", kVersion).field("case", c.name);
-  write_shape_json(j, c);
+  const std::string json = a.text("json").value_or("");
+  // Fail before a long run, not after it, when the records cannot be appended.
+  if (!json.empty())
+    MSA_CHECK(std::ofstream(json, std::ios::app).good(), "msa bench: cannot append to --json file '", json, "'");
   int rc = -1;
+  bool timed = false;
   if (b.device != DeviceChoice::cpu) {
-    rc = dispatch_gpu_case(c, b, j);
+    rc = dispatch_gpu_case(c, b, json);
+    timed = rc >= 0;
     if (rc < 0 && (b.device == DeviceChoice::gpu || c.name != "custom")) {
-      const std::string why = "needs " + c.needs + " (" + gpu_gap(c) + ")";
-      std::printf("%s: %s\n", c.name.c_str(), why.c_str());
+      std::printf("%s: needs %s (%s)\n", c.name.c_str(), c.needs.c_str(), gpu_gap(c).c_str());
       if (cpu_gap(c).empty()) std::printf("(`--device cpu` times the fp64 CPU reference instead)\n");
-      j.field("status", "no_backend").field("reason", why);
       rc = 0;
     } else if (rc < 0) {
       std::printf("no GPU backend for this shape (%s); timing the CPU reference\n", gpu_gap(c).c_str());
@@ -384,15 +410,14 @@ int run_bench(const std::vector<std::string>& args) {
   if (rc < 0) {
     if (const std::string gap = cpu_gap(c); !gap.empty()) {
       std::printf("%s: %s\n", c.name.c_str(), gap.c_str());
-      j.field("status", "no_backend").field("reason", gap);
       rc = 0;
     } else {
-      rc = time_cpu(c, b, j);
-      j.field("status", "ok");
+      rc = time_cpu(c, b, json);
+      timed = true;
     }
   }
-  j.end_object();
-  if (json_path) write_json(*json_path, j);
+  if (!json.empty())
+    std::printf(timed ? "records appended to %s\n" : "nothing was timed: no record written to %s\n", json.c_str());
   return rc;
 }
 
