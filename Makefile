@@ -44,12 +44,13 @@ demo: build
 DEVICE_BIN ?= build-device-bin
 GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build \
 	test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu bench_sparse_fwd \
-	bench_indexer bench_decode bench_pipeline msa_cli
+	bench_indexer bench_decode bench_pipeline bench_latency msa_cli
 device-bin: configure
 	cmake --build $(BUILD) -j $(JOBS) --target $(GPU_TARGETS)
 	mkdir -p $(DEVICE_BIN)
 	cp $(BUILD)/tests/cuda/test_* $(BUILD)/bench/bench_sparse_fwd $(BUILD)/bench/bench_indexer \
-		$(BUILD)/bench/bench_decode $(BUILD)/bench/bench_pipeline $(BUILD)/tools/cli/msa $(DEVICE_BIN)/
+		$(BUILD)/bench/bench_decode $(BUILD)/bench/bench_pipeline $(BUILD)/bench/bench_latency \
+		$(BUILD)/tools/cli/msa $(DEVICE_BIN)/
 
 # The Python package with its CUDA backend, as a wheel for the GPU machine's python (3.12 there):
 # `make device-wheel DEVICE_PYTHON=python3.12`, then carry .whl and run device_session.sh pytest.

@@ -6,7 +6,7 @@
 # benchmark programs' in $OUT/records.jsonl, the peers' in $OUT/peers.jsonl; `python3
 # bench/plot.py records.jsonl peers.jsonl --out DIR` draws them.
 #   bench/device_session.sh [steps...]
-#   steps: tests memcheck racecheck bench peers pytest ncu-sparse ncu-uniform ncu-indexer
+#   steps: tests memcheck racecheck bench peers pytest demo examples pybench ncu-sparse ncu-uniform ncu-indexer
 #          ncu-indexer-fp8 ncu-decode
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
 #          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines)
@@ -33,6 +33,15 @@ if [[ " $steps " != " ab " ]]; then  # `ab` alone needs only $BIN/ab (carry buil
     { echo "binaries in $BIN do not run here; run 'make device-bin' and carry $BIN"; exit 1; }
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+
+# Installs the wheel that `make device-wheel` left in .whl/ (once per session).
+install_wheel() {
+  [[ -n ${wheel_installed:-} ]] && return 0
+  local whl; whl=$(ls .whl/msa*-cp3*.whl 2>/dev/null | head -1)
+  [[ -z $whl ]] && { summary+=("no .whl/msa*.whl (make device-wheel, carry .whl)"); return 1; }
+  python3 -m pip install -q --no-deps --no-index --force-reinstall "$whl" > "$OUT/wheel_install.log" 2>&1 &&
+    wheel_installed=1
+}
 
 ncu_step() {  # name, kernel regex, command...
   local name=$1 regex=$2; shift 2
@@ -136,12 +145,30 @@ for step in $steps; do
         python3 bench/peers_decode.py --ours "$OUT/records.jsonl" --json "$OUT/peers.jsonl" \
         > "$OUT/peers_decode_read.log" 2>&1;
         summary+=("peers_decode.py (read flush) rc=$?"); } ;;
+    demo)  # msa demo at its default GPU shape (the serving pipeline against the dense reference)
+      lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/msa" demo > "$OUT/demo.log" 2>&1;
+        summary+=("msa demo rc=$?"); grep -E "^  |dense reference|sparse pipeline|result" "$OUT/demo.log"; } ;;
+    examples)  # the Python examples on CUDA (needs the wheel: run after pytest, or install it)
+      install_wheel && for ex in examples/python/sparse_layer.py examples/python/serving_backend.py; do
+        lim=$(left 120); (( lim == 0 )) && break
+        (cd /tmp && timeout $lim python3 "$OLDPWD/$ex" --device cuda) > "$OUT/$(basename "$ex" .py).log" 2>&1
+        summary+=("$ex rc=$? $(tail -1 "$OUT/$(basename "$ex" .py).log")")
+      done ;;
+    pybench)  # the Python API against the C++ figures of the same run (needs the wheel)
+      install_wheel || continue
+      lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --case P8K-tok --case P32K-tok \
+        --case P32K-blk --json "$OUT/pybench_cpp.jsonl" --dump /tmp/msa_dump --iters ${ITERS:-20} --warmup 3 \
+        > "$OUT/pybench_cpp.log" 2>&1; summary+=("bench_sparse_fwd (pybench) rc=$?"); }
+      lim=$(left 60); (( lim > 0 )) && { timeout $lim "$BIN/bench_latency" --json "$OUT/pybench_cpp.jsonl" \
+        >> "$OUT/pybench_cpp.log" 2>&1; summary+=("bench_latency rc=$?"); }
+      lim=$(left 200); (( lim > 0 )) && { (cd /tmp && PYTHONUNBUFFERED=1 timeout $lim python3 "$OLDPWD/bench/python_bench.py" \
+        --dump /tmp/msa_dump --cpp "$OUT/pybench_cpp.jsonl" --latency-cpp "$OUT/pybench_cpp.jsonl" \
+        --iters ${ITERS:-20} --json "$OUT/pybench.jsonl") > "$OUT/pybench.log" 2>&1; summary+=("python_bench rc=$?"); }
+      grep -E "median|host" "$OUT/pybench_cpp.log" | cut -c1-160; cat "$OUT/pybench.log" ;;
     pytest)
-      whl=$(ls .whl/msa-*-cp3*.whl 2>/dev/null | head -1)
-      if [[ -z $whl ]]; then summary+=("pytest skipped: no .whl/msa-*.whl (make device-wheel, carry .whl)"); else
-        python3 -m pip install -q --no-deps --no-index --force-reinstall "$whl" > "$OUT/pytest.log" 2>&1
+      if install_wheel; then
         lim=$(left 240); (( lim > 0 )) && (cd /tmp && timeout $lim python3 -m pytest "$OLDPWD/python/tests" -q -rs \
-          -p no:cacheprovider >> "$OUT/pytest.log" 2>&1); summary+=("pytest rc=$? $(tail -1 "$OUT/pytest.log")")
+          -p no:cacheprovider > "$OUT/pytest.log" 2>&1); summary+=("pytest rc=$? $(tail -1 "$OUT/pytest.log")")
         grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
       fi ;;
     ncu-sparse) ncu_step sparse "sparse_fwd_kernel" "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check ;;

@@ -15,7 +15,6 @@ cost of a small call.
     python bench/python_bench.py --dump DIR --cpp records.jsonl [--latency-cpp lat.jsonl]
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,24 +26,7 @@ import msa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import records  # noqa: E402
-from peers import flush_l2, load_case  # noqa: E402
-
-
-def time_events(fn, iters, warmup):
-    """(median, min, max) ms of fn over CUDA events, the L2 flushed before each run."""
-    flush = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for i in range(iters):
-        flush_l2(flush, i)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times), min(times), max(times)
+from peers import FLUSH, load_selection, time_ms  # noqa: E402
 
 
 def host_us(fn, calls, warmup=50):
@@ -61,11 +43,6 @@ def host_us(fn, calls, warmup=50):
     return statistics.median(times), min(times), max(times)
 
 
-def read_records(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def throughput(args, cpp):
     rows = []
     for name in args.cases:
@@ -75,27 +52,26 @@ def throughput(args, cpp):
             print(f"{name}: no bench_sparse_fwd record in {args.cpp}; skipped")
             continue
         ref = mine[-1]
-        meta, q2k = load_case(args.dump, name)
-        q2k = q2k.cuda()
-        s, hq, hkv, d = meta["cu_seqlens"][-1], meta["hq"], meta["hkv"], meta.get("d", 128)
+        q2k = load_selection(args.dump, ref).cuda()
+        s, hq, hkv, d = ref["seq_q"], ref["hq"], ref["hkv"], ref["d"]
         gen = torch.Generator(device="cuda").manual_seed(7)
         q = torch.randn(s, hq, d, generator=gen, device="cuda").to(torch.bfloat16)
         k = torch.randn(s, hkv, d, generator=gen, device="cuda").to(torch.bfloat16)
         v = torch.randn(s, hkv, d, generator=gen, device="cuda").to(torch.bfloat16)
-        cu = torch.tensor(meta["cu_seqlens"], dtype=torch.int32, device="cuda")
+        cu = torch.tensor([0, s], dtype=torch.int32, device="cuda")
         k2q = msa.build_k2q_csr(q2k, cu, cu_seqlens_k=cu, k=k)
 
         def call():
             msa.attention_forward(q, k, v, cu, cu_seqlens_k=cu, q2k=q2k, k2q=k2q)
 
-        times = time_events(call, args.iters, args.warmup)
+        times = time_ms(call, args.iters, args.warmup)
         msa.check_status()
         rec = records.new_record(name, "attention_forward", "msa-python")
         rec.update(records.shape_of(ref))
         records.add_timing(rec, times, args.iters, args.warmup, ref.get("flop"), ref.get("bytes"),
                            "tflops")
         rec["vs_cpp"] = times[0] / ref["median_ms"]
-        rows.append(rec)
+        rows.append(records.add_environment(rec, FLUSH, ref.get("commit")))
         print(f"{name}: python {times[0]:.3f} ms ({rec['tflops']:.1f} TFLOP/s), C++ "
               f"{ref['median_ms']:.3f} ms ({ref['tflops']:.1f}): python / C++ = "
               f"{rec['vs_cpp']:.3f}")
@@ -131,7 +107,7 @@ def latency(args, cpp_lat):
             rec["cpp_host_us"] = c
             line += f", C++ {c:.1f} us: python adds {med - c:.1f} us"
         print(line)
-        rows.append(rec)
+        rows.append(records.add_environment(rec, "none"))
     return rows
 
 
@@ -152,13 +128,10 @@ def main():
     args = p.parse_args()
     rows = []
     if args.dump and args.cpp:
-        rows += throughput(args, read_records(args.cpp))
-    rows += latency(args, read_records(args.latency_cpp) if args.latency_cpp else [])
-    if args.json:
-        header = records.run_header() if hasattr(records, "run_header") else {}
-        with open(args.json, "a") as f:
-            for r in rows:
-                f.write(json.dumps({**r, **header}) + "\n")
+        rows += throughput(args, records.read(args.cpp))
+    rows += latency(args, records.read(args.latency_cpp) if args.latency_cpp else [])
+    for r in rows if args.json else []:
+        records.append(args.json, r)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,194 @@
+// bench_latency: the host time of one C++ call on a small problem, each call started on an idle
+// stream (so the figure is the host's cost to validate and enqueue, never a wait on the GPU), and
+// the GPU time of the same calls back to back: attention_forward with its k2q index (as
+// bench_sparse_fwd calls it) and sparse_attention_pipeline. bench/python_bench.py times the same
+// calls through the Python API; the difference is the Python layer's cost.
+//   bench_latency [--seq S] [--hq H] [--hkv H] [--topk K] [--calls N] [--json FILE]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench/gpu_timing.h"
+#include "bench/inputs.h"
+#include "bench/record.h"
+#include "msa/msa.h"
+
+namespace {
+
+using msa::DType;
+using msa::Tensor;
+using namespace msa::bench;
+
+struct Options {
+  int64_t seq = 256, hq = 8, hkv = 2, topk = 2;
+  int calls = 1000;
+  std::string json;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    MSA_CHECK(i + 1 < argc, "bench_latency: ", a, " needs a value");
+    const char* v = argv[++i];
+    if (a == "--seq") o.seq = std::atoll(v);
+    else if (a == "--hq") o.hq = std::atoll(v);
+    else if (a == "--hkv") o.hkv = std::atoll(v);
+    else if (a == "--topk") o.topk = std::atoll(v);
+    else if (a == "--calls") o.calls = std::atoi(v);
+    else if (a == "--json") o.json = v;
+    else msa::fail("bench_latency: unknown option ", a);
+  }
+  MSA_CHECK(o.seq > 0 && o.hq > 0 && o.hkv > 0 && o.hq % o.hkv == 0 && o.topk > 0 && o.calls > 0,
+            "bench_latency: sizes must be positive, with --hq a multiple of --hkv");
+  return o;
+}
+
+struct HostTimes {
+  double median_us = 0, min_us = 0, max_us = 0, gpu_us = 0;
+};
+
+// Host microseconds of `call`, each run alone after the stream drained; then the GPU time per
+// call of `calls` calls back to back (CUDA events around the whole loop).
+HostTimes time_calls(const std::function<void()>& call, int calls, cudaStream_t s) {
+  for (int i = 0; i < 50; ++i) call();  // warm-up: module loads, first-launch setup
+  std::vector<double> us(size_t(calls), 0.0);
+  for (double& t : us) {
+    MSA_BENCH_CUDA(cudaStreamSynchronize(s));
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  cudaEvent_t e0, e1;
+  MSA_BENCH_CUDA(cudaEventCreate(&e0));
+  MSA_BENCH_CUDA(cudaEventCreate(&e1));
+  MSA_BENCH_CUDA(cudaEventRecord(e0, s));
+  for (int i = 0; i < calls; ++i) call();
+  MSA_BENCH_CUDA(cudaEventRecord(e1, s));
+  MSA_BENCH_CUDA(cudaEventSynchronize(e1));
+  float ms = 0;
+  MSA_BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  MSA_BENCH_CUDA(cudaEventDestroy(e0));
+  MSA_BENCH_CUDA(cudaEventDestroy(e1));
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us.front(), us.back(), 1e3 * ms / calls};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    const int64_t S = o.seq, D = 128;
+    std::vector<uint16_t> hq(size_t(S * o.hq * D)), hk(size_t(S * o.hkv * D)), hv(hk.size());
+    fill_normal_bf16(hq.data(), int64_t(hq.size()), 11, 0);
+    fill_normal_bf16(hk.data(), int64_t(hk.size()), 11, 1);
+    fill_normal_bf16(hv.data(), int64_t(hv.size()), 11, 2);
+    const int32_t cu[2] = {0, int32_t(S)};
+    const int64_t rows = S / 128 + 1;  // total_k / blk + B: the bound the Python layer uses
+    GpuBuffer q(hq.size() * 2), k(hk.size() * 2), v(hv.size() * 2), cub(8), out(hq.size() * 2),
+        q2k(size_t(o.hkv * S * o.topk) * 4), row_ptr(size_t(o.hkv * (rows + 1)) * 4),
+        q_idx(size_t(o.hkv * S * o.topk) * 4),
+        schedule(size_t(msa::k2q_schedule_size(o.hkv, rows, S, o.topk)) * 4), status(16);
+    cudaStream_t s;
+    MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    MSA_BENCH_CUDA(cudaMemcpy(q.get(), hq.data(), q.bytes(), cudaMemcpyHostToDevice));
+    MSA_BENCH_CUDA(cudaMemcpy(k.get(), hk.data(), k.bytes(), cudaMemcpyHostToDevice));
+    MSA_BENCH_CUDA(cudaMemcpy(v.get(), hv.data(), v.bytes(), cudaMemcpyHostToDevice));
+    MSA_BENCH_CUDA(cudaMemcpy(cub.get(), cu, 8, cudaMemcpyHostToDevice));
+    MSA_BENCH_CUDA(cudaMemset(status.get(), 0, 16));
+    const Tensor st = gpu_view(status.get(), DType::i32, {4});
+
+    msa::KVCache kv;
+    kv.k = gpu_view(k.get(), DType::bf16, {S, o.hkv, D});
+    kv.v = gpu_view(v.get(), DType::bf16, {S, o.hkv, D});
+    kv.cu_seqlens_k = gpu_view(cub.get(), DType::i32, {2});
+    const Tensor qt = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
+
+    // The selection and its CSR, built once (untimed), as a caller of attention_forward has them.
+    msa::BlockTopKArgs sel;
+    sel.q = qt;
+    sel.kv = kv;
+    sel.kv.v = msa::QTensor();
+    sel.cu_seqlens_q = kv.cu_seqlens_k;
+    sel.topk = int(o.topk);
+    sel.q2k = gpu_view(q2k.get(), DType::i32, {o.hkv, S, o.topk});
+    sel.status = st;
+    msa::block_topk(sel, s);
+    msa::CsrBuildArgs csr;
+    csr.q2k = sel.q2k;
+    csr.cu_seqlens_q = sel.cu_seqlens_q;
+    csr.kv = kv;
+    csr.out.row_ptr = gpu_view(row_ptr.get(), DType::i32, {o.hkv, rows + 1});
+    csr.out.q_idx = gpu_view(q_idx.get(), DType::i32, {o.hkv, S * o.topk});
+    csr.out.schedule = gpu_view(schedule.get(), DType::i32, {int64_t(schedule.bytes() / 4)});
+    GpuBuffer csr_ws(std::max<size_t>(msa::csr_workspace_bytes(o.hkv, rows, S, o.topk), 256));
+    csr.workspace = gpu_view(csr_ws.get(), DType::u8, {int64_t(csr_ws.bytes())});
+    csr.status = st;
+    msa::build_k2q_csr(csr, s);
+
+    msa::AttentionArgs a;  // as msa.attention_forward(q, k, v, cu, q2k=q2k, k2q=k2q) calls it
+    a.q = qt;
+    a.kv = kv;
+    a.cu_seqlens_q = kv.cu_seqlens_k;
+    a.q2k = sel.q2k;
+    a.k2q = csr.out;
+    a.out = gpu_view(out.get(), DType::bf16, {S, o.hq, D});
+    a.status = st;
+    GpuBuffer attn_ws(std::max<size_t>(msa::attention_workspace_bytes(a), 256));
+    a.workspace = gpu_view(attn_ws.get(), DType::u8, {int64_t(attn_ws.bytes())});
+
+    msa::PipelineArgs p;  // as msa.sparse_attention(q, k, v, cu, topk=K) calls it
+    p.q = qt;
+    p.kv = kv;
+    p.cu_seqlens_q = kv.cu_seqlens_k;
+    p.topk = int(o.topk);
+    p.out = a.out;
+    p.status = st;
+    GpuBuffer pipe_ws(std::max<size_t>(msa::pipeline_workspace_bytes(p), 256));
+    p.workspace = gpu_view(pipe_ws.get(), DType::u8, {int64_t(pipe_ws.bytes())});
+
+    const std::pair<const char*, std::function<void()>> ops[] = {
+        {"attention_forward", [&] { msa::attention_forward(a, s); }},
+        {"pipeline", [&] { msa::sparse_attention_pipeline(p, s); }},
+    };
+    for (const auto& [op, call] : ops) {
+      const HostTimes t = time_calls(call, o.calls, s);
+      msa::check_status(st, s);
+      std::printf("%-18s S=%lld Hq=%lld Hkv=%lld topk=%lld: host %.1f us per call (min %.1f, max "
+                  "%.1f), GPU %.1f us per call\n",
+                  op, (long long)S, (long long)o.hq, (long long)o.hkv, (long long)o.topk,
+                  t.median_us, t.min_us, t.max_us, t.gpu_us);
+      if (o.json.empty()) continue;
+      Json r = new_record("LAT-CPP", op);
+      r["batch"] = 1;
+      r["seq_q"] = S;
+      r["seq_k"] = S;
+      r["hq"] = o.hq;
+      r["hkv"] = o.hkv;
+      r["d"] = D;
+      r["blk"] = 128;
+      r["topk"] = o.topk;
+      r["pattern"] = "idx";
+      r["causal"] = true;
+      add_dtypes(r, "bf16", "bf16");
+      r["host_us_median"] = t.median_us;
+      r["host_us_min"] = t.min_us;
+      r["host_us_max"] = t.max_us;
+      r["gpu_us"] = t.gpu_us;
+      r["calls"] = o.calls;
+      add_environment(r, /*on_gpu=*/true, "none");
+      append_record(o.json, r);
+    }
+    MSA_BENCH_CUDA(cudaStreamDestroy(s));
+    return 0;
+  } catch (const msa::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 3;
+  }
+}
