@@ -74,19 +74,62 @@ def test_block_topk_compiles_and_passes_opcheck():
                                       "test_aot_dispatch_dynamic"))
 
 
-def test_pipeline_compiles_with_static_sizes():
+def test_pipeline_compiles_and_captures_without_sizes():
+    # The one-call pipeline reads nothing on the host: torch.compile(fullgraph=True) and CUDA
+    # graph capture need no static sizes.
     q, k, v, cu_q, cu_k, _ = _problem(3)
-    rows = sum((lk + BLK - 1) // BLK for lk in LK)
 
     def run(q, k, v, cu_q, cu_k):
         return msa.sparse_attention(q, k, v, cu_q, cu_seqlens_k=cu_k, topk=TOPK,
-                                    max_seqlen_k=max(LK), total_rows=rows, return_lse=True)
+                                    return_lse=True, return_selection=True)
 
     with gpu_op():
         eager = run(q, k, v, cu_q, cu_k)
     got = torch.compile(run, fullgraph=True)(q, k, v, cu_q, cu_k)
     for a, b in zip(got, eager):
         assert torch.equal(a, b)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(q, k, v, cu_q, cu_k)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(q, k, v, cu_q, cu_k)
+    fresh = _problem(9)
+    for dst, src in zip((q, k, v), fresh[:3]):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = run(q, k, v, cu_q, cu_k)
+    for a, b in zip(captured, want):
+        assert torch.equal(a, b)
+
+
+def test_decode_length_past_the_plan_is_a_clear_error():
+    gen = torch.Generator().manual_seed(10)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, [1, 1], [300, 200], 16, 2, 128,
+                                             torch.bfloat16, DEV)
+    kp, vp, table, seqused = ref.to_pages(gen, k, v, cu_k, 64)
+    with gpu_op():
+        plan = msa.DecodePlan().plan(batch=2, num_q_heads=16, num_kv_heads=2, head_dim=128,
+                                     page_size=64, max_pages=table.shape[1],
+                                     kv_dtype=torch.bfloat16, seqused_k=seqused)
+        ws = plan._workspace
+        assert plan.shape["device_type"] == "cuda"  # from seqused_k
+        plan.run(q, kp, vp, table, cu_q, seqused_k=seqused)
+    msa.check_status()
+    # Request 1 was planned for 200 keys (capacity 256, a multiple of 128); 300 is past it.
+    grown = torch.tensor([300, 300], dtype=torch.int32, device=DEV)
+    plan.run(q, kp, vp, table, cu_q, seqused_k=grown)
+    with pytest.raises(msa.MsaError, match=r"seqused_k: request 1 has 300 keys, past the "
+                                           r"planned capacity 256"):
+        msa.check_status()
+    plan.plan(batch=2, num_q_heads=16, num_kv_heads=2, head_dim=128, page_size=64,
+              max_pages=table.shape[1], kv_dtype=torch.bfloat16, seqused_k=grown)
+    assert plan._workspace is ws  # re-planned in place
+    plan.run(q, kp, vp, table, cu_q, seqused_k=grown)
+    msa.check_status()
 
 
 def test_cuda_graph_capture_and_replay():
