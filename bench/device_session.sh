@@ -133,8 +133,8 @@ for step in $steps; do
         python3 bench/peers_decode.py --ours "$OUT/bench_decode_read.json" > "$OUT/peers_decode_read.log" 2>&1;
         summary+=("peers_decode.py (read flush) rc=$?"); } ;;
     pytest)
-      whl=$(ls .whl/msa-*-cp3*.whl 2>/dev/null | head -1)
-      if [[ -z $whl ]]; then summary+=("pytest skipped: no .whl/msa-*.whl (make device-wheel, carry .whl)"); else
+      whl=$(ls .whl/msa_attention-*-cp3*.whl 2>/dev/null | head -1)
+      if [[ -z $whl ]]; then summary+=("pytest skipped: no .whl/msa_attention-*.whl (make device-wheel, carry .whl)"); else
         python3 -m pip install -q --no-deps --no-index --force-reinstall "$whl" > "$OUT/pytest.log" 2>&1
         lim=$(left 240); (( lim > 0 )) && (cd /tmp && timeout $lim python3 -m pytest "$OLDPWD/python/tests" -q -rs \
           -p no:cacheprovider >> "$OUT/pytest.log" 2>&1); summary+=("pytest rc=$? $(tail -1 "$OUT/pytest.log")")

@@ -7,6 +7,7 @@ framework; see docs/python.md. With torch installed the ops are also torch custo
 
 from . import _C
 from ._arrays import DTYPES, Typed, typed
+from ._paths import cmake_dir, include_dir
 from .decode import DecodePlan
 from .ops import (K2QIndex, MsaError, QTensor, attention_forward, block_scores, block_topk,
                   build_k2q_csr, check_status, dequantize, k2q_to_q2k, q2k_to_k2q, quantize,
@@ -29,4 +30,5 @@ def cuda_device_count() -> int:
 __all__ = ["DTYPES", "DecodePlan", "K2QIndex", "MsaError", "QTensor", "Selection", "Typed",
            "attention_forward", "block_scores", "block_topk", "build_k2q_csr",
            "built_with_cuda", "check_status", "cuda_device_count", "dequantize", "k2q_to_q2k",
-           "q2k_to_k2q", "quantize", "select_topk", "sparse_attention", "typed"]
+           "q2k_to_k2q", "quantize", "select_topk", "sparse_attention", "typed",
+           "cmake_dir", "include_dir"]
