@@ -21,7 +21,7 @@ trap 'rm -rf "$tmp"' EXIT
 src=$tmp/src
 mkdir "$src"
 (cd "$root" && git ls-files -z --cached --others --exclude-standard |
-   while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done |
+   while IFS= read -r -d '' f; do if [[ -e $f ]]; then printf '%s\0' "$f"; fi; done |
    tar --null -T - -cf -) | tar -C "$src" -xf -
 
 # CPU only: the CUDA kernels would take most of the time and no GPU is needed to check packaging.
