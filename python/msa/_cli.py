@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import sys
 
+from ._paths import _ROOT
+
 
 def main() -> None:
-    exe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "msa")
+    exe = os.path.join(_ROOT, "bin", "msa")
     try:
         os.execv(exe, ["msa", *sys.argv[1:]])
     except OSError as e:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 
-_ROOT = os.path.dirname(os.path.abspath(__file__))
+from . import _C
+
+# The build installs include/, lib/ and bin/ next to the extension module, which in an editable
+# install is not the folder of this file.
+_ROOT = os.path.dirname(os.path.abspath(_C.__file__))
 
 
 def _existing(path: str) -> str:
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"msa: {path} does not exist; the C++ package is installed by "
-                                "`pip install` of msa-attention (a source checkout has none)")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"msa: {path} is missing from this installation of msa-attention")
     return path
 
 
