@@ -1,16 +1,14 @@
-# The two commands a newcomer runs: `make demo` and `make test`. Both install what they need.
+# The two commands a newcomer runs: `make demo` and `make test` (which pip-installs the Python
+# package's build and test requirements).
 BUILD ?= build
 CMAKE_ARGS ?=
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test test-cpu test-gpu pytest demo device-bin device-wheel clean
+.PHONY: all configure build test test-cpu test-gpu pytest check-install demo device-bin device-wheel clean
 
 all: build
 
-deps:
-	python3 scripts/setup_deps.py
-
-configure: deps
+configure:
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
 
 build: configure
@@ -31,10 +29,15 @@ PIP = $(PYTHON) -m pip install -q --disable-pip-version-check --root-user-action
 PY_BUILD_REQS = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))")
 PY_SKBUILD_ARGS ?= $(if $(shell nvidia-smi -L 2>/dev/null),,-C cmake.define.MSA_CUDA=OFF)
 
-pytest: deps
+pytest:
 	$(PIP) $(PY_BUILD_REQS) numpy ml_dtypes pytest
 	$(PIP) --no-build-isolation $(PY_SKBUILD_ARGS) .
 	$(PYTHON) -m pytest python/tests -q -rs
+
+# The packaging checks of CI (scripts/check_install.sh): sdist, wheel, console script and the
+# C++ package through pip, cmake --install and add_subdirectory; CPU-only, in temporary folders.
+check-install:
+	bash scripts/check_install.sh
 
 demo: build
 	$(BUILD)/tools/cli/msa demo
@@ -55,9 +58,9 @@ device-bin: configure
 # The Python package with its CUDA backend, as a wheel for the GPU machine's python (3.12 there):
 # `make device-wheel DEVICE_PYTHON=python3.12`, then carry .whl and run device_session.sh pytest.
 DEVICE_PYTHON ?= python3.12
-device-wheel: deps
+device-wheel:
 	$(DEVICE_PYTHON) -m pip install -q --disable-pip-version-check --root-user-action=ignore $(PY_BUILD_REQS)
-	rm -f .whl/msa-*.whl
+	rm -f .whl/msa_attention-*.whl
 	$(DEVICE_PYTHON) -m pip wheel -q --no-build-isolation --no-deps -C cmake.define.MSA_CUDA=ON -w .whl .
 
 clean:

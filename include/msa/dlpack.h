@@ -1,5 +1,6 @@
-// DLPack <-> msa::Tensor. Needs dlpack/dlpack.h (DLPack >= 1.1 for the fp8/fp4 codes); msa's
-// setup step installs the pinned header into .deps/include.
+// DLPack <-> msa::Tensor. Needs dlpack/dlpack.h (DLPack >= 1.1 for the fp8/fp4 codes): msa ships
+// DLPack 1.3's (third_party/dlpack; installed as include/msa/third_party/dlpack/dlpack.h, on the
+// include path of msa::msa).
 #pragma once
 
 #include <dlpack/dlpack.h>

@@ -2,6 +2,7 @@
 #pragma once
 
 namespace msa {
+// The project's only copy of its version: CMake and pyproject.toml read it from this line.
 inline constexpr const char* kVersion = "0.1.0";
 // True when this build contains the CUDA backend (the GPU may still be absent at run time).
 bool built_with_cuda();

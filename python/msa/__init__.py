@@ -9,6 +9,7 @@ environment switch MSA_CHECK_SYNC=1). With torch installed the ops are also torc
 
 from . import _C
 from ._arrays import DTYPES, Typed, typed
+from ._paths import cmake_dir, include_dir
 from ._runtime import MsaError, check_status
 from .attention import attention_forward, pipeline_workspace_bytes, sparse_attention
 from .csr import K2QIndex, build_k2q_csr, k2q_to_q2k, q2k_to_k2q
@@ -41,4 +42,4 @@ __all__ = ["DTYPES", "DecodePlan", "K2QIndex", "MsaError", "QTensor", "Typed",
            "attention_forward", "block_scores", "block_topk", "build_k2q_csr",
            "built_with_cuda", "check_status", "cuda_device_count", "dequantize", "k2q_to_q2k",
            "pipeline_workspace_bytes", "q2k_to_k2q", "quantize", "select_topk",
-           "sparse_attention", "typed"]
+           "sparse_attention", "typed", "cmake_dir", "include_dir"]
