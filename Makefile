@@ -4,7 +4,8 @@ BUILD ?= build
 CMAKE_ARGS ?=
 JOBS ?= $(shell nproc)
 
-.PHONY: all configure build test test-cpu test-gpu pytest check-install demo device-bin device-wheel clean
+.PHONY: all configure build test test-gpu py-install pytest examples check-install demo device-bin \
+	device-wheel clean
 
 all: build
 
@@ -29,10 +30,19 @@ PIP = $(PYTHON) -m pip install -q --disable-pip-version-check --root-user-action
 PY_BUILD_REQS = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))")
 PY_SKBUILD_ARGS ?= $(if $(shell nvidia-smi -L 2>/dev/null),,-C cmake.define.MSA_CUDA=OFF)
 
-pytest:
-	$(PIP) $(PY_BUILD_REQS) numpy ml_dtypes pytest
+PY_TEST_REQS = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['test']))")
+
+py-install:
+	$(PIP) $(PY_BUILD_REQS) $(PY_TEST_REQS)
 	$(PIP) --no-build-isolation $(PY_SKBUILD_ARGS) .
+
+pytest: py-install
 	$(PYTHON) -m pytest python/tests -q -rs
+
+# The Python examples (examples/python) on the CPU backend, each checked against torch.
+examples: py-install
+	$(PYTHON) examples/python/sparse_layer.py --device cpu
+	$(PYTHON) examples/python/serving_backend.py --device cpu
 
 # The packaging checks of CI (scripts/check_install.sh): sdist, wheel, console script and the
 # C++ package through pip, cmake --install and add_subdirectory; CPU-only, in temporary folders.
