@@ -89,6 +89,10 @@ def status_for(like: Any) -> Any:
         key = (framework(arr), int(arr.__dlpack_device__()[1]))
     buf = _status.get(key)
     if buf is None:
+        if key[0] == "torch" and torch.cuda.is_current_stream_capturing():
+            # A buffer made now would live in the graph's memory pool, zeroed only on replay.
+            raise MsaError(f"msa: no status buffer yet for cuda:{key[1]}; call any msa op on this "
+                           "device once before capturing a CUDA graph (as a warm-up)")
         buf = _status[key] = empty(like, (4,), "i32", zero=True)
     return buf
 

@@ -210,3 +210,24 @@ def test_cupy_arrays():
     assert isinstance(out, cupy.ndarray) and out.dtype == cupy.uint16
     assert torch.equal(torch.from_dlpack(out).view(torch.bfloat16), want)
     assert torch.equal(torch.from_dlpack(lse), want_lse)
+
+
+def test_capture_before_any_eager_call_is_a_clear_error():
+    # msa keeps one status buffer per device, made by the first eager call: a graph captured
+    # first would own it (its pool, zeroed only on replay), so capture asks for a warm-up.
+    import subprocess
+    import sys
+    code = ("import torch, msa\n"
+            "q = torch.randn(5, 4, 128, dtype=torch.bfloat16, device='cuda')\n"
+            "cu = torch.tensor([0, 5], dtype=torch.int32, device='cuda')\n"
+            "q2k = torch.zeros(2, 5, 1, dtype=torch.int32, device='cuda')\n"
+            "k = torch.randn(5, 2, 128, dtype=torch.bfloat16, device='cuda')\n"
+            "g = torch.cuda.CUDAGraph()\n"
+            "try:\n"
+            "    with torch.cuda.graph(g):\n"
+            "        msa.attention_forward(q, k, k, cu, cu_seqlens_k=cu, q2k=q2k)\n"
+            "except msa.MsaError as e:\n"
+            "    print('raised:', e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert "raised: msa: no status buffer yet for cuda:0" in run.stdout, run.stdout + run.stderr
