@@ -133,3 +133,19 @@ def test_check_sync_environment_switch_raises_at_the_op():
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
     assert "raised: " in run.stdout and "head 1, token 3, slot 0" in run.stdout, run.stderr
+
+
+def test_k2q_built_without_lengths_matches():
+    # build_k2q_csr sizes row_ptr from shapes (total_k // blk + B rows, the extra ones empty):
+    # attention takes that index and gives the bitwise result of building its own.
+    gen, lq, lk, hq, hkv, blk, causal = _random_case(500)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, torch.bfloat16, DEV)
+    q2k = ref.random_q2k(gen, cu_q, lk, hkv, topk=4, blk=128)
+    with gpu_op():
+        k2q = msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, k=k)
+        assert k2q.row_ptr.shape[1] == k.shape[0] // 128 + len(lk) + 1
+        got = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, k2q=k2q,
+                                    causal=causal)
+        want = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, causal=causal)
+    msa.check_status()
+    assert torch.equal(got, want)

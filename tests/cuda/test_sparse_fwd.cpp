@@ -51,11 +51,15 @@ struct DeviceCase {
   DeviceBuffer row_ptr, q_idx, schedule, csr_ws, status;
   K2QIndex k2q;
 
-  DeviceCase(const SparseCase& c, cudaStream_t s)
+  int64_t rows = 0;  // the CSR's rows: the batches' blocks, plus `extra_rows` empty ones
+
+  // extra_rows > 0: a row_ptr sized for an upper bound of the rows (as callers size it without
+  // reading the lengths), the rows past the batches' blocks left empty by the builder.
+  DeviceCase(const SparseCase& c, cudaStream_t s, int64_t extra_rows = 0)
       : q(to_device(c.p.q, s)), k(to_device(c.p.k, s)), v(to_device(c.p.v, s)),
         cu_q(to_device(c.p.cu_q, s)), cu_k(to_device(c.p.cu_k, s)), q2k(to_device(c.q2k, s)),
-        status(16) {
-    const int64_t hkv = c.p.hkv, tq = c.p.total_q(), rows = c.total_rows;
+        status(16), rows(c.total_rows + extra_rows) {
+    const int64_t hkv = c.p.hkv, tq = c.p.total_q();
     row_ptr = DeviceBuffer(std::max<int64_t>(16, hkv * (rows + 1) * 4));
     q_idx = DeviceBuffer(std::max<int64_t>(16, hkv * tq * c.topk * 4));
     const int64_t sched = k2q_schedule_size(hkv, rows, tq, c.topk);
@@ -79,7 +83,7 @@ struct DeviceCase {
     b.cu_seqlens_q = cu_q.t;
     b.kv = kv();
     b.out = k2q;
-    const size_t need = csr_workspace_bytes(c.p.hkv, c.total_rows, c.p.total_q(), c.topk);
+    const size_t need = csr_workspace_bytes(c.p.hkv, rows, c.p.total_q(), c.topk);
     csr_ws = DeviceBuffer(std::max<size_t>(need, 256));
     b.workspace = Tensor(csr_ws.get(), DType::u8, {int64_t(need)}, gpu0());
     b.status = status_t();
@@ -183,6 +187,9 @@ TEST(SparseFwdGpu, NamedEdges) {
     expect_within_fa3_bar(c, g1.out, 1);
     d.build_csr(c, s);
     expect_bitwise(g1, run_gpu(c, d, true, s));
+    DeviceCase padded(c, s, /*extra_rows=*/1 + idx % 3);
+    padded.build_csr(c, s);
+    expect_bitwise(g1, run_gpu(c, padded, true, s));
   }
 }
 
@@ -311,6 +318,33 @@ TEST(SparseFwdGpu, MismatchedK2QReported) {
       EXPECT_NE(msg.find(t == kExtraId ? "kv head 0" : "head 1, row " + std::to_string(r)),
                 std::string::npos) << msg;
     }
+  }
+}
+
+// A caller's k2q with fewer rows than the batches' blocks is reported (csr_rows_short) and not
+// read past; one with more rows (an upper bound, the extra rows empty) is taken, bitwise equal.
+TEST(SparseFwdGpu, K2QRowCountChecked) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  std::mt19937 rng(12);
+  Problem prob = make_problem({300, 40}, {300, 500}, 8, 2, 128, 21u);
+  HostTensor ids = random_q2k(prob, 4, true, rng);
+  SparseCase cc(std::move(prob), std::move(ids), 4);
+  DeviceCase exact(cc, s);
+  const Outputs want = run_gpu(cc, exact, /*with_k2q=*/false, s);
+  DeviceCase padded(cc, s, /*extra_rows=*/5);
+  padded.build_csr(cc, s);
+  expect_bitwise(want, run_gpu(cc, padded, /*with_k2q=*/true, s));
+  DeviceCase short_rows(cc, s, /*extra_rows=*/-1);
+  short_rows.build_csr(cc, s);  // the builder reports it too; the attention must on its own
+  clear_status(short_rows.status_t(), s);
+  const std::string need = "row_ptr: has " + std::to_string(cc.total_rows - 1) +
+                           " rows, fewer than the " + std::to_string(cc.total_rows) + " kv blocks";
+  try {
+    run_gpu(cc, short_rows, /*with_k2q=*/true, s);
+    ADD_FAILURE() << "no error for a k2q with too few rows";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(need), std::string::npos) << e.what();
   }
 }
 

@@ -98,9 +98,10 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_from_row_ptr_kernel(Pre
 
 // One block: checks that the schedule covers every non-empty (head, row) of row_ptr exactly once
 // with its exact slice (items strictly increasing in (head, row), each matching row_ptr, as many
-// items as non-empty rows), and (check_rows) that row_ptr has sum_b nblk_b rows. On success
-// writes the chunk prefix sums and the chunk count; otherwise status schedule_incomplete /
-// shape_mismatch and a chunk count of 0, so the main kernel does nothing and never reads past any buffer.
+// items as non-empty rows), and (check_rows) that row_ptr has at least sum_b nblk_b rows. On
+// success writes the chunk prefix sums and the chunk count; otherwise status schedule_incomplete /
+// csr_rows_short and a chunk count of 0, so the main kernel does nothing and never reads past any
+// buffer.
 __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams p) {
   pdl_wait();  // pdl.cuh
   pdl_trigger();
@@ -148,11 +149,13 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams
     shared_totals[1] = total_bad;
   }
   __syncthreads();
-  const bool rows_ok = !p.check_rows || p.row_start[p.batch] == rows;
+  // A caller's row_ptr may have rows past the batches' blocks (sized for an upper bound); they
+  // map to no block, so an entry in one fails the k2q check in chunk_table_kernel.
+  const bool rows_ok = !p.check_rows || p.row_start[p.batch] <= rows;
   if (!rows_ok || !header_ok || shared_totals[1] != 0 || shared_totals[0] != n_items) {
     if (threadIdx.x == 0) {
       if (!rows_ok)
-        set_status(p.status, StatusCode::shape_mismatch, 1, p.row_start[p.batch], int32_t(rows));
+        set_status(p.status, StatusCode::csr_rows_short, p.row_start[p.batch], int32_t(rows), 0);
       else
         set_status(p.status, StatusCode::schedule_incomplete, int32_t(shared_totals[0]),
                    header_ok ? int32_t(n_items) : -1, 0);
