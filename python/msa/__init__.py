@@ -11,7 +11,8 @@ from . import _C
 from ._arrays import DTYPES, Typed, typed
 from ._paths import cmake_dir, include_dir
 from ._runtime import MsaError, check_status
-from .attention import attention_forward, pipeline_workspace_bytes, sparse_attention
+from .attention import (attention_forward, attention_workspace_bytes, pipeline_workspace_bytes,
+                        sparse_attention)
 from .csr import K2QIndex, build_k2q_csr, k2q_to_q2k, q2k_to_k2q
 from .decode import DecodePlan
 from .indexer import block_scores, block_topk, select_topk
@@ -38,8 +39,8 @@ def cuda_device_count() -> int:
     return _C.cuda_device_count()
 
 
-__all__ = ["DTYPES", "DecodePlan", "K2QIndex", "MsaError", "QTensor", "Typed",
-           "attention_forward", "block_scores", "block_topk", "build_k2q_csr",
-           "built_with_cuda", "check_status", "cuda_device_count", "dequantize", "k2q_to_q2k",
-           "pipeline_workspace_bytes", "q2k_to_k2q", "quantize", "select_topk",
-           "sparse_attention", "typed", "cmake_dir", "include_dir"]
+__all__ = ["DTYPES", "DecodePlan", "K2QIndex", "MsaError", "QTensor", "Typed", "attention_forward",
+           "attention_workspace_bytes", "block_scores", "block_topk", "build_k2q_csr",
+           "built_with_cuda", "check_status", "cmake_dir", "cuda_device_count", "dequantize",
+           "include_dir", "k2q_to_q2k", "pipeline_workspace_bytes", "q2k_to_k2q", "quantize",
+           "select_topk", "sparse_attention", "typed"]

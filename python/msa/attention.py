@@ -78,6 +78,29 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
     return _results(out, lse, tlse, return_lse, temperature)
 
 
+def attention_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
+                              cu_seqlens_k: Any = None, page_table: Any = None,
+                              seqused_k: Any = None, kv_layout: Optional[str] = None,
+                              q2k: Any = None, k2q: Optional[Sequence[Any]] = None,
+                              causal: bool = True, kv_block_size: int = 128,
+                              temperature: Optional[float] = None,
+                              partial_dtype: Optional[str] = None, k_scale: Any = None,
+                              v_scale: Any = None) -> int:
+    """Bytes of the ``workspace`` `attention_forward` needs for these arguments (0 on the
+    CPU): the CUDA kernels' scratch (k2q index when not given, schedule, partial outputs)."""
+    layout = layout_name(kv_layout, page_table)
+    out, _, tlse = _outputs(q, None, None, None, False, temperature)
+    k2q = tuple(k2q) + (None,) * (3 - len(k2q)) if k2q is not None else (None,) * 3
+    return _C.attention_workspace_bytes(
+        q=arg(q), **kv_args(k, v, layout=layout, cu_seqlens_k=cu_seqlens_k,
+                            page_table=page_table, seqused_k=seqused_k, k_scale=k_scale,
+                            v_scale=v_scale),
+        cu_seqlens_q=arg(cu_seqlens_q), q2k=arg(q2k), k2q_row_ptr=arg(k2q[0]),
+        k2q_q_idx=arg(k2q[1]), k2q_schedule=arg(k2q[2]), out=arg(out), tlse=arg(tlse),
+        causal=causal, kv_block_size=kv_block_size, temperature=float(temperature or 0.0),
+        partial_dtype=_partial(partial_dtype), stream=0)
+
+
 def _outputs(q: Any, out: Any, lse: Any, tlse: Any, want_lse: bool,
              temperature: Optional[float]) -> tuple:
     """The attention outputs the caller did not pass, allocated like q."""
@@ -282,4 +305,5 @@ def _q2k_view(workspace: Any, q: Any, k: Any, layout: str, total_q: int, topk: i
     return arr[:n * 4].view("int32").reshape(hkv, total_q, topk)
 
 
-__all__ = ["attention_forward", "sparse_attention", "pipeline_workspace_bytes"]
+__all__ = ["attention_forward", "attention_workspace_bytes", "sparse_attention",
+           "pipeline_workspace_bytes"]

@@ -105,3 +105,11 @@ def test_empty_rows_give_zero_and_neg_inf():
     q2k = np.full((2, 7, 2), -1, np.int32)  # nothing selected anywhere
     out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, return_lse=True)
     assert (out == 0).all() and np.isneginf(lse).all()
+
+
+def test_workspace_sizes_on_the_cpu_are_zero_and_arguments_are_checked():
+    rng = np.random.default_rng(9)
+    q, k, v, cu_q, cu_k = ref.problem(rng, [5], [70], 4, 2, 64)
+    assert msa.attention_workspace_bytes(q, k, v, cu_q, cu_seqlens_k=cu_k) == 0
+    with pytest.raises(msa.MsaError, match="cu_seqlens_q"):
+        msa.attention_workspace_bytes(q, k, v, cu_k[:1], cu_seqlens_k=cu_k)
