@@ -10,8 +10,8 @@ from typing import Any, Optional, Sequence
 from . import _C
 from ._arrays import Typed, dtype_of, empty, framework, shape_of
 from ._kv import kv_args, kv_heads_dim, layout_name
-from ._runtime import (allocator, arg, compiling, dims, finish, status_for, stream_of,
-                       MsaError)
+from ._runtime import (_TorchTensor, MsaError, allocator, arg, compiling, dims, finish,
+                       status_for, stream_of, torch)
 from .quant import unpack
 
 _PARTIAL = {None: "", "f32": "f32", "bf16": "bf16"}
@@ -106,9 +106,12 @@ def _outputs(q: Any, out: Any, lse: Any, tlse: Any, want_lse: bool,
     """The attention outputs the caller did not pass, allocated like q."""
     total_q, hq, d = dims(q, "q", 3, "[total_q, Hq, D]")
     if out is None:
-        # out takes q's dtype; for a q msa cannot name, any placeholder does: _C rejects q first.
-        out = empty(q, (total_q, hq, d),
-                    q.dtype if isinstance(q, Typed) else dtype_of(q) or "f32")
+        if type(q) is _TorchTensor:
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        else:
+            # out takes q's dtype; for a q msa cannot name, any placeholder does: _C rejects q.
+            out = empty(q, (total_q, hq, d),
+                        q.dtype if isinstance(q, Typed) else dtype_of(q) or "f32")
     if want_lse and lse is None:
         lse = empty(q, (hq, total_q), "f32")
     if temperature and tlse is None:

@@ -41,13 +41,26 @@ int window_key_bits(int32_t window_keys) {
 }
 
 // Temporary bytes of the stable radix sort of `n` (window key of `bits` bits, chunk id) pairs.
+// CUB's size query costs microseconds of host time (device attribute and occupancy queries) and a
+// call plans twice (the workspace size, then the launch) with the same (n, bits), so the last
+// answer is kept per thread.
 size_t chunk_sort_bytes(int64_t n, int bits) {
+  thread_local int64_t last_n = -1;
+  thread_local int last_bits = -1, last_device = -1;
+  thread_local size_t last_bytes = 0;
+  int device = 0;
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  if (n == last_n && bits == last_bits && device == last_device) return last_bytes;
   size_t bytes = 0;
   MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
                                                  static_cast<uint32_t*>(nullptr),
                                                  static_cast<const int32_t*>(nullptr),
                                                  static_cast<int32_t*>(nullptr), int(n), 0,
                                                  bits));
+  last_n = n;
+  last_bits = bits;
+  last_device = device;
+  last_bytes = bytes;
   return bytes;
 }
 
