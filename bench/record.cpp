@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cctype>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
@@ -29,17 +30,17 @@ namespace {
 }
 
 // The kernel module's version from /proc/driver/nvidia/version, whose first line reads
-// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  <build date>"; the whole line when
-// it reads otherwise, null when there is no such file.
+// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  <build date>" (or "... Open Kernel
+// Module for x86_64  580.159.04 ..."): its first word that starts with a digit and holds a dot;
+// the whole line when there is none, null when there is no such file.
 [[maybe_unused]] Json nvidia_driver() {
   std::ifstream f("/proc/driver/nvidia/version");
   std::string line;
   if (!std::getline(f, line)) return nullptr;
-  const std::string marker = "Kernel Module";
-  const size_t at = line.find(marker);
-  std::string version;
-  if (at != std::string::npos) std::istringstream(line.substr(at + marker.size())) >> version;
-  return version.empty() ? Json(line) : Json(version);
+  std::istringstream words(line);
+  for (std::string w; words >> w;)
+    if (std::isdigit(static_cast<unsigned char>(w[0])) && w.find('.') != std::string::npos) return Json(w);
+  return Json(line);
 }
 
 struct GpuInfo {

@@ -84,8 +84,12 @@ def _nvidia_driver():
             line = f.readline()
     except OSError:
         return None
-    words = line.split("Kernel Module", 1)
-    return words[1].split()[0] if len(words) == 2 and words[1].split() else line.strip() or None
+    # "... Kernel Module  570.86.15  ..." or "... Open Kernel Module for x86_64  580.159.04 ...":
+    # the first word that starts with a digit and holds a dot.
+    for word in line.split():
+        if word[0].isdigit() and "." in word:
+            return word
+    return line.strip() or None
 
 
 def _cuda_driver():
