@@ -193,7 +193,7 @@ void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t st
   const int64_t blocks = std::min<int64_t>(p.num_kv_heads * p.qblock_cap * kTilesPerQBlock,
                                            kMaxBlocks);
   // A normal launch: with programmatic serialization (pdl.cuh) the prefill measured 50-250 us
-  // slower (P8K-tok, P32K-tok; H200, session 4), the combine's waiting CTAs holding SMs.
+  // slower (P8K-tok, P32K-tok on the H200), the combine's waiting CTAs holding SMs.
   if (out_f16)
     combine_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(p);
   else

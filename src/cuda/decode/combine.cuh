@@ -2,7 +2,7 @@
 // chunk) writes its f32 partial, and the last of them to finish (a per-(job, kv head) counter,
 // the threadfence-reduction pattern) merges all of them in split order, exactly in fp32 and
 // without atomics on the data, into out / lse. run() thus launches one kernel (measured at the
-// two-kernel version's time, RESULTS.md session 5 run 4). Without a main kernel (no items),
+// two-kernel version's time). Without a main kernel (no items),
 // status_kernel finalizes the status instead. Included by kernel.cuh and launch_kernels.cuh.
 #pragma once
 

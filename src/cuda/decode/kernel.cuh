@@ -23,9 +23,9 @@ constexpr uint32_t kExitBarrier = 2;
 // Stage s is freed through named barrier kEmptyBarrier + s: every consumer thread arrives
 // (bar.arrive: release, no wait) after its reads of the stage, and the producer threads sync
 // there (acquire) before copying into it again. One hardware barrier per stage instead of an
-// mbarrier that 128-256 threads arrive at one by one (session 5 run 10: DEC-B32-dense 271 ->
-// 328 us with per-thread mbarrier arrivals), and unlike lane 0 arriving after __syncwarp (run 9)
-// each reader's own release orders its reads (racecheck).
+// mbarrier that 128-256 threads arrive at one by one (DEC-B32-dense 271 -> 328 us with
+// per-thread mbarrier arrivals), and unlike lane 0 arriving after __syncwarp each reader's own
+// release orders its reads (racecheck).
 constexpr uint32_t kEmptyBarrier = 3;  // 3 .. 3 + kStages - 1
 
 // Named-barrier ids must be constants for ptxas to count 3 + kStages barriers, not all 16: one
@@ -55,8 +55,8 @@ __device__ __forceinline__ int reg_copy(int v) {
 
 // The consumer warps' stage loop (kernel below): per-warp constants fixed before the loop, the
 // stage and phase stepped instead of divided. Every instruction between a stage's arrival and its
-// first ldmatrix delays the warp: in session 10 that bookkeeping was ~40% of the FP8 consumers'
-// sampled time.
+// first ldmatrix delays the warp: that bookkeeping was once ~40% of the FP8 consumers' sampled
+// time (ncu).
 struct ConsumerLoop {
   uint32_t full = 0, pipe = 0;       // shared addresses: the stages' full barriers, the pipeline
   const int* slot_key = nullptr;

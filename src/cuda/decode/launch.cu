@@ -181,7 +181,7 @@ void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& 
   const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
   // Boxes of one 128-byte line: all 128 fp8 columns, or 64 of bf16 / f16. A 128-byte L2 fetch per
   // line: fp8 NHD rows are one line, and with 256 bytes every row pulled in a line of the next
-  // head, which the per-head sparse selections rarely read (DEC-MTP fp8, RESULTS.md). An empty
+  // head, which the per-head sparse selections rarely read (measured on DEC-MTP fp8). An empty
   // pool gets no map (every page id is out of range, so no box is ever loaded by TMA).
   CUtensorMap tm_k{}, tm_v{};
   if (p.num_pages > 0) {

@@ -112,8 +112,7 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
   // 4 warps pay off where two CTAs per SM hide each other's prologue and epilogue, i.e. with
   // several waves of them (DEC-MTP 365 -> 292 us, DEC-B2048 3.2 -> 3.9 TB/s). With fewer
   // (request, chunk, kv head) units than two per CTA slot, an 8-warp CTA per SM streams its unit
-  // with twice the bytes in flight (DEC-B32 59 vs 64 us, DEC-B32-dense 278 vs 292-320 us,
-  // session 5 runs 2-4).
+  // with twice the bytes in flight (DEC-B32 59 vs 64 us, DEC-B32-dense 278 vs 292-320 us).
   const int64_t unit_ctas = int64_t(s.batch) * g.chunks * s.num_kv_heads;
   g.warps = g.rows_max <= kNarrowRows && unit_ctas >= 4 * int64_t(g.sm_count) ? 4 : 8;
   const int fixed = warps != 0 ? warps : forced_warps;

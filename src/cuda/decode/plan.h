@@ -74,7 +74,7 @@ struct WorkList {
 
 // Whether the main kernel loads K/V under an L2 evict_first policy (sm90::l2_evict_first_policy):
 // for a sparse plan with one query chunk per request (every K/V line is read by one CTA, once)
-// whose items x Hkv CTAs fit one wave. Measured (bench/RESULTS.md, session 11 runs 6-7): DEC-B32
+// whose items x Hkv CTAs fit one wave. Measured on the H200: DEC-B32
 // 51.3 -> 49.3 us, as the lines an earlier kernel left in L2 (the benchmark's flush leaves 60 MB
 // of dirty ones) stay there; worse for dense plans (DEC-B32-dense +6.5%) and many waves
 // (DEC-B2048 +0.6%), and several chunks of a request share blocks through L2 (DEC-MTP).

@@ -3,7 +3,7 @@
 // bench_decode there), then run with the environment variable MSA_DECODE_TRACE set. Each launch
 // then synchronizes and prints, over its first kTraceCtas CTAs, the spread of the time from each
 // CTA's entry to each phase (%globaltimer, comparable across SMs), which ncu's whole-kernel
-// counters cannot show (session 9 in bench/RESULTS.md). Without the option every stamp compiles
+// counters cannot show. Without the option every stamp compiles
 // to nothing. Included by kernel.cuh and launch_kernels.cuh.
 #pragma once
 

@@ -40,7 +40,7 @@ struct Traits {
   // per warp) consumes one stage. The step's fixed cost (the stage wait and release, the
   // page-table lookahead, the softmax shuffles and exp chain) does not shrink with the element
   // size: with 32 KB fp8 steps in the 8-warp CTA, fp8 ran at bf16's time per tile (DEC-MTP 389 vs
-  // 366 us, RESULTS.md), so a step moves the same bytes for both kinds, i.e. fp8 steps cover
+  // 366 us), so a step moves the same bytes for both kinds, i.e. fp8 steps cover
   // twice the keys. Slots: 8 warps bf16 128 (one tile), fp8 256; 4 warps bf16 64, fp8 128.
   static constexpr int kStageBytes = kW * 8 * 1024;
   static constexpr int kStageKeys = kStageBytes / (2 * kRowBytes);

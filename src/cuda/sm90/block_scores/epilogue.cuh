@@ -43,7 +43,7 @@ __device__ __forceinline__ void load_key_scales(const float* ks, int lane, float
 // same, and once a column pair's scale has served both rows k[n] is reloaded from `next` (the
 // next block's staged scales): the next block's scales arrive during this epilogue in the same
 // registers, instead of by a load whose shared-memory latency sits on the warpgroup's chain
-// between its two epilogues (session 6 run 3); kSmem, each pair read from `next` (this block's
+// between its two epilogues; kSmem, each pair read from `next` (this block's
 // staged scales) where it is used, k untouched (the wide consumers, Cfg: no scale registers).
 enum ScaleSrc { kKeep, kRefill, kSmem };
 template <bool kMasked, bool kScaled, int kSrc = kKeep>
@@ -105,7 +105,7 @@ __device__ __forceinline__ float scale_at(const float* scale, int kind, int64_t 
 // top-K's rule. G = 16: one token spans both halves, so the halves merge first and one chain of
 // three shuffle rounds follows. Otherwise both halves' chains run interleaved, a round past the
 // group's size keeping its value (a uniform select, no branch): the two chains behind per-round
-// branches were six dependent shuffle rounds per tile (ncu, session 6 run 2).
+// branches were six dependent shuffle rounds per tile (ncu).
 __device__ __forceinline__ void group_max(const float (&m)[2], int group, float (&g)[2]) {
   if (group == 16) {
     float x = fmaxf(m[0], m[1]);
@@ -271,7 +271,7 @@ __device__ void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
 // Unfused: -inf for the blocks past each segment's loop bound (no row of the segment sees a key
 // in them). Run by the producer warpgroup's warps 1-3, idle otherwise in the unfused kernel,
 // while the consumers run their block loop: as the consumers' epilogue after the loop it held
-// the SM with the tensor cores idle (ncu, session 6 run 1: 15% of the FP8 kernel's warp samples,
+// the SM with the tensor cores idle (ncu: 15% of the FP8 kernel's warp samples,
 // uncoalesced stores). Rows (head g, block kb), kb fastest, are dealt to the warps in turn; a
 // row's [t_begin, t_end) is one coalesced run, written by L lanes (the power of two >= its
 // stores, at most 32) in 16-byte stores when the row and its length allow, else 4-byte ones, so

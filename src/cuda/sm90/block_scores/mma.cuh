@@ -164,8 +164,8 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     // the wgmma of the other is in flight (item it-1's second-tile epilogue under item it's first
     // tile, item it's first-tile epilogue under its second tile), so the warpgroup's chain per
     // item is its two epilogues, not a wgmma wait plus both. The warpgroups run freely (no
-    // issue turns): each keeps one tile queued on the tensor cores through each epilogue. ncu
-    // (session 6 run 1): the ping-pong period was the wgmma wait, both epilogues and the turn
+    // issue turns): each keeps one tile queued on the tensor cores through each epilogue. With a
+    // ping-pong instead, ncu showed the period as the wgmma wait, both epilogues and the turn
     // hand-off in series, the tensor pipe ~36% busy.
     // Every iteration ends with no wgmma in flight (ptxas serializes wgmmas in flight across the
     // back edge: C7514 / C7517): item it-1's second tile completes at the end of iteration it-1
@@ -233,7 +233,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
 // Per item it reads the token's group max from the ring slot the consumers published and offers
 // it, in block order as the consumers walk them, so the lists (and ids) are those of offering
 // inside the epilogue; then frees the slot. The insertions and their list scans run here instead
-// of on one lane of an MMA warp (ncu, session 4: the consumers waited on them). Every selector
+// of on one lane of an MMA warp (ncu: the consumers waited on them there). Every selector
 // thread takes part in the ring barriers, with or without a token.
 template <int kC>  // consumer warpgroups (Cfg)
 __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int64_t t1, int tok) {

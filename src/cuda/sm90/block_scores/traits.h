@@ -33,7 +33,7 @@ constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per token
 // 4, consumer c owning row group c, one tile per block. The fused epilogue (row max, group max,
 // selector ring; FP8: per-key scales) is long next to the wgmma, half a 16-bit one's time for
 // FP8, so the consumers' instruction latency bounds it, and four warps per scheduler hide more of
-// it than two: session 8, IDX-32K-fp8 fused 12.8 -> 11.6 ms, bf16 fused 13.3 -> 12.8 ms. Unfused
+// it than two: IDX-32K-fp8 fused 12.8 -> 11.6 ms, bf16 fused 13.3 -> 12.8 ms. Unfused
 // stays narrow: there the wide loop's extra instructions per tile (its own loop overhead, the
 // per-tile scale loads, spilled loop counters) cost more than the latency it hides (FP8 10.8 ->
 // 11.6 ms). The wide consumers read the per-key scales from shared memory where they use them

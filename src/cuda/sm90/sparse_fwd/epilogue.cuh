@@ -42,7 +42,7 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
 // Its first version transposed pairs inside the quad for 16-byte stores, with shuffles under the
 // quad's mask: the caller's branch on the row's token made ptxas wrap every shuffle in a
 // convergence loop (MATCH.ANY / BRA.DIV), 734 instructions per warp per unit, 8% of the uniform
-// kernel's warp samples at P32K-blk (ncu source view, session 4).
+// kernel's warp samples at P32K-blk (ncu source view).
 template <typename T, int kOff>
 __device__ __forceinline__ void store_row(T* row, const float (&o)[64], float inv, int col_base) {
   auto* dst = reinterpret_cast<uint32_t*>(row);
@@ -90,7 +90,7 @@ __device__ __forceinline__ void stage_partial_row(uint8_t* buf, const float (&o)
 // (lane % 4 == 0) write the LSE. bf16 partials are staged and stored by TMA instead
 // (stage_partial_row): direct 4-byte bf16 stores left half-sector L2 writes, and a 16-byte
 // variant (pairs transposed inside the quad by shuffles) measured slower still, 12.50 vs 11.05 ms
-// at P32K-tok (H200, 2026-11-30, bench/RESULTS.md), its shuffles and selects sitting on the
+// at P32K-tok (H200), its shuffles and selects sitting on the
 // consumer's critical path.
 template <int kOff>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // pdl_wait: that kernel triggers only after its own pdl_wait, so every prep kernel has completed
 // once this one starts, and the two kernels touch disjoint memory (partials vs. the uniform rows
 // of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle
-// (P8K-tok -50 us, session 4). One warp per CTA waits, so this grid completes only after the
+// (P8K-tok -50 us). One warp per CTA waits, so this grid completes only after the
 // KV-major one and the combine (a normal launch) finds every partial written.
 template <bool kF16>
 __global__ void __launch_bounds__(kThreads, 1)

@@ -21,7 +21,7 @@
 //     64 KB per (unit, block) = 17 GB of L2 reads but 67 MB from DRAM (the 16 units of a (head,
 //     query block) run side by side), no partials, no combine. Floor: the math, 2.2e12 MMA FLOP
 //     issued ~ 3.1 ms at 716 TFLOP/s.
-//   Measured (H200, bench/RESULTS.md, session 4): P32K-tok 7.69 ms (main kernel ~5.3 ms,
+//   Measured (H200): P32K-tok 7.69 ms (main kernel ~5.3 ms,
 //     combine ~2.0 ms at ~4.3 TB/s of partial reads): latency-bound per Q tile, above the
 //     ~6.1 ms floor. P32K-blk 3.67 ms: uniform kernel ~3.53 ms (2.135 TFLOP issued, ~605 TF/s,
 //     84% of the 716 TF/s measured bf16 ceiling), ~140 us of prep kernels.

@@ -127,7 +127,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
   // Broadcast so ptxas sees a warp-uniform value: the Q descriptors (and with them every wgmma
   // descriptor) then stay in uniform registers, instead of 33 R2UR moves per block (5.5% of
-  // the kernel's instructions with the descriptor arithmetic around them, ncu, session 4).
+  // the kernel's instructions with the descriptor arithmetic around them, ncu).
   const int consumer = __shfl_sync(0xffffffffu, consumer_in, 0);
   const int warp = tid >> 5, lane = tid & 31;
   const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
