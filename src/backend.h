@@ -1,32 +1,22 @@
 // The backend interface: the public entry points in src/api/ validate their arguments once
-// (device-agnostic rules, api/validate.h) and then call exactly one of these. The CPU backend
+// (device-agnostic rules, api/validate.h), resolve a ProblemShape (common/problem.h) and then call
+// exactly one of these. The CPU backend
 // is the oracle; the CUDA backend raises msa::Error naming any feature it does not support yet.
 #pragma once
 
+#include "common/problem.h"
 #include "msa/msa.h"
 
 namespace msa {
-
-// Sizes resolved once by validation and passed to the backends with the args.
-struct ProblemShape {
-  int64_t batch = 0;       // B
-  int64_t total_q = 0;
-  int64_t num_q_heads = 0;   // Hq
-  int64_t num_kv_heads = 0;  // Hkv
-  int64_t group = 1;         // G = Hq / Hkv
-  int64_t head_dim = 0;      // D (logical, unpacked)
-  int64_t topk = 0;          // 0 when dense
-  int64_t kv_block_size = 128;
-  int64_t page_size = 0;     // paged only
-  int64_t num_pages = 0;     // paged only
-  int64_t max_pages = 0;     // paged only: page_table's second dim
-};
 
 namespace cpu {
 void block_scores(const BlockScoresArgs& a, const ProblemShape& s);
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s);
 void select_topk(const TopKArgs& a, const ProblemShape& s);
 void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s);
+// The reference converter k2q -> q2k (msa::k2q_to_q2k_cpu), on validated host tensors.
+void k2q_to_q2k(const K2QIndex& k2q, const Tensor& cu_seqlens_q, const KVCache& kv,
+                const ProblemShape& s, const Tensor& q2k);
 void attention_forward(const AttentionArgs& a, const ProblemShape& s);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out);
 void dequantize(const QTensor& x, const Tensor& out);
@@ -42,6 +32,10 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);
 void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
+// The status buffer on the device: copied to `out` after the stream's work (synchronizes), or
+// reset asynchronously on the stream.
+void read_status(const Tensor& status, cudaStream_t stream, int32_t out[4]);
+void clear_status(const Tensor& status, cudaStream_t stream);
 
 // Decode (src/cuda/decode/; only in CUDA builds, api/decode.cpp guards the calls). plan writes
 // the split-KV work list into the workspace and returns its size and geometry; run launches the

@@ -6,7 +6,6 @@
 #include "api/k2q.h"
 #include "api/validate.h"
 #include "common/schedule.h"
-#include "cpu/k2q.h"
 
 namespace msa {
 namespace api {
@@ -133,9 +132,7 @@ void k2q_to_q2k_cpu(const Tensor& row_ptr, const Tensor& q_idx, const Tensor& cu
   k2q.row_ptr = row_ptr;
   k2q.q_idx = q_idx;
   api::check_k2q_index(k2q, "k2q", kv, s, q2k.device);
-  const cpu::BatchGeometry g =
-      cpu::batch_geometry(cu_seqlens_q, api::host_key_lengths(kv, s), kv_block_size);
-  cpu::fill_q2k(row_ptr.ptr<int32_t>(), q_idx.ptr<int32_t>(), row_ptr.shape[1] - 1, g, q2k);
+  cpu::k2q_to_q2k(k2q, cu_seqlens_q, kv, s, q2k);
 }
 
 }  // namespace msa

@@ -16,9 +16,9 @@ namespace {
 int64_t host_max_blocks(const KVCache& kv, const ProblemShape& s, bool on_cuda) {
   const bool paged_fixed = kv.layout != KVLayout::flat && !kv.seqused_k.defined();
   if (on_cuda && !paged_fixed) return -1;
-  if (paged_fixed) return s.batch > 0 ? api::num_blocks(s.max_pages * s.page_size, s.kv_block_size) : 0;
+  if (paged_fixed) return s.batch > 0 ? num_blocks(s.max_pages * s.page_size, s.kv_block_size) : 0;
   int64_t m = 0;
-  for (int64_t lk : api::host_key_lengths(kv, s)) m = std::max(m, api::num_blocks(lk, s.kv_block_size));
+  for (int64_t lk : host_key_lengths(kv, s)) m = std::max(m, num_blocks(lk, s.kv_block_size));
   return m;
 }
 

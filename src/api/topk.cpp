@@ -22,7 +22,7 @@ void check_scores(const Tensor& scores) {
 void check_scores_blocks(const Tensor& scores, const KVCache& kv, const ProblemShape& s) {
   if (scores.is_cuda()) return;
   int64_t need = 0;
-  for (int64_t lk : api::host_key_lengths(kv, s)) need = std::max(need, api::num_blocks(lk, s.kv_block_size));
+  for (int64_t lk : host_key_lengths(kv, s)) need = std::max(need, num_blocks(lk, s.kv_block_size));
   MSA_CHECK(scores.shape[1] >= need, "scores: nblk_max (dim 1) must be >= the largest block count "
             "max_b ceil(Lk_b / kv_block_size) = ", need, ", got ", scores.describe());
 }

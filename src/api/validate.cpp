@@ -215,19 +215,6 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   return s;
 }
 
-std::vector<int64_t> host_key_lengths(const KVCache& kv, const ProblemShape& s) {
-  std::vector<int64_t> lk(s.batch);
-  for (int64_t b = 0; b < s.batch; ++b) {
-    if (kv.layout == KVLayout::flat) {
-      const int32_t* c = kv.cu_seqlens_k.ptr<int32_t>();
-      lk[b] = c[b + 1] - c[b];
-    } else {
-      lk[b] = kv.seqused_k.defined() ? kv.seqused_k.ptr<int32_t>()[b] : s.max_pages * s.page_size;
-    }
-  }
-  return lk;
-}
-
 int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device) {
   check_defined(q2k, "q2k");
   check_dtype(q2k, "q2k", {DType::i32});

@@ -22,15 +22,6 @@ ProblemShape check_q_and_kv(const QTensor& q, const KVCache& kv, const Tensor& c
 void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,
                          int64_t dim);
 
-// The kind of an FP8 scale check_qtensor_scale accepted, as the CUDA kernels' parameters encode
-// it: 0 none, 1 per tensor [1], 2 per token [T], 3 per token and head [T, H] (a page pool's
-// tokens are its slots).
-inline int fp8_scale_kind(const Tensor& scale) {
-  if (!scale.defined()) return 0;
-  if (scale.numel() == 1) return 1;
-  return scale.ndim == 1 ? 2 : 3;
-}
-
 // cu_seqlens [B+1] int32 on `device`. For CPU tensors the values are checked too: start at 0,
 // non-decreasing, last == total.
 void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t total,
@@ -40,13 +31,6 @@ void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t
 // paged: page_table, optional seqused_k, and k's shape for the page size). Returns a shape with
 // batch and the page fields filled, enough for host_key_lengths.
 ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device);
-
-// Key count of batch b, read from a host (CPU) KV cache: flat from cu_seqlens_k, paged from
-// seqused_k (or max_pages * page_size).
-std::vector<int64_t> host_key_lengths(const KVCache& kv, const ProblemShape& s);
-
-// Number of kv blocks of a batch with lk keys.
-inline int64_t num_blocks(int64_t lk, int64_t blk) { return (lk + blk - 1) / blk; }
 
 // q2k [Hkv, total_q, topk] int32 on the op's device; returns topk.
 int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device);

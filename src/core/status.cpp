@@ -1,13 +1,6 @@
-// The device status buffer (common.h): description, check and reset. The CUDA path copies
-// through the caller's stream; CPU status buffers are read directly.
-#include <cstring>
-
+// The device status buffer (common.h): the description of an offence. Checking and resetting a
+// buffer are entry points of src/api/status.cpp (CUDA buffers go through the backend).
 #include "msa/common.h"
-#include "msa/version.h"
-
-#ifdef MSA_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace msa {
 
@@ -55,44 +48,6 @@ std::string describe_status(const int32_t s[4]) {
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }
   return detail::concat("unknown status code ", s[0]);
-}
-
-static void check_status_tensor(const Tensor& status) {
-  check_defined(status, "status");
-  check_dtype(status, "status", {DType::i32});
-  check_shape(status, "status", {4});
-  check_contiguous(status, "status");
-}
-
-void check_status(const Tensor& status, cudaStream_t stream) {
-  check_status_tensor(status);
-  int32_t s[4];
-  if (status.is_cuda()) {
-#ifdef MSA_WITH_CUDA
-    cudaError_t e = cudaMemcpyAsync(s, status.data, sizeof(s), cudaMemcpyDeviceToHost, stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-    MSA_CHECK(e == cudaSuccess, "check_status: CUDA error ", cudaGetErrorString(e));
-#else
-    fail("status: is a CUDA tensor but msa was built without CUDA");
-#endif
-  } else {
-    std::memcpy(s, status.data, sizeof(s));
-  }
-  if (s[0] != 0) throw Error(describe_status(s));
-}
-
-void clear_status(const Tensor& status, cudaStream_t stream) {
-  check_status_tensor(status);
-  if (status.is_cuda()) {
-#ifdef MSA_WITH_CUDA
-    cudaError_t e = cudaMemsetAsync(status.data, 0, 4 * sizeof(int32_t), stream);
-    MSA_CHECK(e == cudaSuccess, "clear_status: CUDA error ", cudaGetErrorString(e));
-#else
-    fail("status: is a CUDA tensor but msa was built without CUDA");
-#endif
-  } else {
-    std::memset(status.data, 0, 4 * sizeof(int32_t));
-  }
 }
 
 }  // namespace msa

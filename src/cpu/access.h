@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "api/validate.h"
 #include "backend.h"
 #include "common/codecs.h"
 
@@ -110,7 +109,7 @@ class KeyReader {
         t_(part == KVPart::k ? kv.k.values : kv.v.values),
         dec_(part == KVPart::k ? kv.k : kv.v, s.head_dim),
         page_size_(s.page_size),
-        lengths_(api::host_key_lengths(kv, s)) {
+        lengths_(host_key_lengths(kv, s)) {
     if (kv.layout == KVLayout::flat) starts_ = host_offsets(kv.cu_seqlens_k);
   }
 

@@ -100,7 +100,7 @@ double softmax_scale(const AttentionParams& p, int64_t dim) {
 
 void attention_forward(const AttentionArgs& a, const ProblemShape& s) {
   const BatchGeometry g =
-      batch_geometry(a.cu_seqlens_q, api::host_key_lengths(a.kv, s), s.kv_block_size);
+      batch_geometry(a.cu_seqlens_q, host_key_lengths(a.kv, s), s.kv_block_size);
   if (a.q2k.defined()) {
     check_q2k_ids(a.q2k, g);
     if (a.k2q.row_ptr.defined()) check_k2q_input(a, g, s.num_kv_heads, s.topk);

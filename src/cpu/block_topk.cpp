@@ -10,8 +10,8 @@ namespace msa::cpu {
 
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s) {
   int64_t nblk_max = 0;
-  for (int64_t lk : api::host_key_lengths(a.kv, s))
-    nblk_max = std::max(nblk_max, api::num_blocks(lk, s.kv_block_size));
+  for (int64_t lk : host_key_lengths(a.kv, s))
+    nblk_max = std::max(nblk_max, num_blocks(lk, s.kv_block_size));
   std::vector<float> buf(size_t(s.num_q_heads * nblk_max * s.total_q));
   const Tensor scores(buf.data(), DType::f32, {s.num_q_heads, nblk_max, s.total_q});
 

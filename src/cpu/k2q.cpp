@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "api/validate.h"
+#include "backend.h"
 #include "common/schedule.h"
 
 namespace msa::cpu {
@@ -26,7 +26,7 @@ BatchGeometry batch_geometry(const Tensor& cu_seqlens_q, std::vector<int64_t> ke
   g.q_start.assign(cu, cu + batch + 1);
   g.row_start.assign(batch + 1, 0);
   for (int64_t b = 0; b < batch; ++b)
-    g.row_start[b + 1] = g.row_start[b] + api::num_blocks(g.key_len[b], kv_block_size);
+    g.row_start[b + 1] = g.row_start[b] + num_blocks(g.key_len[b], kv_block_size);
   g.token_batch.resize(g.total_q());
   for (int64_t b = 0; b < batch; ++b)
     std::fill(g.token_batch.begin() + g.q_start[b], g.token_batch.begin() + g.q_start[b + 1], b);

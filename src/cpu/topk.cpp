@@ -59,7 +59,7 @@ std::vector<int64_t> select_row(int64_t nvis, const std::vector<float>& score, c
 
 void select_topk(const TopKArgs& a, const ProblemShape& s) {
   const std::vector<int64_t> q_start = host_offsets(a.cu_seqlens_q);
-  const std::vector<int64_t> key_len = api::host_key_lengths(a.kv, s);
+  const std::vector<int64_t> key_len = host_key_lengths(a.kv, s);
   std::vector<int64_t> batch_of(s.total_q);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t t = q_start[b]; t < q_start[b + 1]; ++t) batch_of[t] = b;
@@ -70,7 +70,7 @@ void select_topk(const TopKArgs& a, const ProblemShape& s) {
     for (int64_t t = 0; t < s.total_q; ++t) {
       const int64_t b = batch_of[t], lq = q_start[b + 1] - q_start[b];
       const int64_t end = visible_key_end(t - q_start[b], lq, key_len[b], a.causal);
-      const int64_t nvis = api::num_blocks(end, s.kv_block_size);  // <= nblk_b <= nblk_max
+      const int64_t nvis = num_blocks(end, s.kv_block_size);  // <= nblk_b <= nblk_max
       std::vector<float> score(nvis);
       for (int64_t kb = 0; kb < nvis; ++kb) score[kb] = group_score(a.scores, h, s.group, kb, t);
       const std::vector<int64_t> row = select_row(nvis, score, a);

@@ -1,8 +1,8 @@
-// CUDA runtime facts for the library (built_with_cuda, device count) and the error check macro
-// users of the CUDA backend share (device/check.h).
+// CUDA runtime facts for the library (built_with_cuda, device count) and the status buffer's
+// device side (backend.h: read_status, clear_status).
 #include <cuda_runtime.h>
 
-#include "msa/version.h"
+#include "backend.h"
 
 namespace msa {
 
@@ -16,5 +16,21 @@ int cuda_device_count() {
   }
   return n;
 }
+
+namespace cuda {
+
+void read_status(const Tensor& status, cudaStream_t stream, int32_t out[4]) {
+  cudaError_t e = cudaMemcpyAsync(out, status.data, 4 * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                  stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  MSA_CHECK(e == cudaSuccess, "check_status: CUDA error ", cudaGetErrorString(e));
+}
+
+void clear_status(const Tensor& status, cudaStream_t stream) {
+  const cudaError_t e = cudaMemsetAsync(status.data, 0, 4 * sizeof(int32_t), stream);
+  MSA_CHECK(e == cudaSuccess, "clear_status: CUDA error ", cudaGetErrorString(e));
+}
+
+}  // namespace cuda
 
 }  // namespace msa

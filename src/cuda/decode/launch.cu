@@ -9,7 +9,6 @@
 #include <cmath>
 #include <vector>
 
-#include "api/validate.h"
 #include "backend.h"
 #include "cuda/decode/launch_kernels.h"
 #include "cuda/decode/plan.h"
@@ -62,8 +61,8 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.ptr<float>() : nullptr;
   p.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.ptr<float>() : nullptr;
   // Scale kinds (params.h) from the validated shapes: [1], [pool slots] or [pool slots, Hkv].
-  p.k_scale_kind = api::fp8_scale_kind(a.kv.k.scale);
-  p.v_scale_kind = api::fp8_scale_kind(a.kv.v.scale);
+  p.k_scale_kind = fp8_scale_kind(a.kv.k.scale);
+  p.v_scale_kind = fp8_scale_kind(a.kv.v.scale);
   p.slot_scales = p.k_scale_kind >= 2 || p.v_scale_kind >= 2 ? 1 : 0;
   p.page_table = a.kv.page_table.ptr<int32_t>();
   p.page_table_stride = a.kv.page_table.strides[0];

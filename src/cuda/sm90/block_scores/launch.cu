@@ -9,7 +9,6 @@
 #include <bit>
 #include <limits>
 
-#include "api/validate.h"
 #include "backend.h"
 #include "cuda/common/paged_checks.cuh"
 #include "cuda/device/check.h"
@@ -44,8 +43,8 @@ Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, cons
   Params p{};
   p.q_scale = q.scale.defined() ? q.scale.ptr<float>() : nullptr;
   p.k_scale = kv.k.scale.defined() ? kv.k.scale.ptr<float>() : nullptr;
-  p.q_scale_kind = api::fp8_scale_kind(q.scale);
-  p.k_scale_kind = api::fp8_scale_kind(kv.k.scale);
+  p.q_scale_kind = fp8_scale_kind(q.scale);
+  p.k_scale_kind = fp8_scale_kind(kv.k.scale);
   p.cu_seqlens_q = cu_q.ptr<int32_t>();
   if (kv.layout == KVLayout::flat) {
     p.keys.cu_seqlens_k = kv.cu_seqlens_k.ptr<int32_t>();
