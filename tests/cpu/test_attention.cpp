@@ -7,7 +7,7 @@
 #include <climits>
 
 #include "common/schedule.h"
-#include "cpu/attention_problem.h"
+#include "support/attention_problem.h"
 
 namespace msa::test {
 namespace {

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "common/schedule.h"
-#include "cpu/attention_problem.h"
+#include "support/attention_problem.h"
 
 namespace msa::test {
 namespace {

@@ -3,7 +3,7 @@
 // between runs within the plan, and the checks that tie run() to its planned shape.
 #include <gtest/gtest.h>
 
-#include "cpu/attention_problem.h"
+#include "support/attention_problem.h"
 
 namespace msa::test {
 namespace {

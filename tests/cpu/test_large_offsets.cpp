@@ -9,7 +9,7 @@
 #include <random>
 
 #include "common/codecs.h"
-#include "cpu/host_tensor.h"
+#include "support/host_tensor.h"
 #include "msa/msa.h"
 
 namespace msa::test {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <random>
 
-#include "cpu/attention_problem.h"
+#include "support/attention_problem.h"
 
 namespace msa::test {
 namespace {

@@ -7,9 +7,9 @@
 #include <random>
 
 #include "common/codecs.h"
-#include "cpu/expect_error.h"
-#include "cpu/host_tensor.h"
-#include "cpu/ref_codecs.h"
+#include "support/expect_error.h"
+#include "support/host_tensor.h"
+#include "support/ref_codecs.h"
 #include "msa/msa.h"
 
 namespace msa::test {

@@ -9,8 +9,8 @@
 #include <numeric>
 #include <random>
 
-#include "cpu/expect_error.h"
-#include "cpu/host_tensor.h"
+#include "support/expect_error.h"
+#include "support/host_tensor.h"
 #include "msa/msa.h"
 
 namespace msa::test {

@@ -4,7 +4,7 @@
 // reported through the status buffer.
 #include <cstring>
 
-#include "sparse_case.h"
+#include "support/sparse_case.h"
 
 namespace msa::test {
 namespace {

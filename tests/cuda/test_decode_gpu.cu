@@ -10,9 +10,9 @@
 #include <random>
 #include <sstream>
 
-#include "cpu/attention_problem.h"
+#include "support/attention_problem.h"
 #include "cuda/decode/plan.h"
-#include "gpu_test_util.h"
+#include "support/gpu_test_util.h"
 
 namespace msa::test {
 namespace {

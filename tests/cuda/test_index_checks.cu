@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "cuda/common/index_checks.cuh"
-#include "gpu_test_util.h"
+#include "support/gpu_test_util.h"
 
 namespace msa::test {
 namespace {

@@ -14,8 +14,8 @@
 #include <string>
 
 #include "common/codecs.h"
-#include "cpu/host_tensor.h"
-#include "sparse_case.h"
+#include "support/host_tensor.h"
+#include "support/sparse_case.h"
 
 namespace msa::test {
 namespace {

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "common/codecs.h"
-#include "cpu/host_tensor.h"
-#include "gpu_test_util.h"
+#include "support/host_tensor.h"
+#include "support/gpu_test_util.h"
 
 namespace msa::test {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <limits>
 
-#include "sparse_case.h"
+#include "support/sparse_case.h"
 
 namespace msa::test {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "sparse_case.h"
+#include "support/sparse_case.h"
 
 namespace msa::test {
 namespace {

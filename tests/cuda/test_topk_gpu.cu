@@ -5,8 +5,8 @@
 #include <numeric>
 #include <random>
 
-#include "cpu/host_tensor.h"
-#include "gpu_test_util.h"
+#include "support/host_tensor.h"
+#include "support/gpu_test_util.h"
 
 namespace msa::test {
 namespace {

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "common/codecs.h"
-#include "cpu/expect_error.h"
-#include "cpu/host_tensor.h"
+#include "support/expect_error.h"
+#include "support/host_tensor.h"
 #include "msa/msa.h"
 
 namespace msa::test {

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "common/codecs.h"
-#include "cpu/attention_problem.h"
-#include "cpu/host_tensor.h"
-#include "gpu_test_util.h"
+#include "support/attention_problem.h"
+#include "support/host_tensor.h"
+#include "support/gpu_test_util.h"
 
 namespace msa::test {
 
