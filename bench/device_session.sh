@@ -9,8 +9,7 @@
 #   steps: tests memcheck racecheck bench peers pytest demo examples pybench ncu-sparse ncu-uniform ncu-indexer
 #          ncu-indexer-fp8 ncu-decode
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
-#          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines)
-#          ab (variants of scripts/build_ab.sh);
+#          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines);
 #          TESTS="..." limits the test suites
 #   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
 #   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
@@ -28,10 +27,8 @@ DEADLINE=${DEADLINE:-540}
 left() { local r=$(( DEADLINE - ($(date +%s) - t0) - 10 )); (( r > $1 )) && r=$1; (( r < 15 )) && r=0; echo $r; }
 passed() { grep -E '^\[  (PASSED|FAILED)' "$1" | tr '\n' ' '; }
 
-if [[ " $steps " != " ab " ]]; then  # `ab` alone needs only $BIN/ab (carry build-device-bin/ab)
-  "$BIN/test_index_checks" --gtest_list_tests > /dev/null 2>&1 ||
-    { echo "binaries in $BIN do not run here; run 'make device-bin' and carry $BIN"; exit 1; }
-fi
+"$BIN/test_index_checks" --gtest_list_tests > /dev/null 2>&1 ||
+  { echo "binaries in $BIN do not run here; run 'make device-bin' and carry $BIN"; exit 1; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 
 # Installs the wheel that `make device-wheel` left in .whl/ (once per session).
@@ -89,48 +86,6 @@ for step in $steps; do
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/records.jsonl" \
         --dump /tmp/msa_dump --iters ${ITERS:-10} --warmup 2 > "$OUT/bench_sparse.log" 2>&1;
         summary+=("bench_sparse_fwd rc=$?"); } ;;
-    ab)  # variants from scripts/build_ab.sh (whatever TARGETS each folder holds): every test_*
-         # binary in full, then racecheck on it at MSA_TEST_SMALL=1 (a variant that changes
-         # synchronization must stay clean), then each benchmark program with its correctness
-         # checks, variants interleaved twice so drift hits them alike (bench_sparse_fwd: the
-         # three prefill cases; bench_indexer: --fp8 0 and 1; bench_decode: every case)
-      for d in "$BIN"/ab/*/; do
-        v=$(basename "$d")
-        for t in "$d"test_*; do
-          [[ -x $t ]] || continue
-          tn=$(basename "$t"); lim=$(left 150); (( lim == 0 )) && break
-          timeout $lim "$t" > "$OUT/ab_${v}_$tn.log" 2>&1
-          summary+=("ab $v $tn rc=$? $(passed "$OUT/ab_${v}_$tn.log")")
-          lim=$(left 120); (( lim == 0 )) && break
-          MSA_TEST_SMALL=1 timeout $lim compute-sanitizer --tool racecheck --error-exitcode 9 "$t" \
-            > "$OUT/ab_${v}_race_$tn.log" 2>&1
-          summary+=("ab $v racecheck $tn rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/ab_${v}_race_$tn.log" | tail -1)")
-        done
-      done
-      for round in 1 2; do
-        for d in "$BIN"/ab/*/; do
-          v=$(basename "$d")
-          if [[ -x $d/bench_sparse_fwd ]]; then
-            lim=$(left 90); (( lim == 0 )) && break
-            timeout $lim "$d/bench_sparse_fwd" --case P8K-tok --case P32K-blk --case P32K-tok \
-              --iters 10 --warmup 2 > "$OUT/ab_${v}_sparse_$round.log" 2>&1
-            summary+=("ab $v round $round: $(awk '/median/ {for (i = 1; i <= NF; ++i) if ($i == "median") printf "%s %s ms  ", $1, $(i + 1)}' "$OUT/ab_${v}_sparse_$round.log")")
-          fi
-          if [[ -x $d/bench_indexer ]]; then
-            for fp8 in 0 1; do
-              lim=$(left 90); (( lim == 0 )) && break
-              timeout $lim "$d/bench_indexer" --fp8 $fp8 > "$OUT/ab_${v}_indexer${fp8}_$round.log" 2>&1
-              summary+=("ab $v round $round: $(awk '/^IDX/ && !/topk/ {printf "%s %s %s ms  ", $1, $2, $3}' "$OUT/ab_${v}_indexer${fp8}_$round.log")")
-            done
-          fi
-          if [[ -x $d/bench_decode ]]; then
-            lim=$(left 120); (( lim == 0 )) && break
-            timeout $lim "$d/bench_decode" --iters 30 \
-              > "$OUT/ab_${v}_decode_$round.log" 2>&1
-            summary+=("ab $v round $round: $(awk '/median/ {for (i = 1; i <= NF; ++i) if ($i == "median") printf "%s %s %s us  ", $1, $2, $(i + 1)}' "$OUT/ab_${v}_decode_$round.log")")
-          fi
-        done
-      done ;;
     peers)
       lim=$(left 200); (( lim > 0 )) && { PYTHONUNBUFFERED=1 timeout $lim python3 bench/peers.py --dump /tmp/msa_dump \
         --ours "$OUT/records.jsonl" --e2e "$OUT/records.jsonl" --json "$OUT/peers.jsonl" --iters 5 \

@@ -1,9 +1,8 @@
 // The L2 flush before each timed run (gpu_timing.h), over a 256 MB buffer (> 4x the 60 MB L2).
 // MSA_BENCH_FLUSH picks how:
-//   memset (the default; `write` is its older name, and every figure in bench/RESULTS.md not
-//         marked read used it): as triton's do_bench flushes. It leaves the L2 full of dirty
-//         lines, whose write-back then shares DRAM with the timed kernel (DEC-B32: about 8 us of
-//         48);
+//   memset (the default; `write` is its older name; records and printed tables name the flush):
+//         as triton's do_bench flushes. It leaves the L2 full of dirty lines, whose write-back
+//         then shares DRAM with the timed kernel (DEC-B32 on the H200: about 8 us of 48);
 //   read: a kernel that reads the buffer, leaving the L2 full of clean lines of other data, the
 //         state that rotating input buffers (bench/CASES.md, Counting) would leave.
 #include <cstdlib>
