@@ -277,8 +277,8 @@ __device__ void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
 // stores, at most 32) in 16-byte stores when the row and its length allow, else 4-byte ones, so
 // a warp writes 32 / L rows per step (a 16-token row: 4 lanes, 8 rows); warps walk to their
 // next rows by adding, not by division. Each store instruction is the fill warps' issue cost
-// taken from the consumers on their schedulers (runs 3-4: 35 instructions per 16-token row,
-// then ~20 per two rows, 10% of the FP8 kernel's warp samples).
+// taken from the consumers on their schedulers (35 instructions per 16-token row, then ~20 per
+// two rows, 10% of the FP8 kernel's warp samples).
 __device__ void fill_tail(const Params& p, int64_t h, int64_t t0, int64_t t1, int warp, int warps,
                           int lane) {
   Segment seg;

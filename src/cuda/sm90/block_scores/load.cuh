@@ -55,8 +55,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
   ItemCursor iter(p, t0, t1);
   // Per-key scales: each lane copies 4 of the block's 128 by cp.async (zeros past lk) and
   // arrives on k_full when they land, so the producer never waits on their global latency (a
-  // round trip per stage that starved the consumers once FP8 made the math faster: ncu, session
-  // 4, 16% of warp samples on k_full). The negative-scale check reads an item's scales back two
+  // round trip per stage that starved the consumers once FP8 made the math faster: ncu, 16% of
+  // warp samples on k_full). The negative-scale check reads an item's scales back two
   // items later, once its k_full phase is seen complete, before the next copy into that stage.
   // Flat K: key j of a batch is scale token seg.k0 + j. Paged K (seg.k0 = the batch): the pool
   // slot that holds it, page * page_size + j % page_size (validate.cpp), 0 bytes copied for a
