@@ -1,4 +1,4 @@
-// bench_decode: the decode cases of bench/CASES.md; the benchmark itself is bench/decode_bench.cu.
+// bench_decode: the decode cases of bench/CASES.md; the benchmark itself is workloads/decode_bench.cu.
 //   bench_decode [--case NAME]... [--iters N] [--warmup N] [--json FILE] [--no-check]
 //                [--layout nhd|hnd]   (page layout, default nhd: [pages, page_size, Hkv, D])
 //                [--warps 4|8]        (force the CUDA decode CTA width; default: the planner's)
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/gpu_benches.h"
+#include "workloads/gpu_benches.h"
 
 int main(int argc, char** argv) {
   msa_bench::DecodeBenchOptions o;

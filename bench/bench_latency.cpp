@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/gpu_timing.h"
-#include "bench/inputs.h"
-#include "bench/record.h"
+#include "workloads/gpu_timing.h"
+#include "workloads/inputs.h"
+#include "workloads/record.h"
 #include "msa/msa.h"
 
 namespace {

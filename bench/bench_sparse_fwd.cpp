@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/sparse_fwd_cases.h"
+#include "workloads/sparse_fwd_cases.h"
 #include "msa/error.h"
 
 int main(int argc, char** argv) {

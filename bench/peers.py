@@ -24,7 +24,7 @@ FLUSH = records.flush_name()
 
 
 def flush_l2(flush, i):
-    """The L2 flush before a timed run, as the C++ programs' (bench/flush.cu): MSA_BENCH_FLUSH
+    """The L2 flush before a timed run, as the C++ programs' (workloads/flush.cu): MSA_BENCH_FLUSH
     memset (default: a 256 MB fill, which leaves dirty lines in the L2) or read (a reduction over
     the buffer, which leaves clean lines)."""
     if FLUSH == "memset":

@@ -1,10 +1,10 @@
-// bench/patterns.h: the tok/blk selections of bench/CASES.md (forced blocks, visibility, order,
+// workloads/patterns.h: the tok/blk selections of bench/CASES.md (forced blocks, visibility, order,
 // padding, sharing within a query block, fixed seeds) and the attended/visible pair counts.
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "bench/patterns.h"
+#include "workloads/patterns.h"
 
 namespace msa::test {
 namespace {

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/cases.h"
+#include "workloads/cases.h"
 #include "msa/version.h"
 
 namespace msa::test {

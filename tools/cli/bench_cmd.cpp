@@ -11,13 +11,13 @@
 #include <fstream>
 #include <iostream>
 
-#include "bench/cases.h"
-#include "bench/counts.h"
-#include "bench/record.h"
+#include "workloads/cases.h"
+#include "workloads/counts.h"
+#include "workloads/record.h"
 #ifdef MSA_CLI_GPU_BENCH
-#include "bench/gpu_benches.h"
-#include "bench/gpu_timing.h"
-#include "bench/sparse_fwd_cases.h"
+#include "workloads/gpu_benches.h"
+#include "workloads/gpu_timing.h"
+#include "workloads/sparse_fwd_cases.h"
 #endif
 #include "commands.h"
 #include "options.h"
@@ -37,7 +37,7 @@ struct BenchSettings {
 // The one place where `msa bench` reaches the GPU benchmarks. They live in bench/ next to the
 // CUDA kernels and own the GPU timing rules of bench/CASES.md (CUDA events, warm-up, L2 flush,
 // median and spread, a correctness check first): the sparse-prefill cases (P8K-tok ... CSR-32K)
-// through bench/sparse_fwd_cases.h, IDX-32K-*, E2E-32K and DEC-* through bench/gpu_benches.h.
+// through workloads/sparse_fwd_cases.h, IDX-32K-*, E2E-32K and DEC-* through workloads/gpu_benches.h.
 // They time the named shapes; shape options make a custom shape, which they refuse.
 
 #ifdef MSA_CLI_GPU_BENCH

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "bench/patterns.h"
+#include "workloads/patterns.h"
 
 namespace msa::cli {
 

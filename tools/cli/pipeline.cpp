@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "bench/inputs.h"
+#include "workloads/inputs.h"
 
 namespace msa::cli {
 

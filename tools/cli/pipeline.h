@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "bench/patterns.h"
+#include "workloads/patterns.h"
 #include "options.h"
 #include "tensors.h"
 

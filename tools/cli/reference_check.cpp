@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "bench/inputs.h"
+#include "workloads/inputs.h"
 
 namespace msa::cli {
 namespace {

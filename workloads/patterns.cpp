@@ -1,6 +1,6 @@
 // Synthetic tok/blk selections and pair counts (see patterns.h). Plain host code: a 48K-token
 // selection takes milliseconds, so it is generated fresh by every benchmark run.
-#include "bench/patterns.h"
+#include "workloads/patterns.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -11,12 +11,12 @@
 #include <random>
 #include <string>
 
-#include "bench/cases.h"
-#include "bench/counts.h"
-#include "bench/gpu_benches.h"
-#include "bench/gpu_timing.h"
-#include "bench/inputs.h"
-#include "bench/record.h"
+#include "workloads/cases.h"
+#include "workloads/counts.h"
+#include "workloads/gpu_benches.h"
+#include "workloads/gpu_timing.h"
+#include "workloads/inputs.h"
+#include "workloads/record.h"
 #include "msa/msa.h"
 
 namespace {

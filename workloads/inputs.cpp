@@ -1,6 +1,6 @@
 // Counter-based normal draws for benchmark inputs (see inputs.h): Box-Muller on two uniforms
 // hashed from the element index, OpenMP over chunks.
-#include "bench/inputs.h"
+#include "workloads/inputs.h"
 
 #include <cmath>
 

@@ -1,7 +1,7 @@
 // The common fields of a benchmark record (record.h). The GPU fields come from the CUDA runtime
-// in CUDA builds only; the commit comes from the header that bench/commit.cmake writes at build
+// in CUDA builds only; the commit comes from the header that workloads/commit.cmake writes at build
 // time.
-#include "bench/record.h"
+#include "workloads/record.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,8 +16,8 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "bench/cases.h"
-#include "bench/patterns.h"
+#include "workloads/cases.h"
+#include "workloads/patterns.h"
 #include "msa/error.h"
 #include "msa_build_commit.h"  // MSA_BUILD_COMMIT
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "bench/gpu_timing.h"
+#include "workloads/gpu_timing.h"
 
 namespace msa::bench {
 namespace {

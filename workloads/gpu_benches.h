@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/gpu_timing.h"
+#include "workloads/gpu_timing.h"
 
 namespace msa_bench {
 

@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "bench/cases.h"
-#include "bench/gpu_benches.h"
-#include "bench/gpu_timing.h"
-#include "bench/inputs.h"
-#include "bench/patterns.h"
-#include "bench/record.h"
+#include "workloads/cases.h"
+#include "workloads/gpu_benches.h"
+#include "workloads/gpu_timing.h"
+#include "workloads/inputs.h"
+#include "workloads/patterns.h"
+#include "workloads/record.h"
 #include "cuda/decode/plan.h"  // force_cta_warps (--warps)
 #include "msa/msa.h"
 

@@ -1,6 +1,6 @@
 // The counting rules of counts.h. Quantization scales are left out of the bytes: at most one
 // float per token and head, under 4% of an FP8 row of 128.
-#include "bench/counts.h"
+#include "workloads/counts.h"
 
 #include <algorithm>
 

@@ -11,13 +11,13 @@
 #include <fstream>
 #include <random>
 
-#include "bench/cases.h"
-#include "bench/counts.h"
-#include "bench/gpu_timing.h"
-#include "bench/inputs.h"
-#include "bench/patterns.h"
-#include "bench/record.h"
-#include "bench/sparse_fwd_cases.h"
+#include "workloads/cases.h"
+#include "workloads/counts.h"
+#include "workloads/gpu_timing.h"
+#include "workloads/inputs.h"
+#include "workloads/patterns.h"
+#include "workloads/record.h"
+#include "workloads/sparse_fwd_cases.h"
 #include "msa/msa.h"
 
 namespace msa_bench {

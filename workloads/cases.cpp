@@ -1,6 +1,6 @@
 // The case table of bench/CASES.md (see cases.h). Defaults of every case: Hq=64, Hkv=4 (G=16),
 // D=128, blk_kv=128, topK=16, bf16, causal; a case overrides only what the table says.
-#include "bench/cases.h"
+#include "workloads/cases.h"
 
 #include <algorithm>
 #include <sstream>

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "bench/patterns.h"
+#include "workloads/patterns.h"
 
 namespace msa::bench {
 
