@@ -79,19 +79,14 @@ def is_cuda(x: Any) -> bool:
     return x.__dlpack_device__()[0] == _DL_CUDA
 
 
-def _make_torch_dtypes(torch) -> dict:
-    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-            "fp8_e4m3": torch.float8_e4m3fn, "u8": torch.uint8, "i32": torch.int32,
-            # Older torch lacks these two; a uint8 tensor then stands in (typed by msa).
-            "e8m0": getattr(torch, "float8_e8m0fnu", torch.uint8),
-            "fp4x2": getattr(torch, "float4_e2m1fn_x2", torch.uint8)}
-
-
-_TORCH_DTYPES = _make_torch_dtypes(_torch_module) if _torch_module is not None else {}
-
-
-def _torch_dtypes(torch) -> dict:
-    return _TORCH_DTYPES
+# msa dtype names -> torch dtypes, built once. Older torch lacks e8m0 and fp4x2; a uint8 tensor
+# then stands in (typed by msa).
+_TORCH_DTYPES = {} if _torch_module is None else {
+    "f32": _torch_module.float32, "f16": _torch_module.float16, "bf16": _torch_module.bfloat16,
+    "fp8_e4m3": _torch_module.float8_e4m3fn, "u8": _torch_module.uint8,
+    "i32": _torch_module.int32,
+    "e8m0": getattr(_torch_module, "float8_e8m0fnu", _torch_module.uint8),
+    "fp4x2": getattr(_torch_module, "float4_e2m1fn_x2", _torch_module.uint8)}
 
 
 def torch_dtype(name: str):
@@ -104,7 +99,7 @@ def dtype_of(x: Any) -> Optional[str]:
         return x.dtype
     if is_torch(x):
         t = _torch()
-        for name, dt in _torch_dtypes(t).items():
+        for name, dt in _TORCH_DTYPES.items():
             # On torch without float8_e8m0fnu / float4_e2m1fn_x2, uint8 means u8 only.
             if x.dtype == dt and (dt != t.uint8 or name == "u8"):
                 return name

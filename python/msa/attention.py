@@ -275,20 +275,18 @@ def pipeline_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, l
     total_q = dims(q, "q", 3, "[total_q, Hq, D]")[0]
     st = stream_of(q, stream)
     status = status_for(q)
-    scratch = []
-    alloc = None
-    if workspace is None:
-        base = allocator(q)
+    scratch = []  # the workspace allocated for the call: q2k lives at its start
 
-        def alloc(n: int) -> Any:
-            scratch.append(base(n))
-            return scratch[-1]
+    def alloc(n: int, base=allocator(q)) -> Any:
+        scratch.append(base(n))
+        return scratch[-1]
     _C.sparse_attention_pipeline(
         **_pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout,
                            topk, sink_blocks, local_blocks, causal, kv_block_size, index_q,
                            index_k, softmax_scale, temperature, partial, k_scale, v_scale),
         out=arg(out, q.dtype if isinstance(q, Typed) else None), lse=arg(lse), tlse=arg(tlse),
-        workspace=arg(workspace), alloc=alloc, status=status, stream=st)
+        workspace=arg(workspace), alloc=alloc if workspace is None else None, status=status,
+        stream=st)
     finish(status, st, check)
     ws = workspace if workspace is not None else (scratch[0] if scratch else None)
     return out, lse, tlse, _q2k_view(ws, q, k, layout, total_q, topk)

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from . import _C
 from ._arrays import _torch, empty_on, parse_device, stream_handle, to_host_list, torch_dtype
 from ._kv import layout_name
-from ._runtime import MsaError, arg, check_pending, compiling, stream_of
+from ._runtime import MsaError, arg, check_pending, compiling
 from .attention import _results, attention_eager
 
 _ids = itertools.count(1)

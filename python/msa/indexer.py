@@ -125,10 +125,9 @@ def block_topk_eager(q, q_scale, q_global_scale, k, k_scale, k_global_scale, cu_
     q, q_scale, q_global_scale = unpack(q, q_scale, q_global_scale)
     total_q = dims(q, "q", 3, "[total_q, Hq, D]")[0]
     if out is None:
-        kshape = shape_of(unpack(k)[0])
-        if len(kshape) != (3 if layout == "flat" else 4):
-            dims(unpack(k)[0], "k", 3 if layout == "flat" else 4,
-                 "[total_k, Hkv, D]" if layout == "flat" else "a page pool")
+        flat = layout == "flat"
+        kshape = dims(unpack(k)[0], "k", 3 if flat else 4,
+                      "[total_k, Hkv, D]" if flat else "a page pool [pages, ...]")
         out = empty(q, (kshape[kv_heads_dim(layout)], total_q, topk), "i32")
     st = stream_of(q, stream)
     status = status_for(q)

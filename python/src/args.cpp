@@ -223,6 +223,17 @@ T Args::scalar(const char* key, T dflt, const char* what) {
   return value;
 }
 
+AttentionParams Args::attention_params() {
+  AttentionParams p;
+  p.softmax_scale = static_cast<float>(real("softmax_scale", 0.0));
+  p.causal = flag("causal", true);
+  p.kv_block_size = int32("kv_block_size", 128);
+  p.temperature = static_cast<float>(real("temperature", 0.0));
+  const std::string partial = text("partial_dtype", "");
+  if (!partial.empty()) p.partial_dtype = py::parse_dtype(partial);
+  return p;
+}
+
 int64_t Args::integer(const char* key, int64_t dflt) { return scalar(key, dflt, "an int"); }
 int Args::int32(const char* key, int dflt) {
   const int64_t v = integer(key, dflt);

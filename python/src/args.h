@@ -42,6 +42,9 @@ class Args {
   // The outputs of a CSR build / the optional k2q input of attention: <prefix>row_ptr, ...
   K2QIndex k2q(const char* prefix);
 
+  // softmax_scale, causal, kv_block_size, temperature and partial_dtype (absent: the default).
+  AttentionParams attention_params();
+
   int64_t integer(const char* key, int64_t dflt);
   // An int argument that must fit a C++ int (a larger Python int is an error, never truncated).
   int int32(const char* key, int dflt);

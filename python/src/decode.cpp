@@ -75,10 +75,8 @@ void bind_decode(nb::module_& m) {
             x.out = a.tensor("out");
             x.lse = a.tensor("lse");
             x.tlse = a.tensor("tlse");
-            x.params.softmax_scale = static_cast<float>(a.real("softmax_scale", 0.0));
-            x.params.causal = a.flag("causal", true);
+            x.params = a.attention_params();
             x.params.kv_block_size = self.shape().kv_block_size;
-            x.params.temperature = static_cast<float>(a.real("temperature", 0.0));
             x.status = a.tensor("status");
             cudaStream_t stream = a.stream();
             a.finish();

@@ -43,16 +43,6 @@ CsrBuildArgs csr_args(Args& a) {
   return x;
 }
 
-AttentionParams attention_params(Args& a) {
-  AttentionParams p;
-  p.softmax_scale = static_cast<float>(a.real("softmax_scale", 0.0));
-  p.causal = a.flag("causal", true);
-  p.kv_block_size = a.int32("kv_block_size", 128);
-  p.temperature = static_cast<float>(a.real("temperature", 0.0));
-  const std::string partial = a.text("partial_dtype", "");
-  if (!partial.empty()) p.partial_dtype = py::parse_dtype(partial);
-  return p;
-}
 
 // Attention's arguments; with `scratch`, a CUDA call without workspace= gets
 // attention_workspace_bytes from alloc= (the size function validates the arguments first, so a
@@ -67,7 +57,7 @@ AttentionArgs attention_args(Args& a, bool scratch) {
   x.out = a.tensor("out");
   x.lse = a.tensor("lse");
   x.tlse = a.tensor("tlse");
-  x.params = attention_params(a);
+  x.params = a.attention_params();
   x.workspace = a.tensor("workspace");
   x.status = a.tensor("status");
   if (!scratch) return x;
@@ -88,7 +78,7 @@ PipelineArgs pipeline_args(Args& a, bool scratch) {
   x.topk = a.int32("topk", 16);
   x.sink_blocks = a.int32("sink_blocks", 1);
   x.local_blocks = a.int32("local_blocks", 1);
-  x.params = attention_params(a);
+  x.params = a.attention_params();
   x.out = a.tensor("out");
   x.lse = a.tensor("lse");
   x.tlse = a.tensor("tlse");
