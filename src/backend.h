@@ -23,12 +23,21 @@ void dequantize(const QTensor& x, const Tensor& out);
 }  // namespace cpu
 
 namespace cuda {
+// Who sized an op's workspace, named in the error when it is short: the size function the caller
+// used and the bytes that function counts before this op's part (the pipeline's q2k).
+struct WorkspaceSource {
+  const char* size_fn = "attention_workspace_bytes(args)";
+  size_t offset = 0;
+};
+
 void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t stream);
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream);
 void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream);
 void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s, cudaStream_t stream);
 size_t csr_workspace_bytes(int64_t hkv, int64_t total_rows, int64_t total_q, int64_t topk);
-void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream_t stream);
+// Plans the workspace once and checks the caller's against it (`src` names the size function).
+void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream_t stream,
+                       const WorkspaceSource& src = {});
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);
 void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);

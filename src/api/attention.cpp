@@ -2,6 +2,7 @@
 // in api/validate.h and api/k2q.h), then dispatch to the CPU or the CUDA backend.
 #include <cmath>
 
+#include "api/attention.h"
 #include "api/k2q.h"
 #include "api/validate.h"
 
@@ -75,22 +76,26 @@ size_t attention_workspace_bytes(const AttentionArgs& a) {
   return a.q.is_cuda() ? cuda::attention_workspace_bytes(with_partial_dtype(a), s) : 0;
 }
 
-void attention_forward(const AttentionArgs& a, cudaStream_t stream) {
+namespace api {
+
+void attention_forward(const AttentionArgs& a, cudaStream_t stream,
+                       const cuda::WorkspaceSource& src) {
   const ProblemShape s = check_attention_args(a);
   const AttentionArgs args = with_partial_dtype(a);
   if (!args.q.is_cuda()) return cpu::attention_forward(args, s);
-  const size_t need = cuda::attention_workspace_bytes(args, s);
-  if (need > 0) {
-    check_defined(args.workspace, "workspace");
+  if (args.workspace.defined()) {  // its size is checked against the backend's plan
     check_dtype(args.workspace, "workspace", {DType::u8});
     MSA_CHECK(args.workspace.device == args.q.device, "workspace: must be on ",
               device_name(args.q.device));
-    MSA_CHECK(size_t(args.workspace.numel()) >= need,
-              "workspace: needs attention_workspace_bytes(args) = ", need, " bytes, got ",
-              args.workspace.describe());
   }
-  api::check_status_arg(args.status, args.q.device, "attention_forward");
-  cuda::attention_forward(args, s, stream);
+  check_status_arg(args.status, args.q.device, "attention_forward");
+  cuda::attention_forward(args, s, stream, src);
+}
+
+}  // namespace api
+
+void attention_forward(const AttentionArgs& a, cudaStream_t stream) {
+  api::attention_forward(a, stream, cuda::WorkspaceSource{});
 }
 
 }  // namespace msa

@@ -1,8 +1,9 @@
 // Public sparse_attention_pipeline (msa/pipeline.h): lays the q2k selection and the attention
 // scratch out in the caller's workspace, then runs block_topk and attention_forward, each of
-// which validates its own arguments.
+// which validates its own arguments once; attention plans its scratch once.
 #include "msa/pipeline.h"
 
+#include "api/attention.h"
 #include "api/validate.h"
 
 namespace msa {
@@ -64,51 +65,41 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
   return c;
 }
 
-// Any 256-byte aligned address stands in for q2k while sizing: the size functions read shapes.
-void* const kSizingAddress = reinterpret_cast<void*>(kAlign);
-
-struct Layout {
-  size_t q2k_span = 0;    // q2k bytes rounded up to the alignment
-  size_t attn_bytes = 0;  // attention_workspace_bytes for these shapes
-};
-
-Layout layout(const PipelineArgs& a) {
-  const Calls c = make_calls(a, kSizingAddress, Tensor());
-  return Layout{align_up(c.q2k_bytes), attention_workspace_bytes(c.attend)};
-}
-
 }  // namespace
 
 size_t pipeline_workspace_bytes(const PipelineArgs& a) {
-  const Layout l = layout(a);
-  return l.q2k_span + l.attn_bytes;
+  // Any 256-byte aligned address stands in for q2k while sizing: the size functions read shapes.
+  const Calls c = make_calls(a, reinterpret_cast<void*>(kAlign), Tensor());
+  return align_up(c.q2k_bytes) + attention_workspace_bytes(c.attend);
 }
 
+// q2k at the workspace's start, the attention scratch in the rest; each call validates its own
+// arguments once, and attention checks the rest against its plan (naming this size function).
 void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
-  const Layout l = layout(a);
-  if (l.q2k_span + l.attn_bytes == 0) {  // no query or no kv head: nothing to select or attend
-    const Calls c = make_calls(a, nullptr, Tensor());
-    block_topk(c.select, stream);
-    return attention_forward(c.attend, stream);
+  Calls c = make_calls(a, nullptr, Tensor());  // q2k and scratch placed below
+  const size_t q2k_span = align_up(c.q2k_bytes);
+  if (a.workspace.defined() || q2k_span > 0) {
+    check_defined(a.workspace, "workspace");
+    check_dtype(a.workspace, "workspace", {DType::u8});
+    check_contiguous(a.workspace, "workspace");
+    MSA_CHECK(a.workspace.device == a.q.device, "workspace: must be on ", device_name(a.q.device),
+              " (q's device), got ", device_name(a.workspace.device));
+    if (size_t(a.workspace.numel()) < q2k_span)  // sized on this error path only
+      fail("workspace: needs pipeline_workspace_bytes(args) = ", pipeline_workspace_bytes(a),
+           " bytes, got ", a.workspace.describe());
+    // cudaMalloc gives 256-byte alignment and the CUDA kernels' scratch layout assumes it.
+    const size_t align = a.q.is_cuda() ? kAlign : 16;
+    MSA_CHECK(reinterpret_cast<uintptr_t>(a.workspace.data) % align == 0, "workspace: must be ",
+              align, "-byte aligned");
+    uint8_t* base = a.workspace.ptr<uint8_t>();
+    const Tensor attn_ws(base + q2k_span, DType::u8,
+                         {a.workspace.numel() - int64_t(q2k_span)}, a.q.device);
+    c.select.q2k.data = c.attend.q2k.data = base;
+    c.attend.workspace = attn_ws;
   }
-  check_defined(a.workspace, "workspace");
-  check_dtype(a.workspace, "workspace", {DType::u8});
-  check_contiguous(a.workspace, "workspace");
-  MSA_CHECK(a.workspace.device == a.q.device, "workspace: must be on ", device_name(a.q.device),
-            " (q's device), got ", device_name(a.workspace.device));
-  MSA_CHECK(size_t(a.workspace.numel()) >= l.q2k_span + l.attn_bytes,
-            "workspace: needs pipeline_workspace_bytes(args) = ", l.q2k_span + l.attn_bytes,
-            " bytes, got ", a.workspace.describe());
-  // cudaMalloc gives 256-byte alignment and the CUDA kernels' scratch layout assumes it.
-  const size_t align = a.q.is_cuda() ? kAlign : 16;
-  MSA_CHECK(reinterpret_cast<uintptr_t>(a.workspace.data) % align == 0, "workspace: must be ",
-            align, "-byte aligned");
-  uint8_t* base = a.workspace.ptr<uint8_t>();
-  const Tensor attn_ws(base + l.q2k_span, DType::u8,
-                       {a.workspace.numel() - int64_t(l.q2k_span)}, a.q.device);
-  const Calls c = make_calls(a, base, attn_ws);
   block_topk(c.select, stream);
-  attention_forward(c.attend, stream);
+  api::attention_forward(c.attend, stream,
+                         cuda::WorkspaceSource{"pipeline_workspace_bytes(args)", q2k_span});
 }
 
 }  // namespace msa

@@ -18,7 +18,9 @@ void block_topk(const BlockTopKArgs&, const ProblemShape&, cudaStream_t) { no_cu
 void select_topk(const TopKArgs&, const ProblemShape&, cudaStream_t) { no_cuda("select_topk"); }
 void build_k2q_csr(const CsrBuildArgs&, const ProblemShape&, cudaStream_t) { no_cuda("build_k2q_csr"); }
 size_t csr_workspace_bytes(int64_t, int64_t, int64_t, int64_t) { return 0; }
-void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t) { no_cuda("attention_forward"); }
+void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t, const WorkspaceSource&) {
+  no_cuda("attention_forward");
+}
 size_t attention_workspace_bytes(const AttentionArgs&, const ProblemShape&) { return 0; }
 void quantize(const Tensor&, QuantFormat, const QTensor&, cudaStream_t) { no_cuda("quantize"); }
 void dequantize(const QTensor&, const Tensor&, cudaStream_t) { no_cuda("dequantize"); }

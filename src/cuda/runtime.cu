@@ -1,8 +1,10 @@
-// CUDA runtime facts for the library (built_with_cuda, device count) and the status buffer's
-// device side (backend.h: read_status, clear_status).
+// CUDA runtime facts for the library (built_with_cuda, device count, the current device's SMs:
+// device/info.h) and the status buffer's device side (backend.h: read_status, clear_status).
 #include <cuda_runtime.h>
 
 #include "backend.h"
+#include "cuda/device/check.h"
+#include "cuda/device/info.h"
 
 namespace msa {
 
@@ -18,6 +20,13 @@ int cuda_device_count() {
 }
 
 namespace cuda {
+
+int current_sm_count() {
+  int dev = 0, n = 0;
+  MSA_CUDA_CHECK(cudaGetDevice(&dev));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
 
 void read_status(const Tensor& status, cudaStream_t stream, int32_t out[4]) {
   cudaError_t e = cudaMemcpyAsync(out, status.data, 4 * sizeof(int32_t), cudaMemcpyDeviceToHost,

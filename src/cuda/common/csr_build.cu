@@ -12,6 +12,7 @@
 #include "common/schedule.h"
 #include "cuda/common/csr_build.cuh"
 #include "cuda/device/check.h"
+#include "cuda/device/status.cuh"
 
 namespace msa::cuda {
 namespace {
@@ -95,12 +96,8 @@ __global__ void __launch_bounds__(kScanThreads) batch_rows_kernel(CsrBuildParams
   }
   if (threadIdx.x == 0) {
     first_row[p.total_q + 1] = carry;
-    if (p.check_total_rows && carry > p.total_rows && p.status[0] == 0) {
-      p.status[1] = carry;
-      p.status[2] = int32_t(p.total_rows);
-      p.status[3] = 0;
-      p.status[0] = int32_t(StatusCode::csr_rows_short);
-    }
+    if (p.check_total_rows && carry > p.total_rows)
+      flag_status(p.status, int32_t(StatusCode::csr_rows_short), carry, p.total_rows, 0);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "cuda/common/index_checks.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/device/check.h"
+#include "cuda/device/status.cuh"
 #include "msa/common.h"
 
 namespace msa::cuda {
@@ -145,20 +146,16 @@ __global__ void finalize_kernel(Q2KCheckParams p, const unsigned long long* firs
   pdl_wait();
   pdl_trigger();
   const uint64_t key = *first;
-  if (key == kNoOffence || status[0] != 0) return;
+  if (key == kNoOffence) return;
   const int32_t code = int32_t(key & 0xf);
   const uint64_t index = (key & ((1ull << 60) - 1)) >> 4;
   if ((key >> 60) == 0) {  // cu_seqlens: index = batch * 2 + which
-    status[1] = int32_t(index & 1);
-    status[2] = int32_t(index >> 1);
-    status[3] = 0;
+    flag_status(status, code, int64_t(index & 1), int64_t(index >> 1), 0);
   } else {  // q2k: index = (h * total_q + t) * topk + s
     const uint64_t s = index % uint64_t(p.topk), row = index / uint64_t(p.topk);
-    status[1] = int32_t(row / uint64_t(p.total_q));
-    status[2] = int32_t(row % uint64_t(p.total_q));
-    status[3] = int32_t(s);
+    flag_status(status, code, int64_t(row / uint64_t(p.total_q)),
+                int64_t(row % uint64_t(p.total_q)), int64_t(s));
   }
-  status[0] = code;
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "cuda/device/status.cuh"
+
 namespace msa::cuda {
 
 struct SelectRule {
@@ -77,16 +79,6 @@ __device__ __forceinline__ void write_q2k_row(int32_t* row, const uint64_t* pick
   for (int u = 0; u < 2; ++u)
     if (id[u] >= 0) row[rank[u]] = int32_t(id[u]);
   for (int k = valid + lane; k < r.topk; k += 32) row[k] = -1;
-}
-
-// Records `status` once (first writer wins) with the offence's details.
-__device__ __forceinline__ void flag_status(int32_t* status, int32_t code, int64_t a, int64_t b,
-                                            int64_t c) {
-  if (atomicCAS(status, 0, code) == 0) {
-    status[1] = int32_t(a);
-    status[2] = int32_t(b);
-    status[3] = int32_t(c);
-  }
 }
 
 }  // namespace msa::cuda

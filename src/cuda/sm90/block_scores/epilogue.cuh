@@ -259,7 +259,7 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
 }
 
 // Fused top-K: token t's visibility and pick budget, before its first offer.
-__device__ void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
+__device__ inline void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
   const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
   Segment seg;
   int64_t cursor = b;
@@ -279,7 +279,7 @@ __device__ void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
 // next rows by adding, not by division. Each store instruction is the fill warps' issue cost
 // taken from the consumers on their schedulers (35 instructions per 16-token row, then ~20 per
 // two rows, 10% of the FP8 kernel's warp samples).
-__device__ void fill_tail(const Params& p, int64_t h, int64_t t0, int64_t t1, int warp, int warps,
+__device__ inline void fill_tail(const Params& p, int64_t h, int64_t t0, int64_t t1, int warp, int warps,
                           int lane) {
   Segment seg;
   int64_t b = p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0;

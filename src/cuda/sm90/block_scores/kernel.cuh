@@ -10,8 +10,9 @@
 // cp.async arrival for FP8 per-key scales), k_empty[s] (lane 0 of each consumer warp; every
 // consumer thread when it reads staged key scales), sel_full[s] / sel_empty[s] (the fused
 // path's ring of group maxima: consumer threads that run epilogues / the 64 selector threads);
-// named barrier 4 holds the consumers until the selectors' last offers (fused). Each narrow
-// consumer warpgroup pipelines its two row groups' wgmmas under its own epilogues (mma.cuh).
+// NamedBarrier::kSelectorsDone holds the consumers until the selectors' last offers (fused).
+// Each narrow consumer warpgroup pipelines its two row groups' wgmmas under its own epilogues
+// (mma.cuh).
 #pragma once
 
 #include "cuda/sm90/block_scores/load.cuh"

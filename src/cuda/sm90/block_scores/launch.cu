@@ -1,10 +1,6 @@
 // Host side of the sm_90a indexer: capability checks, TMA descriptors, the paged-K check and the
-// launch of the block scores kernel, materialized (cuda::block_scores) or fused with top-K
-// (cuda::block_topk).
-// Instantiations (the only ones): block_scores_kernel<Elem, R, wide> for Elem in {bf16, f16, e4m3}
-// x R row groups per CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)} x both widths (Cfg: fused runs
-// wide, unfused narrow): R decides which wgmma each warpgroup issues and the width the CTA's
-// size, so neither can be a runtime value.
+// launch of the block scores kernel (launch_kernels.h), materialized (cuda::block_scores) or
+// fused with top-K (cuda::block_topk).
 #include <algorithm>
 #include <bit>
 #include <limits>
@@ -13,7 +9,7 @@
 #include "cuda/common/paged_checks.cuh"
 #include "cuda/device/check.h"
 #include "cuda/device/tma_map.h"
-#include "cuda/sm90/block_scores/kernel.cuh"
+#include "cuda/sm90/block_scores/launch_kernels.h"
 
 namespace msa::cuda {
 namespace {
@@ -67,26 +63,13 @@ Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, cons
   return p;
 }
 
-using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const Params);
-
-template <Elem kElem, bool kWide>
-KernelFn pick_rows(int row_groups) {
-  return row_groups == 4 ? block_scores_kernel<kElem, 4, kWide>
-         : row_groups == 2 ? block_scores_kernel<kElem, 2, kWide> : block_scores_kernel<kElem, 1, kWide>;
-}
-
-template <Elem kElem>
-KernelFn pick_width(int row_groups, bool fused) {
-  return fused ? pick_rows<kElem, true>(row_groups) : pick_rows<kElem, false>(row_groups);
-}
-
 // The instantiation for an input type, row-group count (R = 4 for G >= 4, 2 for G = 2, 1) and
 // the fused flag: fused runs the wide kernel (Cfg).
 KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
   switch (dt) {
-    case DType::f16: return pick_width<Elem::f16>(row_groups, fused);
-    case DType::fp8_e4m3: return pick_width<Elem::e4m3>(row_groups, fused);
-    default: return pick_width<Elem::bf16>(row_groups, fused);
+    case DType::f16: return kernel_for<Elem::f16>(row_groups, fused);
+    case DType::fp8_e4m3: return kernel_for<Elem::e4m3>(row_groups, fused);
+    default: return kernel_for<Elem::bf16>(row_groups, fused);
   }
 }
 

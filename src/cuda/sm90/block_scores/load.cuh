@@ -79,8 +79,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     return paged ? (k0 << 32) | int64_t(j0) : k0 + j0;
   };
   auto check_scales = [&](int64_t item, int64_t key) {
-    const int st = int(item % kStages);
-    sm90::mbar_wait(&sh.k_full[st], uint32_t((item / kStages) & 1));
+    const int st = KRing::stage(item);
+    sm90::mbar_wait(&sh.k_full[st], KRing::full_parity(item));
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i)
       if (sh.k_scale[st][lane + 32 * i] < 0.f) {  // only copied keys hold one (others 0)
@@ -97,9 +97,9 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
   int64_t it = 0;
   Segment seg;  // the current item's segment (next writes it when one opens)
   for (; iter.next(kb, fresh, seg); ++it) {
-    const int stage = int(it % kStages);
+    const int stage = KRing::stage(it);
     const int64_t key0 = seg.k0 + int64_t(kb) * kBlockN;
-    if (it >= kStages) sm90::mbar_wait(&sh.k_empty[stage], uint32_t(((it / kStages) + 1) & 1));
+    if (it >= kStages) sm90::mbar_wait(&sh.k_empty[stage], KRing::empty_parity(it));
     if (per_key) {
       if (it >= 2) check_scales(it - 2, key_prev2);
 #pragma unroll

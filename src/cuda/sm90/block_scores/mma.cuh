@@ -12,8 +12,6 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-constexpr uint32_t kSelectBarrier = 4;    // fused: consumers wait for the selectors' last offers
-
 // wgmma descriptor of the K-major 128-byte-swizzled tile `byte_off` bytes past the one `d`
 // describes: the offset moves only the start address (bits 0-13 of the low word, in 16-byte
 // units; shared addresses stay below 2^18, so nothing carries out of them). Built once per
@@ -68,7 +66,7 @@ __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, 
 // a branch inside the loop, and no wgmma is in flight across an iteration's end: otherwise
 // ptxas serializes every wgmma of the kernel (C7514 / C7517 / C7518 / C7520). What the
 // epilogue needs of the thread's rows is computed once per batch segment (segment_rows), never
-// per block; the stage and phase are 32-bit counters.
+// per block; the K stage and phase are stepped (sm90::RingState).
 template <Elem kElem, int kAcc, bool kFused>
 __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                int64_t t1, int consumer_in, int warp, int lane) {
@@ -79,31 +77,26 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   const int consumer = __reduce_max_sync(0xffffffffu, consumer_in);
   const bool per_key = per_key_scales<kElem>(p);  // the epilogue reads the stage's key scales
   ItemCursor iter(p, t0, t1);
-  int stage = 0, kb = 0;
-  uint32_t phase = 0;
+  sm90::RingState<kStages> ring;  // the K stage of the current item
+  int kb = 0;
   bool fresh = false;
   const uint64_t k_desc0 = tile_desc(sh.k[0]);  // stage s: + s * kKBlockBytes
   auto k_stage = [&]() {  // descriptor of the current stage's K block
-    const int s = __reduce_max_sync(0xffffffffu, stage);  // uniform again (see n)
+    const int s = __reduce_max_sync(0xffffffffu, ring.stage);  // uniform again (see n)
     return desc_offset(k_desc0, uint32_t(s) * kKBlockBytes);
   };
   auto k_ready = [&]() {
-    sm90::mbar_wait(&sh.k_full[stage], phase);
+    sm90::mbar_wait(&sh.k_full[ring.stage], ring.phase);
     return k_stage();
   };
-  auto advance = [&]() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1u;
-    }
-  };
+
   float2 ksc[16];  // per-key scales of the current block (load_key_scales), only if per_key
   // Fused: item it's group maxima go to selector ring slot it % kSelRing; every thread that runs
   // epilogues waits for the slot to be free before the item's wgmma and arrives once the item's
   // epilogues have written it (run_selector reads it).
   // kFused: p.scores == nullptr (run_consumer runs a loop of its own for each).
   auto sel_acquire = [&](int it) {
-    if constexpr (kFused) sm90::mbar_wait(&sh.sel_empty[it % kSelRing], uint32_t(((it / kSelRing) & 1) ^ 1));
+    if constexpr (kFused) sm90::mbar_wait(&sh.sel_empty[SelRing::stage(it)], SelRing::empty_parity(it));
   };
   auto sel_publish = [&](int it, int blk) {
     if constexpr (!kFused) return;
@@ -128,8 +121,8 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   if constexpr (kAcc == 0) {
     for (int it = 0; it < n; ++it) {
       k_ready();
-      release(sh, stage, lane, per_key);
-      advance();
+      release(sh, ring.stage, lane, per_key);
+      ring.advance();
     }
   } else if constexpr (kAcc == 1) {
     // One tile per block. With Cfg::kScalesFromSmem (the wide consumers) the epilogue reads the
@@ -143,21 +136,21 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       const uint64_t k = k_ready();
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
-      if (per_key && !kFromSmem) load_key_scales(sh.k_scale[stage], lane, ksc);
+      if (per_key && !kFromSmem) load_key_scales(sh.k_scale[ring.stage], lane, ksc);
       sm90::wgmma_wait<0>();
       fence_acc(acc0);
-      if (!kFromSmem) release(sh, stage, lane, per_key);
+      if (!kFromSmem) release(sh, ring.stage, lane, per_key);
       SegBounds seg;
       iter.next(kb, fresh, seg);
       if (fresh) sr0 = segment_rows<kElem>(p, seg, h, t0, consumer, warp, lane);
       if constexpr (kFromSmem) {
-        epi(acc0, sr0, kb, it, kSmemScales, sh.k_scale[stage]);
-        release(sh, stage, lane, per_key);
+        epi(acc0, sr0, kb, it, kSmemScales, sh.k_scale[ring.stage]);
+        release(sh, ring.stage, lane, per_key);
       } else {
         epi(acc0, sr0, kb, it, kKeepScales, nullptr);
       }
       sel_publish(it, kb);
-      advance();
+      ring.advance();
     }
   } else {
     // Two row groups, software-pipelined across items: while the epilogue of one row group runs,
@@ -177,7 +170,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     SegRows sr0, sr1;
     float acc0[64], acc1[64];
     int kb_prev = 0;  // item it-1's block; its stage is the one before `stage`
-    auto prev_stage = [&]() { return stage == 0 ? kStages - 1 : stage - 1; };
+    auto prev_stage = [&]() { return ring.stage == 0 ? kStages - 1 : ring.stage - 1; };
     if (n > 0) {
       SegBounds seg;
       iter.next(kb, fresh, seg);  // the first item opens a segment
@@ -185,7 +178,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       sr1 = segment_rows<kElem>(p, seg, h, t0, r1, warp, lane);
       sel_acquire(0);
       const uint64_t k = k_ready();
-      if (per_key) load_key_scales(sh.k_scale[stage], lane, ksc);
+      if (per_key) load_key_scales(sh.k_scale[ring.stage], lane, ksc);
       sm90::wgmma_fence();
       issue_qk<kElem>(acc0, q0, k);
       issue_qk<kElem>(acc1, q1, k);
@@ -195,7 +188,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       sm90::wgmma_wait<0>();
       fence_acc(acc1);
       kb_prev = kb;
-      advance();
+      ring.advance();
     }
     for (int it = 1; it < n; ++it) {
       SegBounds seg;
@@ -207,7 +200,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       issue_qk<kElem>(acc0, q0, k);
       // ksc holds item it-1's scales on entry and item it's on return (read from item it's
       // stage, full since k_ready).
-      epi(acc1, sr1, kb_prev, it - 1, kRefillScales, sh.k_scale[stage]);
+      epi(acc1, sr1, kb_prev, it - 1, kRefillScales, sh.k_scale[ring.stage]);
       sel_publish(it - 1, kb_prev);
       release(sh, prev_stage(), lane, per_key);  // its scales were read in iteration it-1
       if (fresh) sr1 = segment_rows<kElem>(p, seg, h, t0, r1, warp, lane);
@@ -219,7 +212,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       sm90::wgmma_wait<0>();  // the second: nothing in flight across the back edge
       fence_acc(acc1);
       kb_prev = kb;
-      advance();
+      ring.advance();
     }
     if (n > 0) {
       epi(acc1, sr1, kb_prev, n - 1, kKeepScales, nullptr);
@@ -241,12 +234,12 @@ __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int
   const bool active = tok < p.tokens_per_cta && t0 + tok < t1;
   if (active) init_pick(p, sh.picks[tok], t0 + tok);
   for (int it = 0; it < n; ++it) {
-    const int s = it % kSelRing;
-    sm90::mbar_wait(&sh.sel_full[s], uint32_t((it / kSelRing) & 1));
+    const int s = SelRing::stage(it);
+    sm90::mbar_wait(&sh.sel_full[s], SelRing::full_parity(it));
     if (active && sh.sel[s].ok[tok]) offer(sh.picks[tok], p.rule, sh.sel[s].kb, sh.sel[s].val[tok]);
     sm90::mbar_arrive(&sh.sel_empty[s]);
   }
-  sm90::named_arrive(kSelectBarrier, kC * 128 + kSelectors);
+  sm90::named_arrive(uint32_t(NamedBarrier::kSelectorsDone), kC * 128 + kSelectors);
 }
 
 template <Elem kElem, int kRowGroups, bool kWide>
@@ -272,7 +265,8 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   if constexpr (kWide) consume(std::true_type{});
   else consume(std::false_type{});
   if constexpr (!kWide) return;  // the producer warpgroup's warps 1-3 write the -inf tail (fill_tail)
-  sm90::named_sync(kSelectBarrier, kC * 128 + kSelectors);  // the selectors are done
+  // The selectors are done.
+  sm90::named_sync(uint32_t(NamedBarrier::kSelectorsDone), kC * 128 + kSelectors);
   const int cw = consumer * 4 + warp;  // 0 .. 4 kC - 1 over the consumers
   for (int tok = cw; tok < p.tokens_per_cta; tok += kC * 4) {
     const int64_t t = t0 + tok;

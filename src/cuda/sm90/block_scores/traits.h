@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "cuda/device/pipeline.cuh"
+
 namespace msa::cuda::indexer_sm90 {
 
 // Input element type; one kernel instantiation each (with the row-group count and width).
@@ -93,5 +95,14 @@ struct alignas(1024) SharedStorage {
 };
 constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
+
+// Buffer rings (device/pipeline.cuh): the K stages and the fused selector slots.
+using KRing = sm90::Ring<kStages>;
+using SelRing = sm90::Ring<kSelRing>;
+
+// Named barriers (bar.sync ids; 0 is __syncthreads). The one id in use is arbitrary.
+enum class NamedBarrier : uint32_t {
+  kSelectorsDone = 4,  // fused: the consumers wait for the selectors' last offers
+};
 
 }  // namespace msa::cuda::indexer_sm90

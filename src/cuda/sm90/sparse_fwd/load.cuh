@@ -135,15 +135,15 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
                                              SharedStorage& sh, int warp, int lane) {
   const int consumer = warp & 1, stage = warp >> 1;  // this warp's Q buffer
   const int32_t n_chunks = *p.num_chunks;
-  uint32_t q_uses = 0;  // tiles this warp has produced (parity of its q_empty waits)
+  uint32_t q_uses = 0;  // tiles this warp has produced into its one buffer (a ring of one)
   int32_t kv_iter = 0;
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
   for (int32_t chunk = next_busy_chunk(p, blockIdx.x, n_chunks, lane); chunk < n_chunks;
        chunk = next_busy_chunk(p, int64_t(chunk) + gridDim.x, n_chunks, lane)) {
     const ChunkView c = load_chunk(p, chunk);  // n_tiles > 0: empty chunks are skipped
     if (warp == 0) {
-      const int s = kv_iter % kKVStages;
-      sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);
+      const int s = KVRing::stage(kv_iter);
+      sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
       if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head};
       load_kv_block(p.paged, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len, lane);
       ++kv_iter;
@@ -154,15 +154,15 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
     for (; j < c.n_tiles; j += kProducerWarps) {
       const TileIdx cur = next;
       if (j + kProducerWarps < c.n_tiles) next = load_tile_idx(p, c, j + kProducerWarps, lane);
-      sm90::mbar_wait(&sh.q_empty[consumer][stage], (q_uses & 1) ^ 1);
+      sm90::mbar_wait(&sh.q_empty[consumer][stage], sm90::Ring<1>::empty_parity(q_uses));
       ++q_uses;
       produce_q_tile(p, tm_q, sh, c, cur, consumer, stage, lane);
     }
     tile_base += c.n_tiles;
   }
   if (warp == 0) {  // end marker: consumers stop at n_tiles < 0
-    const int s = kv_iter % kKVStages;
-    sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);
+    const int s = KVRing::stage(kv_iter);
+    sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
     if (lane == 0) {
       sh.info[s] = ChunkInfo{-1, 0, 0};
       sm90::mbar_arrive(&sh.kv_full[s]);

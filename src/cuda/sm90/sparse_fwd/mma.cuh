@@ -293,20 +293,20 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage&
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
   int pending = -1;       // bf16 partials: Q stage of this consumer's previous tile, not yet freed
   while (true) {
-    const int s = kv_iter % kKVStages;
-    sm90::mbar_wait(&sh.kv_full[s], (kv_iter / kKVStages) & 1);
+    const int s = KVRing::stage(kv_iter);
+    sm90::mbar_wait(&sh.kv_full[s], KVRing::full_parity(kv_iter));
     const ChunkInfo info = read_info(sh.info[s], tid & 31);
     if (info.n_tiles < 0) break;
     if (info.valid_keys < kBlockN) zero_v_tail(sh, s, info.valid_keys, consumer, tid);
-    // My tiles: T = tile_base + j with T % 2 == consumer; Q stage (T / 2) % 2, that
-    // buffer's use count T / 4 gives the phase parity.
+    // My tiles: T = tile_base + j with T % 2 == consumer; this consumer's use T / 2 of its
+    // ring of Q stages.
     for (int j = int((consumer - tile_base) & 1); j < info.n_tiles; j += kConsumers) {
-      const int64_t t_glob = tile_base + j;
-      const int q_stage = int((t_glob >> 1) & 1);
+      const uint64_t q_use = uint64_t(tile_base + j) >> 1;  // T / 2
+      const int q_stage = QRing::stage(q_use);
       // The previous tile's buffer (the other stage) is freed here, a tile after its TMA stores
       // were issued, so their reads are long done and nothing waits.
       if (pending >= 0) release_q_buffer(sh, consumer, pending);
-      sm90::mbar_wait(&sh.q_full[consumer][q_stage], uint32_t((t_glob >> 2) & 1));
+      sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(q_use));
       consume_tile<kF16>(p, sh, info, s, consumer, q_stage, tid);
       pending = p.part_bf16 ? q_stage : -1;
     }

@@ -1,5 +1,5 @@
 // Plain parameter structs of the sparse forward kernels (prep, main, combine), filled by
-// launch.cu. Every pointer is device memory; shapes in the comments, nullability noted.
+// launch.cu and prep.cu. Every pointer is device memory; shapes in the comments, nullability noted.
 #pragma once
 
 #include <cuda.h>
@@ -39,7 +39,6 @@ struct PrepParams {
   void* chunks_by_row = nullptr;   // [chunk_capacity] ChunkDesc in schedule (head, row) order
   uint32_t* chunk_keys = nullptr;  // [chunk_capacity] query window of each chunk (sort keys)
   int32_t* chunk_ids = nullptr;    // [chunk_capacity] 0, 1, ... (sort values)
-  int32_t window_shift = kWindowShift;  // a query window is 2^window_shift query blocks of 128
   int32_t window_keys = 1;         // sort keys 0 .. window_keys - 1 (windows past the last share
                                    // it); the unused capacity gets window_keys and sorts last
   int32_t* work_local = nullptr;   // [Hkv, total_q * topk] per chunk, compacted: local query id
@@ -66,15 +65,8 @@ struct PrepParams {
                                             // (row = total_rows: entry count); ~0: none
 };
 
-struct MainParams {
-  // bf16 partials: 3-D map over part_o viewed as [entries, G, 128] (box 64 x G x 1, 128-byte
-  // swizzle), the consumers' TMA stores of each token's G rows (mma.cuh). First: 64-byte aligned.
-  CUtensorMap tm_part;
-  const void* chunks = nullptr;        // [num_chunks] ChunkDesc
-  const int32_t* num_chunks = nullptr; // [1]
-  const int32_t* work_local = nullptr; // [Hkv, total_q * topk] compacted per chunk (PrepParams)
-  const int32_t* work_slot = nullptr;  // [Hkv, total_q * topk]
-  int64_t q_idx_stride = 0;            // total_q * topk
+// The attention problem as both main kernels see it (MainParams, UniformParams).
+struct AttnProblem {
   int64_t total_q = 0;
   int32_t group = 1;                   // G
   int32_t topk = 0;
@@ -82,26 +74,35 @@ struct MainParams {
   int32_t causal = 1;
   float scale_log2 = 0.f;              // softmax_scale * log2(e)
   float inv_temperature = 0.f;         // 1/T, 0 = no temperature LSE
+  PagedKV paged;                       // page_table null: flat KV
+};
+
+// The KV-major kernel: chunks of (kv head, block, query tokens) writing partials.
+struct MainParams : AttnProblem {
+  // bf16 partials: 3-D map over part_o viewed as [entries, G, 128] (box 64 x G x 1, 128-byte
+  // swizzle), the consumers' TMA stores of each token's G rows (mma.cuh). 64-byte aligned.
+  CUtensorMap tm_part;
+  const void* chunks = nullptr;        // [num_chunks] ChunkDesc
+  const int32_t* num_chunks = nullptr; // [1]
+  const int32_t* work_local = nullptr; // [Hkv, total_q * topk] compacted per chunk (PrepParams)
+  const int32_t* work_slot = nullptr;  // [Hkv, total_q * topk]
+  int64_t q_idx_stride = 0;            // total_q * topk
   // partial outputs, indexed by ((h * total_q + t) * topk + slot) * G + g
   void* part_o = nullptr;              // [.., D] bf16 or f32
   int32_t part_bf16 = 0;
   float* part_lse = nullptr;           // natural log
   float* part_tlse = nullptr;          // null unless inv_temperature > 0
-  PagedKV paged;                       // page_table null: flat KV
 };
 
-struct UniformParams {
+// The uniform (Q-major) kernel: units of query blocks sharing one selection, writing out / lse.
+struct UniformParams : AttnProblem {
   const void* units = nullptr;          // [num_units] UnitDesc
   const int32_t* num_units = nullptr;   // [1]
   const int32_t* q2k = nullptr;         // [Hkv, total_q, topk]
-  int64_t total_q = 0;
-  int32_t group = 1, topk = 0, tokens_per_tile = 64, causal = 1;
-  float scale_log2 = 0.f, inv_temperature = 0.f;
   void* out = nullptr;                  // [total_q, Hq, 128] bf16 / f16
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
   float* lse = nullptr;                 // [Hq, total_q] or null
   float* tlse = nullptr;                // [Hq, total_q] or null (inv_temperature > 0)
-  PagedKV paged;                        // page_table null: flat KV
 };
 
 }  // namespace msa::cuda::sparse_fwd

@@ -13,6 +13,7 @@
 
 #include "common/schedule.h"
 #include "cuda/common/pdl.cuh"
+#include "cuda/device/status.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
 #include "msa/common.h"
@@ -21,18 +22,9 @@ namespace msa::cuda::sparse_fwd {
 
 constexpr int kPrepThreads = 1024;
 // Chunk walk order (chunk_table_kernel, chunk_permute_kernel): chunks are sorted, stably, by the
-// query window of their first token (2^window_shift query blocks), so the CTAs running at any
+// query window of their first token (2^kWindowShift query blocks), so the CTAs running at any
 // moment gather the same few thousand tokens' Q and find it in L2, instead of every row's
 // tokens across the whole sequence. The sort uses only the key bits in use (launch.cu).
-
-__device__ __forceinline__ void set_status(int32_t* status, StatusCode code, int32_t a,
-                                           int32_t b, int32_t c) {
-  if (status[0] != 0) return;  // keep the first offence
-  status[1] = a;
-  status[2] = b;
-  status[3] = c;
-  status[0] = int32_t(code);
-}
 
 // One block: row_start[b] = sum_{b' < b} ceil(Lk_b' / 128) and qblock_start[b] =
 // sum_{b' < b} ceil(Lq_b' / 128) for b in [0, B].
@@ -155,10 +147,10 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams
   if (!rows_ok || !header_ok || shared_totals[1] != 0 || shared_totals[0] != n_items) {
     if (threadIdx.x == 0) {
       if (!rows_ok)
-        set_status(p.status, StatusCode::csr_rows_short, p.row_start[p.batch], int32_t(rows), 0);
+        flag_status(p.status, int32_t(StatusCode::csr_rows_short), p.row_start[p.batch], rows, 0);
       else
-        set_status(p.status, StatusCode::schedule_incomplete, int32_t(shared_totals[0]),
-                   header_ok ? int32_t(n_items) : -1, 0);
+        flag_status(p.status, int32_t(StatusCode::schedule_incomplete), shared_totals[0],
+                    header_ok ? int32_t(n_items) : -1, 0);
       *p.num_chunks = 0;
     }
     return;
@@ -274,7 +266,7 @@ __global__ void chunk_table_kernel(PrepParams p) {
       // Walk-order key: the query window of the chunk's first token (0 for a corrupt entry).
       const int32_t tl0 = e0 < e1 ? p.q_idx[off + e0] : -1;
       const int64_t qblock = tl0 >= 0 && tl0 < q_len ? int64_t(p.qblock_start[blo]) + tl0 / 128 : 0;
-      const int64_t window = qblock >> p.window_shift;
+      const int64_t window = qblock >> kWindowShift;
       p.chunk_keys[c] = uint32_t(window < p.window_keys - 1 ? window : p.window_keys - 1);
       p.chunk_ids[c] = int32_t(c);
     }
@@ -295,7 +287,7 @@ __global__ void chunk_permute_kernel(PrepParams p, const int32_t* order) {
     const unsigned long long key = *p.k2q_first;
     if (key != ~0ull) {
       const int64_t rows1 = p.total_rows + 1, h = int64_t(key / rows1), r = int64_t(key % rows1);
-      set_status(p.status, StatusCode::k2q_mismatch, int32_t(h), r == p.total_rows ? -1 : int32_t(r), 0);
+      flag_status(p.status, int32_t(StatusCode::k2q_mismatch), h, r == p.total_rows ? -1 : r, 0);
     }
   }
   const int32_t n_chunks = *p.num_chunks;

@@ -29,6 +29,8 @@
 
 #include <cstdint>
 
+#include "cuda/device/pipeline.cuh"
+
 namespace msa::cuda::sparse_fwd {
 
 constexpr int kHeadDim = 128;      // D; one instantiation per element type only
@@ -115,6 +117,11 @@ struct alignas(1024) SharedStorage {
 };
 constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + slack to align the base
 static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
+
+// Buffer rings (device/pipeline.cuh): K/V stages (the uniform path's V ring too), and each
+// consumer's Q buffers.
+using KVRing = sm90::Ring<kKVStages>;
+using QRing = sm90::Ring<kQStages>;
 
 // Named barriers (bar.sync ids; 0 is __syncthreads).
 enum class NamedBarrier : uint32_t {

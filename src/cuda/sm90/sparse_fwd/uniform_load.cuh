@@ -79,8 +79,8 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
   // Block info.kb of unit u (u.k_start: the batch's first key row, or its batch index for paged
   // KV; kv_load.cuh gives each barrier the exact bytes of the flat or paged boxes).
   auto publish = [&](UniformInfo info, const UnitDesc& u) {
-    const int s = kv_iter % kKVStages;
-    sm90::mbar_wait(&sh.kv_empty[s], ((kv_iter / kKVStages) & 1) ^ 1);
+    const int s = KVRing::stage(kv_iter);
+    sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
     KVBlockSource src{};
     if (info.kb >= 0) src = locate_kv_block(p.paged, u.head, u.k_start, info.kb, u.k_len, 2, lane);
     if (lane == 0) {
@@ -92,8 +92,8 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     if (info.kb >= 0) load_kv_tile(src, tm_k, sh.k[s], &sh.kv_full[s]);
     ++kv_iter;
     if (info.kb >= 0) {
-      const int vs = v_iter % kKVStages;
-      sm90::mbar_wait(&sh.v_empty[vs], ((v_iter / kKVStages) & 1) ^ 1);
+      const int vs = KVRing::stage(v_iter);
+      sm90::mbar_wait(&sh.v_empty[vs], KVRing::empty_parity(v_iter));
       if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.v_full[vs], src.bytes);
       __syncwarp();
       load_kv_tile(src, tm_v, sh.v[vs], &sh.v_full[vs]);
@@ -103,9 +103,9 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
   };
   for (int32_t unit = blockIdx.x; unit < n_units; unit += gridDim.x, ++unit_iter) {
     const UnitDesc u = load_unit(p, unit);
-    const int qs = unit_iter & 1;
+    const int qs = QRing::stage(unit_iter);
     for (int c = 0; c < kConsumers; ++c) {
-      sm90::mbar_wait(&sh.q_empty[c][qs], ((unit_iter >> 1) & 1) ^ 1);
+      sm90::mbar_wait(&sh.q_empty[c][qs], QRing::empty_parity(unit_iter));
       produce_unit_q(p, tm_q, sh, u, c, qs, lane);
     }
     // Selected blocks in slot order, skipping ids outside [0, nblk) and blocks past the last

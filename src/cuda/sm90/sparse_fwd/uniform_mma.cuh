@@ -139,23 +139,23 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
   const uint32_t other_turn = uint32_t(NamedBarrier::kTurn0) + 1 - consumer;
   int32_t k_iter = 0, v_iter = 0, unit_iter = 0;
   auto wait_k = [&]() {
-    const int s = k_iter % kKVStages;
-    sm90::mbar_wait(&sh.kv_full[s], (k_iter / kKVStages) & 1);
+    const int s = KVRing::stage(k_iter);
+    sm90::mbar_wait(&sh.kv_full[s], KVRing::full_parity(k_iter));
     return read_info(sh.uinfo[s], lane);
   };
   auto release_k = [&]() {
-    if (lane == 0) sm90::mbar_arrive(&sh.kv_empty[k_iter % kKVStages]);
+    if (lane == 0) sm90::mbar_arrive(&sh.kv_empty[KVRing::stage(k_iter)]);
     ++k_iter;
   };
   // V of the previous block: wait for it, zero its tail rows if the block is partial.
   auto wait_v = [&](int valid_keys) {
-    const int vs = v_iter % kKVStages;
-    sm90::mbar_wait(&sh.v_full[vs], (v_iter / kKVStages) & 1);
+    const int vs = KVRing::stage(v_iter);
+    sm90::mbar_wait(&sh.v_full[vs], KVRing::full_parity(v_iter));
     if (valid_keys < kBlockN) zero_v_tail(sh, vs, valid_keys, consumer, tid);
     return sm90::smem_addr(sh.v[vs][0]);
   };
   auto release_v = [&]() {
-    if (lane == 0) sm90::mbar_arrive(&sh.v_empty[v_iter % kKVStages]);
+    if (lane == 0) sm90::mbar_arrive(&sh.v_empty[KVRing::stage(v_iter)]);
     ++v_iter;
   };
   if (consumer == 1) sm90::named_arrive(uint32_t(NamedBarrier::kTurn0), kPair);  // 0 goes first
@@ -164,8 +164,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
   while (true) {
     UniformInfo info = wait_k();
     if (info.kb == -2) break;
-    const int q_stage = unit_iter & 1;
-    sm90::mbar_wait(&sh.q_full[consumer][q_stage], (unit_iter >> 1) & 1);
+    const int q_stage = QRing::stage(unit_iter);
+    sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(unit_iter));
     const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, warp, lane, j0, j1);
     const int32_t head = rm.slot0;  // the uniform producer stores the kv head in the slot field
     OnlineRow st0, st1;

@@ -1,0 +1,9 @@
+// Queries of the current CUDA device that launches size their grids by (runtime.cu).
+#pragma once
+
+namespace msa::cuda {
+
+// Streaming multiprocessors of the current device.
+int current_sm_count();
+
+}  // namespace msa::cuda

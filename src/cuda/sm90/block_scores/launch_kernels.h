@@ -1,0 +1,21 @@
+// The sm_90a indexer kernels as the host picks them (bodies in launch_kernels.cuh). The only
+// instantiations, one file per input type (instantiate_{bf16,f16,e4m3}.cu, compiled in parallel):
+// R row groups per CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)} x both widths (Cfg: fused runs
+// wide, unfused narrow). R decides which wgmma each warpgroup issues and the width the CTA's
+// size, so neither can be a runtime value.
+#pragma once
+
+#include <cuda.h>
+
+#include "cuda/sm90/block_scores/params.h"
+#include "cuda/sm90/block_scores/traits.h"
+
+namespace msa::cuda::indexer_sm90 {
+
+using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const Params);
+
+// The kernel for `row_groups` (4, 2 or 1) and width (wide: fused with top-K).
+template <Elem kElem>
+KernelFn kernel_for(int row_groups, bool wide);
+
+}  // namespace msa::cuda::indexer_sm90

@@ -1,0 +1,49 @@
+// Bodies of the sparse forward launches (launch_kernels.h), included only by the one-line
+// instantiation files; MSA_SPARSE_FWD_INSTANTIATE(kF16) instantiates both kernels of a type.
+#pragma once
+
+#include <mutex>
+
+#include "cuda/common/pdl.cuh"
+#include "cuda/device/check.h"
+#include "cuda/device/info.h"
+#include "cuda/sm90/sparse_fwd/kernel.cuh"
+#include "cuda/sm90/sparse_fwd/launch_kernels.h"
+
+namespace msa::cuda::sparse_fwd {
+
+// One persistent launch (a CTA per SM) of either kernel; each instantiation raises its shared
+// memory limit once per process.
+template <typename P>
+void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
+                       std::once_flag& smem_limit_set, const CUtensorMap& tq, const CUtensorMap& tk,
+                       const CUtensorMap& tv, const P& p, cudaStream_t stream) {
+  std::call_once(smem_limit_set, [kernel] {
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  });
+  launch_pdl(kernel, current_sm_count(), kThreads, kSmemBytes, stream, tq, tk, tv, p);
+}
+
+template <bool kF16>
+void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+                 const MainParams& p, cudaStream_t stream) {
+  static std::once_flag once;
+  launch_persistent(sparse_fwd_kernel<kF16>, once, tq, tk, tv, p, stream);
+}
+
+template <bool kF16>
+void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+                    const UniformParams& p, cudaStream_t stream) {
+  static std::once_flag once;
+  launch_persistent(sparse_fwd_uniform_kernel<kF16>, once, tq, tk, tv, p, stream);
+}
+
+}  // namespace msa::cuda::sparse_fwd
+
+#define MSA_SPARSE_FWD_INSTANTIATE(kF16)                                                    \
+  namespace msa::cuda::sparse_fwd {                                                         \
+  template void launch_main<kF16>(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, \
+                                  const MainParams&, cudaStream_t);                         \
+  template void launch_uniform<kF16>(const CUtensorMap&, const CUtensorMap&,                \
+                                     const CUtensorMap&, const UniformParams&, cudaStream_t); \
+  }

@@ -1,0 +1,24 @@
+// Declarations of the sm_90a sparse forward's two persistent launches (bodies in
+// launch_kernels.cuh). The only instantiations: bf16 (instantiate_bf16.cu) and f16
+// (instantiate_f16.cu), so the two compile in parallel and host edits rebuild neither.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "cuda/sm90/sparse_fwd/params.h"
+
+namespace msa::cuda::sparse_fwd {
+
+// One CTA per SM, PDL after the prep chain. tm_q: q as [total_q, Hq, 128] in boxes of 64 columns
+// x G heads x 1 token; tm_k / tm_v: flat [total_k, Hkv, 128] in boxes of 64 x 1 x 128 keys, or
+// the page pools (make_tma_paged, boxes of 2^paged.box_shift slots).
+template <bool kF16>
+void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+                 const MainParams& p, cudaStream_t stream);
+
+template <bool kF16>
+void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+                    const UniformParams& p, cudaStream_t stream);
+
+}  // namespace msa::cuda::sparse_fwd

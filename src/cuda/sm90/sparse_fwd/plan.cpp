@@ -1,0 +1,121 @@
+// Host plan of the sm_90a sparse forward (plan.h): capability checks and the workspace layout.
+// Also defines cuda::attention_workspace_bytes.
+
+#include "cuda/sm90/sparse_fwd/plan.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "backend.h"
+#include "common/schedule.h"
+#include "cuda/common/csr_build.cuh"
+#include "cuda/common/index_checks.cuh"
+#include "cuda/sm90/sparse_fwd/params.h"
+#include "cuda/sm90/sparse_fwd/traits.h"
+
+namespace msa::cuda {
+namespace sparse_fwd {
+namespace {
+
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+}  // namespace
+
+AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
+  AttnPlan w;
+  const int64_t hkv = s.num_kv_heads, nnz = s.total_q * s.topk;
+  w.build_csr = !a.k2q.row_ptr.defined();
+  w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
+  const bool paged = a.kv.layout != KVLayout::flat;
+  if (w.build_csr && paged) {
+    // Lk_b <= max_pages * page_size (longer seqused_k are clamped and reported).
+    w.total_rows = s.batch * ((s.max_pages * s.page_size + kBlockN - 1) / kBlockN);
+  } else if (w.build_csr) {
+    // sum_b ceil(Lk_b / 128) <= total_k / 128 + B: rows past the real total stay empty.
+    w.total_rows = (a.kv.k.values.shape[0] + kBlockN - 1) / kBlockN + s.batch;
+  } else {
+    w.total_rows = a.k2q.row_ptr.shape[1] - 1;
+  }
+  w.schedule_capacity = hkv * w.total_rows;
+  w.chunk_tokens = kChunkTiles * tokens_per_tile(int(s.group));
+  w.chunk_capacity = w.schedule_capacity + (hkv * nnz + w.chunk_tokens - 1) / w.chunk_tokens;
+  // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most G units of 128 rows.
+  w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
+  w.unit_cap = hkv * w.qblock_cap * s.group;
+  w.window_keys = int32_t(std::min<int64_t>(((w.qblock_cap - 1) >> kWindowShift) + 1,
+                                            kMaxWindowKeys));
+  const size_t part_elems = size_t(hkv) * size_t(nnz) * size_t(s.group);
+  const size_t part_bytes = a.params.partial_dtype == DType::bf16 ? 2 : 4;
+  size_t off = 0;
+  auto take = [&off](size_t bytes) { const size_t at = off; off += align256(bytes); return at; };
+  if (paged) {
+    w.paged_offence = take(sizeof(unsigned long long));
+    w.key_offsets = take(size_t(s.batch + 1) * 4);
+  }
+  w.check = take(kQ2KCheckWorkspaceBytes);
+  w.valid_per_head = take(size_t(hkv) * 4);
+  w.k2q_first = take(sizeof(unsigned long long));
+  w.row_start = take(size_t(s.batch + 1) * 4);
+  w.chunk_start = take(size_t(w.schedule_capacity + 1) * 4);
+  w.num_chunks = take(4);
+  w.chunks = take(size_t(w.chunk_capacity) * sizeof(ChunkDesc));
+  w.chunks_by_row = take(size_t(w.chunk_capacity) * sizeof(ChunkDesc));
+  w.chunk_keys = take(size_t(w.chunk_capacity) * 4);
+  w.chunk_keys_sorted = take(size_t(w.chunk_capacity) * 4);
+  w.chunk_ids = take(size_t(w.chunk_capacity) * 4);
+  w.chunk_order = take(size_t(w.chunk_capacity) * 4);
+  w.sort_tmp_bytes = chunk_sort_bytes(w.chunk_capacity, window_key_bits(w.window_keys));
+  w.sort_tmp = take(w.sort_tmp_bytes);
+  w.work_local = take(size_t(hkv * nnz) * 4);
+  w.work_slot = take(size_t(hkv * nnz) * 4);
+  w.qblock_start = take(size_t(s.batch + 1) * 4);
+  w.uniform = take(size_t(hkv * w.qblock_cap) * 4);
+  w.unit_start = take(size_t(hkv * w.qblock_cap) * 4);
+  w.unit_order_start = take(size_t(hkv * w.qblock_cap + 1) * 4);
+  w.num_units = take(4);
+  w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
+  w.part_o = take(part_elems * kHeadDim * part_bytes);
+  w.part_lse = take(part_elems * 4);
+  w.part_tlse = take(a.params.temperature > 0.f ? part_elems * 4 : 0);
+  if (w.build_csr) {
+    w.row_ptr = take(size_t(hkv * (w.total_rows + 1)) * 4);
+    w.q_idx = take(size_t(hkv * nnz) * 4);
+  }
+  if (w.build_csr || w.build_schedule)
+    w.schedule = take(size_t(sched::max_schedule_ints(hkv, w.total_rows)) * 4);
+  if (w.build_csr) w.csr_ws = take(csr_build_workspace_bytes(hkv, w.total_rows, s.total_q, s.topk));
+  w.total = off;
+  return w;
+}
+
+void check_supported(const AttentionArgs& a, const ProblemShape& s) {
+  MSA_CHECK(a.q2k.defined(), "attention_forward: dense attention (no q2k) is not supported on "
+            "CUDA yet; pass a q2k selection or run on CPU tensors");
+  MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);
+  MSA_CHECK(a.kv.k.values.dtype == a.q.dtype && a.kv.v.values.dtype == a.q.dtype,
+            "k, v: must have q's dtype (", dtype_name(a.q.dtype),
+            ") on CUDA; quantized KV is not supported by the sparse prefill yet");
+  MSA_CHECK(!a.kv.k.scale.defined() && !a.kv.v.scale.defined(),
+            "k, v: scales are not supported by the CUDA sparse prefill");
+  MSA_CHECK(s.kv_block_size == kBlockN, "params.kv_block_size: must be 128 on CUDA, got ",
+            s.kv_block_size);
+  MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,
+            "q: Hq / Hkv must be 1, 2, 4, 8 or 16 on CUDA, got ", s.group);
+  MSA_CHECK(s.total_q * s.topk * s.num_kv_heads < INT32_MAX,
+            "q2k: Hkv * total_q * topk must be below 2^31 on CUDA");
+  MSA_CHECK(a.kv.k.values.shape[0] < INT32_MAX && s.total_q < INT32_MAX,
+            "q, k: token counts must be below 2^31 on CUDA (TMA coordinates are int32)");
+  if (a.kv.layout != KVLayout::flat)
+    MSA_CHECK(s.batch * s.max_pages * s.page_size < INT32_MAX,
+              "page_table: B * max_pages * page_size (", s.batch, " * ", s.max_pages, " * ",
+              s.page_size, ") must be below 2^31 on CUDA (paged key offsets are int32)");
+}
+
+}  // namespace sparse_fwd
+
+size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s) {
+  if (!a.q2k.defined()) return 0;  // dense: attention_forward reports it unsupported
+  return sparse_fwd::make_plan(a, s).total;
+}
+
+}  // namespace msa::cuda

@@ -1,0 +1,49 @@
+// Host plan of the sm_90a sparse forward: what the kernels support (check_supported) and the one
+// workspace layout of a call (AttnPlan), sized from host-known shapes only, so
+// attention_workspace_bytes and attention_forward agree without reading device memory. Used by
+// launch.cu and prep.cu; defined in plan.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/problem.h"
+#include "msa/attention.h"
+
+namespace msa::cuda::sparse_fwd {
+
+// Byte offsets into the attention workspace (each 256-byte aligned) and the capacities behind
+// them.
+struct AttnPlan {
+  int64_t total_rows = 0;        // rows of the CSR in use (caller's, or an upper bound)
+  int64_t schedule_capacity = 0; // items
+  int64_t chunk_capacity = 0;
+  int32_t chunk_tokens = 0;
+  int64_t qblock_cap = 0, unit_cap = 0;
+  int32_t window_keys = 0;       // query windows (PrepParams::window_keys)
+  bool build_csr = false, build_schedule = false;
+  size_t paged_offence = 0, key_offsets = 0;  // paged KV only
+  size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0;
+  size_t valid_per_head = 0, k2q_first = 0;  // the caller's k2q check (build_csr false)
+  size_t chunks_by_row = 0, chunk_keys = 0, chunk_keys_sorted = 0, chunk_ids = 0, chunk_order = 0;
+  size_t sort_tmp = 0, sort_tmp_bytes = 0;
+  size_t work_local = 0, work_slot = 0;
+  size_t qblock_start = 0, uniform = 0, unit_start = 0, unit_order_start = 0, num_units = 0;
+  size_t units = 0;
+  size_t part_o = 0, part_lse = 0, part_tlse = 0;
+  size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
+  size_t total = 0;
+};
+
+AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s);
+
+// Rejects what these kernels do not cover, naming the missing feature (no silent fallback).
+void check_supported(const AttentionArgs& a, const ProblemShape& s);
+
+// Bits of the chunk sort keys for `window_keys` query windows (prep.cu).
+int window_key_bits(int32_t window_keys);
+
+// Temporary bytes of the chunk sort of `n` pairs with keys of `bits` bits (prep.cu: CUB's query).
+size_t chunk_sort_bytes(int64_t n, int bits);
+
+}  // namespace msa::cuda::sparse_fwd

@@ -1,0 +1,198 @@
+// The prep chain of the sm_90a sparse forward (prep.h) and the only instantiation of its kernels
+// (scheduler.cuh, uniform_scheduler.cuh), with the CUB radix sort of the chunk table.
+
+#include "cuda/sm90/sparse_fwd/prep.h"
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+
+#include "cuda/common/csr_build.cuh"
+#include "cuda/common/index_checks.cuh"
+#include "cuda/common/paged_checks.cuh"
+#include "cuda/common/pdl.cuh"
+#include "cuda/device/check.h"
+#include "cuda/device/info.h"
+#include "cuda/sm90/sparse_fwd/scheduler.cuh"
+#include "cuda/sm90/sparse_fwd/uniform_scheduler.cuh"
+
+namespace msa::cuda::sparse_fwd {
+
+// Real keys are 0 .. window_keys - 1, the unused capacity sorts last with key window_keys
+// (PrepParams::window_keys). One radix pass up to 8 bits (S <= 128K tokens at 1024-token windows).
+int window_key_bits(int32_t window_keys) {
+  int bits = 1;
+  while ((1u << bits) <= uint32_t(window_keys)) ++bits;
+  return bits;
+}
+
+// CUB's size query costs microseconds of host time (device attribute and occupancy queries) and a
+// call plans twice (the workspace size, then the launch) with the same (n, bits), so the last
+// answer is kept per thread.
+size_t chunk_sort_bytes(int64_t n, int bits) {
+  thread_local int64_t last_n = -1;
+  thread_local int last_bits = -1, last_device = -1;
+  thread_local size_t last_bytes = 0;
+  int device = 0;
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  if (n == last_n && bits == last_bits && device == last_device) return last_bytes;
+  size_t bytes = 0;
+  MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
+                                                 static_cast<uint32_t*>(nullptr),
+                                                 static_cast<const int32_t*>(nullptr),
+                                                 static_cast<int32_t*>(nullptr), int(n), 0,
+                                                 bits));
+  last_n = n;
+  last_bits = bits;
+  last_device = device;
+  last_bytes = bytes;
+  return bytes;
+}
+
+namespace {
+
+// Enqueues the paged-KV checks (paged_checks.cuh) and returns their key_offsets, the clamped
+// lengths as a flat cu_seqlens_k for everything that follows.
+const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s,
+                                   const AttnPlan& w, uint8_t* ws, int32_t* status,
+                                   cudaStream_t stream) {
+  PagedCheckParams c;
+  c.page_table = a.kv.page_table.ptr<int32_t>();
+  c.page_table_stride = a.kv.page_table.strides[0];
+  c.seqused_k = a.kv.seqused_k.defined() ? a.kv.seqused_k.ptr<int32_t>() : nullptr;
+  c.batch = s.batch;
+  c.max_pages = s.max_pages;
+  c.num_pages = s.num_pages;
+  c.page_size = int32_t(s.page_size);
+  c.max_keys = s.max_pages * s.page_size;
+  c.key_offsets = reinterpret_cast<int32_t*>(ws + w.key_offsets);
+  c.offence = reinterpret_cast<unsigned long long*>(ws + w.paged_offence);
+  c.status = status;
+  launch_paged_checks_with_offsets(c, stream);
+  return c.key_offsets;
+}
+
+// The prep kernels' inputs and workspace tables.
+PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
+                       uint8_t* ws, const int32_t* cu_k, bool has_keys) {
+  auto at = [ws](size_t offset) { return reinterpret_cast<int32_t*>(ws + offset); };
+  PrepParams pp;
+  pp.q2k = a.q2k.ptr<int32_t>();
+  pp.q2k_vec4 = s.topk % 4 == 0 && (reinterpret_cast<uintptr_t>(pp.q2k) & 15) == 0 ? 1 : 0;
+  pp.cu_seqlens_q = a.cu_seqlens_q.ptr<int32_t>();
+  pp.cu_seqlens_k = cu_k;
+  pp.paged = a.kv.layout != KVLayout::flat ? 1 : 0;
+  pp.batch = s.batch;
+  pp.num_kv_heads = s.num_kv_heads;
+  pp.total_q = s.total_q;
+  pp.topk = s.topk;
+  pp.total_rows = w.total_rows;
+  pp.schedule_capacity = w.schedule_capacity;
+  pp.chunk_capacity = w.chunk_capacity;
+  pp.chunk_tokens = w.chunk_tokens;
+  pp.window_keys = w.window_keys;
+  pp.row_start = at(w.row_start);
+  pp.chunk_start = at(w.chunk_start);
+  pp.num_chunks = at(w.num_chunks);
+  pp.chunks = ws + w.chunks;
+  pp.chunks_by_row = ws + w.chunks_by_row;
+  pp.chunk_keys = reinterpret_cast<uint32_t*>(ws + w.chunk_keys);
+  pp.chunk_ids = at(w.chunk_ids);
+  pp.work_local = at(w.work_local);
+  pp.work_slot = at(w.work_slot);
+  pp.group = int32_t(s.group);
+  pp.uniform_enabled = has_keys ? 1 : 0;
+  pp.qblock_cap = w.qblock_cap;
+  pp.unit_cap = w.unit_cap;
+  pp.qblock_start = at(w.qblock_start);
+  pp.uniform = at(w.uniform);
+  pp.unit_start = at(w.unit_start);
+  pp.unit_order_start = at(w.unit_order_start);
+  pp.num_units = at(w.num_units);
+  pp.units = ws + w.units;
+  pp.status = a.status.ptr<int32_t>();
+  return pp;
+}
+
+// The CSR: built from q2k into the workspace, or the caller's k2q checked against q2k (the q2k
+// check counts each head's ids in range, the prep kernels test every entry). Sets pp's CSR inputs.
+void launch_csr(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w, uint8_t* ws,
+                int64_t total_k, PrepParams& pp, cudaStream_t stream) {
+  Q2KCheckParams index;  // the q2k check's inputs, also the CSR builder's
+  index.q2k = pp.q2k;
+  index.cu_seqlens_q = pp.cu_seqlens_q;
+  index.keys.cu_seqlens_k = pp.cu_seqlens_k;
+  index.keys.total_k = total_k;
+  index.batch = s.batch;
+  index.num_kv_heads = s.num_kv_heads;
+  index.total_q = s.total_q;
+  index.topk = s.topk;
+  index.kv_block_size = kBlockN;
+  if (w.build_csr) {
+    CsrBuildParams c;
+    static_cast<Q2KCheckParams&>(c) = index;
+    c.total_rows = w.total_rows;
+    c.check_total_rows = false;  // an upper bound: the real rows come first, the rest are empty
+    c.row_ptr = reinterpret_cast<int32_t*>(ws + w.row_ptr);
+    c.q_idx = reinterpret_cast<int32_t*>(ws + w.q_idx);
+    c.schedule = reinterpret_cast<int32_t*>(ws + w.schedule);
+    c.workspace = ws + w.csr_ws;
+    c.status = pp.status;
+    launch_csr_build(c, stream);
+    pp.check_rows = 0;  // rows past the real total are empty by construction
+    pp.row_ptr = c.row_ptr;
+    pp.q_idx = c.q_idx;
+    pp.schedule = c.schedule;
+    return;
+  }
+  index.valid_per_head = reinterpret_cast<int32_t*>(ws + w.valid_per_head);
+  pp.valid_per_head = index.valid_per_head;
+  pp.k2q_first = reinterpret_cast<unsigned long long*>(ws + w.k2q_first);
+  // Before the check's kernels: from there on, kernels only (each one's launch overlaps the
+  // previous kernel's run; pdl.cuh).
+  MSA_CUDA_CHECK(cudaMemsetAsync(pp.k2q_first, 0xff, sizeof(unsigned long long), stream));
+  launch_q2k_check(index, ws + w.check, pp.status, stream);
+  pp.row_ptr = a.k2q.row_ptr.ptr<int32_t>();
+  pp.q_idx = a.k2q.q_idx.ptr<int32_t>();
+  pp.schedule = w.build_schedule ? reinterpret_cast<int32_t*>(ws + w.schedule)
+                                 : a.k2q.schedule.ptr<int32_t>();
+  if (w.build_schedule)
+    launch_pdl(schedule_from_row_ptr_kernel, 1, kPrepThreads, 0, stream, pp,
+               reinterpret_cast<int32_t*>(ws + w.schedule));
+}
+
+}  // namespace
+
+PrepParams launch_prep(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
+                       uint8_t* ws, cudaStream_t stream) {
+  const bool paged = a.kv.layout != KVLayout::flat;
+  // Paged: the checked, clamped lengths as a flat cu_seqlens_k, so the CSR build, the q2k check,
+  // the prep kernels and the combine treat paged batches like flat ones.
+  const auto* cu_k = paged ? launch_paged_checks(a, s, w, ws, a.status.ptr<int32_t>(), stream)
+                           : a.kv.cu_seqlens_k.ptr<int32_t>();
+  // cu_seqlens_k[B] must equal the flat token count; paged offsets have no such total (-1).
+  const int64_t total_k = paged ? -1 : a.kv.k.values.shape[0];
+  // Whether any key can exist: no TMA map over an empty extent (all lengths may be 0).
+  const bool has_keys = paged ? s.num_pages > 0 && s.max_pages > 0 : total_k > 0;
+  PrepParams pp = prep_params(a, s, w, ws, cu_k, has_keys);
+  launch_csr(a, s, w, ws, total_k, pp, stream);
+
+  const int sms = current_sm_count();
+  launch_pdl(row_start_kernel, 1, kPrepThreads, 0, stream, pp);
+  const int64_t pairs = int64_t(s.num_kv_heads) * w.qblock_cap;  // one block per pair
+  launch_pdl(uniform_detect_kernel, unsigned(std::clamp<int64_t>(pairs, 1, 16 * int64_t(sms))), 256,
+             0, stream, pp);
+  launch_pdl(unit_scan_kernel, 1, kPrepThreads, 0, stream, pp);
+  launch_pdl(unit_table_kernel, 2 * sms, 256, 0, stream, pp);
+  launch_pdl(schedule_check_kernel, 1, kPrepThreads, 0, stream, pp);
+  launch_pdl(chunk_table_kernel, 8 * sms, 256, 0, stream, pp);  // a warp per chunk: latency-bound
+  size_t sort_bytes = w.sort_tmp_bytes;
+  auto* order = reinterpret_cast<int32_t*>(ws + w.chunk_order);
+  MSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      ws + w.sort_tmp, sort_bytes, pp.chunk_keys, reinterpret_cast<uint32_t*>(ws + w.chunk_keys_sorted),
+      pp.chunk_ids, order, int(w.chunk_capacity), 0, window_key_bits(w.window_keys), stream));
+  launch_pdl(chunk_permute_kernel, 2 * sms, 256, 0, stream, pp, order);
+  return pp;
+}
+
+}  // namespace msa::cuda::sparse_fwd

@@ -1,0 +1,24 @@
+// The prep chain of the sm_90a sparse forward (prep.cu): paged-KV checks, the CSR build or the
+// check of the caller's k2q, the schedule, and the prep kernels that turn it into the chunk
+// table (KV-major path) and the unit table (uniform path). Called by launch.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/problem.h"
+#include "cuda/sm90/sparse_fwd/params.h"
+#include "cuda/sm90/sparse_fwd/plan.h"
+#include "msa/attention.h"
+
+namespace msa::cuda::sparse_fwd {
+
+// Enqueues the chain on `stream` (kernels only after the first check, each launched with PDL)
+// into the workspace `ws` laid out by `w`. Returns the tables as the main kernels and the combine
+// read them; cu_seqlens_k is the flat form of the keys' lengths (paged: the checked, clamped
+// ones), uniform_enabled is 0 when no key can exist.
+PrepParams launch_prep(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
+                       uint8_t* ws, cudaStream_t stream);
+
+}  // namespace msa::cuda::sparse_fwd
