@@ -6,10 +6,11 @@
 # benchmark programs' in $OUT/records.jsonl, the peers' in $OUT/peers.jsonl; `python3
 # bench/plot.py records.jsonl peers.jsonl --out DIR` draws them.
 #   bench/device_session.sh [steps...]
-#   steps: tests memcheck racecheck bench peers pytest demo examples pybench ncu-sparse ncu-uniform ncu-indexer
+#   steps: tests memcheck racecheck bench ab peers pytest demo examples pybench ncu-sparse ncu-uniform ncu-indexer
 #          ncu-indexer-fp8 ncu-decode
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
 #          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines);
+#          ab (BIN_OLD=dir: old against new binaries, bench/compare.py's table);
 #          TESTS="..." limits the test suites
 #   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
 #   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
@@ -81,6 +82,28 @@ for step in $steps; do
         --json "$OUT/records.jsonl" > "$OUT/bench_decode.log" 2>&1; summary+=("bench_decode rc=$?"); }
       lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_pipeline" --json "$OUT/records.jsonl" \
         > "$OUT/bench_pipeline.log" 2>&1; summary+=("bench_pipeline rc=$?"); } ;;
+    ab)  # old (BIN_OLD) and new (BIN) binaries on every named benchmark case, one program at a
+         # time, the two back to back; bench/compare.py prints the per-case ratio table
+      if [[ -z ${BIN_OLD:-} ]]; then summary+=("ab: set BIN_OLD to the old binaries"); continue; fi
+      rm -f "$OUT"/ab_old.jsonl "$OUT"/ab_new.jsonl "$OUT"/ab_old.log "$OUT"/ab_new.log
+      ab_run() {  # cap (s), program, args...
+        local cap=$1 prog=$2 side bin lim; shift 2
+        for side in old new; do
+          bin=$BIN; [[ $side == old ]] && bin=$BIN_OLD
+          lim=$(left $cap); (( lim == 0 )) && { summary+=("ab $prog $side skipped (time)"); continue; }
+          timeout $lim "$bin/$prog" "$@" --json "$OUT/ab_$side.jsonl" >> "$OUT/ab_$side.log" 2>&1
+          summary+=("ab $prog $* $side rc=$?")
+        done
+      }
+      ab_run 150 bench_sparse_fwd --iters ${ITERS:-10} --warmup 2 --no-check
+      ab_run 60 bench_indexer --fp8 0
+      ab_run 60 bench_indexer --fp8 1
+      ab_run 60 bench_indexer --fp8 1 --fp8-scales tensor
+      ab_run 90 bench_decode --iters 30 --no-check
+      ab_run 60 bench_pipeline
+      ab_run 30 bench_latency
+      python3 bench/compare.py "$OUT/ab_old.jsonl" "$OUT/ab_new.jsonl" > "$OUT/ab.md" 2>&1
+      cat "$OUT/ab.md" ;;
     bench-sparse)  # bench_sparse_fwd alone (its cases only; peers then compare those)
       rm -f "$OUT"/records.jsonl
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/records.jsonl" \
