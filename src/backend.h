@@ -37,7 +37,7 @@ void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
 void read_status(const Tensor& status, cudaStream_t stream, int32_t out[4]);
 void clear_status(const Tensor& status, cudaStream_t stream);
 
-// Decode (src/cuda/decode/; only in CUDA builds, api/decode.cpp guards the calls). plan writes
+// Decode (src/cuda/sm90/decode/; only in CUDA builds, api/decode.cpp guards the calls). plan writes
 // the split-KV work list into the workspace and returns its size and geometry; run launches the
 // main kernel (which also combines split requests) on `stream` without allocating or
 // synchronizing.
@@ -45,7 +45,7 @@ struct DecodeWork {
   int64_t items = 0;
   int sm_count = 0;
   int warps = 0;  // the planned CTA width, so run() rebuilds exactly the planned geometry
-  int identity_tiles = 0;  // > 0: the work list is the identity (decode/plan.h WorkList)
+  int identity_tiles = 0;  // > 0: the work list is the identity (cuda/sm90/decode/plan.h WorkList)
 };
 size_t decode_workspace_bytes(const DecodeShape& s);
 DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, const Tensor& workspace,

@@ -27,7 +27,7 @@
 #include "workloads/inputs.h"
 #include "workloads/patterns.h"
 #include "workloads/record.h"
-#include "cuda/decode/plan.h"  // force_cta_warps (--warps)
+#include "cuda/sm90/decode/plan.h"  // force_cta_warps (--warps)
 #include "msa/msa.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// GPU decode (src/cuda/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps over
+// GPU decode (src/cuda/sm90/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps over
 // page size, layout, G, queries per request (both CTA widths: 4 warps up to 64 rows, 8 up to 128),
 // skewed and empty lengths, FP8 KV; NaN in unused slots; device-side status for bad ids, bad
 // pages and lengths past the plan; determinism; CUDA graph replays with new lengths and q2k;
@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "support/attention_problem.h"
-#include "cuda/decode/plan.h"
+#include "cuda/sm90/decode/plan.h"
 #include "support/gpu_test_util.h"
 
 namespace msa::test {

@@ -1,4 +1,4 @@
-// The CUDA decode planner (src/cuda/decode/plan.cpp), host code that needs no device: the CTA
+// The CUDA decode planner (src/cuda/sm90/decode/plan.cpp), host code that needs no device: the CTA
 // width heuristic and CTAs per SM on the benchmark shapes (H200 limits), and, over random shapes
 // and lengths with either width, that the split-KV work list covers every (request, query chunk)
 // unit's tiles exactly once in contiguous items, that its jobs and partial slots are consistent,
@@ -11,7 +11,7 @@
 #include <random>
 #include <set>
 
-#include "cuda/decode/plan.h"
+#include "cuda/sm90/decode/plan.h"
 #include "msa/error.h"
 
 namespace msa::cuda::decode {

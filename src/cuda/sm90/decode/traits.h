@@ -1,6 +1,6 @@
 // Compile-time shape of the decode kernel per KV element type and CTA width: stage bytes,
-// pipeline depth and the shared-memory plan. Read by decode/kernel.cuh, decode/launch.cu and the
-// planner (plan.cpp sizes CTAs per SM from smem_bytes).
+// pipeline depth and the shared-memory plan. Read by kernel.cuh, launch.cu and the planner
+// (plan.cpp sizes CTAs per SM from smem_bytes).
 //
 // A CTA is one producer warpgroup (page lookups, the TMA boxes and the cp.async copies of partial
 // boxes of every stage, at few registers) and kW consumer warps (the math, at many), handing stages
@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/decode/plan.h"
+#include "cuda/sm90/decode/plan.h"
 
 namespace msa::cuda::decode {
 

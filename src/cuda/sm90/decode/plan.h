@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/decode/params.h"
+#include "cuda/sm90/decode/params.h"
 #include "msa/decode.h"
 
 namespace msa::cuda::decode {

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "cuda/decode/attend.cuh"
+#include "cuda/sm90/decode/attend.cuh"
 
 namespace msa::cuda::decode {
 

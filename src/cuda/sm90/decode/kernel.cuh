@@ -11,9 +11,9 @@
 // taking row tile w % nrt and keys [kpi * S / kp, ...) of every stage of S slots, kpi = w / nrt.
 #pragma once
 
-#include "cuda/decode/combine.cuh"
-#include "cuda/decode/trace.cuh"
-#include "cuda/decode/union.cuh"
+#include "cuda/sm90/decode/combine.cuh"
+#include "cuda/sm90/decode/trace.cuh"
+#include "cuda/sm90/decode/union.cuh"
 #include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {

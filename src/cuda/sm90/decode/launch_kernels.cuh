@@ -11,8 +11,8 @@
 #include <vector>
 #endif
 
-#include "cuda/decode/kernel.cuh"
-#include "cuda/decode/launch_kernels.h"
+#include "cuda/sm90/decode/kernel.cuh"
+#include "cuda/sm90/decode/launch_kernels.h"
 #include "cuda/device/check.h"
 
 namespace msa::cuda::decode {

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "backend.h"
-#include "cuda/decode/launch_kernels.h"
-#include "cuda/decode/plan.h"
-#include "cuda/decode/traits.h"
+#include "cuda/sm90/decode/launch_kernels.h"
+#include "cuda/sm90/decode/plan.h"
+#include "cuda/sm90/decode/traits.h"
 #include "cuda/device/check.h"
 #include "cuda/device/tma_map.h"
 

@@ -19,8 +19,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/decode/load.cuh"
-#include "cuda/decode/ptx.cuh"
+#include "cuda/sm90/decode/load.cuh"
+#include "cuda/sm90/decode/ptx.cuh"
 #include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {

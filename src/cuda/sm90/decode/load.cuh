@@ -8,10 +8,10 @@
 
 #include <cstdint>
 
-#include "cuda/decode/ptx.cuh"
-#include "cuda/decode/params.h"
-#include "cuda/decode/status.cuh"
-#include "cuda/decode/traits.h"
+#include "cuda/sm90/decode/ptx.cuh"
+#include "cuda/sm90/decode/params.h"
+#include "cuda/sm90/decode/status.cuh"
+#include "cuda/sm90/decode/traits.h"
 #include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {

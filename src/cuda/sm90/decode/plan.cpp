@@ -1,7 +1,7 @@
 // The CUDA decode planner (plan.h): geometry and workspace bounds from the shape alone, then the
 // split-KV work list from the host lengths. Host only; launch.cu uploads the result.
-#include "cuda/decode/plan.h"
-#include "cuda/decode/traits.h"
+#include "cuda/sm90/decode/plan.h"
+#include "cuda/sm90/decode/traits.h"
 
 #include <algorithm>
 #include <climits>
