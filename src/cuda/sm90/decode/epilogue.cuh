@@ -89,7 +89,7 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kFp8>& w, const Me
 // kKp > 0: one row tile (rows <= 16) whose warps split the keys kKp ways, known at compile time:
 // the loops unroll and each thread issues all its shared-memory loads before its sums (with one
 // warp per scheduler left in the CTA, each dependent load would otherwise cost its full latency:
-// a per-CTA trace timed this merge at 2-2.5 us per CTA).
+// per-CTA %globaltimer stamps put this merge at 2-2.5 us per CTA).
 template <typename TQ, int kThreads, int kKp = 0>
 __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const MergeSmem& s, int rows,
                                                 int nrt, int kp_rt, int partial, int h,

@@ -12,7 +12,6 @@
 #pragma once
 
 #include "cuda/sm90/decode/combine.cuh"
-#include "cuda/sm90/decode/trace.cuh"
 #include "cuda/sm90/decode/union.cuh"
 #include "cuda/device/sm90.cuh"
 
@@ -85,7 +84,6 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8
   // registers): reg_copy starts the loop from fresh registers.
   for (int left = reg_copy(lp.steps), slot0 = reg_copy(lp.s0); left > 0; --left, slot0 += kS) {
     sm90::mbar_wait(lp.full + uint32_t(stage) * 8u, phase);
-    MSA_DECODE_STAMP(kTraceFirstLanded, slot0 == lp.s0 && threadIdx.x == Tr::kProducerThreads);
     if (lp.active) {
       const uint32_t k_stage = lp.pipe + uint32_t(stage) * Tr::kStageBytes;
       const int* sk = lp.slot_key + stage * kS;
@@ -134,7 +132,6 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   // TMA's 128-byte swizzle repeats every 1024 bytes: the pipeline starts on such a boundary
   // (smem_bytes has the slack).
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  MSA_DECODE_STAMP(kTraceEntry, threadIdx.x == 0);
   const int hkv = p.num_kv_heads;
   const int64_t item_index = blockIdx.x / hkv;
   const int h = int(blockIdx.x % hkv);
@@ -157,7 +154,6 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
     arrive_and_finalize(p);
     return;
   }
-  MSA_DECODE_STAMP(kTraceRequest, threadIdx.x == 0);
   const int rows = nq << p.group_shift;
   const int64_t t0 = rq.q_begin + q0;
 
@@ -199,7 +195,6 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
     __syncthreads();  // the barrier init
     last_tile = (rq.lk + kTileKeys - 1) / kTileKeys;
   }
-  MSA_DECODE_STAMP(kTraceUnion, threadIdx.x == 0);
   const int tiles = max(0, min(item.tile_end, last_tile) - item.tile_begin);
   const int s0 = item.tile_begin * kTileKeys;  // the item's first slot
   src.slot_end = s0 + tiles * kTileKeys;
@@ -229,7 +224,6 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
                             policy);
       sm90::mbar_arrive(&full[stage]);
       sm90::cp_async_mbar_arrive(&full[stage]);
-      MSA_DECODE_STAMP(kTraceFirstIssue, it == 0 && threadIdx.x == 0);
       cur = next;
     }
     producers_arrive(p, kExitBarrier, Tr::kProducerThreads);
@@ -281,7 +275,6 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
   // scratch once all consumers are past their last step.
   sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
-  MSA_DECODE_STAMP(kTraceLoopEnd, tid == 0);
   const MergeSmem ms = merge_smem(smem, Tr::kMaxRows);
   if (active) store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2));
   sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
@@ -291,7 +284,6 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   else
     merge_and_write<TQ, Tr::kConsumerThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult,
                                               tid, kConsumerBarrier);
-  MSA_DECODE_STAMP(kTraceMerged, tid == 0);
   if (item.partial >= 0)
     finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid, kConsumerBarrier,
                                            slot_key);
