@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/decode/attend.cuh"
+#include "cuda/device/sm80.cuh"
 
 namespace msa::cuda::decode {
 
@@ -21,8 +22,8 @@ __device__ __forceinline__ void write_out4(const DecodeParams& p, int64_t t, int
                                            float4 v) {
   TQ* dst = static_cast<TQ*>(p.out) + t * p.out_stride_t + int64_t(hq) * p.out_stride_h + d;
   uint2 packed;
-  packed.x = pack2<TQ>(v.x, v.y);
-  packed.y = pack2<TQ>(v.z, v.w);
+  packed.x = sm80::pack2<TQ>(v.x, v.y);
+  packed.y = sm80::pack2<TQ>(v.z, v.w);
   *reinterpret_cast<uint2*>(dst) = packed;
 }
 

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   extern __shared__ uint8_t smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes: the pipeline starts on such a boundary
   // (smem_bytes has the slack).
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = smem_raw + ((1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023);
   const int hkv = p.num_kv_heads;
   const int64_t item_index = blockIdx.x / hkv;
   const int h = int(blockIdx.x % hkv);
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int rows = nq << p.group_shift;
   const int64_t t0 = rq.q_begin + q0;
 
-  const uint32_t pipe = smem_u32(smem);
+  const uint32_t pipe = sm90::smem_addr(smem);
   int* slot_key = reinterpret_cast<int*>(smem + Tr::kPipeBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes);
   float* slot_scale =  // FP8 per-slot scales of each stage (kSlotScales only; traits.h)
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int warp_climit = __reduce_min_sync(0xffffffffu, min(w.climit[0], w.climit[1]));
 
   ConsumerLoop lp;
-  lp.full = smem_u32(full);
+  lp.full = sm90::smem_addr(full);
   lp.pipe = pipe;
   lp.slot_key = slot_key;
   if constexpr (kSlotScales) {
