@@ -17,31 +17,35 @@
 
 namespace msa::cuda::decode {
 
-constexpr uint32_t kConsumerBarrier = 1;  // named barriers (0 is __syncthreads)
-constexpr uint32_t kExitBarrier = 2;
-// Stage s is freed through named barrier kEmptyBarrier + s: every consumer thread arrives
-// (bar.arrive: release, no wait) after its reads of the stage, and the producer threads sync
-// there (acquire) before copying into it again. One hardware barrier per stage instead of an
-// mbarrier that 128-256 threads arrive at one by one (DEC-B32-dense 271 -> 328 us with
-// per-thread mbarrier arrivals), and unlike lane 0 arriving after __syncwarp each reader's own
-// release orders its reads (racecheck).
-constexpr uint32_t kEmptyBarrier = 3;  // 3 .. 3 + kStages - 1
-
+// Stage s is freed through named barrier NamedBarrier::kStageEmpty0 + s (traits.h): every
+// consumer thread arrives (bar.arrive: release, no wait) after its reads of the stage, and the
+// producer threads sync there (acquire, kSync) before copying into it again. One hardware barrier
+// per stage instead of an mbarrier that 128-256 threads arrive at one by one (DEC-B32-dense
+// 271 -> 328 us with per-thread mbarrier arrivals), and unlike lane 0 arriving after __syncwarp
+// each reader's own release orders its reads (racecheck).
+//
 // Named-barrier ids must be constants for ptxas to count 3 + kStages barriers, not all 16: one
 // predicated barrier op per stage (the stage is warp-uniform), which a switch would compile to an
 // indirect branch through a jump table at every step.
 template <bool kSync>
 __device__ __forceinline__ void empty_barrier(int stage, uint32_t threads) {
-#define MSA_DECODE_STAGE_BARRIER(OP)                                                        \
-  asm volatile("{\n\t.reg .pred p;\n\t"                                                   \
-               "setp.eq.s32 p, %0, 0;\n\t@p " OP " %1, %4;\n\t"                         \
-               "setp.eq.s32 p, %0, 1;\n\t@p " OP " %2, %4;\n\t"                         \
-               "setp.eq.s32 p, %0, 2;\n\t@p " OP " %3, %4;\n\t}" ::"r"(stage),          \
-               "n"(kEmptyBarrier), "n"(kEmptyBarrier + 1), "n"(kEmptyBarrier + 2), "r"(threads) \
-               : "memory")
-  if constexpr (kSync) MSA_DECODE_STAGE_BARRIER("bar.sync");
-  else MSA_DECODE_STAGE_BARRIER("bar.arrive");
-#undef MSA_DECODE_STAGE_BARRIER
+  constexpr uint32_t b0 = uint32_t(NamedBarrier::kStageEmpty0);
+  constexpr uint32_t b1 = uint32_t(NamedBarrier::kStageEmpty1);
+  constexpr uint32_t b2 = uint32_t(NamedBarrier::kStageEmpty2);
+  if constexpr (kSync)
+    asm volatile("{\n\t.reg .pred p;\n\t"
+                 "setp.eq.s32 p, %0, 0;\n\t@p bar.sync %1, %4;\n\t"
+                 "setp.eq.s32 p, %0, 1;\n\t@p bar.sync %2, %4;\n\t"
+                 "setp.eq.s32 p, %0, 2;\n\t@p bar.sync %3, %4;\n\t}"
+                 ::"r"(stage), "n"(b0), "n"(b1), "n"(b2), "r"(threads)
+                 : "memory");
+  else
+    asm volatile("{\n\t.reg .pred p;\n\t"
+                 "setp.eq.s32 p, %0, 0;\n\t@p bar.arrive %1, %4;\n\t"
+                 "setp.eq.s32 p, %0, 1;\n\t@p bar.arrive %2, %4;\n\t"
+                 "setp.eq.s32 p, %0, 2;\n\t@p bar.arrive %3, %4;\n\t}"
+                 ::"r"(stage), "n"(b0), "n"(b1), "n"(b2), "r"(threads)
+                 : "memory");
 }
 
 // A copy of v in a fresh register, so a loop counter that starts from a value ptxas spilled
@@ -226,7 +230,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
       sm90::cp_async_mbar_arrive(&full[stage]);
       cur = next;
     }
-    producers_arrive(p, kExitBarrier, Tr::kProducerThreads);
+    producers_arrive(p, uint32_t(NamedBarrier::kProducersExit), Tr::kProducerThreads);
     return;
   }
 
@@ -274,19 +278,19 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   }
   // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
   // scratch once all consumers are past their last step.
-  sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
+  sm90::named_sync(uint32_t(NamedBarrier::kConsumers), Tr::kConsumerThreads);
   const MergeSmem ms = merge_smem(smem, Tr::kMaxRows);
   if (active) store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2));
-  sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
+  sm90::named_sync(uint32_t(NamedBarrier::kConsumers), Tr::kConsumerThreads);
   if (nrt == 1)  // one row tile: kW key partitions (kp = kW / nrt, consume's compile-time width)
     merge_and_write<TQ, Tr::kConsumerThreads, kW>(p, ms, rows, nrt, kp, item.partial, h, t0,
-                                                  v_mult, tid, kConsumerBarrier);
+                                                  v_mult, tid, uint32_t(NamedBarrier::kConsumers));
   else
     merge_and_write<TQ, Tr::kConsumerThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult,
-                                              tid, kConsumerBarrier);
+                                              tid, uint32_t(NamedBarrier::kConsumers));
   if (item.partial >= 0)
-    finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid, kConsumerBarrier,
-                                           slot_key);
+    finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid,
+                                           uint32_t(NamedBarrier::kConsumers), slot_key);
 }
 
 }  // namespace msa::cuda::decode
