@@ -46,19 +46,20 @@ void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
 void read_status(const Tensor& status, cudaStream_t stream, int32_t out[4]);
 void clear_status(const Tensor& status, cudaStream_t stream);
 
-// Decode (src/cuda/decode/; only in CUDA builds, api/decode.cpp guards the calls). plan writes
+// Decode (src/cuda/sm90/decode/; only in CUDA builds, api/decode.cpp guards the calls). plan writes
 // the split-KV work list into the workspace and returns its size and geometry; run launches the
 // main kernel (which also combines split requests) on `stream` without allocating or
-// synchronizing.
+// synchronizing. plan's `warps`: the CTA width, 0 for the planner's choice (DecodePlan), 4 or 8
+// to force one (the GPU tests and bench_decode --warps, which then run with decode_run).
 struct DecodeWork {
   int64_t items = 0;
   int sm_count = 0;
   int warps = 0;  // the planned CTA width, so run() rebuilds exactly the planned geometry
-  int identity_tiles = 0;  // > 0: the work list is the identity (decode/plan.h WorkList)
+  int identity_tiles = 0;  // > 0: the work list is the identity (cuda/sm90/decode/plan.h WorkList)
 };
 size_t decode_workspace_bytes(const DecodeShape& s);
 DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, const Tensor& workspace,
-                       cudaStream_t stream);
+                       cudaStream_t stream, int warps = 0);
 void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& w,
                 const Tensor& workspace, cudaStream_t stream);
 }  // namespace cuda

@@ -27,7 +27,7 @@
 #include "workloads/inputs.h"
 #include "workloads/patterns.h"
 #include "workloads/record.h"
-#include "cuda/decode/plan.h"  // force_cta_warps (--warps)
+#include "backend.h"  // cuda::decode_plan / decode_run of a given CTA width (--warps)
 #include "msa/msa.h"
 
 namespace {
@@ -272,15 +272,13 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   sh.layout = o.hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
   sh.device = gpu;
   Buf ws(DecodePlan::workspace_bytes(sh));
+  const Tensor ws_t(ws.p, DType::u8, {int64_t(ws.bytes)}, gpu);
+  // --warps: a plan of that CTA width, made and run by the backend (DecodePlan has no width
+  // argument); 0: DecodePlan with the planner's choice.
   DecodePlan plan;
-  {
-    // --warps: the CTA width for this plan only (0: the planner's choice), restored on any exit.
-    struct Width {
-      explicit Width(int w) { cuda::decode::force_cta_warps(w); }
-      ~Width() { cuda::decode::force_cta_warps(0); }
-    } width(o.warps);
-    plan.plan(sh, used.data(), Tensor(ws.p, DType::u8, {int64_t(ws.bytes)}, gpu), s);
-  }
+  cuda::DecodeWork forced;
+  if (o.warps) forced = cuda::decode_plan(sh, used.data(), ws_t, s, o.warps);
+  else plan.plan(sh, used.data(), ws_t, s);
   AttentionArgs a;
   a.q = Tensor(q.p, DType::bf16, {total_q, hq, d}, gpu);
   const std::vector<int64_t> pool_dims = pool_shape(total_pages, ps, hkv, d, o.hnd);
@@ -300,9 +298,15 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   a.params.kv_block_size = c.kv_block_size;
   a.params.causal = c.causal;
   a.status = Tensor(status.p, DType::i32, {4}, gpu);
+  // One decode: DecodePlan::run, or with --warps the backend's decode_run, the same launch without
+  // DecodePlan's host-side argument checks.
+  const auto run = [&] {
+    if (o.warps) cuda::decode_run(a, sh, forced, ws_t, s);
+    else plan.run(a, s);
+  };
   clear_status(a.status, s);
   BENCH_CUDA(cudaMemsetAsync(out.p, 0xff, out.bytes, s));
-  plan.run(a, s);
+  run();
   check_status(a.status, s);
   if (o.check) {
     std::set<int> sample = {0, B / 2, B - 1};
@@ -316,7 +320,7 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
     const double tol = fp8 ? 3e-2 : 1e-2, tol_lse = fp8 ? 3e-2 : 2e-3;
     res.ok = res.rel_l2 <= tol && res.lse_err <= tol_lse;
   }
-  const bench::Timing t = bench::time_op([&] { plan.run(a, s); }, o.warmup, o.iters, s, &flush,
+  const bench::Timing t = bench::time_op(run, o.warmup, o.iters, s, &flush,
                                          (c.name + " " + res.kv).c_str());
   check_status(a.status, s);
   res.median_us = t.median * 1e3;

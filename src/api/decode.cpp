@@ -1,6 +1,6 @@
 // DecodePlan (msa/decode.h): plan() validates and records a decode batch shape; run() checks
 // that its arguments fit that shape, then runs attention_forward semantics over the paged KV.
-// The CPU backend needs no work list (workspace 0); the CUDA backend (src/cuda/decode/) plans a
+// The CPU backend needs no work list (workspace 0); the CUDA backend (src/cuda/sm90/decode/) plans a
 // split-KV work list into the workspace and runs it without allocating or synchronizing.
 #include <cmath>
 

@@ -1,4 +1,4 @@
-// GPU decode (src/cuda/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps over
+// GPU decode (src/cuda/sm90/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps over
 // page size, layout, G, queries per request (both CTA widths: 4 warps up to 64 rows, 8 up to 128),
 // skewed and empty lengths, FP8 KV; NaN in unused slots; device-side status for bad ids, bad
 // pages and lengths past the plan; determinism; CUDA graph replays with new lengths and q2k;
@@ -10,8 +10,8 @@
 #include <random>
 #include <sstream>
 
+#include "backend.h"
 #include "support/attention_problem.h"
-#include "cuda/decode/plan.h"
 #include "support/gpu_test_util.h"
 
 namespace msa::test {
@@ -78,6 +78,10 @@ struct Config {
   // instead of [0.05, 0.5), so a window's V scales span far more than f16 holds.
   Fp8Scale k_scale = Fp8Scale::per_tensor, v_scale = Fp8Scale::per_tensor;
   bool wide_scales = false;
+  // CTA width: 0 plans and runs through DecodePlan (the planner's choice); 4 or 8 plans that
+  // width with the backend's decode_plan and runs with its decode_run (4 only where a plan has
+  // at most 64 rows).
+  int warps = 0;
 };
 
 // The problem of a config: make_problem's, with V's scale kind (and the scales' spread) redrawn
@@ -126,6 +130,7 @@ struct Bench {
   DeviceTensor q, k, v, page_table, seqused, cu_q, q2k_d, k_scale, v_scale;
   DeviceBuffer out, lse, status, workspace;
   DecodePlan plan;
+  cuda::DecodeWork work;  // the backend's plan when cfg.warps forces a width
 
   explicit Bench(const Config& c)
       : cfg(c),
@@ -172,12 +177,15 @@ struct Bench {
     prm.causal = cfg.causal;
     return prm;
   }
+  Tensor workspace_tensor() const {
+    return Tensor(workspace.get(), DType::u8, {int64_t(workspace.bytes())}, gpu0());
+  }
   // Plans on the GPU for host lengths `lengths` (null: max_pages * page_size).
   void plan_gpu(const int32_t* lengths) {
     const DecodeShape s = shape(gpu0());
     workspace = DeviceBuffer(DecodePlan::workspace_bytes(s));
-    plan.plan(s, lengths, Tensor(workspace.get(), DType::u8, {int64_t(workspace.bytes())}, gpu0()),
-              stream);
+    if (cfg.warps) work = cuda::decode_plan(s, lengths, workspace_tensor(), stream, cfg.warps);
+    else plan.plan(s, lengths, workspace_tensor(), stream);
   }
   void plan_gpu() { plan_gpu(paged.seqused_k.data<int32_t>()); }
 
@@ -204,7 +212,12 @@ struct Bench {
     out.poison(stream);
     lse.poison(stream);
     clear_status(Tensor(status.get(), DType::i32, {4}, gpu0()), stream);
-    plan.run(gpu_args(), stream);
+    run(gpu_args());
+  }
+  // The planned decode on the stream (DecodePlan's, or the backend's for a forced width).
+  void run(const AttentionArgs& a) {
+    if (cfg.warps) cuda::decode_run(a, shape(gpu0()), work, workspace_tensor(), stream);
+    else plan.run(a, stream);
   }
   std::vector<int32_t> status_words() { return status.download<int32_t>(4, stream); }
 
@@ -253,14 +266,8 @@ struct Bench {
   }
 };
 
-// The CTA width for the tests' small batches, which the heuristic would all give 8 warps: 0 (the
-// heuristic) or 4 (forced wherever a plan has at most 64 rows). Restored on scope exit.
-struct CtaWidth {
-  explicit CtaWidth(int warps) { cuda::decode::force_cta_warps(warps); }
-  ~CtaWidth() { cuda::decode::force_cta_warps(0); }
-  CtaWidth(const CtaWidth&) = delete;
-  CtaWidth& operator=(const CtaWidth&) = delete;
-};
+// The CTA widths (Config::warps) for the tests' small batches, which the heuristic would all give
+// 8 warps: 0 (the heuristic, through DecodePlan) or 4 (forced wherever a plan has at most 64 rows).
 constexpr int kWidths[] = {0, 4};
 
 // Random lengths: each request gets 1..max_q queries (some 0 when allowed) and 0..max_k keys.
@@ -297,9 +304,9 @@ TEST(DecodeGpu, SweepDenseAndSparse) {
         // topk 40: the one-query union's ranking past 32 ids, at G = 16 only (one query a CTA).
         if (topk == 40 && sh.g != 16) continue;
         SCOPED_TRACE("forced width " + std::to_string(warps));
-        const CtaWidth width(warps);
         Config c =
             random_config(rng, small_run() ? 3 : 6, sh.max_q, small_run() ? 700 : 2500, true);
+        c.warps = warps;
         c.hq = sh.g * sh.hkv;
         c.hkv = sh.hkv;
         c.page_size = sh.page;
@@ -322,8 +329,8 @@ template <typename F>
 void each_width(std::mt19937& rng, int max_q, unsigned& seed, F&& setup) {
   for (int warps : kWidths) {
     SCOPED_TRACE("forced width " + std::to_string(warps));
-    const CtaWidth width(warps);
     Config c = random_config(rng, 4, max_q, small_run() ? 600 : 3000, false);
+    c.warps = warps;
     c.hq = 32;
     c.hkv = 2;
     setup(c);
@@ -448,8 +455,8 @@ TEST(DecodeGpu, SkewedLengthsSplitAndCombineDeterministic) {
   for (int warps : kWidths)
     for (int64_t topk : {int64_t(0), int64_t(16)}) {
       SCOPED_TRACE("forced width " + std::to_string(warps));
-      const CtaWidth width(warps);
       Config c;
+      c.warps = warps;
       const int long_k = small_run() ? 6000 : 40000;
       c.lq = {8, 8, 8, 8, 8};
       c.lk = {long_k, 700, 0, 1300, 129};
@@ -623,8 +630,8 @@ TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {
   MSA_REQUIRE_GPU();
   for (int warps : kWidths) {
     SCOPED_TRACE("forced width " + std::to_string(warps));
-    const CtaWidth width(warps);
     Config c;
+    c.warps = warps;
     c.lq = {1, 4, 2, 8};
     c.lk = {3000, 257, 1800, 900};
     c.hq = 32;
@@ -639,7 +646,7 @@ TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     MSA_CUDA_CHECK(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeGlobal));
-    t.plan.run(args, t.stream);
+    t.run(args);
     MSA_CUDA_CHECK(cudaStreamEndCapture(t.stream, &graph));
     MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     std::mt19937 rng(11);

@@ -1,4 +1,4 @@
-// The CUDA decode planner (src/cuda/decode/plan.cpp), host code that needs no device: the CTA
+// The CUDA decode planner (src/cuda/sm90/decode/plan.cpp), host code that needs no device: the CTA
 // width heuristic and CTAs per SM on the benchmark shapes (H200 limits), and, over random shapes
 // and lengths with either width, that the split-KV work list covers every (request, query chunk)
 // unit's tiles exactly once in contiguous items, that its jobs and partial slots are consistent,
@@ -11,7 +11,7 @@
 #include <random>
 #include <set>
 
-#include "cuda/decode/plan.h"
+#include "cuda/sm90/decode/plan.h"
 #include "msa/error.h"
 
 namespace msa::cuda::decode {
@@ -55,13 +55,10 @@ TEST(DecodePlan, WidthOnBenchmarkShapes) {
     EXPECT_EQ(g.slots, 132 * c.ctas_per_sm);
     EXPECT_LE(g.bytes, workspace_bytes(c.s, kH200));
   }
-  // A forced width holds where the rows allow it, and a fixed one overrides the hook.
-  force_cta_warps(4);
-  EXPECT_EQ(geometry(shape(32, 1, 16384, 16), kH200).warps, 4);
-  EXPECT_EQ(geometry(shape(512, 8, 4096, 0), kH200).warps, 8);  // 128 rows need 8 warps
-  EXPECT_EQ(geometry(shape(32, 1, 16384, 16), kH200, 8).warps, 8);
-  force_cta_warps(0);
-  EXPECT_THROW(force_cta_warps(5), Error);
+  // A given width holds where the rows allow it.
+  EXPECT_EQ(geometry(shape(32, 1, 16384, 16), kH200, 4).warps, 4);
+  EXPECT_EQ(geometry(shape(512, 8, 4096, 0), kH200, 4).warps, 8);  // 128 rows need 8 warps
+  EXPECT_EQ(geometry(shape(2048, 1, 4096, 16), kH200, 8).warps, 8);
   // DEC-B32 plans one unsplit 16-tile item per (request, kv head): the identity list.
   const DecodeShape b32 = shape(32, 1, 16384, 16);
   const WorkList b32_list = build_work_list(b32, geometry(b32, kH200), std::vector<int64_t>(32, 16384));

@@ -8,10 +8,10 @@
 
 #include <cstdint>
 
-#include "cuda/decode/ptx.cuh"
-#include "cuda/decode/params.h"
-#include "cuda/decode/status.cuh"
-#include "cuda/decode/traits.h"
+#include "cuda/sm90/decode/params.h"
+#include "cuda/sm90/decode/status.cuh"
+#include "cuda/sm90/decode/traits.h"
+#include "cuda/device/sm80.cuh"
 #include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {
@@ -191,8 +191,8 @@ __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSou
       for (int i = 0; i < Rows::kChunksPerLane; ++i) {
         const int chunk = sub + Rows::kLanesPerRow * i;
         const uint32_t dst = stage_base + tile_offset<kFp8, kS>(row, chunk);
-        cp_async_16(dst, kbase + koff + chunk * 16, bytes);
-        cp_async_16(dst + Tr::kStageKBytes, vbase + voff + chunk * 16, bytes);
+        sm80::cp_async_16(dst, kbase + koff + chunk * 16, bytes);
+        sm80::cp_async_16(dst + Tr::kStageKBytes, vbase + voff + chunk * 16, bytes);
       }
     }
     if (sub == 0) {

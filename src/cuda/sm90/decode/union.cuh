@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "cuda/decode/params.h"
-#include "cuda/decode/status.cuh"
-#include "cuda/decode/traits.h"
+#include "cuda/sm90/decode/params.h"
+#include "cuda/sm90/decode/status.cuh"
+#include "cuda/sm90/decode/traits.h"
 
 namespace msa::cuda::decode {
 

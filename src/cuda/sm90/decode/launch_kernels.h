@@ -6,7 +6,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "cuda/decode/params.h"
+#include "cuda/sm90/decode/params.h"
 
 namespace msa::cuda::decode {
 

@@ -8,7 +8,7 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/decode/params.h"
+#include "cuda/sm90/decode/params.h"
 #include "cuda/device/sm90.cuh"
 #include "msa/common.h"
 

@@ -11,38 +11,41 @@
 // taking row tile w % nrt and keys [kpi * S / kp, ...) of every stage of S slots, kpi = w / nrt.
 #pragma once
 
-#include "cuda/decode/combine.cuh"
-#include "cuda/decode/trace.cuh"
-#include "cuda/decode/union.cuh"
+#include "cuda/sm90/decode/combine.cuh"
+#include "cuda/sm90/decode/union.cuh"
 #include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {
 
-constexpr uint32_t kConsumerBarrier = 1;  // named barriers (0 is __syncthreads)
-constexpr uint32_t kExitBarrier = 2;
-// Stage s is freed through named barrier kEmptyBarrier + s: every consumer thread arrives
-// (bar.arrive: release, no wait) after its reads of the stage, and the producer threads sync
-// there (acquire) before copying into it again. One hardware barrier per stage instead of an
-// mbarrier that 128-256 threads arrive at one by one (DEC-B32-dense 271 -> 328 us with
-// per-thread mbarrier arrivals), and unlike lane 0 arriving after __syncwarp each reader's own
-// release orders its reads (racecheck).
-constexpr uint32_t kEmptyBarrier = 3;  // 3 .. 3 + kStages - 1
-
+// Stage s is freed through named barrier NamedBarrier::kStageEmpty0 + s (traits.h): every
+// consumer thread arrives (bar.arrive: release, no wait) after its reads of the stage, and the
+// producer threads sync there (acquire, kSync) before copying into it again. One hardware barrier
+// per stage instead of an mbarrier that 128-256 threads arrive at one by one (DEC-B32-dense
+// 271 -> 328 us with per-thread mbarrier arrivals), and unlike lane 0 arriving after __syncwarp
+// each reader's own release orders its reads (racecheck).
+//
 // Named-barrier ids must be constants for ptxas to count 3 + kStages barriers, not all 16: one
 // predicated barrier op per stage (the stage is warp-uniform), which a switch would compile to an
 // indirect branch through a jump table at every step.
 template <bool kSync>
 __device__ __forceinline__ void empty_barrier(int stage, uint32_t threads) {
-#define MSA_DECODE_STAGE_BARRIER(OP)                                                        \
-  asm volatile("{\n\t.reg .pred p;\n\t"                                                   \
-               "setp.eq.s32 p, %0, 0;\n\t@p " OP " %1, %4;\n\t"                         \
-               "setp.eq.s32 p, %0, 1;\n\t@p " OP " %2, %4;\n\t"                         \
-               "setp.eq.s32 p, %0, 2;\n\t@p " OP " %3, %4;\n\t}" ::"r"(stage),          \
-               "n"(kEmptyBarrier), "n"(kEmptyBarrier + 1), "n"(kEmptyBarrier + 2), "r"(threads) \
-               : "memory")
-  if constexpr (kSync) MSA_DECODE_STAGE_BARRIER("bar.sync");
-  else MSA_DECODE_STAGE_BARRIER("bar.arrive");
-#undef MSA_DECODE_STAGE_BARRIER
+  constexpr uint32_t b0 = uint32_t(NamedBarrier::kStageEmpty0);
+  constexpr uint32_t b1 = uint32_t(NamedBarrier::kStageEmpty1);
+  constexpr uint32_t b2 = uint32_t(NamedBarrier::kStageEmpty2);
+  if constexpr (kSync)
+    asm volatile("{\n\t.reg .pred p;\n\t"
+                 "setp.eq.s32 p, %0, 0;\n\t@p bar.sync %1, %4;\n\t"
+                 "setp.eq.s32 p, %0, 1;\n\t@p bar.sync %2, %4;\n\t"
+                 "setp.eq.s32 p, %0, 2;\n\t@p bar.sync %3, %4;\n\t}"
+                 ::"r"(stage), "n"(b0), "n"(b1), "n"(b2), "r"(threads)
+                 : "memory");
+  else
+    asm volatile("{\n\t.reg .pred p;\n\t"
+                 "setp.eq.s32 p, %0, 0;\n\t@p bar.arrive %1, %4;\n\t"
+                 "setp.eq.s32 p, %0, 1;\n\t@p bar.arrive %2, %4;\n\t"
+                 "setp.eq.s32 p, %0, 2;\n\t@p bar.arrive %3, %4;\n\t}"
+                 ::"r"(stage), "n"(b0), "n"(b1), "n"(b2), "r"(threads)
+                 : "memory");
 }
 
 // A copy of v in a fresh register, so a loop counter that starts from a value ptxas spilled
@@ -85,7 +88,6 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8
   // registers): reg_copy starts the loop from fresh registers.
   for (int left = reg_copy(lp.steps), slot0 = reg_copy(lp.s0); left > 0; --left, slot0 += kS) {
     sm90::mbar_wait(lp.full + uint32_t(stage) * 8u, phase);
-    MSA_DECODE_STAMP(kTraceFirstLanded, slot0 == lp.s0 && threadIdx.x == Tr::kProducerThreads);
     if (lp.active) {
       const uint32_t k_stage = lp.pipe + uint32_t(stage) * Tr::kStageBytes;
       const int* sk = lp.slot_key + stage * kS;
@@ -133,8 +135,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   extern __shared__ uint8_t smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes: the pipeline starts on such a boundary
   // (smem_bytes has the slack).
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  MSA_DECODE_STAMP(kTraceEntry, threadIdx.x == 0);
+  uint8_t* smem = smem_raw + ((1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023);
   const int hkv = p.num_kv_heads;
   const int64_t item_index = blockIdx.x / hkv;
   const int h = int(blockIdx.x % hkv);
@@ -157,11 +158,10 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
     arrive_and_finalize(p);
     return;
   }
-  MSA_DECODE_STAMP(kTraceRequest, threadIdx.x == 0);
   const int rows = nq << p.group_shift;
   const int64_t t0 = rq.q_begin + q0;
 
-  const uint32_t pipe = smem_u32(smem);
+  const uint32_t pipe = sm90::smem_addr(smem);
   int* slot_key = reinterpret_cast<int*>(smem + Tr::kPipeBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes);
   float* slot_scale =  // FP8 per-slot scales of each stage (kSlotScales only; traits.h)
@@ -199,7 +199,6 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
     __syncthreads();  // the barrier init
     last_tile = (rq.lk + kTileKeys - 1) / kTileKeys;
   }
-  MSA_DECODE_STAMP(kTraceUnion, threadIdx.x == 0);
   const int tiles = max(0, min(item.tile_end, last_tile) - item.tile_begin);
   const int s0 = item.tile_begin * kTileKeys;  // the item's first slot
   src.slot_end = s0 + tiles * kTileKeys;
@@ -229,10 +228,9 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
                             policy);
       sm90::mbar_arrive(&full[stage]);
       sm90::cp_async_mbar_arrive(&full[stage]);
-      MSA_DECODE_STAMP(kTraceFirstIssue, it == 0 && threadIdx.x == 0);
       cur = next;
     }
-    producers_arrive(p, kExitBarrier, Tr::kProducerThreads);
+    producers_arrive(p, uint32_t(NamedBarrier::kProducersExit), Tr::kProducerThreads);
     return;
   }
 
@@ -254,7 +252,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int warp_climit = __reduce_min_sync(0xffffffffu, min(w.climit[0], w.climit[1]));
 
   ConsumerLoop lp;
-  lp.full = smem_u32(full);
+  lp.full = sm90::smem_addr(full);
   lp.pipe = pipe;
   lp.slot_key = slot_key;
   if constexpr (kSlotScales) {
@@ -280,21 +278,19 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   }
   // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
   // scratch once all consumers are past their last step.
-  sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
-  MSA_DECODE_STAMP(kTraceLoopEnd, tid == 0);
+  sm90::named_sync(uint32_t(NamedBarrier::kConsumers), Tr::kConsumerThreads);
   const MergeSmem ms = merge_smem(smem, Tr::kMaxRows);
   if (active) store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2));
-  sm90::named_sync(kConsumerBarrier, Tr::kConsumerThreads);
+  sm90::named_sync(uint32_t(NamedBarrier::kConsumers), Tr::kConsumerThreads);
   if (nrt == 1)  // one row tile: kW key partitions (kp = kW / nrt, consume's compile-time width)
     merge_and_write<TQ, Tr::kConsumerThreads, kW>(p, ms, rows, nrt, kp, item.partial, h, t0,
-                                                  v_mult, tid, kConsumerBarrier);
+                                                  v_mult, tid, uint32_t(NamedBarrier::kConsumers));
   else
     merge_and_write<TQ, Tr::kConsumerThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult,
-                                              tid, kConsumerBarrier);
-  MSA_DECODE_STAMP(kTraceMerged, tid == 0);
+                                              tid, uint32_t(NamedBarrier::kConsumers));
   if (item.partial >= 0)
-    finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid, kConsumerBarrier,
-                                           slot_key);
+    finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid,
+                                           uint32_t(NamedBarrier::kConsumers), slot_key);
 }
 
 }  // namespace msa::cuda::decode

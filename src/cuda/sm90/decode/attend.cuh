@@ -3,13 +3,12 @@
 // online softmax in log2 units with the (-inf) - (-inf) guard, O += P V. mma.sync m16n8k16:
 // decode's 16-row tiles are too small for wgmma's 64. Used by kernel.cuh.
 //
-// FP8 KV runs f16 MMAs on the e4m3 values converted exactly in registers (ptx.cuh, one cvt per
-// pair, reading either half of a register: 2 instructions per 4 K bytes, 3 per 4 V bytes with one
-// byte permute; the per-tensor scales apply to S and O in
-// fp32). With the warps of a 16-row CTA (sparse) splitting each stage's keys, every element is
-// converted once per CTA. Its contraction order over d differs from bf16's so that one
-// ldmatrix of fp8 bytes feeds whole k-steps: q_dim and o_dim say which head-dim element each
-// fragment register holds.
+// FP8 KV runs f16 MMAs on the e4m3 values converted exactly in registers (device/sm80.cuh, one
+// cvt per pair, reading either half of a register: 2 instructions per 4 K bytes, 3 per 4 V bytes
+// with one byte permute; the per-tensor scales apply to S and O in fp32). With the warps of a
+// 16-row CTA (sparse) splitting each stage's keys, every element is converted once per CTA. Its
+// contraction order over d differs from bf16's so that one ldmatrix of fp8 bytes feeds whole
+// k-steps: q_dim and o_dim say which head-dim element each fragment register holds.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,8 +18,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/decode/load.cuh"
-#include "cuda/decode/ptx.cuh"
+#include "cuda/sm90/decode/load.cuh"
+#include "cuda/device/sm80.cuh"
 #include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {
@@ -114,7 +113,7 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float2 f = to_float2<TQ>(w.qa[ks][k]);
-        w.qa[ks][k] = pack2<__half>(ldexpf(f.x, shift[k & 1]), ldexpf(f.y, shift[k & 1]));
+        w.qa[ks][k] = sm80::pack2<__half>(ldexpf(f.x, shift[k & 1]), ldexpf(f.y, shift[k & 1]));
       }
   }
 #pragma unroll
@@ -157,20 +156,20 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
 #pragma unroll
       for (int pp = 0; pp < 4; ++pp) {
         uint32_t r[4];
-        ldmatrix_x4(r, k_stage + tile_offset<false, kS>(row, 4 * pp + (lane >> 3)));
-        mma_16816<TM>(s[nt], w.qa[2 * pp], r[0], r[1]);
-        mma_16816<TM>(s[nt], w.qa[2 * pp + 1], r[2], r[3]);
+        sm80::ldmatrix_x4(r, k_stage + tile_offset<false, kS>(row, 4 * pp + (lane >> 3)));
+        sm80::mma_16816<TM>(s[nt], w.qa[2 * pp], r[0], r[1]);
+        sm80::mma_16816<TM>(s[nt], w.qa[2 * pp + 1], r[2], r[3]);
       }
     } else {
 #pragma unroll
       for (int pp = 0; pp < 2; ++pp) {
         uint32_t r[4];
-        ldmatrix_x4(r, k_stage + tile_offset<true, kS>(row, 4 * pp + (lane >> 3)));
+        sm80::ldmatrix_x4(r, k_stage + tile_offset<true, kS>(row, 4 * pp + (lane >> 3)));
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi) {
           uint32_t b0, b1;
-          e4m3x4_pairs_01_23(r[mi], b0, b1);
-          mma_16816<TM>(s[nt], w.qa[4 * pp + mi], b0, b1);
+          sm80::e4m3x4_pairs_01_23(r[mi], b0, b1);
+          sm80::mma_16816<TM>(s[nt], w.qa[4 * pp + mi], b0, b1);
         }
       }
     }
@@ -299,18 +298,18 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if (2 * kk >= nn) break;
-    const uint32_t a[4] = {pack2<TM>(s[2 * kk][0], s[2 * kk][1]),
-                           pack2<TM>(s[2 * kk][2], s[2 * kk][3]),
-                           pack2<TM>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                           pack2<TM>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    const uint32_t a[4] = {sm80::pack2<TM>(s[2 * kk][0], s[2 * kk][1]),
+                           sm80::pack2<TM>(s[2 * kk][2], s[2 * kk][3]),
+                           sm80::pack2<TM>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                           sm80::pack2<TM>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
     const int vrow = kb + 16 * kk + vrow_in;
     if constexpr (!kFp8) {
 #pragma unroll
       for (int qq = 0; qq < 8; ++qq) {
         uint32_t r[4];
-        ldmatrix_x4_trans(r, v_stage + tile_offset<false, kS>(vrow, 2 * qq + (lane >> 4)));
-        mma_16816<TM>(w.o[2 * qq], a, r[0], r[1]);
-        mma_16816<TM>(w.o[2 * qq + 1], a, r[2], r[3]);
+        sm80::ldmatrix_x4_trans(r, v_stage + tile_offset<false, kS>(vrow, 2 * qq + (lane >> 4)));
+        sm80::mma_16816<TM>(w.o[2 * qq], a, r[0], r[1]);
+        sm80::mma_16816<TM>(w.o[2 * qq + 1], a, r[2], r[3]);
       }
     } else {
       // A trans register of fp8 bytes holds [key 2c: d, d+1 | key 2c+1: d, d+1]: bytes 0, 2
@@ -318,14 +317,14 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
 #pragma unroll
       for (int qq = 0; qq < 4; ++qq) {
         uint32_t r[4];
-        ldmatrix_x4_trans(r, v_stage + tile_offset<true, kS>(vrow, 2 * qq + (lane >> 4)));
+        sm80::ldmatrix_x4_trans(r, v_stage + tile_offset<true, kS>(vrow, 2 * qq + (lane >> 4)));
         uint32_t e[4][2];  // e[i]: register i as its (0, 2) and (1, 3) byte pairs
 #pragma unroll
-        for (int i = 0; i < 4; ++i) e4m3x4_pairs_02_13(r[i], e[i][0], e[i][1]);
-        mma_16816<TM>(w.o[4 * qq], a, e[0][0], e[1][0]);
-        mma_16816<TM>(w.o[4 * qq + 1], a, e[0][1], e[1][1]);
-        mma_16816<TM>(w.o[4 * qq + 2], a, e[2][0], e[3][0]);
-        mma_16816<TM>(w.o[4 * qq + 3], a, e[2][1], e[3][1]);
+        for (int i = 0; i < 4; ++i) sm80::e4m3x4_pairs_02_13(r[i], e[i][0], e[i][1]);
+        sm80::mma_16816<TM>(w.o[4 * qq], a, e[0][0], e[1][0]);
+        sm80::mma_16816<TM>(w.o[4 * qq + 1], a, e[0][1], e[1][1]);
+        sm80::mma_16816<TM>(w.o[4 * qq + 2], a, e[2][0], e[3][0]);
+        sm80::mma_16816<TM>(w.o[4 * qq + 3], a, e[2][1], e[3][1]);
       }
     }
   }

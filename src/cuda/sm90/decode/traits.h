@@ -1,6 +1,6 @@
 // Compile-time shape of the decode kernel per KV element type and CTA width: stage bytes,
-// pipeline depth and the shared-memory plan. Read by decode/kernel.cuh, decode/launch.cu and the
-// planner (plan.cpp sizes CTAs per SM from smem_bytes).
+// pipeline depth and the shared-memory plan. Read by kernel.cuh, launch.cu and the planner
+// (plan.cpp sizes CTAs per SM from smem_bytes).
 //
 // A CTA is one producer warpgroup (page lookups, the TMA boxes and the cp.async copies of partial
 // boxes of every stage, at few registers) and kW consumer warps (the math, at many), handing stages
@@ -13,11 +13,22 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/decode/plan.h"
+#include "cuda/sm90/decode/plan.h"
 
 namespace msa::cuda::decode {
 
 constexpr int kOutStride = kHeadDim + 8;  // f32 row stride of the merge scratch: no bank conflicts
+
+// Named barriers of the decode kernel (bar.sync / bar.arrive ids; 0 is __syncthreads). Stage s of
+// the pipeline is freed through kStageEmpty0 + s (kernel.cuh empty_barrier): consumers arrive,
+// producers sync before refilling it.
+enum class NamedBarrier : uint32_t {
+  kConsumers = 1,      // the consumer warps: merge scratch hand-over, merge, split combine
+  kProducersExit = 2,  // the producer warpgroup after its last copy, before the CTA is counted
+  kStageEmpty0 = 3,    // stage 0 consumed
+  kStageEmpty1 = 4,    // stage 1 consumed
+  kStageEmpty2 = 5,    // stage 2 consumed (Traits::kStages = 3)
+};
 
 template <bool kFp8>
 constexpr int kKVRowBytes = kFp8 ? kHeadDim : 2 * kHeadDim;  // one K or V row in a stage
@@ -63,6 +74,9 @@ struct Traits {
       size_t(kMaxRows) * kOutStride * sizeof(float) + 3 * size_t(kMaxRows) * sizeof(float);
 
   static_assert(kW == 4 || kW == 8, "Traits: CTAs of 4 or 8 warps");
+  static_assert(uint32_t(NamedBarrier::kStageEmpty0) + kStages - 1 ==
+                    uint32_t(NamedBarrier::kStageEmpty2),
+                "Traits: one NamedBarrier::kStageEmpty id per stage");
   static_assert(kChunks == 8 || kChunks == 16, "Traits: a row is 8 (fp8) or 16 (bf16) chunks");
   static_assert(kMergeBytes <= kPipeBytes, "Traits: merge scratch must fit in the pipeline smem");
   // A warp's key window within a stage (kStageKeys / kp keys, kp >= 1, in steps of at most 64)

@@ -1,6 +1,9 @@
-// Warp-level PTX wrappers of the decode kernel: cp.async with zero fill, ldmatrix, mma.sync
-// m16n8k16 (bf16 / f16 in, f32 accumulate) and the FP8 e4m3x2 -> f16x2 conversion.
-// Included by load.cuh and attend.cuh; each wrapper is one instruction or a few bit operations.
+// Warp-level PTX wrappers for kernels whose tiles are too small for wgmma (decode's 16-row
+// tiles): 16-byte cp.async with zero fill, ldmatrix, mma.sync m16n8k16 (bf16 / f16 in, f32
+// accumulate), the float -> bf16x2 / f16x2 pack, all from sm_80 on, and sm_89's FP8
+// e4m3x2 -> f16x2 conversion. Included by kernel bodies (sm90/decode/load.cuh, attend.cuh,
+// epilogue.cuh); each wrapper is one instruction or a few bit operations. Shared-memory
+// addresses come from sm90::smem_addr (device/sm90.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,22 +12,13 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace msa::cuda::decode {
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace msa::cuda::sm80 {
 
 // 16-byte global -> shared copy through L2 only; src_bytes = 0 writes 16 zero bytes and reads
-// nothing (how slots without a key are kept free of NaN garbage).
+// nothing (how decode keeps slots without a key free of NaN garbage).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -85,4 +79,4 @@ __device__ __forceinline__ void e4m3x4_pairs_02_13(uint32_t x, uint32_t& p02, ui
   e4m3x4_pairs_01_23(__byte_perm(x, 0u, 0x3120), p02, p13);  // bytes 0, 2, 1, 3
 }
 
-}  // namespace msa::cuda::decode
+}  // namespace msa::cuda::sm80

@@ -1,5 +1,5 @@
 // Decode kernels with KV of q's own type (bf16 q with bf16 KV, f16 with f16).
-#include "cuda/decode/launch_kernels.cuh"
+#include "cuda/sm90/decode/launch_kernels.cuh"
 
 namespace msa::cuda::decode {
 template void set_smem_limit<__nv_bfloat16, false>();

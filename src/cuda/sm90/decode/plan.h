@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/decode/params.h"
+#include "cuda/sm90/decode/params.h"
 #include "msa/decode.h"
 
 namespace msa::cuda::decode {
@@ -48,17 +48,12 @@ struct DeviceLimits {
 };
 
 // Throws msa::Error naming the limit when the shape exceeds what the kernels support. `warps`:
-// the CTA width (4 or 8; run() passes the planned one), or 0 for the heuristic (or the testing
-// hook below).
+// the CTA width, 4 (only where rows_max <= kNarrowRows, else 8) or 8; run() passes the planned
+// one, tests and bench_decode --warps a forced one. 0: the heuristic.
 Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps = 0);
 
 // Workspace bytes that cover the plan of either CTA width.
 size_t workspace_bytes(const DecodeShape& s, const DeviceLimits& d);
-
-// Testing hook (tests/cuda/test_decode_gpu.cu): later geometry() calls without a width use CTAs
-// of `warps` warps (4 only where rows_max <= kNarrowRows) instead of the heuristic; 0 restores
-// it. Not thread-safe; a plan keeps the width it was made with.
-void force_cta_warps(int warps);
 
 struct WorkList {
   std::vector<DecodeItem> items;  // launch order: larger items first

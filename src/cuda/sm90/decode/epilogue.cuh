@@ -9,7 +9,8 @@
 
 #include <cstdint>
 
-#include "cuda/decode/attend.cuh"
+#include "cuda/sm90/decode/attend.cuh"
+#include "cuda/device/sm80.cuh"
 
 namespace msa::cuda::decode {
 
@@ -21,8 +22,8 @@ __device__ __forceinline__ void write_out4(const DecodeParams& p, int64_t t, int
                                            float4 v) {
   TQ* dst = static_cast<TQ*>(p.out) + t * p.out_stride_t + int64_t(hq) * p.out_stride_h + d;
   uint2 packed;
-  packed.x = pack2<TQ>(v.x, v.y);
-  packed.y = pack2<TQ>(v.z, v.w);
+  packed.x = sm80::pack2<TQ>(v.x, v.y);
+  packed.y = sm80::pack2<TQ>(v.z, v.w);
   *reinterpret_cast<uint2*>(dst) = packed;
 }
 
@@ -89,7 +90,7 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kFp8>& w, const Me
 // kKp > 0: one row tile (rows <= 16) whose warps split the keys kKp ways, known at compile time:
 // the loops unroll and each thread issues all its shared-memory loads before its sums (with one
 // warp per scheduler left in the CTA, each dependent load would otherwise cost its full latency:
-// a per-CTA trace timed this merge at 2-2.5 us per CTA).
+// per-CTA %globaltimer stamps put this merge at 2-2.5 us per CTA).
 template <typename TQ, int kThreads, int kKp = 0>
 __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const MergeSmem& s, int rows,
                                                 int nrt, int kp_rt, int partial, int h,

@@ -6,7 +6,7 @@
 // status_kernel finalizes the status instead. Included by kernel.cuh and launch_kernels.cuh.
 #pragma once
 
-#include "cuda/decode/epilogue.cuh"
+#include "cuda/sm90/decode/epilogue.cuh"
 #include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {

@@ -1,7 +1,7 @@
 // The CUDA decode planner (plan.h): geometry and workspace bounds from the shape alone, then the
 // split-KV work list from the host lengths. Host only; launch.cu uploads the result.
-#include "cuda/decode/plan.h"
-#include "cuda/decode/traits.h"
+#include "cuda/sm90/decode/plan.h"
+#include "cuda/sm90/decode/traits.h"
 
 #include <algorithm>
 #include <climits>
@@ -13,8 +13,6 @@
 
 namespace msa::cuda::decode {
 namespace {
-
-int forced_warps = 0;  // force_cta_warps
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -115,8 +113,7 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
   // with twice the bytes in flight (DEC-B32 59 vs 64 us, DEC-B32-dense 278 vs 292-320 us).
   const int64_t unit_ctas = int64_t(s.batch) * g.chunks * s.num_kv_heads;
   g.warps = g.rows_max <= kNarrowRows && unit_ctas >= 4 * int64_t(g.sm_count) ? 4 : 8;
-  const int fixed = warps != 0 ? warps : forced_warps;
-  if (fixed != 0) g.warps = fixed == 4 && g.rows_max <= kNarrowRows ? 4 : 8;
+  if (warps != 0) g.warps = warps == 4 && g.rows_max <= kNarrowRows ? 4 : 8;
   if (g.warps == 4) {
     const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
     const size_t cta = (fp8 ? smem_bytes<true, 4>(g.bitmap_words) : smem_bytes<false, 4>(g.bitmap_words)) +
@@ -159,11 +156,6 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
 size_t workspace_bytes(const DecodeShape& s, const DeviceLimits& d) {
   const Geometry wide = geometry(s, d, 8);
   return wide.rows_max <= kNarrowRows ? std::max(wide.bytes, geometry(s, d, 4).bytes) : wide.bytes;
-}
-
-void force_cta_warps(int warps) {
-  MSA_CHECK(warps == 0 || warps == 4 || warps == 8, "force_cta_warps: 0, 4 or 8, got ", warps);
-  forced_warps = warps;
 }
 
 bool kv_evict_first(const Geometry& g, int64_t items, int num_kv_heads) {

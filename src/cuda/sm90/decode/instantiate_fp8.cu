@@ -1,5 +1,5 @@
 // Decode kernels with FP8 e4m3 KV (per-tensor scales) under bf16 or f16 q.
-#include "cuda/decode/launch_kernels.cuh"
+#include "cuda/sm90/decode/launch_kernels.cuh"
 
 namespace msa::cuda::decode {
 template void set_smem_limit<__nv_bfloat16, true>();

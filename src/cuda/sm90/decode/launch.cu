@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "backend.h"
-#include "cuda/decode/launch_kernels.h"
-#include "cuda/decode/plan.h"
-#include "cuda/decode/traits.h"
+#include "cuda/sm90/decode/launch_kernels.h"
+#include "cuda/sm90/decode/plan.h"
+#include "cuda/sm90/decode/traits.h"
 #include "cuda/device/check.h"
 #include "cuda/device/tma_map.h"
 
@@ -133,10 +133,10 @@ size_t decode_workspace_bytes(const DecodeShape& s) {
 }
 
 DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, const Tensor& workspace,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int warps) {
   DecodeWork w;
   w.sm_count = sm_count(s.device);
-  const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count));
+  const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count), warps);
   w.warps = g.warps;
   std::vector<int64_t> lengths(s.batch, int64_t(s.max_pages) * s.page_size);
   if (seqused_k_host)
