@@ -11,9 +11,10 @@
 // taking row tile w % nrt and keys [kpi * S / kp, ...) of every stage of S slots, kpi = w / nrt.
 #pragma once
 
+#include "cuda/device/pipeline.cuh"
+#include "cuda/device/sm90.cuh"
 #include "cuda/sm90/decode/combine.cuh"
 #include "cuda/sm90/decode/union.cuh"
-#include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {
 
@@ -80,17 +81,16 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8
   const int nn = kKw > 0 ? (kKw / 8 < 8 ? kKw / 8 : 8) : min(8, kw / 8);
   const int lane = threadIdx.x & 31;
   const bool in0 = lane < 8 * nn, in1 = lane + 32 < 8 * nn;
-  int stage = 0;
-  uint32_t phase = 0;
+  sm90::RingState<Tr::kStages> ring;
   // Counting the steps down keeps one loop register; slots past the item (a last, partial stage)
   // hold key -1 (lookup_stage), so their windows end at the jmax test without a bound. ptxas
   // spills the counters' start values before the role split (under the launch bound's 128
   // registers): reg_copy starts the loop from fresh registers.
   for (int left = reg_copy(lp.steps), slot0 = reg_copy(lp.s0); left > 0; --left, slot0 += kS) {
-    sm90::mbar_wait(lp.full + uint32_t(stage) * 8u, phase);
+    sm90::mbar_wait(lp.full + uint32_t(ring.stage) * 8u, ring.phase);
     if (lp.active) {
-      const uint32_t k_stage = lp.pipe + uint32_t(stage) * Tr::kStageBytes;
-      const int* sk = lp.slot_key + stage * kS;
+      const uint32_t k_stage = lp.pipe + uint32_t(ring.stage) * Tr::kStageBytes;
+      const int* sk = lp.slot_key + ring.stage * kS;
       for (int kb = lp.kb0; kb < lp.kb0 + kw; kb += 64) {
         const int j0 = in0 ? sk[kb + lane] : -1, j1 = in1 ? sk[kb + lane + 32] : -1;
         const int jmax = __reduce_max_sync(0xffffffffu, max(j0, j1));
@@ -108,17 +108,14 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8
         const int jmin = __reduce_min_sync(0xffffffffu, min(in0 ? j0 : INT_MAX, in1 ? j1 : INT_MAX));
         const bool whole = jmin >= 0 && jmax <= lp.warp_climit && all_sel;
         attend<kS, kSlotScales>(w, k_stage, k_stage + Tr::kStageKBytes, sk,
-                                kSlotScales ? lp.slot_scale + stage * 2 * kS : nullptr, kb, nn,
+                                kSlotScales ? lp.slot_scale + ring.stage * 2 * kS : nullptr, kb, nn,
                                 sel0, sel1, whole);
       }
     }
     // Released only while more than kStages steps remain (this one included): the producer syncs
     // only before refilling, and the last stages' arrivals would leave a barrier generation open.
-    if (left > Tr::kStages) empty_barrier<false>(stage, Tr::kThreads);
-    if (++stage == Tr::kStages) {
-      stage = 0;
-      phase ^= 1u;
-    }
+    if (left > Tr::kStages) empty_barrier<false>(ring.stage, Tr::kThreads);
+    ring.advance();
   }
 }
 

@@ -8,8 +8,9 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/sm90/decode/params.h"
 #include "cuda/device/sm90.cuh"
+#include "cuda/device/status.cuh"
+#include "cuda/sm90/decode/params.h"
 #include "msa/common.h"
 
 namespace msa::cuda::decode {
@@ -79,7 +80,6 @@ __device__ __forceinline__ void finalize_status(const DecodeParams& p) {
     key = (uint64_t(Offence::queries) << 60) | uint64_t(StatusCode::bad_cu_seqlens);
   if (key == kNoOffence) return;
   *p.offence = kNoOffence;
-  if (p.status[0] != 0) return;
   const auto cls = Offence(key >> 60);
   const int64_t index = int64_t((key >> 4) & ((1ull << 56) - 1));
   const int32_t code = int32_t(key & 0xf);
@@ -121,10 +121,7 @@ __device__ __forceinline__ void finalize_status(const DecodeParams& p) {
       break;
     }
   }
-  p.status[1] = s[1];
-  p.status[2] = s[2];
-  p.status[3] = s[3];
-  p.status[0] = s[0];
+  flag_status(p.status, s[0], s[1], s[2], s[3]);
 }
 
 // One thread per main-kernel CTA, once the CTA is done: the last CTA of the grid to arrive
