@@ -89,19 +89,20 @@ int main(int argc, char** argv) {
     fill_normal_bf16(hq.data(), int64_t(hq.size()), 11, 0);
     fill_normal_bf16(hk.data(), int64_t(hk.size()), 11, 1);
     fill_normal_bf16(hv.data(), int64_t(hv.size()), 11, 2);
-    const int32_t cu[2] = {0, int32_t(S)};
+    const std::vector<int32_t> cu = {0, int32_t(S)};
     const int64_t rows = S / 128 + 1;  // total_k / blk + B: the bound the Python layer uses
-    GpuBuffer q(hq.size() * 2), k(hk.size() * 2), v(hv.size() * 2), cub(8), out(hq.size() * 2),
-        q2k(size_t(o.hkv * S * o.topk) * 4), row_ptr(size_t(o.hkv * (rows + 1)) * 4),
-        q_idx(size_t(o.hkv * S * o.topk) * 4),
-        schedule(size_t(msa::k2q_schedule_size(o.hkv, rows, S, o.topk)) * 4), status(16);
+    DeviceBuffer q = gpu_buffer(hq.size() * 2), k = gpu_buffer(hk.size() * 2), v = gpu_buffer(hv.size() * 2),
+                 cub = gpu_buffer(8), out = gpu_buffer(hq.size() * 2), q2k = gpu_buffer(size_t(o.hkv * S * o.topk) * 4),
+                 row_ptr = gpu_buffer(size_t(o.hkv * (rows + 1)) * 4), q_idx = gpu_buffer(size_t(o.hkv * S * o.topk) * 4),
+                 schedule = gpu_buffer(size_t(msa::k2q_schedule_size(o.hkv, rows, S, o.topk)) * 4),
+                 status = gpu_buffer(16);
     cudaStream_t s;
     MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    MSA_BENCH_CUDA(cudaMemcpy(q.get(), hq.data(), q.bytes(), cudaMemcpyHostToDevice));
-    MSA_BENCH_CUDA(cudaMemcpy(k.get(), hk.data(), k.bytes(), cudaMemcpyHostToDevice));
-    MSA_BENCH_CUDA(cudaMemcpy(v.get(), hv.data(), v.bytes(), cudaMemcpyHostToDevice));
-    MSA_BENCH_CUDA(cudaMemcpy(cub.get(), cu, 8, cudaMemcpyHostToDevice));
-    MSA_BENCH_CUDA(cudaMemset(status.get(), 0, 16));
+    q.upload(hq, s);
+    k.upload(hk, s);
+    v.upload(hv, s);
+    cub.upload(cu, s);
+    status.fill(0, s);
     const Tensor st = gpu_view(status.get(), DType::i32, {4});
 
     msa::KVCache kv;
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
     csr.out.row_ptr = gpu_view(row_ptr.get(), DType::i32, {o.hkv, rows + 1});
     csr.out.q_idx = gpu_view(q_idx.get(), DType::i32, {o.hkv, S * o.topk});
     csr.out.schedule = gpu_view(schedule.get(), DType::i32, {int64_t(schedule.bytes() / 4)});
-    GpuBuffer csr_ws(std::max<size_t>(msa::csr_workspace_bytes(o.hkv, rows, S, o.topk), 256));
+    const DeviceBuffer csr_ws = gpu_buffer(msa::csr_workspace_bytes(o.hkv, rows, S, o.topk));
     csr.workspace = gpu_view(csr_ws.get(), DType::u8, {int64_t(csr_ws.bytes())});
     csr.status = st;
     msa::build_k2q_csr(csr, s);
@@ -140,7 +141,7 @@ int main(int argc, char** argv) {
     a.k2q = csr.out;
     a.out = gpu_view(out.get(), DType::bf16, {S, o.hq, D});
     a.status = st;
-    GpuBuffer attn_ws(std::max<size_t>(msa::attention_workspace_bytes(a), 256));
+    const DeviceBuffer attn_ws = gpu_buffer(msa::attention_workspace_bytes(a));
     a.workspace = gpu_view(attn_ws.get(), DType::u8, {int64_t(attn_ws.bytes())});
 
     msa::PipelineArgs p;  // as msa.sparse_attention(q, k, v, cu, topk=K) calls it
@@ -150,7 +151,7 @@ int main(int argc, char** argv) {
     p.topk = int(o.topk);
     p.out = a.out;
     p.status = st;
-    GpuBuffer pipe_ws(std::max<size_t>(msa::pipeline_workspace_bytes(p), 256));
+    const DeviceBuffer pipe_ws = gpu_buffer(msa::pipeline_workspace_bytes(p));
     p.workspace = gpu_view(pipe_ws.get(), DType::u8, {int64_t(pipe_ws.bytes())});
 
     const std::pair<const char*, std::function<void()>> ops[] = {

@@ -1,4 +1,4 @@
-// Shared GPU harness of the benchmark programs: an owning device buffer, CUDA-event timing after
+// Shared GPU harness of the benchmark programs: device buffers never empty, CUDA-event timing after
 // warm-up with an L2 flush before every timed run (median and spread), device views, and the
 // options of the single-shape programs.
 #pragma once
@@ -13,6 +13,7 @@
 
 #include "msa/error.h"
 #include "msa/tensor.h"
+#include "workloads/device_buffer.h"
 
 namespace msa::bench {
 
@@ -23,29 +24,13 @@ namespace msa::bench {
     if (e_ != cudaSuccess) ::msa::fail("bench: CUDA error in ", #expr, ": ", cudaGetErrorString(e_));   \
   } while (0)
 
-// Owning device allocation of at least 256 bytes, so that even empty tensors get a real pointer.
-class GpuBuffer {
- public:
-  GpuBuffer() = default;
-  explicit GpuBuffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 256)) {
-    MSA_BENCH_CUDA(cudaMalloc(&p_, bytes_));
-  }
-  GpuBuffer(const GpuBuffer&) = delete;
-  GpuBuffer& operator=(const GpuBuffer&) = delete;
-  GpuBuffer(GpuBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; o.bytes_ = 0; }
-  ~GpuBuffer() { if (p_) cudaFree(p_); }
-  void* get() const { return p_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
+// A benchmark buffer: at least 256 bytes, so that even an empty tensor gets a real pointer.
+inline DeviceBuffer gpu_buffer(size_t bytes) { return DeviceBuffer(std::max<size_t>(bytes, 256)); }
 
 // The L2 flush before a timed run (flush.cu): a memset of `b` (MSA_BENCH_FLUSH unset, memset or
 // write) or a kernel reading it (MSA_BENCH_FLUSH=read); flush_reads() says which, and
 // flush_name() names it as the records do (bench/SCHEMA.md, flush).
-void flush_l2(const GpuBuffer& b, int i, cudaStream_t s);
+void flush_l2(const DeviceBuffer& b, int i, cudaStream_t s);
 bool flush_reads();
 inline const char* flush_name() { return flush_reads() ? "read" : "memset"; }
 
@@ -57,7 +42,7 @@ struct Timing {
 // 256 MB buffer, > 4x the 60 MB L2; flush_l2) when it is non-null. With a label, says on stderr
 // what it is about to do, since a slow op's runs can take seconds.
 template <typename F>
-Timing time_op(F op, int warmup, int iters, cudaStream_t s, const GpuBuffer* flush,
+Timing time_op(F op, int warmup, int iters, cudaStream_t s, const DeviceBuffer* flush,
                const char* label = nullptr) {
   if (label) {
     std::fprintf(stderr, "  %s: %d warm-up runs, then timing %d runs\n", label, warmup, iters);

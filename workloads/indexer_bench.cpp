@@ -33,13 +33,14 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   fill_normal_bf16(hq_.data(), int64_t(hq_.size()), 1, 0);
   fill_normal_bf16(hk.data(), int64_t(hk.size()), 1, 1);
   const std::vector<int32_t> cu = {0, int32_t(S)};
-  GpuBuffer q(hq_.size() * 2), k(hk.size() * 2), cuq(8), scores(size_t(o.hq * nblk * S) * 4),
-      ids(size_t(o.hkv * S * o.topk) * 4), ids2(ids.bytes()), status(16), flush(size_t(256) << 20);
+  DeviceBuffer q = gpu_buffer(hq_.size() * 2), k = gpu_buffer(hk.size() * 2), cuq = gpu_buffer(8),
+               scores = gpu_buffer(size_t(o.hq * nblk * S) * 4), ids = gpu_buffer(size_t(o.hkv * S * o.topk) * 4),
+               ids2 = gpu_buffer(ids.bytes()), status = gpu_buffer(16), flush = gpu_buffer(size_t(256) << 20);
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  MSA_BENCH_CUDA(cudaMemcpy(q.get(), hq_.data(), q.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(k.get(), hk.data(), k.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(cuq.get(), cu.data(), 8, cudaMemcpyHostToDevice));
+  q.upload(hq_, s);
+  k.upload(hk, s);
+  cuq.upload(cu, s);
 
   msa::BlockScoresArgs a;
   a.q = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
@@ -52,7 +53,8 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   // dequantizes the same bits.
   const int64_t nsc = o.fp8_per_tensor ? 1 : S;
   const auto fmt = o.fp8_per_tensor ? msa::QuantFormat::fp8_per_tensor : msa::QuantFormat::fp8_per_token;
-  GpuBuffer q8(hq_.size()), k8(hk.size()), qs(size_t(nsc) * 4), ks(size_t(nsc) * 4);
+  DeviceBuffer q8 = gpu_buffer(hq_.size()), k8 = gpu_buffer(hk.size()), qs = gpu_buffer(size_t(nsc) * 4),
+               ks = gpu_buffer(size_t(nsc) * 4);
   if (o.fp8) {
     const msa::QTensor q_fp8(gpu_view(q8.get(), DType::fp8_e4m3, {S, o.hq, D}), gpu_view(qs.get(), DType::f32, {nsc}));
     const msa::QTensor k_fp8(gpu_view(k8.get(), DType::fp8_e4m3, {S, o.hkv, D}), gpu_view(ks.get(), DType::f32, {nsc}));
@@ -86,12 +88,11 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   // Host values the scores are defined on: the bf16 inputs, or the FP8 bits dequantized (f32).
   std::vector<float> qv(hq_.size()), kv(hk.size());
   if (o.fp8) {
-    GpuBuffer qf(qv.size() * 4), kf(kv.size() * 4);
+    const DeviceBuffer qf = gpu_buffer(qv.size() * 4), kf = gpu_buffer(kv.size() * 4);
     msa::dequantize(a.q, gpu_view(qf.get(), DType::f32, {S, o.hq, D}), s);
     msa::dequantize(a.kv.k, gpu_view(kf.get(), DType::f32, {S, o.hkv, D}), s);
-    MSA_BENCH_CUDA(cudaMemcpyAsync(qv.data(), qf.get(), qf.bytes(), cudaMemcpyDeviceToHost, s));
-    MSA_BENCH_CUDA(cudaMemcpyAsync(kv.data(), kf.get(), kf.bytes(), cudaMemcpyDeviceToHost, s));
-    MSA_BENCH_CUDA(cudaStreamSynchronize(s));
+    qv = qf.download<float>(qv.size(), s);
+    kv = kf.download<float>(kv.size(), s);
   } else {
     for (size_t i = 0; i < qv.size(); ++i) qv[i] = bf16_to_float(hq_[i]);
     for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_to_float(hk[i]);
@@ -101,9 +102,7 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   for (int sample = 0; sample < 6; ++sample) {
     const int64_t tok = sample == 0 ? S - 1 : int64_t(rng() % S), h = int64_t(rng() % o.hq);
     std::vector<float> row(nblk);
-    for (int64_t kb = 0; kb < nblk; ++kb)
-      MSA_BENCH_CUDA(cudaMemcpy(&row[kb], static_cast<float*>(scores.get()) + (h * nblk + kb) * S + tok, 4,
-                                cudaMemcpyDeviceToHost));
+    for (int64_t kb = 0; kb < nblk; ++kb) scores.download(&row[kb], 4, s, size_t((h * nblk + kb) * S + tok) * 4);
     for (int64_t kb = 0; kb < nblk; ++kb) {
       double best = -INFINITY;
       for (int64_t j = kb * 128; j < std::min(S, (kb + 1) * 128) && j <= tok; ++j) {
@@ -116,10 +115,7 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
       worst = std::max(worst, err);
     }
   }
-  std::vector<int32_t> i1(ids.bytes() / 4), i2(ids.bytes() / 4);
-  MSA_BENCH_CUDA(cudaMemcpy(i1.data(), ids.get(), ids.bytes(), cudaMemcpyDeviceToHost));
-  MSA_BENCH_CUDA(cudaMemcpy(i2.data(), ids2.get(), ids.bytes(), cudaMemcpyDeviceToHost));
-  const bool same_ids = i1 == i2;
+  const bool same_ids = ids.download<int32_t>(ids.bytes() / 4, s) == ids2.download<int32_t>(ids.bytes() / 4, s);
   std::printf("check: sampled score rows max rel err %.2e, fused ids %s unfused\n", worst,
               same_ids ? "==" : "!=");
 

@@ -23,13 +23,6 @@ using msa::DType;
 using msa::Tensor;
 using namespace msa::bench;
 
-template <typename T>
-std::vector<T> download(const GpuBuffer& b, size_t n) {
-  std::vector<T> h(n);
-  MSA_BENCH_CUDA(cudaMemcpy(h.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
 }  // namespace
 
 int msa_bench::run_pipeline_bench(const RunOptions& o) {
@@ -39,14 +32,15 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   fill_normal_bf16(hk.data(), int64_t(hk.size()), 2, 1);
   fill_normal_bf16(hv.data(), int64_t(hv.size()), 2, 2);
   const std::vector<int32_t> cu = {0, int32_t(S)};
-  GpuBuffer q(hq_.size() * 2), k(hk.size() * 2), v(hv.size() * 2), cub(8), out(hq_.size() * 2),
-      lse(size_t(o.hq * S) * 4), status(16), flush(size_t(256) << 20);
+  DeviceBuffer q = gpu_buffer(hq_.size() * 2), k = gpu_buffer(hk.size() * 2), v = gpu_buffer(hv.size() * 2),
+               cub = gpu_buffer(8), out = gpu_buffer(hq_.size() * 2), lse = gpu_buffer(size_t(o.hq * S) * 4),
+               status = gpu_buffer(16), flush = gpu_buffer(size_t(256) << 20);
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  MSA_BENCH_CUDA(cudaMemcpy(q.get(), hq_.data(), q.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(k.get(), hk.data(), k.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(v.get(), hv.data(), v.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(cub.get(), cu.data(), 8, cudaMemcpyHostToDevice));
+  q.upload(hq_, s);
+  k.upload(hk, s);
+  v.upload(hv, s);
+  cub.upload(cu, s);
 
   msa::PipelineArgs a;
   a.q = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
@@ -59,7 +53,7 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   a.out = gpu_view(out.get(), DType::bf16, {S, o.hq, D});
   a.lse = gpu_view(lse.get(), DType::f32, {o.hq, S});
   a.status = gpu_view(status.get(), DType::i32, {4});
-  GpuBuffer ws(msa::pipeline_workspace_bytes(a));
+  const DeviceBuffer ws = gpu_buffer(msa::pipeline_workspace_bytes(a));
   a.workspace = gpu_view(ws.get(), DType::u8, {int64_t(ws.bytes())});
 
   msa::clear_status(a.status, s);
@@ -67,9 +61,9 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   msa::check_status(a.status, s);
 
   // Check: the q2k at the start of the workspace says which keys each row attends.
-  const auto q2k = download<int32_t>(ws, size_t(o.hkv * S * o.topk));
-  const auto got = download<uint16_t>(out, size_t(S * o.hq * D));
-  const auto got_lse = download<float>(lse, size_t(o.hq * S));
+  const auto q2k = ws.download<int32_t>(size_t(o.hkv * S * o.topk), s);
+  const auto got = out.download<uint16_t>(size_t(S * o.hq * D), s);
+  const auto got_lse = lse.download<float>(size_t(o.hq * S), s);
   const double scale = 1.0 / std::sqrt(double(D));
   double worst_rel = 0, worst_lse = 0;
   std::mt19937 rng(4);
@@ -125,7 +119,7 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   att.out = a.out;
   att.lse = a.lse;
   att.status = a.status;
-  GpuBuffer att_ws(msa::attention_workspace_bytes(att));
+  const DeviceBuffer att_ws = gpu_buffer(msa::attention_workspace_bytes(att));
   att.workspace = gpu_view(att_ws.get(), DType::u8, {int64_t(att_ws.bytes())});
 
   const Timing te = time_op([&] { msa::sparse_attention_pipeline(a, s); }, o.warmup, o.iters, s, &flush, "pipeline");
