@@ -58,15 +58,6 @@ std::optional<HostTensor> random_scale(int kind, int64_t tokens, int64_t heads, 
   return s;
 }
 
-Tensor to_gpu(const HostTensor& h, DeviceBuffer& d, cudaStream_t s) {
-  d = DeviceBuffer(h.bytes() + 16);
-  d.upload(std::vector<uint8_t>(h.data<uint8_t>(), h.data<uint8_t>() + h.bytes()), s);
-  Tensor t = h.t;
-  t.data = d.get();
-  t.device = gpu0();
-  return t;
-}
-
 // Runs `op` (block_scores or block_topk, device inputs in `args`) with its output `out` in a
 // poisoned device buffer shaped like `like`, on a fresh status; throws msa::Error for an offence
 // the device reported. Returns the output.
@@ -165,12 +156,17 @@ void run_case(const IdxCase& c) {
   block_scores(a);
 
   TestStream stream;
-  DeviceBuffer dq, dk, dcq, dck, dqs, dks, dst(16);
+  const DeviceTensor dq = to_device(q, stream), dk = to_device(k, stream);
+  const DeviceTensor dcq = to_device(cu_q, stream), dck = to_device(cu_k, stream);
+  std::optional<DeviceTensor> dqs, dks;
+  if (q_scale) dqs.emplace(to_device(*q_scale, stream));
+  if (k_scale) dks.emplace(to_device(*k_scale, stream));
+  DeviceBuffer dst(16);
   BlockScoresArgs g = a;
-  g.q = q_scale ? QTensor(to_gpu(q, dq, stream), to_gpu(*q_scale, dqs, stream)) : QTensor(to_gpu(q, dq, stream));
-  g.kv.k = k_scale ? QTensor(to_gpu(k, dk, stream), to_gpu(*k_scale, dks, stream)) : QTensor(to_gpu(k, dk, stream));
-  g.kv.cu_seqlens_k = to_gpu(cu_k, dck, stream);
-  g.cu_seqlens_q = to_gpu(cu_q, dcq, stream);
+  g.q = dqs ? QTensor(dq.t, dqs->t) : QTensor(dq.t);
+  g.kv.k = dks ? QTensor(dk.t, dks->t) : QTensor(dk.t);
+  g.kv.cu_seqlens_k = dck.t;
+  g.cu_seqlens_q = dcq.t;
   g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
   const auto got = gpu_scores(g, ref, stream);
   expect_scores_match(got, ref, c.integer_values);

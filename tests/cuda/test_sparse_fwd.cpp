@@ -273,9 +273,8 @@ TEST(SparseFwdGpu, MismatchedK2QReported) {
     DeviceCase d(cc, s);
     d.build_csr(cc, s);
     check_status(d.status_t(), s);
-    std::vector<int32_t> rp(hkv * (rows + 1)), qi(hkv * nnz);
-    MSA_CUDA_CHECK(cudaMemcpy(rp.data(), d.row_ptr.get(), rp.size() * 4, cudaMemcpyDeviceToHost));
-    MSA_CUDA_CHECK(cudaMemcpy(qi.data(), d.q_idx.get(), qi.size() * 4, cudaMemcpyDeviceToHost));
+    const std::vector<int32_t> rp = d.row_ptr.download<int32_t>(hkv * (rows + 1), s);
+    std::vector<int32_t> qi = d.q_idx.download<int32_t>(hkv * nnz, s);
     // Head 1, a row of batch 0 (rows 0..2 are its blocks): with two entries or more for the
     // swap; for the foreign token, one that a batch-0 token's head-1 q2k row does not select.
     const int32_t* q2k1 = cc.q2k.data<int32_t>() + cc.p.total_q() * cc.topk;
@@ -298,7 +297,7 @@ TEST(SparseFwdGpu, MismatchedK2QReported) {
       row_q[0] = tok;
       std::sort(row_q, row_q + len(r));
     }
-    MSA_CUDA_CHECK(cudaMemcpy(d.q_idx.get(), qi.data(), qi.size() * 4, cudaMemcpyHostToDevice));
+    d.q_idx.upload(qi, s);
     if (t == kExtraId) {
       // Head 0, token 17 (batch 0, 3 blocks, topk 4): a -1 slot becomes a block it lacks.
       int32_t* row = cc.q2k.data<int32_t>() + 17 * cc.topk;

@@ -1,11 +1,12 @@
 // Shared helpers of the GPU tests: skip without a device, the owning device buffer (with its NaN
-// poisoning), a test stream (never the legacy default stream).
+// poisoning), a test stream (never the legacy default stream), the small-run switch.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -38,5 +39,11 @@ class TestStream {
 };
 
 inline Device gpu0() { return {DeviceType::cuda, 0}; }
+
+// MSA_TEST_SMALL=1: small sizes and few configurations (for compute-sanitizer runs).
+inline bool small_tests() {
+  const char* e = std::getenv("MSA_TEST_SMALL");
+  return e != nullptr && e[0] == '1';
+}
 
 }  // namespace msa::test

@@ -1,7 +1,7 @@
 // Random sparse-attention problems for the GPU tests (CSR builder, sparse forward): varlen
 // batches with empty requests and lengths that are not multiples of 128, random q2k rows (visible
 // blocks, sometimes invisible ones, -1 padding, sometimes unsorted), NaN in every KV row that no
-// query of its kv head selects, and host -> device copies of HostTensor views.
+// query of its kv head selects (device copies: support/device_tensor.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,45 +19,10 @@
 #include "common/codecs.h"
 #include "support/attention_problem.h"
 #include "support/host_tensor.h"
+#include "support/device_tensor.h"
 #include "support/gpu_test_util.h"
 
 namespace msa::test {
-
-// MSA_TEST_SMALL=1: small sizes and few configurations (for compute-sanitizer runs).
-inline bool small_tests() {
-  const char* e = std::getenv("MSA_TEST_SMALL");
-  return e != nullptr && e[0] == '1';
-}
-
-// A device copy of a host tensor view (same shape and strides).
-struct DeviceTensor {
-  DeviceBuffer buf;
-  Tensor t;
-};
-
-inline DeviceTensor to_device(const HostTensor& h, cudaStream_t s) {
-  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.bytes(), 16)), h.t};
-  if (h.bytes())
-    MSA_CUDA_CHECK(cudaMemcpyAsync(d.buf.get(), h.t.data, h.bytes(), cudaMemcpyHostToDevice, s));
-  d.t.data = d.buf.get();
-  d.t.device = gpu0();
-  return d;
-}
-
-// An uninitialised-then-poisoned (0xff: NaN / -1) device tensor shaped like `h`.
-inline DeviceTensor device_like(const HostTensor& h, cudaStream_t s) {
-  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.bytes(), 16)), h.t};
-  d.buf.poison(s);
-  d.t.data = d.buf.get();
-  d.t.device = gpu0();
-  return d;
-}
-
-inline void copy_to_host(const DeviceTensor& d, const HostTensor& h, cudaStream_t s) {
-  if (h.bytes())
-    MSA_CUDA_CHECK(cudaMemcpyAsync(h.t.data, d.t.data, h.bytes(), cudaMemcpyDeviceToHost, s));
-  MSA_CUDA_CHECK(cudaStreamSynchronize(s));
-}
 
 struct SparseCase {
   SparseCase(Problem problem, HostTensor ids, int64_t k)
