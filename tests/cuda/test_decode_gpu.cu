@@ -17,28 +17,6 @@
 namespace msa::test {
 namespace {
 
-// random_q2k for the problem's queries over other key lengths `lk` (lengths changed after the
-// plan): up to topk distinct blocks per (head, token), -1 padded.
-std::vector<int32_t> random_ids(const Problem& p, const std::vector<int32_t>& lk, int64_t topk,
-                                int64_t blk, unsigned seed, bool sorted) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> q2k(p.hkv * p.total_q() * topk, -1);
-  for (int64_t h = 0; h < p.hkv; ++h)
-    for (int64_t b = 0; b < p.batch(); ++b)
-      for (int64_t t = p.q_start(b); t < p.q_start(b + 1); ++t) {
-        std::vector<int32_t> ids((lk[b] + blk - 1) / blk);
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        const int64_t n = std::min<int64_t>(int64_t(rng() % (topk + 1)), int64_t(ids.size()));
-        ids.resize(n);
-        ids.resize(topk, -1);
-        if (sorted) std::sort(ids.begin(), ids.begin() + n);
-        else std::shuffle(ids.begin(), ids.end(), rng);
-        std::copy(ids.begin(), ids.end(), q2k.begin() + (h * p.total_q() + t) * topk);
-      }
-  return q2k;
-}
-
 struct Config {
   std::vector<int32_t> lq, lk;
   int64_t hq = 16, hkv = 1;
@@ -467,7 +445,8 @@ TEST(DecodeGpu, NewLengthsWithinThePlanAndPastIt) {
     for (std::vector<int32_t> lk : {std::vector<int32_t>{10, 1999, 0}, {1000, 64, 300}}) {
       std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
       if (topk) {  // a q2k valid for the new lengths
-        t.ids = random_ids(t.p, lk, topk, c.blk, c.seed + lk[0], true);
+        std::mt19937 ids_rng(c.seed + lk[0]);
+        t.ids = random_q2k(t.p.lq, lk, t.p.hkv, topk, c.blk, ids_rng);
         std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
         copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
       }
@@ -626,7 +605,8 @@ TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {
       for (int b = 0; b < 4; ++b)
         lk[b] = replay == 0 ? c.lk[b] : int32_t(rng() % (c.lk[b] + 1));  // within the plan
       std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
-      t.ids = random_ids(t.p, lk, c.topk, c.blk, 2000 + replay, replay % 2 == 0);
+      std::mt19937 ids_rng(2000 + replay);
+      t.ids = random_q2k(t.p.lq, lk, t.p.hkv, c.topk, c.blk, ids_rng, /*sorted=*/replay % 2 == 0);
       std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
       copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
       copy_to_device(t.paged.seqused_k, t.seqused.buf, t.stream);

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "cuda/common/index_checks.cuh"
+#include "support/attention_problem.h"
 #include "support/gpu_test_util.h"
 
 namespace msa::test {
@@ -46,30 +47,19 @@ std::vector<int32_t> run_check(const Case& c) {
   return status.download<int32_t>(4, stream);
 }
 
-// A valid random selection: distinct ids in [0, nblk_b) or -1, per (head, token).
+// A valid random selection: distinct ids in [0, nblk_b) or -1, per (head, token), in any slot.
 Case random_case(std::mt19937& rng, int batch, int64_t hkv, int64_t topk) {
   Case c;
   c.hkv = hkv;
   c.topk = topk;
-  c.cu_q = {0};
-  c.cu_k = {0};
+  std::vector<int32_t> lq, lk;
   for (int b = 0; b < batch; ++b) {
-    c.cu_q.push_back(c.cu_q.back() + int32_t(rng() % 300));
-    c.cu_k.push_back(c.cu_k.back() + int32_t(rng() % 900));
+    lq.push_back(int32_t(rng() % 300));
+    lk.push_back(int32_t(rng() % 900));
   }
-  const int64_t total_q = c.cu_q.back();
-  c.q2k.assign(hkv * total_q * topk, -1);
-  for (int64_t h = 0; h < hkv; ++h)
-    for (int b = 0; b < batch; ++b) {
-      const int64_t nblk = (c.cu_k[b + 1] - c.cu_k[b] + c.blk - 1) / c.blk;
-      for (int64_t t = c.cu_q[b]; t < c.cu_q[b + 1]; ++t) {
-        std::vector<int32_t> ids(nblk);
-        for (int64_t i = 0; i < nblk; ++i) ids[i] = int32_t(i);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        for (int64_t s = 0; s < std::min(nblk, topk); ++s)
-          if (rng() % 5) c.q2k[(h * total_q + t) * topk + s] = ids[s];
-      }
-    }
+  c.cu_q = cumulative(lq);
+  c.cu_k = cumulative(lk);
+  c.q2k = random_q2k(lq, lk, hkv, topk, c.blk, rng, /*sorted=*/false);
   return c;
 }
 

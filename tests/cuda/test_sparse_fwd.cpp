@@ -175,7 +175,7 @@ TEST(SparseFwdGpu, NamedEdges) {
   for (const Edge& e : edges) {
     std::mt19937 rng(77 + idx);
     Problem prob = make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, 128, 500u + unsigned(idx));
-    HostTensor ids = random_q2k(prob, e.topk, e.causal, rng, e.blk);
+    HostTensor ids = indexer_like_q2k(prob, e.topk, e.causal, rng, e.blk);
     SparseCase c(std::move(prob), std::move(ids), e.topk);
     c.causal = e.causal;
     poison_unselected(c.p, c.q2k, c.topk);
@@ -218,7 +218,7 @@ TEST(SparseFwdGpu, WideScoreRangeMatchesCpu) {
           }
       }
     std::mt19937 rng(31 + idx++);
-    HostTensor ids = random_q2k(prob, 8, true, rng, w.blk);
+    HostTensor ids = indexer_like_q2k(prob, 8, true, rng, w.blk);
     SparseCase c(std::move(prob), std::move(ids), 8);
     c.causal = true;
     c.temperature = w.temperature;
@@ -239,7 +239,7 @@ TEST(SparseFwdGpu, InvalidIdsReported) {
   for (int32_t bad : bad_ids) {
     std::mt19937 rng(5);
     Problem prob = make_problem({300, 40}, {300, 500}, 8, 2, 128, 17u);
-    HostTensor ids = random_q2k(prob, 4, true, rng);
+    HostTensor ids = indexer_like_q2k(prob, 4, true, rng);
     SparseCase cc(std::move(prob), std::move(ids), 4);
     // (head 1, token 17, slot 2); batch 0 has 3 blocks, so 3 is out of range too.
     cc.q2k.data<int32_t>()[((1 * cc.p.total_q()) + 17) * cc.topk + 2] = bad;
@@ -267,7 +267,7 @@ TEST(SparseFwdGpu, MismatchedK2QReported) {
     SCOPED_TRACE("tamper " + std::to_string(int(t)));
     std::mt19937 rng(9);
     Problem prob = make_problem({300, 40}, {300, 500}, 8, 2, 128, 19u);
-    HostTensor ids = random_q2k(prob, 4, true, rng);
+    HostTensor ids = indexer_like_q2k(prob, 4, true, rng);
     SparseCase cc(std::move(prob), std::move(ids), 4);
     const int64_t hkv = cc.p.hkv, rows = cc.total_rows, nnz = cc.p.total_q() * cc.topk;
     DeviceCase d(cc, s);
@@ -327,7 +327,7 @@ TEST(SparseFwdGpu, K2QRowCountChecked) {
   TestStream s;
   std::mt19937 rng(12);
   Problem prob = make_problem({300, 40}, {300, 500}, 8, 2, 128, 21u);
-  HostTensor ids = random_q2k(prob, 4, true, rng);
+  HostTensor ids = indexer_like_q2k(prob, 4, true, rng);
   SparseCase cc(std::move(prob), std::move(ids), 4);
   DeviceCase exact(cc, s);
   const Outputs want = run_gpu(cc, exact, /*with_k2q=*/false, s);

@@ -133,7 +133,7 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
     }
   std::mt19937 rng(seed);
   Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, 128, seed, sp.dtype);
-  HostTensor ids = random_q2k(prob, sp.topk, sp.causal, rng, sp.blk);
+  HostTensor ids = indexer_like_q2k(prob, sp.topk, sp.causal, rng, sp.blk);
   SparseCase c(std::move(prob), std::move(ids), sp.topk);
   c.causal = sp.causal;
   if (seed % 3) c.partial = seed % 3 == 1 ? DType::bf16 : DType::f32;  // 0: the default

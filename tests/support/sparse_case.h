@@ -40,10 +40,13 @@ struct SparseCase {
   int64_t total_rows = 0;
 };
 
-// Random q2k [hkv, total_q, topk] for problem p (block size 128). uniform_blocks: every 128-query
-// block copies the row of its last query (the `blk` pattern; the GPU's uniform path).
-inline HostTensor random_q2k(const Problem& p, int64_t topk, bool causal, std::mt19937& rng,
-                             bool uniform_blocks = false) {
+// Random q2k [hkv, total_q, topk] for problem p (block size 128) shaped like an indexer's
+// selection: mostly the sink and diagonal blocks plus visible ones, sometimes invisible blocks,
+// fewer than topK ids, unsorted rows or -1 in the middle (random_q2k draws uniform rows instead).
+// uniform_blocks: every 128-query block copies the row of its last query (the `blk` pattern; the
+// GPU's uniform path).
+inline HostTensor indexer_like_q2k(const Problem& p, int64_t topk, bool causal, std::mt19937& rng,
+                                   bool uniform_blocks = false) {
   const int64_t hkv = p.hkv, tq = p.total_q();
   HostTensor q2k(DType::i32, {hkv, tq, topk});
   int32_t* ids = q2k.data<int32_t>();
@@ -161,7 +164,7 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true) {
   Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt, dt,
                               Fp8Scale::none, fill_inputs);
   const bool uniform_blocks = rng() % 3 == 0;
-  HostTensor ids = random_q2k(prob, topk, causal, rng, uniform_blocks);
+  HostTensor ids = indexer_like_q2k(prob, topk, causal, rng, uniform_blocks);
   SparseCase c(std::move(prob), std::move(ids), topk);
   c.causal = causal;
   poison_unselected(c.p, c.q2k, c.topk);
