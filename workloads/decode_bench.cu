@@ -78,6 +78,26 @@ std::vector<int64_t> pool_shape(int64_t pages, int64_t ps, int64_t hkv, int64_t 
   return hnd ? std::vector<int64_t>{pages, hkv, ps, d} : std::vector<int64_t>{pages, ps, hkv, d};
 }
 
+// The decode shape of case c: `batch` requests of at most `max_queries` queries over at most
+// `max_pages` pages, KV of `kv_dtype` in the nhd or (hnd) hnd page layout.
+DecodeShape decode_shape(const bench::BenchCase& c, int batch, int max_queries, int max_pages, DType kv_dtype,
+                         bool hnd, Device device) {
+  DecodeShape sh;
+  sh.batch = batch;
+  sh.max_queries_per_request = max_queries;
+  sh.num_q_heads = c.num_q_heads;
+  sh.num_kv_heads = c.num_kv_heads;
+  sh.head_dim = c.head_dim;
+  sh.page_size = c.page_size;
+  sh.max_pages = max_pages;
+  sh.kv_dtype = kv_dtype;
+  sh.topk = c.dense ? 0 : c.topk;
+  sh.kv_block_size = c.kv_block_size;
+  sh.layout = hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
+  sh.device = device;
+  return sh;
+}
+
 // One request of the GPU problem rebuilt on the host (its pages, q rows and q2k rows) and run
 // through the CPU decode; returns (rel L2 of out, max abs lse error) against the GPU output.
 std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool fp8, const DeviceBuffer& q,
@@ -136,20 +156,9 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   std::vector<float> ref_lse(got_lse.size());
   a.out = Tensor(ref.data(), DType::bf16, {lq, hq, d});
   a.lse = Tensor(ref_lse.data(), DType::f32, {hq, lq});
-  DecodeShape sh;
-  sh.batch = 1;
-  sh.max_queries_per_request = int(std::max<int64_t>(1, lq));
-  sh.num_q_heads = hq;
-  sh.num_kv_heads = hkv;
-  sh.head_dim = d;
-  sh.page_size = ps;
-  sh.max_pages = int(std::max<int64_t>(1, pages));
-  sh.kv_dtype = kvt;
-  sh.topk = c.dense ? 0 : c.topk;
-  sh.kv_block_size = c.kv_block_size;
-  sh.layout = a.kv.layout;
   DecodePlan cpu;
-  cpu.plan(sh, nullptr, Tensor());
+  cpu.plan(decode_shape(c, 1, int(std::max<int64_t>(1, lq)), int(std::max<int64_t>(1, pages)), kvt, hnd, Device{}),
+           nullptr, Tensor());
   cpu.run(a);
   double d2 = 0, r2 = 0, lse_err = 0;
   for (int64_t i = 0; i < lq * row; ++i) {
@@ -247,19 +256,8 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
 
   const Device gpu{DeviceType::cuda, 0};
   const DType kvt = fp8 ? DType::fp8_e4m3 : DType::bf16;
-  DecodeShape sh;
-  sh.batch = B;
-  sh.max_queries_per_request = int(*std::max_element(c.seqlens_q.begin(), c.seqlens_q.end()));
-  sh.num_q_heads = hq;
-  sh.num_kv_heads = hkv;
-  sh.head_dim = d;
-  sh.page_size = ps;
-  sh.max_pages = max_pages;
-  sh.kv_dtype = kvt;
-  sh.topk = c.dense ? 0 : c.topk;
-  sh.kv_block_size = c.kv_block_size;
-  sh.layout = o.hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
-  sh.device = gpu;
+  const DecodeShape sh =
+      decode_shape(c, B, int(*std::max_element(c.seqlens_q.begin(), c.seqlens_q.end())), max_pages, kvt, o.hnd, gpu);
   const size_t ws_bytes = DecodePlan::workspace_bytes(sh);
   const DeviceBuffer ws = gpu_buffer(ws_bytes);
   DecodePlan plan;

@@ -26,27 +26,16 @@ using namespace msa::bench;
 }  // namespace
 
 int msa_bench::run_pipeline_bench(const RunOptions& o) {
-  const int64_t S = o.seq, D = 128, G = o.hq / o.hkv, blk = 128;
-  std::vector<uint16_t> hq_(S * o.hq * D), hk(S * o.hkv * D), hv(S * o.hkv * D);
-  fill_normal_bf16(hq_.data(), int64_t(hq_.size()), 2, 0);
-  fill_normal_bf16(hk.data(), int64_t(hk.size()), 2, 1);
-  fill_normal_bf16(hv.data(), int64_t(hv.size()), 2, 2);
-  const std::vector<int32_t> cu = {0, int32_t(S)};
-  DeviceBuffer q = gpu_buffer(hq_.size() * 2), k = gpu_buffer(hk.size() * 2), v = gpu_buffer(hv.size() * 2),
-               cub = gpu_buffer(8), out = gpu_buffer(hq_.size() * 2), lse = gpu_buffer(size_t(o.hq * S) * 4),
-               status = gpu_buffer(16), flush = gpu_buffer(size_t(256) << 20);
+  const int64_t S = o.seq, D = SingleRequestInputs::kHeadDim, G = o.hq / o.hkv, blk = 128;
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  q.upload(hq_, s);
-  k.upload(hk, s);
-  v.upload(hv, s);
-  cub.upload(cu, s);
+  const SingleRequestInputs in(S, o.hq, o.hkv, /*seed=*/2, /*with_v=*/true, s);
+  const DeviceBuffer out = gpu_buffer(in.q.size() * 2), lse = gpu_buffer(size_t(o.hq * S) * 4),
+                     status = gpu_buffer(16), flush = gpu_buffer(size_t(256) << 20);
 
   msa::PipelineArgs a;
-  a.q = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
-  a.kv.k = gpu_view(k.get(), DType::bf16, {S, o.hkv, D});
-  a.kv.v = gpu_view(v.get(), DType::bf16, {S, o.hkv, D});
-  a.kv.cu_seqlens_k = gpu_view(cub.get(), DType::i32, {2});
+  a.q = in.q_view();
+  a.kv = in.kv();
   a.cu_seqlens_q = a.kv.cu_seqlens_k;
   a.topk = int(o.topk);
   a.params.partial_dtype = o.partial;
@@ -79,14 +68,14 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
     for (size_t i = 0; i < keys.size(); ++i) {
       double dot = 0;
       for (int64_t d = 0; d < D; ++d)
-        dot += double(bf16_to_float(hq_[(t * o.hq + h) * D + d])) * bf16_to_float(hk[(keys[i] * o.hkv + kh) * D + d]);
+        dot += double(bf16_to_float(in.q[(t * o.hq + h) * D + d])) * bf16_to_float(in.k[(keys[i] * o.hkv + kh) * D + d]);
       logit[i] = dot * scale;
       m = std::max(m, logit[i]);
     }
     for (size_t i = 0; i < keys.size(); ++i) {
       const double w = std::exp(logit[i] - m);
       sum += w;
-      for (int64_t d = 0; d < D; ++d) acc[d] += w * bf16_to_float(hv[(keys[i] * o.hkv + kh) * D + d]);
+      for (int64_t d = 0; d < D; ++d) acc[d] += w * bf16_to_float(in.v[(keys[i] * o.hkv + kh) * D + d]);
     }
     double num = 0, den = 0;
     for (int64_t d = 0; d < D; ++d) {
@@ -138,11 +127,7 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
     shape.num_kv_heads = int(o.hkv);
     shape.topk = int(o.topk);
     const PairCounts pairs = count_pairs(q2k, shape, int(G));  // on the GPU's own selection
-    BenchCase bc = *find_case("E2E-32K");  // the case as run: the options' shape
-    bc.seqlens_q = bc.seqlens_k = {S};
-    bc.num_q_heads = int(o.hq);
-    bc.num_kv_heads = int(o.hkv);
-    bc.topk = int(o.topk);
+    const BenchCase bc = case_as_run("E2E-32K", o);
     const std::pair<Op, Timing> timed[] = {{Op::pipeline, te}, {Op::block_topk, ts}, {Op::attention_forward, ta}};
     for (const auto& [op, x] : timed) {
       const OpCount n = count_op(op, op_shape(shape, int(o.hq), int(D)), pairs);
