@@ -48,16 +48,8 @@ CsrBuildArgs csr_args(Args& a) {
 // attention_workspace_bytes from alloc= (the size function validates the arguments first, so a
 // bad call allocates nothing).
 AttentionArgs attention_args(Args& a, bool scratch) {
-  AttentionArgs x;
-  x.q = a.tensor("q");
-  x.kv = a.kv(/*with_v=*/true);
-  x.cu_seqlens_q = a.tensor("cu_seqlens_q");
-  x.q2k = a.tensor("q2k");
+  AttentionArgs x = a.attention();
   x.k2q = a.k2q("k2q_");
-  x.out = a.tensor("out");
-  x.lse = a.tensor("lse");
-  x.tlse = a.tensor("tlse");
-  x.params = a.attention_params();
   x.workspace = a.tensor("workspace");
   x.status = a.tensor("status");
   if (!scratch) return x;
@@ -88,6 +80,41 @@ PipelineArgs pipeline_args(Args& a, bool scratch) {
   a.allocator();
   if (!x.workspace.defined()) x.workspace = a.allocate(pipeline_workspace_bytes(x));
   return x;
+}
+
+// The names and docstrings of an op with caller-sized scratch and of its size function.
+struct ScratchOpNames {
+  const char* size_fn;    // e.g. "attention_workspace_bytes"
+  const char* size_doc;
+  const char* op;         // e.g. "attention_forward"
+  const char* label;      // the op's name in its errors
+  const char* op_doc;
+};
+
+// Defines an op family's size function and the op itself from one argument reader
+// `read(a, scratch)`: the size function reads without scratch (and accepts stream=, so one keyword
+// dict serves both calls) and returns `size(args)`; the op takes its scratch from workspace= or
+// alloc= and calls `run(args, stream)`.
+template <typename Read, typename Size, typename Run>
+void def_scratch_op(nb::module_& m, const ScratchOpNames& n, Read read, Size size, Run run) {
+  const char* size_fn = n.size_fn;
+  m.def(
+      n.size_fn,
+      [size_fn, read, size](nb::kwargs kw) {
+        Args a(std::move(kw), size_fn);
+        const auto x = read(a, /*scratch=*/false);
+        a.stream();
+        a.finish();
+        return size(x);
+      },
+      n.size_doc);
+  const char* label = n.label;
+  m.def(
+      n.op,
+      [label, read, run](nb::kwargs kw) {
+        call(std::move(kw), label, [read](Args& a) { return read(a, /*scratch=*/true); }, run);
+      },
+      n.op_doc);
 }
 
 }  // namespace
@@ -219,47 +246,27 @@ NB_MODULE(_C, m) {
       },
       "CPU reference converter (row_ptr, q_idx) -> q2k, output preallocated.");
 
-  m.def(
-      "attention_workspace_bytes",
-      [](nb::kwargs kw) {
-        Args a(std::move(kw), "attention_workspace_bytes");
-        AttentionArgs x = attention_args(a, /*scratch=*/false);
-        a.stream();  // accepted so one keyword dict serves both calls
-        a.finish();
-        return attention_workspace_bytes(x);
-      },
-      "Scratch bytes attention_forward needs for these arguments (0 on CPU).");
+  def_scratch_op(
+      m,
+      {.size_fn = "attention_workspace_bytes",
+       .size_doc = "Scratch bytes attention_forward needs for these arguments (0 on CPU).",
+       .op = "attention_forward",
+       .label = "attention_forward",
+       .op_doc = "msa::attention_forward; out, lse, tlse and status preallocated; scratch from "
+                 "workspace= or alloc=."},
+      attention_args, [](const AttentionArgs& x) { return attention_workspace_bytes(x); },
+      [](const AttentionArgs& x, cudaStream_t s) { attention_forward(x, s); });
 
-  m.def(
-      "attention_forward",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "attention_forward",
-             [](Args& a) { return attention_args(a, /*scratch=*/true); },
-             [](const AttentionArgs& x, cudaStream_t s) { attention_forward(x, s); });
-      },
-      "msa::attention_forward; out, lse, tlse and status preallocated; scratch from "
-      "workspace= or alloc=.");
-
-  m.def(
-      "pipeline_workspace_bytes",
-      [](nb::kwargs kw) {
-        Args a(std::move(kw), "pipeline_workspace_bytes");
-        PipelineArgs x = pipeline_args(a, /*scratch=*/false);
-        a.stream();
-        a.finish();
-        return pipeline_workspace_bytes(x);
-      },
-      "Workspace bytes sparse_attention_pipeline needs for these arguments.");
-
-  m.def(
-      "sparse_attention_pipeline",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "sparse_attention",
-             [](Args& a) { return pipeline_args(a, /*scratch=*/true); },
-             [](const PipelineArgs& x, cudaStream_t s) { sparse_attention_pipeline(x, s); });
-      },
-      "msa::sparse_attention_pipeline (block_topk, then attention_forward); out, lse, tlse and "
-      "status preallocated; the workspace (q2k first) from workspace= or alloc=.");
+  def_scratch_op(
+      m,
+      {.size_fn = "pipeline_workspace_bytes",
+       .size_doc = "Workspace bytes sparse_attention_pipeline needs for these arguments.",
+       .op = "sparse_attention_pipeline",
+       .label = "sparse_attention",
+       .op_doc = "msa::sparse_attention_pipeline (block_topk, then attention_forward); out, lse, tlse "
+                 "and status preallocated; the workspace (q2k first) from workspace= or alloc=."},
+      pipeline_args, [](const PipelineArgs& x) { return pipeline_workspace_bytes(x); },
+      [](const PipelineArgs& x, cudaStream_t s) { sparse_attention_pipeline(x, s); });
 
   m.def(
       "quantize",
