@@ -6,6 +6,7 @@
 #include <random>
 
 #include "support/device_tensor.h"
+#include "support/topk_args.h"
 
 namespace msa::test {
 namespace {
@@ -34,17 +35,7 @@ void run_case(const TopKCase& c) {
   }
   const HostTensor cu_q = i32_tensor(cumulative(c.lq)), cu_k = i32_tensor(cumulative(c.lk));
   HostTensor ref(DType::i32, {c.hkv, total_q, c.topk});
-  TopKArgs a;
-  a.scores = scores.t;
-  a.cu_seqlens_q = cu_q.t;
-  a.kv.cu_seqlens_k = cu_k.t;
-  a.num_kv_heads = int(c.hkv);
-  a.topk = c.topk;
-  a.sink_blocks = c.sink;
-  a.local_blocks = c.local;
-  a.causal = c.causal;
-  a.kv_block_size = c.blk;
-  a.q2k = ref.t;
+  const TopKArgs a = topk_args(c, scores.t, cu_q.t, cu_k.t, ref.t);
   select_topk(a);
 
   TestStream stream;
