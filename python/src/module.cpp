@@ -124,16 +124,17 @@ struct ScratchOpNames {
 
 // Defines an op family's size function and the op itself from one argument reader
 // `read(a, scratch)`: the size function reads without scratch (and accepts stream=, so one keyword
-// dict serves both calls) and returns `size(args)`; the op takes its scratch from workspace= or
-// alloc= and calls `run(args, stream)`.
-template <typename Read, typename Size, typename Run>
-void def_scratch_op(nb::module_& m, const ScratchOpNames& n, Read read, Size size, Run run) {
+// dict serves both calls) and returns size(args); the op takes its scratch from workspace= or
+// alloc= and calls run(args, stream).
+template <typename X>
+void def_scratch_op(nb::module_& m, X (*read)(Args&, bool), size_t (*size)(const X&),
+                    void (*run)(const X&, cudaStream_t), const ScratchOpNames& n) {
   const char* size_fn = n.size_fn;
   m.def(
       n.size_fn,
       [size_fn, read, size](nb::kwargs kw) {
         Args a(std::move(kw), size_fn);
-        const auto x = read(a, /*scratch=*/false);
+        const X x = read(a, /*scratch=*/false);
         a.stream();
         a.finish();
         return size(x);
@@ -220,27 +221,19 @@ NB_MODULE(_C, m) {
         k2q_to_q2k_cpu(x.out.row_ptr, x.out.q_idx, x.cu_seqlens_q, x.kv, x.kv_block_size, x.q2k);
       });
 
-  def_scratch_op(
-      m,
-      {.size_fn = "attention_workspace_bytes",
-       .size_doc = "Scratch bytes attention_forward needs for these arguments (0 on CPU).",
-       .op = "attention_forward",
-       .label = "attention_forward",
-       .op_doc = "msa::attention_forward; out, lse, tlse and status preallocated; scratch from "
-                 "workspace= or alloc=."},
-      attention_args, [](const AttentionArgs& x) { return attention_workspace_bytes(x); },
-      [](const AttentionArgs& x, cudaStream_t s) { attention_forward(x, s); });
-
-  def_scratch_op(
-      m,
-      {.size_fn = "pipeline_workspace_bytes",
-       .size_doc = "Workspace bytes sparse_attention_pipeline needs for these arguments.",
-       .op = "sparse_attention_pipeline",
-       .label = "sparse_attention",
-       .op_doc = "msa::sparse_attention_pipeline (block_topk, then attention_forward); out, lse, tlse "
-                 "and status preallocated; the workspace (q2k first) from workspace= or alloc=."},
-      pipeline_args, [](const PipelineArgs& x) { return pipeline_workspace_bytes(x); },
-      [](const PipelineArgs& x, cudaStream_t s) { sparse_attention_pipeline(x, s); });
+  def_scratch_op(m, attention_args, attention_workspace_bytes, attention_forward,
+                 {.size_fn = "attention_workspace_bytes",
+                  .size_doc = "Scratch bytes attention_forward needs for these arguments (0 on CPU).",
+                  .op = "attention_forward", .label = "attention_forward",
+                  .op_doc = "msa::attention_forward; out, lse, tlse and status preallocated; scratch "
+                            "from workspace= or alloc=."});
+  def_scratch_op(m, pipeline_args, pipeline_workspace_bytes, sparse_attention_pipeline,
+                 {.size_fn = "pipeline_workspace_bytes",
+                  .size_doc = "Workspace bytes sparse_attention_pipeline needs for these arguments.",
+                  .op = "sparse_attention_pipeline", .label = "sparse_attention",
+                  .op_doc = "msa::sparse_attention_pipeline (block_topk, then attention_forward); out, "
+                            "lse, tlse and status preallocated; the workspace (q2k first) from "
+                            "workspace= or alloc=."});
 
   def_op(
       m, "quantize", "msa::quantize into preallocated out (values), out_scale, out_global_scale.",
