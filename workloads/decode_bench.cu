@@ -36,13 +36,8 @@ using namespace msa;
 
 using bench::DeviceBuffer;
 using bench::gpu_buffer;
+using bench::mix64;
 
-__device__ __forceinline__ uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 // N(0, 1) draw of element i of stream `seed` (Box-Muller on two hashed uniforms).
 __device__ __forceinline__ float normal_at(uint64_t seed, int64_t i) {
   const uint64_t a = mix64(seed ^ (uint64_t(i) * 2)), b = mix64(seed ^ (uint64_t(i) * 2 + 1));
