@@ -78,7 +78,8 @@ struct Bench {
   std::optional<HostTensor> q2k;
   int64_t max_q = 1;
   TestStream stream;
-  DeviceTensor q, k, v, page_table, seqused, cu_q, q2k_d, k_scale, v_scale;
+  DeviceTensor q, page_table, seqused, cu_q, q2k_d;
+  DeviceQTensor k, v;
   DeviceBuffer out, lse, status, workspace;
   DecodePlan plan;
 
@@ -92,14 +93,12 @@ struct Bench {
       q2k.emplace(q2k_tensor(ids, p.hkv, p.total_q(), c.topk));
     }
     q = to_device(p.q, stream);
-    k = to_device(paged.k, stream);
-    v = to_device(paged.v, stream);
+    k = to_device(paged.k, paged.k_scale, stream);
+    v = to_device(paged.v, paged.v_scale, stream);
     page_table = to_device(paged.page_table, stream);
     seqused = to_device(paged.seqused_k, stream);
     cu_q = to_device(p.cu_q, stream);
     if (q2k) q2k_d = to_device(*q2k, stream);
-    if (paged.k_scale) k_scale = to_device(*paged.k_scale, stream);
-    if (paged.v_scale) v_scale = to_device(*paged.v_scale, stream);
     out = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq * 128) * 2);
     lse = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq) * 4);
     status = DeviceBuffer(16);
@@ -140,8 +139,8 @@ struct Bench {
     AttentionArgs a;
     a.q = q.t;
     KVCache kv;
-    kv.k = paged.k_scale ? QTensor(k.t, k_scale.t) : QTensor(k.t);
-    kv.v = paged.v_scale ? QTensor(v.t, v_scale.t) : QTensor(v.t);
+    kv.k = k.view();
+    kv.v = v.view();
     kv.layout = cfg.layout;
     kv.page_table = page_table.t;
     kv.seqused_k = seqused.t;
@@ -458,9 +457,7 @@ TEST(DecodeGpu, NewLengthsWithinThePlanAndPastIt) {
     std::vector<int32_t> grown = {1100, 2000, 300};
     t.seqused.buf.upload(grown, t.stream);
     t.run_gpu();
-    const auto st = t.status_words();
-    EXPECT_EQ(st[0], int32_t(StatusCode::kv_length_past_plan));
-    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 1100, 1024));
+    expect_status(t.status_words(), StatusCode::kv_length_past_plan, 0, 1100, 1024);
   }
 }
 
@@ -474,9 +471,7 @@ TEST(DecodeGpu, MoreQueriesThanPlanned) {
   t.max_q = 4;  // the plan allows 4 queries per request; request 1 has 5
   t.plan_gpu();
   t.run_gpu();
-  const auto st = t.status_words();
-  EXPECT_EQ(st[0], int32_t(StatusCode::queries_past_plan));
-  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, 5, 4));
+  expect_status(t.status_words(), StatusCode::queries_past_plan, 1, 5, 4);
 }
 
 TEST(DecodeGpu, BadPageIdsReported) {
@@ -514,9 +509,7 @@ TEST(DecodeGpu, BadPageIdsReported) {
     copy_to_device(t.paged.page_table, t.page_table.buf, t.stream);
     t.plan_gpu();
     t.run_gpu();
-    const auto st = t.status_words();
-    EXPECT_EQ(st[0], int32_t(StatusCode::page_id_out_of_range));
-    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, col1, INT_MIN));
+    expect_status(t.status_words(), StatusCode::page_id_out_of_range, 1, col1, INT_MIN);
     expect_error([&] { check_status(Tensor(t.status.get(), DType::i32, {4}, gpu0()), t.stream); },
                  "page_table: page id -2147483648 out of range [0, num_pages) at (batch 1, column " +
                      std::to_string(col1) + ")");
@@ -531,6 +524,7 @@ TEST(DecodeGpu, BadBlockIdsReported) {
   MSA_REQUIRE_GPU();
   const std::vector<int32_t> bad = {INT_MIN, -123456, -2, 0 /* nblk */, 1 /* nblk + 1000 */, INT_MAX};
   for (size_t i = 0; i < bad.size(); ++i) {
+    SCOPED_TRACE("id case " + std::to_string(i));
     Config c;
     c.lq = {2, 4, 3};
     c.lk = {500, 900, 260};
@@ -554,9 +548,7 @@ TEST(DecodeGpu, BadBlockIdsReported) {
     copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
     t.plan_gpu();
     t.run_gpu();
-    const auto st = t.status_words();
-    EXPECT_EQ(st[0], int32_t(StatusCode::block_id_out_of_range)) << "id case " << i;
-    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, 4, 2)) << "id case " << i;
+    expect_status(t.status_words(), StatusCode::block_id_out_of_range, 1, 4, 2);
   }
   // A repeated id: the second occurrence is the offence.
   Config c;
@@ -570,9 +562,7 @@ TEST(DecodeGpu, BadBlockIdsReported) {
   copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
   t.plan_gpu();
   t.run_gpu();
-  const auto st = t.status_words();
-  EXPECT_EQ(st[0], int32_t(StatusCode::block_id_repeated));
-  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 1, 3));
+  expect_status(t.status_words(), StatusCode::block_id_repeated, 0, 1, 3);
 }
 
 TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <climits>
 #include <random>
-#include <tuple>
 
 #include "cuda/common/index_checks.cuh"
 #include "support/attention_problem.h"
@@ -78,6 +77,7 @@ TEST(IndexChecksGpu, ReportsFirstOffenceOfEachKind) {
                                         INT_MAX};
   std::mt19937 rng(2);
   for (size_t i = 0; i < bad_ids.size(); ++i) {
+    SCOPED_TRACE("id case " + std::to_string(i));
     Case c = random_case(rng, 3, 2, 6);
     const int64_t total_q = c.cu_q.back();
     ASSERT_GT(total_q, 0);
@@ -95,9 +95,7 @@ TEST(IndexChecksGpu, ReportsFirstOffenceOfEachKind) {
     put(h1, t1, s1);
     put(h0, t0, s0);
     const auto st = run_check(c);
-    EXPECT_EQ(st[0], int32_t(StatusCode::block_id_out_of_range)) << "id case " << i;
-    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(int32_t(h0), int32_t(t0), int32_t(s0)))
-        << "id case " << i;
+    expect_status(st, StatusCode::block_id_out_of_range, int32_t(h0), int32_t(t0), int32_t(s0));
     EXPECT_NE(describe_status(st.data()).find("(head 1, token " + std::to_string(t0) + ", slot 2)"),
               std::string::npos)
         << describe_status(st.data());
@@ -112,9 +110,7 @@ TEST(IndexChecksGpu, RepeatedIdInRow) {
   c.hkv = 1;
   c.topk = 4;
   c.q2k = {0, 1, 2, 3, /**/ 0, 5, -1, 5, /**/ 7, 7, 7, 7};
-  const auto st = run_check(c);
-  EXPECT_EQ(st[0], int32_t(StatusCode::block_id_repeated));
-  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 1, 3));
+  expect_status(run_check(c), StatusCode::block_id_repeated, 0, 1, 3);
 }
 
 TEST(IndexChecksGpu, AllInvalidRowsAndHugeTopK) {
@@ -127,9 +123,7 @@ TEST(IndexChecksGpu, AllInvalidRowsAndHugeTopK) {
   c.q2k.assign(2 * 64, -1);
   EXPECT_EQ(run_check(c)[0], 0);
   for (auto& x : c.q2k) x = INT_MAX;
-  const auto st = run_check(c);
-  EXPECT_EQ(st[0], int32_t(StatusCode::block_id_out_of_range));
-  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 0, 0));
+  expect_status(run_check(c), StatusCode::block_id_out_of_range, 0, 0, 0);
 }
 
 TEST(IndexChecksGpu, BadCuSeqlensAndEmptyBatches) {

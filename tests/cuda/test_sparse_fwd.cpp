@@ -22,22 +22,9 @@ Outputs make_outputs(const SparseCase& c) {
                  HostTensor(DType::f32, {c.p.hq, c.temperature > 0.f ? tq : 0})};
 }
 
-AttentionArgs base_args(const SparseCase& c) {
-  AttentionArgs a;
-  a.params.causal = c.causal;
-  a.params.partial_dtype = c.partial;
-  a.params.temperature = c.temperature;
-  a.params.softmax_scale = c.scale;
-  return a;
-}
-
 Outputs run_cpu(const SparseCase& c) {
   Outputs o = make_outputs(c);
-  AttentionArgs a = base_args(c);
-  a.q = c.p.q.t;
-  a.kv = c.p.flat_kv();
-  a.cu_seqlens_q = c.p.cu_q.t;
-  a.q2k = c.q2k.t;
+  AttentionArgs a = cpu_args(c);
   a.out = o.out.t;
   a.lse = o.lse.t;
   if (c.temperature > 0.f) a.tlse = o.tlse.t;
@@ -96,7 +83,8 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
   Outputs host = make_outputs(c);
   DeviceTensor out = device_like(host.out, s), lse = device_like(host.lse, s),
                tlse = device_like(host.tlse, s);
-  AttentionArgs a = base_args(c);
+  AttentionArgs a;
+  a.params = params_of(c);
   a.q = d.q.t;
   a.kv = d.kv();
   a.cu_seqlens_q = d.cu_q.t;

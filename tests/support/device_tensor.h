@@ -1,8 +1,10 @@
-// Host tensors on the device for the GPU tests: the one upload path (to_device, copy_to_device),
-// poisoned outputs shaped like a host tensor (device_like), and the copy back (copy_to_host).
+// Host tensors on the device for the GPU tests: the one upload path (to_device, also for values
+// with optional scales, copy_to_device), poisoned outputs shaped like a host tensor (device_like),
+// and the copy back (copy_to_host).
 #pragma once
 
 #include <algorithm>
+#include <optional>
 
 #include "support/gpu_test_util.h"
 #include "support/host_tensor.h"
@@ -43,6 +45,23 @@ inline DeviceTensor device_like(const HostTensor& h, cudaStream_t s) {
   d.buf.poison(s);
   d.t = on_device(h, d.buf);
   return d;
+}
+
+// Device copies of quantized values and, when given, their scales.
+struct DeviceQTensor {
+  DeviceTensor values;
+  std::optional<DeviceTensor> scale;
+  QTensor view() const { return scale ? QTensor(values.t, scale->t) : QTensor(values.t); }
+};
+
+inline DeviceQTensor to_device(const HostTensor& values, const HostTensor* scale, cudaStream_t s) {
+  DeviceQTensor d{to_device(values, s), std::nullopt};
+  if (scale) d.scale = to_device(*scale, s);
+  return d;
+}
+inline DeviceQTensor to_device(const HostTensor& values, const std::optional<HostTensor>& scale,
+                               cudaStream_t s) {
+  return to_device(values, scale ? &*scale : nullptr, s);
 }
 
 // Copies d back into h and waits for the stream.

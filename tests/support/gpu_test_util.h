@@ -1,5 +1,5 @@
 // Shared helpers of the GPU tests: skip without a device, the owning device buffer (with its NaN
-// poisoning), a test stream (never the legacy default stream), the small-run switch.
+// poisoning), a test stream (never the legacy default stream), the status-word check, the small-run switch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "cuda/device/check.h"
@@ -39,6 +40,13 @@ class TestStream {
 };
 
 inline Device gpu0() { return {DeviceType::cuda, 0}; }
+
+// The status words {code, a, b, c} a device check wrote: offence `code` at (a, b, c).
+inline void expect_status(const std::vector<int32_t>& st, StatusCode code, int32_t a, int32_t b,
+                          int32_t c) {
+  EXPECT_EQ(st[0], int32_t(code)) << describe_status(st.data());
+  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(a, b, c));
+}
 
 // MSA_TEST_SMALL=1: small sizes and few configurations (for compute-sanitizer runs).
 inline bool small_tests() {

@@ -40,6 +40,28 @@ struct SparseCase {
   int64_t total_rows = 0;
 };
 
+// The case's attention parameters: mask, partial precision, temperature and softmax scale.
+inline AttentionParams params_of(const SparseCase& c) {
+  AttentionParams prm;
+  prm.causal = c.causal;
+  prm.partial_dtype = c.partial;
+  prm.temperature = c.temperature;
+  prm.softmax_scale = c.scale;
+  return prm;
+}
+
+// attention_forward's inputs for the case on the CPU (flat KV) with its parameters; the caller
+// adds the outputs.
+inline AttentionArgs cpu_args(const SparseCase& c) {
+  AttentionArgs a;
+  a.params = params_of(c);
+  a.q = c.p.q.t;
+  a.kv = c.p.flat_kv();
+  a.cu_seqlens_q = c.p.cu_q.t;
+  a.q2k = c.q2k.t;
+  return a;
+}
+
 // Random q2k [hkv, total_q, topk] for problem p (block size 128) shaped like an indexer's
 // selection: mostly the sink and diagonal blocks plus visible ones, sometimes invisible blocks,
 // fewer than topK ids, unsorted rows or -1 in the middle (random_q2k draws uniform rows instead).
