@@ -215,6 +215,7 @@ bench::Op op_of(Stage st) {
     case Stage::select_topk: return bench::Op::select_topk;
     case Stage::build_k2q_csr: return bench::Op::build_k2q_csr;
     case Stage::attention_forward: return bench::Op::attention_forward;
+    case Stage::index_topk: return bench::Op::block_topk;
   }
   return bench::Op::pipeline;
 }
