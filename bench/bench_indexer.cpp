@@ -2,15 +2,9 @@
 // itself is workloads/indexer_bench.cpp. --json FILE appends one record per timed op (bench/SCHEMA.md).
 //   bench_indexer [--seq S] [--hq H] [--hkv H] [--topk K] [--fp8 0|1] [--fp8-scales token|tensor]
 //                 [--iters N] [--warmup N] [--json FILE]
-#include <cstdio>
-
 #include "workloads/gpu_benches.h"
 
 int main(int argc, char** argv) {
-  try {
-    return msa_bench::run_indexer_bench(msa::bench::parse_run_options(argc, argv, "bench_indexer", true));
-  } catch (const msa::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 3;
-  }
+  return msa::bench::single_shape_main(argc, argv, "bench_indexer", msa_bench::run_indexer_bench,
+                                       /*fp8_allowed=*/true);
 }

@@ -13,9 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "workloads/cases.h"
 #include "workloads/gpu_timing.h"
-#include "workloads/inputs.h"
 #include "workloads/record.h"
+#include "workloads/single_shape.h"
 #include "msa/msa.h"
 
 namespace {
@@ -84,31 +85,20 @@ HostTimes time_calls(const std::function<void()>& call, int calls, cudaStream_t 
 int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
-    const int64_t S = o.seq, D = 128;
-    std::vector<uint16_t> hq(size_t(S * o.hq * D)), hk(size_t(S * o.hkv * D)), hv(hk.size());
-    fill_normal_bf16(hq.data(), int64_t(hq.size()), 11, 0);
-    fill_normal_bf16(hk.data(), int64_t(hk.size()), 11, 1);
-    fill_normal_bf16(hv.data(), int64_t(hv.size()), 11, 2);
-    const int32_t cu[2] = {0, int32_t(S)};
+    const int64_t S = o.seq, D = SingleRequestInputs::kHeadDim;
     const int64_t rows = S / 128 + 1;  // total_k / blk + B: the bound the Python layer uses
-    GpuBuffer q(hq.size() * 2), k(hk.size() * 2), v(hv.size() * 2), cub(8), out(hq.size() * 2),
-        q2k(size_t(o.hkv * S * o.topk) * 4), row_ptr(size_t(o.hkv * (rows + 1)) * 4),
-        q_idx(size_t(o.hkv * S * o.topk) * 4),
-        schedule(size_t(msa::k2q_schedule_size(o.hkv, rows, S, o.topk)) * 4), status(16);
     cudaStream_t s;
     MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    MSA_BENCH_CUDA(cudaMemcpy(q.get(), hq.data(), q.bytes(), cudaMemcpyHostToDevice));
-    MSA_BENCH_CUDA(cudaMemcpy(k.get(), hk.data(), k.bytes(), cudaMemcpyHostToDevice));
-    MSA_BENCH_CUDA(cudaMemcpy(v.get(), hv.data(), v.bytes(), cudaMemcpyHostToDevice));
-    MSA_BENCH_CUDA(cudaMemcpy(cub.get(), cu, 8, cudaMemcpyHostToDevice));
-    MSA_BENCH_CUDA(cudaMemset(status.get(), 0, 16));
+    const SingleRequestInputs in(S, o.hq, o.hkv, /*seed=*/11, /*with_v=*/true, s);
+    DeviceBuffer out = gpu_buffer(in.q.size() * 2), q2k = gpu_buffer(size_t(o.hkv * S * o.topk) * 4),
+                 row_ptr = gpu_buffer(size_t(o.hkv * (rows + 1)) * 4), q_idx = gpu_buffer(size_t(o.hkv * S * o.topk) * 4),
+                 schedule = gpu_buffer(size_t(msa::k2q_schedule_size(o.hkv, rows, S, o.topk)) * 4),
+                 status = gpu_buffer(16);
+    status.fill(0, s);
     const Tensor st = gpu_view(status.get(), DType::i32, {4});
 
-    msa::KVCache kv;
-    kv.k = gpu_view(k.get(), DType::bf16, {S, o.hkv, D});
-    kv.v = gpu_view(v.get(), DType::bf16, {S, o.hkv, D});
-    kv.cu_seqlens_k = gpu_view(cub.get(), DType::i32, {2});
-    const Tensor qt = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
+    const msa::KVCache kv = in.kv();
+    const Tensor qt = in.q_view();
 
     // The selection and its CSR, built once (untimed), as a caller of attention_forward has them.
     msa::BlockTopKArgs sel;
@@ -127,7 +117,7 @@ int main(int argc, char** argv) {
     csr.out.row_ptr = gpu_view(row_ptr.get(), DType::i32, {o.hkv, rows + 1});
     csr.out.q_idx = gpu_view(q_idx.get(), DType::i32, {o.hkv, S * o.topk});
     csr.out.schedule = gpu_view(schedule.get(), DType::i32, {int64_t(schedule.bytes() / 4)});
-    GpuBuffer csr_ws(std::max<size_t>(msa::csr_workspace_bytes(o.hkv, rows, S, o.topk), 256));
+    const DeviceBuffer csr_ws = gpu_buffer(msa::csr_workspace_bytes(o.hkv, rows, S, o.topk));
     csr.workspace = gpu_view(csr_ws.get(), DType::u8, {int64_t(csr_ws.bytes())});
     csr.status = st;
     msa::build_k2q_csr(csr, s);
@@ -140,7 +130,7 @@ int main(int argc, char** argv) {
     a.k2q = csr.out;
     a.out = gpu_view(out.get(), DType::bf16, {S, o.hq, D});
     a.status = st;
-    GpuBuffer attn_ws(std::max<size_t>(msa::attention_workspace_bytes(a), 256));
+    const DeviceBuffer attn_ws = gpu_buffer(msa::attention_workspace_bytes(a));
     a.workspace = gpu_view(attn_ws.get(), DType::u8, {int64_t(attn_ws.bytes())});
 
     msa::PipelineArgs p;  // as msa.sparse_attention(q, k, v, cu, topk=K) calls it
@@ -150,13 +140,20 @@ int main(int argc, char** argv) {
     p.topk = int(o.topk);
     p.out = a.out;
     p.status = st;
-    GpuBuffer pipe_ws(std::max<size_t>(msa::pipeline_workspace_bytes(p), 256));
+    const DeviceBuffer pipe_ws = gpu_buffer(msa::pipeline_workspace_bytes(p));
     p.workspace = gpu_view(pipe_ws.get(), DType::u8, {int64_t(pipe_ws.bytes())});
 
     const std::pair<const char*, std::function<void()>> ops[] = {
         {"attention_forward", [&] { msa::attention_forward(a, s); }},
         {"pipeline", [&] { msa::sparse_attention_pipeline(p, s); }},
     };
+    BenchCase shape;  // what the records state: one request of S tokens, the indexer's selection
+    shape.seqlens_q = shape.seqlens_k = {S};
+    shape.num_q_heads = int(o.hq);
+    shape.num_kv_heads = int(o.hkv);
+    shape.head_dim = int(D);
+    shape.topk = int(o.topk);
+    shape.pattern = Pattern::idx;
     for (const auto& [op, call] : ops) {
       const HostTimes t = time_calls(call, o.calls, s);
       msa::check_status(st, s);
@@ -166,16 +163,7 @@ int main(int argc, char** argv) {
                   t.median_us, t.min_us, t.max_us, t.gpu_us);
       if (o.json.empty()) continue;
       Json r = new_record("LAT-CPP", op);
-      r["batch"] = 1;
-      r["seq_q"] = S;
-      r["seq_k"] = S;
-      r["hq"] = o.hq;
-      r["hkv"] = o.hkv;
-      r["d"] = D;
-      r["blk"] = 128;
-      r["topk"] = o.topk;
-      r["pattern"] = "idx";
-      r["causal"] = true;
+      add_shape(r, shape);
       add_dtypes(r, "bf16", "bf16");
       r["host_us_median"] = t.median_us;
       r["host_us_min"] = t.min_us;

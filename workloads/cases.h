@@ -20,20 +20,26 @@ enum class CaseKind {
 };
 const char* case_kind_name(CaseKind k);
 
-struct BenchCase {
+// A case's problem besides its lengths: heads, head dim, selection and seed. The CLI's shape
+// (tools/cli/options.h) shares it, so that a case and a shape convert in one assignment.
+struct CaseShape {
+  int num_q_heads = 64, num_kv_heads = 4, head_dim = 128;
+  int topk = 16, kv_block_size = 128;
+  bool causal = true;
+  Pattern pattern = Pattern::tok;
+  uint64_t seed = 1;                 // inputs and selection (fixed: every run selects the same)
+  bool operator==(const CaseShape&) const = default;
+};
+
+struct BenchCase : CaseShape {
   std::string name;
   CaseKind kind = CaseKind::sparse_prefill;
   std::string timed;                 // the timed op, as bench/CASES.md says it
   std::vector<int64_t> seqlens_q;    // per request
   std::vector<int64_t> seqlens_k;    // per request
-  int num_q_heads = 64, num_kv_heads = 4, head_dim = 128;
-  int topk = 16, kv_block_size = 128;
-  bool causal = true;
-  Pattern pattern = Pattern::tok;
   bool dense = false;                // decode over every key (no selection)
   int page_size = 0;                 // > 0: paged KV (decode cases)
   std::string kv_dtypes = "bf16";    // e.g. "bf16", "fp8", "bf16,fp8"
-  uint64_t seed = 1;                 // inputs and selection (fixed: every run selects the same)
   std::string needs;                 // the GPU op the case needs, for "no backend" messages
 };
 

@@ -34,27 +34,10 @@ namespace {
 
 using namespace msa;
 
-#define BENCH_CUDA(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) fail("CUDA error in ", #expr, ": ", cudaGetErrorString(e_));   \
-  } while (0)
+using bench::DeviceBuffer;
+using bench::gpu_buffer;
+using bench::mix64;
 
-struct Buf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Buf(size_t n) : bytes(n) { BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(n, 16))); }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-};
-
-__device__ __forceinline__ uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 // N(0, 1) draw of element i of stream `seed` (Box-Muller on two hashed uniforms).
 __device__ __forceinline__ float normal_at(uint64_t seed, int64_t i) {
   const uint64_t a = mix64(seed ^ (uint64_t(i) * 2)), b = mix64(seed ^ (uint64_t(i) * 2 + 1));
@@ -90,14 +73,34 @@ std::vector<int64_t> pool_shape(int64_t pages, int64_t ps, int64_t hkv, int64_t 
   return hnd ? std::vector<int64_t>{pages, hkv, ps, d} : std::vector<int64_t>{pages, ps, hkv, d};
 }
 
+// The decode shape of case c: `batch` requests of at most `max_queries` queries over at most
+// `max_pages` pages, KV of `kv_dtype` in the nhd or (hnd) hnd page layout.
+DecodeShape decode_shape(const bench::BenchCase& c, int batch, int max_queries, int max_pages, DType kv_dtype,
+                         bool hnd, Device device) {
+  DecodeShape sh;
+  sh.batch = batch;
+  sh.max_queries_per_request = max_queries;
+  sh.num_q_heads = c.num_q_heads;
+  sh.num_kv_heads = c.num_kv_heads;
+  sh.head_dim = c.head_dim;
+  sh.page_size = c.page_size;
+  sh.max_pages = max_pages;
+  sh.kv_dtype = kv_dtype;
+  sh.topk = c.dense ? 0 : c.topk;
+  sh.kv_block_size = c.kv_block_size;
+  sh.layout = hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
+  sh.device = device;
+  return sh;
+}
+
 // One request of the GPU problem rebuilt on the host (its pages, q rows and q2k rows) and run
 // through the CPU decode; returns (rel L2 of out, max abs lse error) against the GPU output.
-std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool fp8, const Buf& q,
-                                        const Buf& k, const Buf& v, const std::vector<int32_t>& pt,
+std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool fp8, const DeviceBuffer& q,
+                                        const DeviceBuffer& k, const DeviceBuffer& v, const std::vector<int32_t>& pt,
                                         int max_pages, const std::vector<int32_t>& cu,
-                                        const std::vector<int32_t>& q2k, const Buf& out,
-                                        const Buf& lse, int64_t total_q, bool hnd,
-                                        const Buf* k_scale, const Buf* v_scale, cudaStream_t s) {
+                                        const std::vector<int32_t>& q2k, const DeviceBuffer& out,
+                                        const DeviceBuffer& lse, int64_t total_q, bool hnd,
+                                        const DeviceBuffer* k_scale, const DeviceBuffer* v_scale, cudaStream_t s) {
   const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim, ps = c.page_size;
   const int64_t lq = cu[b + 1] - cu[b], lk = c.seqlens_k[b];
   const int64_t pages = (lk + ps - 1) / ps, esz = fp8 ? 1 : 2, page_bytes = int64_t(ps) * hkv * d * esz;
@@ -105,21 +108,21 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   std::vector<float> hks(std::max<int64_t>(1, pages) * ps), hvs(hks.size());  // per-slot scales
   for (int64_t p = 0; p < pages; ++p) {
     const int64_t page = pt[int64_t(b) * max_pages + p], src = page * page_bytes;
-    BENCH_CUDA(cudaMemcpyAsync(hk.data() + p * page_bytes, static_cast<uint8_t*>(k.p) + src, page_bytes, cudaMemcpyDeviceToHost, s));
-    BENCH_CUDA(cudaMemcpyAsync(hv.data() + p * page_bytes, static_cast<uint8_t*>(v.p) + src, page_bytes, cudaMemcpyDeviceToHost, s));
+    MSA_BENCH_CUDA(cudaMemcpyAsync(hk.data() + p * page_bytes, static_cast<uint8_t*>(k.get()) + src, page_bytes, cudaMemcpyDeviceToHost, s));
+    MSA_BENCH_CUDA(cudaMemcpyAsync(hv.data() + p * page_bytes, static_cast<uint8_t*>(v.get()) + src, page_bytes, cudaMemcpyDeviceToHost, s));
     if (k_scale) {
-      BENCH_CUDA(cudaMemcpyAsync(hks.data() + p * ps, static_cast<float*>(k_scale->p) + page * ps, ps * 4, cudaMemcpyDeviceToHost, s));
-      BENCH_CUDA(cudaMemcpyAsync(hvs.data() + p * ps, static_cast<float*>(v_scale->p) + page * ps, ps * 4, cudaMemcpyDeviceToHost, s));
+      MSA_BENCH_CUDA(cudaMemcpyAsync(hks.data() + p * ps, static_cast<float*>(k_scale->get()) + page * ps, ps * 4, cudaMemcpyDeviceToHost, s));
+      MSA_BENCH_CUDA(cudaMemcpyAsync(hvs.data() + p * ps, static_cast<float*>(v_scale->get()) + page * ps, ps * 4, cudaMemcpyDeviceToHost, s));
     }
   }
   const int64_t row = int64_t(hq) * d;
   std::vector<uint16_t> hq_rows(std::max<int64_t>(1, lq * row)), got(hq_rows.size());
-  BENCH_CUDA(cudaMemcpyAsync(hq_rows.data(), static_cast<uint16_t*>(q.p) + cu[b] * row, lq * row * 2, cudaMemcpyDeviceToHost, s));
-  BENCH_CUDA(cudaMemcpyAsync(got.data(), static_cast<uint16_t*>(out.p) + cu[b] * row, lq * row * 2, cudaMemcpyDeviceToHost, s));
+  MSA_BENCH_CUDA(cudaMemcpyAsync(hq_rows.data(), static_cast<uint16_t*>(q.get()) + cu[b] * row, lq * row * 2, cudaMemcpyDeviceToHost, s));
+  MSA_BENCH_CUDA(cudaMemcpyAsync(got.data(), static_cast<uint16_t*>(out.get()) + cu[b] * row, lq * row * 2, cudaMemcpyDeviceToHost, s));
   std::vector<float> got_lse(std::max<int64_t>(1, hq * lq));
   for (int h = 0; h < hq; ++h)
-    BENCH_CUDA(cudaMemcpyAsync(got_lse.data() + h * lq, static_cast<float*>(lse.p) + h * total_q + cu[b], lq * 4, cudaMemcpyDeviceToHost, s));
-  BENCH_CUDA(cudaStreamSynchronize(s));
+    MSA_BENCH_CUDA(cudaMemcpyAsync(got_lse.data() + h * lq, static_cast<float*>(lse.get()) + h * total_q + cu[b], lq * 4, cudaMemcpyDeviceToHost, s));
+  MSA_BENCH_CUDA(cudaStreamSynchronize(s));
 
   std::vector<int32_t> page_ids(std::max<int64_t>(1, pages)), used = {int32_t(lk)}, cuq = {0, int32_t(lq)};
   std::iota(page_ids.begin(), page_ids.end(), 0);
@@ -148,20 +151,9 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   std::vector<float> ref_lse(got_lse.size());
   a.out = Tensor(ref.data(), DType::bf16, {lq, hq, d});
   a.lse = Tensor(ref_lse.data(), DType::f32, {hq, lq});
-  DecodeShape sh;
-  sh.batch = 1;
-  sh.max_queries_per_request = int(std::max<int64_t>(1, lq));
-  sh.num_q_heads = hq;
-  sh.num_kv_heads = hkv;
-  sh.head_dim = d;
-  sh.page_size = ps;
-  sh.max_pages = int(std::max<int64_t>(1, pages));
-  sh.kv_dtype = kvt;
-  sh.topk = c.dense ? 0 : c.topk;
-  sh.kv_block_size = c.kv_block_size;
-  sh.layout = a.kv.layout;
   DecodePlan cpu;
-  cpu.plan(sh, nullptr, Tensor());
+  cpu.plan(decode_shape(c, 1, int(std::max<int64_t>(1, lq)), int(std::max<int64_t>(1, pages)), kvt, hnd, Device{}),
+           nullptr, Tensor());
   cpu.run(a);
   double d2 = 0, r2 = 0, lse_err = 0;
   for (int64_t i = 0; i < lq * row; ++i) {
@@ -183,7 +175,7 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   res.name = c.name;
   res.kv = fp8 ? "fp8" : "bf16";
   cudaStream_t s;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const int B = int(c.seqlens_q.size()), hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim;
   const int ps = c.page_size, esz = fp8 ? 1 : 2;
   std::vector<int32_t> cu(B + 1, 0), used(B);
@@ -230,49 +222,40 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
               (slot_scales ? kv_keys * 2 * 4 : 0.0);  // per-slot scales: K's and V's per key and head
 
   const int64_t pool = total_pages * ps * hkv * d;
-  Buf q(size_t(total_q) * hq * d * 2), k(size_t(pool) * esz), v(size_t(pool) * esz),
-      out(size_t(total_q) * hq * d * 2), lse(size_t(hq) * total_q * 4), status(16),
-      pt_d(pt.size() * 4), used_d(used.size() * 4), cu_d(cu.size() * 4), q2k_d(q2k.size() * 4),
-      scale(8), k_slot(slot_scales ? size_t(total_pages) * ps * 4 : 0),
-      v_slot(slot_scales ? size_t(total_pages) * ps * 4 : 0);
-  const bench::GpuBuffer flush(size_t(256) << 20);
+  const size_t slot_bytes = slot_scales ? size_t(total_pages) * ps * 4 : 0;
+  DeviceBuffer q = gpu_buffer(size_t(total_q) * hq * d * 2), k = gpu_buffer(size_t(pool) * esz),
+               v = gpu_buffer(size_t(pool) * esz), out = gpu_buffer(size_t(total_q) * hq * d * 2),
+               lse = gpu_buffer(size_t(hq) * total_q * 4), status = gpu_buffer(16),
+               pt_d = gpu_buffer(pt.size() * 4), used_d = gpu_buffer(used.size() * 4),
+               cu_d = gpu_buffer(cu.size() * 4), q2k_d = gpu_buffer(q2k.size() * 4), scale = gpu_buffer(8),
+               k_slot = gpu_buffer(slot_bytes), v_slot = gpu_buffer(slot_bytes),
+               flush = gpu_buffer(size_t(256) << 20);
   if (slot_scales) {
-    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(k_slot.p), total_pages * ps, c.seed * 3 + 4);
-    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(v_slot.p), total_pages * ps, c.seed * 3 + 5);
+    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(k_slot.get()), total_pages * ps, c.seed * 3 + 4);
+    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(v_slot.get()), total_pages * ps, c.seed * 3 + 5);
   }
-  fill_bf16<<<2048, 256, 0, s>>>(static_cast<__nv_bfloat16*>(q.p), total_q * hq * d, c.seed * 3 + 1);
+  fill_bf16<<<2048, 256, 0, s>>>(static_cast<__nv_bfloat16*>(q.get()), total_q * hq * d, c.seed * 3 + 1);
   if (fp8) {
-    fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(k.p), pool, c.seed * 3 + 2);
-    fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(v.p), pool, c.seed * 3 + 3);
+    fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(k.get()), pool, c.seed * 3 + 2);
+    fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(v.get()), pool, c.seed * 3 + 3);
   } else {
-    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(k.p), pool, c.seed * 3 + 2);
-    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(v.p), pool, c.seed * 3 + 3);
+    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(k.get()), pool, c.seed * 3 + 2);
+    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(v.get()), pool, c.seed * 3 + 3);
   }
-  BENCH_CUDA(cudaGetLastError());
-  const float one = 1.f;
-  BENCH_CUDA(cudaMemcpyAsync(scale.p, &one, 4, cudaMemcpyHostToDevice, s));
-  BENCH_CUDA(cudaMemcpyAsync(pt_d.p, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice, s));
-  BENCH_CUDA(cudaMemcpyAsync(used_d.p, used.data(), used.size() * 4, cudaMemcpyHostToDevice, s));
-  BENCH_CUDA(cudaMemcpyAsync(cu_d.p, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice, s));
-  if (!q2k.empty()) BENCH_CUDA(cudaMemcpyAsync(q2k_d.p, q2k.data(), q2k.size() * 4, cudaMemcpyHostToDevice, s));
+  MSA_BENCH_CUDA(cudaGetLastError());
+  scale.upload(std::vector<float>{1.f}, s);
+  pt_d.upload(pt, s);
+  used_d.upload(used, s);
+  cu_d.upload(cu, s);
+  q2k_d.upload(q2k, s);
 
   const Device gpu{DeviceType::cuda, 0};
   const DType kvt = fp8 ? DType::fp8_e4m3 : DType::bf16;
-  DecodeShape sh;
-  sh.batch = B;
-  sh.max_queries_per_request = int(*std::max_element(c.seqlens_q.begin(), c.seqlens_q.end()));
-  sh.num_q_heads = hq;
-  sh.num_kv_heads = hkv;
-  sh.head_dim = d;
-  sh.page_size = ps;
-  sh.max_pages = max_pages;
-  sh.kv_dtype = kvt;
-  sh.topk = c.dense ? 0 : c.topk;
-  sh.kv_block_size = c.kv_block_size;
-  sh.layout = o.hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
-  sh.device = gpu;
-  Buf ws(DecodePlan::workspace_bytes(sh));
-  const Tensor ws_t(ws.p, DType::u8, {int64_t(ws.bytes)}, gpu);
+  const DecodeShape sh =
+      decode_shape(c, B, int(*std::max_element(c.seqlens_q.begin(), c.seqlens_q.end())), max_pages, kvt, o.hnd, gpu);
+  const size_t ws_bytes = DecodePlan::workspace_bytes(sh);
+  const DeviceBuffer ws = gpu_buffer(ws_bytes);
+  const Tensor ws_t(ws.get(), DType::u8, {int64_t(ws_bytes)}, gpu);
   // --warps: a plan of that CTA width, made and run by the backend (DecodePlan has no width
   // argument); 0: DecodePlan with the planner's choice.
   DecodePlan plan;
@@ -280,24 +263,24 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   if (o.warps) forced = cuda::decode_plan(sh, used.data(), ws_t, s, o.warps);
   else plan.plan(sh, used.data(), ws_t, s);
   AttentionArgs a;
-  a.q = Tensor(q.p, DType::bf16, {total_q, hq, d}, gpu);
+  a.q = Tensor(q.get(), DType::bf16, {total_q, hq, d}, gpu);
   const std::vector<int64_t> pool_dims = pool_shape(total_pages, ps, hkv, d, o.hnd);
-  const Tensor kt(k.p, kvt, pool_dims, gpu), vt(v.p, kvt, pool_dims, gpu);
-  const Tensor sc(scale.p, DType::f32, {1}, gpu);
-  const Tensor ksc = slot_scales ? Tensor(k_slot.p, DType::f32, {total_pages * ps}, gpu) : sc;
-  const Tensor vsc = slot_scales ? Tensor(v_slot.p, DType::f32, {total_pages * ps}, gpu) : sc;
+  const Tensor kt(k.get(), kvt, pool_dims, gpu), vt(v.get(), kvt, pool_dims, gpu);
+  const Tensor sc(scale.get(), DType::f32, {1}, gpu);
+  const Tensor ksc = slot_scales ? Tensor(k_slot.get(), DType::f32, {total_pages * ps}, gpu) : sc;
+  const Tensor vsc = slot_scales ? Tensor(v_slot.get(), DType::f32, {total_pages * ps}, gpu) : sc;
   a.kv.k = fp8 ? QTensor(kt, ksc) : QTensor(kt);
   a.kv.v = fp8 ? QTensor(vt, vsc) : QTensor(vt);
   a.kv.layout = o.hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
-  a.kv.page_table = Tensor(pt_d.p, DType::i32, {B, max_pages}, gpu);
-  a.kv.seqused_k = Tensor(used_d.p, DType::i32, {B}, gpu);
-  a.cu_seqlens_q = Tensor(cu_d.p, DType::i32, {B + 1}, gpu);
-  if (!c.dense) a.q2k = Tensor(q2k_d.p, DType::i32, {hkv, total_q, c.topk}, gpu);
-  a.out = Tensor(out.p, DType::bf16, {total_q, hq, d}, gpu);
-  a.lse = Tensor(lse.p, DType::f32, {hq, total_q}, gpu);
+  a.kv.page_table = Tensor(pt_d.get(), DType::i32, {B, max_pages}, gpu);
+  a.kv.seqused_k = Tensor(used_d.get(), DType::i32, {B}, gpu);
+  a.cu_seqlens_q = Tensor(cu_d.get(), DType::i32, {B + 1}, gpu);
+  if (!c.dense) a.q2k = Tensor(q2k_d.get(), DType::i32, {hkv, total_q, c.topk}, gpu);
+  a.out = Tensor(out.get(), DType::bf16, {total_q, hq, d}, gpu);
+  a.lse = Tensor(lse.get(), DType::f32, {hq, total_q}, gpu);
   a.params.kv_block_size = c.kv_block_size;
   a.params.causal = c.causal;
-  a.status = Tensor(status.p, DType::i32, {4}, gpu);
+  a.status = Tensor(status.get(), DType::i32, {4}, gpu);
   // One decode: DecodePlan::run, or with --warps the backend's decode_run, the same launch without
   // DecodePlan's host-side argument checks.
   const auto run = [&] {
@@ -305,7 +288,7 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
     else plan.run(a, s);
   };
   clear_status(a.status, s);
-  BENCH_CUDA(cudaMemsetAsync(out.p, 0xff, out.bytes, s));
+  out.poison(s);
   run();
   check_status(a.status, s);
   if (o.check) {

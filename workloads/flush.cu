@@ -35,7 +35,7 @@ bool flush_reads() {
   return reads;
 }
 
-void flush_l2(const GpuBuffer& b, int i, cudaStream_t s) {
+void flush_l2(const DeviceBuffer& b, int i, cudaStream_t s) {
   if (!flush_reads()) {
     MSA_BENCH_CUDA(cudaMemsetAsync(b.get(), i & 0xff, b.bytes(), s));
     return;

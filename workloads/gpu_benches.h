@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "workloads/gpu_timing.h"
+#include "workloads/single_shape.h"
 
 namespace msa_bench {
 

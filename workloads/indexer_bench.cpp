@@ -28,23 +28,17 @@ using namespace msa::bench;
 }  // namespace
 
 int msa_bench::run_indexer_bench(const RunOptions& o) {
-  const int64_t S = o.seq, D = 128, G = o.hq / o.hkv, nblk = (S + 127) / 128;
-  std::vector<uint16_t> hq_(S * o.hq * D), hk(S * o.hkv * D);
-  fill_normal_bf16(hq_.data(), int64_t(hq_.size()), 1, 0);
-  fill_normal_bf16(hk.data(), int64_t(hk.size()), 1, 1);
-  const std::vector<int32_t> cu = {0, int32_t(S)};
-  GpuBuffer q(hq_.size() * 2), k(hk.size() * 2), cuq(8), scores(size_t(o.hq * nblk * S) * 4),
-      ids(size_t(o.hkv * S * o.topk) * 4), ids2(ids.bytes()), status(16), flush(size_t(256) << 20);
+  const int64_t S = o.seq, D = SingleRequestInputs::kHeadDim, G = o.hq / o.hkv, nblk = (S + 127) / 128;
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  MSA_BENCH_CUDA(cudaMemcpy(q.get(), hq_.data(), q.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(k.get(), hk.data(), k.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(cuq.get(), cu.data(), 8, cudaMemcpyHostToDevice));
+  const SingleRequestInputs in(S, o.hq, o.hkv, /*seed=*/1, /*with_v=*/false, s);
+  const DeviceBuffer scores = gpu_buffer(size_t(o.hq * nblk * S) * 4),
+                     ids = gpu_buffer(size_t(o.hkv * S * o.topk) * 4), ids2 = gpu_buffer(ids.bytes()),
+                     status = gpu_buffer(16), flush = gpu_buffer(size_t(256) << 20);
 
   msa::BlockScoresArgs a;
-  a.q = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
-  a.kv.k = gpu_view(k.get(), DType::bf16, {S, o.hkv, D});
-  a.kv.cu_seqlens_k = gpu_view(cuq.get(), DType::i32, {2});
+  a.q = in.q_view();
+  a.kv = in.kv();
   a.cu_seqlens_q = a.kv.cu_seqlens_k;
   a.scores = gpu_view(scores.get(), DType::f32, {o.hq, nblk, S});
   a.status = gpu_view(status.get(), DType::i32, {4});
@@ -52,7 +46,8 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   // dequantizes the same bits.
   const int64_t nsc = o.fp8_per_tensor ? 1 : S;
   const auto fmt = o.fp8_per_tensor ? msa::QuantFormat::fp8_per_tensor : msa::QuantFormat::fp8_per_token;
-  GpuBuffer q8(hq_.size()), k8(hk.size()), qs(size_t(nsc) * 4), ks(size_t(nsc) * 4);
+  const DeviceBuffer q8 = gpu_buffer(in.q.size()), k8 = gpu_buffer(in.k.size()),
+                     qs = gpu_buffer(size_t(nsc) * 4), ks = gpu_buffer(size_t(nsc) * 4);
   if (o.fp8) {
     const msa::QTensor q_fp8(gpu_view(q8.get(), DType::fp8_e4m3, {S, o.hq, D}), gpu_view(qs.get(), DType::f32, {nsc}));
     const msa::QTensor k_fp8(gpu_view(k8.get(), DType::fp8_e4m3, {S, o.hkv, D}), gpu_view(ks.get(), DType::f32, {nsc}));
@@ -84,26 +79,23 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   msa::block_topk(f, s);
   msa::check_status(a.status, s);
   // Host values the scores are defined on: the bf16 inputs, or the FP8 bits dequantized (f32).
-  std::vector<float> qv(hq_.size()), kv(hk.size());
+  std::vector<float> qv(in.q.size()), kv(in.k.size());
   if (o.fp8) {
-    GpuBuffer qf(qv.size() * 4), kf(kv.size() * 4);
+    const DeviceBuffer qf = gpu_buffer(qv.size() * 4), kf = gpu_buffer(kv.size() * 4);
     msa::dequantize(a.q, gpu_view(qf.get(), DType::f32, {S, o.hq, D}), s);
     msa::dequantize(a.kv.k, gpu_view(kf.get(), DType::f32, {S, o.hkv, D}), s);
-    MSA_BENCH_CUDA(cudaMemcpyAsync(qv.data(), qf.get(), qf.bytes(), cudaMemcpyDeviceToHost, s));
-    MSA_BENCH_CUDA(cudaMemcpyAsync(kv.data(), kf.get(), kf.bytes(), cudaMemcpyDeviceToHost, s));
-    MSA_BENCH_CUDA(cudaStreamSynchronize(s));
+    qv = qf.download<float>(qv.size(), s);
+    kv = kf.download<float>(kv.size(), s);
   } else {
-    for (size_t i = 0; i < qv.size(); ++i) qv[i] = bf16_to_float(hq_[i]);
-    for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_to_float(hk[i]);
+    for (size_t i = 0; i < qv.size(); ++i) qv[i] = bf16_to_float(in.q[i]);
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_to_float(in.k[i]);
   }
   double worst = 0;
   std::mt19937 rng(3);
   for (int sample = 0; sample < 6; ++sample) {
     const int64_t tok = sample == 0 ? S - 1 : int64_t(rng() % S), h = int64_t(rng() % o.hq);
     std::vector<float> row(nblk);
-    for (int64_t kb = 0; kb < nblk; ++kb)
-      MSA_BENCH_CUDA(cudaMemcpy(&row[kb], static_cast<float*>(scores.get()) + (h * nblk + kb) * S + tok, 4,
-                                cudaMemcpyDeviceToHost));
+    for (int64_t kb = 0; kb < nblk; ++kb) scores.download(&row[kb], 4, s, size_t((h * nblk + kb) * S + tok) * 4);
     for (int64_t kb = 0; kb < nblk; ++kb) {
       double best = -INFINITY;
       for (int64_t j = kb * 128; j < std::min(S, (kb + 1) * 128) && j <= tok; ++j) {
@@ -116,10 +108,7 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
       worst = std::max(worst, err);
     }
   }
-  std::vector<int32_t> i1(ids.bytes() / 4), i2(ids.bytes() / 4);
-  MSA_BENCH_CUDA(cudaMemcpy(i1.data(), ids.get(), ids.bytes(), cudaMemcpyDeviceToHost));
-  MSA_BENCH_CUDA(cudaMemcpy(i2.data(), ids2.get(), ids.bytes(), cudaMemcpyDeviceToHost));
-  const bool same_ids = i1 == i2;
+  const bool same_ids = ids.download<int32_t>(ids.bytes() / 4, s) == ids2.download<int32_t>(ids.bytes() / 4, s);
   std::printf("check: sampled score rows max rel err %.2e, fused ids %s unfused\n", worst,
               same_ids ? "==" : "!=");
 
@@ -139,12 +128,7 @@ int msa_bench::run_indexer_bench(const RunOptions& o) {
   std::printf("%-22s %9s %9s %9s %9s   (L2 flush: %s)\n", "case", "median_ms", "min_ms", "max_ms", "TFLOP/s",
               flush_name());
   const bool ok = worst < 1e-3 && same_ids;
-  // The case as run: the named one with the options' shape.
-  BenchCase bc = *find_case(o.fp8 ? "IDX-32K-fp8" : "IDX-32K-bf16");
-  bc.seqlens_q = bc.seqlens_k = {S};
-  bc.num_q_heads = int(o.hq);
-  bc.num_kv_heads = int(o.hkv);
-  bc.topk = int(o.topk);
+  const BenchCase bc = case_as_run(o.fp8 ? "IDX-32K-fp8" : "IDX-32K-bf16", o);
   auto report = [&](const char* stage, Op op, const Timing& x) {
     const OpCount n = count_op(op, shape, pairs);
     std::printf("%-22s %9.3f %9.3f %9.3f %9.1f\n", (name + " " + stage).c_str(), x.median, x.min, x.max,

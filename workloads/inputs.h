@@ -1,5 +1,5 @@
-// Random benchmark inputs (bench/CASES.md: random normal bf16) and the bf16 bit conversions
-// the host side of a benchmark needs. Shared by the CLI and the GPU benchmarks.
+// Random benchmark inputs (bench/CASES.md: random normal bf16), the hash behind them, and the bf16
+// bit conversions the host side of a benchmark needs. Shared by the CLI and the GPU benchmarks.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,15 @@ inline float bf16_to_float(uint16_t h) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+// SplitMix64's finalizer: the counter-based hash of the inputs, the selection patterns and the
+// decode benchmark's device fills (constexpr, so device code may call it too).
+constexpr uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
 }
 
 // dst[e] = bf16(N(0, 1)) for e in [0, n). Element e depends only on (seed, stream, e), so the

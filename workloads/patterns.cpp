@@ -5,23 +5,18 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "workloads/inputs.h"
+
 namespace msa::bench {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // A counter-based stream: the draws of one row depend only on (seed, head, row key), so rows can
 // be generated in any order or in parallel and still give the same selection.
 class RowRng {
  public:
   RowRng(uint64_t seed, uint64_t head, uint64_t row)
-      : state_(splitmix64(splitmix64(seed) ^ splitmix64(head * 0x100000001b3ull + row))) {}
-  uint64_t next() { return splitmix64(state_++); }
+      : state_(mix64(mix64(seed) ^ mix64(head * 0x100000001b3ull + row))) {}
+  uint64_t next() { return mix64(state_++); }
 
  private:
   uint64_t state_;

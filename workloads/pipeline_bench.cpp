@@ -23,43 +23,26 @@ using msa::DType;
 using msa::Tensor;
 using namespace msa::bench;
 
-template <typename T>
-std::vector<T> download(const GpuBuffer& b, size_t n) {
-  std::vector<T> h(n);
-  MSA_BENCH_CUDA(cudaMemcpy(h.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
 }  // namespace
 
 int msa_bench::run_pipeline_bench(const RunOptions& o) {
-  const int64_t S = o.seq, D = 128, G = o.hq / o.hkv, blk = 128;
-  std::vector<uint16_t> hq_(S * o.hq * D), hk(S * o.hkv * D), hv(S * o.hkv * D);
-  fill_normal_bf16(hq_.data(), int64_t(hq_.size()), 2, 0);
-  fill_normal_bf16(hk.data(), int64_t(hk.size()), 2, 1);
-  fill_normal_bf16(hv.data(), int64_t(hv.size()), 2, 2);
-  const std::vector<int32_t> cu = {0, int32_t(S)};
-  GpuBuffer q(hq_.size() * 2), k(hk.size() * 2), v(hv.size() * 2), cub(8), out(hq_.size() * 2),
-      lse(size_t(o.hq * S) * 4), status(16), flush(size_t(256) << 20);
+  const int64_t S = o.seq, D = SingleRequestInputs::kHeadDim, G = o.hq / o.hkv, blk = 128;
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  MSA_BENCH_CUDA(cudaMemcpy(q.get(), hq_.data(), q.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(k.get(), hk.data(), k.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(v.get(), hv.data(), v.bytes(), cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(cub.get(), cu.data(), 8, cudaMemcpyHostToDevice));
+  const SingleRequestInputs in(S, o.hq, o.hkv, /*seed=*/2, /*with_v=*/true, s);
+  const DeviceBuffer out = gpu_buffer(in.q.size() * 2), lse = gpu_buffer(size_t(o.hq * S) * 4),
+                     status = gpu_buffer(16), flush = gpu_buffer(size_t(256) << 20);
 
   msa::PipelineArgs a;
-  a.q = gpu_view(q.get(), DType::bf16, {S, o.hq, D});
-  a.kv.k = gpu_view(k.get(), DType::bf16, {S, o.hkv, D});
-  a.kv.v = gpu_view(v.get(), DType::bf16, {S, o.hkv, D});
-  a.kv.cu_seqlens_k = gpu_view(cub.get(), DType::i32, {2});
+  a.q = in.q_view();
+  a.kv = in.kv();
   a.cu_seqlens_q = a.kv.cu_seqlens_k;
   a.topk = int(o.topk);
   a.params.partial_dtype = o.partial;
   a.out = gpu_view(out.get(), DType::bf16, {S, o.hq, D});
   a.lse = gpu_view(lse.get(), DType::f32, {o.hq, S});
   a.status = gpu_view(status.get(), DType::i32, {4});
-  GpuBuffer ws(msa::pipeline_workspace_bytes(a));
+  const DeviceBuffer ws = gpu_buffer(msa::pipeline_workspace_bytes(a));
   a.workspace = gpu_view(ws.get(), DType::u8, {int64_t(ws.bytes())});
 
   msa::clear_status(a.status, s);
@@ -67,9 +50,9 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   msa::check_status(a.status, s);
 
   // Check: the q2k at the start of the workspace says which keys each row attends.
-  const auto q2k = download<int32_t>(ws, size_t(o.hkv * S * o.topk));
-  const auto got = download<uint16_t>(out, size_t(S * o.hq * D));
-  const auto got_lse = download<float>(lse, size_t(o.hq * S));
+  const auto q2k = ws.download<int32_t>(size_t(o.hkv * S * o.topk), s);
+  const auto got = out.download<uint16_t>(size_t(S * o.hq * D), s);
+  const auto got_lse = lse.download<float>(size_t(o.hq * S), s);
   const double scale = 1.0 / std::sqrt(double(D));
   double worst_rel = 0, worst_lse = 0;
   std::mt19937 rng(4);
@@ -85,14 +68,14 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
     for (size_t i = 0; i < keys.size(); ++i) {
       double dot = 0;
       for (int64_t d = 0; d < D; ++d)
-        dot += double(bf16_to_float(hq_[(t * o.hq + h) * D + d])) * bf16_to_float(hk[(keys[i] * o.hkv + kh) * D + d]);
+        dot += double(bf16_to_float(in.q[(t * o.hq + h) * D + d])) * bf16_to_float(in.k[(keys[i] * o.hkv + kh) * D + d]);
       logit[i] = dot * scale;
       m = std::max(m, logit[i]);
     }
     for (size_t i = 0; i < keys.size(); ++i) {
       const double w = std::exp(logit[i] - m);
       sum += w;
-      for (int64_t d = 0; d < D; ++d) acc[d] += w * bf16_to_float(hv[(keys[i] * o.hkv + kh) * D + d]);
+      for (int64_t d = 0; d < D; ++d) acc[d] += w * bf16_to_float(in.v[(keys[i] * o.hkv + kh) * D + d]);
     }
     double num = 0, den = 0;
     for (int64_t d = 0; d < D; ++d) {
@@ -125,7 +108,7 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   att.out = a.out;
   att.lse = a.lse;
   att.status = a.status;
-  GpuBuffer att_ws(msa::attention_workspace_bytes(att));
+  const DeviceBuffer att_ws = gpu_buffer(msa::attention_workspace_bytes(att));
   att.workspace = gpu_view(att_ws.get(), DType::u8, {int64_t(att_ws.bytes())});
 
   const Timing te = time_op([&] { msa::sparse_attention_pipeline(a, s); }, o.warmup, o.iters, s, &flush, "pipeline");
@@ -144,11 +127,7 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
     shape.num_kv_heads = int(o.hkv);
     shape.topk = int(o.topk);
     const PairCounts pairs = count_pairs(q2k, shape, int(G));  // on the GPU's own selection
-    BenchCase bc = *find_case("E2E-32K");  // the case as run: the options' shape
-    bc.seqlens_q = bc.seqlens_k = {S};
-    bc.num_q_heads = int(o.hq);
-    bc.num_kv_heads = int(o.hkv);
-    bc.topk = int(o.topk);
+    const BenchCase bc = case_as_run("E2E-32K", o);
     const std::pair<Op, Timing> timed[] = {{Op::pipeline, te}, {Op::block_topk, ts}, {Op::attention_forward, ta}};
     for (const auto& [op, x] : timed) {
       const OpCount n = count_op(op, op_shape(shape, int(o.hq), int(D)), pairs);

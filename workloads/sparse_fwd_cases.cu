@@ -25,7 +25,8 @@ namespace {
 
 using msa::DType;
 using msa::Tensor;
-using msa::bench::GpuBuffer;
+using msa::bench::DeviceBuffer;
+using msa::bench::gpu_buffer;
 using msa::bench::time_op;
 using msa::bench::Timing;
 
@@ -117,28 +118,32 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<int32_t> cu_q(shape.cu_seqlens_q.begin(), shape.cu_seqlens_q.end());
   std::vector<int32_t> cu_k(shape.cu_seqlens_k.begin(), shape.cu_seqlens_k.end());
-  GpuBuffer dq(size_t(tq) * hq * d * 2), dk(size_t(tk) * hkv * d * 2), dv(size_t(tk) * hkv * d * 2),
-      dout(size_t(tq) * hq * d * 2), dlse(size_t(hq) * tq * 4), dq2k(sel.size() * 4),
-      dcuq(cu_q.size() * 4), dcuk(cu_k.size() * 4), status(16), flush(size_t(256) << 20);
+  DeviceBuffer dq = gpu_buffer(size_t(tq) * hq * d * 2), dk = gpu_buffer(size_t(tk) * hkv * d * 2),
+               dv = gpu_buffer(size_t(tk) * hkv * d * 2), dout = gpu_buffer(size_t(tq) * hq * d * 2),
+               dlse = gpu_buffer(size_t(hq) * tq * 4), dq2k = gpu_buffer(sel.size() * 4),
+               dcuq = gpu_buffer(cu_q.size() * 4), dcuk = gpu_buffer(cu_k.size() * 4),
+               status = gpu_buffer(16), flush = gpu_buffer(size_t(256) << 20);
   {
+    // One host vector for the three inputs: each upload is staged before it returns.
     std::vector<uint16_t> host(size_t(tq) * hq * d);
     msa::bench::fill_normal_bf16(host.data(), int64_t(host.size()), shape.seed, 0);
-    MSA_BENCH_CUDA(cudaMemcpy(dq.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    dq.upload(host, s);
     host.resize(size_t(tk) * hkv * d);
     msa::bench::fill_normal_bf16(host.data(), int64_t(host.size()), shape.seed, 1);
-    MSA_BENCH_CUDA(cudaMemcpy(dk.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    dk.upload(host, s);
     msa::bench::fill_normal_bf16(host.data(), int64_t(host.size()), shape.seed, 2);
-    MSA_BENCH_CUDA(cudaMemcpy(dv.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    dv.upload(host, s);
   }
-  MSA_BENCH_CUDA(cudaMemcpy(dq2k.get(), sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(dcuq.get(), cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
-  MSA_BENCH_CUDA(cudaMemcpy(dcuk.get(), cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
+  dq2k.upload(sel, s);
+  dcuq.upload(cu_q, s);
+  dcuk.upload(cu_k, s);
   const Tensor st(status.get(), DType::i32, {4}, kGpu);
   msa::clear_status(st, s);
 
   // K2Q index, built once on the GPU (timed on its own as CSR-32K).
   const int64_t sched = msa::k2q_schedule_size(hkv, total_rows, tq, topk);
-  GpuBuffer drp(size_t(hkv) * (total_rows + 1) * 4), dqi(size_t(hkv) * tq * topk * 4), dsc(sched * 4);
+  const DeviceBuffer drp = gpu_buffer(size_t(hkv) * (total_rows + 1) * 4),
+                     dqi = gpu_buffer(size_t(hkv) * tq * topk * 4), dsc = gpu_buffer(sched * 4);
   msa::CsrBuildArgs cb;
   cb.q2k = Tensor(dq2k.get(), DType::i32, {hkv, tq, topk}, kGpu);
   cb.cu_seqlens_q = Tensor(dcuq.get(), DType::i32, {batch + 1}, kGpu);
@@ -149,7 +154,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   cb.out.q_idx = Tensor(dqi.get(), DType::i32, {hkv, tq * topk}, kGpu);
   cb.out.schedule = Tensor(dsc.get(), DType::i32, {sched}, kGpu);
   const size_t csr_ws_bytes = msa::csr_workspace_bytes(hkv, total_rows, tq, topk);
-  GpuBuffer csr_ws(csr_ws_bytes);
+  const DeviceBuffer csr_ws = gpu_buffer(csr_ws_bytes);
   cb.workspace = Tensor(csr_ws.get(), DType::u8, {int64_t(csr_ws_bytes)}, kGpu);
   cb.status = st;
   msa::build_k2q_csr(cb, s);
@@ -169,13 +174,13 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   a.status = st;
   const bool is_csr = bc->kind == msa::bench::CaseKind::csr_build;
   size_t ws_bytes = is_csr ? 0 : msa::attention_workspace_bytes(a);
-  GpuBuffer ws(ws_bytes);
+  const DeviceBuffer ws = gpu_buffer(ws_bytes);
   a.workspace = Tensor(ws.get(), DType::u8, {int64_t(ws_bytes)}, kGpu);
 
   double rel_l2 = -1, lse_err = -1;
   int rc = 0;
   if (!is_csr && o.check) {
-    MSA_BENCH_CUDA(cudaMemsetAsync(dout.get(), 0xff, dout.bytes(), s));
+    dout.poison(s);
     msa::attention_forward(a, s);
     msa::check_status(st, s);
     std::mt19937 rng(7);
@@ -183,8 +188,9 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     for (int i = 0; i < 255; ++i) samples.push_back(int32_t(rng() % tq));
     samples.push_back(int32_t(tq - 1));
     const int ns = int(samples.size());
-    GpuBuffer dsm(ns * 4), dref(size_t(ns) * hq * d * 4), dref_lse(size_t(ns) * hq * 4);
-    MSA_BENCH_CUDA(cudaMemcpy(dsm.get(), samples.data(), ns * 4, cudaMemcpyHostToDevice));
+    DeviceBuffer dsm = gpu_buffer(ns * 4), dref = gpu_buffer(size_t(ns) * hq * d * 4),
+                 dref_lse = gpu_buffer(size_t(ns) * hq * 4);
+    dsm.upload(samples, s);
     const int64_t threads = int64_t(ns) * hq * 32;
     reference_rows<<<unsigned((threads + 255) / 256), 256, 0, s>>>(
         static_cast<uint16_t*>(dq.get()), static_cast<uint16_t*>(dk.get()),
@@ -193,13 +199,10 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
         hkv, topk, 1.f / std::sqrt(float(d)), static_cast<int32_t*>(dsm.get()), ns,
         static_cast<float*>(dref.get()), static_cast<float*>(dref_lse.get()));
     MSA_BENCH_CUDA(cudaGetLastError());
-    std::vector<float> ref(size_t(ns) * hq * d), ref_lse(size_t(ns) * hq), lse(size_t(hq) * tq);
-    std::vector<uint16_t> out(size_t(tq) * hq * d);
-    MSA_BENCH_CUDA(cudaStreamSynchronize(s));
-    MSA_BENCH_CUDA(cudaMemcpy(ref.data(), dref.get(), ref.size() * 4, cudaMemcpyDeviceToHost));
-    MSA_BENCH_CUDA(cudaMemcpy(ref_lse.data(), dref_lse.get(), ref_lse.size() * 4, cudaMemcpyDeviceToHost));
-    MSA_BENCH_CUDA(cudaMemcpy(out.data(), dout.get(), out.size() * 2, cudaMemcpyDeviceToHost));
-    MSA_BENCH_CUDA(cudaMemcpy(lse.data(), dlse.get(), lse.size() * 4, cudaMemcpyDeviceToHost));
+    const auto ref = dref.download<float>(size_t(ns) * hq * d, s);
+    const auto ref_lse = dref_lse.download<float>(size_t(ns) * hq, s);
+    const auto lse = dlse.download<float>(size_t(hq) * tq, s);
+    const auto out = dout.download<uint16_t>(size_t(tq) * hq * d, s);
     double num = 0, den = 0, worst = 0;
     bool nan = false;
     for (int si = 0; si < ns; ++si)

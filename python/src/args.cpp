@@ -234,6 +234,19 @@ AttentionParams Args::attention_params() {
   return p;
 }
 
+AttentionArgs Args::attention() {
+  AttentionArgs x;
+  x.q = tensor("q");
+  x.kv = kv(/*with_v=*/true);
+  x.cu_seqlens_q = tensor("cu_seqlens_q");
+  x.q2k = tensor("q2k");
+  x.out = tensor("out");
+  x.lse = tensor("lse");
+  x.tlse = tensor("tlse");
+  x.params = attention_params();
+  return x;
+}
+
 int64_t Args::integer(const char* key, int64_t dflt) { return scalar(key, dflt, "an int"); }
 int Args::int32(const char* key, int dflt) {
   const int64_t v = integer(key, dflt);

@@ -44,6 +44,9 @@ class Args {
 
   // softmax_scale, causal, kv_block_size, temperature and partial_dtype (absent: the default).
   AttentionParams attention_params();
+  // What every attention call reads (attention_forward, DecodePlan.run): q, the KV cache with v,
+  // cu_seqlens_q, q2k, out, lse, tlse and attention_params().
+  AttentionArgs attention();
 
   int64_t integer(const char* key, int64_t dflt);
   // An int argument that must fit a C++ int (a larger Python int is an error, never truncated).

@@ -67,15 +67,7 @@ void bind_decode(nb::module_& m) {
           "run",
           [](const DecodePlan& self, nb::kwargs kw) {
             Args a(std::move(kw), "DecodePlan.run");
-            AttentionArgs x;
-            x.q = a.tensor("q");
-            x.kv = a.kv(/*with_v=*/true);
-            x.cu_seqlens_q = a.tensor("cu_seqlens_q");
-            x.q2k = a.tensor("q2k");
-            x.out = a.tensor("out");
-            x.lse = a.tensor("lse");
-            x.tlse = a.tensor("tlse");
-            x.params = a.attention_params();
+            AttentionArgs x = a.attention();
             x.params.kv_block_size = self.shape().kv_block_size;
             x.status = a.tensor("status");
             cudaStream_t stream = a.stream();

@@ -17,16 +17,48 @@ void bind_decode(nb::module_& m);
 
 namespace {
 
-// Unpacks the arguments, rejects unknown keywords, then runs `body` without the GIL (the CPU
-// backend can run for seconds; CUDA calls may wait on the driver).
-template <typename Build, typename Body>
-void call(nb::kwargs kw, const char* op, Build build, Body body) {
-  Args a(std::move(kw), op);
-  auto x = build(a);
-  cudaStream_t stream = a.stream();
-  a.finish();
-  nb::gil_scoped_release unlocked;
-  body(x, stream);
+// Defines the op `name` (`label` in its errors; name when null): unpacks the keywords with
+// `read(a)`, rejects unknown ones, then runs `run(args, stream)` without the GIL (the CPU backend
+// can run for seconds; CUDA calls may wait on the driver).
+template <typename Read, typename Run>
+void def_op(nb::module_& m, const char* name, const char* doc, Read read, Run run,
+            const char* label = nullptr) {
+  const char* op = label ? label : name;
+  m.def(
+      name,
+      [op, read, run](nb::kwargs kw) {
+        Args a(std::move(kw), op);
+        auto x = read(a);
+        cudaStream_t stream = a.stream();
+        a.finish();
+        nb::gil_scoped_release unlocked;
+        run(x, stream);
+      },
+      doc);
+}
+
+// The keywords the indexer and top-K ops share: query lengths, the keys (no v), the mask, the
+// block size and the status buffer.
+template <typename X>
+X index_args(Args& a) {
+  X x;
+  x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+  x.kv = a.kv(/*with_v=*/false);
+  x.causal = a.flag("causal", true);
+  x.kv_block_size = a.int32("kv_block_size", 128);
+  x.status = a.tensor("status");
+  return x;
+}
+
+// ... and those of a top-K selection: topk, the forced sink and local blocks, the q2k output.
+template <typename X>
+X selection_args(Args& a) {
+  X x = index_args<X>(a);
+  x.topk = a.int32("topk", 16);
+  x.sink_blocks = a.int32("sink_blocks", 1);
+  x.local_blocks = a.int32("local_blocks", 1);
+  x.q2k = a.tensor("q2k");
+  return x;
 }
 
 // The keywords of the CSR family (builder and reference converters); the converters get no
@@ -43,21 +75,12 @@ CsrBuildArgs csr_args(Args& a) {
   return x;
 }
 
-
 // Attention's arguments; with `scratch`, a CUDA call without workspace= gets
 // attention_workspace_bytes from alloc= (the size function validates the arguments first, so a
 // bad call allocates nothing).
 AttentionArgs attention_args(Args& a, bool scratch) {
-  AttentionArgs x;
-  x.q = a.tensor("q");
-  x.kv = a.kv(/*with_v=*/true);
-  x.cu_seqlens_q = a.tensor("cu_seqlens_q");
-  x.q2k = a.tensor("q2k");
+  AttentionArgs x = a.attention();
   x.k2q = a.k2q("k2q_");
-  x.out = a.tensor("out");
-  x.lse = a.tensor("lse");
-  x.tlse = a.tensor("tlse");
-  x.params = a.attention_params();
   x.workspace = a.tensor("workspace");
   x.status = a.tensor("status");
   if (!scratch) return x;
@@ -90,6 +113,36 @@ PipelineArgs pipeline_args(Args& a, bool scratch) {
   return x;
 }
 
+// The names and docstrings of an op with caller-sized scratch and of its size function.
+struct ScratchOpNames {
+  const char* size_fn;    // e.g. "attention_workspace_bytes"
+  const char* size_doc;
+  const char* op;         // e.g. "attention_forward"
+  const char* label;      // the op's name in its errors
+  const char* op_doc;
+};
+
+// Defines an op family's size function and the op itself from one argument reader
+// `read(a, scratch)`: the size function reads without scratch (and accepts stream=, so one keyword
+// dict serves both calls) and returns size(args); the op takes its scratch from workspace= or
+// alloc= and calls run(args, stream).
+template <typename X>
+void def_scratch_op(nb::module_& m, X (*read)(Args&, bool), size_t (*size)(const X&),
+                    void (*run)(const X&, cudaStream_t), const ScratchOpNames& n) {
+  const char* size_fn = n.size_fn;
+  m.def(
+      n.size_fn,
+      [size_fn, read, size](nb::kwargs kw) {
+        Args a(std::move(kw), size_fn);
+        const X x = read(a, /*scratch=*/false);
+        a.stream();
+        a.finish();
+        return size(x);
+      },
+      n.size_doc);
+  def_op(m, n.op, n.op_doc, [read](Args& a) { return read(a, /*scratch=*/true); }, run, n.label);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -106,87 +159,48 @@ NB_MODULE(_C, m) {
   m.def("cuda_device_count", &cuda_device_count,
         "Number of usable CUDA devices (0 without CUDA or without a GPU).");
 
-  m.def(
-      "block_scores",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "block_scores",
-             [](Args& a) {
-               BlockScoresArgs x;
-               x.q = a.qtensor("q");
-               x.kv = a.kv(/*with_v=*/false);
-               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
-               x.scores = a.tensor("scores");
-               x.causal = a.flag("causal", true);
-               x.kv_block_size = a.int32("kv_block_size", 128);
-               x.status = a.tensor("status");
-               return x;
-             },
-             [](const BlockScoresArgs& x, cudaStream_t s) { block_scores(x, s); });
+  def_op(
+      m, "block_scores", "msa::block_scores; keywords as in msa.block_scores, outputs preallocated.",
+      [](Args& a) {
+        auto x = index_args<BlockScoresArgs>(a);
+        x.q = a.qtensor("q");
+        x.scores = a.tensor("scores");
+        return x;
       },
-      "msa::block_scores; keywords as in msa.block_scores, outputs preallocated.");
+      [](const BlockScoresArgs& x, cudaStream_t s) { block_scores(x, s); });
 
-  m.def(
-      "block_topk",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "block_topk",
-             [](Args& a) {
-               BlockTopKArgs x;
-               x.q = a.qtensor("q");
-               x.kv = a.kv(/*with_v=*/false);
-               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
-               x.causal = a.flag("causal", true);
-               x.kv_block_size = a.int32("kv_block_size", 128);
-               x.topk = a.int32("topk", 16);
-               x.sink_blocks = a.int32("sink_blocks", 1);
-               x.local_blocks = a.int32("local_blocks", 1);
-               x.q2k = a.tensor("q2k");
-               x.status = a.tensor("status");
-               return x;
-             },
-             [](const BlockTopKArgs& x, cudaStream_t s) { block_topk(x, s); });
+  def_op(
+      m, "block_topk", "msa::block_topk; keywords as in msa.block_topk, q2k preallocated.",
+      [](Args& a) {
+        auto x = selection_args<BlockTopKArgs>(a);
+        x.q = a.qtensor("q");
+        return x;
       },
-      "msa::block_topk; keywords as in msa.block_topk, q2k preallocated.");
+      [](const BlockTopKArgs& x, cudaStream_t s) { block_topk(x, s); });
 
-  m.def(
-      "select_topk",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "select_topk",
-             [](Args& a) {
-               TopKArgs x;
-               x.scores = a.tensor("scores");
-               x.cu_seqlens_q = a.tensor("cu_seqlens_q");
-               x.kv = a.kv(/*with_v=*/false);
-               x.num_kv_heads = a.int32("num_kv_heads", 0);
-               x.topk = a.int32("topk", 16);
-               x.sink_blocks = a.int32("sink_blocks", 1);
-               x.local_blocks = a.int32("local_blocks", 1);
-               x.causal = a.flag("causal", true);
-               x.kv_block_size = a.int32("kv_block_size", 128);
-               x.q2k = a.tensor("q2k");
-               x.status = a.tensor("status");
-               return x;
-             },
-             [](const TopKArgs& x, cudaStream_t s) { select_topk(x, s); });
+  def_op(
+      m, "select_topk", "msa::select_topk; keywords as in msa.select_topk, outputs preallocated.",
+      [](Args& a) {
+        auto x = selection_args<TopKArgs>(a);
+        x.scores = a.tensor("scores");
+        x.num_kv_heads = a.int32("num_kv_heads", 0);
+        return x;
       },
-      "msa::select_topk; keywords as in msa.select_topk, outputs preallocated.");
+      [](const TopKArgs& x, cudaStream_t s) { select_topk(x, s); });
 
-  m.def(
-      "build_k2q_csr",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "build_k2q_csr",
-             [](Args& a) {
-               CsrBuildArgs x = csr_args(a);
-               a.allocator();
-               if (!x.workspace.defined() && x.q2k.is_cuda() && x.q2k.ndim == 3 &&
-                   x.out.row_ptr.ndim == 2)
-                 x.workspace = a.allocate(csr_workspace_bytes(
-                     x.q2k.shape[0], x.out.row_ptr.shape[1] - 1, x.q2k.shape[1], x.q2k.shape[2]));
-               return x;
-             },
-             [](const CsrBuildArgs& x, cudaStream_t s) { build_k2q_csr(x, s); });
-      },
+  def_op(
+      m, "build_k2q_csr",
       "msa::build_k2q_csr; outputs row_ptr, q_idx and (optional) schedule preallocated; scratch "
-      "from workspace= or alloc=.");
+      "from workspace= or alloc=.",
+      [](Args& a) {
+        CsrBuildArgs x = csr_args(a);
+        a.allocator();
+        if (!x.workspace.defined() && x.q2k.is_cuda() && x.q2k.ndim == 3 && x.out.row_ptr.ndim == 2)
+          x.workspace = a.allocate(csr_workspace_bytes(x.q2k.shape[0], x.out.row_ptr.shape[1] - 1,
+                                                       x.q2k.shape[1], x.q2k.shape[2]));
+        return x;
+      },
+      [](const CsrBuildArgs& x, cudaStream_t s) { build_k2q_csr(x, s); });
 
   m.def("k2q_schedule_size", &k2q_schedule_size, nb::arg("num_kv_heads"), nb::arg("total_rows"),
         nb::arg("total_q"), nb::arg("topk"),
@@ -195,122 +209,66 @@ NB_MODULE(_C, m) {
         nb::arg("total_rows"), nb::arg("total_q"), nb::arg("topk"),
         "Scratch bytes build_k2q_csr needs on CUDA (0 on CPU).");
 
-  m.def(
-      "q2k_to_k2q_cpu",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "q2k_to_k2q_cpu",
-             csr_args,
-             [](const CsrBuildArgs& x, cudaStream_t) {
-               q2k_to_k2q_cpu(x.q2k, x.cu_seqlens_q, x.kv, x.kv_block_size, x.out.row_ptr,
-                              x.out.q_idx);
-             });
-      },
-      "CPU reference converter q2k -> (row_ptr, q_idx), outputs preallocated.");
+  def_op(
+      m, "q2k_to_k2q_cpu", "CPU reference converter q2k -> (row_ptr, q_idx), outputs preallocated.",
+      csr_args, [](const CsrBuildArgs& x, cudaStream_t) {
+        q2k_to_k2q_cpu(x.q2k, x.cu_seqlens_q, x.kv, x.kv_block_size, x.out.row_ptr, x.out.q_idx);
+      });
 
-  m.def(
-      "k2q_to_q2k_cpu",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "k2q_to_q2k_cpu",
-             csr_args,
-             [](const CsrBuildArgs& x, cudaStream_t) {
-               k2q_to_q2k_cpu(x.out.row_ptr, x.out.q_idx, x.cu_seqlens_q, x.kv, x.kv_block_size,
-                              x.q2k);
-             });
-      },
-      "CPU reference converter (row_ptr, q_idx) -> q2k, output preallocated.");
+  def_op(
+      m, "k2q_to_q2k_cpu", "CPU reference converter (row_ptr, q_idx) -> q2k, output preallocated.",
+      csr_args, [](const CsrBuildArgs& x, cudaStream_t) {
+        k2q_to_q2k_cpu(x.out.row_ptr, x.out.q_idx, x.cu_seqlens_q, x.kv, x.kv_block_size, x.q2k);
+      });
 
-  m.def(
-      "attention_workspace_bytes",
-      [](nb::kwargs kw) {
-        Args a(std::move(kw), "attention_workspace_bytes");
-        AttentionArgs x = attention_args(a, /*scratch=*/false);
-        a.stream();  // accepted so one keyword dict serves both calls
-        a.finish();
-        return attention_workspace_bytes(x);
-      },
-      "Scratch bytes attention_forward needs for these arguments (0 on CPU).");
+  def_scratch_op(m, attention_args, attention_workspace_bytes, attention_forward,
+                 {.size_fn = "attention_workspace_bytes",
+                  .size_doc = "Scratch bytes attention_forward needs for these arguments (0 on CPU).",
+                  .op = "attention_forward", .label = "attention_forward",
+                  .op_doc = "msa::attention_forward; out, lse, tlse and status preallocated; scratch "
+                            "from workspace= or alloc=."});
+  def_scratch_op(m, pipeline_args, pipeline_workspace_bytes, sparse_attention_pipeline,
+                 {.size_fn = "pipeline_workspace_bytes",
+                  .size_doc = "Workspace bytes sparse_attention_pipeline needs for these arguments.",
+                  .op = "sparse_attention_pipeline", .label = "sparse_attention",
+                  .op_doc = "msa::sparse_attention_pipeline (block_topk, then attention_forward); out, "
+                            "lse, tlse and status preallocated; the workspace (q2k first) from "
+                            "workspace= or alloc=."});
 
-  m.def(
-      "attention_forward",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "attention_forward",
-             [](Args& a) { return attention_args(a, /*scratch=*/true); },
-             [](const AttentionArgs& x, cudaStream_t s) { attention_forward(x, s); });
+  def_op(
+      m, "quantize", "msa::quantize into preallocated out (values), out_scale, out_global_scale.",
+      [](Args& a) {
+        struct {
+          Tensor x;
+          QuantFormat format;
+          QTensor out;
+        } q;
+        q.x = a.tensor("x");
+        q.format = py::parse_quant_format(a.text("format", ""));
+        q.out = a.qtensor("out");
+        return q;
       },
-      "msa::attention_forward; out, lse, tlse and status preallocated; scratch from "
-      "workspace= or alloc=.");
+      [](const auto& q, cudaStream_t s) { quantize(q.x, q.format, q.out, s); });
 
-  m.def(
-      "pipeline_workspace_bytes",
-      [](nb::kwargs kw) {
-        Args a(std::move(kw), "pipeline_workspace_bytes");
-        PipelineArgs x = pipeline_args(a, /*scratch=*/false);
-        a.stream();
-        a.finish();
-        return pipeline_workspace_bytes(x);
+  def_op(
+      m, "dequantize", "msa::dequantize of x (values), x_scale, x_global_scale into preallocated out.",
+      [](Args& a) {
+        struct {
+          QTensor x;
+          Tensor out;
+        } d;
+        d.x = a.qtensor("x");
+        d.out = a.tensor("out");
+        return d;
       },
-      "Workspace bytes sparse_attention_pipeline needs for these arguments.");
+      [](const auto& d, cudaStream_t s) { dequantize(d.x, d.out, s); });
 
-  m.def(
-      "sparse_attention_pipeline",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "sparse_attention",
-             [](Args& a) { return pipeline_args(a, /*scratch=*/true); },
-             [](const PipelineArgs& x, cudaStream_t s) { sparse_attention_pipeline(x, s); });
-      },
-      "msa::sparse_attention_pipeline (block_topk, then attention_forward); out, lse, tlse and "
-      "status preallocated; the workspace (q2k first) from workspace= or alloc=.");
-
-  m.def(
-      "quantize",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "quantize",
-             [](Args& a) {
-               struct {
-                 Tensor x;
-                 QuantFormat format;
-                 QTensor out;
-               } q;
-               q.x = a.tensor("x");
-               q.format = py::parse_quant_format(a.text("format", ""));
-               q.out = a.qtensor("out");
-               return q;
-             },
-             [](const auto& q, cudaStream_t s) { quantize(q.x, q.format, q.out, s); });
-      },
-      "msa::quantize into preallocated out (values), out_scale, out_global_scale.");
-
-  m.def(
-      "dequantize",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "dequantize",
-             [](Args& a) {
-               struct {
-                 QTensor x;
-                 Tensor out;
-               } d;
-               d.x = a.qtensor("x");
-               d.out = a.tensor("out");
-               return d;
-             },
-             [](const auto& d, cudaStream_t s) { dequantize(d.x, d.out, s); });
-      },
-      "msa::dequantize of x (values), x_scale, x_global_scale into preallocated out.");
-
-  m.def(
-      "check_status",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "check_status", [](Args& a) { return a.tensor("status"); },
-             [](const Tensor& status, cudaStream_t s) { check_status(status, s); });
-      },
-      "Waits for the stream, then raises MsaError if the status buffer records an offence.");
-  m.def(
-      "clear_status",
-      [](nb::kwargs kw) {
-        call(std::move(kw), "clear_status", [](Args& a) { return a.tensor("status"); },
-             [](const Tensor& status, cudaStream_t s) { clear_status(status, s); });
-      },
-      "Resets a status buffer to ok (asynchronous on the stream for CUDA).");
+  const auto status_arg = [](Args& a) { return a.tensor("status"); };
+  def_op(m, "check_status",
+         "Waits for the stream, then raises MsaError if the status buffer records an offence.",
+         status_arg, [](const Tensor& status, cudaStream_t s) { check_status(status, s); });
+  def_op(m, "clear_status", "Resets a status buffer to ok (asynchronous on the stream for CUDA).",
+         status_arg, [](const Tensor& status, cudaStream_t s) { clear_status(status, s); });
 
   py::bind_decode(m);
 }

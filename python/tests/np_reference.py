@@ -120,6 +120,22 @@ def split(x, cu):
     return [x[cu[b]:cu[b + 1]] for b in range(len(cu) - 1)]
 
 
+def scatter_pages(k, v, cu_k, pages, perm, page_size, k_pool, v_pool, table):
+    """Copies request b's keys and values, page_size rows at a time, into the next pool pages of
+    perm and records them in table [B, max_pages]; numpy and torch arrays alike (torch_reference
+    builds its pools with it too)."""
+    n = 0
+    for b in range(len(pages)):
+        for p in range(pages[b]):
+            pid = perm[n]
+            n += 1
+            table[b, p] = pid
+            lo = cu_k[b] + p * page_size
+            hi = min(lo + page_size, cu_k[b + 1])
+            k_pool[pid, :hi - lo] = k[lo:hi]
+            v_pool[pid, :hi - lo] = v[lo:hi]
+
+
 def to_pages(rng, k, v, cu_k, page_size, layout="paged_nhd", spare_pages=3):
     """Scatters flat K/V into shuffled NaN-filled page pools; returns (k_pages, v_pages,
     page_table [B, max_pages], seqused_k [B])."""
@@ -134,16 +150,7 @@ def to_pages(rng, k, v, cu_k, page_size, layout="paged_nhd", spare_pages=3):
     pool_shape = (num_pages, page_size, hkv, d)
     kp = np.full(pool_shape, np.nan, dtype=k.dtype)
     vp = np.full(pool_shape, np.nan, dtype=v.dtype)
-    n = 0
-    for i in range(b):
-        for p in range(pages[i]):
-            pid = perm[n]
-            n += 1
-            table[i, p] = pid
-            lo = cu_k[i] + p * page_size
-            hi = min(lo + page_size, cu_k[i + 1])
-            kp[pid, :hi - lo] = k[lo:hi]
-            vp[pid, :hi - lo] = v[lo:hi]
+    scatter_pages(k, v, cu_k, pages, perm, page_size, kp, vp, table)
     if layout == "paged_hnd":
         kp = np.ascontiguousarray(kp.transpose(0, 2, 1, 3))
         vp = np.ascontiguousarray(vp.transpose(0, 2, 1, 3))

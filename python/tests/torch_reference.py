@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from np_reference import scatter_pages
+
 # Importing this module from a test file skips that file when torch is absent.
 torch = pytest.importorskip("torch", reason="the torch tests need torch")
 
@@ -197,16 +199,7 @@ def to_pages(gen, k, v, cu_k, page_size, layout="paged_nhd", spare_pages=3):
     hkv, d = k.shape[1], k.shape[2]
     kp = torch.full((num_pages, page_size, hkv, d), math.nan, dtype=k.dtype, device=k.device)
     vp = torch.full_like(kp, math.nan)
-    n = 0
-    for b in range(len(lengths)):
-        for p in range(pages[b]):
-            pid = perm[n]
-            n += 1
-            table[b, p] = pid
-            lo = ck[b] + p * page_size
-            hi = min(lo + page_size, ck[b + 1])
-            kp[pid, :hi - lo] = k[lo:hi]
-            vp[pid, :hi - lo] = v[lo:hi]
+    scatter_pages(k, v, ck, pages, perm, page_size, kp, vp, table)
     if layout == "paged_hnd":
         kp, vp = kp.transpose(1, 2).contiguous(), vp.transpose(1, 2).contiguous()
     seqused = torch.tensor(lengths, dtype=torch.int32, device=k.device)

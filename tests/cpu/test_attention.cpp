@@ -367,57 +367,47 @@ struct RuleFixture {
   AttentionArgs args() const { return make_args(p, p.flat_kv(), o, &q2k, {}); }
 };
 
+// attention_forward as expect_arg_error's op.
+void forward(const AttentionArgs& a) { attention_forward(a); }
+
 TEST(AttentionRules, DtypeAndShape) {
   RuleFixture f;
   EXPECT_NO_THROW(attention_forward(f.args()));
+  const AttentionArgs valid = f.args();
   HostTensor q32(DType::f32, {7, 4, 64});
-  AttentionArgs a = f.args();
-  a.q = q32.t;
-  expect_error([&] { attention_forward(a); }, "q: dtype must be bf16 or f16, got f32");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.q = q32.t; }, "q: dtype must be bf16 or f16, got f32");
   HostTensor k16(DType::f16, {300, 2, 64});
-  a = f.args();
-  a.kv.k = k16.t;
-  expect_error([&] { attention_forward(a); }, "k: dtype must equal q's (bf16), got f16");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.kv.k = k16.t; },
+                   "k: dtype must equal q's (bf16), got f16");
   HostTensor out_wide(DType::bf16, {7, 4, 72});
-  a = f.args();
-  a.out = out_wide.t;
-  expect_error([&] { attention_forward(a); }, "out: shape must be [7, 4, 64]");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.out = out_wide.t; }, "out: shape must be [7, 4, 64]");
   HostTensor out16(DType::f16, {7, 4, 64});
-  a = f.args();
-  a.out = out16.t;
-  expect_error([&] { attention_forward(a); }, "out: dtype must equal q's (bf16), got f16");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.out = out16.t; },
+                   "out: dtype must equal q's (bf16), got f16");
   HostTensor lse_t(DType::f32, {7, 4});
-  a = f.args();
-  a.lse = lse_t.t;
-  expect_error([&] { attention_forward(a); }, "lse: shape must be [4, 7]");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.lse = lse_t.t; }, "lse: shape must be [4, 7]");
   HostTensor q2k_bad(DType::i32, {4, 7, 2});
-  a = f.args();
-  a.q2k = q2k_bad.t;
-  expect_error([&] { attention_forward(a); }, "q2k: shape must be [Hkv, total_q, topk] = [2, 7, *]");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.q2k = q2k_bad.t; },
+                   "q2k: shape must be [Hkv, total_q, topk] = [2, 7, *]");
   HostTensor q3(DType::bf16, {7, 3, 64});
-  a = f.args();
-  a.q = q3.t;
-  expect_error([&] { attention_forward(a); }, "kv heads (2) must divide q heads (3)");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.q = q3.t; }, "kv heads (2) must divide q heads (3)");
 }
 
 TEST(AttentionRules, SeqlensAndAlignment) {
   RuleFixture f;
+  const AttentionArgs valid = f.args();
   const HostTensor cu_bad = i32_tensor({0, 5, 4});
-  AttentionArgs a = f.args();
-  a.cu_seqlens_q = cu_bad.t;
-  expect_error([&] { attention_forward(a); }, "cu_seqlens_q: must be non-decreasing, but [2] = 4 < [1] = 5");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.cu_seqlens_q = cu_bad.t; },
+                   "cu_seqlens_q: must be non-decreasing, but [2] = 4 < [1] = 5");
   const HostTensor cuk_bad = i32_tensor({0, 200, 299});
-  a = f.args();
-  a.kv.cu_seqlens_k = cuk_bad.t;
-  expect_error([&] { attention_forward(a); }, "cu_seqlens_k: last entry must equal the token count 300");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.kv.cu_seqlens_k = cuk_bad.t; },
+                   "cu_seqlens_k: last entry must equal the token count 300");
   // k rows of 65 elements (130 bytes): not a multiple of 16 bytes.
   HostTensor k_odd(DType::bf16, {300, 2, 64}, {2 * 65, 65, 1});
-  a = f.args();
-  a.kv.k = k_odd.t;
-  expect_error([&] { attention_forward(a); }, "k: stride of dim 0 (130 elements = 260 bytes) must be a multiple of 16 bytes");
-  a = f.args();
-  a.params.kv_block_size = 96;
-  expect_error([&] { attention_forward(a); }, "kv_block_size: must be 64 or 128, got 96");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.kv.k = k_odd.t; },
+                   "k: stride of dim 0 (130 elements = 260 bytes) must be a multiple of 16 bytes");
+  expect_arg_error(forward, valid, [](AttentionArgs& a) { a.params.kv_block_size = 96; },
+                   "kv_block_size: must be 64 or 128, got 96");
 }
 
 TEST(AttentionRules, BlockIds) {
@@ -461,20 +451,17 @@ TEST(AttentionRules, PageIdsAndSeqused) {
 
 TEST(AttentionRules, TemperatureAndTlse) {
   RuleFixture f;
-  AttentionArgs a = f.args();
-  a.tlse = f.o.tlse.t;  // tlse without a temperature
-  expect_error([&] { attention_forward(a); }, "tlse: given, so params.temperature must be > 0, got 0");
-  a = f.args();
-  a.params.temperature = 2.f;  // a temperature without tlse
-  expect_error([&] { attention_forward(a); }, "params.temperature: is 2 (> 0), so tlse [Hq, total_q] f32 must be given");
-  a.params.temperature = -1.f;
-  expect_error([&] { attention_forward(a); }, "params.temperature: must be finite and >= 0, got -1");
-  a = f.args();
-  a.params.softmax_scale = NAN;
-  expect_error([&] { attention_forward(a); }, "params.softmax_scale: must be finite and >= 0");
-  a = f.args();
-  a.params.partial_dtype = DType::f16;
-  expect_error([&] { attention_forward(a); }, "params.partial_dtype: must be f32 or bf16 (or absent), got f16");
+  const AttentionArgs valid = f.args();
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.tlse = f.o.tlse.t; },  // no temperature
+                   "tlse: given, so params.temperature must be > 0, got 0");
+  expect_arg_error(forward, valid, [](AttentionArgs& a) { a.params.temperature = 2.f; },  // no tlse
+                   "params.temperature: is 2 (> 0), so tlse [Hq, total_q] f32 must be given");
+  expect_arg_error(forward, valid, [](AttentionArgs& a) { a.params.temperature = -1.f; },
+                   "params.temperature: must be finite and >= 0, got -1");
+  expect_arg_error(forward, valid, [](AttentionArgs& a) { a.params.softmax_scale = NAN; },
+                   "params.softmax_scale: must be finite and >= 0");
+  expect_arg_error(forward, valid, [](AttentionArgs& a) { a.params.partial_dtype = DType::f16; },
+                   "params.partial_dtype: must be f32 or bf16 (or absent), got f16");
   EXPECT_EQ(attention_workspace_bytes(f.args()), 0u);
 }
 

@@ -527,34 +527,31 @@ TEST(BlockScoresErrors, MessagesNameArgumentAndRule) {
   HostTensor k16(DType::f16, {160, 2, 64});
   expect_error([&] { block_scores(f.args(sh, f.q.t, k16.t)); }, "k: dtype must equal q's (bf16), got f16");
 
-  BlockScoresArgs a = f.args(sh);
+  const BlockScoresArgs valid = f.args(sh);
+  const auto scores = [](const BlockScoresArgs& a) { block_scores(a); };
   HostTensor few_blocks(DType::f32, {4, 1, 7});
-  a.scores = few_blocks.t;
-  expect_error([&] { block_scores(a); }, "scores: nblk_max (dim 1) must be >= the largest block count");
+  expect_arg_error(scores, valid, [&](BlockScoresArgs& a) { a.scores = few_blocks.t; },
+                   "scores: nblk_max (dim 1) must be >= the largest block count");
   HostTensor wrong_heads(DType::f32, {2, 2, 7});
-  a.scores = wrong_heads.t;
-  expect_error([&] { block_scores(a); }, "scores: shape must be [Hq, nblk_max, total_q] = [4, *, 7]");
-
-  a = f.args(sh);
+  expect_arg_error(scores, valid, [&](BlockScoresArgs& a) { a.scores = wrong_heads.t; },
+                   "scores: shape must be [Hq, nblk_max, total_q] = [4, *, 7]");
   HostTensor bad_cu = i32_tensor({0, 5, 4});
-  a.cu_seqlens_q = bad_cu.t;
-  expect_error([&] { block_scores(a); }, "cu_seqlens_q: must be non-decreasing");
-  a = f.args(sh);
+  expect_arg_error(scores, valid, [&](BlockScoresArgs& a) { a.cu_seqlens_q = bad_cu.t; },
+                   "cu_seqlens_q: must be non-decreasing");
   HostTensor short_cu = i32_tensor({0, 100, 150});
-  a.kv.cu_seqlens_k = short_cu.t;
-  expect_error([&] { block_scores(a); }, "cu_seqlens_k: last entry must equal the token count 160");
+  expect_arg_error(scores, valid, [&](BlockScoresArgs& a) { a.kv.cu_seqlens_k = short_cu.t; },
+                   "cu_seqlens_k: last entry must equal the token count 160");
 
   HostTensor q_pad(DType::bf16, {7, 4, 64}, {4 * 68, 68, 1});  // 136-byte rows
   expect_error([&] { block_scores(f.args(sh, q_pad.t, f.k.t)); },
                "q: stride of dim 1 (68 elements = 136 bytes) must be a multiple of 16 bytes");
 
-  a = f.args(sh);
-  a.kv_block_size = 32;
-  expect_error([&] { block_scores(a); }, "kv_block_size: must be 64 or 128, got 32");
+  expect_arg_error(scores, valid, [](BlockScoresArgs& a) { a.kv_block_size = 32; },
+                   "kv_block_size: must be 64 or 128, got 32");
 
   std::mt19937 prng(30);
   Paged p(f.k, sh.lk, 16, KVLayout::paged_nhd, true, prng);
-  a = f.args(sh);
+  BlockScoresArgs a = f.args(sh);
   a.kv = p.cache(QTensor(f.k.t), true);
   p.table.data<int32_t>()[p.table.t.shape[1] + 2] = 1000;  // batch 1, column 2
   expect_error([&] { block_scores(a); },

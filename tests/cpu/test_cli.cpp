@@ -39,65 +39,58 @@ RunResult run_cli(const std::string& args, const std::string& env = "") {
 
 bool has(const RunResult& r, const std::string& text) { return r.output.find(text) != std::string::npos; }
 
+// Runs `msa args` and expects exit code `code` and every one of `texts` in the output.
+RunResult expect_run(const std::string& args, int code, const std::vector<std::string>& texts = {}) {
+  const RunResult r = run_cli(args);
+  EXPECT_EQ(r.code, code) << "msa " << args << "\n" << r.output;
+  for (const std::string& t : texts)
+    EXPECT_TRUE(has(r, t)) << "missing '" << t << "' from msa " << args << ":\n" << r.output;
+  return r;
+}
+
 TEST(Cli, DemoRunsEveryStageAndPassesItsCheck) {
-  const RunResult r = run_cli("demo --device cpu --seq 256 --hq 4 --hkv 2 --topk 2");
-  EXPECT_EQ(r.code, 0) << r.output;
-  for (const char* s : {"index branch Hi=2 on 2 key heads", "block_topk", "build_k2q_csr",
-                        "attention_forward", "density:", "32 sampled (token, head) rows",
-                        "result: PASS"})
-    EXPECT_TRUE(has(r, s)) << "missing '" << s << "' in:\n" << r.output;
+  expect_run("demo --device cpu --seq 256 --hq 4 --hkv 2 --topk 2", 0,
+             {"index branch Hi=2 on 2 key heads", "block_topk", "build_k2q_csr", "attention_forward",
+              "density:", "32 sampled (token, head) rows", "result: PASS"});
 }
 
 TEST(Cli, DemoIndexHeads) {
-  const RunResult attn = run_cli("demo --device cpu --seq 200 --hq 4 --hkv 2 --topk 2 --index-heads 0");
-  EXPECT_EQ(attn.code, 0) << attn.output;
+  const RunResult attn = expect_run("demo --device cpu --seq 200 --hq 4 --hkv 2 --topk 2 --index-heads 0", 0);
   EXPECT_FALSE(has(attn, "index branch")) << attn.output;  // scores with the attention heads
-  const RunResult wide = run_cli("demo --device cpu --seq 200 --hq 4 --hkv 2 --topk 2 --index-heads 8");
-  EXPECT_EQ(wide.code, 0) << wide.output;
-  EXPECT_TRUE(has(wide, "index branch Hi=8 on 2 key heads")) << wide.output;
-  const RunResult bad = run_cli("demo --device cpu --seq 200 --hq 4 --hkv 2 --index-heads 3");
-  EXPECT_EQ(bad.code, 2) << bad.output;
-  EXPECT_TRUE(has(bad, "--index-heads 3 must be 0 or Hkv times 1, 2, 4, 8 or 16")) << bad.output;
+  expect_run("demo --device cpu --seq 200 --hq 4 --hkv 2 --topk 2 --index-heads 8", 0,
+             {"index branch Hi=8 on 2 key heads"});
+  expect_run("demo --device cpu --seq 200 --hq 4 --hkv 2 --index-heads 3", 2,
+             {"--index-heads 3 must be 0 or Hkv times 1, 2, 4, 8 or 16"});
 }
 
 TEST(Cli, DemoVarlenNonCausalBlk64) {
-  const RunResult r = run_cli("demo --device cpu --seqlens 130,1,257 --causal 0 --blk 64 --hq 2 --hkv 1 --topk 3");
-  EXPECT_EQ(r.code, 0) << r.output;
-  EXPECT_TRUE(has(r, "B=3 S=130,1,257")) << r.output;
-  EXPECT_TRUE(has(r, "result: PASS")) << r.output;
+  expect_run("demo --device cpu --seqlens 130,1,257 --causal 0 --blk 64 --hq 2 --hkv 1 --topk 3", 0,
+             {"B=3 S=130,1,257", "result: PASS"});
 }
 
 TEST(Cli, DemoGpuWithoutGpuIsAnError) {
   if (built_with_cuda() && cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
-  const RunResult r = run_cli("demo --device gpu --seq 128");
-  EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_TRUE(has(r, "--device gpu, but")) << r.output;
+  expect_run("demo --device gpu --seq 128", 1, {"--device gpu, but"});
 }
 
 TEST(Cli, BenchListNamesEveryCase) {
-  const RunResult r = run_cli("bench --list");
-  EXPECT_EQ(r.code, 0) << r.output;
-  for (const bench::BenchCase& c : bench::bench_cases()) EXPECT_TRUE(has(r, c.name)) << c.name;
-  EXPECT_TRUE(has(r, "gpu: ")) << r.output;
+  std::vector<std::string> names = {"gpu: "};
+  for (const bench::BenchCase& c : bench::bench_cases()) names.push_back(c.name);
+  expect_run("bench --list", 0, names);
 }
 
 TEST(Cli, BenchCaseWithoutBackendSaysWhatItNeeds) {
   if (built_with_cuda() && cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
-  const RunResult r = run_cli("bench --case P32K-tok");
-  EXPECT_EQ(r.code, 0) << r.output;
-  EXPECT_TRUE(has(r, "P32K-tok: needs the CUDA sparse prefill")) << r.output;
-  const RunResult d = run_cli("bench --case DEC-B32 --device cpu");
-  EXPECT_EQ(d.code, 0) << d.output;
-  EXPECT_TRUE(has(d, "prefill stages only")) << d.output;
+  expect_run("bench --case P32K-tok", 0, {"P32K-tok: needs the CUDA sparse prefill"});
+  expect_run("bench --case DEC-B32 --device cpu", 0, {"prefill stages only"});
 }
 
 // The GPU runner of `msa bench` times the named prefill shapes only: with a shape option the
 // case names that reason (CUDA builds) or the missing backend (CPU builds), never a silent
 // switch to another shape.
 TEST(Cli, BenchGpuRunnerRefusesShapeOverrides) {
-  const RunResult r = run_cli("bench --case P8K-tok --seq 4096 --device gpu");
-  EXPECT_EQ(r.code, 0) << r.output;
-  EXPECT_TRUE(has(r, built_with_cuda() ? "drop the shape options" : "no CUDA backend")) << r.output;
+  expect_run("bench --case P8K-tok --seq 4096 --device gpu", 0,
+             {built_with_cuda() ? "drop the shape options" : "no CUDA backend"});
 }
 
 // The records of a JSON Lines file, each parsed.
@@ -164,21 +157,14 @@ TEST(Cli, BenchTimesCustomCpuShapeAndAppendsSchemaRecords) {
 
 // Two blocks and topK 2: every visible pair is attended, so the "sparse" run is dense attention.
 TEST(Cli, BenchWarnsAboutADenseSelectionOnly) {
-  const RunResult dense = run_cli("bench --device cpu --seq 256 --hq 4 --hkv 1 --topk 2 --blk 128 --iters 1");
-  EXPECT_EQ(dense.code, 0) << dense.output;
-  EXPECT_TRUE(has(dense, "warning: the selection is dense: it covers 100.0%")) << dense.output;
-  EXPECT_TRUE(has(dense, "topK 2 >= 2 key blocks")) << dense.output;
-  const RunResult sparse = run_cli("bench --device cpu --seq 1024 --hq 4 --hkv 1 --topk 2 --blk 128 --iters 1");
-  EXPECT_EQ(sparse.code, 0) << sparse.output;
+  expect_run("bench --device cpu --seq 256 --hq 4 --hkv 1 --topk 2 --blk 128 --iters 1", 0,
+             {"warning: the selection is dense: it covers 100.0%", "topK 2 >= 2 key blocks"});
+  const RunResult sparse = expect_run("bench --device cpu --seq 1024 --hq 4 --hkv 1 --topk 2 --blk 128 --iters 1", 0);
   EXPECT_FALSE(has(sparse, "the selection is dense")) << sparse.output;
 }
 
 TEST(Cli, HelpExitsZero) {
-  for (const char* cmd : {"--help", "demo --help", "bench --help"}) {
-    const RunResult r = run_cli(cmd);
-    EXPECT_EQ(r.code, 0) << cmd << "\n" << r.output;
-    EXPECT_TRUE(has(r, "usage: msa")) << cmd << "\n" << r.output;
-  }
+  for (const char* cmd : {"--help", "demo --help", "bench --help"}) expect_run(cmd, 0, {"usage: msa"});
 }
 
 TEST(Cli, BadUsageExitsTwoWithAMessage) {
@@ -198,11 +184,7 @@ TEST(Cli, BadUsageExitsTwoWithAMessage) {
       {"bench --case NOPE", "unknown case 'NOPE'"},
       {"bench --seq 64 --pattern zig", "--pattern: must be one of tok|blk|idx"},
   };
-  for (const auto& c : cases) {
-    const RunResult r = run_cli(c.args);
-    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
-    EXPECT_TRUE(has(r, c.message)) << c.args << "\n" << r.output;
-  }
+  for (const auto& c : cases) expect_run(c.args, 2, {c.message});
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "support/expect_error.h"
 #include "support/host_tensor.h"
+#include "support/topk_args.h"
 #include "msa/msa.h"
 
 namespace msa::test {
@@ -53,20 +54,7 @@ struct Selection {
     for (size_t k = 0; k < r.size(); ++k) r[k] = id(h, t, int64_t(k));
     return r;
   }
-  TopKArgs args(const Problem& p) const {
-    TopKArgs a;
-    a.scores = scores.t;
-    a.cu_seqlens_q = cu_q.t;
-    a.kv.cu_seqlens_k = cu_k.t;
-    a.num_kv_heads = int(p.hkv);
-    a.topk = p.topk;
-    a.sink_blocks = p.sink;
-    a.local_blocks = p.local;
-    a.causal = p.causal;
-    a.kv_block_size = p.blk;
-    a.q2k = q2k.t;
-    return a;
-  }
+  TopKArgs args(const Problem& p) const { return topk_args(p, scores.t, cu_q.t, cu_k.t, q2k.t); }
   HostTensor scores, cu_q, cu_k, q2k;
 };
 
@@ -357,41 +345,26 @@ TEST(TopKErrors, MessagesNameArgumentAndRule) {
   fill_scores(p, r, [] { return 1.f; });
   ASSERT_NO_THROW(select_topk(r.args(p)));
 
-  TopKArgs a = r.args(p);
+  const TopKArgs valid = r.args(p);
+  const auto topk = [](const TopKArgs& a) { select_topk(a); };
   HostTensor s16(DType::f16, {4, 3, 7});
-  a.scores = s16.t;
-  expect_error([&] { select_topk(a); }, "scores: dtype must be f32, got f16");
-  a = r.args(p);
+  expect_arg_error(topk, valid, [&](TopKArgs& a) { a.scores = s16.t; }, "scores: dtype must be f32, got f16");
   HostTensor few(DType::f32, {4, 1, 7});
-  a.scores = few.t;
-  expect_error([&] { select_topk(a); }, "scores: nblk_max (dim 1) must be >= the largest block count");
-
-  a = r.args(p);
-  a.num_kv_heads = 3;
-  expect_error([&] { select_topk(a); }, "num_kv_heads: must be > 0 and divide the query heads of scores (4), got 3");
-  a = r.args(p);
-  a.sink_blocks = 2;
-  a.local_blocks = 2;
-  expect_error([&] { select_topk(a); }, "sink_blocks + local_blocks: must be <= topk (3), got 2 + 2");
-  a = r.args(p);
-  a.topk = 5;
-  expect_error([&] { select_topk(a); }, "q2k: last dim must equal topk (5)");
-  a = r.args(p);
+  expect_arg_error(topk, valid, [&](TopKArgs& a) { a.scores = few.t; },
+                   "scores: nblk_max (dim 1) must be >= the largest block count");
+  expect_arg_error(topk, valid, [](TopKArgs& a) { a.num_kv_heads = 3; },
+                   "num_kv_heads: must be > 0 and divide the query heads of scores (4), got 3");
+  expect_arg_error(topk, valid, [](TopKArgs& a) { a.sink_blocks = a.local_blocks = 2; },
+                   "sink_blocks + local_blocks: must be <= topk (3), got 2 + 2");
+  expect_arg_error(topk, valid, [](TopKArgs& a) { a.topk = 5; }, "q2k: last dim must equal topk (5)");
   HostTensor q2k_heads(DType::i32, {1, 7, 3});
-  a.q2k = q2k_heads.t;
-  expect_error([&] { select_topk(a); }, "q2k: shape must be [Hkv, total_q, topk] = [2, 7, *]");
-  a = r.args(p);
-  a.kv_block_size = 256;
-  expect_error([&] { select_topk(a); }, "kv_block_size: must be 64 or 128, got 256");
-
-  a = r.args(p);
+  expect_arg_error(topk, valid, [&](TopKArgs& a) { a.q2k = q2k_heads.t; },
+                   "q2k: shape must be [Hkv, total_q, topk] = [2, 7, *]");
+  expect_arg_error(topk, valid, [](TopKArgs& a) { a.kv_block_size = 256; }, "kv_block_size: must be 64 or 128, got 256");
   HostTensor bad_cu = i32_tensor({0, 5, 4});
-  a.cu_seqlens_q = bad_cu.t;
-  expect_error([&] { select_topk(a); }, "cu_seqlens_q: must be non-decreasing");
-  a = r.args(p);
+  expect_arg_error(topk, valid, [&](TopKArgs& a) { a.cu_seqlens_q = bad_cu.t; }, "cu_seqlens_q: must be non-decreasing");
   HostTensor bad_k = i32_tensor({1, 100, 160});
-  a.kv.cu_seqlens_k = bad_k.t;
-  expect_error([&] { select_topk(a); }, "cu_seqlens_k: must start at 0, got 1");
+  expect_arg_error(topk, valid, [&](TopKArgs& a) { a.kv.cu_seqlens_k = bad_k.t; }, "cu_seqlens_k: must start at 0, got 1");
 }
 
 }  // namespace

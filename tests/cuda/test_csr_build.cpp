@@ -85,7 +85,7 @@ TEST(CsrBuildGpu, TokPatternMatchesCpu) {
   const int32_t len = small_tests() ? 700 : 8192;
   std::mt19937 rng(3);
   Problem prob = make_problem({len}, {len}, 4, 4, 128, 3u);
-  HostTensor ids = random_q2k(prob, 16, true, rng);
+  HostTensor ids = indexer_like_q2k(prob, 16, true, rng);
   const SparseCase c(std::move(prob), std::move(ids), 16);
   expect_same(build_gpu(c, c.total_rows, s), build_cpu(c, c.total_rows));
 }
@@ -95,7 +95,7 @@ TEST(CsrBuildGpu, ErrorsReportedThroughStatus) {
   TestStream s;
   std::mt19937 rng(9);
   Problem prob = make_problem({50, 0, 260}, {200, 10, 300}, 2, 2, 128, 9u);
-  HostTensor ids = random_q2k(prob, 5, true, rng);
+  HostTensor ids = indexer_like_q2k(prob, 5, true, rng);
   SparseCase c(std::move(prob), std::move(ids), 5);
   // More rows than the batches' blocks: the extra rows are empty, as on the CPU.
   expect_same(build_gpu(c, c.total_rows + 3, s), build_cpu(c, c.total_rows + 3));

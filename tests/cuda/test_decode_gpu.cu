@@ -12,55 +12,10 @@
 
 #include "backend.h"
 #include "support/attention_problem.h"
-#include "support/gpu_test_util.h"
+#include "support/device_tensor.h"
 
 namespace msa::test {
 namespace {
-
-bool small_run() {
-  const char* e = std::getenv("MSA_TEST_SMALL");
-  return e && e[0] == '1';
-}
-
-// A device copy of a host tensor (same shape and strides; raw bytes).
-struct DeviceTensor {
-  DeviceBuffer buf;
-  Tensor t;
-};
-DeviceTensor to_device(const HostTensor& h, cudaStream_t s) {
-  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.bytes(), 16)), Tensor()};
-  if (h.bytes())
-    MSA_CUDA_CHECK(cudaMemcpyAsync(d.buf.get(), h.t.data, h.bytes(), cudaMemcpyHostToDevice, s));
-  std::vector<int64_t> shape(h.t.shape, h.t.shape + h.t.ndim), strides(h.t.strides, h.t.strides + h.t.ndim);
-  d.t = Tensor(d.buf.get(), h.t.dtype, shape, strides, gpu0());
-  return d;
-}
-void copy_to_device(const HostTensor& h, const DeviceTensor& d, cudaStream_t s) {
-  if (h.bytes())
-    MSA_CUDA_CHECK(cudaMemcpyAsync(d.buf.get(), h.t.data, h.bytes(), cudaMemcpyHostToDevice, s));
-}
-
-// random_q2k for the problem's queries over other key lengths `lk` (lengths changed after the
-// plan): up to topk distinct blocks per (head, token), -1 padded.
-std::vector<int32_t> random_ids(const Problem& p, const std::vector<int32_t>& lk, int64_t topk,
-                                int64_t blk, unsigned seed, bool sorted) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> q2k(p.hkv * p.total_q() * topk, -1);
-  for (int64_t h = 0; h < p.hkv; ++h)
-    for (int64_t b = 0; b < p.batch(); ++b)
-      for (int64_t t = p.q_start(b); t < p.q_start(b + 1); ++t) {
-        std::vector<int32_t> ids((lk[b] + blk - 1) / blk);
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        const int64_t n = std::min<int64_t>(int64_t(rng() % (topk + 1)), int64_t(ids.size()));
-        ids.resize(n);
-        ids.resize(topk, -1);
-        if (sorted) std::sort(ids.begin(), ids.begin() + n);
-        else std::shuffle(ids.begin(), ids.end(), rng);
-        std::copy(ids.begin(), ids.end(), q2k.begin() + (h * p.total_q() + t) * topk);
-      }
-  return q2k;
-}
 
 struct Config {
   std::vector<int32_t> lq, lk;
@@ -127,7 +82,8 @@ struct Bench {
   std::optional<HostTensor> q2k;
   int64_t max_q = 1;
   TestStream stream;
-  DeviceTensor q, k, v, page_table, seqused, cu_q, q2k_d, k_scale, v_scale;
+  DeviceTensor q, page_table, seqused, cu_q, q2k_d;
+  DeviceQTensor k, v;
   DeviceBuffer out, lse, status, workspace;
   DecodePlan plan;
   cuda::DecodeWork work;  // the backend's plan when cfg.warps forces a width
@@ -142,14 +98,12 @@ struct Bench {
       q2k.emplace(q2k_tensor(ids, p.hkv, p.total_q(), c.topk));
     }
     q = to_device(p.q, stream);
-    k = to_device(paged.k, stream);
-    v = to_device(paged.v, stream);
+    k = to_device(paged.k, paged.k_scale, stream);
+    v = to_device(paged.v, paged.v_scale, stream);
     page_table = to_device(paged.page_table, stream);
     seqused = to_device(paged.seqused_k, stream);
     cu_q = to_device(p.cu_q, stream);
     if (q2k) q2k_d = to_device(*q2k, stream);
-    if (paged.k_scale) k_scale = to_device(*paged.k_scale, stream);
-    if (paged.v_scale) v_scale = to_device(*paged.v_scale, stream);
     out = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq * 128) * 2);
     lse = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq) * 4);
     status = DeviceBuffer(16);
@@ -193,8 +147,8 @@ struct Bench {
     AttentionArgs a;
     a.q = q.t;
     KVCache kv;
-    kv.k = paged.k_scale ? QTensor(k.t, k_scale.t) : QTensor(k.t);
-    kv.v = paged.v_scale ? QTensor(v.t, v_scale.t) : QTensor(v.t);
+    kv.k = k.view();
+    kv.v = v.view();
     kv.layout = cfg.layout;
     kv.page_table = page_table.t;
     kv.seqused_k = seqused.t;
@@ -295,7 +249,7 @@ TEST(DecodeGpu, SweepDenseAndSparse) {
       {2, 3, 256, KVLayout::paged_nhd, 5, 64},    {1, 4, 16, KVLayout::paged_nhd, 16, 128},
       {16, 1, 256, KVLayout::paged_hnd, 16, 128}, {1, 2, 128, KVLayout::paged_hnd, 2, 64},
   };
-  if (small_run()) shapes.resize(3);
+  if (small_tests()) shapes.resize(3);
   std::mt19937 rng(7);
   unsigned seed = 100;
   for (int warps : kWidths)
@@ -305,7 +259,7 @@ TEST(DecodeGpu, SweepDenseAndSparse) {
         if (topk == 40 && sh.g != 16) continue;
         SCOPED_TRACE("forced width " + std::to_string(warps));
         Config c =
-            random_config(rng, small_run() ? 3 : 6, sh.max_q, small_run() ? 700 : 2500, true);
+            random_config(rng, small_tests() ? 3 : 6, sh.max_q, small_tests() ? 700 : 2500, true);
         c.warps = warps;
         c.hq = sh.g * sh.hkv;
         c.hkv = sh.hkv;
@@ -329,7 +283,7 @@ template <typename F>
 void each_width(std::mt19937& rng, int max_q, unsigned& seed, F&& setup) {
   for (int warps : kWidths) {
     SCOPED_TRACE("forced width " + std::to_string(warps));
-    Config c = random_config(rng, 4, max_q, small_run() ? 600 : 3000, false);
+    Config c = random_config(rng, 4, max_q, small_tests() ? 600 : 3000, false);
     c.warps = warps;
     c.hq = 32;
     c.hkv = 2;
@@ -391,7 +345,7 @@ TEST(DecodeGpu, Fp8SlotScales) {
       {th, tok, KVLayout::paged_nhd, 12, 256, 8, true},
       {tok, tok, KVLayout::paged_hnd, 0, 32, 1, true},
   };
-  if (small_run()) kinds.resize(3);
+  if (small_tests()) kinds.resize(3);
   for (const Kind& kind : kinds)
     each_width(rng, kind.max_q, seed, [&](Config& c) {
       c.page_size = kind.page;
@@ -457,7 +411,7 @@ TEST(DecodeGpu, SkewedLengthsSplitAndCombineDeterministic) {
       SCOPED_TRACE("forced width " + std::to_string(warps));
       Config c;
       c.warps = warps;
-      const int long_k = small_run() ? 6000 : 40000;
+      const int long_k = small_tests() ? 6000 : 40000;
       c.lq = {8, 8, 8, 8, 8};
       c.lk = {long_k, 700, 0, 1300, 129};
       c.hq = 32;
@@ -497,21 +451,20 @@ TEST(DecodeGpu, NewLengthsWithinThePlanAndPastIt) {
     for (std::vector<int32_t> lk : {std::vector<int32_t>{10, 1999, 0}, {1000, 64, 300}}) {
       std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
       if (topk) {  // a q2k valid for the new lengths
-        t.ids = random_ids(t.p, lk, topk, c.blk, c.seed + lk[0], true);
+        std::mt19937 ids_rng(c.seed + lk[0]);
+        t.ids = random_q2k(t.p.lq, lk, t.p.hkv, topk, c.blk, ids_rng);
         std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
-        copy_to_device(*t.q2k, t.q2k_d, t.stream);
+        copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
       }
-      copy_to_device(t.paged.seqused_k, t.seqused, t.stream);
+      copy_to_device(t.paged.seqused_k, t.seqused.buf, t.stream);
       t.run_gpu();
       t.expect_matches_reference("shrunk lengths");
     }
     // Grow past the planned capacity (1000 -> 1100 > 1024): reported, not silently dropped.
     std::vector<int32_t> grown = {1100, 2000, 300};
-    MSA_CUDA_CHECK(cudaMemcpyAsync(t.seqused.buf.get(), grown.data(), 12, cudaMemcpyHostToDevice, t.stream));
+    t.seqused.buf.upload(grown, t.stream);
     t.run_gpu();
-    const auto st = t.status_words();
-    EXPECT_EQ(st[0], int32_t(StatusCode::kv_length_past_plan));
-    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 1100, 1024));
+    expect_status(t.status_words(), StatusCode::kv_length_past_plan, 0, 1100, 1024);
   }
 }
 
@@ -525,9 +478,7 @@ TEST(DecodeGpu, MoreQueriesThanPlanned) {
   t.max_q = 4;  // the plan allows 4 queries per request; request 1 has 5
   t.plan_gpu();
   t.run_gpu();
-  const auto st = t.status_words();
-  EXPECT_EQ(st[0], int32_t(StatusCode::queries_past_plan));
-  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, 5, 4));
+  expect_status(t.status_words(), StatusCode::queries_past_plan, 1, 5, 4);
 }
 
 TEST(DecodeGpu, BadPageIdsReported) {
@@ -554,7 +505,7 @@ TEST(DecodeGpu, BadPageIdsReported) {
             for (int64_t s = 0; s < topk; ++s)
               t.q2k->data<int32_t>()[(h * t.p.total_q() + tok) * topk + s] =
                   s < (t.p.lk[b] + 127) / 128 ? int32_t(s) : -1;
-      copy_to_device(*t.q2k, t.q2k_d, t.stream);
+      copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
     }
     const int64_t mp = t.paged.page_table.t.shape[1], pages = t.paged.k.t.shape[0];
     const int col1 = kind.page == 32 ? 15 : 3, col3 = kind.page == 32 ? 7 : 4;  // within lk
@@ -562,17 +513,15 @@ TEST(DecodeGpu, BadPageIdsReported) {
     pt[3 * mp + col3] = int32_t(pages);  // (batch 3, col3): one past the pool
     pt[1 * mp + col1] = INT_MIN;         // (batch 1, col1): the first offence
     pt[4 * mp + 0] = -1;
-    copy_to_device(t.paged.page_table, t.page_table, t.stream);
+    copy_to_device(t.paged.page_table, t.page_table.buf, t.stream);
     t.plan_gpu();
     t.run_gpu();
-    const auto st = t.status_words();
-    EXPECT_EQ(st[0], int32_t(StatusCode::page_id_out_of_range));
-    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, col1, INT_MIN));
+    expect_status(t.status_words(), StatusCode::page_id_out_of_range, 1, col1, INT_MIN);
     expect_error([&] { check_status(Tensor(t.status.get(), DType::i32, {4}, gpu0()), t.stream); },
                  "page_table: page id -2147483648 out of range [0, num_pages) at (batch 1, column " +
                      std::to_string(col1) + ")");
     // The offence was consumed: a clean run reports nothing.
-    copy_to_device(make_paged(t.p, c.layout, c.page_size, c.seed + 1).page_table, t.page_table, t.stream);
+    copy_to_device(make_paged(t.p, c.layout, c.page_size, c.seed + 1).page_table, t.page_table.buf, t.stream);
     t.run_gpu();
     EXPECT_EQ(t.status_words()[0], 0);
   }
@@ -582,6 +531,7 @@ TEST(DecodeGpu, BadBlockIdsReported) {
   MSA_REQUIRE_GPU();
   const std::vector<int32_t> bad = {INT_MIN, -123456, -2, 0 /* nblk */, 1 /* nblk + 1000 */, INT_MAX};
   for (size_t i = 0; i < bad.size(); ++i) {
+    SCOPED_TRACE("id case " + std::to_string(i));
     Config c;
     c.lq = {2, 4, 3};
     c.lk = {500, 900, 260};
@@ -602,12 +552,10 @@ TEST(DecodeGpu, BadBlockIdsReported) {
     };
     put(1, total_q - 1, 3);
     put(1, 4, 2);  // earlier in (head, token, slot) order
-    copy_to_device(*t.q2k, t.q2k_d, t.stream);
+    copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
     t.plan_gpu();
     t.run_gpu();
-    const auto st = t.status_words();
-    EXPECT_EQ(st[0], int32_t(StatusCode::block_id_out_of_range)) << "id case " << i;
-    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(1, 4, 2)) << "id case " << i;
+    expect_status(t.status_words(), StatusCode::block_id_out_of_range, 1, 4, 2);
   }
   // A repeated id: the second occurrence is the offence.
   Config c;
@@ -618,12 +566,10 @@ TEST(DecodeGpu, BadBlockIdsReported) {
   Bench t(c);
   const std::vector<int32_t> rows = {0, 1, 2, 3, /**/ 0, 5, -1, 5, /**/ 7, 7, 7, 7};
   std::copy(rows.begin(), rows.end(), t.q2k->data<int32_t>());
-  copy_to_device(*t.q2k, t.q2k_d, t.stream);
+  copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
   t.plan_gpu();
   t.run_gpu();
-  const auto st = t.status_words();
-  EXPECT_EQ(st[0], int32_t(StatusCode::block_id_repeated));
-  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 1, 3));
+  expect_status(t.status_words(), StatusCode::block_id_repeated, 0, 1, 3);
 }
 
 TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {
@@ -656,10 +602,11 @@ TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {
       for (int b = 0; b < 4; ++b)
         lk[b] = replay == 0 ? c.lk[b] : int32_t(rng() % (c.lk[b] + 1));  // within the plan
       std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
-      t.ids = random_ids(t.p, lk, c.topk, c.blk, 2000 + replay, replay % 2 == 0);
+      std::mt19937 ids_rng(2000 + replay);
+      t.ids = random_q2k(t.p.lq, lk, t.p.hkv, c.topk, c.blk, ids_rng, /*sorted=*/replay % 2 == 0);
       std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
-      copy_to_device(*t.q2k, t.q2k_d, t.stream);
-      copy_to_device(t.paged.seqused_k, t.seqused, t.stream);
+      copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
+      copy_to_device(t.paged.seqused_k, t.seqused.buf, t.stream);
       t.out.poison(t.stream);
       t.lse.poison(t.stream);
       clear_status(status, t.stream);
@@ -674,9 +621,9 @@ TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {
 TEST(DecodeGpu, LargeBatch) {
   MSA_REQUIRE_GPU();
   std::mt19937 rng(12);
-  const int batch = small_run() ? 1100 : 4096;
+  const int batch = small_tests() ? 1100 : 4096;
   for (int64_t topk : {int64_t(4), int64_t(0)}) {
-    Config c = random_config(rng, batch, 1, small_run() ? 150 : 200, false);
+    Config c = random_config(rng, batch, 1, small_tests() ? 150 : 200, false);
     c.topk = topk;
     c.page_size = 16;
     c.seed = 1100 + unsigned(topk);
@@ -697,7 +644,7 @@ __global__ void fill_pattern_bf16(uint16_t* x, int64_t n) {
 
 TEST(DecodeGpu, OffsetsPast2To31) {
   MSA_REQUIRE_GPU();
-  if (small_run()) GTEST_SKIP() << "MSA_TEST_SMALL: skipping the 8 GB case";
+  if (small_tests()) GTEST_SKIP() << "MSA_TEST_SMALL: skipping the 8 GB case";
   // total_q * Hq * D = 2^31 + 64 * 128 * 16 elements; every request shares one 32-key page.
   const int64_t hq = 64, hkv = 4, lq = 16;
   const int64_t batch = (int64_t(1) << 31) / (hq * 128 * lq) + 1, total_q = batch * lq;
@@ -746,16 +693,11 @@ TEST(DecodeGpu, OffsetsPast2To31) {
   // The last request (its rows past element 2^31) against the CPU decode of the same values.
   Problem last = make_problem({int32_t(lq)}, {32}, hq, hkv, 128, 1200);
   const int64_t row0 = total_q - lq, n = lq * hq * 128;
-  MSA_CUDA_CHECK(cudaMemcpyAsync(last.q.data<uint16_t>(), static_cast<uint16_t*>(q.get()) + row0 * hq * 128,
-                                 n * 2, cudaMemcpyDeviceToHost, stream));
+  q.download(last.q.data<uint16_t>(), n * 2, stream, size_t(row0 * hq * 128) * 2);
   std::vector<uint16_t> got(n);
-  MSA_CUDA_CHECK(cudaMemcpyAsync(got.data(), static_cast<uint16_t*>(out.get()) + row0 * hq * 128, n * 2,
-                                 cudaMemcpyDeviceToHost, stream));
+  out.download(got.data(), n * 2, stream, size_t(row0 * hq * 128) * 2);
   std::vector<float> got_lse(hq);
-  for (int64_t h = 0; h < hq; ++h)
-    MSA_CUDA_CHECK(cudaMemcpyAsync(&got_lse[h], static_cast<float*>(lse.get()) + h * total_q + total_q - 1, 4,
-                                   cudaMemcpyDeviceToHost, stream));
-  MSA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (int64_t h = 0; h < hq; ++h) lse.download(&got_lse[h], 4, stream, size_t(h * total_q + total_q - 1) * 4);
   DecodePlan cpu;
   DecodeShape cs = s;
   cs.batch = 1;

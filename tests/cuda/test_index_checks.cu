@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <climits>
 #include <random>
-#include <tuple>
 
 #include "cuda/common/index_checks.cuh"
+#include "support/attention_problem.h"
 #include "support/gpu_test_util.h"
 
 namespace msa::test {
@@ -46,30 +46,19 @@ std::vector<int32_t> run_check(const Case& c) {
   return status.download<int32_t>(4, stream);
 }
 
-// A valid random selection: distinct ids in [0, nblk_b) or -1, per (head, token).
+// A valid random selection: distinct ids in [0, nblk_b) or -1, per (head, token), in any slot.
 Case random_case(std::mt19937& rng, int batch, int64_t hkv, int64_t topk) {
   Case c;
   c.hkv = hkv;
   c.topk = topk;
-  c.cu_q = {0};
-  c.cu_k = {0};
+  std::vector<int32_t> lq, lk;
   for (int b = 0; b < batch; ++b) {
-    c.cu_q.push_back(c.cu_q.back() + int32_t(rng() % 300));
-    c.cu_k.push_back(c.cu_k.back() + int32_t(rng() % 900));
+    lq.push_back(int32_t(rng() % 300));
+    lk.push_back(int32_t(rng() % 900));
   }
-  const int64_t total_q = c.cu_q.back();
-  c.q2k.assign(hkv * total_q * topk, -1);
-  for (int64_t h = 0; h < hkv; ++h)
-    for (int b = 0; b < batch; ++b) {
-      const int64_t nblk = (c.cu_k[b + 1] - c.cu_k[b] + c.blk - 1) / c.blk;
-      for (int64_t t = c.cu_q[b]; t < c.cu_q[b + 1]; ++t) {
-        std::vector<int32_t> ids(nblk);
-        for (int64_t i = 0; i < nblk; ++i) ids[i] = int32_t(i);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        for (int64_t s = 0; s < std::min(nblk, topk); ++s)
-          if (rng() % 5) c.q2k[(h * total_q + t) * topk + s] = ids[s];
-      }
-    }
+  c.cu_q = cumulative(lq);
+  c.cu_k = cumulative(lk);
+  c.q2k = random_q2k(lq, lk, hkv, topk, c.blk, rng, /*sorted=*/false);
   return c;
 }
 
@@ -88,6 +77,7 @@ TEST(IndexChecksGpu, ReportsFirstOffenceOfEachKind) {
                                         INT_MAX};
   std::mt19937 rng(2);
   for (size_t i = 0; i < bad_ids.size(); ++i) {
+    SCOPED_TRACE("id case " + std::to_string(i));
     Case c = random_case(rng, 3, 2, 6);
     const int64_t total_q = c.cu_q.back();
     ASSERT_GT(total_q, 0);
@@ -105,9 +95,7 @@ TEST(IndexChecksGpu, ReportsFirstOffenceOfEachKind) {
     put(h1, t1, s1);
     put(h0, t0, s0);
     const auto st = run_check(c);
-    EXPECT_EQ(st[0], int32_t(StatusCode::block_id_out_of_range)) << "id case " << i;
-    EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(int32_t(h0), int32_t(t0), int32_t(s0)))
-        << "id case " << i;
+    expect_status(st, StatusCode::block_id_out_of_range, int32_t(h0), int32_t(t0), int32_t(s0));
     EXPECT_NE(describe_status(st.data()).find("(head 1, token " + std::to_string(t0) + ", slot 2)"),
               std::string::npos)
         << describe_status(st.data());
@@ -122,9 +110,7 @@ TEST(IndexChecksGpu, RepeatedIdInRow) {
   c.hkv = 1;
   c.topk = 4;
   c.q2k = {0, 1, 2, 3, /**/ 0, 5, -1, 5, /**/ 7, 7, 7, 7};
-  const auto st = run_check(c);
-  EXPECT_EQ(st[0], int32_t(StatusCode::block_id_repeated));
-  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 1, 3));
+  expect_status(run_check(c), StatusCode::block_id_repeated, 0, 1, 3);
 }
 
 TEST(IndexChecksGpu, AllInvalidRowsAndHugeTopK) {
@@ -137,9 +123,7 @@ TEST(IndexChecksGpu, AllInvalidRowsAndHugeTopK) {
   c.q2k.assign(2 * 64, -1);
   EXPECT_EQ(run_check(c)[0], 0);
   for (auto& x : c.q2k) x = INT_MAX;
-  const auto st = run_check(c);
-  EXPECT_EQ(st[0], int32_t(StatusCode::block_id_out_of_range));
-  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(0, 0, 0));
+  expect_status(run_check(c), StatusCode::block_id_out_of_range, 0, 0, 0);
 }
 
 TEST(IndexChecksGpu, BadCuSeqlensAndEmptyBatches) {

@@ -58,15 +58,6 @@ std::optional<HostTensor> random_scale(int kind, int64_t tokens, int64_t heads, 
   return s;
 }
 
-Tensor to_gpu(const HostTensor& h, DeviceBuffer& d, cudaStream_t s) {
-  d = DeviceBuffer(h.bytes() + 16);
-  d.upload(std::vector<uint8_t>(h.data<uint8_t>(), h.data<uint8_t>() + h.bytes()), s);
-  Tensor t = h.t;
-  t.data = d.get();
-  t.device = gpu0();
-  return t;
-}
-
 // Runs `op` (block_scores or block_topk, device inputs in `args`) with its output `out` in a
 // poisoned device buffer shaped like `like`, on a fresh status; throws msa::Error for an offence
 // the device reported. Returns the output.
@@ -165,12 +156,14 @@ void run_case(const IdxCase& c) {
   block_scores(a);
 
   TestStream stream;
-  DeviceBuffer dq, dk, dcq, dck, dqs, dks, dst(16);
+  const DeviceQTensor dq = to_device(q, q_scale, stream), dk = to_device(k, k_scale, stream);
+  const DeviceTensor dcq = to_device(cu_q, stream), dck = to_device(cu_k, stream);
+  DeviceBuffer dst(16);
   BlockScoresArgs g = a;
-  g.q = q_scale ? QTensor(to_gpu(q, dq, stream), to_gpu(*q_scale, dqs, stream)) : QTensor(to_gpu(q, dq, stream));
-  g.kv.k = k_scale ? QTensor(to_gpu(k, dk, stream), to_gpu(*k_scale, dks, stream)) : QTensor(to_gpu(k, dk, stream));
-  g.kv.cu_seqlens_k = to_gpu(cu_k, dck, stream);
-  g.cu_seqlens_q = to_gpu(cu_q, dcq, stream);
+  g.q = dq.view();
+  g.kv.k = dk.view();
+  g.kv.cu_seqlens_k = dck.t;
+  g.cu_seqlens_q = dcq.t;
   g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
   const auto got = gpu_scores(g, ref, stream);
   expect_scores_match(got, ref, c.integer_values);
@@ -400,17 +393,14 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
   block_scores(a);
 
   TestStream s;
-  const DeviceTensor dq = to_device(q, s), dk = to_device(k, s), dpool = to_device(pk.pool, s);
+  const DeviceQTensor dq = to_device(q, q_scale, s), dk = to_device(k, k_scale, s);
+  const DeviceQTensor dpool = to_device(pk.pool, pool_scale, s);
   const DeviceTensor dpt = to_device(pk.page_table, s), dsu = to_device(pk.seqused_k, s);
   const DeviceTensor dcq = to_device(cu_q, s), dck = to_device(cu_k, s);
-  std::optional<DeviceTensor> dqs, dks, dps;
-  if (q_scale) dqs.emplace(to_device(*q_scale, s));
-  if (k_scale) dks.emplace(to_device(*k_scale, s));
-  if (pool_scale) dps.emplace(to_device(*pool_scale, s));
   DeviceBuffer dst(16);
   BlockScoresArgs g = a;
-  g.q = dqs ? QTensor(dq.t, dqs->t) : QTensor(dq.t);
-  g.kv.k = dps ? QTensor(dpool.t, dps->t) : QTensor(dpool.t);
+  g.q = dq.view();
+  g.kv.k = dpool.view();
   g.kv.page_table = dpt.t;
   g.kv.seqused_k = dsu.t;
   g.cu_seqlens_q = dcq.t;
@@ -420,7 +410,7 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
 
   BlockScoresArgs gf = g;  // the same logical K, flat
   gf.kv = KVCache();
-  gf.kv.k = dks ? QTensor(dk.t, dks->t) : QTensor(dk.t);
+  gf.kv.k = dk.view();
   gf.kv.cu_seqlens_k = dck.t;
   const auto flat = gpu_scores(gf, ref, s);
   EXPECT_EQ(0, std::memcmp(paged.data(), flat.data(), paged.size() * 4)) << "paged != flat scores";

@@ -7,8 +7,7 @@
 #include <random>
 
 #include "common/codecs.h"
-#include "support/host_tensor.h"
-#include "support/gpu_test_util.h"
+#include "support/device_tensor.h"
 
 namespace msa::test {
 namespace {
@@ -22,13 +21,6 @@ void fill(HostTensor& t, std::mt19937& rng, bool integer) {
     t.data<uint16_t>()[i] = codec::float_to_bf16(integer ? float(int(rng() % 5) - 2) : nd(rng));
 }
 
-Tensor on(const HostTensor& h, const DeviceBuffer& d) {
-  Tensor t = h.t;
-  t.data = d.get();
-  t.device = gpu0();
-  return t;
-}
-
 TEST(PipelineGpu, GraphReplaysWithNewInputs) {
   MSA_REQUIRE_GPU();
   const std::vector<int32_t> lq = {300, 200}, lk = {700, 500};
@@ -38,15 +30,15 @@ TEST(PipelineGpu, GraphReplaysWithNewInputs) {
   TestStream stream;
   DeviceBuffer dq(q.bytes()), dk(k.bytes()), dv(v.bytes()), dcq(cu_q.bytes()), dck(cu_k.bytes()),
       dout(size_t(tq) * kHq * kD * 2), dlse(size_t(kHq) * tq * 4), dst(16);
-  dcq.upload(std::vector<int32_t>(cu_q.data<int32_t>(), cu_q.data<int32_t>() + 3), stream);
-  dck.upload(std::vector<int32_t>(cu_k.data<int32_t>(), cu_k.data<int32_t>() + 3), stream);
+  copy_to_device(cu_q, dcq, stream);
+  copy_to_device(cu_k, dck, stream);
 
   PipelineArgs a;
-  a.q = on(q, dq);
-  a.kv.k = on(k, dk);
-  a.kv.v = on(v, dv);
-  a.kv.cu_seqlens_k = on(cu_k, dck);
-  a.cu_seqlens_q = on(cu_q, dcq);
+  a.q = on_device(q, dq);
+  a.kv.k = on_device(k, dk);
+  a.kv.v = on_device(v, dv);
+  a.kv.cu_seqlens_k = on_device(cu_k, dck);
+  a.cu_seqlens_q = on_device(cu_q, dcq);
   a.topk = kTopK;
   a.out = Tensor(dout.get(), DType::bf16, {tq, kHq, kD}, gpu0());
   a.lse = Tensor(dlse.get(), DType::f32, {kHq, tq}, gpu0());
@@ -59,9 +51,9 @@ TEST(PipelineGpu, GraphReplaysWithNewInputs) {
     fill(q, rng, true);
     fill(k, rng, true);
     fill(v, rng, false);
-    dq.upload(std::vector<uint8_t>(q.data<uint8_t>(), q.data<uint8_t>() + q.bytes()), stream);
-    dk.upload(std::vector<uint8_t>(k.data<uint8_t>(), k.data<uint8_t>() + k.bytes()), stream);
-    dv.upload(std::vector<uint8_t>(v.data<uint8_t>(), v.data<uint8_t>() + v.bytes()), stream);
+    copy_to_device(q, dq, stream);
+    copy_to_device(k, dk, stream);
+    copy_to_device(v, dv, stream);
   };
   upload_inputs();
   clear_status(a.status, stream);

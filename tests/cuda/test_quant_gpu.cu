@@ -4,8 +4,7 @@
 #include <random>
 
 #include "common/codecs.h"
-#include "support/host_tensor.h"
-#include "support/gpu_test_util.h"
+#include "support/device_tensor.h"
 
 namespace msa::test {
 namespace {
@@ -50,13 +49,6 @@ FormatCase format_case(QuantFormat f, int64_t T, int64_t H, int64_t D) {
   }
 }
 
-Tensor on_gpu(const HostTensor& h, const DeviceBuffer& d) {
-  Tensor t = h.t;
-  t.data = d.get();
-  t.device = gpu0();
-  return t;
-}
-
 TEST(QuantGpu, QuantizeAndDequantizeMatchCpuBitwise) {
   MSA_REQUIRE_GPU();
   TestStream stream;
@@ -74,11 +66,11 @@ TEST(QuantGpu, QuantizeAndDequantizeMatchCpuBitwise) {
       quantize(x.t, f, QTensor(cv.t, cs.t, global));
 
       DeviceBuffer dx(x.bytes()), dv(gv.bytes()), ds(gs.bytes());
-      dx.upload(std::vector<uint8_t>(x.data<uint8_t>(), x.data<uint8_t>() + x.bytes()), stream);
+      copy_to_device(x, dx, stream);
       dv.poison(stream);
       ds.poison(stream);
-      const QTensor gq(on_gpu(gv, dv), on_gpu(gs, ds), global);
-      quantize(on_gpu(x, dx), f, gq, stream);
+      const QTensor gq(on_device(gv, dv), on_device(gs, ds), global);
+      quantize(on_device(x, dx), f, gq, stream);
       const auto v = dv.download<uint8_t>(gv.bytes(), stream);
       const auto s = ds.download<uint8_t>(gs.bytes(), stream);
       EXPECT_EQ(0, std::memcmp(v.data(), cv.data<uint8_t>(), v.size())) << "codes differ";
@@ -89,7 +81,7 @@ TEST(QuantGpu, QuantizeAndDequantizeMatchCpuBitwise) {
         dequantize(QTensor(cv.t, cs.t, global), co.t);
         DeviceBuffer dout(go.bytes());
         dout.poison(stream);
-        dequantize(gq, on_gpu(go, dout), stream);
+        dequantize(gq, on_device(go, dout), stream);
         const auto o = dout.download<uint8_t>(go.bytes(), stream);
         EXPECT_EQ(0, std::memcmp(o.data(), co.data<uint8_t>(), o.size()))
             << "dequantized to " << dtype_name(od) << " differs";

@@ -22,22 +22,9 @@ Outputs make_outputs(const SparseCase& c) {
                  HostTensor(DType::f32, {c.p.hq, c.temperature > 0.f ? tq : 0})};
 }
 
-AttentionArgs base_args(const SparseCase& c) {
-  AttentionArgs a;
-  a.params.causal = c.causal;
-  a.params.partial_dtype = c.partial;
-  a.params.temperature = c.temperature;
-  a.params.softmax_scale = c.scale;
-  return a;
-}
-
 Outputs run_cpu(const SparseCase& c) {
   Outputs o = make_outputs(c);
-  AttentionArgs a = base_args(c);
-  a.q = c.p.q.t;
-  a.kv = c.p.flat_kv();
-  a.cu_seqlens_q = c.p.cu_q.t;
-  a.q2k = c.q2k.t;
+  AttentionArgs a = cpu_args(c);
   a.out = o.out.t;
   a.lse = o.lse.t;
   if (c.temperature > 0.f) a.tlse = o.tlse.t;
@@ -96,7 +83,8 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
   Outputs host = make_outputs(c);
   DeviceTensor out = device_like(host.out, s), lse = device_like(host.lse, s),
                tlse = device_like(host.tlse, s);
-  AttentionArgs a = base_args(c);
+  AttentionArgs a;
+  a.params = params_of(c);
   a.q = d.q.t;
   a.kv = d.kv();
   a.cu_seqlens_q = d.cu_q.t;
@@ -175,7 +163,7 @@ TEST(SparseFwdGpu, NamedEdges) {
   for (const Edge& e : edges) {
     std::mt19937 rng(77 + idx);
     Problem prob = make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, 128, 500u + unsigned(idx));
-    HostTensor ids = random_q2k(prob, e.topk, e.causal, rng, e.blk);
+    HostTensor ids = indexer_like_q2k(prob, e.topk, e.causal, rng, e.blk);
     SparseCase c(std::move(prob), std::move(ids), e.topk);
     c.causal = e.causal;
     poison_unselected(c.p, c.q2k, c.topk);
@@ -218,7 +206,7 @@ TEST(SparseFwdGpu, WideScoreRangeMatchesCpu) {
           }
       }
     std::mt19937 rng(31 + idx++);
-    HostTensor ids = random_q2k(prob, 8, true, rng, w.blk);
+    HostTensor ids = indexer_like_q2k(prob, 8, true, rng, w.blk);
     SparseCase c(std::move(prob), std::move(ids), 8);
     c.causal = true;
     c.temperature = w.temperature;
@@ -239,7 +227,7 @@ TEST(SparseFwdGpu, InvalidIdsReported) {
   for (int32_t bad : bad_ids) {
     std::mt19937 rng(5);
     Problem prob = make_problem({300, 40}, {300, 500}, 8, 2, 128, 17u);
-    HostTensor ids = random_q2k(prob, 4, true, rng);
+    HostTensor ids = indexer_like_q2k(prob, 4, true, rng);
     SparseCase cc(std::move(prob), std::move(ids), 4);
     // (head 1, token 17, slot 2); batch 0 has 3 blocks, so 3 is out of range too.
     cc.q2k.data<int32_t>()[((1 * cc.p.total_q()) + 17) * cc.topk + 2] = bad;
@@ -267,15 +255,14 @@ TEST(SparseFwdGpu, MismatchedK2QReported) {
     SCOPED_TRACE("tamper " + std::to_string(int(t)));
     std::mt19937 rng(9);
     Problem prob = make_problem({300, 40}, {300, 500}, 8, 2, 128, 19u);
-    HostTensor ids = random_q2k(prob, 4, true, rng);
+    HostTensor ids = indexer_like_q2k(prob, 4, true, rng);
     SparseCase cc(std::move(prob), std::move(ids), 4);
     const int64_t hkv = cc.p.hkv, rows = cc.total_rows, nnz = cc.p.total_q() * cc.topk;
     DeviceCase d(cc, s);
     d.build_csr(cc, s);
     check_status(d.status_t(), s);
-    std::vector<int32_t> rp(hkv * (rows + 1)), qi(hkv * nnz);
-    MSA_CUDA_CHECK(cudaMemcpy(rp.data(), d.row_ptr.get(), rp.size() * 4, cudaMemcpyDeviceToHost));
-    MSA_CUDA_CHECK(cudaMemcpy(qi.data(), d.q_idx.get(), qi.size() * 4, cudaMemcpyDeviceToHost));
+    const std::vector<int32_t> rp = d.row_ptr.download<int32_t>(hkv * (rows + 1), s);
+    std::vector<int32_t> qi = d.q_idx.download<int32_t>(hkv * nnz, s);
     // Head 1, a row of batch 0 (rows 0..2 are its blocks): with two entries or more for the
     // swap; for the foreign token, one that a batch-0 token's head-1 q2k row does not select.
     const int32_t* q2k1 = cc.q2k.data<int32_t>() + cc.p.total_q() * cc.topk;
@@ -298,7 +285,7 @@ TEST(SparseFwdGpu, MismatchedK2QReported) {
       row_q[0] = tok;
       std::sort(row_q, row_q + len(r));
     }
-    MSA_CUDA_CHECK(cudaMemcpy(d.q_idx.get(), qi.data(), qi.size() * 4, cudaMemcpyHostToDevice));
+    d.q_idx.upload(qi, s);
     if (t == kExtraId) {
       // Head 0, token 17 (batch 0, 3 blocks, topk 4): a -1 slot becomes a block it lacks.
       int32_t* row = cc.q2k.data<int32_t>() + 17 * cc.topk;
@@ -328,7 +315,7 @@ TEST(SparseFwdGpu, K2QRowCountChecked) {
   TestStream s;
   std::mt19937 rng(12);
   Problem prob = make_problem({300, 40}, {300, 500}, 8, 2, 128, 21u);
-  HostTensor ids = random_q2k(prob, 4, true, rng);
+  HostTensor ids = indexer_like_q2k(prob, 4, true, rng);
   SparseCase cc(std::move(prob), std::move(ids), 4);
   DeviceCase exact(cc, s);
   const Outputs want = run_gpu(cc, exact, /*with_k2q=*/false, s);

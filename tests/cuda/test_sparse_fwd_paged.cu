@@ -24,22 +24,10 @@ Result make_result(const SparseCase& c) {
   return Result{HostTensor(c.p.q.t.dtype, {tq, c.p.hq, c.p.dim}), HostTensor(DType::f32, {c.p.hq, tq})};
 }
 
-AttentionParams params_of(const SparseCase& c) {
-  AttentionParams prm;
-  prm.causal = c.causal;
-  prm.partial_dtype = c.partial;
-  return prm;
-}
-
 // The CPU backend on the flat KV the pool was built from.
 Result run_cpu(const SparseCase& c) {
   Result r = make_result(c);
-  AttentionArgs a;
-  a.params = params_of(c);
-  a.q = c.p.q.t;
-  a.kv = c.p.flat_kv();
-  a.cu_seqlens_q = c.p.cu_q.t;
-  a.q2k = c.q2k.t;
+  AttentionArgs a = cpu_args(c);
   a.out = r.out.t;
   a.lse = r.lse.t;
   attention_forward(a);
@@ -133,7 +121,7 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
     }
   std::mt19937 rng(seed);
   Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, 128, seed, sp.dtype);
-  HostTensor ids = random_q2k(prob, sp.topk, sp.causal, rng, sp.blk);
+  HostTensor ids = indexer_like_q2k(prob, sp.topk, sp.causal, rng, sp.blk);
   SparseCase c(std::move(prob), std::move(ids), sp.topk);
   c.causal = sp.causal;
   if (seed % 3) c.partial = seed % 3 == 1 ? DType::bf16 : DType::f32;  // 0: the default

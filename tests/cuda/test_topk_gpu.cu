@@ -5,8 +5,8 @@
 #include <numeric>
 #include <random>
 
-#include "support/host_tensor.h"
-#include "support/gpu_test_util.h"
+#include "support/device_tensor.h"
+#include "support/topk_args.h"
 
 namespace msa::test {
 namespace {
@@ -35,36 +35,20 @@ void run_case(const TopKCase& c) {
   }
   const HostTensor cu_q = i32_tensor(cumulative(c.lq)), cu_k = i32_tensor(cumulative(c.lk));
   HostTensor ref(DType::i32, {c.hkv, total_q, c.topk});
-  TopKArgs a;
-  a.scores = scores.t;
-  a.cu_seqlens_q = cu_q.t;
-  a.kv.cu_seqlens_k = cu_k.t;
-  a.num_kv_heads = int(c.hkv);
-  a.topk = c.topk;
-  a.sink_blocks = c.sink;
-  a.local_blocks = c.local;
-  a.causal = c.causal;
-  a.kv_block_size = c.blk;
-  a.q2k = ref.t;
+  const TopKArgs a = topk_args(c, scores.t, cu_q.t, cu_k.t, ref.t);
   select_topk(a);
 
   TestStream stream;
   DeviceBuffer ds(scores.bytes()), dq(cu_q.bytes()), dk(cu_k.bytes()), dout(ref.bytes() + 4), dst(16);
-  ds.upload(std::vector<float>(scores.data<float>(), scores.data<float>() + scores.bytes() / 4), stream);
-  dq.upload(std::vector<int32_t>(cu_q.data<int32_t>(), cu_q.data<int32_t>() + c.lq.size() + 1), stream);
-  dk.upload(std::vector<int32_t>(cu_k.data<int32_t>(), cu_k.data<int32_t>() + c.lk.size() + 1), stream);
+  copy_to_device(scores, ds, stream);
+  copy_to_device(cu_q, dq, stream);
+  copy_to_device(cu_k, dk, stream);
   dout.poison(stream);
-  auto gpu = [&](const HostTensor& h, const DeviceBuffer& d) {
-    Tensor t = h.t;
-    t.data = d.get();
-    t.device = gpu0();
-    return t;
-  };
   TopKArgs g = a;
-  g.scores = gpu(scores, ds);
-  g.cu_seqlens_q = gpu(cu_q, dq);
-  g.kv.cu_seqlens_k = gpu(cu_k, dk);
-  g.q2k = gpu(ref, dout);
+  g.scores = on_device(scores, ds);
+  g.cu_seqlens_q = on_device(cu_q, dq);
+  g.kv.cu_seqlens_k = on_device(cu_k, dk);
+  g.q2k = on_device(ref, dout);
   g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
   clear_status(g.status, stream);
   select_topk(g, stream);

@@ -237,17 +237,18 @@ inline PagedKV make_paged(const Problem& p, KVLayout layout, int64_t page_size, 
   return out;
 }
 
-// Random q2k [Hkv, total_q, topk]: each (head, token) picks up to `topk` distinct blocks of its
-// batch (any, visible or not) at random; sorted rows are ascending and -1 padded at the end,
-// unsorted rows put ids and -1 in random slots.
-inline std::vector<int32_t> random_q2k(const Problem& p, int64_t topk, int64_t blk, unsigned seed,
+// Random q2k [Hkv, total_q, topk] for requests of lq[b] queries over lk[b] keys: each (head,
+// token) picks up to `topk` distinct blocks of its request (any, visible or not) at random;
+// sorted rows are ascending and -1 padded at the end, unsorted rows put ids and -1 in random slots.
+inline std::vector<int32_t> random_q2k(const std::vector<int32_t>& lq, const std::vector<int32_t>& lk,
+                                       int64_t hkv, int64_t topk, int64_t blk, std::mt19937& rng,
                                        bool sorted = true) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> q2k(p.hkv * p.total_q() * topk, -1);
-  for (int64_t h = 0; h < p.hkv; ++h)
-    for (int64_t b = 0; b < p.batch(); ++b)
-      for (int64_t t = p.q_start(b); t < p.q_start(b + 1); ++t) {
-        std::vector<int32_t> ids((p.lk[b] + blk - 1) / blk);
+  const int64_t total_q = std::accumulate(lq.begin(), lq.end(), int64_t(0));
+  std::vector<int32_t> q2k(hkv * total_q * topk, -1);
+  for (int64_t h = 0; h < hkv; ++h)
+    for (size_t b = 0, t = 0; b < lq.size(); ++b)
+      for (int64_t i = 0; i < lq[b]; ++i, ++t) {
+        std::vector<int32_t> ids((lk[b] + blk - 1) / blk);
         std::iota(ids.begin(), ids.end(), 0);
         std::shuffle(ids.begin(), ids.end(), rng);
         const int64_t n = std::min<int64_t>(std::uniform_int_distribution<int64_t>(0, topk)(rng),
@@ -256,9 +257,16 @@ inline std::vector<int32_t> random_q2k(const Problem& p, int64_t topk, int64_t b
         ids.resize(topk, -1);
         if (sorted) std::sort(ids.begin(), ids.begin() + n);
         else std::shuffle(ids.begin(), ids.end(), rng);
-        std::copy(ids.begin(), ids.end(), q2k.begin() + (h * p.total_q() + t) * topk);
+        std::copy(ids.begin(), ids.end(), q2k.begin() + (h * total_q + int64_t(t)) * topk);
       }
   return q2k;
+}
+
+// The same for problem p's lengths, from a fresh generator seeded with `seed`.
+inline std::vector<int32_t> random_q2k(const Problem& p, int64_t topk, int64_t blk, unsigned seed,
+                                       bool sorted = true) {
+  std::mt19937 rng(seed);
+  return random_q2k(p.lq, p.lk, p.hkv, topk, blk, rng, sorted);
 }
 
 inline HostTensor q2k_tensor(const std::vector<int32_t>& ids, int64_t hkv, int64_t total_q,

@@ -1,16 +1,19 @@
-// Shared helpers of the GPU tests: skip without a device, an owning device buffer, a test stream
-// (never the legacy default stream), and NaN poisoning.
+// Shared helpers of the GPU tests: skip without a device, the owning device buffer (with its NaN
+// poisoning), a test stream (never the legacy default stream), the status-word check, the small-run switch.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "cuda/device/check.h"
 #include "msa/msa.h"
+#include "workloads/device_buffer.h"
 
 namespace msa::test {
 
@@ -21,44 +24,9 @@ namespace msa::test {
       GTEST_SKIP() << "no CUDA device: skipping GPU test";                 \
   } while (0)
 
-// Owning device allocation (tests only; library entry points never allocate).
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes) MSA_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  ~DeviceBuffer() { if (ptr_) cudaFree(ptr_); }
-
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-  template <typename T>
-  void upload(const std::vector<T>& h, cudaStream_t s) {
-    EXPECT_LE(h.size() * sizeof(T), bytes_);
-    MSA_CUDA_CHECK(cudaMemcpyAsync(ptr_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, s));
-  }
-  template <typename T>
-  std::vector<T> download(size_t n, cudaStream_t s) const {
-    std::vector<T> h(n);
-    MSA_CUDA_CHECK(cudaMemcpyAsync(h.data(), ptr_, n * sizeof(T), cudaMemcpyDeviceToHost, s));
-    MSA_CUDA_CHECK(cudaStreamSynchronize(s));
-    return h;
-  }
-  // Fills with 0xff bytes: NaN for f32/f16/bf16, -1 for int32.
-  void poison(cudaStream_t s) { if (bytes_) MSA_CUDA_CHECK(cudaMemsetAsync(ptr_, 0xff, bytes_, s)); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+// The owning device buffer the benchmark runners and the CLI use too (library entry points never
+// allocate).
+using bench::DeviceBuffer;
 
 // A non-blocking stream for each test.
 class TestStream {
@@ -72,5 +40,18 @@ class TestStream {
 };
 
 inline Device gpu0() { return {DeviceType::cuda, 0}; }
+
+// The status words {code, a, b, c} a device check wrote: offence `code` at (a, b, c).
+inline void expect_status(const std::vector<int32_t>& st, StatusCode code, int32_t a, int32_t b,
+                          int32_t c) {
+  EXPECT_EQ(st[0], int32_t(code)) << describe_status(st.data());
+  EXPECT_EQ(std::make_tuple(st[1], st[2], st[3]), std::make_tuple(a, b, c));
+}
+
+// MSA_TEST_SMALL=1: small sizes and few configurations (for compute-sanitizer runs).
+inline bool small_tests() {
+  const char* e = std::getenv("MSA_TEST_SMALL");
+  return e != nullptr && e[0] == '1';
+}
 
 }  // namespace msa::test

@@ -1,7 +1,7 @@
 // Random sparse-attention problems for the GPU tests (CSR builder, sparse forward): varlen
 // batches with empty requests and lengths that are not multiples of 128, random q2k rows (visible
 // blocks, sometimes invisible ones, -1 padding, sometimes unsorted), NaN in every KV row that no
-// query of its kv head selects, and host -> device copies of HostTensor views.
+// query of its kv head selects (device copies: support/device_tensor.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,45 +19,10 @@
 #include "common/codecs.h"
 #include "support/attention_problem.h"
 #include "support/host_tensor.h"
+#include "support/device_tensor.h"
 #include "support/gpu_test_util.h"
 
 namespace msa::test {
-
-// MSA_TEST_SMALL=1: small sizes and few configurations (for compute-sanitizer runs).
-inline bool small_tests() {
-  const char* e = std::getenv("MSA_TEST_SMALL");
-  return e != nullptr && e[0] == '1';
-}
-
-// A device copy of a host tensor view (same shape and strides).
-struct DeviceTensor {
-  DeviceBuffer buf;
-  Tensor t;
-};
-
-inline DeviceTensor to_device(const HostTensor& h, cudaStream_t s) {
-  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.bytes(), 16)), h.t};
-  if (h.bytes())
-    MSA_CUDA_CHECK(cudaMemcpyAsync(d.buf.get(), h.t.data, h.bytes(), cudaMemcpyHostToDevice, s));
-  d.t.data = d.buf.get();
-  d.t.device = gpu0();
-  return d;
-}
-
-// An uninitialised-then-poisoned (0xff: NaN / -1) device tensor shaped like `h`.
-inline DeviceTensor device_like(const HostTensor& h, cudaStream_t s) {
-  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.bytes(), 16)), h.t};
-  d.buf.poison(s);
-  d.t.data = d.buf.get();
-  d.t.device = gpu0();
-  return d;
-}
-
-inline void copy_to_host(const DeviceTensor& d, const HostTensor& h, cudaStream_t s) {
-  if (h.bytes())
-    MSA_CUDA_CHECK(cudaMemcpyAsync(h.t.data, d.t.data, h.bytes(), cudaMemcpyDeviceToHost, s));
-  MSA_CUDA_CHECK(cudaStreamSynchronize(s));
-}
 
 struct SparseCase {
   SparseCase(Problem problem, HostTensor ids, int64_t k)
@@ -75,10 +40,35 @@ struct SparseCase {
   int64_t total_rows = 0;
 };
 
-// Random q2k [hkv, total_q, topk] for problem p (block size 128). uniform_blocks: every 128-query
-// block copies the row of its last query (the `blk` pattern; the GPU's uniform path).
-inline HostTensor random_q2k(const Problem& p, int64_t topk, bool causal, std::mt19937& rng,
-                             bool uniform_blocks = false) {
+// The case's attention parameters: mask, partial precision, temperature and softmax scale.
+inline AttentionParams params_of(const SparseCase& c) {
+  AttentionParams prm;
+  prm.causal = c.causal;
+  prm.partial_dtype = c.partial;
+  prm.temperature = c.temperature;
+  prm.softmax_scale = c.scale;
+  return prm;
+}
+
+// attention_forward's inputs for the case on the CPU (flat KV) with its parameters; the caller
+// adds the outputs.
+inline AttentionArgs cpu_args(const SparseCase& c) {
+  AttentionArgs a;
+  a.params = params_of(c);
+  a.q = c.p.q.t;
+  a.kv = c.p.flat_kv();
+  a.cu_seqlens_q = c.p.cu_q.t;
+  a.q2k = c.q2k.t;
+  return a;
+}
+
+// Random q2k [hkv, total_q, topk] for problem p (block size 128) shaped like an indexer's
+// selection: mostly the sink and diagonal blocks plus visible ones, sometimes invisible blocks,
+// fewer than topK ids, unsorted rows or -1 in the middle (random_q2k draws uniform rows instead).
+// uniform_blocks: every 128-query block copies the row of its last query (the `blk` pattern; the
+// GPU's uniform path).
+inline HostTensor indexer_like_q2k(const Problem& p, int64_t topk, bool causal, std::mt19937& rng,
+                                   bool uniform_blocks = false) {
   const int64_t hkv = p.hkv, tq = p.total_q();
   HostTensor q2k(DType::i32, {hkv, tq, topk});
   int32_t* ids = q2k.data<int32_t>();
@@ -196,7 +186,7 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true) {
   Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt, dt,
                               Fp8Scale::none, fill_inputs);
   const bool uniform_blocks = rng() % 3 == 0;
-  HostTensor ids = random_q2k(prob, topk, causal, rng, uniform_blocks);
+  HostTensor ids = indexer_like_q2k(prob, topk, causal, rng, uniform_blocks);
   SparseCase c(std::move(prob), std::move(ids), topk);
   c.causal = causal;
   poison_unselected(c.p, c.q2k, c.topk);

@@ -57,9 +57,7 @@ GpuRunner runner_of(const bench::BenchCase& c) {
 
 bool same_shape(const bench::BenchCase& a, const bench::BenchCase& b) {
   return a.seqlens_q == b.seqlens_q && a.seqlens_k == b.seqlens_k &&
-         a.num_q_heads == b.num_q_heads && a.num_kv_heads == b.num_kv_heads &&
-         a.head_dim == b.head_dim && a.topk == b.topk && a.kv_block_size == b.kv_block_size &&
-         a.causal == b.causal && a.pattern == b.pattern && a.seed == b.seed;
+         static_cast<const bench::CaseShape&>(a) == b;
 }
 
 // Why this build cannot time `c` on the GPU; empty when it can (a GPU is checked separately).
@@ -165,28 +163,14 @@ void print_list() {
 // queries per request; --seq there sets the keys per request.
 bench::BenchCase with_overrides(bench::BenchCase c, const ShapeOptions& o) {
   Shape base;
+  static_cast<bench::CaseShape&>(base) = c;
   base.seqlens = c.seqlens_k;
-  base.num_q_heads = c.num_q_heads;
-  base.num_kv_heads = c.num_kv_heads;
-  base.head_dim = c.head_dim;
-  base.topk = c.topk;
-  base.kv_block_size = c.kv_block_size;
-  base.causal = c.causal;
-  base.pattern = c.pattern;
-  base.seed = c.seed;
   const Shape s = resolve_shape(o, base);
   const int64_t queries = c.seqlens_q.empty() ? 1 : c.seqlens_q[0];
   c.seqlens_k = s.seqlens;
   if (c.kind == bench::CaseKind::decode) c.seqlens_q.assign(s.seqlens.size(), queries);
   else c.seqlens_q = s.seqlens;
-  c.num_q_heads = s.num_q_heads;
-  c.num_kv_heads = s.num_kv_heads;
-  c.head_dim = s.head_dim;
-  c.topk = s.topk;
-  c.kv_block_size = s.kv_block_size;
-  c.causal = s.causal;
-  c.pattern = s.pattern;
-  c.seed = s.seed;
+  static_cast<bench::CaseShape&>(c) = s;
   return c;
 }
 
@@ -203,15 +187,8 @@ bench::BenchCase custom_case(const ShapeOptions& o) {
 
 Shape shape_of(const bench::BenchCase& c) {
   Shape s;
+  static_cast<bench::CaseShape&>(s) = c;
   s.seqlens = c.seqlens_q;
-  s.num_q_heads = c.num_q_heads;
-  s.num_kv_heads = c.num_kv_heads;
-  s.head_dim = c.head_dim;
-  s.topk = c.topk;
-  s.kv_block_size = c.kv_block_size;
-  s.causal = c.causal;
-  s.pattern = c.pattern;
-  s.seed = c.seed;
   return s;
 }
 
@@ -238,6 +215,7 @@ bench::Op op_of(Stage st) {
     case Stage::select_topk: return bench::Op::select_topk;
     case Stage::build_k2q_csr: return bench::Op::build_k2q_csr;
     case Stage::attention_forward: return bench::Op::attention_forward;
+    case Stage::index_topk: return bench::Op::block_topk;
   }
   return bench::Op::pipeline;
 }

@@ -26,24 +26,17 @@ namespace {
 // E2E-32K attention shape of bench/CASES.md on the GPU. The index branch has one index head per
 // kv head (index_q [T, Hkv, D], index_k [T, Hkv, D]), as a model's indexer scores with a few
 // heads of its own rather than all the attention heads.
-Shape cpu_default() {
+Shape demo_shape(int64_t seq, int hq, int hkv, int topk) {
   Shape s;
-  s.seqlens = {2048};
-  s.num_q_heads = 16;
-  s.num_kv_heads = 2;
-  s.topk = 8;
-  s.index_heads = 2;
+  s.seqlens = {seq};
+  s.num_q_heads = hq;
+  s.num_kv_heads = hkv;
+  s.topk = topk;
+  s.index_heads = hkv;
   return s;
 }
-Shape gpu_default() {
-  Shape s;
-  s.seqlens = {32768};
-  s.num_q_heads = 64;
-  s.num_kv_heads = 4;
-  s.topk = 16;
-  s.index_heads = 4;
-  return s;
-}
+Shape cpu_default() { return demo_shape(2048, 16, 2, 8); }
+Shape gpu_default() { return demo_shape(32768, 64, 4, 16); }
 
 std::vector<OptionSpec> demo_specs() {
   std::vector<OptionSpec> v = shape_option_specs(false);

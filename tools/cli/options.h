@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "workloads/patterns.h"
+#include "workloads/cases.h"
 
 namespace msa::cli {
 
@@ -60,13 +60,10 @@ struct ShapeOptions {
 std::vector<OptionSpec> shape_option_specs(bool with_pattern);
 ShapeOptions parse_shape_options(const ParsedArgs& args);
 
-// A problem shape after defaults: every request has Lq = Lk = seqlens[b].
-struct Shape {
+// A problem shape after defaults: every request has Lq = Lk = seqlens[b]; heads, head dim,
+// selection and seed as a named case holds them (their defaults are the cases' defaults).
+struct Shape : bench::CaseShape {
   std::vector<int64_t> seqlens;
-  int num_q_heads = 0, num_kv_heads = 0, head_dim = 128, topk = 16, kv_block_size = 128;
-  bool causal = true;
-  bench::Pattern pattern = bench::Pattern::idx;
-  uint64_t seed = 1;
   // Index heads of a separate index branch (demo): index_q [total, Hi, D] and index_k
   // [total, Hkv, D] of their own, Hi a multiple of Hkv. 0: the indexer scores with q and k.
   int index_heads = 0;

@@ -58,6 +58,23 @@ HostInputs make_inputs(const Shape& s) {
   return in;
 }
 
+namespace {
+
+// A stage's arguments with what the stages share already set: the query lengths (Lq = Lk), the KV
+// cache, the block size, the mask where the stage has one, and the status buffer.
+template <typename Args>
+Args stage_args(const KVCache& kv, const Shape& s, const Tensor& status) {
+  Args a;
+  a.cu_seqlens_q = kv.cu_seqlens_k;
+  a.kv = kv;
+  a.kv_block_size = s.kv_block_size;
+  if constexpr (requires { a.causal; }) a.causal = s.causal;
+  a.status = status;
+  return a;
+}
+
+}  // namespace
+
 Pipeline::Pipeline(const Shape& shape, const HostInputs& in, Device device)
     : shape_(shape), device_(device), total_(total_tokens(shape)) {
   for (int64_t l : shape.seqlens) {
@@ -116,7 +133,6 @@ void Pipeline::call(Stage s) {
   const int64_t hq = shape_.num_q_heads, hkv = shape_.num_kv_heads, d = shape_.head_dim;
   const int64_t topk = shape_.topk;
   const Tensor q = q_.view(DType::bf16, {total_, hq, d});
-  const Tensor cu = kv_.cu_seqlens_k;
   const Tensor q2k = q2k_.view(DType::i32, {hkv, total_, topk});
   const Tensor status = status_.data() ? status_.view(DType::i32, {4}) : Tensor();
   const Tensor scores = scores_.view(DType::f32, {hq, nblk_max_, total_});
@@ -127,40 +143,26 @@ void Pipeline::call(Stage s) {
     k2q.schedule = schedule_.view(DType::i32, {static_cast<int64_t>(schedule_.bytes() / 4)});
   switch (s) {
     case Stage::block_scores: {
-      BlockScoresArgs a;
+      auto a = stage_args<BlockScoresArgs>(kv_, shape_, status);
       a.q = q;
-      a.kv = kv_;
-      a.cu_seqlens_q = cu;
       a.scores = scores;
-      a.causal = shape_.causal;
-      a.kv_block_size = shape_.kv_block_size;
-      a.status = status;
       block_scores(a, stream_);
       return;
     }
     case Stage::select_topk: {
-      TopKArgs a;
+      auto a = stage_args<TopKArgs>(kv_, shape_, status);
       a.scores = scores;
-      a.cu_seqlens_q = cu;
-      a.kv = kv_;
       a.num_kv_heads = shape_.num_kv_heads;
       a.topk = shape_.topk;
-      a.causal = shape_.causal;
-      a.kv_block_size = shape_.kv_block_size;
       a.q2k = q2k;
-      a.status = status;
       select_topk(a, stream_);
       return;
     }
     case Stage::build_k2q_csr: {
-      CsrBuildArgs a;
+      auto a = stage_args<CsrBuildArgs>(kv_, shape_, status);
       a.q2k = q2k;
-      a.cu_seqlens_q = cu;
-      a.kv = kv_;
-      a.kv_block_size = shape_.kv_block_size;
       a.out = k2q;
       if (csr_ws_.bytes() > 0) a.workspace = csr_ws_.view(DType::u8, {static_cast<int64_t>(csr_ws_.bytes())});
-      a.status = status;
       build_k2q_csr(a, stream_);
       return;
     }
@@ -168,20 +170,15 @@ void Pipeline::call(Stage s) {
       attention(q, q2k, k2q, status);
       return;
     case Stage::index_topk: {
-      BlockTopKArgs a;
+      auto a = stage_args<BlockTopKArgs>(kv_, shape_, status);
       a.q = q;
-      a.kv = kv_;
       if (shape_.index_heads > 0) {
         a.q = index_q_.view(DType::bf16, {total_, shape_.index_heads, d});
         a.kv.k = index_k_.view(DType::bf16, {total_, hkv, d});
       }
       a.kv.v = QTensor();
-      a.cu_seqlens_q = cu;
-      a.causal = shape_.causal;
-      a.kv_block_size = shape_.kv_block_size;
       a.topk = shape_.topk;
       a.q2k = q2k;
-      a.status = status;
       block_topk(a, stream_);
       return;
     }

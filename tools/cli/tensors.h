@@ -1,54 +1,41 @@
 // Owning host or device buffers for the CLI: msa's entry points take non-owning views and never
-// allocate for the caller, so the CLI owns its memory here. CUDA calls live in device_buffers.cpp.
+// allocate for the caller, so the CLI owns its memory here. Device memory is a bench::DeviceBuffer
+// (workloads/device_buffer.h); the CLI's other CUDA calls live in device_runtime.cpp.
 #pragma once
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "msa/msa.h"
+#include "workloads/device_buffer.h"
 
 namespace msa::cli {
 
-// CUDA runtime wrappers (device_buffers.cpp). Without MSA_WITH_CUDA each throws msa::Error.
-void* device_alloc(size_t bytes);
-void device_free(void* p) noexcept;
-void copy_to_device(void* dst, const void* src, size_t bytes);
-void copy_to_host(void* dst, const void* src, size_t bytes);
-void device_fill(void* p, int byte, size_t bytes);
+// CUDA runtime wrappers (device_runtime.cpp). Without MSA_WITH_CUDA each throws msa::Error.
 cudaStream_t stream_create();
 void stream_destroy(cudaStream_t s) noexcept;
 void stream_synchronize(cudaStream_t s);
 std::string device_description(int index);  // e.g. "NVIDIA H200, 132 SMs, 140 GiB"
 
 // A contiguous allocation on the CPU (256-byte aligned, as msa's row checks want 16) or on a
-// CUDA device. Move-only.
+// CUDA device (bench::DeviceBuffer). Move-only.
 class Buffer {
  public:
   Buffer() = default;
   Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
     if (bytes == 0) return;
-    data_ = device.type == DeviceType::cuda ? device_alloc(bytes)
-                                            : std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-    MSA_CHECK(data_ != nullptr, "msa cli: out of host memory allocating ", bytes, " bytes");
-  }
-  ~Buffer() { release(); }
-  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
-  Buffer& operator=(Buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      data_ = std::exchange(o.data_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
-      device_ = o.device_;
+    if (device.type == DeviceType::cuda) {
+      device_mem_ = bench::DeviceBuffer(bytes);
+      return;
     }
-    return *this;
+    host_mem_.reset(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
+    MSA_CHECK(host_mem_ != nullptr, "msa cli: out of host memory allocating ", bytes, " bytes");
   }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
 
-  void* data() const { return data_; }
+  void* data() const { return device_.type == DeviceType::cuda ? device_mem_.get() : host_mem_.get(); }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
 
@@ -58,23 +45,31 @@ class Buffer {
     for (int64_t s : shape) n *= s;
     MSA_CHECK(static_cast<size_t>(n) * dtype_size(dtype) <= bytes_, "msa cli: view of ", n, " ",
               dtype_name(dtype), " elements exceeds a ", bytes_, "-byte buffer");
-    return Tensor(data_, dtype, shape, device_);
+    return Tensor(data(), dtype, shape, device_);
   }
 
+  // Device copies and fills run on the legacy stream, which does not order against the CLI's
+  // non-blocking stream, so each one waits for it before returning (none of them is timed).
   void upload(const void* src, size_t bytes, size_t offset = 0) {
-    char* dst = static_cast<char*>(data_) + offset;
-    if (device_.type == DeviceType::cuda) copy_to_device(dst, src, bytes);
-    else std::memcpy(dst, src, bytes);
+    if (device_.type != DeviceType::cuda) {
+      std::memcpy(static_cast<char*>(data()) + offset, src, bytes);
+      return;
+    }
+    device_mem_.upload(src, bytes, nullptr, offset);
+    stream_synchronize(nullptr);
   }
   void download(void* dst, size_t bytes, size_t offset = 0) const {
-    const char* src = static_cast<const char*>(data_) + offset;
-    if (device_.type == DeviceType::cuda) copy_to_host(dst, src, bytes);
-    else std::memcpy(dst, src, bytes);
+    if (device_.type == DeviceType::cuda) device_mem_.download(dst, bytes, nullptr, offset);
+    else std::memcpy(dst, static_cast<const char*>(data()) + offset, bytes);
   }
   // Every byte set to `byte`: 0xff poisons bf16/f32 outputs with NaN before a run.
   void fill(int byte) {
-    if (device_.type == DeviceType::cuda) device_fill(data_, byte, bytes_);
-    else std::memset(data_, byte, bytes_);
+    if (device_.type != DeviceType::cuda) {
+      std::memset(data(), byte, bytes_);
+      return;
+    }
+    device_mem_.fill(byte, nullptr);
+    stream_synchronize(nullptr);
   }
 
   template <typename T>
@@ -85,14 +80,11 @@ class Buffer {
   }
 
  private:
-  void release() noexcept {
-    if (data_ == nullptr) return;
-    if (device_.type == DeviceType::cuda) device_free(data_);
-    else std::free(data_);
-    data_ = nullptr;
-  }
-
-  void* data_ = nullptr;
+  struct HostFree {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, HostFree> host_mem_;  // CPU
+  bench::DeviceBuffer device_mem_;           // CUDA
   size_t bytes_ = 0;
   Device device_{};
 };
