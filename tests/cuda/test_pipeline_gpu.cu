@@ -114,5 +114,71 @@ TEST(PipelineGpu, GraphReplaysWithNewInputs) {
   cudaGraphDestroy(graph);
 }
 
+// A short workspace is reported before any launch, naming the size function the caller used and
+// its figure: the pipeline's for the pipeline (attention gets its remainder), attention's for a
+// direct call. No query needs no workspace.
+TEST(PipelineGpu, ShortWorkspaceNamesItsSizeFunction) {
+  MSA_REQUIRE_GPU();
+  const std::vector<int32_t> lq = {40}, lk = {300};
+  HostTensor q(DType::bf16, {40, kHq, kD}), k(DType::bf16, {300, kHkv, kD}), v(DType::bf16, {300, kHkv, kD});
+  const HostTensor cu_q = i32_tensor(cumulative(lq)), cu_k = i32_tensor(cumulative(lk));
+  std::mt19937 rng(3);
+  fill(q, rng, false);
+  fill(k, rng, false);
+  fill(v, rng, false);
+  TestStream stream;
+  const DeviceTensor dq = to_device(q, stream), dk = to_device(k, stream), dv = to_device(v, stream),
+                     dcq = to_device(cu_q, stream), dck = to_device(cu_k, stream);
+  DeviceBuffer dout(size_t(40) * kHq * kD * 2), dst(16), dq2k(size_t(kHkv) * 40 * kTopK * 4);
+  PipelineArgs a;
+  a.q = dq.t;
+  a.kv.k = dk.t;
+  a.kv.v = dv.t;
+  a.kv.cu_seqlens_k = dck.t;
+  a.cu_seqlens_q = dcq.t;
+  a.topk = kTopK;
+  a.out = Tensor(dout.get(), DType::bf16, {40, kHq, kD}, gpu0());
+  a.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+  clear_status(a.status, stream);
+  auto expect_short = [](auto&& call, const std::string& want) {
+    try {
+      call();
+      ADD_FAILURE() << "expected msa::Error: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  const size_t need = pipeline_workspace_bytes(a);
+  DeviceBuffer ws(need);
+  a.workspace = Tensor(ws.get(), DType::u8, {int64_t(need) - 1}, gpu0());
+  expect_short([&] { sparse_attention_pipeline(a, stream); },
+               "workspace: needs pipeline_workspace_bytes(args) = " + std::to_string(need));
+
+  AttentionArgs f;
+  f.q = a.q;
+  f.kv = a.kv;
+  f.cu_seqlens_q = a.cu_seqlens_q;
+  f.q2k = Tensor(dq2k.get(), DType::i32, {kHkv, 40, kTopK}, gpu0());
+  f.out = a.out;
+  f.status = a.status;
+  const size_t attn_need = attention_workspace_bytes(f);
+  ASSERT_GT(attn_need, 1u);
+  f.workspace = Tensor(ws.get(), DType::u8, {int64_t(attn_need) - 1}, gpu0());
+  expect_short([&] { attention_forward(f, stream); },
+               "workspace: needs attention_workspace_bytes(args) = " + std::to_string(attn_need));
+  f.workspace = Tensor();
+  expect_short([&] { attention_forward(f, stream); }, "got none");
+
+  // No query: nothing to plan, no workspace needed.
+  const HostTensor cu_empty = i32_tensor({0, 0});
+  const DeviceTensor dce = to_device(cu_empty, stream);
+  f.q = Tensor(dq.t.data, DType::bf16, {0, kHq, kD}, gpu0());
+  f.cu_seqlens_q = dce.t;
+  f.q2k = Tensor(dq2k.get(), DType::i32, {kHkv, 0, kTopK}, gpu0());
+  f.out = Tensor(dout.get(), DType::bf16, {0, kHq, kD}, gpu0());
+  EXPECT_NO_THROW(attention_forward(f, stream));
+  check_status(a.status, stream);
+}
+
 }  // namespace
 }  // namespace msa::test
