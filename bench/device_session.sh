@@ -86,16 +86,16 @@ for step in $steps; do
          # time, the two back to back; bench/compare.py prints the per-case ratio table
       if [[ -z ${BIN_OLD:-} ]]; then summary+=("ab: set BIN_OLD to the old binaries"); continue; fi
       rm -f "$OUT"/ab_old.jsonl "$OUT"/ab_new.jsonl "$OUT"/ab_old.log "$OUT"/ab_new.log
-      ab_run() {  # cap (s), program, args...
+      ab_run() {  # cap (s), program, args...: old, new, new, old (drift cancels in the means)
         local cap=$1 prog=$2 side bin lim; shift 2
-        for side in old new; do
+        for side in old new new old; do
           bin=$BIN; [[ $side == old ]] && bin=$BIN_OLD
           lim=$(left $cap); (( lim == 0 )) && { summary+=("ab $prog $side skipped (time)"); continue; }
           timeout $lim "$bin/$prog" "$@" --json "$OUT/ab_$side.jsonl" >> "$OUT/ab_$side.log" 2>&1
           summary+=("ab $prog $* $side rc=$?")
         done
       }
-      ab_run 150 bench_sparse_fwd --iters ${ITERS:-10} --warmup 2 --no-check
+      ab_run 80 bench_sparse_fwd --iters ${ITERS:-10} --warmup 2 --no-check
       ab_run 60 bench_indexer --fp8 0
       ab_run 60 bench_indexer --fp8 1
       ab_run 60 bench_indexer --fp8 1 --fp8-scales tensor
