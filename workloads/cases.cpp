@@ -47,6 +47,12 @@ std::vector<BenchCase> make_cases() {
   v.push_back(prefill("P32K-tok", fwd, "sparse attention forward", 32768, Pattern::tok, kNeedsPrefill));
   v.push_back(prefill("P32K-blk", fwd, "sparse attention forward", 32768, Pattern::blk, kNeedsPrefill));
   v.push_back(prefill("P48K-tok", fwd, "sparse attention forward", 49152, Pattern::tok, kNeedsPrefill));
+  for (const Pattern pat : {Pattern::tok, Pattern::blk}) {  // bf16 q over FP8 K/V
+    BenchCase c = prefill(pat == Pattern::tok ? "P32K-tok-fp8kv" : "P32K-blk-fp8kv", fwd,
+                          "sparse attention forward, FP8 K/V", 32768, pat, kNeedsPrefill);
+    c.kv_dtypes = "fp8";
+    v.push_back(c);
+  }
   BenchCase varlen = prefill("VARLEN-tok", fwd, "sparse attention forward", 0, Pattern::tok, kNeedsPrefill);
   varlen.seqlens_q = varlen.seqlens_k = {1024, 2048, 3072, 5120, 8192, 12288, 16384, 17408};
   v.push_back(varlen);

@@ -75,8 +75,9 @@ __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint1
 }  // namespace
 
 const std::vector<std::string>& sparse_case_names() {
-  static const std::vector<std::string> names = {"P8K-tok", "P32K-tok", "P32K-blk",
-                                                 "P48K-tok", "VARLEN-tok", "CSR-32K"};
+  static const std::vector<std::string> names = {"P8K-tok",        "P32K-tok",       "P32K-blk",
+                                                 "P48K-tok",       "VARLEN-tok",     "CSR-32K",
+                                                 "P32K-tok-fp8kv", "P32K-blk-fp8kv"};
   return names;
 }
 
@@ -163,6 +164,26 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   msa::AttentionArgs a;
   a.q = Tensor(dq.get(), DType::bf16, {tq, hq, d}, kGpu);
   a.kv = cb.kv;
+  // FP8 K/V cases: e4m3 with per-token-and-head scales; dk / dv then hold their exact
+  // dequantization (rounded once to bf16), which the sampled reference reads.
+  const bool fp8 = bc->kv_dtypes == "fp8";
+  DeviceBuffer k8, v8, ks, vs;
+  if (fp8) {
+    k8 = gpu_buffer(size_t(tk) * hkv * d);
+    v8 = gpu_buffer(size_t(tk) * hkv * d);
+    ks = gpu_buffer(size_t(tk) * hkv * 4);
+    vs = gpu_buffer(size_t(tk) * hkv * 4);
+    const msa::QTensor k_q(Tensor(k8.get(), DType::fp8_e4m3, {tk, hkv, d}, kGpu),
+                           Tensor(ks.get(), DType::f32, {tk, hkv}, kGpu));
+    const msa::QTensor v_q(Tensor(v8.get(), DType::fp8_e4m3, {tk, hkv, d}, kGpu),
+                           Tensor(vs.get(), DType::f32, {tk, hkv}, kGpu));
+    msa::quantize(cb.kv.k.values, msa::QuantFormat::fp8_per_token_head, k_q, s);
+    msa::quantize(cb.kv.v.values, msa::QuantFormat::fp8_per_token_head, v_q, s);
+    msa::dequantize(k_q, cb.kv.k.values, s);
+    msa::dequantize(v_q, cb.kv.v.values, s);
+    a.kv.k = k_q;
+    a.kv.v = v_q;
+  }
   a.cu_seqlens_q = cb.cu_seqlens_q;
   a.q2k = cb.q2k;
   a.k2q = cb.out;
@@ -233,7 +254,9 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   }
   msa::check_status(st, s);
   const msa::bench::Op op = is_csr ? msa::bench::Op::build_k2q_csr : msa::bench::Op::attention_forward;
-  const msa::bench::OpCount count = msa::bench::count_op(op, msa::bench::op_shape(shape, hq, d), pairs);
+  msa::bench::OpShape op_sh = msa::bench::op_shape(shape, hq, d);
+  if (fp8) op_sh.kv_elem = 1;
+  const msa::bench::OpCount count = msa::bench::count_op(op, op_sh, pairs);
   const double tflops = is_csr ? 0 : count.flop / (t.median * 1e-3) / 1e12;
   std::printf("%-11s %-44s median %8.3f ms  [%7.3f, %7.3f]  %7.1f TFLOP/s  check rel_l2 %.2e "
               "lse %.2e%s\n",
@@ -243,7 +266,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     namespace mb = msa::bench;
     mb::Json r = mb::new_record(name, mb::op_name(op));
     mb::add_shape(r, *bc);
-    mb::add_dtypes(r, "bf16", "bf16");
+    mb::add_dtypes(r, "bf16", fp8 ? "fp8_e4m3" : "bf16", fp8 ? "token_head" : "");
     if (!is_csr) r["partial"] = o.partial;
     mb::add_pairs(r, pairs);
     mb::add_timing(r, {t.median, t.min, t.max}, o.iters, o.warmup, count.flop, count.bytes,

@@ -25,8 +25,8 @@ SCALE_SHAPES = {"fp8_per_tensor": lambda t, h, d: (1,),
 class QTensor(NamedTuple):
     """A quantized tensor: values, scale (None for bf16/f16), NVFP4 global scale, and the
     format it came from (None when unknown). Returned by `quantize`; accepted wherever q or k
-    may be quantized (`block_scores`, `block_topk`, the index inputs of `sparse_attention`)
-    and by `dequantize`."""
+    may be quantized (`block_scores`, `block_topk`, the index inputs of `sparse_attention`),
+    as the k and v of `attention_forward` (FP8 K/V; on CUDA with bf16 q) and by `dequantize`."""
 
     values: Any
     scale: Any = None

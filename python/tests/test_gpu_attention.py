@@ -73,6 +73,53 @@ def test_sparse_paged(layout, page_size):
     ref.check_close(out, lse, want, want_lse)
 
 
+@pytest.mark.parametrize("fmt", ["fp8_per_tensor", "fp8_per_token", "fp8_per_token_head"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_sparse_fp8_kv(fmt, paged):
+    """bf16 q over FP8 e4m3 K/V (QTensor with scales, quantized on the GPU), flat and paged,
+    against the reference on their exact dequantization (rounded once to bf16, as the GPU reads
+    them)."""
+    gen, lq, lk, hq, hkv, _, causal = _random_case(300 + len(fmt) + paged)
+    blk = 128  # the CUDA kernels' block size: the test must run, not skip
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, torch.bfloat16, DEV)
+    q2k = ref.random_q2k(gen, cu_q, lk, hkv, topk=6, blk=blk)
+    with gpu_op():
+        kq, vq = msa.quantize(k, fmt), msa.quantize(v, fmt)
+        kd, vd = msa.dequantize(kq, dtype="bf16"), msa.dequantize(vq, dtype="bf16")
+        if paged:
+            table_gen = torch.Generator().manual_seed(7)
+            kp, vp, table, seqused = ref.to_pages(table_gen, kq.values, vq.values, cu_k, 64,
+                                                 "paged_nhd")
+            assert fmt == "fp8_per_tensor" or kq.scale.shape[0] == k.shape[0]
+            if fmt != "fp8_per_tensor":  # per-token scales follow their keys into the pool slots
+                ks = _scales_to_slots(kq.scale, kp, table, seqused, cu_k, 64)
+                vs = _scales_to_slots(vq.scale, vp, table, seqused, cu_k, 64)
+            else:
+                ks, vs = kq.scale, vq.scale
+            out, lse = msa.attention_forward(q, msa.QTensor(kp, ks), msa.QTensor(vp, vs), cu_q,
+                                             page_table=table, seqused_k=seqused,
+                                             kv_layout="paged_nhd", q2k=q2k, kv_block_size=blk,
+                                             causal=causal, return_lse=True)
+        else:
+            out, lse = msa.attention_forward(q, kq, vq, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
+                                             kv_block_size=blk, causal=causal, return_lse=True)
+    want, want_lse, _ = ref.attention(q, kd, vd, cu_q, cu_k, q2k=q2k, blk=blk, causal=causal)
+    ref.check_close(out, lse, want, want_lse)
+
+
+def _scales_to_slots(scale, pool, table, seqused, cu_k, page_size):
+    """A flat per-token (and head) scale moved to the pool's slots: key j of batch b sits in slot
+    page * page_size + j % page_size of page table[b, j // page_size]."""
+    out = torch.full((pool.shape[0] * page_size,) + tuple(scale.shape[1:]), float("nan"),
+                     device=scale.device)
+    for b in range(table.shape[0]):
+        n = int(seqused[b])
+        j = torch.arange(n, device=scale.device)
+        slots = table[b].long()[j // page_size] * page_size + j % page_size
+        out[slots] = scale[int(cu_k[b]):int(cu_k[b]) + n]
+    return out
+
+
 def test_preallocated_outputs_on_a_side_stream():
     gen, lq, lk, hq, hkv, blk, causal = _random_case(300)
     q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 128, torch.bfloat16, DEV)

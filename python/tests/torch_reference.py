@@ -187,8 +187,8 @@ def random_q2k(gen, cu_q, lengths_k, hkv, topk, blk):
 
 
 def to_pages(gen, k, v, cu_k, page_size, layout="paged_nhd", spare_pages=3):
-    """Scatters flat K/V into shuffled, NaN-filled page pools: (k_pool, v_pool, page_table,
-    seqused_k)."""
+    """Scatters flat K/V (bf16, f16 or FP8 e4m3) into shuffled, NaN-filled page pools: (k_pool,
+    v_pool, page_table, seqused_k)."""
     ck = cu_k.tolist()
     lengths = [ck[b + 1] - ck[b] for b in range(len(ck) - 1)]
     pages = [(lk + page_size - 1) // page_size for lk in lengths]
@@ -197,9 +197,15 @@ def to_pages(gen, k, v, cu_k, page_size, layout="paged_nhd", spare_pages=3):
     perm = torch.randperm(num_pages, generator=gen).tolist()
     table = torch.zeros(len(lengths), max_pages, dtype=torch.int32)
     hkv, d = k.shape[1], k.shape[2]
-    kp = torch.full((num_pages, page_size, hkv, d), math.nan, dtype=k.dtype, device=k.device)
-    vp = torch.full_like(kp, math.nan)
+    fp8 = k.dtype == torch.float8_e4m3fn
+    if fp8:  # built on the bytes: 0x7f is e4m3's NaN
+        k, v = k.view(torch.uint8), v.view(torch.uint8)
+    kp = torch.full((num_pages, page_size, hkv, d), 0x7F if fp8 else math.nan, dtype=k.dtype,
+                    device=k.device)
+    vp = torch.full_like(kp, 0x7F if fp8 else math.nan)
     scatter_pages(k, v, ck, pages, perm, page_size, kp, vp, table)
+    if fp8:
+        kp, vp = kp.view(torch.float8_e4m3fn), vp.view(torch.float8_e4m3fn)
     if layout == "paged_hnd":
         kp, vp = kp.transpose(1, 2).contiguous(), vp.transpose(1, 2).contiguous()
     seqused = torch.tensor(lengths, dtype=torch.int32, device=k.device)

@@ -36,27 +36,31 @@ Result run_cpu(const SparseCase& c) {
 
 // The case's inputs on the device: q, q2k, cu_seqlens and both KV forms (flat and paged).
 struct DeviceInputs {
-  DeviceTensor q, cu_q, q2k, k, v, cu_k;
-  DeviceTensor pool_k, pool_v, page_table, seqused_k;
+  DeviceTensor q, cu_q, q2k;
+  DeviceQTensor k, v;  // values with their FP8 scales, if any
+  DeviceTensor cu_k;
+  DeviceQTensor pool_k, pool_v;
+  DeviceTensor page_table, seqused_k;
   KVLayout layout;
 
   DeviceInputs(const SparseCase& c, const PagedKV& h, cudaStream_t s)
       : q(to_device(c.p.q, s)), cu_q(to_device(c.p.cu_q, s)), q2k(to_device(c.q2k, s)),
-        k(to_device(c.p.k, s)), v(to_device(c.p.v, s)), cu_k(to_device(c.p.cu_k, s)),
-        pool_k(to_device(h.k, s)), pool_v(to_device(h.v, s)),
+        k(to_device(c.p.k, c.p.k_scale, s)), v(to_device(c.p.v, c.p.v_scale, s)),
+        cu_k(to_device(c.p.cu_k, s)), pool_k(to_device(h.k, h.k_scale, s)),
+        pool_v(to_device(h.v, h.v_scale, s)),
         page_table(to_device(h.page_table, s)), seqused_k(to_device(h.seqused_k, s)),
         layout(h.layout) {}
   KVCache flat() const {
     KVCache kv;
-    kv.k = k.t;
-    kv.v = v.t;
+    kv.k = k.view();
+    kv.v = v.view();
     kv.cu_seqlens_k = cu_k.t;
     return kv;
   }
   KVCache paged(bool with_seqused = true) const {
     KVCache kv;
-    kv.k = pool_k.t;
-    kv.v = pool_v.t;
+    kv.k = pool_k.view();
+    kv.v = pool_v.view();
     kv.layout = layout;
     kv.page_table = page_table.t;
     if (with_seqused) kv.seqused_k = seqused_k.t;
@@ -87,10 +91,10 @@ Result run_gpu(const SparseCase& c, const DeviceInputs& d, const KVCache& kv, cu
   return host;
 }
 
-// docs/semantics.md, Numerics, on out and lse (sparse_case.h).
-void expect_close(const Result& gpu, const Result& ref) {
-  expect_out_close(gpu.out, ref.out);
-  expect_stat_close(gpu.lse, ref.lse, "lse");
+// docs/semantics.md, Numerics, on out and lse (sparse_case.h); FP8 K/V within 3e-2.
+void expect_close(const Result& gpu, const Result& ref, bool fp8 = false) {
+  expect_out_close(gpu.out, ref.out, fp8 ? 3e-2 : 1e-2);
+  expect_stat_close(gpu.lse, ref.lse, "lse", fp8 ? 3e-2 : 2e-3);
 }
 
 void expect_bitwise(const Result& a, const Result& b) {
@@ -108,6 +112,7 @@ struct Spec {
   int64_t row_pad = 0;    // pool row = D + row_pad elements: non-contiguous strides
   DType dtype = DType::bf16;
   bool spare_columns = false;  // page-table columns past seqused_k hold valid ids of real pages
+  std::optional<Fp8Scale> fp8;  // FP8 e4m3 K/V with scales of this kind (bf16 q)
 };
 
 // A SparseCase from a spec: random q2k (-1 slots, sometimes unsorted) and NaN in every K/V row
@@ -120,7 +125,8 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
       lk[b] = std::min(lk[b], 300);
     }
   std::mt19937 rng(seed);
-  Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, 128, seed, sp.dtype);
+  Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, 128, seed, sp.dtype,
+                              sp.fp8 ? DType::fp8_e4m3 : sp.dtype, sp.fp8.value_or(Fp8Scale::none));
   HostTensor ids = indexer_like_q2k(prob, sp.topk, sp.causal, rng, sp.blk);
   SparseCase c(std::move(prob), std::move(ids), sp.topk);
   c.causal = sp.causal;
@@ -138,6 +144,23 @@ void fill_spare_columns(PagedKV& h, const std::vector<int32_t>& lk, int64_t page
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t col = (lk[b] + page_size - 1) / page_size; col < cols; ++col)
       h.page_table.data<int32_t>()[b * cols + col] = int32_t((b * 7 + col) % pages);
+}
+
+// Each spec (seeds from `seed` + 1): GPU paged vs the CPU reference, and GPU paged == GPU flat
+// bitwise on the same logical KV.
+template <size_t N>
+void run_specs(const Spec (&specs)[N], unsigned seed, bool small, cudaStream_t s) {
+  for (const Spec& sp : specs) {
+    SparseCase c = make_case(sp, ++seed, small);
+    SCOPED_TRACE(c.name);
+    PagedKV h = make_paged(c.p, sp.layout, sp.page_size, seed, sp.row_pad);
+    if (sp.spare_columns) fill_spare_columns(h, c.p.lk, sp.page_size);
+    DeviceInputs d(c, h, s);
+    const Result paged = run_gpu(c, d, d.paged(), s);
+    expect_close(paged, run_cpu(c), /*fp8=*/sp.fp8.has_value());
+    expect_bitwise(paged, run_gpu(c, d, d.flat(), s));
+    if (::testing::Test::HasFailure()) break;
+  }
 }
 
 // Every page size in both layouts, G 1/4/16, causal both ways, lengths that are not multiples of
@@ -166,19 +189,29 @@ TEST(SparseFwdPagedGpu, PageSizesLayoutsMatchCpu) {
       {"ps16 nhd G16 blk non-causal", {128, 70}, {200, 1100}, 16, 1, 8, false, true, 16, nhd},
       {"ps256 nhd G1 one key", {1, 3}, {1, 3}, 1, 1, 2, true, false, 256, nhd},
   };
-  unsigned seed = 9000;
-  for (const Spec& sp : specs) {
-    SparseCase c = make_case(sp, ++seed, small);
-    SCOPED_TRACE(c.name);
-    PagedKV h = make_paged(c.p, sp.layout, sp.page_size, seed, sp.row_pad);
-    if (sp.spare_columns) fill_spare_columns(h, c.p.lk, sp.page_size);
-    DeviceInputs d(c, h, s);
-    const Result ref = run_cpu(c);
-    const Result paged = run_gpu(c, d, d.paged(), s);
-    expect_close(paged, ref);
-    expect_bitwise(paged, run_gpu(c, d, d.flat(), s));
-    if (HasFailure()) break;
-  }
+  run_specs(specs, 9000, small, s);
+}
+
+// bf16 q over FP8 pools (per tensor, per slot, per slot and head scales; the slots that hold no key
+// have NaN scales), both layouts, padded rows, spare columns, tok and blk: GPU paged vs the CPU
+// reference, and paged == flat bitwise (both run on the same dequantized bf16 rows).
+TEST(SparseFwdPagedGpu, Fp8PoolsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const DType bf = DType::bf16;
+  const Spec specs[] = {
+      {"fp8 ps16 nhd G4 token scales", {300, 0, 77}, {300, 50, 200}, 4, 2, 4, true, false, 16, nhd,
+       0, bf, false, Fp8Scale::per_token},
+      {"fp8 ps64 hnd G16 blk token-head padded", {260, 17}, {260, 700}, 16, 1, 8, true, true, 64,
+       hnd, 16, bf, false, Fp8Scale::per_token_head},
+      {"fp8 ps128 nhd G1 tensor spare", {129, 0, 300}, {129, 0, 1000}, 1, 2, 8, true, true, 128, nhd,
+       0, bf, true, Fp8Scale::per_tensor},
+      {"fp8 ps256 hnd G8 non-causal no scales", {150, 33}, {383, 129}, 8, 1, 4, false, false, 256,
+       hnd, 0, bf, false, Fp8Scale::none},
+  };
+  run_specs(specs, 9500, small, s);
 }
 
 // seqused_k absent: every request has max_pages * page_size keys (docs/semantics.md, Paged KV).

@@ -139,8 +139,13 @@ inline void poison_unselected(Problem& p, const HostTensor& q2k, int64_t topk) {
         for (int64_t j = kb * 128; j < std::min<int64_t>(p.lk[b], (kb + 1) * 128); ++j)
           for (int64_t d = 0; d < p.dim; ++d) {
             const int64_t row = p.k_start(b) + j;
-            p.k.data<uint16_t>()[p.k.offset({row, h, d})] = 0x7fff;  // NaN in bf16 and f16
-            p.v.data<uint16_t>()[p.v.offset({row, h, d})] = 0x7fff;
+            if (p.k.t.dtype == DType::fp8_e4m3) {  // 0x7f: NaN in e4m3
+              p.k.data<uint8_t>()[p.k.offset({row, h, d})] = 0x7f;
+              p.v.data<uint8_t>()[p.v.offset({row, h, d})] = 0x7f;
+            } else {  // 0x7fff: NaN in bf16 and f16
+              p.k.data<uint16_t>()[p.k.offset({row, h, d})] = 0x7fff;
+              p.v.data<uint16_t>()[p.v.offset({row, h, d})] = 0x7fff;
+            }
           }
       }
     }
@@ -148,10 +153,12 @@ inline void poison_unselected(Problem& p, const HostTensor& q2k, int64_t topk) {
 }
 
 // A random configuration. `index` selects the seed; small: short lengths for the sanitizer;
-// fill_inputs false: shapes and q2k only (the same q2k), for tests of the index builders.
+// fill_inputs false: shapes and q2k only (the same q2k), for tests of the index builders;
+// fp8: bf16 q over FP8 e4m3 K/V with scales of that kind.
 // The CPU reference costs ~ tokens * Hq * attended keys * D, so long query sets come with few
 // heads / small top-K and the key lengths (up to 5000) carry the long-context part.
-inline SparseCase random_case(int index, bool small, bool fill_inputs = true) {
+inline SparseCase random_case(int index, bool small, bool fill_inputs = true,
+                              std::optional<Fp8Scale> fp8 = std::nullopt) {
   std::mt19937 rng(1234567u + 7919u * unsigned(index));
   const int groups[] = {1, 2, 4, 8, 16};
   const int topks[] = {1, 4, 8, 16, 32};
@@ -182,9 +189,9 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true) {
   if (total > max_q_total)  // scale the query lengths down to the budget, keep >= 1 where > 0
     for (int32_t& l : lq)
       if (l > 0) l = std::max<int32_t>(1, int32_t(int64_t(l) * max_q_total / total));
-  const DType dt = rng() % 3 == 0 ? DType::f16 : DType::bf16;
-  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt, dt,
-                              Fp8Scale::none, fill_inputs);
+  const DType dt = rng() % 3 == 0 && !fp8 ? DType::f16 : DType::bf16;
+  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt,
+                              fp8 ? DType::fp8_e4m3 : dt, fp8.value_or(Fp8Scale::none), fill_inputs);
   const bool uniform_blocks = rng() % 3 == 0;
   HostTensor ids = indexer_like_q2k(prob, topk, causal, rng, uniform_blocks);
   SparseCase c(std::move(prob), std::move(ids), topk);
@@ -197,7 +204,7 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true) {
   std::ostringstream os;
   os << "case " << index << ": B=" << batch << " G=" << g << " Hkv=" << hkv << " topk=" << topk
      << (c.causal ? " causal" : " non-causal") << (uniform_blocks ? " blk" : " tok") << " "
-     << dtype_name(dt) << " partial="
+     << dtype_name(dt) << (fp8 ? " fp8 kv scales " + std::to_string(int(*fp8)) : "") << " partial="
      << (c.partial ? dtype_name(*c.partial) : "default") << " T=" << c.temperature << " lq=[";
   for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lq[b];
   os << "] lk=[";
@@ -210,7 +217,7 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true) {
 // docs/semantics.md, Numerics, on attention outputs: rel L2 of out <= 1e-2 over every element with
 // no NaN (poisoned outputs left unwritten show as NaN); an lse-like statistic within 2e-3 absolute
 // with -inf at exactly the reference's positions.
-inline void expect_out_close(const HostTensor& gpu, const HostTensor& ref) {
+inline void expect_out_close(const HostTensor& gpu, const HostTensor& ref, double tol = 1e-2) {
   double num = 0, den = 0;
   int64_t nan = 0;
   for (int64_t i = 0; i < ref.t.numel(); ++i) {
@@ -221,10 +228,11 @@ inline void expect_out_close(const HostTensor& gpu, const HostTensor& ref) {
   }
   EXPECT_EQ(nan, 0) << "NaN (unwritten or poisoned) outputs";
   if (den == 0) EXPECT_EQ(num, 0) << "reference is all zeros";
-  else EXPECT_LE(std::sqrt(num / den), 1e-2) << "relative L2 error of out";
+  else EXPECT_LE(std::sqrt(num / den), tol) << "relative L2 error of out";
 }
 
-inline void expect_stat_close(const HostTensor& gpu, const HostTensor& ref, const char* what) {
+inline void expect_stat_close(const HostTensor& gpu, const HostTensor& ref, const char* what,
+                              double tol = 2e-3) {
   double worst = 0;
   int64_t bad_inf = 0, bad_nan = 0;
   for (int64_t i = 0; i < ref.t.numel(); ++i) {
@@ -235,7 +243,7 @@ inline void expect_stat_close(const HostTensor& gpu, const HostTensor& ref, cons
   }
   EXPECT_EQ(bad_nan, 0) << what << ": NaN";
   EXPECT_EQ(bad_inf, 0) << what << ": -inf positions differ";
-  EXPECT_LE(worst, 2e-3) << what << ": max abs error";
+  EXPECT_LE(worst, tol) << what << ": max abs error";
 }
 
 // Runs attention_forward with a freshly sized, poisoned workspace and waits for it, so a kernel

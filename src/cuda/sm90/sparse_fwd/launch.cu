@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "cuda/common/combine.cuh"
+#include "cuda/common/dequant_kv.cuh"
 #include "cuda/device/tma_map.h"
 #include "cuda/sm90/sparse_fwd/launch_kernels.h"
 #include "cuda/sm90/sparse_fwd/plan.h"
@@ -29,8 +30,14 @@ uint8_t* checked_workspace(const AttentionArgs& a, const AttnPlan& w, const Work
   return ws;
 }
 
+// The page pool as the kernels address it.
+PagedKV paged_kv_of(const AttentionArgs& a, const ProblemShape& s) {
+  return make_paged_kv(a.kv.page_table.ptr<int32_t>(), a.kv.page_table.strides[0], s.num_pages,
+                       s.page_size, a.kv.layout == KVLayout::paged_hnd);
+}
+
 // The problem as both main kernels see it.
-AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s) {
+AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w) {
   const float scale = a.params.softmax_scale > 0.f ? a.params.softmax_scale
                                                    : 1.f / std::sqrt(float(s.head_dim));
   AttnProblem pr;
@@ -41,18 +48,49 @@ AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s) {
   pr.causal = a.params.causal ? 1 : 0;
   pr.scale_log2 = scale * 1.4426950408889634f;
   pr.inv_temperature = a.params.temperature > 0.f ? 1.f / a.params.temperature : 0.f;
-  if (a.kv.layout != KVLayout::flat)
-    pr.paged = make_paged_kv(a.kv.page_table.ptr<int32_t>(), a.kv.page_table.strides[0],
-                             s.num_pages, s.page_size, a.kv.layout == KVLayout::paged_hnd);
+  if (a.kv.layout != KVLayout::flat && !w.dequant_kv) pr.paged = paged_kv_of(a, s);
   return pr;
+}
+
+// FP8 K/V into the plan's flat bf16 copy: flat caches row for row, a pool's batches at the
+// prep chain's key offsets (pp.cu_seqlens_k).
+void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w, uint8_t* ws,
+                    const PrepParams& pp, cudaStream_t stream) {
+  DequantKVParams d;
+  d.k = a.kv.k.values.ptr<uint8_t>();
+  d.v = a.kv.v.values.ptr<uint8_t>();
+  for (int i = 0; i < 3; ++i) {
+    d.k_stride[i] = i + 1 < a.kv.k.values.ndim ? a.kv.k.values.strides[i] : 0;
+    d.v_stride[i] = i + 1 < a.kv.v.values.ndim ? a.kv.v.values.strides[i] : 0;
+  }
+  d.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.ptr<float>() : nullptr;
+  d.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.ptr<float>() : nullptr;
+  d.k_scale_kind = fp8_scale_kind(a.kv.k.scale);
+  d.v_scale_kind = fp8_scale_kind(a.kv.v.scale);
+  d.batch = int32_t(s.batch);
+  d.num_kv_heads = int32_t(s.num_kv_heads);
+  d.out_offsets = pp.cu_seqlens_k;
+  d.out_rows = w.kv_rows;
+  if (a.kv.layout == KVLayout::flat) {
+    d.cu_seqlens_k = a.kv.cu_seqlens_k.ptr<int32_t>();
+    d.total_k = a.kv.k.values.shape[0];
+    d.max_keys = d.total_k;
+  } else {
+    d.paged = a.kv.layout == KVLayout::paged_nhd ? 1 : 2;
+    d.pool = paged_kv_of(a, s);
+    d.max_keys = s.max_pages * s.page_size;
+  }
+  d.k_out = ws + w.k_bf16;
+  d.v_out = ws + w.v_bf16;
+  launch_dequant_kv(d, stream);
 }
 
 // Both main kernels over the prep chain's tables: KV-major chunks write partials, uniform units
 // write out / lse directly.
 void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
                          uint8_t* ws, const PrepParams& pp, cudaStream_t stream) {
-  const AttnProblem pr = attn_problem(a, s);
-  const bool paged = a.kv.layout != KVLayout::flat;
+  const AttnProblem pr = attn_problem(a, s, w);
+  const bool paged = pr.paged.page_table != nullptr;
   const bool f16 = a.q.dtype == DType::f16;
   MainParams mp;
   static_cast<AttnProblem&>(mp) = pr;
@@ -77,7 +115,12 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
     return paged ? make_tma_paged(t, slots_outer, kHalfCols, box_keys, name, "attention_forward")
                  : make_tma_3d(t, kHalfCols, 1, kBlockN, "attention_forward");
   };
-  const CUtensorMap tk = kv_map(a.kv.k.values, "k"), tv = kv_map(a.kv.v.values, "v");
+  // FP8: the flat bf16 copy dequant_kv wrote.
+  auto bf16_copy = [&](size_t offset) {
+    return Tensor(ws + offset, DType::bf16, {w.kv_rows, s.num_kv_heads, kHeadDim}, a.q.device);
+  };
+  const CUtensorMap tk = kv_map(w.dequant_kv ? bf16_copy(w.k_bf16) : a.kv.k.values, "k"),
+                    tv = kv_map(w.dequant_kv ? bf16_copy(w.v_bf16) : a.kv.v.values, "v");
   if (f16) launch_main<true>(tq, tk, tv, mp, stream);
   else launch_main<false>(tq, tk, tv, mp, stream);
 
@@ -133,6 +176,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   const AttnPlan w = make_plan(a, s);
   uint8_t* ws = checked_workspace(a, w, src);
   const PrepParams pp = launch_prep(a, s, w, ws, stream);
+  if (w.dequant_kv && pp.uniform_enabled) launch_dequant(a, s, w, ws, pp, stream);
   if (pp.uniform_enabled) launch_main_kernels(a, s, w, ws, pp, stream);
   launch_combine(a, s, w, ws, pp, stream);
 }

@@ -27,6 +27,8 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.build_csr = !a.k2q.row_ptr.defined();
   w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
   const bool paged = a.kv.layout != KVLayout::flat;
+  w.dequant_kv = a.kv.k.values.dtype == DType::fp8_e4m3;
+  if (w.dequant_kv) w.kv_rows = paged ? s.batch * s.max_pages * s.page_size : a.kv.k.values.shape[0];
   if (w.build_csr && paged) {
     // Lk_b <= max_pages * page_size (longer seqused_k are clamped and reported).
     w.total_rows = s.batch * ((s.max_pages * s.page_size + kBlockN - 1) / kBlockN);
@@ -84,6 +86,10 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   if (w.build_csr || w.build_schedule)
     w.schedule = take(size_t(sched::max_schedule_ints(hkv, w.total_rows)) * 4);
   if (w.build_csr) w.csr_ws = take(csr_build_workspace_bytes(hkv, w.total_rows, s.total_q, s.topk));
+  if (w.dequant_kv) {
+    w.k_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
+    w.v_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
+  }
   w.total = off;
   return w;
 }
@@ -92,11 +98,23 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(a.q2k.defined(), "attention_forward: dense attention (no q2k) is not supported on "
             "CUDA yet; pass a q2k selection or run on CPU tensors");
   MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);
-  MSA_CHECK(a.kv.k.values.dtype == a.q.dtype && a.kv.v.values.dtype == a.q.dtype,
-            "k, v: must have q's dtype (", dtype_name(a.q.dtype),
-            ") on CUDA; quantized KV is not supported by the sparse prefill yet");
-  MSA_CHECK(!a.kv.k.scale.defined() && !a.kv.v.scale.defined(),
-            "k, v: scales are not supported by the CUDA sparse prefill");
+  const DType kt = a.kv.k.values.dtype;
+  MSA_CHECK(kt == a.kv.v.values.dtype, "k, v: must have one dtype on CUDA, got ", dtype_name(kt),
+            " and ", dtype_name(a.kv.v.values.dtype));
+  if (kt == DType::fp8_e4m3) {
+    MSA_CHECK(a.q.dtype == DType::bf16, "q: FP8 e4m3 K/V take bf16 q on CUDA, got ",
+              dtype_name(a.q.dtype));
+    for (const Tensor* t : {&a.kv.k.values, &a.kv.v.values}) {  // 16-byte row loads
+      MSA_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0, "k, v: FP8 values must be "
+                "16-byte aligned on CUDA");
+      for (int d = 0; d + 1 < t->ndim; ++d)
+        MSA_CHECK(t->strides[d] % 16 == 0, "k, v: FP8 strides must be multiples of 16 elements "
+                  "on CUDA, got ", t->describe());
+    }
+  } else {
+    MSA_CHECK(kt == a.q.dtype, "k, v: must have q's dtype (", dtype_name(a.q.dtype),
+              ") or be fp8_e4m3 on CUDA, got ", dtype_name(kt));
+  }
   MSA_CHECK(s.kv_block_size == kBlockN, "params.kv_block_size: must be 128 on CUDA, got ",
             s.kv_block_size);
   MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,

@@ -22,6 +22,11 @@ struct AttnPlan {
   int64_t qblock_cap = 0, unit_cap = 0;
   int32_t window_keys = 0;       // query windows (PrepParams::window_keys)
   bool build_csr = false, build_schedule = false;
+  // FP8 K/V: dequantized to a flat bf16 copy of kv_rows keys (common/dequant_kv.cuh) that the
+  // kernels read as flat KV (a page pool's batches at the paged check's key_offsets).
+  bool dequant_kv = false;
+  int64_t kv_rows = 0;
+  size_t k_bf16 = 0, v_bf16 = 0;
   size_t paged_offence = 0, key_offsets = 0;  // paged KV only
   size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0;
   size_t valid_per_head = 0, k2q_first = 0;  // the caller's k2q check (build_csr false)

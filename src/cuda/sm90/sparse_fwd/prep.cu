@@ -81,7 +81,8 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
   pp.q2k_vec4 = s.topk % 4 == 0 && (reinterpret_cast<uintptr_t>(pp.q2k) & 15) == 0 ? 1 : 0;
   pp.cu_seqlens_q = a.cu_seqlens_q.ptr<int32_t>();
   pp.cu_seqlens_k = cu_k;
-  pp.paged = a.kv.layout != KVLayout::flat ? 1 : 0;
+  // The kernels read a pool through the page table, or a flat dequantized copy (plan.h).
+  pp.paged = a.kv.layout != KVLayout::flat && !w.dequant_kv ? 1 : 0;
   pp.batch = s.batch;
   pp.num_kv_heads = s.num_kv_heads;
   pp.total_q = s.total_q;

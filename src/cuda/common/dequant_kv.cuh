@@ -1,0 +1,43 @@
+// FP8 e4m3 K/V to bf16 for the sparse prefill (docs/semantics.md, Quantized attention): each key
+// the call can read, value * scale rounded to bf16, into a flat [rows, Hkv, 128] copy in the
+// workspace that the bf16 kernels then read as flat KV. Flat caches keep their key rows; a page
+// pool's batches land at the paged check's key_offsets (its clamped lengths). Launched by
+// sm90/sparse_fwd/launch.cu after the prep chain (PDL), before the main kernels.
+//
+// Bytes at P32K (32768 keys x 4 kv heads x 128): 33.6 MB of e4m3 read, 67 MB of bf16 written,
+// ~25 us at the 4.27 TB/s copy rate next to the 3.6-7.7 ms attention it feeds.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/paged_kv.cuh"
+
+namespace msa::cuda {
+
+struct DequantKVParams {
+  const uint8_t* k = nullptr;      // e4m3: flat [total_k, Hkv, 128]; paged pool nhd
+  const uint8_t* v = nullptr;      // [pages, slots, Hkv, 128] or hnd [pages, Hkv, slots, 128]
+  int64_t k_stride[3] = {};        // elements of dims 0-2 (the last is contiguous)
+  int64_t v_stride[3] = {};
+  int32_t paged = 0;               // 0 flat, 1 pool nhd, 2 pool hnd
+  const float* k_scale = nullptr;  // [1] | [T] | [T, Hkv] (T: flat keys or pool slots), or null
+  const float* v_scale = nullptr;
+  int32_t k_scale_kind = 0, v_scale_kind = 0;  // common/problem.h fp8_scale_kind
+  const int32_t* cu_seqlens_k = nullptr;  // flat: [B+1] source rows
+  int64_t total_k = 0;                    // flat: rows of k / v
+  PagedKV pool;                           // paged: the page table, page count and size
+  const int32_t* out_offsets = nullptr;   // [B+1] first output row of each batch (flat: cu_seqlens_k)
+  int64_t out_rows = 0;                   // rows of k_out / v_out
+  int32_t batch = 0, num_kv_heads = 0;
+  int64_t max_keys = 0;                   // keys of one batch at most (grid size)
+  void* k_out = nullptr;                  // [out_rows, Hkv, 128] bf16
+  void* v_out = nullptr;
+};
+
+// Enqueued with PDL; reads out_offsets (and the page table) only after the earlier kernels.
+// Bad lengths or page ids (reported by the checks before it) are skipped, never read.
+void launch_dequant_kv(const DequantKVParams& p, cudaStream_t stream);
+
+}  // namespace msa::cuda
