@@ -53,6 +53,10 @@ std::vector<BenchCase> make_cases() {
     c.kv_dtypes = "fp8";
     v.push_back(c);
   }
+  BenchCase nvfp4 = prefill("P32K-blk-nvfp4kv", fwd, "sparse attention forward, NVFP4 K/V", 32768,
+                            Pattern::blk, kNeedsPrefill);
+  nvfp4.kv_dtypes = "nvfp4";
+  v.push_back(nvfp4);
   BenchCase varlen = prefill("VARLEN-tok", fwd, "sparse attention forward", 0, Pattern::tok, kNeedsPrefill);
   varlen.seqlens_q = varlen.seqlens_k = {1024, 2048, 3072, 5120, 8192, 12288, 16384, 17408};
   v.push_back(varlen);

@@ -77,7 +77,8 @@ __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint1
 const std::vector<std::string>& sparse_case_names() {
   static const std::vector<std::string> names = {"P8K-tok",        "P32K-tok",       "P32K-blk",
                                                  "P48K-tok",       "VARLEN-tok",     "CSR-32K",
-                                                 "P32K-tok-fp8kv", "P32K-blk-fp8kv"};
+                                                 "P32K-tok-fp8kv", "P32K-blk-fp8kv",
+                                                 "P32K-blk-nvfp4kv"};
   return names;
 }
 
@@ -164,21 +165,25 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   msa::AttentionArgs a;
   a.q = Tensor(dq.get(), DType::bf16, {tq, hq, d}, kGpu);
   a.kv = cb.kv;
-  // FP8 K/V cases: e4m3 with per-token-and-head scales; dk / dv then hold their exact
-  // dequantization (rounded once to bf16), which the sampled reference reads.
-  const bool fp8 = bc->kv_dtypes == "fp8";
+  // Quantized K/V cases: FP8 e4m3 with per-token-and-head scales, or NVFP4; dk / dv then hold
+  // their exact dequantization (rounded once to bf16), which the sampled reference reads.
+  const bool fp8 = bc->kv_dtypes == "fp8", fp4 = bc->kv_dtypes == "nvfp4";
   DeviceBuffer k8, v8, ks, vs;
-  if (fp8) {
-    k8 = gpu_buffer(size_t(tk) * hkv * d);
-    v8 = gpu_buffer(size_t(tk) * hkv * d);
-    ks = gpu_buffer(size_t(tk) * hkv * 4);
-    vs = gpu_buffer(size_t(tk) * hkv * 4);
-    const msa::QTensor k_q(Tensor(k8.get(), DType::fp8_e4m3, {tk, hkv, d}, kGpu),
-                           Tensor(ks.get(), DType::f32, {tk, hkv}, kGpu));
-    const msa::QTensor v_q(Tensor(v8.get(), DType::fp8_e4m3, {tk, hkv, d}, kGpu),
-                           Tensor(vs.get(), DType::f32, {tk, hkv}, kGpu));
-    msa::quantize(cb.kv.k.values, msa::QuantFormat::fp8_per_token_head, k_q, s);
-    msa::quantize(cb.kv.v.values, msa::QuantFormat::fp8_per_token_head, v_q, s);
+  if (fp8 || fp4) {
+    const int64_t vd = fp4 ? d / 2 : d, sd = fp4 ? d / 16 : 1;  // bytes of values, scales per row
+    const DType vt = fp4 ? DType::fp4x2 : DType::fp8_e4m3, st_t = fp4 ? DType::fp8_e4m3 : DType::f32;
+    k8 = gpu_buffer(size_t(tk) * hkv * vd);
+    v8 = gpu_buffer(size_t(tk) * hkv * vd);
+    ks = gpu_buffer(size_t(tk) * hkv * sd * (fp4 ? 1 : 4));
+    vs = gpu_buffer(size_t(tk) * hkv * sd * (fp4 ? 1 : 4));
+    auto scale_view = [&](const DeviceBuffer& b) {
+      return fp4 ? Tensor(b.get(), st_t, {tk, hkv, sd}, kGpu) : Tensor(b.get(), st_t, {tk, hkv}, kGpu);
+    };
+    const msa::QTensor k_q(Tensor(k8.get(), vt, {tk, hkv, vd}, kGpu), scale_view(ks));
+    const msa::QTensor v_q(Tensor(v8.get(), vt, {tk, hkv, vd}, kGpu), scale_view(vs));
+    const msa::QuantFormat f = fp4 ? msa::QuantFormat::nvfp4 : msa::QuantFormat::fp8_per_token_head;
+    msa::quantize(cb.kv.k.values, f, k_q, s);
+    msa::quantize(cb.kv.v.values, f, v_q, s);
     msa::dequantize(k_q, cb.kv.k.values, s);
     msa::dequantize(v_q, cb.kv.v.values, s);
     a.kv.k = k_q;
@@ -256,6 +261,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   const msa::bench::Op op = is_csr ? msa::bench::Op::build_k2q_csr : msa::bench::Op::attention_forward;
   msa::bench::OpShape op_sh = msa::bench::op_shape(shape, hq, d);
   if (fp8) op_sh.kv_elem = 1;
+  if (fp4) op_sh.kv_elem = 0.5 + 1.0 / 16;  // packed values and one e4m3 scale per 16
   const msa::bench::OpCount count = msa::bench::count_op(op, op_sh, pairs);
   const double tflops = is_csr ? 0 : count.flop / (t.median * 1e-3) / 1e12;
   std::printf("%-11s %-44s median %8.3f ms  [%7.3f, %7.3f]  %7.1f TFLOP/s  check rel_l2 %.2e "
@@ -266,7 +272,8 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     namespace mb = msa::bench;
     mb::Json r = mb::new_record(name, mb::op_name(op));
     mb::add_shape(r, *bc);
-    mb::add_dtypes(r, "bf16", fp8 ? "fp8_e4m3" : "bf16", fp8 ? "token_head" : "");
+    mb::add_dtypes(r, "bf16", fp8 ? "fp8_e4m3" : fp4 ? "fp4x2" : "bf16",
+                   fp8 ? "token_head" : fp4 ? "nvfp4" : "");
     if (!is_csr) r["partial"] = o.partial;
     mb::add_pairs(r, pairs);
     mb::add_timing(r, {t.median, t.min, t.max}, o.iters, o.warmup, count.flop, count.bytes,

@@ -37,7 +37,7 @@ void check_params(const AttentionArgs& a) {
 
 ProblemShape check_attention_args(const AttentionArgs& a) {
   ProblemShape s = api::check_q_and_kv(a.q, a.kv, a.cu_seqlens_q, {DType::bf16, DType::f16},
-                                       /*need_v=*/true, /*kv_may_be_fp8=*/true,
+                                       /*need_v=*/true, /*kv_may_be_quantized=*/true,
                                        a.params.kv_block_size);
   const Device device = a.q.device;
   check_params(a);

@@ -92,7 +92,7 @@ void check_matches_plan(const AttentionArgs& a, const DecodeShape& s) {
 // attention_forward itself), plus what CUDA decode does not support.
 void check_cuda_run_args(const AttentionArgs& a, int64_t kv_block_size) {
   const ProblemShape s = api::check_q_and_kv(a.q, a.kv, a.cu_seqlens_q, {DType::bf16, DType::f16},
-                                             /*need_v=*/true, /*kv_may_be_fp8=*/true,
+                                             /*need_v=*/true, /*kv_may_be_quantized=*/true,
                                              int(kv_block_size));
   const Device device = a.q.device;
   const AttentionParams& p = a.params;

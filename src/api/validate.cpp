@@ -120,7 +120,7 @@ static int64_t logical_dim(const Tensor& t) {
 }
 
 ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& cu_seqlens_q,
-                            std::initializer_list<DType> values, bool need_v, bool kv_may_be_fp8,
+                            std::initializer_list<DType> values, bool need_v, bool kv_may_be_quantized,
                             int kv_block_size) {
   const Tensor& q = qt.values;
   check_defined(q, "q");
@@ -142,8 +142,8 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   const Tensor& k = kv.k.values;
   check_defined(k, "k");
   check_same_device(q, "q", k, "k");
-  if (kv_may_be_fp8 && k.dtype == DType::fp8_e4m3) {
-    // quantized KV with bf16/f16 queries
+  if (kv_may_be_quantized && (k.dtype == DType::fp8_e4m3 || k.dtype == DType::fp4x2)) {
+    // quantized KV (FP8, or FP4 in flat caches) with bf16/f16 queries
   } else {
     MSA_CHECK(k.dtype == q.dtype, "k: dtype must equal q's (", dtype_name(q.dtype), "), got ",
               dtype_name(k.dtype));

@@ -44,9 +44,11 @@ struct DeviceCase {
 
   // extra_rows > 0: a row_ptr sized for an upper bound of the rows (as callers size it without
   // reading the lengths), the rows past the batches' blocks left empty by the builder.
+  float k_global = 1.f, v_global = 1.f;
+
   DeviceCase(const SparseCase& c, cudaStream_t s, int64_t extra_rows = 0)
       : q(to_device(c.p.q, s)), k(to_device(c.p.k, c.p.k_scale, s)),
-        v(to_device(c.p.v, c.p.v_scale, s)),
+        v(to_device(c.p.v, c.p.v_scale, s)), k_global(c.p.k_global), v_global(c.p.v_global),
         cu_q(to_device(c.p.cu_q, s)), cu_k(to_device(c.p.cu_k, s)), q2k(to_device(c.q2k, s)),
         status(16), rows(c.total_rows + extra_rows) {
     const int64_t hkv = c.p.hkv, tq = c.p.total_q();
@@ -64,6 +66,8 @@ struct DeviceCase {
     KVCache kv;
     kv.k = k.view();
     kv.v = v.view();
+    kv.k.global_scale = k_global;
+    kv.v.global_scale = v_global;
     kv.cu_seqlens_k = cu_k.t;
     return kv;
   }
@@ -105,10 +109,10 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
   return host;
 }
 
-// docs/semantics.md, Numerics, on out, lse and (with a temperature) tlse: FP8 K/V against the
-// reference of the same bits within 3e-2 (the GPU rounds each value * scale to bf16).
+// docs/semantics.md, Numerics, on out, lse and (with a temperature) tlse: FP8 / FP4 K/V against
+// the reference of the same bits within 3e-2 (the GPU rounds each value * scale to bf16).
 void expect_close(const SparseCase& c, const Outputs& gpu, const Outputs& ref) {
-  const bool fp8 = c.p.k.t.dtype == DType::fp8_e4m3;
+  const bool fp8 = c.p.k.t.dtype == DType::fp8_e4m3 || c.p.k.t.dtype == DType::fp4x2;
   expect_out_close(gpu.out, ref.out, fp8 ? 3e-2 : 1e-2);
   expect_stat_close(gpu.lse, ref.lse, "lse", fp8 ? 3e-2 : 2e-3);
   if (c.temperature > 0.f) expect_stat_close(gpu.tlse, ref.tlse, "tlse", fp8 ? 3e-2 : 2e-3);
@@ -139,6 +143,41 @@ TEST(SparseFwdGpu, Fp8KvMatchesCpu) {
     if (small) continue;
     d.build_csr(c, s);
     expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/true, s));
+    if (HasFailure()) break;
+  }
+}
+
+// The case's K and V quantized on the host to NVFP4 (global scale 0.75) or MXFP4; the NaN rows
+// of unselected blocks stay NaN (NaN block scales).
+void quantize_kv_fp4(SparseCase& c, bool nvfp4) {
+  auto quantize_one = [&](HostTensor& x, std::optional<HostTensor>& scale, float& global) {
+    const int64_t t = x.t.shape[0], h = x.t.shape[1], d = x.t.shape[2];
+    HostTensor values(DType::fp4x2, {t, h, d / 2});
+    HostTensor sc(nvfp4 ? DType::fp8_e4m3 : DType::e8m0, {t, h, d / (nvfp4 ? 16 : 32)});
+    global = nvfp4 ? 0.75f : 1.f;
+    quantize(x.t, nvfp4 ? QuantFormat::nvfp4 : QuantFormat::mxfp4, QTensor(values.t, sc.t, global));
+    x = std::move(values);
+    scale = std::move(sc);
+  };
+  quantize_one(c.p.k, c.p.k_scale, c.p.k_global);
+  quantize_one(c.p.v, c.p.v_scale, c.p.v_global);
+}
+
+// bf16 q over NVFP4 and MXFP4 K/V (flat), dequantized in the workspace like FP8.
+TEST(SparseFwdGpu, Fp4KvMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  int run = 0;
+  for (int i = 0; run < (small ? 2 : 8); ++i) {
+    SparseCase c = random_case(400 + i, small);
+    if (c.p.q.t.dtype != DType::bf16) continue;  // FP4 K/V take bf16 q on CUDA
+    const bool nvfp4 = run++ % 2 == 0;
+    quantize_kv_fp4(c, nvfp4);
+    SCOPED_TRACE(c.name + (nvfp4 ? " nvfp4" : " mxfp4"));
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    expect_close(c, run_gpu(c, d, /*with_k2q=*/false, s), ref);
     if (HasFailure()) break;
   }
 }

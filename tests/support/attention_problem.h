@@ -50,6 +50,7 @@ struct Problem {
   std::vector<int32_t> lq, lk;
   HostTensor q, k, v, cu_q, cu_k;
   std::optional<HostTensor> k_scale, v_scale;
+  float k_global = 1.f, v_global = 1.f;  // NVFP4 K/V
   std::vector<double> q_val, k_val, v_val;
 
   int64_t batch() const { return int64_t(lq.size()); }
@@ -59,8 +60,8 @@ struct Problem {
   int32_t k_start(int64_t b) const { return cu_k.data<int32_t>()[b]; }
   KVCache flat_kv() const {
     KVCache kv;
-    kv.k = k_scale ? QTensor(k.t, k_scale->t) : QTensor(k.t);
-    kv.v = v_scale ? QTensor(v.t, v_scale->t) : QTensor(v.t);
+    kv.k = k_scale ? QTensor(k.t, k_scale->t, k_global) : QTensor(k.t);
+    kv.v = v_scale ? QTensor(v.t, v_scale->t, v_global) : QTensor(v.t);
     kv.cu_seqlens_k = cu_k.t;
     return kv;
   }

@@ -1,4 +1,4 @@
-// FP8 K/V to bf16 for the sparse prefill (dequant_kv.cuh).
+// FP8 and FP4 K/V to bf16 for the sparse prefill (dequant_kv.cuh).
 #include "cuda/common/dequant_kv.cuh"
 
 #include <cuda_bf16.h>
@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "common/codecs.h"
 #include "cuda/common/pdl.cuh"
 #include "cuda/device/info.h"
 
@@ -17,7 +18,8 @@ constexpr int kChunk = 16;                     // values per thread step: one 16
 constexpr int kChunksPerRow = kHeadDim / kChunk;
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float scale_of(const float* s, int kind, int64_t token, int h, int hkv) {
+__device__ __forceinline__ float scale_of(const void* scale, int kind, int64_t token, int h, int hkv) {
+  const float* s = static_cast<const float*>(scale);
   switch (kind) {
     case 1: return s[0];
     case 2: return s[token];
@@ -26,8 +28,19 @@ __device__ __forceinline__ float scale_of(const float* s, int kind, int64_t toke
   }
 }
 
+__device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) {
+  const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&x);
+}
+
+__device__ __forceinline__ void store16(__nv_bfloat16* dst, const uint32_t (&out)[8]) {
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  d[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
 // 16 e4m3 values times `scale`, rounded to bf16, as two 16-byte stores.
-__device__ __forceinline__ void convert16(const uint8_t* src, float scale, __nv_bfloat16* dst) {
+__device__ __forceinline__ void convert16_fp8(const uint8_t* src, float scale, __nv_bfloat16* dst) {
   const uint4 in = *reinterpret_cast<const uint4*>(src);
   const uint32_t w[4] = {in.x, in.y, in.z, in.w};
   uint32_t out[8];
@@ -35,12 +48,47 @@ __device__ __forceinline__ void convert16(const uint8_t* src, float scale, __nv_
   for (int i = 0; i < 8; ++i) {
     const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[i / 2] >> (16 * (i % 2))) & 0xffff);
     const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-    out[i] = *reinterpret_cast<const uint32_t*>(&b);
+    out[i] = bf16x2_bits(f.x * scale, f.y * scale);
   }
-  uint4* d = reinterpret_cast<uint4*>(dst);
-  d[0] = make_uint4(out[0], out[1], out[2], out[3]);
-  d[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  store16(dst, out);
+}
+
+// An e2m1 nibble as f32: its sign, exponent and mantissa bits placed in an f16 (bits 15, 11-9),
+// times 2^14 (f16's bias 15 against e2m1's 1); the subnormal 0.5 comes out of f16's own. No table:
+// codec::e2m1_to_float's lookup costs a local-memory load per value here.
+__device__ __forceinline__ float e2m1_bits_to_float(uint32_t nibble) {
+  const unsigned short h = static_cast<unsigned short>(((nibble & 8u) << 12) | ((nibble & 7u) << 9));
+  return __half2float(__ushort_as_half(h)) * 16384.f;
+}
+
+// 16 packed e2m1 values (8 bytes, element 2i in the low nibble) times `step`, rounded to bf16.
+__device__ __forceinline__ void convert16_fp4(const uint8_t* src, float step, __nv_bfloat16* dst) {
+  const uint2 in = *reinterpret_cast<const uint2*>(src);
+  const uint32_t w[2] = {in.x, in.y};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t byte = (w[i / 4] >> (8 * (i % 4))) & 0xffu;
+    out[i] = bf16x2_bits(e2m1_bits_to_float(byte & 0xfu) * step, e2m1_bits_to_float(byte >> 4) * step);
+  }
+  store16(dst, out);
+}
+
+// One tensor's chunk c (16 values) of row (token, h) at element offset `off`, into dst.
+__device__ __forceinline__ void convert_chunk(const DequantKVParams& p, const uint8_t* x,
+                                              const void* scale, int kind, const int64_t* sstride,
+                                              float global, int64_t off, int64_t token, int h,
+                                              int c, __nv_bfloat16* dst) {
+  if (p.format == KVFormat::fp8) {
+    convert16_fp8(x + off + c * kChunk, scale_of(scale, kind, token, h, p.num_kv_heads), dst);
+    return;
+  }
+  // FP4: 8 bytes per chunk; NVFP4 one scale per chunk, MXFP4 one per two chunks.
+  const uint8_t sb = static_cast<const uint8_t*>(scale)[token * sstride[0] + h * sstride[1] +
+                                                         (p.format == KVFormat::nvfp4 ? c : c / 2)];
+  const float step = p.format == KVFormat::nvfp4 ? codec::e4m3_to_float(sb) * global
+                                                 : codec::e8m0_to_float(sb);
+  convert16_fp4(x + off + c * (kChunk / 2), step, dst);
 }
 
 // One (key, head) row's chunk c of K and of V, batch-local key j of batch b (its output row o0 + j).
@@ -62,10 +110,10 @@ __device__ __forceinline__ void convert_row(const DequantKVParams& p, int b, int
     v_off = page * p.v_stride[0] + slot * p.v_stride[slot_dim] + h * p.v_stride[head_dim];
   }
   const int64_t dst = ((o0 + j) * p.num_kv_heads + h) * kHeadDim + c * kChunk;
-  convert16(p.k + k_off + c * kChunk, scale_of(p.k_scale, p.k_scale_kind, token, h, p.num_kv_heads),
-            static_cast<__nv_bfloat16*>(p.k_out) + dst);
-  convert16(p.v + v_off + c * kChunk, scale_of(p.v_scale, p.v_scale_kind, token, h, p.num_kv_heads),
-            static_cast<__nv_bfloat16*>(p.v_out) + dst);
+  convert_chunk(p, p.k, p.k_scale, p.k_scale_kind, p.k_scale_stride, p.k_global, k_off, token, h, c,
+                static_cast<__nv_bfloat16*>(p.k_out) + dst);
+  convert_chunk(p, p.v, p.v_scale, p.v_scale_kind, p.v_scale_stride, p.v_global, v_off, token, h, c,
+                static_cast<__nv_bfloat16*>(p.v_out) + dst);
 }
 
 // grid (x: steps over a batch's keys, y: batches, strided). A thread step converts one 16-value

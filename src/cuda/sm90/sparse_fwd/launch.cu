@@ -52,7 +52,7 @@ AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s, const At
   return pr;
 }
 
-// FP8 K/V into the plan's flat bf16 copy: flat caches row for row, a pool's batches at the
+// FP8 or FP4 K/V into the plan's flat bf16 copy: flat caches row for row, a pool's batches at the
 // prep chain's key offsets (pp.cu_seqlens_k).
 void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w, uint8_t* ws,
                     const PrepParams& pp, cudaStream_t stream) {
@@ -63,10 +63,20 @@ void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPla
     d.k_stride[i] = i + 1 < a.kv.k.values.ndim ? a.kv.k.values.strides[i] : 0;
     d.v_stride[i] = i + 1 < a.kv.v.values.ndim ? a.kv.v.values.strides[i] : 0;
   }
-  d.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.ptr<float>() : nullptr;
-  d.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.ptr<float>() : nullptr;
-  d.k_scale_kind = fp8_scale_kind(a.kv.k.scale);
-  d.v_scale_kind = fp8_scale_kind(a.kv.v.scale);
+  d.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.data : nullptr;
+  d.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.data : nullptr;
+  if (a.kv.k.values.dtype == DType::fp4x2) {  // scales [T, Hkv, 128 / group], checked by the api
+    d.format = a.kv.k.scale.dtype == DType::fp8_e4m3 ? KVFormat::nvfp4 : KVFormat::mxfp4;
+    for (int i = 0; i < 2; ++i) {
+      d.k_scale_stride[i] = a.kv.k.scale.strides[i];
+      d.v_scale_stride[i] = a.kv.v.scale.strides[i];
+    }
+    d.k_global = a.kv.k.global_scale;
+    d.v_global = a.kv.v.global_scale;
+  } else {
+    d.k_scale_kind = fp8_scale_kind(a.kv.k.scale);
+    d.v_scale_kind = fp8_scale_kind(a.kv.v.scale);
+  }
   d.batch = int32_t(s.batch);
   d.num_kv_heads = int32_t(s.num_kv_heads);
   d.out_offsets = pp.cu_seqlens_k;

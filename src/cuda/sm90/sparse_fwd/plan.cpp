@@ -27,7 +27,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.build_csr = !a.k2q.row_ptr.defined();
   w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
   const bool paged = a.kv.layout != KVLayout::flat;
-  w.dequant_kv = a.kv.k.values.dtype == DType::fp8_e4m3;
+  w.dequant_kv = a.kv.k.values.dtype == DType::fp8_e4m3 || a.kv.k.values.dtype == DType::fp4x2;
   if (w.dequant_kv) w.kv_rows = paged ? s.batch * s.max_pages * s.page_size : a.kv.k.values.shape[0];
   if (w.build_csr && paged) {
     // Lk_b <= max_pages * page_size (longer seqused_k are clamped and reported).
@@ -101,19 +101,22 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   const DType kt = a.kv.k.values.dtype;
   MSA_CHECK(kt == a.kv.v.values.dtype, "k, v: must have one dtype on CUDA, got ", dtype_name(kt),
             " and ", dtype_name(a.kv.v.values.dtype));
-  if (kt == DType::fp8_e4m3) {
-    MSA_CHECK(a.q.dtype == DType::bf16, "q: FP8 e4m3 K/V take bf16 q on CUDA, got ",
+  if (kt == DType::fp8_e4m3 || kt == DType::fp4x2) {  // dequantized to bf16 (dequant_kv.cuh)
+    MSA_CHECK(a.q.dtype == DType::bf16, "q: ", dtype_name(kt), " K/V take bf16 q on CUDA, got ",
               dtype_name(a.q.dtype));
+    MSA_CHECK(kt != DType::fp4x2 || a.kv.k.scale.dtype == a.kv.v.scale.dtype,
+              "k, v: one FP4 format for both on CUDA (NVFP4 or MXFP4 scales), got ",
+              dtype_name(a.kv.k.scale.dtype), " and ", dtype_name(a.kv.v.scale.dtype));
     for (const Tensor* t : {&a.kv.k.values, &a.kv.v.values}) {  // 16-byte row loads
-      MSA_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0, "k, v: FP8 values must be "
-                "16-byte aligned on CUDA");
+      MSA_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0, "k, v: ", dtype_name(kt),
+                " values must be 16-byte aligned on CUDA");
       for (int d = 0; d + 1 < t->ndim; ++d)
-        MSA_CHECK(t->strides[d] % 16 == 0, "k, v: FP8 strides must be multiples of 16 elements "
-                  "on CUDA, got ", t->describe());
+        MSA_CHECK(t->strides[d] % 16 == 0, "k, v: ", dtype_name(kt), " strides must be multiples "
+                  "of 16 elements on CUDA, got ", t->describe());
     }
   } else {
     MSA_CHECK(kt == a.q.dtype, "k, v: must have q's dtype (", dtype_name(a.q.dtype),
-              ") or be fp8_e4m3 on CUDA, got ", dtype_name(kt));
+              ") or be fp8_e4m3 / fp4x2 on CUDA, got ", dtype_name(kt));
   }
   MSA_CHECK(s.kv_block_size == kBlockN, "params.kv_block_size: must be 128 on CUDA, got ",
             s.kv_block_size);

@@ -22,7 +22,7 @@ struct AttnPlan {
   int64_t qblock_cap = 0, unit_cap = 0;
   int32_t window_keys = 0;       // query windows (PrepParams::window_keys)
   bool build_csr = false, build_schedule = false;
-  // FP8 K/V: dequantized to a flat bf16 copy of kv_rows keys (common/dequant_kv.cuh) that the
+  // FP8 or FP4 K/V: dequantized to a flat bf16 copy of kv_rows keys (common/dequant_kv.cuh) that the
   // kernels read as flat KV (a page pool's batches at the paged check's key_offsets).
   bool dequant_kv = false;
   int64_t kv_rows = 0;
