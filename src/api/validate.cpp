@@ -115,6 +115,22 @@ ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device) {
   return s;
 }
 
+// An FP4 page pool's scales: a pool of the values' layout, one scale per group along D (NVFP4:
+// e4m3 per 16, MXFP4: e8m0 per 32), any strides but a contiguous last dim, so the four regions of
+// a page (K values, K scales, V values, V scales) may be strided views of one allocation.
+static void check_fp4_pool_scale(const QTensor& x, const char* name, int64_t dim) {
+  const Tensor& sc = x.scale;
+  const std::string sn = std::string(name) + ".scale";
+  check_defined(sc, sn.c_str());
+  check_dtype(sc, sn.c_str(), {DType::fp8_e4m3, DType::e8m0});
+  const int64_t group = sc.dtype == DType::fp8_e4m3 ? 16 : 32;
+  MSA_CHECK(dim % group == 0, name, ": head dim ", dim, " must be a multiple of ", group, " for ",
+            sc.dtype == DType::fp8_e4m3 ? "NVFP4" : "MXFP4");
+  const Tensor& v = x.values;
+  check_shape(sc, sn.c_str(), {v.shape[0], v.shape[1], v.shape[2], dim / group});
+  check_last_dim_contiguous(sc, sn.c_str());
+}
+
 static int64_t logical_dim(const Tensor& t) {
   return t.dtype == DType::fp4x2 ? 2 * t.shape[t.ndim - 1] : t.shape[t.ndim - 1];
 }
@@ -192,13 +208,19 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
     s.max_pages = lens.max_pages;
     const Tensor& pt = kv.page_table;
     check_last_dim_contiguous(pt, "page_table");
-    MSA_CHECK(k.dtype != DType::fp4x2, "k: FP4 page pools are not supported");
-    // Paged FP8 scales count the pool's slots as its tokens: slot s of page P is token
-    // P * page_size + s (either layout), so a per-token scale is [num_pages * page_size] and a
-    // per-token-and-head one [num_pages * page_size, Hkv].
-    const int64_t pool_tokens = s.num_pages * s.page_size;
-    check_qtensor_scale(kv.k, "k", pool_tokens, s.num_kv_heads, s.head_dim);
-    if (need_v) check_qtensor_scale(kv.v, "v", pool_tokens, s.num_kv_heads, s.head_dim);
+    if (k.dtype == DType::fp4x2) {
+      MSA_CHECK(kv_may_be_quantized, "k: FP4 page pools are read by attention only; the indexer "
+                "takes FP4 keys in a flat cache");
+      check_fp4_pool_scale(kv.k, "k", s.head_dim);
+      if (need_v) check_fp4_pool_scale(kv.v, "v", s.head_dim);
+    } else {
+      // Paged FP8 scales count the pool's slots as its tokens: slot s of page P is token
+      // P * page_size + s (either layout), so a per-token scale is [num_pages * page_size] and a
+      // per-token-and-head one [num_pages * page_size, Hkv].
+      const int64_t pool_tokens = s.num_pages * s.page_size;
+      check_qtensor_scale(kv.k, "k", pool_tokens, s.num_kv_heads, s.head_dim);
+      if (need_v) check_qtensor_scale(kv.v, "v", pool_tokens, s.num_kv_heads, s.head_dim);
+    }
     if (!q.is_cuda()) {
       const int64_t cap = s.max_pages * s.page_size;
       for (int64_t b = 0; b < s.batch; ++b) {

@@ -36,8 +36,10 @@ class RowDecoder {
  public:
   RowDecoder(const QTensor& x, int64_t head_dim) : x_(x), dim_(head_dim) {}
 
-  // `token`, `head`: the indices the scales are looked up with (ignored for per-tensor scales).
-  void decode(int64_t offset, int64_t token, int64_t head, double* out) const {
+  // `token`, `head`: the indices the scales are looked up with (ignored for per-tensor scales);
+  // `fp4_scale_row` >= 0: the element offset of the row's FP4 scales instead (page pools).
+  void decode(int64_t offset, int64_t token, int64_t head, double* out,
+              int64_t fp4_scale_row = -1) const {
     const Tensor& v = x_.values;
     switch (v.dtype) {
       case DType::bf16:
@@ -53,7 +55,9 @@ class RowDecoder {
       }
       case DType::fp4x2: {
         const uint8_t* row = v.ptr<uint8_t>() + offset;
-        for (int64_t d = 0; d < dim_; ++d) out[d] = fp4_scale(token, head, d) * codec::fp4x2_get(row, d);
+        const Tensor& s = x_.scale;
+        const int64_t srow = fp4_scale_row >= 0 ? fp4_scale_row : token * s.strides[0] + head * s.strides[1];
+        for (int64_t d = 0; d < dim_; ++d) out[d] = fp4_scale(srow, d) * codec::fp4x2_get(row, d);
         return;
       }
       default:
@@ -72,11 +76,11 @@ class RowDecoder {
     return p[token * s.strides[0] + head * s.strides[1]];
   }
   // NVFP4: e4m3 scale per 16 elements times global_scale; MXFP4: e8m0 scale per 32 elements.
-  double fp4_scale(int64_t token, int64_t head, int64_t d) const {
+  // `row`: the element offset of the (token, head) row's scales (the last dim is contiguous).
+  double fp4_scale(int64_t row, int64_t d) const {
     const Tensor& s = x_.scale;
     const bool nv = s.dtype == DType::fp8_e4m3;
-    const int64_t g = d / (nv ? 16 : 32);
-    const uint8_t b = s.ptr<uint8_t>()[token * s.strides[0] + head * s.strides[1] + g * s.strides[2]];
+    const uint8_t b = s.ptr<uint8_t>()[row + d / (nv ? 16 : 32)];
     return nv ? double(codec::e4m3_to_float(b)) * double(x_.global_scale)
               : double(codec::e8m0_to_float(b));
   }
@@ -107,6 +111,7 @@ class KeyReader {
   KeyReader(const KVCache& kv, const ProblemShape& s, KVPart part = KVPart::k)
       : kv_(kv),
         t_(part == KVPart::k ? kv.k.values : kv.v.values),
+        scale_(part == KVPart::k ? kv.k.scale : kv.v.scale),
         dec_(part == KVPart::k ? kv.k : kv.v, s.head_dim),
         page_size_(s.page_size),
         lengths_(host_key_lengths(kv, s)) {
@@ -129,13 +134,22 @@ class KeyReader {
     const int64_t off = kv_.layout == KVLayout::paged_nhd
                             ? page * t_.strides[0] + slot * t_.strides[1] + h * t_.strides[2]
                             : page * t_.strides[0] + h * t_.strides[1] + slot * t_.strides[2];
-    // Scales of a page pool are indexed by pool slot (validate.cpp): token page * page_size + slot.
-    dec_.decode(off, page * page_size_ + slot, h, out_D);
+    // FP8 scales of a page pool are indexed by pool slot (validate.cpp): token page * page_size +
+    // slot; FP4 scales are a pool of the values' layout.
+    int64_t fp4_row = -1;
+    if (t_.dtype == DType::fp4x2) {
+      const Tensor& sc = scale_;
+      fp4_row = kv_.layout == KVLayout::paged_nhd
+                    ? page * sc.strides[0] + slot * sc.strides[1] + h * sc.strides[2]
+                    : page * sc.strides[0] + h * sc.strides[1] + slot * sc.strides[2];
+    }
+    dec_.decode(off, page * page_size_ + slot, h, out_D, fp4_row);
   }
 
  private:
   KVCache kv_;
   Tensor t_;
+  Tensor scale_;  // the part's scales
   RowDecoder dec_;
   int64_t page_size_;
   std::vector<int64_t> lengths_;

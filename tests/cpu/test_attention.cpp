@@ -129,32 +129,26 @@ TEST(Attention, Fp8KvMatchesBruteForce) {
     }
 }
 
-// NVFP4 (global scale 0.75) and MXFP4 K/V in a flat cache, against the brute force on their
-// exact dequantization (f32 holds e2m1 * e4m3 * 0.75 exactly).
+// NVFP4 (global scale 0.75) and MXFP4 K/V, flat and paged, against the brute force on their
+// exact dequantization.
 TEST(Attention, Fp4KvMatchesBruteForce) {
   unsigned seed = 300;
   for (const bool nvfp4 : {true, false})
     for (DType qt : {DType::bf16, DType::f16}) {
       Problem p = make_problem({9, 30}, {200, 45}, 4, 2, 64, seed++, qt, qt);
-      auto to_fp4 = [&](HostTensor& x, std::optional<HostTensor>& scale, float& global,
-                        std::vector<double>& val) {
-        const int64_t t = x.t.shape[0], h = x.t.shape[1], d = x.t.shape[2];
-        HostTensor values(DType::fp4x2, {t, h, d / 2});
-        HostTensor sc(nvfp4 ? DType::fp8_e4m3 : DType::e8m0, {t, h, d / (nvfp4 ? 16 : 32)});
-        global = nvfp4 ? 0.75f : 1.f;
-        const QTensor qx(values.t, sc.t, global);
-        quantize(x.t, nvfp4 ? QuantFormat::nvfp4 : QuantFormat::mxfp4, qx);
-        HostTensor exact(DType::f32, {t, h, d});
-        dequantize(qx, exact.t);
-        val.assign(exact.data<float>(), exact.data<float>() + exact.t.numel());
-        x = std::move(values);
-        scale = std::move(sc);
-      };
-      to_fp4(p.k, p.k_scale, p.k_global, p.k_val);
-      to_fp4(p.v, p.v_scale, p.v_global, p.v_val);
+      quantize_kv_fp4(p, nvfp4);
       const std::vector<int32_t> ids = random_q2k(p, 2, 128, seed++);
       const HostTensor q2k = q2k_tensor(ids, 2, p.total_q(), 2);
       expect_matches(run_attention(p, p.flat_kv(), &q2k, {}), reference_attention(p, &ids, 2, {}));
+    }
+  // FP4 page pools: scales in a pool of the values' layout (NaN bytes in the unused slots).
+  for (const bool nvfp4 : {true, false})
+    for (KVLayout layout : {KVLayout::paged_nhd, KVLayout::paged_hnd}) {
+      Problem p = make_problem({5, 16}, {100, 300}, 2, 1, 64, seed++, DType::bf16, DType::bf16);
+      quantize_kv_fp4(p, nvfp4);
+      const PagedKV paged = make_paged(p, layout, 32, seed++);
+      expect_matches(run_attention(p, paged.cache(), nullptr, {}),
+                     reference_attention(p, nullptr, 0, {}));
     }
 }
 

@@ -147,22 +147,6 @@ TEST(SparseFwdGpu, Fp8KvMatchesCpu) {
   }
 }
 
-// The case's K and V quantized on the host to NVFP4 (global scale 0.75) or MXFP4; the NaN rows
-// of unselected blocks stay NaN (NaN block scales).
-void quantize_kv_fp4(SparseCase& c, bool nvfp4) {
-  auto quantize_one = [&](HostTensor& x, std::optional<HostTensor>& scale, float& global) {
-    const int64_t t = x.t.shape[0], h = x.t.shape[1], d = x.t.shape[2];
-    HostTensor values(DType::fp4x2, {t, h, d / 2});
-    HostTensor sc(nvfp4 ? DType::fp8_e4m3 : DType::e8m0, {t, h, d / (nvfp4 ? 16 : 32)});
-    global = nvfp4 ? 0.75f : 1.f;
-    quantize(x.t, nvfp4 ? QuantFormat::nvfp4 : QuantFormat::mxfp4, QTensor(values.t, sc.t, global));
-    x = std::move(values);
-    scale = std::move(sc);
-  };
-  quantize_one(c.p.k, c.p.k_scale, c.p.k_global);
-  quantize_one(c.p.v, c.p.v_scale, c.p.v_global);
-}
-
 // bf16 q over NVFP4 and MXFP4 K/V (flat), dequantized in the workspace like FP8.
 TEST(SparseFwdGpu, Fp4KvMatchesCpu) {
   MSA_REQUIRE_GPU();
@@ -173,7 +157,7 @@ TEST(SparseFwdGpu, Fp4KvMatchesCpu) {
     SparseCase c = random_case(400 + i, small);
     if (c.p.q.t.dtype != DType::bf16) continue;  // FP4 K/V take bf16 q on CUDA
     const bool nvfp4 = run++ % 2 == 0;
-    quantize_kv_fp4(c, nvfp4);
+    quantize_kv_fp4(c.p, nvfp4);
     SCOPED_TRACE(c.name + (nvfp4 ? " nvfp4" : " mxfp4"));
     const Outputs ref = run_cpu(c);
     DeviceCase d(c, s);

@@ -42,6 +42,7 @@ struct DeviceInputs {
   DeviceQTensor pool_k, pool_v;
   DeviceTensor page_table, seqused_k;
   KVLayout layout;
+  float k_global, v_global;  // NVFP4
 
   DeviceInputs(const SparseCase& c, const PagedKV& h, cudaStream_t s)
       : q(to_device(c.p.q, s)), cu_q(to_device(c.p.cu_q, s)), q2k(to_device(c.q2k, s)),
@@ -49,11 +50,13 @@ struct DeviceInputs {
         cu_k(to_device(c.p.cu_k, s)), pool_k(to_device(h.k, h.k_scale, s)),
         pool_v(to_device(h.v, h.v_scale, s)),
         page_table(to_device(h.page_table, s)), seqused_k(to_device(h.seqused_k, s)),
-        layout(h.layout) {}
+        layout(h.layout), k_global(c.p.k_global), v_global(c.p.v_global) {}
   KVCache flat() const {
     KVCache kv;
     kv.k = k.view();
     kv.v = v.view();
+    kv.k.global_scale = k_global;
+    kv.v.global_scale = v_global;
     kv.cu_seqlens_k = cu_k.t;
     return kv;
   }
@@ -61,6 +64,8 @@ struct DeviceInputs {
     KVCache kv;
     kv.k = pool_k.view();
     kv.v = pool_v.view();
+    kv.k.global_scale = k_global;
+    kv.v.global_scale = v_global;
     kv.layout = layout;
     kv.page_table = page_table.t;
     if (with_seqused) kv.seqused_k = seqused_k.t;
@@ -91,10 +96,10 @@ Result run_gpu(const SparseCase& c, const DeviceInputs& d, const KVCache& kv, cu
   return host;
 }
 
-// docs/semantics.md, Numerics, on out and lse (sparse_case.h); FP8 K/V within 3e-2.
-void expect_close(const Result& gpu, const Result& ref, bool fp8 = false) {
-  expect_out_close(gpu.out, ref.out, fp8 ? 3e-2 : 1e-2);
-  expect_stat_close(gpu.lse, ref.lse, "lse", fp8 ? 3e-2 : 2e-3);
+// docs/semantics.md, Numerics, on out and lse (sparse_case.h); FP8 / FP4 K/V within 3e-2.
+void expect_close(const Result& gpu, const Result& ref, bool quantized = false) {
+  expect_out_close(gpu.out, ref.out, quantized ? 3e-2 : 1e-2);
+  expect_stat_close(gpu.lse, ref.lse, "lse", quantized ? 3e-2 : 2e-3);
 }
 
 void expect_bitwise(const Result& a, const Result& b) {
@@ -113,6 +118,7 @@ struct Spec {
   DType dtype = DType::bf16;
   bool spare_columns = false;  // page-table columns past seqused_k hold valid ids of real pages
   std::optional<Fp8Scale> fp8;  // FP8 e4m3 K/V with scales of this kind (bf16 q)
+  int fp4 = 0;                  // 1: NVFP4, 2: MXFP4 K/V (bf16 q)
 };
 
 // A SparseCase from a spec: random q2k (-1 slots, sometimes unsorted) and NaN in every K/V row
@@ -132,6 +138,7 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
   c.causal = sp.causal;
   if (seed % 3) c.partial = seed % 3 == 1 ? DType::bf16 : DType::f32;  // 0: the default
   poison_unselected(c.p, c.q2k, c.topk);
+  if (sp.fp4) quantize_kv_fp4(c.p, sp.fp4 == 1);  // the NaN rows get NaN block scales
   c.name = sp.name;
   return c;
 }
@@ -157,7 +164,7 @@ void run_specs(const Spec (&specs)[N], unsigned seed, bool small, cudaStream_t s
     if (sp.spare_columns) fill_spare_columns(h, c.p.lk, sp.page_size);
     DeviceInputs d(c, h, s);
     const Result paged = run_gpu(c, d, d.paged(), s);
-    expect_close(paged, run_cpu(c), /*fp8=*/sp.fp8.has_value());
+    expect_close(paged, run_cpu(c), /*quantized=*/sp.fp8.has_value() || sp.fp4 != 0);
     expect_bitwise(paged, run_gpu(c, d, d.flat(), s));
     if (::testing::Test::HasFailure()) break;
   }
@@ -193,9 +200,10 @@ TEST(SparseFwdPagedGpu, PageSizesLayoutsMatchCpu) {
 }
 
 // bf16 q over FP8 pools (per tensor, per slot, per slot and head scales; the slots that hold no key
-// have NaN scales), both layouts, padded rows, spare columns, tok and blk: GPU paged vs the CPU
-// reference, and paged == flat bitwise (both run on the same dequantized bf16 rows).
-TEST(SparseFwdPagedGpu, Fp8PoolsMatchCpu) {
+// have NaN scales) and FP4 pools (NVFP4, MXFP4; scale pools of the values' layout), both layouts,
+// padded rows, spare columns, tok and blk: GPU paged vs the CPU reference, and paged == flat
+// bitwise (both run on the same dequantized bf16 rows).
+TEST(SparseFwdPagedGpu, QuantizedPoolsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
   TestStream s;
@@ -210,6 +218,10 @@ TEST(SparseFwdPagedGpu, Fp8PoolsMatchCpu) {
        0, bf, true, Fp8Scale::per_tensor},
       {"fp8 ps256 hnd G8 non-causal no scales", {150, 33}, {383, 129}, 8, 1, 4, false, false, 256,
        hnd, 0, bf, false, Fp8Scale::none},
+      {"nvfp4 ps32 nhd G4", {200, 5, 130}, {513, 0, 130}, 4, 2, 8, true, false, 32, nhd, 0, bf,
+       false, std::nullopt, 1},
+      {"mxfp4 ps128 hnd G16 blk spare", {260, 17}, {260, 700}, 16, 1, 4, true, true, 128, hnd, 0,
+       bf, true, std::nullopt, 2},
   };
   run_specs(specs, 9500, small, s);
 }

@@ -141,6 +141,27 @@ inline Problem make_problem(std::vector<int32_t> lq, std::vector<int32_t> lk, in
   return p;
 }
 
+// K and V of p quantized on the host to NVFP4 (global scale 0.75) or MXFP4; k_val / v_val become
+// their exact values (f32 holds e2m1 * e4m3 * 0.75 exactly). NaN rows stay NaN (NaN block scales).
+inline void quantize_kv_fp4(Problem& p, bool nvfp4) {
+  auto one = [&](HostTensor& x, std::optional<HostTensor>& scale, float& global,
+                 std::vector<double>& val) {
+    const int64_t t = x.t.shape[0], h = x.t.shape[1], d = x.t.shape[2];
+    HostTensor values(DType::fp4x2, {t, h, d / 2});
+    HostTensor sc(nvfp4 ? DType::fp8_e4m3 : DType::e8m0, {t, h, d / (nvfp4 ? 16 : 32)});
+    global = nvfp4 ? 0.75f : 1.f;
+    const QTensor qx(values.t, sc.t, global);
+    quantize(x.t, nvfp4 ? QuantFormat::nvfp4 : QuantFormat::mxfp4, qx);
+    HostTensor exact(DType::f32, {t, h, d});
+    dequantize(qx, exact.t);
+    val.assign(exact.data<float>(), exact.data<float>() + exact.t.numel());
+    x = std::move(values);
+    scale = std::move(sc);
+  };
+  one(p.k, p.k_scale, p.k_global, p.k_val);
+  one(p.v, p.v_scale, p.v_global, p.v_val);
+}
+
 // A page pool holding the problem's KV: pages handed out in a random order, page_size keys each,
 // every slot that holds no key left NaN (the HostTensor poison), page_table columns past a
 // batch's last page set to garbage (never read when seqused_k is given). `row_pad` extra
@@ -149,10 +170,11 @@ struct PagedKV {
   HostTensor k, v, page_table, seqused_k;
   std::optional<HostTensor> k_scale, v_scale;
   KVLayout layout;
+  float k_global = 1.f, v_global = 1.f;  // NVFP4 pools
   KVCache cache(bool with_seqused = true) const {
     KVCache kv;
-    kv.k = k_scale ? QTensor(k.t, k_scale->t) : QTensor(k.t);
-    kv.v = v_scale ? QTensor(v.t, v_scale->t) : QTensor(v.t);
+    kv.k = k_scale ? QTensor(k.t, k_scale->t, k_global) : QTensor(k.t);
+    kv.v = v_scale ? QTensor(v.t, v_scale->t, v_global) : QTensor(v.t);
     kv.layout = layout;
     kv.page_table = page_table.t;
     if (with_seqused) kv.seqused_k = seqused_k.t;
@@ -193,14 +215,23 @@ inline PagedKV make_paged(const Problem& p, KVLayout layout, int64_t page_size, 
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
   const DType dt = p.k.t.dtype;
-  PagedKV out{make_pool(dt, layout, pages, page_size, p.hkv, p.dim, row_pad),
-              make_pool(dt, layout, pages, page_size, p.hkv, p.dim, row_pad),
+  const int64_t row_elems = p.k.t.shape[2];  // D, or D / 2 bytes of packed FP4
+  PagedKV out{make_pool(dt, layout, pages, page_size, p.hkv, row_elems, row_pad),
+              make_pool(dt, layout, pages, page_size, p.hkv, row_elems, row_pad),
               HostTensor(DType::i32, {batch, max_pages}), i32_tensor(p.lk), std::nullopt,
               std::nullopt, layout};
-  // Scales: per tensor as they are; per token (and head) moved to the pool's slots (token
+  // Scales: FP4 ones a pool of the values' layout (NaN bytes in the slots that hold no key); FP8
+  // per tensor as they are, per token (and head) moved to the pool's slots (token
   // page * page_size + slot), every slot that holds no key NaN.
+  const bool fp4 = dt == DType::fp4x2;
   const auto pool_scale = [&](const std::optional<HostTensor>& flat) -> std::optional<HostTensor> {
     if (!flat) return std::nullopt;
+    if (fp4) {
+      std::optional<HostTensor> s;
+      s.emplace(make_pool(flat->t.dtype, layout, pages, page_size, p.hkv, flat->t.shape[2], 0));
+      std::fill(s->data<uint8_t>(), s->data<uint8_t>() + s->bytes(), uint8_t(0xff));
+      return s;
+    }
     const bool tensor = flat->t.numel() == 1 && flat->t.ndim == 1;
     std::vector<int64_t> shape{tensor ? 1 : pages * page_size};
     if (flat->t.ndim == 2) shape.push_back(p.hkv);
@@ -210,11 +241,13 @@ inline PagedKV make_paged(const Problem& p, KVLayout layout, int64_t page_size, 
               tensor ? flat->data<float>()[0] : std::numeric_limits<float>::quiet_NaN());
     return s;
   };
+  out.k_global = p.k_global;
+  out.v_global = p.v_global;
   out.k_scale = pool_scale(p.k_scale);
   out.v_scale = pool_scale(p.v_scale);
   const auto move_scale = [&](const std::optional<HostTensor>& flat, std::optional<HostTensor>& pool,
                               int64_t row, int64_t slot) {
-    if (!flat || (flat->t.numel() == 1 && flat->t.ndim == 1)) return;
+    if (!flat || fp4 || (flat->t.numel() == 1 && flat->t.ndim == 1)) return;
     const int64_t n = flat->t.ndim == 2 ? p.hkv : 1;
     std::copy(flat->data<float>() + row * n, flat->data<float>() + row * n + n,
               pool->data<float>() + slot * n);
@@ -232,6 +265,10 @@ inline PagedKV make_paged(const Problem& p, KVLayout layout, int64_t page_size, 
       for (int64_t h = 0; h < p.hkv; ++h) {
         copy_row(p.k, p.k_start(b) + j, h, out.k, layout, page, j % page_size);
         copy_row(p.v, p.k_start(b) + j, h, out.v, layout, page, j % page_size);
+        if (fp4) {
+          copy_row(*p.k_scale, p.k_start(b) + j, h, *out.k_scale, layout, page, j % page_size);
+          copy_row(*p.v_scale, p.k_start(b) + j, h, *out.v_scale, layout, page, j % page_size);
+        }
       }
     }
   }

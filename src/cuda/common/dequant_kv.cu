@@ -74,45 +74,53 @@ __device__ __forceinline__ void convert16_fp4(const uint8_t* src, float step, __
   store16(dst, out);
 }
 
-// One tensor's chunk c (16 values) of row (token, h) at element offset `off`, into dst.
+// Where a row's values and scales are: element offsets of the row in the values and (FP4) in the
+// scales, and its FP8 scale token.
+struct RowAt {
+  int64_t off, scale_row, token;
+};
+
+// One tensor's chunk c (16 values) of a row, into dst.
 __device__ __forceinline__ void convert_chunk(const DequantKVParams& p, const uint8_t* x,
-                                              const void* scale, int kind, const int64_t* sstride,
-                                              float global, int64_t off, int64_t token, int h,
-                                              int c, __nv_bfloat16* dst) {
+                                              const void* scale, int kind, float global,
+                                              const RowAt& at, int h, int c, __nv_bfloat16* dst) {
   if (p.format == KVFormat::fp8) {
-    convert16_fp8(x + off + c * kChunk, scale_of(scale, kind, token, h, p.num_kv_heads), dst);
+    convert16_fp8(x + at.off + c * kChunk, scale_of(scale, kind, at.token, h, p.num_kv_heads), dst);
     return;
   }
   // FP4: 8 bytes per chunk; NVFP4 one scale per chunk, MXFP4 one per two chunks.
-  const uint8_t sb = static_cast<const uint8_t*>(scale)[token * sstride[0] + h * sstride[1] +
-                                                         (p.format == KVFormat::nvfp4 ? c : c / 2)];
+  const uint8_t sb =
+      static_cast<const uint8_t*>(scale)[at.scale_row + (p.format == KVFormat::nvfp4 ? c : c / 2)];
   const float step = p.format == KVFormat::nvfp4 ? codec::e4m3_to_float(sb) * global
                                                  : codec::e8m0_to_float(sb);
-  convert16_fp4(x + off + c * (kChunk / 2), step, dst);
+  convert16_fp4(x + at.off + c * (kChunk / 2), step, dst);
 }
 
 // One (key, head) row's chunk c of K and of V, batch-local key j of batch b (its output row o0 + j).
 __device__ __forceinline__ void convert_row(const DequantKVParams& p, int b, int64_t src0, int64_t o0,
                                             int64_t j, int h, int c) {
-  int64_t token, k_off, v_off;  // scale token; element offsets of the row in k and v
+  RowAt k_at, v_at;
+  // Offsets of (a, b, c) along dims 0-2 of a tensor with strides st.
+  auto at3 = [](const int64_t* st, int64_t a, int64_t b2, int64_t c2) { return a * st[0] + b2 * st[1] + c2 * st[2]; };
   if (!p.paged) {
-    token = src0 + j;
-    k_off = token * p.k_stride[0] + h * p.k_stride[1];
-    v_off = token * p.v_stride[0] + h * p.v_stride[1];
+    const int64_t t = src0 + j;
+    k_at = {at3(p.k_stride, t, h, 0), at3(p.k_scale_stride, t, h, 0), t};
+    v_at = {at3(p.v_stride, t, h, 0), at3(p.v_scale_stride, t, h, 0), t};
   } else {
     const PagedKV& pk = p.pool;
     const int32_t page = pk.page_table[b * pk.page_table_stride + (j >> pk.page_shift)];
     if (page < 0 || page >= pk.num_pages) return;  // reported by the paged check
     const int64_t slot = j & ((int64_t(1) << pk.page_shift) - 1);
-    token = (int64_t(page) << pk.page_shift) + slot;
-    const int slot_dim = p.paged == 1 ? 1 : 2, head_dim = p.paged == 1 ? 2 : 1;
-    k_off = page * p.k_stride[0] + slot * p.k_stride[slot_dim] + h * p.k_stride[head_dim];
-    v_off = page * p.v_stride[0] + slot * p.v_stride[slot_dim] + h * p.v_stride[head_dim];
+    const int64_t token = (int64_t(page) << pk.page_shift) + slot;
+    // nhd: [page, slot, head, ...]; hnd: [page, head, slot, ...] (values and FP4 scales alike)
+    const int64_t s1 = p.paged == 1 ? slot : h, s2 = p.paged == 1 ? h : slot;
+    k_at = {at3(p.k_stride, page, s1, s2), at3(p.k_scale_stride, page, s1, s2), token};
+    v_at = {at3(p.v_stride, page, s1, s2), at3(p.v_scale_stride, page, s1, s2), token};
   }
   const int64_t dst = ((o0 + j) * p.num_kv_heads + h) * kHeadDim + c * kChunk;
-  convert_chunk(p, p.k, p.k_scale, p.k_scale_kind, p.k_scale_stride, p.k_global, k_off, token, h, c,
+  convert_chunk(p, p.k, p.k_scale, p.k_scale_kind, p.k_global, k_at, h, c,
                 static_cast<__nv_bfloat16*>(p.k_out) + dst);
-  convert_chunk(p, p.v, p.v_scale, p.v_scale_kind, p.v_scale_stride, p.v_global, v_off, token, h, c,
+  convert_chunk(p, p.v, p.v_scale, p.v_scale_kind, p.v_global, v_at, h, c,
                 static_cast<__nv_bfloat16*>(p.v_out) + dst);
 }
 

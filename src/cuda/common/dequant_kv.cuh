@@ -20,8 +20,8 @@ enum class KVFormat : int32_t { fp8, nvfp4, mxfp4 };
 
 struct DequantKVParams {
   KVFormat format = KVFormat::fp8;
-  // FP8: e4m3 [.., 128] with f32 scales by kind; FP4 (flat only): packed e2m1 [total_k, Hkv, 64]
-  // bytes with byte scales [total_k, Hkv, 128 / group] (NVFP4: e4m3 per 16 values, times the
+  // FP8: e4m3 [.., 128] with f32 scales by kind; FP4: packed e2m1 [.., 64] bytes with byte
+  // scales laid out like the values, [.., 128 / group] (NVFP4: e4m3 per 16 values, times the
   // global scale; MXFP4: e8m0 per 32), element strides in k_scale_stride / v_scale_stride.
   const uint8_t* k = nullptr;      // e4m3: flat [total_k, Hkv, 128]; paged pool nhd
   const uint8_t* v = nullptr;      // [pages, slots, Hkv, 128] or hnd [pages, Hkv, slots, 128]
@@ -31,7 +31,7 @@ struct DequantKVParams {
   const void* k_scale = nullptr;   // FP8: f32 [1] | [T] | [T, Hkv] (T: flat keys or pool slots),
   const void* v_scale = nullptr;   // or null; FP4: the byte scales
   int32_t k_scale_kind = 0, v_scale_kind = 0;  // FP8: common/problem.h fp8_scale_kind
-  int64_t k_scale_stride[2] = {}, v_scale_stride[2] = {};  // FP4: elements of dims 0-1
+  int64_t k_scale_stride[3] = {}, v_scale_stride[3] = {};  // FP4: elements of dims 0-2
   float k_global = 1.f, v_global = 1.f;                     // NVFP4 global scales
   const int32_t* cu_seqlens_k = nullptr;  // flat: [B+1] source rows
   int64_t total_k = 0;                    // flat: rows of k / v

@@ -65,9 +65,9 @@ void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPla
   }
   d.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.data : nullptr;
   d.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.data : nullptr;
-  if (a.kv.k.values.dtype == DType::fp4x2) {  // scales [T, Hkv, 128 / group], checked by the api
+  if (a.kv.k.values.dtype == DType::fp4x2) {  // scales laid out like the values, checked by the api
     d.format = a.kv.k.scale.dtype == DType::fp8_e4m3 ? KVFormat::nvfp4 : KVFormat::mxfp4;
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i + 1 < a.kv.k.scale.ndim; ++i) {  // [T, Hkv, G] or a pool of 4 dims
       d.k_scale_stride[i] = a.kv.k.scale.strides[i];
       d.v_scale_stride[i] = a.kv.v.scale.strides[i];
     }
