@@ -99,6 +99,21 @@ def test_fp8_kv():
     _check(out, lse, want, want_lse, tol=3e-2)
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_kv(fmt):
+    """NVFP4 / MXFP4 K and V as QTensors (the global scale travels with them)."""
+    rng = np.random.default_rng(7)
+    q, k, v, cu_q, cu_k = ref.problem(rng, [12], [130], 2, 2, 64, ml_dtypes.bfloat16)
+    kq = msa.quantize(k, fmt, global_scale=0.75 if fmt == "nvfp4" else 1.0)
+    vq = msa.quantize(v, fmt)
+    out, lse = msa.attention_forward(q, kq, vq, cu_q, cu_seqlens_k=cu_k, return_lse=True)
+    kd = msa.dequantize(kq).astype(np.float64)
+    vd = msa.dequantize(vq).astype(np.float64)
+    want, want_lse, _ = ref.attention(q.astype(np.float64), ref.split(kd, cu_k),
+                                      ref.split(vd, cu_k), cu_q)
+    _check(out, lse, want, want_lse, tol=3e-2)
+
+
 def test_empty_rows_give_zero_and_neg_inf():
     rng = np.random.default_rng(6)
     q, k, v, cu_q, cu_k = ref.problem(rng, [4, 3], [0, 5], 2, 2, 64)
