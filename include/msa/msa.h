@@ -8,6 +8,7 @@
 #include "msa/dlpack.h"
 #include "msa/error.h"
 #include "msa/indexer.h"
+#include "msa/logits.h"
 #include "msa/pipeline.h"
 #include "msa/quant.h"
 #include "msa/tensor.h"

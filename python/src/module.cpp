@@ -189,6 +189,21 @@ NB_MODULE(_C, m) {
       [](const TopKArgs& x, cudaStream_t s) { select_topk(x, s); });
 
   def_op(
+      m, "mqa_logits", "msa::mqa_logits; keywords as in msa.mqa_logits, logits preallocated.",
+      [](Args& a) {
+        MqaLogitsArgs x;
+        x.q = a.qtensor("q");
+        x.k = a.qtensor("k");
+        x.weights = a.tensor("weights");
+        x.ks = a.tensor("ks");
+        x.ke = a.tensor("ke");
+        x.logits = a.tensor("logits");
+        x.clean_logits = a.flag("clean_logits", true);
+        return x;
+      },
+      [](const MqaLogitsArgs& x, cudaStream_t s) { mqa_logits(x, s); });
+
+  def_op(
       m, "build_k2q_csr",
       "msa::build_k2q_csr; outputs row_ptr, q_idx and (optional) schedule preallocated; scratch "
       "from workspace= or alloc=.",

@@ -1,0 +1,35 @@
+"""DeepSeek-style indexer logits (docs/semantics.md, Indexer logits): `mqa_logits`, the ragged
+prefill form (DeepGEMM's ``fp8_mqa_logits`` contract). CPU arrays only so far: the CUDA kernel is
+not written yet, and CUDA inputs raise `MsaError`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _C
+from ._arrays import empty
+from ._runtime import arg, dims, stream_of
+from .quant import unpack
+
+
+def mqa_logits(q: Any, k: Any, weights: Any, ks: Any, ke: Any, *, k_scale: Any = None,
+               clean_logits: bool = True, out: Any = None, stream: Any = None) -> Any:
+    """``logits [T, S]`` f32: for query row t and key s in ``[ks[t], ke[t])``,
+    ``k_scale[s] * sum_h weights[t, h] * relu(q[t, h] . k[s])``; ``-inf`` elsewhere (with
+    ``clean_logits``; else those columns of `out` are left as they are).
+
+    ``q [T, H, D]`` fp8_e4m3 (or bf16) without a scale, ``k [S, D]`` of q's dtype (a `QTensor`
+    or values plus ``k_scale [S]`` f32), ``weights [T, H]`` f32, ``ks``/``ke [T]`` int32 with
+    ``0 <= ks <= ke <= S``."""
+    kv, kscale, _ = unpack(k, k_scale)
+    t_rows = dims(q, "q", 3, "[T, H, D]")[0]
+    s_keys = dims(kv, "k", 2, "[S, D]")[0]
+    if out is None:
+        out = empty(weights, (t_rows, s_keys), "f32")
+    _C.mqa_logits(q=arg(q), k=arg(kv), k_scale=arg(kscale), weights=arg(weights), ks=arg(ks),
+                  ke=arg(ke), logits=arg(out), clean_logits=clean_logits,
+                  stream=stream_of(weights, stream))
+    return out
+
+
+__all__ = ["mqa_logits"]

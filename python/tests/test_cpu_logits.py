@@ -1,0 +1,55 @@
+# CPU tests of msa.mqa_logits with numpy arrays: the definition computed in numpy (fp8 through
+# ml_dtypes), clean and kept columns, the argument errors.
+import numpy as np
+import pytest
+
+import msa
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+
+def _problem(rng, t_rows=7, heads=4, dim=32, s_keys=90):
+    q = rng.uniform(-2, 2, (t_rows, heads, dim)).astype(ml_dtypes.float8_e4m3fn)
+    k = rng.uniform(-2, 2, (s_keys, dim)).astype(ml_dtypes.float8_e4m3fn)
+    scale = rng.uniform(0.25, 1.5, s_keys).astype(np.float32)
+    w = rng.uniform(-1, 1, (t_rows, heads)).astype(np.float32)
+    a = rng.integers(0, s_keys + 1, t_rows)
+    b = rng.integers(0, s_keys + 1, t_rows)
+    return q, k, scale, w, np.minimum(a, b).astype(np.int32), np.maximum(a, b).astype(np.int32)
+
+
+def _want(q, k, scale, w, ks, ke):
+    dots = np.einsum("thd,sd->ths", q.astype(np.float64), k.astype(np.float64))
+    logits = scale * np.einsum("th,ths->ts", w.astype(np.float64), np.maximum(dots, 0))
+    cols = np.arange(k.shape[0])
+    inside = (cols >= ks[:, None]) & (cols < ke[:, None])
+    return np.where(inside, logits, -np.inf).astype(np.float32), inside
+
+
+def test_matches_the_definition():
+    q, k, scale, w, ks, ke = _problem(np.random.default_rng(1))
+    got = msa.mqa_logits(q, k, w, ks, ke, k_scale=scale)
+    want, _ = _want(q, k, scale, w, ks, ke)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_qtensor_keys_and_kept_columns():
+    rng = np.random.default_rng(2)
+    q, k, scale, w, ks, ke = _problem(rng)
+    out = np.full((q.shape[0], k.shape[0]), 7.0, np.float32)
+    got = msa.mqa_logits(q, msa.QTensor(k, scale), w, ks, ke, clean_logits=False, out=out)
+    want, inside = _want(q, k, scale, w, ks, ke)
+    assert got is out
+    np.testing.assert_allclose(got[inside], want[inside], rtol=1e-6, atol=1e-6)
+    assert (got[~inside] == 7.0).all()
+
+
+def test_bad_ranges_and_shapes_are_errors():
+    q, k, scale, w, ks, ke = _problem(np.random.default_rng(3))
+    bad = ke.copy()
+    bad[0] = k.shape[0] + 1
+    with pytest.raises(msa.MsaError, match="ks, ke: row 0 must satisfy"):
+        msa.mqa_logits(q, k, w, ks, bad, k_scale=scale)
+    with pytest.raises(msa.MsaError, match="weights:"):
+        msa.mqa_logits(q, k, w[:, :2], ks, ke, k_scale=scale)

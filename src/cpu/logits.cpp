@@ -1,0 +1,47 @@
+// CPU reference of mqa_logits (msa/logits.h): every (row, key) in range from the decoded values
+// in fp64, rounded once to f32.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend.h"
+#include "cpu/access.h"
+
+namespace msa::cpu {
+
+void mqa_logits(const MqaLogitsArgs& a) {
+  const Tensor& q = a.q.values;
+  const Tensor& k = a.k.values;
+  const int64_t t_rows = q.shape[0], heads = q.shape[1], dim = q.shape[2], s_keys = k.shape[0];
+  // k's scale multiplies after the relu (it may be negative): the keys are decoded without it.
+  const RowDecoder qdec(a.q, dim), kdec(QTensor(a.k.values), dim);
+  const float* k_scale = a.k.scale.defined() ? a.k.scale.ptr<float>() : nullptr;
+  const int32_t* ks = a.ks.ptr<int32_t>();
+  const int32_t* ke = a.ke.ptr<int32_t>();
+  float* out = a.logits.ptr<float>();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t t = 0; t < t_rows; ++t) {
+    std::vector<double> qrow(static_cast<size_t>(heads * dim)), krow(static_cast<size_t>(dim));
+    for (int64_t h = 0; h < heads; ++h)
+      qdec.decode(t * q.strides[0] + h * q.strides[1], t, h, qrow.data() + h * dim);
+    float* row = out + t * a.logits.strides[0];
+    for (int64_t s = 0; s < s_keys; ++s) {
+      if (s < ks[t] || s >= ke[t]) {
+        if (a.clean_logits) row[s] = neg_inf;
+        continue;
+      }
+      kdec.decode(s * k.strides[0], s, 0, krow.data());
+      double sum = 0;
+      for (int64_t h = 0; h < heads; ++h) {
+        double dot = 0;
+        for (int64_t d = 0; d < dim; ++d) dot += qrow[h * dim + d] * krow[d];
+        const double relu = dot > 0 || dot != dot ? dot : 0.0;  // NaN stays NaN
+        sum += double(a.weights.ptr<float>()[t * a.weights.strides[0] + h]) * relu;
+      }
+      row[s] = float((k_scale ? double(k_scale[s]) : 1.0) * sum);
+    }
+  }
+}
+
+}  // namespace msa::cpu

@@ -1,0 +1,189 @@
+// CPU mqa_logits (include/msa/logits.h; docs/semantics.md, Indexer logits) against hand-computed
+// values and a brute force written from the definition, plus its argument rules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/codecs.h"
+#include "msa/msa.h"
+#include "support/expect_error.h"
+#include "support/host_tensor.h"
+
+namespace msa::test {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A problem's tensors on the host; the arguments view them.
+struct Logits {
+  HostTensor q, k, k_scale, w, ks, ke, out;
+  MqaLogitsArgs args(bool with_scale) const {
+    MqaLogitsArgs a;
+    a.q = q.t;
+    a.k = with_scale ? QTensor(k.t, k_scale.t) : QTensor(k.t);
+    a.weights = w.t;
+    a.ks = ks.t;
+    a.ke = ke.t;
+    a.logits = out.t;
+    return a;
+  }
+};
+
+Logits make(DType dt, int64_t t, int64_t h, int64_t d, int64_t s) {
+  return Logits{HostTensor(dt, {t, h, d}), HostTensor(dt, {s, d}), HostTensor(DType::f32, {s}),
+                HostTensor(DType::f32, {t, h}), HostTensor(DType::i32, {t}),
+                HostTensor(DType::i32, {t}), HostTensor(DType::f32, {t, s})};
+}
+
+void set_bf16(HostTensor& x, const std::vector<float>& v) {
+  for (size_t i = 0; i < v.size(); ++i) x.data<uint16_t>()[i] = codec::float_to_bf16(v[i]);
+}
+
+TEST(MqaLogits, HandComputedReluWeightsAndScaleAfterRelu) {
+  Logits p = make(DType::bf16, 1, 2, 2, 3);
+  set_bf16(p.q, {1, 0, 0, 1});           // head 0 (1, 0), head 1 (0, 1)
+  set_bf16(p.k, {1, 1, -1, 2, 2, -3});   // keys (1, 1), (-1, 2), (2, -3)
+  p.w.data<float>()[0] = 0.5f;
+  p.w.data<float>()[1] = -1.f;
+  p.ks.data<int32_t>()[0] = 0;
+  p.ke.data<int32_t>()[0] = 2;
+  mqa_logits(p.args(false));
+  // key 0: 0.5 * relu(1) - relu(1) = -0.5; key 1: 0.5 * relu(-1) - relu(2) = -2; key 2: outside.
+  EXPECT_EQ(p.out.data<float>()[0], -0.5f);
+  EXPECT_EQ(p.out.data<float>()[1], -2.f);
+  EXPECT_EQ(p.out.data<float>()[2], kNegInf);
+}
+
+TEST(MqaLogits, Fp8ScaleMultipliesAfterTheRelu) {
+  Logits p = make(DType::fp8_e4m3, 1, 1, 2, 2);
+  const uint8_t one = codec::float_to_e4m3(1.f), minus_one = codec::float_to_e4m3(-1.f);
+  uint8_t* q = p.q.data<uint8_t>();
+  q[0] = one;
+  q[1] = one;
+  uint8_t* k = p.k.data<uint8_t>();
+  k[0] = one;        // key 0: (1, 1), dot 2
+  k[1] = one;
+  k[2] = minus_one;  // key 1: (-1, -1), dot -2
+  k[3] = minus_one;
+  p.k_scale.data<float>()[0] = -2.f;  // negative: -2 * relu(2), not relu(-4)
+  p.k_scale.data<float>()[1] = -2.f;
+  p.w.data<float>()[0] = 1.f;
+  p.ks.data<int32_t>()[0] = 0;
+  p.ke.data<int32_t>()[0] = 2;
+  mqa_logits(p.args(true));
+  EXPECT_EQ(p.out.data<float>()[0], -4.f);
+  EXPECT_EQ(p.out.data<float>()[1], 0.f);
+}
+
+// Random FP8 problems with scales against the definition, key by key; rows with empty and full
+// ranges; with clean_logits false the columns outside the range keep their contents.
+TEST(MqaLogits, RandomFp8MatchesDefinition) {
+  std::mt19937 rng(11);
+  for (const bool clean : {true, false}) {
+    const int64_t t_rows = 9, heads = 6, dim = 64, s_keys = 150;
+    Logits p = make(DType::fp8_e4m3, t_rows, heads, dim, s_keys);
+    std::uniform_int_distribution<int> byte(0, 255);
+    auto fill = [&](HostTensor& x) {
+      for (int64_t i = 0; i < x.t.numel(); ++i) {
+        uint8_t b;
+        do b = uint8_t(byte(rng)); while ((b & 0x7f) == 0x7f || (b & 0x78) > 0x50);  // |v| < 2^3
+        x.data<uint8_t>()[i] = b;
+      }
+    };
+    fill(p.q);
+    fill(p.k);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (int64_t s = 0; s < s_keys; ++s) p.k_scale.data<float>()[s] = 0.25f + std::fabs(u(rng));
+    for (int64_t i = 0; i < p.w.t.numel(); ++i) p.w.data<float>()[i] = u(rng);
+    for (int64_t t = 0; t < t_rows; ++t) {
+      int32_t a = int32_t(rng() % (s_keys + 1)), b = int32_t(rng() % (s_keys + 1));
+      if (t == 0) a = b = 17;                        // empty range
+      if (t == 1) a = 0, b = int32_t(s_keys);        // every key
+      p.ks.data<int32_t>()[t] = std::min(a, b);
+      p.ke.data<int32_t>()[t] = std::max(a, b);
+    }
+    std::fill(p.out.data<float>(), p.out.data<float>() + p.out.t.numel(), 123.f);
+    MqaLogitsArgs args = p.args(true);
+    args.clean_logits = clean;
+    mqa_logits(args);
+    for (int64_t t = 0; t < t_rows; ++t)
+      for (int64_t s = 0; s < s_keys; ++s) {
+        const float got = p.out.data<float>()[t * s_keys + s];
+        if (s < p.ks.data<int32_t>()[t] || s >= p.ke.data<int32_t>()[t]) {
+          EXPECT_EQ(got, clean ? kNegInf : 123.f) << t << ", " << s;
+          continue;
+        }
+        double sum = 0;
+        for (int64_t h = 0; h < heads; ++h) {
+          double dot = 0;
+          for (int64_t d = 0; d < dim; ++d)
+            dot += double(codec::e4m3_to_float(p.q.data<uint8_t>()[(t * heads + h) * dim + d])) *
+                   codec::e4m3_to_float(p.k.data<uint8_t>()[s * dim + d]);
+          sum += double(p.w.data<float>()[t * heads + h]) * std::max(dot, 0.0);
+        }
+        EXPECT_EQ(got, float(double(p.k_scale.data<float>()[s]) * sum)) << t << ", " << s;
+      }
+  }
+}
+
+TEST(MqaLogits, NanPropagatesInsideTheRangeOnly) {
+  Logits p = make(DType::bf16, 1, 1, 2, 3);
+  set_bf16(p.q, {std::nanf(""), 1});
+  set_bf16(p.k, {1, 1, 1, 1, 1, 1});
+  p.w.data<float>()[0] = 1.f;
+  p.ks.data<int32_t>()[0] = 1;
+  p.ke.data<int32_t>()[0] = 2;
+  mqa_logits(p.args(false));
+  EXPECT_EQ(p.out.data<float>()[0], kNegInf);
+  EXPECT_TRUE(std::isnan(p.out.data<float>()[1]));
+  EXPECT_EQ(p.out.data<float>()[2], kNegInf);
+}
+
+TEST(MqaLogits, EmptyProblems) {
+  Logits rows = make(DType::bf16, 0, 2, 8, 5);  // no query rows
+  EXPECT_NO_THROW(mqa_logits(rows.args(false)));
+  Logits keys = make(DType::bf16, 2, 2, 8, 0);  // no keys: ranges [0, 0)
+  for (int t = 0; t < 2; ++t) keys.ks.data<int32_t>()[t] = keys.ke.data<int32_t>()[t] = 0;
+  EXPECT_NO_THROW(mqa_logits(keys.args(false)));
+}
+
+TEST(MqaLogitsRules, MessagesNameArgumentAndRule) {
+  Logits p = make(DType::fp8_e4m3, 2, 2, 16, 10);
+  for (int t = 0; t < 2; ++t) p.ks.data<int32_t>()[t] = 0, p.ke.data<int32_t>()[t] = 10;
+  const MqaLogitsArgs valid = p.args(true);
+  ASSERT_NO_THROW(mqa_logits(valid));
+  const auto run = [](const MqaLogitsArgs& a) { mqa_logits(a); };
+  HostTensor bad_ranges(DType::i32, {2});
+  bad_ranges.data<int32_t>()[0] = 3;
+  bad_ranges.data<int32_t>()[1] = 11;
+  expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.ke = bad_ranges.t; },
+                   "ks, ke: row 1 must satisfy 0 <= ks <= ke <= S (10), got [0, 11)");
+  HostTensor late_start(DType::i32, {2});
+  late_start.data<int32_t>()[0] = 5;
+  late_start.data<int32_t>()[1] = 0;
+  expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.ks = late_start.t; a.ke = bad_ranges.t; },
+                   "ks, ke: row 0 must satisfy 0 <= ks <= ke <= S (10), got [5, 3)");
+  HostTensor w3(DType::f32, {2, 3});
+  expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.weights = w3.t; }, "weights:");
+  HostTensor k8(DType::fp8_e4m3, {10, 8});
+  expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.k = QTensor(k8.t); },
+                   "k: must be [S, 16] (q's head dim)");
+  HostTensor kbf(DType::bf16, {10, 16});
+  expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.k = QTensor(kbf.t); }, "k: dtype");
+  HostTensor qs(DType::f32, {1});
+  expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.q = QTensor(p.q.t, qs.t); },
+                   "q.scale: must be absent");
+  HostTensor short_scale(DType::f32, {9});
+  expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.k = QTensor(p.k.t, short_scale.t); },
+                   "k.scale:");
+  HostTensor narrow(DType::f32, {2, 9});
+  expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.logits = narrow.t; }, "logits:");
+  expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.q.values.device = {DeviceType::cuda, 0}; },
+                   "mqa_logits: runs on the CPU only so far");
+}
+
+}  // namespace
+}  // namespace msa::test
