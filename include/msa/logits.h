@@ -22,4 +22,16 @@ struct MqaLogitsArgs {
 // CPU tensors only so far: CUDA tensors are an msa::Error.
 void mqa_logits(const MqaLogitsArgs& args, cudaStream_t stream = nullptr);
 
+// Token top-K over logits rows (docs/semantics.md, Indexer logits): per row, the topk highest
+// positions among its candidates (ks[r] <= s < ke[r], or the whole row without ranges), written
+// ascending and -1 padded; -inf never selected, ties toward the lower position, NaN below every
+// finite value. CPU tensors only so far.
+struct TokenTopKArgs {
+  Tensor logits;  // [R, S] f32, rows may be strided (last dim contiguous)
+  Tensor ks, ke;  // optional, both or neither: [R] int32, 0 <= ks[r] <= ke[r] <= S
+  int topk = 2048;
+  Tensor ids;     // out: [R, topk] int32
+};
+void token_topk(const TokenTopKArgs& args, cudaStream_t stream = nullptr);
+
 }  // namespace msa

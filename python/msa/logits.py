@@ -1,6 +1,6 @@
 """DeepSeek-style indexer logits (docs/semantics.md, Indexer logits): `mqa_logits`, the ragged
-prefill form (DeepGEMM's ``fp8_mqa_logits`` contract). CPU arrays only so far: the CUDA kernel is
-not written yet, and CUDA inputs raise `MsaError`."""
+prefill form (DeepGEMM's ``fp8_mqa_logits`` contract), and `token_topk` over their rows. CPU
+arrays only so far: the CUDA kernels are not written yet, and CUDA inputs raise `MsaError`."""
 
 from __future__ import annotations
 
@@ -32,4 +32,17 @@ def mqa_logits(q: Any, k: Any, weights: Any, ks: Any, ke: Any, *, k_scale: Any =
     return out
 
 
-__all__ = ["mqa_logits"]
+def token_topk(logits: Any, topk: int, *, ks: Any = None, ke: Any = None, out: Any = None,
+               stream: Any = None) -> Any:
+    """``ids [R, topk]`` int32: per row of ``logits [R, S]`` f32, the `topk` highest positions
+    among ``[ks[r], ke[r])`` (the whole row without ranges), ascending, -1 padded; ``-inf`` is
+    never chosen, ties go to the lower position, NaN ranks below every finite value."""
+    rows = dims(logits, "logits", 2, "[R, S]")[0]
+    if out is None:
+        out = empty(logits, (rows, topk), "i32")
+    _C.token_topk(logits=arg(logits), ks=arg(ks), ke=arg(ke), topk=topk, ids=arg(out),
+                  stream=stream_of(logits, stream))
+    return out
+
+
+__all__ = ["mqa_logits", "token_topk"]

@@ -204,6 +204,19 @@ NB_MODULE(_C, m) {
       [](const MqaLogitsArgs& x, cudaStream_t s) { mqa_logits(x, s); });
 
   def_op(
+      m, "token_topk", "msa::token_topk; keywords as in msa.token_topk, ids preallocated.",
+      [](Args& a) {
+        TokenTopKArgs x;
+        x.logits = a.tensor("logits");
+        x.ks = a.tensor("ks");
+        x.ke = a.tensor("ke");
+        x.topk = a.int32("topk", 2048);
+        x.ids = a.tensor("ids");
+        return x;
+      },
+      [](const TokenTopKArgs& x, cudaStream_t s) { token_topk(x, s); });
+
+  def_op(
       m, "build_k2q_csr",
       "msa::build_k2q_csr; outputs row_ptr, q_idx and (optional) schedule preallocated; scratch "
       "from workspace= or alloc=.",

@@ -53,3 +53,17 @@ def test_bad_ranges_and_shapes_are_errors():
         msa.mqa_logits(q, k, w, ks, bad, k_scale=scale)
     with pytest.raises(msa.MsaError, match="weights:"):
         msa.mqa_logits(q, k, w[:, :2], ks, ke, k_scale=scale)
+
+
+def test_token_topk_on_logits_rows():
+    q, k, scale, w, ks, ke = _problem(np.random.default_rng(4))
+    logits = msa.mqa_logits(q, k, w, ks, ke, k_scale=scale)
+    ids = msa.token_topk(logits, 5)
+    assert ids.dtype == np.int32 and ids.shape == (q.shape[0], 5)
+    for r in range(q.shape[0]):
+        finite = np.flatnonzero(np.isfinite(logits[r]))
+        order = sorted(finite, key=lambda s: (-logits[r, s], s))[:5]
+        want = sorted(order) + [-1] * (5 - len(order))
+        assert ids[r].tolist() == want, r
+    ranged = msa.token_topk(logits, 3, ks=ks, ke=ke)
+    assert ((ranged == -1) | ((ranged >= ks[:, None]) & (ranged < ke[:, None]))).all()

@@ -1,5 +1,5 @@
-// Public mqa_logits (include/msa/logits.h): checks q, k, the weights, the key ranges (their
-// values too) and the output on the host, then runs the CPU reference (no CUDA kernel yet).
+// Public mqa_logits and token_topk (include/msa/logits.h): check every argument on the host (the
+// key ranges' values too), then run the CPU reference (no CUDA kernels yet).
 #include "msa/logits.h"
 
 #include "api/validate.h"
@@ -9,8 +9,9 @@ namespace msa {
 namespace {
 
 // ks / ke: [T] int32 on `device`, 0 <= ks[t] <= ke[t] <= S.
-void check_ranges(const MqaLogitsArgs& a, int64_t t_rows, int64_t s_keys, Device device) {
-  for (const auto& [t, name] : {std::pair{&a.ks, "ks"}, std::pair{&a.ke, "ke"}}) {
+void check_ranges(const Tensor& ks_t, const Tensor& ke_t, int64_t t_rows, int64_t s_keys,
+                  Device device) {
+  for (const auto& [t, name] : {std::pair{&ks_t, "ks"}, std::pair{&ke_t, "ke"}}) {
     check_defined(*t, name);
     check_dtype(*t, name, {DType::i32});
     check_shape(*t, name, {t_rows});
@@ -18,8 +19,8 @@ void check_ranges(const MqaLogitsArgs& a, int64_t t_rows, int64_t s_keys, Device
     MSA_CHECK(t->device == device, name, ": must be on ", device_name(device), ", got ",
               device_name(t->device));
   }
-  const int32_t* ks = a.ks.ptr<int32_t>();
-  const int32_t* ke = a.ke.ptr<int32_t>();
+  const int32_t* ks = ks_t.ptr<int32_t>();
+  const int32_t* ke = ke_t.ptr<int32_t>();
   for (int64_t t = 0; t < t_rows; ++t)
     MSA_CHECK(0 <= ks[t] && ks[t] <= ke[t] && ke[t] <= s_keys, "ks, ke: row ", t,
               " must satisfy 0 <= ks <= ke <= S (", s_keys, "), got [", ks[t], ", ", ke[t], ")");
@@ -62,7 +63,7 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t /*stream*/) {
   check_shape(a.weights, "weights", {t_rows, heads});
   check_last_dim_contiguous(a.weights, "weights");
   MSA_CHECK(a.weights.device == device, "weights: must be on ", device_name(device));
-  check_ranges(a, t_rows, s_keys, device);
+  check_ranges(a.ks, a.ke, t_rows, s_keys, device);
 
   check_defined(a.logits, "logits");
   check_dtype(a.logits, "logits", {DType::f32});
@@ -70,6 +71,25 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t /*stream*/) {
   check_last_dim_contiguous(a.logits, "logits");
   MSA_CHECK(a.logits.device == device, "logits: must be on ", device_name(device));
   cpu::mqa_logits(a);
+}
+
+void token_topk(const TokenTopKArgs& a, cudaStream_t /*stream*/) {
+  check_defined(a.logits, "logits");
+  MSA_CHECK(a.logits.device.type == DeviceType::cpu, "token_topk: runs on the CPU only so far "
+            "(its CUDA kernel is not written yet); got logits on ", device_name(a.logits.device));
+  check_dtype(a.logits, "logits", {DType::f32});
+  check_ndim(a.logits, "logits", 2);
+  check_last_dim_contiguous(a.logits, "logits");
+  const int64_t rows = a.logits.shape[0], s_keys = a.logits.shape[1];
+  MSA_CHECK(a.ks.defined() == a.ke.defined(), "ks, ke: give both or neither");
+  if (a.ks.defined()) check_ranges(a.ks, a.ke, rows, s_keys, a.logits.device);
+  MSA_CHECK(a.topk >= 1, "topk: must be >= 1, got ", a.topk);
+  check_defined(a.ids, "ids");
+  check_dtype(a.ids, "ids", {DType::i32});
+  check_shape(a.ids, "ids", {rows, int64_t(a.topk)});
+  check_contiguous(a.ids, "ids");
+  MSA_CHECK(a.ids.device == a.logits.device, "ids: must be on ", device_name(a.logits.device));
+  cpu::token_topk(a);
 }
 
 }  // namespace msa

@@ -1,5 +1,6 @@
-// CPU reference of mqa_logits (msa/logits.h): every (row, key) in range from the decoded values
-// in fp64, rounded once to f32.
+// CPU references of mqa_logits (every (row, key) in range from the decoded values in fp64,
+// rounded once to f32) and token_topk (msa/logits.h).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -41,6 +42,33 @@ void mqa_logits(const MqaLogitsArgs& a) {
       }
       row[s] = float((k_scale ? double(k_scale[s]) : 1.0) * sum);
     }
+  }
+}
+
+// Ranking of token_topk: finite values first, higher first; then NaN; ties toward the lower
+// position. -inf never enters.
+void token_topk(const TokenTopKArgs& a) {
+  const int64_t rows = a.logits.shape[0], s_keys = a.logits.shape[1], k = a.topk;
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = a.logits.ptr<float>() + r * a.logits.strides[0];
+    const int64_t lo = a.ks.defined() ? a.ks.ptr<int32_t>()[r] : 0;
+    const int64_t hi = a.ke.defined() ? a.ke.ptr<int32_t>()[r] : s_keys;
+    std::vector<int32_t> cand;
+    for (int64_t s = lo; s < hi; ++s)
+      if (!(row[s] == -std::numeric_limits<float>::infinity())) cand.push_back(int32_t(s));
+    const auto better = [row](int32_t x, int32_t y) {
+      const bool xn = std::isnan(row[x]), yn = std::isnan(row[y]);
+      if (xn != yn) return yn;  // the finite one ranks higher
+      if (!xn && row[x] != row[y]) return row[x] > row[y];
+      return x < y;
+    };
+    const size_t take = size_t(std::min<int64_t>(k, int64_t(cand.size())));
+    std::partial_sort(cand.begin(), cand.begin() + take, cand.end(), better);
+    cand.resize(take);
+    std::sort(cand.begin(), cand.end());
+    int32_t* out = a.ids.ptr<int32_t>() + r * k;
+    for (int64_t i = 0; i < k; ++i) out[i] = i < int64_t(take) ? cand[i] : -1;
   }
 }
 

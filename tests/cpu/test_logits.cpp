@@ -1,7 +1,9 @@
-// CPU mqa_logits (include/msa/logits.h; docs/semantics.md, Indexer logits) against hand-computed
-// values and a brute force written from the definition, plus its argument rules.
+// CPU mqa_logits and token_topk (include/msa/logits.h; docs/semantics.md, Indexer logits)
+// against hand-computed values and brute forces written from the definitions, plus their
+// argument rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -183,6 +185,92 @@ TEST(MqaLogitsRules, MessagesNameArgumentAndRule) {
   expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.logits = narrow.t; }, "logits:");
   expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.q.values.device = {DeviceType::cuda, 0}; },
                    "mqa_logits: runs on the CPU only so far");
+}
+
+// Hand-made row: ties toward the lower position, NaN below every finite value, -inf never, the
+// range respected, -1 padding when fewer candidates than topk exist.
+TEST(TokenTopK, TiesNanInfRangesAndPadding) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  HostTensor logits(DType::f32, {3, 8});
+  const float rows[3][8] = {{1, 3, 3, 2, nan, -inf, 3, 0},
+                            {nan, nan, -inf, -inf, 5, nan, -inf, -inf},
+                            {9, 9, 9, 9, 9, 9, 9, 9}};
+  std::copy(&rows[0][0], &rows[0][0] + 24, logits.data<float>());
+  HostTensor ks(DType::i32, {3}), ke(DType::i32, {3}), ids(DType::i32, {3, 4});
+  const int32_t lo[3] = {0, 0, 6}, hi[3] = {8, 8, 8};
+  std::copy(lo, lo + 3, ks.data<int32_t>());
+  std::copy(hi, hi + 3, ke.data<int32_t>());
+  TokenTopKArgs a;
+  a.logits = logits.t;
+  a.ks = ks.t;
+  a.ke = ke.t;
+  a.topk = 4;
+  a.ids = ids.t;
+  token_topk(a);
+  // row 0: 3 at 1, 2, 6, then 2 at 3 (not 1 at 0); row 1: 5 at 4, then the NaN at 0, 1, 5;
+  // row 2: only keys 6 and 7 are candidates.
+  const std::vector<int32_t> want = {1, 2, 3, 6, 0, 1, 4, 5, 6, 7, -1, -1};
+  EXPECT_EQ(std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + 12), want);
+}
+
+// Random rows (with repeated values, NaN and -inf) against picking the best candidate topk times.
+TEST(TokenTopK, RandomMatchesRepeatedSelection) {
+  std::mt19937 rng(5);
+  const int64_t rows = 12, s_keys = 300;
+  for (const int topk : {1, 7, 64, 400}) {
+    HostTensor logits(DType::f32, {rows, s_keys}), ids(DType::i32, {rows, topk});
+    for (int64_t i = 0; i < logits.t.numel(); ++i) {
+      const int kind = int(rng() % 20);
+      logits.data<float>()[i] = kind == 0   ? std::nanf("")
+                                : kind == 1 ? -std::numeric_limits<float>::infinity()
+                                            : float(int(rng() % 50)) * 0.25f;
+    }
+    TokenTopKArgs a;
+    a.logits = logits.t;
+    a.topk = topk;
+    a.ids = ids.t;
+    token_topk(a);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = logits.data<float>() + r * s_keys;
+      std::vector<char> used(s_keys, 0);
+      std::vector<int32_t> want;
+      for (int pick = 0; pick < topk; ++pick) {
+        int best = -1;
+        for (int s = 0; s < s_keys; ++s) {
+          if (used[s] || row[s] == -std::numeric_limits<float>::infinity()) continue;
+          if (best < 0) { best = s; continue; }
+          const bool sn = std::isnan(row[s]), bn = std::isnan(row[best]);
+          if ((bn && !sn) || (!sn && !bn && row[s] > row[best])) best = s;
+        }
+        if (best < 0) break;
+        used[best] = 1;
+        want.push_back(best);
+      }
+      std::sort(want.begin(), want.end());
+      want.resize(topk, -1);
+      EXPECT_EQ(std::vector<int32_t>(ids.data<int32_t>() + r * topk, ids.data<int32_t>() + (r + 1) * topk),
+                want) << "row " << r << " topk " << topk;
+    }
+  }
+}
+
+TEST(TokenTopKRules, MessagesNameArgumentAndRule) {
+  HostTensor logits(DType::f32, {2, 10}), ids(DType::i32, {2, 3}), ks(DType::i32, {2}),
+      ke(DType::i32, {2});
+  std::fill(logits.data<float>(), logits.data<float>() + 20, 1.f);
+  TokenTopKArgs valid;
+  valid.logits = logits.t;
+  valid.topk = 3;
+  valid.ids = ids.t;
+  ASSERT_NO_THROW(token_topk(valid));
+  const auto run = [](const TokenTopKArgs& a) { token_topk(a); };
+  expect_arg_error(run, valid, [](TokenTopKArgs& a) { a.topk = 0; }, "topk: must be >= 1");
+  expect_arg_error(run, valid, [](TokenTopKArgs& a) { a.topk = 4; }, "ids:");
+  expect_arg_error(run, valid, [&](TokenTopKArgs& a) { a.ks = ks.t; }, "ks, ke: give both");
+  ks.data<int32_t>()[0] = 4;
+  ke.data<int32_t>()[0] = 2;
+  expect_arg_error(run, valid, [&](TokenTopKArgs& a) { a.ks = ks.t; a.ke = ke.t; },
+                   "ks, ke: row 0 must satisfy 0 <= ks <= ke <= S (10), got [4, 2)");
 }
 
 }  // namespace
