@@ -14,6 +14,7 @@ void block_scores(const BlockScoresArgs& a, const ProblemShape& s);
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s);
 void select_topk(const TopKArgs& a, const ProblemShape& s);
 void mqa_logits(const MqaLogitsArgs& a);
+void paged_mqa_logits(const PagedMqaLogitsArgs& a);
 void token_topk(const TokenTopKArgs& a);
 void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s);
 // The reference converter k2q -> q2k (msa::k2q_to_q2k_cpu), on validated host tensors.

@@ -22,6 +22,23 @@ struct MqaLogitsArgs {
 // CPU tensors only so far: CUDA tensors are an msa::Error.
 void mqa_logits(const MqaLogitsArgs& args, cudaStream_t stream = nullptr);
 
+// Paged logits (seed 001's fp8_paged_mqa_logits contract) over a fused page pool: each block
+// holds its block_size tokens' e4m3 values (token-major) and then their f32 scales. Row
+// b * next_n + t sees positions p <= seq_lens[b] - next_n + t (the newest slot the whole
+// sequence). Every size the seed leaves to the caller is checked. CPU tensors only so far.
+struct PagedMqaLogitsArgs {
+  Tensor q;              // [B, next_n, H, D] fp8_e4m3
+  Tensor kv_fused;       // [num_blocks, block_size, 1, D + 4] u8, each block's bytes contiguous
+  Tensor weights;        // [B * next_n, H] f32
+  Tensor block_tables;   // [B, W] int32, W >= ceil(max(seq_lens) / block_size), ids < num_blocks
+  Tensor seq_lens;       // [B] int32, any stride, each <= max_seq_len
+  int64_t max_seq_len = 0;
+  Tensor logits;         // out: [B * next_n, >= max_seq_len] f32; columns from max_seq_len on
+                         // are not written
+  bool clean_logits = true;  // columns [limit, max_seq_len) -inf; false: left unwritten
+};
+void paged_mqa_logits(const PagedMqaLogitsArgs& args, cudaStream_t stream = nullptr);
+
 // Token top-K over logits rows (docs/semantics.md, Indexer logits): per row, the topk highest
 // positions among its candidates (ks[r] <= s < ke[r], or the whole row without ranges), written
 // ascending and -1 padded; -inf never selected, ties toward the lower position, NaN below every

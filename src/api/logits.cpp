@@ -92,4 +92,68 @@ void token_topk(const TokenTopKArgs& a, cudaStream_t /*stream*/) {
   cpu::token_topk(a);
 }
 
+void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t /*stream*/) {
+  const Tensor& q = a.q;
+  check_defined(q, "q");
+  MSA_CHECK(q.device.type == DeviceType::cpu, "paged_mqa_logits: runs on the CPU only so far "
+            "(its CUDA kernel is not written yet); got q on ", device_name(q.device));
+  check_dtype(q, "q", {DType::fp8_e4m3});
+  check_ndim(q, "q", 4);
+  check_last_dim_contiguous(q, "q");
+  const int64_t batch = q.shape[0], next_n = q.shape[1], heads = q.shape[2], dim = q.shape[3];
+  MSA_CHECK(next_n >= 1 && heads >= 1 && dim >= 1, "q: must be [B, next_n >= 1, H >= 1, D >= 1], "
+            "got ", q.describe());
+  const Tensor& kv = a.kv_fused;
+  check_defined(kv, "kv_fused");
+  check_dtype(kv, "kv_fused", {DType::u8});
+  check_ndim(kv, "kv_fused", 4);
+  MSA_CHECK(kv.shape[2] == 1 && kv.shape[3] == dim + 4 && kv.shape[1] >= 1,
+            "kv_fused: must be [num_blocks, block_size, 1, D + 4 = ", dim + 4, "], got ",
+            kv.describe());
+  MSA_CHECK(kv.strides[3] == 1 && kv.strides[1] == dim + 4, "kv_fused: each block's bytes must "
+            "be contiguous (values, then scales), got ", kv.describe());
+  const int64_t block_size = kv.shape[1], num_blocks = kv.shape[0];
+  check_defined(a.weights, "weights");
+  check_dtype(a.weights, "weights", {DType::f32});
+  check_shape(a.weights, "weights", {batch * next_n, heads});
+  check_last_dim_contiguous(a.weights, "weights");
+  check_defined(a.seq_lens, "seq_lens");
+  check_dtype(a.seq_lens, "seq_lens", {DType::i32});
+  check_shape(a.seq_lens, "seq_lens", {batch});
+  check_defined(a.block_tables, "block_tables");
+  check_dtype(a.block_tables, "block_tables", {DType::i32});
+  check_ndim(a.block_tables, "block_tables", 2);
+  MSA_CHECK(a.block_tables.shape[0] == batch, "block_tables: must have B = ", batch, " rows, got ",
+            a.block_tables.describe());
+  check_last_dim_contiguous(a.block_tables, "block_tables");
+  MSA_CHECK(a.max_seq_len >= 0, "max_seq_len: must be >= 0, got ", a.max_seq_len);
+  check_defined(a.logits, "logits");
+  check_dtype(a.logits, "logits", {DType::f32});
+  check_ndim(a.logits, "logits", 2);
+  check_last_dim_contiguous(a.logits, "logits");
+  MSA_CHECK(a.logits.shape[0] == batch * next_n && a.logits.shape[1] >= a.max_seq_len,
+            "logits: must be [B * next_n = ", batch * next_n, ", >= max_seq_len = ", a.max_seq_len,
+            "], got ", a.logits.describe());
+  for (const Tensor* t : {&a.weights, &a.seq_lens, &a.block_tables, &a.logits, &kv})
+    MSA_CHECK(t->device == q.device, "paged_mqa_logits: every tensor must be on ",
+              device_name(q.device));
+  // What the seed leaves undefined is an error here: lengths past max_seq_len, a table too
+  // narrow for a length, block ids outside the pool.
+  const Tensor& bt = a.block_tables;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = a.seq_lens.ptr<int32_t>()[b * a.seq_lens.strides[0]];
+    MSA_CHECK(len >= 0 && len <= a.max_seq_len, "seq_lens: entry ", b, " must be in [0, max_seq_len = ",
+              a.max_seq_len, "], got ", len);
+    const int64_t used = (len + block_size - 1) / block_size;
+    MSA_CHECK(used <= bt.shape[1], "block_tables: ", bt.shape[1], " columns cannot hold batch ", b,
+              "'s ", len, " keys (", used, " blocks of ", block_size, ")");
+    for (int64_t c = 0; c < used; ++c) {
+      const int32_t id = bt.ptr<int32_t>()[b * bt.strides[0] + c];
+      MSA_CHECK(id >= 0 && id < num_blocks, "block_tables: block id ", id, " out of range [0, ",
+                num_blocks, ") at (batch ", b, ", column ", c, ")");
+    }
+  }
+  cpu::paged_mqa_logits(a);
+}
+
 }  // namespace msa

@@ -2,13 +2,32 @@
 // rounded once to f32) and token_topk (msa/logits.h).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "backend.h"
+#include "common/codecs.h"
 #include "cpu/access.h"
 
 namespace msa::cpu {
+
+namespace {
+
+// scale * sum_h w[h] * relu(q[h] . k), q [H, D] and k [D] decoded; relu keeps NaN.
+double logit(const double* q, const double* k, const float* w, int64_t heads, int64_t dim,
+             double scale) {
+  double sum = 0;
+  for (int64_t h = 0; h < heads; ++h) {
+    double dot = 0;
+    for (int64_t d = 0; d < dim; ++d) dot += q[h * dim + d] * k[d];
+    const double relu = dot > 0 || dot != dot ? dot : 0.0;  // NaN stays NaN
+    sum += double(w[h]) * relu;
+  }
+  return scale * sum;
+}
+
+}  // namespace
 
 void mqa_logits(const MqaLogitsArgs& a) {
   const Tensor& q = a.q.values;
@@ -26,6 +45,7 @@ void mqa_logits(const MqaLogitsArgs& a) {
     std::vector<double> qrow(static_cast<size_t>(heads * dim)), krow(static_cast<size_t>(dim));
     for (int64_t h = 0; h < heads; ++h)
       qdec.decode(t * q.strides[0] + h * q.strides[1], t, h, qrow.data() + h * dim);
+    const float* w = a.weights.ptr<float>() + t * a.weights.strides[0];
     float* row = out + t * a.logits.strides[0];
     for (int64_t s = 0; s < s_keys; ++s) {
       if (s < ks[t] || s >= ke[t]) {
@@ -33,14 +53,40 @@ void mqa_logits(const MqaLogitsArgs& a) {
         continue;
       }
       kdec.decode(s * k.strides[0], s, 0, krow.data());
-      double sum = 0;
-      for (int64_t h = 0; h < heads; ++h) {
-        double dot = 0;
-        for (int64_t d = 0; d < dim; ++d) dot += qrow[h * dim + d] * krow[d];
-        const double relu = dot > 0 || dot != dot ? dot : 0.0;  // NaN stays NaN
-        sum += double(a.weights.ptr<float>()[t * a.weights.strides[0] + h]) * relu;
+      row[s] = float(logit(qrow.data(), krow.data(), w, heads, dim, k_scale ? double(k_scale[s]) : 1.0));
+    }
+  }
+}
+
+void paged_mqa_logits(const PagedMqaLogitsArgs& a) {
+  const Tensor& q = a.q;
+  const int64_t batch = q.shape[0], next_n = q.shape[1], heads = q.shape[2], dim = q.shape[3];
+  const int64_t block_size = a.kv_fused.shape[1];
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t r = 0; r < batch * next_n; ++r) {
+    const int64_t b = r / next_n, t = r % next_n;
+    const int64_t len = a.seq_lens.ptr<int32_t>()[b * a.seq_lens.strides[0]];
+    const int64_t limit = len > 0 ? len - next_n + t + 1 : 0;  // positions [0, limit) are seen
+    std::vector<double> qrow(static_cast<size_t>(heads * dim)), krow(static_cast<size_t>(dim));
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < dim; ++d)
+        qrow[h * dim + d] = codec::e4m3_to_float(
+            q.ptr<uint8_t>()[b * q.strides[0] + t * q.strides[1] + h * q.strides[2] + d]);
+    const float* w = a.weights.ptr<float>() + r * a.weights.strides[0];
+    float* row = a.logits.ptr<float>() + r * a.logits.strides[0];
+    for (int64_t p = 0; p < a.max_seq_len; ++p) {
+      if (p >= limit) {
+        if (a.clean_logits) row[p] = neg_inf;
+        continue;
       }
-      row[s] = float((k_scale ? double(k_scale[s]) : 1.0) * sum);
+      const int32_t blk = a.block_tables.ptr<int32_t>()[b * a.block_tables.strides[0] + p / block_size];
+      const uint8_t* base = a.kv_fused.ptr<uint8_t>() + blk * a.kv_fused.strides[0];
+      const int64_t i = p % block_size;
+      for (int64_t d = 0; d < dim; ++d) krow[d] = codec::e4m3_to_float(base[i * dim + d]);
+      float scale;
+      std::memcpy(&scale, base + block_size * dim + 4 * i, 4);  // little-endian f32
+      row[p] = float(logit(qrow.data(), krow.data(), w, heads, dim, double(scale)));
     }
   }
 }

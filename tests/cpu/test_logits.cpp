@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -271,6 +273,127 @@ TEST(TokenTopKRules, MessagesNameArgumentAndRule) {
   ke.data<int32_t>()[0] = 2;
   expect_arg_error(run, valid, [&](TokenTopKArgs& a) { a.ks = ks.t; a.ke = ke.t; },
                    "ks, ke: row 0 must satisfy 0 <= ks <= ke <= S (10), got [4, 2)");
+}
+
+// A fused page pool for B requests (their keys and scales from flat arrays), shuffled block ids.
+struct PagedPool {
+  HostTensor q, kv, w, tables, lens, out;
+  int64_t max_seq_len = 0;
+  PagedMqaLogitsArgs args() const {
+    PagedMqaLogitsArgs a;
+    a.q = q.t;
+    a.kv_fused = kv.t;
+    a.weights = w.t;
+    a.block_tables = tables.t;
+    a.seq_lens = lens.t;
+    a.max_seq_len = max_seq_len;
+    a.logits = out.t;
+    return a;
+  }
+};
+
+// Paged rows equal the ragged logits of each request's own keys with its slots' limits (the
+// same formula, bitwise); -inf from the limit to max_seq_len; padding columns untouched.
+TEST(PagedMqaLogits, EqualsRaggedPerRequest) {
+  std::mt19937 rng(21);
+  const int64_t next_n = 3, heads = 4, dim = 32, bs = 16;
+  const std::vector<int32_t> lens = {37, 0, 2, 16, 100};
+  const int64_t batch = int64_t(lens.size()), max_len = 112, width = 8;
+  int64_t blocks = 2;
+  for (int32_t l : lens) blocks += (l + bs - 1) / bs;
+  PagedPool p{HostTensor(DType::fp8_e4m3, {batch, next_n, heads, dim}),
+              HostTensor(DType::u8, {blocks, bs, 1, dim + 4}), HostTensor(DType::f32, {batch * next_n, heads}),
+              HostTensor(DType::i32, {batch, width}), HostTensor(DType::i32, {batch}),
+              HostTensor(DType::f32, {batch * next_n, max_len + 5}), max_len};
+  auto byte = [&] {
+    uint8_t b;
+    do b = uint8_t(rng() % 256); while ((b & 0x7f) == 0x7f || (b & 0x78) > 0x50);
+    return b;
+  };
+  for (int64_t i = 0; i < p.q.t.numel(); ++i) p.q.data<uint8_t>()[i] = byte();
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int64_t i = 0; i < p.w.t.numel(); ++i) p.w.data<float>()[i] = u(rng);
+  std::vector<int32_t> order(blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::fill(p.tables.data<int32_t>(), p.tables.data<int32_t>() + batch * width, -1);
+  // Flat keys and scales per request, scattered into the pool.
+  std::vector<HostTensor> keys, scales;
+  int64_t next = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    p.lens.data<int32_t>()[b] = lens[b];
+    keys.emplace_back(DType::fp8_e4m3, std::vector<int64_t>{lens[b], dim});
+    scales.emplace_back(DType::f32, std::vector<int64_t>{lens[b]});
+    for (int64_t j = 0; j < lens[b]; ++j) {
+      if (j % bs == 0) p.tables.data<int32_t>()[b * width + j / bs] = order[next++];
+      uint8_t* base = p.kv.data<uint8_t>() + p.tables.data<int32_t>()[b * width + j / bs] * bs * (dim + 4);
+      for (int64_t d = 0; d < dim; ++d)
+        base[(j % bs) * dim + d] = keys[b].data<uint8_t>()[j * dim + d] = byte();
+      const float sc = 0.5f + std::fabs(u(rng));
+      scales[b].data<float>()[j] = sc;
+      std::memcpy(base + bs * dim + 4 * (j % bs), &sc, 4);
+    }
+  }
+  std::fill(p.out.data<float>(), p.out.data<float>() + p.out.t.numel(), 7.f);
+  paged_mqa_logits(p.args());
+  for (int64_t b = 0; b < batch; ++b) {
+    // The request's slots as ragged rows over its own keys.
+    HostTensor q(DType::fp8_e4m3, {next_n, heads, dim}), w(DType::f32, {next_n, heads}),
+        ks(DType::i32, {next_n}), ke(DType::i32, {next_n}), want(DType::f32, {next_n, lens[b]});
+    std::memcpy(q.data<uint8_t>(), p.q.data<uint8_t>() + b * next_n * heads * dim, q.bytes());
+    std::memcpy(w.data<float>(), p.w.data<float>() + b * next_n * heads, w.bytes());
+    for (int64_t t = 0; t < next_n; ++t) {
+      ks.data<int32_t>()[t] = 0;
+      ke.data<int32_t>()[t] = lens[b] > 0 ? int32_t(std::max<int64_t>(0, lens[b] - next_n + t + 1)) : 0;
+    }
+    MqaLogitsArgs r;
+    r.q = q.t;
+    r.k = QTensor(keys[b].t, scales[b].t);
+    r.weights = w.t;
+    r.ks = ks.t;
+    r.ke = ke.t;
+    r.logits = want.t;
+    mqa_logits(r);
+    for (int64_t t = 0; t < next_n; ++t) {
+      const float* got = p.out.data<float>() + (b * next_n + t) * (max_len + 5);
+      for (int64_t c = 0; c < max_len + 5; ++c) {
+        const float expect = c >= max_len ? 7.f : c < lens[b] ? want.data<float>()[t * lens[b] + c] : kNegInf;
+        EXPECT_EQ(got[c], expect) << "batch " << b << " slot " << t << " column " << c;
+      }
+    }
+  }
+}
+
+TEST(PagedMqaLogitsRules, WhatTheSeedLeavesUndefinedIsAnError) {
+  const int64_t dim = 32, bs = 16;
+  PagedPool p{HostTensor(DType::fp8_e4m3, {2, 1, 4, dim}), HostTensor(DType::u8, {4, bs, 1, dim + 4}),
+              HostTensor(DType::f32, {2, 4}), HostTensor(DType::i32, {2, 2}),
+              HostTensor(DType::i32, {2}), HostTensor(DType::f32, {2, 32}), 32};
+  std::fill(p.q.data<uint8_t>(), p.q.data<uint8_t>() + p.q.bytes(), uint8_t(0x38));
+  std::fill(p.kv.data<uint8_t>(), p.kv.data<uint8_t>() + p.kv.bytes(), uint8_t(0));
+  std::fill(p.w.data<float>(), p.w.data<float>() + 8, 1.f);
+  const int32_t table[4] = {0, 1, 2, 3};
+  std::copy(table, table + 4, p.tables.data<int32_t>());
+  p.lens.data<int32_t>()[0] = 20;
+  p.lens.data<int32_t>()[1] = 32;
+  const PagedMqaLogitsArgs valid = p.args();
+  ASSERT_NO_THROW(paged_mqa_logits(valid));
+  const auto run = [](const PagedMqaLogitsArgs& a) { paged_mqa_logits(a); };
+  expect_arg_error(run, valid, [](PagedMqaLogitsArgs& a) { a.max_seq_len = 31; },
+                   "seq_lens: entry 1 must be in [0, max_seq_len = 31], got 32");
+  HostTensor narrow(DType::i32, {2, 1});
+  expect_arg_error(run, valid, [&](PagedMqaLogitsArgs& a) { a.block_tables = narrow.t; },
+                   "block_tables: 1 columns cannot hold batch 0's 20 keys");
+  HostTensor bad(DType::i32, {2, 2});
+  const int32_t bad_ids[4] = {0, 1, 2, 4};
+  std::copy(bad_ids, bad_ids + 4, bad.data<int32_t>());
+  expect_arg_error(run, valid, [&](PagedMqaLogitsArgs& a) { a.block_tables = bad.t; },
+                   "block_tables: block id 4 out of range [0, 4) at (batch 1, column 1)");
+  HostTensor short_out(DType::f32, {2, 31});
+  expect_arg_error(run, valid, [&](PagedMqaLogitsArgs& a) { a.logits = short_out.t; }, "logits:");
+  HostTensor kv_wide(DType::u8, {4, bs, 1, dim + 8});
+  expect_arg_error(run, valid, [&](PagedMqaLogitsArgs& a) { a.kv_fused = kv_wide.t; },
+                   "kv_fused: must be [num_blocks, block_size, 1, D + 4 = 36]");
 }
 
 }  // namespace
