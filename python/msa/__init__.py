@@ -16,7 +16,7 @@ from .attention import (attention_forward, attention_workspace_bytes, pipeline_w
 from .csr import K2QIndex, build_k2q_csr, k2q_to_q2k, q2k_to_k2q
 from .decode import DecodePlan
 from .indexer import block_scores, block_topk, select_topk
-from .logits import mqa_logits, token_topk
+from .logits import mqa_logits, paged_mqa_logits, token_topk
 from .quant import QTensor, dequantize, quantize
 
 # Registers the torch custom ops (torch.ops.msa.*) before torch.compile traces a caller.
@@ -43,5 +43,5 @@ def cuda_device_count() -> int:
 __all__ = ["DTYPES", "DecodePlan", "K2QIndex", "MsaError", "QTensor", "Typed", "attention_forward",
            "attention_workspace_bytes", "block_scores", "block_topk", "build_k2q_csr",
            "built_with_cuda", "check_status", "cmake_dir", "cuda_device_count", "dequantize",
-           "include_dir", "k2q_to_q2k", "mqa_logits", "pipeline_workspace_bytes", "q2k_to_k2q", "quantize",
+           "include_dir", "k2q_to_q2k", "mqa_logits", "paged_mqa_logits", "pipeline_workspace_bytes", "q2k_to_k2q", "quantize",
            "select_topk", "sparse_attention", "token_topk", "typed"]

@@ -204,6 +204,23 @@ NB_MODULE(_C, m) {
       [](const MqaLogitsArgs& x, cudaStream_t s) { mqa_logits(x, s); });
 
   def_op(
+      m, "paged_mqa_logits",
+      "msa::paged_mqa_logits; keywords as in msa.paged_mqa_logits, logits preallocated.",
+      [](Args& a) {
+        PagedMqaLogitsArgs x;
+        x.q = a.tensor("q");
+        x.kv_fused = a.tensor("kv_fused");
+        x.weights = a.tensor("weights");
+        x.block_tables = a.tensor("block_tables");
+        x.seq_lens = a.tensor("seq_lens");
+        x.max_seq_len = a.integer("max_seq_len", 0);
+        x.logits = a.tensor("logits");
+        x.clean_logits = a.flag("clean_logits", true);
+        return x;
+      },
+      [](const PagedMqaLogitsArgs& x, cudaStream_t s) { paged_mqa_logits(x, s); });
+
+  def_op(
       m, "token_topk", "msa::token_topk; keywords as in msa.token_topk, ids preallocated.",
       [](Args& a) {
         TokenTopKArgs x;

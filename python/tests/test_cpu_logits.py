@@ -67,3 +67,45 @@ def test_token_topk_on_logits_rows():
         assert ids[r].tolist() == want, r
     ranged = msa.token_topk(logits, 3, ks=ks, ke=ke)
     assert ((ranged == -1) | ((ranged >= ks[:, None]) & (ranged < ke[:, None]))).all()
+
+
+def test_paged_equals_ragged_per_request():
+    """Seed 001's fused pool built from flat keys: each request's rows equal the ragged logits
+    of its own keys, with each slot's limit."""
+    rng = np.random.default_rng(8)
+    next_n, heads, dim, bs, lens = 2, 4, 32, 16, [20, 0, 33]
+    q = rng.uniform(-2, 2, (len(lens), next_n, heads, dim)).astype(ml_dtypes.float8_e4m3fn)
+    w = rng.uniform(-1, 1, (len(lens) * next_n, heads)).astype(np.float32)
+    blocks = sum((n + bs - 1) // bs for n in lens) + 1
+    pool = np.zeros((blocks, bs * (dim + 4)), np.uint8)
+    table = np.zeros((len(lens), 3), np.int32)
+    order = rng.permutation(blocks)
+    keys, scales, nxt = [], [], 0
+    for b, n in enumerate(lens):
+        k = rng.uniform(-2, 2, (n, dim)).astype(ml_dtypes.float8_e4m3fn)
+        s = rng.uniform(0.5, 1.5, n).astype(np.float32)
+        keys.append(k)
+        scales.append(s)
+        for j in range(n):
+            if j % bs == 0:
+                table[b, j // bs] = order[nxt]
+                nxt += 1
+            blk = pool[table[b, j // bs]]
+            blk[(j % bs) * dim:(j % bs + 1) * dim] = k[j].view(np.uint8)
+            blk[bs * dim + 4 * (j % bs):bs * dim + 4 * (j % bs) + 4] = s[j:j + 1].view(np.uint8)
+    kv_fused = pool.reshape(blocks, bs, 1, dim + 4)
+    seq = np.array(lens, np.int32)
+    got = msa.paged_mqa_logits(q, kv_fused, w, table, seq, max(lens))
+    for b, n in enumerate(lens):
+        rows = got[b * next_n:(b + 1) * next_n]
+        if n == 0:  # sees nothing
+            assert np.isneginf(rows).all()
+            continue
+        ks = np.zeros(next_n, np.int32)
+        ke = np.array([max(0, n - next_n + t + 1) for t in range(next_n)], np.int32)
+        want = msa.mqa_logits(q[b], msa.QTensor(keys[b], scales[b]),
+                              w[b * next_n:(b + 1) * next_n], ks, ke)
+        assert np.array_equal(rows[:, :n], want)
+        assert np.isneginf(rows[:, n:]).all()
+    with pytest.raises(msa.MsaError, match="max_seq_len"):
+        msa.paged_mqa_logits(q, kv_fused, w, table, seq, max(lens) - 1)
