@@ -22,13 +22,18 @@ struct MqaLogitsArgs {
 // CPU tensors only so far: CUDA tensors are an msa::Error.
 void mqa_logits(const MqaLogitsArgs& args, cudaStream_t stream = nullptr);
 
-// Paged logits (seed 001's fp8_paged_mqa_logits contract) over a fused page pool: each block
-// holds its block_size tokens' e4m3 values (token-major) and then their f32 scales. Row
-// b * next_n + t sees positions p <= seq_lens[b] - next_n + t (the newest slot the whole
-// sequence). Every size the seed leaves to the caller is checked. CPU tensors only so far.
+// Paged logits (seed 001's fp8_paged_mqa_logits and fp4_paged_mqa_logits contracts) over a fused
+// page pool: each block holds its block_size tokens' values (token-major) and then their scales.
+// FP8: e4m3 values, one f32 scale per token, applied after the ReLU. FP4 (MXFP4): packed e2m1
+// values, one UE8M0 scale per 32 values (token-major), folded into the values, as q_sf is into
+// q's. Row b * next_n + t sees positions p <= seq_lens[b] - next_n + t (the newest slot the
+// whole sequence). Every size the seed leaves to the caller is checked. CPU tensors only so far.
 struct PagedMqaLogitsArgs {
-  Tensor q;              // [B, next_n, H, D] fp8_e4m3
-  Tensor kv_fused;       // [num_blocks, block_size, 1, D + 4] u8, each block's bytes contiguous
+  Tensor q;              // [B, next_n, H, D] fp8_e4m3, or fp4x2 [B, next_n, H, D / 2]
+  Tensor q_sf;           // FP4 only: [B, next_n, H, D / 32] e8m0 (u8 accepted): the seed's
+                         // int32 [B, next_n, H] packing viewed as bytes
+  Tensor kv_fused;       // [num_blocks, block_size, 1, D + 4] (FP8) or [.., D / 2 + D / 32]
+                         // (FP4) u8, each block's bytes contiguous
   Tensor weights;        // [B * next_n, H] f32
   Tensor block_tables;   // [B, W] int32, W >= ceil(max(seq_lens) / block_size), ids < num_blocks
   Tensor seq_lens;       // [B] int32, any stride, each <= max_seq_len

@@ -33,20 +33,23 @@ def mqa_logits(q: Any, k: Any, weights: Any, ks: Any, ke: Any, *, k_scale: Any =
 
 
 def paged_mqa_logits(q: Any, kv_fused: Any, weights: Any, block_tables: Any, seq_lens: Any,
-                     max_seq_len: int, *, clean_logits: bool = True, out: Any = None,
-                     stream: Any = None) -> Any:
+                     max_seq_len: int, *, q_sf: Any = None, clean_logits: bool = True,
+                     out: Any = None, stream: Any = None) -> Any:
     """``logits [B * next_n, max_seq_len]`` f32 (or `out`, at least that wide) over seed 001's
     fused pool ``kv_fused [num_blocks, block_size, 1, D + 4]`` uint8 (per block: the e4m3 values
     of its tokens, then their f32 scales): row ``b * next_n + t`` scores positions
     ``p <= seq_lens[b] - next_n + t`` as `mqa_logits` does, ``-inf`` beyond (with
-    ``clean_logits``). ``q [B, next_n, H, D]`` e4m3, ``weights [B * next_n, H]`` f32,
+    ``clean_logits``). ``q [B, next_n, H, D]`` e4m3, or MXFP4: ``q`` fp4x2 ``[B, next_n, H,
+    D/2]`` with ``q_sf [B, next_n, H, D/32]`` UE8M0 bytes and a pool of ``D/2 + D/32`` bytes per
+    token (values, then scales; no per-token factor). ``weights [B * next_n, H]`` f32,
     ``block_tables [B, W]`` and ``seq_lens [B]`` int32. A too-narrow table, a length above
     `max_seq_len` or a block id outside the pool raise `MsaError`."""
     b, next_n = dims(q, "q", 4, "[B, next_n, H, D]")[:2]
     if out is None:
         out = empty(weights, (b * next_n, max_seq_len), "f32")
-    _C.paged_mqa_logits(q=arg(q), kv_fused=arg(kv_fused, "u8"), weights=arg(weights),
-                        block_tables=arg(block_tables), seq_lens=arg(seq_lens),
+    _C.paged_mqa_logits(q=arg(q), q_sf=arg(q_sf), kv_fused=arg(kv_fused, "u8"),
+                        weights=arg(weights), block_tables=arg(block_tables),
+                        seq_lens=arg(seq_lens),
                         max_seq_len=max_seq_len, logits=arg(out), clean_logits=clean_logits,
                         stream=stream_of(weights, stream))
     return out

@@ -209,6 +209,7 @@ NB_MODULE(_C, m) {
       [](Args& a) {
         PagedMqaLogitsArgs x;
         x.q = a.tensor("q");
+        x.q_sf = a.tensor("q_sf");
         x.kv_fused = a.tensor("kv_fused");
         x.weights = a.tensor("weights");
         x.block_tables = a.tensor("block_tables");

@@ -97,20 +97,33 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t /*stream*/) {
   check_defined(q, "q");
   MSA_CHECK(q.device.type == DeviceType::cpu, "paged_mqa_logits: runs on the CPU only so far "
             "(its CUDA kernel is not written yet); got q on ", device_name(q.device));
-  check_dtype(q, "q", {DType::fp8_e4m3});
+  check_dtype(q, "q", {DType::fp8_e4m3, DType::fp4x2});
   check_ndim(q, "q", 4);
   check_last_dim_contiguous(q, "q");
-  const int64_t batch = q.shape[0], next_n = q.shape[1], heads = q.shape[2], dim = q.shape[3];
+  const bool fp4 = q.dtype == DType::fp4x2;
+  const int64_t batch = q.shape[0], next_n = q.shape[1], heads = q.shape[2];
+  const int64_t dim = fp4 ? 2 * q.shape[3] : q.shape[3];
   MSA_CHECK(next_n >= 1 && heads >= 1 && dim >= 1, "q: must be [B, next_n >= 1, H >= 1, D >= 1], "
             "got ", q.describe());
+  if (fp4) {
+    MSA_CHECK(dim % 32 == 0, "q: FP4 head dim ", dim, " must be a multiple of 32 (MXFP4 groups)");
+    check_defined(a.q_sf, "q_sf");
+    check_dtype(a.q_sf, "q_sf", {DType::e8m0, DType::u8});
+    check_shape(a.q_sf, "q_sf", {batch, next_n, heads, dim / 32});
+    check_last_dim_contiguous(a.q_sf, "q_sf");
+    MSA_CHECK(a.q_sf.device == q.device, "q_sf: must be on ", device_name(q.device));
+  } else {
+    MSA_CHECK(!a.q_sf.defined(), "q_sf: FP4 q only (FP8 q takes no scale)");
+  }
   const Tensor& kv = a.kv_fused;
   check_defined(kv, "kv_fused");
   check_dtype(kv, "kv_fused", {DType::u8});
   check_ndim(kv, "kv_fused", 4);
-  MSA_CHECK(kv.shape[2] == 1 && kv.shape[3] == dim + 4 && kv.shape[1] >= 1,
-            "kv_fused: must be [num_blocks, block_size, 1, D + 4 = ", dim + 4, "], got ",
-            kv.describe());
-  MSA_CHECK(kv.strides[3] == 1 && kv.strides[1] == dim + 4, "kv_fused: each block's bytes must "
+  const int64_t token_bytes = fp4 ? dim / 2 + dim / 32 : dim + 4;
+  MSA_CHECK(kv.shape[2] == 1 && kv.shape[3] == token_bytes && kv.shape[1] >= 1,
+            "kv_fused: must be [num_blocks, block_size, 1, ", fp4 ? "D / 2 + D / 32" : "D + 4",
+            " = ", token_bytes, "], got ", kv.describe());
+  MSA_CHECK(kv.strides[3] == 1 && kv.strides[1] == token_bytes, "kv_fused: each block's bytes must "
             "be contiguous (values, then scales), got ", kv.describe());
   const int64_t block_size = kv.shape[1], num_blocks = kv.shape[0];
   check_defined(a.weights, "weights");

@@ -60,8 +60,12 @@ void mqa_logits(const MqaLogitsArgs& a) {
 
 void paged_mqa_logits(const PagedMqaLogitsArgs& a) {
   const Tensor& q = a.q;
-  const int64_t batch = q.shape[0], next_n = q.shape[1], heads = q.shape[2], dim = q.shape[3];
+  const bool fp4 = q.dtype == DType::fp4x2;
+  const int64_t batch = q.shape[0], next_n = q.shape[1], heads = q.shape[2];
+  const int64_t dim = fp4 ? 2 * q.shape[3] : q.shape[3];
   const int64_t block_size = a.kv_fused.shape[1];
+  const int64_t value_bytes = fp4 ? dim / 2 : dim;  // a token's values; its scales follow the block's
+  const int64_t scale_bytes = fp4 ? dim / 32 : 4;
   const float neg_inf = -std::numeric_limits<float>::infinity();
 #pragma omp parallel for schedule(dynamic)
   for (int64_t r = 0; r < batch * next_n; ++r) {
@@ -69,10 +73,15 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a) {
     const int64_t len = a.seq_lens.ptr<int32_t>()[b * a.seq_lens.strides[0]];
     const int64_t limit = len > 0 ? len - next_n + t + 1 : 0;  // positions [0, limit) are seen
     std::vector<double> qrow(static_cast<size_t>(heads * dim)), krow(static_cast<size_t>(dim));
-    for (int64_t h = 0; h < heads; ++h)
+    for (int64_t h = 0; h < heads; ++h) {
+      const uint8_t* src = q.ptr<uint8_t>() + b * q.strides[0] + t * q.strides[1] + h * q.strides[2];
+      const uint8_t* sf = fp4 ? a.q_sf.ptr<uint8_t>() + b * a.q_sf.strides[0] +
+                                    t * a.q_sf.strides[1] + h * a.q_sf.strides[2]
+                              : nullptr;
       for (int64_t d = 0; d < dim; ++d)
-        qrow[h * dim + d] = codec::e4m3_to_float(
-            q.ptr<uint8_t>()[b * q.strides[0] + t * q.strides[1] + h * q.strides[2] + d]);
+        qrow[h * dim + d] = fp4 ? double(codec::fp4x2_get(src, d)) * codec::e8m0_to_float(sf[d / 32])
+                                : double(codec::e4m3_to_float(src[d]));
+    }
     const float* w = a.weights.ptr<float>() + r * a.weights.strides[0];
     float* row = a.logits.ptr<float>() + r * a.logits.strides[0];
     for (int64_t p = 0; p < a.max_seq_len; ++p) {
@@ -83,10 +92,19 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a) {
       const int32_t blk = a.block_tables.ptr<int32_t>()[b * a.block_tables.strides[0] + p / block_size];
       const uint8_t* base = a.kv_fused.ptr<uint8_t>() + blk * a.kv_fused.strides[0];
       const int64_t i = p % block_size;
-      for (int64_t d = 0; d < dim; ++d) krow[d] = codec::e4m3_to_float(base[i * dim + d]);
-      float scale;
-      std::memcpy(&scale, base + block_size * dim + 4 * i, 4);  // little-endian f32
-      row[p] = float(logit(qrow.data(), krow.data(), w, heads, dim, double(scale)));
+      const uint8_t* values = base + i * value_bytes;
+      const uint8_t* scales = base + block_size * value_bytes + i * scale_bytes;
+      double scale = 1.0;  // FP8: the token's scale, after the ReLU; FP4: folded into the values
+      if (fp4) {
+        for (int64_t d = 0; d < dim; ++d)
+          krow[d] = double(codec::fp4x2_get(values, d)) * codec::e8m0_to_float(scales[d / 32]);
+      } else {
+        for (int64_t d = 0; d < dim; ++d) krow[d] = codec::e4m3_to_float(values[d]);
+        float s;
+        std::memcpy(&s, scales, 4);  // little-endian f32
+        scale = s;
+      }
+      row[p] = float(logit(qrow.data(), krow.data(), w, heads, dim, scale));
     }
   }
 }

@@ -364,6 +364,60 @@ TEST(PagedMqaLogits, EqualsRaggedPerRequest) {
   }
 }
 
+// FP4 (MXFP4): q with q_sf, the pool's values then its UE8M0 scales per block (token-major), no
+// per-token factor; against the formula written out here.
+TEST(PagedMqaLogits, Fp4MatchesDefinition) {
+  std::mt19937 rng(31);
+  const int64_t next_n = 2, heads = 4, dim = 64, bs = 32, groups = dim / 32;
+  const std::vector<int32_t> lens = {45, 3};
+  const int64_t batch = 2, width = 2, max_len = 64, blocks = 4;
+  const int64_t token_bytes = dim / 2 + groups;
+  PagedPool p{HostTensor(DType::fp4x2, {batch, next_n, heads, dim / 2}),
+              HostTensor(DType::u8, {blocks, bs, 1, token_bytes}),
+              HostTensor(DType::f32, {batch * next_n, heads}), HostTensor(DType::i32, {batch, width}),
+              HostTensor(DType::i32, {batch}), HostTensor(DType::f32, {batch * next_n, max_len}), max_len};
+  HostTensor q_sf(DType::e8m0, {batch, next_n, heads, groups});
+  for (int64_t i = 0; i < p.q.t.numel(); ++i) p.q.data<uint8_t>()[i] = uint8_t(rng());
+  for (int64_t i = 0; i < q_sf.t.numel(); ++i) q_sf.data<uint8_t>()[i] = uint8_t(124 + rng() % 6);
+  for (int64_t i = 0; i < p.kv.t.numel(); ++i) p.kv.data<uint8_t>()[i] = uint8_t(rng());
+  for (int64_t blk = 0; blk < blocks; ++blk)  // the scale region: moderate exponents
+    for (int64_t j = 0; j < bs * groups; ++j)
+      p.kv.data<uint8_t>()[blk * bs * token_bytes + bs * dim / 2 + j] = uint8_t(122 + rng() % 8);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int64_t i = 0; i < p.w.t.numel(); ++i) p.w.data<float>()[i] = u(rng);
+  const int32_t table[4] = {2, 0, 3, 1};
+  std::copy(table, table + 4, p.tables.data<int32_t>());
+  std::copy(lens.begin(), lens.end(), p.lens.data<int32_t>());
+  PagedMqaLogitsArgs a = p.args();
+  a.q_sf = q_sf.t;
+  paged_mqa_logits(a);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < next_n; ++t) {
+      const int64_t limit = lens[b] - next_n + t + 1;
+      for (int64_t pos = 0; pos < max_len; ++pos) {
+        const float got = p.out.data<float>()[(b * next_n + t) * max_len + pos];
+        if (pos >= limit) {
+          EXPECT_EQ(got, kNegInf);
+          continue;
+        }
+        const uint8_t* blk = p.kv.data<uint8_t>() + table[b * width + pos / bs] * bs * token_bytes;
+        const uint8_t* kv_vals = blk + (pos % bs) * dim / 2;
+        const uint8_t* kv_sf = blk + bs * dim / 2 + (pos % bs) * groups;
+        double sum = 0;
+        for (int64_t h = 0; h < heads; ++h) {
+          const uint8_t* qv = p.q.data<uint8_t>() + ((b * next_n + t) * heads + h) * dim / 2;
+          const uint8_t* qs = q_sf.data<uint8_t>() + ((b * next_n + t) * heads + h) * groups;
+          double dot = 0;
+          for (int64_t d = 0; d < dim; ++d)
+            dot += double(codec::fp4x2_get(qv, d)) * codec::e8m0_to_float(qs[d / 32]) *
+                   double(codec::fp4x2_get(kv_vals, d)) * codec::e8m0_to_float(kv_sf[d / 32]);
+          sum += double(p.w.data<float>()[(b * next_n + t) * heads + h]) * std::max(dot, 0.0);
+        }
+        EXPECT_EQ(got, float(sum)) << b << ", " << t << ", " << pos;
+      }
+    }
+}
+
 TEST(PagedMqaLogitsRules, WhatTheSeedLeavesUndefinedIsAnError) {
   const int64_t dim = 32, bs = 16;
   PagedPool p{HostTensor(DType::fp8_e4m3, {2, 1, 4, dim}), HostTensor(DType::u8, {4, bs, 1, dim + 4}),
