@@ -8,16 +8,22 @@
 namespace msa {
 namespace {
 
-// ks / ke: [T] int32 on `device`, 0 <= ks[t] <= ke[t] <= S.
-void check_ranges(const Tensor& ks_t, const Tensor& ke_t, int64_t t_rows, int64_t s_keys,
-                  Device device) {
+// These ops run on the CPU only so far, and their checks read the ranges and lengths: every
+// tensor argument given must be a host tensor.
+void require_cpu(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> args) {
+  for (const auto& [t, name] : args)
+    MSA_CHECK(!t->defined() || t->device.type == DeviceType::cpu, op, ": runs on the CPU only so "
+              "far (its CUDA kernel is not written yet); got ", name, " on ",
+              device_name(t->device));
+}
+
+// ks / ke: [T] int32, 0 <= ks[t] <= ke[t] <= S.
+void check_ranges(const Tensor& ks_t, const Tensor& ke_t, int64_t t_rows, int64_t s_keys) {
   for (const auto& [t, name] : {std::pair{&ks_t, "ks"}, std::pair{&ke_t, "ke"}}) {
     check_defined(*t, name);
     check_dtype(*t, name, {DType::i32});
     check_shape(*t, name, {t_rows});
     check_contiguous(*t, name);
-    MSA_CHECK(t->device == device, name, ": must be on ", device_name(device), ", got ",
-              device_name(t->device));
   }
   const int32_t* ks = ks_t.ptr<int32_t>();
   const int32_t* ke = ke_t.ptr<int32_t>();
@@ -29,15 +35,15 @@ void check_ranges(const Tensor& ks_t, const Tensor& ke_t, int64_t t_rows, int64_
 }  // namespace
 
 void mqa_logits(const MqaLogitsArgs& a, cudaStream_t /*stream*/) {
+  require_cpu("mqa_logits", {{&a.q.values, "q"}, {&a.q.scale, "q.scale"}, {&a.k.values, "k"},
+                             {&a.k.scale, "k.scale"}, {&a.weights, "weights"}, {&a.ks, "ks"},
+                             {&a.ke, "ke"}, {&a.logits, "logits"}});
   const Tensor& q = a.q.values;
   check_defined(q, "q");
-  MSA_CHECK(q.device.type == DeviceType::cpu, "mqa_logits: runs on the CPU only so far (its CUDA "
-            "kernel is not written yet); got q on ", device_name(q.device));
   check_dtype(q, "q", {DType::fp8_e4m3, DType::bf16});
   check_ndim(q, "q", 3);
   check_last_dim_contiguous(q, "q");
   MSA_CHECK(!a.q.scale.defined(), "q.scale: must be absent (fold the query scale into weights)");
-  const Device device = q.device;
   const int64_t t_rows = q.shape[0], heads = q.shape[1], dim = q.shape[2];
   MSA_CHECK(heads >= 1 && dim >= 1, "q: needs at least one head and one element, got ",
             q.describe());
@@ -48,55 +54,50 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t /*stream*/) {
   check_ndim(k, "k", 2);
   check_last_dim_contiguous(k, "k");
   MSA_CHECK(k.shape[1] == dim, "k: must be [S, ", dim, "] (q's head dim), got ", k.describe());
-  MSA_CHECK(k.device == device, "k: must be on ", device_name(device));
   const int64_t s_keys = k.shape[0];
   if (a.k.scale.defined()) {
     MSA_CHECK(k.dtype == DType::fp8_e4m3, "k.scale: only fp8_e4m3 keys take a scale");
     check_dtype(a.k.scale, "k.scale", {DType::f32});
     check_shape(a.k.scale, "k.scale", {s_keys});
     check_contiguous(a.k.scale, "k.scale");
-    MSA_CHECK(a.k.scale.device == device, "k.scale: must be on ", device_name(device));
   }
 
   check_defined(a.weights, "weights");
   check_dtype(a.weights, "weights", {DType::f32});
   check_shape(a.weights, "weights", {t_rows, heads});
   check_last_dim_contiguous(a.weights, "weights");
-  MSA_CHECK(a.weights.device == device, "weights: must be on ", device_name(device));
-  check_ranges(a.ks, a.ke, t_rows, s_keys, device);
+  check_ranges(a.ks, a.ke, t_rows, s_keys);
 
   check_defined(a.logits, "logits");
   check_dtype(a.logits, "logits", {DType::f32});
   check_shape(a.logits, "logits", {t_rows, s_keys});
   check_last_dim_contiguous(a.logits, "logits");
-  MSA_CHECK(a.logits.device == device, "logits: must be on ", device_name(device));
   cpu::mqa_logits(a);
 }
 
 void token_topk(const TokenTopKArgs& a, cudaStream_t /*stream*/) {
+  require_cpu("token_topk", {{&a.logits, "logits"}, {&a.ks, "ks"}, {&a.ke, "ke"}, {&a.ids, "ids"}});
   check_defined(a.logits, "logits");
-  MSA_CHECK(a.logits.device.type == DeviceType::cpu, "token_topk: runs on the CPU only so far "
-            "(its CUDA kernel is not written yet); got logits on ", device_name(a.logits.device));
   check_dtype(a.logits, "logits", {DType::f32});
   check_ndim(a.logits, "logits", 2);
   check_last_dim_contiguous(a.logits, "logits");
   const int64_t rows = a.logits.shape[0], s_keys = a.logits.shape[1];
   MSA_CHECK(a.ks.defined() == a.ke.defined(), "ks, ke: give both or neither");
-  if (a.ks.defined()) check_ranges(a.ks, a.ke, rows, s_keys, a.logits.device);
+  if (a.ks.defined()) check_ranges(a.ks, a.ke, rows, s_keys);
   MSA_CHECK(a.topk >= 1, "topk: must be >= 1, got ", a.topk);
   check_defined(a.ids, "ids");
   check_dtype(a.ids, "ids", {DType::i32});
   check_shape(a.ids, "ids", {rows, int64_t(a.topk)});
   check_contiguous(a.ids, "ids");
-  MSA_CHECK(a.ids.device == a.logits.device, "ids: must be on ", device_name(a.logits.device));
   cpu::token_topk(a);
 }
 
 void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t /*stream*/) {
+  require_cpu("paged_mqa_logits", {{&a.q, "q"}, {&a.q_sf, "q_sf"}, {&a.kv_fused, "kv_fused"},
+                                   {&a.weights, "weights"}, {&a.block_tables, "block_tables"},
+                                   {&a.seq_lens, "seq_lens"}, {&a.logits, "logits"}});
   const Tensor& q = a.q;
   check_defined(q, "q");
-  MSA_CHECK(q.device.type == DeviceType::cpu, "paged_mqa_logits: runs on the CPU only so far "
-            "(its CUDA kernel is not written yet); got q on ", device_name(q.device));
   check_dtype(q, "q", {DType::fp8_e4m3, DType::fp4x2});
   check_ndim(q, "q", 4);
   check_last_dim_contiguous(q, "q");
@@ -111,7 +112,6 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t /*stream*/) {
     check_dtype(a.q_sf, "q_sf", {DType::e8m0, DType::u8});
     check_shape(a.q_sf, "q_sf", {batch, next_n, heads, dim / 32});
     check_last_dim_contiguous(a.q_sf, "q_sf");
-    MSA_CHECK(a.q_sf.device == q.device, "q_sf: must be on ", device_name(q.device));
   } else {
     MSA_CHECK(!a.q_sf.defined(), "q_sf: FP4 q only (FP8 q takes no scale)");
   }
@@ -147,9 +147,6 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t /*stream*/) {
   MSA_CHECK(a.logits.shape[0] == batch * next_n && a.logits.shape[1] >= a.max_seq_len,
             "logits: must be [B * next_n = ", batch * next_n, ", >= max_seq_len = ", a.max_seq_len,
             "], got ", a.logits.describe());
-  for (const Tensor* t : {&a.weights, &a.seq_lens, &a.block_tables, &a.logits, &kv})
-    MSA_CHECK(t->device == q.device, "paged_mqa_logits: every tensor must be on ",
-              device_name(q.device));
   // What the seed leaves undefined is an error here: lengths past max_seq_len, a table too
   // narrow for a length, block ids outside the pool.
   const Tensor& bt = a.block_tables;

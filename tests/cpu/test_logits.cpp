@@ -273,6 +273,9 @@ TEST(TokenTopKRules, MessagesNameArgumentAndRule) {
   ke.data<int32_t>()[0] = 2;
   expect_arg_error(run, valid, [&](TokenTopKArgs& a) { a.ks = ks.t; a.ke = ke.t; },
                    "ks, ke: row 0 must satisfy 0 <= ks <= ke <= S (10), got [4, 2)");
+  expect_arg_error(run, valid, [](TokenTopKArgs& a) { a.ids.device = {DeviceType::cuda, 0}; },
+                   "token_topk: runs on the CPU only so far (its CUDA kernel is not written yet); "
+                   "got ids on cuda");
 }
 
 // A fused page pool for B requests (their keys and scales from flat arrays), shuffled block ids.
