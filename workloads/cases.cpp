@@ -77,6 +77,9 @@ std::vector<BenchCase> make_cases() {
   BenchCase mtp = decode("DEC-MTP", "sparse decode, bf16 and fp8 KV", 30, 8, {67584}, kNeedsDecode);
   mtp.kv_dtypes = "bf16,fp8";
   v.push_back(mtp);
+  BenchCase mtp8 = decode("DEC-MTP-fp8q", "sparse decode, FP8 q and KV", 30, 8, {67584}, kNeedsDecode);
+  mtp8.kv_dtypes = "fp8q";
+  v.push_back(mtp8);
   std::vector<int64_t> skew(30, 60592);
   skew[0] = 270336;
   v.push_back(decode("DEC-SKEW", "sparse decode", 30, 8, skew, kNeedsDecode));
@@ -97,6 +100,15 @@ std::string lengths(const char* label, const std::vector<int64_t>& v) {
 }
 
 }  // namespace
+
+bool has_dtype(std::string_view list, std::string_view name) {
+  for (size_t start = 0; start <= list.size();) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    if (list.substr(start, end - start) == name) return true;
+    start = end + 1;
+  }
+  return false;
+}
 
 const char* case_kind_name(CaseKind k) {
   switch (k) {

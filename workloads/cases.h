@@ -39,7 +39,7 @@ struct BenchCase : CaseShape {
   std::vector<int64_t> seqlens_k;    // per request
   bool dense = false;                // decode over every key (no selection)
   int page_size = 0;                 // > 0: paged KV (decode cases)
-  std::string kv_dtypes = "bf16";    // e.g. "bf16", "fp8", "bf16,fp8"
+  std::string kv_dtypes = "bf16";    // comma list of variants: "bf16", "fp8", "bf16,fp8", "fp8q"
   std::string needs;                 // the GPU op the case needs, for "no backend" messages
 };
 
@@ -47,6 +47,8 @@ struct BenchCase : CaseShape {
 const std::vector<BenchCase>& bench_cases();
 // nullptr when no case has that name (exact match).
 const BenchCase* find_case(std::string_view name);
+// Whether the comma list `list` (BenchCase::kv_dtypes) holds `name` as one entry.
+bool has_dtype(std::string_view list, std::string_view name);
 // One line, e.g. "B=1 S=32768 Hq=64 Hkv=4 D=128 blk=128 topK=16 tok causal bf16".
 std::string describe_shape(const BenchCase& c);
 

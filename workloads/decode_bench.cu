@@ -1,8 +1,9 @@
 // The decode benchmark (gpu_benches.h; programs: bench_decode, `msa bench`): the decode cases of
-// bench/CASES.md (DEC-B32, DEC-B32-dense, DEC-MTP bf16 and fp8 KV, DEC-SKEW, DEC-B2048) through
-// DecodePlan on the GPU, in TB/s (bytes that must move: each selected K/V byte once per kv head,
-// q, out, lse, page table and q2k rows) and microseconds, one record (bench/SCHEMA.md) per case
-// and KV dtype.
+// bench/CASES.md (DEC-B32, DEC-B32-dense, DEC-MTP bf16 and fp8 KV, DEC-MTP-fp8q, DEC-SKEW,
+// DEC-B2048) through DecodePlan on the GPU, in TB/s (bytes that must move: each selected K/V byte
+// once per kv head, q (and its scales), out, lse, page table and q2k rows) and microseconds, one
+// record (bench/SCHEMA.md) per case and dtype variant: bf16 q and KV, bf16 q over FP8 KV ("fp8"),
+// FP8 q with per-token-and-head scales over FP8 KV ("fp8q").
 // Inputs are filled on the device (random normal, fp8: e4m3 of it); pages are shuffled over the
 // pool. Before timing, three requests are checked against the CPU decode of the same bits.
 // Each timed run follows an L2 flush (gpu_timing.h: a 256 MB write, or a read with
@@ -95,7 +96,8 @@ DecodeShape decode_shape(const bench::BenchCase& c, int batch, int max_queries, 
 
 // One request of the GPU problem rebuilt on the host (its pages, q rows and q2k rows) and run
 // through the CPU decode; returns (rel L2 of out, max abs lse error) against the GPU output.
-std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool fp8, const DeviceBuffer& q,
+std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool fp8, bool fp8q,
+                                        const DeviceBuffer& q, const DeviceBuffer* q_scale,
                                         const DeviceBuffer& k, const DeviceBuffer& v, const std::vector<int32_t>& pt,
                                         int max_pages, const std::vector<int32_t>& cu,
                                         const std::vector<int32_t>& q2k, const DeviceBuffer& out,
@@ -115,9 +117,12 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
       MSA_BENCH_CUDA(cudaMemcpyAsync(hvs.data() + p * ps, static_cast<float*>(v_scale->get()) + page * ps, ps * 4, cudaMemcpyDeviceToHost, s));
     }
   }
-  const int64_t row = int64_t(hq) * d;
+  const int64_t row = int64_t(hq) * d, qsz = fp8q ? 1 : 2;
   std::vector<uint16_t> hq_rows(std::max<int64_t>(1, lq * row)), got(hq_rows.size());
-  MSA_BENCH_CUDA(cudaMemcpyAsync(hq_rows.data(), static_cast<uint16_t*>(q.get()) + cu[b] * row, lq * row * 2, cudaMemcpyDeviceToHost, s));
+  std::vector<float> hq_scale(std::max<int64_t>(1, lq * hq));
+  MSA_BENCH_CUDA(cudaMemcpyAsync(hq_rows.data(), static_cast<uint8_t*>(q.get()) + cu[b] * row * qsz, lq * row * qsz, cudaMemcpyDeviceToHost, s));
+  if (fp8q)
+    MSA_BENCH_CUDA(cudaMemcpyAsync(hq_scale.data(), static_cast<float*>(q_scale->get()) + cu[b] * hq, lq * hq * 4, cudaMemcpyDeviceToHost, s));
   MSA_BENCH_CUDA(cudaMemcpyAsync(got.data(), static_cast<uint16_t*>(out.get()) + cu[b] * row, lq * row * 2, cudaMemcpyDeviceToHost, s));
   std::vector<float> got_lse(std::max<int64_t>(1, hq * lq));
   for (int h = 0; h < hq; ++h)
@@ -134,7 +139,8 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   float one = 1.f;
   const DType kvt = fp8 ? DType::fp8_e4m3 : DType::bf16;
   AttentionArgs a;
-  a.q = Tensor(hq_rows.data(), DType::bf16, {lq, hq, d});
+  a.q = Tensor(hq_rows.data(), fp8q ? DType::fp8_e4m3 : DType::bf16, {lq, hq, d});
+  if (fp8q) a.q_scale = Tensor(hq_scale.data(), DType::f32, {lq, hq});
   a.kv.layout = hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
   const std::vector<int64_t> pool_dims = pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd);
   const Tensor unit_scale(&one, DType::f32, {1});
@@ -170,10 +176,12 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   return {r2 > 0 ? std::sqrt(d2 / r2) : std::sqrt(d2), lse_err};
 }
 
-Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
+// variant: "bf16", "fp8" (bf16 q, FP8 KV) or "fp8q" (FP8 q and KV).
+Result run_case(const bench::BenchCase& c, const std::string& variant, const Options& o) {
   Result res;
   res.name = c.name;
-  res.kv = fp8 ? "fp8" : "bf16";
+  res.kv = variant;
+  const bool fp8q = variant == "fp8q", fp8 = fp8q || variant == "fp8";
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const int B = int(c.seqlens_q.size()), hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim;
@@ -217,24 +225,32 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   const double kv_keys = double(res.pairs.selected_keys);
   res.flop = 4.0 * d * double(res.pairs.attended);
   const bool slot_scales = fp8 && o.slot_scales;
-  res.bytes = kv_keys * d * esz * 2 + 2.0 * total_q * hq * d * 2 + double(hq) * total_q * 4 +
+  const int qsz = fp8q ? 1 : 2;  // q bytes per element; q scales (fp8q) and lse 4 per row
+  res.bytes = kv_keys * d * esz * 2 + double(total_q) * hq * d * (qsz + 2) +
+              double(hq) * total_q * (fp8q ? 8 : 4) +
               double(total_pages) * 4 + double(q2k.size()) * 4 + double(B) * 8 +
               (slot_scales ? kv_keys * 2 * 4 : 0.0);  // per-slot scales: K's and V's per key and head
 
   const int64_t pool = total_pages * ps * hkv * d;
   const size_t slot_bytes = slot_scales ? size_t(total_pages) * ps * 4 : 0;
-  DeviceBuffer q = gpu_buffer(size_t(total_q) * hq * d * 2), k = gpu_buffer(size_t(pool) * esz),
+  DeviceBuffer q = gpu_buffer(size_t(total_q) * hq * d * qsz), k = gpu_buffer(size_t(pool) * esz),
                v = gpu_buffer(size_t(pool) * esz), out = gpu_buffer(size_t(total_q) * hq * d * 2),
                lse = gpu_buffer(size_t(hq) * total_q * 4), status = gpu_buffer(16),
                pt_d = gpu_buffer(pt.size() * 4), used_d = gpu_buffer(used.size() * 4),
                cu_d = gpu_buffer(cu.size() * 4), q2k_d = gpu_buffer(q2k.size() * 4), scale = gpu_buffer(8),
                k_slot = gpu_buffer(slot_bytes), v_slot = gpu_buffer(slot_bytes),
+               q_scale = gpu_buffer(fp8q ? size_t(total_q) * hq * 4 : 0),
                flush = gpu_buffer(size_t(256) << 20);
   if (slot_scales) {
     fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(k_slot.get()), total_pages * ps, c.seed * 3 + 4);
     fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(v_slot.get()), total_pages * ps, c.seed * 3 + 5);
   }
-  fill_bf16<<<2048, 256, 0, s>>>(static_cast<__nv_bfloat16*>(q.get()), total_q * hq * d, c.seed * 3 + 1);
+  if (fp8q) {
+    fill_fp8<<<2048, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), total_q * hq * d, c.seed * 3 + 1);
+    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(q_scale.get()), total_q * hq, c.seed * 3 + 6);
+  } else {
+    fill_bf16<<<2048, 256, 0, s>>>(static_cast<__nv_bfloat16*>(q.get()), total_q * hq * d, c.seed * 3 + 1);
+  }
   if (fp8) {
     fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(k.get()), pool, c.seed * 3 + 2);
     fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(v.get()), pool, c.seed * 3 + 3);
@@ -263,7 +279,8 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   if (o.warps) forced = cuda::decode_plan(sh, used.data(), ws_t, s, o.warps);
   else plan.plan(sh, used.data(), ws_t, s);
   AttentionArgs a;
-  a.q = Tensor(q.get(), DType::bf16, {total_q, hq, d}, gpu);
+  a.q = Tensor(q.get(), fp8q ? DType::fp8_e4m3 : DType::bf16, {total_q, hq, d}, gpu);
+  if (fp8q) a.q_scale = Tensor(q_scale.get(), DType::f32, {total_q, hq}, gpu);
   const std::vector<int64_t> pool_dims = pool_shape(total_pages, ps, hkv, d, o.hnd);
   const Tensor kt(k.get(), kvt, pool_dims, gpu), vt(v.get(), kvt, pool_dims, gpu);
   const Tensor sc(scale.get(), DType::f32, {1}, gpu);
@@ -294,7 +311,7 @@ Result run_case(const bench::BenchCase& c, bool fp8, const Options& o) {
   if (o.check) {
     std::set<int> sample = {0, B / 2, B - 1};
     for (int b : sample) {
-      const auto [rel, le] = check_request(b, c, fp8, q, k, v, pt, max_pages, cu, q2k, out, lse, total_q, o.hnd,
+      const auto [rel, le] = check_request(b, c, fp8, fp8q, q, &q_scale, k, v, pt, max_pages, cu, q2k, out, lse, total_q, o.hnd,
                                            slot_scales ? &k_slot : nullptr,
                                            slot_scales ? &v_slot : nullptr, s);
       res.rel_l2 = std::max(res.rel_l2, rel);
@@ -337,13 +354,13 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
     bench::BenchCase custom = *found;  // --topk: the same case with another selection size
     if (o.topk > 0 && !custom.dense) custom.topk = o.topk;
     const bench::BenchCase* c = &custom;
-    for (const char* kv : {"bf16", "fp8"}) {
-      if (c->kv_dtypes.find(kv) == std::string::npos) continue;
+    for (const char* kv : {"bf16", "fp8", "fp8q"}) {
+      if (!bench::has_dtype(c->kv_dtypes, kv)) continue;
       try {
-        const Result r = run_case(*c, std::string(kv) == "fp8", o);
+        const Result r = run_case(*c, kv, o);
         const double tbs = r.bytes / (r.median_us * 1e-6) / 1e12;
         std::printf("%-14s %-4s %-70s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s  (%.3f GB)  check rel_l2 %.2e lse %.2e %s\n",
-                    r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "") + (o.warps ? " w" + std::to_string(o.warps) : "") + (o.slot_scales && std::string(kv) == "fp8" ? " slot-scales" : "") + (bench::flush_reads() ? " read-flush" : "")).c_str(), r.median_us, r.min_us,
+                    r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "") + (o.warps ? " w" + std::to_string(o.warps) : "") + (o.slot_scales && std::string(kv) != "bf16" ? " slot-scales" : "") + (bench::flush_reads() ? " read-flush" : "")).c_str(), r.median_us, r.min_us,
                     r.max_us, tbs, r.bytes / 1e9, r.rel_l2, r.lse_err, r.ok ? "ok" : "FAILED");
         std::fflush(stdout);
         if (!r.ok) rc = std::max(rc, 1);
@@ -352,8 +369,10 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
           bench::add_shape(rec, *c);
           rec["layout"] = o.hnd ? "hnd" : "nhd";
           if (o.warps) rec["cta_warps"] = o.warps;
-          const bool fp8 = std::string(kv) == "fp8";
-          bench::add_dtypes(rec, "bf16", fp8 ? "fp8_e4m3" : "bf16", fp8 ? (o.slot_scales ? "slot" : "tensor") : "");
+          const bool fp8q = std::string(kv) == "fp8q", fp8 = fp8q || std::string(kv) == "fp8";
+          bench::add_dtypes(rec, fp8q ? "fp8_e4m3" : "bf16", fp8 ? "fp8_e4m3" : "bf16",
+                            fp8 ? (o.slot_scales ? "slot" : "tensor") : "");
+          if (fp8q) rec["q_scales"] = "token_head";
           bench::add_pairs(rec, r.pairs);
           bench::add_timing(rec, {r.median_us * 1e-3, r.min_us * 1e-3, r.max_us * 1e-3}, o.iters, o.warmup, r.flop,
                             r.bytes, bench::Metric::tbps);

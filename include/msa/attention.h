@@ -22,12 +22,14 @@ struct AttentionParams {
 };
 
 struct AttentionArgs {
-  Tensor q;               // [total_q, Hq, D] bf16 | f16
+  Tensor q;               // [total_q, Hq, D] bf16 | f16 | fp8_e4m3 (see q_scale)
+  Tensor q_scale;         // fp8_e4m3 q only, optional f32: [1], [total_q] or [total_q, Hq]
+                          // (contiguous); q's values are q * q_scale. Absent: 1
   KVCache kv;             // k, v; flat or paged
   Tensor cu_seqlens_q;    // [B+1] int32
   Tensor q2k;             // [Hkv, total_q, topk] int32 batch-local block ids; absent = dense
   K2QIndex k2q;           // optional CSR + schedule from build_k2q_csr for the same q2k
-  Tensor out;             // out: [total_q, Hq, D], dtype of q
+  Tensor out;             // out: [total_q, Hq, D], dtype of q (bf16 for fp8_e4m3 q)
   Tensor lse;             // out (optional): [Hq, total_q] f32, natural log, -inf if no key
   Tensor tlse;            // out (optional, needs params.temperature > 0): [Hq, total_q] f32
   AttentionParams params;
@@ -38,10 +40,13 @@ struct AttentionArgs {
 // out[t, hq] = sum_j softmax(s)_j v[j, hq/G] over the attended keys j (the visible keys of the
 // selected blocks, or every visible key when q2k is absent), s_j = scale * dot(q, k_j);
 // 0 when there is no key.
-// CUDA (sm_90a, sparse only): bf16/f16 KV, flat or paged (page_size 16-256, either pool layout,
-// strides multiples of 16 bytes, B * max_pages * page_size < 2^31). The device checks a paged
-// cache before reading it: a page id outside [0, num_pages) in a column that seqused_k uses, or a
-// seqused_k outside [0, max_pages * page_size], is reported through `status` (check_status).
+// FP8 queries (q fp8_e4m3 with q_scale, docs/semantics.md, Quantized attention) take bf16, FP8 or
+// FP4 K/V and write bf16 out; on CUDA they run in decode (DecodePlan) only so far.
+// CUDA (sm_90a, sparse only): K/V of q's dtype, or FP8 / FP4 K/V under bf16 q; flat or paged
+// (page_size 16-256, either pool layout, strides multiples of 16 bytes, B * max_pages *
+// page_size < 2^31). The device checks a paged cache before reading it: a page id outside
+// [0, num_pages) in a column that seqused_k uses, or a seqused_k outside
+// [0, max_pages * page_size], is reported through `status` (check_status).
 void attention_forward(const AttentionArgs& args, cudaStream_t stream = nullptr);
 size_t attention_workspace_bytes(const AttentionArgs& args);
 

@@ -123,34 +123,36 @@ def build_k2q_csr(*args: Any) -> tuple:
 
 
 def _fake_attention(q: Tensor, temperature: float) -> tuple:
+    """out (q's dtype; bf16 for fp8_e4m3 q), lse and tlse (empty without a temperature)."""
     total_q, hq = q.shape[0], q.shape[1]
     lse = q.new_empty((hq, total_q), dtype=torch.float32)
     tlse = q.new_empty((hq, total_q), dtype=torch.float32) if temperature > 0 else _none_f32(q)
-    return q.new_empty(q.shape), lse, tlse
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    return q.new_empty(q.shape, dtype=out_dtype), lse, tlse
 
 
 @torch.library.custom_op("msa::attention_forward", mutates_args=())
-def _attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
-                       cu_seqlens_k: Optional[Tensor], page_table: Optional[Tensor],
-                       seqused_k: Optional[Tensor], k_scale: Optional[Tensor],
-                       v_scale: Optional[Tensor], q2k: Optional[Tensor],
-                       k2q_row_ptr: Optional[Tensor], k2q_q_idx: Optional[Tensor],
-                       k2q_schedule: Optional[Tensor], kv_layout: str, softmax_scale: float,
-                       causal: bool, kv_block_size: int, temperature: float, partial_dtype: str,
-                       check: Optional[bool],
+def _attention_forward(q: Tensor, q_scale: Optional[Tensor], k: Tensor, v: Tensor,
+                       cu_seqlens_q: Tensor, cu_seqlens_k: Optional[Tensor],
+                       page_table: Optional[Tensor], seqused_k: Optional[Tensor],
+                       k_scale: Optional[Tensor], v_scale: Optional[Tensor],
+                       q2k: Optional[Tensor], k2q_row_ptr: Optional[Tensor],
+                       k2q_q_idx: Optional[Tensor], k2q_schedule: Optional[Tensor],
+                       kv_layout: str, softmax_scale: float, causal: bool, kv_block_size: int,
+                       temperature: float, partial_dtype: str, check: Optional[bool],
                        stream: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
     k2q = None if k2q_row_ptr is None else (k2q_row_ptr, k2q_q_idx, k2q_schedule)
     out, lse, tlse = attention_eager(
         q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, kv_layout, q2k, k2q,
         softmax_scale or None, causal, kv_block_size, temperature or None, partial_dtype,
-        k_scale, v_scale, None, None, None, True, None, stream, check)
+        k_scale, v_scale, None, None, None, True, None, stream, check, q_scale=q_scale)
     return out, lse, tlse if tlse is not None else _none_f32(q)
 
 
 @_attention_forward.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, k_scale, v_scale, q2k,
-      k2q_row_ptr, k2q_q_idx, k2q_schedule, kv_layout, softmax_scale, causal, kv_block_size,
-      temperature, partial_dtype, check, stream):
+def _(q, q_scale, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, k_scale, v_scale,
+      q2k, k2q_row_ptr, k2q_q_idx, k2q_schedule, kv_layout, softmax_scale, causal,
+      kv_block_size, temperature, partial_dtype, check, stream):
     return _fake_attention(q, temperature)
 
 
@@ -191,20 +193,21 @@ def sparse_attention(*args: Any) -> tuple:
 
 
 @torch.library.custom_op("msa::decode_run", mutates_args=())
-def _decode_run(plan_id: int, q: Tensor, k: Tensor, v: Tensor, page_table: Tensor,
-                cu_seqlens_q: Tensor, seqused_k: Optional[Tensor], k_scale: Optional[Tensor],
-                v_scale: Optional[Tensor], q2k: Optional[Tensor], softmax_scale: float,
-                causal: bool, temperature: float, check: Optional[bool],
+def _decode_run(plan_id: int, q: Tensor, q_scale: Optional[Tensor], k: Tensor, v: Tensor,
+                page_table: Tensor, cu_seqlens_q: Tensor, seqused_k: Optional[Tensor],
+                k_scale: Optional[Tensor], v_scale: Optional[Tensor], q2k: Optional[Tensor],
+                softmax_scale: float, causal: bool, temperature: float, check: Optional[bool],
                 stream: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
     plan = DECODE_PLANS[plan_id]
     out, lse, tlse = plan.run_eager(q, k, v, page_table, cu_seqlens_q, seqused_k, k_scale,
                                     v_scale, q2k, softmax_scale or None, causal,
-                                    temperature or None, None, None, None, True, stream, check)
+                                    temperature or None, None, None, None, True, stream, check,
+                                    q_scale)
     return out, lse, tlse if tlse is not None else _none_f32(q)
 
 
 @_decode_run.register_fake
-def _(plan_id, q, k, v, page_table, cu_seqlens_q, seqused_k, k_scale, v_scale, q2k,
+def _(plan_id, q, q_scale, k, v, page_table, cu_seqlens_q, seqused_k, k_scale, v_scale, q2k,
       softmax_scale, causal, temperature, check, stream):
     return _fake_attention(q, temperature)
 

@@ -38,21 +38,26 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
                       k2q: Optional[Sequence[Any]] = None,
                       softmax_scale: Optional[float] = None, causal: bool = True,
                       kv_block_size: int = 128, temperature: Optional[float] = None,
-                      partial_dtype: Optional[str] = None, k_scale: Any = None,
-                      v_scale: Any = None, out: Any = None, lse: Any = None, tlse: Any = None,
-                      return_lse: bool = False, workspace: Any = None, stream: Any = None,
-                      check: Optional[bool] = None) -> Any:
+                      partial_dtype: Optional[str] = None, q_scale: Any = None,
+                      k_scale: Any = None, v_scale: Any = None, out: Any = None, lse: Any = None,
+                      tlse: Any = None, return_lse: bool = False, workspace: Any = None,
+                      stream: Any = None, check: Optional[bool] = None) -> Any:
     """Sparse (with ``q2k``) or dense (without) attention, flat or paged KV.
 
-    Returns ``out`` ``[total_q, Hq, D]`` in q's dtype (bf16/f16; 0 for a query with no key), or
-    ``(out, lse)`` with ``return_lse`` (lse ``[Hq, total_q]`` f32, natural log
-    ``log sum_j exp(s_j)``, ``-inf`` with no key); with ``temperature`` the tlse
+    Returns ``out`` ``[total_q, Hq, D]`` in q's dtype (bf16/f16; bf16 for fp8_e4m3 q; 0 for a
+    query with no key), or ``(out, lse)`` with ``return_lse`` (lse ``[Hq, total_q]`` f32,
+    natural log ``log sum_j exp(s_j)``, ``-inf`` with no key); with ``temperature`` the tlse
     ``[Hq, total_q]`` f32 ``log sum_j exp(s_j / temperature)`` comes last.
     ``s_j = softmax_scale * dot(q, k_j)``, softmax_scale defaulting to ``1/sqrt(D)``.
 
     q2k ``[Hkv, total_q, topk]`` int32 selects kv blocks per (kv head, query); ``k2q`` (from
     `build_k2q_csr` for the same q2k) lets the GPU kernel skip building the index. k/v may be
-    fp8_e4m3 with f32 scales (``k_scale``/``v_scale``). ``partial_dtype``: the precision of the
+    fp8_e4m3 with f32 scales (``k_scale``/``v_scale``, or a `QTensor` each). q may be fp8_e4m3
+    (a `QTensor` from `quantize`, or values plus ``q_scale``): f32 ``q_scale`` of ``[1]`` (per
+    tensor), ``[total_q]`` (per token) or ``[total_q, Hq]`` (per token and head), contiguous,
+    absent meaning 1; q's values are then q * q_scale, k/v may be bf16, fp8_e4m3 or fp4x2 (not
+    f16) and out is bf16. On CUDA only `DecodePlan.run` takes FP8 q so far (this function
+    raises `MsaError` for it there). ``partial_dtype``: the precision of the
     per-block partial outputs, "f32" or "bf16" (default: bf16 for bf16 q, f32 for f16 q).
     ``out``/``lse``/``tlse``: preallocated outputs; ``workspace``: u8 scratch of at least
     ``attention_workspace_bytes`` (default: allocated per call by q's framework). GPU calls run
@@ -62,19 +67,20 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
     """
     layout = layout_name(kv_layout, page_table)
     partial = _partial(partial_dtype)
+    q, q_scale, _ = unpack(q, q_scale)
     if out is None and lse is None and tlse is None and workspace is None and compiling():
         from . import _torch_ops
         row_ptr, q_idx, schedule = (tuple(k2q) + (None,))[:3] if k2q is not None else (None,) * 3
         out, lse, tlse = _torch_ops.attention_forward(
-            q, unpack(k)[0], unpack(v)[0], cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
-            unpack(k, k_scale)[1], unpack(v, v_scale)[1], q2k, row_ptr, q_idx, schedule, layout,
-            float(softmax_scale or 0.0), causal, kv_block_size, float(temperature or 0.0),
-            partial, check, stream)
+            q, q_scale, unpack(k)[0], unpack(v)[0], cu_seqlens_q, cu_seqlens_k, page_table,
+            seqused_k, unpack(k, k_scale)[1], unpack(v, v_scale)[1], q2k, row_ptr, q_idx,
+            schedule, layout, float(softmax_scale or 0.0), causal, kv_block_size,
+            float(temperature or 0.0), partial, check, stream)
     else:
         out, lse, tlse = attention_eager(
             q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, q2k, k2q,
             softmax_scale, causal, kv_block_size, temperature, partial, k_scale, v_scale, out,
-            lse, tlse, return_lse, workspace, stream, check)
+            lse, tlse, return_lse, workspace, stream, check, q_scale=q_scale)
     return _results(out, lse, tlse, return_lse, temperature)
 
 
@@ -84,34 +90,47 @@ def attention_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
                               q2k: Any = None, k2q: Optional[Sequence[Any]] = None,
                               causal: bool = True, kv_block_size: int = 128,
                               temperature: Optional[float] = None,
-                              partial_dtype: Optional[str] = None, k_scale: Any = None,
-                              v_scale: Any = None) -> int:
+                              partial_dtype: Optional[str] = None, q_scale: Any = None,
+                              k_scale: Any = None, v_scale: Any = None) -> int:
     """Bytes of the ``workspace`` `attention_forward` needs for these arguments (0 on the
-    CPU): the CUDA kernels' scratch (k2q index when not given, schedule, partial outputs)."""
+    CPU): the CUDA kernels' scratch (k2q index when not given, schedule, partial outputs).
+    q may be fp8_e4m3 (a `QTensor`, or values plus ``q_scale``) as in `attention_forward`."""
     layout = layout_name(kv_layout, page_table)
+    q, q_scale, _ = unpack(q, q_scale)
     out, _, tlse = _outputs(q, None, None, None, False, temperature)
     k2q = tuple(k2q) + (None,) * (3 - len(k2q)) if k2q is not None else (None,) * 3
     return _C.attention_workspace_bytes(
-        q=arg(q), **kv_args(k, v, layout=layout, cu_seqlens_k=cu_seqlens_k,
-                            page_table=page_table, seqused_k=seqused_k, k_scale=k_scale,
-                            v_scale=v_scale),
+        q=arg(q), q_scale=arg(q_scale),
+        **kv_args(k, v, layout=layout, cu_seqlens_k=cu_seqlens_k, page_table=page_table,
+                  seqused_k=seqused_k, k_scale=k_scale, v_scale=v_scale),
         cu_seqlens_q=arg(cu_seqlens_q), q2k=arg(q2k), k2q_row_ptr=arg(k2q[0]),
-        k2q_q_idx=arg(k2q[1]), k2q_schedule=arg(k2q[2]), out=arg(out), tlse=arg(tlse),
-        causal=causal, kv_block_size=kv_block_size, temperature=float(temperature or 0.0),
-        partial_dtype=_partial(partial_dtype), stream=0)
+        k2q_q_idx=arg(k2q[1]), k2q_schedule=arg(k2q[2]), out=arg(out, _out_dtype(q)),
+        tlse=arg(tlse), causal=causal, kv_block_size=kv_block_size,
+        temperature=float(temperature or 0.0), partial_dtype=_partial(partial_dtype), stream=0)
+
+
+def _out_dtype(q: Any) -> Optional[str]:
+    """The msa dtype of attention's out for q when msa must be told it (q a Typed, or fp8_e4m3
+    q, whose out is bf16); None: the out array's own dtype (q's)."""
+    if type(q) is _TorchTensor:
+        return "bf16" if q.dtype == torch.float8_e4m3fn else None
+    name = q.dtype if isinstance(q, Typed) else dtype_of(q)
+    if name == "fp8_e4m3":
+        return "bf16"
+    return q.dtype if isinstance(q, Typed) else None
 
 
 def _outputs(q: Any, out: Any, lse: Any, tlse: Any, want_lse: bool,
              temperature: Optional[float]) -> tuple:
-    """The attention outputs the caller did not pass, allocated like q."""
+    """The attention outputs the caller did not pass, allocated like q (out in q's dtype, bf16
+    for fp8_e4m3 q)."""
     total_q, hq, d = dims(q, "q", 3, "[total_q, Hq, D]")
     if out is None:
-        if type(q) is _TorchTensor:
+        if type(q) is _TorchTensor and q.dtype != torch.float8_e4m3fn:
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
         else:
-            # out takes q's dtype; for a q msa cannot name, any placeholder does: _C rejects q.
-            out = empty(q, (total_q, hq, d),
-                        q.dtype if isinstance(q, Typed) else dtype_of(q) or "f32")
+            # For a q msa cannot name, any placeholder does: _C rejects q.
+            out = empty(q, (total_q, hq, d), _out_dtype(q) or dtype_of(q) or "f32")
     if want_lse and lse is None:
         lse = empty(q, (hq, total_q), "f32")
     if temperature and tlse is None:
@@ -122,19 +141,18 @@ def _outputs(q: Any, out: Any, lse: Any, tlse: Any, want_lse: bool,
 def attention_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, q2k,
                     k2q, softmax_scale, causal, kv_block_size, temperature, partial, k_scale,
                     v_scale, out, lse, tlse, want_lse, workspace, stream, check,
-                    decode_plan: Any = None) -> tuple:
+                    decode_plan: Any = None, q_scale: Any = None) -> tuple:
     """The eager body of attention_forward and, with `decode_plan` (a msa._C.DecodePlan), of
-    DecodePlan.run."""
+    DecodePlan.run. q is plain values (a QTensor q is unpacked by the caller) with `q_scale`."""
     out, lse, tlse = _outputs(q, out, lse, tlse, want_lse, temperature)
     st = stream_of(q, stream)
     status = status_for(q)
-    args = dict(q=arg(q), **kv_args(k, v, layout=layout, cu_seqlens_k=cu_seqlens_k,
-                                    page_table=page_table, seqused_k=seqused_k, k_scale=k_scale,
-                                    v_scale=v_scale),
-                cu_seqlens_q=arg(cu_seqlens_q), q2k=arg(q2k),
-                out=arg(out, q.dtype if isinstance(q, Typed) else None), lse=arg(lse),
-                tlse=arg(tlse), softmax_scale=float(softmax_scale or 0.0), causal=causal,
-                temperature=float(temperature or 0.0), status=status, stream=st)
+    args = dict(q=arg(q), q_scale=arg(q_scale),
+                **kv_args(k, v, layout=layout, cu_seqlens_k=cu_seqlens_k, page_table=page_table,
+                          seqused_k=seqused_k, k_scale=k_scale, v_scale=v_scale),
+                cu_seqlens_q=arg(cu_seqlens_q), q2k=arg(q2k), out=arg(out, _out_dtype(q)),
+                lse=arg(lse), tlse=arg(tlse), softmax_scale=float(softmax_scale or 0.0),
+                causal=causal, temperature=float(temperature or 0.0), status=status, stream=st)
     if decode_plan is not None:
         decode_plan.run(**args)
     else:

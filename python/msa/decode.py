@@ -13,6 +13,7 @@ from ._arrays import _torch, empty_on, parse_device, stream_handle, to_host_list
 from ._kv import layout_name
 from ._runtime import MsaError, arg, check_pending, compiling
 from .attention import _results, attention_eager
+from .quant import unpack
 
 _ids = itertools.count(1)
 
@@ -120,8 +121,8 @@ class DecodePlan:
         return self
 
     def run(self, q: Any, k_cache: Any, v_cache: Any, page_table: Any, cu_seqlens_q: Any, *,
-            seqused_k: Any = None, q2k: Any = None, k_scale: Any = None, v_scale: Any = None,
-            softmax_scale: Optional[float] = None, causal: bool = True,
+            seqused_k: Any = None, q2k: Any = None, q_scale: Any = None, k_scale: Any = None,
+            v_scale: Any = None, softmax_scale: Optional[float] = None, causal: bool = True,
             temperature: Optional[float] = None, out: Any = None, lse: Any = None,
             tlse: Any = None, return_lse: bool = False, stream: Any = None,
             check: Optional[bool] = None) -> Any:
@@ -131,30 +132,41 @@ class DecodePlan:
         ``[B, max_pages]`` int32, cu_seqlens_q ``[B+1]``, seqused_k ``[B]`` int32 (default: full
         pages). FP8 e4m3 caches take f32 ``k_scale``/``v_scale`` of ``[1]`` (per tensor),
         ``[num_pages * page_size]`` (per pool slot: slot s of page P at P * page_size + s) or
-        ``[num_pages * page_size, Hkv]`` (per slot and kv head)."""
+        ``[num_pages * page_size, Hkv]`` (per slot and kv head); k_cache and v_cache may
+        also be a `QTensor` each.
+
+        FP8 queries: q may be fp8_e4m3 (a `QTensor` from `quantize`, or values plus
+        ``q_scale``), f32 ``q_scale`` of ``[1]`` (per tensor), ``[total_q]`` (per token) or
+        ``[total_q, Hq]`` (per token and head), contiguous, absent meaning 1; q's values are
+        q * q_scale. The caches may then be bf16, fp8_e4m3 or fp4x2 (not f16) and out is bf16.
+        On the CPU and on CUDA alike (on CUDA, run() is the only op that takes FP8 q so far)."""
         if self._shape is None:
             raise MsaError("decode: run() called before a successful plan()")
+        q, q_scale, _ = unpack(q, q_scale)
         if out is None and lse is None and tlse is None and compiling():
             from . import _torch_ops
+            k_cache, k_scale, _ = unpack(k_cache, k_scale)
+            v_cache, v_scale, _ = unpack(v_cache, v_scale)
             out, lse, tlse = _torch_ops.decode_run(
-                self._id, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, k_scale,
-                v_scale, q2k, float(softmax_scale or 0.0), causal, float(temperature or 0.0),
-                check, stream)
+                self._id, q, q_scale, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k,
+                k_scale, v_scale, q2k, float(softmax_scale or 0.0), causal,
+                float(temperature or 0.0), check, stream)
         else:
             out, lse, tlse = self.run_eager(q, k_cache, v_cache, page_table, cu_seqlens_q,
                                             seqused_k, k_scale, v_scale, q2k, softmax_scale,
                                             causal, temperature, out, lse, tlse, return_lse,
-                                            stream, check)
+                                            stream, check, q_scale)
         return _results(out, lse, tlse, return_lse, temperature)
 
     def run_eager(self, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, k_scale,
                   v_scale, q2k, softmax_scale, causal, temperature, out, lse, tlse, want_lse,
-                  stream, check) -> tuple:
+                  stream, check, q_scale=None) -> tuple:
+        q, q_scale, _ = unpack(q, q_scale)
         return attention_eager(
             q, k_cache, v_cache, cu_seqlens_q, None, page_table, seqused_k,
             self._shape["kv_layout"], q2k, None, softmax_scale, causal,
             self._shape["kv_block_size"], temperature, "", k_scale, v_scale, out, lse, tlse,
-            want_lse, None, stream, check, decode_plan=self._plan)
+            want_lse, None, stream, check, decode_plan=self._plan, q_scale=q_scale)
 
 
 __all__ = ["DecodePlan"]

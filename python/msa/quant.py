@@ -26,7 +26,9 @@ class QTensor(NamedTuple):
     """A quantized tensor: values, scale (None for bf16/f16), NVFP4 global scale, and the
     format it came from (None when unknown). Returned by `quantize`; accepted wherever q or k
     may be quantized (`block_scores`, `block_topk`, the index inputs of `sparse_attention`),
-    as the k and v of `attention_forward` (FP8 K/V; on CUDA with bf16 q) and by `dequantize`."""
+    as the k and v of `attention_forward` and `DecodePlan.run` (FP8 K/V; on CUDA with bf16 q
+    or, in DecodePlan.run, FP8 q), as their q (FP8 formats: q_scale per tensor, token or token
+    and head; out bf16) and by `dequantize`."""
 
     values: Any
     scale: Any = None

@@ -237,6 +237,7 @@ AttentionParams Args::attention_params() {
 AttentionArgs Args::attention() {
   AttentionArgs x;
   x.q = tensor("q");
+  x.q_scale = tensor("q_scale");
   x.kv = kv(/*with_v=*/true);
   x.cu_seqlens_q = tensor("cu_seqlens_q");
   x.q2k = tensor("q2k");

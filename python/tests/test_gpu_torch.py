@@ -188,8 +188,8 @@ def test_opcheck():
     q, k, v, cu_q, cu_k, q2k = _problem(7)
     with gpu_op():
         _sparse(q, k, v, cu_q, cu_k, q2k)
-    args = (q, k, v, cu_q, cu_k, None, None, None, None, q2k, None, None, None, "flat", 0.0,
-            True, BLK, 0.0, "f32", True, None)
+    args = (q, None, k, v, cu_q, cu_k, None, None, None, None, q2k, None, None, None, "flat",
+            0.0, True, BLK, 0.0, "f32", True, None)
     torch.library.opcheck(torch.ops.msa.attention_forward.default, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))

@@ -36,10 +36,12 @@ void check_params(const AttentionArgs& a) {
 }
 
 ProblemShape check_attention_args(const AttentionArgs& a) {
-  ProblemShape s = api::check_q_and_kv(a.q, a.kv, a.cu_seqlens_q, {DType::bf16, DType::f16},
+  ProblemShape s = api::check_q_and_kv(QTensor(a.q, a.q_scale), a.kv, a.cu_seqlens_q,
+                                       {DType::bf16, DType::f16, DType::fp8_e4m3},
                                        /*need_v=*/true, /*kv_may_be_quantized=*/true,
                                        a.params.kv_block_size);
   const Device device = a.q.device;
+  if (a.q_scale.defined()) check_same_device(a.q, "q", a.q_scale, "q.scale");
   check_params(a);
   if (a.q2k.defined()) s.topk = api::check_q2k(a.q2k, s, device);
   if (a.k2q.row_ptr.defined() || a.k2q.q_idx.defined() || a.k2q.schedule.defined()) {
@@ -49,8 +51,9 @@ ProblemShape check_attention_args(const AttentionArgs& a) {
   }
   const Tensor& out = a.out;
   check_defined(out, "out");
-  MSA_CHECK(out.dtype == a.q.dtype, "out: dtype must equal q's (", dtype_name(a.q.dtype),
-            "), got ", dtype_name(out.dtype));
+  const DType out_dtype = api::attention_out_dtype(a.q.dtype);
+  MSA_CHECK(out.dtype == out_dtype, "out: dtype must be ", dtype_name(out_dtype), " for ",
+            dtype_name(a.q.dtype), " q, got ", dtype_name(out.dtype));
   check_shape(out, "out", {s.total_q, s.num_q_heads, s.head_dim});
   check_last_dim_contiguous(out, "out");
   check_row_alignment(out, "out");

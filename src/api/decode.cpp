@@ -91,10 +91,12 @@ void check_matches_plan(const AttentionArgs& a, const DecodeShape& s) {
 // The attention_forward argument rules that CUDA decode relies on (the CPU path gets them from
 // attention_forward itself), plus what CUDA decode does not support.
 void check_cuda_run_args(const AttentionArgs& a, int64_t kv_block_size) {
-  const ProblemShape s = api::check_q_and_kv(a.q, a.kv, a.cu_seqlens_q, {DType::bf16, DType::f16},
+  const ProblemShape s = api::check_q_and_kv(QTensor(a.q, a.q_scale), a.kv, a.cu_seqlens_q,
+                                             {DType::bf16, DType::f16, DType::fp8_e4m3},
                                              /*need_v=*/true, /*kv_may_be_quantized=*/true,
                                              int(kv_block_size));
   const Device device = a.q.device;
+  if (a.q_scale.defined()) check_same_device(a.q, "q", a.q_scale, "q.scale");
   const AttentionParams& p = a.params;
   MSA_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0.f,
             "params.softmax_scale: must be finite and >= 0 (0 means 1/sqrt(D)), got ",
@@ -107,8 +109,9 @@ void check_cuda_run_args(const AttentionArgs& a, int64_t kv_block_size) {
   if (a.q2k.defined()) api::check_q2k(a.q2k, s, device);
   const Tensor& out = a.out;
   check_defined(out, "out");
-  MSA_CHECK(out.dtype == a.q.dtype, "out: dtype must equal q's (", dtype_name(a.q.dtype), "), got ",
-            dtype_name(out.dtype));
+  const DType out_dtype = api::attention_out_dtype(a.q.dtype);
+  MSA_CHECK(out.dtype == out_dtype, "out: dtype must be ", dtype_name(out_dtype), " for ",
+            dtype_name(a.q.dtype), " q, got ", dtype_name(out.dtype));
   check_shape(out, "out", {s.total_q, s.num_q_heads, s.head_dim});
   check_last_dim_contiguous(out, "out");
   check_row_alignment(out, "out");

@@ -159,7 +159,10 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   check_defined(k, "k");
   check_same_device(q, "q", k, "k");
   if (kv_may_be_quantized && (k.dtype == DType::fp8_e4m3 || k.dtype == DType::fp4x2)) {
-    // quantized KV (FP8, or FP4 in flat caches) with bf16/f16 queries
+    // quantized KV (FP8, or FP4) under any query dtype attention takes
+  } else if (kv_may_be_quantized && q.dtype == DType::fp8_e4m3) {
+    MSA_CHECK(k.dtype == DType::bf16, "k: FP8 queries take bf16, fp8_e4m3 or fp4x2 keys, got ",
+              dtype_name(k.dtype));
   } else {
     MSA_CHECK(k.dtype == q.dtype, "k: dtype must equal q's (", dtype_name(q.dtype), "), got ",
               dtype_name(k.dtype));

@@ -12,12 +12,15 @@ namespace msa::api {
 
 // q [total_q, Hq, D] (or fp4x2 [total_q, Hq, D/2]) + cu_seqlens_q [B+1] + the KV cache.
 // Fills every field of ProblemShape but topk. `values`: the value dtypes q may take; kv value
-// dtype must equal q's unless `kv_may_be_quantized` (then fp8_e4m3 KV, and fp4x2 KV in a flat
-// cache, are allowed too).
+// dtype must equal q's unless `kv_may_be_quantized` (then fp8_e4m3 and fp4x2 KV are allowed too,
+// and bf16 KV under fp8_e4m3 q).
 // `need_v`: kv.v must be present with k's shape.
 ProblemShape check_q_and_kv(const QTensor& q, const KVCache& kv, const Tensor& cu_seqlens_q,
                             std::initializer_list<DType> values, bool need_v, bool kv_may_be_quantized,
                             int kv_block_size);
+
+// Attention's output dtype for a query dtype: q's own, bf16 for fp8_e4m3 queries.
+inline DType attention_out_dtype(DType q) { return q == DType::fp8_e4m3 ? DType::bf16 : q; }
 
 // The scale rules of QTensor for a tensor with `tokens` x `heads` x `dim` logical elements.
 void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,

@@ -108,7 +108,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s) {
   const int64_t dim = s.head_dim, hkv = s.num_kv_heads, total_q = s.total_q;
   const double scale = softmax_scale(a.params, dim);
   const double temperature = a.tlse.defined() ? a.params.temperature : 0.0;
-  const QReader q_rows(a.q, dim);
+  const QReader q_rows(QTensor(a.q, a.q_scale), dim);
   const KeyReader k_rows(a.kv, s, KVPart::k), v_rows(a.kv, s, KVPart::v);
   const Tensor& out = a.out;
 

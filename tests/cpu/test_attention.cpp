@@ -152,6 +152,45 @@ TEST(Attention, Fp4KvMatchesBruteForce) {
     }
 }
 
+// FP8 queries (per-token-and-head q scales) over bf16, FP8 and FP4 K/V; bf16 out.
+TEST(Attention, Fp8QueriesMatchBruteForce) {
+  unsigned seed = 400;
+  for (DType kt : {DType::bf16, DType::fp8_e4m3}) {
+    const Problem p = make_problem({9, 30}, {200, 45}, 4, 2, 64, seed++, DType::fp8_e4m3, kt,
+                                   Fp8Scale::per_token_head);
+    const std::vector<int32_t> ids = random_q2k(p, 2, 128, seed++);
+    const HostTensor q2k = q2k_tensor(ids, 2, p.total_q(), 2);
+    const Outputs o = run_attention(p, p.flat_kv(), &q2k, {});
+    EXPECT_EQ(o.out.t.dtype, DType::bf16);
+    expect_matches(o, reference_attention(p, &ids, 2, {}));
+  }
+  Problem p = make_problem({5, 16}, {100, 300}, 2, 1, 64, seed++, DType::fp8_e4m3);
+  quantize_kv_fp4(p, true);
+  expect_matches(run_attention(p, p.flat_kv(), nullptr, {}), reference_attention(p, nullptr, 0, {}));
+}
+
+TEST(Attention, Fp8QueryRulesChecked) {
+  const Problem p = make_problem({5}, {100}, 2, 1, 64, 420, DType::fp8_e4m3);
+  Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+  AttentionArgs a = make_args(p, p.flat_kv(), o, nullptr, {});
+  const HostTensor f16_out(DType::f16, {p.total_q(), p.hq, p.dim});
+  a.out = f16_out.t;
+  expect_error([&] { attention_forward(a); }, "out: dtype must be bf16 for fp8_e4m3 q");
+  a = make_args(p, p.flat_kv(), o, nullptr, {});
+  const HostTensor wrong(DType::f32, {p.total_q(), p.hq + 1});
+  a.q_scale = wrong.t;
+  expect_error([&] { attention_forward(a); }, "q.scale: fp8 scales must be [1]");
+  // f16 K/V under FP8 queries: not a pairing attention takes.
+  const Problem h = make_problem({5}, {100}, 2, 1, 64, 421, DType::f16);
+  AttentionArgs b = make_args(p, h.flat_kv(), o, nullptr, {});
+  expect_error([&] { attention_forward(b); }, "k: FP8 queries take bf16, fp8_e4m3 or fp4x2 keys");
+  // bf16 q takes no q scale.
+  const Problem bq = make_problem({5}, {100}, 2, 1, 64, 422);
+  AttentionArgs c = make_args(bq, bq.flat_kv(), o, nullptr, {});
+  c.q_scale = p.q_scale->t;
+  expect_error([&] { attention_forward(c); }, "q.scale: must be absent for bf16 values");
+}
+
 TEST(Attention, PagedFp8ScaleShapesChecked) {
   const Problem p = make_problem({5}, {100}, 2, 1, 64, 250, DType::bf16, DType::fp8_e4m3,
                                  Fp8Scale::per_token);
@@ -398,7 +437,7 @@ TEST(AttentionRules, DtypeAndShape) {
   EXPECT_NO_THROW(attention_forward(f.args()));
   const AttentionArgs valid = f.args();
   HostTensor q32(DType::f32, {7, 4, 64});
-  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.q = q32.t; }, "q: dtype must be bf16 or f16, got f32");
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.q = q32.t; }, "q: dtype must be bf16, f16 or fp8_e4m3, got f32");
   HostTensor k16(DType::f16, {300, 2, 64});
   expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.kv.k = k16.t; },
                    "k: dtype must equal q's (bf16), got f16");
@@ -406,7 +445,7 @@ TEST(AttentionRules, DtypeAndShape) {
   expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.out = out_wide.t; }, "out: shape must be [7, 4, 64]");
   HostTensor out16(DType::f16, {7, 4, 64});
   expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.out = out16.t; },
-                   "out: dtype must equal q's (bf16), got f16");
+                   "out: dtype must be bf16 for bf16 q, got f16");
   HostTensor lse_t(DType::f32, {7, 4});
   expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.lse = lse_t.t; }, "lse: shape must be [4, 7]");
   HostTensor q2k_bad(DType::i32, {4, 7, 2});

@@ -1,7 +1,7 @@
-// GPU decode (src/cuda/sm90/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps over
-// page size, layout, G, queries per request (both CTA widths: 4 warps up to 64 rows, 8 up to 128),
-// skewed and empty lengths, FP8 KV; NaN in unused slots; device-side status for bad ids, bad
-// pages and lengths past the plan; determinism; CUDA graph replays with new lengths and q2k;
+// GPU decode (src/cuda/sm90/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps
+// over page size, layout, G, queries per request (both CTA widths: 4 warps up to 64 rows, 8 up to
+// 128), skewed and empty lengths, FP8 KV, FP8 queries; NaN in unused slots; device-side status for
+// bad ids, bad pages and lengths past the plan; determinism; CUDA graph replays with new lengths and q2k;
 // B = 4096; offsets past 2^31. Outputs are poisoned before each run. MSA_TEST_SMALL=1 shrinks the
 // sweep (compute-sanitizer runs).
 #include <climits>
@@ -82,7 +82,7 @@ struct Bench {
   std::optional<HostTensor> q2k;
   int64_t max_q = 1;
   TestStream stream;
-  DeviceTensor q, page_table, seqused, cu_q, q2k_d;
+  DeviceTensor q, q_scale, page_table, seqused, cu_q, q2k_d;
   DeviceQTensor k, v;
   DeviceBuffer out, lse, status, workspace;
   DecodePlan plan;
@@ -98,6 +98,7 @@ struct Bench {
       q2k.emplace(q2k_tensor(ids, p.hkv, p.total_q(), c.topk));
     }
     q = to_device(p.q, stream);
+    if (p.q_scale) q_scale = to_device(*p.q_scale, stream);
     k = to_device(paged.k, paged.k_scale, stream);
     v = to_device(paged.v, paged.v_scale, stream);
     page_table = to_device(paged.page_table, stream);
@@ -146,6 +147,7 @@ struct Bench {
   AttentionArgs gpu_args() {
     AttentionArgs a;
     a.q = q.t;
+    if (p.q_scale) a.q_scale = q_scale.t;
     KVCache kv;
     kv.k = k.view();
     kv.v = v.view();
@@ -155,7 +157,7 @@ struct Bench {
     a.kv = kv;
     a.cu_seqlens_q = cu_q.t;
     if (q2k) a.q2k = q2k_d.t;
-    a.out = Tensor(out.get(), p.q.t.dtype, {p.total_q(), p.hq, 128}, gpu0());
+    a.out = Tensor(out.get(), p.out_dtype(), {p.total_q(), p.hq, 128}, gpu0());
     a.lse = Tensor(lse.get(), DType::f32, {p.hq, p.total_q()}, gpu0());
     a.params = params();
     a.status = Tensor(status.get(), DType::i32, {4}, gpu0());
@@ -179,7 +181,7 @@ struct Bench {
   Outputs reference() const {
     DecodePlan cpu;
     cpu.plan(shape(Device{}), nullptr, Tensor());
-    Outputs o(p.q.t.dtype, p.total_q(), p.hq, 128);
+    Outputs o(p.out_dtype(), p.total_q(), p.hq, 128);
     cpu.run(make_args(p, paged.cache(), o, q2k ? &*q2k : nullptr, params()));
     return o;
   }
@@ -193,9 +195,9 @@ struct Bench {
     const auto got = out.download<uint16_t>(size_t(n), stream);
     const auto got_lse = lse.download<float>(size_t(p.hq * p.total_q()), stream);
     EXPECT_EQ(status_words()[0], 0) << describe_status(status_words().data());
-    const bool fp8 = cfg.kv_dtype == DType::fp8_e4m3;
+    const bool fp8 = cfg.kv_dtype == DType::fp8_e4m3 || cfg.q_dtype == DType::fp8_e4m3;
     const double tol_out = fp8 ? 3e-2 : 1e-2, tol_lse = fp8 ? 3e-2 : 2e-3;
-    const bool bf16 = p.q.t.dtype == DType::bf16;
+    const bool bf16 = p.out_dtype() == DType::bf16;
     double diff2 = 0, ref2 = 0;
     int64_t bad = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -296,7 +298,7 @@ void each_width(std::mt19937& rng, int max_q, unsigned& seed, F&& setup) {
   }
 }
 
-TEST(DecodeGpu, Fp8AndF16) {
+TEST(DecodeGpu, Fp8F16AndFp8Queries) {
   MSA_REQUIRE_GPU();
   std::mt19937 rng(8);
   unsigned seed = 200;
@@ -312,7 +314,13 @@ TEST(DecodeGpu, Fp8AndF16) {
                            Kind{DType::f16, DType::fp8_e4m3, KVLayout::paged_nhd, 8, 8},
                            Kind{DType::f16, DType::f16, KVLayout::paged_hnd, 0, 8},
                            Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 0, 2},
-                           Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 5, 8}})
+                           Kind{DType::f16, DType::f16, KVLayout::paged_nhd, 5, 8},
+                           // FP8 queries: e4m3 MMAs over FP8 KV, bf16 ones over bf16 KV
+                           Kind{DType::fp8_e4m3, DType::fp8_e4m3, KVLayout::paged_nhd, 0, 8},
+                           Kind{DType::fp8_e4m3, DType::fp8_e4m3, KVLayout::paged_hnd, 8, 8},
+                           Kind{DType::fp8_e4m3, DType::fp8_e4m3, KVLayout::paged_nhd, 8, 3},
+                           Kind{DType::fp8_e4m3, DType::bf16, KVLayout::paged_nhd, 0, 8},
+                           Kind{DType::fp8_e4m3, DType::bf16, KVLayout::paged_hnd, 8, 3}})
     each_width(rng, kind.max_q, seed, [&](Config& c) {
       c.page_size = 32;
       c.q_dtype = kind.q;
@@ -335,12 +343,15 @@ TEST(DecodeGpu, Fp8SlotScales) {
     int64_t topk, page;
     int max_q;
     bool wide;
+    DType q = DType::bf16;
   };
   const Fp8Scale tok = Fp8Scale::per_token, th = Fp8Scale::per_token_head;
   std::vector<Kind> kinds = {
       {tok, tok, KVLayout::paged_nhd, 0, 32, 8, false},
       {th, th, KVLayout::paged_hnd, 8, 64, 3, false},
+      {th, tok, KVLayout::paged_nhd, 6, 64, 4, true, DType::fp8_e4m3},
       {tok, Fp8Scale::per_tensor, KVLayout::paged_nhd, 6, 16, 2, false},
+      {tok, th, KVLayout::paged_hnd, 0, 32, 8, false, DType::fp8_e4m3},
       {Fp8Scale::none, th, KVLayout::paged_hnd, 0, 128, 4, false},
       {th, tok, KVLayout::paged_nhd, 12, 256, 8, true},
       {tok, tok, KVLayout::paged_hnd, 0, 32, 1, true},
@@ -349,6 +360,7 @@ TEST(DecodeGpu, Fp8SlotScales) {
   for (const Kind& kind : kinds)
     each_width(rng, kind.max_q, seed, [&](Config& c) {
       c.page_size = kind.page;
+      c.q_dtype = kind.q;
       c.kv_dtype = DType::fp8_e4m3;
       c.layout = kind.layout;
       c.topk = kind.topk;

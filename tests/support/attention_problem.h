@@ -51,9 +51,12 @@ struct Problem {
   HostTensor q, k, v, cu_q, cu_k;
   std::optional<HostTensor> k_scale, v_scale;
   float k_global = 1.f, v_global = 1.f;  // NVFP4 K/V
+  std::optional<HostTensor> q_scale;     // FP8 q: [total_q, Hq] f32
   std::vector<double> q_val, k_val, v_val;
 
   int64_t batch() const { return int64_t(lq.size()); }
+  // The output dtype: q's, bf16 for FP8 q.
+  DType out_dtype() const { return q.t.dtype == DType::fp8_e4m3 ? DType::bf16 : q.t.dtype; }
   int64_t total_q() const { return q.t.shape[0]; }
   int64_t total_k() const { return k.t.shape[0]; }
   int32_t q_start(int64_t b) const { return cu_q.data<int32_t>()[b]; }
@@ -114,12 +117,14 @@ inline std::optional<HostTensor> make_scale(Fp8Scale kind, int64_t tokens, int64
   return s;
 }
 
-// q_dtype bf16 | f16; kv_dtype = q_dtype or fp8_e4m3 (with `scale`).
+// q_dtype bf16 | f16 | fp8_e4m3 (with per-token-and-head scales in q_scale); kv_dtype = q_dtype
+// (bf16 for FP8 q) or fp8_e4m3 (with `scale`).
 inline Problem make_problem(std::vector<int32_t> lq, std::vector<int32_t> lk, int64_t hq,
                             int64_t hkv, int64_t dim, unsigned seed, DType q_dtype = DType::bf16,
                             DType kv_dtype = DType::bf16, Fp8Scale scale = Fp8Scale::none,
                             bool fill_inputs = true) {
-  if (kv_dtype != DType::fp8_e4m3) kv_dtype = q_dtype;
+  const bool q8 = q_dtype == DType::fp8_e4m3;
+  if (kv_dtype != DType::fp8_e4m3) kv_dtype = q8 ? DType::bf16 : q_dtype;
   std::mt19937 rng(seed);
   const std::vector<int32_t> cq = cumulative(lq), ck = cumulative(lk);
   Problem p{hq, hkv, dim, lq, lk,
@@ -128,7 +133,12 @@ inline Problem make_problem(std::vector<int32_t> lq, std::vector<int32_t> lk, in
             HostTensor(kv_dtype, {ck.back(), hkv, dim}),
             i32_tensor(cq), i32_tensor(ck)};
   if (!fill_inputs) return p;  // shapes only (index tests): q / k / v left as allocated
-  p.q_val = fill_values(p.q, rng, 2.0);  // larger q: peakier softmax
+  if (q8) {
+    p.q_scale = make_scale(Fp8Scale::per_token_head, cq.back(), hq, rng);
+    p.q_val = fill_fp8(p.q, p.q_scale, rng);
+  } else {
+    p.q_val = fill_values(p.q, rng, 2.0);  // larger q: peakier softmax
+  }
   if (kv_dtype == DType::fp8_e4m3) {
     p.k_scale = make_scale(scale, ck.back(), hkv, rng);
     p.v_scale = make_scale(scale, ck.back(), hkv, rng);
@@ -378,6 +388,7 @@ inline AttentionArgs make_args(const Problem& p, const KVCache& kv, const Output
                                const HostTensor* q2k, const AttentionParams& prm) {
   AttentionArgs a;
   a.q = p.q.t;
+  if (p.q_scale) a.q_scale = p.q_scale->t;
   a.kv = kv;
   a.cu_seqlens_q = p.cu_q.t;
   if (q2k) a.q2k = q2k->t;
@@ -390,7 +401,7 @@ inline AttentionArgs make_args(const Problem& p, const KVCache& kv, const Output
 
 inline Outputs run_attention(const Problem& p, const KVCache& kv, const HostTensor* q2k,
                              const AttentionParams& prm) {
-  Outputs o(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+  Outputs o(p.out_dtype(), p.total_q(), p.hq, p.dim);
   attention_forward(make_args(p, kv, o, q2k, prm));
   return o;
 }

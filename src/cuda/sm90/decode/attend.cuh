@@ -9,10 +9,16 @@
 // 16-row CTA (sparse) splitting each stage's keys, every element is converted once per CTA. Its
 // contraction order over d differs from bf16's so that one ldmatrix of fp8 bytes feeds whole
 // k-steps: q_dim and o_dim say which head-dim element each fragment register holds.
+//
+// FP8 queries (TQ = e4m3, q_scale per token and head in rs): over FP8 KV, S comes from e4m3
+// MMAs (m16n8k32) fed by the K bytes as ldmatrix leaves them, with no conversion and half the
+// MMAs; P V stays an f16 MMA with P rounded to f16 (an e4m3 P would carry 3 mantissa bits into
+// every output). Over bf16 KV, q is converted to bf16 once, exactly, and the bf16 path runs.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <climits>
 #include <cstdint>
@@ -23,6 +29,12 @@
 #include "cuda/device/sm90.cuh"
 
 namespace msa::cuda::decode {
+
+template <typename TQ>
+constexpr bool kIsE4m3 = std::is_same_v<TQ, __nv_fp8_e4m3>;
+// The output type of q type TQ: q's own, bf16 for e4m3 queries.
+template <typename TQ>
+using OutT = std::conditional_t<kIsE4m3<TQ>, __nv_bfloat16, TQ>;
 
 // Head-dim index of A-fragment element e of k-step ks, register half (0: k slots 2c, 2c+1;
 // 1: 2c+8, 2c+9) of the thread with c = lane % 4.
@@ -47,8 +59,11 @@ __device__ __forceinline__ float2 to_float2(uint32_t v) {
 // One warp's 16 rows (thread rows g = lane / 4 and g + 8).
 template <typename TQ, bool kFp8>
 struct WarpTile {
-  using TM = std::conditional_t<kFp8, __half, TQ>;  // MMA operand type
-  uint32_t qa[8][4];  // Q A-fragments, k-steps of 16 head dims (order: q_dim)
+  // MMA operand type (of P V; also of S = Q K^T except with e4m3 q over FP8 KV).
+  using TM = std::conditional_t<kFp8, __half, OutT<TQ>>;
+  // Q A-fragments, k-steps of 16 head dims (order: q_dim); e4m3 q over FP8 KV: qa[0..3], k-steps
+  // of 32 head dims, qa[kk][i + 2 half] holding dims 32 kk + 16 half + 4c.. of row i.
+  uint32_t qa[8][4];
   float o[16][4];     // O accumulators, n-tiles of 8 head dims (order: o_dim)
   float m[2], l[2];   // running max (log2 units) and this thread's part of the row sum
   float rs[2];        // score scale per row: softmax_scale * log2(e) * K dequant / Q prescale
@@ -60,62 +75,108 @@ struct WarpTile {
   float vref, vinv;
 };
 
-// Loads Q rows [16 rt, 16 rt + 16) of a CTA serving `rows` rows (query qi = row / G of token
-// t0 + qi, head h * G + row % G). k_mult: K dequant factor (fp8: k_scale).
-template <typename TQ, bool kFp8>
-__device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams& p, int rt,
-                                       int rows, int64_t t0, int h, int q0, int lq, int lk,
-                                       float k_mult) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const auto* q = static_cast<const TQ*>(p.q);
+// The e4m3 query scale of (token t, head hq) by p.q_scale_kind (params.h).
+__device__ __forceinline__ float q_scale_at(const DecodeParams& p, int64_t t, int hq) {
+  switch (p.q_scale_kind) {
+    case 1: return p.q_scale[0];
+    case 2: return p.q_scale[t];
+    case 3: return p.q_scale[t * p.num_q_heads + hq];
+    default: return 1.f;
+  }
+}
+
+// Row i (0: g, 1: g + 8) of the Q A-fragments from an e4m3 row: the raw bytes (FP8 KV, e4m3
+// MMAs) or converted to bf16 exactly (bf16 KV).
+template <bool kFp8>
+__device__ __forceinline__ void load_q_row(WarpTile<__nv_fp8_e4m3, kFp8>& w,
+                                           const __nv_fp8_e4m3* q_row, int i, int c, bool valid) {
+  const auto* row = reinterpret_cast<const uint8_t*>(q_row);
+  if constexpr (kFp8) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = rt * 16 + g + 8 * i;
-    const bool valid = r < rows;
-    const int qi = r >> p.group_shift, gh = r & (p.group - 1);
-    w.climit[i] = !valid ? -1 : p.causal ? q0 + qi + lk - lq : INT_MAX;
-    w.qbit[i] = valid ? 1u << qi : 0u;
-    const TQ* row = q + (t0 + qi) * p.q_stride_t + int64_t(h * p.group + gh) * p.q_stride_h;
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        w.qa[kk][i + 2 * half] =
+            valid ? *reinterpret_cast<const uint32_t*>(row + 32 * kk + 16 * half + 4 * c) : 0u;
+  } else {
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
         w.qa[ks][i + 2 * half] =
-            valid ? *reinterpret_cast<const uint32_t*>(row + q_dim<kFp8>(ks, half, c, 0)) : 0u;
+            valid ? sm80::e4m3x2_to_bf16x2(
+                        *reinterpret_cast<const uint16_t*>(row + q_dim<false>(ks, half, c, 0)))
+                  : 0u;
   }
+}
+// The same from a bf16 / f16 row.
+template <typename TQ, bool kFp8>
+__device__ __forceinline__ void load_q_row(WarpTile<TQ, kFp8>& w, const TQ* row, int i, int c,
+                                           bool valid) {
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      w.qa[ks][i + 2 * half] =
+          valid ? *reinterpret_cast<const uint32_t*>(row + q_dim<kFp8>(ks, half, c, 0)) : 0u;
+}
+
+// bf16 / f16 q for f16 MMAs (FP8 KV): scales each row by a power of two so its largest |q| lands
+// in [2^14, 2^15): no overflow for any bf16 q, full f16 precision; qscale gets the factor back.
+template <typename TQ, bool kFp8>
+__device__ __forceinline__ void prescale_q_f16(WarpTile<TQ, kFp8>& w, float (&qscale)[2]) {
+  float amax[2] = {0.f, 0.f};
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = to_float2<TQ>(w.qa[ks][k]);
+      amax[k & 1] = fmaxf(amax[k & 1], fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 1));
+    amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 2));
+  }
+  int shift[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    int ex = 0;
+    if (amax[i] > 0.f && amax[i] <= 3.0e38f) frexpf(amax[i], &ex);
+    shift[i] = amax[i] > 0.f ? min(120, max(-120, 15 - ex)) : 0;
+    qscale[i] = ldexpf(1.f, -shift[i]);
+  }
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = to_float2<TQ>(w.qa[ks][k]);
+      w.qa[ks][k] = sm80::pack2<__half>(ldexpf(f.x, shift[k & 1]), ldexpf(f.y, shift[k & 1]));
+    }
+}
+
+// Loads Q rows [16 rt, 16 rt + 16) of a CTA serving `rows` rows (query qi = row / G of token
+// t0 + qi, head h * G + row % G). k_mult: K dequant factor (fp8: k_scale). An e4m3 row's q scale
+// joins its score scale.
+template <typename TQ, bool kFp8>
+__device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams& p, int rt,
+                                       int rows, int64_t t0, int h, int q0, int lq, int lk,
+                                       float k_mult) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   float qscale[2] = {1.f, 1.f};
-  if constexpr (kFp8) {
-    // f16 MMAs: scale each row by a power of two so its largest |q| lands in [2^14, 2^15):
-    // no overflow for any bf16 q, full f16 precision; the factor returns through rs.
-    float amax[2] = {0.f, 0.f};
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 f = to_float2<TQ>(w.qa[ks][k]);
-        amax[k & 1] = fmaxf(amax[k & 1], fmaxf(fabsf(f.x), fabsf(f.y)));
-      }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 1));
-      amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 2));
-    }
-    int shift[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      int ex = 0;
-      if (amax[i] > 0.f && amax[i] <= 3.0e38f) frexpf(amax[i], &ex);
-      shift[i] = amax[i] > 0.f ? min(120, max(-120, 15 - ex)) : 0;
-      qscale[i] = ldexpf(1.f, -shift[i]);
-    }
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 f = to_float2<TQ>(w.qa[ks][k]);
-        w.qa[ks][k] = sm80::pack2<__half>(ldexpf(f.x, shift[k & 1]), ldexpf(f.y, shift[k & 1]));
-      }
+  for (int i = 0; i < 2; ++i) {
+    const int r = rt * 16 + g + 8 * i;
+    const bool valid = r < rows;
+    const int qi = r >> p.group_shift, hq = h * p.group + (r & (p.group - 1));
+    w.climit[i] = !valid ? -1 : p.causal ? q0 + qi + lk - lq : INT_MAX;
+    w.qbit[i] = valid ? 1u << qi : 0u;
+    const int64_t off = (t0 + qi) * p.q_stride_t + int64_t(hq) * p.q_stride_h;
+    load_q_row(w, static_cast<const TQ*>(p.q) + off, i, c, valid);
+    if constexpr (kIsE4m3<TQ>)
+      if (valid) qscale[i] = q_scale_at(p, t0 + qi, hq);
   }
+  if constexpr (kFp8 && !kIsE4m3<TQ>) prescale_q_f16(w, qscale);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     w.rs[i] = p.scale_log2 * k_mult * qscale[i];
@@ -159,6 +220,15 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
         sm80::ldmatrix_x4(r, k_stage + tile_offset<false, kS>(row, 4 * pp + (lane >> 3)));
         sm80::mma_16816<TM>(s[nt], w.qa[2 * pp], r[0], r[1]);
         sm80::mma_16816<TM>(s[nt], w.qa[2 * pp + 1], r[2], r[3]);
+      }
+    } else if constexpr (kIsE4m3<TQ>) {
+      // Chunks 4 pp + mi of 16 head dims: chunks 2 kk, 2 kk + 1 are the 32 dims of k-step kk.
+#pragma unroll
+      for (int pp = 0; pp < 2; ++pp) {
+        uint32_t r[4];
+        sm80::ldmatrix_x4(r, k_stage + tile_offset<true, kS>(row, 4 * pp + (lane >> 3)));
+        sm80::mma_16832_e4m3(s[nt], w.qa[2 * pp], r[0], r[1]);
+        sm80::mma_16832_e4m3(s[nt], w.qa[2 * pp + 1], r[2], r[3]);
       }
     } else {
 #pragma unroll

@@ -16,14 +16,16 @@ namespace msa::cuda::decode {
 
 constexpr float kLn2 = 0.69314718055994530942f;
 
-// Four consecutive head dims of out row (t, hq), rounded once to TQ (8-byte store).
+// Four consecutive head dims of out row (t, hq), rounded once to the output type (OutT<TQ>,
+// attend.cuh; 8-byte store).
 template <typename TQ>
 __device__ __forceinline__ void write_out4(const DecodeParams& p, int64_t t, int hq, int d,
                                            float4 v) {
-  TQ* dst = static_cast<TQ*>(p.out) + t * p.out_stride_t + int64_t(hq) * p.out_stride_h + d;
+  using TO = OutT<TQ>;
+  TO* dst = static_cast<TO*>(p.out) + t * p.out_stride_t + int64_t(hq) * p.out_stride_h + d;
   uint2 packed;
-  packed.x = sm80::pack2<TQ>(v.x, v.y);
-  packed.y = sm80::pack2<TQ>(v.z, v.w);
+  packed.x = sm80::pack2<TO>(v.x, v.y);
+  packed.y = sm80::pack2<TO>(v.z, v.w);
   *reinterpret_cast<uint2*>(dst) = packed;
 }
 

@@ -1,9 +1,10 @@
 // Host side of the CUDA decode (backend.h: decode_workspace_bytes / decode_plan / decode_run):
 // plan() builds the work list (plan.cpp) and copies it into the caller's workspace; run() fills
-// the kernel parameters from the arguments and dispatches to one of the four instantiations.
+// the kernel parameters from the arguments and dispatches to one of the six instantiations.
 // run() neither allocates nor synchronizes, so it can be captured in a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -47,6 +48,9 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.q = a.q.data;
   p.q_stride_t = a.q.strides[0];
   p.q_stride_h = a.q.strides[1];
+  p.q_scale = a.q_scale.defined() ? a.q_scale.ptr<float>() : nullptr;
+  p.q_scale_kind = a.q_scale.defined() ? fp8_scale_kind(a.q_scale) : 0;
+  p.num_q_heads = s.num_q_heads;
   const Tensor& k = a.kv.k.values;
   const Tensor& v = a.kv.v.values;
   const bool nhd = s.layout == KVLayout::paged_nhd;
@@ -145,13 +149,16 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
   MSA_CHECK(int64_t(list.items.size()) * s.num_kv_heads < INT32_MAX,
             "decode: ", list.items.size(), " work items x ", s.num_kv_heads,
             " kv heads exceed the grid limit of 2^31 - 1 CTAs");
+  // Every q type the KV kind takes (run() learns q's type from its arguments).
   if (s.kv_dtype == DType::fp8_e4m3) {
     decode::set_smem_limit<__nv_bfloat16, true>();
     decode::set_smem_limit<__half, true>();
+    decode::set_smem_limit<__nv_fp8_e4m3, true>();
   } else if (s.kv_dtype == DType::f16) {
     decode::set_smem_limit<__half, false>();
   } else {
     decode::set_smem_limit<__nv_bfloat16, false>();
+    decode::set_smem_limit<__nv_fp8_e4m3, false>();
   }
   auto* base = static_cast<uint8_t*>(workspace.data);
   MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence, 0xff, sizeof(unsigned long long), stream));
@@ -176,7 +183,7 @@ void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& 
                 const Tensor& workspace, cudaStream_t stream) {
   const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count), w.warps);
   const DecodeParams p = make_params(a, s, g, w, workspace);
-  const bool f16 = a.q.dtype == DType::f16;
+  const bool f16 = a.q.dtype == DType::f16, q8 = a.q.dtype == DType::fp8_e4m3;
   const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
   // Boxes of one 128-byte line: all 128 fp8 columns, or 64 of bf16 / f16. A 128-byte L2 fetch per
   // line: fp8 NHD rows are one line, and with 256 bytes every row pulled in a line of the next
@@ -190,10 +197,12 @@ void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& 
     tm_v = make_tma_paged(a.kv.v.values, nhd, cols, keys, "v", "decode", 128);
   }
   if (fp8) {
-    if (f16) decode::launch<__half, true>(p, tm_k, tm_v, stream);
+    if (q8) decode::launch<__nv_fp8_e4m3, true>(p, tm_k, tm_v, stream);
+    else if (f16) decode::launch<__half, true>(p, tm_k, tm_v, stream);
     else decode::launch<__nv_bfloat16, true>(p, tm_k, tm_v, stream);
   } else {
-    if (f16) decode::launch<__half, false>(p, tm_k, tm_v, stream);
+    if (q8) decode::launch<__nv_fp8_e4m3, false>(p, tm_k, tm_v, stream);  // bf16 KV
+    else if (f16) decode::launch<__half, false>(p, tm_k, tm_v, stream);
     else decode::launch<__nv_bfloat16, false>(p, tm_k, tm_v, stream);
   }
 }

@@ -1,9 +1,11 @@
 // Declarations of the decode launchers (bodies in launch_kernels.cuh). The only instantiations:
-// q bf16 / f16 x KV native (same type as q) / fp8 e4m3, in instantiate_native.cu and
-// instantiate_fp8.cu so the two kernel families compile in parallel.
+// q bf16 / f16 x KV native (same type as q) / fp8 e4m3 (instantiate_native.cu,
+// instantiate_fp8.cu), and q e4m3 x KV fp8 e4m3 / bf16 (instantiate_fp8q.cu; kFp8 = false means
+// bf16 KV there), one compile unit each so that they build in parallel.
 #pragma once
 
 #include <cuda.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "cuda/sm90/decode/params.h"

@@ -31,8 +31,9 @@ static_assert(sizeof(CombineJob) == 16, "CombineJob: keep 16-byte records");
 
 // Kernel arguments (both kernels). Element strides; pointers are device memory.
 struct DecodeParams {
-  const void* q = nullptr;                // [total_q, Hq, 128] bf16 | f16, D contiguous
+  const void* q = nullptr;                // [total_q, Hq, 128] bf16 | f16 | e4m3, D contiguous
   int64_t q_stride_t = 0, q_stride_h = 0;
+  const float* q_scale = nullptr;         // e4m3 q: null (1), [1], [total_q] or [total_q, Hq]
   const void* k = nullptr;                // page pool, bf16 | f16 | fp8 e4m3, D contiguous
   const void* v = nullptr;                // same shape as k
   int64_t k_stride_page = 0, k_stride_slot = 0, k_stride_head = 0;  // nhd or hnd by strides
@@ -47,7 +48,7 @@ struct DecodeParams {
   const int32_t* seqused_k = nullptr;     // [B] or null (max_pages * page_size keys)
   const int32_t* cu_seqlens_q = nullptr;  // [B+1]
   const int32_t* q2k = nullptr;           // [Hkv, total_q, topk] contiguous; null: dense
-  void* out = nullptr;                    // [total_q, Hq, 128], dtype of q, D contiguous
+  void* out = nullptr;                    // [total_q, Hq, 128], q's dtype (bf16 for e4m3 q)
   int64_t out_stride_t = 0, out_stride_h = 0;
   float* lse = nullptr;                   // [Hq, total_q] contiguous, natural log; or null
 
@@ -77,6 +78,8 @@ struct DecodeParams {
   int32_t kv_evict_first = 0;             // K/V lines read by one CTA only: L2 evict_first
   float scale_log2 = 0.f;                 // softmax_scale * log2(e)
   int32_t k_scale_kind = 0, v_scale_kind = 0;  // 0 none, 1 per tensor, 2 per slot, 3 slot and head
+  int32_t q_scale_kind = 0;               // 0 none, 1 per tensor, 2 per token, 3 token and head
+  int32_t num_q_heads = 0;                // Hq (per-token-and-head q scales)
   int32_t slot_scales = 0;                // some kind >= 2: scales staged per slot
 };
 

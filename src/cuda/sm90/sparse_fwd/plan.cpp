@@ -98,6 +98,8 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(a.q2k.defined(), "attention_forward: dense attention (no q2k) is not supported on "
             "CUDA yet; pass a q2k selection or run on CPU tensors");
   MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);
+  MSA_CHECK(a.q.dtype != DType::fp8_e4m3, "q: fp8_e4m3 queries run on CUDA in decode (DecodePlan) "
+            "only so far; attention_forward on CUDA takes bf16 or f16 q");
   const DType kt = a.kv.k.values.dtype;
   MSA_CHECK(kt == a.kv.v.values.dtype, "k, v: must have one dtype on CUDA, got ", dtype_name(kt),
             " and ", dtype_name(a.kv.v.values.dtype));
