@@ -42,6 +42,9 @@ size_t csr_workspace_bytes(int64_t hkv, int64_t total_rows, int64_t total_q, int
 void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream_t stream,
                        const WorkspaceSource& src = {});
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
+// MQA logits (src/cuda/sm90/mqa_logits/): FP8, D = 128, H <= 128; paged block sizes 32, 64, 128.
+void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream);
+void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);
 void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
 // The status buffer on the device: copied to `out` after the stream's work (synchronizes), or

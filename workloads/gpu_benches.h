@@ -1,5 +1,5 @@
-// The GPU benchmarks of the indexer (IDX-32K), the whole pipeline (E2E-32K) and the decode
-// (DEC-*), as functions: called by their programs (bench_indexer, bench_pipeline, bench_decode)
+// The GPU benchmarks of the indexer (IDX-32K), the whole pipeline (E2E-32K), the decode (DEC-*)
+// and the MQA logits (MQAL-*), as functions: called by their programs (bench_indexer, bench_pipeline, bench_decode)
 // and by `msa bench --case NAME` (tools/cli). Each checks its results first, prints a table and
 // appends JSON records to a file when asked. CUDA builds only.
 #pragma once
@@ -31,5 +31,16 @@ struct DecodeBenchOptions {
 // The named decode cases (all of them when `names` is empty), bf16 and FP8 KV where the case
 // has them. Returns 0, 1 when a check failed, 2 for an unknown case or no GPU.
 int run_decode_bench(std::vector<std::string> names, const DecodeBenchOptions& o);
+
+struct LogitsBenchOptions {
+  int warmup = 3, iters = 20;
+  bool check = true;   // rows against the CPU reference on the same bits first
+  std::string json;    // append one JSON record per case when set
+  int64_t seq = 32768; // MQAL-PREFILL-32K: T = S
+};
+
+// MQAL-PAGED-B64 and MQAL-PREFILL-32K (all when `names` is empty). Returns 0, 1 when a check
+// failed, 2 for an unknown case or no GPU.
+int run_logits_bench(std::vector<std::string> names, const LogitsBenchOptions& o);
 
 }  // namespace msa_bench

@@ -15,11 +15,14 @@ struct MqaLogitsArgs {
   Tensor ks, ke;           // [T] int32, 0 <= ks[t] <= ke[t] <= S
   Tensor logits;           // out: [T, S] f32, rows may be strided (last dim contiguous)
   bool clean_logits = true;  // columns outside [ks[t], ke[t]) -inf; false: left unwritten
+  Tensor status;           // int32[4], required on CUDA (bad ranges are reported there)
 };
 
 // logits[t, s] = scale[s] * sum_h weights[t, h] * relu(q[t, h] . k[s]) for ks[t] <= s < ke[t],
-// accumulated exactly and rounded once to f32; relu keeps NaN (a NaN input gives a NaN logit).
-// CPU tensors only so far: CUDA tensors are an msa::Error.
+// relu keeps NaN (a NaN input gives a NaN logit). The CPU accumulates exactly and rounds once
+// to f32; CUDA (sm_90a: fp8_e4m3 q and k, D = 128, H <= 128, 16-byte aligned rows) sums each
+// head's dot product in fp32 (wgmma), then the heads in fp32. On CUDA the ranges are checked on
+// the device: a bad row is reported through `status` and written as if it saw no key.
 void mqa_logits(const MqaLogitsArgs& args, cudaStream_t stream = nullptr);
 
 // Paged logits (seed 001's fp8_paged_mqa_logits and fp4_paged_mqa_logits contracts) over a fused
@@ -27,7 +30,11 @@ void mqa_logits(const MqaLogitsArgs& args, cudaStream_t stream = nullptr);
 // FP8: e4m3 values, one f32 scale per token, applied after the ReLU. FP4 (MXFP4): packed e2m1
 // values, one UE8M0 scale per 32 values (token-major), folded into the values, as q_sf is into
 // q's. Row b * next_n + t sees positions p <= seq_lens[b] - next_n + t (the newest slot the
-// whole sequence). Every size the seed leaves to the caller is checked. CPU tensors only so far.
+// whole sequence). Every size the seed leaves to the caller is checked: on the CPU before the
+// run, on CUDA (FP8, D = 128, H <= 128, block_size 32, 64 or 128; FP4 on the CPU only so far) on
+// the device, through `status`: a length past max_seq_len (its rows then see no key), a table too
+// narrow for a length or a block id outside the pool (those keys are not read: their columns hold
+// unspecified values).
 struct PagedMqaLogitsArgs {
   Tensor q;              // [B, next_n, H, D] fp8_e4m3, or fp4x2 [B, next_n, H, D / 2]
   Tensor q_sf;           // FP4 only: [B, next_n, H, D / 32] e8m0 (u8 accepted): the seed's
@@ -41,6 +48,7 @@ struct PagedMqaLogitsArgs {
   Tensor logits;         // out: [B * next_n, >= max_seq_len] f32; columns from max_seq_len on
                          // are not written
   bool clean_logits = true;  // columns [limit, max_seq_len) -inf; false: left unwritten
+  Tensor status;         // int32[4], required on CUDA
 };
 void paged_mqa_logits(const PagedMqaLogitsArgs& args, cudaStream_t stream = nullptr);
 

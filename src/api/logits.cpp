@@ -1,6 +1,9 @@
-// Public mqa_logits and token_topk (include/msa/logits.h): check every argument on the host (the
-// key ranges' values too), then run the CPU reference (no CUDA kernels yet).
+// Public mqa_logits, paged_mqa_logits and token_topk (include/msa/logits.h): check every argument
+// on the host (for CPU tensors the ranges', lengths' and block ids' values too; CUDA checks those
+// on the device), then run the CPU reference or the CUDA kernels (token_topk: CPU only so far).
 #include "msa/logits.h"
+
+#include <climits>
 
 #include "api/validate.h"
 #include "backend.h"
@@ -8,13 +11,47 @@
 namespace msa {
 namespace {
 
-// These ops run on the CPU only so far, and their checks read the ranges and lengths: every
-// tensor argument given must be a host tensor.
-void require_cpu(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> args) {
+using TensorArgs = std::initializer_list<std::pair<const Tensor*, const char*>>;
+
+// The device of the op: every tensor argument given on the first one's device.
+Device common_device(const char* op, TensorArgs args) {
+  const Tensor* first = nullptr;
+  const char* first_name = "";
+  for (const auto& [t, name] : args) {
+    if (!t->defined()) continue;
+    if (first == nullptr) {
+      first = t;
+      first_name = name;
+      continue;
+    }
+    MSA_CHECK(t->device == first->device, op, ": ", name, " is on ", device_name(t->device),
+              ", but ", first_name, " on ", device_name(first->device), "; all on one device");
+  }
+  return first ? first->device : Device{};
+}
+
+// token_topk runs on the CPU only so far.
+void require_cpu(const char* op, TensorArgs args) {
   for (const auto& [t, name] : args)
     MSA_CHECK(!t->defined() || t->device.type == DeviceType::cpu, op, ": runs on the CPU only so "
               "far (its CUDA kernel is not written yet); got ", name, " on ",
               device_name(t->device));
+}
+
+// What the CUDA kernels read with 16-byte loads (TMA boxes of 128-byte rows): the data and the
+// given byte strides multiples of 16.
+void check_rows_16b(const Tensor& t, const char* name, std::initializer_list<int> dims) {
+  MSA_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, name,
+            ": must be 16-byte aligned on CUDA, got ", t.describe());
+  for (int d : dims)
+    MSA_CHECK(t.strides[d] % 16 == 0 && t.strides[d] > 0, name, ": stride of dim ", d,
+              " must be a positive multiple of 16 bytes on CUDA, got ", t.describe());
+}
+
+// The head count and head dim the CUDA kernels take.
+void check_cuda_heads(const char* op, int64_t heads, int64_t dim) {
+  MSA_CHECK(dim == 128, op, ": CUDA takes head dim 128 so far, got ", dim);
+  MSA_CHECK(heads <= 128, op, ": CUDA takes up to 128 heads, got ", heads);
 }
 
 // ks / ke: [T] int32, 0 <= ks[t] <= ke[t] <= S.
@@ -34,10 +71,11 @@ void check_ranges(const Tensor& ks_t, const Tensor& ke_t, int64_t t_rows, int64_
 
 }  // namespace
 
-void mqa_logits(const MqaLogitsArgs& a, cudaStream_t /*stream*/) {
-  require_cpu("mqa_logits", {{&a.q.values, "q"}, {&a.q.scale, "q.scale"}, {&a.k.values, "k"},
-                             {&a.k.scale, "k.scale"}, {&a.weights, "weights"}, {&a.ks, "ks"},
-                             {&a.ke, "ke"}, {&a.logits, "logits"}});
+void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
+  const Device device =
+      common_device("mqa_logits", {{&a.q.values, "q"}, {&a.q.scale, "q.scale"}, {&a.k.values, "k"},
+                                   {&a.k.scale, "k.scale"}, {&a.weights, "weights"}, {&a.ks, "ks"},
+                                   {&a.ke, "ke"}, {&a.logits, "logits"}});
   const Tensor& q = a.q.values;
   check_defined(q, "q");
   check_dtype(q, "q", {DType::fp8_e4m3, DType::bf16});
@@ -66,12 +104,28 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t /*stream*/) {
   check_dtype(a.weights, "weights", {DType::f32});
   check_shape(a.weights, "weights", {t_rows, heads});
   check_last_dim_contiguous(a.weights, "weights");
-  check_ranges(a.ks, a.ke, t_rows, s_keys);
-
   check_defined(a.logits, "logits");
   check_dtype(a.logits, "logits", {DType::f32});
   check_shape(a.logits, "logits", {t_rows, s_keys});
   check_last_dim_contiguous(a.logits, "logits");
+  if (device.type == DeviceType::cuda) {
+    for (const auto& [t, name] : {std::pair{&a.ks, "ks"}, std::pair{&a.ke, "ke"}}) {
+      check_defined(*t, name);
+      check_dtype(*t, name, {DType::i32});
+      check_shape(*t, name, {t_rows});
+      check_contiguous(*t, name);
+    }
+    MSA_CHECK(q.dtype == DType::fp8_e4m3, "q: CUDA mqa_logits takes fp8_e4m3 q and k (bf16 runs on "
+              "the CPU only so far), got ", dtype_name(q.dtype));
+    check_cuda_heads("mqa_logits", heads, dim);
+    MSA_CHECK(t_rows < INT32_MAX && s_keys < INT32_MAX, "mqa_logits: CUDA takes fewer than 2^31 "
+              "rows and keys, got ", q.describe(), " and ", k.describe());
+    check_rows_16b(q, "q", {0, 1});
+    check_rows_16b(k, "k", {0});
+    api::check_status_arg(a.status, device, "mqa_logits");
+    return cuda::mqa_logits(a, stream);
+  }
+  check_ranges(a.ks, a.ke, t_rows, s_keys);
   cpu::mqa_logits(a);
 }
 
@@ -92,10 +146,11 @@ void token_topk(const TokenTopKArgs& a, cudaStream_t /*stream*/) {
   cpu::token_topk(a);
 }
 
-void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t /*stream*/) {
-  require_cpu("paged_mqa_logits", {{&a.q, "q"}, {&a.q_sf, "q_sf"}, {&a.kv_fused, "kv_fused"},
-                                   {&a.weights, "weights"}, {&a.block_tables, "block_tables"},
-                                   {&a.seq_lens, "seq_lens"}, {&a.logits, "logits"}});
+void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
+  const Device device = common_device(
+      "paged_mqa_logits", {{&a.q, "q"}, {&a.q_sf, "q_sf"}, {&a.kv_fused, "kv_fused"},
+                           {&a.weights, "weights"}, {&a.block_tables, "block_tables"},
+                           {&a.seq_lens, "seq_lens"}, {&a.logits, "logits"}});
   const Tensor& q = a.q;
   check_defined(q, "q");
   check_dtype(q, "q", {DType::fp8_e4m3, DType::fp4x2});
@@ -147,6 +202,21 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t /*stream*/) {
   MSA_CHECK(a.logits.shape[0] == batch * next_n && a.logits.shape[1] >= a.max_seq_len,
             "logits: must be [B * next_n = ", batch * next_n, ", >= max_seq_len = ", a.max_seq_len,
             "], got ", a.logits.describe());
+  if (device.type == DeviceType::cuda) {
+    MSA_CHECK(!fp4, "q: CUDA paged_mqa_logits takes FP8 so far (FP4 runs on the CPU), got ",
+              q.describe());
+    check_cuda_heads("paged_mqa_logits", heads, dim);
+    MSA_CHECK(block_size == 32 || block_size == 64 || block_size == 128, "kv_fused: CUDA takes "
+              "block sizes 32, 64 and 128, got ", block_size);
+    MSA_CHECK(q.strides[0] == next_n * q.strides[1], "q: CUDA needs the B and next_n dims of q to "
+              "merge (stride[0] = next_n * stride[1]), got ", q.describe());
+    MSA_CHECK(batch * next_n < INT32_MAX && a.max_seq_len < INT32_MAX && num_blocks < INT32_MAX,
+              "paged_mqa_logits: CUDA takes fewer than 2^31 rows, columns and pool blocks");
+    check_rows_16b(q, "q", {1, 2});
+    check_rows_16b(kv, "kv_fused", {0});
+    api::check_status_arg(a.status, device, "paged_mqa_logits");
+    return cuda::paged_mqa_logits(a, stream);
+  }
   // What the seed leaves undefined is an error here: lengths past max_seq_len, a table too
   // narrow for a length, block ids outside the pool.
   const Tensor& bt = a.block_tables;

@@ -44,6 +44,15 @@ std::string describe_status(const int32_t s[4]) {
       return detail::concat("row_ptr: has ", s[2], " rows, fewer than the ", s[1],
                             " kv blocks of the batches (sum_b ceil(Lk_b / kv_block_size)); size it "
                             "for an upper bound such as total_k / kv_block_size + B");
+    case StatusCode::key_range_invalid:
+      return detail::concat("ks, ke: row ", s[1], " must satisfy 0 <= ks <= ke <= S, got [", s[2],
+                            ", ", s[3], "); the row was written -inf (clean) or left unwritten");
+    case StatusCode::seq_len_invalid:
+      return detail::concat("seq_lens: entry ", s[1], " = ", s[2], " must be in [0, max_seq_len = ",
+                            s[3], "]; its rows were computed as empty");
+    case StatusCode::block_table_narrow:
+      return detail::concat("block_tables: ", s[3], " columns cannot hold batch ", s[1], "'s keys (",
+                            s[2], " blocks needed); the keys past the table were not read");
     case StatusCode::shape_mismatch:
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }

@@ -22,6 +22,8 @@ void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t, 
   no_cuda("attention_forward");
 }
 size_t attention_workspace_bytes(const AttentionArgs&, const ProblemShape&) { return 0; }
+void mqa_logits(const MqaLogitsArgs&, cudaStream_t) { no_cuda("mqa_logits"); }
+void paged_mqa_logits(const PagedMqaLogitsArgs&, cudaStream_t) { no_cuda("paged_mqa_logits"); }
 void quantize(const Tensor&, QuantFormat, const QTensor&, cudaStream_t) { no_cuda("quantize"); }
 void dequantize(const QTensor&, const Tensor&, cudaStream_t) { no_cuda("dequantize"); }
 void read_status(const Tensor&, cudaStream_t, int32_t[4]) { no_cuda("check_status"); }

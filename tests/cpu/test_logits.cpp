@@ -186,7 +186,7 @@ TEST(MqaLogitsRules, MessagesNameArgumentAndRule) {
   HostTensor narrow(DType::f32, {2, 9});
   expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.logits = narrow.t; }, "logits:");
   expect_arg_error(run, valid, [&](MqaLogitsArgs& a) { a.q.values.device = {DeviceType::cuda, 0}; },
-                   "mqa_logits: runs on the CPU only so far");
+                   "mqa_logits: k is on cpu, but q on cuda:0; all on one device");
 }
 
 // Hand-made row: ties toward the lower position, NaN below every finite value, -inf never, the

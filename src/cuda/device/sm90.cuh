@@ -201,6 +201,20 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_byte_addr, ui
   return d;
 }
 
+// The descriptor of the K-major 128-byte-swizzled tile `byte_off` bytes past the one `d`
+// describes: the offset moves only the start address (bits 0-13 of the low word, in 16-byte
+// units; shared addresses stay below 2^18, so nothing carries out of them). Built once per
+// operand and offset by constants: re-encoding every k-step's descriptors (mask, shift, or in
+// vector registers, then two R2UR each) was ~170 of the ~710 instructions of a bf16 indexer loop
+// iteration. With uniform inputs the offsets are UIADD3s.
+__device__ __forceinline__ uint64_t desc_offset(uint64_t d, uint32_t byte_off) {
+  return (d & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(d) + (byte_off >> 4));
+}
+// Descriptor of a K-major tile of 128-byte rows with the 128-byte swizzle at `smem`.
+__device__ __forceinline__ uint64_t tile_desc(const void* smem) {
+  return wgmma_desc_sw128(smem_addr(smem), 16, 1024);
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }

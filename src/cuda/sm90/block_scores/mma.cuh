@@ -12,18 +12,8 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-// wgmma descriptor of the K-major 128-byte-swizzled tile `byte_off` bytes past the one `d`
-// describes: the offset moves only the start address (bits 0-13 of the low word, in 16-byte
-// units; shared addresses stay below 2^18, so nothing carries out of them). Built once per
-// operand and offset by constants: re-encoding every k-step's descriptors (mask, shift, or in
-// vector registers, then two R2UR each) was ~170 of the ~710 instructions of a bf16 loop
-// iteration. With uniform inputs (consume_blocks) the offsets are UIADD3s.
-__device__ __forceinline__ uint64_t desc_offset(uint64_t d, uint32_t byte_off) {
-  return (d & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(d) + (byte_off >> 4));
-}
-__device__ __forceinline__ uint64_t tile_desc(const void* smem) {
-  return sm90::wgmma_desc_sw128(sm90::smem_addr(smem), 16, 1024);
-}
+using sm90::desc_offset;
+using sm90::tile_desc;
 
 // Issues S = Q K^T for one row group (one commit group). K-major operands, 128-byte swizzle:
 // a k-step is 32 bytes along a 128-byte row (k16 for 16-bit, k32 for e4m3); for 16-bit inputs

@@ -1,0 +1,263 @@
+// The MQA logits benchmark (gpu_benches.h; program bench_logits): bench/CASES.md's MQAL-PAGED-B64
+// (B 64, next_n 2, 32768 keys, H 64, D 128, pool blocks of 64, FP8) and MQAL-PREFILL-32K (T = S =
+// 32768, row t sees [0, t + 1), H 64, D 128, FP8). Inputs are filled on the device (e4m3 of
+// N(0, 1)); the pool's blocks are shuffled. Before timing, two rows are checked against the CPU
+// reference on the same bits. Rates: key (pool) bytes over time in TB/s and FLOP = 2 H D x the
+// pairs computed (paged: every (row, visible key); prefill: visible pairs) in TFLOP/s.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "workloads/gpu_benches.h"
+#include "workloads/gpu_timing.h"
+#include "workloads/inputs.h"
+#include "workloads/record.h"
+#include "msa/msa.h"
+
+namespace {
+
+using namespace msa;
+using bench::DeviceBuffer;
+using bench::gpu_buffer;
+using bench::mix64;
+
+__device__ __forceinline__ float normal_at(uint64_t seed, int64_t i) {
+  const uint64_t a = mix64(seed ^ (uint64_t(i) * 2)), b = mix64(seed ^ (uint64_t(i) * 2 + 1));
+  const float u1 = (float(a >> 40) + 1.f) * 0x1.0p-24f, u2 = float(b >> 40) * 0x1.0p-24f;
+  return sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+}
+__global__ void fill_e4m3(uint8_t* x, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = __nv_cvt_float_to_fp8(normal_at(seed, i), __NV_SATFINITE, __NV_E4M3);
+}
+// f32 in [lo, lo + span).
+__global__ void fill_f32(float* x, int64_t n, uint64_t seed, float lo, float span) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = lo + span * float(mix64(seed ^ uint64_t(i)) >> 40) * 0x1.0p-24f;
+}
+// The fused pool's scale bytes: block_size f32 after each block's values.
+__global__ void fill_pool_scales(uint8_t* pool, int64_t blocks, int bs, uint64_t seed) {
+  const int64_t n = blocks * bs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t blk = i / bs, slot = i % bs;
+    float* s = reinterpret_cast<float*>(pool + blk * bs * 132 + bs * 128) + slot;
+    *s = 0.5f + float(mix64(seed ^ uint64_t(i)) >> 40) * 0x1.0p-24f;
+  }
+}
+
+template <typename T>
+std::vector<T> download(const void* p, size_t n) {
+  std::vector<T> h(n);
+  MSA_BENCH_CUDA(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Relative L2 error of got against want over their finite entries, NaN when the -inf pattern
+// differs.
+double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i]) || std::isinf(got[i])) {
+      if (got[i] != want[i]) return NAN;
+      continue;
+    }
+    d2 += double(got[i] - want[i]) * (got[i] - want[i]);
+    r2 += double(want[i]) * want[i];
+  }
+  return r2 > 0 ? std::sqrt(d2 / r2) : std::sqrt(d2);
+}
+
+struct Result {
+  double ms = 0, min_ms = 0, max_ms = 0, bytes = 0, flop = 0, err = 0;
+  bool ok = true;
+};
+
+constexpr int64_t kD = 128, kH = 64;
+
+Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
+  const int64_t batch = 64, next_n = 2, len = 32768, bs = 64;
+  const int64_t per_req = len / bs, blocks = batch * per_req;
+  DeviceBuffer q = gpu_buffer(size_t(batch * next_n * kH * kD)),
+               pool = gpu_buffer(size_t(blocks * bs * 132)),
+               w = gpu_buffer(size_t(batch * next_n * kH * 4)),
+               tables = gpu_buffer(size_t(batch * per_req * 4)), lens = gpu_buffer(size_t(batch * 4)),
+               out = gpu_buffer(size_t(batch * next_n * len * 4)), status = gpu_buffer(16),
+               flush = gpu_buffer(size_t(256) << 20);
+  fill_e4m3<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), batch * next_n * kH * kD, 11);
+  fill_e4m3<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks * bs * 132, 12);
+  fill_pool_scales<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks, int(bs), 13);
+  fill_f32<<<256, 256, 0, s>>>(static_cast<float*>(w.get()), batch * next_n * kH, 14, -1.f, 2.f);
+  std::vector<int32_t> order(blocks), lens_h(batch, int32_t(len));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(15));
+  tables.upload(order, s);
+  lens.upload(lens_h, s);
+  const Device gpu{DeviceType::cuda, 0};
+  PagedMqaLogitsArgs a;
+  a.q = Tensor(q.get(), DType::fp8_e4m3, {batch, next_n, kH, kD}, gpu);
+  a.kv_fused = Tensor(pool.get(), DType::u8, {blocks, bs, 1, 132}, gpu);
+  a.weights = Tensor(w.get(), DType::f32, {batch * next_n, kH}, gpu);
+  a.block_tables = Tensor(tables.get(), DType::i32, {batch, per_req}, gpu);
+  a.seq_lens = Tensor(lens.get(), DType::i32, {batch}, gpu);
+  a.max_seq_len = len;
+  a.logits = Tensor(out.get(), DType::f32, {batch * next_n, len}, gpu);
+  a.status = Tensor(status.get(), DType::i32, {4}, gpu);
+  clear_status(a.status, s);
+  const auto run = [&] { paged_mqa_logits(a, s); };
+  run();
+  check_status(a.status, s);
+  Result r;
+  if (o.check) {  // request 0 on the CPU: its blocks, in table order, as a one-request pool
+    std::vector<uint8_t> pool_h(size_t(per_req * bs * 132));
+    for (int64_t c = 0; c < per_req; ++c)
+      MSA_BENCH_CUDA(cudaMemcpy(pool_h.data() + c * bs * 132,
+                                static_cast<uint8_t*>(pool.get()) + int64_t(order[c]) * bs * 132,
+                                bs * 132, cudaMemcpyDeviceToHost));
+    auto q_h = download<uint8_t>(q.get(), size_t(next_n * kH * kD));
+    auto w_h = download<float>(w.get(), size_t(next_n * kH));
+    auto got = download<float>(out.get(), size_t(next_n * len));
+    std::vector<int32_t> ids(per_req), one_len = {int32_t(len)};
+    std::iota(ids.begin(), ids.end(), 0);
+    std::vector<float> want(got.size());
+    PagedMqaLogitsArgs c;
+    c.q = Tensor(q_h.data(), DType::fp8_e4m3, {1, next_n, kH, kD});
+    c.kv_fused = Tensor(pool_h.data(), DType::u8, {per_req, bs, 1, 132});
+    c.weights = Tensor(w_h.data(), DType::f32, {next_n, kH});
+    c.block_tables = Tensor(ids.data(), DType::i32, {1, per_req});
+    c.seq_lens = Tensor(one_len.data(), DType::i32, {1});
+    c.max_seq_len = len;
+    c.logits = Tensor(want.data(), DType::f32, {next_n, len});
+    paged_mqa_logits(c);
+    r.err = rel_l2(got, want);
+    r.ok = r.err <= 1e-3;
+  }
+  const bench::Timing t = bench::time_op(run, o.warmup, o.iters, s, &flush, "MQAL-PAGED-B64");
+  check_status(a.status, s);
+  r.ms = t.median;
+  r.min_ms = t.min;
+  r.max_ms = t.max;
+  r.bytes = double(batch) * len * 132;  // the pool's bytes of the keys read
+  r.flop = 2.0 * kH * kD * double(batch * next_n) * double(len);
+  return r;
+}
+
+Result run_prefill(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
+  const int64_t t_rows = o.seq, s_keys = o.seq;
+  DeviceBuffer q = gpu_buffer(size_t(t_rows * kH * kD)), k = gpu_buffer(size_t(s_keys * kD)),
+               ksc = gpu_buffer(size_t(s_keys * 4)), w = gpu_buffer(size_t(t_rows * kH * 4)),
+               ks = gpu_buffer(size_t(t_rows * 4)), ke = gpu_buffer(size_t(t_rows * 4)),
+               out = gpu_buffer(size_t(t_rows * s_keys * 4)), status = gpu_buffer(16),
+               flush = gpu_buffer(size_t(256) << 20);
+  fill_e4m3<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), t_rows * kH * kD, 21);
+  fill_e4m3<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(k.get()), s_keys * kD, 22);
+  fill_f32<<<256, 256, 0, s>>>(static_cast<float*>(ksc.get()), s_keys, 23, 0.5f, 1.f);
+  fill_f32<<<1024, 256, 0, s>>>(static_cast<float*>(w.get()), t_rows * kH, 24, -1.f, 2.f);
+  std::vector<int32_t> lo(t_rows, 0), hi(t_rows);
+  for (int64_t t = 0; t < t_rows; ++t) hi[t] = int32_t(t + 1);
+  ks.upload(lo, s);
+  ke.upload(hi, s);
+  const Device gpu{DeviceType::cuda, 0};
+  MqaLogitsArgs a;
+  a.q = Tensor(q.get(), DType::fp8_e4m3, {t_rows, kH, kD}, gpu);
+  a.k = QTensor(Tensor(k.get(), DType::fp8_e4m3, {s_keys, kD}, gpu),
+                Tensor(ksc.get(), DType::f32, {s_keys}, gpu));
+  a.weights = Tensor(w.get(), DType::f32, {t_rows, kH}, gpu);
+  a.ks = Tensor(ks.get(), DType::i32, {t_rows}, gpu);
+  a.ke = Tensor(ke.get(), DType::i32, {t_rows}, gpu);
+  a.logits = Tensor(out.get(), DType::f32, {t_rows, s_keys}, gpu);
+  a.status = Tensor(status.get(), DType::i32, {4}, gpu);
+  clear_status(a.status, s);
+  const auto run = [&] { mqa_logits(a, s); };
+  run();
+  check_status(a.status, s);
+  Result r;
+  if (o.check) {  // the first and the last row on the CPU
+    auto k_h = download<uint8_t>(k.get(), size_t(s_keys * kD));
+    auto sc_h = download<float>(ksc.get(), size_t(s_keys));
+    r.err = 0;
+    for (int64_t row : {int64_t(0), t_rows - 1}) {
+      auto q_h = download<uint8_t>(static_cast<uint8_t*>(q.get()) + row * kH * kD, size_t(kH * kD));
+      auto w_h = download<float>(static_cast<float*>(w.get()) + row * kH, size_t(kH));
+      auto got = download<float>(static_cast<float*>(out.get()) + row * s_keys, size_t(s_keys));
+      std::vector<float> want(static_cast<size_t>(s_keys));
+      std::vector<int32_t> l = {0}, h = {int32_t(row + 1)};
+      MqaLogitsArgs c;
+      c.q = Tensor(q_h.data(), DType::fp8_e4m3, {1, kH, kD});
+      c.k = QTensor(Tensor(k_h.data(), DType::fp8_e4m3, {s_keys, kD}), Tensor(sc_h.data(), DType::f32, {s_keys}));
+      c.weights = Tensor(w_h.data(), DType::f32, {1, kH});
+      c.ks = Tensor(l.data(), DType::i32, {1});
+      c.ke = Tensor(h.data(), DType::i32, {1});
+      c.logits = Tensor(want.data(), DType::f32, {1, s_keys});
+      mqa_logits(c);
+      const double e = rel_l2(got, want);
+      r.err = std::isnan(e) ? e : std::max(r.err, e);
+    }
+    r.ok = r.err <= 1e-3;
+  }
+  const bench::Timing t = bench::time_op(run, o.warmup, o.iters, s, &flush, "MQAL-PREFILL-32K");
+  check_status(a.status, s);
+  r.ms = t.median;
+  r.min_ms = t.min;
+  r.max_ms = t.max;
+  const double pairs = double(t_rows) * double(t_rows + 1) / 2;
+  r.bytes = double(s_keys) * (kD + 4);
+  r.flop = 2.0 * kH * kD * pairs;
+  return r;
+}
+
+}  // namespace
+
+int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenchOptions& o) {
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_logits: no CUDA device\n");
+    return 2;
+  }
+  if (names.empty()) names = {"MQAL-PAGED-B64", "MQAL-PREFILL-32K"};
+  cudaStream_t s;
+  MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int rc = 0;
+  for (const std::string& n : names) {
+    Result r;
+    std::string op;
+    if (n == "MQAL-PAGED-B64") {
+      r = run_paged(o, s);
+      op = "paged_mqa_logits";
+    } else if (n == "MQAL-PREFILL-32K") {
+      r = run_prefill(o, s);
+      op = "mqa_logits";
+    } else {
+      std::fprintf(stderr, "unknown logits case %s\n", n.c_str());
+      rc = 2;
+      continue;
+    }
+    const double tbs = r.bytes / (r.ms * 1e-3) / 1e12, tfs = r.flop / (r.ms * 1e-3) / 1e12;
+    std::printf("%-18s median %9.1f us [%9.1f, %9.1f]  %7.1f TFLOP/s  %6.3f TB/s of keys  check rel_l2 %.2e %s\n",
+                n.c_str(), r.ms * 1e3, r.min_ms * 1e3, r.max_ms * 1e3, tfs, tbs, r.err,
+                !o.check ? "skipped" : r.ok ? "ok" : "FAILED");
+    std::fflush(stdout);
+    if (o.check && !r.ok) rc = std::max(rc, 1);
+    if (!o.json.empty()) {
+      bench::Json rec = bench::new_record(n, op);
+      rec["batch"] = n == "MQAL-PAGED-B64" ? 64 : 1;
+      rec["seq_k"] = n == "MQAL-PAGED-B64" ? 32768 : o.seq;
+      rec["hq"] = kH;
+      rec["d"] = kD;
+      bench::add_dtypes(rec, "fp8_e4m3", "fp8_e4m3", "token");
+      bench::add_timing(rec, {r.ms, r.min_ms, r.max_ms}, o.iters, o.warmup, r.flop, r.bytes,
+                        n == "MQAL-PAGED-B64" ? bench::Metric::tbps : bench::Metric::tflops);
+      bench::add_check(rec, bench::check_result(o.check, r.ok), o.check ? bench::Json{{"out_rel_l2", r.err}} : bench::Json());
+      bench::add_environment(rec, true, bench::flush_name());
+      bench::append_record(o.json, rec);
+    }
+  }
+  cudaStreamDestroy(s);
+  return rc;
+}
