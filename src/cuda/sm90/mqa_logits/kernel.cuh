@@ -1,13 +1,12 @@
 // The sm_90a MQA logits kernel (traits.h): ragged rows over a flat key tensor, or the paged rows
 // of seed 001 over a fused page pool. Roles: producer warp (Q once by TMA, one box per token;
 // then each 128-key block through a kStages ring: flat keys one box, paged keys one box per pool
-// block, and the block's 128 key scales by cp.async), consumer warpgroups (one 64-row group
-// each: S = Q K^T by wgmma, relu times the head weights, the sum over each warp's 16 rows by a
-// shuffle reduce-scatter, the per-warp sums into shared memory; then, after one consumer
-// barrier, the sum over each token's warps times the key scale into logits).
+// block, and the block's 128 key scales by cp.async), four consumer warpgroups (each a 64-key
+// half of a block against 128 query rows: S^T = K Q^T by wgmma, then relu times the head weights
+// summed over the thread's columns and its quad, times the key scale, into logits).
 // Barriers: q_full (producer lane 0 + TMA bytes), full[s] (lane 0's arrival with the TMA bytes,
-// plus the 32 lanes' cp.async arrivals), empty[s] (every consumer thread after its scale read),
-// NamedBarrier::kConsumers once per block (red is double-buffered, so one barrier suffices).
+// plus the 32 lanes' cp.async arrivals), empty[s] (every thread of the warpgroups that read
+// stage s, after its scale reads).
 #pragma once
 
 #include <cuda.h>
@@ -82,29 +81,44 @@ __device__ __forceinline__ void token_range(const Params& p, const CtaWork& w, i
   }
 }
 
-// Pool block of paged key column `key` of request b, or -1 when it is not to be read: past the
-// CTA's last visible key, past the table (reported once by the producer), or an id outside the
-// pool (reported here).
-__device__ __forceinline__ int32_t pool_block(const Params& p, int b, int key, int hi_max) {
-  const int col = key >> p.block_shift;
-  if (key >= hi_max || col >= p.bt_cols) return -1;
-  const int32_t id = p.block_tables[int64_t(b) * p.bt_stride + col];
-  if (id < 0 || id >= p.num_blocks) {
-    flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), b, col, id);
-    return -1;
+// The paged block table of request b seen through a window of 32 columns, one per producer lane,
+// with the next window's entries already in flight: a block's pool ids come by shuffles, never
+// by a dependent global load per block (one per block made the producer the bound: 2 us per
+// block on MQAL-PAGED-B64). Entries past the table read as -1.
+struct TableWindow {
+  int base = 0;           // the window's first column
+  int32_t cur = -1, next = -1;
+  __device__ __forceinline__ static int32_t load(const Params& p, int b, int col) {
+    return col < p.bt_cols ? p.block_tables[int64_t(b) * p.bt_stride + col] : -1;
   }
-  return id;
-}
+  __device__ __forceinline__ void start(const Params& p, int b, int col0, int lane) {
+    base = col0;
+    cur = load(p, b, base + lane);
+    next = load(p, b, base + 32 + lane);
+  }
+  // Moves the window on until it holds column `col` (warp-uniform; col never goes back).
+  __device__ __forceinline__ void reach(const Params& p, int b, int col, int lane) {
+    while (col >= base + 32) {
+      base += 32;
+      cur = next;
+      next = load(p, b, base + 32 + lane);
+    }
+  }
+  // Column col's id from lane col - base (col within the window; every lane calls).
+  __device__ __forceinline__ int32_t id(int col) const {
+    return __shfl_sync(0xffffffffu, cur, (col - base) & 31);
+  }
+};
 
 // Producer warp: Q, then key blocks [kb_lo, kb_hi) with their scales.
-template <bool kPaged, int kR>
+template <bool kPaged, int kHp>
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                             SharedStorage<kR>& sh, const CtaWork& w, int kb_lo, int kb_hi,
+                             SharedStorage& sh, const CtaWork& w, int kb_lo, int kb_hi,
                              int hi_max, int lane) {
   if (lane == 0) {
-    sm90::mbar_arrive_expect_tx(&sh.q_full, uint32_t(w.ntok * p.hp * kRowBytes));
+    sm90::mbar_arrive_expect_tx(&sh.q_full, uint32_t(w.ntok * kHp * kRowBytes));
     for (int i = 0; i < w.ntok; ++i)
-      sm90::tma_load_3d(sh.q + i * p.hp * kRowBytes, tm_q, &sh.q_full, 0, 0, int32_t(w.row0 + i));
+      sm90::tma_load_3d(sh.q + i * kHp * kRowBytes, tm_q, &sh.q_full, 0, 0, int32_t(w.row0 + i));
     if (kPaged && kb_hi > kb_lo) {
       const int needed = (hi_max + p.block_size - 1) >> p.block_shift;
       if (needed > p.bt_cols)
@@ -112,10 +126,15 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     }
   }
   constexpr int kPerLane = kBlockN / 32;
+  TableWindow tab;
+  if (kPaged && kb_hi > kb_lo) tab.start(p, w.b, (kb_lo * kBlockN) >> p.block_shift, lane);
   for (int it = 0, kb = kb_lo; kb < kb_hi; ++it, ++kb) {
     const int stage = Ring::stage(it);
-    if (it >= kStages) sm90::mbar_wait(&sh.empty[stage], Ring::empty_parity(it));
     const int key0 = kb * kBlockN;
+    // The block's pool ids (paged): columns [key0 >> shift, (key0 + 128) >> shift) lie in one
+    // window (32 columns hold 1024 keys or more).
+    if constexpr (kPaged) tab.reach(p, w.b, (key0 + kBlockN - 1) >> p.block_shift, lane);
+    if (it >= kStages) sm90::mbar_wait(&sh.empty[stage], Ring::empty_parity(it));
     // Scales: 4 keys per lane by cp.async (zeros where no key is read), one arrival per lane.
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
@@ -123,10 +142,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
       const void* src = p.weights;  // any valid address when nothing is copied
       uint32_t bytes = 0;
       if constexpr (kPaged) {
-        const int32_t id = key < hi_max && (key >> p.block_shift) < p.bt_cols
-                               ? p.block_tables[int64_t(w.b) * p.bt_stride + (key >> p.block_shift)]
-                               : -1;
-        if (id >= 0 && id < p.num_blocks) {
+        const int32_t id = tab.id(key >> p.block_shift);
+        if (key < hi_max && id >= 0 && id < p.num_blocks) {
           src = p.pool + int64_t(id) * p.block_bytes + int64_t(p.block_size) * kRowBytes +
                 int64_t(key & (p.block_size - 1)) * 4;
           bytes = 4;
@@ -138,154 +155,180 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
       sm90::cp_async_4(sm90::smem_addr(&sh.scale[stage][lane + 32 * i]), src, bytes);
     }
     sm90::cp_async_mbar_arrive(&sh.full[stage]);
-    if (lane == 0) {
-      if constexpr (kPaged) {
-        // One box per pool block of the 128 keys (block sizes 32, 64, 128).
-        const int per = kBlockN >> p.block_shift;
-        int32_t ids[kBlockN / 32];
-        uint32_t bytes = 0;
-        for (int j = 0; j < per; ++j) {
-          ids[j] = pool_block(p, w.b, key0 + (j << p.block_shift), hi_max);
-          if (ids[j] >= 0) bytes += uint32_t(p.block_size) * kRowBytes;
+    if constexpr (kPaged) {
+      // One box per pool block of the 128 keys (block sizes 32, 64, 128); ids by shuffles from
+      // every lane, the copies from lane 0.
+      const int per = kBlockN >> p.block_shift;
+      int32_t ids[kBlockN / 32];
+      uint32_t bytes = 0;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 32; ++j) {
+        const int key = key0 + (j << p.block_shift), col = key >> p.block_shift;
+        const int32_t id = tab.id(col);
+        ids[j] = -1;
+        if (j >= per || key >= hi_max || col >= p.bt_cols) continue;
+        if (id < 0 || id >= p.num_blocks) {
+          if (lane == 0) flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), w.b, col, id);
+          continue;
         }
+        ids[j] = id;
+        bytes += uint32_t(p.block_size) * kRowBytes;
+      }
+      if (lane == 0) {
         sm90::mbar_arrive_expect_tx(&sh.full[stage], bytes);
-        for (int j = 0; j < per; ++j)
+#pragma unroll
+        for (int j = 0; j < kBlockN / 32; ++j)
           if (ids[j] >= 0)
             sm90::tma_load_3d(sh.k[stage] + (j << p.block_shift) * kRowBytes, tm_k, &sh.full[stage],
                               0, 0, ids[j]);
-      } else {
-        sm90::mbar_arrive_expect_tx(&sh.full[stage], uint32_t(kKBlockBytes));
-        sm90::tma_load_3d(sh.k[stage], tm_k, &sh.full[stage], 0, 0, key0);
       }
+    } else if (lane == 0) {
+      sm90::mbar_arrive_expect_tx(&sh.full[stage], uint32_t(kKBlockBytes));
+      sm90::tma_load_3d(sh.k[stage], tm_k, &sh.full[stage], 0, 0, key0);
     }
   }
 }
 
-// relu that keeps NaN (a NaN input gives a NaN logit, as the reference).
-__device__ __forceinline__ float relu_nan(float x) { return x < 0.f ? 0.f : x; }
-
-// Sums v[0..31] of this lane over the 8 lanes that share lane % 4 (its warp's 16 rows) by a
-// reduce-scatter: afterwards v[m], m < 4, is the total of original index 16 b4 + 8 b3 + 4 b2 + m
-// (b2..b4: bits 2..4 of the lane).
-__device__ __forceinline__ void reduce_scatter_rows(float (&v)[32], int lane) {
-#pragma unroll
-  for (int step = 0; step < 3; ++step) {
-    const int half = 16 >> step;  // values kept after this step
-    const int mask = 16 >> step;  // lane bit 4, 3, 2
-    const bool upper = (lane & mask) != 0;
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      if (k >= half) break;
-      const float send = upper ? v[k] : v[k + half];
-      const float keep = upper ? v[k + half] : v[k];
-      v[k] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
-    }
-  }
+// relu that keeps NaN (a NaN input gives a NaN logit, as the reference): one max.NaN.
+__device__ __forceinline__ float relu_nan(float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(x));
+  return r;
 }
 
-// Consumer warpgroup `rg` (row group): every key block's per-warp sums, then this thread's share
-// of the logits.
-template <bool kPaged, int kR>
-__device__ void run_consumer(const Params& p, SharedStorage<kR>& sh, const CtaWork& w, int kb_lo,
+// S^T = K Q^T of one 64-key half of a K stage (A: keys x D at `k_desc`) and 128 query rows
+// (B: rows x D at `q_desc`), one commit group; the first k-step overwrites the accumulators.
+__device__ __forceinline__ void issue_kq(float (&acc)[64], uint64_t k_desc, uint64_t q_desc) {
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 32; ++kk)
+    sm90::wgmma_ss_e4m3(acc, sm90::desc_offset(k_desc, kk * 32), sm90::desc_offset(q_desc, kk * 32),
+                        kk > 0 ? 1u : 0u);
+  sm90::wgmma_commit();
+}
+
+// Consumer warpgroup `rg`: key half kh = rg % 2 of a block, token group tg = (rg / 2) % groups
+// (128 query rows: 128 / kHp tokens), column lane cl = rg / (2 groups), which takes every
+// lanes-th block. S^T comes out keys x rows, so a thread holds two keys x 32 rows: a token's
+// weighted relu sum is a sum over the thread's columns and the 4 lanes of its quad, never across
+// warps (no shared-memory reduction, no barrier between the consumers). kHp, the rows a token
+// takes, is a compile-time constant so that every index of the epilogue is one too.
+template <bool kPaged, int kHp>
+__device__ void run_consumer(const Params& p, SharedStorage& sh, const CtaWork& w, int kb_lo,
                              int kb_hi, int rg, int tid) {
-  const int warp = (tid >> 5) & 3, lane = tid & 31;
-  const int gw = rg * 4 + warp;  // consumer warp: rows [16 gw, 16 gw + 16)
-  // This thread's two rows (accumulator rows g and g + 8 of the warp) and their weights.
-  float wt[2];
-  bool live[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = gw * 16 + (lane >> 2) + 8 * i;
-    const int tok = r / p.hp, h = r - tok * p.hp;
-    live[i] = tok < w.ntok && h < p.heads;
-    wt[i] = live[i] ? p.weights[(w.row0 + tok) * p.w_stride + h] : 0.f;
-  }
-  const uint64_t q_desc = sm90::tile_desc(sh.q + rg * kTileM * kRowBytes);
-  const uint64_t k_desc0 = sm90::tile_desc(sh.k[0]);
+  constexpr int kJt = kHp / 8;              // 8-column groups per token
+  constexpr int kTokens = kBlockN / kHp;    // tokens per 128-row group
+  constexpr int kValues = 2 * kTokens;      // (key, token) sums per thread
+  constexpr int kStores = (kValues + 3) / 4;  // of them stored by each quad lane
+  const int warp = (tid >> 5) & 3, lane = tid & 31, c = lane & 3;
+  const int kh = rg & 1, tg = (rg >> 1) % p.groups_n, cl = rg / (2 * p.groups_n);
+  const int tok0 = tg * kTokens;  // the CTA token of this group's column 0
+  const uint64_t q_desc = sm90::tile_desc(sh.q + tg * kBlockN * kRowBytes);
+  const uint64_t k_desc0 = sm90::tile_desc(sh.k[0] + kh * 64 * kRowBytes);
   const bool unit_scale = !kPaged && p.k_scale == nullptr;
-  const float neg_inf = -INFINITY;
-  sm90::mbar_wait(&sh.q_full, 0);
-  sm90::RingState<kStages> ring;
-  for (int kb = kb_lo, it = 0; kb < kb_hi; ++kb, ++it) {
-    sm90::mbar_wait(&sh.full[ring.stage], ring.phase);
-    float acc[64];
-    sm90::wgmma_fence();
+  const float* wrow = sh.wt + tg * kBlockN;  // weights of this group's 128 rows (0 past H)
+  const int key_in = kh * 64 + warp * 16 + (lane >> 2);  // this thread's keys: key_in, key_in + 8
+  // The values this lane stores: value v = 2 t + k (token t of the group, key key_in + 8 k) for
+  // v % 4 == c; their rows' visible ranges, once.
+  int32_t lo[kStores], hi[kStores];
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 32; ++kk)
-      sm90::wgmma_ss_e4m3(acc, sm90::desc_offset(q_desc, kk * 32),
-                          sm90::desc_offset(k_desc0, uint32_t(ring.stage) * kKBlockBytes + kk * 32),
-                          kk > 0 ? 1u : 0u);
-    sm90::wgmma_commit();
+  for (int s = 0; s < kStores; ++s) {
+    const int v = 4 * s + c, tok = tok0 + v / 2;
+    const bool own = v < kValues && tok < w.ntok;
+    lo[s] = own ? sh.lo[tok] : 0;
+    hi[s] = own ? sh.hi[tok] : 0;
+  }
+  sm90::mbar_wait(&sh.q_full, 0);
+  float acc[64];
+  for (int b = cl; kb_lo + b < kb_hi; b += p.lanes) {
+    const int stage = Ring::stage(b);
+    const int kb = kb_lo + b;
+    sm90::mbar_wait(&sh.full[stage], Ring::full_parity(b));
+    issue_kq(acc, sm90::desc_offset(k_desc0, uint32_t(stage) * kKBlockBytes), q_desc);
     sm90::wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) sm90::reg_fence(acc[i]);
-    // Column 8 j + 2 (lane % 4) + e of rows g (acc[4 j + e]) and g + 8 (acc[4 j + 2 + e]).
-    float v[32];
+    // Columns 8 j + 2 c + e, keys key_in (acc[4 j + e]) and key_in + 8 (acc[4 j + 2 + e]); token
+    // t of the group holds groups j in [t kJt, (t + 1) kJt). Rows past H weigh 0 and hold zero Q
+    // (the TMA fill): they add 0, or NaN only where the key holds NaN and the real rows give NaN
+    // too.
+    float sum[kValues];
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int v = 0; v < kValues; ++v) sum[v] = 0.f;
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        v[2 * j + e] = (live[0] ? wt[0] * relu_nan(acc[4 * j + e]) : 0.f) +
-                       (live[1] ? wt[1] * relu_nan(acc[4 * j + 2 + e]) : 0.f);
-    reduce_scatter_rows(v, lane);
-    float* red = sh.red[it & 1][gw];
-    const int jb = 8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1);
+    for (int j = 0; j < 16; ++j) {
+      const float2 wj = *reinterpret_cast<const float2*>(wrow + 8 * j + 2 * c);
 #pragma unroll
-    for (int m = 0; m < 4; m += 2)
-      *reinterpret_cast<float2*>(red + 8 * (jb + (m >> 1)) + 2 * (lane & 3)) = make_float2(v[m], v[m + 1]);
-    sm90::named_sync(uint32_t(NamedBarrier::kConsumers), Cfg<kR>::kConsumerThreads);
-    // Each (token, key) of the block: the sum over the token's warps, times the key's scale.
-    const int warps_per_tok = p.hp >> 4;
-    for (int idx = tid; idx < w.ntok * kBlockN; idx += Cfg<kR>::kConsumerThreads) {
-      const int i = idx / kBlockN, j = idx % kBlockN;
-      const int col = kb * kBlockN + j;
-      if (col < w.c0 || col >= w.c1) continue;
-      float* out = p.logits + (w.row0 + i) * p.out_stride + col;
-      if (col >= sh.lo[i] && col < sh.hi[i]) {
-        float s = 0.f;
-        for (int x = 0; x < warps_per_tok; ++x) s += sh.red[it & 1][i * warps_per_tok + x][j];
-        *out = s * (unit_scale ? 1.f : sh.scale[ring.stage][j]);
-      } else if (p.clean) {
-        *out = neg_inf;
+      for (int k = 0; k < 2; ++k) {
+        float& s = sum[2 * (j / kJt) + k];
+        s = fmaf(wj.x, relu_nan(acc[4 * j + 2 * k]), s);
+        s = fmaf(wj.y, relu_nan(acc[4 * j + 2 * k + 1]), s);
       }
     }
-    sm90::mbar_arrive(&sh.empty[ring.stage]);
-    ring.advance();
+    // The quad's 4 lanes hold a token's columns between them.
+#pragma unroll
+    for (int v = 0; v < kValues; ++v) {
+      sum[v] += __shfl_xor_sync(0xffffffffu, sum[v], 1);
+      sum[v] += __shfl_xor_sync(0xffffffffu, sum[v], 2);
+    }
+#pragma unroll
+    for (int s = 0; s < kStores; ++s) {
+      const int v = 4 * s + c;
+      // sum[4 s + c]: c is known at run time only, so select among the four.
+      float x = sum[4 * s];
+#pragma unroll
+      for (int r = 1; r < 4; ++r)
+        if (4 * s + r < kValues) x = c == r ? sum[4 * s + r] : x;
+      const int tok = tok0 + v / 2, key = key_in + 8 * (v & 1), col = kb * kBlockN + key;
+      if (v >= kValues || tok >= w.ntok || col < w.c0 || col >= w.c1) continue;
+      float* out = p.logits + (w.row0 + tok) * p.out_stride + col;
+      if (col >= lo[s] && col < hi[s])
+        *out = x * (unit_scale ? 1.f : sh.scale[stage][key]);
+      else if (p.clean)
+        *out = -INFINITY;
+    }
+    sm90::mbar_arrive(&sh.empty[stage]);
   }
-  // Columns of [c0, c1) outside the computed blocks.
-  if (p.clean) {
+  // Columns of [c0, c1) outside the computed blocks, by column lane 0's warpgroups.
+  if (p.clean && cl == 0) {
+    const int threads = 2 * p.groups_n * 128, t = rg * 128 + tid % 128;
     const int lo_col = kb_lo * kBlockN, hi_col = kb_hi * kBlockN;
     const int width = w.c1 - w.c0;
-    for (int64_t idx = tid; idx < int64_t(w.ntok) * width; idx += Cfg<kR>::kConsumerThreads) {
+    for (int64_t idx = t; idx < int64_t(w.ntok) * width; idx += threads) {
       const int i = int(idx / width), col = w.c0 + int(idx % width);
       if (col >= lo_col && col < hi_col) continue;
-      p.logits[(w.row0 + i) * p.out_stride + col] = neg_inf;
+      p.logits[(w.row0 + i) * p.out_stride + col] = -INFINITY;
     }
   }
 }
 
-// tm_q: q as [rows, H, 128] e4m3, boxes of 128 x hp x 1. tm_k: ragged, k as [S, 1, 128], boxes of
+// tm_q: q as [rows, H, 128] e4m3, boxes of 128 x kHp x 1. tm_k: ragged, k as [S, 1, 128], boxes of
 // 128 keys; paged, the pool's values as [num_blocks, block_size, 128] (block stride block_bytes),
 // boxes of one pool block.
-template <bool kPaged, int kR>
-__global__ void __launch_bounds__(Cfg<kR>::kThreads, 1)
+template <bool kPaged, int kHp>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     mqa_logits_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023;
-  SharedStorage<kR>& sh = *reinterpret_cast<SharedStorage<kR>*>(smem_raw + pad);
+  SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
   const CtaWork w = cta_work<kPaged>(p);
   if (threadIdx.x == 0) {
     sm90::mbar_init(&sh.q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       sm90::mbar_init(&sh.full[s], 1 + 32);
-      sm90::mbar_init(&sh.empty[s], Cfg<kR>::kConsumerThreads);
+      sm90::mbar_init(&sh.empty[s], 2 * 128 * p.groups_n);  // the column lane of stage s
     }
     sm90::fence_barrier_init();
     sm90::prefetch_tensor_map(&tm_q);
     sm90::prefetch_tensor_map(&tm_k);
   }
   if (threadIdx.x < w.ntok) token_range<kPaged>(p, w, threadIdx.x, sh.lo[threadIdx.x], sh.hi[threadIdx.x]);
+  // The weight of each CTA row (token i's head h at row i kHp + h; 0 past H and past the tokens).
+  for (int r = threadIdx.x; r < kMaxRowGroups * kTileM; r += Cfg::kThreads) {
+    const int tok = r / kHp, h = r % kHp;
+    sh.wt[r] = tok < w.ntok && h < p.heads ? p.weights[(w.row0 + tok) * p.w_stride + h] : 0.f;
+  }
   __syncthreads();
   // The blocks some row sees within [c0, c1).
   int lo_min = INT_MAX, hi_max = 0;
@@ -297,11 +340,11 @@ __global__ void __launch_bounds__(Cfg<kR>::kThreads, 1)
   const int a = max(lo_min, w.c0), e = min(hi_max, w.c1);
   const int kb_lo = a < e ? a / kBlockN : 0, kb_hi = a < e ? (e + kBlockN - 1) / kBlockN : 0;
   if (threadIdx.x < 128) {
-    sm90::regs_dealloc<Cfg<kR>::kProducerRegs>();
-    if (threadIdx.x < 32) run_producer<kPaged, kR>(p, &tm_q, &tm_k, sh, w, kb_lo, kb_hi, hi_max, threadIdx.x);
+    sm90::regs_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x < 32) run_producer<kPaged, kHp>(p, &tm_q, &tm_k, sh, w, kb_lo, kb_hi, hi_max, threadIdx.x);
   } else {
-    sm90::regs_alloc<Cfg<kR>::kConsumerRegs>();
-    run_consumer<kPaged, kR>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);
+    sm90::regs_alloc<Cfg::kConsumerRegs>();
+    run_consumer<kPaged, kHp>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);
   }
 }
 

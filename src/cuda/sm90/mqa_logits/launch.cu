@@ -2,6 +2,7 @@
 // the TMA maps, the kernel parameters and the grid from arguments api/logits.cpp validated
 // (shapes, dtypes, what CUDA supports). No allocation, no synchronization.
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "backend.h"
@@ -19,26 +20,32 @@ using mqa_logits_sm90::kMaxTokens;
 using mqa_logits_sm90::kTileM;
 using mqa_logits_sm90::Params;
 
-// CTA rows per token (H rounded up to 16, so a warp's 16 rows are one token's), tokens per CTA
-// (at most `want`, within 256 rows) and the row groups they fill.
+// CTA rows per token (H rounded up to a power of two >= 32, so that a group of 128 query rows
+// holds whole tokens) and tokens per CTA (at most `want`, within 256 rows).
 struct Tiling {
-  int hp = 16, tokens = 1, row_groups = 1;
+  int hp = 32, tokens = 1;
 };
 Tiling tiling(int heads, int want) {
   Tiling t;
-  t.hp = (heads + 15) / 16 * 16;
+  t.hp = 32;  // the kernels' smallest (instantiate_*_h32.cu)
+  while (t.hp < heads) t.hp *= 2;
   t.tokens = std::max(1, std::min(want, kMaxRowGroups * kTileM / t.hp));
-  const int rows = t.tokens * t.hp;
-  t.row_groups = rows <= kTileM ? 1 : rows <= 2 * kTileM ? 2 : 4;
   return t;
 }
 
+// The 128-row groups and column lanes of a tiling (traits.h: four consumer warpgroups, each a
+// 64-key half of a block against one group of 128 query rows).
+void set_groups(Params& p, const Tiling& t) {
+  p.groups_n = t.tokens * t.hp > kBlockN ? 2 : 1;
+  p.lanes = 2 / p.groups_n;
+}
+
 template <bool kPaged>
-void dispatch(int row_groups, const CUtensorMap& tq, const CUtensorMap& tk, const Params& p,
-              unsigned ctas, cudaStream_t stream) {
-  if (row_groups == 1) mqa_logits_sm90::launch<kPaged, 1>(tq, tk, p, ctas, stream);
-  else if (row_groups == 2) mqa_logits_sm90::launch<kPaged, 2>(tq, tk, p, ctas, stream);
-  else mqa_logits_sm90::launch<kPaged, 4>(tq, tk, p, ctas, stream);
+void dispatch(int hp, const CUtensorMap& tq, const CUtensorMap& tk, const Params& p, unsigned ctas,
+              cudaStream_t stream) {
+  if (hp == 32) mqa_logits_sm90::launch<kPaged, 32>(tq, tk, p, ctas, stream);
+  else if (hp == 64) mqa_logits_sm90::launch<kPaged, 64>(tq, tk, p, ctas, stream);
+  else mqa_logits_sm90::launch<kPaged, 128>(tq, tk, p, ctas, stream);
 }
 
 // A [d0, d1, 128] byte view (e4m3 for the TMA map) with element strides s0, s1.
@@ -76,7 +83,8 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
       rows_view(k.data, std::max<int64_t>(1, s_keys), 1, k.strides[0], 128, k.device), 128, 1,
       kBlockN, "mqa_logits");
   const unsigned ctas = unsigned((rows + t.tokens - 1) / t.tokens);
-  dispatch<false>(t.row_groups, tq, tk, p, ctas, stream);
+  set_groups(p, t);
+  dispatch<false>(t.hp, tq, tk, p, ctas, stream);
 }
 
 void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
@@ -110,12 +118,20 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
   p.sl_stride = a.seq_lens.strides[0];
   p.next_n = int32_t(next_n);
   p.groups = int32_t((next_n + t.tokens - 1) / t.tokens);
-  // Column ranges: about two CTAs per SM over the batch, at least 4 blocks each.
+  // Column ranges per request: the split count whose waves of resident CTAs times blocks per CTA
+  // is least, the fewest CTAs among equals; at least 4 blocks a CTA.
   const int64_t col_blocks = std::max<int64_t>(1, (a.max_seq_len + kBlockN - 1) / kBlockN);
-  const int64_t want = 2 * int64_t(current_sm_count());
-  const int64_t per_request = batch * p.groups;
-  int64_t splits = std::clamp<int64_t>((want + per_request - 1) / per_request, 1,
-                                       std::max<int64_t>(1, col_blocks / 4));
+  const int64_t sms = current_sm_count();  // one resident CTA each (traits.h Cfg)
+  const int64_t units = batch * p.groups;
+  int64_t splits = 1, best = INT64_MAX;
+  for (int64_t sp = 1; sp <= std::clamp<int64_t>(col_blocks / 4, 1, 1024); ++sp) {
+    const int64_t per = (col_blocks + sp - 1) / sp;
+    const int64_t cost = (units * sp + sms - 1) / sms * per;
+    if (cost < best) {
+      best = cost;
+      splits = sp;
+    }
+  }
   const int64_t blocks_per_split = (col_blocks + splits - 1) / splits;
   splits = (col_blocks + blocks_per_split - 1) / blocks_per_split;
   p.splits = int32_t(splits);
@@ -129,7 +145,8 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
       make_tma_3d(rows_view(kv.data, num_blocks, block_size, kv.strides[0], 128, kv.device), 128,
                   uint32_t(block_size), 1, "paged_mqa_logits");
   const unsigned ctas = unsigned(batch * p.groups * splits);
-  dispatch<true>(t.row_groups, tq, tk, p, ctas, stream);
+  set_groups(p, t);
+  dispatch<true>(t.hp, tq, tk, p, ctas, stream);
 }
 
 }  // namespace msa::cuda

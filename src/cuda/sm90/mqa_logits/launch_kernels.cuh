@@ -1,4 +1,4 @@
-// Launcher of the MQA logits kernel for one (ragged or paged, row groups); included by the
+// Launcher of the MQA logits kernel for one (ragged or paged, rows per token); included by the
 // instantiate_*.cu files, declared in launch_kernels.h.
 #pragma once
 
@@ -8,13 +8,13 @@
 
 namespace msa::cuda::mqa_logits_sm90 {
 
-template <bool kPaged, int kR>
+template <bool kPaged, int kHp>
 void launch(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const Params& p, unsigned ctas,
             cudaStream_t stream) {
   // The smem opt-in is a per-device function attribute: set on every launch, as the indexer's.
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(mqa_logits_kernel<kPaged, kR>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kR>()));
-  mqa_logits_kernel<kPaged, kR><<<ctas, Cfg<kR>::kThreads, smem_bytes<kR>(), stream>>>(tm_q, tm_k, p);
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(mqa_logits_kernel<kPaged, kHp>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  mqa_logits_kernel<kPaged, kHp><<<ctas, Cfg::kThreads, kSmemBytes, stream>>>(tm_q, tm_k, p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

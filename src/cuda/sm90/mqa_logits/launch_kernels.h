@@ -1,5 +1,5 @@
 // Declarations of the MQA logits launchers (bodies in launch_kernels.cuh). Instantiations:
-// ragged (instantiate_ragged.cu) and paged (instantiate_paged.cu), each for 1, 2 and 4 row groups.
+// ragged and paged, for 32, 64 and 128 query rows per token (instantiate_{ragged,paged}_h*.cu).
 #pragma once
 
 #include <cuda.h>
@@ -9,8 +9,8 @@
 
 namespace msa::cuda::mqa_logits_sm90 {
 
-// Launches `ctas` CTAs of kR row groups on `stream` (no allocation, no sync).
-template <bool kPaged, int kR>
+// Launches `ctas` CTAs (tokens of kHp rows each) on `stream` (no allocation, no sync).
+template <bool kPaged, int kHp>
 void launch(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const Params& p, unsigned ctas,
             cudaStream_t stream);
 

@@ -12,8 +12,10 @@ struct Params {
   float* logits = nullptr;         // [rows, >= cols] f32, row stride out_stride
   int64_t out_stride = 0;
   int32_t rows = 0;                // T (ragged) or B * next_n (paged)
-  int32_t heads = 0, hp = 16;      // H, and the CTA rows one token takes (H rounded up to 16)
+  int32_t heads = 0, hp = 32;      // H, and the CTA rows one token takes (the kernel's kHp)
   int32_t tokens_per_cta = 1;
+  int32_t groups_n = 2;            // groups of 128 query rows the tokens fill (1 or 2)
+  int32_t lanes = 1;               // column lanes: 2 / groups_n warpgroup pairs per block set
   int32_t cols = 0;                // columns of a row: S (ragged) or max_seq_len (paged)
   int32_t clean = 1;               // columns a row does not see: -inf (else left unwritten)
   int32_t* status = nullptr;       // int32[4]
