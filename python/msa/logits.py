@@ -1,40 +1,49 @@
 """DeepSeek-style indexer logits (docs/semantics.md, Indexer logits): `mqa_logits`, the ragged
-prefill form (DeepGEMM's ``fp8_mqa_logits`` contract), and `token_topk` over their rows. CPU
-arrays only so far: the CUDA kernels are not written yet, and CUDA inputs raise `MsaError`."""
+prefill form (DeepGEMM's ``fp8_mqa_logits`` contract), `paged_mqa_logits` (seed 001's paged
+form), and `token_topk` over their rows. The logits run on the CPU and on CUDA (FP8, D = 128,
+H <= 128; on CUDA the ranges, lengths and block ids are checked on the device: `check=True`
+or `msa.check_status` raises for them); `token_topk` on the CPU only so far."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from typing import Optional
+
 from . import _C
 from ._arrays import empty
-from ._runtime import arg, dims, stream_of
+from ._runtime import arg, dims, finish, status_for, stream_of
 from .quant import unpack
 
 
 def mqa_logits(q: Any, k: Any, weights: Any, ks: Any, ke: Any, *, k_scale: Any = None,
-               clean_logits: bool = True, out: Any = None, stream: Any = None) -> Any:
+               clean_logits: bool = True, out: Any = None, stream: Any = None,
+               check: Optional[bool] = None) -> Any:
     """``logits [T, S]`` f32: for query row t and key s in ``[ks[t], ke[t])``,
     ``k_scale[s] * sum_h weights[t, h] * relu(q[t, h] . k[s])``; ``-inf`` elsewhere (with
     ``clean_logits``; else those columns of `out` are left as they are).
 
     ``q [T, H, D]`` fp8_e4m3 (or bf16) without a scale, ``k [S, D]`` of q's dtype (a `QTensor`
     or values plus ``k_scale [S]`` f32), ``weights [T, H]`` f32, ``ks``/``ke [T]`` int32 with
-    ``0 <= ks <= ke <= S``."""
+    ``0 <= ks <= ke <= S``. CUDA takes fp8_e4m3, D = 128, H <= 128; a bad range there is
+    reported through the device status (``check=True`` waits and raises)."""
     kv, kscale, _ = unpack(k, k_scale)
     t_rows = dims(q, "q", 3, "[T, H, D]")[0]
     s_keys = dims(kv, "k", 2, "[S, D]")[0]
     if out is None:
         out = empty(weights, (t_rows, s_keys), "f32")
+    st = stream_of(weights, stream)
+    status = status_for(weights)
     _C.mqa_logits(q=arg(q), k=arg(kv), k_scale=arg(kscale), weights=arg(weights), ks=arg(ks),
-                  ke=arg(ke), logits=arg(out), clean_logits=clean_logits,
-                  stream=stream_of(weights, stream))
+                  ke=arg(ke), logits=arg(out), clean_logits=clean_logits, status=status,
+                  stream=st)
+    finish(status, st, check)
     return out
 
 
 def paged_mqa_logits(q: Any, kv_fused: Any, weights: Any, block_tables: Any, seq_lens: Any,
                      max_seq_len: int, *, q_sf: Any = None, clean_logits: bool = True,
-                     out: Any = None, stream: Any = None) -> Any:
+                     out: Any = None, stream: Any = None, check: Optional[bool] = None) -> Any:
     """``logits [B * next_n, max_seq_len]`` f32 (or `out`, at least that wide) over seed 001's
     fused pool ``kv_fused [num_blocks, block_size, 1, D + 4]`` uint8 (per block: the e4m3 values
     of its tokens, then their f32 scales): row ``b * next_n + t`` scores positions
@@ -43,15 +52,20 @@ def paged_mqa_logits(q: Any, kv_fused: Any, weights: Any, block_tables: Any, seq
     D/2]`` with ``q_sf [B, next_n, H, D/32]`` UE8M0 bytes and a pool of ``D/2 + D/32`` bytes per
     token (values, then scales; no per-token factor). ``weights [B * next_n, H]`` f32,
     ``block_tables [B, W]`` and ``seq_lens [B]`` int32. A too-narrow table, a length above
-    `max_seq_len` or a block id outside the pool raise `MsaError`."""
+    `max_seq_len` or a block id outside the pool raise `MsaError` (on CUDA through the device
+    status: ``check=True`` waits and raises, else `msa.check_status`). CUDA takes FP8, D = 128,
+    H <= 128 and block sizes 32, 64 and 128."""
     b, next_n = dims(q, "q", 4, "[B, next_n, H, D]")[:2]
     if out is None:
         out = empty(weights, (b * next_n, max_seq_len), "f32")
+    st = stream_of(weights, stream)
+    status = status_for(weights)
     _C.paged_mqa_logits(q=arg(q), q_sf=arg(q_sf), kv_fused=arg(kv_fused, "u8"),
                         weights=arg(weights), block_tables=arg(block_tables),
                         seq_lens=arg(seq_lens),
                         max_seq_len=max_seq_len, logits=arg(out), clean_logits=clean_logits,
-                        stream=stream_of(weights, stream))
+                        status=status, stream=st)
+    finish(status, st, check)
     return out
 
 

@@ -199,6 +199,7 @@ NB_MODULE(_C, m) {
         x.ke = a.tensor("ke");
         x.logits = a.tensor("logits");
         x.clean_logits = a.flag("clean_logits", true);
+        x.status = a.tensor("status");
         return x;
       },
       [](const MqaLogitsArgs& x, cudaStream_t s) { mqa_logits(x, s); });
@@ -217,6 +218,7 @@ NB_MODULE(_C, m) {
         x.max_seq_len = a.integer("max_seq_len", 0);
         x.logits = a.tensor("logits");
         x.clean_logits = a.flag("clean_logits", true);
+        x.status = a.tensor("status");
         return x;
       },
       [](const PagedMqaLogitsArgs& x, cudaStream_t s) { paged_mqa_logits(x, s); });
