@@ -1,7 +1,7 @@
 // Warp-level PTX wrappers for kernels whose tiles are too small for wgmma (decode's 16-row
 // tiles): 16-byte cp.async with zero fill, ldmatrix, mma.sync m16n8k16 (bf16 / f16 in, f32
-// accumulate), the float -> bf16x2 / f16x2 pack, all from sm_80 on, and sm_89's FP8 pieces:
-// mma.sync m16n8k32 on e4m3 operands and the e4m3x2 -> f16x2 conversion. Included by kernel bodies (sm90/decode/load.cuh, attend.cuh,
+// accumulate), the float -> bf16x2 / f16x2 pack, all from sm_80 on, and sm_89's FP8
+// e4m3x2 -> f16x2 conversion. Included by kernel bodies (sm90/decode/load.cuh, attend.cuh,
 // epilogue.cuh); each wrapper is one instruction or a few bit operations. Shared-memory
 // addresses come from sm90::smem_addr (device/sm90.cuh).
 #pragma once
@@ -53,18 +53,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
-// d += a * b for one m16n8k32 tile of e4m3 operands (sm_89 on): each register holds four
-// consecutive k slots (a: rows g / g + 8 at k 4c.. and 16 + 4c..; b: column g at k 4c.. and
-// 16 + 4c..), the f32 accumulators as m16n8k16's.
-__device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Two floats -> one packed pair (x in the low half), rounded to nearest even.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float x, float y) {
@@ -91,11 +79,16 @@ __device__ __forceinline__ void e4m3x4_pairs_02_13(uint32_t x, uint32_t& p02, ui
   e4m3x4_pairs_01_23(__byte_perm(x, 0u, 0x3120), p02, p13);  // bytes 0, 2, 1, 3
 }
 
-// Two e4m3 bytes (byte 0 in the low half) as one bf16x2, exactly: e4m3 -> f16 is exact and
-// every e4m3 value (at most 448, at least 2^-9 apart from 0) is a bf16.
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t x) {
+// Two e4m3 bytes (byte 0 in the low half) as one f16x2, exactly (every e4m3 value is an f16).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t x) {
   uint32_t h;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(x));
+  return h;
+}
+// The same as one bf16x2, exactly: every e4m3 value (at most 448, at least 2^-9 apart from 0)
+// is a bf16.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t x) {
+  const uint32_t h = e4m3x2_to_f16x2(x);
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   return pack2<__nv_bfloat16>(f.x, f.y);
 }

@@ -10,10 +10,11 @@
 // contraction order over d differs from bf16's so that one ldmatrix of fp8 bytes feeds whole
 // k-steps: q_dim and o_dim say which head-dim element each fragment register holds.
 //
-// FP8 queries (TQ = e4m3, q_scale per token and head in rs): over FP8 KV, S comes from e4m3
-// MMAs (m16n8k32) fed by the K bytes as ldmatrix leaves them, with no conversion and half the
-// MMAs; P V stays an f16 MMA with P rounded to f16 (an e4m3 P would carry 3 mantissa bits into
-// every output). Over bf16 KV, q is converted to bf16 once, exactly, and the bf16 path runs.
+// FP8 queries (TQ = e4m3, q_scale per token and head in rs): q converts once, exactly, to the
+// MMA type of the KV path (f16 over FP8 KV, bf16 over bf16 KV) and that path runs. An e4m3
+// mma.sync (m16n8k32) is no faster on sm_90: ptxas unpacks both operands to f16 and issues f16
+// HMMAs (448 F2FP unpacks per kernel against 416 with q converted at load; DEC-MTP-fp8q 139.7
+// against 133.7 us).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -59,11 +60,8 @@ __device__ __forceinline__ float2 to_float2(uint32_t v) {
 // One warp's 16 rows (thread rows g = lane / 4 and g + 8).
 template <typename TQ, bool kFp8>
 struct WarpTile {
-  // MMA operand type (of P V; also of S = Q K^T except with e4m3 q over FP8 KV).
-  using TM = std::conditional_t<kFp8, __half, OutT<TQ>>;
-  // Q A-fragments, k-steps of 16 head dims (order: q_dim); e4m3 q over FP8 KV: qa[0..3], k-steps
-  // of 32 head dims, qa[kk][i + 2 half] holding dims 32 kk + 16 half + 4c.. of row i.
-  uint32_t qa[8][4];
+  using TM = std::conditional_t<kFp8, __half, OutT<TQ>>;  // MMA operand type
+  uint32_t qa[8][4];  // Q A-fragments, k-steps of 16 head dims (order: q_dim)
   float o[16][4];     // O accumulators, n-tiles of 8 head dims (order: o_dim)
   float m[2], l[2];   // running max (log2 units) and this thread's part of the row sum
   float rs[2];        // score scale per row: softmax_scale * log2(e) * K dequant / Q prescale
@@ -85,29 +83,19 @@ __device__ __forceinline__ float q_scale_at(const DecodeParams& p, int64_t t, in
   }
 }
 
-// Row i (0: g, 1: g + 8) of the Q A-fragments from an e4m3 row: the raw bytes (FP8 KV, e4m3
-// MMAs) or converted to bf16 exactly (bf16 KV).
+// Row i (0: g, 1: g + 8) of the Q A-fragments from an e4m3 row, converted exactly to the MMA
+// type: f16 (FP8 KV) or bf16 (bf16 KV).
 template <bool kFp8>
 __device__ __forceinline__ void load_q_row(WarpTile<__nv_fp8_e4m3, kFp8>& w,
                                            const __nv_fp8_e4m3* q_row, int i, int c, bool valid) {
   const auto* row = reinterpret_cast<const uint8_t*>(q_row);
-  if constexpr (kFp8) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+  for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-        w.qa[kk][i + 2 * half] =
-            valid ? *reinterpret_cast<const uint32_t*>(row + 32 * kk + 16 * half + 4 * c) : 0u;
-  } else {
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        w.qa[ks][i + 2 * half] =
-            valid ? sm80::e4m3x2_to_bf16x2(
-                        *reinterpret_cast<const uint16_t*>(row + q_dim<false>(ks, half, c, 0)))
-                  : 0u;
-  }
+    for (int half = 0; half < 2; ++half) {
+      const uint16_t pair = valid ? *reinterpret_cast<const uint16_t*>(row + q_dim<kFp8>(ks, half, c, 0)) : 0;
+      w.qa[ks][i + 2 * half] = kFp8 ? sm80::e4m3x2_to_f16x2(pair) : sm80::e4m3x2_to_bf16x2(pair);
+    }
 }
 // The same from a bf16 / f16 row.
 template <typename TQ, bool kFp8>
@@ -220,15 +208,6 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, 
         sm80::ldmatrix_x4(r, k_stage + tile_offset<false, kS>(row, 4 * pp + (lane >> 3)));
         sm80::mma_16816<TM>(s[nt], w.qa[2 * pp], r[0], r[1]);
         sm80::mma_16816<TM>(s[nt], w.qa[2 * pp + 1], r[2], r[3]);
-      }
-    } else if constexpr (kIsE4m3<TQ>) {
-      // Chunks 4 pp + mi of 16 head dims: chunks 2 kk, 2 kk + 1 are the 32 dims of k-step kk.
-#pragma unroll
-      for (int pp = 0; pp < 2; ++pp) {
-        uint32_t r[4];
-        sm80::ldmatrix_x4(r, k_stage + tile_offset<true, kS>(row, 4 * pp + (lane >> 3)));
-        sm80::mma_16832_e4m3(s[nt], w.qa[2 * pp], r[0], r[1]);
-        sm80::mma_16832_e4m3(s[nt], w.qa[2 * pp + 1], r[2], r[3]);
       }
     } else {
 #pragma unroll
