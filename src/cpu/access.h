@@ -6,8 +6,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "backend.h"
@@ -105,7 +107,11 @@ class QReader {
 enum class KVPart : uint8_t { k, v };
 
 // Rows of K (or V) of a KVCache by (batch, batch-local key index, kv head), flat or paged.
-// Paged caches are read through page_table; page ids were range-checked by validation.
+// Paged caches are read through page_table. Validation range-checked its ids, but the table is
+// the caller's memory and the bindings release the GIL: another thread may write it during the
+// call. So every id is checked again where it is read; one out of range gives a NaN row, never an
+// out-of-bounds read, and marks the reader (table_changed) for the op to report after its loops
+// (an exception cannot leave an OpenMP region).
 class KeyReader {
  public:
   KeyReader(const KVCache& kv, const ProblemShape& s, KVPart part = KVPart::k)
@@ -113,9 +119,19 @@ class KeyReader {
         t_(part == KVPart::k ? kv.k.values : kv.v.values),
         scale_(part == KVPart::k ? kv.k.scale : kv.v.scale),
         dec_(part == KVPart::k ? kv.k : kv.v, s.head_dim),
+        dim_(s.head_dim),
         page_size_(s.page_size),
         lengths_(host_key_lengths(kv, s)) {
     if (kv.layout == KVLayout::flat) starts_ = host_offsets(kv.cu_seqlens_k);
+  }
+
+  // Whether a page id read at use was out of range (the table changed after validation).
+  bool table_changed() const { return changed_.load(std::memory_order_relaxed); }
+  // Throws msa::Error for `op` if table_changed().
+  void check_table_unchanged(const char* op) const {
+    MSA_CHECK(!table_changed(), op, ": page_table: a page id was out of range when read, after "
+              "it passed validation (the table was written during the call); the outputs are "
+              "not valid");
   }
 
   int64_t batch() const { return int64_t(lengths_.size()); }
@@ -130,6 +146,11 @@ class KeyReader {
     }
     const Tensor& pt = kv_.page_table;
     const int64_t page = pt.ptr<int32_t>()[b * pt.strides[0] + (j_local / page_size_) * pt.strides[1]];
+    if (page < 0 || page >= t_.shape[0]) {
+      changed_.store(true, std::memory_order_relaxed);
+      std::fill(out_D, out_D + dim_, std::numeric_limits<double>::quiet_NaN());
+      return;
+    }
     const int64_t slot = j_local % page_size_;
     const int64_t off = kv_.layout == KVLayout::paged_nhd
                             ? page * t_.strides[0] + slot * t_.strides[1] + h * t_.strides[2]
@@ -151,9 +172,11 @@ class KeyReader {
   Tensor t_;
   Tensor scale_;  // the part's scales
   RowDecoder dec_;
+  int64_t dim_;
   int64_t page_size_;
   std::vector<int64_t> lengths_;
   std::vector<int64_t> starts_;  // flat only: cu_seqlens_k
+  mutable std::atomic<bool> changed_{false};
 };
 
 

@@ -143,6 +143,8 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s) {
       }
     }
   }
+  k_rows.check_table_unchanged("attention_forward");
+  v_rows.check_table_unchanged("attention_forward");
 }
 
 }  // namespace msa::cpu

@@ -74,6 +74,7 @@ void block_scores(const BlockScoresArgs& a, const ProblemShape& s) {
         }
     }
   }
+  keys.check_table_unchanged("block_scores");
 }
 
 }  // namespace msa::cpu

@@ -1,6 +1,7 @@
 // CPU references of mqa_logits (every (row, key) in range from the decoded values in fp64,
 // rounded once to f32) and token_topk (msa/logits.h).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -67,10 +68,20 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a) {
   const int64_t value_bytes = fp4 ? dim / 2 : dim;  // a token's values; its scales follow the block's
   const int64_t scale_bytes = fp4 ? dim / 32 : 4;
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Lengths and block ids passed validation, but they are the caller's memory (the bindings
+  // release the GIL): each is checked again where it is read. One out of range then is a table
+  // written during the call: its row reads NaN instead of out of bounds, and the call fails after
+  // the loop (an exception cannot leave an OpenMP region).
+  std::atomic<bool> changed{false};
+  const int64_t table_cols = a.block_tables.shape[1], num_blocks = a.kv_fused.shape[0];
 #pragma omp parallel for schedule(dynamic)
   for (int64_t r = 0; r < batch * next_n; ++r) {
     const int64_t b = r / next_n, t = r % next_n;
-    const int64_t len = a.seq_lens.ptr<int32_t>()[b * a.seq_lens.strides[0]];
+    int64_t len = a.seq_lens.ptr<int32_t>()[b * a.seq_lens.strides[0]];
+    if (len < 0 || len > a.max_seq_len || (len + block_size - 1) / block_size > table_cols) {
+      changed.store(true, std::memory_order_relaxed);
+      len = 0;
+    }
     const int64_t limit = len > 0 ? len - next_n + t + 1 : 0;  // positions [0, limit) are seen
     std::vector<double> qrow(static_cast<size_t>(heads * dim)), krow(static_cast<size_t>(dim));
     for (int64_t h = 0; h < heads; ++h) {
@@ -90,6 +101,11 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a) {
         continue;
       }
       const int32_t blk = a.block_tables.ptr<int32_t>()[b * a.block_tables.strides[0] + p / block_size];
+      if (blk < 0 || blk >= num_blocks) {
+        changed.store(true, std::memory_order_relaxed);
+        row[p] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
       const uint8_t* base = a.kv_fused.ptr<uint8_t>() + blk * a.kv_fused.strides[0];
       const int64_t i = p % block_size;
       const uint8_t* values = base + i * value_bytes;
@@ -107,6 +123,9 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a) {
       row[p] = float(logit(qrow.data(), krow.data(), w, heads, dim, scale));
     }
   }
+  MSA_CHECK(!changed.load(), "paged_mqa_logits: seq_lens or block_tables changed during the call "
+            "(a value out of range when read, after it passed validation); the logits are not "
+            "valid");
 }
 
 // Ranking of token_topk: finite values first, higher first; then NaN; ties toward the lower

@@ -1,10 +1,13 @@
 // CPU attention forward (docs/semantics.md: Attention, Paged KV; include/msa/attention.h):
 // hand-computed cases, a brute-force reference over a curated matrix, exact properties (sparse with
 // every block == dense, paged == flat, tlse at T = 1 == lse), NaN never leaking from unused KV
-// slots, edge shapes, the k2q / schedule inputs, and one test per input rule.
+// slots, edge shapes, the k2q / schedule inputs, one test per input rule, and a page table
+// written during the call.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <climits>
+#include <thread>
 
 #include "common/schedule.h"
 #include "support/attention_problem.h"
@@ -199,6 +202,40 @@ TEST(Attention, PagedFp8ScaleShapesChecked) {
   paged.k_scale.emplace(DType::f32, std::vector<int64_t>{p.total_k()});
   expect_error([&] { run_attention(p, paged.cache(), nullptr, {}); },
                "k.scale: fp8 scales must be [1], [" + std::to_string(paged.k.t.shape[0] * 32) + "]");
+}
+
+// A page table written by another thread during the call (the bindings release the GIL): every
+// id is checked again where it is read, so a call either completes, or fails with an msa::Error
+// (at validation, or after its loops for an id that changed in between), and never reads out of
+// bounds (this test crashed before the re-check, and ASan sees any such read).
+TEST(Attention, PageTableWrittenDuringTheCallNeverReadsOutOfBounds) {
+  const Problem p = make_problem({64, 64}, {2048, 2048}, 4, 2, 64, 640);
+  PagedKV paged = make_paged(p, KVLayout::paged_nhd, 16, 641);
+  int32_t* ids = paged.page_table.data<int32_t>();
+  const int64_t n = paged.page_table.t.numel();
+  const std::vector<int32_t> before(ids, ids + n);  // the valid ids
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (uint32_t i = 0; !stop.load(); ++i) {
+      const int64_t at = int64_t(i * 2654435761u % uint32_t(n));
+      std::atomic_ref<int32_t>(ids[at]).store(i % 2 ? 1 << 28 : before[at],
+                                              std::memory_order_relaxed);
+    }
+  });
+  int completed = 0, rejected = 0;
+  for (int run = 0; run < 20; ++run) {
+    try {
+      run_attention(p, paged.cache(), nullptr, {});
+      ++completed;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_TRUE(m.find("page_table:") != std::string::npos) << m;
+      ++rejected;
+    }
+  }
+  stop = true;
+  writer.join();
+  EXPECT_EQ(completed + rejected, 20);
 }
 
 TEST(Attention, ExplicitAndDefaultScale) {
