@@ -12,7 +12,7 @@ namespace msa {
 struct AttentionParams {
   float softmax_scale = 0.f;  // 0 -> 1/sqrt(D)
   bool causal = true;         // bottom-right aligned: query i sees key j iff j <= i + Lk - Lq
-  int kv_block_size = 128;    // 64 or 128; the unit of q2k block ids
+  int kv_block_size = 128;    // 64 or 128, or 1 (token ids, CPU only so far): the unit of q2k ids
   float temperature = 0.f;    // > 0: also write tlse = log sum exp(s / T); tlse given iff T > 0
   // f32 or bf16, for any intermediate partial outputs; absent (the default) picks bf16 for bf16 q
   // and f32 for f16 q. bf16 halves the partial traffic of the per-token path and keeps bf16

@@ -16,7 +16,7 @@ struct DecodeShape {
   KVLayout layout = KVLayout::paged_nhd;
   DType kv_dtype = DType::bf16;  // bf16 | fp8_e4m3
   int topk = 0;                  // 0 = dense decode
-  int kv_block_size = 128;
+  int kv_block_size = 128;       // 64 or 128; on the CPU also 1 (token ids)
   Device device{};
 };
 

@@ -47,6 +47,8 @@ ProblemShape check_attention_args(const AttentionArgs& a) {
   if (a.k2q.row_ptr.defined() || a.k2q.q_idx.defined() || a.k2q.schedule.defined()) {
     MSA_CHECK(a.q2k.defined(), "k2q: given without q2k; the CSR index belongs to a sparse call "
               "(pass the q2k it was built from)");
+    MSA_CHECK(s.kv_block_size > 1, "k2q: token-sparse attention (kv_block_size 1) takes q2k "
+              "alone; the k2q index is built over blocks of 64 or 128 keys");
     api::check_k2q_index(a.k2q, "k2q", a.kv, s, device);
   }
   const Tensor& out = a.out;

@@ -25,8 +25,11 @@ void check_decode_shape(const DecodeShape& s) {
             "decode shape: num_kv_heads (", s.num_kv_heads, ") must be > 0 and divide num_q_heads (",
             s.num_q_heads, ")");
   const int g = s.num_q_heads / s.num_kv_heads;
-  MSA_CHECK(g == 1 || g == 2 || g == 4 || g == 8 || g == 16,
-            "decode shape: GQA group num_q_heads / num_kv_heads must be 1, 2, 4, 8 or 16, got ", g);
+  const bool cuda = s.device.type == DeviceType::cuda;
+  MSA_CHECK(g == 1 || g == 2 || g == 4 || g == 8 || g == 16 ||
+                (!cuda && s.num_kv_heads == 1 && g <= 128),
+            "decode shape: GQA group num_q_heads / num_kv_heads must be 1, 2, 4, 8 or 16 (on the CPU "
+            "also one kv head for up to 128 query heads), got ", g);
   MSA_CHECK(s.head_dim > 0, "decode shape: head_dim must be > 0, got ", s.head_dim);
   MSA_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128 ||
                 s.page_size == 256,
@@ -37,8 +40,9 @@ void check_decode_shape(const DecodeShape& s) {
   MSA_CHECK(s.kv_dtype == DType::bf16 || s.kv_dtype == DType::f16 || s.kv_dtype == DType::fp8_e4m3,
             "decode shape: kv_dtype must be bf16, f16 or fp8_e4m3, got ", dtype_name(s.kv_dtype));
   MSA_CHECK(s.topk >= 0, "decode shape: topk must be >= 0 (0 = dense), got ", s.topk);
-  MSA_CHECK(s.kv_block_size == 64 || s.kv_block_size == 128,
-            "decode shape: kv_block_size must be 64 or 128, got ", s.kv_block_size);
+  MSA_CHECK(s.kv_block_size == 64 || s.kv_block_size == 128 || (!cuda && s.kv_block_size == 1),
+            "decode shape: kv_block_size must be 64 or 128 (on the CPU also 1: token ids), got ",
+            s.kv_block_size);
   if (s.device.type == DeviceType::cuda)
     MSA_CHECK(s.head_dim == 128, "decode shape: CUDA decode needs head_dim 128, got ", s.head_dim);
 }

@@ -41,6 +41,9 @@ void check_scores(const Tensor& scores, const ProblemShape& s, int64_t need_bloc
 // q, the key cache and their scales: the indexer's input rules, shared by both entry points.
 ProblemShape check_indexer_inputs(const QTensor& q, const KVCache& kv, const Tensor& cu_seqlens_q,
                                   int kv_block_size) {
+  // The indexer scores blocks (token scores: mqa_logits), so not attention's kv_block_size 1.
+  MSA_CHECK(kv_block_size == 64 || kv_block_size == 128, "kv_block_size: must be 64 or 128, got ",
+            kv_block_size);
   const ProblemShape s = api::check_q_and_kv(
       q, kv, cu_seqlens_q, {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp4x2},
       /*need_v=*/false, /*kv_may_be_quantized=*/false, kv_block_size);

@@ -144,8 +144,8 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   check_ndim(q, "q", 3);
   check_last_dim_contiguous(q, "q");
   check_row_alignment(q, "q");
-  MSA_CHECK(kv_block_size == 64 || kv_block_size == 128,
-            "kv_block_size: must be 64 or 128, got ", kv_block_size);
+  MSA_CHECK(kv_block_size == 1 || kv_block_size == 64 || kv_block_size == 128,
+            "kv_block_size: must be 1 (token ids), 64 or 128, got ", kv_block_size);
   ProblemShape s;
   s.total_q = q.shape[0];
   s.num_q_heads = q.shape[1];
@@ -177,8 +177,12 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   MSA_CHECK(s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0,
             "k: kv heads (", s.num_kv_heads, ") must divide q heads (", s.num_q_heads, ")");
   s.group = s.num_q_heads / s.num_kv_heads;
-  MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,
-            "q: GQA group Hq/Hkv must be 1, 2, 4, 8 or 16, got ", s.group);
+  // GQA groups of 1-16 query heads per kv head, or MQA: one kv head for up to 128 query heads
+  // (a DeepSeek-style index branch; docs/semantics.md, Token-sparse attention).
+  MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16 ||
+                (s.num_kv_heads == 1 && s.group <= 128),
+            "q: GQA group Hq/Hkv must be 1, 2, 4, 8 or 16 (or Hkv = 1 with up to 128 query heads), "
+            "got ", s.group);
 
   if (need_v) {
     const Tensor& v = kv.v.values;

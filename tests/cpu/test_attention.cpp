@@ -204,6 +204,57 @@ TEST(Attention, PagedFp8ScaleShapesChecked) {
                "k.scale: fp8 scales must be [1], [" + std::to_string(paged.k.t.shape[0] * 32) + "]");
 }
 
+// Token-sparse attention (docs/semantics.md, Token-sparse attention): kv_block_size 1, so q2k
+// holds key ids (up to 2048 per row); GQA and MQA (one kv head, 128 query heads), flat and paged,
+// FP8 KV, against the brute force over the same ids.
+TEST(Attention, TokenSparseMatchesBruteForce) {
+  struct Case {
+    const char* name;
+    std::vector<int32_t> lq, lk;
+    int64_t hq, hkv, topk;
+    DType kv;
+    bool paged, causal;
+  };
+  const std::vector<Case> cases = {
+      {"GQA, causal, ids beyond the visible ones", {9, 30}, {200, 600}, 4, 2, 150, DType::bf16, false, true},
+      {"MQA 128 query heads on one kv head", {3, 4}, {90, 300}, 128, 1, 64, DType::bf16, false, true},
+      {"paged, FP8 KV, non-causal", {5, 7}, {257, 40}, 8, 2, 33, DType::fp8_e4m3, true, false},
+      {"2048 ids per row", {2}, {3000}, 2, 1, 2048, DType::bf16, false, true},
+  };
+  unsigned seed = 700;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, 32, seed++, DType::bf16, c.kv,
+                                   Fp8Scale::per_token);
+    AttentionParams prm;
+    prm.causal = c.causal;
+    prm.kv_block_size = 1;
+    const std::vector<int32_t> ids = random_q2k(p, c.topk, 1, seed++);
+    const HostTensor q2k = q2k_tensor(ids, c.hkv, p.total_q(), c.topk);
+    if (c.paged) {
+      const PagedKV paged = make_paged(p, KVLayout::paged_hnd, 32, seed++);
+      expect_matches(run_attention(p, paged.cache(), &q2k, prm), reference_attention(p, &ids, c.topk, prm));
+    } else {
+      expect_matches(run_attention(p, p.flat_kv(), &q2k, prm), reference_attention(p, &ids, c.topk, prm));
+    }
+  }
+}
+
+// The q2k rules of section 4 hold for key ids: out of range and repeated ids are errors; the k2q
+// CSR is not for token ids.
+TEST(Attention, TokenSparseRules) {
+  const Problem p = make_problem({4}, {50}, 2, 1, 32, 720);
+  AttentionParams prm;
+  prm.kv_block_size = 1;
+  std::vector<int32_t> ids = random_q2k(p, 8, 1, 721);
+  ids[0] = 50;  // one past the last key
+  HostTensor q2k = q2k_tensor(ids, 1, p.total_q(), 8);
+  expect_error([&] { run_attention(p, p.flat_kv(), &q2k, prm); }, "q2k:");
+  const HostTensor repeated =  // token 0 names key 3 twice
+      q2k_tensor({3, 3, -1, -1, 0, 1, -1, -1, 0, -1, -1, -1, 5, -1, -1, -1}, 1, 4, 4);
+  expect_error([&] { run_attention(p, p.flat_kv(), &repeated, prm); }, "q2k:");
+}
+
 // A page table written by another thread during the call (the bindings release the GIL): every
 // id is checked again where it is read, so a call either completes, or fails with an msa::Error
 // (at validation, or after its loops for an id that changed in between), and never reads out of
@@ -506,7 +557,7 @@ TEST(AttentionRules, SeqlensAndAlignment) {
   expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.kv.k = k_odd.t; },
                    "k: stride of dim 0 (130 elements = 260 bytes) must be a multiple of 16 bytes");
   expect_arg_error(forward, valid, [](AttentionArgs& a) { a.params.kv_block_size = 96; },
-                   "kv_block_size: must be 64 or 128, got 96");
+                   "kv_block_size: must be 1 (token ids), 64 or 128, got 96");
 }
 
 TEST(AttentionRules, BlockIds) {

@@ -49,6 +49,27 @@ TEST(Decode, DenseAndSparseMatchBruteForce) {
     }
 }
 
+// Token-sparse decode on the CPU: kv_block_size 1 (key ids) and MQA with 64 query heads on one
+// kv head, against the brute force.
+TEST(Decode, TokenSparseAndMqa) {
+  const Problem p = make_problem({2, 1, 3}, {300, 17, 129}, 64, 1, 32, 740);
+  const PagedKV paged = make_paged(p, KVLayout::paged_nhd, 16, 741);
+  DecodeShape sh = shape_of(p, paged, 3, 40);
+  sh.kv_block_size = 1;
+  DecodePlan plan;
+  plan.plan(sh, paged.seqused_k.data<int32_t>(), Tensor());
+  const std::vector<int32_t> ids = random_q2k(p, 40, 1, 742);
+  const HostTensor q2k = q2k_tensor(ids, 1, p.total_q(), 40);
+  AttentionParams prm;
+  prm.kv_block_size = 1;
+  Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+  plan.run(make_args(p, paged.cache(), o, &q2k, prm));
+  expect_matches(o, reference_attention(p, &ids, 40, prm));
+  // CUDA decode keeps its 64 / 128-key blocks and groups of up to 16.
+  sh.device = {DeviceType::cuda, 0};
+  expect_error([&] { DecodePlan::workspace_bytes(sh); }, "decode shape: GQA group");
+}
+
 TEST(Decode, NewLengthsWithinThePlan) {
   // Plan for full contexts, then run with other seqused_k values: keys past each new length stay
   // in the pages and must be ignored.

@@ -149,6 +149,8 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
 
 void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
   MSA_CHECK(a.topk <= kMaxTopK, "topk: at most ", kMaxTopK, " on CUDA, got ", a.topk);
+  MSA_CHECK(s.group <= 16, "select_topk: GQA group Hq/Hkv must be at most 16 on CUDA, got ",
+            s.group);
   if (s.total_q == 0 || s.num_kv_heads == 0) return;
   TopKParams p{};
   p.scores = a.scores.ptr<float>();

@@ -24,6 +24,7 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
             " (FP4 indexer inputs run on the CPU)");
   MSA_CHECK(s.head_dim == kHeadDim, op, ": head_dim must be 128 on CUDA, got ", s.head_dim);
   MSA_CHECK(blk == kBlockN, op, ": kv_block_size must be 128 on CUDA, got ", blk);
+  MSA_CHECK(s.group <= 16, op, ": GQA group Hq/Hkv must be at most 16 on CUDA, got ", s.group);
   MSA_CHECK(s.total_q < std::numeric_limits<int32_t>::max() &&
                 kv.k.values.shape[0] < std::numeric_limits<int32_t>::max(),
             op, ": token counts must be below 2^31 on CUDA (TMA coordinates are int32)");
