@@ -77,3 +77,126 @@ def test_quantize_empty(fmt):
     x = np.empty((0, HQ, 32), np.float32)
     qx = msa.quantize(x, fmt)
     assert msa.dequantize(qx).shape == (0, HQ, 32)
+
+
+# ---------------------------------- read-only outputs ----------------------------------
+
+def _read_only(shape, dtype):
+    """A zeroed read-only numpy array; the second kind shares the memory of a bytes object."""
+    a = np.zeros(shape, dtype)
+    a.setflags(write=False)
+    return a
+
+
+def _from_bytes(shape, dtype):
+    return np.frombuffer(bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize),
+                         dtype).reshape(shape)
+
+
+READ_ONLY = [_read_only, _from_bytes]
+
+
+def _refuses(make, key, shape, dtype, call):
+    """call(array) with a read-only `make` array in place of output `key` must raise naming
+    `key`, leaving the array untouched."""
+    arr = make(shape, dtype)
+    with pytest.raises(msa.MsaError,
+                       match=rf"{key}: must be writable \(a read-only array was given\)"):
+        call(arr)
+    assert not arr.any()
+
+
+@pytest.mark.parametrize("make", READ_ONLY)
+def test_attention_refuses_read_only_outputs(make):
+    q, k, v = _qkv(6, 6)
+    cu = _cu(6)
+
+    def attend(**out):
+        return msa.attention_forward(q, k, v, cu, cu_seqlens_k=cu, return_lse=True,
+                                     temperature=0.5, **out)
+    _refuses(make, "out", (6, HQ, D), np.float16, lambda a: attend(out=a))
+    _refuses(make, "lse", (HQ, 6), np.float32, lambda a: attend(lse=a))
+    _refuses(make, "tlse", (HQ, 6), np.float32, lambda a: attend(tlse=a))
+
+    def pipeline(**out):
+        return msa.sparse_attention(q, k, v, cu, cu_seqlens_k=cu, topk=1, local_blocks=0,
+                                    return_lse=True, **out)
+    _refuses(make, "out", (6, HQ, D), np.float16, lambda a: pipeline(out=a))
+    _refuses(make, "lse", (HQ, 6), np.float32, lambda a: pipeline(lse=a))
+    # On the CPU the pipeline's workspace holds its q2k selection: it is written too.
+    nbytes = msa.pipeline_workspace_bytes(q, k, v, cu, cu_seqlens_k=cu, topk=1, local_blocks=0)
+    _refuses(make, "workspace", (nbytes,), np.uint8, lambda a: pipeline(workspace=a))
+
+
+@pytest.mark.parametrize("make", READ_ONLY)
+def test_decode_refuses_read_only_outputs(make):
+    pool = np.ones((2, 16, HKV, D), np.float16)
+    page_table = np.array([[0, 1]], np.int32)
+    plan = msa.DecodePlan().plan(batch=1, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D,
+                                 page_size=16, max_pages=2, kv_dtype="f16")
+    q = np.ones((1, HQ, D), np.float16)
+
+    def run(**out):
+        return plan.run(q, pool, pool, page_table, _cu(1), return_lse=True, **out)
+    _refuses(make, "out", (1, HQ, D), np.float16, lambda a: run(out=a))
+    _refuses(make, "lse", (HQ, 1), np.float32, lambda a: run(lse=a))
+
+
+@pytest.mark.parametrize("make", READ_ONLY)
+def test_indexer_and_csr_refuse_read_only_outputs(make):
+    q, k, _ = _qkv(8, 300)
+    cu_q, cu_k = _cu(8), _cu(300)
+    _refuses(make, "scores", (HQ, 3, 8), np.float32,
+             lambda a: msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k, out=a))
+    _refuses(make, "q2k", (HKV, 8, 2), np.int32,
+             lambda a: msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=2, out=a))
+    scores = msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k)
+    _refuses(make, "q2k", (HKV, 8, 2), np.int32,
+             lambda a: msa.select_topk(scores, cu_q, num_kv_heads=HKV, topk=2,
+                                       cu_seqlens_k=cu_k, out=a))
+    q2k = msa.select_topk(scores, cu_q, num_kv_heads=HKV, topk=2, cu_seqlens_k=cu_k)
+    full = msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, k=k)
+    for i, key in enumerate(("row_ptr", "q_idx", "schedule")):
+        def build(a, i=i):
+            out = [np.empty_like(x) for x in full]
+            out[i] = a
+            return msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, k=k, out=out)
+        _refuses(make, key, full[i].shape, np.int32, build)
+
+
+@pytest.mark.parametrize("make", READ_ONLY)
+def test_quant_refuses_read_only_outputs(make):
+    x = np.ones((3, HQ, 32), np.float32)
+    _refuses(make, "out", (3, HQ, 32), np.uint8,
+             lambda a: msa.quantize(x, "fp8_per_token", out=(a, np.empty(3, np.float32))))
+    _refuses(make, "out_scale", (3,), np.float32,
+             lambda a: msa.quantize(x, "fp8_per_token", out=(np.empty(x.shape, np.uint8), a)))
+    qx = msa.quantize(x, "fp8_per_token")
+    _refuses(make, "out", (3, HQ, 32), np.float32, lambda a: msa.dequantize(qx, out=a))
+
+
+@pytest.mark.parametrize("make", READ_ONLY)
+def test_logits_refuse_read_only_outputs(make):
+    q = msa.typed(np.zeros((4, 2, 32), np.uint16), "bf16")
+    k = msa.typed(np.zeros((6, 32), np.uint16), "bf16")
+    weights = np.ones((4, 2), np.float32)
+    ks, ke = np.zeros(4, np.int32), np.full(4, 6, np.int32)
+    _refuses(make, "logits", (4, 6), np.float32,
+             lambda a: msa.mqa_logits(q, k, weights, ks, ke, out=a))
+    _refuses(make, "ids", (4, 2), np.int32,
+             lambda a: msa.token_topk(np.ones((4, 6), np.float32), 2, out=a))
+    q8 = msa.typed(np.zeros((1, 1, 2, 128), np.uint8), "fp8_e4m3")
+    pool = np.zeros((2, 16, 1, 132), np.uint8)
+    _refuses(make, "logits", (1, 32), np.float32,
+             lambda a: msa.paged_mqa_logits(q8, pool, np.ones((1, 2), np.float32),
+                                            np.array([[0, 1]], np.int32),
+                                            np.array([20], np.int32), 32, out=a))
+
+
+def test_read_only_inputs_are_fine():
+    q, k, v = _qkv(6, 6)
+    cu = _cu(6)
+    for a in (q, k, v, cu):
+        a.setflags(write=False)
+    out = msa.attention_forward(q, k, v, cu, cu_seqlens_k=cu)
+    assert out.shape == (6, HQ, D)
