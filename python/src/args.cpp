@@ -6,7 +6,6 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <utility>
 
@@ -250,6 +249,27 @@ T Args::scalar(const char* key, T dflt, const char* what) {
   return value;
 }
 
+// Reads an optional int keyword (a Python int or any object with __index__, e.g. a numpy integer)
+// that must fit `bits` bits as a signed value; out of range is an msa::Error naming it, never a
+// truncated value.
+int64_t Args::ranged(const char* key, int64_t dflt, int bits) {
+  nb::handle h = take(key);
+  if (!h.is_valid() || h.is_none()) return dflt;
+  const nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+  if (!i.is_valid()) {
+    PyErr_Clear();
+    fail(op_, ": ", key, ": expected an int, got ",
+         nb::cast<std::string>(nb::str(h.type().attr("__name__"))));
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  const bool fits = overflow == 0 && (bits >= 64 || (v >= -(1LL << (bits - 1)) &&
+                                                      v < (1LL << (bits - 1))));
+  MSA_CHECK(fits, op_, ": ", key, ": ", nb::cast<std::string>(nb::str(i)), " does not fit a ",
+            bits, "-bit int");
+  return v;
+}
+
 AttentionParams Args::attention_params() {
   AttentionParams p;
   p.softmax_scale = static_cast<float>(real("softmax_scale", 0.0));
@@ -275,12 +295,8 @@ AttentionArgs Args::attention() {
   return x;
 }
 
-int64_t Args::integer(const char* key, int64_t dflt) { return scalar(key, dflt, "an int"); }
-int Args::int32(const char* key, int dflt) {
-  const int64_t v = integer(key, dflt);
-  MSA_CHECK(v >= INT_MIN && v <= INT_MAX, op_, ": ", key, ": ", v, " does not fit a 32-bit int");
-  return int(v);
-}
+int64_t Args::integer(const char* key, int64_t dflt) { return ranged(key, dflt, 64); }
+int Args::int32(const char* key, int dflt) { return int(ranged(key, dflt, 32)); }
 double Args::real(const char* key, double dflt) { return scalar(key, dflt, "a float"); }
 bool Args::flag(const char* key, bool dflt) { return scalar(key, dflt, "a bool"); }
 std::string Args::text(const char* key, const char* dflt) {

@@ -53,8 +53,9 @@ class Args {
   // cu_seqlens_q, q2k, out, lse, tlse and attention_params().
   AttentionArgs attention();
 
+  // An int argument that must fit 64 bits / a C++ int (a larger Python int is an error naming
+  // it, never truncated).
   int64_t integer(const char* key, int64_t dflt);
-  // An int argument that must fit a C++ int (a larger Python int is an error, never truncated).
   int int32(const char* key, int dflt);
   double real(const char* key, double dflt);
   bool flag(const char* key, bool dflt);
@@ -75,6 +76,7 @@ class Args {
   nb::handle take(const char* key);
   template <typename T>
   T scalar(const char* key, T dflt, const char* what);
+  int64_t ranged(const char* key, int64_t dflt, int bits);
 
   nb::kwargs kw_;
   const char* op_;

@@ -200,3 +200,19 @@ def test_read_only_inputs_are_fine():
         a.setflags(write=False)
     out = msa.attention_forward(q, k, v, cu, cu_seqlens_k=cu)
     assert out.shape == (6, HQ, D)
+
+
+# ---------------------------------- integer arguments ----------------------------------
+# A Python int past what msa's C++ field holds is an error naming it, never truncated to its low
+# 32 bits (2**32 + 64 would otherwise run as 64).
+
+def test_decode_plan_integers_past_32_bits():
+    shape = dict(batch=2, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=16,
+                 max_pages=4)
+    for key, big in (("batch", 2**32 + 3), ("max_pages", 2**32), ("topk", 2**32 + 2),
+                     ("batch", 2**70)):
+        with pytest.raises(msa.MsaError, match=rf"{key}: {big} does not fit a 32-bit int"):
+            msa.DecodePlan().plan(**{**shape, key: big})
+    with pytest.raises(msa.MsaError, match="batch: expected an int, got float"):
+        msa.DecodePlan().plan(**{**shape, "batch": 2.0})
+    assert msa.DecodePlan().plan(**{**shape, "batch": np.int64(2)}).planned  # numpy ints are ints
