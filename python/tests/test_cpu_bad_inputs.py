@@ -206,6 +206,51 @@ def test_read_only_inputs_are_fine():
 # A Python int past what msa's C++ field holds is an error naming it, never truncated to its low
 # 32 bits (2**32 + 64 would otherwise run as 64).
 
+def _index_problem():
+    q, k, v = _qkv(8, 300)
+    return q, k, v, _cu(8), _cu(300)
+
+
+@pytest.mark.parametrize("op", ["attention_forward", "block_scores", "block_topk", "select_topk",
+                                "build_k2q_csr", "q2k_to_k2q", "sparse_attention"])
+def test_kv_block_size_past_32_bits(op):
+    q, k, v, cu_q, cu_k = _index_problem()
+    big = 2**32 + 64
+    calls = {
+        "attention_forward": lambda: msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k,
+                                                           kv_block_size=big),
+        "block_scores": lambda: msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k,
+                                                 kv_block_size=big),
+        "block_topk": lambda: msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, kv_block_size=big),
+        "select_topk": lambda: msa.select_topk(np.zeros((HQ, 3, 8), np.float32), cu_q,
+                                               num_kv_heads=HKV, topk=2, cu_seqlens_k=cu_k,
+                                               kv_block_size=big),
+        "build_k2q_csr": lambda: msa.build_k2q_csr(np.zeros((HKV, 8, 2), np.int32), cu_q,
+                                                   cu_seqlens_k=cu_k, k=k, kv_block_size=big),
+        "q2k_to_k2q": lambda: msa.q2k_to_k2q(np.zeros((HKV, 8, 2), np.int32), cu_q,
+                                             cu_seqlens_k=cu_k, kv_block_size=big),
+        "sparse_attention": lambda: msa.sparse_attention(q, k, v, cu_q, cu_seqlens_k=cu_k,
+                                                         kv_block_size=big),
+    }
+    with pytest.raises(msa.MsaError, match="kv_block_size: 4294967360 does not fit a 32-bit int"):
+        calls[op]()
+
+
+def test_topk_past_32_bits():
+    q, k, v, cu_q, cu_k = _index_problem()
+    big = 2**32 + 2
+    scores = np.zeros((HQ, 3, 8), np.float32)
+    k2q = msa.q2k_to_k2q(np.full((HKV, 8, 2), -1, np.int32), cu_q, cu_seqlens_k=cu_k)
+    for call in (lambda: msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=big),
+                 lambda: msa.select_topk(scores, cu_q, num_kv_heads=HKV, topk=big,
+                                         cu_seqlens_k=cu_k),
+                 lambda: msa.sparse_attention(q, k, v, cu_q, cu_seqlens_k=cu_k, topk=big),
+                 lambda: msa.k2q_to_q2k(k2q, cu_q, topk=big, cu_seqlens_k=cu_k),
+                 lambda: msa.token_topk(np.zeros((4, 8), np.float32), big)):
+        with pytest.raises(msa.MsaError, match="topk: 4294967298 does not fit a 32-bit int"):
+            call()
+
+
 def test_decode_plan_integers_past_32_bits():
     shape = dict(batch=2, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=16,
                  max_pages=4)
@@ -216,3 +261,157 @@ def test_decode_plan_integers_past_32_bits():
     with pytest.raises(msa.MsaError, match="batch: expected an int, got float"):
         msa.DecodePlan().plan(**{**shape, "batch": 2.0})
     assert msa.DecodePlan().plan(**{**shape, "batch": np.int64(2)}).planned  # numpy ints are ints
+
+
+def test_other_integers_past_their_range():
+    q, k, v, cu_q, cu_k = _index_problem()
+    with pytest.raises(msa.MsaError, match="total_rows: 1099511627776 does not fit a 32-bit int"):
+        msa.build_k2q_csr(np.zeros((HKV, 8, 2), np.int32), cu_q, cu_seqlens_k=cu_k,
+                          total_rows=2**40)
+    with pytest.raises(msa.MsaError, match="max_seqlen_k: 4294967296 does not fit a 32-bit int"):
+        msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k, max_seqlen_k=2**32)
+    q8 = msa.typed(np.zeros((1, 1, 2, 128), np.uint8), "fp8_e4m3")
+    with pytest.raises(msa.MsaError, match=r"max_seq_len: 9223372036854775808 does not fit a "
+                                           r"64-bit int"):
+        msa.paged_mqa_logits(q8, np.zeros((2, 16, 1, 132), np.uint8), np.ones((1, 2), np.float32),
+                             np.array([[0, 1]], np.int32), np.array([20], np.int32), 2**63)
+
+
+def test_integers_of_other_types():
+    q, k, v, cu_q, cu_k = _index_problem()
+    with pytest.raises(msa.MsaError, match="kv_block_size: expected an int, got float"):
+        msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k, kv_block_size=128.0)
+    with pytest.raises(msa.MsaError, match="topk: expected an int, got str"):
+        msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk="4")
+    # numpy integers are ints.
+    q2k = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=np.int64(2),
+                         kv_block_size=np.int32(128))
+    assert q2k.shape == (HKV, 8, 2)
+
+
+# ---------------------------------- malformed inputs ----------------------------------
+# Each raises msa.MsaError naming the argument and the rule, before the Python layer unpacks,
+# divides or allocates anything with it (never ValueError, ZeroDivisionError, KeyError,
+# AttributeError or MemoryError from the plumbing).
+
+def test_q_of_the_wrong_rank():
+    q, k, v, cu_q, cu_k = _index_problem()
+    for bad in (q[:, 0], q[None]):
+        n = bad.ndim
+        for call in (lambda: msa.attention_forward(bad, k, v, cu_q, cu_seqlens_k=cu_k),
+                     lambda: msa.attention_workspace_bytes(bad, k, v, cu_q, cu_seqlens_k=cu_k),
+                     lambda: msa.sparse_attention(bad, k, v, cu_q, cu_seqlens_k=cu_k),
+                     lambda: msa.block_scores(bad, k, cu_q, cu_seqlens_k=cu_k),
+                     lambda: msa.block_topk(bad, k, cu_q, cu_seqlens_k=cu_k)):
+            with pytest.raises(msa.MsaError, match=rf"q: must be \[total_q, Hq, D\] \(3 dims\), "
+                                                   rf"got {n} dims"):
+                call()
+    with pytest.raises(msa.MsaError, match=r"x: must be \[T, H, D\] \(3 dims\), got 2 dims"):
+        msa.quantize(q[:, 0].astype(np.float32), "fp8_per_token")
+    with pytest.raises(msa.MsaError, match=r"x: must be \[T, H, D\] \(3 dims\), got 0 dims"):
+        msa.dequantize(np.zeros((), np.uint8), np.zeros(1, np.float32), format="fp8_per_tensor")
+    with pytest.raises(msa.MsaError, match=r"scores: must be \[Hq, nblk_max, total_q\]"):
+        msa.select_topk(np.zeros((HQ, 8), np.float32), cu_q, num_kv_heads=HKV, topk=2,
+                        cu_seqlens_k=cu_k)
+    with pytest.raises(msa.MsaError, match=r"q2k: must be \[Hkv, total_q, topk\]"):
+        msa.build_k2q_csr(np.zeros((HKV, 8), np.int32), cu_q, cu_seqlens_k=cu_k, k=k)
+
+
+def test_kv_of_the_wrong_rank():
+    q, k, _, cu_q, _ = _index_problem()
+    pool = np.zeros((4, 128, HKV, D), np.float16)
+    page_table = np.zeros((1, 3), np.int32)
+    with pytest.raises(msa.MsaError, match=r"page_table: must be \[B, max_pages\] \(2 dims\), "
+                                           r"got 1 dims"):
+        msa.block_scores(q, pool, cu_q, page_table=page_table[0])
+    with pytest.raises(msa.MsaError, match=r"k: must be a page pool .* \(4 dims\), got 3 dims"):
+        msa.block_scores(q, k, cu_q, page_table=page_table)
+    with pytest.raises(msa.MsaError, match=r"k: must be a page pool .* \(4 dims\), got 3 dims"):
+        msa.build_k2q_csr(np.zeros((HKV, 8, 2), np.int32), cu_q, page_table=page_table, k=k)
+    with pytest.raises(msa.MsaError, match=r"cu_seqlens_k: must be \[B\+1\] \(1 dims\), got 2"):
+        msa.block_scores(q, k, cu_q, cu_seqlens_k=np.zeros((2, 2), np.int32))
+
+
+def test_kv_block_size_zero():
+    q, k, _, cu_q, cu_k = _index_problem()
+    q2k = np.zeros((HKV, 8, 2), np.int32)
+    for call in (lambda: msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k, kv_block_size=0),
+                 lambda: msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, kv_block_size=0),
+                 lambda: msa.build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, k=k, kv_block_size=0),
+                 lambda: msa.q2k_to_k2q(q2k, cu_q, cu_seqlens_k=cu_k, kv_block_size=0)):
+        with pytest.raises(msa.MsaError, match="kv_block_size: must be >= 1, got 0"):
+            call()
+
+
+def test_negative_sizes():
+    q, k, _, cu_q, cu_k = _index_problem()
+    scores = np.zeros((HQ, 3, 8), np.float32)
+    k2q = msa.q2k_to_k2q(np.full((HKV, 8, 2), -1, np.int32), cu_q, cu_seqlens_k=cu_k)
+    for key, call in (
+            ("topk", lambda: msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=-1)),
+            ("topk", lambda: msa.select_topk(scores, cu_q, num_kv_heads=HKV, topk=-1,
+                                             cu_seqlens_k=cu_k)),
+            ("topk", lambda: msa.token_topk(np.zeros((4, 8), np.float32), -1)),
+            ("topk", lambda: msa.k2q_to_q2k(k2q, cu_q, topk=-1, cu_seqlens_k=cu_k)),
+            ("num_kv_heads", lambda: msa.select_topk(scores, cu_q, num_kv_heads=-1, topk=2,
+                                                     cu_seqlens_k=cu_k))):
+        with pytest.raises(msa.MsaError, match=rf"{key}: must be >= 1, got -1"):
+            call()
+    with pytest.raises(msa.MsaError, match="total_rows: must be >= 0, got -5"):
+        msa.build_k2q_csr(np.zeros((HKV, 8, 2), np.int32), cu_q, cu_seqlens_k=cu_k,
+                          total_rows=-5)
+    with pytest.raises(msa.MsaError, match="max_seqlen_k: must be >= 0, got -1"):
+        msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k, max_seqlen_k=-1)
+    q8 = msa.typed(np.zeros((1, 1, 2, 128), np.uint8), "fp8_e4m3")
+    with pytest.raises(msa.MsaError, match="max_seq_len: must be >= 0, got -1"):
+        msa.paged_mqa_logits(q8, np.zeros((2, 16, 1, 132), np.uint8), np.ones((1, 2), np.float32),
+                             np.array([[0, 1]], np.int32), np.array([20], np.int32), -1)
+
+
+def test_unsupported_dtype_name():
+    qx = msa.quantize(np.ones((2, HQ, 32), np.float32), "fp8_per_token")
+    with pytest.raises(msa.MsaError, match="dtype: must be 'f32', 'bf16' or 'f16', got 'f64'"):
+        msa.dequantize(qx, dtype="f64")
+    with pytest.raises(msa.MsaError, match="dtype: must be 'f32', 'bf16' or 'f16', got 'f64'"):
+        msa.dequantize(qx, dtype="f64", out=np.zeros((2, HQ, 32), np.uint16))
+    with pytest.raises(ValueError, match="format: must be one of"):
+        msa.dequantize(qx.values, qx.scale, format="fp8")
+
+
+def test_python_lists_are_not_arrays():
+    q, k, v, cu_q, cu_k = _index_problem()
+    for key, call in (
+            ("q", lambda: msa.attention_forward(q.tolist(), k, v, cu_q, cu_seqlens_k=cu_k)),
+            ("cu_seqlens_q", lambda: msa.attention_forward(q, k, v, [0, 8], cu_seqlens_k=cu_k)),
+            ("cu_seqlens_k", lambda: msa.block_scores(q, k, cu_q, cu_seqlens_k=[0, 300])),
+            ("k", lambda: msa.block_topk(q, k.tolist(), cu_q, cu_seqlens_k=cu_k)),
+            ("scores", lambda: msa.select_topk([[[0.0]]], cu_q, num_kv_heads=HKV, topk=2,
+                                               cu_seqlens_k=cu_k)),
+            ("q2k", lambda: msa.build_k2q_csr([[[0]]], cu_q, cu_seqlens_k=cu_k)),
+            (r"k2q\[0\]", lambda: msa.k2q_to_q2k([[0], [0]], cu_q, topk=2, cu_seqlens_k=cu_k)),
+            ("x", lambda: msa.quantize([[[1.0]]], "fp8_per_token")),
+            ("logits", lambda: msa.token_topk([[1.0, 2.0]], 1)),
+            ("status", lambda: msa.check_status([0, 0, 0, 0])),
+            ("seqused_k", lambda: msa.DecodePlan().plan(batch=1, num_q_heads=HQ,
+                                                        num_kv_heads=HKV, head_dim=D,
+                                                        page_size=16, max_pages=2,
+                                                        seqused_k=[5]))):
+        with pytest.raises(msa.MsaError, match=rf"{key}: expected an array .*, got list"):
+            call()
+    with pytest.raises(msa.MsaError, match=r"k2q: must be a sequence \(row_ptr, q_idx"):
+        msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, k2q=np.zeros(3, np.int32))
+
+
+def test_outputs_too_large_to_allocate():
+    # 2 * 65536 * 10**9 int32 ids (524 TB): beyond any address space, so the allocation fails
+    # whatever the memory overcommit policy; msa names the argument that sized it.
+    q = np.zeros((65536, HQ, D), np.float16)
+    k = np.zeros((300, HKV, D), np.float16)
+    cu_q, cu_k = _cu(65536), _cu(300)
+    with pytest.raises(msa.MsaError, match=r"q2k: cannot allocate i32\[2, 65536, 1000000000\] "
+                                           r"for topk = 1000000000"):
+        msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=10**9)
+    scores = np.zeros((HQ, 3, 65536), np.float32)
+    with pytest.raises(msa.MsaError, match=r"q2k: cannot allocate .* for num_kv_heads = 2, "
+                                           r"topk = 1000000000"):
+        msa.select_topk(scores, cu_q, num_kv_heads=HKV, topk=10**9, cu_seqlens_k=cu_k)
