@@ -72,6 +72,7 @@ struct Tensor {
 
 
 // ---- argument checks: each throws msa::Error naming `name` and the rule ----
+// The layout rules (contiguity, alignment) pass a view with no elements, whatever its strides.
 void check_defined(const Tensor& t, const char* name);
 void check_dtype(const Tensor& t, const char* name, std::initializer_list<DType> allowed);
 void check_ndim(const Tensor& t, const char* name, int ndim);

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ._arrays import shape_of, to_host_list
-from ._runtime import arg
+from ._arrays import to_host_list
+from ._runtime import arg, dims
 from .quant import unpack
 
 LAYOUTS = {"flat": "flat", "paged_nhd": "paged_nhd", "paged_hnd": "paged_hnd",
@@ -29,17 +29,37 @@ def kv_heads_dim(layout: str) -> int:
     return 2 if layout == "paged_nhd" else 1
 
 
+def kv_shape(k: Any, layout: str) -> tuple:
+    """The shape of k's values (k may be a QTensor): 3 dims flat, 4 for a page pool."""
+    if layout == "flat":
+        return dims(unpack(k)[0], "k", 3, "[total_k, Hkv, D]")
+    return dims(unpack(k)[0], "k", 4, "a page pool [num_pages, page_size, Hkv, D] (nhd) or "
+                "[num_pages, Hkv, page_size, D] (hnd)")
+
+
+def kv_heads_of(k: Any, layout: str) -> int:
+    return kv_shape(k, layout)[kv_heads_dim(layout)]
+
+
 def page_size_of(k: Any, layout: str) -> int:
-    shape = shape_of(k)
+    shape = kv_shape(k, layout)
     return shape[1] if layout == "paged_nhd" else shape[2]
+
+
+def page_table_shape(page_table: Any) -> tuple:
+    return dims(page_table, "page_table", 2, "[B, max_pages]")
+
+
+def _require_lengths(layout: str, cu_seqlens_k: Any) -> None:
+    if layout == "flat" and cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_k: required for a flat KV cache (or pass page_table)")
 
 
 def kv_args(k: Any, v: Any = None, *, layout: str, cu_seqlens_k: Any = None,
             page_table: Any = None, seqused_k: Any = None, k_scale: Any = None,
             v_scale: Any = None, k_global_scale: float = 1.0) -> dict:
     """The KV-cache keywords of msa._C; k and v may be QTensors."""
-    if layout == "flat" and cu_seqlens_k is None:
-        raise ValueError("cu_seqlens_k: required for a flat KV cache (or pass page_table)")
+    _require_lengths(layout, cu_seqlens_k)
     k, k_scale, k_global_scale = unpack(k, k_scale, k_global_scale)
     out = {"kv_layout": layout, "k": arg(k), "k_scale": arg(k_scale),
            "k_global_scale": float(k_global_scale), "cu_seqlens_k": arg(cu_seqlens_k),
@@ -53,11 +73,14 @@ def kv_args(k: Any, v: Any = None, *, layout: str, cu_seqlens_k: Any = None,
 def key_lengths(layout: str, k: Any, cu_seqlens_k: Any, page_table: Any,
                 seqused_k: Any) -> list:
     """Lk_b of every batch, on the host (waits for the stream for GPU cu_seqlens_k/seqused_k)."""
+    _require_lengths(layout, cu_seqlens_k)
     if layout == "flat":
+        dims(cu_seqlens_k, "cu_seqlens_k", 1, "[B+1]")
         cu = to_host_list(cu_seqlens_k)
         return [cu[b + 1] - cu[b] for b in range(len(cu) - 1)]
-    batch, max_pages = shape_of(page_table)
+    batch, max_pages = page_table_shape(page_table)
     if seqused_k is not None:
+        dims(seqused_k, "seqused_k", 1, "[B]")
         return to_host_list(seqused_k)
     return [max_pages * page_size_of(k, layout)] * batch
 
@@ -70,6 +93,8 @@ def rows_bound(layout: str, k: Any, cu_seqlens_k: Any, page_table: Any,
     if layout == "flat":
         if k is None:
             return None
-        return shape_of(unpack(k)[0])[0] // kv_block_size + shape_of(cu_seqlens_k)[0] - 1
-    batch, max_pages = shape_of(page_table)
-    return batch * -(-max_pages * page_size_of(unpack(k)[0], layout) // kv_block_size)
+        _require_lengths(layout, cu_seqlens_k)
+        batch = dims(cu_seqlens_k, "cu_seqlens_k", 1, "[B+1]")[0] - 1
+        return kv_shape(k, layout)[0] // kv_block_size + max(batch, 0)
+    batch, max_pages = page_table_shape(page_table)
+    return batch * -(-max_pages * page_size_of(k, layout) // kv_block_size)

@@ -4,6 +4,7 @@ when they are read (the check policy), and whether torch.compile is tracing."""
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, Callable, Optional
 
@@ -31,6 +32,11 @@ else:
     def compiling() -> bool:
         return False
 
+# What a framework raises for an array it cannot allocate: numpy's MemoryError (ValueError for a
+# size past its index range), cupy's OutOfMemoryError (a MemoryError) and torch's OutOfMemoryError.
+_ALLOC_ERRORS: tuple = (MemoryError, ValueError) + (
+    (torch.OutOfMemoryError,) if torch is not None and hasattr(torch, "OutOfMemoryError") else ())
+
 #: MSA_CHECK_SYNC=1 (read at import) makes every GPU op wait for its stream and raise at once for
 #: the invalid indices the device recorded; by default no op waits.
 CHECK_SYNC = os.environ.get("MSA_CHECK_SYNC", "0") not in ("", "0")
@@ -45,10 +51,66 @@ def arg(x: Any, expect: Optional[str] = None) -> Any:
 
 def dims(x: Any, name: str, n: int, what: str) -> tuple:
     """x's shape, which must have `n` dims (`what` spells them); an MsaError naming `name` else."""
-    shape = tuple((x.array if isinstance(x, Typed) else x).shape)
+    shape = getattr(x.array if isinstance(x, Typed) else x, "shape", None)
+    if shape is None:
+        raise MsaError(f"{name}: expected an array, got {type(x).__name__}")
+    shape = tuple(shape)
     if len(shape) != n:
         raise MsaError(f"{name}: must be {what} ({n} dims), got {len(shape)} dims {list(shape)}")
     return shape
+
+
+# The Python layer checks what it computes with itself (sizes, divisors, array-ness) before it
+# sizes or allocates anything, so a malformed argument is an MsaError naming it, never a numpy,
+# arithmetic or attribute error, and never truncated (msa's C++ sizes are mostly 32-bit ints).
+
+def count(value: Any, name: str, lo: int = 0, bits: int = 32) -> int:
+    """`value` as an int in [lo, 2^(bits-1) - 1]; an MsaError naming `name` else."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise MsaError(f"{name}: expected an int, got {type(value).__name__}") from None
+    if v < lo:
+        raise MsaError(f"{name}: must be >= {lo}, got {v}")
+    if v >= 1 << (bits - 1):
+        raise MsaError(f"{name}: {v} does not fit a {bits}-bit int")
+    return v
+
+
+def check_arrays(**named: Any) -> None:
+    """Raises MsaError naming the first argument that is neither None nor an array (a DLPack
+    producer: torch, numpy, cupy, ...; or a Typed or QTensor of one), e.g. a Python list."""
+    from .quant import QTensor
+    for name, x in named.items():
+        parts = [(name, x)]
+        if isinstance(x, QTensor):
+            parts = [(name, x.values), (name + ".scale", x.scale)]
+        for label, a in parts:
+            if isinstance(a, Typed):
+                a = a.array
+            if a is not None and not hasattr(a, "__dlpack__"):
+                raise MsaError(f"{label}: expected an array (torch, numpy, cupy or another "
+                               f"DLPack producer), got {type(a).__name__}")
+
+
+def check_sequence(x: Any, name: str, what: str, sizes: tuple) -> None:
+    """x, when given, is a tuple or list of len(sizes) arrays (`what` names them)."""
+    if x is None:
+        return
+    if not isinstance(x, (tuple, list)) or len(x) not in sizes:
+        raise MsaError(f"{name}: must be a sequence {what}, got {type(x).__name__}"
+                       + (f" of {len(x)}" if isinstance(x, (tuple, list)) else ""))
+    check_arrays(**{f"{name}[{i}]": a for i, a in enumerate(x)})
+
+
+def new_output(like: Any, shape: tuple, dtype: str, name: str, sized_by: str) -> Any:
+    """empty(like, shape, dtype) for output `name`, whose size the arguments `sized_by` (e.g.
+    "topk = 1000000000") set: an allocation the framework refuses is an MsaError naming them."""
+    try:
+        return empty(like, shape, dtype)
+    except _ALLOC_ERRORS as e:
+        raise MsaError(f"{name}: cannot allocate {dtype}{list(shape)} for {sized_by} "
+                       f"({type(e).__name__}: {e})") from None
 
 
 def stream_of(like: Any, stream: Any) -> int:
@@ -136,6 +198,7 @@ def check_status(status: Any = None, stream: Any = None) -> None:
     stream of its device. Ops never wait by default; call this where a sync is affordable (e.g.
     once per step), or set MSA_CHECK_SYNC=1 to check after every op."""
     if status is not None:
+        check_arrays(status=status)
         _C.check_status(status=arg(status), stream=stream_handle(status, stream))
         return
     for buf in list(_status.values()):

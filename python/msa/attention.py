@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from . import _C
-from ._arrays import Typed, dtype_of, empty, framework, shape_of
-from ._kv import kv_args, kv_heads_dim, layout_name
-from ._runtime import (_TorchTensor, MsaError, allocator, arg, compiling, dims, finish,
-                       status_for, stream_of, torch)
+from ._arrays import Typed, dtype_of, empty, framework
+from ._kv import kv_args, kv_heads_of, layout_name
+from ._runtime import (_TorchTensor, MsaError, allocator, arg, check_arrays, check_sequence,
+                       compiling, count, dims, finish, status_for, stream_of, torch)
 from .quant import unpack
 
 _PARTIAL = {None: "", "f32": "f32", "bf16": "bf16"}
@@ -22,6 +22,14 @@ def _partial(partial_dtype: Optional[str]) -> str:
         raise MsaError(f"partial_dtype: must be 'f32', 'bf16' or None (bf16 for bf16 q, f32 for "
                        f"f16 q), got {partial_dtype!r}")
     return _PARTIAL[partial_dtype]
+
+
+def check_attention_arrays(q: Any, k2q: Any = None, **named: Any) -> None:
+    """The array arguments of an attention call (k2q a sequence of them) and q's dims, before
+    anything is allocated."""
+    check_arrays(q=q, **named)
+    check_sequence(k2q, "k2q", "(row_ptr, q_idx[, schedule])", (2, 3))
+    dims(unpack(q)[0], "q", 3, "[total_q, Hq, D]")
 
 
 def _results(out: Any, lse: Any, tlse: Any, return_lse: bool, temperature: Optional[float]):
@@ -67,6 +75,10 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
     """
     layout = layout_name(kv_layout, page_table)
     partial = _partial(partial_dtype)
+    check_attention_arrays(q, k2q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
+                           cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
+                           q2k=q2k, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
+                           lse=lse, tlse=tlse, workspace=workspace)
     q, q_scale, _ = unpack(q, q_scale)
     if out is None and lse is None and tlse is None and workspace is None and compiling():
         from . import _torch_ops
@@ -96,6 +108,9 @@ def attention_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
     CPU): the CUDA kernels' scratch (k2q index when not given, schedule, partial outputs).
     q may be fp8_e4m3 (a `QTensor`, or values plus ``q_scale``) as in `attention_forward`."""
     layout = layout_name(kv_layout, page_table)
+    check_attention_arrays(q, k2q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
+                           cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
+                           q2k=q2k, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
     q, q_scale, _ = unpack(q, q_scale)
     out, _, tlse = _outputs(q, None, None, None, False, temperature)
     k2q = tuple(k2q) + (None,) * (3 - len(k2q)) if k2q is not None else (None,) * 3
@@ -196,7 +211,10 @@ def sparse_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k:
     """
     layout = layout_name(kv_layout, page_table)
     partial = _partial(partial_dtype)
-    if index_k is not None and _kv_heads(index_k, layout) != _kv_heads(k, layout):
+    _check_pipeline_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, index_q,
+                           index_k, k_scale, v_scale, out=out, lse=lse, workspace=workspace)
+    topk = count(topk, "topk", lo=1)  # it sizes the q2k view (and the traced op's output)
+    if index_k is not None and kv_heads_of(index_k, layout) != kv_heads_of(k, layout):
         return _unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
                         sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k,
                         softmax_scale, temperature, partial_dtype, k_scale, v_scale,
@@ -221,8 +239,11 @@ def sparse_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k:
     return (res if isinstance(res, tuple) else (res,)) + (q2k,)
 
 
-def _kv_heads(k: Any, layout: str) -> int:
-    return shape_of(unpack(k)[0])[kv_heads_dim(layout)]
+def _check_pipeline_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, index_q,
+                           index_k, k_scale, v_scale, **outputs) -> None:
+    check_attention_arrays(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                           page_table=page_table, seqused_k=seqused_k, index_q=index_q,
+                           index_k=index_k, k_scale=k_scale, v_scale=v_scale, **outputs)
 
 
 def _unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
@@ -236,7 +257,7 @@ def _unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout,
     scores = block_scores(q if index_q is None else index_q, index_k, cu_seqlens_q,
                           causal=causal, kv_block_size=kv_block_size, max_seqlen_k=max_seqlen_k,
                           stream=stream, check=check, **kv)
-    q2k = select_topk(scores, cu_seqlens_q, num_kv_heads=_kv_heads(k, layout), topk=topk,
+    q2k = select_topk(scores, cu_seqlens_q, num_kv_heads=kv_heads_of(k, layout), topk=topk,
                       sink_blocks=sink_blocks, local_blocks=local_blocks, causal=causal,
                       kv_block_size=kv_block_size, k=unpack(k)[0], stream=stream, check=check,
                       **kv)
@@ -278,6 +299,8 @@ def pipeline_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
     selection first, then the attention's scratch); one sized for the largest shape serves
     every smaller one."""
     layout = layout_name(kv_layout, page_table)
+    _check_pipeline_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, index_q,
+                           index_k, k_scale, v_scale)
     kw = _pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout,
                           topk, sink_blocks, local_blocks, causal, kv_block_size, index_q,
                           index_k, None, temperature, _partial(partial_dtype), k_scale, v_scale)
@@ -313,7 +336,7 @@ def pipeline_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, l
 def _q2k_view(workspace: Any, q: Any, k: Any, layout: str, total_q: int, topk: int) -> Any:
     """The pipeline's q2k, int32 [Hkv, total_q, topk] at the start of its workspace (which is
     absent only when the selection is empty)."""
-    hkv = shape_of(unpack(k)[0])[kv_heads_dim(layout)]
+    hkv = kv_heads_of(k, layout)
     n = hkv * total_q * topk
     if workspace is None or n == 0:
         return empty(q, (hkv, total_q, topk), "i32")

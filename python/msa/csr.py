@@ -7,10 +7,15 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional, Sequence
 
 from . import _C
-from ._arrays import empty, shape_of, to_host_list
+from ._arrays import empty, to_host_list
 from ._kv import kv_args, key_lengths, layout_name, rows_bound
-from ._runtime import (allocator, arg, check_pending, compiling, dims, finish, status_for,
-                       stream_of)
+from ._runtime import (allocator, arg, check_arrays, check_pending, check_sequence, compiling,
+                       count, dims, finish, new_output, status_for, stream_of)
+
+
+def _rows(lengths: list, kv_block_size: int) -> int:
+    """sum_b ceil(Lk_b / kv_block_size)."""
+    return sum((lk + kv_block_size - 1) // kv_block_size for lk in lengths)
 
 
 class K2QIndex(NamedTuple):
@@ -43,12 +48,19 @@ def build_k2q_csr(q2k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     layout = layout_name(kv_layout, page_table)
     if layout != "flat" and k is None:
         raise ValueError("k: required for a paged KV cache (its shape gives the page size)")
+    check_arrays(q2k=q2k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                 page_table=page_table, seqused_k=seqused_k, k=k)
+    check_sequence(out, "out", "(row_ptr, q_idx[, schedule])", (2, 3))
+    dims(q2k, "q2k", 3, "[Hkv, total_q, topk]")
+    kv_block_size = count(kv_block_size, "kv_block_size", lo=1)
     waited = False
-    if out is None and total_rows is None:
+    if total_rows is not None:
+        total_rows = count(total_rows, "total_rows")
+    elif out is None:
         total_rows = rows_bound(layout, k, cu_seqlens_k, page_table, kv_block_size)
         if total_rows is None:
-            lengths = key_lengths(layout, k, cu_seqlens_k, page_table, seqused_k)
-            total_rows = sum((lk + kv_block_size - 1) // kv_block_size for lk in lengths)
+            total_rows = _rows(key_lengths(layout, k, cu_seqlens_k, page_table, seqused_k),
+                               kv_block_size)
             waited = True
     if out is None and compiling():
         from . import _torch_ops
@@ -70,7 +82,8 @@ def build_k2q_csr_eager(q2k, cu_seqlens_q, k, cu_seqlens_k, page_table, seqused_
         schedule = out[2] if len(out) > 2 else None
     else:
         hkv, total_q, topk = dims(q2k, "q2k", 3, "[Hkv, total_q, topk]")
-        row_ptr = empty(q2k, (hkv, total_rows + 1), "i32")
+        row_ptr = new_output(q2k, (hkv, total_rows + 1), "i32", "row_ptr",
+                             f"total_rows = {total_rows}")
         q_idx = empty(q2k, (hkv, total_q * topk), "i32")
         schedule = empty(q2k, (_C.k2q_schedule_size(hkv, total_rows, total_q, topk),), "i32") \
             if return_schedule else None
@@ -93,9 +106,11 @@ def q2k_to_k2q(q2k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     """CPU reference converter q2k -> (row_ptr, q_idx) with exactly
     ``sum_b ceil(Lk_b / kv_block_size)`` rows, for tests (host arrays only)."""
     layout = layout_name(kv_layout, page_table)
+    check_arrays(q2k=q2k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                 page_table=page_table, seqused_k=seqused_k, k=k)
     hkv, total_q, topk = dims(q2k, "q2k", 3, "[Hkv, total_q, topk]")
-    lengths = key_lengths(layout, k, cu_seqlens_k, page_table, seqused_k)
-    rows = sum((lk + kv_block_size - 1) // kv_block_size for lk in lengths)
+    kv_block_size = count(kv_block_size, "kv_block_size", lo=1)
+    rows = _rows(key_lengths(layout, k, cu_seqlens_k, page_table, seqused_k), kv_block_size)
     row_ptr = empty(q2k, (hkv, rows + 1), "i32")
     q_idx = empty(q2k, (hkv, total_q * topk), "i32")
     _C.q2k_to_k2q_cpu(q2k=arg(q2k), cu_seqlens_q=arg(cu_seqlens_q),
@@ -111,10 +126,15 @@ def k2q_to_q2k(k2q: Sequence[Any], cu_seqlens_q: Any, *, topk: int, cu_seqlens_k
     """CPU reference converter (row_ptr, q_idx) -> q2k ``[Hkv, total_q, topk]``, each query's
     blocks ascending and -1 padded (host arrays only)."""
     layout = layout_name(kv_layout, page_table)
+    check_sequence(k2q, "k2q", "(row_ptr, q_idx[, schedule])", (2, 3))
+    check_arrays(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, page_table=page_table,
+                 seqused_k=seqused_k, k=k)
     row_ptr, q_idx = k2q[0], k2q[1]
-    hkv = shape_of(row_ptr)[0]
-    total_q = to_host_list(cu_seqlens_q)[-1]
-    q2k = empty(row_ptr, (hkv, total_q, topk), "i32")
+    hkv = dims(row_ptr, "row_ptr", 2, "[Hkv, total_rows + 1]")[0]
+    topk = count(topk, "topk", lo=1)
+    dims(cu_seqlens_q, "cu_seqlens_q", 1, "[B+1]")
+    total_q = (to_host_list(cu_seqlens_q) or [0])[-1]  # an empty one is msa._C's to report
+    q2k = new_output(row_ptr, (hkv, max(total_q, 0), topk), "i32", "q2k", f"topk = {topk}")
     _C.k2q_to_q2k_cpu(row_ptr=arg(row_ptr), q_idx=arg(q_idx), cu_seqlens_q=arg(cu_seqlens_q),
                       **kv_args(k, layout=layout, cu_seqlens_k=cu_seqlens_k,
                                 page_table=page_table, seqused_k=seqused_k),

@@ -9,10 +9,11 @@ import itertools
 from typing import Any, Optional
 
 from . import _C
-from ._arrays import _torch, empty_on, parse_device, stream_handle, to_host_list, torch_dtype
+from ._arrays import (_torch, dtype_of, empty_on, parse_device, stream_handle, to_host_list,
+                      torch_dtype)
 from ._kv import layout_name
-from ._runtime import MsaError, arg, check_pending, compiling
-from .attention import _results, attention_eager
+from ._runtime import MsaError, arg, check_arrays, check_pending, compiling
+from .attention import _results, attention_eager, check_attention_arrays
 from .quant import unpack
 
 _ids = itertools.count(1)
@@ -93,6 +94,11 @@ class DecodePlan:
         host, which waits for a GPU array's stream). The device is ``device`` ('cpu',
         'cuda[:i]', a torch.device or an array on it), else seqused_k's, else the CPU. Returns
         self."""
+        check_arrays(seqused_k=seqused_k)
+        if seqused_k is not None and dtype_of(seqused_k) != "i32":
+            # Read on the host below: other element types would be cast, and silently truncated.
+            raise MsaError("seqused_k: dtype must be i32, got "
+                           f"{dtype_of(seqused_k) or seqused_k.dtype}")
         where = device if device is not None else seqused_k
         kind, index = parse_device(where)
         layout = layout_name(kv_layout, page_table=True)
@@ -142,6 +148,10 @@ class DecodePlan:
         On the CPU and on CUDA alike (on CUDA, run() is the only op that takes FP8 q so far)."""
         if self._shape is None:
             raise MsaError("decode: run() called before a successful plan()")
+        check_attention_arrays(q, k_cache=k_cache, v_cache=v_cache, page_table=page_table,
+                               cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k, q2k=q2k,
+                               q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
+                               lse=lse, tlse=tlse)
         q, q_scale, _ = unpack(q, q_scale)
         if out is None and lse is None and tlse is None and compiling():
             from . import _torch_ops

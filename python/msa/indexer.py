@@ -8,10 +8,19 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _C
-from ._arrays import empty, shape_of
-from ._kv import kv_args, kv_heads_dim, key_lengths, layout_name, page_size_of
-from ._runtime import arg, check_pending, compiling, dims, finish, status_for, stream_of
+from ._kv import kv_args, kv_heads_of, key_lengths, layout_name, page_size_of, page_table_shape
+from ._runtime import (arg, check_arrays, check_pending, compiling, count, dims, finish,
+                       new_output, status_for, stream_of)
 from .quant import unpack
+
+
+def _check_inputs(q: Any, k: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, page_table: Any,
+                  seqused_k: Any, q_scale: Any, k_scale: Any, out: Any) -> None:
+    """The array arguments of block_scores and block_topk, and q's dims."""
+    check_arrays(q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                 page_table=page_table, seqused_k=seqused_k, q_scale=q_scale, k_scale=k_scale,
+                 out=out)
+    dims(unpack(q)[0], "q", 3, "[total_q, Hq, D]")
 
 
 def _max_blocks(layout: str, k: Any, cu_seqlens_k: Any, page_table: Any, seqused_k: Any,
@@ -25,8 +34,10 @@ def _max_blocks(layout: str, k: Any, cu_seqlens_k: Any, page_table: Any, seqused
                                default=0)
             waited = True
         else:
-            max_seqlen_k = shape_of(page_table)[1] * page_size_of(unpack(k)[0], layout)
-    return (int(max_seqlen_k) + kv_block_size - 1) // kv_block_size, waited
+            max_seqlen_k = page_table_shape(page_table)[1] * page_size_of(k, layout)
+    else:
+        max_seqlen_k = count(max_seqlen_k, "max_seqlen_k")
+    return (max_seqlen_k + kv_block_size - 1) // kv_block_size, waited
 
 
 def block_scores(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
@@ -55,6 +66,8 @@ def block_scores(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     the MSA_CHECK_SYNC environment switch; see `msa.check_status`).
     """
     layout = layout_name(kv_layout, page_table)
+    _check_inputs(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, q_scale, k_scale, out)
+    kv_block_size = count(kv_block_size, "kv_block_size", lo=1)
     nblk, waited = _max_blocks(layout, k, cu_seqlens_k, page_table, seqused_k, kv_block_size,
                                max_seqlen_k)
     if out is None and compiling():
@@ -75,7 +88,8 @@ def block_scores_eager(q, q_scale, q_global_scale, k, k_scale, k_global_scale, c
     q, q_scale, q_global_scale = unpack(q, q_scale, q_global_scale)
     total_q, hq = dims(q, "q", 3, "[total_q, Hq, D]")[:2]
     if out is None:
-        out = empty(q, (hq, nblk_max, total_q), "f32")
+        out = new_output(q, (hq, nblk_max, total_q), "f32", "scores",
+                         f"nblk_max = {nblk_max} (from max_seqlen_k and kv_block_size)")
     st = stream_of(q, stream)
     if waited:
         check_pending(q, st)
@@ -107,6 +121,8 @@ def block_topk(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     `MsaError` naming the feature. ``out``: a preallocated q2k.
     """
     layout = layout_name(kv_layout, page_table)
+    _check_inputs(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, q_scale, k_scale, out)
+    topk = count(topk, "topk", lo=1)
     if out is None and compiling():
         from . import _torch_ops
         qv, qs, qg = unpack(q, q_scale, q_global_scale)
@@ -125,10 +141,8 @@ def block_topk_eager(q, q_scale, q_global_scale, k, k_scale, k_global_scale, cu_
     q, q_scale, q_global_scale = unpack(q, q_scale, q_global_scale)
     total_q = dims(q, "q", 3, "[total_q, Hq, D]")[0]
     if out is None:
-        flat = layout == "flat"
-        kshape = dims(unpack(k)[0], "k", 3 if flat else 4,
-                      "[total_k, Hkv, D]" if flat else "a page pool [pages, ...]")
-        out = empty(q, (kshape[kv_heads_dim(layout)], total_q, topk), "i32")
+        out = new_output(q, (kv_heads_of(k, layout), total_q, topk), "i32", "q2k",
+                         f"topk = {topk}")
     st = stream_of(q, stream)
     status = status_for(q)
     _C.block_topk(q=arg(q), q_scale=arg(q_scale), q_global_scale=float(q_global_scale),
@@ -155,6 +169,11 @@ def select_topk(scores: Any, cu_seqlens_q: Any, *, num_kv_heads: int, topk: int 
     ``page_table``/``seqused_k`` plus ``k`` (its shape gives the page size).
     """
     layout = layout_name(kv_layout, page_table)
+    check_arrays(scores=scores, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                 page_table=page_table, seqused_k=seqused_k, k=k, out=out)
+    dims(scores, "scores", 3, "[Hq, nblk_max, total_q]")
+    num_kv_heads = count(num_kv_heads, "num_kv_heads", lo=1)
+    topk = count(topk, "topk", lo=1)
     if out is None and compiling():
         from . import _torch_ops
         return _torch_ops.select_topk(scores, cu_seqlens_q, unpack(k)[0], cu_seqlens_k,
@@ -171,7 +190,8 @@ def select_topk_eager(scores, cu_seqlens_q, k, cu_seqlens_k, page_table, seqused
                       stream, check) -> Any:
     if out is None:
         total_q = dims(scores, "scores", 3, "[Hq, nblk_max, total_q]")[2]
-        out = empty(scores, (num_kv_heads, total_q, topk), "i32")
+        out = new_output(scores, (num_kv_heads, total_q, topk), "i32", "q2k",
+                         f"num_kv_heads = {num_kv_heads}, topk = {topk}")
     st = stream_of(scores, stream)
     status = status_for(scores)
     _C.select_topk(scores=arg(scores), cu_seqlens_q=arg(cu_seqlens_q),

@@ -12,7 +12,8 @@ from typing import Optional
 
 from . import _C
 from ._arrays import empty
-from ._runtime import arg, dims, finish, status_for, stream_of
+from ._runtime import (arg, check_arrays, count, dims, finish, new_output, status_for,
+                       stream_of)
 from .quant import unpack
 
 
@@ -27,6 +28,7 @@ def mqa_logits(q: Any, k: Any, weights: Any, ks: Any, ke: Any, *, k_scale: Any =
     or values plus ``k_scale [S]`` f32), ``weights [T, H]`` f32, ``ks``/``ke [T]`` int32 with
     ``0 <= ks <= ke <= S``. CUDA takes fp8_e4m3, D = 128, H <= 128; a bad range there is
     reported through the device status (``check=True`` waits and raises)."""
+    check_arrays(q=q, k=k, weights=weights, ks=ks, ke=ke, k_scale=k_scale, out=out)
     kv, kscale, _ = unpack(k, k_scale)
     t_rows = dims(q, "q", 3, "[T, H, D]")[0]
     s_keys = dims(kv, "k", 2, "[S, D]")[0]
@@ -55,9 +57,13 @@ def paged_mqa_logits(q: Any, kv_fused: Any, weights: Any, block_tables: Any, seq
     `max_seq_len` or a block id outside the pool raise `MsaError` (on CUDA through the device
     status: ``check=True`` waits and raises, else `msa.check_status`). CUDA takes FP8, D = 128,
     H <= 128 and block sizes 32, 64 and 128."""
+    check_arrays(q=q, kv_fused=kv_fused, weights=weights, block_tables=block_tables,
+                 seq_lens=seq_lens, q_sf=q_sf, out=out)
     b, next_n = dims(q, "q", 4, "[B, next_n, H, D]")[:2]
+    max_seq_len = count(max_seq_len, "max_seq_len", bits=64)
     if out is None:
-        out = empty(weights, (b * next_n, max_seq_len), "f32")
+        out = new_output(weights, (b * next_n, max_seq_len), "f32", "logits",
+                         f"max_seq_len = {max_seq_len}")
     st = stream_of(weights, stream)
     status = status_for(weights)
     _C.paged_mqa_logits(q=arg(q), q_sf=arg(q_sf), kv_fused=arg(kv_fused, "u8"),
@@ -74,9 +80,11 @@ def token_topk(logits: Any, topk: int, *, ks: Any = None, ke: Any = None, out: A
     """``ids [R, topk]`` int32: per row of ``logits [R, S]`` f32, the `topk` highest positions
     among ``[ks[r], ke[r])`` (the whole row without ranges), ascending, -1 padded; ``-inf`` is
     never chosen, ties go to the lower position, NaN ranks below every finite value."""
+    check_arrays(logits=logits, ks=ks, ke=ke, out=out)
     rows = dims(logits, "logits", 2, "[R, S]")[0]
+    topk = count(topk, "topk", lo=1)
     if out is None:
-        out = empty(logits, (rows, topk), "i32")
+        out = new_output(logits, (rows, topk), "i32", "ids", f"topk = {topk}")
     _C.token_topk(logits=arg(logits), ks=arg(ks), ke=arg(ke), topk=topk, ids=arg(out),
                   stream=stream_of(logits, stream))
     return out

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from . import _C
 from ._arrays import Typed, dtype_of, empty, shape_of
-from ._runtime import arg, compiling, dims, stream_of
+from ._runtime import MsaError, arg, check_arrays, check_sequence, compiling, dims, stream_of
 
 # Per format: element types of values and scale, and the scale's shape for x [T, H, D].
 VALUE_DTYPES = {"fp8_per_tensor": "fp8_e4m3", "fp8_per_token": "fp8_e4m3",
@@ -20,6 +20,13 @@ SCALE_SHAPES = {"fp8_per_tensor": lambda t, h, d: (1,),
                 "fp8_per_token_head": lambda t, h, d: (t, h),
                 "nvfp4": lambda t, h, d: (t, h, d // 16),
                 "mxfp4": lambda t, h, d: (t, h, d // 32)}
+# The element types dequantize writes.
+OUT_DTYPES = ("f32", "bf16", "f16")
+
+
+def _check_format(format: str) -> None:
+    if format not in VALUE_DTYPES:
+        raise ValueError(f"format: must be one of {sorted(VALUE_DTYPES)}, got {format!r}")
 
 
 class QTensor(NamedTuple):
@@ -69,8 +76,10 @@ def quantize(x: Any, format: str, *, global_scale: float = 1.0,
     Returns a `QTensor`. numpy without ml_dtypes holds fp8/e8m0 as uint8; fp4x2 is uint8 in
     numpy (two e2m1 values a byte, element 2i in the low nibble).
     """
-    if format not in VALUE_DTYPES:
-        raise ValueError(f"format: must be one of {sorted(VALUE_DTYPES)}, got {format!r}")
+    _check_format(format)
+    check_arrays(x=x)
+    check_sequence(out, "out", "(values, scale)", (2,))
+    dims(x, "x", 3, "[T, H, D]")
     if out is None and compiling():
         from . import _torch_ops
         values, scale = _torch_ops.quantize(x, format, float(global_scale), stream)
@@ -102,6 +111,13 @@ def dequantize(x: Any, scale: Any = None, *, format: Optional[str] = None,
     arrays (numpy without ml_dtypes); a QTensor carries its own."""
     if isinstance(x, QTensor):
         x, scale, global_scale, format = x.values, x.scale, x.global_scale, x.format
+    if format is not None:
+        _check_format(format)
+    if dtype not in OUT_DTYPES:
+        # Checked here, before out is allocated in it; msa._C holds the same rule for out.
+        raise MsaError(f"dtype: must be 'f32', 'bf16' or 'f16', got {dtype!r}")
+    check_arrays(x=x, scale=scale, out=out)
+    dims(x, "x", 3, "[T, H, D]")
     if out is None and compiling():
         from . import _torch_ops
         return _torch_ops.dequantize(x, scale, format, float(global_scale), dtype, stream)

@@ -6,7 +6,6 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <utility>
 
@@ -110,16 +109,11 @@ bool torch_view(nb::handle h, const char* op, const char* key, const std::string
   return true;
 }
 
-// Any other array through DLPack; `keep` holds the import until the call returns.
-Tensor dlpack_view(nb::handle array, const char* op, const char* key,
-                   const std::string& override_name, std::vector<nb::ndarray<nb::ro>>& keep) {
-  nb::ndarray<nb::ro> a;
-  if (!nb::try_cast(array, a, /*convert=*/false))
-    fail(op, ": ", key, ": expected a DLPack tensor (torch, numpy, cupy, ...), got ",
-         nb::cast<std::string>(nb::str(array.type().attr("__name__"))));
-  keep.push_back(a);
+// The DLTensor of an imported array (the import keeps shape and strides alive).
+template <typename Array>
+DLTensor dl_tensor(const Array& a) {
   DLTensor t{};
-  t.data = const_cast<void*>(a.data_handle());
+  t.data = const_cast<void*>(static_cast<const void*>(a.data_handle()));
   t.byte_offset = a.byte_offset();
   t.device = {static_cast<DLDeviceType>(a.device_type()), a.device_id()};
   t.ndim = static_cast<int32_t>(a.ndim());
@@ -127,6 +121,36 @@ Tensor dlpack_view(nb::handle array, const char* op, const char* key,
   t.strides = const_cast<int64_t*>(a.stride_ptr());
   const nb::dlpack::dtype dt = a.dtype();
   t.dtype = {dt.code, dt.bits, dt.lanes};
+  return t;
+}
+
+// Imports `array` through DLPack (or the buffer protocol) into `keep`. For Access::write only a
+// writable array is accepted: nanobind's writable import refuses a producer's read-only flag, so
+// an array that imports read-only but not writable is a read-only one.
+DLTensor import_dlpack(nb::handle array, const char* op, const char* key, Access access,
+                       std::vector<nb::ndarray<nb::ro>>& keep) {
+  if (access == Access::write) {
+    nb::ndarray<> w;
+    if (nb::try_cast(array, w, /*convert=*/false)) {
+      keep.emplace_back(w);
+      return dl_tensor(w);
+    }
+  }
+  nb::ndarray<nb::ro> a;
+  if (!nb::try_cast(array, a, /*convert=*/false))
+    fail(op, ": ", key, ": expected a DLPack tensor (torch, numpy, cupy, ...), got ",
+         nb::cast<std::string>(nb::str(array.type().attr("__name__"))));
+  MSA_CHECK(access == Access::read, op, ": ", key,
+            ": must be writable (a read-only array was given)");
+  keep.push_back(a);
+  return dl_tensor(a);
+}
+
+// Any other array through DLPack; `keep` holds the import until the call returns.
+Tensor dlpack_view(nb::handle array, const char* op, const char* key,
+                   const std::string& override_name, Access access,
+                   std::vector<nb::ndarray<nb::ro>>& keep) {
+  DLTensor t = import_dlpack(array, op, key, access, keep);
   if (override_name.empty()) {
     try {
       return from_dlpack(t);
@@ -136,9 +160,9 @@ Tensor dlpack_view(nb::handle array, const char* op, const char* key,
   }
   // A storage view: the element size must match; shape and strides (in elements) carry over.
   const DType want = parse_dtype(override_name);
-  MSA_CHECK(size_t(dt.bits) * dt.lanes == dtype_size(want) * 8, op, ": ", key, ": dtype '",
-            override_name, "' needs ", dtype_size(want) * 8, "-bit storage elements, got ",
-            int(dt.bits) * int(dt.lanes), "-bit ones");
+  MSA_CHECK(size_t(t.dtype.bits) * t.dtype.lanes == dtype_size(want) * 8, op, ": ", key,
+            ": dtype '", override_name, "' needs ", dtype_size(want) * 8,
+            "-bit storage elements, got ", int(t.dtype.bits) * int(t.dtype.lanes), "-bit ones");
   t.dtype = {kDLUInt, 8, 1};
   Tensor out = from_dlpack(t);
   out.dtype = want;
@@ -147,7 +171,7 @@ Tensor dlpack_view(nb::handle array, const char* op, const char* key,
 
 // One tensor argument: None -> undefined; (array, "dtype") -> a storage view; torch tensors
 // through torch_view, anything else through DLPack.
-Tensor import_tensor(nb::handle h, const char* op, const char* key,
+Tensor import_tensor(nb::handle h, const char* op, const char* key, Access access,
                      std::vector<nb::ndarray<nb::ro>>& keep) {
   if (!h.is_valid() || h.is_none()) return {};
   nb::handle array = h;
@@ -160,7 +184,7 @@ Tensor import_tensor(nb::handle h, const char* op, const char* key,
     override_name = nb::cast<std::string>(t[1]);
   }
   if (Tensor view; torch_view(array, op, key, override_name, view)) return view;
-  return dlpack_view(array, op, key, override_name, keep);
+  return dlpack_view(array, op, key, override_name, access, keep);
 }
 
 }  // namespace
@@ -180,13 +204,15 @@ nb::handle Args::take(const char* key) {
   return v;
 }
 
-Tensor Args::tensor(const char* key) { return import_tensor(take(key), op_, key, keep_); }
+Tensor Args::tensor(const char* key, Access access) {
+  return import_tensor(take(key), op_, key, access, keep_);
+}
 
-QTensor Args::qtensor(const char* key) {
+QTensor Args::qtensor(const char* key, Access access) {
   const std::string k(key);
   QTensor q;
-  q.values = tensor(key);
-  q.scale = tensor((k + "_scale").c_str());
+  q.values = tensor(key, access);
+  q.scale = tensor((k + "_scale").c_str(), access);
   q.global_scale = static_cast<float>(real((k + "_global_scale").c_str(), 1.0));
   return q;
 }
@@ -202,12 +228,12 @@ KVCache Args::kv(bool with_v) {
   return kv;
 }
 
-K2QIndex Args::k2q(const char* prefix) {
+K2QIndex Args::k2q(const char* prefix, Access access) {
   const std::string p(prefix);
   K2QIndex k;
-  k.row_ptr = tensor((p + "row_ptr").c_str());
-  k.q_idx = tensor((p + "q_idx").c_str());
-  k.schedule = tensor((p + "schedule").c_str());
+  k.row_ptr = tensor((p + "row_ptr").c_str(), access);
+  k.q_idx = tensor((p + "q_idx").c_str(), access);
+  k.schedule = tensor((p + "schedule").c_str(), access);
   return k;
 }
 
@@ -221,6 +247,27 @@ T Args::scalar(const char* key, T dflt, const char* what) {
     fail(op_, ": ", key, ": expected ", what, ", got ",
          nb::cast<std::string>(nb::str(h.type().attr("__name__"))));
   return value;
+}
+
+// Reads an optional int keyword (a Python int or any object with __index__, e.g. a numpy integer)
+// that must fit `bits` bits as a signed value; out of range is an msa::Error naming it, never a
+// truncated value.
+int64_t Args::ranged(const char* key, int64_t dflt, int bits) {
+  nb::handle h = take(key);
+  if (!h.is_valid() || h.is_none()) return dflt;
+  const nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+  if (!i.is_valid()) {
+    PyErr_Clear();
+    fail(op_, ": ", key, ": expected an int, got ",
+         nb::cast<std::string>(nb::str(h.type().attr("__name__"))));
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  const bool fits = overflow == 0 && (bits >= 64 || (v >= -(1LL << (bits - 1)) &&
+                                                      v < (1LL << (bits - 1))));
+  MSA_CHECK(fits, op_, ": ", key, ": ", nb::cast<std::string>(nb::str(i)), " does not fit a ",
+            bits, "-bit int");
+  return v;
 }
 
 AttentionParams Args::attention_params() {
@@ -241,19 +288,15 @@ AttentionArgs Args::attention() {
   x.kv = kv(/*with_v=*/true);
   x.cu_seqlens_q = tensor("cu_seqlens_q");
   x.q2k = tensor("q2k");
-  x.out = tensor("out");
-  x.lse = tensor("lse");
-  x.tlse = tensor("tlse");
+  x.out = tensor("out", Access::write);
+  x.lse = tensor("lse", Access::write);
+  x.tlse = tensor("tlse", Access::write);
   x.params = attention_params();
   return x;
 }
 
-int64_t Args::integer(const char* key, int64_t dflt) { return scalar(key, dflt, "an int"); }
-int Args::int32(const char* key, int dflt) {
-  const int64_t v = integer(key, dflt);
-  MSA_CHECK(v >= INT_MIN && v <= INT_MAX, op_, ": ", key, ": ", v, " does not fit a 32-bit int");
-  return int(v);
-}
+int64_t Args::integer(const char* key, int64_t dflt) { return ranged(key, dflt, 64); }
+int Args::int32(const char* key, int dflt) { return int(ranged(key, dflt, 32)); }
 double Args::real(const char* key, double dflt) { return scalar(key, dflt, "a float"); }
 bool Args::flag(const char* key, bool dflt) { return scalar(key, dflt, "a bool"); }
 std::string Args::text(const char* key, const char* dflt) {
@@ -272,7 +315,7 @@ Tensor Args::allocate(size_t bytes) {
   MSA_CHECK(alloc_.is_valid() && !alloc_.is_none(), op_, ": needs ", bytes,
             " bytes of workspace: pass workspace=");
   scratch_.push_back(alloc_(bytes));
-  const Tensor ws = import_tensor(scratch_.back(), op_, "workspace", keep_);
+  const Tensor ws = import_tensor(scratch_.back(), op_, "workspace", Access::write, keep_);
   MSA_CHECK(ws.dtype == DType::u8 && ws.numel() >= int64_t(bytes), op_, ": alloc must return >= ",
             bytes, " bytes of u8, got ", ws.describe());
   return ws;

@@ -25,6 +25,11 @@ QuantFormat parse_quant_format(const std::string& name);
 // that costs several microseconds a tensor). Called once by msa/_arrays.py when torch imports.
 void register_torch(nb::handle tensor_type, nb::dict dtypes);
 
+// Whether an op only reads a tensor argument or writes into it. An output must be writable: a
+// read-only array (numpy's writeable=False, DLPack's read-only flag) is an error naming it, never
+// written through.
+enum class Access { read, write };
+
 // One op call's keyword arguments. Every key given must be read (finish() names the unknown
 // ones), so a misspelt keyword in the Python layer is an error, not a silent default. The
 // imported arrays and allocated scratch are kept alive until the call returns.
@@ -34,13 +39,13 @@ class Args {
 
   // A tensor argument: None or absent -> an undefined view. A tuple (array, "dtype") overrides
   // the element type for storage-only views (uint16 holding bf16, uint8 holding fp8/fp4/e8m0).
-  Tensor tensor(const char* key);
+  Tensor tensor(const char* key, Access access = Access::read);
   // values key, "<key>_scale" and "<key>_global_scale".
-  QTensor qtensor(const char* key);
+  QTensor qtensor(const char* key, Access access = Access::read);
   // k, v (when with_v), kv_layout, cu_seqlens_k, page_table, seqused_k and the k/v scales.
   KVCache kv(bool with_v);
   // The outputs of a CSR build / the optional k2q input of attention: <prefix>row_ptr, ...
-  K2QIndex k2q(const char* prefix);
+  K2QIndex k2q(const char* prefix, Access access = Access::read);
 
   // softmax_scale, causal, kv_block_size, temperature and partial_dtype (absent: the default).
   AttentionParams attention_params();
@@ -48,8 +53,9 @@ class Args {
   // cu_seqlens_q, q2k, out, lse, tlse and attention_params().
   AttentionArgs attention();
 
+  // An int argument that must fit 64 bits / a C++ int (a larger Python int is an error naming
+  // it, never truncated).
   int64_t integer(const char* key, int64_t dflt);
-  // An int argument that must fit a C++ int (a larger Python int is an error, never truncated).
   int int32(const char* key, int dflt);
   double real(const char* key, double dflt);
   bool flag(const char* key, bool dflt);
@@ -70,6 +76,7 @@ class Args {
   nb::handle take(const char* key);
   template <typename T>
   T scalar(const char* key, T dflt, const char* what);
+  int64_t ranged(const char* key, int64_t dflt, int bits);
 
   nb::kwargs kw_;
   const char* op_;

@@ -50,7 +50,7 @@ void bind_decode(nb::module_& m) {
             Args a(std::move(kw), "DecodePlan.plan");
             const DecodeShape s = decode_shape(a);
             const Tensor lengths = a.tensor("seqused_k");
-            const Tensor workspace = a.tensor("workspace");
+            const Tensor workspace = a.tensor("workspace", Access::write);
             cudaStream_t stream = a.stream();
             a.finish();
             if (lengths.defined()) {
@@ -69,7 +69,7 @@ void bind_decode(nb::module_& m) {
             Args a(std::move(kw), "DecodePlan.run");
             AttentionArgs x = a.attention();
             x.params.kv_block_size = self.shape().kv_block_size;
-            x.status = a.tensor("status");
+            x.status = a.tensor("status", Access::write);
             cudaStream_t stream = a.stream();
             a.finish();
             nb::gil_scoped_release unlocked;

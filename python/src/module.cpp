@@ -9,6 +9,7 @@
 
 namespace nb = nanobind;
 using namespace msa;
+using msa::py::Access;
 using msa::py::Args;
 
 namespace msa::py {
@@ -46,7 +47,7 @@ X index_args(Args& a) {
   x.kv = a.kv(/*with_v=*/false);
   x.causal = a.flag("causal", true);
   x.kv_block_size = a.int32("kv_block_size", 128);
-  x.status = a.tensor("status");
+  x.status = a.tensor("status", Access::write);
   return x;
 }
 
@@ -57,21 +58,22 @@ X selection_args(Args& a) {
   x.topk = a.int32("topk", 16);
   x.sink_blocks = a.int32("sink_blocks", 1);
   x.local_blocks = a.int32("local_blocks", 1);
-  x.q2k = a.tensor("q2k");
+  x.q2k = a.tensor("q2k", Access::write);
   return x;
 }
 
 // The keywords of the CSR family (builder and reference converters); the converters get no
-// workspace or status, which then stay undefined.
-CsrBuildArgs csr_args(Args& a) {
+// workspace or status, which then stay undefined. `to_k2q`: the k2q side is the output (build,
+// q2k -> k2q), else q2k is (k2q -> q2k).
+CsrBuildArgs csr_args(Args& a, bool to_k2q) {
   CsrBuildArgs x;
-  x.q2k = a.tensor("q2k");
+  x.q2k = a.tensor("q2k", to_k2q ? Access::read : Access::write);
   x.cu_seqlens_q = a.tensor("cu_seqlens_q");
   x.kv = a.kv(/*with_v=*/false);
   x.kv_block_size = a.int32("kv_block_size", 128);
-  x.out = a.k2q("");
-  x.workspace = a.tensor("workspace");
-  x.status = a.tensor("status");
+  x.out = a.k2q("", to_k2q ? Access::write : Access::read);
+  x.workspace = a.tensor("workspace", Access::write);
+  x.status = a.tensor("status", Access::write);
   return x;
 }
 
@@ -81,8 +83,8 @@ CsrBuildArgs csr_args(Args& a) {
 AttentionArgs attention_args(Args& a, bool scratch) {
   AttentionArgs x = a.attention();
   x.k2q = a.k2q("k2q_");
-  x.workspace = a.tensor("workspace");
-  x.status = a.tensor("status");
+  x.workspace = a.tensor("workspace", Access::write);
+  x.status = a.tensor("status", Access::write);
   if (!scratch) return x;
   a.allocator();
   if (!x.workspace.defined() && x.q.is_cuda()) x.workspace = a.allocate(attention_workspace_bytes(x));
@@ -102,11 +104,11 @@ PipelineArgs pipeline_args(Args& a, bool scratch) {
   x.sink_blocks = a.int32("sink_blocks", 1);
   x.local_blocks = a.int32("local_blocks", 1);
   x.params = a.attention_params();
-  x.out = a.tensor("out");
-  x.lse = a.tensor("lse");
-  x.tlse = a.tensor("tlse");
-  x.workspace = a.tensor("workspace");
-  x.status = a.tensor("status");
+  x.out = a.tensor("out", Access::write);
+  x.lse = a.tensor("lse", Access::write);
+  x.tlse = a.tensor("tlse", Access::write);
+  x.workspace = a.tensor("workspace", Access::write);
+  x.status = a.tensor("status", Access::write);
   if (!scratch) return x;
   a.allocator();
   if (!x.workspace.defined()) x.workspace = a.allocate(pipeline_workspace_bytes(x));
@@ -164,7 +166,7 @@ NB_MODULE(_C, m) {
       [](Args& a) {
         auto x = index_args<BlockScoresArgs>(a);
         x.q = a.qtensor("q");
-        x.scores = a.tensor("scores");
+        x.scores = a.tensor("scores", Access::write);
         return x;
       },
       [](const BlockScoresArgs& x, cudaStream_t s) { block_scores(x, s); });
@@ -197,9 +199,9 @@ NB_MODULE(_C, m) {
         x.weights = a.tensor("weights");
         x.ks = a.tensor("ks");
         x.ke = a.tensor("ke");
-        x.logits = a.tensor("logits");
+        x.logits = a.tensor("logits", Access::write);
         x.clean_logits = a.flag("clean_logits", true);
-        x.status = a.tensor("status");
+        x.status = a.tensor("status", Access::write);
         return x;
       },
       [](const MqaLogitsArgs& x, cudaStream_t s) { mqa_logits(x, s); });
@@ -216,9 +218,9 @@ NB_MODULE(_C, m) {
         x.block_tables = a.tensor("block_tables");
         x.seq_lens = a.tensor("seq_lens");
         x.max_seq_len = a.integer("max_seq_len", 0);
-        x.logits = a.tensor("logits");
+        x.logits = a.tensor("logits", Access::write);
         x.clean_logits = a.flag("clean_logits", true);
-        x.status = a.tensor("status");
+        x.status = a.tensor("status", Access::write);
         return x;
       },
       [](const PagedMqaLogitsArgs& x, cudaStream_t s) { paged_mqa_logits(x, s); });
@@ -231,7 +233,7 @@ NB_MODULE(_C, m) {
         x.ks = a.tensor("ks");
         x.ke = a.tensor("ke");
         x.topk = a.int32("topk", 2048);
-        x.ids = a.tensor("ids");
+        x.ids = a.tensor("ids", Access::write);
         return x;
       },
       [](const TokenTopKArgs& x, cudaStream_t s) { token_topk(x, s); });
@@ -241,7 +243,7 @@ NB_MODULE(_C, m) {
       "msa::build_k2q_csr; outputs row_ptr, q_idx and (optional) schedule preallocated; scratch "
       "from workspace= or alloc=.",
       [](Args& a) {
-        CsrBuildArgs x = csr_args(a);
+        CsrBuildArgs x = csr_args(a, /*to_k2q=*/true);
         a.allocator();
         if (!x.workspace.defined() && x.q2k.is_cuda() && x.q2k.ndim == 3 && x.out.row_ptr.ndim == 2)
           x.workspace = a.allocate(csr_workspace_bytes(x.q2k.shape[0], x.out.row_ptr.shape[1] - 1,
@@ -259,13 +261,15 @@ NB_MODULE(_C, m) {
 
   def_op(
       m, "q2k_to_k2q_cpu", "CPU reference converter q2k -> (row_ptr, q_idx), outputs preallocated.",
-      csr_args, [](const CsrBuildArgs& x, cudaStream_t) {
+      [](Args& a) { return csr_args(a, /*to_k2q=*/true); },
+      [](const CsrBuildArgs& x, cudaStream_t) {
         q2k_to_k2q_cpu(x.q2k, x.cu_seqlens_q, x.kv, x.kv_block_size, x.out.row_ptr, x.out.q_idx);
       });
 
   def_op(
       m, "k2q_to_q2k_cpu", "CPU reference converter (row_ptr, q_idx) -> q2k, output preallocated.",
-      csr_args, [](const CsrBuildArgs& x, cudaStream_t) {
+      [](Args& a) { return csr_args(a, /*to_k2q=*/false); },
+      [](const CsrBuildArgs& x, cudaStream_t) {
         k2q_to_q2k_cpu(x.out.row_ptr, x.out.q_idx, x.cu_seqlens_q, x.kv, x.kv_block_size, x.q2k);
       });
 
@@ -293,7 +297,7 @@ NB_MODULE(_C, m) {
         } q;
         q.x = a.tensor("x");
         q.format = py::parse_quant_format(a.text("format", ""));
-        q.out = a.qtensor("out");
+        q.out = a.qtensor("out", Access::write);
         return q;
       },
       [](const auto& q, cudaStream_t s) { quantize(q.x, q.format, q.out, s); });
@@ -306,17 +310,18 @@ NB_MODULE(_C, m) {
           Tensor out;
         } d;
         d.x = a.qtensor("x");
-        d.out = a.tensor("out");
+        d.out = a.tensor("out", Access::write);
         return d;
       },
       [](const auto& d, cudaStream_t s) { dequantize(d.x, d.out, s); });
 
-  const auto status_arg = [](Args& a) { return a.tensor("status"); };
   def_op(m, "check_status",
          "Waits for the stream, then raises MsaError if the status buffer records an offence.",
-         status_arg, [](const Tensor& status, cudaStream_t s) { check_status(status, s); });
+         [](Args& a) { return a.tensor("status"); },
+         [](const Tensor& status, cudaStream_t s) { check_status(status, s); });
   def_op(m, "clear_status", "Resets a status buffer to ok (asynchronous on the stream for CUDA).",
-         status_arg, [](const Tensor& status, cudaStream_t s) { clear_status(status, s); });
+         [](Args& a) { return a.tensor("status", Access::write); },
+         [](const Tensor& status, cudaStream_t s) { clear_status(status, s); });
 
   py::bind_decode(m);
 }

@@ -121,6 +121,21 @@ TEST(Checks, MessagesNameArgumentAndRule) {
   expect_error([&] { check_defined(Tensor(), "lse"); }, {"lse", "missing"});
 }
 
+TEST(Checks, EmptyViewsPassLayoutRules) {
+  // numpy 2 exports a view of no elements with zero strides (and its base need not be aligned):
+  // no address is formed from either, so the layout rules must not reject it.
+  alignas(16) uint8_t buf[32];
+  const Tensor empty(buf + 2, DType::bf16, std::vector<int64_t>{0, 4, 8}, std::vector<int64_t>{0, 0, 0});
+  EXPECT_NO_THROW(check_last_dim_contiguous(empty, "q"));
+  EXPECT_NO_THROW(check_contiguous(empty, "q"));
+  EXPECT_NO_THROW(check_row_alignment(empty, "q"));
+  // The same strides over elements are still wrong.
+  const Tensor full(buf, DType::bf16, std::vector<int64_t>{1, 4, 2}, std::vector<int64_t>{0, 0, 0});
+  expect_error([&] { check_last_dim_contiguous(full, "q"); }, {"q", "last dim must be contiguous"});
+  expect_error([&] { check_row_alignment(Tensor(buf + 2, DType::bf16, {2, 8}), "k"); },
+               {"k", "base pointer must be 16-byte aligned"});
+}
+
 TEST(Status, DescribesAndThrowsOnCpuBuffers) {
   int32_t s[4] = {int32_t(StatusCode::block_id_out_of_range), 1, 2, 3};
   EXPECT_EQ(describe_status(s), "q2k: block id out of range at (head 1, token 2, slot 3)");
