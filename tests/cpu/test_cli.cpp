@@ -183,6 +183,11 @@ TEST(Cli, BadUsageExitsTwoWithAMessage) {
       {"bench", "give --case NAME, --list, or a custom shape"},
       {"bench --case NOPE", "unknown case 'NOPE'"},
       {"bench --seq 64 --pattern zig", "--pattern: must be one of tok|blk|idx"},
+      // Refused before any stage runs, not by a stage after others ran.
+      {"demo --seq 256 --dim 7", "--dim must be a multiple of 16"},
+      {"demo --seq 256 --topk 1", "--topk must be >= 2"},
+      {"demo --seq 1073741824", "GB of host memory"},
+      {"bench --case P32K-tok --device cpu", "or pass --allow-slow"},
   };
   for (const auto& c : cases) expect_run(c.args, 2, {c.message});
 }

@@ -31,7 +31,14 @@ struct BenchSettings {
   int warmup = 0;  // CPU timing mode; the GPU runner defaults to 3 (gpu_warmup)
   int gpu_iters = 20, gpu_warmup = 3;
   DeviceChoice device = DeviceChoice::auto_select;
+  bool allow_slow = false;  // time the CPU reference even where it would take very long
 };
+
+// The fp64 CPU reference's rate assumed when estimating a run (scalar double loops; measured
+// 1.5-3 GFLOP/s a thread on the build machines), and the estimate past which `msa bench` asks for
+// --allow-slow rather than starting: a named 32K case runs for hours.
+constexpr double kCpuFlopsPerThread = 2e9;
+constexpr double kSlowSeconds = 600;
 
 // ==== GPU benchmark hook ======================================================================
 // The one place where `msa bench` reaches the GPU benchmarks. They live in bench/ next to the
@@ -129,6 +136,7 @@ std::vector<OptionSpec> bench_specs() {
   v.push_back({"iters", "N", "timed runs, median reported (default 20 on the GPU, 3 per CPU stage)"});
   v.push_back({"warmup", "N", "untimed runs first (default 3 on the GPU, 0 on the CPU)"});
   v.push_back({"json", "FILE", "append one JSON record per timed op to FILE (JSON Lines, bench/SCHEMA.md)"});
+  v.push_back({"allow-slow", "", "time the CPU reference even when that is estimated to take over 10 minutes"});
   v.push_back({"help", "", "show this help"});
   return v;
 }
@@ -308,6 +316,15 @@ int time_cpu(const bench::BenchCase& c, const BenchSettings& b, const std::strin
   // Block scores plus attention; dense attention bounds an idx selection's.
   const double flop = 2.0 * s.head_dim * double(known.visible) +
                       4.0 * s.head_dim * double(selection.empty() ? known.visible : known.attended);
+  const int runs = b.warmup + b.iters;
+  const double seconds = flop * runs / (kCpuFlopsPerThread * omp_get_max_threads());
+  if (seconds > kSlowSeconds && !b.allow_slow)
+    throw UsageError(detail::concat(
+        "timing ", c.name, " on the CPU reference would take about ", int64_t(seconds / 60 + 1),
+        " minutes (", int64_t(flop / 1e9), " GFLOP a run, ", runs, " runs, at ~",
+        int64_t(kCpuFlopsPerThread / 1e9), " GFLOP/s on each of ", omp_get_max_threads(),
+        " threads); shrink it (--seq, --batch, --hq) or pass --allow-slow"));
+  check_host_memory(s);
   const HostInputs in = make_inputs(s);
   Pipeline p(s, in, Device{});
   const std::vector<std::vector<double>> ms = time_stages(p, selection, b, flop);
@@ -361,6 +378,7 @@ int run_bench(const std::vector<std::string>& args) {
   const ShapeOptions so = parse_shape_options(a);
   BenchSettings b;
   b.device = parse_device(a);
+  b.allow_slow = a.has("allow-slow");
   const std::optional<int64_t> iters = a.integer("iters", 1, 100000);
   const std::optional<int64_t> warmup = a.integer("warmup", 0, 100000);
   b.iters = static_cast<int>(iters.value_or(b.iters));

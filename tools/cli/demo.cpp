@@ -111,6 +111,7 @@ void print_check(const CheckResult& c) {
 }
 
 int run_on(const Shape& s, Device dev, int rows) {
+  check_host_memory(s);  // the inputs are made on the host for either device
   const std::string where = dev.type == DeviceType::cuda
                                 ? "gpu (" + device_description(dev.index) + ")"
                                 : "cpu (" + std::to_string(omp_get_max_threads()) + " OpenMP threads)";

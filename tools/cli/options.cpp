@@ -1,6 +1,8 @@
 // Option parsing and shape resolution for `msa` (see options.h).
 #include "options.h"
 
+#include <unistd.h>
+
 #include <iomanip>
 #include <sstream>
 
@@ -165,7 +167,36 @@ Shape resolve_shape(const ShapeOptions& o, Shape s) {
     throw UsageError(detail::concat("G = Hq / Hkv must be 1, 2, 4, 8 or 16, got ", g));
   if (s.kv_block_size != 64 && s.kv_block_size != 128)
     throw UsageError(detail::concat("--blk must be 64 or 128, got ", s.kv_block_size));
+  // What the stages would refuse after earlier ones ran: checked before any of them.
+  if (s.head_dim % 16 != 0)
+    throw UsageError(detail::concat("--dim must be a multiple of 16 (rows of bf16 and FP8 inputs ",
+                                    "are 16-byte aligned), got ", s.head_dim));
+  if (s.topk < 2)
+    throw UsageError(detail::concat("--topk must be >= 2: the sink block and the local block are ",
+                                    "always selected, got ", s.topk));
   return s;
+}
+
+int64_t host_bytes_needed(const Shape& s) {
+  int64_t bytes = 0;
+  for (int64_t len : s.seqlens) {
+    const int64_t blocks = (len + s.kv_block_size - 1) / s.kv_block_size;
+    bytes += len * (2 * int64_t(s.num_q_heads) + 2 * int64_t(s.num_kv_heads)) * s.head_dim * 2;
+    bytes += len * int64_t(s.num_kv_heads) * s.topk * 4 * 3;            // q2k, the CSR
+    bytes += int64_t(s.num_q_heads) * blocks * len * 4;                  // block scores
+  }
+  return bytes;
+}
+
+void check_host_memory(const Shape& s) {
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: the allocation itself will say
+  const double need = double(host_bytes_needed(s)), have = double(pages) * double(page);
+  if (need > 0.75 * have)
+    throw UsageError(detail::concat("this shape needs about ", int64_t(need / 1e9 + 1),
+                                    " GB of host memory (inputs, selections, block scores), more ",
+                                    "than the ", int64_t(have / 1e9), " GB this machine has "
+                                    "allows; use a smaller --seq / --batch / --hq"));
 }
 
 std::string describe(const Shape& s) {

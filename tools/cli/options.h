@@ -71,6 +71,11 @@ struct Shape : bench::CaseShape {
 // Applies the options on top of `defaults`; UsageError when the result breaks a rule the CLI can
 // state up front (Hq a multiple of Hkv with G in {1, 2, 4, 8, 16}, blk 64 or 128, ...).
 Shape resolve_shape(const ShapeOptions& o, Shape defaults);
+// Host bytes a run of shape s allocates at least (inputs, q2k and CSR, materialized block scores),
+// and the check that they fit in this machine's memory (UsageError otherwise), which the demo and
+// the CPU timing run before they allocate.
+int64_t host_bytes_needed(const Shape& s);
+void check_host_memory(const Shape& s);
 std::string describe(const Shape& s);  // "B=1 S=2048 Hq=16 Hkv=2 (G=8) D=128 blk=128 topK=8 causal"
 
 // --device cpu|gpu|auto
