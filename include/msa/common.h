@@ -54,7 +54,7 @@ enum class StatusCode : int32_t {
   bad_cu_seqlens = 4,         // a = which (0 = q, 1 = k), b = batch
   schedule_incomplete = 5,    // a = items expected, b = items present
   shape_mismatch = 6,         // a, b, c: op-specific
-  negative_scale = 7,         // a = which (0 q, 1 k), b = token, c = head
+  negative_scale = 7,         // negative or not finite: a = which (0 q, 1 k), b = token, c = head
   k2q_mismatch = 8,           // a = kv head, b = CSR row (-1: the head's entry count)
   kv_length_past_plan = 9,    // decode: a = request, b = keys (seqused_k), c = planned capacity
   queries_past_plan = 10,     // decode: a = request, b = queries, c = max_queries_per_request

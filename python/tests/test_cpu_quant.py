@@ -47,3 +47,14 @@ def test_bad_format_and_preallocated_out():
     scale = np.zeros((2,), np.float32)
     qt = msa.quantize(x, "fp8_per_token", out=(values, scale))
     assert qt.values is values and (scale == 1 / 448).all()
+
+
+def test_nvfp4_of_sixteen_values_a_row():
+    """D = 16 gives 8-byte FP4 rows: msa.quantize allocates them and the CPU quantizes into them
+    (16-byte rows are a CUDA rule only)."""
+    x = np.random.default_rng(3).standard_normal((3, 2, 16)).astype(np.float32)
+    qt = msa.quantize(x, "nvfp4")
+    assert qt.values.shape == (3, 2, 8) and qt.scale.shape == (3, 2, 1)
+    back = msa.dequantize(qt)
+    # Within half an e2m1 step (at most 1 of 6) of the block scale, itself rounded to e4m3.
+    assert np.all(np.abs(back - x) <= np.abs(x).max(axis=2, keepdims=True) / 5)

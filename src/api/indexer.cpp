@@ -49,14 +49,10 @@ ProblemShape check_indexer_inputs(const QTensor& q, const KVCache& kv, const Ten
       /*need_v=*/false, /*kv_may_be_quantized=*/false, kv_block_size);
   if (q.scale.defined()) check_same_device(q.values, "q", q.scale, "q.scale");
   if (kv.k.scale.defined()) check_same_device(q.values, "q", kv.k.scale, "k.scale");
-  // FP8 scales are >= 0 (the block max factors them out); CUDA checks them on the device.
-  for (const auto& [x, name] : {std::pair{&q, "q.scale"}, std::pair{&kv.k, "k.scale"}}) {
-    const Tensor& sc = x->scale;
-    if (x->values.dtype != DType::fp8_e4m3 || !sc.defined() || sc.is_cuda()) continue;
-    for (int64_t i = 0; i < sc.numel(); ++i)
-      MSA_CHECK(!(sc.ptr<float>()[i] < 0.f), name, ": FP8 scales must be >= 0, got ",
-                sc.ptr<float>()[i], " at element ", i);
-  }
+  // FP8 scales are finite and >= 0 (the block max factors them out); CUDA checks them on the
+  // device.
+  api::check_scale_values(q, "q");
+  if (!q.values.is_cuda()) api::check_kv_scale_values(kv, s);
   return s;
 }
 

@@ -1,6 +1,7 @@
 // Shared argument rules (validate.h).
 #include "api/validate.h"
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -23,6 +24,48 @@ void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t
               " < [", b, "] = ", c[b]);
   MSA_CHECK(c[batch] == total, name, ": last entry must equal the token count ", total,
             ", got ", c[batch]);
+}
+
+void check_scale_values(const QTensor& x, const char* name) {
+  const std::string sn = std::string(name) + ".scale";
+  if (x.values.dtype == DType::fp4x2 && x.scale.dtype == DType::fp8_e4m3)
+    MSA_CHECK(std::isfinite(x.global_scale) && x.global_scale > 0.f, name,
+              ": NVFP4 global scale must be finite and > 0, got ", x.global_scale);
+  const Tensor& sc = x.scale;
+  if (x.values.dtype != DType::fp8_e4m3 || !sc.defined() || sc.is_cuda()) return;
+  for (int64_t i = 0; i < sc.numel(); ++i) {
+    const float v = sc.ptr<float>()[i];
+    MSA_CHECK(std::isfinite(v) && v >= 0.f, sn, ": FP8 scales must be finite and >= 0, got ", v,
+              " at element ", i);
+  }
+}
+
+void check_kv_scale_values(const KVCache& kv, const ProblemShape& s) {
+  for (const auto& [x, name] : {std::pair{&kv.k, "k"}, std::pair{&kv.v, "v"}}) {
+    if (!x->values.defined()) continue;
+    const Tensor& sc = x->scale;
+    const bool per_slot = x->values.dtype == DType::fp8_e4m3 && sc.defined() && !sc.is_cuda() &&
+                          sc.numel() > 1 && kv.layout != KVLayout::flat;
+    if (!per_slot) {
+      check_scale_values(*x, name);
+      continue;
+    }
+    // Pool slot page * page_size + j % page_size of each key j < Lk_b (validate.cpp: the scale's
+    // token index); per slot and head: Hkv values each.
+    const int64_t per = sc.ndim == 2 ? sc.shape[1] : 1;
+    const Tensor& pt = kv.page_table;
+    const std::vector<int64_t> lengths = host_key_lengths(kv, s);
+    for (int64_t b = 0; b < int64_t(lengths.size()); ++b)
+      for (int64_t j = 0; j < lengths[b]; ++j) {
+        const int64_t page = pt.ptr<int32_t>()[b * pt.strides[0] + (j / s.page_size) * pt.strides[1]];
+        const int64_t slot = page * s.page_size + j % s.page_size;
+        for (int64_t h = 0; h < per; ++h) {
+          const float v = sc.ptr<float>()[slot * per + h];
+          MSA_CHECK(std::isfinite(v) && v >= 0.f, name, ".scale: FP8 scales must be finite and >= 0,"
+                    " got ", v, " for key ", j, " of batch ", b, " (pool slot ", slot, ")");
+        }
+      }
+  }
 }
 
 void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,

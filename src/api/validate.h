@@ -22,6 +22,14 @@ ProblemShape check_q_and_kv(const QTensor& q, const KVCache& kv, const Tensor& c
 // Attention's output dtype for a query dtype: q's own, bf16 for fp8_e4m3 queries.
 inline DType attention_out_dtype(DType q) { return q == DType::fp8_e4m3 ? DType::bf16 : q; }
 
+// The values of a host QTensor's FP8 scales: each finite and >= 0 (a NaN or infinite scale turns
+// every score it touches into NaN; a negative one flips them, which no quantizer produces); an
+// NVFP4 global scale finite and > 0. Device scales are the kernels' to check.
+void check_scale_values(const QTensor& x, const char* name);
+// The same for the K (and V) scales of a validated host cache: of a page pool's per-slot scales
+// only the slots that hold a key (the others may hold anything: they are never read).
+void check_kv_scale_values(const KVCache& kv, const ProblemShape& s);
+
 // The scale rules of QTensor for a tensor with `tokens` x `heads` x `dim` logical elements.
 void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,
                          int64_t dim);

@@ -22,7 +22,8 @@ std::string describe_status(const int32_t s[4]) {
     case StatusCode::schedule_incomplete:
       return detail::concat("schedule: incomplete, ", s[2], " of ", s[1], " work items present");
     case StatusCode::negative_scale:
-      return detail::concat(s[1] == 0 ? "q.scale" : "k.scale", ": FP8 scales must be >= 0; negative at (token ",
+      return detail::concat(s[1] == 0 ? "q.scale" : "k.scale",
+                            ": FP8 scales must be finite and >= 0; negative or not finite at (token ",
                             s[2], ", head ", s[3], ")");
     case StatusCode::k2q_mismatch:
       if (s[2] < 0)

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <climits>
+#include <limits>
 #include <thread>
 
 #include "common/schedule.h"
@@ -192,6 +193,30 @@ TEST(Attention, Fp8QueryRulesChecked) {
   AttentionArgs c = make_args(bq, bq.flat_kv(), o, nullptr, {});
   c.q_scale = p.q_scale->t;
   expect_error([&] { attention_forward(c); }, "q.scale: must be absent for bf16 values");
+}
+
+// FP8 scale values: negative, NaN or infinite q, k or v scales are errors (they passed and gave
+// NaN outputs); a page pool's slots that hold no key may hold anything (make_paged leaves NaN).
+TEST(Attention, Fp8ScaleValuesChecked) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const float bad : {-1.f, nan, inf}) {
+    Problem p = make_problem({5}, {100}, 2, 1, 64, 260, DType::bf16, DType::fp8_e4m3,
+                             Fp8Scale::per_token);
+    p.v_scale->data<float>()[17] = bad;
+    expect_error([&] { run_attention(p, p.flat_kv(), nullptr, {}); },
+                 "v.scale: FP8 scales must be finite and >= 0, got ");
+    Problem q8 = make_problem({5}, {100}, 2, 1, 64, 261, DType::fp8_e4m3);
+    q8.q_scale->data<float>()[3] = bad;
+    expect_error([&] { run_attention(q8, q8.flat_kv(), nullptr, {}); },
+                 "q.scale: FP8 scales must be finite and >= 0, got ");
+    Problem pg = make_problem({5}, {100}, 2, 1, 64, 262, DType::bf16, DType::fp8_e4m3,
+                              Fp8Scale::per_token);
+    PagedKV paged = make_paged(pg, KVLayout::paged_nhd, 32, 263);
+    const int32_t page = paged.page_table.data<int32_t>()[1];  // keys 32..63 of batch 0
+    paged.k_scale->data<float>()[page * 32 + 5] = bad;
+    expect_error([&] { run_attention(pg, paged.cache(), nullptr, {}); },
+                 "k.scale: FP8 scales must be finite and >= 0, got ");
+  }
 }
 
 TEST(Attention, PagedFp8ScaleShapesChecked) {

@@ -367,21 +367,23 @@ TEST(BlockScores, Fp8EachScaleGranularity) {
 }
 
 // A negative FP8 scale is an input error (the GPU factors the scales out of the block max).
-TEST(BlockScores, Fp8NegativeScaleIsAnError) {
+// A negative, NaN or infinite FP8 scale is an error (NaN and infinity used to pass and turn the
+// scores they touch into NaN), for k's and for q's.
+TEST(BlockScores, Fp8NegativeOrNonFiniteScaleIsAnError) {
   Shape sh{{4}, {40}, 2, 1, 64, 64, true};
   Flat f(sh, DType::fp8_e4m3);
   std::mt19937 rng(26);
   fill_bytes(f.q, rng, 0x00, 0xff);
   fill_bytes(f.k, rng, 0x00, 0xff);
-  HostTensor ks(DType::f32, {sh.total_k()});
-  for (int64_t i = 0; i < sh.total_k(); ++i) ks.data<float>()[i] = i == 7 ? -0.5f : 1.f;
-  try {
-    block_scores(f.args(sh, f.q.t, QTensor(f.k.t, ks.t)));
-    ADD_FAILURE() << "expected msa::Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("k.scale: FP8 scales must be >= 0, got -0.5 at element 7"),
-              std::string::npos)
-        << e.what();
+  for (const float bad : {-0.5f, std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity()}) {
+    HostTensor ks(DType::f32, {sh.total_k()}), qs(DType::f32, {sh.total_q()});
+    for (int64_t i = 0; i < sh.total_k(); ++i) ks.data<float>()[i] = i == 7 ? bad : 1.f;
+    for (int64_t i = 0; i < sh.total_q(); ++i) qs.data<float>()[i] = i == 2 ? bad : 1.f;
+    expect_error([&] { block_scores(f.args(sh, f.q.t, QTensor(f.k.t, ks.t))); },
+                 "k.scale: FP8 scales must be finite and >= 0, got ");
+    expect_error([&] { block_scores(f.args(sh, QTensor(f.q.t, qs.t), QTensor(f.k.t))); },
+                 "q.scale: FP8 scales must be finite and >= 0, got ");
   }
 }
 

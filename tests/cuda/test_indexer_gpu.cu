@@ -534,7 +534,7 @@ TEST(IndexerGpu, NegativeKeyScaleReportedFlatAndPaged) {
       clear_status(args.status, s);
       block_scores(args, s);
       check_status(args.status, s);
-    }, "k.scale: FP8 scales must be >= 0; negative at (token " + std::to_string(token) + ", head 0)");
+    }, "k.scale: FP8 scales must be finite and >= 0; negative or not finite at (token " + std::to_string(token) + ", head 0)");
   };
   run(g, bad_key);
   BlockScoresArgs gp = g;

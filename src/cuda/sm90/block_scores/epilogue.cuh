@@ -3,6 +3,8 @@
 // selectors' list insertion (offer) and setup, and the unfused -inf tail. Called from mma.cuh.
 #pragma once
 
+#include <cfloat>
+
 #include <climits>
 
 #include "cuda/sm90/block_scores/work.cuh"
@@ -173,7 +175,8 @@ struct SegRows {
 };
 
 // Rows of row group r held by this thread in segment `seg` (row lane/4 + 8 u of the warp's 16).
-// Also reports negative FP8 scales, with the arguments the per-block check used to give.
+// Also reports negative and non-finite FP8 scales, with the arguments the per-block check used
+// to give.
 template <Elem kElem>
 __device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds& seg, int64_t h,
                                                 int64_t t0, int r, int warp, int lane) {
@@ -197,7 +200,7 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds
     if constexpr (kElem == Elem::e4m3) {
       const int64_t t = ri.t < p.total_q ? ri.t : 0;  // rows past total_q are never stored
       const float qs = scale_at(p.q_scale, p.q_scale_kind, t, hq, p.num_q_heads);
-      if (qs < 0.f || k_const < 0.f)
+      if (!(qs >= 0.f && qs <= FLT_MAX) || !(k_const >= 0.f && k_const <= FLT_MAX))
         flag_status(p.status, int32_t(StatusCode::negative_scale), 0, t, hq);
       sr.qk[u] = qs * k_const;
     }

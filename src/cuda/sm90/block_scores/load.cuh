@@ -8,6 +8,8 @@
 // Called from kernel.cuh.
 #pragma once
 
+#include <cfloat>
+
 #include "cuda/device/sm90.cuh"
 #include "cuda/sm90/block_scores/work.cuh"
 #include "cuda/common/paged_kv.cuh"
@@ -83,7 +85,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     sm90::mbar_wait(&sh.k_full[st], KRing::full_parity(item));
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i)
-      if (sh.k_scale[st][lane + 32 * i] < 0.f) {  // only copied keys hold one (others 0)
+      // Only copied keys hold one (others 0); NaN and infinity fail the test too.
+      if (!(sh.k_scale[st][lane + 32 * i] >= 0.f && sh.k_scale[st][lane + 32 * i] <= FLT_MAX)) {
         bool in = true;
         const int64_t k0 = paged ? key >> 32 : key;
         const int32_t j0 = paged ? int32_t(key & 0xffffffff) : 0;
