@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional, Sequence
 
+
+def _msa_error() -> type:
+    """msa.MsaError (the extension's, imported on first use: this module loads before it)."""
+    from . import _C
+    return _C.MsaError
+
 #: msa's element types, spelt as the C++ library prints them (msa::dtype_name).
 DTYPES = ("f32", "f16", "bf16", "fp8_e4m3", "fp4x2", "e8m0", "u8", "i32")
 
@@ -38,7 +44,7 @@ def typed(array: Any, dtype: str) -> Typed:
     Example: ``msa.typed(q_bits.view(np.uint16), "bf16")``.
     """
     if dtype not in DTYPES:
-        raise ValueError(f"msa.typed: unknown dtype {dtype!r}; expected one of {DTYPES}")
+        raise _msa_error()(f"msa.typed: unknown dtype {dtype!r}; expected one of {DTYPES}")
     return Typed(array, dtype)
 
 
@@ -142,7 +148,7 @@ def _storage_view(x: Any, bits: int) -> Any:
     else:
         size = x.dtype.itemsize * 8
     if size != bits:
-        raise ValueError(f"msa.typed: a {bits}-bit dtype needs {bits}-bit storage elements, "
+        raise _msa_error()(f"msa.typed: a {bits}-bit dtype needs {bits}-bit storage elements, "
                          f"got {x.dtype}")
     if is_torch(x):
         return x.view({8: t.uint8, 16: t.int16, 32: t.int32}[bits])
@@ -185,7 +191,7 @@ def empty(like: Any, shape: Sequence[int], dtype: str, zero: bool = False) -> An
         with cupy.cuda.Device(like.device.id):
             return (cupy.zeros if zero else cupy.empty)(shape, dtype=dt)
     if fw == "dlpack" and is_cuda(like):
-        raise ValueError("msa: cannot allocate outputs for a CUDA array of this framework; "
+        raise _msa_error()("msa: cannot allocate outputs for a CUDA array of this framework; "
                          "pass preallocated outputs (out=...)")
     import numpy as np
     return (np.zeros if zero else np.empty)(shape, dtype=_numpy_dtype(dtype))
@@ -216,7 +222,7 @@ def parse_device(device: Any) -> tuple:
     text = str(device)
     kind, _, index = text.partition(":")
     if kind not in ("cpu", "cuda"):
-        raise ValueError(f"msa: device must be 'cpu' or 'cuda[:index]', got {text!r}")
+        raise _msa_error()(f"msa: device must be 'cpu' or 'cuda[:index]', got {text!r}")
     if kind == "cuda" and not index:
         t = _torch()
         index = str(t.cuda.current_device()) if t is not None else "0"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ._arrays import to_host_list
-from ._runtime import arg, dims
+from ._runtime import MsaError, arg, dims
 from .quant import unpack
 
 LAYOUTS = {"flat": "flat", "paged_nhd": "paged_nhd", "paged_hnd": "paged_hnd",
@@ -19,7 +19,7 @@ def layout_name(kv_layout: Optional[str], page_table: Any) -> str:
     if kv_layout is None:
         return "flat" if page_table is None else "paged_nhd"
     if kv_layout not in LAYOUTS:
-        raise ValueError(f"kv_layout: must be one of {sorted(LAYOUTS)}, got {kv_layout!r}")
+        raise MsaError(f"kv_layout: must be one of {sorted(LAYOUTS)}, got {kv_layout!r}")
     return LAYOUTS[kv_layout]
 
 
@@ -52,7 +52,7 @@ def page_table_shape(page_table: Any) -> tuple:
 
 def _require_lengths(layout: str, cu_seqlens_k: Any) -> None:
     if layout == "flat" and cu_seqlens_k is None:
-        raise ValueError("cu_seqlens_k: required for a flat KV cache (or pass page_table)")
+        raise MsaError("cu_seqlens_k: required for a flat KV cache (or pass page_table)")
 
 
 def kv_args(k: Any, v: Any = None, *, layout: str, cu_seqlens_k: Any = None,

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 from . import _C
 from ._arrays import empty, to_host_list
 from ._kv import kv_args, key_lengths, layout_name, rows_bound
-from ._runtime import (allocator, arg, check_arrays, check_pending, check_sequence, compiling,
+from ._runtime import (MsaError, allocator, arg, check_arrays, check_pending, check_sequence, compiling,
                        count, dims, finish, new_output, status_for, stream_of)
 
 
@@ -47,7 +47,7 @@ def build_k2q_csr(q2k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     """
     layout = layout_name(kv_layout, page_table)
     if layout != "flat" and k is None:
-        raise ValueError("k: required for a paged KV cache (its shape gives the page size)")
+        raise MsaError("k: required for a paged KV cache (its shape gives the page size)")
     check_arrays(q2k=q2k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                  page_table=page_table, seqused_k=seqused_k, k=k)
     check_sequence(out, "out", "(row_ptr, q_idx[, schedule])", (2, 3))

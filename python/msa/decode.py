@@ -27,7 +27,7 @@ def _dtype_name(dtype: Any) -> str:
         for name in ("bf16", "f16", "fp8_e4m3"):
             if torch_dtype(name) == dtype:
                 return name
-    raise ValueError(f"kv_dtype: must be 'bf16', 'f16' or 'fp8_e4m3' (or the torch dtype), "
+    raise MsaError(f"kv_dtype: must be 'bf16', 'f16' or 'fp8_e4m3' (or the torch dtype), "
                      f"got {dtype!r}")
 
 

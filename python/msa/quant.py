@@ -26,7 +26,7 @@ OUT_DTYPES = ("f32", "bf16", "f16")
 
 def _check_format(format: str) -> None:
     if format not in VALUE_DTYPES:
-        raise ValueError(f"format: must be one of {sorted(VALUE_DTYPES)}, got {format!r}")
+        raise MsaError(f"format: must be one of {sorted(VALUE_DTYPES)}, got {format!r}")
 
 
 class QTensor(NamedTuple):

@@ -150,7 +150,10 @@ void def_scratch_op(nb::module_& m, X (*read)(Args&, bool), size_t (*size)(const
 NB_MODULE(_C, m) {
   m.doc() = "msa's private C++ bindings; use the functions of the msa package instead.";
   m.attr("__version__") = kVersion;
-  nb::exception<Error>(m, "MsaError", PyExc_RuntimeError);
+  // A RuntimeError as it always was, and a ValueError: every rejected argument raises MsaError,
+  // including the Python layer's own checks, which raised ValueError before.
+  nb::exception<Error>(m, "MsaError",
+                       nb::make_tuple(nb::handle(PyExc_RuntimeError), nb::handle(PyExc_ValueError)));
   // torch.compile caches keep DecodePlan objects until interpreter exit, which nanobind's
   // shutdown check would report as leaks; they are not.
   nb::set_leak_warnings(false);

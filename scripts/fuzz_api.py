@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""A hostile user of msa's Python API on the CPU: random valid and invalid calls of every op,
+each run in a child process so that a crash or a hang is seen as one.
+
+Every call starts from a valid random problem (small varlen shapes) and, in most calls, applies
+one mutation: a wrong dtype, rank or extent, a broken stride, an empty or negative size, an
+integer past 32 bits, a NaN / infinite / negative scale, an out-of-range id, a read-only output, a
+Python list for an array, a missing argument. Outcomes:
+  ok        the call returned (valid calls: its attention output is also checked against the
+            float64 numpy reference on the same inputs)
+  rejected  msa.MsaError (the expected answer to an invalid call; it must name the argument)
+  rejected_valid  msa.MsaError for an unmutated, valid call (a defect)
+  other     any other exception (a defect: msa should have raised MsaError)
+  wrong     a valid call whose result disagrees with the reference (a defect)
+  accepted  an invalid call that returned (a defect, for the mutations that are always invalid)
+  crash     the child died (a defect)
+  hang      the child passed the timeout (a defect)
+
+  python3 scripts/fuzz_api.py --calls 15000 [--seed 1] [--per-child 500] [--timeout 120]
+Prints the counts per op and outcome, the first examples of each defect, and exits 1 if any.
+"""
+import argparse
+import collections
+import json
+import multiprocessing as mp
+import sys
+import traceback
+
+import numpy as np
+
+D = 16
+MUTATIONS = ["none", "none", "dtype", "rank", "extent", "stride", "empty", "negative",
+             "huge_int", "nan_scale", "bad_id", "readonly_out", "list", "missing"]
+# Mutations after which a call must be rejected (the others may stay valid, e.g. an empty batch).
+ALWAYS_INVALID = {"dtype", "rank", "extent", "negative", "huge_int", "nan_scale", "bad_id",
+                  "readonly_out", "list", "missing"}
+
+
+def cu(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def problem(rng):
+    b = int(rng.integers(1, 4))
+    lk = [int(x) for x in rng.integers(1, 200, b)]
+    lq = [int(min(x, k)) for x, k in zip(rng.integers(1, 40, b), lk)]
+    hkv = int(rng.choice([1, 2]))
+    hq = hkv * int(rng.choice([1, 2, 4]))
+    q = rng.standard_normal((sum(lq), hq, D)).astype(np.float16)
+    k = rng.standard_normal((sum(lk), hkv, D)).astype(np.float16)
+    v = rng.standard_normal((sum(lk), hkv, D)).astype(np.float16)
+    return dict(q=q, k=k, v=v, cu_q=cu(lq), cu_k=cu(lk), lq=lq, lk=lk, hq=hq, hkv=hkv)
+
+
+def mutate_array(rng, x, how):
+    if how == "dtype":
+        return x.astype(np.float64)
+    if how == "rank":
+        return x.reshape(x.shape[0], -1) if x.ndim > 1 else x[:, None]
+    if how == "extent":
+        return np.concatenate([x, x[..., :1]], axis=x.ndim - 1) if x.shape[-1] else x
+    if how == "stride":
+        return np.repeat(x, 2, axis=x.ndim - 1)[..., ::2]
+    if how == "list":
+        return x.tolist()
+    return x
+
+
+def call(op, rng, how):
+    """One call of `op` with mutation `how`; returns (result or None, reference or None)."""
+    import msa
+    p = problem(rng)
+    blk = int(rng.choice([64, 128]))
+    topk = int(rng.integers(2, 6))
+    q2k_fn = lambda: msa.block_topk(p["q"], p["k"], p["cu_q"], cu_seqlens_k=p["cu_k"], topk=topk,
+                                    kv_block_size=blk)
+    args = {}
+    if op == "attention_forward":
+        q2k = q2k_fn()
+        args = dict(q=p["q"], k=p["k"], v=p["v"], cu_seqlens_q=p["cu_q"], cu_seqlens_k=p["cu_k"],
+                    q2k=q2k, kv_block_size=blk)
+        target = str(rng.choice(["q", "k", "v", "cu_seqlens_q", "q2k"]))
+    elif op == "block_scores":
+        args = dict(q=p["q"], k=p["k"], cu_seqlens_q=p["cu_q"], cu_seqlens_k=p["cu_k"],
+                    kv_block_size=blk)
+        target = str(rng.choice(["q", "k", "cu_seqlens_q"]))
+    elif op == "block_topk":
+        args = dict(q=p["q"], k=p["k"], cu_seqlens_q=p["cu_q"], cu_seqlens_k=p["cu_k"], topk=topk,
+                    kv_block_size=blk)
+        target = str(rng.choice(["q", "k", "topk"]))
+    elif op == "quantize":
+        args = dict(x=p["q"].astype(np.float32), format=str(rng.choice(
+            ["fp8_per_tensor", "fp8_per_token", "fp8_per_token_head", "nvfp4", "mxfp4"])))
+        target = "x"
+    elif op == "decode":
+        args = dict(q=p["q"], k=p["k"], v=p["v"], cu_seqlens_q=p["cu_q"], cu_seqlens_k=p["cu_k"])
+        target = str(rng.choice(["q", "k"]))
+    elif op == "mqa_logits":
+        t, s = p["q"].shape[0], p["k"].shape[0]
+        import ml_dtypes
+        args = dict(q=p["q"].astype(ml_dtypes.bfloat16), k=p["k"][:, 0].astype(ml_dtypes.bfloat16),
+                    weights=rng.standard_normal((t, p["hq"])).astype(np.float32),
+                    ks=np.zeros(t, np.int32), ke=np.full(t, s, np.int32))
+        target = str(rng.choice(["q", "k", "weights", "ks"]))
+    # The mutation (`applied`: it changed the arguments, so an invalid call must be rejected).
+    scale = None
+    def sig(v_):  # what makes an argument different for msa: kind, shape, dtype, layout, value
+        if isinstance(v_, np.ndarray):
+            return ("array", v_.shape, str(v_.dtype), v_.strides, v_.flags.writeable)
+        return (type(v_).__name__, v_ if isinstance(v_, (int, float, str)) else id(v_))
+    before = {k_: sig(v_) for k_, v_ in args.items()}
+    if how in ("dtype", "rank", "extent", "stride", "list") and target in args and \
+            isinstance(args[target], np.ndarray):
+        args[target] = mutate_array(rng, args[target], how)
+    elif how == "empty":
+        for key in ("q", "x"):
+            if key in args:
+                args[key] = args[key][:0]
+        if "cu_seqlens_q" in args:
+            args["cu_seqlens_q"] = np.zeros_like(args["cu_seqlens_q"])
+        if op == "mqa_logits":
+            args["weights"], args["ks"], args["ke"] = (args["weights"][:0], args["ks"][:0],
+                                                       args["ke"][:0])
+    elif how == "negative" and "kv_block_size" in args:
+        args["topk" if "topk" in args and rng.random() < 0.5 else "kv_block_size"] = -64
+    elif how == "huge_int" and "kv_block_size" in args:
+        args["topk" if "topk" in args and rng.random() < 0.5 else "kv_block_size"] = 2**32 + 64
+    elif how == "nan_scale" and op in ("attention_forward", "block_scores", "block_topk"):
+        scale = np.full(p["k"].shape[0], np.nan, np.float32)
+        args["k"] = msa.quantize(p["k"].astype(np.float32), "fp8_per_token").values
+        args["k_scale"] = scale
+        if op == "attention_forward":
+            args["v"] = args["k"]
+            args["v_scale"] = np.ones(p["k"].shape[0], np.float32)
+            args["q"] = args["q"].astype(np.float16)
+            import ml_dtypes  # noqa: F401  (bf16 q over FP8 K/V)
+            args["q"] = p["q"].astype(np.float32).astype("bfloat16")
+    elif how == "bad_id" and op == "attention_forward":
+        args["q2k"] = args["q2k"].copy()
+        args["q2k"][0, 0, 0] = 10**6
+    elif how == "readonly_out" and op in ("attention_forward", "block_scores"):
+        shape = (p["q"].shape[0], p["hq"], D) if op == "attention_forward" else None
+        if shape is not None:
+            out = np.zeros(shape, np.float16)
+            out.setflags(write=False)
+            args["out"] = out
+    elif how == "missing" and "cu_seqlens_k" in args and op != "decode":
+        # A keyword the call cannot do without (a flat cache's lengths); required positional
+        # arguments are Python's to report (TypeError).
+        args.pop("cu_seqlens_k")
+    after = {k_: sig(v_) for k_, v_ in args.items()}
+    applied = before != after
+    result = run_op(op, args, p, rng, how, target, blk)
+    return result[0], result[1], applied
+
+
+def run_op(op, args, p, rng, how, target, blk):
+    import msa
+    if op == "attention_forward":
+        out = msa.attention_forward(**args)
+        ref = None
+        if how == "none":
+            import np_reference as r
+            ref = r.attention(p["q"].astype(np.float64), r.split(p["k"], p["cu_k"]),
+                              r.split(p["v"], p["cu_k"]), p["cu_q"], q2k=args["q2k"], blk=blk)[0]
+        return out, ref
+    if op == "block_scores":
+        return msa.block_scores(**args), None
+    if op == "block_topk":
+        return msa.block_topk(**args), None
+    if op == "quantize":
+        return msa.quantize(**args), None
+    if op == "decode":
+        lk = np.diff(args["cu_seqlens_k"]) if isinstance(args.get("cu_seqlens_k"), np.ndarray) else []
+        plan = msa.DecodePlan().plan(batch=len(p["lq"]), num_q_heads=p["hq"],
+                                     num_kv_heads=p["hkv"], head_dim=D, page_size=16,
+                                     kv_dtype="f16",
+                                     max_pages=int(max(list(lk) + [1]) + 15) // 16,
+                                     max_queries_per_request=40)
+        import np_reference as r
+        kp, vp, table, seqused = r.to_pages(rng, p["k"], p["v"], p["cu_k"], 16)
+        if how != "none" and target == "q" and "q" in args:
+            qq = args["q"]
+        else:
+            qq = p["q"]
+        return plan.run(qq, args.get("k", kp) if how in ("dtype", "rank", "extent", "list") and
+                        target == "k" else kp, vp, table, p["cu_q"], seqused_k=seqused), None
+    if op == "mqa_logits":
+        return msa.mqa_logits(**args), None
+    raise AssertionError(op)
+
+
+OPS = ["attention_forward", "block_scores", "block_topk", "quantize", "decode", "mqa_logits"]
+
+
+def child(seed, n, queue):
+    sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0] + "/python/tests")
+    import msa
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        op = str(rng.choice(OPS))
+        how = str(rng.choice(MUTATIONS))
+        queue.put(("start", op, how, seed, i))
+        try:
+            out, ref, applied = call(op, rng, how)
+            outcome = "ok"
+            if ref is not None:
+                got = np.asarray(out, np.float64)
+                err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+                if not err <= 1e-2:
+                    outcome = "wrong"
+            elif applied and how in ALWAYS_INVALID and not (op == "quantize" and how == "extent"):
+                # (quantize: a longer row is a valid FP8 input; FP4 formats reject an odd one)
+                outcome = "accepted"
+            queue.put(("done", op, how, outcome, ""))
+        except msa.MsaError as e:
+            # An unmutated call is valid: rejecting it is a defect.
+            queue.put(("done", op, how, "rejected" if how != "none" else "rejected_valid",
+                       str(e)[:200]))
+        except Exception as e:  # noqa: BLE001  (the outcome to find)
+            queue.put(("done", op, how, "other",
+                       f"{type(e).__name__}: {e}"[:300] + " | " +
+                       traceback.format_exc().splitlines()[-3][:200]))
+    queue.put(("end",))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=15000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--per-child", type=int, default=500)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--json", help="write the counts and defects to this file")
+    args = ap.parse_args()
+    counts = collections.Counter()
+    examples = collections.defaultdict(list)
+    done = 0
+    seed = args.seed
+    ctx = mp.get_context("spawn")
+    while done < args.calls:
+        n = min(args.per_child, args.calls - done)
+        q = ctx.Queue()
+        proc = ctx.Process(target=child, args=(seed, n, q))
+        proc.start()
+        current, finished = None, 0
+        while True:
+            try:
+                msg = q.get(timeout=args.timeout)
+            except Exception:  # noqa: BLE001  (queue.Empty: nothing for `timeout` seconds)
+                proc.kill()
+                outcome = "crash" if not proc.is_alive() and proc.exitcode not in (0, None) else "hang"
+                if current:
+                    counts[(current[1], outcome)] += 1
+                    examples[outcome].append(f"{current[1]} mutation={current[2]} seed={seed} call={current[4]}")
+                break
+            if msg[0] == "start":
+                current = msg
+            elif msg[0] == "done":
+                counts[(msg[1], msg[3])] += 1
+                finished += 1
+                if msg[3] in ("other", "wrong", "accepted", "rejected_valid") and \
+                        len(examples[msg[3]]) < 20:
+                    examples[msg[3]].append(f"{msg[1]} mutation={msg[2]}: {msg[4]}")
+                current = None
+            else:
+                break
+        proc.join(5)
+        done += max(finished, 1)
+        seed += 1
+    by_outcome = collections.Counter()
+    for (op, outcome), c in counts.items():
+        by_outcome[outcome] += c
+    print(f"{done} calls: " + ", ".join(f"{k} {v}" for k, v in sorted(by_outcome.items())))
+    for op in OPS:
+        row = {o: c for (p_, o), c in counts.items() if p_ == op}
+        print(f"  {op:18s} " + ", ".join(f"{k} {v}" for k, v in sorted(row.items())))
+    for kind, ex in examples.items():
+        print(f"{kind} (first {len(ex)}):")
+        for e in ex:
+            print("  " + e)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"calls": done, "outcomes": dict(by_outcome),
+                       "examples": {k: v for k, v in examples.items()}}, f, indent=1)
+    bad = sum(by_outcome[k] for k in ("other", "wrong", "accepted", "rejected_valid", "crash", "hang"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
