@@ -28,7 +28,7 @@ import traceback
 
 import numpy as np
 
-D = 16
+D = 32  # a multiple of every format's group (MXFP4: 32)
 MUTATIONS = ["none", "none", "dtype", "rank", "extent", "stride", "empty", "negative",
              "huge_int", "nan_scale", "bad_id", "readonly_out", "list", "missing"]
 # Mutations after which a call must be rejected (the others may stay valid, e.g. an empty batch).
