@@ -2,6 +2,7 @@
 // rule it broke, then what it got.
 #include <cstdint>
 #include <sstream>
+#include <string>
 
 #include "msa/tensor.h"
 
@@ -60,10 +61,14 @@ void check_row_alignment(const Tensor& t, const char* name, size_t bytes) {
   MSA_CHECK(reinterpret_cast<uintptr_t>(t.data) % bytes == 0, name, ": base pointer must be ",
             bytes, "-byte aligned");
   for (int d = 0; d + 1 < t.ndim; ++d) {
-    if (t.shape[d] <= 1) continue;
-    MSA_CHECK((static_cast<size_t>(t.strides[d]) * es) % bytes == 0, name, ": stride of dim ", d,
-              " (", t.strides[d], " elements = ", t.strides[d] * int64_t(es),
-              " bytes) must be a multiple of ", bytes, " bytes");
+    if (t.shape[d] <= 1 || (static_cast<size_t>(t.strides[d]) * es) % bytes == 0) continue;
+    // The stride in bytes, for the message, unless it does not fit int64 (a producer's stride).
+    int64_t stride_bytes = 0;
+    const std::string in_bytes = __builtin_mul_overflow(t.strides[d], int64_t(es), &stride_bytes)
+                                     ? " elements of " + std::to_string(es) + " bytes"
+                                     : " elements = " + std::to_string(stride_bytes) + " bytes";
+    fail(name, ": stride of dim ", d, " (", t.strides[d], in_bytes, ") must be a multiple of ",
+         bytes, " bytes");
   }
 }
 
