@@ -15,8 +15,16 @@ void check_defined(const Tensor& t, const char* name) {
 }
 
 void check_dtype(const Tensor& t, const char* name, std::initializer_list<DType> allowed) {
-  for (DType d : allowed)
-    if (t.dtype == d) return;
+  for (DType d : allowed) {
+    if (t.dtype != d) continue;
+    // Elements are accessed as their type, so the base address must be a multiple of the element
+    // size (strides count elements and keep it): numpy makes unaligned arrays (frombuffer at an
+    // odd offset), which would be undefined behaviour on the host and a fault on the GPU.
+    const size_t es = dtype_size(d);
+    MSA_CHECK(t.numel() == 0 || reinterpret_cast<uintptr_t>(t.data) % es == 0, name,
+              ": base pointer must be ", es, "-byte aligned for ", dtype_name(d), " elements");
+    return;
+  }
   std::ostringstream os;
   int i = 0;
   for (DType d : allowed) os << (i++ ? (i == int(allowed.size()) ? " or " : ", ") : "") << dtype_name(d);

@@ -167,6 +167,17 @@ TEST(Checks, MessagesNameArgumentAndRule) {
   expect_error([&] { check_defined(Tensor(), "lse"); }, {"lse", "missing"});
 }
 
+TEST(Checks, DtypeNeedsElementAlignedBase) {
+  alignas(16) uint8_t buf[64];
+  EXPECT_NO_THROW(check_dtype(Tensor(buf + 4, DType::f32, {4}), "x", {DType::f32}));
+  expect_error([&] { check_dtype(Tensor(buf + 2, DType::f32, {4}), "x", {DType::f32}); },
+               {"x: base pointer must be 4-byte aligned for f32 elements"});
+  expect_error([&] { check_dtype(Tensor(buf + 1, DType::bf16, {4}), "x", {DType::bf16}); },
+               {"x: base pointer must be 2-byte aligned for bf16 elements"});
+  EXPECT_NO_THROW(check_dtype(Tensor(buf + 1, DType::u8, {4}), "x", {DType::u8}));
+  EXPECT_NO_THROW(check_dtype(Tensor(buf + 1, DType::i32, {0}), "x", {DType::i32}));  // no element
+}
+
 TEST(Checks, EmptyViewsPassLayoutRules) {
   // numpy 2 exports a view of no elements with zero strides (and its base need not be aligned):
   // no address is formed from either, so the layout rules must not reject it.

@@ -558,6 +558,15 @@ TEST(AttentionRules, SeqlensAndAlignment) {
                    "k: stride of dim 0 (130 elements = 260 bytes) must be a multiple of 16 bytes");
   expect_arg_error(forward, valid, [](AttentionArgs& a) { a.params.kv_block_size = 96; },
                    "kv_block_size: must be 1 (token ids), 64 or 128, got 96");
+  // f32 and int32 views 2 bytes past an aligned address (numpy frombuffer at an odd offset): the
+  // CPU backend wrote lse through a misaligned float pointer before this rule (found by fuzzing).
+  HostTensor bytes(DType::u8, {4 * 7 * 4 + 4});
+  const Tensor lse_odd(bytes.data<uint8_t>() + 2, DType::f32, {4, 7});
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.lse = lse_odd; },
+                   "lse: base pointer must be 4-byte aligned for f32 elements");
+  const Tensor cu_odd(bytes.data<uint8_t>() + 2, DType::i32, {3});
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.cu_seqlens_q = cu_odd; },
+                   "cu_seqlens_q: base pointer must be 4-byte aligned for i32 elements");
 }
 
 TEST(AttentionRules, BlockIds) {
