@@ -41,7 +41,6 @@ ProblemShape check_attention_args(const AttentionArgs& a) {
                                        /*need_v=*/true, /*kv_may_be_quantized=*/true,
                                        a.params.kv_block_size);
   const Device device = a.q.device;
-  if (a.q_scale.defined()) check_same_device(a.q, "q", a.q_scale, "q.scale");
   check_params(a);
   if (a.q2k.defined()) s.topk = api::check_q2k(a.q2k, s, device);
   if (a.k2q.row_ptr.defined() || a.k2q.q_idx.defined() || a.k2q.schedule.defined()) {

@@ -47,8 +47,6 @@ ProblemShape check_indexer_inputs(const QTensor& q, const KVCache& kv, const Ten
   const ProblemShape s = api::check_q_and_kv(
       q, kv, cu_seqlens_q, {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp4x2},
       /*need_v=*/false, /*kv_may_be_quantized=*/false, kv_block_size);
-  if (q.scale.defined()) check_same_device(q.values, "q", q.scale, "q.scale");
-  if (kv.k.scale.defined()) check_same_device(q.values, "q", kv.k.scale, "k.scale");
   // FP8 scales are >= 0 (the block max factors them out); CUDA checks them on the device.
   for (const auto& [x, name] : {std::pair{&q, "q.scale"}, std::pair{&kv.k, "k.scale"}}) {
     const Tensor& sc = x->scale;

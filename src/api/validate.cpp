@@ -36,6 +36,7 @@ void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int
       return;
     case DType::fp8_e4m3:
       if (!sc.defined()) return;
+      check_same_device(x.values, name, sc, sn.c_str());
       check_dtype(sc, sn.c_str(), {DType::f32});
       check_contiguous(sc, sn.c_str());
       MSA_CHECK((sc.ndim == 1 && (sc.shape[0] == 1 || sc.shape[0] == tokens)) ||
@@ -45,6 +46,7 @@ void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int
       return;
     case DType::fp4x2: {
       check_defined(sc, sn.c_str());
+      check_same_device(x.values, name, sc, sn.c_str());
       check_dtype(sc, sn.c_str(), {DType::fp8_e4m3, DType::e8m0});
       const int64_t group = sc.dtype == DType::fp8_e4m3 ? 16 : 32;
       MSA_CHECK(dim % group == 0, name, ": head dim ", dim, " must be a multiple of ", group,
@@ -122,6 +124,7 @@ static void check_fp4_pool_scale(const QTensor& x, const char* name, int64_t dim
   const Tensor& sc = x.scale;
   const std::string sn = std::string(name) + ".scale";
   check_defined(sc, sn.c_str());
+  check_same_device(x.values, name, sc, sn.c_str());
   check_dtype(sc, sn.c_str(), {DType::fp8_e4m3, DType::e8m0});
   const int64_t group = sc.dtype == DType::fp8_e4m3 ? 16 : 32;
   MSA_CHECK(dim % group == 0, name, ": head dim ", dim, " must be a multiple of ", group, " for ",

@@ -22,7 +22,8 @@ ProblemShape check_q_and_kv(const QTensor& q, const KVCache& kv, const Tensor& c
 // Attention's output dtype for a query dtype: q's own, bf16 for fp8_e4m3 queries.
 inline DType attention_out_dtype(DType q) { return q == DType::fp8_e4m3 ? DType::bf16 : q; }
 
-// The scale rules of QTensor for a tensor with `tokens` x `heads` x `dim` logical elements.
+// The scale rules of QTensor for a tensor with `tokens` x `heads` x `dim` logical elements; the
+// scale lives on the values' device.
 void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,
                          int64_t dim);
 

@@ -204,6 +204,21 @@ TEST(Attention, PagedFp8ScaleShapesChecked) {
                "k.scale: fp8 scales must be [1], [" + std::to_string(paged.k.t.shape[0] * 32) + "]");
 }
 
+// A K or V scale on another device than its values (found by fuzzing: the CPU backend read a
+// CUDA scale tensor on the host; the indexer checked k.scale's device, attention did not).
+TEST(Attention, KvScaleDeviceChecked) {
+  const Problem p = make_problem({5}, {100}, 2, 1, 64, 252, DType::bf16, DType::fp8_e4m3,
+                                 Fp8Scale::per_token);
+  Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+  for (const char* part : {"k", "v"}) {
+    AttentionArgs a = make_args(p, p.flat_kv(), o, nullptr, {});
+    QTensor& x = part[0] == 'k' ? a.kv.k : a.kv.v;
+    x.scale.device = {DeviceType::cuda, 0};
+    expect_error([&] { attention_forward(a); }, std::string(part) +
+                 ".scale: must be on the same device as " + part + " (cpu), got cuda:0");
+  }
+}
+
 // Token-sparse attention (docs/semantics.md, Token-sparse attention): kv_block_size 1, so q2k
 // holds key ids (up to 2048 per row); GQA and MQA (one kv head, 128 query heads), flat and paged,
 // FP8 KV, against the brute force over the same ids.
