@@ -80,6 +80,8 @@ ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device) {
     check_defined(cu, "cu_seqlens_k");
     check_dtype(cu, "cu_seqlens_k", {DType::i32});
     check_shape(cu, "cu_seqlens_k", {batch + 1});
+    // Contiguous before its last entry is read below.
+    check_contiguous(cu, "cu_seqlens_k");
     // Without k the total is whatever the last entry says (only the lengths matter here).
     if (k.defined()) check_ndim(k, "k", 3);
     const int64_t total_k = k.defined() ? k.shape[0] : cu.is_cuda() ? 0 : cu.ptr<int32_t>()[batch];
