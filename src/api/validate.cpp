@@ -1,6 +1,7 @@
 // Shared argument rules (validate.h).
 #include "api/validate.h"
 
+#include <climits>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -103,6 +104,11 @@ ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device) {
             pt.describe());
   MSA_CHECK(pt.device == device, "page_table: must be on ", device_name(device));
   s.max_pages = pt.shape[1];
+  // A request holds at most 2^31 - 1 keys (lengths are int32), so a wider table is a caller's
+  // error; the bound also keeps max_pages * page_size, the length without seqused_k, in range.
+  MSA_CHECK(s.max_pages <= INT32_MAX / s.page_size, "page_table: ", s.max_pages, " columns of ",
+            s.page_size, " keys are more than the 2^31 - 1 keys a request holds, got ",
+            pt.describe());
   const Tensor& su = kv.seqused_k;
   if (!su.defined()) return s;
   check_dtype(su, "seqused_k", {DType::i32});
@@ -136,8 +142,12 @@ static void check_fp4_pool_scale(const QTensor& x, const char* name, int64_t dim
   check_last_dim_contiguous(sc, sn.c_str());
 }
 
-static int64_t logical_dim(const Tensor& t) {
-  return t.dtype == DType::fp4x2 ? 2 * t.shape[t.ndim - 1] : t.shape[t.ndim - 1];
+int64_t logical_last_dim(const Tensor& t, const char* name) {
+  const int64_t stored = t.shape[t.ndim - 1];
+  if (t.dtype != DType::fp4x2) return stored;
+  MSA_CHECK(stored <= INT64_MAX / 2, name, ": last dim of ", stored,
+            " bytes holds more FP4 values than int64 counts, got ", t.describe());
+  return 2 * stored;
 }
 
 ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& cu_seqlens_q,
@@ -154,7 +164,7 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   ProblemShape s;
   s.total_q = q.shape[0];
   s.num_q_heads = q.shape[1];
-  s.head_dim = logical_dim(q);
+  s.head_dim = logical_last_dim(q, "q");
   s.kv_block_size = kv_block_size;
   MSA_CHECK(s.num_q_heads > 0, "q: number of heads must be > 0, got ", q.describe());
   MSA_CHECK(s.head_dim > 0, "q: head dim must be > 0, got ", q.describe());
@@ -176,7 +186,7 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   check_row_alignment(k, "k");
   const bool flat = kv.layout == KVLayout::flat;
   check_ndim(k, "k", flat ? 3 : 4);
-  const int64_t kdim = logical_dim(k);
+  const int64_t kdim = logical_last_dim(k, "k");
   MSA_CHECK(kdim == s.head_dim, "k: head dim must equal q's (", s.head_dim, "), got ", k.describe());
   s.num_kv_heads = flat ? k.shape[1] : (kv.layout == KVLayout::paged_nhd ? k.shape[2] : k.shape[1]);
   MSA_CHECK(s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0,
