@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cstring>
 #include <thread>
 
 #include "common/schedule.h"
@@ -153,6 +154,39 @@ TEST(Attention, Fp4KvMatchesBruteForce) {
       expect_matches(run_attention(p, paged.cache(), nullptr, {}),
                      reference_attention(p, nullptr, 0, {}));
     }
+}
+
+// An FP4 pool's scales seen through a negative page stride (the pool stored page-reversed) give
+// the same bits. Found by fuzzing: a scale row at a negative offset was taken for "no pool row"
+// and looked up as a flat per-token scale, out of bounds.
+TEST(Attention, Fp4PoolScalesThroughNegativeStrides) {
+  Problem p = make_problem({5, 16}, {100, 300}, 2, 1, 64, 330, DType::bf16, DType::bf16);
+  quantize_kv_fp4(p, true);
+  for (KVLayout layout : {KVLayout::paged_nhd, KVLayout::paged_hnd}) {
+    const PagedKV paged = make_paged(p, layout, 32, 331);
+    // The pool's pages in reverse order, and a view of it that reads them back in order.
+    const auto reversed = [](const HostTensor& pool) {
+      const Tensor& t = pool.t;
+      HostTensor r(t.dtype, std::vector<int64_t>(t.shape, t.shape + 4),
+                   std::vector<int64_t>(t.strides, t.strides + 4));
+      const int64_t pages = t.shape[0], page_bytes = t.strides[0] * int64_t(dtype_size(t.dtype));
+      for (int64_t pg = 0; pg < pages; ++pg)
+        std::memcpy(r.data<uint8_t>() + (pages - 1 - pg) * page_bytes,
+                    pool.data<uint8_t>() + pg * page_bytes, size_t(page_bytes));
+      return r;
+    };
+    const auto backwards = [](const HostTensor& r) {
+      Tensor t = r.t;
+      t.data = r.data<uint8_t>() + (t.shape[0] - 1) * t.strides[0] * int64_t(dtype_size(t.dtype));
+      t.strides[0] = -t.strides[0];
+      return t;
+    };
+    const HostTensor k_rev = reversed(*paged.k_scale), v_rev = reversed(*paged.v_scale);
+    KVCache kv = paged.cache();
+    kv.k.scale = backwards(k_rev);
+    kv.v.scale = backwards(v_rev);
+    expect_same_bits(run_attention(p, kv, nullptr, {}), run_attention(p, paged.cache(), nullptr, {}));
+  }
 }
 
 // FP8 queries (per-token-and-head q scales) over bf16, FP8 and FP4 K/V; bf16 out.
