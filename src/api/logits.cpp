@@ -227,7 +227,7 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
     const int64_t len = a.seq_lens.ptr<int32_t>()[b * a.seq_lens.strides[0]];
     MSA_CHECK(len >= 0 && len <= a.max_seq_len, "seq_lens: entry ", b, " must be in [0, max_seq_len = ",
               a.max_seq_len, "], got ", len);
-    const int64_t used = (len + block_size - 1) / block_size;
+    const int64_t used = msa::num_blocks(len, block_size);
     MSA_CHECK(used <= bt.shape[1], "block_tables: ", bt.shape[1], " columns cannot hold batch ", b,
               "'s ", len, " keys (", used, " blocks of ", block_size, ")");
     for (int64_t c = 0; c < used; ++c) {
