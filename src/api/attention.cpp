@@ -41,7 +41,6 @@ ProblemShape check_attention_args(const AttentionArgs& a) {
                                        /*need_v=*/true, /*kv_may_be_quantized=*/true,
                                        a.params.kv_block_size);
   const Device device = a.q.device;
-  if (a.q_scale.defined()) check_same_device(a.q, "q", a.q_scale, "q.scale");
   api::check_scale_values(QTensor(a.q, a.q_scale), "q");
   if (!a.q.is_cuda()) api::check_kv_scale_values(a.kv, s);
   check_params(a);

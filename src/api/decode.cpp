@@ -100,7 +100,6 @@ void check_cuda_run_args(const AttentionArgs& a, int64_t kv_block_size) {
                                              /*need_v=*/true, /*kv_may_be_quantized=*/true,
                                              int(kv_block_size));
   const Device device = a.q.device;
-  if (a.q_scale.defined()) check_same_device(a.q, "q", a.q_scale, "q.scale");
   const AttentionParams& p = a.params;
   MSA_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0.f,
             "params.softmax_scale: must be finite and >= 0 (0 means 1/sqrt(D)), got ",

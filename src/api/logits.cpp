@@ -158,7 +158,7 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
   check_last_dim_contiguous(q, "q");
   const bool fp4 = q.dtype == DType::fp4x2;
   const int64_t batch = q.shape[0], next_n = q.shape[1], heads = q.shape[2];
-  const int64_t dim = fp4 ? 2 * q.shape[3] : q.shape[3];
+  const int64_t dim = api::logical_last_dim(q, "q");
   MSA_CHECK(next_n >= 1 && heads >= 1 && dim >= 1, "q: must be [B, next_n >= 1, H >= 1, D >= 1], "
             "got ", q.describe());
   if (fp4) {
@@ -174,7 +174,10 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
   check_defined(kv, "kv_fused");
   check_dtype(kv, "kv_fused", {DType::u8});
   check_ndim(kv, "kv_fused", 4);
-  const int64_t token_bytes = fp4 ? dim / 2 + dim / 32 : dim + 4;
+  // A token's bytes: its values, then its scales (FP8: one f32; FP4: one e8m0 per 32 values).
+  int64_t token_bytes = 0;
+  MSA_CHECK(!__builtin_add_overflow(fp4 ? dim / 2 : dim, fp4 ? dim / 32 : 4, &token_bytes),
+            "q: head dim ", dim, " is too large for a kv_fused row, got ", q.describe());
   MSA_CHECK(kv.shape[2] == 1 && kv.shape[3] == token_bytes && kv.shape[1] >= 1,
             "kv_fused: must be [num_blocks, block_size, 1, ", fp4 ? "D / 2 + D / 32" : "D + 4",
             " = ", token_bytes, "], got ", kv.describe());
@@ -224,7 +227,7 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
     const int64_t len = a.seq_lens.ptr<int32_t>()[b * a.seq_lens.strides[0]];
     MSA_CHECK(len >= 0 && len <= a.max_seq_len, "seq_lens: entry ", b, " must be in [0, max_seq_len = ",
               a.max_seq_len, "], got ", len);
-    const int64_t used = (len + block_size - 1) / block_size;
+    const int64_t used = msa::num_blocks(len, block_size);
     MSA_CHECK(used <= bt.shape[1], "block_tables: ", bt.shape[1], " columns cannot hold batch ", b,
               "'s ", len, " keys (", used, " blocks of ", block_size, ")");
     for (int64_t c = 0; c < used; ++c) {

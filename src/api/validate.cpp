@@ -1,6 +1,7 @@
 // Shared argument rules (validate.h).
 #include "api/validate.h"
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -79,6 +80,7 @@ void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int
       return;
     case DType::fp8_e4m3:
       if (!sc.defined()) return;
+      check_same_device(x.values, name, sc, sn.c_str());
       check_dtype(sc, sn.c_str(), {DType::f32});
       check_contiguous(sc, sn.c_str());
       MSA_CHECK((sc.ndim == 1 && (sc.shape[0] == 1 || sc.shape[0] == tokens)) ||
@@ -88,6 +90,7 @@ void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int
       return;
     case DType::fp4x2: {
       check_defined(sc, sn.c_str());
+      check_same_device(x.values, name, sc, sn.c_str());
       check_dtype(sc, sn.c_str(), {DType::fp8_e4m3, DType::e8m0});
       const int64_t group = sc.dtype == DType::fp8_e4m3 ? 16 : 32;
       MSA_CHECK(dim % group == 0, name, ": head dim ", dim, " must be a multiple of ", group,
@@ -121,6 +124,8 @@ ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device) {
     check_defined(cu, "cu_seqlens_k");
     check_dtype(cu, "cu_seqlens_k", {DType::i32});
     check_shape(cu, "cu_seqlens_k", {batch + 1});
+    // Contiguous before its last entry is read below.
+    check_contiguous(cu, "cu_seqlens_k");
     // Without k the total is whatever the last entry says (only the lengths matter here).
     if (k.defined()) check_ndim(k, "k", 3);
     const int64_t total_k = k.defined() ? k.shape[0] : cu.is_cuda() ? 0 : cu.ptr<int32_t>()[batch];
@@ -142,6 +147,11 @@ ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device) {
             pt.describe());
   MSA_CHECK(pt.device == device, "page_table: must be on ", device_name(device));
   s.max_pages = pt.shape[1];
+  // A request holds at most 2^31 - 1 keys (lengths are int32), so a wider table is a caller's
+  // error; the bound also keeps max_pages * page_size, the length without seqused_k, in range.
+  MSA_CHECK(s.max_pages <= INT32_MAX / s.page_size, "page_table: ", s.max_pages, " columns of ",
+            s.page_size, " keys are more than the 2^31 - 1 keys a request holds, got ",
+            pt.describe());
   const Tensor& su = kv.seqused_k;
   if (!su.defined()) return s;
   check_dtype(su, "seqused_k", {DType::i32});
@@ -165,6 +175,7 @@ static void check_fp4_pool_scale(const QTensor& x, const char* name, int64_t dim
   const Tensor& sc = x.scale;
   const std::string sn = std::string(name) + ".scale";
   check_defined(sc, sn.c_str());
+  check_same_device(x.values, name, sc, sn.c_str());
   check_dtype(sc, sn.c_str(), {DType::fp8_e4m3, DType::e8m0});
   const int64_t group = sc.dtype == DType::fp8_e4m3 ? 16 : 32;
   MSA_CHECK(dim % group == 0, name, ": head dim ", dim, " must be a multiple of ", group, " for ",
@@ -174,8 +185,12 @@ static void check_fp4_pool_scale(const QTensor& x, const char* name, int64_t dim
   check_last_dim_contiguous(sc, sn.c_str());
 }
 
-static int64_t logical_dim(const Tensor& t) {
-  return t.dtype == DType::fp4x2 ? 2 * t.shape[t.ndim - 1] : t.shape[t.ndim - 1];
+int64_t logical_last_dim(const Tensor& t, const char* name) {
+  const int64_t stored = t.shape[t.ndim - 1];
+  if (t.dtype != DType::fp4x2) return stored;
+  MSA_CHECK(stored <= INT64_MAX / 2, name, ": last dim of ", stored,
+            " bytes holds more FP4 values than int64 counts, got ", t.describe());
+  return 2 * stored;
 }
 
 ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& cu_seqlens_q,
@@ -192,7 +207,7 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   ProblemShape s;
   s.total_q = q.shape[0];
   s.num_q_heads = q.shape[1];
-  s.head_dim = logical_dim(q);
+  s.head_dim = logical_last_dim(q, "q");
   s.kv_block_size = kv_block_size;
   MSA_CHECK(s.num_q_heads > 0, "q: number of heads must be > 0, got ", q.describe());
   MSA_CHECK(s.head_dim > 0, "q: head dim must be > 0, got ", q.describe());
@@ -214,7 +229,7 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   check_row_alignment(k, "k");
   const bool flat = kv.layout == KVLayout::flat;
   check_ndim(k, "k", flat ? 3 : 4);
-  const int64_t kdim = logical_dim(k);
+  const int64_t kdim = logical_last_dim(k, "k");
   MSA_CHECK(kdim == s.head_dim, "k: head dim must equal q's (", s.head_dim, "), got ", k.describe());
   s.num_kv_heads = flat ? k.shape[1] : (kv.layout == KVLayout::paged_nhd ? k.shape[2] : k.shape[1]);
   MSA_CHECK(s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0,

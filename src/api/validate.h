@@ -19,6 +19,10 @@ ProblemShape check_q_and_kv(const QTensor& q, const KVCache& kv, const Tensor& c
                             std::initializer_list<DType> values, bool need_v, bool kv_may_be_quantized,
                             int kv_block_size);
 
+// The logical (unpacked) size of t's last dim: fp4x2 stores two values a byte. Throws msa::Error
+// naming `name` when that count does not fit int64 (an empty view may claim any size).
+int64_t logical_last_dim(const Tensor& t, const char* name);
+
 // Attention's output dtype for a query dtype: q's own, bf16 for fp8_e4m3 queries.
 inline DType attention_out_dtype(DType q) { return q == DType::fp8_e4m3 ? DType::bf16 : q; }
 
@@ -30,7 +34,8 @@ void check_scale_values(const QTensor& x, const char* name);
 // only the slots that hold a key (the others may hold anything: they are never read).
 void check_kv_scale_values(const KVCache& kv, const ProblemShape& s);
 
-// The scale rules of QTensor for a tensor with `tokens` x `heads` x `dim` logical elements.
+// The scale rules of QTensor for a tensor with `tokens` x `heads` x `dim` logical elements; the
+// scale lives on the values' device.
 void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,
                          int64_t dim);
 

@@ -24,8 +24,9 @@ struct ProblemShape {
   int64_t max_pages = 0;     // paged only: page_table's second dim
 };
 
-// Number of kv blocks of a batch with lk keys.
-inline int64_t num_blocks(int64_t lk, int64_t blk) { return (lk + blk - 1) / blk; }
+// Number of blocks of `blk` keys that hold lk >= 0 keys; never forms lk + blk, which overflows
+// for a block size a caller's tensor claims (paged_mqa_logits' kv_fused of 2^63 - 1 slots).
+inline int64_t num_blocks(int64_t lk, int64_t blk) { return lk <= 0 ? 0 : (lk - 1) / blk + 1; }
 
 // The kind of an FP8 scale (QTensor) as the CUDA kernels' parameters encode it: 0 none, 1 per
 // tensor [1], 2 per token [T], 3 per token and head [T, H] (a page pool's tokens are its slots).

@@ -2,6 +2,7 @@
 // rule it broke, then what it got.
 #include <cstdint>
 #include <sstream>
+#include <string>
 
 #include "msa/tensor.h"
 
@@ -14,8 +15,16 @@ void check_defined(const Tensor& t, const char* name) {
 }
 
 void check_dtype(const Tensor& t, const char* name, std::initializer_list<DType> allowed) {
-  for (DType d : allowed)
-    if (t.dtype == d) return;
+  for (DType d : allowed) {
+    if (t.dtype != d) continue;
+    // Elements are accessed as their type, so the base address must be a multiple of the element
+    // size (strides count elements and keep it): numpy makes unaligned arrays (frombuffer at an
+    // odd offset), which would be undefined behaviour on the host and a fault on the GPU.
+    const size_t es = dtype_size(d);
+    MSA_CHECK(t.numel() == 0 || reinterpret_cast<uintptr_t>(t.data) % es == 0, name,
+              ": base pointer must be ", es, "-byte aligned for ", dtype_name(d), " elements");
+    return;
+  }
   std::ostringstream os;
   int i = 0;
   for (DType d : allowed) os << (i++ ? (i == int(allowed.size()) ? " or " : ", ") : "") << dtype_name(d);
@@ -60,10 +69,14 @@ void check_row_alignment(const Tensor& t, const char* name, size_t bytes) {
   MSA_CHECK(reinterpret_cast<uintptr_t>(t.data) % bytes == 0, name, ": base pointer must be ",
             bytes, "-byte aligned");
   for (int d = 0; d + 1 < t.ndim; ++d) {
-    if (t.shape[d] <= 1) continue;
-    MSA_CHECK((static_cast<size_t>(t.strides[d]) * es) % bytes == 0, name, ": stride of dim ", d,
-              " (", t.strides[d], " elements = ", t.strides[d] * int64_t(es),
-              " bytes) must be a multiple of ", bytes, " bytes");
+    if (t.shape[d] <= 1 || (static_cast<size_t>(t.strides[d]) * es) % bytes == 0) continue;
+    // The stride in bytes, for the message, unless it does not fit int64 (a producer's stride).
+    int64_t stride_bytes = 0;
+    const std::string in_bytes = __builtin_mul_overflow(t.strides[d], int64_t(es), &stride_bytes)
+                                     ? " elements of " + std::to_string(es) + " bytes"
+                                     : " elements = " + std::to_string(stride_bytes) + " bytes";
+    fail(name, ": stride of dim ", d, " (", t.strides[d], in_bytes, ") must be a multiple of ",
+         bytes, " bytes");
   }
 }
 

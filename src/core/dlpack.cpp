@@ -46,15 +46,19 @@ Tensor from_dlpack(const DLTensor& t) {
     fail("from_dlpack: unsupported device type ", int(t.device.device_type),
          "; msa takes CPU and CUDA tensors");
   }
-  std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
-  std::vector<int64_t> strides(t.ndim);
-  int64_t s = 1;
-  for (int d = t.ndim - 1; d >= 0; --d) {
-    strides[d] = t.strides ? t.strides[d] : s;
-    s *= shape[d];
-  }
-  void* data = t.data ? static_cast<char*>(t.data) + t.byte_offset : nullptr;
-  return Tensor(data, dtype_from_dl(t.dtype), shape, strides, dev);
+  const std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
+  // data + byte_offset is the first element; an offset past the end of the address space is a
+  // producer's error, refused before the pointer is formed (forming it would be undefined).
+  uintptr_t first = 0;
+  if (t.data)
+    MSA_CHECK(!__builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), t.byte_offset, &first),
+              "from_dlpack: byte_offset ", t.byte_offset, " overflows the data pointer");
+  void* data = reinterpret_cast<void*>(first);
+  // The view's constructor checks the shape (every size >= 0, at most 2^63 - 1 elements) and,
+  // without producer strides, computes the row-major ones.
+  if (!t.strides) return Tensor(data, dtype_from_dl(t.dtype), shape, dev);
+  return Tensor(data, dtype_from_dl(t.dtype), shape,
+                std::vector<int64_t>(t.strides, t.strides + t.ndim), dev);
 }
 
 void to_dlpack(const Tensor& t, DLTensor* out) {

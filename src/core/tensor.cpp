@@ -41,16 +41,26 @@ const char* kv_layout_name(KVLayout l) {
   return "?";
 }
 
+// A view of more than 2^63 - 1 elements is refused, so numel() and the sizes callers compute from
+// it fit int64 (a DLPack producer may claim any shape). The row-major strides of an empty view
+// may still not fit ([0, 2^62, 4]: 2^64 for dim 0); they saturate, as no address is formed from
+// an empty view's strides.
 static void init_view(Tensor& t, const int64_t* shape, int n, const int64_t* strides) {
   MSA_CHECK(n >= 0 && n <= Tensor::kMaxDims, "tensor: ndim must be in [0, ", Tensor::kMaxDims,
             "], got ", n);
-  t.ndim = n;
-  int64_t s = 1;
+  bool empty = false;
   for (int d = n - 1; d >= 0; --d) {
     MSA_CHECK(shape[d] >= 0, "tensor: shape[", d, "] must be >= 0, got ", shape[d]);
+    empty |= shape[d] == 0;
     t.shape[d] = shape[d];
+  }
+  t.ndim = n;
+  int64_t count = 1, s = 1;
+  for (int d = n - 1; d >= 0; --d) {
+    MSA_CHECK(empty || !__builtin_mul_overflow(count, shape[d], &count), "tensor: ",
+              t.describe(), " has more than 2^63 - 1 elements");
     t.strides[d] = strides ? strides[d] : s;
-    s *= shape[d] > 0 ? shape[d] : 1;
+    if (shape[d] > 1 && __builtin_mul_overflow(s, shape[d], &s)) s = INT64_MAX;
   }
 }
 
@@ -72,9 +82,14 @@ Tensor::Tensor(void* p, DType dt, const std::vector<int64_t>& shp,
   init_view(*this, shp.data(), static_cast<int>(shp.size()), str.data());
 }
 
+// Views made by the constructors hold at most 2^63 - 1 elements; one whose fields were set
+// directly may claim more, and saturates (an empty one is 0 whatever its other dims).
 int64_t Tensor::numel() const {
+  for (int d = 0; d < ndim; ++d)
+    if (shape[d] == 0) return 0;
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < ndim; ++d)
+    if (__builtin_mul_overflow(n, shape[d], &n)) return INT64_MAX;
   return n;
 }
 
@@ -83,7 +98,7 @@ bool Tensor::is_contiguous() const {
   int64_t s = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != s) return false;
-    s *= shape[d];
+    if (d > 0 && __builtin_mul_overflow(s, shape[d], &s)) return false;  // no stride equals it
   }
   return true;
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "backend.h"
@@ -39,9 +40,10 @@ class RowDecoder {
   RowDecoder(const QTensor& x, int64_t head_dim) : x_(x), dim_(head_dim) {}
 
   // `token`, `head`: the indices the scales are looked up with (ignored for per-tensor scales);
-  // `fp4_scale_row` >= 0: the element offset of the row's FP4 scales instead (page pools).
+  // `fp4_scale_row`: the element offset of the row's FP4 scales instead (page pools). An offset,
+  // not an index: negative strides make it negative.
   void decode(int64_t offset, int64_t token, int64_t head, double* out,
-              int64_t fp4_scale_row = -1) const {
+              std::optional<int64_t> fp4_scale_row = std::nullopt) const {
     const Tensor& v = x_.values;
     switch (v.dtype) {
       case DType::bf16:
@@ -58,7 +60,7 @@ class RowDecoder {
       case DType::fp4x2: {
         const uint8_t* row = v.ptr<uint8_t>() + offset;
         const Tensor& s = x_.scale;
-        const int64_t srow = fp4_scale_row >= 0 ? fp4_scale_row : token * s.strides[0] + head * s.strides[1];
+        const int64_t srow = fp4_scale_row ? *fp4_scale_row : token * s.strides[0] + head * s.strides[1];
         for (int64_t d = 0; d < dim_; ++d) out[d] = fp4_scale(srow, d) * codec::fp4x2_get(row, d);
         return;
       }
@@ -157,7 +159,7 @@ class KeyReader {
                             : page * t_.strides[0] + h * t_.strides[1] + slot * t_.strides[2];
     // FP8 scales of a page pool are indexed by pool slot (validate.cpp): token page * page_size +
     // slot; FP4 scales are a pool of the values' layout.
-    int64_t fp4_row = -1;
+    std::optional<int64_t> fp4_row;
     if (t_.dtype == DType::fp4x2) {
       const Tensor& sc = scale_;
       fp4_row = kv_.layout == KVLayout::paged_nhd

@@ -46,6 +46,9 @@ void block_scores(const BlockScoresArgs& a, const ProblemShape& s) {
     return out.ptr<float>()[hq * out.strides[0] + kb * out.strides[1] + t * out.strides[2]];
   };
   // Every entry starts at -inf: blocks past nblk_b and blocks with no visible key stay there.
+  // Scores without entries write nothing (an empty view's nblk_max may be any size: looping
+  // over it took up to 2^63 steps).
+  if (out.numel() == 0) return;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 #pragma omp parallel for collapse(2)
   for (int64_t hq = 0; hq < s.num_q_heads; ++hq)

@@ -78,7 +78,7 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a) {
   for (int64_t r = 0; r < batch * next_n; ++r) {
     const int64_t b = r / next_n, t = r % next_n;
     int64_t len = a.seq_lens.ptr<int32_t>()[b * a.seq_lens.strides[0]];
-    if (len < 0 || len > a.max_seq_len || (len + block_size - 1) / block_size > table_cols) {
+    if (len < 0 || len > a.max_seq_len || msa::num_blocks(len, block_size) > table_cols) {
       changed.store(true, std::memory_order_relaxed);
       len = 0;
     }

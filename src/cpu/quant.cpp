@@ -27,6 +27,12 @@ float amax_range(const Tensor& x, int64_t t, int64_t h, int64_t d0, int64_t d1) 
 // ---- FP8: scale = amax / 448 rounded to f32 (1 where that is not > 0); code = e4m3(x / s) ----
 void quantize_fp8(const Tensor& x, QuantFormat f, const QTensor& out) {
   const int64_t T = x.shape[0], H = x.shape[1], D = x.shape[2];
+  float* scale = out.scale.ptr<float>();
+  // No element: every amax is 0 (an empty view's other sizes may be any; T * H may overflow).
+  if (x.numel() == 0) {
+    for (int64_t i = 0; i < out.scale.numel(); ++i) scale[i] = codec::fp8_scale_from_amax(0.f);
+    return;
+  }
   std::vector<float> row_amax(T * H);
 #pragma omp parallel for collapse(2)
   for (int64_t t = 0; t < T; ++t)
@@ -44,7 +50,6 @@ void quantize_fp8(const Tensor& x, QuantFormat f, const QTensor& out) {
       const float a = row_amax[t * H + h];
       m = (a > m || std::isnan(a)) ? a : m;
     }
-  float* scale = out.scale.ptr<float>();
   for (size_t i = 0; i < amax.size(); ++i) {
     scale[i] = codec::fp8_scale_from_amax(amax[i]);
   }
@@ -90,14 +95,17 @@ void quantize_fp4(const Tensor& x, QuantFormat f, const QTensor& out) {
 }  // namespace
 
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out) {
-  if (f == QuantFormat::nvfp4 || f == QuantFormat::mxfp4)
-    quantize_fp4(x, f, out);
-  else
+  if (f == QuantFormat::nvfp4 || f == QuantFormat::mxfp4) {
+    // Without elements there is no value and no scale group to write.
+    if (x.numel() > 0) quantize_fp4(x, f, out);
+  } else {
     quantize_fp8(x, f, out);
+  }
 }
 
 void dequantize(const QTensor& x, const Tensor& out) {
   const int64_t T = out.shape[0], H = out.shape[1], D = out.shape[2];
+  if (out.numel() == 0) return;  // an empty view's other sizes may be any: T * H overflows
   const RowDecoder dec(x, D);
   const Tensor& v = x.values;
 #pragma omp parallel

@@ -49,6 +49,31 @@ TEST(Tensor, RejectsNegativeShapeAndMismatchedStrides) {
                {"strides", "same length"});
 }
 
+// Sizes a DLPack producer may claim (found by fuzzing: the row-major strides and numel()
+// overflowed int64, which is undefined behaviour). An empty view may have any other sizes.
+TEST(Tensor, SizesPastInt64) {
+  const int64_t big = int64_t(1) << 62;
+  const Tensor empty(nullptr, DType::f32, {0, big, 4});
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_EQ(empty.strides[0], INT64_MAX);  // 2^64 saturates: no address is formed from it
+  EXPECT_TRUE(empty.is_contiguous());
+  EXPECT_EQ(Tensor(nullptr, DType::f32, {big, big, 0}).numel(), 0);
+  expect_error([&] { Tensor(nullptr, DType::f32, {int64_t(1) << 32, int64_t(1) << 32}); },
+               {"f32[4294967296, 4294967296] on cpu", "more than 2^63 - 1 elements"});
+  expect_error([&] { Tensor(nullptr, DType::u8, std::vector<int64_t>{big, 4}, std::vector<int64_t>{0, 0}); },
+               {"more than 2^63 - 1 elements"});
+  Tensor by_fields;  // set field by field (as a binding may): numel() saturates
+  by_fields.ndim = 2;
+  by_fields.shape[0] = big;
+  by_fields.shape[1] = 4;
+  EXPECT_EQ(by_fields.numel(), INT64_MAX);
+  // A stride whose byte count does not fit int64 still gets its message.
+  alignas(16) float buf[4];
+  const Tensor far(buf, DType::f32, std::vector<int64_t>{2, 1}, std::vector<int64_t>{INT64_MAX, 1});
+  expect_error([&] { check_row_alignment(far, "x"); },
+               {"x: stride of dim 0 (9223372036854775807 elements of 4 bytes) must be a multiple of 16"});
+}
+
 TEST(Tensor, DtypeSizesAndNames) {
   EXPECT_EQ(dtype_size(DType::bf16), 2u);
   EXPECT_EQ(dtype_size(DType::fp4x2), 1u);
@@ -91,6 +116,27 @@ TEST(DLPack, DefaultStridesByteOffsetAndCuda) {
   EXPECT_EQ(t.device.index, 3);
 }
 
+// Fields a producer may get wrong (found by fuzzing: the row-major strides overflowed int64, and
+// data + byte_offset wrapped around the address space): refused, never undefined behaviour.
+TEST(DLPack, RejectsSizesAndOffsetsPastInt64) {
+  float buf[4];
+  int64_t shape[3] = {0, int64_t(1) << 62, 4};
+  DLTensor dl{};
+  dl.data = buf;
+  dl.device = {kDLCPU, 0};
+  dl.ndim = 3;
+  dl.dtype = {kDLFloat, 32, 1};
+  dl.shape = shape;
+  EXPECT_EQ(from_dlpack(dl).numel(), 0);
+  shape[0] = int64_t(1) << 62;
+  expect_error([&] { from_dlpack(dl); }, {"more than 2^63 - 1 elements"});
+  shape[0] = -(int64_t(1) << 62);
+  expect_error([&] { from_dlpack(dl); }, {"shape[0] must be >= 0"});
+  shape[0] = 1;
+  dl.byte_offset = UINT64_MAX;
+  expect_error([&] { from_dlpack(dl); }, {"from_dlpack: byte_offset 18446744073709551615 overflows"});
+}
+
 TEST(DLPack, RejectsUnsupported) {
   int64_t shape[1] = {4};
   DLTensor dl{};
@@ -119,6 +165,17 @@ TEST(Checks, MessagesNameArgumentAndRule) {
   gpu.device = {DeviceType::cuda, 0};
   expect_error([&] { check_same_device(q, "q", gpu, "k"); }, {"k", "same device as q"});
   expect_error([&] { check_defined(Tensor(), "lse"); }, {"lse", "missing"});
+}
+
+TEST(Checks, DtypeNeedsElementAlignedBase) {
+  alignas(16) uint8_t buf[64];
+  EXPECT_NO_THROW(check_dtype(Tensor(buf + 4, DType::f32, {4}), "x", {DType::f32}));
+  expect_error([&] { check_dtype(Tensor(buf + 2, DType::f32, {4}), "x", {DType::f32}); },
+               {"x: base pointer must be 4-byte aligned for f32 elements"});
+  expect_error([&] { check_dtype(Tensor(buf + 1, DType::bf16, {4}), "x", {DType::bf16}); },
+               {"x: base pointer must be 2-byte aligned for bf16 elements"});
+  EXPECT_NO_THROW(check_dtype(Tensor(buf + 1, DType::u8, {4}), "x", {DType::u8}));
+  EXPECT_NO_THROW(check_dtype(Tensor(buf + 1, DType::i32, {0}), "x", {DType::i32}));  // no element
 }
 
 TEST(Checks, EmptyViewsPassLayoutRules) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cstring>
 #include <limits>
 #include <thread>
 
@@ -156,6 +157,39 @@ TEST(Attention, Fp4KvMatchesBruteForce) {
     }
 }
 
+// An FP4 pool's scales seen through a negative page stride (the pool stored page-reversed) give
+// the same bits. Found by fuzzing: a scale row at a negative offset was taken for "no pool row"
+// and looked up as a flat per-token scale, out of bounds.
+TEST(Attention, Fp4PoolScalesThroughNegativeStrides) {
+  Problem p = make_problem({5, 16}, {100, 300}, 2, 1, 64, 330, DType::bf16, DType::bf16);
+  quantize_kv_fp4(p, true);
+  for (KVLayout layout : {KVLayout::paged_nhd, KVLayout::paged_hnd}) {
+    const PagedKV paged = make_paged(p, layout, 32, 331);
+    // The pool's pages in reverse order, and a view of it that reads them back in order.
+    const auto reversed = [](const HostTensor& pool) {
+      const Tensor& t = pool.t;
+      HostTensor r(t.dtype, std::vector<int64_t>(t.shape, t.shape + 4),
+                   std::vector<int64_t>(t.strides, t.strides + 4));
+      const int64_t pages = t.shape[0], page_bytes = t.strides[0] * int64_t(dtype_size(t.dtype));
+      for (int64_t pg = 0; pg < pages; ++pg)
+        std::memcpy(r.data<uint8_t>() + (pages - 1 - pg) * page_bytes,
+                    pool.data<uint8_t>() + pg * page_bytes, size_t(page_bytes));
+      return r;
+    };
+    const auto backwards = [](const HostTensor& r) {
+      Tensor t = r.t;
+      t.data = r.data<uint8_t>() + (t.shape[0] - 1) * t.strides[0] * int64_t(dtype_size(t.dtype));
+      t.strides[0] = -t.strides[0];
+      return t;
+    };
+    const HostTensor k_rev = reversed(*paged.k_scale), v_rev = reversed(*paged.v_scale);
+    KVCache kv = paged.cache();
+    kv.k.scale = backwards(k_rev);
+    kv.v.scale = backwards(v_rev);
+    expect_same_bits(run_attention(p, kv, nullptr, {}), run_attention(p, paged.cache(), nullptr, {}));
+  }
+}
+
 // FP8 queries (per-token-and-head q scales) over bf16, FP8 and FP4 K/V; bf16 out.
 TEST(Attention, Fp8QueriesMatchBruteForce) {
   unsigned seed = 400;
@@ -227,6 +261,21 @@ TEST(Attention, PagedFp8ScaleShapesChecked) {
   paged.k_scale.emplace(DType::f32, std::vector<int64_t>{p.total_k()});
   expect_error([&] { run_attention(p, paged.cache(), nullptr, {}); },
                "k.scale: fp8 scales must be [1], [" + std::to_string(paged.k.t.shape[0] * 32) + "]");
+}
+
+// A K or V scale on another device than its values (found by fuzzing: the CPU backend read a
+// CUDA scale tensor on the host; the indexer checked k.scale's device, attention did not).
+TEST(Attention, KvScaleDeviceChecked) {
+  const Problem p = make_problem({5}, {100}, 2, 1, 64, 252, DType::bf16, DType::fp8_e4m3,
+                                 Fp8Scale::per_token);
+  Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+  for (const char* part : {"k", "v"}) {
+    AttentionArgs a = make_args(p, p.flat_kv(), o, nullptr, {});
+    QTensor& x = part[0] == 'k' ? a.kv.k : a.kv.v;
+    x.scale.device = {DeviceType::cuda, 0};
+    expect_error([&] { attention_forward(a); }, std::string(part) +
+                 ".scale: must be on the same device as " + part + " (cpu), got cuda:0");
+  }
 }
 
 // Token-sparse attention (docs/semantics.md, Token-sparse attention): kv_block_size 1, so q2k
@@ -583,6 +632,15 @@ TEST(AttentionRules, SeqlensAndAlignment) {
                    "k: stride of dim 0 (130 elements = 260 bytes) must be a multiple of 16 bytes");
   expect_arg_error(forward, valid, [](AttentionArgs& a) { a.params.kv_block_size = 96; },
                    "kv_block_size: must be 1 (token ids), 64 or 128, got 96");
+  // f32 and int32 views 2 bytes past an aligned address (numpy frombuffer at an odd offset): the
+  // CPU backend wrote lse through a misaligned float pointer before this rule (found by fuzzing).
+  HostTensor bytes(DType::u8, {4 * 7 * 4 + 4});
+  const Tensor lse_odd(bytes.data<uint8_t>() + 2, DType::f32, {4, 7});
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.lse = lse_odd; },
+                   "lse: base pointer must be 4-byte aligned for f32 elements");
+  const Tensor cu_odd(bytes.data<uint8_t>() + 2, DType::i32, {3});
+  expect_arg_error(forward, valid, [&](AttentionArgs& a) { a.cu_seqlens_q = cu_odd; },
+                   "cu_seqlens_q: base pointer must be 4-byte aligned for i32 elements");
 }
 
 TEST(AttentionRules, BlockIds) {

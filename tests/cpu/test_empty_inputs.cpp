@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/attention_problem.h"
+#include "support/expect_error.h"
 
 namespace msa::test {
 namespace {
@@ -118,6 +119,54 @@ TEST(EmptyInputs, IndexerAndSelectionWithoutQueries) {
   bt.topk = 4;
   bt.q2k = numpy_strides(q2k.t);
   EXPECT_NO_THROW(block_topk(bt));
+}
+
+// An empty view may have any other sizes. Found by fuzzing: block_scores looped over an empty
+// scores' nblk_max (2^62 steps), quantize and dequantize over T * H (which overflowed int64).
+TEST(EmptyInputs, HugeSizesBesideAZeroOne) {
+  const int64_t huge = int64_t(1) << 62;
+  const Problem p = make_problem({0}, {300}, 4, 2, 16, 8);
+  KVCache kv = p.flat_kv();
+  BlockScoresArgs bs;
+  bs.q = QTensor(p.q.t);
+  bs.kv = kv;
+  bs.cu_seqlens_q = p.cu_q.t;
+  bs.scores = Tensor(nullptr, DType::f32, {4, huge, 0});
+  EXPECT_NO_THROW(block_scores(bs));
+
+  const int64_t big = int64_t(1) << 40;  // T * H = 2^80
+  const Tensor x(nullptr, DType::f32, {big, big, 0});
+  HostTensor scale(DType::f32, {1});
+  const QTensor fp8(Tensor(nullptr, DType::fp8_e4m3, {big, big, 0}), scale.t);
+  EXPECT_NO_THROW(quantize(x, QuantFormat::fp8_per_tensor, fp8));
+  EXPECT_EQ(scale.data<float>()[0], 1.f);  // amax 0
+  EXPECT_NO_THROW(dequantize(fp8, x));
+  const QTensor nvfp4(Tensor(nullptr, DType::fp4x2, {big, big, 0}),
+                      Tensor(nullptr, DType::fp8_e4m3, {big, big, 0}));
+  EXPECT_NO_THROW(quantize(x, QuantFormat::nvfp4, nvfp4));
+  EXPECT_NO_THROW(dequantize(nvfp4, x));
+
+  // Sizes no request can use are errors, not overflows: a page table of 2^60 columns
+  // (max_pages * page_size overflowed int64) and FP4 queries of 2^62 bytes a row (2^63 values).
+  const HostTensor pool(DType::bf16, {1, 16, 2, 16}), no_lengths(DType::i32, {0});
+  const HostTensor cu0 = i32_tensor({0});
+  TopKArgs tk;
+  tk.scores = Tensor(nullptr, DType::f32, {4, 1, 0});
+  tk.cu_seqlens_q = cu0.t;
+  tk.kv.layout = KVLayout::paged_nhd;
+  tk.kv.k = QTensor(pool.t);
+  tk.kv.page_table = Tensor(nullptr, DType::i32, {0, int64_t(1) << 60});
+  tk.kv.seqused_k = no_lengths.t;
+  tk.num_kv_heads = 2;
+  tk.topk = 4;
+  tk.q2k = Tensor(nullptr, DType::i32, {2, 0, 4});
+  expect_error([&] { select_topk(tk); },
+               "page_table: 1152921504606846976 columns of 16 keys are more than the 2^31 - 1 keys");
+  BlockScoresArgs fp4 = bs;
+  fp4.q = QTensor(Tensor(nullptr, DType::fp4x2, {0, 4, huge}),
+                  Tensor(nullptr, DType::e8m0, {0, 4, 1}));
+  expect_error([&] { block_scores(fp4); },
+               "q: last dim of 4611686018427387904 bytes holds more FP4 values than int64 counts");
 }
 
 TEST(EmptyInputs, QuantizeNoTokens) {

@@ -451,6 +451,16 @@ TEST(PagedMqaLogitsRules, WhatTheSeedLeavesUndefinedIsAnError) {
   HostTensor kv_wide(DType::u8, {4, bs, 1, dim + 8});
   expect_arg_error(run, valid, [&](PagedMqaLogitsArgs& a) { a.kv_fused = kv_wide.t; },
                    "kv_fused: must be [num_blocks, block_size, 1, D + 4 = 36]");
+  // An empty q may claim any head dim; D + 4 overflowed int64 before this rule (found by
+  // fuzzing, a UBSan report in test-asan).
+  const Tensor q_huge(p.q.data<uint8_t>(), DType::fp8_e4m3, {0, 1, 4, INT64_MAX});
+  expect_arg_error(run, valid, [&](PagedMqaLogitsArgs& a) { a.q = q_huge; },
+                   "q: head dim 9223372036854775807 is too large for a kv_fused row");
+  // A pool of no block may claim any block size; len + block_size - 1 overflowed int64 (found by
+  // fuzzing, a UBSan report in test-asan).
+  const Tensor kv_empty(p.kv.data<uint8_t>(), DType::u8, {0, INT64_MAX, 1, dim + 4});
+  expect_arg_error(run, valid, [&](PagedMqaLogitsArgs& a) { a.kv_fused = kv_empty; },
+                   "block_tables: block id 0 out of range [0, 0) at (batch 0, column 0)");
 }
 
 }  // namespace

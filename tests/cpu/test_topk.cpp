@@ -365,6 +365,14 @@ TEST(TopKErrors, MessagesNameArgumentAndRule) {
   expect_arg_error(topk, valid, [&](TopKArgs& a) { a.cu_seqlens_q = bad_cu.t; }, "cu_seqlens_q: must be non-decreasing");
   HostTensor bad_k = i32_tensor({1, 100, 160});
   expect_arg_error(topk, valid, [&](TopKArgs& a) { a.kv.cu_seqlens_k = bad_k.t; }, "cu_seqlens_k: must start at 0, got 1");
+  // Without k, the lengths' total is cu_seqlens_k's last entry. A reversed view (stride -1) of
+  // exactly 3 ints: its entry [2] read as if contiguous lies 2 ints past the allocation (found by
+  // fuzzing; test-asan reports that read if it comes back).
+  std::vector<int32_t> reversed = {160, 100, 0};
+  const Tensor cu_reversed(reversed.data() + 2, DType::i32, std::vector<int64_t>{3},
+                           std::vector<int64_t>{-1});
+  expect_arg_error(topk, valid, [&](TopKArgs& a) { a.kv.cu_seqlens_k = cu_reversed; },
+                   "cu_seqlens_k: must be contiguous");
 }
 
 }  // namespace
