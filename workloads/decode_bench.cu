@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "workloads/cases.h"
+#include "workloads/device_fill.cuh"
 #include "workloads/gpu_benches.h"
 #include "workloads/gpu_timing.h"
 #include "workloads/inputs.h"
@@ -37,28 +38,6 @@ using namespace msa;
 
 using bench::DeviceBuffer;
 using bench::gpu_buffer;
-using bench::mix64;
-
-// N(0, 1) draw of element i of stream `seed` (Box-Muller on two hashed uniforms).
-__device__ __forceinline__ float normal_at(uint64_t seed, int64_t i) {
-  const uint64_t a = mix64(seed ^ (uint64_t(i) * 2)), b = mix64(seed ^ (uint64_t(i) * 2 + 1));
-  const float u1 = (float(a >> 40) + 1.f) * 0x1.0p-24f, u2 = float(b >> 40) * 0x1.0p-24f;
-  return sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
-}
-__global__ void fill_bf16(__nv_bfloat16* x, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = __float2bfloat16(normal_at(seed, i));
-}
-__global__ void fill_fp8(uint8_t* x, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = __nv_cvt_float_to_fp8(normal_at(seed, i), __NV_SATFINITE, __NV_E4M3);
-}
-
-// Per-slot FP8 scales (--fp8-scales slot): positive, in [0.25, 1.25).
-__global__ void fill_scales(float* x, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = 0.25f + float(mix64(seed ^ uint64_t(i)) >> 40) * 0x1.0p-24f;
-}
 
 using Options = msa_bench::DecodeBenchOptions;
 
@@ -242,12 +221,12 @@ Result run_case(const bench::BenchCase& c, const std::string& variant, const Opt
                q_scale = gpu_buffer(fp8q ? size_t(total_q) * hq * 4 : 0),
                flush = gpu_buffer(size_t(256) << 20);
   if (slot_scales) {
-    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(k_slot.get()), total_pages * ps, c.seed * 3 + 4);
-    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(v_slot.get()), total_pages * ps, c.seed * 3 + 5);
+    fill_uniform<<<256, 256, 0, s>>>(static_cast<float*>(k_slot.get()), total_pages * ps, c.seed * 3 + 4, 0.25f, 1.f);
+    fill_uniform<<<256, 256, 0, s>>>(static_cast<float*>(v_slot.get()), total_pages * ps, c.seed * 3 + 5, 0.25f, 1.f);
   }
   if (fp8q) {
     fill_fp8<<<2048, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), total_q * hq * d, c.seed * 3 + 1);
-    fill_scales<<<256, 256, 0, s>>>(static_cast<float*>(q_scale.get()), total_q * hq, c.seed * 3 + 6);
+    fill_uniform<<<256, 256, 0, s>>>(static_cast<float*>(q_scale.get()), total_q * hq, c.seed * 3 + 6, 0.25f, 1.f);
   } else {
     fill_bf16<<<2048, 256, 0, s>>>(static_cast<__nv_bfloat16*>(q.get()), total_q * hq * d, c.seed * 3 + 1);
   }

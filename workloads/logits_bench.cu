@@ -18,6 +18,7 @@
 
 #include "workloads/gpu_benches.h"
 #include "workloads/gpu_timing.h"
+#include "workloads/device_fill.cuh"
 #include "workloads/inputs.h"
 #include "workloads/record.h"
 #include "msa/msa.h"
@@ -29,20 +30,6 @@ using bench::DeviceBuffer;
 using bench::gpu_buffer;
 using bench::mix64;
 
-__device__ __forceinline__ float normal_at(uint64_t seed, int64_t i) {
-  const uint64_t a = mix64(seed ^ (uint64_t(i) * 2)), b = mix64(seed ^ (uint64_t(i) * 2 + 1));
-  const float u1 = (float(a >> 40) + 1.f) * 0x1.0p-24f, u2 = float(b >> 40) * 0x1.0p-24f;
-  return sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
-}
-__global__ void fill_e4m3(uint8_t* x, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = __nv_cvt_float_to_fp8(normal_at(seed, i), __NV_SATFINITE, __NV_E4M3);
-}
-// f32 in [lo, lo + span).
-__global__ void fill_f32(float* x, int64_t n, uint64_t seed, float lo, float span) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = lo + span * float(mix64(seed ^ uint64_t(i)) >> 40) * 0x1.0p-24f;
-}
 // The fused pool's scale bytes: block_size f32 after each block's values.
 __global__ void fill_pool_scales(uint8_t* pool, int64_t blocks, int bs, uint64_t seed) {
   const int64_t n = blocks * bs;
@@ -91,10 +78,10 @@ Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
                tables = gpu_buffer(size_t(batch * per_req * 4)), lens = gpu_buffer(size_t(batch * 4)),
                out = gpu_buffer(size_t(batch * next_n * len * 4)), status = gpu_buffer(16),
                flush = gpu_buffer(size_t(256) << 20);
-  fill_e4m3<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), batch * next_n * kH * kD, 11);
-  fill_e4m3<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks * bs * 132, 12);
+  fill_fp8<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), batch * next_n * kH * kD, 11);
+  fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks * bs * 132, 12);
   fill_pool_scales<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks, int(bs), 13);
-  fill_f32<<<256, 256, 0, s>>>(static_cast<float*>(w.get()), batch * next_n * kH, 14, -1.f, 2.f);
+  fill_uniform<<<256, 256, 0, s>>>(static_cast<float*>(w.get()), batch * next_n * kH, 14, -1.f, 2.f);
   std::vector<int32_t> order(blocks), lens_h(batch, int32_t(len));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(15));
@@ -156,10 +143,10 @@ Result run_prefill(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
                ks = gpu_buffer(size_t(t_rows * 4)), ke = gpu_buffer(size_t(t_rows * 4)),
                out = gpu_buffer(size_t(t_rows * s_keys * 4)), status = gpu_buffer(16),
                flush = gpu_buffer(size_t(256) << 20);
-  fill_e4m3<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), t_rows * kH * kD, 21);
-  fill_e4m3<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(k.get()), s_keys * kD, 22);
-  fill_f32<<<256, 256, 0, s>>>(static_cast<float*>(ksc.get()), s_keys, 23, 0.5f, 1.f);
-  fill_f32<<<1024, 256, 0, s>>>(static_cast<float*>(w.get()), t_rows * kH, 24, -1.f, 2.f);
+  fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), t_rows * kH * kD, 21);
+  fill_fp8<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(k.get()), s_keys * kD, 22);
+  fill_uniform<<<256, 256, 0, s>>>(static_cast<float*>(ksc.get()), s_keys, 23, 0.5f, 1.f);
+  fill_uniform<<<1024, 256, 0, s>>>(static_cast<float*>(w.get()), t_rows * kH, 24, -1.f, 2.f);
   std::vector<int32_t> lo(t_rows, 0), hi(t_rows);
   for (int64_t t = 0; t < t_rows; ++t) hi[t] = int32_t(t + 1);
   ks.upload(lo, s);

@@ -15,6 +15,7 @@
 #include "msa/msa.h"
 #include "support/expect_error.h"
 #include "support/host_tensor.h"
+#include "support/paged_logits.h"
 
 namespace msa::test {
 namespace {
@@ -278,22 +279,6 @@ TEST(TokenTopKRules, MessagesNameArgumentAndRule) {
                    "got ids on cuda");
 }
 
-// A fused page pool for B requests (their keys and scales from flat arrays), shuffled block ids.
-struct PagedPool {
-  HostTensor q, kv, w, tables, lens, out;
-  int64_t max_seq_len = 0;
-  PagedMqaLogitsArgs args() const {
-    PagedMqaLogitsArgs a;
-    a.q = q.t;
-    a.kv_fused = kv.t;
-    a.weights = w.t;
-    a.block_tables = tables.t;
-    a.seq_lens = lens.t;
-    a.max_seq_len = max_seq_len;
-    a.logits = out.t;
-    return a;
-  }
-};
 
 // Paged rows equal the ragged logits of each request's own keys with its slots' limits (the
 // same formula, bitwise); -inf from the limit to max_seq_len; padding columns untouched.
@@ -304,7 +289,7 @@ TEST(PagedMqaLogits, EqualsRaggedPerRequest) {
   const int64_t batch = int64_t(lens.size()), max_len = 112, width = 8;
   int64_t blocks = 2;
   for (int32_t l : lens) blocks += (l + bs - 1) / bs;
-  PagedPool p{HostTensor(DType::fp8_e4m3, {batch, next_n, heads, dim}),
+  PagedLogits p{HostTensor(DType::fp8_e4m3, {batch, next_n, heads, dim}),
               HostTensor(DType::u8, {blocks, bs, 1, dim + 4}), HostTensor(DType::f32, {batch * next_n, heads}),
               HostTensor(DType::i32, {batch, width}), HostTensor(DType::i32, {batch}),
               HostTensor(DType::f32, {batch * next_n, max_len + 5}), max_len};
@@ -375,7 +360,7 @@ TEST(PagedMqaLogits, Fp4MatchesDefinition) {
   const std::vector<int32_t> lens = {45, 3};
   const int64_t batch = 2, width = 2, max_len = 64, blocks = 4;
   const int64_t token_bytes = dim / 2 + groups;
-  PagedPool p{HostTensor(DType::fp4x2, {batch, next_n, heads, dim / 2}),
+  PagedLogits p{HostTensor(DType::fp4x2, {batch, next_n, heads, dim / 2}),
               HostTensor(DType::u8, {blocks, bs, 1, token_bytes}),
               HostTensor(DType::f32, {batch * next_n, heads}), HostTensor(DType::i32, {batch, width}),
               HostTensor(DType::i32, {batch}), HostTensor(DType::f32, {batch * next_n, max_len}), max_len};
@@ -423,7 +408,7 @@ TEST(PagedMqaLogits, Fp4MatchesDefinition) {
 
 TEST(PagedMqaLogitsRules, WhatTheSeedLeavesUndefinedIsAnError) {
   const int64_t dim = 32, bs = 16;
-  PagedPool p{HostTensor(DType::fp8_e4m3, {2, 1, 4, dim}), HostTensor(DType::u8, {4, bs, 1, dim + 4}),
+  PagedLogits p{HostTensor(DType::fp8_e4m3, {2, 1, 4, dim}), HostTensor(DType::u8, {4, bs, 1, dim + 4}),
               HostTensor(DType::f32, {2, 4}), HostTensor(DType::i32, {2, 2}),
               HostTensor(DType::i32, {2}), HostTensor(DType::f32, {2, 32}), 32};
   std::fill(p.q.data<uint8_t>(), p.q.data<uint8_t>() + p.q.bytes(), uint8_t(0x38));

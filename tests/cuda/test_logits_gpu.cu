@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/device_tensor.h"
+#include "support/paged_logits.h"
 
 namespace msa::test {
 namespace {
@@ -132,28 +133,12 @@ TEST(MqaLogitsGpu, RaggedMatchesCpu) {
 // A fused page pool (seed 001: per block, the values of block_size tokens, then their f32
 // scales) for B requests; unused slots of a used block hold NaN bytes and NaN scales, unused
 // blocks NaN throughout.
-struct Paged {
-  HostTensor q, kv, w, tables, lens, out;
-  int64_t max_seq_len = 0;
-  PagedMqaLogitsArgs args() const {
-    PagedMqaLogitsArgs a;
-    a.q = q.t;
-    a.kv_fused = kv.t;
-    a.weights = w.t;
-    a.block_tables = tables.t;
-    a.seq_lens = lens.t;
-    a.max_seq_len = max_seq_len;
-    a.logits = out.t;
-    return a;
-  }
-};
-
-Paged make_paged(const std::vector<int32_t>& lens, int64_t next_n, int64_t heads, int64_t bs,
+PagedLogits make_paged(const std::vector<int32_t>& lens, int64_t next_n, int64_t heads, int64_t bs,
                  int64_t max_len, int64_t width, std::mt19937& rng) {
   const int64_t batch = int64_t(lens.size());
   int64_t blocks = 1;
   for (int32_t l : lens) blocks += (l + bs - 1) / bs;
-  Paged p{HostTensor(DType::fp8_e4m3, {batch, next_n, heads, 128}),
+  PagedLogits p{HostTensor(DType::fp8_e4m3, {batch, next_n, heads, 128}),
           HostTensor(DType::u8, {blocks, bs, 1, 132}), HostTensor(DType::f32, {batch * next_n, heads}),
           HostTensor(DType::i32, {batch, width}), HostTensor(DType::i32, {batch}),
           HostTensor(DType::f32, {batch * next_n, max_len + 3}), max_len};
@@ -180,7 +165,7 @@ Paged make_paged(const std::vector<int32_t>& lens, int64_t next_n, int64_t heads
 }
 
 // The paged problem on the GPU; returns the logits and the status words.
-std::vector<int32_t> run_paged_gpu(const Paged& p, bool clean, HostTensor& got, cudaStream_t stream) {
+std::vector<int32_t> run_paged_gpu(const PagedLogits& p, bool clean, HostTensor& got, cudaStream_t stream) {
   const DeviceTensor dq = to_device(p.q, stream), dkv = to_device(p.kv, stream),
                      dw = to_device(p.w, stream), dt = to_device(p.tables, stream),
                      dl = to_device(p.lens, stream);
@@ -222,7 +207,7 @@ TEST(MqaLogitsGpu, PagedMatchesCpu) {
   for (const PagedCase& c : cases) {
     const int64_t max_len = *std::max_element(c.lens.begin(), c.lens.end()) + c.extra;
     const int64_t width = (max_len + c.bs - 1) / c.bs + 1;
-    Paged p = make_paged(c.lens, c.next_n, c.heads, c.bs, max_len, width, rng);
+    PagedLogits p = make_paged(c.lens, c.next_n, c.heads, c.bs, max_len, width, rng);
     std::memset(p.out.t.data, 0xff, p.out.bytes());
     PagedMqaLogitsArgs a = p.args();
     a.clean_logits = c.clean;
@@ -245,20 +230,20 @@ TEST(MqaLogitsGpu, BadInputsReported) {
   std::mt19937 rng(7);
   TestStream stream;
   {
-    Paged p = make_paged({200, 90}, 2, 64, 64, 200, 4, rng);
+    PagedLogits p = make_paged({200, 90}, 2, 64, 64, 200, 4, rng);
     p.lens.data<int32_t>()[1] = 260;  // past max_seq_len = 200
     HostTensor got(DType::f32, {4, 203});
     expect_status(run_paged_gpu(p, true, got, stream), StatusCode::seq_len_invalid, 1, 260, 200);
   }
   {
-    Paged p = make_paged({200, 90}, 2, 64, 64, 200, 4, rng);
+    PagedLogits p = make_paged({200, 90}, 2, 64, 64, 200, 4, rng);
     p.tables.data<int32_t>()[4 + 1] = 1 << 20;  // batch 1, column 1
     HostTensor got(DType::f32, {4, 203});
     expect_status(run_paged_gpu(p, true, got, stream), StatusCode::page_id_out_of_range, 1, 1,
                   1 << 20);
   }
   {
-    Paged p = make_paged({200}, 1, 64, 32, 200, 7, rng);  // needs 7 columns
+    PagedLogits p = make_paged({200}, 1, 64, 32, 200, 7, rng);  // needs 7 columns
     HostTensor narrow(DType::i32, {1, 3});
     std::memcpy(narrow.t.data, p.tables.t.data, 3 * 4);
     p.tables = std::move(narrow);
@@ -301,7 +286,7 @@ TEST(MqaLogitsGpu, UnsupportedOnCudaIsAnError) {
   MSA_REQUIRE_GPU();
   std::mt19937 rng(8);
   TestStream stream;
-  Paged p = make_paged({100}, 1, 64, 16, 100, 8, rng);  // block size 16
+  PagedLogits p = make_paged({100}, 1, 64, 16, 100, 8, rng);  // block size 16
   HostTensor got(DType::f32, {1, 103});
   try {
     run_paged_gpu(p, true, got, stream);

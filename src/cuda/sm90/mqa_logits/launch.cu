@@ -69,7 +69,6 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
   p.out_stride = a.logits.strides[0];
   p.rows = int32_t(rows);
   p.heads = int32_t(q.shape[1]);
-  p.hp = t.hp;
   p.tokens_per_cta = t.tokens;
   p.cols = int32_t(s_keys);
   p.clean = a.clean_logits ? 1 : 0;
@@ -101,7 +100,6 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
   p.out_stride = a.logits.strides[0];
   p.rows = int32_t(batch * next_n);
   p.heads = int32_t(heads);
-  p.hp = t.hp;
   p.tokens_per_cta = t.tokens;
   p.cols = int32_t(a.max_seq_len);
   p.clean = a.clean_logits ? 1 : 0;

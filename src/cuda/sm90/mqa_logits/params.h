@@ -12,7 +12,7 @@ struct Params {
   float* logits = nullptr;         // [rows, >= cols] f32, row stride out_stride
   int64_t out_stride = 0;
   int32_t rows = 0;                // T (ragged) or B * next_n (paged)
-  int32_t heads = 0, hp = 32;      // H, and the CTA rows one token takes (the kernel's kHp)
+  int32_t heads = 0;               // H (the CTA rows a token takes are the kernel's kHp)
   int32_t tokens_per_cta = 1;
   int32_t groups_n = 2;            // groups of 128 query rows the tokens fill (1 or 2)
   int32_t lanes = 1;               // column lanes: 2 / groups_n warpgroup pairs per block set
