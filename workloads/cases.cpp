@@ -80,6 +80,9 @@ std::vector<BenchCase> make_cases() {
   BenchCase mtp8 = decode("DEC-MTP-fp8q", "sparse decode, FP8 q and KV", 30, 8, {67584}, kNeedsDecode);
   mtp8.kv_dtypes = "fp8q";
   v.push_back(mtp8);
+  BenchCase mtp4 = decode("DEC-MTP-nvfp4", "sparse decode, NVFP4 KV", 30, 8, {67584}, kNeedsDecode);
+  mtp4.kv_dtypes = "nvfp4";
+  v.push_back(mtp4);
   std::vector<int64_t> skew(30, 60592);
   skew[0] = 270336;
   v.push_back(decode("DEC-SKEW", "sparse decode", 30, 8, skew, kNeedsDecode));

@@ -39,7 +39,7 @@ struct BenchCase : CaseShape {
   std::vector<int64_t> seqlens_k;    // per request
   bool dense = false;                // decode over every key (no selection)
   int page_size = 0;                 // > 0: paged KV (decode cases)
-  std::string kv_dtypes = "bf16";    // comma list of variants: "bf16", "fp8", "bf16,fp8", "fp8q"
+  std::string kv_dtypes = "bf16";    // comma list of variants: "bf16", "fp8", "bf16,fp8", "fp8q", "nvfp4"
   std::string needs;                 // the GPU op the case needs, for "no backend" messages
 };
 

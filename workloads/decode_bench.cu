@@ -3,8 +3,9 @@
 // DEC-B2048) through DecodePlan on the GPU, in TB/s (bytes that must move: each selected K/V byte
 // once per kv head, q (and its scales), out, lse, page table and q2k rows) and microseconds, one
 // record (bench/SCHEMA.md) per case and dtype variant: bf16 q and KV, bf16 q over FP8 KV ("fp8"),
-// FP8 q with per-token-and-head scales over FP8 KV ("fp8q").
-// Inputs are filled on the device (random normal, fp8: e4m3 of it); pages are shuffled over the
+// FP8 q with per-token-and-head scales over FP8 KV ("fp8q"), bf16 q over NVFP4 KV ("nvfp4").
+// Inputs are filled on the device (random normal, fp8: e4m3 of it; nvfp4: random codes with e4m3
+// block scales in [0.25, 1.25) and global scale 0.5); pages are shuffled over the
 // pool. Before timing, three requests are checked against the CPU decode of the same bits.
 // Each timed run follows an L2 flush (gpu_timing.h: a 256 MB write, or a read with
 // MSA_BENCH_FLUSH=read); median, min and max of CUDA-event times.
@@ -48,6 +49,18 @@ struct Result {
   bool ok = true;
 };
 
+// The KV kind of a run and its bytes per K or V row (NVFP4: the packed values; their scale rows of
+// D / 16 bytes are a pool of their own).
+struct KVKind {
+  bool fp8 = false, fp8q = false, fp4 = false;
+  float global = 0.5f;  // NVFP4
+  explicit KVKind(const std::string& variant)
+      : fp8(variant == "fp8" || variant == "fp8q"), fp8q(variant == "fp8q"), fp4(variant == "nvfp4") {}
+  DType dtype() const { return fp4 ? DType::fp4x2 : fp8 ? DType::fp8_e4m3 : DType::bf16; }
+  int64_t row_bytes(int64_t d) const { return fp4 ? d / 2 : fp8 ? d : 2 * d; }
+  int64_t pool_last_dim(int64_t d) const { return fp4 ? d / 2 : d; }
+};
+
 // Shape of a K or V page pool: [pages, page_size, Hkv, D] (nhd) or [pages, Hkv, page_size, D].
 std::vector<int64_t> pool_shape(int64_t pages, int64_t ps, int64_t hkv, int64_t d, bool hnd) {
   return hnd ? std::vector<int64_t>{pages, hkv, ps, d} : std::vector<int64_t>{pages, ps, hkv, d};
@@ -75,22 +88,30 @@ DecodeShape decode_shape(const bench::BenchCase& c, int batch, int max_queries, 
 
 // One request of the GPU problem rebuilt on the host (its pages, q rows and q2k rows) and run
 // through the CPU decode; returns (rel L2 of out, max abs lse error) against the GPU output.
-std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool fp8, bool fp8q,
+std::pair<double, double> check_request(int b, const bench::BenchCase& c, const KVKind& kind,
                                         const DeviceBuffer& q, const DeviceBuffer* q_scale,
                                         const DeviceBuffer& k, const DeviceBuffer& v, const std::vector<int32_t>& pt,
                                         int max_pages, const std::vector<int32_t>& cu,
                                         const std::vector<int32_t>& q2k, const DeviceBuffer& out,
                                         const DeviceBuffer& lse, int64_t total_q, bool hnd,
-                                        const DeviceBuffer* k_scale, const DeviceBuffer* v_scale, cudaStream_t s) {
+                                        const DeviceBuffer* k_scale, const DeviceBuffer* v_scale,
+                                        const DeviceBuffer* k_sf, const DeviceBuffer* v_sf, cudaStream_t s) {
+  const bool fp8 = kind.fp8, fp8q = kind.fp8q;
   const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim, ps = c.page_size;
   const int64_t lq = cu[b + 1] - cu[b], lk = c.seqlens_k[b];
-  const int64_t pages = (lk + ps - 1) / ps, esz = fp8 ? 1 : 2, page_bytes = int64_t(ps) * hkv * d * esz;
+  const int64_t pages = (lk + ps - 1) / ps, page_bytes = int64_t(ps) * hkv * kind.row_bytes(d);
+  const int64_t sf_page = int64_t(ps) * hkv * (d / 16);  // NVFP4 scale bytes per page
   std::vector<uint8_t> hk(std::max<int64_t>(1, pages) * page_bytes), hv(hk.size());
+  std::vector<uint8_t> hksf(kind.fp4 ? std::max<int64_t>(1, pages) * sf_page : 0), hvsf(hksf.size());
   std::vector<float> hks(std::max<int64_t>(1, pages) * ps), hvs(hks.size());  // per-slot scales
   for (int64_t p = 0; p < pages; ++p) {
     const int64_t page = pt[int64_t(b) * max_pages + p], src = page * page_bytes;
     MSA_BENCH_CUDA(cudaMemcpyAsync(hk.data() + p * page_bytes, static_cast<uint8_t*>(k.get()) + src, page_bytes, cudaMemcpyDeviceToHost, s));
     MSA_BENCH_CUDA(cudaMemcpyAsync(hv.data() + p * page_bytes, static_cast<uint8_t*>(v.get()) + src, page_bytes, cudaMemcpyDeviceToHost, s));
+    if (kind.fp4) {
+      MSA_BENCH_CUDA(cudaMemcpyAsync(hksf.data() + p * sf_page, static_cast<uint8_t*>(k_sf->get()) + page * sf_page, sf_page, cudaMemcpyDeviceToHost, s));
+      MSA_BENCH_CUDA(cudaMemcpyAsync(hvsf.data() + p * sf_page, static_cast<uint8_t*>(v_sf->get()) + page * sf_page, sf_page, cudaMemcpyDeviceToHost, s));
+    }
     if (k_scale) {
       MSA_BENCH_CUDA(cudaMemcpyAsync(hks.data() + p * ps, static_cast<float*>(k_scale->get()) + page * ps, ps * 4, cudaMemcpyDeviceToHost, s));
       MSA_BENCH_CUDA(cudaMemcpyAsync(hvs.data() + p * ps, static_cast<float*>(v_scale->get()) + page * ps, ps * 4, cudaMemcpyDeviceToHost, s));
@@ -116,18 +137,23 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
       for (int64_t i = 0; i < lq; ++i)
         for (int j = 0; j < c.topk; ++j) rows_q2k.push_back(q2k[(int64_t(h) * total_q + cu[b] + i) * c.topk + j]);
   float one = 1.f;
-  const DType kvt = fp8 ? DType::fp8_e4m3 : DType::bf16;
+  const DType kvt = kind.dtype();
   AttentionArgs a;
   a.q = Tensor(hq_rows.data(), fp8q ? DType::fp8_e4m3 : DType::bf16, {lq, hq, d});
   if (fp8q) a.q_scale = Tensor(hq_scale.data(), DType::f32, {lq, hq});
   a.kv.layout = hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
-  const std::vector<int64_t> pool_dims = pool_shape(std::max<int64_t>(1, pages), ps, hkv, d, hnd);
+  const std::vector<int64_t> pool_dims = pool_shape(std::max<int64_t>(1, pages), ps, hkv, kind.pool_last_dim(d), hnd);
+  const std::vector<int64_t> sf_dims = pool_shape(std::max<int64_t>(1, pages), ps, hkv, d / 16, hnd);
   const Tensor unit_scale(&one, DType::f32, {1});
   const int64_t slots = std::max<int64_t>(1, pages) * ps;
   const Tensor ksc = k_scale ? Tensor(hks.data(), DType::f32, {slots}) : unit_scale;
   const Tensor vsc = k_scale ? Tensor(hvs.data(), DType::f32, {slots}) : unit_scale;
   a.kv.k = fp8 ? QTensor(Tensor(hk.data(), kvt, pool_dims), ksc) : QTensor(Tensor(hk.data(), kvt, pool_dims));
   a.kv.v = fp8 ? QTensor(Tensor(hv.data(), kvt, pool_dims), vsc) : QTensor(Tensor(hv.data(), kvt, pool_dims));
+  if (kind.fp4) {
+    a.kv.k = QTensor(Tensor(hk.data(), kvt, pool_dims), Tensor(hksf.data(), DType::fp8_e4m3, sf_dims), kind.global);
+    a.kv.v = QTensor(Tensor(hv.data(), kvt, pool_dims), Tensor(hvsf.data(), DType::fp8_e4m3, sf_dims), kind.global);
+  }
   a.kv.page_table = Tensor(page_ids.data(), DType::i32, {1, std::max<int64_t>(1, pages)});
   a.kv.seqused_k = Tensor(used.data(), DType::i32, {1});
   a.cu_seqlens_q = Tensor(cuq.data(), DType::i32, {2});
@@ -155,16 +181,18 @@ std::pair<double, double> check_request(int b, const bench::BenchCase& c, bool f
   return {r2 > 0 ? std::sqrt(d2 / r2) : std::sqrt(d2), lse_err};
 }
 
-// variant: "bf16", "fp8" (bf16 q, FP8 KV) or "fp8q" (FP8 q and KV).
+// variant: "bf16", "fp8" (bf16 q, FP8 KV), "fp8q" (FP8 q and KV) or "nvfp4" (bf16 q, NVFP4 KV).
 Result run_case(const bench::BenchCase& c, const std::string& variant, const Options& o) {
   Result res;
   res.name = c.name;
   res.kv = variant;
-  const bool fp8q = variant == "fp8q", fp8 = fp8q || variant == "fp8";
+  const KVKind kind(variant);
+  const bool fp8q = kind.fp8q, fp8 = kind.fp8, fp4 = kind.fp4;
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const int B = int(c.seqlens_q.size()), hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim;
-  const int ps = c.page_size, esz = fp8 ? 1 : 2;
+  const int ps = c.page_size;
+  const int64_t row_bytes = kind.row_bytes(c.head_dim);
   std::vector<int32_t> cu(B + 1, 0), used(B);
   std::vector<int64_t> cu64(B + 1, 0), cuk64(B + 1, 0);
   int max_pages = 1;
@@ -205,15 +233,17 @@ Result run_case(const bench::BenchCase& c, const std::string& variant, const Opt
   res.flop = 4.0 * d * double(res.pairs.attended);
   const bool slot_scales = fp8 && o.slot_scales;
   const int qsz = fp8q ? 1 : 2;  // q bytes per element; q scales (fp8q) and lse 4 per row
-  res.bytes = kv_keys * d * esz * 2 + double(total_q) * hq * d * (qsz + 2) +
+  res.bytes = kv_keys * (row_bytes + (fp4 ? d / 16 : 0)) * 2 + double(total_q) * hq * d * (qsz + 2) +
               double(hq) * total_q * (fp8q ? 8 : 4) +
               double(total_pages) * 4 + double(q2k.size()) * 4 + double(B) * 8 +
               (slot_scales ? kv_keys * 2 * 4 : 0.0);  // per-slot scales: K's and V's per key and head
 
-  const int64_t pool = total_pages * ps * hkv * d;
+  const int64_t pool = total_pages * ps * hkv * row_bytes;  // bytes
+  const int64_t sf_pool = fp4 ? total_pages * ps * hkv * (d / 16) : 0;
   const size_t slot_bytes = slot_scales ? size_t(total_pages) * ps * 4 : 0;
-  DeviceBuffer q = gpu_buffer(size_t(total_q) * hq * d * qsz), k = gpu_buffer(size_t(pool) * esz),
-               v = gpu_buffer(size_t(pool) * esz), out = gpu_buffer(size_t(total_q) * hq * d * 2),
+  DeviceBuffer q = gpu_buffer(size_t(total_q) * hq * d * qsz), k = gpu_buffer(size_t(pool)),
+               v = gpu_buffer(size_t(pool)), out = gpu_buffer(size_t(total_q) * hq * d * 2),
+               k_sf = gpu_buffer(size_t(sf_pool)), v_sf = gpu_buffer(size_t(sf_pool)),
                lse = gpu_buffer(size_t(hq) * total_q * 4), status = gpu_buffer(16),
                pt_d = gpu_buffer(pt.size() * 4), used_d = gpu_buffer(used.size() * 4),
                cu_d = gpu_buffer(cu.size() * 4), q2k_d = gpu_buffer(q2k.size() * 4), scale = gpu_buffer(8),
@@ -230,12 +260,17 @@ Result run_case(const bench::BenchCase& c, const std::string& variant, const Opt
   } else {
     fill_bf16<<<2048, 256, 0, s>>>(static_cast<__nv_bfloat16*>(q.get()), total_q * hq * d, c.seed * 3 + 1);
   }
-  if (fp8) {
+  if (fp4) {
+    fill_bytes<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(k.get()), pool, c.seed * 3 + 2);
+    fill_bytes<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(v.get()), pool, c.seed * 3 + 3);
+    fill_e4m3_uniform<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(k_sf.get()), sf_pool, c.seed * 3 + 7, 0.25f, 1.f);
+    fill_e4m3_uniform<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(v_sf.get()), sf_pool, c.seed * 3 + 8, 0.25f, 1.f);
+  } else if (fp8) {
     fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(k.get()), pool, c.seed * 3 + 2);
     fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(v.get()), pool, c.seed * 3 + 3);
   } else {
-    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(k.get()), pool, c.seed * 3 + 2);
-    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(v.get()), pool, c.seed * 3 + 3);
+    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(k.get()), pool / 2, c.seed * 3 + 2);
+    fill_bf16<<<4096, 256, 0, s>>>(static_cast<__nv_bfloat16*>(v.get()), pool / 2, c.seed * 3 + 3);
   }
   MSA_BENCH_CUDA(cudaGetLastError());
   scale.upload(std::vector<float>{1.f}, s);
@@ -245,7 +280,7 @@ Result run_case(const bench::BenchCase& c, const std::string& variant, const Opt
   q2k_d.upload(q2k, s);
 
   const Device gpu{DeviceType::cuda, 0};
-  const DType kvt = fp8 ? DType::fp8_e4m3 : DType::bf16;
+  const DType kvt = kind.dtype();
   const DecodeShape sh =
       decode_shape(c, B, int(*std::max_element(c.seqlens_q.begin(), c.seqlens_q.end())), max_pages, kvt, o.hnd, gpu);
   const size_t ws_bytes = DecodePlan::workspace_bytes(sh);
@@ -260,13 +295,18 @@ Result run_case(const bench::BenchCase& c, const std::string& variant, const Opt
   AttentionArgs a;
   a.q = Tensor(q.get(), fp8q ? DType::fp8_e4m3 : DType::bf16, {total_q, hq, d}, gpu);
   if (fp8q) a.q_scale = Tensor(q_scale.get(), DType::f32, {total_q, hq}, gpu);
-  const std::vector<int64_t> pool_dims = pool_shape(total_pages, ps, hkv, d, o.hnd);
+  const std::vector<int64_t> pool_dims = pool_shape(total_pages, ps, hkv, kind.pool_last_dim(d), o.hnd);
   const Tensor kt(k.get(), kvt, pool_dims, gpu), vt(v.get(), kvt, pool_dims, gpu);
   const Tensor sc(scale.get(), DType::f32, {1}, gpu);
   const Tensor ksc = slot_scales ? Tensor(k_slot.get(), DType::f32, {total_pages * ps}, gpu) : sc;
   const Tensor vsc = slot_scales ? Tensor(v_slot.get(), DType::f32, {total_pages * ps}, gpu) : sc;
   a.kv.k = fp8 ? QTensor(kt, ksc) : QTensor(kt);
   a.kv.v = fp8 ? QTensor(vt, vsc) : QTensor(vt);
+  if (fp4) {
+    const std::vector<int64_t> sf_dims = pool_shape(total_pages, ps, hkv, d / 16, o.hnd);
+    a.kv.k = QTensor(kt, Tensor(k_sf.get(), DType::fp8_e4m3, sf_dims, gpu), kind.global);
+    a.kv.v = QTensor(vt, Tensor(v_sf.get(), DType::fp8_e4m3, sf_dims, gpu), kind.global);
+  }
   a.kv.layout = o.hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
   a.kv.page_table = Tensor(pt_d.get(), DType::i32, {B, max_pages}, gpu);
   a.kv.seqused_k = Tensor(used_d.get(), DType::i32, {B}, gpu);
@@ -290,13 +330,13 @@ Result run_case(const bench::BenchCase& c, const std::string& variant, const Opt
   if (o.check) {
     std::set<int> sample = {0, B / 2, B - 1};
     for (int b : sample) {
-      const auto [rel, le] = check_request(b, c, fp8, fp8q, q, &q_scale, k, v, pt, max_pages, cu, q2k, out, lse, total_q, o.hnd,
+      const auto [rel, le] = check_request(b, c, kind, q, &q_scale, k, v, pt, max_pages, cu, q2k, out, lse, total_q, o.hnd,
                                            slot_scales ? &k_slot : nullptr,
-                                           slot_scales ? &v_slot : nullptr, s);
+                                           slot_scales ? &v_slot : nullptr, &k_sf, &v_sf, s);
       res.rel_l2 = std::max(res.rel_l2, rel);
       res.lse_err = std::max(res.lse_err, le);
     }
-    const double tol = fp8 ? 3e-2 : 1e-2, tol_lse = fp8 ? 3e-2 : 2e-3;
+    const double tol = fp8 || fp4 ? 3e-2 : 1e-2, tol_lse = fp8 || fp4 ? 3e-2 : 2e-3;
     res.ok = res.rel_l2 <= tol && res.lse_err <= tol_lse;
   }
   const bench::Timing t = bench::time_op(run, o.warmup, o.iters, s, &flush,
@@ -333,7 +373,7 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
     bench::BenchCase custom = *found;  // --topk: the same case with another selection size
     if (o.topk > 0 && !custom.dense) custom.topk = o.topk;
     const bench::BenchCase* c = &custom;
-    for (const char* kv : {"bf16", "fp8", "fp8q"}) {
+    for (const char* kv : {"bf16", "fp8", "fp8q", "nvfp4"}) {
       if (!bench::has_dtype(c->kv_dtypes, kv)) continue;
       try {
         const Result r = run_case(*c, kv, o);
@@ -348,9 +388,11 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
           bench::add_shape(rec, *c);
           rec["layout"] = o.hnd ? "hnd" : "nhd";
           if (o.warps) rec["cta_warps"] = o.warps;
-          const bool fp8q = std::string(kv) == "fp8q", fp8 = fp8q || std::string(kv) == "fp8";
-          bench::add_dtypes(rec, fp8q ? "fp8_e4m3" : "bf16", fp8 ? "fp8_e4m3" : "bf16",
-                            fp8 ? (o.slot_scales ? "slot" : "tensor") : "");
+          const KVKind kind(kv);
+          bench::add_dtypes(rec, kind.fp8q ? "fp8_e4m3" : "bf16",
+                            kind.fp4 ? "fp4x2" : kind.fp8 ? "fp8_e4m3" : "bf16",
+                            kind.fp4 ? "nvfp4" : kind.fp8 ? (o.slot_scales ? "slot" : "tensor") : "");
+          const bool fp8q = kind.fp8q;
           if (fp8q) rec["q_scales"] = "token_head";
           bench::add_pairs(rec, r.pairs);
           bench::add_timing(rec, {r.median_us * 1e-3, r.min_us * 1e-3, r.max_us * 1e-3}, o.iters, o.warmup, r.flop,

@@ -24,10 +24,10 @@ def _dtype_name(dtype: Any) -> str:
         return dtype
     t = _torch()
     if t is not None and isinstance(dtype, t.dtype):
-        for name in ("bf16", "f16", "fp8_e4m3"):
+        for name in ("bf16", "f16", "fp8_e4m3", "fp4x2"):
             if torch_dtype(name) == dtype:
                 return name
-    raise MsaError(f"kv_dtype: must be 'bf16', 'f16' or 'fp8_e4m3' (or the torch dtype), "
+    raise MsaError(f"kv_dtype: must be 'bf16', 'f16', 'fp8_e4m3' or 'fp4x2' (or the torch dtype), "
                      f"got {dtype!r}")
 
 

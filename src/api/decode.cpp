@@ -3,6 +3,7 @@
 // The CPU backend needs no work list (workspace 0); the CUDA backend (src/cuda/sm90/decode/) plans a
 // split-KV work list into the workspace and runs it without allocating or synchronizing.
 #include <cmath>
+#include <utility>
 
 #include "api/validate.h"
 #include "msa/decode.h"
@@ -37,8 +38,10 @@ void check_decode_shape(const DecodeShape& s) {
   MSA_CHECK(s.max_pages >= 0, "decode shape: max_pages must be >= 0, got ", s.max_pages);
   MSA_CHECK(s.layout == KVLayout::paged_nhd || s.layout == KVLayout::paged_hnd,
             "decode shape: layout must be paged_nhd or paged_hnd, got ", kv_layout_name(s.layout));
-  MSA_CHECK(s.kv_dtype == DType::bf16 || s.kv_dtype == DType::f16 || s.kv_dtype == DType::fp8_e4m3,
-            "decode shape: kv_dtype must be bf16, f16 or fp8_e4m3, got ", dtype_name(s.kv_dtype));
+  MSA_CHECK(s.kv_dtype == DType::bf16 || s.kv_dtype == DType::f16 || s.kv_dtype == DType::fp8_e4m3 ||
+                s.kv_dtype == DType::fp4x2,
+            "decode shape: kv_dtype must be bf16, f16, fp8_e4m3 or fp4x2, got ",
+            dtype_name(s.kv_dtype));
   MSA_CHECK(s.topk >= 0, "decode shape: topk must be >= 0 (0 = dense), got ", s.topk);
   MSA_CHECK(s.kv_block_size == 64 || s.kv_block_size == 128 || (!cuda && s.kv_block_size == 1),
             "decode shape: kv_block_size must be 64 or 128 (on the CPU also 1: token ids), got ",
@@ -64,7 +67,8 @@ void check_matches_plan(const AttentionArgs& a, const DecodeShape& s) {
   check_ndim(k, "k", 4);
   const bool nhd = s.layout == KVLayout::paged_nhd;
   const int64_t page_size = nhd ? k.shape[1] : k.shape[2], heads = nhd ? k.shape[2] : k.shape[1];
-  MSA_CHECK(page_size == s.page_size && heads == s.num_kv_heads && k.shape[3] == s.head_dim,
+  MSA_CHECK(page_size == s.page_size && heads == s.num_kv_heads &&
+                api::logical_last_dim(k, "k") == s.head_dim,
             "k: page size, kv heads and head dim must be ", s.page_size, ", ", s.num_kv_heads,
             ", ", s.head_dim, " as planned, got ", k.describe());
   const Tensor& pt = a.kv.page_table;
@@ -126,6 +130,15 @@ void check_cuda_run_args(const AttentionArgs& a, int64_t kv_block_size) {
     check_contiguous(a.lse, "lse");
     MSA_CHECK(a.lse.device == device, "lse: must be on ", device_name(device), ", got ",
               device_name(a.lse.device));
+  }
+  if (a.kv.k.values.dtype == DType::fp4x2) {
+    for (const auto& [t, name] : {std::pair{&a.kv.k, "k"}, std::pair{&a.kv.v, "v"}}) {
+      MSA_CHECK(t->scale.dtype == DType::fp8_e4m3, name,
+                ": CUDA decode takes NVFP4 (an e4m3 scale per 16 values); MXFP4 runs on the CPU, "
+                "got ", dtype_name(t->scale.dtype), " scales");
+      // Each slot's 8 scales are one 8-byte copy (load_fp4.cuh).
+      check_row_alignment(t->scale, name[0] == 'k' ? "k scale" : "v scale", 8);
+    }
   }
   api::check_status_arg(a.status, device, "decode");
   MSA_CHECK(s.total_q < INT32_MAX, "q: CUDA decode supports up to 2^31 - 1 tokens, got ",

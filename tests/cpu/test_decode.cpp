@@ -49,6 +49,37 @@ TEST(Decode, DenseAndSparseMatchBruteForce) {
     }
 }
 
+// NVFP4 and MXFP4 page pools (fp4x2 values, scale pools of the values' layout), dense and sparse,
+// both layouts, against the brute force on the exact dequantized values.
+TEST(Decode, Fp4PoolsMatchBruteForce) {
+  unsigned seed = 60;
+  for (bool nvfp4 : {true, false})
+    for (KVLayout layout : {KVLayout::paged_nhd, KVLayout::paged_hnd})
+      for (int topk : {0, 3}) {
+        SCOPED_TRACE(std::string(nvfp4 ? "nvfp4 " : "mxfp4 ") + kv_layout_name(layout) +
+                     (topk ? " sparse" : " dense"));
+        Problem p = make_problem({1, 4, 2}, {300, 129, 40}, 8, 2, 64, seed++);
+        quantize_kv_fp4(p, nvfp4);
+        const PagedKV paged = make_paged(p, layout, 32, seed++);
+        DecodePlan plan;
+        plan.plan(shape_of(p, paged, 4, topk), paged.seqused_k.data<int32_t>(), Tensor());
+        AttentionParams prm;
+        prm.kv_block_size = 64;
+        std::vector<int32_t> ids;
+        std::optional<HostTensor> q2k;
+        if (topk) {
+          ids = random_q2k(p, topk, 64, seed++);
+          q2k.emplace(q2k_tensor(ids, p.hkv, p.total_q(), topk));
+        }
+        DecodeShape sh = plan.shape();
+        sh.kv_block_size = 64;
+        plan.plan(sh, paged.seqused_k.data<int32_t>(), Tensor());
+        Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+        plan.run(make_args(p, paged.cache(), o, q2k ? &*q2k : nullptr, prm));
+        expect_matches(o, reference_attention(p, topk ? &ids : nullptr, topk, prm));
+      }
+}
+
 // Token-sparse decode on the CPU: kv_block_size 1 (key ids) and MQA with 64 query heads on one
 // kv head, against the brute force.
 TEST(Decode, TokenSparseAndMqa) {

@@ -1,7 +1,7 @@
 // GPU decode (src/cuda/sm90/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps
 // over page size, layout, G, queries per request (both CTA widths: 4 warps up to 64 rows, 8 up to
 // 128), skewed and empty lengths, FP8 KV, FP8 queries; NaN in unused slots; device-side status for
-// bad ids, bad pages and lengths past the plan; determinism; CUDA graph replays with new lengths and q2k;
+// bad ids, bad pages and lengths past the plan; NVFP4 KV; determinism; CUDA graph replays with new lengths and q2k;
 // B = 4096; offsets past 2^31. Outputs are poisoned before each run. MSA_TEST_SMALL=1 shrinks the
 // sweep (compute-sanitizer runs).
 #include <climits>
@@ -33,6 +33,8 @@ struct Config {
   // instead of [0.05, 0.5), so a window's V scales span far more than f16 holds.
   Fp8Scale k_scale = Fp8Scale::per_tensor, v_scale = Fp8Scale::per_tensor;
   bool wide_scales = false;
+  // kv_dtype fp4x2: NVFP4 (e4m3 scales per 16 values, global scale 0.75) or MXFP4.
+  bool mxfp4 = false;
   // CTA width: 0 plans and runs through DecodePlan (the planner's choice); 4 or 8 plans that
   // width with the backend's decode_plan and runs with its decode_run (4 only where a plan has
   // at most 64 rows).
@@ -42,6 +44,11 @@ struct Config {
 // The problem of a config: make_problem's, with V's scale kind (and the scales' spread) redrawn
 // where the config asks.
 Problem make_decode_problem(const Config& c) {
+  if (c.kv_dtype == DType::fp4x2) {  // K and V drawn in q's type, then quantized on the host
+    Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, 128, c.seed, c.q_dtype);
+    quantize_kv_fp4(p, !c.mxfp4);
+    return p;
+  }
   const bool fp8 = c.kv_dtype == DType::fp8_e4m3;
   Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, 128, c.seed, c.q_dtype, c.kv_dtype,
                            fp8 ? c.k_scale : Fp8Scale::none);
@@ -151,6 +158,8 @@ struct Bench {
     KVCache kv;
     kv.k = k.view();
     kv.v = v.view();
+    kv.k.global_scale = paged.k_global;  // NVFP4 pools (1 otherwise)
+    kv.v.global_scale = paged.v_global;
     kv.layout = cfg.layout;
     kv.page_table = page_table.t;
     kv.seqused_k = seqused.t;
@@ -195,7 +204,8 @@ struct Bench {
     const auto got = out.download<uint16_t>(size_t(n), stream);
     const auto got_lse = lse.download<float>(size_t(p.hq * p.total_q()), stream);
     EXPECT_EQ(status_words()[0], 0) << describe_status(status_words().data());
-    const bool fp8 = cfg.kv_dtype == DType::fp8_e4m3 || cfg.q_dtype == DType::fp8_e4m3;
+    const bool fp8 = cfg.kv_dtype == DType::fp8_e4m3 || cfg.kv_dtype == DType::fp4x2 ||
+                     cfg.q_dtype == DType::fp8_e4m3;
     const double tol_out = fp8 ? 3e-2 : 1e-2, tol_lse = fp8 ? 3e-2 : 2e-3;
     const bool bf16 = p.out_dtype() == DType::bf16;
     double diff2 = 0, ref2 = 0;
@@ -368,6 +378,56 @@ TEST(DecodeGpu, Fp8SlotScales) {
       c.v_scale = kind.v;
       c.wide_scales = kind.wide;
     });
+}
+
+// NVFP4 KV (packed e2m1, an e4m3 scale per 16 values, global scale 0.75) under bf16, f16 and e4m3
+// queries: both CTA widths, dense and sparse, both layouts, pages of 16-256 slots, unused slots'
+// values and scales NaN (make_paged), padded rows.
+TEST(DecodeGpu, Nvfp4Kv) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(10);
+  unsigned seed = 300;
+  struct Kind {
+    DType q;
+    KVLayout layout;
+    int64_t topk, page;
+    int max_q;
+    int64_t row_pad = 0;
+  };
+  std::vector<Kind> kinds = {
+      {DType::bf16, KVLayout::paged_nhd, 0, 32, 8},
+      {DType::bf16, KVLayout::paged_hnd, 8, 64, 3, 16},
+      {DType::fp8_e4m3, KVLayout::paged_nhd, 6, 128, 4},
+      {DType::f16, KVLayout::paged_nhd, 6, 16, 2},
+      {DType::fp8_e4m3, KVLayout::paged_hnd, 0, 256, 8},
+      {DType::bf16, KVLayout::paged_nhd, 12, 128, 1, 32},
+      {DType::f16, KVLayout::paged_hnd, 0, 64, 1},
+  };
+  if (small_tests()) kinds.resize(3);
+  for (const Kind& kind : kinds)
+    each_width(rng, kind.max_q, seed, [&](Config& c) {
+      c.page_size = kind.page;
+      c.q_dtype = kind.q;
+      c.kv_dtype = DType::fp4x2;
+      c.layout = kind.layout;
+      c.topk = kind.topk;
+      c.row_pad = kind.row_pad;
+    });
+}
+
+// MXFP4 pools are refused by the CUDA decode with a clear error (their power-of-two scales do not
+// keep value * scale inside f16); the CPU runs them.
+TEST(DecodeGpu, Mxfp4KvRefused) {
+  MSA_REQUIRE_GPU();
+  Config c;
+  c.lq = {1, 2};
+  c.lk = {100, 300};
+  c.kv_dtype = DType::fp4x2;
+  c.mxfp4 = true;
+  c.seed = 330;
+  Bench t(c);
+  t.plan_gpu();
+  expect_error([&] { t.run_gpu(); }, "k: CUDA decode takes NVFP4");
 }
 
 TEST(DecodeGpu, NonCausalAndScale) {

@@ -58,9 +58,9 @@ __device__ __forceinline__ float2 to_float2(uint32_t v) {
 }
 
 // One warp's 16 rows (thread rows g = lane / 4 and g + 8).
-template <typename TQ, bool kFp8>
+template <typename TQ, KV kKV>
 struct WarpTile {
-  using TM = std::conditional_t<kFp8, __half, OutT<TQ>>;  // MMA operand type
+  using TM = std::conditional_t<kF16Math<kKV>, __half, OutT<TQ>>;  // MMA operand type
   uint32_t qa[8][4];  // Q A-fragments, k-steps of 16 head dims (order: q_dim)
   float o[16][4];     // O accumulators, n-tiles of 8 head dims (order: o_dim)
   float m[2], l[2];   // running max (log2 units) and this thread's part of the row sum
@@ -84,35 +84,39 @@ __device__ __forceinline__ float q_scale_at(const DecodeParams& p, int64_t t, in
 }
 
 // Row i (0: g, 1: g + 8) of the Q A-fragments from an e4m3 row, converted exactly to the MMA
-// type: f16 (FP8 KV) or bf16 (bf16 KV).
-template <bool kFp8>
-__device__ __forceinline__ void load_q_row(WarpTile<__nv_fp8_e4m3, kFp8>& w,
+// type: f16 (quantized KV) or bf16 (bf16 KV).
+template <KV kKV>
+__device__ __forceinline__ void load_q_row(WarpTile<__nv_fp8_e4m3, kKV>& w,
                                            const __nv_fp8_e4m3* q_row, int i, int c, bool valid) {
   const auto* row = reinterpret_cast<const uint8_t*>(q_row);
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const uint16_t pair = valid ? *reinterpret_cast<const uint16_t*>(row + q_dim<kFp8>(ks, half, c, 0)) : 0;
-      w.qa[ks][i + 2 * half] = kFp8 ? sm80::e4m3x2_to_f16x2(pair) : sm80::e4m3x2_to_bf16x2(pair);
+      const uint16_t pair =
+          valid ? *reinterpret_cast<const uint16_t*>(row + q_dim<kByteStage<kKV>>(ks, half, c, 0)) : 0;
+      w.qa[ks][i + 2 * half] =
+          kF16Math<kKV> ? sm80::e4m3x2_to_f16x2(pair) : sm80::e4m3x2_to_bf16x2(pair);
     }
 }
 // The same from a bf16 / f16 row.
-template <typename TQ, bool kFp8>
-__device__ __forceinline__ void load_q_row(WarpTile<TQ, kFp8>& w, const TQ* row, int i, int c,
+template <typename TQ, KV kKV>
+__device__ __forceinline__ void load_q_row(WarpTile<TQ, kKV>& w, const TQ* row, int i, int c,
                                            bool valid) {
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       w.qa[ks][i + 2 * half] =
-          valid ? *reinterpret_cast<const uint32_t*>(row + q_dim<kFp8>(ks, half, c, 0)) : 0u;
+          valid ? *reinterpret_cast<const uint32_t*>(row + q_dim<kByteStage<kKV>>(ks, half, c, 0))
+                : 0u;
 }
 
-// bf16 / f16 q for f16 MMAs (FP8 KV): scales each row by a power of two so its largest |q| lands
-// in [2^14, 2^15): no overflow for any bf16 q, full f16 precision; qscale gets the factor back.
-template <typename TQ, bool kFp8>
-__device__ __forceinline__ void prescale_q_f16(WarpTile<TQ, kFp8>& w, float (&qscale)[2]) {
+// bf16 / f16 q for f16 MMAs (quantized KV): scales each row by a power of two so its largest |q|
+// lands in [2^14, 2^15): no overflow for any bf16 q, full f16 precision; qscale gets the factor
+// back.
+template <typename TQ, KV kKV>
+__device__ __forceinline__ void prescale_q_f16(WarpTile<TQ, kKV>& w, float (&qscale)[2]) {
   float amax[2] = {0.f, 0.f};
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks)
@@ -144,10 +148,10 @@ __device__ __forceinline__ void prescale_q_f16(WarpTile<TQ, kFp8>& w, float (&qs
 }
 
 // Loads Q rows [16 rt, 16 rt + 16) of a CTA serving `rows` rows (query qi = row / G of token
-// t0 + qi, head h * G + row % G). k_mult: K dequant factor (fp8: k_scale). An e4m3 row's q scale
-// joins its score scale.
-template <typename TQ, bool kFp8>
-__device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams& p, int rt,
+// t0 + qi, head h * G + row % G). k_mult: K dequant factor (fp8: k_scale, nvfp4: its global
+// scale). An e4m3 row's q scale joins its score scale.
+template <typename TQ, KV kKV>
+__device__ __forceinline__ void load_q(WarpTile<TQ, kKV>& w, const DecodeParams& p, int rt,
                                        int rows, int64_t t0, int h, int q0, int lq, int lk,
                                        float k_mult) {
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -164,7 +168,7 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams
     if constexpr (kIsE4m3<TQ>)
       if (valid) qscale[i] = q_scale_at(p, t0 + qi, hq);
   }
-  if constexpr (kFp8 && !kIsE4m3<TQ>) prescale_q_f16(w, qscale);
+  if constexpr (kF16Math<kKV> && !kIsE4m3<TQ>) prescale_q_f16(w, qscale);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     w.rs[i] = p.scale_log2 * k_mult * qscale[i];
@@ -184,11 +188,12 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kFp8>& w, const DecodeParams
 // kSlotScales (FP8 with per-slot scales, load.cuh): slot_scale[slot] multiplies the slot's scores
 // (in f32, before the softmax) and slot_scale[kS + slot] its probability in the P V product. P
 // enters the f16 MMA as P * vs / vref <= 256 (WarpTile::vref), so no V scale can overflow it.
-template <int kS, bool kSlotScales, typename TQ, bool kFp8>
-__device__ __forceinline__ void attend(WarpTile<TQ, kFp8>& w, uint32_t k_stage, uint32_t v_stage,
+template <int kS, bool kSlotScales, typename TQ, KV kKV>
+__device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, uint32_t v_stage,
                                        const int* slot_key, const float* slot_scale, int kb,
                                        int nn, bool sel0, bool sel1, bool whole) {
-  using TM = typename WarpTile<TQ, kFp8>::TM;
+  using TM = typename WarpTile<TQ, kKV>::TM;
+  constexpr bool kFp8 = kByteStage<kKV>;  // e4m3 bytes in the stage
   const int lane = threadIdx.x & 31, c = lane & 3;
   float s[8][4];
 #pragma unroll

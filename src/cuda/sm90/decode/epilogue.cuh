@@ -47,9 +47,10 @@ __device__ __forceinline__ MergeSmem merge_smem(void* base, int max_rows) {
 }
 
 // The warp's rows g and g + 8 go to scratch rows srow and srow + 8. Whole warp.
-template <typename TQ, bool kFp8>
-__device__ __forceinline__ void store_warp(const WarpTile<TQ, kFp8>& w, const MergeSmem& s,
+template <typename TQ, KV kKV>
+__device__ __forceinline__ void store_warp(const WarpTile<TQ, kKV>& w, const MergeSmem& s,
                                            int srow) {
+  constexpr bool kFp8 = kByteStage<kKV>;  // o_dim's order of the e4m3-byte stages
   const int lane = threadIdx.x & 31, c = lane & 3;
   float l[2];
 #pragma unroll

@@ -2,10 +2,10 @@
 #include "cuda/sm90/decode/launch_kernels.cuh"
 
 namespace msa::cuda::decode {
-template void set_smem_limit<__nv_bfloat16, true>();
-template void set_smem_limit<__half, true>();
-template void launch<__nv_bfloat16, true>(const DecodeParams&, const CUtensorMap&,
+template void set_smem_limit<__nv_bfloat16, KV::fp8>();
+template void set_smem_limit<__half, KV::fp8>();
+template void launch<__nv_bfloat16, KV::fp8>(const DecodeParams&, const CUtensorMap&,
                                           const CUtensorMap&, cudaStream_t);
-template void launch<__half, true>(const DecodeParams&, const CUtensorMap&,
+template void launch<__half, KV::fp8>(const DecodeParams&, const CUtensorMap&,
                                           const CUtensorMap&, cudaStream_t);
 }  // namespace msa::cuda::decode

@@ -2,10 +2,10 @@
 #include "cuda/sm90/decode/launch_kernels.cuh"
 
 namespace msa::cuda::decode {
-template void set_smem_limit<__nv_bfloat16, false>();
-template void set_smem_limit<__half, false>();
-template void launch<__nv_bfloat16, false>(const DecodeParams&, const CUtensorMap&,
+template void set_smem_limit<__nv_bfloat16, KV::native>();
+template void set_smem_limit<__half, KV::native>();
+template void launch<__nv_bfloat16, KV::native>(const DecodeParams&, const CUtensorMap&,
                                           const CUtensorMap&, cudaStream_t);
-template void launch<__half, false>(const DecodeParams&, const CUtensorMap&,
+template void launch<__half, KV::native>(const DecodeParams&, const CUtensorMap&,
                                           const CUtensorMap&, cudaStream_t);
 }  // namespace msa::cuda::decode

@@ -14,6 +14,7 @@
 #include "cuda/device/pipeline.cuh"
 #include "cuda/device/sm90.cuh"
 #include "cuda/sm90/decode/combine.cuh"
+#include "cuda/sm90/decode/load_fp4.cuh"
 #include "cuda/sm90/decode/union.cuh"
 
 namespace msa::cuda::decode {
@@ -74,8 +75,8 @@ struct ConsumerLoop {
 
 // kKw: keys per warp per stage when known at compile time, else 0 (kw_rt at run time).
 // kSlotScales: FP8 K and V scales per slot (attend).
-template <int kKw, int kS, typename Tr, bool kSlotScales, typename TQ, bool kFp8>
-__device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8>& w,
+template <int kKw, int kS, typename Tr, bool kSlotScales, typename TQ, KV kKV>
+__device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kKV>& w,
                                         const ConsumerLoop& lp, int kw_rt) {
   const int kw = kKw > 0 ? kKw : kw_rt;
   const int nn = kKw > 0 ? (kKw / 8 < 8 ? kKw / 8 : 8) : min(8, kw / 8);
@@ -119,16 +120,62 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kFp8
   }
 }
 
+// The NVFP4 producers' loop (load_fp4.cuh): every thread copies its slot of the stage
+// kRawStages - 1 steps ahead, then converts the landed one into the pipeline stage once the
+// consumers freed it, and arrives on the stage's full barrier (its stores released by the arrive).
+template <int kW>
+__device__ __forceinline__ void produce_fp4(const DecodeParams& p, const TileSource& src, int s0,
+                                            int steps, uint32_t pipe, uint64_t* full,
+                                            int* slot_key) {
+  using Tr = Traits<KV::nvfp4, kW>;
+  using R = Fp4Ring<kW>;
+  constexpr int kS = Tr::kStageKeys, kRS = Tr::kRawStages;
+  constexpr uint32_t kRawBytes = uint32_t(Tr::kRawStageBytes);
+  const uint32_t raw0 = pipe + uint32_t(Tr::kPipeBytes);
+  const int row = threadIdx.x / R::kThreadsPerRow;
+  const bool row_writer = threadIdx.x % R::kThreadsPerRow == 0;
+#pragma unroll
+  for (int i = 0; i < kRS - 1; ++i) {
+    if (i < steps) issue_fp4<kW>(p, src, lookup_row(p, src, s0 + i * kS + row), raw0 + i * kRawBytes);
+    sm90::cp_async_commit();
+  }
+  // The slot of step `it + kRS - 1`, looked up while step it converts.
+  RowSource next;
+  if (kRS - 1 < steps) next = lookup_row(p, src, s0 + (kRS - 1) * kS + row);
+  sm90::RingState<Tr::kStages> ring;
+  int rs = 0;  // packed slot of step it
+  for (int it = 0; it < steps; ++it) {
+    const int ahead = it + kRS - 1;
+    // Its packed slot was converted at step it - 1, by this thread (its own rows only).
+    if (ahead < steps) issue_fp4<kW>(p, src, next, raw0 + uint32_t((rs + kRS - 1) % kRS) * kRawBytes);
+    sm90::cp_async_commit();
+    if (ahead + 1 < steps) next = lookup_row(p, src, s0 + (ahead + 1) * kS + row);
+    sm90::cp_async_wait<kRS - 1>();  // step it's copies have landed
+    if (it >= Tr::kStages) empty_barrier<true>(ring.stage, Tr::kThreads);
+    const uint32_t raw = raw0 + uint32_t(rs) * kRawBytes;
+    const uint32_t dst = pipe + uint32_t(ring.stage) * Tr::kStageBytes;
+    convert_fp4_rows<kW>(raw, raw + R::kKSfOff, dst);
+    convert_fp4_rows<kW>(raw + R::kVOff, raw + R::kVSfOff, dst + Tr::kStageKBytes);
+    if (row_writer)
+      slot_key[ring.stage * kS + row] = int(sm90::ld_shared_u32(raw + R::kKeyOff + uint32_t(row) * 4u));
+    sm90::mbar_arrive(&full[ring.stage]);
+    rs = rs + 1 == kRS ? 0 : rs + 1;
+    ring.advance();
+  }
+}
+
 // tm_k / tm_v: the K and V pools as 4-D TMA maps with boxes of 2^p.box_shift slots x one 128-byte
-// line (launch.cu). kSlotScales: FP8 with per-slot scales (p.slot_scales), a kernel of its own so
-// that the per-tensor kernels keep their code (one runtime branch cost them 1.6% on DEC-MTP).
-template <typename TQ, bool kFp8, int kW, bool kSlotScales>
-__global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
+// line (launch.cu; unused by NVFP4). kSlotScales: FP8 with per-slot scales (p.slot_scales), a
+// kernel of its own so that the per-tensor kernels keep their code (one runtime branch cost them
+// 1.6% on DEC-MTP).
+template <typename TQ, KV kKV, int kW, bool kSlotScales>
+__global__ void __launch_bounds__(Traits<kKV, kW>::kThreads, kW == 4 ? 2 : 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_v) {
-  static_assert(kFp8 || !kSlotScales, "decode_kernel: only FP8 KV takes per-slot scales");
-  using Tr = Traits<kFp8, kW>;
-  static_assert(Tr::kStages == 3, "decode_kernel: empty_barrier has one case per stage");
+  static_assert(kKV == KV::fp8 || !kSlotScales, "decode_kernel: only FP8 KV takes per-slot scales");
+  using Tr = Traits<kKV, kW>;
+  static_assert(Tr::kStages == 2 || Tr::kStages == 3,
+                "decode_kernel: empty_barrier has one case per stage, up to 3");
   extern __shared__ uint8_t smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes: the pipeline starts on such a boundary
   // (smem_bytes has the slack).
@@ -159,18 +206,20 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int64_t t0 = rq.q_begin + q0;
 
   const uint32_t pipe = sm90::smem_addr(smem);
-  int* slot_key = reinterpret_cast<int*>(smem + Tr::kPipeBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes);
+  uint8_t* const tail = smem + Tr::kPipeBytes + Tr::kRawBytes;  // NVFP4's packed ring before it
+  int* slot_key = reinterpret_cast<int*>(tail);
+  uint64_t* full = reinterpret_cast<uint64_t*>(tail + Tr::kSlotKeyBytes);
   float* slot_scale =  // FP8 per-slot scales of each stage (kSlotScales only; traits.h)
-      kSlotScales ? reinterpret_cast<float*>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes +
-                                             Tr::kBarrierBytes + union_bytes<kW>(p.bitmap_words))
+      kSlotScales ? reinterpret_cast<float*>(tail + Tr::kSlotKeyBytes + Tr::kBarrierBytes +
+                                             union_bytes<kW>(p.bitmap_words))
                   : nullptr;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       // Each producer thread arrives twice per fill: once plainly after its slot-key stores
       // (release), once by cp.async.mbarrier.arrive when its copies land. The TMA boxes add
-      // their bytes (announced by lane 0 of warp 0 before its plain arrival).
-      sm90::mbar_init(&full[s], 2 * Tr::kProducerThreads);
+      // their bytes (announced by lane 0 of warp 0 before its plain arrival). NVFP4 producers
+      // arrive once, after writing the converted stage.
+      sm90::mbar_init(&full[s], (kKV == KV::nvfp4 ? 1 : 2) * Tr::kProducerThreads);
     }
     sm90::fence_barrier_init();
   }
@@ -182,8 +231,7 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int epb = kTileKeys >> p.block_shift;  // sparse: union entries per tile
   int last_tile;                               // tiles at or past it hold no key
   if (p.q2k) {
-    const UnionSmem u = union_smem<kW>(smem + Tr::kPipeBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes,
-                                       p.bitmap_words);
+    const UnionSmem u = union_smem<kW>(tail + Tr::kSlotKeyBytes + Tr::kBarrierBytes, p.bitmap_words);
     src.e0 = item.tile_begin * epb;
     const bool with_pages = union_has_pages<kW>(p, nq);  // the blocks' pages, read with the union
     src.union_size = build_union<Tr::kThreads / 32>(p, u, item.batch, h, t0, nq, rq.lk, src.e0,
@@ -206,26 +254,30 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
 
   if (threadIdx.x < Tr::kProducerThreads) {
     sm90::regs_dealloc<Tr::kProducerRegs>();
-    // The next stage's page-table reads are in flight while this one waits for its slot.
-    if (threadIdx.x < 32) {
-      sm90::prefetch_tensor_map(&tm_k);
-      sm90::prefetch_tensor_map(&tm_v);
-    }
-    const bool evict_first = p.kv_evict_first != 0;
-    const uint64_t policy = evict_first ? sm90::l2_evict_first_policy() : 0;
-    StageBox cur, next;
-    if (steps > 0) cur = lookup_stage<kFp8, kW>(p, src, s0);
-    for (int it = 0; it < steps; ++it) {
-      const int stage = it % Tr::kStages;
-      if (it + 1 < steps) next = lookup_stage<kFp8, kW>(p, src, s0 + (it + 1) * kS);
-      if (it >= Tr::kStages) empty_barrier<true>(stage, Tr::kThreads);
-      issue_stage<kFp8, kW>(p, src, cur, &tm_k, &tm_v, &full[stage],
-                            pipe + stage * Tr::kStageBytes, slot_key + stage * kS,
-                            slot_scale ? slot_scale + stage * 2 * kS : nullptr, evict_first,
-                            policy);
-      sm90::mbar_arrive(&full[stage]);
-      sm90::cp_async_mbar_arrive(&full[stage]);
-      cur = next;
+    if constexpr (kKV == KV::nvfp4) {
+      produce_fp4<kW>(p, src, s0, steps, pipe, full, slot_key);
+    } else {
+      // The next stage's page-table reads are in flight while this one waits for its slot.
+      if (threadIdx.x < 32) {
+        sm90::prefetch_tensor_map(&tm_k);
+        sm90::prefetch_tensor_map(&tm_v);
+      }
+      const bool evict_first = p.kv_evict_first != 0;
+      const uint64_t policy = evict_first ? sm90::l2_evict_first_policy() : 0;
+      StageBox cur, next;
+      if (steps > 0) cur = lookup_stage<kKV, kW>(p, src, s0);
+      for (int it = 0; it < steps; ++it) {
+        const int stage = it % Tr::kStages;
+        if (it + 1 < steps) next = lookup_stage<kKV, kW>(p, src, s0 + (it + 1) * kS);
+        if (it >= Tr::kStages) empty_barrier<true>(stage, Tr::kThreads);
+        issue_stage<kKV, kW>(p, src, cur, &tm_k, &tm_v, &full[stage],
+                              pipe + stage * Tr::kStageBytes, slot_key + stage * kS,
+                              slot_scale ? slot_scale + stage * 2 * kS : nullptr, evict_first,
+                              policy);
+        sm90::mbar_arrive(&full[stage]);
+        sm90::cp_async_mbar_arrive(&full[stage]);
+        cur = next;
+      }
     }
     producers_arrive(p, uint32_t(NamedBarrier::kProducersExit), Tr::kProducerThreads);
     return;
@@ -240,10 +292,17 @@ __global__ void __launch_bounds__(Traits<kFp8, kW>::kThreads, kW == 4 ? 2 : 1)
   const int warp = tid >> 5, lane = tid & 31;
   const bool active = warp < nrt * kp;
   const int rt = warp % nrt, kpi = warp / nrt;
-  // Per-tensor scales apply to S and O; with per-slot ones every scale is staged per slot.
-  const float k_mult = kFp8 && !kSlotScales && p.k_scale ? *p.k_scale : 1.f;
-  const float v_mult = kFp8 && !kSlotScales && p.v_scale ? *p.v_scale : 1.f;
-  WarpTile<TQ, kFp8> w;
+  // Per-tensor scales apply to S and O (FP8's scale, NVFP4's global scale); with per-slot ones
+  // every scale is staged per slot.
+  float k_mult = 1.f, v_mult = 1.f;
+  if constexpr (kKV == KV::fp8 && !kSlotScales) {
+    if (p.k_scale) k_mult = *p.k_scale;
+    if (p.v_scale) v_mult = *p.v_scale;
+  } else if constexpr (kKV == KV::nvfp4) {
+    k_mult = p.k_global;
+    v_mult = p.v_global;
+  }
+  WarpTile<TQ, kKV> w;
   load_q(w, p, active ? rt : 0, active ? rows : 0, t0, h, q0, rq.lq, rq.lk, k_mult);
   // The lowest causal limit of the warp's rows (padding rows: -1), for the whole-window test.
   const int warp_climit = __reduce_min_sync(0xffffffffu, min(w.climit[0], w.climit[1]));

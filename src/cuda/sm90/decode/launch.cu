@@ -1,6 +1,6 @@
 // Host side of the CUDA decode (backend.h: decode_workspace_bytes / decode_plan / decode_run):
 // plan() builds the work list (plan.cpp) and copies it into the caller's workspace; run() fills
-// the kernel parameters from the arguments and dispatches to one of the six instantiations.
+// the kernel parameters from the arguments and dispatches to one of the instantiations.
 // run() neither allocates nor synchronizes, so it can be captured in a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -62,12 +62,29 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.v_stride_page = v.strides[0];
   p.v_stride_slot = nhd ? v.strides[1] : v.strides[2];
   p.v_stride_head = nhd ? v.strides[2] : v.strides[1];
-  p.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.ptr<float>() : nullptr;
-  p.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.ptr<float>() : nullptr;
-  // Scale kinds (params.h) from the validated shapes: [1], [pool slots] or [pool slots, Hkv].
-  p.k_scale_kind = fp8_scale_kind(a.kv.k.scale);
-  p.v_scale_kind = fp8_scale_kind(a.kv.v.scale);
-  p.slot_scales = p.k_scale_kind >= 2 || p.v_scale_kind >= 2 ? 1 : 0;
+  if (s.kv_dtype == DType::fp4x2) {
+    // NVFP4: the e4m3 scale pools in the values' layout (checked by the api), and the global
+    // scales.
+    const Tensor& ks = a.kv.k.scale;
+    const Tensor& vs = a.kv.v.scale;
+    p.k_sf = ks.ptr<uint8_t>();
+    p.v_sf = vs.ptr<uint8_t>();
+    p.k_sf_stride_page = ks.strides[0];
+    p.k_sf_stride_slot = nhd ? ks.strides[1] : ks.strides[2];
+    p.k_sf_stride_head = nhd ? ks.strides[2] : ks.strides[1];
+    p.v_sf_stride_page = vs.strides[0];
+    p.v_sf_stride_slot = nhd ? vs.strides[1] : vs.strides[2];
+    p.v_sf_stride_head = nhd ? vs.strides[2] : vs.strides[1];
+    p.k_global = a.kv.k.global_scale;
+    p.v_global = a.kv.v.global_scale;
+  } else {
+    p.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.ptr<float>() : nullptr;
+    p.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.ptr<float>() : nullptr;
+    // Scale kinds (params.h) from the validated shapes: [1], [pool slots] or [pool slots, Hkv].
+    p.k_scale_kind = fp8_scale_kind(a.kv.k.scale);
+    p.v_scale_kind = fp8_scale_kind(a.kv.v.scale);
+    p.slot_scales = p.k_scale_kind >= 2 || p.v_scale_kind >= 2 ? 1 : 0;
+  }
   p.page_table = a.kv.page_table.ptr<int32_t>();
   p.page_table_stride = a.kv.page_table.strides[0];
   p.seqused_k = a.kv.seqused_k.defined() ? a.kv.seqused_k.ptr<int32_t>() : nullptr;
@@ -106,10 +123,10 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   // TMA boxes (load.cuh): the largest power of two of slots that divides the page, the sparse kv
   // block and the stage, so that a box's keys are consecutive and lie in one page.
   const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
-  const int stage_keys = g.warps == 4 ? (fp8 ? decode::Traits<true, 4>::kStageKeys
-                                             : decode::Traits<false, 4>::kStageKeys)
-                                      : (fp8 ? decode::Traits<true, 8>::kStageKeys
-                                             : decode::Traits<false, 8>::kStageKeys);
+  const int stage_keys = g.warps == 4 ? (fp8 ? decode::Traits<decode::KV::fp8, 4>::kStageKeys
+                                             : decode::Traits<decode::KV::native, 4>::kStageKeys)
+                                      : (fp8 ? decode::Traits<decode::KV::fp8, 8>::kStageKeys
+                                             : decode::Traits<decode::KV::native, 8>::kStageKeys);
   int box = std::min(s.page_size, stage_keys);
   if (g.sparse) box = std::min(box, s.kv_block_size);
   p.box_shift = log2_exact(box);
@@ -150,15 +167,20 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
             "decode: ", list.items.size(), " work items x ", s.num_kv_heads,
             " kv heads exceed the grid limit of 2^31 - 1 CTAs");
   // Every q type the KV kind takes (run() learns q's type from its arguments).
+  using decode::KV;
   if (s.kv_dtype == DType::fp8_e4m3) {
-    decode::set_smem_limit<__nv_bfloat16, true>();
-    decode::set_smem_limit<__half, true>();
-    decode::set_smem_limit<__nv_fp8_e4m3, true>();
+    decode::set_smem_limit<__nv_bfloat16, KV::fp8>();
+    decode::set_smem_limit<__half, KV::fp8>();
+    decode::set_smem_limit<__nv_fp8_e4m3, KV::fp8>();
+  } else if (s.kv_dtype == DType::fp4x2) {
+    decode::set_smem_limit<__nv_bfloat16, KV::nvfp4>();
+    decode::set_smem_limit<__half, KV::nvfp4>();
+    decode::set_smem_limit<__nv_fp8_e4m3, KV::nvfp4>();
   } else if (s.kv_dtype == DType::f16) {
-    decode::set_smem_limit<__half, false>();
+    decode::set_smem_limit<__half, KV::native>();
   } else {
-    decode::set_smem_limit<__nv_bfloat16, false>();
-    decode::set_smem_limit<__nv_fp8_e4m3, false>();
+    decode::set_smem_limit<__nv_bfloat16, KV::native>();
+    decode::set_smem_limit<__nv_fp8_e4m3, KV::native>();
   }
   auto* base = static_cast<uint8_t*>(workspace.data);
   MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence, 0xff, sizeof(unsigned long long), stream));
@@ -184,26 +206,31 @@ void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& 
   const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count), w.warps);
   const DecodeParams p = make_params(a, s, g, w, workspace);
   const bool f16 = a.q.dtype == DType::f16, q8 = a.q.dtype == DType::fp8_e4m3;
-  const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
+  const bool fp8 = s.kv_dtype == DType::fp8_e4m3, fp4 = s.kv_dtype == DType::fp4x2;
   // Boxes of one 128-byte line: all 128 fp8 columns, or 64 of bf16 / f16. A 128-byte L2 fetch per
   // line: fp8 NHD rows are one line, and with 256 bytes every row pulled in a line of the next
   // head, which the per-head sparse selections rarely read (measured on DEC-MTP fp8). An empty
   // pool gets no map (every page id is out of range, so no box is ever loaded by TMA).
   CUtensorMap tm_k{}, tm_v{};
-  if (p.num_pages > 0) {
+  if (p.num_pages > 0 && !fp4) {  // NVFP4 rows are copied by cp.async (load_fp4.cuh)
     const bool nhd = s.layout == KVLayout::paged_nhd;
     const uint32_t cols = fp8 ? 128u : 64u, keys = 1u << p.box_shift;
     tm_k = make_tma_paged(a.kv.k.values, nhd, cols, keys, "k", "decode", 128);
     tm_v = make_tma_paged(a.kv.v.values, nhd, cols, keys, "v", "decode", 128);
   }
+  using decode::KV;
   if (fp8) {
-    if (q8) decode::launch<__nv_fp8_e4m3, true>(p, tm_k, tm_v, stream);
-    else if (f16) decode::launch<__half, true>(p, tm_k, tm_v, stream);
-    else decode::launch<__nv_bfloat16, true>(p, tm_k, tm_v, stream);
+    if (q8) decode::launch<__nv_fp8_e4m3, KV::fp8>(p, tm_k, tm_v, stream);
+    else if (f16) decode::launch<__half, KV::fp8>(p, tm_k, tm_v, stream);
+    else decode::launch<__nv_bfloat16, KV::fp8>(p, tm_k, tm_v, stream);
+  } else if (fp4) {
+    if (q8) decode::launch<__nv_fp8_e4m3, KV::nvfp4>(p, tm_k, tm_v, stream);
+    else if (f16) decode::launch<__half, KV::nvfp4>(p, tm_k, tm_v, stream);
+    else decode::launch<__nv_bfloat16, KV::nvfp4>(p, tm_k, tm_v, stream);
   } else {
-    if (q8) decode::launch<__nv_fp8_e4m3, false>(p, tm_k, tm_v, stream);  // bf16 KV
-    else if (f16) decode::launch<__half, false>(p, tm_k, tm_v, stream);
-    else decode::launch<__nv_bfloat16, false>(p, tm_k, tm_v, stream);
+    if (q8) decode::launch<__nv_fp8_e4m3, KV::native>(p, tm_k, tm_v, stream);  // bf16 KV
+    else if (f16) decode::launch<__half, KV::native>(p, tm_k, tm_v, stream);
+    else decode::launch<__nv_bfloat16, KV::native>(p, tm_k, tm_v, stream);
   }
 }
 

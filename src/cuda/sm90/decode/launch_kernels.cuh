@@ -1,7 +1,7 @@
 // Launchers of the decode kernels for one (q type, KV kind): the main kernel over items x Hkv
 // CTAs, which also combines split requests and finalizes the status; with no items, a one-thread
 // status kernel instead.
-// Included by instantiate_native.cu and instantiate_fp8.cu; declared in launch_kernels.h.
+// Included by the instantiate_*.cu files; declared in launch_kernels.h.
 #pragma once
 
 #include "cuda/sm90/decode/kernel.cuh"
@@ -11,50 +11,50 @@
 namespace msa::cuda::decode {
 
 // The largest plan's need, so a later plan never lowers the limit under an earlier one's.
-template <typename TQ, bool kFp8, int kW, bool kSlotScales>
+template <typename TQ, KV kKV, int kW, bool kSlotScales>
 void set_smem_limit_of() {
-  static_assert(smem_bytes<kFp8, kW>(kMaxBitmapWords) <= 227 * 1024,
+  static_assert(smem_bytes<kKV, kW>(kMaxBitmapWords) <= 227 * 1024,
                 "decode: shared memory of the largest sparse plan exceeds 227 KB");
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<TQ, kFp8, kW, kSlotScales>,
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<TQ, kKV, kW, kSlotScales>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(smem_bytes<kFp8, kW>(kMaxBitmapWords))));
+                                      int(smem_bytes<kKV, kW>(kMaxBitmapWords))));
 }
 
-template <typename TQ, bool kFp8>
+template <typename TQ, KV kKV>
 void set_smem_limit() {
-  set_smem_limit_of<TQ, kFp8, 4, false>();
-  set_smem_limit_of<TQ, kFp8, 8, false>();
-  if constexpr (kFp8) {
-    set_smem_limit_of<TQ, kFp8, 4, true>();
-    set_smem_limit_of<TQ, kFp8, 8, true>();
+  set_smem_limit_of<TQ, kKV, 4, false>();
+  set_smem_limit_of<TQ, kKV, 8, false>();
+  if constexpr (kKV == KV::fp8) {
+    set_smem_limit_of<TQ, kKV, 4, true>();
+    set_smem_limit_of<TQ, kKV, 8, true>();
   }
 }
 
 // The main kernel of one CTA width, with or without per-slot FP8 scales (FP8 only).
-template <typename TQ, bool kFp8, int kW>
+template <typename TQ, KV kKV, int kW>
 void launch_main(const DecodeParams& p, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
                  unsigned grid, cudaStream_t stream) {
-  const size_t smem = smem_bytes<kFp8, kW>(p.bitmap_words);
-  if constexpr (kFp8) {
+  const size_t smem = smem_bytes<kKV, kW>(p.bitmap_words);
+  if constexpr (kKV == KV::fp8) {
     if (p.slot_scales) {
-      decode_kernel<TQ, kFp8, kW, true>
-          <<<grid, Traits<kFp8, kW>::kThreads, smem, stream>>>(p, tm_k, tm_v);
+      decode_kernel<TQ, kKV, kW, true>
+          <<<grid, Traits<kKV, kW>::kThreads, smem, stream>>>(p, tm_k, tm_v);
       return;
     }
   }
-  decode_kernel<TQ, kFp8, kW, false><<<grid, Traits<kFp8, kW>::kThreads, smem, stream>>>(p, tm_k, tm_v);
+  decode_kernel<TQ, kKV, kW, false><<<grid, Traits<kKV, kW>::kThreads, smem, stream>>>(p, tm_k, tm_v);
 }
 
-template <typename TQ, bool kFp8>
+template <typename TQ, KV kKV>
 void launch(const DecodeParams& p, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
             cudaStream_t stream) {
   const unsigned grid = unsigned(p.num_items * p.num_kv_heads);
   if (grid == 0)
     status_kernel<TQ><<<1, 32, 0, stream>>>(p);
   else if (p.warps == 4)
-    launch_main<TQ, kFp8, 4>(p, tm_k, tm_v, grid, stream);
+    launch_main<TQ, kKV, 4>(p, tm_k, tm_v, grid, stream);
   else
-    launch_main<TQ, kFp8, 8>(p, tm_k, tm_v, grid, stream);
+    launch_main<TQ, kKV, 8>(p, tm_k, tm_v, grid, stream);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,7 +1,8 @@
 // Declarations of the decode launchers (bodies in launch_kernels.cuh). The only instantiations:
 // q bf16 / f16 x KV native (same type as q) / fp8 e4m3 (instantiate_native.cu,
-// instantiate_fp8.cu), and q e4m3 x KV fp8 e4m3 / bf16 (instantiate_fp8q.cu; kFp8 = false means
-// bf16 KV there), one compile unit each so that they build in parallel.
+// instantiate_fp8.cu), q e4m3 x KV fp8 e4m3 / bf16 (instantiate_fp8q.cu; KV::native means bf16
+// KV there), and q bf16 / f16 / e4m3 x KV nvfp4 (instantiate_nvfp4.cu), one compile unit each so
+// that they build in parallel.
 #pragma once
 
 #include <cuda.h>
@@ -9,16 +10,17 @@
 #include <cuda_runtime.h>
 
 #include "cuda/sm90/decode/params.h"
+#include "cuda/sm90/decode/traits.h"
 
 namespace msa::cuda::decode {
 
 // Raises the kernel's dynamic shared-memory limit (plan time; not a stream operation).
-template <typename TQ, bool kFp8>
+template <typename TQ, KV kKV>
 void set_smem_limit();
 
 // The main kernel (or, with no items, the status kernel); no allocation, no sync. tm_k / tm_v:
 // the pools' TMA maps (launch.cu; boxes of 2^p.box_shift slots).
-template <typename TQ, bool kFp8>
+template <typename TQ, KV kKV>
 void launch(const DecodeParams& p, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
             cudaStream_t stream);
 

@@ -42,9 +42,9 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
 // The rows of a stage one producer thread copies when its box is not loaded by TMA (issue_stage):
 // warp w covers rows [w R, w R + R), R = kRowsPerWarp; kLanesPerRow lanes share a row and each
 // copies 4 of its 16-byte chunks, so a copy instruction reads whole 32-byte sectors.
-template <bool kFp8, int kW>
+template <KV kKV, int kW>
 struct StageRows {
-  using Tr = Traits<kFp8, kW>;
+  using Tr = Traits<kKV, kW>;
   static constexpr int kChunksPerLane = 4;
   static constexpr int kLanesPerRow = Tr::kChunks / kChunksPerLane;  // bf16 4, fp8 2
   static constexpr int kRowsPerPass = 32 / kLanesPerRow;             // bf16 8, fp8 16
@@ -57,6 +57,35 @@ struct StageRows {
   }
 };
 
+// The key in item slot `slot` (sparse: through the union; -1: none) and its page (from the union's
+// pages when it carries them, else from the page table).
+struct RowSource {
+  int key = -1;
+  int page = 0;
+};
+
+__device__ __forceinline__ RowSource lookup_row(const DecodeParams& p, const TileSource& src,
+                                                int slot) {
+  RowSource r;
+  if (slot < src.slot_end) {
+    if (src.ids == nullptr) {
+      if (slot < src.lk) r.key = slot;
+    } else {
+      const int e = slot >> p.block_shift;
+      if (e < src.union_size) {
+        const int key = (src.ids[e - src.e0] << p.block_shift) + (slot & (p.kv_block_size - 1));
+        if (key < src.lk) {
+          r.key = key;
+          if (src.pages) r.page = src.pages[e - src.e0];
+        }
+      }
+    }
+  }
+  if (r.key >= 0 && src.pages == nullptr)
+    r.page = p.page_table[int64_t(src.b) * p.page_table_stride + (r.key >> p.page_shift)];
+  return r;
+}
+
 // A stage is cut into boxes of B = 2^p.box_shift consecutive slots (B divides the page size, the
 // kv block and the stage, so a box's keys are consecutive and lie in one page). Lane b < kS / B of
 // every producer warp describes box b: its first key (-1: none) and that key's page-table entry.
@@ -68,31 +97,16 @@ struct StageBox {
 // First half of a stage load: the boxes of the stage starting at item slot `slot0` and their
 // page-table entries. Only global loads, no shared-memory writes, so the kernel issues it a stage
 // ahead and the page-table latency hides behind the wait for a free stage.
-template <bool kFp8, int kW>
+template <KV kKV, int kW>
 __device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const TileSource& src,
                                                  int slot0) {
-  constexpr int kS = Traits<kFp8, kW>::kStageKeys;
+  constexpr int kS = Traits<kKV, kW>::kStageKeys;
   const int lane = threadIdx.x & 31;
   StageBox bx;
   if (lane < (kS >> p.box_shift)) {
-    const int slot = slot0 + (lane << p.box_shift);
-    if (slot < src.slot_end) {
-      if (src.ids == nullptr) {
-        if (slot < src.lk) bx.key0 = slot;
-      } else {
-        const int e = slot >> p.block_shift;
-        if (e < src.union_size) {
-          const int key = (src.ids[e - src.e0] << p.block_shift) + (slot & (p.kv_block_size - 1));
-          if (key < src.lk) {
-            bx.key0 = key;
-            if (src.pages) bx.page = src.pages[e - src.e0];
-          }
-        }
-      }
-    }
-    // Without the union's pages (dense, or sparse without the hand-off) from the page table.
-    if (bx.key0 >= 0 && src.pages == nullptr)
-      bx.page = p.page_table[int64_t(src.b) * p.page_table_stride + (bx.key0 >> p.page_shift)];
+    const RowSource r = lookup_row(p, src, slot0 + (lane << p.box_shift));
+    bx.key0 = r.key;
+    bx.page = r.page;
   }
   return bx;
 }
@@ -119,14 +133,16 @@ __device__ __forceinline__ void stage_scale(const float* scale, int kind, int64_
 // Attention: unused page slots may hold NaN). slot_key[row] gets the logical key of every row or
 // -1, and with per-slot FP8 scales (slot_scale non-null) slot_scale[row] its K scale,
 // slot_scale[kS + row] its V scale (stage_scale).
-template <bool kFp8, int kW>
+template <KV kKV, int kW>
 __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSource& src,
                                             const StageBox& bx, const CUtensorMap* tm_k,
                                             const CUtensorMap* tm_v, uint64_t* full,
                                             uint32_t stage_base, int* slot_key, float* slot_scale,
                                             bool evict_first, uint64_t policy) {
-  using Tr = Traits<kFp8, kW>;
-  using Rows = StageRows<kFp8, kW>;
+  static_assert(kKV != KV::nvfp4, "issue_stage: NVFP4 stages are written by load_fp4.cuh");
+  constexpr bool kFp8 = kByteStage<kKV>;
+  using Tr = Traits<kKV, kW>;
+  using Rows = StageRows<kKV, kW>;
   constexpr int kS = Tr::kStageKeys;
   constexpr int kElem = kFp8 ? 1 : 2;
   constexpr int kHalves = kFp8 ? 1 : 2;  // 128-byte lines per row: one TMA box each

@@ -34,7 +34,7 @@ struct DecodeParams {
   const void* q = nullptr;                // [total_q, Hq, 128] bf16 | f16 | e4m3, D contiguous
   int64_t q_stride_t = 0, q_stride_h = 0;
   const float* q_scale = nullptr;         // e4m3 q: null (1), [1], [total_q] or [total_q, Hq]
-  const void* k = nullptr;                // page pool, bf16 | f16 | fp8 e4m3, D contiguous
+  const void* k = nullptr;                // page pool, bf16 | f16 | fp8 e4m3 | fp4x2, D contiguous
   const void* v = nullptr;                // same shape as k
   int64_t k_stride_page = 0, k_stride_slot = 0, k_stride_head = 0;  // nhd or hnd by strides
   int64_t v_stride_page = 0, v_stride_slot = 0, v_stride_head = 0;
@@ -43,6 +43,14 @@ struct DecodeParams {
   // (slot_scales), both K's and V's scales are staged per slot (load.cuh) and applied per key.
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
+  // NVFP4 (KV::nvfp4): k / v hold packed e2m1 rows of 64 bytes (strides above in bytes); k_sf /
+  // v_sf the e4m3 scale of every 16 values, 8-byte rows of the values' layout (strides in bytes,
+  // rows 8-byte aligned); k_global / v_global the per-tensor global scales.
+  const uint8_t* k_sf = nullptr;
+  const uint8_t* v_sf = nullptr;
+  int64_t k_sf_stride_page = 0, k_sf_stride_slot = 0, k_sf_stride_head = 0;
+  int64_t v_sf_stride_page = 0, v_sf_stride_slot = 0, v_sf_stride_head = 0;
+  float k_global = 1.f, v_global = 1.f;
   const int32_t* page_table = nullptr;    // [B, max_pages], row stride page_table_stride
   int64_t page_table_stride = 0;
   const int32_t* seqused_k = nullptr;     // [B] or null (max_pages * page_size keys)

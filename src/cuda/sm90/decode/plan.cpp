@@ -115,9 +115,10 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
   g.warps = g.rows_max <= kNarrowRows && unit_ctas >= 4 * int64_t(g.sm_count) ? 4 : 8;
   if (warps != 0) g.warps = warps == 4 && g.rows_max <= kNarrowRows ? 4 : 8;
   if (g.warps == 4) {
-    const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
-    const size_t cta = (fp8 ? smem_bytes<true, 4>(g.bitmap_words) : smem_bytes<false, 4>(g.bitmap_words)) +
-                       d.smem_reserved_cta;
+    const size_t smem = s.kv_dtype == DType::fp8_e4m3 ? smem_bytes<KV::fp8, 4>(g.bitmap_words)
+                        : s.kv_dtype == DType::fp4x2  ? smem_bytes<KV::nvfp4, 4>(g.bitmap_words)
+                                                      : smem_bytes<KV::native, 4>(g.bitmap_words);
+    const size_t cta = smem + d.smem_reserved_cta;
     g.ctas_per_sm = int(std::clamp<size_t>(d.smem_per_sm / cta, 1, 2));
   }
   g.slots = g.sm_count * g.ctas_per_sm;

@@ -30,10 +30,26 @@ enum class NamedBarrier : uint32_t {
   kStageEmpty2 = 5,    // stage 2 consumed (Traits::kStages = 3)
 };
 
-template <bool kFp8>
-constexpr int kKVRowBytes = kFp8 ? kHeadDim : 2 * kHeadDim;  // one K or V row in a stage
+// The K/V element kinds of the pool, one kernel each.
+//   native: K/V of q's type (bf16 / f16); the MMAs run on q's type.
+//   fp8:    e4m3 bytes staged as they are; the consumers convert them to f16 in registers
+//           (attend.cuh), with per-tensor or per-slot scales.
+//   nvfp4:  packed e2m1 with an e4m3 scale per 16 values (and a per-tensor global scale); the
+//           producers copy the packed rows into a ring of their own and write value * scale, exact
+//           in f16, into stages of the native layout (load_fp4.cuh). The consumers then read f16
+//           stages as the native path reads bf16 ones.
+enum class KV : int { native, fp8, nvfp4 };
+// Stage rows of e4m3 bytes (the fp8 layout of load.cuh tile_offset and attend's conversions).
+template <KV kKV>
+constexpr bool kByteStage = kKV == KV::fp8;
+// f16 MMAs over scaled K/V, q brought to f16 (attend.cuh prescale_q_f16).
+template <KV kKV>
+constexpr bool kF16Math = kKV != KV::native;
 
-template <bool kFp8, int kW>
+template <KV kKV>
+constexpr int kKVRowBytes = kByteStage<kKV> ? kHeadDim : 2 * kHeadDim;  // one K or V row in a stage
+
+template <KV kKV, int kW>
 struct Traits {
   static constexpr int kConsumerThreads = 32 * kW;
   static constexpr int kProducerThreads = 128;                      // warpgroup 0
@@ -44,7 +60,7 @@ struct Traits {
   static constexpr uint32_t kProducerRegs = kW == 4 ? 56 : 72;
   static constexpr uint32_t kConsumerRegs = kW == 4 ? 200 : 216;
   static constexpr int kMaxRows = 16 * kW;                          // 16-row tiles, one per warp
-  static constexpr int kRowBytes = kKVRowBytes<kFp8>;
+  static constexpr int kRowBytes = kKVRowBytes<kKV>;
   static constexpr int kChunks = kRowBytes / 16;                    // 16-byte chunks per row
   // A pipeline stage holds K then V of kStageKeys consecutive key slots of the item, 8 KB per
   // warp (64 KB for 8 warps, 32 KB for 4), and each loop step (one barrier, one softmax update
@@ -62,19 +78,28 @@ struct Traits {
   // either width (one 8-warp CTA or two 4-warp CTAs): enough to cover HBM latency at a 1/132
   // share of the bandwidth (~32 KB in flight needed). 8 warps: 3 x 64 KB = 192 KB (+ slot keys +
   // union scratch <= 227 KB: smem_bytes below, checked in launch_kernels.cuh); 4 warps: 96 KB.
-  static constexpr int kStages = 3;
+  //
+  // NVFP4 converts into 2 stages: its latency hiding is the packed ring below, 3 deep, and a
+  // third 64 KB f16 stage would not fit beside it.
+  static constexpr int kStages = kKV == KV::nvfp4 ? 2 : 3;
   static constexpr size_t kPipeBytes = size_t(kStages) * kStageBytes;
+  // NVFP4: the producers' ring of packed stages (load_fp4.cuh Fp4Ring), after the pipeline.
+  static constexpr int kRawStages = kKV == KV::nvfp4 ? 3 : 0;
+  static constexpr size_t kRawStageBytes =
+      size_t(kStageKeys) * (2 * (kHeadDim / 2 + kHeadDim / 16) + sizeof(int));
+  static constexpr size_t kRawBytes = size_t(kRawStages) * kRawStageBytes;
   static constexpr size_t kSlotKeyBytes = size_t(kStages) * kStageKeys * sizeof(int);
   static constexpr size_t kBarrierBytes = size_t(kStages) * sizeof(uint64_t);  // full
   // FP8 with per-slot scales (params.h slot_scales): each stage's K then V scale of every slot.
-  static constexpr size_t kScaleBytes = kFp8 ? size_t(kStages) * 2 * kStageKeys * sizeof(float) : 0;
+  static constexpr size_t kScaleBytes =
+      kKV == KV::fp8 ? size_t(kStages) * 2 * kStageKeys * sizeof(float) : 0;
   // Merge scratch (reuses the pipeline after the last stage): O rows of every warp plus (m, l) and
   // a merge weight per row.
   static constexpr size_t kMergeBytes =
       size_t(kMaxRows) * kOutStride * sizeof(float) + 3 * size_t(kMaxRows) * sizeof(float);
 
   static_assert(kW == 4 || kW == 8, "Traits: CTAs of 4 or 8 warps");
-  static_assert(uint32_t(NamedBarrier::kStageEmpty0) + kStages - 1 ==
+  static_assert(uint32_t(NamedBarrier::kStageEmpty0) + kStages - 1 <=
                     uint32_t(NamedBarrier::kStageEmpty2),
                 "Traits: one NamedBarrier::kStageEmpty id per stage");
   static_assert(kChunks == 8 || kChunks == 16, "Traits: a row is 8 (fp8) or 16 (bf16) chunks");
@@ -98,12 +123,13 @@ constexpr size_t union_bytes(int bitmap_words) {
 // Dynamic shared memory of one CTA: pipeline, slot keys, stage barriers, the union scratch, then
 // the FP8 slot scales (last, so that kernels without them address everything as before), plus
 // the slack that puts the pipeline on a 1024-byte boundary (kernel.cuh). Every FP8 plan reserves
-// the scales' room: the planner sizes CTAs per SM without knowing the scales' kind.
-template <bool kFp8, int kW>
+// the scales' room: the planner sizes CTAs per SM without knowing the scales' kind. NVFP4's packed
+// ring follows the pipeline (kRawBytes, 0 for the other kinds).
+template <KV kKV, int kW>
 constexpr size_t smem_bytes(int bitmap_words) {
-  return 1024 + Traits<kFp8, kW>::kPipeBytes + Traits<kFp8, kW>::kSlotKeyBytes +
-         Traits<kFp8, kW>::kBarrierBytes + union_bytes<kW>(bitmap_words) +
-         Traits<kFp8, kW>::kScaleBytes;
+  using Tr = Traits<kKV, kW>;
+  return 1024 + Tr::kPipeBytes + Tr::kRawBytes + Tr::kSlotKeyBytes + Tr::kBarrierBytes +
+         union_bytes<kW>(bitmap_words) + Tr::kScaleBytes;
 }
 
 }  // namespace msa::cuda::decode
