@@ -6,13 +6,15 @@
 # benchmark programs' in $OUT/records.jsonl, the peers' in $OUT/peers.jsonl; `python3
 # bench/plot.py records.jsonl peers.jsonl --out DIR` draws them.
 #   bench/device_session.sh [steps...]
-#   steps: tests memcheck racecheck bench ab peers pytest demo examples pybench ncu-sparse ncu-uniform ncu-indexer
-#          ncu-indexer-fp8 ncu-decode
+#   steps: tests memcheck racecheck synccheck initcheck bench ab peers pytest soak demo examples pybench
+#          ncu-sparse ncu-uniform ncu-indexer ncu-indexer-fp8 ncu-decode
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
 #          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines);
 #          ab (BIN_OLD=dir: old against new binaries, bench/compare.py's table);
-#          TESTS="..." limits the test suites
-#   (pytest installs the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
+#          TESTS="..." limits the test suites (tests and the compute-sanitizer tools);
+#          soak (scripts/gpu_soak.py: SOAK_CALLS random valid and invalid calls through the Python
+#          API on CUDA tensors, default 10000; $OUT/soak.json, $OUT/soak.log)
+#   (pytest and soak install the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
 #   (default: tests bench peers). DEADLINE (s, default 540) bounds the whole session.
 set -u
 OUT=${OUT:-/tmp/msa_out}
@@ -20,7 +22,7 @@ BIN=${BIN:-build-device-bin}
 mkdir -p "$OUT" /tmp/msa_dump
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 steps=${*:-tests bench peers}
-TESTS=${TESTS:-"test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu"}
+TESTS=${TESTS:-"test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_logits_gpu test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu"}
 summary=()
 t0=$(date +%s)
 DEADLINE=${DEADLINE:-540}
@@ -61,7 +63,7 @@ for step in $steps; do
         summary+=("$t rc=$? $(passed "$OUT/$t.log")")
         grep -E "Failure|Expected|Which is|FAILED  \]" "$OUT/$t.log" | head -12
       done ;;
-    memcheck|racecheck)
+    memcheck|racecheck|synccheck|initcheck)
       for t in $TESTS; do
         lim=$(left 90); (( lim == 0 )) && { summary+=("$step $t skipped (time)"); continue; }
         MSA_TEST_SMALL=1 timeout $lim compute-sanitizer --tool $step --error-exitcode 9 \
@@ -149,6 +151,12 @@ for step in $steps; do
           -p no:cacheprovider > "$OUT/pytest.log" 2>&1); summary+=("pytest rc=$? $(tail -1 "$OUT/pytest.log")")
         grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
       fi ;;
+    soak)  # the Python API soak on CUDA (scripts/gpu_soak.py); exit status 1 on any defect
+      install_wheel || continue
+      lim=$(left 420); (( lim > 0 )) && { (cd /tmp && PYTHONUNBUFFERED=1 timeout $lim python3 \
+        "$OLDPWD/scripts/gpu_soak.py" --calls ${SOAK_CALLS:-10000} --json "$OUT/soak.json") \
+        > "$OUT/soak.log" 2>&1; summary+=("soak rc=$? $(tail -1 "$OUT/soak.log")"); }
+      grep -A3 -E "^(rejected_valid|accepted_invalid|other_exception|wrong|crash) " "$OUT/soak.log" | head -20 ;;
     ncu-sparse) ncu_step sparse "sparse_fwd_kernel" "$BIN/bench_sparse_fwd" --case P32K-tok --iters 1 --warmup 0 --no-check ;;
     ncu-uniform) ncu_step uniform "uniform_kernel" "$BIN/bench_sparse_fwd" --case P32K-blk --iters 1 --warmup 0 --no-check ;;
     ncu-indexer) ncu_step indexer "block_scores_kernel" "$BIN/bench_indexer" --seq 16384 --iters 1 --warmup 0 ;;

@@ -42,7 +42,7 @@ ProblemShape check_attention_args(const AttentionArgs& a) {
                                        a.params.kv_block_size);
   const Device device = a.q.device;
   api::check_scale_values(QTensor(a.q, a.q_scale), "q");
-  if (!a.q.is_cuda()) api::check_kv_scale_values(a.kv, s);
+  api::check_kv_scale_values(a.kv, s);
   check_params(a);
   if (a.q2k.defined()) s.topk = api::check_q2k(a.q2k, s, device);
   if (a.k2q.row_ptr.defined() || a.k2q.q_idx.defined() || a.k2q.schedule.defined()) {

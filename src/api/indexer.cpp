@@ -47,10 +47,10 @@ ProblemShape check_indexer_inputs(const QTensor& q, const KVCache& kv, const Ten
   const ProblemShape s = api::check_q_and_kv(
       q, kv, cu_seqlens_q, {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp4x2},
       /*need_v=*/false, /*kv_may_be_quantized=*/false, kv_block_size);
-  // FP8 scales are finite and >= 0 (the block max factors them out); CUDA checks them on the
-  // device. (Their device is checked with the scales' shapes, in check_qtensor_scale.)
+  // FP8 scales are finite and >= 0 (the block max factors them out); CUDA checks their values on
+  // the device. (Their device is checked with the scales' shapes, in check_qtensor_scale.)
   api::check_scale_values(q, "q");
-  if (!q.values.is_cuda()) api::check_kv_scale_values(kv, s);
+  api::check_kv_scale_values(kv, s);
   return s;
 }
 

@@ -28,9 +28,10 @@ inline DType attention_out_dtype(DType q) { return q == DType::fp8_e4m3 ? DType:
 
 // The values of a host QTensor's FP8 scales: each finite and >= 0 (a NaN or infinite scale turns
 // every score it touches into NaN; a negative one flips them, which no quantizer produces); an
-// NVFP4 global scale finite and > 0. Device scales are the kernels' to check.
+// NVFP4 global scale (a host float, whatever the device) finite and > 0. Device scales are the
+// kernels' to check.
 void check_scale_values(const QTensor& x, const char* name);
-// The same for the K (and V) scales of a validated host cache: of a page pool's per-slot scales
+// The same for the K (and V) scales of a validated cache: of a host page pool's per-slot scales
 // only the slots that hold a key (the others may hold anything: they are never read).
 void check_kv_scale_values(const KVCache& kv, const ProblemShape& s);
 

@@ -278,6 +278,29 @@ TEST(Attention, KvScaleDeviceChecked) {
   }
 }
 
+// The NVFP4 global scales of K and V are host floats, checked whatever the tensors' device
+// (they were checked with the host scale values only, so a NaN one passed the CUDA prefill's
+// validation). The CUDA views below are never read: the check comes first.
+TEST(Attention, Fp4GlobalScaleCheckedOnEveryDevice) {
+  Problem p = make_problem({5}, {100}, 2, 1, 64, 253, DType::bf16, DType::bf16);
+  quantize_kv_fp4(p, true);
+  Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+  const HostTensor q2k = q2k_tensor(random_q2k(p, 1, 128, 254), 1, p.total_q(), 1);
+  const Device cuda{DeviceType::cuda, 0};
+  for (const bool on_cuda : {false, true})
+    for (const char* part : {"k", "v"}) {
+      SCOPED_TRACE(on_cuda ? "cuda" : "cpu");
+      AttentionArgs a = make_args(p, p.flat_kv(), o, &q2k, {});
+      (part[0] == 'k' ? a.kv.k : a.kv.v).global_scale = std::numeric_limits<float>::quiet_NaN();
+      if (on_cuda)
+        for (Tensor* t : {&a.q, &a.kv.k.values, &a.kv.k.scale, &a.kv.v.values, &a.kv.v.scale,
+                          &a.kv.cu_seqlens_k, &a.cu_seqlens_q, &a.q2k, &a.out, &a.lse})
+          t->device = cuda;
+      expect_error([&] { attention_forward(a); },
+                   std::string(part) + ": NVFP4 global scale must be finite and > 0");
+    }
+}
+
 // Token-sparse attention (docs/semantics.md, Token-sparse attention): kv_block_size 1, so q2k
 // holds key ids (up to 2048 per row); GQA and MQA (one kv head, 128 query heads), flat and paged,
 // FP8 KV, against the brute force over the same ids.
