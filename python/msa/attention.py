@@ -64,8 +64,8 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
     (a `QTensor` from `quantize`, or values plus ``q_scale``): f32 ``q_scale`` of ``[1]`` (per
     tensor), ``[total_q]`` (per token) or ``[total_q, Hq]`` (per token and head), contiguous,
     absent meaning 1; q's values are then q * q_scale, k/v may be bf16, fp8_e4m3 or fp4x2 (not
-    f16) and out is bf16. On CUDA only `DecodePlan.run` takes FP8 q so far (this function
-    raises `MsaError` for it there). ``partial_dtype``: the precision of the
+    f16) and out is bf16 (on CUDA q's values convert exactly and q_scale applies to the scores
+    in f32). ``partial_dtype``: the precision of the
     per-block partial outputs, "f32" or "bf16" (default: bf16 for bf16 q, f32 for f16 q).
     ``out``/``lse``/``tlse``: preallocated outputs; ``workspace``: u8 scratch of at least
     ``attention_workspace_bytes`` (default: allocated per call by q's framework). GPU calls run

@@ -93,15 +93,23 @@ def _kv(k, v, kind, fw):
 
 def _pools(kp, vp, kind, fw):
     """Page pools [pages, page, Hkv, D] as `kind` ('bf16' keeps the NaN of unused slots; 'fp8'
-    quantizes per pool slot, unused slots zeroed) and their float64 values."""
+    quantizes per pool slot, 'nvfp4' per 16 values with scale pools of the values' layout, unused
+    slots zeroed) and their float64 values."""
     shape = kp.shape
     if kind == "bf16":
         return _kv(kp, vp, kind, fw)
     slots = shape[0] * shape[1]
     flat = [np.nan_to_num(x).reshape(slots, shape[2], shape[3]) for x in (kp, vp)]
     kq, vq, kd, vd = _kv(flat[0], flat[1], kind, fw)
-    kq, vq = (x._replace(values=x.values.reshape(shape)) for x in (kq, vq))
+    if kind == "nvfp4":
+        kq, vq = (x._replace(values=x.values.reshape(shape[:3] + (-1,)),
+                             scale=x.scale.reshape(shape[:3] + (-1,))) for x in (kq, vq))
+    else:
+        kq, vq = (x._replace(values=x.values.reshape(shape)) for x in (kq, vq))
     return kq, vq, kd.reshape(shape), vd.reshape(shape)
+
+
+_KV_DTYPE = {"bf16": "bf16", "fp8": "fp8_e4m3", "nvfp4": "fp4x2"}
 
 
 def _gather(pool, table, seqused, page):
@@ -210,8 +218,8 @@ def _decode(fw, fmt, kv, sparse, seed):
     plan = msa.DecodePlan().plan(batch=len(LQ), num_q_heads=HQ, num_kv_heads=HKV, head_dim=D,
                                  page_size=PAGE, max_pages=table.shape[1],
                                  max_queries_per_request=max(LQ),
-                                 kv_dtype="bf16" if kv == "bf16" else "fp8_e4m3",
-                                 topk=2 if sparse else 0, seqused_k=seqused_)
+                                 kv_dtype=_KV_DTYPE[kv], topk=2 if sparse else 0,
+                                 seqused_k=seqused_)
     assert plan.shape["device_type"] == "cpu"
     kw = dict(seqused_k=seqused_, q2k=q2k_)
     out, lse = plan.run(qq, kk, vv, table_, cu_q_, return_lse=True, **kw)
@@ -232,7 +240,7 @@ def _decode(fw, fmt, kv, sparse, seed):
 
 
 @pytest.mark.parametrize("fmt", Q_FORMATS)
-@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("kv", ["bf16", "fp8", "nvfp4"])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_decode_plan_numpy(fmt, kv, sparse):
     _ml_dtypes()
@@ -324,6 +332,8 @@ def test_torch_compile_traces_fp8_queries():
     ("fp8_per_token", "fp8", "paged_hnd", True),
     ("fp8_per_tensor", "fp8", "paged_nhd", True),
     ("fp8_per_token_head", "bf16", "paged_hnd", False),
+    ("fp8_per_token_head", "nvfp4", "paged_nhd", True),
+    ("fp8_per_token", "nvfp4", "paged_hnd", False),
 ])
 def test_cuda_decode_matches_cpu(fmt, kv, layout, sparse):
     from gpu_env import require_gpu
@@ -334,12 +344,14 @@ def test_cuda_decode_matches_cpu(fmt, kv, layout, sparse):
     kk, vv, _, _ = _pools(kp, vp, kv, "torch")
     if layout == "paged_hnd":  # per-slot scales stay as they are: slot s of page P
         kk, vv = (x.transpose(1, 2).contiguous() if _is_torch(x) else
-                  x._replace(values=x.values.transpose(1, 2).contiguous()) for x in (kk, vv))
+                  x._replace(values=x.values.transpose(1, 2).contiguous(),
+                             scale=x.scale.transpose(1, 2).contiguous() if kv == "nvfp4"
+                             else x.scale) for x in (kk, vv))
     q2k = torch.from_numpy(_q2k(cu_q, seqused, HKV, 128)) if sparse else None
     cu_q, table, seqused = (torch.from_numpy(x) for x in (cu_q, table, seqused))
     shape = dict(batch=len(lq), num_q_heads=hq, num_kv_heads=HKV, head_dim=128, page_size=page,
                  max_pages=table.shape[1], max_queries_per_request=max(lq), kv_layout=layout,
-                 kv_dtype="bf16" if kv == "bf16" else "fp8_e4m3", topk=2 if sparse else 0)
+                 kv_dtype=_KV_DTYPE[kv], topk=2 if sparse else 0)
 
     def cuda(x):
         if x is None or _is_torch(x):
@@ -360,8 +372,10 @@ def test_cuda_decode_matches_cpu(fmt, kv, layout, sparse):
     assert torch.equal(plain, out)
     if not sparse:
         return
-    # attention_forward on CUDA does not take FP8 q yet.
-    with pytest.raises(msa.MsaError):
-        msa.attention_forward(cuda(qq), cuda(kk), cuda(vv), cuda(cu_q), page_table=cuda(table),
-                              seqused_k=cuda(seqused), kv_layout=layout, q2k=cuda(q2k),
-                              check=True)
+    # attention_forward on CUDA: q converted exactly, q_scale in each row's score scale.
+    fwd, fwd_lse = msa.attention_forward(cuda(qq), cuda(kk), cuda(vv), cuda(cu_q),
+                                         page_table=cuda(table), seqused_k=cuda(seqused),
+                                         kv_layout=layout, q2k=cuda(q2k), return_lse=True,
+                                         check=True)
+    assert fwd.dtype == torch.bfloat16
+    _check(fwd, fwd_lse, _f64(want), _f64(want_lse), out_tol=3e-2, lse_tol=3e-2)

@@ -17,7 +17,7 @@ struct Outputs {
 
 Outputs make_outputs(const SparseCase& c) {
   const int64_t tq = c.p.total_q();
-  return Outputs{HostTensor(c.p.q.t.dtype, {tq, c.p.hq, c.p.dim}),
+  return Outputs{HostTensor(c.p.out_dtype(), {tq, c.p.hq, c.p.dim}),
                  HostTensor(DType::f32, {c.p.hq, tq}),
                  HostTensor(DType::f32, {c.p.hq, c.temperature > 0.f ? tq : 0})};
 }
@@ -35,6 +35,7 @@ Outputs run_cpu(const SparseCase& c) {
 // The inputs on the device, plus a GPU-built K2QIndex of them.
 struct DeviceCase {
   DeviceTensor q;
+  std::optional<DeviceTensor> q_scale;  // FP8 q
   DeviceQTensor k, v;  // values with their FP8 scales, if any
   DeviceTensor cu_q, cu_k, q2k;
   DeviceBuffer row_ptr, q_idx, schedule, csr_ws, status;
@@ -51,6 +52,7 @@ struct DeviceCase {
         v(to_device(c.p.v, c.p.v_scale, s)), k_global(c.p.k_global), v_global(c.p.v_global),
         cu_q(to_device(c.p.cu_q, s)), cu_k(to_device(c.p.cu_k, s)), q2k(to_device(c.q2k, s)),
         status(16), rows(c.total_rows + extra_rows) {
+    if (c.p.q_scale) q_scale = to_device(*c.p.q_scale, s);
     const int64_t hkv = c.p.hkv, tq = c.p.total_q();
     row_ptr = DeviceBuffer(std::max<int64_t>(16, hkv * (rows + 1) * 4));
     q_idx = DeviceBuffer(std::max<int64_t>(16, hkv * tq * c.topk * 4));
@@ -93,6 +95,7 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
   AttentionArgs a;
   a.params = params_of(c);
   a.q = d.q.t;
+  if (d.q_scale) a.q_scale = d.q_scale->t;
   a.kv = d.kv();
   a.cu_seqlens_q = d.cu_q.t;
   a.q2k = d.q2k.t;
@@ -112,7 +115,8 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
 // docs/semantics.md, Numerics, on out, lse and (with a temperature) tlse: FP8 / FP4 K/V against
 // the reference of the same bits within 3e-2 (the GPU rounds each value * scale to bf16).
 void expect_close(const SparseCase& c, const Outputs& gpu, const Outputs& ref) {
-  const bool fp8 = c.p.k.t.dtype == DType::fp8_e4m3 || c.p.k.t.dtype == DType::fp4x2;
+  const bool fp8 = c.p.k.t.dtype == DType::fp8_e4m3 || c.p.k.t.dtype == DType::fp4x2 ||
+                   c.p.q.t.dtype == DType::fp8_e4m3;
   expect_out_close(gpu.out, ref.out, fp8 ? 3e-2 : 1e-2);
   expect_stat_close(gpu.lse, ref.lse, "lse", fp8 ? 3e-2 : 2e-3);
   if (c.temperature > 0.f) expect_stat_close(gpu.tlse, ref.tlse, "tlse", fp8 ? 3e-2 : 2e-3);
@@ -159,6 +163,54 @@ TEST(SparseFwdGpu, Fp4KvMatchesCpu) {
     const bool nvfp4 = run++ % 2 == 0;
     quantize_kv_fp4(c.p, nvfp4);
     SCOPED_TRACE(c.name + (nvfp4 ? " nvfp4" : " mxfp4"));
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    expect_close(c, run_gpu(c, d, /*with_k2q=*/false, s), ref);
+    if (HasFailure()) break;
+  }
+}
+
+// FP8 e4m3 q (no scale, or scales per tensor, token, token and head; the values copied exactly
+// to bf16, the scales in each row's score scale) over bf16, FP8 and NVFP4 K/V: both paths,
+// against the CPU reference.
+TEST(SparseFwdGpu, Fp8QueriesMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  const Fp8Scale kinds[] = {Fp8Scale::none, Fp8Scale::per_tensor, Fp8Scale::per_token,
+                            Fp8Scale::per_token_head};
+  TestStream s;
+  int run = 0;
+  for (int i = 0; run < (small ? 3 : 9); ++i) {
+    const int kv = run % 3;  // 0 bf16, 1 FP8 per token and head, 2 NVFP4
+    SparseCase c = random_case(600 + i, small, true,
+                               kv == 1 ? std::optional(Fp8Scale::per_token_head) : std::nullopt);
+    if (c.p.q.t.dtype != DType::bf16) continue;  // FP8 q takes bf16 (or quantized) K/V
+    if (kv == 2) quantize_kv_fp4(c.p, true);
+    // q as an engine quantizes it: the bf16 draw of the other tests through msa::quantize
+    // (scales amax / 448 per tensor, token or token and head), or cast to e4m3 without a scale.
+    const Fp8Scale kind = kinds[run % 4];
+    const int64_t tq = c.p.total_q();
+    HostTensor q8(DType::fp8_e4m3, {tq, c.p.hq, c.p.dim});
+    if (kind == Fp8Scale::none) {
+      for (int64_t e = 0; e < q8.t.numel(); ++e)
+        q8.data<uint8_t>()[e] = codec::float_to_e4m3(float(load(c.p.q.t, e)));
+      c.p.q_scale.reset();
+    } else {
+      const QuantFormat fmt = kind == Fp8Scale::per_tensor ? QuantFormat::fp8_per_tensor
+                              : kind == Fp8Scale::per_token ? QuantFormat::fp8_per_token
+                                                            : QuantFormat::fp8_per_token_head;
+      std::vector<int64_t> sshape{kind == Fp8Scale::per_tensor ? 1 : tq};
+      if (kind == Fp8Scale::per_token_head) sshape.push_back(c.p.hq);
+      HostTensor sc(DType::f32, sshape);
+      quantize(c.p.q.t, fmt, QTensor(q8.t, sc.t));
+      // Some zero scales (rows of equal scores; sparse_fwd/params.h row_scale_log2).
+      if (sc.t.numel() > 1)
+        for (int64_t e = 0; e < sc.t.numel(); e += 7) sc.data<float>()[e] = 0.f;
+      c.p.q_scale = std::move(sc);
+    }
+    c.p.q = std::move(q8);
+    ++run;
+    SCOPED_TRACE(c.name + " fp8 q, kv kind " + std::to_string(kv));
     const Outputs ref = run_cpu(c);
     DeviceCase d(c, s);
     expect_close(c, run_gpu(c, d, /*with_k2q=*/false, s), ref);

@@ -56,6 +56,7 @@ inline AttentionArgs cpu_args(const SparseCase& c) {
   AttentionArgs a;
   a.params = params_of(c);
   a.q = c.p.q.t;
+  if (c.p.q_scale) a.q_scale = c.p.q_scale->t;
   a.kv = c.p.flat_kv();
   a.cu_seqlens_q = c.p.cu_q.t;
   a.q2k = c.q2k.t;

@@ -1,4 +1,4 @@
-// FP8 and FP4 K/V to bf16 for the sparse prefill (dequant_kv.cuh).
+// FP8 and FP4 K/V, and FP8 q, to bf16 for the sparse prefill (dequant_kv.cuh).
 #include "cuda/common/dequant_kv.cuh"
 
 #include <cuda_bf16.h>
@@ -147,7 +147,27 @@ __global__ void __launch_bounds__(kThreads) dequant_kv_kernel(DequantKVParams p)
   }
 }
 
+// One 16-value chunk of q per thread step.
+__global__ void __launch_bounds__(kThreads) dequant_q_kernel(const DequantQParams p) {
+  const int64_t n = p.total_q * p.heads * kChunksPerRow;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / kChunksPerRow, t = row / p.heads;
+    const int c = int(i % kChunksPerRow), h = int(row % p.heads);
+    convert16_fp8(p.q + t * p.stride_t + h * p.stride_h + c * kChunk, 1.f,
+                  static_cast<__nv_bfloat16*>(p.out) + row * kHeadDim + c * kChunk);
+  }
+}
+
 }  // namespace
+
+void launch_dequant_q(const DequantQParams& p, cudaStream_t stream) {
+  const int64_t steps = p.total_q * p.heads * kChunksPerRow;
+  if (steps == 0) return;
+  const unsigned blocks =
+      unsigned(std::min<int64_t>((steps + kThreads - 1) / kThreads, 8 * int64_t(current_sm_count())));
+  dequant_q_kernel<<<blocks, kThreads, 0, stream>>>(p);
+}
 
 void launch_dequant_kv(const DequantKVParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.max_keys == 0) return;

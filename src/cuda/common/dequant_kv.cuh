@@ -1,4 +1,4 @@
-// FP8 e4m3 or FP4 (NVFP4, MXFP4) K/V to bf16 for the sparse prefill (docs/semantics.md,
+// FP8 e4m3 or FP4 (NVFP4, MXFP4) K/V, and FP8 q, to bf16 for the sparse prefill (docs/semantics.md,
 // Quantized attention): each key the call can read, value * scale rounded to bf16, into a flat [rows, Hkv, 128] copy in the
 // workspace that the bf16 kernels then read as flat KV. Flat caches keep their key rows; a page
 // pool's batches land at the paged check's key_offsets (its clamped lengths). Launched by
@@ -43,6 +43,20 @@ struct DequantKVParams {
   void* k_out = nullptr;                  // [out_rows, Hkv, 128] bf16
   void* v_out = nullptr;
 };
+
+// FP8 e4m3 queries for the sparse prefill: their values, exactly (every e4m3 value is a bf16),
+// into a contiguous bf16 [total_q, Hq, 128] copy in the workspace, which the bf16 kernels read as
+// q; the q scales join each row's score scale there (sparse_fwd/params.h row_scale_log2). At
+// P32K (32768 x 64 heads x 128): 268 MB read, 537 MB written, ~0.2 ms beside the 3.6-7.7 ms
+// attention.
+struct DequantQParams {
+  const uint8_t* q = nullptr;  // e4m3 [total_q, Hq, 128], rows 16-byte aligned
+  int64_t stride_t = 0, stride_h = 0;  // elements
+  int32_t heads = 0;
+  int64_t total_q = 0;
+  void* out = nullptr;                 // [total_q, Hq, 128] bf16, contiguous
+};
+void launch_dequant_q(const DequantQParams& p, cudaStream_t stream);
 
 // Enqueued with PDL; reads out_offsets (and the page table) only after the earlier kernels.
 // Bad lengths or page ids (reported by the checks before it) are skipped, never read.

@@ -49,6 +49,11 @@ AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s, const At
   pr.scale_log2 = scale * 1.4426950408889634f;
   pr.inv_temperature = a.params.temperature > 0.f ? 1.f / a.params.temperature : 0.f;
   if (a.kv.layout != KVLayout::flat && !w.dequant_kv) pr.paged = paged_kv_of(a, s);
+  if (w.dequant_q && a.q_scale.defined()) {
+    pr.q_scale = a.q_scale.ptr<float>();
+    pr.q_scale_kind = fp8_scale_kind(a.q_scale);
+    pr.num_q_heads = int32_t(s.num_q_heads);
+  }
   return pr;
 }
 
@@ -118,7 +123,10 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                              kHalfCols, uint32_t(s.group), 1, "attention_forward");
   mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
   mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
-  const CUtensorMap tq = make_tma_3d(a.q, kHalfCols, uint32_t(s.group), 1, "attention_forward");
+  const Tensor q = w.dequant_q ? Tensor(ws + w.q_bf16, DType::bf16,
+                                        {s.total_q, s.num_q_heads, kHeadDim}, a.q.device)
+                               : a.q;
+  const CUtensorMap tq = make_tma_3d(q, kHalfCols, uint32_t(s.group), 1, "attention_forward");
   const uint32_t box_keys = 1u << pr.paged.box_shift;
   const bool slots_outer = a.kv.layout == KVLayout::paged_nhd;
   auto kv_map = [&](const Tensor& t, const char* name) {
@@ -185,6 +193,16 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   if (s.total_q == 0) return;
   const AttnPlan w = make_plan(a, s);
   uint8_t* ws = checked_workspace(a, w, src);
+  if (w.dequant_q) {
+    DequantQParams d;
+    d.q = a.q.ptr<uint8_t>();
+    d.stride_t = a.q.strides[0];
+    d.stride_h = a.q.strides[1];
+    d.heads = int32_t(s.num_q_heads);
+    d.total_q = s.total_q;
+    d.out = ws + w.q_bf16;
+    launch_dequant_q(d, stream);
+  }
   const PrepParams pp = launch_prep(a, s, w, ws, stream);
   if (w.dequant_kv && pp.uniform_enabled) launch_dequant(a, s, w, ws, pp, stream);
   if (pp.uniform_enabled) launch_main_kernels(a, s, w, ws, pp, stream);

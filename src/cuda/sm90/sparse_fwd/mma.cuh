@@ -220,8 +220,10 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   // partials: the buffer stages the partial tile first and is freed later (release_q_buffer).
   if (!p.part_bf16 && lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
-  const RowStats st0 = softmax_row<0>(s, lim0, col_base, p.scale_log2, p.inv_temperature);
-  const RowStats st1 = softmax_row<2>(s, lim1, col_base, p.scale_log2, p.inv_temperature);
+  const float sl0 = row_scale_log2(p, tok0, info.head * p.group + g0);
+  const float sl1 = row_scale_log2(p, tok1, info.head * p.group + g1);
+  const RowStats st0 = softmax_row<0>(s, lim0, col_base, sl0, p.inv_temperature);
+  const RowStats st1 = softmax_row<2>(s, lim1, col_base, sl1, p.inv_temperature);
 
   uint32_t pa[kBlockN / 16][4];
   pack_probs<kF16>(s, pa);

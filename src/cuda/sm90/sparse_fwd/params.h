@@ -75,7 +75,25 @@ struct AttnProblem {
   float scale_log2 = 0.f;              // softmax_scale * log2(e)
   float inv_temperature = 0.f;         // 1/T, 0 = no temperature LSE
   PagedKV paged;                       // page_table null: flat KV
+  // FP8 q: its f32 scales (null: none; kinds as common/problem.h fp8_scale_kind: 1 [1], 2
+  // [total_q], 3 [total_q, Hq]) join each row's score scale; q itself is an exact bf16 copy.
+  const float* q_scale = nullptr;
+  int32_t q_scale_kind = 0;
+  int32_t num_q_heads = 0;
 };
+
+// The log2-domain score scale of the row of query token `tok` (-1: a padding row) and query head
+// hq: scale_log2, times the token's FP8 q scale. A zero q scale becomes 1e-30: the kernels scale
+// a row's raw max (a row without a visible key has max -inf, and -inf * 0 is NaN), and raw
+// scores times 1e-30 are 0 to f32 precision, as the zero queries' scores are (a normal float,
+// unlike FLT_MIN * scale_log2, which flush-to-zero would make 0).
+__device__ __forceinline__ float row_scale_log2(const AttnProblem& p, int32_t tok, int32_t hq) {
+  if (p.q_scale == nullptr || tok < 0) return p.scale_log2;
+  const float s = p.q_scale_kind == 1   ? p.q_scale[0]
+                  : p.q_scale_kind == 2 ? p.q_scale[tok]
+                                        : p.q_scale[int64_t(tok) * p.num_q_heads + hq];
+  return p.scale_log2 * (s == 0.f ? 1e-30f : s);
+}
 
 // The KV-major kernel: chunks of (kv head, block, query tokens) writing partials.
 struct MainParams : AttnProblem {

@@ -29,6 +29,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   const bool paged = a.kv.layout != KVLayout::flat;
   w.dequant_kv = a.kv.k.values.dtype == DType::fp8_e4m3 || a.kv.k.values.dtype == DType::fp4x2;
   if (w.dequant_kv) w.kv_rows = paged ? s.batch * s.max_pages * s.page_size : a.kv.k.values.shape[0];
+  w.dequant_q = a.q.dtype == DType::fp8_e4m3;
   if (w.build_csr && paged) {
     // Lk_b <= max_pages * page_size (longer seqused_k are clamped and reported).
     w.total_rows = s.batch * ((s.max_pages * s.page_size + kBlockN - 1) / kBlockN);
@@ -86,6 +87,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   if (w.build_csr || w.build_schedule)
     w.schedule = take(size_t(sched::max_schedule_ints(hkv, w.total_rows)) * 4);
   if (w.build_csr) w.csr_ws = take(csr_build_workspace_bytes(hkv, w.total_rows, s.total_q, s.topk));
+  if (w.dequant_q) w.q_bf16 = take(size_t(s.total_q) * size_t(s.num_q_heads) * kHeadDim * 2);
   if (w.dequant_kv) {
     w.k_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
     w.v_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
@@ -98,13 +100,13 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(a.q2k.defined(), "attention_forward: dense attention (no q2k) is not supported on "
             "CUDA yet; pass a q2k selection or run on CPU tensors");
   MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);
-  MSA_CHECK(a.q.dtype != DType::fp8_e4m3, "q: fp8_e4m3 queries run on CUDA in decode (DecodePlan) "
-            "only so far; attention_forward on CUDA takes bf16 or f16 q");
+  // FP8 q runs as bf16 q (q * scale rounded once, launch_dequant_q).
+  const DType qt = a.q.dtype == DType::fp8_e4m3 ? DType::bf16 : a.q.dtype;
   const DType kt = a.kv.k.values.dtype;
   MSA_CHECK(kt == a.kv.v.values.dtype, "k, v: must have one dtype on CUDA, got ", dtype_name(kt),
             " and ", dtype_name(a.kv.v.values.dtype));
   if (kt == DType::fp8_e4m3 || kt == DType::fp4x2) {  // dequantized to bf16 (dequant_kv.cuh)
-    MSA_CHECK(a.q.dtype == DType::bf16, "q: ", dtype_name(kt), " K/V take bf16 q on CUDA, got ",
+    MSA_CHECK(qt == DType::bf16, "q: ", dtype_name(kt), " K/V take bf16 or fp8_e4m3 q on CUDA, got ",
               dtype_name(a.q.dtype));
     MSA_CHECK(kt != DType::fp4x2 || a.kv.k.scale.dtype == a.kv.v.scale.dtype,
               "k, v: one FP4 format for both on CUDA (NVFP4 or MXFP4 scales), got ",
@@ -117,7 +119,7 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
                   "of 16 elements on CUDA, got ", t->describe());
     }
   } else {
-    MSA_CHECK(kt == a.q.dtype, "k, v: must have q's dtype (", dtype_name(a.q.dtype),
+    MSA_CHECK(kt == qt, "k, v: must have q's dtype (", dtype_name(qt),
               ") or be fp8_e4m3 / fp4x2 on CUDA, got ", dtype_name(kt));
   }
   MSA_CHECK(s.kv_block_size == kBlockN, "params.kv_block_size: must be 128 on CUDA, got ",

@@ -25,6 +25,9 @@ struct AttnPlan {
   // FP8 or FP4 K/V: dequantized to a flat bf16 copy of kv_rows keys (common/dequant_kv.cuh) that the
   // kernels read as flat KV (a page pool's batches at the paged check's key_offsets).
   bool dequant_kv = false;
+  // FP8 q: q * scale as a contiguous bf16 copy (common/dequant_kv.cuh launch_dequant_q).
+  bool dequant_q = false;
+  size_t q_bf16 = 0;
   int64_t kv_rows = 0;
   size_t k_bf16 = 0, v_bf16 = 0;
   size_t paged_offence = 0, key_offsets = 0;  // paged KV only

@@ -168,6 +168,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
     sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(unit_iter));
     const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, warp, lane, j0, j1);
     const int32_t head = rm.slot0;  // the uniform producer stores the kv head in the slot field
+    const float sl0 = row_scale_log2(p, rm.tok0, head * p.group + g0);
+    const float sl1 = row_scale_log2(p, rm.tok1, head * p.group + g1);
     OnlineRow st0, st1;
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
@@ -177,8 +179,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
         const int base_col = in.kb * kBlockN;
         const int lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
         const int lim1 = max(-1, min(rm.lim1 - base_col, in.valid_keys - 1));
-        a0 = online_softmax_row<0>(sc, lim0, col_base, p.scale_log2, p.inv_temperature, st0);
-        a1 = online_softmax_row<2>(sc, lim1, col_base, p.scale_log2, p.inv_temperature, st1);
+        a0 = online_softmax_row<0>(sc, lim0, col_base, sl0, p.inv_temperature, st0);
+        a1 = online_softmax_row<2>(sc, lim1, col_base, sl1, p.inv_temperature, st1);
       };
       float a0, a1;
       // Block 0: S_0 alone.
