@@ -340,6 +340,32 @@ TEST(DecodeGpu, Fp8F16AndFp8Queries) {
     });
 }
 
+// Pages of 256 slots, dense and sparse: the TMA boxes of a dense FP8 stage (256 slots) span a
+// whole page.
+TEST(DecodeGpu, Pages256) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  unsigned seed = 340;
+  struct Kind {
+    DType q, kv;
+    KVLayout layout;
+    int64_t topk;
+  };
+  for (const Kind& kind : {Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_nhd, 0},
+                           Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_hnd, 0},
+                           Kind{DType::f16, DType::fp8_e4m3, KVLayout::paged_nhd, 0},
+                           Kind{DType::bf16, DType::bf16, KVLayout::paged_nhd, 0},
+                           Kind{DType::bf16, DType::fp8_e4m3, KVLayout::paged_nhd, 6},
+                           Kind{DType::bf16, DType::fp4x2, KVLayout::paged_nhd, 0}})
+    each_width(rng, 4, seed, [&](Config& c) {
+      c.page_size = 256;
+      c.q_dtype = kind.q;
+      c.kv_dtype = kind.kv;
+      c.layout = kind.layout;
+      c.topk = kind.topk;
+    });
+}
+
 // FP8 KV with scales per pool slot (and head) for K, V or both (the other per tensor or absent):
 // both CTA widths, dense and sparse, both layouts, unused slots' scales NaN (make_paged), and
 // scales spread over seven decades so the V-scale reference (attend.cuh) rises mid-request.

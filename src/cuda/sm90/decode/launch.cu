@@ -127,7 +127,10 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
                                              : decode::Traits<decode::KV::native, 4>::kStageKeys)
                                       : (fp8 ? decode::Traits<decode::KV::fp8, 8>::kStageKeys
                                              : decode::Traits<decode::KV::native, 8>::kStageKeys);
-  int box = std::min(s.page_size, stage_keys);
+  // At most 128 slots: boxes of 256 (FP8's dense stage over pages of 256 slots) loaded wrong data
+  // (DecodeGpu.Pages256: rel L2 ~0.3 against the CPU; the same stages in two 128-slot boxes
+  // match), cause not found; the second box is one more TMA instruction per 256 slots.
+  int box = std::min({s.page_size, stage_keys, 128});
   if (g.sparse) box = std::min(box, s.kv_block_size);
   p.box_shift = log2_exact(box);
   p.max_queries = s.max_queries_per_request;
