@@ -181,6 +181,20 @@ TEST(TopK, TiesGoToTheLowerBlockId) {
   EXPECT_EQ(r.row(0, 0), ids({1, 2, 5}));
 }
 
+// -0.0 and +0.0 are equal scores: the lower block id wins whichever sign it carries.
+TEST(TopK, SignedZerosAreTies) {
+  Problem p{{1}, {5 * 64}, 1, 1, 64, false, 2, 0, 0};
+  Selection r(p);
+  const float s[5] = {-1, 0.f, -0.f, 0.f, -0.f};
+  for (int kb = 0; kb < 5; ++kb) r.score(0, kb, 0) = s[kb];
+  select_topk(r.args(p));
+  EXPECT_EQ(r.row(0, 0), ids({1, 2}));
+  r.score(0, 1, 0) = -0.f;
+  r.score(0, 2, 0) = 0.f;
+  select_topk(r.args(p));
+  EXPECT_EQ(r.row(0, 0), ids({1, 2}));
+}
+
 TEST(TopK, TopkAboveVisibleBlocksTakesAllVisible) {
   // Lk 150 (3 blocks, the last partial), topk 8: every visible block, then -1.
   Problem p{{2}, {150}, 2, 1, 64, true, 8, 1, 1};

@@ -1,5 +1,5 @@
 // GPU top-K selection (src/cuda/common/topk.cu) against the CPU reference: identical q2k rows on
-// random varlen problems with ties, NaN and -inf scores, sequences longer than one shared-memory
+// random varlen problems with ties (signed zeros among them), NaN and -inf scores, sequences longer than one shared-memory
 // chunk, forced sink/local blocks, and topK above the visible block count.
 #include <cmath>
 #include <numeric>
@@ -17,6 +17,7 @@ struct TopKCase {
   int blk = 128, topk = 8, sink = 1, local = 1;
   bool causal = true;
   int score_levels = 0;  // > 0: scores drawn from few values (ties)
+  bool signed_zeros = false;  // level 0 drawn as -0.0 or +0.0 at random (equal scores)
   unsigned seed = 1;
 };
 
@@ -29,6 +30,7 @@ void run_case(const TopKCase& c) {
   std::normal_distribution<float> nd;
   for (int64_t i = 0; i < c.hq * nblk_max * total_q; ++i) {
     float v = c.score_levels ? float(rng() % c.score_levels) : nd(rng);
+    if (c.signed_zeros && v == 0.f && rng() % 2) v = -0.f;
     if (rng() % 97 == 0) v = NAN;
     if (rng() % 89 == 0) v = -INFINITY;
     scores.data<float>()[i] = v;
@@ -85,6 +87,23 @@ TEST(TopKGpu, MatchesCpuOnRandomVarlen) {
     c.score_levels = trial % 4 == 0 ? 3 : 0;
     c.seed = 100 + trial;
     SCOPED_TRACE("trial " + std::to_string(trial));
+    run_case(c);
+  }
+}
+
+// -0.0 and +0.0 are equal scores: the lower block id wins either way (the ranking key once put
+// -0.0 below +0.0; found by the GPU soak on scores rounded to quarters).
+TEST(TopKGpu, SignedZerosTieToTheLowerId) {
+  MSA_REQUIRE_GPU();
+  TopKCase c;
+  c.lq = {30, 7};
+  c.lk = {2000, 900};
+  c.blk = 64;
+  c.topk = 9;
+  c.score_levels = 2;
+  c.signed_zeros = true;
+  for (unsigned seed : {1u, 2u, 3u}) {
+    c.seed = seed;
     run_case(c);
   }
 }

@@ -14,9 +14,10 @@ struct SelectRule {
 };
 
 // Sort key: larger is better. High word: order-preserving bits of the score + 1 (NaN -> 1, below
-// -inf), low word: ~block id (lower id wins ties). 0 marks "not a candidate".
+// -inf), low word: ~block id (lower id wins ties). 0 marks "not a candidate". -0.0 takes +0.0's
+// bits: the two are equal scores, so the lower id must win between them too.
 __device__ __forceinline__ uint64_t rank_key(float s, int64_t kb) {
-  const uint32_t u = __float_as_uint(s);
+  const uint32_t u = s == 0.f ? 0u : __float_as_uint(s);
   const uint32_t ord = (s != s) ? 0u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
   return (uint64_t(ord + 1u) << 32) | uint32_t(~uint32_t(kb));
 }
