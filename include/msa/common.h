@@ -62,6 +62,7 @@ enum class StatusCode : int32_t {
   key_range_invalid = 12,     // mqa_logits: a = row, b = ks, c = ke
   seq_len_invalid = 13,       // paged_mqa_logits: a = batch, b = seq_len, c = max_seq_len
   block_table_narrow = 14,    // paged_mqa_logits: a = batch, b = columns needed, c = columns
+  kv_length_past_table = 15,  // paged KV: a = batch, b = seqused_k, c = max_pages * page_size
 };
 std::string describe_status(const int32_t status[4]);
 // Copies the status to the host on `stream` (synchronizes) and throws msa::Error if non-zero.

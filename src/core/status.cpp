@@ -54,6 +54,10 @@ std::string describe_status(const int32_t s[4]) {
     case StatusCode::block_table_narrow:
       return detail::concat("block_tables: ", s[3], " columns cannot hold batch ", s[1], "'s keys (",
                             s[2], " blocks needed); the keys past the table were not read");
+    case StatusCode::kv_length_past_table:
+      return detail::concat("seqused_k: batch ", s[1], " has ", s[2], " keys, more than its page "
+                            "table holds (max_pages * page_size = ", s[3], "); the keys past the "
+                            "table were not read");
     case StatusCode::shape_mismatch:
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }

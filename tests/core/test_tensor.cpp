@@ -207,6 +207,11 @@ TEST(Status, DescribesAndThrowsOnCpuBuffers) {
             "k2q: does not match q2k at (head 1, row 7); build it with build_k2q_csr from the same q2k");
   const int32_t count[4] = {int32_t(StatusCode::k2q_mismatch), 2, -1, 0};
   EXPECT_NE(describe_status(count).find("k2q: does not match q2k for kv head 2"), std::string::npos);
+  // A paged length past the table names seqused_k.
+  const int32_t past[4] = {int32_t(StatusCode::kv_length_past_table), 1, 300, 256};
+  EXPECT_EQ(describe_status(past),
+            "seqused_k: batch 1 has 300 keys, more than its page table holds (max_pages * page_size "
+            "= 256); the keys past the table were not read");
 }
 
 TEST(Codecs, E4m3AndE2m1RoundTripEveryCode) {

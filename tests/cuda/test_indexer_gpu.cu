@@ -611,7 +611,8 @@ TEST(IndexerGpu, PagedBadPageIdsReported) {
     clear_status(g.status, s);
     block_scores(g, s);
     check_status(g.status, s);
-  }, "shape mismatch detected on device (1, " + std::to_string(cap + 1) + ", " + std::to_string(cap) + ")");
+  }, "seqused_k: batch 1 has " + std::to_string(cap + 1) + " keys, more than its page table holds "
+     "(max_pages * page_size = " + std::to_string(cap) + ")");
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ __device__ __forceinline__ int64_t checked_length(const PagedCheckParams& p, int
                                                   unsigned long long& offence) {
   const int64_t want = p.seqused_k ? int64_t(p.seqused_k[b]) : p.max_keys;
   if (want < 0) offence = min(offence, paged_offence_key(0, uint64_t(b), StatusCode::bad_cu_seqlens));
-  else if (want > p.max_keys) offence = min(offence, paged_offence_key(0, uint64_t(b), StatusCode::shape_mismatch));
+  else if (want > p.max_keys)
+    offence = min(offence, paged_offence_key(0, uint64_t(b), StatusCode::kv_length_past_table));
   return min(max(want, int64_t(0)), p.max_keys);
 }
 
@@ -51,7 +52,7 @@ __device__ void report_paged_offence(const PagedCheckParams& p, unsigned long lo
   const int64_t index = int64_t((key & ((1ull << 60) - 1)) >> 4);
   if ((key >> 60) == 0 && code == StatusCode::bad_cu_seqlens)  // {which = 1 (keys), batch}
     flag_status(p.status, int32_t(code), 1, index, 0);
-  else if ((key >> 60) == 0)  // shape_mismatch {batch, seqused_k, max_pages * page_size}
+  else if ((key >> 60) == 0)  // kv_length_past_table {batch, seqused_k, max_pages * page_size}
     flag_status(p.status, int32_t(code), index, p.seqused_k[index], min(p.max_keys, int64_t(INT_MAX)));
   else  // page_id_out_of_range {batch, column, id}
     flag_status(p.status, int32_t(code), index / p.max_pages, index % p.max_pages,
