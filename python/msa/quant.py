@@ -104,19 +104,26 @@ def quantize_eager(x: Any, format: str, global_scale: float, out: Optional[Seque
 
 
 def dequantize(x: Any, scale: Any = None, *, format: Optional[str] = None,
-               global_scale: float = 1.0, dtype: str = "f32", out: Any = None,
+               global_scale: float = 1.0, dtype: Optional[str] = None, out: Any = None,
                stream: Any = None) -> Any:
     """The exact dequantized values of `x` (a `QTensor`, or values plus ``scale``), rounded
-    once to `dtype` ("f32", "bf16" or "f16"): ``[T, H, D]``. ``format`` types uint8 storage
-    arrays (numpy without ml_dtypes); a QTensor carries its own."""
+    once to `dtype` ("f32", "bf16" or "f16"; default: ``out``'s dtype, else "f32"):
+    ``[T, H, D]``. A ``dtype`` that disagrees with ``out``'s is an error. ``format`` types uint8
+    storage arrays (numpy without ml_dtypes); a QTensor carries its own."""
     if isinstance(x, QTensor):
         x, scale, global_scale, format = x.values, x.scale, x.global_scale, x.format
     if format is not None:
         _check_format(format)
-    if dtype not in OUT_DTYPES:
+    if dtype is not None and dtype not in OUT_DTYPES:
         # Checked here, before out is allocated in it; msa._C holds the same rule for out.
         raise MsaError(f"dtype: must be 'f32', 'bf16' or 'f16', got {dtype!r}")
     check_arrays(x=x, scale=scale, out=out)
+    out_dtype = dtype_of(out) if out is not None else None
+    if dtype is not None and out_dtype in OUT_DTYPES and out_dtype != dtype:
+        raise MsaError(f"dtype: {dtype!r} disagrees with out's dtype {out_dtype!r}; pass one "
+                       f"of them, or both alike")
+    if dtype is None:
+        dtype = out_dtype if out_dtype in OUT_DTYPES else "f32"
     dims(x, "x", 3, "[T, H, D]")
     if out is None and compiling():
         from . import _torch_ops

@@ -58,3 +58,16 @@ def test_nvfp4_of_sixteen_values_a_row():
     back = msa.dequantize(qt)
     # Within half an e2m1 step (at most 1 of 6) of the block scale, itself rounded to e4m3.
     assert np.all(np.abs(back - x) <= np.abs(x).max(axis=2, keepdims=True) / 5)
+
+
+def test_dequantize_out_sets_the_dtype_and_a_different_dtype_is_an_error():
+    x = np.random.default_rng(4).standard_normal((2, 3, 32)).astype(np.float32)
+    qt = msa.quantize(x, "fp8_per_token")
+    out = np.empty((2, 3, 32), ml_dtypes.bfloat16)
+    got = msa.dequantize(qt, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out.astype(np.float32),
+                                  msa.dequantize(qt).astype(ml_dtypes.bfloat16).astype(np.float32))
+    assert msa.dequantize(qt, out=out, dtype="bf16") is out
+    with pytest.raises(msa.MsaError, match="dtype: 'f32' disagrees with out's dtype 'bf16'"):
+        msa.dequantize(qt, out=out, dtype="f32")
