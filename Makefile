@@ -5,7 +5,7 @@ CMAKE_ARGS ?=
 JOBS ?= $(shell nproc)
 
 .PHONY: all configure build test test-gpu test-asan test-tsan fuzz fuzz-build py-install pytest \
-	examples check-install demo device-bin device-wheel clean
+	examples check-install demo device-bin device-wheel soak-cpu clean
 
 all: build
 
@@ -100,6 +100,12 @@ py-install:
 
 pytest: py-install
 	$(PYTHON) -m pytest python/tests -q -rs
+
+# The GPU soak's calls on the CPU backend (scripts/gpu_soak.py --device cpu): a short run in CI
+# keeps the script working between GPU sessions; on the GPU machine it runs without --device.
+soak-cpu: py-install
+	$(PYTHON) scripts/gpu_soak.py --device cpu --calls $(SOAK_CALLS)
+SOAK_CALLS ?= 300
 
 # The Python examples (examples/python) on the CPU backend, each checked against torch.
 examples: py-install
