@@ -191,7 +191,8 @@ class BlockSparseAttention:
           and copied to the device. topk, when given, must not be less than the widest row.
 
         With block ids (kv_block_size 64 or 128) plan() also builds the k2q CSR index, so run()
-        skips that build. Refused (`MsaError` naming the argument): element masks (``mask``,
+        skips that build. Planning again makes new arrays (a CUDA graph captured over run()
+        keeps reading the old ones: capture again). Refused (`MsaError` naming the argument): element masks (``mask``,
         ``packed_mask``), ``logits_soft_cap``, position encodings (``pos_encoding_mode``,
         ``rope_scale``, ``rope_theta``), ``block_mask``, ``q2k_indices`` / ``q2k_num``.
         """
