@@ -155,3 +155,64 @@ def to_pages(rng, k, v, cu_k, page_size, layout="paged_nhd", spare_pages=3):
         kp = np.ascontiguousarray(kp.transpose(0, 2, 1, 3))
         vp = np.ascontiguousarray(vp.transpose(0, 2, 1, 3))
     return kp, vp, table, lengths.astype(np.int32)
+
+
+# Block-sparse (BSR) masks: FlashInfer's matrix and its element mask.
+
+def random_blocks(rng, shape, density):
+    """A random bool block pattern with some rows left empty."""
+    blocks = rng.random(shape) < density
+    blocks[..., rng.random(shape[:-1]) < 0.2, :] = False
+    return blocks
+
+
+def to_bsr(blocks, rng=None):
+    """bool [MB, NB] -> (indptr int32 [MB+1], indices int32 [nnz]); columns of each row in a
+    random order when rng is given (FlashInfer does not ask for sorted rows)."""
+    indptr, indices = [0], []
+    for row in blocks:
+        cols = list(np.flatnonzero(row))
+        if rng is not None:
+            rng.shuffle(cols)
+        indices += cols
+        indptr.append(len(indices))
+    return np.array(indptr, np.int32), np.array(indices, np.int32)
+
+
+def per_head_bsr(blocks, rng=None):
+    """bool [H, MB, NB] -> (indptr int32 [H, MB+1], indices int32 [H, L]): one matrix per head,
+    head h's entries first, -1 after."""
+    mats = [to_bsr(b, rng) for b in blocks]
+    indptr = np.stack([m[0] for m in mats])
+    indices = np.full((len(mats), max(len(m[1]) for m in mats)), -1, np.int32)
+    for h, m in enumerate(mats):
+        indices[h, :len(m[1])] = m[1]
+    return indptr, indices
+
+
+def block_elements(blocks, rows, cols, num_q, num_kv, lens=None):
+    """The element mask [num_q, num_kv] of a block pattern [MB, NB] over blocks of rows x cols:
+    query t sees key j iff block (t // rows, j // cols) is listed (and j's place in its block
+    is below kv_block_lens)."""
+    t, j = np.arange(num_q), np.arange(num_kv)
+    m = blocks[t // rows][:, j // cols]
+    if lens is not None:
+        m &= (j % cols < np.asarray(lens)[j // cols])[None, :]
+    return m
+
+
+def masked_attention(q, k, v, mask, scale=None):
+    """float64 softmax attention of q [T, Hq, D] over k, v [N, Hkv, D] where query t of head hq
+    sees key j iff mask[hq, t, j] (scores times scale, default 1/sqrt(D)); rows without keys
+    give 0."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    hq, hkv = q.shape[1], k.shape[1]
+    out = np.zeros(q.shape)
+    scale = 1.0 / np.sqrt(q.shape[2]) if scale is None else scale
+    for h in range(hq):
+        s = q[:, h] @ k[:, h // (hq // hkv)].T * scale
+        s = np.where(mask[h], s, -np.inf)
+        has = mask[h].any(1)
+        p = np.exp(s[has] - s[has].max(1, keepdims=True))
+        out[has, h] = (p / p.sum(1, keepdims=True)) @ v[:, h // (hq // hkv)]
+    return out

@@ -7,6 +7,7 @@ import pytest
 
 import msa
 import np_reference as ref
+from np_reference import block_elements, masked_attention, per_head_bsr, random_blocks, to_bsr
 
 torch = pytest.importorskip("torch")
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
@@ -18,43 +19,12 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def random_blocks(rng, shape, density):
-    """A random bool block pattern with some rows left empty."""
-    blocks = rng.random(shape) < density
-    blocks[..., rng.random(shape[:-1]) < 0.2, :] = False
-    return blocks
-
-
-def to_bsr(blocks, rng=None):
-    """bool [MB, NB] -> (indptr int32 [MB+1], indices int32 [nnz]); columns of each row in a
-    random order when rng is given (FlashInfer does not ask for sorted rows)."""
-    indptr, indices = [0], []
-    for row in blocks:
-        cols = list(np.flatnonzero(row))
-        if rng is not None:
-            rng.shuffle(cols)
-        indices += cols
-        indptr.append(len(indices))
-    return np.array(indptr, np.int32), np.array(indices, np.int32)
-
-
 def bsr_blocks(indptr, indices, mb, nb):
     """(indptr, indices) -> bool [MB, NB]."""
     out = np.zeros((mb, nb), bool)
     for r in range(mb):
         out[r, indices[indptr[r]:indptr[r + 1]]] = True
     return out
-
-
-def block_elements(blocks, rows, cols, num_q, num_kv, lens=None):
-    """The element mask [num_q, num_kv] of a block pattern [MB, NB] over blocks of rows x cols:
-    query t sees key j iff block (t // rows, j // cols) is listed (and j's place in its block
-    is below kv_block_lens)."""
-    t, j = np.arange(num_q), np.arange(num_kv)
-    m = blocks[t // rows][:, j // cols]
-    if lens is not None:
-        m &= (j % cols < np.asarray(lens)[j // cols])[None, :]
-    return m
 
 
 def q2k_keys(q2k, blk, num_kv):
@@ -75,21 +45,6 @@ def assert_canonical(q2k):
     assert not (~valid[..., :-1] & valid[..., 1:]).any()
     big = np.where(valid, q2k, np.iinfo(np.int32).max)
     assert (np.diff(big, axis=-1) > 0)[valid[..., 1:]].all()
-
-
-def masked_attention(q, k, v, mask):
-    """float64 softmax attention of q [T, Hq, D] over k, v [N, Hkv, D] where query t of head hq
-    sees key j iff mask[hq, t, j]; rows without keys give 0."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    hq, hkv = q.shape[1], k.shape[1]
-    out = np.zeros(q.shape)
-    for h in range(hq):
-        s = q[:, h] @ k[:, h // (hq // hkv)].T / np.sqrt(q.shape[2])
-        s = np.where(mask[h], s, -np.inf)
-        has = mask[h].any(1)
-        p = np.exp(s[has] - s[has].max(1, keepdims=True))
-        out[has, h] = (p / p.sum(1, keepdims=True)) @ v[:, h // (hq // hkv)]
-    return out
 
 
 def flex_elements(bm, b, h, lq, lk):
@@ -302,11 +257,7 @@ def test_bsr_attention_matches_dense_reference(case, causal):
         kw["kv_block_lens"] = lens
     if case == "per-head":
         blocks = random_blocks(rng, (hkv, mb, nb), 0.5)
-        mats = [to_bsr(b, rng) for b in blocks]
-        indptr = np.stack([m[0] for m in mats])
-        indices = np.full((hkv, max(len(m[1]) for m in mats)), -1, np.int32)
-        for h, m in enumerate(mats):
-            indices[h, :len(m[1])] = m[1]
+        indptr, indices = per_head_bsr(blocks, rng)
     else:
         blocks = np.broadcast_to(random_blocks(rng, (mb, nb), 0.5), (hkv, mb, nb))
         indptr, indices = to_bsr(blocks[0], rng)

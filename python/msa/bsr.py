@@ -1,0 +1,428 @@
+"""msa.BlockSparseAttention: FlashInfer-style block-sparse (BSR) attention with a plan()/run()
+split (docs/python.md, Block-sparse (BSR) attention), mapped onto msa's engine: plan() turns the
+BSR matrix into a q2k selection (and, for block ids, its k2q CSR index); run() is
+`attention_forward` over one request with them.
+
+plan() with CUDA torch ``indptr``/``indices`` and ``topk`` builds the selection with torch ops
+whose shapes come from host sizes only, so it never waits for the GPU; run() neither waits nor
+allocates outside the caller's framework (torch's caching allocator), and can be captured in a
+CUDA graph."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from ._arrays import Typed, _torch, framework, parse_device
+from ._runtime import MsaError, check_arrays, compiling, count, dims
+from .attention import attention_forward, attention_workspace_bytes
+from .csr import build_k2q_csr
+from .quant import QTensor, unpack
+from .sparse_convert import _bsr_q2k, _block_size, _cdiv, _host, _like, _np
+
+# msa's CUDA prefill attends blocks of this many keys (docs/semantics.md, Attention).
+_CUDA_BLOCK = 128
+_LAYOUTS = ("NHD", "HND")
+
+
+def _refuse(name: str, value: Any, default: Any = None) -> None:
+    """FlashInfer arguments msa's engine has no equivalent for: anything but the default is an
+    MsaError naming the argument."""
+    if value is None or value is default or (default is not None and value == default):
+        return
+    raise MsaError(f"{name}: not supported by msa's attention (it attends whole blocks with "
+                   f"the causal rule, scores scaled by sm_scale only); got {_brief(value)}")
+
+
+def _brief(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return f"an array of shape {list(shape)}" if shape is not None else repr(value)
+
+
+def check_cuda_plan(C: int, kv_block_size: int, kv_block_lens: Any) -> None:
+    """What CUDA takes: ids in blocks of 128 keys, so C a multiple of 128 and no kv_block_lens
+    (a shortened block needs key ids, which only the CPU attends)."""
+    if C % _CUDA_BLOCK:
+        raise MsaError(f"C: CUDA attends blocks of {_CUDA_BLOCK} keys, and C = {C} is not a "
+                       f"multiple of {_CUDA_BLOCK}; plan on the CPU (it takes any C, as key ids) "
+                       "or use column blocks of 128, 256, ... keys")
+    if kv_block_size != _CUDA_BLOCK:
+        raise MsaError(f"kv_block_size: CUDA takes {_CUDA_BLOCK}, got {kv_block_size}")
+    if kv_block_lens is not None:
+        raise MsaError("kv_block_lens: not taken on CUDA (a shortened column block needs key ids, "
+                       "kv_block_size=1, which only the CPU attends); plan on the CPU")
+
+
+def q2k_from_bsr_torch(indptr: Any, indices: Any, *, M: int, N: int, R: int, C: int,
+                       num_kv_heads: int, topk: int, kv_block_size: int,
+                       kv_block_lens: Any = None) -> Any:
+    """The q2k of a BSR matrix, int32 ``[Hkv, M, topk * C / kv_block_size]``, built with torch
+    ops on indptr's device whose shapes depend on the sizes only (no host read, no sync).
+
+    indptr ``[MB + 1]`` or ``[Hkv, MB + 1]``, indices ``[nnz]`` or ``[Hkv, L]`` (integer
+    tensors); kv_block_size divides C; kv_block_lens ``[NB]`` needs kv_block_size = 1. Each
+    block row's first topk listed column blocks become ids in blocks of kv_block_size (those
+    past key N dropped), ascending, -1 padded, repeated for the row's R queries (the last row
+    clipped to M). A row that breaks a rule the host cannot see (indptr not starting at 0,
+    decreasing, past indices or not ending at nnz; more than topk blocks; a column id outside
+    [0, NB); a kv_block_lens entry outside [1, C]) gets the out-of-range id
+    ``ceil(N / kv_block_size)`` in slot 0, which msa's q2k checks report at run; repeated
+    column ids repeat ids, reported the same way."""
+    torch = _torch()
+    dev = indptr.device
+    s = kv_block_size
+    mb, nb, nblk, m = _cdiv(M, R), _cdiv(N, C), _cdiv(N, s), C // s
+    ip = indptr.reshape(-1, mb + 1).to(torch.int64)             # [H, MB + 1]
+    h = ip.shape[0]
+    ix = indices.reshape(h, -1).to(torch.int64)                 # [H, L]
+    length = ix.shape[1]
+    start, end = ip[:, :-1], ip[:, 1:]                          # [H, MB]
+    slots = torch.arange(topk, device=dev)
+    pos = start[..., None] + slots                              # [H, MB, topk]
+    listed = pos < end[..., None]
+    if length:
+        cols = torch.gather(ix, 1, pos.clamp(0, length - 1).reshape(h, -1)).reshape(pos.shape)
+    else:
+        cols = torch.full_like(pos, -1)
+    bad = (end - start < 0) | (end - start > topk) | (start < 0) | (end > length)
+    if indptr.dim() == 1:                                       # one matrix: nnz = len(indices)
+        bad[:, -1] |= ip[:, -1] != length
+    bad[:, 0] |= ip[:, 0] != 0
+    bad |= (listed & ((cols < 0) | (cols >= nb))).any(-1)
+    safe = cols.clamp(0, max(nb - 1, 0))
+    unit = torch.arange(m, device=dev)
+    ids = safe[..., None] * m + unit                            # [H, MB, topk, m]
+    keep = listed[..., None] & (ids < nblk)
+    if kv_block_lens is not None:
+        lens = kv_block_lens.reshape(-1).to(device=dev, dtype=torch.int64)[safe]  # [H, MB, topk]
+        bad |= (listed & ((lens < 1) | (lens > C))).any(-1)
+        keep &= unit < lens[..., None]
+    big = torch.iinfo(torch.int64).max
+    ids = torch.where(keep, ids, big).reshape(h, mb, topk * m).sort(-1).values
+    ids = torch.where(ids == big, -1, ids)
+    width = torch.arange(topk * m, device=dev)
+    poison = torch.where(width == 0, nblk, -1)
+    ids = torch.where(bad[..., None], poison, ids)
+    rows = torch.div(torch.arange(M, device=dev), R, rounding_mode="floor")
+    q2k = ids[:, rows]                                          # [H, M, W]
+    return q2k.expand(num_kv_heads, M, topk * m).to(torch.int32).contiguous()
+
+
+def _offsets(like: Any, n: int, on_device: bool) -> Any:
+    """int32 [0, n] in like's framework on like's device (on a torch device without a copy
+    from the host)."""
+    if on_device:
+        torch = _torch()
+        return torch.arange(2, dtype=torch.int32, device=like.device) * n
+    return _like(like, _np().array([0, n], dtype=_np().int32))
+
+
+class BlockSparseAttention:
+    """Block-sparse attention over a FlashInfer BSR matrix, planned once and run many times.
+
+    ::
+
+        bsa = msa.BlockSparseAttention().plan(indptr, indices, M=M, N=N, R=R, C=C,
+                                               num_qo_heads=Hq, num_kv_heads=Hkv, head_dim=D)
+        out = bsa.run(q, k, v)        # q [M, Hq, D], k / v [N, Hkv, D]
+
+    Query t attends the keys of the column blocks listed for block row ``t // R`` (cut by the
+    causal rule with ``causal=True``). plan() maps the matrix to msa's q2k selection exactly as
+    `bsr_to_q2k` does; run() is `attention_forward` over one request with it. See plan() for
+    where each case runs and what is refused.
+    """
+
+    def __init__(self) -> None:
+        self._plan: Optional[dict] = None
+        self._workspace: Any = None
+
+    @property
+    def planned(self) -> bool:
+        return self._plan is not None
+
+    @property
+    def q2k(self) -> Any:
+        """The planned selection, int32 ``[Hkv, M, width]`` (None before plan())."""
+        return None if self._plan is None else self._plan["q2k"]
+
+    @property
+    def kv_block_size(self) -> Optional[int]:
+        """The kv block size of the planned q2k's ids (128 or 64: block ids; 1: key ids)."""
+        return None if self._plan is None else self._plan["kv_block_size"]
+
+    def plan(self, indptr: Any, indices: Any, *, M: int, N: int, R: int, C: int,
+             num_qo_heads: int, num_kv_heads: int, head_dim: int, topk: Optional[int] = None,
+             causal: bool = False, sm_scale: Optional[float] = None, kv_block_lens: Any = None,
+             kv_block_size: Optional[int] = None, layout: str = "NHD", device: Any = None,
+             stream: Any = None, mask: Any = None, packed_mask: Any = None,
+             logits_soft_cap: Optional[float] = None, pos_encoding_mode: str = "NONE",
+             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+             block_mask: Any = None, q2k_indices: Any = None,
+             q2k_num: Any = None) -> "BlockSparseAttention":
+        """Plans attention over the BSR matrix (FlashInfer's ``BlockSparseAttentionWrapper.plan``
+        arguments, as keywords after indptr and indices). Returns self.
+
+        - indptr ``[MB + 1]`` and indices ``[nnz]`` (MB = ceil(M / R) block rows, column ids in
+          ``[0, NB)``, NB = ceil(N / C); the last blocks may be short): one matrix for every
+          head. Per kv head: indptr ``[Hkv, MB + 1]``, indices ``[Hkv, L]``; on the host also
+          ``[Hq, ...]`` when each group of Hq / Hkv query heads lists the same blocks.
+        - causal: msa's rule, bottom-right aligned (query t sees key j iff ``j <= t + N - M``;
+          the usual mask when M = N). sm_scale: default ``1 / sqrt(head_dim)``.
+        - kv_block_lens ``[NB]``: keep the first ``kv_block_lens[c]`` keys of block c.
+        - kv_block_size: the block size of the q2k ids (default 128 or 64 when it divides C,
+          else 1: key ids). The CPU takes any R and C; CUDA takes C a multiple of 128 (each
+          column block is C / 128 msa blocks) and no kv_block_lens, else `MsaError` naming C.
+        - layout: "NHD" (k, v ``[N, Hkv, D]``) or "HND" (``[Hkv, N, D]``, read as a strided
+          view); q and out are ``[M, Hq, D]``.
+        - device: where run() runs ('cpu', 'cuda[:i]', a torch.device or an array on it);
+          default indptr's device.
+
+        Where the selection is built:
+
+        - CUDA torch indptr / indices with ``topk`` (the most column blocks any block row
+          lists, a host int): on the device with torch ops, on ``stream`` (default the
+          current one), without reading anything on the host. Shapes, dtypes and sizes are
+          checked here; invalid ids, a bad indptr or a row with more than topk blocks make
+          invalid q2k entries that msa's q2k checks report at run (``check=True`` or
+          `msa.check_status`). Without ``topk`` this is an `MsaError` (finding it would need a
+          sync).
+        - Anything else (numpy, CPU torch, cupy, or a device other than the arrays'): read on
+          the host (a GPU array's stream is waited for), checked fully as `bsr_to_q2k` does,
+          and copied to the device. topk, when given, must not be less than the widest row.
+
+        With block ids (kv_block_size 64 or 128) plan() also builds the k2q CSR index, so run()
+        skips that build. Planning again makes new arrays (a CUDA graph captured over run()
+        keeps reading the old ones: capture again). Refused (`MsaError` naming the argument): element masks (``mask``,
+        ``packed_mask``), ``logits_soft_cap``, position encodings (``pos_encoding_mode``,
+        ``rope_scale``, ``rope_theta``), ``block_mask``, ``q2k_indices`` / ``q2k_num``.
+        """
+        for name, value, default in (("mask", mask, None), ("packed_mask", packed_mask, None),
+                                     ("logits_soft_cap", logits_soft_cap, 0.0),
+                                     ("pos_encoding_mode", pos_encoding_mode, "NONE"),
+                                     ("rope_scale", rope_scale, None),
+                                     ("rope_theta", rope_theta, None),
+                                     ("block_mask", block_mask, None),
+                                     ("q2k_indices", q2k_indices, None),
+                                     ("q2k_num", q2k_num, None)):
+            _refuse(name, value, default)
+        check_arrays(indptr=indptr, indices=indices, kv_block_lens=kv_block_lens)
+        M, N = count(M, "M", lo=1), count(N, "N", lo=1)
+        R, C = count(R, "R", lo=1), count(C, "C", lo=1)
+        hq = count(num_qo_heads, "num_qo_heads", lo=1)
+        hkv = count(num_kv_heads, "num_kv_heads", lo=1)
+        d = count(head_dim, "head_dim", lo=1)
+        if hq % hkv:
+            raise MsaError(f"num_qo_heads: {hq} must be a multiple of num_kv_heads = {hkv}")
+        if not isinstance(causal, bool):
+            raise MsaError(f"causal: must be True or False, got {causal!r}")
+        if layout not in _LAYOUTS:
+            raise MsaError(f"layout: must be 'NHD' or 'HND', got {layout!r}")
+        if sm_scale is not None:
+            sm_scale = float(sm_scale)
+            if not sm_scale > 0 or math.isinf(sm_scale):
+                raise MsaError(f"sm_scale: must be a finite number > 0, got {sm_scale}")
+        if topk is not None:
+            topk = count(topk, "topk", lo=1)
+        torch = _torch()
+        kind, index = parse_device(device if device is not None else indptr)
+        mb = _cdiv(M, R)
+        on_device = (kind == "cuda" and torch is not None and isinstance(indptr, torch.Tensor)
+                     and isinstance(indices, torch.Tensor) and indptr.is_cuda
+                     and parse_device(indptr) == (kind, index))
+        if on_device:
+            if topk is None:
+                raise MsaError("topk: required with CUDA indptr / indices (the most column blocks "
+                               "a block row lists): plan() builds the selection on the device "
+                               "without reading the matrix on the host")
+            s = _block_size(kv_block_size, C)
+            check_cuda_plan(C, s, kv_block_lens)
+            _check_device_matrix(indptr, indices, mb, hkv, kv_block_lens, _cdiv(N, C))
+            with _on_stream(stream, indptr.device):
+                q2k = q2k_from_bsr_torch(indptr, indices, M=M, N=N, R=R, C=C, num_kv_heads=hkv,
+                                         topk=topk, kv_block_size=s, kv_block_lens=kv_block_lens)
+            ref = q2k
+        else:
+            if kind == "cuda":
+                check_cuda_plan(C, _block_size(kv_block_size, C), kv_block_lens)
+            ip = _host(indptr, "indptr", (1, 2), "[MB + 1] or [H, MB + 1]")
+            if topk is not None and ip.shape[-1] == mb + 1 and ip.shape[-1] > 1:
+                widest = int(_np().diff(ip, axis=-1).max())
+                if widest > topk:
+                    raise MsaError(f"topk: {topk} is less than the {widest} column blocks of the "
+                                   "widest block row")
+            q2k_np, s = _bsr_q2k(indptr, indices, R, C, M, N, hkv, kv_block_size,
+                                 kv_block_lens, None)
+            if kind == "cuda":
+                check_cuda_plan(C, s, None)   # an explicit kv_block_size, or kv_block_lens
+            q2k = ref = _placed(q2k_np, indptr, kind, index)
+        use_torch = torch is not None and isinstance(ref, torch.Tensor)
+        with _on_stream(stream if on_device else None, ref.device if use_torch else None):
+            cu_q = _offsets(ref, M, use_torch)
+            cu_k = _offsets(ref, N, use_torch)
+        k2q = None
+        if s in (64, 128):
+            k2q = build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, kv_block_size=s,
+                                total_rows=_cdiv(N, s), stream=stream)
+        self._plan = dict(q2k=q2k, k2q=k2q, cu_q=cu_q, cu_k=cu_k, kv_block_size=s, M=M, N=N,
+                          R=R, C=C, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
+                          causal=causal, sm_scale=sm_scale, layout=layout,
+                          device=(kind, index))
+        return self
+
+    def run(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None,
+            return_lse: bool = False, k_scale: Any = None, v_scale: Any = None,
+            workspace: Any = None, stream: Any = None, check: Optional[bool] = None) -> Any:
+        """Attention over the planned matrix: returns ``out [M, Hq, D]`` (q's dtype), or
+        ``(out, lse)`` with ``return_lse`` (lse ``[Hq, M]`` f32), as `attention_forward`.
+
+        q ``[M, Hq, D]`` (bf16, f16, or FP8 as in `attention_forward`); k, v ``[N, Hkv, D]``
+        (``[Hkv, N, D]`` when planned with layout "HND"), of q's dtype or FP8 e4m3 with f32
+        ``k_scale`` / ``v_scale`` (or `QTensor` k / v, NHD only). ``workspace``: u8 scratch of
+        at least `attention_workspace_bytes` (CUDA); by default the plan keeps one from its
+        first eager run (allocated by q's framework), so calls on one stream at a time. On
+        CUDA run() neither waits (with the default ``check``) nor reads anything on the host
+        and can be captured in a CUDA graph after one eager run. Shapes, heads or a device
+        that disagree with the plan raise `MsaError`."""
+        p = self._plan
+        if p is None:
+            raise MsaError("BlockSparseAttention: run() called before a successful plan()")
+        check_arrays(q=q, k=k, v=v, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale,
+                     workspace=workspace)
+        qv = unpack(q)[0]
+        qv = qv.array if isinstance(qv, Typed) else qv
+        m, hq, d = dims(qv, "q", 3, "[M, Hq, D]")
+        want = (p["M"], p["num_qo_heads"], p["head_dim"])
+        if (m, hq, d) != want:
+            raise MsaError(f"q: must be [M, Hq, D] = {list(want)} as planned, got {[m, hq, d]}")
+        if parse_device(qv) != p["device"]:
+            raise MsaError(f"q: on {_device_name(parse_device(qv))}, but the plan is for "
+                           f"{_device_name(p['device'])}; plan() again with device=")
+        hnd = p["layout"] == "HND"
+        k, v = (self._kv(x, name, hnd) for x, name in ((k, "k"), (v, "v")))
+        if workspace is None and not compiling():
+            workspace = self._scratch(q, k, v, k_scale, v_scale)
+        return attention_forward(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
+                                 k2q=p["k2q"], softmax_scale=p["sm_scale"], causal=p["causal"],
+                                 kv_block_size=p["kv_block_size"], k_scale=k_scale,
+                                 v_scale=v_scale, out=out, lse=lse, return_lse=return_lse,
+                                 workspace=workspace, stream=stream, check=check)
+
+    def _kv(self, x: Any, name: str, hnd: bool) -> Any:
+        """k or v checked against the plan, as an [N, Hkv, ...] array (a view for HND)."""
+        p = self._plan
+        if hnd and isinstance(x, (QTensor, Typed)):
+            raise MsaError(f"{name}: a {type(x).__name__} is taken with layout 'NHD' only")
+        if isinstance(x, QTensor):
+            vals = x.values
+        else:
+            vals = x.array if isinstance(x, Typed) else x
+        shape = dims(vals, name, 3, "[Hkv, N, D]" if hnd else "[N, Hkv, D]")
+        if hnd:
+            shape = (shape[1], shape[0], shape[2])
+        want = (p["N"], p["num_kv_heads"])
+        if shape[:2] != want:
+            got = [shape[1], shape[0]] if hnd else list(shape[:2])
+            what = "[Hkv, N, ...]" if hnd else "[N, Hkv, ...]"
+            raise MsaError(f"{name}: must be {what} = "
+                           f"{[want[1], want[0]] if hnd else list(want)} as planned, got {got}")
+        if parse_device(vals) != p["device"]:
+            raise MsaError(f"{name}: on {_device_name(parse_device(vals))}, but the plan is for "
+                           f"{_device_name(p['device'])}")
+        if not hnd:
+            return x
+        return x.transpose(0, 1) if framework(x) == "torch" else x.swapaxes(0, 1)
+
+    def _scratch(self, q: Any, k: Any, v: Any, k_scale: Any, v_scale: Any) -> Any:
+        """The plan's workspace for these inputs (None on the CPU): kept from an eager run,
+        allocated by q's framework when too small (while a CUDA graph is captured, the call
+        allocates its own from the graph's pool instead)."""
+        p = self._plan
+        if p["device"][0] != "cuda":
+            return None
+        n = attention_workspace_bytes(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
+                                      k2q=p["k2q"], causal=p["causal"],
+                                      kv_block_size=p["kv_block_size"], k_scale=k_scale,
+                                      v_scale=v_scale)
+        ws = self._workspace
+        if ws is not None and ws.shape[0] >= n:
+            return ws
+        torch = _torch()
+        if torch is None or not isinstance(p["q2k"], torch.Tensor) or \
+                torch.cuda.is_current_stream_capturing():
+            return None
+        self._workspace = torch.empty(n, dtype=torch.uint8, device=p["q2k"].device)
+        return self._workspace
+
+
+def _placed(a: Any, indptr: Any, kind: str, index: int) -> Any:
+    """The host array `a` on the plan's device: a torch tensor for torch indptr or a CUDA plan,
+    a cupy array for a cupy indptr on that device, else numpy."""
+    torch = _torch()
+    if framework(indptr) == "cupy" and parse_device(indptr) == (kind, index):
+        return _like(indptr, a)
+    if torch is not None and (kind == "cuda" or isinstance(indptr, torch.Tensor)):
+        return torch.from_numpy(_np().ascontiguousarray(a)).to(
+            "cpu" if kind == "cpu" else f"cuda:{index}")
+    if kind == "cuda":
+        raise MsaError("device: a CUDA plan from host arrays needs torch (or a cupy indptr on "
+                       "that device)")
+    return a
+
+
+def _device_name(dev: tuple) -> str:
+    return "cpu" if dev[0] == "cpu" else f"cuda:{dev[1]}"
+
+
+def _check_device_matrix(indptr: Any, indices: Any, mb: int, hkv: int, kv_block_lens: Any,
+                         nb: int) -> None:
+    """What can be checked of device indptr / indices / kv_block_lens without reading them."""
+    torch = _torch()
+    for name, x in (("indptr", indptr), ("indices", indices), ("kv_block_lens", kv_block_lens)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise MsaError(f"{name}: must be a torch tensor like indptr")
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise MsaError(f"{name}: must be an integer tensor, got {x.dtype}")
+        if x.device != indptr.device:
+            raise MsaError(f"{name}: on {x.device}, indptr on {indptr.device}")
+    if indptr.dim() not in (1, 2) or indptr.shape[-1] != mb + 1:
+        raise MsaError(f"indptr: must be [MB + 1] or [Hkv, MB + 1] with MB + 1 = {mb + 1} "
+                       f"(MB = ceil(M / R)), got shape {list(indptr.shape)}")
+    if indptr.dim() == 2:
+        if indptr.shape[0] not in (1, hkv):
+            raise MsaError(f"indptr: a per-head matrix on the device has 1 or num_kv_heads = "
+                           f"{hkv} rows, got {indptr.shape[0]} (query-head matrices are taken "
+                           "from host arrays, where their groups are checked)")
+        if indices.dim() != 2 or indices.shape[0] != indptr.shape[0]:
+            raise MsaError(f"indices: must be [{indptr.shape[0]}, L] like indptr, got shape "
+                           f"{list(indices.shape)}")
+    elif indices.dim() != 1:
+        raise MsaError(f"indices: must be [nnz] (1 dim), got shape {list(indices.shape)}")
+    if kv_block_lens is not None and tuple(kv_block_lens.shape) != (nb,):
+        raise MsaError(f"kv_block_lens: must be [NB] = [{nb}] (NB = ceil(N / C)), got shape "
+                       f"{list(kv_block_lens.shape)}")
+
+
+class _on_stream:
+    """Runs torch ops on `stream` (a torch.cuda.Stream or an int handle) when given."""
+
+    def __init__(self, stream: Any, device: Any) -> None:
+        self._ctx = None
+        torch = _torch()
+        if stream is None or torch is None or device is None or device.type != "cuda":
+            return
+        if isinstance(stream, int):
+            stream = torch.cuda.ExternalStream(stream, device=device)
+        self._ctx = torch.cuda.stream(stream)
+
+    def __enter__(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+
+
+__all__ = ["BlockSparseAttention"]
