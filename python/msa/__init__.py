@@ -21,6 +21,7 @@ from .logits import mqa_logits, paged_mqa_logits, token_topk
 from .quant import QTensor, dequantize, quantize
 from .sparse_convert import (Q2KSelection, block_mask_to_q2k, bsr_to_k2q, bsr_to_q2k, k2q_to_bsr,
                              q2k_to_block_mask, q2k_to_bsr)
+from .varblock import VariableBlockSparseAttention
 
 # Registers the torch custom ops (torch.ops.msa.*) before torch.compile traces a caller.
 try:
@@ -49,4 +50,5 @@ __all__ = ["BlockSparseAttention", "DTYPES", "DecodePlan", "K2QIndex", "MsaError
            "check_status", "cmake_dir", "cuda_device_count", "dequantize", "include_dir",
            "k2q_to_bsr", "k2q_to_q2k", "mqa_logits", "paged_mqa_logits",
            "pipeline_workspace_bytes", "q2k_to_block_mask", "q2k_to_bsr", "q2k_to_k2q", "quantize",
-           "select_topk", "sparse_attention", "token_topk", "typed"]
+           "select_topk", "sparse_attention", "token_topk", "typed",
+           "VariableBlockSparseAttention"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from ._arrays import Typed, _torch, framework, parse_device
+from ._arrays import Typed, _torch, dtype_of, empty, framework, parse_device
 from ._runtime import MsaError, check_arrays, compiling, count, dims
-from .attention import attention_forward, attention_workspace_bytes
+from .attention import _out_dtype, attention_forward, attention_workspace_bytes
 from .csr import build_k2q_csr
 from .quant import QTensor, unpack
 from .sparse_convert import _bsr_q2k, _block_size, _cdiv, _host, _like, _np
@@ -117,20 +117,12 @@ def _offsets(like: Any, n: int, on_device: bool) -> Any:
     return _like(like, _np().array([0, n], dtype=_np().int32))
 
 
-class BlockSparseAttention:
-    """Block-sparse attention over a FlashInfer BSR matrix, planned once and run many times.
-
-    ::
-
-        bsa = msa.BlockSparseAttention().plan(indptr, indices, M=M, N=N, R=R, C=C,
-                                               num_qo_heads=Hq, num_kv_heads=Hkv, head_dim=D)
-        out = bsa.run(q, k, v)        # q [M, Hq, D], k / v [N, Hkv, D]
-
-    Query t attends the keys of the column blocks listed for block row ``t // R`` (cut by the
-    causal rule with ``causal=True``). plan() maps the matrix to msa's q2k selection exactly as
-    `bsr_to_q2k` does; run() is `attention_forward` over one request with it. See plan() for
-    where each case runs and what is refused.
-    """
+class _SparsePlan:
+    """What BlockSparseAttention and VariableBlockSparseAttention share: the planned q2k (and
+    k2q), run() as `attention_forward` over one request, the kept workspace. plan() stores a
+    dict with q2k, k2q, cu_q, cu_k, kv_block_size, M, N (query and key counts, named by
+    ``names``), num_qo_heads, num_kv_heads, head_dim, causal, sm_scale, layout, device, and
+    q_hnd (q and out follow an "HND" layout too)."""
 
     def __init__(self) -> None:
         self._plan: Optional[dict] = None
@@ -149,6 +141,135 @@ class BlockSparseAttention:
     def kv_block_size(self) -> Optional[int]:
         """The kv block size of the planned q2k's ids (128 or 64: block ids; 1: key ids)."""
         return None if self._plan is None else self._plan["kv_block_size"]
+
+    def run(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None,
+            return_lse: bool = False, k_scale: Any = None, v_scale: Any = None,
+            workspace: Any = None, stream: Any = None, check: Optional[bool] = None) -> Any:
+        """Attention over the planned matrix: returns ``out [M, Hq, D]`` (q's dtype), or
+        ``(out, lse)`` with ``return_lse`` (lse ``[Hq, M]`` f32), as `attention_forward`.
+
+        q ``[M, Hq, D]`` (bf16, f16, or FP8 as in `attention_forward`); k, v ``[N, Hkv, D]``
+        (``[Hkv, N, D]`` when planned with layout "HND"), of q's dtype or FP8 e4m3 with f32
+        ``k_scale`` / ``v_scale`` (or `QTensor` k / v, NHD only). ``workspace``: u8 scratch of
+        at least `attention_workspace_bytes` (CUDA); by default the plan keeps one from its
+        first eager run (allocated by q's framework), so calls on one stream at a time. On
+        CUDA run() neither waits (with the default ``check``) nor reads anything on the host
+        and can be captured in a CUDA graph after one eager run. Shapes, heads or a device
+        that disagree with the plan raise `MsaError`."""
+        p = self._plan
+        if p is None:
+            raise MsaError(f"{type(self).__name__}: run() called before a successful plan()")
+        check_arrays(q=q, k=k, v=v, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale,
+                     workspace=workspace)
+        hnd = p["layout"] == "HND"
+        q_hnd = hnd and p.get("q_hnd", False)
+        mname, _ = p.get("names", ("M", "N"))
+        if q_hnd:
+            qn = self._heads_major(q, "q", f"[Hq, {mname}, D]")
+        else:
+            qv = unpack(q)[0]
+            qn = qv.array if isinstance(qv, Typed) else qv
+        m, hq, d = dims(qn, "q", 3, f"[{mname}, Hq, D]")
+        want = (p["M"], p["num_qo_heads"], p["head_dim"])
+        if (m, hq, d) != want:
+            if q_hnd:
+                raise MsaError(f"q: must be [Hq, {mname}, D] = {[want[1], want[0], want[2]]} as "
+                               f"planned, got {[hq, m, d]}")
+            raise MsaError(f"q: must be [{mname}, Hq, D] = {list(want)} as planned, got "
+                           f"{[m, hq, d]}")
+        if parse_device(qn) != p["device"]:
+            raise MsaError(f"q: on {_device_name(parse_device(qn))}, but the plan is for "
+                           f"{_device_name(p['device'])}; plan() again with device=")
+        k, v = (self._kv(x, name, hnd) for x, name in ((k, "k"), (v, "v")))
+        out_hnd = None
+        if q_hnd:
+            out_hnd = out
+            if out_hnd is None:
+                out_hnd = empty(q, (hq, m, d), _out_dtype(q) or dtype_of(q) or "f32")
+            out = self._heads_major(out_hnd, "out", f"[Hq, {mname}, D]")
+            if tuple(out.shape) != (m, hq, d):
+                raise MsaError(f"out: must be [Hq, {mname}, D] = {[hq, m, d]}, got "
+                               f"{list(out_hnd.shape)}")
+            q = qn
+        if workspace is None and not compiling():
+            workspace = self._scratch(q, k, v, k_scale, v_scale)
+        res = attention_forward(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
+                                k2q=p["k2q"], softmax_scale=p["sm_scale"], causal=p["causal"],
+                                kv_block_size=p["kv_block_size"], k_scale=k_scale,
+                                v_scale=v_scale, out=out, lse=lse, return_lse=return_lse,
+                                workspace=workspace, stream=stream, check=check)
+        if out_hnd is None:
+            return res
+        return (out_hnd,) + tuple(res[1:]) if return_lse else out_hnd
+
+    @staticmethod
+    def _heads_major(x: Any, name: str, what: str) -> Any:
+        """An HND array ``[H, T, D]`` as a ``[T, H, D]`` view (plain arrays only)."""
+        if isinstance(x, (QTensor, Typed)):
+            raise MsaError(f"{name}: a {type(x).__name__} is taken with layout 'NHD' only")
+        dims(x, name, 3, what)
+        return x.transpose(0, 1) if framework(x) == "torch" else x.swapaxes(0, 1)
+
+    def _kv(self, x: Any, name: str, hnd: bool) -> Any:
+        """k or v checked against the plan, as an [N, Hkv, ...] array (a view for HND)."""
+        p = self._plan
+        if hnd and isinstance(x, (QTensor, Typed)):
+            raise MsaError(f"{name}: a {type(x).__name__} is taken with layout 'NHD' only")
+        if isinstance(x, QTensor):
+            vals = x.values
+        else:
+            vals = x.array if isinstance(x, Typed) else x
+        n = p.get("names", ("M", "N"))[1]
+        shape = dims(vals, name, 3, f"[Hkv, {n}, D]" if hnd else f"[{n}, Hkv, D]")
+        if hnd:
+            shape = (shape[1], shape[0], shape[2])
+        want = (p["N"], p["num_kv_heads"])
+        if shape[:2] != want:
+            got = [shape[1], shape[0]] if hnd else list(shape[:2])
+            what = f"[Hkv, {n}, ...]" if hnd else f"[{n}, Hkv, ...]"
+            raise MsaError(f"{name}: must be {what} = "
+                           f"{[want[1], want[0]] if hnd else list(want)} as planned, got {got}")
+        if parse_device(vals) != p["device"]:
+            raise MsaError(f"{name}: on {_device_name(parse_device(vals))}, but the plan is for "
+                           f"{_device_name(p['device'])}")
+        return self._heads_major(x, name, f"[Hkv, {n}, D]") if hnd else x
+
+    def _scratch(self, q: Any, k: Any, v: Any, k_scale: Any, v_scale: Any) -> Any:
+        """The plan's workspace for these inputs (None on the CPU): kept from an eager run,
+        allocated by q's framework when too small (while a CUDA graph is captured, the call
+        allocates its own from the graph's pool instead)."""
+        p = self._plan
+        if p["device"][0] != "cuda":
+            return None
+        n = attention_workspace_bytes(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
+                                      k2q=p["k2q"], causal=p["causal"],
+                                      kv_block_size=p["kv_block_size"], k_scale=k_scale,
+                                      v_scale=v_scale)
+        ws = self._workspace
+        if ws is not None and ws.shape[0] >= n:
+            return ws
+        torch = _torch()
+        if torch is None or not isinstance(p["q2k"], torch.Tensor) or \
+                torch.cuda.is_current_stream_capturing():
+            return None
+        self._workspace = torch.empty(n, dtype=torch.uint8, device=p["q2k"].device)
+        return self._workspace
+
+
+class BlockSparseAttention(_SparsePlan):
+    """Block-sparse attention over a FlashInfer BSR matrix, planned once and run many times.
+
+    ::
+
+        bsa = msa.BlockSparseAttention().plan(indptr, indices, M=M, N=N, R=R, C=C,
+                                               num_qo_heads=Hq, num_kv_heads=Hkv, head_dim=D)
+        out = bsa.run(q, k, v)        # q [M, Hq, D], k / v [N, Hkv, D]
+
+    Query t attends the keys of the column blocks listed for block row ``t // R`` (cut by the
+    causal rule with ``causal=True``). plan() maps the matrix to msa's q2k selection exactly as
+    `bsr_to_q2k` does; run() is `attention_forward` over one request with it. See plan() for
+    where each case runs and what is refused.
+    """
 
     def plan(self, indptr: Any, indices: Any, *, M: int, N: int, R: int, C: int,
              num_qo_heads: int, num_kv_heads: int, head_dim: int, topk: Optional[int] = None,
@@ -268,91 +389,6 @@ class BlockSparseAttention:
                           causal=causal, sm_scale=sm_scale, layout=layout,
                           device=(kind, index))
         return self
-
-    def run(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None,
-            return_lse: bool = False, k_scale: Any = None, v_scale: Any = None,
-            workspace: Any = None, stream: Any = None, check: Optional[bool] = None) -> Any:
-        """Attention over the planned matrix: returns ``out [M, Hq, D]`` (q's dtype), or
-        ``(out, lse)`` with ``return_lse`` (lse ``[Hq, M]`` f32), as `attention_forward`.
-
-        q ``[M, Hq, D]`` (bf16, f16, or FP8 as in `attention_forward`); k, v ``[N, Hkv, D]``
-        (``[Hkv, N, D]`` when planned with layout "HND"), of q's dtype or FP8 e4m3 with f32
-        ``k_scale`` / ``v_scale`` (or `QTensor` k / v, NHD only). ``workspace``: u8 scratch of
-        at least `attention_workspace_bytes` (CUDA); by default the plan keeps one from its
-        first eager run (allocated by q's framework), so calls on one stream at a time. On
-        CUDA run() neither waits (with the default ``check``) nor reads anything on the host
-        and can be captured in a CUDA graph after one eager run. Shapes, heads or a device
-        that disagree with the plan raise `MsaError`."""
-        p = self._plan
-        if p is None:
-            raise MsaError("BlockSparseAttention: run() called before a successful plan()")
-        check_arrays(q=q, k=k, v=v, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale,
-                     workspace=workspace)
-        qv = unpack(q)[0]
-        qv = qv.array if isinstance(qv, Typed) else qv
-        m, hq, d = dims(qv, "q", 3, "[M, Hq, D]")
-        want = (p["M"], p["num_qo_heads"], p["head_dim"])
-        if (m, hq, d) != want:
-            raise MsaError(f"q: must be [M, Hq, D] = {list(want)} as planned, got {[m, hq, d]}")
-        if parse_device(qv) != p["device"]:
-            raise MsaError(f"q: on {_device_name(parse_device(qv))}, but the plan is for "
-                           f"{_device_name(p['device'])}; plan() again with device=")
-        hnd = p["layout"] == "HND"
-        k, v = (self._kv(x, name, hnd) for x, name in ((k, "k"), (v, "v")))
-        if workspace is None and not compiling():
-            workspace = self._scratch(q, k, v, k_scale, v_scale)
-        return attention_forward(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
-                                 k2q=p["k2q"], softmax_scale=p["sm_scale"], causal=p["causal"],
-                                 kv_block_size=p["kv_block_size"], k_scale=k_scale,
-                                 v_scale=v_scale, out=out, lse=lse, return_lse=return_lse,
-                                 workspace=workspace, stream=stream, check=check)
-
-    def _kv(self, x: Any, name: str, hnd: bool) -> Any:
-        """k or v checked against the plan, as an [N, Hkv, ...] array (a view for HND)."""
-        p = self._plan
-        if hnd and isinstance(x, (QTensor, Typed)):
-            raise MsaError(f"{name}: a {type(x).__name__} is taken with layout 'NHD' only")
-        if isinstance(x, QTensor):
-            vals = x.values
-        else:
-            vals = x.array if isinstance(x, Typed) else x
-        shape = dims(vals, name, 3, "[Hkv, N, D]" if hnd else "[N, Hkv, D]")
-        if hnd:
-            shape = (shape[1], shape[0], shape[2])
-        want = (p["N"], p["num_kv_heads"])
-        if shape[:2] != want:
-            got = [shape[1], shape[0]] if hnd else list(shape[:2])
-            what = "[Hkv, N, ...]" if hnd else "[N, Hkv, ...]"
-            raise MsaError(f"{name}: must be {what} = "
-                           f"{[want[1], want[0]] if hnd else list(want)} as planned, got {got}")
-        if parse_device(vals) != p["device"]:
-            raise MsaError(f"{name}: on {_device_name(parse_device(vals))}, but the plan is for "
-                           f"{_device_name(p['device'])}")
-        if not hnd:
-            return x
-        return x.transpose(0, 1) if framework(x) == "torch" else x.swapaxes(0, 1)
-
-    def _scratch(self, q: Any, k: Any, v: Any, k_scale: Any, v_scale: Any) -> Any:
-        """The plan's workspace for these inputs (None on the CPU): kept from an eager run,
-        allocated by q's framework when too small (while a CUDA graph is captured, the call
-        allocates its own from the graph's pool instead)."""
-        p = self._plan
-        if p["device"][0] != "cuda":
-            return None
-        n = attention_workspace_bytes(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
-                                      k2q=p["k2q"], causal=p["causal"],
-                                      kv_block_size=p["kv_block_size"], k_scale=k_scale,
-                                      v_scale=v_scale)
-        ws = self._workspace
-        if ws is not None and ws.shape[0] >= n:
-            return ws
-        torch = _torch()
-        if torch is None or not isinstance(p["q2k"], torch.Tensor) or \
-                torch.cuda.is_current_stream_capturing():
-            return None
-        self._workspace = torch.empty(n, dtype=torch.uint8, device=p["q2k"].device)
-        return self._workspace
-
 
 def _placed(a: Any, indptr: Any, kind: str, index: int) -> Any:
     """The host array `a` on the plan's device: a torch tensor for torch indptr or a CUDA plan,

@@ -216,3 +216,19 @@ def masked_attention(q, k, v, mask, scale=None):
         p = np.exp(s[has] - s[has].max(1, keepdims=True))
         out[has, h] = (p / p.sum(1, keepdims=True)) @ v[:, h // (hq // hkv)]
     return out
+
+
+# Variable blocks: per kv head, row sizes, column sizes and a block mask.
+
+def random_sizes(rng, total, n):
+    """n non-negative sizes summing to total, zeros included (random cut points)."""
+    cuts = np.sort(rng.integers(0, total + 1, n - 1))
+    return np.diff(np.concatenate([[0], cuts, [total]])).astype(np.int32)
+
+
+def varblock_elements(mask, rows, cols):
+    """The element mask [sum(rows), sum(cols)] of one kv head: query t in row block i sees key
+    j in column block c iff mask[i, c]."""
+    t_row = np.repeat(np.arange(len(rows)), rows)
+    j_col = np.repeat(np.arange(len(cols)), cols)
+    return np.asarray(mask, bool)[t_row][:, j_col]
