@@ -1,0 +1,142 @@
+# GPU tests of msa.VariableBlockSparseAttention (msa/varblock.py): columns aligned to 128 keys
+# (block ids of 128) on CUDA against the same plan on the CPU, plan() from device inputs with
+# topk / qo_len / kv_len making no host sync (torch's sync debug mode set to error around plan
+# and run), CUDA-graph capture of run() (replay equals eager), a column size that breaks the
+# 128 rule reported by msa's q2k checks with check=True, and the CUDA refusals.
+import numpy as np
+import pytest
+
+import msa
+from gpu_env import gpu_op, require_gpu
+from np_reference import random_sizes
+
+torch = require_gpu()
+DEV = "cuda"
+HQ, HKV, D = 8, 2, 128
+
+
+def _case(seed, qo_len, kv_len, mb):
+    """Per-head random rows; columns of 128 keys (the last short) or of 256 with a zero-size
+    one; a random mask; HND bf16 q, k, v."""
+    rng = np.random.default_rng(seed)
+    rows = np.stack([random_sizes(rng, qo_len, mb) for _ in range(HKV)])
+    nb = -(-kv_len // 128)
+    c128 = np.array([128] * (nb - 1) + [kv_len - 128 * (nb - 1)], np.int32)
+    cols = np.stack([c128, c128])
+    if seed % 2 and kv_len % 256 == 0:
+        c256 = np.array([256] * (kv_len // 256) + [0] * (nb - kv_len // 256), np.int32)
+        cols = np.stack([c128, c256])
+    mask = rng.random((HKV, mb, nb)) < 0.5
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(h, n, D, generator=gen).to(torch.bfloat16)
+               for h, n in ((HQ, qo_len), (HKV, kv_len), (HKV, kv_len)))
+    return mask, rows, cols, q, k, v
+
+
+def _plan(mask, rows, cols, **kw):
+    return msa.VariableBlockSparseAttention().plan(mask, rows, cols, HQ, HKV, D, **kw)
+
+
+def _dev(*xs):
+    return tuple(torch.as_tensor(x).to(DEV) for x in xs)
+
+
+@pytest.mark.parametrize("qo_len, kv_len, mb, causal", [(300, 700, 5, False),
+                                                        (512, 512, 4, True),
+                                                        (77, 1024, 3, True),
+                                                        (200, 1000, 1, False)])
+def test_cuda_matches_cpu(qo_len, kv_len, mb, causal):
+    mask, rows, cols, q, k, v = _case(qo_len + kv_len, qo_len, kv_len, mb)
+    cpu = _plan(mask, rows, cols, causal=causal)
+    want, want_lse = cpu.run(q, k, v, return_lse=True)
+    topk = -(-kv_len // 128)
+    with gpu_op():
+        gpu = _plan(*_dev(mask, rows, cols), topk=topk, qo_len=qo_len, kv_len=kv_len,
+                    causal=causal)
+        got, lse = gpu.run(*_dev(q, k, v), return_lse=True, check=True)
+    assert gpu.kv_block_size == 128
+    host, _, _, _ = msa.varblock.varblock_to_q2k(mask, rows, cols, num_kv_heads=HKV,
+                                                 kv_block_size=128, topk=topk)
+    assert np.array_equal(gpu.q2k.cpu().numpy(), host)
+    assert got.shape == q.shape and got.is_contiguous()
+    torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    torch.testing.assert_close(lse.cpu()[finite], want_lse[finite], atol=1e-3, rtol=1e-3)
+
+
+def test_host_arrays_plan_for_cuda():
+    mask, rows, cols, q, k, v = _case(5, 300, 700, 4)
+    cpu = _plan(mask, rows, cols)
+    with gpu_op():
+        gpu = _plan(mask, rows, cols, device=DEV)
+        got = gpu.run(*_dev(q, k, v), check=True)
+    assert gpu.q2k.is_cuda and torch.equal(gpu.q2k.cpu(), torch.from_numpy(cpu.q2k))
+    torch.testing.assert_close(got.cpu().float(), cpu.run(q, k, v).float(), atol=2e-2,
+                               rtol=2e-2)
+
+
+def test_plan_and_run_do_not_sync_and_run_captures():
+    qo_len, kv_len = 384, 1024
+    mask, rows, cols, q, k, v = _case(7, qo_len, kv_len, 6)
+    m, r, c = _dev(mask, rows, cols)
+    q, k, v = _dev(q, k, v)
+    kw = dict(topk=8, qo_len=qo_len, kv_len=kv_len)
+    with gpu_op():
+        _plan(m, r, c, **kw).run(q, k, v)          # warm-up: status buffer, kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        vsa = _plan(m, r, c, causal=True, **kw)
+        eager = vsa.run(q, k, v)
+        again = vsa.run(q, k, v)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.equal(eager, again)
+    out = torch.empty_like(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        vsa.run(q, k, v, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, vsa.run(q, k, v))
+    msa.check_status()
+
+
+@pytest.mark.parametrize("cols", [[[100, 156]], [[128, 64]], [[128, -128, 256]]])
+def test_bad_column_sizes_are_reported_by_the_q2k_checks(cols):
+    qo_len, kv_len = 128, 256
+    cols = torch.tensor(cols, dtype=torch.int32, device=DEV)
+    mask = torch.ones(1, 1, cols.shape[1], dtype=torch.bool, device=DEV)
+    rows = torch.tensor([[qo_len]], dtype=torch.int32, device=DEV)
+    q = torch.randn(HQ, qo_len, D, dtype=torch.bfloat16, device=DEV)
+    k = torch.randn(HKV, kv_len, D, dtype=torch.bfloat16, device=DEV)
+    with gpu_op():
+        vsa = _plan(mask, rows, cols, topk=2, qo_len=qo_len, kv_len=kv_len)
+        with pytest.raises(msa.MsaError, match="q2k"):
+            vsa.run(q, k, k, check=True)
+    msa.check_status()
+
+
+def test_cuda_refusals():
+    m = torch.ones(1, 1, 1, dtype=torch.bool, device=DEV)
+    r = torch.tensor([[64]], dtype=torch.int32, device=DEV)
+    c = torch.tensor([[128]], dtype=torch.int32, device=DEV)
+    for name, kw in (("topk", dict(qo_len=64, kv_len=128)), ("qo_len", dict(topk=1, kv_len=128)),
+                     ("kv_len", dict(topk=1, qo_len=64))):
+        with pytest.raises(msa.MsaError, match=f"{name}: required with CUDA block_mask_map"):
+            _plan(m, r, c, **kw)
+    with pytest.raises(msa.MsaError, match="kv_block_size: CUDA takes 128"):
+        _plan(m, r, c, topk=1, qo_len=64, kv_len=128, kv_block_size=64)
+    with pytest.raises(msa.MsaError, match="block_col_sz: CUDA attends blocks of 128 keys"):
+        _plan(np.ones((1, 1, 1), bool), np.array([[64]]), np.array([[96]]), device=DEV)
+    vsa = _plan(m, r, c, topk=1, qo_len=64, kv_len=128)
+    q = torch.randn(HQ, 64, D, dtype=torch.bfloat16)
+    k = torch.randn(HKV, 128, D, dtype=torch.bfloat16)
+    with pytest.raises(msa.MsaError, match="q: on cpu, but the plan is for cuda"):
+        vsa.run(q, k, k)
