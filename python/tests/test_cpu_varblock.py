@@ -183,14 +183,14 @@ def test_torch_builder_makes_no_host_reads():
     # Every op the builder uses keeps working on tensors whose values the host cannot see.
     meta = dict(device="meta")
     q2k = q2k_from_varblock_torch(
-        torch.empty(2, 3, 4, dtype=torch.bool, **meta), torch.empty(2, 3, dtype=torch.int32, **meta),
-        torch.empty(1, 4, dtype=torch.int64, **meta), qo_len=300, kv_len=500, num_kv_heads=2,
-        topk=3, kv_block_size=128)
+        torch.empty(2, 3, 4, dtype=torch.bool, **meta),
+        torch.empty(2, 3, dtype=torch.int32, **meta), torch.empty(1, 4, dtype=torch.int64, **meta),
+        qo_len=300, kv_len=500, num_kv_heads=2, topk=3, kv_block_size=128)
     assert q2k.shape == (2, 300, 3) and q2k.device.type == "meta"
     q2k = q2k_from_varblock_torch(
-        torch.empty(1, 2, 2, dtype=torch.int8, **meta), torch.empty(1, 2, dtype=torch.int32, **meta),
-        torch.empty(1, 2, dtype=torch.int32, **meta), qo_len=10, kv_len=7, num_kv_heads=2,
-        topk=9, kv_block_size=1)
+        torch.empty(1, 2, 2, dtype=torch.int8, **meta),
+        torch.empty(1, 2, dtype=torch.int32, **meta), torch.empty(1, 2, dtype=torch.int32, **meta),
+        qo_len=10, kv_len=7, num_kv_heads=2, topk=9, kv_block_size=1)
     assert q2k.shape == (2, 10, 9)
 
 
