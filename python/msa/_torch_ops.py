@@ -16,6 +16,7 @@ from ._kv import kv_heads_dim
 from .attention import attention_eager, pipeline_eager
 from .csr import build_k2q_csr_eager
 from .indexer import block_scores_eager, block_topk_eager, select_topk_eager
+from .logits import mqa_logits_eager, paged_mqa_logits_eager, token_topk_eager
 from .quant import SCALE_DTYPES, SCALE_SHAPES, VALUE_DTYPES, dequantize_eager, quantize_eager
 
 #: Live decode plans by id: a custom op cannot take a C++ object, so run() passes the plan's id.
@@ -120,6 +121,56 @@ def _(q2k, cu_seqlens_q, k, cu_seqlens_k, page_table, seqused_k, kv_layout, kv_b
 
 def build_k2q_csr(*args: Any) -> tuple:
     return _build_k2q_csr(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::mqa_logits", mutates_args=())
+def _mqa_logits(q: Tensor, k: Tensor, k_scale: Optional[Tensor], weights: Tensor, ks: Tensor,
+                ke: Tensor, clean_logits: bool, check: Optional[bool],
+                stream: Optional[int]) -> Tensor:
+    return mqa_logits_eager(q, k, k_scale, weights, ks, ke, clean_logits, None, stream, check)
+
+
+@_mqa_logits.register_fake
+def _(q, k, k_scale, weights, ks, ke, clean_logits, check, stream):
+    return weights.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
+
+
+def mqa_logits(*args: Any) -> Tensor:
+    return _mqa_logits(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::paged_mqa_logits", mutates_args=())
+def _paged_mqa_logits(q: Tensor, q_sf: Optional[Tensor], kv_fused: Tensor, weights: Tensor,
+                      block_tables: Tensor, seq_lens: Tensor, max_seq_len: int,
+                      clean_logits: bool, check: Optional[bool],
+                      stream: Optional[int]) -> Tensor:
+    return paged_mqa_logits_eager(q, q_sf, kv_fused, weights, block_tables, seq_lens,
+                                  max_seq_len, clean_logits, None, stream, check)
+
+
+@_paged_mqa_logits.register_fake
+def _(q, q_sf, kv_fused, weights, block_tables, seq_lens, max_seq_len, clean_logits, check,
+      stream):
+    return weights.new_empty((q.shape[0] * q.shape[1], max_seq_len), dtype=torch.float32)
+
+
+def paged_mqa_logits(*args: Any) -> Tensor:
+    return _paged_mqa_logits(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::token_topk", mutates_args=())
+def _token_topk(logits: Tensor, ks: Optional[Tensor], ke: Optional[Tensor], topk: int,
+                stream: Optional[int]) -> Tensor:
+    return token_topk_eager(logits, ks, ke, topk, None, stream)
+
+
+@_token_topk.register_fake
+def _(logits, ks, ke, topk, stream):
+    return logits.new_empty((logits.shape[0], topk), dtype=torch.int32)
+
+
+def token_topk(*args: Any) -> Tensor:
+    return _token_topk(*args[:-1], _sint(args[-1]))
 
 
 def _fake_attention(q: Tensor, temperature: float) -> tuple:

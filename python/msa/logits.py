@@ -6,14 +6,12 @@ or `msa.check_status` raises for them); `token_topk` on the CPU only so far."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from typing import Optional
+from typing import Any, Optional
 
 from . import _C
 from ._arrays import empty
-from ._runtime import (arg, check_arrays, count, dims, finish, new_output, status_for,
-                       stream_of)
+from ._runtime import (arg, check_arrays, compiling, count, dims, finish, new_output,
+                       status_for, stream_of)
 from .quant import unpack
 
 
@@ -30,13 +28,22 @@ def mqa_logits(q: Any, k: Any, weights: Any, ks: Any, ke: Any, *, k_scale: Any =
     reported through the device status (``check=True`` waits and raises)."""
     check_arrays(q=q, k=k, weights=weights, ks=ks, ke=ke, k_scale=k_scale, out=out)
     kv, kscale, _ = unpack(k, k_scale)
+    dims(q, "q", 3, "[T, H, D]")
+    dims(kv, "k", 2, "[S, D]")
+    if out is None and compiling():
+        from . import _torch_ops
+        return _torch_ops.mqa_logits(q, kv, kscale, weights, ks, ke, clean_logits, check, stream)
+    return mqa_logits_eager(q, kv, kscale, weights, ks, ke, clean_logits, out, stream, check)
+
+
+def mqa_logits_eager(q, k, k_scale, weights, ks, ke, clean_logits, out, stream, check) -> Any:
     t_rows = dims(q, "q", 3, "[T, H, D]")[0]
-    s_keys = dims(kv, "k", 2, "[S, D]")[0]
+    s_keys = dims(k, "k", 2, "[S, D]")[0]
     if out is None:
         out = empty(weights, (t_rows, s_keys), "f32")
     st = stream_of(weights, stream)
     status = status_for(weights)
-    _C.mqa_logits(q=arg(q), k=arg(kv), k_scale=arg(kscale), weights=arg(weights), ks=arg(ks),
+    _C.mqa_logits(q=arg(q), k=arg(k), k_scale=arg(k_scale), weights=arg(weights), ks=arg(ks),
                   ke=arg(ke), logits=arg(out), clean_logits=clean_logits, status=status,
                   stream=st)
     finish(status, st, check)
@@ -59,8 +66,19 @@ def paged_mqa_logits(q: Any, kv_fused: Any, weights: Any, block_tables: Any, seq
     H <= 128 and block sizes 32, 64 and 128."""
     check_arrays(q=q, kv_fused=kv_fused, weights=weights, block_tables=block_tables,
                  seq_lens=seq_lens, q_sf=q_sf, out=out)
-    b, next_n = dims(q, "q", 4, "[B, next_n, H, D]")[:2]
+    dims(q, "q", 4, "[B, next_n, H, D]")
     max_seq_len = count(max_seq_len, "max_seq_len", bits=64)
+    if out is None and compiling():
+        from . import _torch_ops
+        return _torch_ops.paged_mqa_logits(q, q_sf, kv_fused, weights, block_tables, seq_lens,
+                                           max_seq_len, clean_logits, check, stream)
+    return paged_mqa_logits_eager(q, q_sf, kv_fused, weights, block_tables, seq_lens,
+                                  max_seq_len, clean_logits, out, stream, check)
+
+
+def paged_mqa_logits_eager(q, q_sf, kv_fused, weights, block_tables, seq_lens, max_seq_len,
+                           clean_logits, out, stream, check) -> Any:
+    b, next_n = dims(q, "q", 4, "[B, next_n, H, D]")[:2]
     if out is None:
         out = new_output(weights, (b * next_n, max_seq_len), "f32", "logits",
                          f"max_seq_len = {max_seq_len}")
@@ -81,8 +99,16 @@ def token_topk(logits: Any, topk: int, *, ks: Any = None, ke: Any = None, out: A
     among ``[ks[r], ke[r])`` (the whole row without ranges), ascending, -1 padded; ``-inf`` is
     never chosen, ties go to the lower position, NaN ranks below every finite value."""
     check_arrays(logits=logits, ks=ks, ke=ke, out=out)
-    rows = dims(logits, "logits", 2, "[R, S]")[0]
+    dims(logits, "logits", 2, "[R, S]")
     topk = count(topk, "topk", lo=1)
+    if out is None and compiling():
+        from . import _torch_ops
+        return _torch_ops.token_topk(logits, ks, ke, topk, stream)
+    return token_topk_eager(logits, ks, ke, topk, out, stream)
+
+
+def token_topk_eager(logits, ks, ke, topk, out, stream) -> Any:
+    rows = dims(logits, "logits", 2, "[R, S]")[0]
     if out is None:
         out = new_output(logits, (rows, topk), "i32", "ids", f"topk = {topk}")
     _C.token_topk(logits=arg(logits), ks=arg(ks), ke=arg(ke), topk=topk, ids=arg(out),
