@@ -1,10 +1,12 @@
 # GPU tests of msa.mqa_logits and msa.paged_mqa_logits with torch tensors: the CUDA result
 # against the CPU one on the same bits (the CPU reference computes in float64), -inf where the
-# CPU has it, and the device-side checks raising MsaError through check=True.
+# CPU has it, the device-side checks raising MsaError through check=True, and the custom ops:
+# torch.compile(fullgraph=True) equal to the eager call, and a compiled call captured in a CUDA
+# graph whose replay over new inputs equals the eager call on them.
 import pytest
 
 import msa
-from gpu_env import require_gpu
+from gpu_env import gpu_op, require_gpu
 
 torch = require_gpu()
 E4M3 = torch.float8_e4m3fn
@@ -25,15 +27,21 @@ def _same(got, want):
     assert err <= 1e-3, err
 
 
-@pytest.mark.parametrize("t_rows,s_keys,heads", [(37, 300, 64), (64, 1000, 32), (9, 130, 128)])
-def test_ragged_matches_cpu(t_rows, s_keys, heads):
-    gen = torch.Generator().manual_seed(t_rows)
+def _ragged(gen, t_rows, s_keys, heads):
+    """CPU tensors q, k, weights, ks, ke, k_scale of a ragged problem with D = 128."""
     q, k = _e4m3(gen, t_rows, heads, 128), _e4m3(gen, s_keys, 128)
     scale = torch.rand(s_keys, generator=gen) + 0.5
     w = torch.rand(t_rows, heads, generator=gen) * 2 - 1
     ks = torch.randint(0, s_keys // 2, (t_rows,), generator=gen, dtype=torch.int32)
     ke = torch.minimum(ks + torch.randint(0, s_keys, (t_rows,), generator=gen, dtype=torch.int32),
                        torch.tensor(s_keys, dtype=torch.int32))
+    return q, k, w, ks, ke, scale
+
+
+@pytest.mark.parametrize("t_rows,s_keys,heads", [(37, 300, 64), (64, 1000, 32), (9, 130, 128)])
+def test_ragged_matches_cpu(t_rows, s_keys, heads):
+    gen = torch.Generator().manual_seed(t_rows)
+    q, k, w, ks, ke, scale = _ragged(gen, t_rows, s_keys, heads)
     want = msa.mqa_logits(q, k, w, ks, ke, k_scale=scale)
     dev = [x.cuda() for x in (q, k, w, ks, ke, scale)]
     got = msa.mqa_logits(*dev[:5], k_scale=dev[5], check=True)
@@ -85,3 +93,70 @@ def test_device_checks_raise():
     with pytest.raises(msa.MsaError, match="seq_lens: entry 0 = 300"):
         msa.paged_mqa_logits(q.cuda(), pool.cuda(), w.cuda(), tables.cuda(), seq.cuda(), 200,
                              check=True)
+
+
+def _bits_equal(a, b):
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def _capture(fn, static):
+    """fn(*static) captured in a CUDA graph after warm-up calls on a side stream: the graph and
+    the outputs its replays write."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fn(*static)
+    return graph, outs
+
+
+def _replay_equals_eager(run, static, fresh):
+    """torch.compile(run, fullgraph=True) equals run; its CUDA graph replayed over `fresh`
+    (copied into `static`) equals run(*fresh)."""
+    with gpu_op():
+        eager = run(*static)  # also makes the device's status buffer before capture
+    compiled = torch.compile(run, fullgraph=True)
+    assert _bits_equal(compiled(*static), eager)
+    graph, captured = _capture(compiled, static)
+    for dst, src in zip(static, fresh):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _bits_equal(captured, run(*fresh))
+    msa.check_status()
+
+
+def test_ragged_compiles_and_captures():
+    gen = torch.Generator().manual_seed(21)
+    static = [x.cuda() for x in _ragged(gen, 40, 500, 64)]
+    fresh = [x.cuda() for x in _ragged(gen, 40, 500, 64)]
+
+    def run(q, k, w, ks, ke, scale):
+        return msa.mqa_logits(q, msa.QTensor(k, scale), w, ks, ke)
+
+    _replay_equals_eager(run, static, fresh)
+
+
+@pytest.mark.parametrize("next_n,bs", [(1, 64), (2, 32)])
+def test_paged_compiles_and_captures(next_n, bs):
+    gen = torch.Generator().manual_seed(30 + next_n)
+    lens, max_len = [500, 0, 129], 520
+    pool, tables = _pool(gen, lens, bs)
+    q = _e4m3(gen, len(lens), next_n, 64, 128)
+    w = torch.rand(len(lens) * next_n, 64, generator=gen) * 2 - 1
+    static = [x.cuda() for x in (q, pool, w, torch.tensor(lens, dtype=torch.int32))]
+    # New queries, weights, pool bytes and shorter lengths under the same block tables.
+    fresh_pool, _ = _pool(gen, lens, bs)
+    fresh_w = torch.rand(w.shape, generator=gen)
+    fresh = [x.cuda() for x in (_e4m3(gen, *q.shape), fresh_pool, fresh_w,
+                                torch.tensor([300, 0, 64], dtype=torch.int32))]
+    tables = tables.cuda()
+
+    def run(q, pool, w, seq):
+        return msa.paged_mqa_logits(q, pool, w, tables, seq, max_len)
+
+    _replay_equals_eager(run, static, fresh)
