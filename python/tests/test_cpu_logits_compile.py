@@ -217,7 +217,7 @@ def test_logits_then_token_topk_in_one_graph():
 
 
 def test_compiled_sizes_follow_the_int_arguments():
-    """A recompiled or dynamic graph takes new max_seq_len and topk values."""
+    """New max_seq_len and topk values (ints the trace specializes) size the outputs."""
     lens, next_n = [40, 3], 2
     q, kv, w, tables, seq, _ = _paged(11, lens, next_n)
 
