@@ -19,8 +19,9 @@ from .decode import DecodePlan
 from .indexer import block_scores, block_topk, select_topk
 from .logits import mqa_logits, paged_mqa_logits, token_topk
 from .quant import QTensor, dequantize, quantize
-from .sparse_convert import (Q2KSelection, block_mask_to_q2k, bsr_to_k2q, bsr_to_q2k, k2q_to_bsr,
-                             q2k_to_block_mask, q2k_to_bsr)
+from .sparse_convert import (Q2KSelection, block_mask_to_q2k, bsr_mask_to_q2k, bsr_to_k2q,
+                             bsr_to_q2k, k2q_to_bsr, q2k_indices_to_q2k, q2k_to_block_mask,
+                             q2k_to_bsr)
 from .varblock import VariableBlockSparseAttention
 
 # Registers the torch custom ops (torch.ops.msa.*) before torch.compile traces a caller.
@@ -46,9 +47,11 @@ def cuda_device_count() -> int:
 
 __all__ = ["BlockSparseAttention", "DTYPES", "DecodePlan", "K2QIndex", "MsaError", "Q2KSelection", "QTensor", "Typed",
            "attention_forward", "attention_workspace_bytes", "block_mask_to_q2k", "block_scores",
-           "block_topk", "bsr_to_k2q", "bsr_to_q2k", "build_k2q_csr", "built_with_cuda",
+           "block_topk", "bsr_mask_to_q2k", "bsr_to_k2q", "bsr_to_q2k", "build_k2q_csr",
+           "built_with_cuda",
            "check_status", "cmake_dir", "cuda_device_count", "dequantize", "include_dir",
            "k2q_to_bsr", "k2q_to_q2k", "mqa_logits", "paged_mqa_logits",
-           "pipeline_workspace_bytes", "q2k_to_block_mask", "q2k_to_bsr", "q2k_to_k2q", "quantize",
+           "pipeline_workspace_bytes", "q2k_indices_to_q2k", "q2k_to_block_mask", "q2k_to_bsr",
+           "q2k_to_k2q", "quantize",
            "select_topk", "sparse_attention", "token_topk", "typed",
            "VariableBlockSparseAttention"]

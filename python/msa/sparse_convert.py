@@ -42,31 +42,39 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _host(x: Any, name: str, ndims: tuple, what: str, i32: bool = False) -> Any:
-    """x as a host numpy int64 array with a rank in `ndims` (`what` spells the shape); i32: the
-    input must be int32 (msa's index dtype), else any integer dtype."""
+def _read(x: Any, name: str) -> Any:
+    """x (torch, numpy, cupy or another DLPack producer) as a host numpy array."""
     np = _np()
     if x is None:
         raise MsaError(f"{name}: required")
     if isinstance(x, Typed):
-        raise MsaError(f"{name}: expected an integer array, got msa.Typed")
+        raise MsaError(f"{name}: expected an array, got msa.Typed")
     check_arrays(**{name: x})
     fw = framework(x)
     if fw == "torch":
-        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype is _torch().bool:
-            raise MsaError(f"{name}: must be an integer array{' (int32)' if i32 else ''}, "
-                           f"got {x.dtype}")
-        a = x.detach().cpu().numpy()
-    elif fw == "cupy":
-        a = x.get()
-    elif fw == "numpy":
-        a = x
-    else:
-        try:
-            a = np.from_dlpack(x)
-        except (TypeError, ValueError, RuntimeError, BufferError) as e:
-            raise MsaError(f"{name}: cannot read it on the host ({type(e).__name__}: {e}); "
-                           "pass a torch, numpy or cupy array") from None
+        return x.detach().cpu().numpy()
+    if fw == "cupy":
+        return x.get()
+    if fw == "numpy":
+        return x
+    try:
+        return np.from_dlpack(x)
+    except (TypeError, ValueError, RuntimeError, BufferError) as e:
+        raise MsaError(f"{name}: cannot read it on the host ({type(e).__name__}: {e}); "
+                       "pass a torch, numpy or cupy array") from None
+
+
+def _host(x: Any, name: str, ndims: tuple, what: str, i32: bool = False) -> Any:
+    """x as a host numpy int64 array with a rank in `ndims` (`what` spells the shape); i32: the
+    input must be int32 (msa's index dtype), else any integer dtype."""
+    np = _np()
+    if isinstance(x, Typed):
+        raise MsaError(f"{name}: expected an integer array, got msa.Typed")
+    if framework(x) == "torch" and (x.dtype.is_floating_point or x.dtype.is_complex or
+                                    x.dtype is _torch().bool):
+        raise MsaError(f"{name}: must be an integer array{' (int32)' if i32 else ''}, "
+                       f"got {x.dtype}")
+    a = _read(x, name)
     if a.dtype.kind not in "iu":
         raise MsaError(f"{name}: must be an integer array{' (int32)' if i32 else ''}, "
                        f"got {a.dtype}")
@@ -284,13 +292,20 @@ def _bsr_blocks(indptr: Any, indices: Any, mb: int, nb: int) -> Any:
 def _bsr_q2k(indptr, indices, R, C, num_q, num_kv, num_kv_heads, kv_block_size, kv_block_lens,
              topk) -> tuple:
     """The numpy work of bsr_to_q2k: (q2k int32 [Hkv, num_q, topk], kv_block_size)."""
-    np = _np()
     check_arrays(indptr=indptr, indices=indices, kv_block_lens=kv_block_lens)
     R, C = count(R, "R", lo=1), count(C, "C", lo=1)
     num_q, num_kv = count(num_q, "num_q"), count(num_kv, "num_kv")
     mb, nb = _cdiv(num_q, R), _cdiv(num_kv, C)
     sel = _kv_heads(_bsr_blocks(indptr, indices, mb, nb), num_kv_heads, "indptr",
                     lambda p: f"block row {p[0]}, column block {p[1]}")
+    return _blocks_q2k(sel, R, C, num_q, num_kv, kv_block_size, kv_block_lens, topk)
+
+
+def _blocks_q2k(sel, R, C, num_q, num_kv, kv_block_size, kv_block_lens, topk) -> tuple:
+    """A checked block pattern sel bool [Hkv, MB, NB] (column blocks of C over num_kv keys) ->
+    (q2k int32 [Hkv, num_q, topk], kv_block_size), each block row repeated for its R queries."""
+    np = _np()
+    nb = sel.shape[-1]
     valid = None
     if kv_block_lens is not None:
         lens = _host(kv_block_lens, "kv_block_lens", (1,), "[NB] (1 dim)")
@@ -355,6 +370,123 @@ def bsr_to_q2k(indptr: Any, indices: Any, *, R: int, C: int, num_q: int, num_kv:
     q2k, s = _bsr_q2k(indptr, indices, R, C, num_q, num_kv, num_kv_heads, kv_block_size,
                       kv_block_lens, topk)
     return Q2KSelection(_like(indptr, q2k), s)
+
+
+# FlashInfer's per-head block-sparse forms: a block mask, or direct per-head selections.
+
+def _bsr_mask_blocks(block_mask: Any, mb: int, nb: int) -> Any:
+    """block_mask bool [H, MB, NB] -> a host bool array of that shape."""
+    a = _read(block_mask, "block_mask")
+    if a.dtype.kind != "b":
+        raise MsaError(f"block_mask: must be a bool array, got {a.dtype}")
+    if a.ndim != 3 or a.shape[1:] != (mb, nb):
+        raise MsaError(f"block_mask: must be [H, MB, NB] = [H, {mb}, {nb}] (MB = ceil(num_q / "
+                       f"R), NB = ceil(num_kv / C)), got shape {list(a.shape)}")
+    return a.astype(bool)
+
+
+def _q2k_indices_blocks(q2k_indices: Any, q2k_num: Any, mb: int, nb: int) -> Any:
+    """q2k_indices [H, MB, K] and q2k_num [H, MB] (or None: all K entries) -> bool
+    [H, MB, NB]."""
+    np = _np()
+    ix = _host(q2k_indices, "q2k_indices", (3,), "[H, MB, K] (3 dims)")
+    h, rows, k = ix.shape
+    if rows != mb:
+        raise MsaError(f"q2k_indices: must be [H, MB, K] with MB = ceil(num_q / R) = {mb}, got "
+                       f"shape {list(ix.shape)}")
+    if q2k_num is None:
+        num = np.full((h, mb), k, np.int64)
+    else:
+        num = _host(q2k_num, "q2k_num", (2,), "[H, MB] (2 dims)")
+        if num.shape != (h, mb):
+            raise MsaError(f"q2k_num: must be [H, MB] = {[h, mb]} like q2k_indices, got shape "
+                           f"{list(num.shape)}")
+        bad = np.argwhere((num < 0) | (num > k))
+        if bad.size:
+            hh, r = (int(i) for i in bad[0])
+            raise MsaError(f"q2k_num: q2k_num[{hh}, {r}] = {int(num[hh, r])} is outside "
+                           f"[0, K = {k}] (K = q2k_indices.shape[2])")
+    listed = np.arange(k) < num[..., None]
+    bad = np.argwhere(listed & ((ix < 0) | (ix >= nb)))
+    if bad.size:
+        hh, r, j = (int(i) for i in bad[0])
+        raise MsaError(f"q2k_indices: q2k_indices[{hh}, {r}, {j}] = {int(ix[hh, r, j])} is "
+                       f"outside [0, NB = {nb}) (NB = ceil(num_kv / C)); entries at and past "
+                       "q2k_num are ignored, so pad rows through q2k_num, not with -1")
+    cols = np.where(listed, ix, nb)
+    srt = np.sort(cols, axis=-1)
+    twice = np.argwhere((srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] < nb))
+    if twice.size:
+        hh, r, j = (int(i) for i in twice[0])
+        raise MsaError(f"q2k_indices: block row {r} of head {hh} lists column block "
+                       f"{int(srt[hh, r, j])} twice")
+    sel = np.zeros((h, mb, nb + 1), dtype=bool)
+    np.put_along_axis(sel, cols, True, axis=-1)
+    return sel[..., :nb]
+
+
+def _per_head_q2k(blocks, name, R, C, num_q, num_kv, num_kv_heads, kv_block_size,
+                  kv_block_lens, topk) -> tuple:
+    """A per-head pattern `blocks(mb, nb)` -> bool [H, MB, NB] through its heads' rules to
+    (q2k, kv_block_size)."""
+    check_arrays(kv_block_lens=kv_block_lens)
+    R, C = count(R, "R", lo=1), count(C, "C", lo=1)
+    num_q, num_kv = count(num_q, "num_q"), count(num_kv, "num_kv")
+    mb, nb = _cdiv(num_q, R), _cdiv(num_kv, C)
+    sel = _kv_heads(blocks(mb, nb), num_kv_heads, name,
+                    lambda p: f"block row {p[0]}, column block {p[1]}")
+    return _blocks_q2k(sel, R, C, num_q, num_kv, kv_block_size, kv_block_lens, topk)
+
+
+def bsr_mask_to_q2k(block_mask: Any, *, R: int, C: int, num_q: int, num_kv: int,
+                    num_kv_heads: Optional[int] = None, kv_block_size: Optional[int] = None,
+                    kv_block_lens: Any = None, topk: Optional[int] = None) -> Q2KSelection:
+    """FlashInfer's per-head block mask (``BlockSparseAttentionWrapper.plan(block_mask=)``) as
+    an msa selection for one request: a `Q2KSelection` (q2k int32 ``[Hkv, num_q, topk]``,
+    kv_block_size). Not to be confused with `block_mask_to_q2k`, which takes a Flex
+    ``BlockMask``.
+
+    block_mask: bool ``[H, MB, NB]`` (MB = ceil(num_q / R) block rows of R queries, NB =
+    ceil(num_kv / C) column blocks of C keys, the last ones may be short); ``block_mask[h, i,
+    j]`` means block row i of head h attends column block j. H is 1 (one pattern for every kv
+    head, num_kv_heads default 1), Hkv, or Hq with Hkv dividing it, when the G = H / Hkv query
+    heads of each group have the same pattern (FlashInfer reads the group's first head; msa
+    checks that they agree). kv_block_lens, kv_block_size and topk are as in `bsr_to_q2k`: the
+    result equals ``bsr_to_q2k`` of the same pattern as indptr / indices. A non-bool mask, a
+    wrong shape or groups that differ raise `MsaError` naming the argument.
+    """
+    return Q2KSelection(*_like_first(block_mask, _per_head_q2k(
+        lambda mb, nb: _bsr_mask_blocks(block_mask, mb, nb), "block_mask", R, C, num_q, num_kv,
+        num_kv_heads, kv_block_size, kv_block_lens, topk)))
+
+
+def q2k_indices_to_q2k(q2k_indices: Any, q2k_num: Any = None, *, R: int, C: int, num_q: int,
+                       num_kv: int, num_kv_heads: Optional[int] = None,
+                       kv_block_size: Optional[int] = None, kv_block_lens: Any = None,
+                       topk: Optional[int] = None) -> Q2KSelection:
+    """FlashInfer's direct per-head selections (``BlockSparseAttentionWrapper.plan(
+    q2k_indices=, q2k_num=)``) as an msa selection for one request: a `Q2KSelection` (q2k
+    int32 ``[Hkv, num_q, topk]``, kv_block_size).
+
+    q2k_indices: integers ``[H, MB, K]`` (MB = ceil(num_q / R) block rows of R queries): block
+    row i of head h attends column blocks (of C keys, NB = ceil(num_kv / C)) ``q2k_indices[h,
+    i, :q2k_num[h, i]]``, in any order, none repeated, each in ``[0, NB)``. q2k_num: integers
+    ``[H, MB]`` in ``[0, K]``; entries at and past it are ignored (any value). Without q2k_num
+    every row lists all K entries (so -1 is not padding: it is out of range). Heads as in
+    `bsr_mask_to_q2k` (FlashInfer's H is Hq; groups must list the same set of blocks, in any
+    order). kv_block_lens, kv_block_size and topk are as in `bsr_to_q2k`; the result equals
+    ``bsr_to_q2k`` of the same pattern. Errors (wrong rank or dtype, an id out of range, a
+    repeated id, a q2k_num entry outside [0, K], groups that differ) raise `MsaError` naming
+    the argument.
+    """
+    check_arrays(q2k_num=q2k_num)
+    return Q2KSelection(*_like_first(q2k_indices, _per_head_q2k(
+        lambda mb, nb: _q2k_indices_blocks(q2k_indices, q2k_num, mb, nb), "q2k_indices", R, C,
+        num_q, num_kv, num_kv_heads, kv_block_size, kv_block_lens, topk)))
+
+
+def _like_first(ref: Any, res: tuple) -> tuple:
+    return (_like(ref, res[0]),) + tuple(res[1:])
 
 
 def _q2k_bsr(q2k_np: Any, R: int, kv_block_size: int, num_kv: int, C: Optional[int],
@@ -821,5 +953,5 @@ def q2k_to_block_mask(q2k: Any, *, cu_seqlens_q: Any, kv_block_size: int, causal
                                     mask_mod=mask_mod, seq_lengths=(q_len, kv_len))
 
 
-__all__ = ["Q2KSelection", "block_mask_to_q2k", "bsr_to_k2q", "bsr_to_q2k", "k2q_to_bsr",
-           "q2k_to_block_mask", "q2k_to_bsr"]
+__all__ = ["Q2KSelection", "block_mask_to_q2k", "bsr_mask_to_q2k", "bsr_to_k2q", "bsr_to_q2k",
+           "k2q_to_bsr", "q2k_indices_to_q2k", "q2k_to_block_mask", "q2k_to_bsr"]
