@@ -18,7 +18,8 @@ from ._runtime import MsaError, check_arrays, compiling, count, dims
 from .attention import _out_dtype, attention_forward, attention_workspace_bytes
 from .csr import build_k2q_csr
 from .quant import QTensor, unpack
-from .sparse_convert import _bsr_q2k, _block_size, _cdiv, _host, _like, _np
+from .sparse_convert import (_block_size, _bsr_mask_blocks, _bsr_q2k, _cdiv, _host, _like, _np,
+                             _per_head_q2k, _q2k_indices_blocks)
 
 # msa's CUDA prefill attends blocks of this many keys (docs/semantics.md, Attention).
 _CUDA_BLOCK = 128
@@ -70,8 +71,7 @@ def q2k_from_bsr_torch(indptr: Any, indices: Any, *, M: int, N: int, R: int, C: 
     column ids repeat ids, reported the same way."""
     torch = _torch()
     dev = indptr.device
-    s = kv_block_size
-    mb, nb, nblk, m = _cdiv(M, R), _cdiv(N, C), _cdiv(N, s), C // s
+    mb, nb = _cdiv(M, R), _cdiv(N, C)
     ip = indptr.reshape(-1, mb + 1).to(torch.int64)             # [H, MB + 1]
     h = ip.shape[0]
     ix = indices.reshape(h, -1).to(torch.int64)                 # [H, L]
@@ -88,24 +88,119 @@ def q2k_from_bsr_torch(indptr: Any, indices: Any, *, M: int, N: int, R: int, C: 
     if indptr.dim() == 1:                                       # one matrix: nnz = len(indices)
         bad[:, -1] |= ip[:, -1] != length
     bad[:, 0] |= ip[:, 0] != 0
-    bad |= (listed & ((cols < 0) | (cols >= nb))).any(-1)
+    ids = _listed_ids(cols, listed, bad, N=N, C=C, kv_block_size=kv_block_size,
+                      kv_block_lens=kv_block_lens)
+    return _rows_q2k(ids, M=M, R=R, num_kv_heads=num_kv_heads)
+
+
+def _listed_ids(cols: Any, listed: Any, bad: Any, *, N: int, C: int, kv_block_size: int,
+                kv_block_lens: Any) -> Any:
+    """Column blocks cols int64 [H, MB, K] (slots where ``listed``) -> ids int64 [H, MB,
+    K * C / kv_block_size]: each listed block's ids in blocks of kv_block_size (those past key
+    N dropped), ascending, -1 padded; a row marked ``bad`` [H, MB], or listing a column
+    outside [0, NB) or one whose kv_block_lens entry is outside [1, C], gets the out-of-range
+    id ``ceil(N / kv_block_size)`` in slot 0 and -1 after."""
+    torch = _torch()
+    dev = cols.device
+    s = kv_block_size
+    nb, nblk, m = _cdiv(N, C), _cdiv(N, s), C // s
+    h, mb, k = cols.shape
+    bad = bad | (listed & ((cols < 0) | (cols >= nb))).any(-1)
     safe = cols.clamp(0, max(nb - 1, 0))
     unit = torch.arange(m, device=dev)
-    ids = safe[..., None] * m + unit                            # [H, MB, topk, m]
+    ids = safe[..., None] * m + unit                            # [H, MB, K, m]
     keep = listed[..., None] & (ids < nblk)
     if kv_block_lens is not None:
-        lens = kv_block_lens.reshape(-1).to(device=dev, dtype=torch.int64)[safe]  # [H, MB, topk]
-        bad |= (listed & ((lens < 1) | (lens > C))).any(-1)
+        lens = kv_block_lens.reshape(-1).to(device=dev, dtype=torch.int64)[safe]  # [H, MB, K]
+        bad = bad | (listed & ((lens < 1) | (lens > C))).any(-1)
         keep &= unit < lens[..., None]
     big = torch.iinfo(torch.int64).max
-    ids = torch.where(keep, ids, big).reshape(h, mb, topk * m).sort(-1).values
+    ids = torch.where(keep, ids, big).reshape(h, mb, k * m).sort(-1).values
     ids = torch.where(ids == big, -1, ids)
-    width = torch.arange(topk * m, device=dev)
+    width = torch.arange(k * m, device=dev)
     poison = torch.where(width == 0, nblk, -1)
-    ids = torch.where(bad[..., None], poison, ids)
+    return torch.where(bad[..., None], poison, ids)
+
+
+def _rows_q2k(ids: Any, *, M: int, R: int, num_kv_heads: int, poison: int = 0) -> Any:
+    """Per-block-row ids int64 [H, MB, W] (H = 1, Hkv, or a multiple G * Hkv of query heads)
+    -> q2k int32 [Hkv, M, W], each block row repeated for its R queries (the last clipped to
+    M). With H = G * Hkv the first head of each group is taken, and a block row whose group
+    heads differ gets the out-of-range id ``poison`` in slot 0 and -1 after."""
+    torch = _torch()
+    dev = ids.device
+    h, mb, w = ids.shape
+    if h not in (1, num_kv_heads):
+        g = h // num_kv_heads
+        grouped = ids.reshape(num_kv_heads, g, mb, w)
+        differ = (grouped != grouped[:, :1]).any(-1).any(1)     # [Hkv, MB]
+        ids = grouped[:, 0]
+        first = torch.where(torch.arange(w, device=dev) == 0, poison, -1)
+        ids = torch.where(differ[..., None], first, ids)
     rows = torch.div(torch.arange(M, device=dev), R, rounding_mode="floor")
     q2k = ids[:, rows]                                          # [H, M, W]
-    return q2k.expand(num_kv_heads, M, topk * m).to(torch.int32).contiguous()
+    return q2k.expand(num_kv_heads, M, w).to(torch.int32).contiguous()
+
+
+def q2k_from_bsr_mask_torch(block_mask: Any, *, M: int, N: int, R: int, C: int,
+                            num_kv_heads: int, topk: int, kv_block_size: int,
+                            kv_block_lens: Any = None) -> Any:
+    """The q2k of FlashInfer's per-head block mask, int32 ``[Hkv, M, topk * C /
+    kv_block_size]``, built with torch ops on block_mask's device whose shapes depend on the
+    sizes only (no host read, no sync), equal to `bsr_mask_to_q2k` with that width.
+
+    block_mask bool ``[H, MB, NB]``, H = 1, Hkv or Hq (a multiple of Hkv). Each row's selected
+    column blocks, ascending (a stable sort of the row's ``~mask``), fill its topk slots; a row
+    that selects more than topk blocks, one whose kv_block_lens entry is outside [1, C], or
+    (with H = Hq) one whose group heads differ gets the out-of-range id ``ceil(N /
+    kv_block_size)`` in slot 0, which msa's q2k checks report at run."""
+    torch = _torch()
+    dev = block_mask.device
+    h, mb, nb = block_mask.shape
+    order = torch.sort((~block_mask).to(torch.int8), dim=-1, stable=True).indices
+    n = block_mask.sum(-1)                                      # [H, MB]
+    if topk > nb:
+        order = torch.cat([order, order.new_zeros((h, mb, topk - nb))], -1)
+    cols = order[..., :topk].to(torch.int64)
+    listed = torch.arange(topk, device=dev) < n[..., None]
+    ids = _listed_ids(cols, listed, n > topk, N=N, C=C, kv_block_size=kv_block_size,
+                      kv_block_lens=kv_block_lens)
+    return _rows_q2k(ids, M=M, R=R, num_kv_heads=num_kv_heads,
+                     poison=_cdiv(N, kv_block_size))
+
+
+def q2k_from_q2k_indices_torch(q2k_indices: Any, q2k_num: Any = None, *, M: int, N: int,
+                               R: int, C: int, num_kv_heads: int, topk: Optional[int] = None,
+                               kv_block_size: int, kv_block_lens: Any = None) -> Any:
+    """The q2k of FlashInfer's direct per-head selections, int32 ``[Hkv, M, topk * C /
+    kv_block_size]`` (topk default K), built with torch ops on q2k_indices' device whose
+    shapes depend on the sizes only (no host read, no sync), equal to `q2k_indices_to_q2k`
+    with that width.
+
+    q2k_indices integers ``[H, MB, K]``, q2k_num ``[H, MB]`` (None: every row lists all K),
+    H = 1, Hkv or Hq (a multiple of Hkv). Entries at and past q2k_num are dropped. A row with
+    q2k_num outside [0, K] or above topk, a listed id outside [0, NB), a kv_block_lens entry
+    outside [1, C], or (with H = Hq) group heads that list different sets gets the
+    out-of-range id ``ceil(N / kv_block_size)`` in slot 0; a repeated id repeats ids. msa's
+    q2k checks report both at run."""
+    torch = _torch()
+    dev = q2k_indices.device
+    h, mb, k = q2k_indices.shape
+    topk = max(1, k) if topk is None else topk
+    ix = q2k_indices.to(torch.int64)
+    if q2k_num is None:
+        n = torch.full((h, mb), k, dtype=torch.int64, device=dev)
+    else:
+        n = q2k_num.reshape(h, mb).to(device=dev, dtype=torch.int64)
+    bad = (n < 0) | (n > k) | (n > topk)
+    if topk > k:
+        ix = torch.cat([ix, ix.new_zeros((h, mb, topk - k))], -1)
+    cols = ix[..., :topk]
+    listed = torch.arange(topk, device=dev) < n[..., None]
+    ids = _listed_ids(cols, listed, bad, N=N, C=C, kv_block_size=kv_block_size,
+                      kv_block_lens=kv_block_lens)
+    return _rows_q2k(ids, M=M, R=R, num_kv_heads=num_kv_heads,
+                     poison=_cdiv(N, kv_block_size))
 
 
 def _offsets(like: Any, n: int, on_device: bool) -> Any:
@@ -271,7 +366,7 @@ class BlockSparseAttention(_SparsePlan):
     where each case runs and what is refused.
     """
 
-    def plan(self, indptr: Any, indices: Any, *, M: int, N: int, R: int, C: int,
+    def plan(self, indptr: Any = None, indices: Any = None, *, M: int, N: int, R: int, C: int,
              num_qo_heads: int, num_kv_heads: int, head_dim: int, topk: Optional[int] = None,
              causal: bool = False, sm_scale: Optional[float] = None, kv_block_lens: Any = None,
              kv_block_size: Optional[int] = None, layout: str = "NHD", device: Any = None,
@@ -283,10 +378,17 @@ class BlockSparseAttention(_SparsePlan):
         """Plans attention over the BSR matrix (FlashInfer's ``BlockSparseAttentionWrapper.plan``
         arguments, as keywords after indptr and indices). Returns self.
 
+        The matrix, in exactly one of FlashInfer's forms (else `MsaError`):
+
         - indptr ``[MB + 1]`` and indices ``[nnz]`` (MB = ceil(M / R) block rows, column ids in
           ``[0, NB)``, NB = ceil(N / C); the last blocks may be short): one matrix for every
           head. Per kv head: indptr ``[Hkv, MB + 1]``, indices ``[Hkv, L]``; on the host also
           ``[Hq, ...]`` when each group of Hq / Hkv query heads lists the same blocks.
+        - ``block_mask=`` bool ``[H, MB, NB]`` (as `bsr_mask_to_q2k`), or ``q2k_indices=``
+          integers ``[H, MB, K]`` with ``q2k_num=`` ``[H, MB]`` (row i of head h lists
+          ``q2k_indices[h, i, :q2k_num[h, i]]``; without q2k_num all K; as
+          `q2k_indices_to_q2k`). H is 1, num_kv_heads, or num_qo_heads, whose groups of Hq /
+          Hkv heads must select the same blocks (FlashInfer reads each group's first head).
         - causal: msa's rule, bottom-right aligned (query t sees key j iff ``j <= t + N - M``;
           the usual mask when M = N). sm_scale: default ``1 / sqrt(head_dim)``.
         - kv_block_lens ``[NB]``: keep the first ``kv_block_lens[c]`` keys of block c.
@@ -300,33 +402,35 @@ class BlockSparseAttention(_SparsePlan):
 
         Where the selection is built:
 
-        - CUDA torch indptr / indices with ``topk`` (the most column blocks any block row
-          lists, a host int): on the device with torch ops, on ``stream`` (default the
-          current one), without reading anything on the host. Shapes, dtypes and sizes are
-          checked here; invalid ids, a bad indptr or a row with more than topk blocks make
-          invalid q2k entries that msa's q2k checks report at run (``check=True`` or
-          `msa.check_status`). Without ``topk`` this is an `MsaError` (finding it would need a
-          sync).
+        - CUDA torch indptr / indices or block_mask with ``topk`` (the most column blocks any
+          block row lists, a host int), or CUDA torch q2k_indices (and q2k_num) with topk
+          default K: on the device with torch ops, on ``stream`` (default the current one),
+          without reading anything on the host. Shapes, dtypes and sizes are checked here;
+          invalid ids, a bad indptr or q2k_num, a row with more than topk blocks, or query-head
+          groups that differ make invalid q2k entries that msa's q2k checks report at run
+          (``check=True`` or `msa.check_status`). Without ``topk`` (indptr / indices,
+          block_mask) this is an `MsaError` (finding it would need a sync).
         - Anything else (numpy, CPU torch, cupy, or a device other than the arrays'): read on
-          the host (a GPU array's stream is waited for), checked fully as `bsr_to_q2k` does,
-          and copied to the device. topk, when given, must not be less than the widest row.
+          the host (a GPU array's stream is waited for), checked fully as `bsr_to_q2k` does
+          (or as `bsr_mask_to_q2k` / `q2k_indices_to_q2k` do), and copied to the device. topk,
+          when given, must not be less than the widest row.
 
         With block ids (kv_block_size 64 or 128) plan() also builds the k2q CSR index, so run()
         skips that build. Planning again makes new arrays (a CUDA graph captured over run()
-        keeps reading the old ones: capture again). Refused (`MsaError` naming the argument): element masks (``mask``,
-        ``packed_mask``), ``logits_soft_cap``, position encodings (``pos_encoding_mode``,
-        ``rope_scale``, ``rope_theta``), ``block_mask``, ``q2k_indices`` / ``q2k_num``.
+        keeps reading the old ones: capture again). Refused (`MsaError` naming the argument):
+        element masks (``mask``, ``packed_mask``), ``logits_soft_cap``, position encodings
+        (``pos_encoding_mode``, ``rope_scale``, ``rope_theta``).
         """
         for name, value, default in (("mask", mask, None), ("packed_mask", packed_mask, None),
                                      ("logits_soft_cap", logits_soft_cap, 0.0),
                                      ("pos_encoding_mode", pos_encoding_mode, "NONE"),
                                      ("rope_scale", rope_scale, None),
-                                     ("rope_theta", rope_theta, None),
-                                     ("block_mask", block_mask, None),
-                                     ("q2k_indices", q2k_indices, None),
-                                     ("q2k_num", q2k_num, None)):
+                                     ("rope_theta", rope_theta, None)):
             _refuse(name, value, default)
-        check_arrays(indptr=indptr, indices=indices, kv_block_lens=kv_block_lens)
+        check_arrays(indptr=indptr, indices=indices, kv_block_lens=kv_block_lens,
+                     block_mask=block_mask, q2k_indices=q2k_indices, q2k_num=q2k_num)
+        form = _form(indptr, indices, block_mask, q2k_indices, q2k_num)
+        src = {"indptr": indptr, "block_mask": block_mask, "q2k_indices": q2k_indices}[form]
         M, N = count(M, "M", lo=1), count(N, "N", lo=1)
         R, C = count(R, "R", lo=1), count(C, "C", lo=1)
         hq = count(num_qo_heads, "num_qo_heads", lo=1)
@@ -345,37 +449,60 @@ class BlockSparseAttention(_SparsePlan):
         if topk is not None:
             topk = count(topk, "topk", lo=1)
         torch = _torch()
-        kind, index = parse_device(device if device is not None else indptr)
-        mb = _cdiv(M, R)
-        on_device = (kind == "cuda" and torch is not None and isinstance(indptr, torch.Tensor)
-                     and isinstance(indices, torch.Tensor) and indptr.is_cuda
-                     and parse_device(indptr) == (kind, index))
+        kind, index = parse_device(device if device is not None else src)
+        mb, nb = _cdiv(M, R), _cdiv(N, C)
+        arrays = {"indptr": (indptr, indices), "block_mask": (block_mask,),
+                  "q2k_indices": (q2k_indices,)}[form]
+        on_device = (kind == "cuda" and torch is not None
+                     and all(isinstance(x, torch.Tensor) and x.is_cuda for x in arrays)
+                     and parse_device(src) == (kind, index))
+        if on_device and form == "q2k_indices" and q2k_num is not None:
+            on_device = isinstance(q2k_num, torch.Tensor) and q2k_num.is_cuda
         if on_device:
-            if topk is None:
-                raise MsaError("topk: required with CUDA indptr / indices (the most column blocks "
-                               "a block row lists): plan() builds the selection on the device "
-                               "without reading the matrix on the host")
+            if topk is None and form != "q2k_indices":
+                what = "indptr / indices" if form == "indptr" else form
+                raise MsaError(f"topk: required with CUDA {what} (the most column blocks a "
+                               "block row lists): plan() builds the "
+                               "selection on the device without reading the matrix on the host")
             s = _block_size(kv_block_size, C)
             check_cuda_plan(C, s, kv_block_lens)
-            _check_device_matrix(indptr, indices, mb, hkv, kv_block_lens, _cdiv(N, C))
-            with _on_stream(stream, indptr.device):
-                q2k = q2k_from_bsr_torch(indptr, indices, M=M, N=N, R=R, C=C, num_kv_heads=hkv,
-                                         topk=topk, kv_block_size=s, kv_block_lens=kv_block_lens)
+            kw = dict(M=M, N=N, R=R, C=C, num_kv_heads=hkv, topk=topk, kv_block_size=s,
+                      kv_block_lens=kv_block_lens)
+            with _on_stream(stream, src.device):
+                if form == "indptr":
+                    _check_device_matrix(indptr, indices, mb, hkv, kv_block_lens, nb)
+                    q2k = q2k_from_bsr_torch(indptr, indices, **kw)
+                elif form == "block_mask":
+                    _check_device_per_head("block_mask", block_mask, None, mb, nb, hkv, hq)
+                    q2k = q2k_from_bsr_mask_torch(block_mask, **kw)
+                else:
+                    _check_device_per_head("q2k_indices", q2k_indices, q2k_num, mb, nb, hkv, hq)
+                    q2k = q2k_from_q2k_indices_torch(q2k_indices, q2k_num, **kw)
             ref = q2k
         else:
             if kind == "cuda":
                 check_cuda_plan(C, _block_size(kv_block_size, C), kv_block_lens)
-            ip = _host(indptr, "indptr", (1, 2), "[MB + 1] or [H, MB + 1]")
-            if topk is not None and ip.shape[-1] == mb + 1 and ip.shape[-1] > 1:
-                widest = int(_np().diff(ip, axis=-1).max())
-                if widest > topk:
-                    raise MsaError(f"topk: {topk} is less than the {widest} column blocks of the "
-                                   "widest block row")
-            q2k_np, s = _bsr_q2k(indptr, indices, R, C, M, N, hkv, kv_block_size,
-                                 kv_block_lens, None)
+            if form == "indptr":
+                ip = _host(indptr, "indptr", (1, 2), "[MB + 1] or [H, MB + 1]")
+                if topk is not None and ip.shape[-1] == mb + 1 and ip.shape[-1] > 1:
+                    _check_topk(topk, int(_np().diff(ip, axis=-1).max()))
+                q2k_np, s = _bsr_q2k(indptr, indices, R, C, M, N, hkv, kv_block_size,
+                                     kv_block_lens, None)
+            else:
+                def blocks(mb_: int, nb_: int) -> Any:
+                    if form == "block_mask":
+                        b = _bsr_mask_blocks(block_mask, mb_, nb_)
+                    else:
+                        b = _q2k_indices_blocks(q2k_indices, q2k_num, mb_, nb_)
+                    _check_heads(form, b.shape[0], hkv, hq)
+                    if topk is not None:
+                        _check_topk(topk, int(b.sum(-1).max(initial=0)))
+                    return b
+                q2k_np, s = _per_head_q2k(blocks, form, R, C, M, N, hkv, kv_block_size,
+                                          kv_block_lens, None)
             if kind == "cuda":
                 check_cuda_plan(C, s, None)   # an explicit kv_block_size, or kv_block_lens
-            q2k = ref = _placed(q2k_np, indptr, kind, index)
+            q2k = ref = _placed(q2k_np, src, kind, index)
         use_torch = torch is not None and isinstance(ref, torch.Tensor)
         with _on_stream(stream if on_device else None, ref.device if use_torch else None):
             cu_q = _offsets(ref, M, use_torch)
@@ -389,6 +516,70 @@ class BlockSparseAttention(_SparsePlan):
                           causal=causal, sm_scale=sm_scale, layout=layout,
                           device=(kind, index))
         return self
+
+def _form(indptr: Any, indices: Any, block_mask: Any, q2k_indices: Any, q2k_num: Any) -> str:
+    """Which of FlashInfer's forms plan() got: "indptr" (with indices), "block_mask" or
+    "q2k_indices" (with an optional q2k_num); exactly one, else an MsaError naming it."""
+    if q2k_num is not None and q2k_indices is None:
+        raise MsaError("q2k_num: given without q2k_indices (it counts the valid entries of each "
+                       "q2k_indices row)")
+    given = [name for name, there in (("indptr / indices",
+                                       indptr is not None or indices is not None),
+                                      ("block_mask", block_mask is not None),
+                                      ("q2k_indices", q2k_indices is not None)) if there]
+    if len(given) != 1:
+        first = given[1] if len(given) > 1 else "indptr"
+        raise MsaError(f"{first.split(' ')[0]}: pass exactly one block-sparse form: indptr and "
+                       "indices, block_mask, or q2k_indices (with q2k_num); got "
+                       f"{' and '.join(given) if given else 'none'}")
+    if given[0] == "indptr / indices":
+        if indptr is None:
+            raise MsaError("indptr: required with indices")
+        if indices is None:
+            raise MsaError("indices: required with indptr")
+        return "indptr"
+    return given[0]
+
+
+def _check_topk(topk: int, widest: int) -> None:
+    if widest > topk:
+        raise MsaError(f"topk: {topk} is less than the {widest} column blocks of the widest "
+                       "block row")
+
+
+def _check_heads(name: str, h: int, hkv: int, hq: int) -> None:
+    if h not in (1, hkv, hq):
+        raise MsaError(f"{name}: must have 1, num_kv_heads = {hkv} or num_qo_heads = {hq} "
+                       f"heads, got {h}")
+
+
+def _check_device_per_head(name: str, x: Any, num: Any, mb: int, nb: int, hkv: int,
+                           hq: int) -> None:
+    """What can be checked of a device block_mask or q2k_indices / q2k_num without reading
+    them."""
+    torch = _torch()
+    if name == "block_mask":
+        if x.dtype != torch.bool:
+            raise MsaError(f"block_mask: must be a bool tensor, got {x.dtype}")
+        if x.dim() != 3 or tuple(x.shape[1:]) != (mb, nb):
+            raise MsaError(f"block_mask: must be [H, MB, NB] = [H, {mb}, {nb}] (MB = ceil(M / "
+                           f"R), NB = ceil(N / C)), got shape {list(x.shape)}")
+    else:
+        for n_, a in (("q2k_indices", x), ("q2k_num", num)):
+            if a is None:
+                continue
+            if a.dtype.is_floating_point or a.dtype.is_complex or a.dtype == torch.bool:
+                raise MsaError(f"{n_}: must be an integer tensor, got {a.dtype}")
+            if a.device != x.device:
+                raise MsaError(f"{n_}: on {a.device}, q2k_indices on {x.device}")
+        if x.dim() != 3 or x.shape[1] != mb:
+            raise MsaError(f"q2k_indices: must be [H, MB, K] with MB = ceil(M / R) = {mb}, got "
+                           f"shape {list(x.shape)}")
+        if num is not None and tuple(num.shape) != tuple(x.shape[:2]):
+            raise MsaError(f"q2k_num: must be [H, MB] = {list(x.shape[:2])} like q2k_indices, "
+                           f"got shape {list(num.shape)}")
+    _check_heads(name, x.shape[0], hkv, hq)
+
 
 def _placed(a: Any, indptr: Any, kind: str, index: int) -> Any:
     """The host array `a` on the plan's device: a torch tensor for torch indptr or a CUDA plan,
