@@ -3,10 +3,11 @@ split (docs/python.md, Block-sparse (BSR) attention), mapped onto msa's engine: 
 BSR matrix into a q2k selection (and, for block ids, its k2q CSR index); run() is
 `attention_forward` over one request with them.
 
-plan() with CUDA torch ``indptr``/``indices`` and ``topk`` builds the selection with torch ops
-whose shapes come from host sizes only, so it never waits for the GPU; run() neither waits nor
-allocates outside the caller's framework (torch's caching allocator), and can be captured in a
-CUDA graph."""
+plan() takes the matrix as ``indptr``/``indices``, a per-head ``block_mask`` or
+``q2k_indices``/``q2k_num``. With CUDA torch inputs (and ``topk``, needed except for
+q2k_indices) it builds the selection with torch ops whose shapes come from host sizes only, so
+it never waits for the GPU; run() neither waits nor allocates outside the caller's framework
+(torch's caching allocator), and can be captured in a CUDA graph."""
 
 from __future__ import annotations
 
