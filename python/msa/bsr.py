@@ -213,6 +213,26 @@ def _offsets(like: Any, n: int, on_device: bool) -> Any:
     return _like(like, _np().array([0, n], dtype=_np().int32))
 
 
+def _plan_sizes(num_qo_heads, num_kv_heads, head_dim, causal, layout, sm_scale, topk):
+    """The checked head counts, head dim, sm_scale and topk of a sparse plan (both wrappers)."""
+    hq = count(num_qo_heads, "num_qo_heads", lo=1)
+    hkv = count(num_kv_heads, "num_kv_heads", lo=1)
+    d = count(head_dim, "head_dim", lo=1)
+    if hq % hkv:
+        raise MsaError(f"num_qo_heads: {hq} must be a multiple of num_kv_heads = {hkv}")
+    if not isinstance(causal, bool):
+        raise MsaError(f"causal: must be True or False, got {causal!r}")
+    if layout not in _LAYOUTS:
+        raise MsaError(f"layout: must be 'NHD' or 'HND', got {layout!r}")
+    if sm_scale is not None:
+        sm_scale = float(sm_scale)
+        if not sm_scale > 0 or math.isinf(sm_scale):
+            raise MsaError(f"sm_scale: must be a finite number > 0, got {sm_scale}")
+    if topk is not None:
+        topk = count(topk, "topk", lo=1)
+    return hq, hkv, d, sm_scale, topk
+
+
 class _SparsePlan:
     """What BlockSparseAttention and VariableBlockSparseAttention share: the planned q2k (and
     k2q), run() as `attention_forward` over one request, the kept workspace. plan() stores a
@@ -434,21 +454,8 @@ class BlockSparseAttention(_SparsePlan):
         src = {"indptr": indptr, "block_mask": block_mask, "q2k_indices": q2k_indices}[form]
         M, N = count(M, "M", lo=1), count(N, "N", lo=1)
         R, C = count(R, "R", lo=1), count(C, "C", lo=1)
-        hq = count(num_qo_heads, "num_qo_heads", lo=1)
-        hkv = count(num_kv_heads, "num_kv_heads", lo=1)
-        d = count(head_dim, "head_dim", lo=1)
-        if hq % hkv:
-            raise MsaError(f"num_qo_heads: {hq} must be a multiple of num_kv_heads = {hkv}")
-        if not isinstance(causal, bool):
-            raise MsaError(f"causal: must be True or False, got {causal!r}")
-        if layout not in _LAYOUTS:
-            raise MsaError(f"layout: must be 'NHD' or 'HND', got {layout!r}")
-        if sm_scale is not None:
-            sm_scale = float(sm_scale)
-            if not sm_scale > 0 or math.isinf(sm_scale):
-                raise MsaError(f"sm_scale: must be a finite number > 0, got {sm_scale}")
-        if topk is not None:
-            topk = count(topk, "topk", lo=1)
+        hq, hkv, d, sm_scale, topk = _plan_sizes(num_qo_heads, num_kv_heads, head_dim, causal,
+                                                 layout, sm_scale, topk)
         torch = _torch()
         kind, index = parse_device(device if device is not None else src)
         mb, nb = _cdiv(M, R), _cdiv(N, C)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from ._arrays import _torch, framework, parse_device
 from ._runtime import MsaError, check_arrays, count
-from .bsr import _CUDA_BLOCK, _LAYOUTS, _SparsePlan, _offsets, _on_stream, _placed, _refuse
+from .bsr import _CUDA_BLOCK, _LAYOUTS, _SparsePlan, _offsets, _on_stream, _placed, _plan_sizes, _refuse
 from .csr import build_k2q_csr
 from .sparse_convert import _block_size, _cdiv, _host, _np
 
@@ -271,21 +271,8 @@ class VariableBlockSparseAttention(_SparsePlan):
             _refuse(name, value, default)
         check_arrays(block_mask_map=block_mask_map, block_row_sz=block_row_sz,
                      block_col_sz=block_col_sz)
-        hq = count(num_qo_heads, "num_qo_heads", lo=1)
-        hkv = count(num_kv_heads, "num_kv_heads", lo=1)
-        d = count(head_dim, "head_dim", lo=1)
-        if hq % hkv:
-            raise MsaError(f"num_qo_heads: {hq} must be a multiple of num_kv_heads = {hkv}")
-        if not isinstance(causal, bool):
-            raise MsaError(f"causal: must be True or False, got {causal!r}")
-        if layout not in _LAYOUTS:
-            raise MsaError(f"layout: must be 'NHD' or 'HND', got {layout!r}")
-        if sm_scale is not None:
-            sm_scale = float(sm_scale)
-            if not sm_scale > 0 or math.isinf(sm_scale):
-                raise MsaError(f"sm_scale: must be a finite number > 0, got {sm_scale}")
-        if topk is not None:
-            topk = count(topk, "topk", lo=1)
+        hq, hkv, d, sm_scale, topk = _plan_sizes(num_qo_heads, num_kv_heads, head_dim, causal,
+                                                 layout, sm_scale, topk)
         torch = _torch()
         kind, index = parse_device(device if device is not None else block_mask_map)
         arrays = (block_mask_map, block_row_sz, block_col_sz)
