@@ -11,7 +11,8 @@
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
 #          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines);
 #          ab (BIN_OLD=dir: old against new binaries, bench/compare.py's table);
-#          TESTS="..." limits the test suites (tests and the compute-sanitizer tools);
+#          TESTS="..." limits the test suites (tests and the compute-sanitizer tools), PAR=N runs N
+#          of them at a time;
 #          soak (scripts/gpu_soak.py: SOAK_CALLS random valid and invalid calls through the Python
 #          API on CUDA tensors, default 10000; $OUT/soak.json, $OUT/soak.log)
 #   (pytest and soak install the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
@@ -56,20 +57,28 @@ ncu_step() {  # name, kernel regex, command...
 for step in $steps; do
   start=$(date +%s)
   case $step in
-    tests)
+    tests|memcheck|racecheck|synccheck|initcheck)
+      # PAR suites at a time (default 1): each runs in its own process on the one GPU, and its
+      # summary line is collected in suite order once all have finished.
       for t in $TESTS; do
-        lim=$(left 120); (( lim == 0 )) && { summary+=("$t skipped (time)"); continue; }
-        timeout $lim "$BIN/$t" > "$OUT/$t.log" 2>&1
-        summary+=("$t rc=$? $(passed "$OUT/$t.log")")
-        grep -E "Failure|Expected|Which is|FAILED  \]" "$OUT/$t.log" | head -12
-      done ;;
-    memcheck|racecheck|synccheck|initcheck)
-      for t in $TESTS; do
-        lim=$(left 90); (( lim == 0 )) && { summary+=("$step $t skipped (time)"); continue; }
-        MSA_TEST_SMALL=1 timeout $lim compute-sanitizer --tool $step --error-exitcode 9 \
-          "$BIN/$t" > "$OUT/${step}_$t.log" 2>&1
-        summary+=("$step $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/${step}_$t.log" | tail -1)")
-      done ;;
+        if [[ $step == tests ]]; then lim=$(left 120); else lim=$(left 90); fi
+        (( lim == 0 )) && { echo "$step $t skipped (time)" > "$OUT/.sum_${step}_$t"; continue; }
+        (
+          if [[ $step == tests ]]; then
+            timeout $lim "$BIN/$t" > "$OUT/$t.log" 2>&1
+            echo "$t rc=$? $(passed "$OUT/$t.log")" > "$OUT/.sum_${step}_$t"
+            grep -E "Failure|Expected|Which is|FAILED  \]" "$OUT/$t.log" | head -12
+          else
+            MSA_TEST_SMALL=1 timeout $lim compute-sanitizer --tool $step --error-exitcode 9 \
+              "$BIN/$t" > "$OUT/${step}_$t.log" 2>&1
+            echo "$step $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/${step}_$t.log" | tail -1)" \
+              > "$OUT/.sum_${step}_$t"
+          fi
+        ) &
+        while (( $(jobs -rp | wc -l) >= ${PAR:-1} )); do wait -n; done
+      done
+      wait
+      for t in $TESTS; do summary+=("$(cat "$OUT/.sum_${step}_$t" 2>/dev/null)"); rm -f "$OUT/.sum_${step}_$t"; done ;;
     bench)
       rm -f "$OUT"/records.jsonl "$OUT"/bench_indexer.log
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/records.jsonl" \

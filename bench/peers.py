@@ -195,7 +195,8 @@ def main():
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     dense_cache = {}
-    for name in ["P8K-tok", "P32K-tok", "P32K-blk", "P48K-tok", "VARLEN-tok"]:
+    for name in ["P8K-tok", "P32K-tok", "P32K-blk", "P48K-tok", "VARLEN-tok", "DENSE-8K",
+                 "DENSE-32K"]:
         if name not in ours or not os.path.exists(os.path.join(args.dump, name + ".q2k.bin")):
             continue
         rec = ours[name]
@@ -209,7 +210,8 @@ def main():
         k = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16)
         flex_res = None
-        if rec["pattern"] == "blk" or s <= args.flex_tok_max:
+        dense_case = name.startswith("DENSE")  # no selection: cuDNN dense is the peer
+        if not dense_case and (rec["pattern"] == "blk" or s <= args.flex_tok_max):
             try:
                 bm = flex_block_mask(q2k, rec, rec["pattern"], s)
                 fn = lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)

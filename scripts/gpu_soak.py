@@ -620,9 +620,11 @@ class Soak:
         q = self.randn(sum(lq), hq, D, dtype=qdt)
         k, v = self.randn(sum(lk), hkv, D, dtype=kvdt), self.randn(sum(lk), hkv, D, dtype=kvdt)
         topk = int(r.integers(1, 9))
-        kw = dict(q=self.strided(self.to(q)), cu_seqlens_q=self.to(cu_q),
-                  q2k=self.to(self.q2k(lq, lk, hkv, topk, BLK)), causal=self.chance(0.8),
+        dense = self.chance(0.2)  # no q2k: every visible key
+        kw = dict(q=self.strided(self.to(q)), cu_seqlens_q=self.to(cu_q), causal=self.chance(0.8),
                   kv_block_size=BLK)
+        if not dense:
+            kw["q2k"] = self.to(self.q2k(lq, lk, hkv, topk, BLK))
         if kind == "plain":
             fk = fv = None
         elif kind == "fp8":
@@ -650,7 +652,7 @@ class Soak:
                 kw.update(k=self.strided(self.to(k)), v=self.strided(self.to(v)))
             else:
                 kw["k"], kw["v"] = self.kv_quantized(k, v, fk, fv, "flat", None)
-        if self.chance(0.3):
+        if not dense and self.chance(0.3):
             # The k2q index built by msa from the same q2k (the GPU then skips its own build).
             kv = {x: kw[x] for x in ("cu_seqlens_k", "page_table", "seqused_k", "kv_layout")
                   if x in kw}
@@ -673,10 +675,11 @@ class Soak:
         quantized = kind != "plain"
         n_stats = int(kw["return_lse"]) + int("temperature" in kw)
         tol, lse_tol = (3e-2, 3e-2) if quantized else (1e-2, 2e-3)
-        muts = self.m_arrays(["q", "k", "v", "q2k", "cu_seqlens_q"])
-        muts.update(self.m_q2k_values())
+        muts = self.m_arrays(["q", "k", "v", "cu_seqlens_q"] + ([] if dense else ["q2k"]))
+        if not dense:
+            muts.update(self.m_q2k_values())
+            muts["list:q2k"] = self.m_array("q2k", "list")
         muts["bad_cu"] = self.m_cu_start()
-        muts["list:q2k"] = self.m_array("q2k", "list")
         muts["short:cu_seqlens_q"] = mutation(
             lambda kw: dict(kw, cu_seqlens_q=kw["cu_seqlens_q"][:-1]), ("cu_seqlens",
                                                                         "page_table"))
@@ -717,7 +720,7 @@ class Soak:
         if not quantized:
             # float64 numpy reference of the flat keys (CPU mode), docs/semantics.md, Attention.
             reference = self._np_attention(*self._ref_keys(k, v, lk), lq)
-        return Case("attention_flat" if not paged else "attention_paged", kw,
+        return Case(("attention_flat" if not paged else "attention_paged") + ("_dense" if dense else ""), kw,
                     msa.attention_forward, mutations=muts, refill=True, reference=reference,
                     compare=lambda g, w: close_attention(g, w, tol, lse_tol, n_stats))
 
@@ -751,7 +754,8 @@ class Soak:
             import np_reference
             out, lse, tlse = np_reference.attention(
                 cpu_kw["q"].double().numpy(), ks, vs, self.cu(lq).numpy(),
-                q2k=cpu_kw["q2k"].numpy(), blk=BLK, causal=cpu_kw["causal"],
+                q2k=cpu_kw["q2k"].numpy() if "q2k" in cpu_kw else None, blk=BLK,
+                causal=cpu_kw["causal"],
                 scale=cpu_kw.get("softmax_scale"), temperature=cpu_kw.get("temperature"))
             res = [torch.from_numpy(out)]
             if cpu_kw["return_lse"]:

@@ -9,6 +9,7 @@ namespace msa::bench {
 namespace {
 
 const char* kNeedsPrefill = "the CUDA sparse prefill (attention_forward)";
+const char* kNeedsDensePrefill = "the CUDA dense prefill (attention_forward without q2k)";
 const char* kNeedsCsr = "the CUDA CSR builder (build_k2q_csr)";
 const char* kNeedsIndexer = "the CUDA indexer (block_scores, select_topk)";
 const char* kNeedsE2e = "the CUDA indexer, top-K, CSR builder and sparse prefill";
@@ -60,6 +61,19 @@ std::vector<BenchCase> make_cases() {
   BenchCase varlen = prefill("VARLEN-tok", fwd, "sparse attention forward", 0, Pattern::tok, kNeedsPrefill);
   varlen.seqlens_q = varlen.seqlens_k = {1024, 2048, 3072, 5120, 8192, 12288, 16384, 17408};
   v.push_back(varlen);
+  // Dense attention (no q2k). The benchmark's reference and pair counts read a selection of every
+  // visible block: the tok pattern with topK >= the blocks of the longest request.
+  auto dense_prefill = [&](std::string name, std::vector<int64_t> lens) {
+    BenchCase c = prefill(std::move(name), fwd, "dense attention forward", 0, Pattern::tok,
+                          kNeedsDensePrefill);
+    c.seqlens_q = c.seqlens_k = lens;
+    c.topk = int(*std::max_element(lens.begin(), lens.end()) + 127) / 128;
+    c.dense = true;
+    return c;
+  };
+  v.push_back(dense_prefill("DENSE-8K", {8192}));
+  v.push_back(dense_prefill("DENSE-32K", {32768}));
+  v.push_back(dense_prefill("DENSE-VARLEN", varlen.seqlens_q));
   v.push_back(prefill("CSR-32K", CaseKind::csr_build, "q2k -> k2q CSR + schedule build", 32768,
                       Pattern::tok, kNeedsCsr));
   v.push_back(prefill("IDX-32K-bf16", CaseKind::block_scores, "block scores (and fused top-K)",

@@ -37,7 +37,7 @@ struct BenchCase : CaseShape {
   std::string timed;                 // the timed op, as bench/CASES.md says it
   std::vector<int64_t> seqlens_q;    // per request
   std::vector<int64_t> seqlens_k;    // per request
-  bool dense = false;                // decode over every key (no selection)
+  bool dense = false;                // decode or prefill over every key (no selection)
   int page_size = 0;                 // > 0: paged KV (decode cases)
   std::string kv_dtypes = "bf16";    // comma list of variants: "bf16", "fp8", "bf16,fp8", "fp8q", "nvfp4"
   std::string needs;                 // the GPU op the case needs, for "no backend" messages

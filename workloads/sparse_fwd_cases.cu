@@ -78,7 +78,8 @@ const std::vector<std::string>& sparse_case_names() {
   static const std::vector<std::string> names = {"P8K-tok",        "P32K-tok",       "P32K-blk",
                                                  "P48K-tok",       "VARLEN-tok",     "CSR-32K",
                                                  "P32K-tok-fp8kv", "P32K-blk-fp8kv",
-                                                 "P32K-blk-nvfp4kv"};
+                                                 "P32K-blk-nvfp4kv", "DENSE-8K",
+                                                 "DENSE-32K",      "DENSE-VARLEN"};
   return names;
 }
 
@@ -111,7 +112,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   const int64_t tq = shape.cu_seqlens_q.back(), tk = shape.cu_seqlens_k.back();
   const std::vector<int32_t> sel = msa::bench::make_selection(bc->pattern, shape);
   const msa::bench::PairCounts pairs = msa::bench::count_pairs(sel, shape, g);
-  if (const std::string w = msa::bench::dense_selection_warning(pairs, shape); !w.empty())
+  if (const std::string w = msa::bench::dense_selection_warning(pairs, shape); !w.empty() && !bc->dense)
     std::fprintf(stderr, "%s: %s\n", name.c_str(), w.c_str());
   int64_t total_rows = 0;
   for (int64_t l : bc->seqlens_k) total_rows += (l + 127) / 128;
@@ -190,8 +191,10 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     a.kv.v = v_q;
   }
   a.cu_seqlens_q = cb.cu_seqlens_q;
-  a.q2k = cb.q2k;
-  a.k2q = cb.out;
+  if (!bc->dense) {  // dense: no selection (the full one above feeds the reference only)
+    a.q2k = cb.q2k;
+    a.k2q = cb.out;
+  }
   a.out = Tensor(dout.get(), DType::bf16, {tq, hq, d}, kGpu);
   a.lse = Tensor(dlse.get(), DType::f32, {hq, tq}, kGpu);
   a.params.causal = bc->causal;

@@ -467,12 +467,18 @@ def test_block_mask_refusals():
     with pytest.raises(msa.MsaError, match=r"cannot express this mask: mask_mod masks query 0 / "
                                            r"key 1"):
         msa.block_mask_to_q2k(bm, causal=True)
-    # A mask_mod that fails on index tensors is reported, not skipped.
+    # A mask_mod that fails on index tensors (a Python bool of a many-element tensor) is
+    # reported, not skipped: the causal blocks' diagonal is partial, so it is evaluated.
+    def failing(b, h, q_idx, kv_idx):
+        return bool(q_idx >= kv_idx)
+
     whole = flex.create_block_mask(causal_mod, 1, 1, 256, 256, device="cpu", BLOCK_SIZE=64)
-    sliced = whole[:, :, 1:]
+    bm = flex.BlockMask.from_kv_blocks(whole.kv_num_blocks, whole.kv_indices,
+                                       whole.full_kv_num_blocks, whole.full_kv_indices,
+                                       BLOCK_SIZE=64, mask_mod=failing)
     with pytest.raises(msa.MsaError, match=r"block_mask.mask_mod: evaluating it on the partial "
                                            r"blocks failed \(RuntimeError"):
-        msa.block_mask_to_q2k(sliced, causal=True, cu_seqlens_q=np.array([0, 192], np.int32))
+        msa.block_mask_to_q2k(bm, causal=True)
 
 
 # Errors: each names its argument.

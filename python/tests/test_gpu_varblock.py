@@ -134,7 +134,7 @@ def test_cuda_refusals():
     with pytest.raises(msa.MsaError, match="kv_block_size: CUDA takes 128"):
         _plan(m, r, c, topk=1, qo_len=64, kv_len=128, kv_block_size=64)
     with pytest.raises(msa.MsaError, match="block_col_sz: CUDA attends blocks of 128 keys"):
-        _plan(np.ones((1, 1, 1), bool), np.array([[64]]), np.array([[96]]), device=DEV)
+        _plan(np.ones((1, 1, 2), bool), np.array([[64]]), np.array([[64, 64]]), device=DEV)
     vsa = _plan(m, r, c, topk=1, qo_len=64, kv_len=128)
     q = torch.randn(HQ, 64, D, dtype=torch.bfloat16)
     k = torch.randn(HKV, 128, D, dtype=torch.bfloat16)

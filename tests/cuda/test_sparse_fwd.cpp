@@ -98,7 +98,7 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
   if (d.q_scale) a.q_scale = d.q_scale->t;
   a.kv = d.kv();
   a.cu_seqlens_q = d.cu_q.t;
-  a.q2k = d.q2k.t;
+  if (!c.dense) a.q2k = d.q2k.t;
   if (with_k2q) a.k2q = d.k2q;
   a.out = out.t;
   a.lse = lse.t;
@@ -435,6 +435,104 @@ TEST(SparseFwdGpu, K2QRowCountChecked) {
     ADD_FAILURE() << "no error for a k2q with too few rows";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(need), std::string::npos) << e.what();
+  }
+}
+
+// Dense attention (no q2k; the uniform kernel over every visible block, units from one prep
+// kernel) against the CPU's dense reference: random varlen shapes (G 1-16, empty requests, no
+// keys, Lq > Lk, causal both ways, temperature, scale, f16 / bf16, FP8 K/V, FP8 q), the
+// FlashAttention-3 bar on sampled rows and bitwise equal on a second run.
+TEST(SparseFwdGpu, DenseMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  for (int i = 0; i < (small ? 6 : 40); ++i) {
+    const SparseCase like = random_case(700 + i, small, /*fill_inputs=*/false);
+    std::vector<int32_t> lq = like.p.lq, lk = like.p.lk;
+    // Query budget as random_case's at 40 blocks a row: the fp64 reference attends every key.
+    const int64_t hq = like.p.hq, max_q = std::max<int64_t>(1, int64_t((small ? 2e6 : 1.5e7) /
+                                                                   double(hq * 40 * 128)));
+    int64_t total = 0;
+    for (int32_t l : lq) total += l;
+    if (total > max_q)
+      for (int32_t& l : lq)
+        if (l > 0) l = std::max<int32_t>(1, int32_t(int64_t(l) * max_q / total));
+    const int kind = i % 5;  // 0-2: q's dtype, 3: FP8 K/V per token and head, 4: FP8 q
+    // FP8 K/V and FP8 q take (or stand for) bf16 q on CUDA.
+    const DType qt = kind == 4 ? DType::fp8_e4m3 : kind == 3 ? DType::bf16 : like.p.q.t.dtype;
+    Problem prob = make_problem(lq, lk, hq, like.p.hkv, 128, 7000u + unsigned(i), qt,
+                                kind == 3 ? DType::fp8_e4m3 : qt,
+                                kind == 3 ? Fp8Scale::per_token_head : Fp8Scale::none);
+    SparseCase c = dense_case(std::move(prob), like.causal);
+    c.temperature = like.temperature;
+    c.scale = like.scale;
+    c.name = like.name + " dense kind " + std::to_string(kind);
+    SCOPED_TRACE(c.name);
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
+    expect_close(c, g1, ref);
+    if (small) continue;
+    if (kind < 3) expect_within_fa3_bar(c, g1.out, 29);
+    expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/false, s));
+    if (HasFailure()) break;
+  }
+}
+
+// Dense named edges: one key, G = 16 with one token, requests without queries or keys, no keys
+// at all (the combine writes the zero rows), Lq > Lk (early queries see nothing), non-causal,
+// lengths one past a block, the CPU's dense reference and its every-block sparse form agree.
+TEST(SparseFwdGpu, DenseNamedEdges) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  struct Edge { std::vector<int32_t> lq, lk; int64_t g, hkv; bool causal; };
+  const Edge edges[] = {
+      {{1}, {1}, 16, 1, true},
+      {{0, 0, 3, 0}, {0, 5, 300, 0}, 8, 1, true},
+      {{4, 0}, {0, 0}, 4, 2, true},  // no keys anywhere
+      {{200}, {100}, 4, 2, true},
+      {{130, 7}, {257, 7}, 1, 1, false},
+      {{129, 1}, {129, 129}, 2, 3, true},
+      {{300, 129}, {300, 1000}, 16, 1, true},
+  };
+  int idx = 0;
+  for (const Edge& e : edges) {
+    SparseCase c = dense_case(make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, 128, 800u + unsigned(idx)),
+                              e.causal);
+    SCOPED_TRACE("dense edge " + std::to_string(idx++));
+    const Outputs ref = run_cpu(c);
+    c.dense = false;  // the same attention as a sparse call selecting every block, on the CPU
+    const Outputs ref_sparse = run_cpu(c);
+    c.dense = true;
+    expect_bitwise(ref, ref_sparse);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, false, s);
+    expect_close(c, g1, ref);
+    expect_within_fa3_bar(c, g1.out, 1);
+  }
+}
+
+// A broken cu_seqlens_q on the device (dense and sparse calls): reported as bad_cu_seqlens, and
+// no row outside [0, total_q) is written (the sanitizer runs check the bounds).
+TEST(SparseFwdGpu, BrokenCuSeqlensReportedWithoutOutOfBoundsWrites) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  for (const bool dense : {true, false}) {
+    for (const bool keys : {true, false}) {
+      SCOPED_TRACE(std::string(dense ? "dense" : "sparse") + (keys ? "" : " no keys"));
+      Problem prob = make_problem({5, 5}, keys ? std::vector<int32_t>{130, 7}
+                                               : std::vector<int32_t>{0, 0}, 8, 2, 128, 91u);
+      SparseCase c = dense_case(std::move(prob), true);
+      c.dense = dense;
+      DeviceCase d(c, s);
+      // total_q is 10; the second request claims 300 queries from token 5.
+      const std::vector<int32_t> broken{0, 5, 305};
+      MSA_CUDA_CHECK(cudaMemcpyAsync(d.cu_q.t.data, broken.data(), 12, cudaMemcpyHostToDevice, s));
+      EXPECT_THROW(run_gpu(c, d, false, s), Error);
+      const auto st = d.status.download<int32_t>(4, s);
+      EXPECT_EQ(st[0], int32_t(StatusCode::bad_cu_seqlens));
+      EXPECT_EQ(st[1], 0);  // cu_seqlens_q
+    }
   }
 }
 

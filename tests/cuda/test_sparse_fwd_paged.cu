@@ -83,7 +83,7 @@ Result run_gpu(const SparseCase& c, const DeviceInputs& d, const KVCache& kv, cu
   a.q = d.q.t;
   a.kv = kv;
   a.cu_seqlens_q = d.cu_q.t;
-  a.q2k = d.q2k.t;
+  if (!c.dense) a.q2k = d.q2k.t;
   a.out = out.t;
   a.lse = lse.t;
   DeviceBuffer status(16);
@@ -119,6 +119,7 @@ struct Spec {
   bool spare_columns = false;  // page-table columns past seqused_k hold valid ids of real pages
   std::optional<Fp8Scale> fp8;  // FP8 e4m3 K/V with scales of this kind (bf16 q)
   int fp4 = 0;                  // 1: NVFP4, 2: MXFP4 K/V (bf16 q)
+  bool dense = false;           // no q2k: every visible key (topk, blk unused)
 };
 
 // A SparseCase from a spec: random q2k (-1 slots, sometimes unsorted) and NaN in every K/V row
@@ -133,6 +134,12 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
   std::mt19937 rng(seed);
   Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, 128, seed, sp.dtype,
                               sp.fp8 ? DType::fp8_e4m3 : sp.dtype, sp.fp8.value_or(Fp8Scale::none));
+  if (sp.dense) {  // every key is attended: NaN only in the pool's unused slots (make_paged)
+    SparseCase c = dense_case(std::move(prob), sp.causal);
+    if (sp.fp4) quantize_kv_fp4(c.p, sp.fp4 == 1);
+    c.name = sp.name;
+    return c;
+  }
   HostTensor ids = indexer_like_q2k(prob, sp.topk, sp.causal, rng, sp.blk);
   SparseCase c(std::move(prob), std::move(ids), sp.topk);
   c.causal = sp.causal;
@@ -226,6 +233,33 @@ TEST(SparseFwdPagedGpu, QuantizedPoolsMatchCpu) {
   run_specs(specs, 9500, small, s);
 }
 
+// Dense attention (no q2k) over page pools: page sizes 16-256 in both layouts, G 1/4/16, causal
+// both ways, padded rows, spare columns, FP8 and NVFP4 pools; GPU paged vs the CPU reference and
+// paged == flat bitwise.
+TEST(SparseFwdPagedGpu, DenseMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const DType bf = DType::bf16;
+  const auto none = std::nullopt;
+  const Spec specs[] = {
+      {"dense ps16 nhd G1", {300, 0, 77}, {300, 50, 200}, 1, 2, 0, true, false, 16, nhd, 0, bf,
+       false, none, 0, true},
+      {"dense ps32 hnd G4 non-causal padded", {200, 5, 130}, {513, 0, 130}, 4, 2, 0, false, false,
+       32, hnd, 8, bf, false, none, 0, true},
+      {"dense ps64 nhd G16 f16 spare", {260, 17}, {260, 700}, 16, 1, 0, true, false, 64, nhd, 0,
+       DType::f16, true, none, 0, true},
+      {"dense ps128 hnd G4 Lq > Lk", {333, 0}, {200, 0}, 4, 2, 0, true, false, 128, hnd, 0, bf,
+       false, none, 0, true},
+      {"dense ps256 nhd G8 fp8 token-head spare", {129, 0, 300}, {129, 0, 1000}, 8, 1, 0, true,
+       false, 256, nhd, 0, bf, true, Fp8Scale::per_token_head, 0, true},
+      {"dense ps64 hnd G4 nvfp4", {150, 33}, {383, 129}, 4, 2, 0, true, false, 64, hnd, 0, bf, false,
+       none, 1, true},
+  };
+  run_specs(specs, 9700, small, s);
+}
+
 // seqused_k absent: every request has max_pages * page_size keys (docs/semantics.md, Paged KV).
 TEST(SparseFwdPagedGpu, DefaultLengthsWithoutSeqused) {
   MSA_REQUIRE_GPU();
@@ -293,7 +327,8 @@ TEST(SparseFwdPagedGpu, BadSequsedReported) {
       ADD_FAILURE() << "no error for seqused_k " << bad;
     } catch (const Error& e) {
       const std::string msg = e.what();
-      EXPECT_NE(msg.find(bad > 0 ? "(1, " + std::to_string(bad) : std::string("batch 1")),
+      EXPECT_NE(msg.find(bad > 0 ? "batch 1 has " + std::to_string(bad) + " keys"
+                                 : std::string("batch 1")),
                 std::string::npos) << msg;
     }
   }

@@ -38,6 +38,9 @@ struct SparseCase {
   float temperature = 0.f;
   float scale = 0.f;
   int64_t total_rows = 0;
+  // Dense attention: the call passes no q2k; q2k holds every block of each request (section 14:
+  // dense is section 5 with every block selected), for the references that read a selection.
+  bool dense = false;
 };
 
 // The case's attention parameters: mask, partial precision, temperature and softmax scale.
@@ -59,8 +62,27 @@ inline AttentionArgs cpu_args(const SparseCase& c) {
   if (c.p.q_scale) a.q_scale = c.p.q_scale->t;
   a.kv = c.p.flat_kv();
   a.cu_seqlens_q = c.p.cu_q.t;
-  a.q2k = c.q2k.t;
+  if (!c.dense) a.q2k = c.q2k.t;
   return a;
+}
+
+// A dense case over `p`: q2k [hkv, total_q, K] lists blocks 0 .. nblk_b - 1 of each request (-1
+// padded to K = the most blocks of any request, at least 1).
+inline SparseCase dense_case(Problem p, bool causal) {
+  int64_t k = 1;
+  for (int32_t l : p.lk) k = std::max<int64_t>(k, (l + 127) / 128);
+  const int64_t hkv = p.hkv, tq = p.total_q();
+  HostTensor ids(DType::i32, {hkv, tq, k});
+  for (int64_t h = 0; h < hkv; ++h)
+    for (int64_t b = 0; b < p.batch(); ++b)
+      for (int64_t i = 0; i < p.lq[b]; ++i) {
+        int32_t* row = ids.data<int32_t>() + (h * tq + p.q_start(b) + i) * k;
+        for (int64_t sl = 0; sl < k; ++sl) row[sl] = sl < (p.lk[b] + 127) / 128 ? int32_t(sl) : -1;
+      }
+  SparseCase c(std::move(p), std::move(ids), k);
+  c.causal = causal;
+  c.dense = true;
+  return c;
 }
 
 // Random q2k [hkv, total_q, topk] for problem p (block size 128) shaped like an indexer's

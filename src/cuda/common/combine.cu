@@ -177,7 +177,10 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
     const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
     const int32_t nblk = lk > 0 ? (lk - 1) / p.kv_block_size + 1 : 0;
     const int32_t lo = (qblock - p.qblock_start[b]) * 128 + sub * kTileTokens;
-    const int32_t hi = min(lq, lo + kTileTokens);
+    // Rows past total_q only come from a broken cu_seqlens_q (reported by the checks): skipped,
+    // never written out of bounds.
+    const int32_t hi = min(min(lq, lo + kTileTokens), int32_t(p.total_q) - q_start);
+    if (q_start < 0) continue;
     for (int32_t tl = lo + int32_t(threadIdx.x) / per_unit; tl < hi; tl += units_per_block)
       combine_unit<kF16>(p, q_start + tl, h, nblk, threadIdx.x % per_unit);
   }

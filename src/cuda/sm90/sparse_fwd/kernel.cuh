@@ -86,8 +86,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     sm90::regs_dealloc<kUniformProducerRegs>();
     // Warp 1 (idle otherwise) does the end wait: the grid completes only after every thread.
-    // (A pdl_wait after the role code makes ptxas spill the consumer.)
-    if (warp == 1) pdl_wait();
+    // (A pdl_wait after the role code makes ptxas spill the consumer.) Dense: the unit table
+    // comes from the direct predecessor, so the producer warp waits before reading it.
+    if (warp == 1 || (warp == 0 && p.dense)) pdl_wait();
     run_uniform_producer(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kUniformConsumerRegs>();

@@ -101,28 +101,12 @@ void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPla
 }
 
 // Both main kernels over the prep chain's tables: KV-major chunks write partials, uniform units
-// write out / lse directly.
+// write out / lse directly. Dense attention runs the uniform kernel alone.
 void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
                          uint8_t* ws, const PrepParams& pp, cudaStream_t stream) {
   const AttnProblem pr = attn_problem(a, s, w);
   const bool paged = pr.paged.page_table != nullptr;
   const bool f16 = a.q.dtype == DType::f16;
-  MainParams mp;
-  static_cast<AttnProblem&>(mp) = pr;
-  mp.chunks = pp.chunks;
-  mp.num_chunks = pp.num_chunks;
-  mp.work_local = pp.work_local;
-  mp.work_slot = pp.work_slot;
-  mp.q_idx_stride = s.total_q * s.topk;
-  mp.part_o = ws + w.part_o;
-  mp.part_bf16 = a.params.partial_dtype == DType::bf16 ? 1 : 0;
-  if (mp.part_bf16)  // [entries, G, 128] bf16: each token's G partial rows are one box per half
-    mp.tm_part = make_tma_3d(Tensor(mp.part_o, DType::bf16,
-                                    {s.num_kv_heads * s.total_q * s.topk, s.group, kHeadDim},
-                                    a.q.device),
-                             kHalfCols, uint32_t(s.group), 1, "attention_forward");
-  mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
-  mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
   const Tensor q = w.dequant_q ? Tensor(ws + w.q_bf16, DType::bf16,
                                         {s.total_q, s.num_q_heads, kHeadDim}, a.q.device)
                                : a.q;
@@ -139,14 +123,32 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   };
   const CUtensorMap tk = kv_map(w.dequant_kv ? bf16_copy(w.k_bf16) : a.kv.k.values, "k"),
                     tv = kv_map(w.dequant_kv ? bf16_copy(w.v_bf16) : a.kv.v.values, "v");
-  if (f16) launch_main<true>(tq, tk, tv, mp, stream);
-  else launch_main<false>(tq, tk, tv, mp, stream);
-
+  if (!w.dense) {
+    MainParams mp;
+    static_cast<AttnProblem&>(mp) = pr;
+    mp.chunks = pp.chunks;
+    mp.num_chunks = pp.num_chunks;
+    mp.work_local = pp.work_local;
+    mp.work_slot = pp.work_slot;
+    mp.q_idx_stride = s.total_q * s.topk;
+    mp.part_o = ws + w.part_o;
+    mp.part_bf16 = a.params.partial_dtype == DType::bf16 ? 1 : 0;
+    if (mp.part_bf16)  // [entries, G, 128] bf16: each token's G partial rows are one box per half
+      mp.tm_part = make_tma_3d(Tensor(mp.part_o, DType::bf16,
+                                      {s.num_kv_heads * s.total_q * s.topk, s.group, kHeadDim},
+                                      a.q.device),
+                               kHalfCols, uint32_t(s.group), 1, "attention_forward");
+    mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
+    mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
+    if (f16) launch_main<true>(tq, tk, tv, mp, stream);
+    else launch_main<false>(tq, tk, tv, mp, stream);
+  }
   UniformParams up;
   static_cast<AttnProblem&>(up) = pr;
   up.units = pp.units;
   up.num_units = pp.num_units;
-  up.q2k = pp.q2k;
+  up.q2k = w.dense ? nullptr : pp.q2k;
+  up.dense = w.dense ? 1 : 0;
   up.out = a.out.data;
   up.out_stride_t = a.out.strides[0];
   up.out_stride_h = a.out.strides[1];
@@ -206,7 +208,9 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   const PrepParams pp = launch_prep(a, s, w, ws, stream);
   if (w.dequant_kv && pp.uniform_enabled) launch_dequant(a, s, w, ws, pp, stream);
   if (pp.uniform_enabled) launch_main_kernels(a, s, w, ws, pp, stream);
-  launch_combine(a, s, w, ws, pp, stream);
+  // Dense with keys: the uniform kernel wrote every row. Without keys (no TMA map over an empty
+  // extent) the combine writes the zero rows: topk 0, every pair flagged 0 (dense_units_kernel).
+  if (!w.dense || !pp.uniform_enabled) launch_combine(a, s, w, ws, pp, stream);
 }
 
 }  // namespace msa::cuda

@@ -116,7 +116,10 @@ struct MainParams : AttnProblem {
 struct UniformParams : AttnProblem {
   const void* units = nullptr;          // [num_units] UnitDesc
   const int32_t* num_units = nullptr;   // [1]
-  const int32_t* q2k = nullptr;         // [Hkv, total_q, topk]
+  const int32_t* q2k = nullptr;         // [Hkv, total_q, topk]; null when dense
+  // Dense attention (no q2k): a unit takes every block up to its last visible key, and the unit
+  // table is its direct predecessor's output (dense_units_kernel), so the producer waits for it.
+  int32_t dense = 0;
   void* out = nullptr;                  // [total_q, Hq, 128] bf16 / f16
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
   float* lse = nullptr;                 // [Hq, total_q] or null

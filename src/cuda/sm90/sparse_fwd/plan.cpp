@@ -21,15 +21,30 @@ size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
 }  // namespace
 
+namespace {
+
+// Dense attention: the unit table (dense_units_kernel) and what both paths share.
+size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, size_t off);
+
+}  // namespace
+
 AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   AttnPlan w;
   const int64_t hkv = s.num_kv_heads, nnz = s.total_q * s.topk;
-  w.build_csr = !a.k2q.row_ptr.defined();
-  w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
   const bool paged = a.kv.layout != KVLayout::flat;
   w.dequant_kv = a.kv.k.values.dtype == DType::fp8_e4m3 || a.kv.k.values.dtype == DType::fp4x2;
   if (w.dequant_kv) w.kv_rows = paged ? s.batch * s.max_pages * s.page_size : a.kv.k.values.shape[0];
   w.dequant_q = a.q.dtype == DType::fp8_e4m3;
+  // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most G units of 128 rows.
+  w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
+  w.unit_cap = hkv * w.qblock_cap * s.group;
+  w.dense = !a.q2k.defined();
+  if (w.dense) {  // no CSR, chunks or partials: only the uniform kernel runs
+    w.total = take_shared(w, a, s, 0);
+    return w;
+  }
+  w.build_csr = !a.k2q.row_ptr.defined();
+  w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
   if (w.build_csr && paged) {
     // Lk_b <= max_pages * page_size (longer seqused_k are clamped and reported).
     w.total_rows = s.batch * ((s.max_pages * s.page_size + kBlockN - 1) / kBlockN);
@@ -42,19 +57,12 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.schedule_capacity = hkv * w.total_rows;
   w.chunk_tokens = kChunkTiles * tokens_per_tile(int(s.group));
   w.chunk_capacity = w.schedule_capacity + (hkv * nnz + w.chunk_tokens - 1) / w.chunk_tokens;
-  // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most G units of 128 rows.
-  w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
-  w.unit_cap = hkv * w.qblock_cap * s.group;
   w.window_keys = int32_t(std::min<int64_t>(((w.qblock_cap - 1) >> kWindowShift) + 1,
                                             kMaxWindowKeys));
   const size_t part_elems = size_t(hkv) * size_t(nnz) * size_t(s.group);
   const size_t part_bytes = a.params.partial_dtype == DType::bf16 ? 2 : 4;
-  size_t off = 0;
+  size_t off = take_shared(w, a, s, 0);
   auto take = [&off](size_t bytes) { const size_t at = off; off += align256(bytes); return at; };
-  if (paged) {
-    w.paged_offence = take(sizeof(unsigned long long));
-    w.key_offsets = take(size_t(s.batch + 1) * 4);
-  }
   w.check = take(kQ2KCheckWorkspaceBytes);
   w.valid_per_head = take(size_t(hkv) * 4);
   w.k2q_first = take(sizeof(unsigned long long));
@@ -71,12 +79,8 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.sort_tmp = take(w.sort_tmp_bytes);
   w.work_local = take(size_t(hkv * nnz) * 4);
   w.work_slot = take(size_t(hkv * nnz) * 4);
-  w.qblock_start = take(size_t(s.batch + 1) * 4);
-  w.uniform = take(size_t(hkv * w.qblock_cap) * 4);
   w.unit_start = take(size_t(hkv * w.qblock_cap) * 4);
   w.unit_order_start = take(size_t(hkv * w.qblock_cap + 1) * 4);
-  w.num_units = take(4);
-  w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
   w.part_o = take(part_elems * kHeadDim * part_bytes);
   w.part_lse = take(part_elems * 4);
   w.part_tlse = take(a.params.temperature > 0.f ? part_elems * 4 : 0);
@@ -87,18 +91,34 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   if (w.build_csr || w.build_schedule)
     w.schedule = take(size_t(sched::max_schedule_ints(hkv, w.total_rows)) * 4);
   if (w.build_csr) w.csr_ws = take(csr_build_workspace_bytes(hkv, w.total_rows, s.total_q, s.topk));
+  w.total = off;
+  return w;
+}
+
+namespace {
+
+size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, size_t off) {
+  auto take = [&off](size_t bytes) { const size_t at = off; off += align256(bytes); return at; };
+  const int64_t hkv = s.num_kv_heads;
+  if (a.kv.layout != KVLayout::flat) {
+    w.paged_offence = take(sizeof(unsigned long long));
+    w.key_offsets = take(size_t(s.batch + 1) * 4);
+  }
+  w.qblock_start = take(size_t(s.batch + 1) * 4);
+  w.uniform = take(size_t(hkv * w.qblock_cap) * 4);
+  w.num_units = take(4);
+  w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
   if (w.dequant_q) w.q_bf16 = take(size_t(s.total_q) * size_t(s.num_q_heads) * kHeadDim * 2);
   if (w.dequant_kv) {
     w.k_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
     w.v_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
   }
-  w.total = off;
-  return w;
+  return off;
 }
 
+}  // namespace
+
 void check_supported(const AttentionArgs& a, const ProblemShape& s) {
-  MSA_CHECK(a.q2k.defined(), "attention_forward: dense attention (no q2k) is not supported on "
-            "CUDA yet; pass a q2k selection or run on CPU tensors");
   MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);
   // FP8 q runs as bf16 q (q * scale rounded once, launch_dequant_q).
   const DType qt = a.q.dtype == DType::fp8_e4m3 ? DType::bf16 : a.q.dtype;
@@ -122,8 +142,9 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
     MSA_CHECK(kt == qt, "k, v: must have q's dtype (", dtype_name(qt),
               ") or be fp8_e4m3 / fp4x2 on CUDA, got ", dtype_name(kt));
   }
-  MSA_CHECK(s.kv_block_size == kBlockN, "params.kv_block_size: must be 128 on CUDA, got ",
-            s.kv_block_size);
+  // Dense attention has no block ids: the unit of its K/V loads is the kernels' own.
+  MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN,
+            "params.kv_block_size: must be 128 on CUDA, got ", s.kv_block_size);
   MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,
             "q: Hq / Hkv must be 1, 2, 4, 8 or 16 on CUDA, got ", s.group);
   MSA_CHECK(s.total_q * s.topk * s.num_kv_heads < INT32_MAX,
@@ -139,7 +160,6 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
 }  // namespace sparse_fwd
 
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s) {
-  if (!a.q2k.defined()) return 0;  // dense: attention_forward reports it unsupported
   return sparse_fwd::make_plan(a, s).total;
 }
 

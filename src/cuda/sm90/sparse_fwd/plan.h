@@ -22,6 +22,9 @@ struct AttnPlan {
   int64_t qblock_cap = 0, unit_cap = 0;
   int32_t window_keys = 0;       // query windows (PrepParams::window_keys)
   bool build_csr = false, build_schedule = false;
+  // Dense attention (no q2k): only the paged check, dense_units_kernel and the uniform kernel
+  // run; the CSR, chunk and partial regions are not laid out.
+  bool dense = false;
   // FP8 or FP4 K/V: dequantized to a flat bf16 copy of kv_rows keys (common/dequant_kv.cuh) that the
   // kernels read as flat KV (a page pool's batches at the paged check's key_offsets).
   bool dequant_kv = false;

@@ -176,6 +176,10 @@ PrepParams launch_prep(const AttentionArgs& a, const ProblemShape& s, const Attn
   // Whether any key can exist: no TMA map over an empty extent (all lengths may be 0).
   const bool has_keys = paged ? s.num_pages > 0 && s.max_pages > 0 : total_k > 0;
   PrepParams pp = prep_params(a, s, w, ws, cu_k, has_keys);
+  if (w.dense) {
+    launch_pdl(dense_units_kernel, 1, kPrepThreads, 0, stream, pp, total_k);
+    return pp;
+  }
   launch_csr(a, s, w, ws, total_k, pp, stream);
 
   const int sms = current_sm_count();

@@ -108,11 +108,19 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
       sm90::mbar_wait(&sh.q_empty[c][qs], QRing::empty_parity(unit_iter));
       produce_unit_q(p, tm_q, sh, u, c, qs, lane);
     }
+    const int32_t nblk = (u.k_len + kBlockN - 1) / kBlockN;
+    const int32_t last_max = p.causal ? u.q_local0 + u.n_tok - 1 + u.k_len - u.q_len : u.k_len - 1;
+    if (p.dense) {  // every block up to the last key any row of the unit sees
+      const int32_t n_blocks = last_max < 0 ? 0 : min(nblk, last_max / kBlockN + 1);
+      if (n_blocks == 0) publish(UniformInfo{-1, 0, 1, 1}, u);
+      for (int32_t kb = 0; kb < n_blocks; ++kb)
+        publish(UniformInfo{kb, min(kBlockN, u.k_len - kb * kBlockN), kb == 0 ? 1 : 0,
+                            kb == n_blocks - 1 ? 1 : 0}, u);
+      continue;
+    }
     // Selected blocks in slot order, skipping ids outside [0, nblk) and blocks past the last
     // key any row of the unit sees (they would be fully masked).
     const int32_t* sel = p.q2k + (int64_t(u.head) * p.total_q + u.sel_token) * p.topk;
-    const int32_t nblk = (u.k_len + kBlockN - 1) / kBlockN;
-    const int32_t last_max = p.causal ? u.q_local0 + u.n_tok - 1 + u.k_len - u.q_len : u.k_len - 1;
     int32_t n_blocks = 0;
     for (int32_t base = 0; base < p.topk; base += 32) {
       const int32_t kb = base + lane < p.topk ? sel[base + lane] : -1;

@@ -4,7 +4,10 @@
 // chunk_table_kernel (which drops those tokens from the KV-major work). Included by launch.cu.
 #pragma once
 
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
+
+#include <climits>
 
 #include "cuda/common/index_checks.cuh"
 #include "cuda/common/pdl.cuh"
@@ -120,6 +123,94 @@ __global__ void unit_table_kernel(PrepParams p) {
                        int32_t(min(tokens_per_unit, n_tok - first)), int32_t(qb * 128 + first));
     dst[1] = make_int4(lq, k_start, lk, t0);
   }
+}
+
+// The unit table of dense attention (no q2k: every pair is uniform and selects every visible
+// block), in one block instead of the sparse path's four prep kernels. Checks cu_seqlens_q (and a
+// flat cache's cu_seqlens_k; a pool's key offsets come clamped from the paged check) as the q2k
+// check does, first offence into the status; then qblock_start, the pairs' unit counts scanned
+// in walk order (as unit_scan_kernel) and each pair's units written by the thread that counted
+// them (no per-unit search). Broken lengths leave no unit, so nothing reads K/V through them.
+// Without keys (uniform_enabled 0) every pair's flag is cleared for the combine, which then writes
+// the zero rows.
+__global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
+                                                                   int64_t total_k) {
+  pdl_wait();  // pdl.cuh; the uniform kernel's producer waits before reading the table
+  pdl_trigger();
+  using Scan = cub::BlockScan<int, kPrepThreads>;
+  using Reduce = cub::BlockReduce<long long, kPrepThreads>;
+  __shared__ union {
+    typename Scan::TempStorage scan;
+    typename Reduce::TempStorage reduce;
+  } tmp;
+  __shared__ long long first_bad;
+  const int64_t batch = p.batch;
+  long long bad = LLONG_MAX;  // offence index batch * 2 + which, as the q2k check orders them
+  for (int64_t b = threadIdx.x; b <= batch; b += kPrepThreads)
+    for (int which = 0; which < 2; ++which) {
+      const int32_t* cu = which == 0 ? p.cu_seqlens_q : (total_k >= 0 ? p.cu_seqlens_k : nullptr);
+      if (cu == nullptr) continue;
+      const int64_t total = which == 0 ? p.total_q : total_k;
+      const bool broken = (b == 0 ? cu[0] != 0 : cu[b] < cu[b - 1]) || (b == batch && cu[b] != total);
+      if (broken) bad = min(bad, (long long)(b * 2 + which));
+    }
+  bad = Reduce(tmp.reduce).Reduce(bad, [](long long x, long long y) { return x < y ? x : y; });
+  if (threadIdx.x == 0) {
+    first_bad = bad;
+    if (bad != LLONG_MAX) flag_status(p.status, int32_t(StatusCode::bad_cu_seqlens), bad & 1, bad >> 1, 0);
+  }
+  __syncthreads();
+  const bool ok = first_bad == LLONG_MAX;
+  int carry = 0;  // qblock_start (totals fit int32: checked on the host)
+  for (int64_t base = 0; base <= batch; base += kPrepThreads) {
+    const int64_t b = base + threadIdx.x;
+    int nq = 0;
+    if (b < batch) {
+      const int lq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+      nq = lq > 0 ? (lq + 127) / 128 : 0;
+    }
+    int excl = 0, agg = 0;
+    Scan(tmp.scan).ExclusiveSum(nq, excl, agg);
+    if (b <= batch) p.qblock_start[b] = carry + excl;
+    carry += agg;
+    __syncthreads();
+  }
+  const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
+  if (!p.uniform_enabled)
+    for (int64_t i = threadIdx.x; i < pairs; i += kPrepThreads) p.uniform[i] = 0;
+  const int64_t total_blocks = min(int64_t(carry), p.qblock_cap);
+  const int64_t tokens_per_unit = 128 / p.group;
+  int units = 0;
+  for (int64_t base = 0; base < pairs; base += kPrepThreads) {
+    const int64_t o = base + threadIdx.x;
+    const int64_t g = p.qblock_cap - 1 - o / hkv, h = o % hkv;
+    int64_t b = 0, qb = 0, n_tok = 0;
+    int count = 0;
+    if (ok && p.uniform_enabled && o < pairs && g < total_blocks) {
+      b = last_le(p.qblock_start, batch, g);
+      qb = g - p.qblock_start[b];
+      n_tok = min(int64_t(128), int64_t(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) - qb * 128);
+      count = n_tok > 0 ? int((n_tok * p.group + 127) / 128) : 0;
+    }
+    int excl = 0, agg = 0;
+    Scan(tmp.scan).ExclusiveSum(count, excl, agg);
+    if (count > 0) {
+      const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
+      const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+      const int32_t k_start = p.paged ? int32_t(b) : p.cu_seqlens_k[b];  // see PrepParams
+      const int32_t t0 = int32_t(q_start + qb * 128);
+      for (int k = 0; k < count; ++k) {
+        const int64_t first = k * tokens_per_unit;
+        int4* dst = static_cast<int4*>(p.units) + 2 * int64_t(units + excl + k);
+        dst[0] = make_int4(int32_t(h), t0 + int32_t(first),
+                           int32_t(min(tokens_per_unit, n_tok - first)), int32_t(qb * 128 + first));
+        dst[1] = make_int4(lq, k_start, lk, t0);
+      }
+    }
+    units += agg;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *p.num_units = ok ? units : 0;
 }
 
 }  // namespace msa::cuda::sparse_fwd
