@@ -125,10 +125,8 @@ Checked check_attention_args(const AttentionArgs& a) {
   if (a.lse.defined()) check_row_stat(a.lse, "lse", s, device);
   if (a.tlse.defined()) check_row_stat(a.tlse, "tlse", s, device);
   const KeyMaskRows rows = check_visibility_args(a, s, device);
-  if (a.q.is_cuda()) {
-    api::check_row_alignments(a.q, a.kv.k.values, a.kv.v.values, out);
-    api::refuse_cpu_only_attention(a, "attention_forward");
-  }
+  api::check_row_alignments(a.q, a.kv.k.values, a.kv.v.values, out, !a.q.is_cuda());
+  if (a.q.is_cuda()) api::refuse_cpu_only_attention(a, "attention_forward");
   return {s, with_defaults(a, rows)};
 }
 

@@ -299,10 +299,11 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   return s;
 }
 
-void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
+void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          bool elements_only) {
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"},
                                 std::pair{&out, "out"}})
-    if (t->defined()) check_row_alignment(*t, name);
+    if (t->defined()) check_row_alignment(*t, name, elements_only ? dtype_size(t->dtype) : 16);
 }
 
 void refuse_cpu_only_attention(const AttentionArgs& a, const char* op) {

@@ -52,9 +52,10 @@ ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device);
 
 // 16-byte aligned rows (base pointer and every stride but the last) of q, k, v and out where
 // defined: what the CUDA kernels' vector and TMA loads need. The CPU backend reads elements, so
-// attention checks this for CUDA tensors only (any head dim runs on the CPU).
+// attention asks only `elements_only` (base pointers aligned to the element size) there, and any
+// head dim runs on the CPU.
 void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v = {},
-                          const Tensor& out = {});
+                          const Tensor& out = {}, bool elements_only = false);
 
 // The attention features only the CPU backend runs so far (params.soft_cap, causal_offset,
 // key_mask): each one set is an msa::Error naming it, for `op` on CUDA tensors.

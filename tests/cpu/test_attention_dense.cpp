@@ -252,6 +252,22 @@ TEST(DenseAttention, UnalignedRowStridesOnTheCpu) {
   expect_same_bits(run_dense(p, kv, nullptr, {}, {}), run_dense(p, p.flat_kv(), nullptr, {}, {}));
 }
 
+// Without the 16-byte row rule the element alignment still holds: a bf16 view one byte past an
+// aligned address is an error (found by fuzzing: k, v and out had no dtype-size check of their
+// own).
+TEST(DenseAttention, MisalignedBasePointersAreErrors) {
+  const Problem p = make_problem({4, 2}, {30, 20}, 4, 2, 16, 95);
+  HostTensor bytes(DType::u8, {50 * 2 * 16 * 2 + 2});
+  const Tensor k_odd(bytes.data<uint8_t>() + 1, DType::bf16, {50, 2, 16});
+  Outputs o(DType::bf16, p.total_q(), 4, 16);
+  AttentionArgs a = make_args(p, p.flat_kv(), o, nullptr, {});
+  a.kv.k = k_odd;
+  expect_error([&] { attention_forward(a); }, "k: base pointer must be 2-byte aligned");
+  a = make_args(p, p.flat_kv(), o, nullptr, {});
+  a.out = Tensor(bytes.data<uint8_t>() + 1, DType::bf16, {6, 4, 16});
+  expect_error([&] { attention_forward(a); }, "out: base pointer must be 2-byte aligned");
+}
+
 // ---------------------------------- paged, sparse, empty ----------------------------------
 
 // Offsets and masks index logical keys: a paged cache (any layout, page size, padded rows) gives
