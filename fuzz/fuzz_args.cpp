@@ -210,11 +210,36 @@ AttentionParams make_params(Input& in, const Problem& p) {
   prm.kv_block_size = p.kv_block_size;
   if (in.rare()) prm.softmax_scale = in.pick<float>({-1.f, NAN, INFINITY, 0.125f, 1e30f});
   if (in.rare()) prm.partial_dtype = in.pick({DType::f32, DType::bf16, DType::i32});
+  if (in.u8() < 32) prm.soft_cap = in.pick<float>({30.f, 0.5f, 0.f, -1.f, NAN, INFINITY});
   return prm;
 }
 
+// The visibility arguments of dense attention (msa/attention.h): per-batch causal offsets
+// (extreme values too) and a key mask per batch or per query, Lk_max the longest key count or
+// rarely one more or less, with any row kind.
+void add_visibility(Args& a, const Problem& p, AttentionArgs& x) {
+  Input& in = a.in();
+  if (in.u8() < 48) {
+    std::vector<int32_t> off;
+    for (int64_t b = 0; b < p.batch(); ++b)
+      off.push_back(in.pick<int32_t>({0, -1, 3, -200, 100000, INT32_MAX, INT32_MIN}));
+    x.causal_offset = a.i32(off);
+  }
+  if (in.u8() < 48) {
+    int64_t lk_max = 0;
+    for (int32_t l : p.lk) lk_max = std::max<int64_t>(lk_max, l);
+    if (in.rare()) lk_max = std::max<int64_t>(0, lk_max + (in.flag() ? 1 : -1));
+    x.key_mask_rows = in.pick({KeyMaskRows::from_shape, KeyMaskRows::per_batch,
+                               KeyMaskRows::per_query});
+    const bool per_query = x.key_mask_rows == KeyMaskRows::per_query ||
+                           (x.key_mask_rows == KeyMaskRows::from_shape && in.flag());
+    x.key_mask = a.tensor(in.pick({DType::boolean, DType::u8}),
+                          {per_query ? p.total_q : p.batch(), lk_max});
+  }
+}
+
 // Attention's arguments for p: q, the cache, q2k when sparse (and rarely a k2q index), out, lse,
-// tlse with a temperature.
+// tlse with a temperature, causal offsets and a key mask.
 AttentionArgs make_attention(Args& a, const Problem& p, bool sparse) {
   Input& in = a.in();
   AttentionArgs x;
@@ -235,6 +260,7 @@ AttentionArgs make_attention(Args& a, const Problem& p, bool sparse) {
     x.tlse = a.tensor(DType::f32, {p.hq, p.total_q});
     x.params.temperature = in.pick<float>({0.5f, 2.f, 0.f, -1.f, NAN});
   }
+  add_visibility(a, p, x);
   return x;
 }
 

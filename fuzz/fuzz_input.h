@@ -260,7 +260,7 @@ class Args {
           return Tensor();
         case 1:
           dtype = in_.pick({DType::f32, DType::f16, DType::bf16, DType::fp8_e4m3, DType::fp4x2,
-                            DType::e8m0, DType::u8, DType::i32});
+                            DType::e8m0, DType::u8, DType::i32, DType::boolean});
           break;
         case 2:
           if (in_.flag() && !shape.empty())

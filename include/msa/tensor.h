@@ -25,6 +25,7 @@ enum class DType : uint8_t {
   e8m0,      // UE8M0 power-of-two scale byte: 2^(x - 127), 0xff = NaN
   u8,
   i32,
+  boolean,   // one byte, 0 = false, 1 = true (DLPack kDLBool, torch.bool, numpy bool_); "bool"
 };
 
 const char* dtype_name(DType t);

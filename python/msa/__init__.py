@@ -13,6 +13,7 @@ from ._paths import cmake_dir, include_dir
 from ._runtime import MsaError, check_status
 from .attention import (attention_forward, attention_workspace_bytes, pipeline_workspace_bytes,
                         sparse_attention)
+from .batched import attention_batched
 from .bsr import BlockSparseAttention
 from .csr import K2QIndex, build_k2q_csr, k2q_to_q2k, q2k_to_k2q
 from .decode import DecodePlan
@@ -46,7 +47,8 @@ def cuda_device_count() -> int:
 
 
 __all__ = ["BlockSparseAttention", "DTYPES", "DecodePlan", "K2QIndex", "MsaError", "Q2KSelection", "QTensor", "Typed",
-           "attention_forward", "attention_workspace_bytes", "block_mask_to_q2k", "block_scores",
+           "attention_batched", "attention_forward", "attention_workspace_bytes",
+           "block_mask_to_q2k", "block_scores",
            "block_topk", "bsr_mask_to_q2k", "bsr_to_k2q", "bsr_to_q2k", "build_k2q_csr",
            "built_with_cuda",
            "check_status", "cmake_dir", "cuda_device_count", "dequantize", "include_dir",

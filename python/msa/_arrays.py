@@ -13,15 +13,15 @@ def _msa_error() -> type:
     return _C.MsaError
 
 #: msa's element types, spelt as the C++ library prints them (msa::dtype_name).
-DTYPES = ("f32", "f16", "bf16", "fp8_e4m3", "fp4x2", "e8m0", "u8", "i32")
+DTYPES = ("f32", "f16", "bf16", "fp8_e4m3", "fp4x2", "e8m0", "u8", "i32", "bool")
 
 # Bits of one stored element, to check storage views ("uint16 holding bf16").
 _BITS = {"f32": 32, "f16": 16, "bf16": 16, "fp8_e4m3": 8, "fp4x2": 8, "e8m0": 8, "u8": 8,
-         "i32": 32}
+         "i32": 32, "bool": 8}
 # numpy / ml_dtypes / cupy dtype names -> msa names (ml_dtypes registers these with numpy).
 _NP_NAMES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16",
              "float8_e4m3fn": "fp8_e4m3", "float8_e8m0fnu": "e8m0", "uint8": "u8",
-             "int32": "i32"}
+             "int32": "i32", "bool": "bool"}
 # numpy storage types for views of dtypes numpy cannot name without ml_dtypes.
 _NP_STORAGE = {8: "uint8", 16: "uint16"}
 # DLPack device type of CUDA memory (kDLCUDA).
@@ -90,7 +90,7 @@ def is_cuda(x: Any) -> bool:
 _TORCH_DTYPES = {} if _torch_module is None else {
     "f32": _torch_module.float32, "f16": _torch_module.float16, "bf16": _torch_module.bfloat16,
     "fp8_e4m3": _torch_module.float8_e4m3fn, "u8": _torch_module.uint8,
-    "i32": _torch_module.int32,
+    "i32": _torch_module.int32, "bool": _torch_module.bool,
     "e8m0": getattr(_torch_module, "float8_e8m0fnu", _torch_module.uint8),
     "fp4x2": getattr(_torch_module, "float4_e2m1fn_x2", _torch_module.uint8)}
 
@@ -167,7 +167,7 @@ def _numpy_dtype(name: str):
             return np.dtype(getattr(ml_dtypes, ml[name]))
         return np.dtype(_NP_STORAGE[_BITS[name]])
     return np.dtype({"f32": "float32", "f16": "float16", "fp4x2": "uint8", "u8": "uint8",
-                     "i32": "int32"}[name])
+                     "i32": "int32", "bool": "bool"}[name])
 
 
 def empty(like: Any, shape: Sequence[int], dtype: str, zero: bool = False) -> Any:

@@ -19,7 +19,8 @@ _TorchTensor = torch.Tensor if torch is not None else None
 if torch is not None:
     # msa._C then reads torch tensors through their attributes instead of a DLPack capsule.
     _names = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
-              torch.float8_e4m3fn: "fp8_e4m3", torch.uint8: "u8", torch.int32: "i32"}
+              torch.float8_e4m3fn: "fp8_e4m3", torch.uint8: "u8", torch.int32: "i32",
+              torch.bool: "bool"}
     for _attr, _name in (("float8_e8m0fnu", "e8m0"), ("float4_e2m1fn_x2", "fp4x2")):
         if hasattr(torch, _attr):
             _names[getattr(torch, _attr)] = _name

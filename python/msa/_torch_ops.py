@@ -13,7 +13,7 @@ from torch import Tensor
 from . import _C
 from ._arrays import stream_handle, torch_dtype
 from ._kv import kv_heads_dim
-from .attention import attention_eager, pipeline_eager
+from .attention import Visibility, attention_eager, pipeline_eager
 from .csr import build_k2q_csr_eager
 from .indexer import block_scores_eager, block_topk_eager, select_topk_eager
 from .logits import mqa_logits_eager, paged_mqa_logits_eager, token_topk_eager
@@ -191,19 +191,23 @@ def _attention_forward(q: Tensor, q_scale: Optional[Tensor], k: Tensor, v: Tenso
                        k2q_q_idx: Optional[Tensor], k2q_schedule: Optional[Tensor],
                        kv_layout: str, softmax_scale: float, causal: bool, kv_block_size: int,
                        temperature: float, partial_dtype: str, check: Optional[bool],
+                       causal_offset: Optional[Tensor], key_mask: Optional[Tensor],
+                       key_mask_rows: str, soft_cap: float,
                        stream: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
     k2q = None if k2q_row_ptr is None else (k2q_row_ptr, k2q_q_idx, k2q_schedule)
     out, lse, tlse = attention_eager(
         q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, kv_layout, q2k, k2q,
         softmax_scale or None, causal, kv_block_size, temperature or None, partial_dtype,
-        k_scale, v_scale, None, None, None, True, None, stream, check, q_scale=q_scale)
+        k_scale, v_scale, None, None, None, True, None, stream, check, q_scale=q_scale,
+        vis=Visibility(causal_offset, key_mask, key_mask_rows or None, soft_cap))
     return out, lse, tlse if tlse is not None else _none_f32(q)
 
 
 @_attention_forward.register_fake
 def _(q, q_scale, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, k_scale, v_scale,
       q2k, k2q_row_ptr, k2q_q_idx, k2q_schedule, kv_layout, softmax_scale, causal,
-      kv_block_size, temperature, partial_dtype, check, stream):
+      kv_block_size, temperature, partial_dtype, check, causal_offset, key_mask, key_mask_rows,
+      soft_cap, stream):
     return _fake_attention(q, temperature)
 
 
@@ -248,18 +252,21 @@ def _decode_run(plan_id: int, q: Tensor, q_scale: Optional[Tensor], k: Tensor, v
                 page_table: Tensor, cu_seqlens_q: Tensor, seqused_k: Optional[Tensor],
                 k_scale: Optional[Tensor], v_scale: Optional[Tensor], q2k: Optional[Tensor],
                 softmax_scale: float, causal: bool, temperature: float, check: Optional[bool],
-                stream: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
+                causal_offset: Optional[Tensor], key_mask: Optional[Tensor], key_mask_rows: str,
+                soft_cap: float, stream: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
     plan = DECODE_PLANS[plan_id]
     out, lse, tlse = plan.run_eager(q, k, v, page_table, cu_seqlens_q, seqused_k, k_scale,
                                     v_scale, q2k, softmax_scale or None, causal,
                                     temperature or None, None, None, None, True, stream, check,
-                                    q_scale)
+                                    q_scale, Visibility(causal_offset, key_mask,
+                                                        key_mask_rows or None, soft_cap))
     return out, lse, tlse if tlse is not None else _none_f32(q)
 
 
 @_decode_run.register_fake
 def _(plan_id, q, q_scale, k, v, page_table, cu_seqlens_q, seqused_k, k_scale, v_scale, q2k,
-      softmax_scale, causal, temperature, check, stream):
+      softmax_scale, causal, temperature, check, causal_offset, key_mask, key_mask_rows,
+      soft_cap, stream):
     return _fake_attention(q, temperature)
 
 

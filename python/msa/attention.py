@@ -5,7 +5,7 @@ GPU calls run on the caller's stream and never wait for it unless asked to (``ch
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 from . import _C
 from ._arrays import Typed, dtype_of, empty, framework
@@ -22,6 +22,26 @@ def _partial(partial_dtype: Optional[str]) -> str:
         raise MsaError(f"partial_dtype: must be 'f32', 'bf16' or None (bf16 for bf16 q, f32 for "
                        f"f16 q), got {partial_dtype!r}")
     return _PARTIAL[partial_dtype]
+
+
+class Visibility(NamedTuple):
+    """Dense attention's keywords (`attention_forward`): per-request causal offsets, a key mask
+    and its row kind, the soft-cap; None for each one not given."""
+
+    causal_offset: Any = None
+    key_mask: Any = None
+    key_mask_rows: Optional[str] = None
+    soft_cap: Optional[float] = None
+
+    def kwargs(self) -> dict:
+        """The keywords of msa._C's attention ops."""
+        return dict(causal_offset=arg(self.causal_offset), key_mask=arg(self.key_mask),
+                    key_mask_rows=self.key_mask_rows, soft_cap=float(self.soft_cap or 0.0))
+
+    def op_args(self) -> tuple:
+        """The positional arguments of the torch custom ops (_torch_ops)."""
+        return (self.causal_offset, self.key_mask, self.key_mask_rows or "",
+                float(self.soft_cap or 0.0))
 
 
 def check_attention_arrays(q: Any, k2q: Any = None, **named: Any) -> None:
@@ -49,7 +69,10 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
                       partial_dtype: Optional[str] = None, q_scale: Any = None,
                       k_scale: Any = None, v_scale: Any = None, out: Any = None, lse: Any = None,
                       tlse: Any = None, return_lse: bool = False, workspace: Any = None,
-                      stream: Any = None, check: Optional[bool] = None) -> Any:
+                      stream: Any = None, check: Optional[bool] = None,
+                      causal_offset: Any = None, key_mask: Any = None,
+                      key_mask_rows: Optional[str] = None,
+                      soft_cap: Optional[float] = None) -> Any:
     """Sparse (with ``q2k``) or dense (without) attention, flat or paged KV.
 
     Returns ``out`` ``[total_q, Hq, D]`` in q's dtype (bf16/f16; bf16 for fp8_e4m3 q; 0 for a
@@ -72,13 +95,25 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
     on ``stream`` or the caller's current stream and do not wait for it; ``check=True`` (or the
     MSA_CHECK_SYNC=1 environment switch) waits and raises `MsaError` for invalid block or page
     ids, which are otherwise raised by `msa.check_status`.
+
+    Dense attention's visibility and scores (docs/semantics.md, Dense attention; CPU only so
+    far, CUDA raises `MsaError` naming the argument): ``causal_offset`` int32 ``[B]`` replaces
+    the bottom-right causal rule (query i of request b sees key j iff
+    ``j <= i + causal_offset[b]``; needs ``causal=True``); ``key_mask`` bool or uint8
+    (nonzero = visible) ``[B, Lk_max]`` per key or ``[total_q, Lk_max]`` per query and key, ANDed
+    with the causal rule and the q2k selection (``key_mask_rows`` "batch" or "query" says which
+    when B == total_q; by default the shape decides); ``soft_cap`` c > 0 caps the scores,
+    ``s = c * tanh(s / c)`` after the softmax scale. A query with no visible key gets out 0 and
+    lse ``-inf``.
     """
     layout = layout_name(kv_layout, page_table)
     partial = _partial(partial_dtype)
     check_attention_arrays(q, k2q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
                            q2k=q2k, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
-                           lse=lse, tlse=tlse, workspace=workspace)
+                           lse=lse, tlse=tlse, workspace=workspace, causal_offset=causal_offset,
+                           key_mask=key_mask)
+    vis = Visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
     q, q_scale, _ = unpack(q, q_scale)
     if out is None and lse is None and tlse is None and workspace is None and compiling():
         from . import _torch_ops
@@ -87,12 +122,12 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
             q, q_scale, unpack(k)[0], unpack(v)[0], cu_seqlens_q, cu_seqlens_k, page_table,
             seqused_k, unpack(k, k_scale)[1], unpack(v, v_scale)[1], q2k, row_ptr, q_idx,
             schedule, layout, float(softmax_scale or 0.0), causal, kv_block_size,
-            float(temperature or 0.0), partial, check, stream)
+            float(temperature or 0.0), partial, check, *vis.op_args(), stream)
     else:
         out, lse, tlse = attention_eager(
             q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, q2k, k2q,
             softmax_scale, causal, kv_block_size, temperature, partial, k_scale, v_scale, out,
-            lse, tlse, return_lse, workspace, stream, check, q_scale=q_scale)
+            lse, tlse, return_lse, workspace, stream, check, q_scale=q_scale, vis=vis)
     return _results(out, lse, tlse, return_lse, temperature)
 
 
@@ -103,14 +138,19 @@ def attention_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
                               causal: bool = True, kv_block_size: int = 128,
                               temperature: Optional[float] = None,
                               partial_dtype: Optional[str] = None, q_scale: Any = None,
-                              k_scale: Any = None, v_scale: Any = None) -> int:
+                              k_scale: Any = None, v_scale: Any = None,
+                              causal_offset: Any = None, key_mask: Any = None,
+                              key_mask_rows: Optional[str] = None,
+                              soft_cap: Optional[float] = None) -> int:
     """Bytes of the ``workspace`` `attention_forward` needs for these arguments (0 on the
     CPU): the CUDA kernels' scratch (k2q index when not given, schedule, partial outputs).
     q may be fp8_e4m3 (a `QTensor`, or values plus ``q_scale``) as in `attention_forward`."""
     layout = layout_name(kv_layout, page_table)
     check_attention_arrays(q, k2q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
-                           q2k=q2k, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+                           q2k=q2k, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                           causal_offset=causal_offset, key_mask=key_mask)
+    vis = Visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
     q, q_scale, _ = unpack(q, q_scale)
     out, _, tlse = _outputs(q, None, None, None, False, temperature)
     k2q = tuple(k2q) + (None,) * (3 - len(k2q)) if k2q is not None else (None,) * 3
@@ -121,7 +161,8 @@ def attention_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
         cu_seqlens_q=arg(cu_seqlens_q), q2k=arg(q2k), k2q_row_ptr=arg(k2q[0]),
         k2q_q_idx=arg(k2q[1]), k2q_schedule=arg(k2q[2]), out=arg(out, _out_dtype(q)),
         tlse=arg(tlse), causal=causal, kv_block_size=kv_block_size,
-        temperature=float(temperature or 0.0), partial_dtype=_partial(partial_dtype), stream=0)
+        temperature=float(temperature or 0.0), partial_dtype=_partial(partial_dtype), stream=0,
+        **vis.kwargs())
 
 
 def _out_dtype(q: Any) -> Optional[str]:
@@ -156,9 +197,11 @@ def _outputs(q: Any, out: Any, lse: Any, tlse: Any, want_lse: bool,
 def attention_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, q2k,
                     k2q, softmax_scale, causal, kv_block_size, temperature, partial, k_scale,
                     v_scale, out, lse, tlse, want_lse, workspace, stream, check,
-                    decode_plan: Any = None, q_scale: Any = None) -> tuple:
+                    decode_plan: Any = None, q_scale: Any = None,
+                    vis: Optional["Visibility"] = None) -> tuple:
     """The eager body of attention_forward and, with `decode_plan` (a msa._C.DecodePlan), of
-    DecodePlan.run. q is plain values (a QTensor q is unpacked by the caller) with `q_scale`."""
+    DecodePlan.run. q is plain values (a QTensor q is unpacked by the caller) with `q_scale`;
+    `vis` the dense-attention keywords."""
     out, lse, tlse = _outputs(q, out, lse, tlse, want_lse, temperature)
     st = stream_of(q, stream)
     status = status_for(q)
@@ -167,7 +210,8 @@ def attention_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
                           seqused_k=seqused_k, k_scale=k_scale, v_scale=v_scale),
                 cu_seqlens_q=arg(cu_seqlens_q), q2k=arg(q2k), out=arg(out, _out_dtype(q)),
                 lse=arg(lse), tlse=arg(tlse), softmax_scale=float(softmax_scale or 0.0),
-                causal=causal, temperature=float(temperature or 0.0), status=status, stream=st)
+                causal=causal, temperature=float(temperature or 0.0), status=status, stream=st,
+                **(vis or Visibility()).kwargs())
     if decode_plan is not None:
         decode_plan.run(**args)
     else:

@@ -36,6 +36,21 @@ def _refuse(name: str, value: Any, default: Any = None) -> None:
                    f"the causal rule, scores scaled by sm_scale only); got {_brief(value)}")
 
 
+def _soft_cap(value: Any, kind: str) -> Optional[float]:
+    """FlashInfer's ``logits_soft_cap`` as attention_forward's ``soft_cap`` (None or 0: off) for
+    a plan on `kind` ("cpu" or "cuda"): msa's CUDA attention does not run a soft-cap yet."""
+    if value is None or value == 0:
+        return None
+    cap = float(value)
+    if not cap > 0 or math.isinf(cap):
+        raise MsaError(f"logits_soft_cap: must be a finite number >= 0 (0 means none), got "
+                       f"{value}")
+    if kind == "cuda":
+        raise MsaError("logits_soft_cap: msa's CUDA attention does not run a soft-cap yet; plan "
+                       "on the CPU (device='cpu') or leave it 0")
+    return cap
+
+
 def _brief(value: Any) -> str:
     shape = getattr(value, "shape", None)
     return f"an array of shape {list(shape)}" if shape is not None else repr(value)
@@ -237,7 +252,8 @@ class _SparsePlan:
     """What BlockSparseAttention and VariableBlockSparseAttention share: the planned q2k (and
     k2q), run() as `attention_forward` over one request, the kept workspace. plan() stores a
     dict with q2k, k2q, cu_q, cu_k, kv_block_size, M, N (query and key counts, named by
-    ``names``), num_qo_heads, num_kv_heads, head_dim, causal, sm_scale, layout, device, and
+    ``names``), num_qo_heads, num_kv_heads, head_dim, causal, sm_scale, soft_cap, layout,
+    device, and
     q_hnd (q and out follow an "HND" layout too)."""
 
     def __init__(self) -> None:
@@ -311,7 +327,8 @@ class _SparsePlan:
             workspace = self._scratch(q, k, v, k_scale, v_scale)
         res = attention_forward(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
                                 k2q=p["k2q"], softmax_scale=p["sm_scale"], causal=p["causal"],
-                                kv_block_size=p["kv_block_size"], k_scale=k_scale,
+                                soft_cap=p["soft_cap"], kv_block_size=p["kv_block_size"],
+                                k_scale=k_scale,
                                 v_scale=v_scale, out=out, lse=lse, return_lse=return_lse,
                                 workspace=workspace, stream=stream, check=check)
         if out_hnd is None:
@@ -438,12 +455,12 @@ class BlockSparseAttention(_SparsePlan):
 
         With block ids (kv_block_size 64 or 128) plan() also builds the k2q CSR index, so run()
         skips that build. Planning again makes new arrays (a CUDA graph captured over run()
-        keeps reading the old ones: capture again). Refused (`MsaError` naming the argument):
-        element masks (``mask``, ``packed_mask``), ``logits_soft_cap``, position encodings
-        (``pos_encoding_mode``, ``rope_scale``, ``rope_theta``).
+        keeps reading the old ones: capture again). ``logits_soft_cap`` c > 0 caps the scores,
+        ``c * tanh(s / c)`` after sm_scale, on the CPU (a CUDA plan with it is an `MsaError`).
+        Refused (`MsaError` naming the argument): element masks (``mask``, ``packed_mask``),
+        position encodings (``pos_encoding_mode``, ``rope_scale``, ``rope_theta``).
         """
         for name, value, default in (("mask", mask, None), ("packed_mask", packed_mask, None),
-                                     ("logits_soft_cap", logits_soft_cap, 0.0),
                                      ("pos_encoding_mode", pos_encoding_mode, "NONE"),
                                      ("rope_scale", rope_scale, None),
                                      ("rope_theta", rope_theta, None)):
@@ -458,6 +475,7 @@ class BlockSparseAttention(_SparsePlan):
                                                  layout, sm_scale, topk)
         torch = _torch()
         kind, index = parse_device(device if device is not None else src)
+        cap = _soft_cap(logits_soft_cap, kind)
         mb, nb = _cdiv(M, R), _cdiv(N, C)
         arrays = {"indptr": (indptr, indices), "block_mask": (block_mask,),
                   "q2k_indices": (q2k_indices,)}[form]
@@ -521,7 +539,7 @@ class BlockSparseAttention(_SparsePlan):
                                 total_rows=_cdiv(N, s), stream=stream)
         self._plan = dict(q2k=q2k, k2q=k2q, cu_q=cu_q, cu_k=cu_k, kv_block_size=s, M=M, N=N,
                           R=R, C=C, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
-                          causal=causal, sm_scale=sm_scale, layout=layout,
+                          causal=causal, sm_scale=sm_scale, soft_cap=cap, layout=layout,
                           device=(kind, index))
         return self
 

@@ -13,7 +13,7 @@ from ._arrays import (_torch, dtype_of, empty_on, parse_device, stream_handle, t
                       torch_dtype)
 from ._kv import layout_name
 from ._runtime import MsaError, arg, check_arrays, check_pending, compiling
-from .attention import _results, attention_eager, check_attention_arrays
+from .attention import Visibility, _results, attention_eager, check_attention_arrays
 from .quant import unpack
 
 _ids = itertools.count(1)
@@ -131,7 +131,8 @@ class DecodePlan:
             v_scale: Any = None, softmax_scale: Optional[float] = None, causal: bool = True,
             temperature: Optional[float] = None, out: Any = None, lse: Any = None,
             tlse: Any = None, return_lse: bool = False, stream: Any = None,
-            check: Optional[bool] = None) -> Any:
+            check: Optional[bool] = None, causal_offset: Any = None, key_mask: Any = None,
+            key_mask_rows: Optional[str] = None, soft_cap: Optional[float] = None) -> Any:
         """Decode attention for the planned shape: returns ``out``, or ``(out, lse)`` with
         ``return_lse`` (``tlse`` last with a temperature), as `msa.attention_forward` does.
         q ``[total_q, Hq, D]``, k_cache/v_cache page pools in the planned layout, page_table
@@ -145,13 +146,19 @@ class DecodePlan:
         ``q_scale``), f32 ``q_scale`` of ``[1]`` (per tensor), ``[total_q]`` (per token) or
         ``[total_q, Hq]`` (per token and head), contiguous, absent meaning 1; q's values are
         q * q_scale. The caches may then be bf16, fp8_e4m3 or fp4x2 (not f16) and out is bf16.
-        On the CPU and on CUDA alike (on CUDA, run() is the only op that takes FP8 q so far)."""
+        On the CPU and on CUDA alike (on CUDA, run() is the only op that takes FP8 q so far).
+
+        ``causal_offset``, ``key_mask`` (with ``key_mask_rows``) and ``soft_cap`` as in
+        `msa.attention_forward`: on the CPU (with any planned head_dim); CUDA decode raises
+        `MsaError` naming them."""
         if self._shape is None:
             raise MsaError("decode: run() called before a successful plan()")
         check_attention_arrays(q, k_cache=k_cache, v_cache=v_cache, page_table=page_table,
                                cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k, q2k=q2k,
                                q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
-                               lse=lse, tlse=tlse)
+                               lse=lse, tlse=tlse, causal_offset=causal_offset,
+                               key_mask=key_mask)
+        vis = Visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
         q, q_scale, _ = unpack(q, q_scale)
         if out is None and lse is None and tlse is None and compiling():
             from . import _torch_ops
@@ -160,23 +167,23 @@ class DecodePlan:
             out, lse, tlse = _torch_ops.decode_run(
                 self._id, q, q_scale, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k,
                 k_scale, v_scale, q2k, float(softmax_scale or 0.0), causal,
-                float(temperature or 0.0), check, stream)
+                float(temperature or 0.0), check, *vis.op_args(), stream)
         else:
             out, lse, tlse = self.run_eager(q, k_cache, v_cache, page_table, cu_seqlens_q,
                                             seqused_k, k_scale, v_scale, q2k, softmax_scale,
                                             causal, temperature, out, lse, tlse, return_lse,
-                                            stream, check, q_scale)
+                                            stream, check, q_scale, vis)
         return _results(out, lse, tlse, return_lse, temperature)
 
     def run_eager(self, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, k_scale,
                   v_scale, q2k, softmax_scale, causal, temperature, out, lse, tlse, want_lse,
-                  stream, check, q_scale=None) -> tuple:
+                  stream, check, q_scale=None, vis=None) -> tuple:
         q, q_scale, _ = unpack(q, q_scale)
         return attention_eager(
             q, k_cache, v_cache, cu_seqlens_q, None, page_table, seqused_k,
             self._shape["kv_layout"], q2k, None, softmax_scale, causal,
             self._shape["kv_block_size"], temperature, "", k_scale, v_scale, out, lse, tlse,
-            want_lse, None, stream, check, decode_plan=self._plan, q_scale=q_scale)
+            want_lse, None, stream, check, decode_plan=self._plan, q_scale=q_scale, vis=vis)
 
 
 __all__ = ["DecodePlan"]

@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 from ._arrays import _torch, framework, parse_device
 from ._runtime import MsaError, check_arrays, count
-from .bsr import _CUDA_BLOCK, _LAYOUTS, _SparsePlan, _offsets, _on_stream, _placed, _plan_sizes, _refuse
+from .bsr import (_CUDA_BLOCK, _LAYOUTS, _SparsePlan, _offsets, _on_stream, _placed,
+                  _plan_sizes, _refuse, _soft_cap)
 from .csr import build_k2q_csr
 from .sparse_convert import _block_size, _cdiv, _host, _np
 
@@ -254,15 +255,16 @@ class VariableBlockSparseAttention(_SparsePlan):
 
         With block ids plan() also builds the k2q CSR index. Planning again makes new arrays
         (a CUDA graph captured over run() keeps reading the old ones: capture again).
-        Refused (`MsaError` naming the argument): ``logits_soft_cap``, position encodings
+        ``logits_soft_cap`` c > 0 caps the scores, ``c * tanh(s / c)`` after sm_scale, on the
+        CPU (a CUDA plan with it is an `MsaError`).
+        Refused (`MsaError` naming the argument): position encodings
         (``pos_encoding_mode`` other than "NONE", ``rope_scale``, ``rope_theta``),
         ``use_fp16_qk_reduction=True``, and the plan-time ``q_scale`` / ``k_scale`` /
         ``v_scale`` of FlashInfer's Sage FP8 backend (FP8 K/V take msa's per-token scales in
         run()). ``non_blocking``, ``q_data_type`` and ``kv_data_type`` are taken and unused
         (run() reads the dtypes from its arrays).
         """
-        for name, value, default in (("logits_soft_cap", logits_soft_cap, 0.0),
-                                     ("pos_encoding_mode", pos_encoding_mode, "NONE"),
+        for name, value, default in (("pos_encoding_mode", pos_encoding_mode, "NONE"),
                                      ("rope_scale", rope_scale, None),
                                      ("rope_theta", rope_theta, None),
                                      ("use_fp16_qk_reduction", use_fp16_qk_reduction, False),
@@ -275,6 +277,7 @@ class VariableBlockSparseAttention(_SparsePlan):
                                                  layout, sm_scale, topk)
         torch = _torch()
         kind, index = parse_device(device if device is not None else block_mask_map)
+        cap = _soft_cap(logits_soft_cap, kind)
         arrays = (block_mask_map, block_row_sz, block_col_sz)
         on_device = (kind == "cuda" and torch is not None
                      and all(isinstance(x, torch.Tensor) and x.is_cuda for x in arrays)
@@ -315,7 +318,8 @@ class VariableBlockSparseAttention(_SparsePlan):
                                 total_rows=_cdiv(kv_len, s), stream=stream)
         self._plan = dict(q2k=q2k, k2q=k2q, cu_q=cu_q, cu_k=cu_k, kv_block_size=s, M=qo_len,
                           N=kv_len, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
-                          causal=causal, sm_scale=sm_scale, layout=layout, q_hnd=True,
+                          causal=causal, sm_scale=sm_scale, soft_cap=cap, layout=layout,
+                          q_hnd=True,
                           names=("qo_len", "kv_len"), device=(kind, index))
         return self
 

@@ -31,7 +31,7 @@ E parse_enum(const std::string& name, std::initializer_list<E> values, NameOf na
 DType parse_dtype(const std::string& name) {
   return parse_enum(name,
                     {DType::f32, DType::f16, DType::bf16, DType::fp8_e4m3, DType::fp4x2,
-                     DType::e8m0, DType::u8, DType::i32},
+                     DType::e8m0, DType::u8, DType::i32, DType::boolean},
                     dtype_name, "dtype");
 }
 
@@ -85,7 +85,7 @@ bool torch_view(nb::handle h, const char* op, const char* key, const std::string
   } else if (!known) {
     fail(op, ": ", key, ": torch dtype ", nb::cast<std::string>(nb::str(dtype)),
          " has no msa element type (float32, float16, bfloat16, float8_e4m3fn, "
-         "float4_e2m1fn_x2, float8_e8m0fnu, uint8, int32)");
+         "float4_e2m1fn_x2, float8_e8m0fnu, uint8, int32, bool)");
   }
   if (nb::cast<bool>(h.attr("is_cuda"))) {
     out.device = Device{DeviceType::cuda, nb::cast<int>(h.attr("get_device")())};
@@ -276,6 +276,7 @@ AttentionParams Args::attention_params() {
   p.causal = flag("causal", true);
   p.kv_block_size = int32("kv_block_size", 128);
   p.temperature = static_cast<float>(real("temperature", 0.0));
+  p.soft_cap = static_cast<float>(real("soft_cap", 0.0));
   const std::string partial = text("partial_dtype", "");
   if (!partial.empty()) p.partial_dtype = py::parse_dtype(partial);
   return p;
@@ -291,6 +292,15 @@ AttentionArgs Args::attention() {
   x.out = tensor("out", Access::write);
   x.lse = tensor("lse", Access::write);
   x.tlse = tensor("tlse", Access::write);
+  x.causal_offset = tensor("causal_offset");
+  x.key_mask = tensor("key_mask");
+  const std::string rows = text("key_mask_rows", "");
+  MSA_CHECK(rows.empty() || rows == "batch" || rows == "query", op_,
+            ": key_mask_rows: must be 'batch', 'query' or None (from key_mask's shape), got '",
+            rows, "'");
+  x.key_mask_rows = rows.empty()        ? KeyMaskRows::from_shape
+                    : rows == "batch" ? KeyMaskRows::per_batch
+                                      : KeyMaskRows::per_query;
   x.params = attention_params();
   return x;
 }

@@ -47,10 +47,12 @@ class Args {
   // The outputs of a CSR build / the optional k2q input of attention: <prefix>row_ptr, ...
   K2QIndex k2q(const char* prefix, Access access = Access::read);
 
-  // softmax_scale, causal, kv_block_size, temperature and partial_dtype (absent: the default).
+  // softmax_scale, causal, kv_block_size, temperature, soft_cap and partial_dtype (absent: the
+  // default).
   AttentionParams attention_params();
   // What every attention call reads (attention_forward, DecodePlan.run): q, the KV cache with v,
-  // cu_seqlens_q, q2k, out, lse, tlse and attention_params().
+  // cu_seqlens_q, q2k, out, lse, tlse, causal_offset, key_mask, key_mask_rows ("batch", "query"
+  // or absent) and attention_params().
   AttentionArgs attention();
 
   // An int argument that must fit 64 bits / a C++ int (a larger Python int is an error naming

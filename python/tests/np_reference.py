@@ -5,6 +5,19 @@ semantics, independent of the C++ code."""
 import numpy as np
 
 
+def check_attention(out, lse, want_out, want_lse, tol=1e-2):
+    """out within `tol` relative L2 of the reference (every element finite), lse -inf exactly
+    where the reference's is and within 2e-3 elsewhere (docs/semantics.md, Numerics)."""
+    out = np.asarray(out, dtype=np.float64)
+    assert np.isfinite(out).all()
+    err = np.linalg.norm(out - want_out) / max(np.linalg.norm(want_out), 1e-30)
+    assert err < tol, f"relative L2 error {err}"
+    lse = np.asarray(lse)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(want_lse))
+    finite = np.isfinite(want_lse)
+    assert np.abs(lse[finite] - want_lse[finite]).max(initial=0) < 2e-3
+
+
 def cu_from_lengths(lengths):
     return np.array([0] + list(np.cumsum(lengths)), dtype=np.int32)
 
@@ -16,9 +29,13 @@ def visible_mask(lq, lk, causal):
     return (j <= i + lk - lq) if causal else np.ones((lq, lk), bool)
 
 
-def attention(q, ks, vs, cu_q, *, q2k=None, blk=128, causal=True, scale=None, temperature=None):
+def attention(q, ks, vs, cu_q, *, q2k=None, blk=128, causal=True, scale=None, temperature=None,
+              causal_offset=None, key_mask=None, mask_per_query=False, soft_cap=None):
     """out [total_q, Hq, D], lse / tlse [Hq, total_q] from float64 q and per-batch ks/vs
-    ([Lk_b, Hkv, D] each); q2k [Hkv, total_q, topk] restricts keys to the selected blocks."""
+    ([Lk_b, Hkv, D] each); q2k [Hkv, total_q, topk] restricts keys to the selected blocks.
+    Dense attention's rules (docs/semantics.md): causal_offset [B] replaces the bottom-right
+    offset, key_mask [B or total_q, Lk_max] (nonzero = visible) ANDs with it, soft_cap c > 0
+    caps the scores c * tanh(s / c)."""
     total_q, hq, d = q.shape
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     out = np.zeros((total_q, hq, d))
@@ -32,7 +49,14 @@ def attention(q, ks, vs, cu_q, *, q2k=None, blk=128, causal=True, scale=None, te
             continue
         hkv = k.shape[1] if lk else 1
         g = hq // hkv
-        base = visible_mask(lq, lk, causal)
+        if causal_offset is None:
+            base = visible_mask(lq, lk, causal)
+        else:
+            i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
+            base = j <= i + int(causal_offset[b])
+        if key_mask is not None:
+            rows = key_mask[t0:t0 + lq, :lk] if mask_per_query else key_mask[b:b + 1, :lk]
+            base = base & (np.asarray(rows) != 0)
         for h in range(hq):
             kh = h // g
             mask = base.copy()
@@ -43,6 +67,8 @@ def attention(q, ks, vs, cu_q, *, q2k=None, blk=128, causal=True, scale=None, te
                     sel[i, ids[i][ids[i] >= 0]] = True
                 mask &= sel[:, np.arange(lk) // blk]
             s = scale * (q[t0:t0 + lq, h] @ k[:, kh].T) if lk else np.zeros((lq, 0))
+            if soft_cap:
+                s = soft_cap * np.tanh(s / soft_cap)
             s = np.where(mask, s, -np.inf)
             for i in range(lq):
                 if not mask[i].any():

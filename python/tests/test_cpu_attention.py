@@ -9,16 +9,6 @@ import np_reference as ref
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 
-def _check(out, lse, want_out, want_lse, tol=1e-2):
-    out = np.asarray(out, dtype=np.float64)
-    assert np.isfinite(out).all()
-    err = np.linalg.norm(out - want_out) / max(np.linalg.norm(want_out), 1e-30)
-    assert err < tol, f"relative L2 error {err}"
-    assert np.array_equal(np.isneginf(lse), np.isneginf(want_lse))
-    finite = np.isfinite(want_lse)
-    assert np.abs(lse[finite] - want_lse[finite]).max(initial=0) < 2e-3
-
-
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("groups", [1, 4])
 def test_dense_flat_f16(causal, groups):
@@ -29,7 +19,7 @@ def test_dense_flat_f16(causal, groups):
     assert out.dtype == np.float16 and out.shape == q.shape and lse.dtype == np.float32
     want, want_lse, _ = ref.attention(q.astype(np.float64), ref.split(k, cu_k), ref.split(v, cu_k),
                                       cu_q, causal=causal)
-    _check(out, lse, want, want_lse)
+    ref.check_attention(out, lse, want, want_lse)
 
 
 def test_sparse_flat_bf16_with_temperature_and_k2q():
@@ -47,7 +37,7 @@ def test_sparse_flat_bf16_with_temperature_and_k2q():
     want, want_lse, want_tlse = ref.attention(
         q.astype(np.float64), ref.split(k, cu_k), ref.split(v, cu_k), cu_q, q2k=q2k, blk=blk,
         scale=0.1, temperature=0.5)
-    _check(out, lse, want, want_lse)
+    ref.check_attention(out, lse, want, want_lse)
     assert np.abs(tlse - want_tlse).max() < 2e-3
     # Without the CSR index the result is the same.
     out2, lse2 = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k,
@@ -96,7 +86,7 @@ def test_fp8_kv():
     vd = msa.dequantize(vq).astype(np.float64)
     want, want_lse, _ = ref.attention(q.astype(np.float64), ref.split(kd, cu_k),
                                       ref.split(vd, cu_k), cu_q)
-    _check(out, lse, want, want_lse, tol=3e-2)
+    ref.check_attention(out, lse, want, want_lse, tol=3e-2)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -111,7 +101,7 @@ def test_fp4_kv(fmt):
     vd = msa.dequantize(vq).astype(np.float64)
     want, want_lse, _ = ref.attention(q.astype(np.float64), ref.split(kd, cu_k),
                                       ref.split(vd, cu_k), cu_q)
-    _check(out, lse, want, want_lse, tol=3e-2)
+    ref.check_attention(out, lse, want, want_lse, tol=3e-2)
 
 
 def test_empty_rows_give_zero_and_neg_inf():

@@ -83,7 +83,7 @@ def test_compile_fullgraph_pipeline():
 def test_opcheck_and_requires_grad():
     q, k, v, cu_q, cu_k, q2k = _problem(3)
     args = (q, None, k, v, cu_q, cu_k, None, None, None, None, q2k, None, None, None, "flat",
-            0.0, True, 64, 0.5, "f32", True, None)
+            0.0, True, 64, 0.5, "f32", True, None, None, "", 0.0, None)
     torch.library.opcheck(torch.ops.msa.attention_forward.default, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))

@@ -305,7 +305,7 @@ C1 = np.array([[64, 64], [100, 28]], np.int32)
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(logits_soft_cap=30.0), "logits_soft_cap: not supported"),
+    (dict(logits_soft_cap=float("inf")), "logits_soft_cap: must be a finite number >= 0"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode: not supported"),
     (dict(pos_encoding_mode="ALIBI"), "pos_encoding_mode: not supported"),
     (dict(rope_theta=1e4), "rope_theta: not supported"),

@@ -309,7 +309,7 @@ def test_torch_compile_traces_fp8_queries():
     # its schema check multiplies the inputs, which torch does not implement for fp8 tensors.
     ks, vs = kk.scale, vv.scale
     args = (qq.values, qq.scale, kk.values, vv.values, cu_q, cu_k, None, None, ks, vs, None,
-            None, None, None, "flat", 0.0, True, 128, 0.0, "", True, None)
+            None, None, None, "flat", 0.0, True, 128, 0.0, "", True, None, None, "", 0.0, None)
     torch.library.opcheck(torch.ops.msa.attention_forward.default, args,
                           test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
 

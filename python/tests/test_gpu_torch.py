@@ -189,7 +189,7 @@ def test_opcheck():
     with gpu_op():
         _sparse(q, k, v, cu_q, cu_k, q2k)
     args = (q, None, k, v, cu_q, cu_k, None, None, None, None, q2k, None, None, None, "flat",
-            0.0, True, BLK, 0.0, "f32", True, None)
+            0.0, True, BLK, 0.0, "f32", True, None, None, "", 0.0, None)
     torch.library.opcheck(torch.ops.msa.attention_forward.default, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))

@@ -1,6 +1,7 @@
 // Public attention entry points (msa/attention.h): validate every argument once (shared rules
 // in api/validate.h and api/k2q.h), then dispatch to the CPU or the CUDA backend.
 #include <cmath>
+#include <vector>
 
 #include "api/attention.h"
 #include "api/k2q.h"
@@ -33,9 +34,69 @@ void check_params(const AttentionArgs& a) {
   MSA_CHECK(!p.partial_dtype || *p.partial_dtype == DType::f32 || *p.partial_dtype == DType::bf16,
             "params.partial_dtype: must be f32 or bf16 (or absent), got ",
             dtype_name(p.partial_dtype.value_or(DType::f32)));
+  MSA_CHECK(std::isfinite(p.soft_cap) && p.soft_cap >= 0.f,
+            "params.soft_cap: must be finite and >= 0 (0 means no soft-cap), got ", p.soft_cap);
 }
 
-ProblemShape check_attention_args(const AttentionArgs& a) {
+// causal_offset [B] int32 and key_mask [B or total_q, Lk_max] (msa/attention.h). Returns the
+// mask's row kind made explicit (KeyMaskRows::from_shape resolved).
+KeyMaskRows check_visibility_args(const AttentionArgs& a, const ProblemShape& s, Device device) {
+  if (a.causal_offset.defined()) {
+    const Tensor& c = a.causal_offset;
+    MSA_CHECK(a.params.causal, "causal_offset: given, so params.causal must be true (the offset "
+              "replaces the bottom-right causal rule; non-causal attention takes no offset)");
+    check_dtype(c, "causal_offset", {DType::i32});
+    check_shape(c, "causal_offset", {s.batch});
+    check_contiguous(c, "causal_offset");
+    MSA_CHECK(c.device == device, "causal_offset: must be on ", device_name(device), ", got ",
+              device_name(c.device));
+  }
+  const Tensor& m = a.key_mask;
+  if (!m.defined()) return a.key_mask_rows;
+  check_dtype(m, "key_mask", {DType::boolean, DType::u8});
+  check_ndim(m, "key_mask", 2);
+  check_last_dim_contiguous(m, "key_mask");
+  MSA_CHECK(m.device == device, "key_mask: must be on ", device_name(device), ", got ",
+            device_name(m.device));
+  KeyMaskRows rows = a.key_mask_rows;
+  if (rows == KeyMaskRows::from_shape) {
+    MSA_CHECK(m.shape[0] == s.batch || m.shape[0] == s.total_q, "key_mask: shape must be [B = ",
+              s.batch, ", Lk_max] (per batch) or [total_q = ", s.total_q,
+              ", Lk_max] (per query), got ", m.describe());
+    MSA_CHECK(s.batch != s.total_q, "key_mask: ", m.describe(), " has B = total_q = ", s.batch,
+              " rows, so it may be per batch or per query: set key_mask_rows to per_batch or "
+              "per_query");
+    rows = m.shape[0] == s.batch ? KeyMaskRows::per_batch : KeyMaskRows::per_query;
+  } else if (rows == KeyMaskRows::per_batch) {
+    check_shape(m, "key_mask", {s.batch, -1});
+  } else {
+    check_shape(m, "key_mask", {s.total_q, -1});
+  }
+  if (m.is_cuda()) return rows;  // key counts live on the device
+  const std::vector<int64_t> lengths = host_key_lengths(a.kv, s);
+  for (int64_t b = 0; b < s.batch; ++b)
+    MSA_CHECK(lengths[b] <= m.shape[1], "key_mask: Lk_max = ", m.shape[1],
+              " (its last dim) is less than the ", lengths[b], " keys of batch ", b);
+  return rows;
+}
+
+// The call with its defaults made explicit (AttentionParams::partial_dtype, the key mask's row
+// kind), so the backends never see them.
+AttentionArgs with_defaults(const AttentionArgs& a, KeyMaskRows rows) {
+  AttentionArgs r = a;
+  if (!r.params.partial_dtype) r.params.partial_dtype = a.q.dtype == DType::f16 ? DType::f32 : DType::bf16;
+  r.key_mask_rows = rows;
+  return r;
+}
+
+// A validated call: its shape and its arguments with the defaults made explicit.
+struct Checked {
+  ProblemShape shape;
+  AttentionArgs args;
+};
+
+// Every argument rule.
+Checked check_attention_args(const AttentionArgs& a) {
   ProblemShape s = api::check_q_and_kv(QTensor(a.q, a.q_scale), a.kv, a.cu_seqlens_q,
                                        {DType::bf16, DType::f16, DType::fp8_e4m3},
                                        /*need_v=*/true, /*kv_may_be_quantized=*/true,
@@ -59,35 +120,30 @@ ProblemShape check_attention_args(const AttentionArgs& a) {
             dtype_name(a.q.dtype), " q, got ", dtype_name(out.dtype));
   check_shape(out, "out", {s.total_q, s.num_q_heads, s.head_dim});
   check_last_dim_contiguous(out, "out");
-  check_row_alignment(out, "out");
   MSA_CHECK(out.device == device, "out: must be on ", device_name(device), ", got ",
             device_name(out.device));
   if (a.lse.defined()) check_row_stat(a.lse, "lse", s, device);
   if (a.tlse.defined()) check_row_stat(a.tlse, "tlse", s, device);
-  return s;
-}
-
-// The call with its partial precision made explicit (AttentionParams::partial_dtype), so the
-// backends never see the default.
-AttentionArgs with_partial_dtype(const AttentionArgs& a) {
-  AttentionArgs r = a;
-  if (!r.params.partial_dtype) r.params.partial_dtype = a.q.dtype == DType::f16 ? DType::f32 : DType::bf16;
-  return r;
+  const KeyMaskRows rows = check_visibility_args(a, s, device);
+  api::check_row_alignments(a.q, a.kv.k.values, a.kv.v.values, out, !a.q.is_cuda());
+  if (a.q.is_cuda()) api::refuse_cpu_only_attention(a, "attention_forward");
+  return {s, with_defaults(a, rows)};
 }
 
 }  // namespace
 
 size_t attention_workspace_bytes(const AttentionArgs& a) {
-  const ProblemShape s = check_attention_args(a);
-  return a.q.is_cuda() ? cuda::attention_workspace_bytes(with_partial_dtype(a), s) : 0;
+  const Checked c = check_attention_args(a);
+  return a.q.is_cuda() ? cuda::attention_workspace_bytes(c.args, c.shape) : 0;
 }
 
 namespace api {
 
 void attention_forward(const AttentionArgs& a, cudaStream_t stream,
                        const cuda::WorkspaceSource& src) {
-  const ProblemShape s = check_attention_args(a);
-  const AttentionArgs args = with_partial_dtype(a);
+  const Checked c = check_attention_args(a);
+  const ProblemShape& s = c.shape;
+  const AttentionArgs& args = c.args;
   if (!args.q.is_cuda()) return cpu::attention_forward(args, s);
   if (args.workspace.defined()) {  // its size is checked against the backend's plan
     check_dtype(args.workspace, "workspace", {DType::u8});

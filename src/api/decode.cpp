@@ -113,6 +113,7 @@ void check_cuda_run_args(const AttentionArgs& a, int64_t kv_block_size) {
             "params.temperature 0)");
   MSA_CHECK(!a.k2q.row_ptr.defined() && !a.k2q.q_idx.defined() && !a.k2q.schedule.defined(),
             "k2q: CUDA decode reads q2k directly; leave the k2q index empty");
+  api::refuse_cpu_only_attention(a, "decode");
   if (a.q2k.defined()) api::check_q2k(a.q2k, s, device);
   const Tensor& out = a.out;
   check_defined(out, "out");
@@ -121,7 +122,7 @@ void check_cuda_run_args(const AttentionArgs& a, int64_t kv_block_size) {
             dtype_name(a.q.dtype), " q, got ", dtype_name(out.dtype));
   check_shape(out, "out", {s.total_q, s.num_q_heads, s.head_dim});
   check_last_dim_contiguous(out, "out");
-  check_row_alignment(out, "out");
+  api::check_row_alignments(a.q, a.kv.k.values, a.kv.v.values, out);
   MSA_CHECK(out.device == device, "out: must be on ", device_name(device), ", got ",
             device_name(out.device));
   if (a.lse.defined()) {

@@ -201,7 +201,6 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   check_dtype(q, "q", values);
   check_ndim(q, "q", 3);
   check_last_dim_contiguous(q, "q");
-  check_row_alignment(q, "q");
   MSA_CHECK(kv_block_size == 1 || kv_block_size == 64 || kv_block_size == 128,
             "kv_block_size: must be 1 (token ids), 64 or 128, got ", kv_block_size);
   ProblemShape s;
@@ -226,7 +225,6 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
               dtype_name(k.dtype));
   }
   check_last_dim_contiguous(k, "k");
-  check_row_alignment(k, "k");
   const bool flat = kv.layout == KVLayout::flat;
   check_ndim(k, "k", flat ? 3 : 4);
   const int64_t kdim = logical_last_dim(k, "k");
@@ -253,7 +251,6 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
       MSA_CHECK(v.shape[d] == k.shape[d], "v: shape must equal k's ", k.describe(), ", got ",
                 v.describe());
     check_last_dim_contiguous(v, "v");
-    check_row_alignment(v, "v");
   }
 
   s.batch = cu_seqlens_q.defined() ? cu_seqlens_q.numel() - 1 : -1;
@@ -300,6 +297,22 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
     }
   }
   return s;
+}
+
+void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          bool elements_only) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"},
+                                std::pair{&out, "out"}})
+    if (t->defined()) check_row_alignment(*t, name, elements_only ? dtype_size(t->dtype) : 16);
+}
+
+void refuse_cpu_only_attention(const AttentionArgs& a, const char* op) {
+  MSA_CHECK(a.params.soft_cap == 0.f, "params.soft_cap: ", op, " does not run a soft-cap on CUDA "
+            "yet (got ", a.params.soft_cap, "); run on CPU tensors or leave it 0");
+  MSA_CHECK(!a.causal_offset.defined(), "causal_offset: ", op, " does not take per-batch causal "
+            "offsets on CUDA yet; run on CPU tensors or leave it absent");
+  MSA_CHECK(!a.key_mask.defined(), "key_mask: ", op, " does not take a key mask on CUDA yet; run "
+            "on CPU tensors or leave it absent");
 }
 
 int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device) {

@@ -50,6 +50,17 @@ void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t
 // batch and the page fields filled, enough for host_key_lengths.
 ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device);
 
+// 16-byte aligned rows (base pointer and every stride but the last) of q, k, v and out where
+// defined: what the CUDA kernels' vector and TMA loads need. The CPU backend reads elements, so
+// attention asks only `elements_only` (base pointers aligned to the element size) there, and any
+// head dim runs on the CPU.
+void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v = {},
+                          const Tensor& out = {}, bool elements_only = false);
+
+// The attention features only the CPU backend runs so far (params.soft_cap, causal_offset,
+// key_mask): each one set is an msa::Error naming it, for `op` on CUDA tensors.
+void refuse_cpu_only_attention(const AttentionArgs& a, const char* op);
+
 // q2k [Hkv, total_q, topk] int32 on the op's device; returns topk.
 int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device);
 

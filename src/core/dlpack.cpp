@@ -13,11 +13,12 @@ static DType dtype_from_dl(DLDataType t) {
     if (t.code == kDLFloat8_e8m0fnu && t.bits == 8) return DType::e8m0;
     if (t.code == kDLUInt && t.bits == 8) return DType::u8;
     if (t.code == kDLInt && t.bits == 32) return DType::i32;
+    if (t.code == kDLBool && t.bits == 8) return DType::boolean;
   }
   if (t.code == kDLFloat4_e2m1fn && t.bits == 4 && t.lanes == 2) return DType::fp4x2;
   fail("from_dlpack: unsupported DLPack dtype (code ", int(t.code), ", bits ", int(t.bits),
        ", lanes ", int(t.lanes), "); msa takes f32, f16, bf16, float8_e4m3fn, float8_e8m0fnu, "
-       "float4_e2m1fn x2, uint8, int32");
+       "float4_e2m1fn x2, uint8, int32, bool");
 }
 
 static DLDataType dtype_to_dl(DType t) {
@@ -30,6 +31,7 @@ static DLDataType dtype_to_dl(DType t) {
     case DType::e8m0: return {kDLFloat8_e8m0fnu, 8, 1};
     case DType::u8: return {kDLUInt, 8, 1};
     case DType::i32: return {kDLInt, 32, 1};
+    case DType::boolean: return {kDLBool, 8, 1};
   }
   fail("to_dlpack: unknown dtype");
 }

@@ -16,6 +16,7 @@ const char* dtype_name(DType t) {
     case DType::e8m0: return "e8m0";
     case DType::u8: return "u8";
     case DType::i32: return "i32";
+    case DType::boolean: return "bool";
   }
   return "?";
 }

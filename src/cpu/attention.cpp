@@ -1,6 +1,7 @@
-// CPU reference attention forward (msa/attention.h; docs/semantics.md: Attention, Paged KV), called
-// by api/attention.cpp after argument validation. It is the oracle for every GPU kernel: plain
-// loops, fp64 accumulation, no tiling; V rows of keys that are not attended are never read.
+// CPU reference attention forward (msa/attention.h; docs/semantics.md: Attention, Dense attention,
+// Paged KV), called by api/attention.cpp after argument validation. It is the oracle for every GPU
+// kernel: plain loops, fp64 accumulation, no tiling; K/V rows of keys that are not attended are
+// never read.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,13 +20,30 @@ struct KeyRange {
   int64_t begin, end;
 };
 
-// The keys that token t attends through kv head h: every visible key (dense), or the visible
-// keys of the blocks selected in q2k[h, t, :] (sparse; -1 slots skipped). The ranges are
-// disjoint because check_q2k_ids rejected repeated ids.
+// Exclusive end of the keys visible to token t under the causal rule (docs/semantics.md,
+// Visibility): bottom-right aligned, or j <= i + causal_offset[b] when per-batch offsets are
+// given (64-bit: an offset near INT32_MAX must not wrap), clamped to the batch's keys.
+int64_t key_end(const AttentionArgs& a, const BatchGeometry& g, int64_t t) {
+  const int64_t b = g.token_batch[t], i = t - g.q_start[b];
+  if (!a.causal_offset.defined()) return visible_key_end(i, g.q_len(b), g.key_len[b], a.params.causal);
+  return std::clamp<int64_t>(i + int64_t(a.causal_offset.ptr<int32_t>()[b]) + 1, 0, g.key_len[b]);
+}
+
+// Token t's row of key_mask (bool or u8, nonzero = visible; the last dim is contiguous), or null
+// without a mask.
+const uint8_t* mask_row(const AttentionArgs& a, const BatchGeometry& g, int64_t t) {
+  const Tensor& m = a.key_mask;
+  if (!m.defined()) return nullptr;
+  const int64_t row = a.key_mask_rows == KeyMaskRows::per_query ? t : g.token_batch[t];
+  return m.ptr<uint8_t>() + row * m.strides[0];
+}
+
+// The key ranges that token t attends through kv head h before the mask: every visible key
+// (dense), or the visible keys of the blocks selected in q2k[h, t, :] (sparse; -1 slots skipped).
+// The ranges are disjoint because check_q2k_ids rejected repeated ids.
 void attended_ranges(const AttentionArgs& a, const BatchGeometry& g, int64_t topk, int64_t h,
                      int64_t t, std::vector<KeyRange>& ranges) {
-  const int64_t b = g.token_batch[t];
-  const int64_t end = visible_key_end(t - g.q_start[b], g.q_len(b), g.key_len[b], a.params.causal);
+  const int64_t end = key_end(a, g, t);
   ranges.clear();
   if (!a.q2k.defined()) {
     if (end > 0) ranges.push_back({0, end});
@@ -44,11 +62,18 @@ struct HeadResult {
   double lse, tlse;
 };
 
-// One query head over n gathered keys k, v ([n, dim] row-major): out = softmax(s) . v with
-// s_j = scale * dot(q, k_j), lse = log sum exp(s), tlse = log sum exp(s / T) when T > 0.
-// n == 0 gives out = 0 and lse = tlse = -inf without forming (-inf) - (-inf).
+// The score rule of docs/semantics.md, Attention: the softmax scale, then the soft-cap
+// c * tanh(s / c) when c > 0.
+struct ScoreRule {
+  double scale, soft_cap, temperature;  // temperature 0: no tlse
+};
+
+// One query head over n gathered keys k, v ([n, dim] row-major): out = softmax(s) . v with the
+// scores s_j of `rule` over dot(q, k_j), lse = log sum exp(s), tlse = log sum exp(s / T) when
+// T > 0. n == 0 gives out = 0 and lse = tlse = -inf without forming (-inf) - (-inf).
 HeadResult attend(const double* q, const double* k, const double* v, int64_t n, int64_t dim,
-                  double scale, double temperature, std::vector<double>& logits, double* out) {
+                  const ScoreRule& rule, std::vector<double>& logits, double* out) {
+  const double temperature = rule.temperature;
   std::fill(out, out + dim, 0.0);
   if (n == 0) return {-kInf, -kInf};
   logits.resize(n);
@@ -56,7 +81,8 @@ HeadResult attend(const double* q, const double* k, const double* v, int64_t n, 
   for (int64_t j = 0; j < n; ++j) {
     double dot = 0;
     for (int64_t d = 0; d < dim; ++d) dot += q[d] * k[j * dim + d];
-    logits[j] = scale * dot;
+    logits[j] = rule.scale * dot;
+    if (rule.soft_cap > 0) logits[j] = rule.soft_cap * std::tanh(logits[j] / rule.soft_cap);
     m = std::max(m, logits[j]);
   }
   double sum = 0, tsum = 0;
@@ -106,8 +132,8 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s) {
     if (a.k2q.row_ptr.defined()) check_k2q_input(a, g, s.num_kv_heads, s.topk);
   }
   const int64_t dim = s.head_dim, hkv = s.num_kv_heads, total_q = s.total_q;
-  const double scale = softmax_scale(a.params, dim);
-  const double temperature = a.tlse.defined() ? a.params.temperature : 0.0;
+  const ScoreRule rule{softmax_scale(a.params, dim), a.params.soft_cap,
+                       a.tlse.defined() ? a.params.temperature : 0.0};
   const QReader q_rows(QTensor(a.q, a.q_scale), dim);
   const KeyReader k_rows(a.kv, s, KVPart::k), v_rows(a.kv, s, KVPart::v);
   const Tensor& out = a.out;
@@ -119,22 +145,25 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t th = 0; th < total_q * hkv; ++th) {
       const int64_t t = th / hkv, h = th % hkv, b = g.token_batch[t];
-      // Gather the attended K and V rows once for the G query heads of kv head h.
+      // Gather the attended K and V rows once for the G query heads of kv head h; masked keys
+      // are never read.
       attended_ranges(a, g, s.topk, h, t, ranges);
+      const uint8_t* keep = mask_row(a, g, t);
       int64_t n = 0;
       for (const KeyRange& r : ranges) n += r.end - r.begin;
       k.resize(n * dim);
       v.resize(n * dim);
-      int64_t i = 0;
+      n = 0;
       for (const KeyRange& r : ranges)
-        for (int64_t j = r.begin; j < r.end; ++j, ++i) {
-          k_rows.row(b, j, h, &k[i * dim]);
-          v_rows.row(b, j, h, &v[i * dim]);
+        for (int64_t j = r.begin; j < r.end; ++j) {
+          if (keep && !keep[j]) continue;
+          k_rows.row(b, j, h, &k[n * dim]);
+          v_rows.row(b, j, h, &v[n * dim]);
+          ++n;
         }
       for (int64_t hq = h * s.group; hq < (h + 1) * s.group; ++hq) {
         q_rows.row(t, hq, q.data());
-        const HeadResult res = attend(q.data(), k.data(), v.data(), n, dim, scale, temperature,
-                                      logits, o.data());
+        const HeadResult res = attend(q.data(), k.data(), v.data(), n, dim, rule, logits, o.data());
         const int64_t base = t * out.strides[0] + hq * out.strides[1];
         for (int64_t d = 0; d < dim; ++d) store_value(out, base + d, o[d]);
         if (a.lse.defined()) a.lse.ptr<float>()[hq * a.lse.strides[0] + t * a.lse.strides[1]] = float(res.lse);

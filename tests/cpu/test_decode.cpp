@@ -179,6 +179,35 @@ TEST(Decode, RunMustMatchThePlan) {
                "q2k: must be absent (planned dense, topk = 0)");
 }
 
+// CPU decode runs attention_forward, so dense attention's visibility and soft-cap hold there too
+// (docs/semantics.md, Dense attention), for head dims of the dense family.
+TEST(Decode, SoftCapOffsetsAndMasks) {
+  unsigned seed = 50;
+  for (int64_t dim : {32, 256, 12}) {
+    SCOPED_TRACE("D " + std::to_string(dim));
+    const Problem p = make_problem({1, 3, 2}, {200, 70, 33}, 4, 2, dim, seed++);
+    const PagedKV paged = make_paged(p, KVLayout::paged_hnd, 32, seed++);
+    DecodePlan plan;
+    plan.plan(shape_of(p, paged, 4, 0), paged.seqused_k.data<int32_t>(), Tensor());
+    AttentionParams prm;
+    prm.soft_cap = 4.f;
+    Visibility vis;
+    vis.causal_offset = {150, 69, -1};
+    vis.lk_max = 200;
+    vis.mask.assign(size_t(p.batch() * vis.lk_max), 1);
+    for (int64_t j = 0; j < vis.lk_max; j += 3) vis.mask[size_t(j)] = 0;  // batch 0: every third key
+    const HostTensor offset = i32_tensor(vis.causal_offset);
+    HostTensor mask(DType::boolean, {p.batch(), vis.lk_max});
+    std::copy(vis.mask.begin(), vis.mask.end(), mask.data<uint8_t>());
+    Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+    AttentionArgs a = make_args(p, paged.cache(), o, nullptr, prm);
+    a.causal_offset = offset.t;
+    a.key_mask = mask.t;
+    plan.run(a);
+    expect_matches(o, reference_attention(p, nullptr, 0, prm, vis));
+  }
+}
+
 TEST(Decode, PlanRules) {
   const Problem p = make_problem({1}, {100}, 4, 2, 32, 40);
   const PagedKV paged = make_paged(p, KVLayout::paged_nhd, 16, 41);

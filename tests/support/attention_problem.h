@@ -330,10 +330,29 @@ struct Reference {
   std::vector<double> tlse;  // [Hq, total_q], when temperature > 0
 };
 
+// Dense attention's visibility (docs/semantics.md, Dense attention) as plain host data: per-batch
+// causal offsets replacing the bottom-right rule, and a key mask with one row per batch or per
+// query token.
+struct Visibility {
+  std::vector<int32_t> causal_offset;  // [B]; empty: the bottom-right rule
+  std::vector<uint8_t> mask;           // [rows, lk_max] row-major, nonzero = visible; empty: none
+  bool per_query = false;              // mask rows: one per query token (else one per batch)
+  int64_t lk_max = 0;
+
+  // Whether query i (token t) of batch b sees key j of its lk keys, lq queries.
+  bool sees(bool causal, int64_t b, int64_t i, int64_t t, int64_t j, int64_t lq, int64_t lk) const {
+    bool use = causal_offset.empty() ? !causal || j <= i + lk - lq : j <= i + int64_t(causal_offset[b]);
+    if (!mask.empty()) use = use && mask[(per_query ? t : b) * lk_max + j] != 0;
+    return use;
+  }
+};
+
 // Brute force from docs/semantics.md, Attention: for every query, a mask over every key of its
-// batch (visible under the causal rule, and in a selected block when q2k is given).
+// batch (visible under the causal rule or the offsets and key mask of `vis`, and in a selected
+// block when q2k is given); scores soft-capped when prm.soft_cap > 0.
 inline Reference reference_attention(const Problem& p, const std::vector<int32_t>* q2k,
-                                     int64_t topk, const AttentionParams& prm) {
+                                     int64_t topk, const AttentionParams& prm,
+                                     const Visibility& vis = {}) {
   const int64_t total_q = p.total_q(), g = p.hq / p.hkv, D = p.dim, blk = prm.kv_block_size;
   const double scale = prm.softmax_scale != 0.f ? prm.softmax_scale : float(1.0 / std::sqrt(double(D)));
   Reference r{std::vector<double>(total_q * p.hq * D), std::vector<double>(p.hq * total_q),
@@ -345,7 +364,7 @@ inline Reference reference_attention(const Problem& p, const std::vector<int32_t
         std::vector<double> s;
         std::vector<int64_t> keys;
         for (int64_t j = 0; j < p.lk[b]; ++j) {
-          bool use = !prm.causal || j <= i + p.lk[b] - p.lq[b];
+          bool use = vis.sees(prm.causal, b, i, t, j, p.lq[b], p.lk[b]);
           if (q2k) {
             const int32_t* row = q2k->data() + (h * total_q + t) * topk;
             use = use && std::find(row, row + topk, int32_t(j / blk)) != row + topk;
@@ -354,7 +373,8 @@ inline Reference reference_attention(const Problem& p, const std::vector<int32_t
           double dot = 0;
           for (int64_t d = 0; d < D; ++d)
             dot += p.q_val[(t * p.hq + hq) * D + d] * p.k_val[((p.k_start(b) + j) * p.hkv + h) * D + d];
-          s.push_back(scale * dot);
+          const double sj = scale * dot;
+          s.push_back(prm.soft_cap > 0 ? prm.soft_cap * std::tanh(sj / prm.soft_cap) : sj);
           keys.push_back(p.k_start(b) + j);
         }
         double* o = &r.out[(t * p.hq + hq) * D];
@@ -435,5 +455,36 @@ inline void expect_same_bits(const Outputs& a, const Outputs& b) {
   EXPECT_EQ(std::memcmp(a.out.data<uint8_t>(), b.out.data<uint8_t>(), a.out.bytes()), 0) << "out differs";
   EXPECT_EQ(std::memcmp(a.lse.data<uint8_t>(), b.lse.data<uint8_t>(), a.lse.bytes()), 0) << "lse differs";
 }
+
+// One kv head, D = 8: q = 0.25 everywhere, k0 = 0.25, k1 = 0.5 everywhere, so with scale 1 the
+// logits are s0 = 8 * 0.0625 = 0.5 and s1 = 8 * 0.125 = 1; v0[d] = d + 1, v1[d] = -(d + 1) / 2.
+// (tests/cpu/test_attention.cpp, test_attention_dense.cpp)
+struct HandCase {
+  HostTensor q, k, v, cu_q, cu_k;
+  HandCase(int32_t lq) : q(DType::bf16, {lq, 1, 8}), k(DType::bf16, {2, 1, 8}), v(DType::bf16, {2, 1, 8}),
+                         cu_q(i32_tensor({0, lq})), cu_k(i32_tensor({0, 2})) {
+    for (int64_t d = 0; d < 8; ++d) {
+      for (int32_t i = 0; i < lq; ++i) store(q.t, i * 8 + d, 0.25f);
+      store(k.t, d, 0.25f);
+      store(k.t, 8 + d, 0.5f);
+      store(v.t, d, float(d + 1));
+      store(v.t, 8 + d, -float(d + 1) / 2);
+    }
+  }
+  Outputs run(const AttentionParams& prm) const {
+    Outputs o(DType::bf16, q.t.shape[0], 1, 8);
+    AttentionArgs a;
+    a.q = q.t;
+    a.kv.k = k.t;
+    a.kv.v = v.t;
+    a.kv.cu_seqlens_k = cu_k.t;
+    a.cu_seqlens_q = cu_q.t;
+    a.out = o.out.t;
+    a.lse = o.lse.t;
+    a.params = prm;
+    attention_forward(a);
+    return o;
+  }
+};
 
 }  // namespace msa::test
