@@ -15,7 +15,7 @@ namespace msa {
 // The paged index keys, one key head. Key j of request b lives in page block_table[b, j /
 // page_size], slot j % page_size.
 struct IndexKeyCache {
-  QTensor keys;        // [num_pages, page_size, D] bf16 | f16, or NVFP4: values fp4x2
+  QTensor key_cache;   // [num_pages, page_size, D] bf16 | f16, or NVFP4: values fp4x2
                        // [num_pages, page_size, D / 2], scale fp8_e4m3 [num_pages, page_size,
                        // D / 16], global_scale; the last dim contiguous
   Tensor block_table;  // [B, W] int32, ids < num_pages for the pages a length covers

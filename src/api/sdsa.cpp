@@ -65,10 +65,10 @@ int64_t check_index_values(const QTensor& x, const char* name, int ndim) {
 
 ProblemShape check_index_cache(const IndexKeyCache& c) {
   ProblemShape s;
-  s.head_dim = check_index_values(c.keys, "keys", 3);
-  s.num_pages = c.keys.values.shape[0];
-  s.page_size = c.keys.values.shape[1];
-  MSA_CHECK(s.page_size >= 1, "keys: page_size (dim 1) must be >= 1, got ", c.keys.values.describe());
+  s.head_dim = check_index_values(c.key_cache, "key_cache", 3);
+  s.num_pages = c.key_cache.values.shape[0];
+  s.page_size = c.key_cache.values.shape[1];
+  MSA_CHECK(s.page_size >= 1, "key_cache: page_size (dim 1) must be >= 1, got ", c.key_cache.values.describe());
   check_defined(c.block_table, "block_table");
   check_dtype(c.block_table, "block_table", {DType::i32});
   check_ndim(c.block_table, "block_table", 2);
@@ -82,7 +82,7 @@ ProblemShape check_index_cache(const IndexKeyCache& c) {
 
 void check_index_rows(const IndexQueryRows& r, ProblemShape& s) {
   const int64_t dim = check_index_values(r.query, "query", 2);
-  MSA_CHECK(dim == s.head_dim, "query: head dim ", dim, " must equal the keys' ", s.head_dim);
+  MSA_CHECK(dim == s.head_dim, "query: head dim ", dim, " must equal key_cache's ", s.head_dim);
   s.total_q = r.query.values.shape[0];
   check_i32_vector(r.row_requests, "row_requests", s.total_q);
   if (r.row_lens.defined()) check_i32_vector(r.row_lens, "row_lens", s.total_q);
@@ -131,7 +131,7 @@ Device rows_cache_device(const char* op, const IndexQueryRows& r, const IndexKey
   const Device d = api::common_device(
       op, {{&r.query.values, "query"}, {&r.query.scale, "query.scale"},
            {&r.row_requests, "row_requests"}, {&r.row_lens, "row_lens"},
-           {&c.keys.values, "keys"}, {&c.keys.scale, "keys.scale"},
+           {&c.key_cache.values, "key_cache"}, {&c.key_cache.scale, "key_cache.scale"},
            {&c.block_table, "block_table"}, {&c.seq_lens, "seq_lens"}});
   for (const auto& [t, name] : more)
     MSA_CHECK(!t->defined() || t->device == d, op, ": ", name, " is on ", device_name(t->device),
@@ -193,7 +193,7 @@ void gather_key_sample(const GatherKeySampleArgs& a, cudaStream_t stream) {
   const IndexKeyCache& c = a.cache;
   const Device device = api::common_device(
       "gather_key_sample",
-      {{&c.keys.values, "keys"}, {&c.keys.scale, "keys.scale"}, {&c.block_table, "block_table"},
+      {{&c.key_cache.values, "key_cache"}, {&c.key_cache.scale, "key_cache.scale"}, {&c.block_table, "block_table"},
        {&c.seq_lens, "seq_lens"}, {&a.offsets, "offsets"}, {&a.sample.values, "sample"},
        {&a.sample.scale, "sample.scale"}, {&a.sample_lens, "sample_lens"}});
   const ProblemShape s = api::check_index_cache(c);
@@ -201,10 +201,10 @@ void gather_key_sample(const GatherKeySampleArgs& a, cudaStream_t stream) {
   if (a.offsets.defined()) api::check_i32_vector(a.offsets, "offsets", s.batch);
   const Tensor& out = a.sample.values;
   check_defined(out, "sample");
-  check_dtype(out, "sample", {c.keys.values.dtype});
+  check_dtype(out, "sample", {c.key_cache.values.dtype});
   check_ndim(out, "sample", 3);
-  MSA_CHECK(out.shape[0] == s.batch && out.shape[2] == c.keys.values.shape[2], "sample: must be "
-            "[B = ", s.batch, ", S, ", c.keys.values.shape[2], "] (the keys' last dim), got ",
+  MSA_CHECK(out.shape[0] == s.batch && out.shape[2] == c.key_cache.values.shape[2], "sample: must be "
+            "[B = ", s.batch, ", S, ", c.key_cache.values.shape[2], "] (key_cache's last dim), got ",
             out.describe());
   check_last_dim_contiguous(out, "sample");
   if (out.dtype == DType::fp4x2) {

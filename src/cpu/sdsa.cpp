@@ -21,7 +21,7 @@ namespace {
 class IndexReader {
  public:
   IndexReader(const IndexQueryRows& r, const IndexKeyCache& c, const ProblemShape& s)
-      : rows_(r), cache_(c), s_(s), qdec_(r.query, s.head_dim), kdec_(c.keys, s.head_dim) {}
+      : rows_(r), cache_(c), s_(s), qdec_(r.query, s.head_dim), kdec_(c.key_cache, s.head_dim) {}
 
   // Decodes row t's query into q (D doubles); returns its request b and length L_t (-1, 0 when a
   // value changed after validation).
@@ -48,11 +48,11 @@ class IndexReader {
   bool key(int64_t b, int64_t j, double* k) const {
     const int32_t page = page_of(b, j);
     if (page < 0) return false;
-    const Tensor& v = cache_.keys.values;
+    const Tensor& v = cache_.key_cache.values;
     const int64_t slot = j % s_.page_size;
     std::optional<int64_t> scale_row;
     if (v.dtype == DType::fp4x2) {
-      const Tensor& sc = cache_.keys.scale;
+      const Tensor& sc = cache_.key_cache.scale;
       scale_row = page * sc.strides[0] + slot * sc.strides[1];
     }
     kdec_.decode(page * v.strides[0] + slot * v.strides[1], 0, 0, k, scale_row);
@@ -137,7 +137,7 @@ void indexer_threshold_select(const ThresholdSelectArgs& a, const ProblemShape& 
 
 void gather_key_sample(const GatherKeySampleArgs& a, const ProblemShape& s) {
   const IndexReader reader(IndexQueryRows{}, a.cache, s);
-  const Tensor& src = a.cache.keys.values;
+  const Tensor& src = a.cache.key_cache.values;
   const Tensor& dst = a.sample.values;
   const bool fp4 = src.dtype == DType::fp4x2;
   const size_t row_bytes = size_t(src.shape[2]) * dtype_size(src.dtype);
@@ -164,7 +164,7 @@ void gather_key_sample(const GatherKeySampleArgs& a, const ProblemShape& s) {
                       (page * src.strides[0] + slot * src.strides[1]) * e,
                   row_bytes);
       if (fp4) {
-        const Tensor& ss = a.cache.keys.scale;
+        const Tensor& ss = a.cache.key_cache.scale;
         const Tensor& ds = a.sample.scale;
         std::memcpy(ds.ptr<uint8_t>() + b * ds.strides[0] + i * ds.strides[1],
                     ss.ptr<uint8_t>() + page * ss.strides[0] + slot * ss.strides[1], scale_bytes);

@@ -396,7 +396,7 @@ TEST(SdsaSample, GatherIsTheStridedKeysAndScoresAsAPagedCache) {
     HostTensor sampled(DType::f32, {4, S});
     IndexerScoresArgs a;
     a.rows = c.rows();
-    a.cache.keys = fp4 ? QTensor(sample.t, sample_sc.t, c.key_global) : QTensor(sample.t);
+    a.cache.key_cache = fp4 ? QTensor(sample.t, sample_sc.t, c.key_global) : QTensor(sample.t);
     a.cache.block_table = Tensor(table.t.data, DType::i32, {4, 1});
     a.cache.seq_lens = sample_lens.t;
     a.scores = sampled.t;
@@ -469,11 +469,11 @@ TEST(SdsaArgs, EveryBadInputIsAnErrorNamingTheArgument) {
   HostTensor sc(DType::fp8_e4m3, {2, 2});
   expect_arg_error(run, valid, [&](auto& a) { a.rows.query = QTensor(f32q.t); }, "query: dtype");
   expect_arg_error(run, valid, [&](auto& a) { a.rows.query = QTensor(q16.t); },
-                   "query: head dim 16 must equal the keys' 32");
+                   "query: head dim 16 must equal key_cache's 32");
   expect_arg_error(run, valid, [&](auto& a) { a.rows.query = QTensor(c.query.t, sc.t); },
                    "query.scale: only NVFP4 (fp4x2) values take a scale");
-  expect_arg_error(run, valid, [&](auto& a) { a.cache.keys = QTensor(c.keys.t, sc.t); },
-                   "keys.scale: only NVFP4");
+  expect_arg_error(run, valid, [&](auto& a) { a.cache.key_cache = QTensor(c.keys.t, sc.t); },
+                   "key_cache.scale: only NVFP4");
   expect_arg_error(run, valid, [&](auto& a) { a.rows.row_requests = bad_req.t; },
                    "row_requests: row 0 names request 2, outside [0, B = 2)");
   expect_arg_error(run, valid, [&](auto& a) { a.rows.row_requests = i64ish.t; }, "row_requests: dtype");
@@ -504,8 +504,8 @@ TEST(SdsaArgs, EveryBadInputIsAnErrorNamingTheArgument) {
   expect_arg_error(run, fvalid, [&](auto& a) { a.rows.query.scale = short_sc.t; },
                    "query.scale: last dim must be D / 16 = 2");
   expect_arg_error(run, fvalid, [&](auto& a) { a.rows.query.scale = Tensor(); }, "query.scale: ");
-  expect_arg_error(run, fvalid, [&](auto& a) { a.cache.keys.global_scale = 0.f; },
-                   "keys.global_scale: must be finite and > 0");
+  expect_arg_error(run, fvalid, [&](auto& a) { a.cache.key_cache.global_scale = 0.f; },
+                   "key_cache.global_scale: must be finite and > 0");
 
   // The select's stores.
   Stores st(2, 4, 2, 3);

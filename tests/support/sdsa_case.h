@@ -32,7 +32,7 @@ struct SdsaCase {
 
   IndexKeyCache cache() const {
     IndexKeyCache c;
-    c.keys = shape.fp4_keys ? QTensor(keys.t, key_scale.t, key_global) : QTensor(keys.t);
+    c.key_cache = shape.fp4_keys ? QTensor(keys.t, key_scale.t, key_global) : QTensor(keys.t);
     c.block_table = table.t;
     c.seq_lens = lens.t;
     return c;
