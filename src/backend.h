@@ -23,6 +23,14 @@ void k2q_to_q2k(const K2QIndex& k2q, const Tensor& cu_seqlens_q, const KVCache& 
 void attention_forward(const AttentionArgs& a, const ProblemShape& s);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out);
 void dequantize(const QTensor& x, const Tensor& out);
+// The SDSA indexer (msa/sdsa.h). `s`: batch (B), total_q (T), head_dim (D), page_size, num_pages
+// and max_pages (the block table's width) of validated arguments.
+void indexer_scores(const IndexerScoresArgs& a, const ProblemShape& s);
+void indexer_threshold_select(const ThresholdSelectArgs& a, const ProblemShape& s);
+void top_k_from_candidates(const TopKFromCandidatesArgs& a);
+void gather_key_sample(const GatherKeySampleArgs& a, const ProblemShape& s);
+void thresholds_from_sample(const ThresholdsFromSampleArgs& a);
+void quantize_write_index_qk_nvfp4(const QuantizeIndexQKArgs& a);
 }  // namespace cpu
 
 namespace cuda {
@@ -47,6 +55,15 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream);
 void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);
 void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
+// The SDSA indexer (src/cuda/sm90/sdsa/), `s` as for the CPU; lengths, ids and slots are checked
+// on the device and reported through the status buffer.
+void indexer_scores(const IndexerScoresArgs& a, const ProblemShape& s, cudaStream_t stream);
+void indexer_threshold_select(const ThresholdSelectArgs& a, const ProblemShape& s,
+                              cudaStream_t stream);
+void top_k_from_candidates(const TopKFromCandidatesArgs& a, cudaStream_t stream);
+void gather_key_sample(const GatherKeySampleArgs& a, const ProblemShape& s, cudaStream_t stream);
+void thresholds_from_sample(const ThresholdsFromSampleArgs& a, cudaStream_t stream);
+void quantize_write_index_qk_nvfp4(const QuantizeIndexQKArgs& a, cudaStream_t stream);
 // The status buffer on the device: copied to `out` after the stream's work (synchronizes), or
 // reset asynchronously on the stream.
 void read_status(const Tensor& status, cudaStream_t stream, int32_t out[4]);

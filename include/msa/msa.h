@@ -11,6 +11,7 @@
 #include "msa/logits.h"
 #include "msa/pipeline.h"
 #include "msa/quant.h"
+#include "msa/sdsa.h"
 #include "msa/tensor.h"
 #include "msa/topk.h"
 #include "msa/version.h"

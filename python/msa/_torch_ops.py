@@ -18,6 +18,8 @@ from .csr import build_k2q_csr_eager
 from .indexer import block_scores_eager, block_topk_eager, select_topk_eager
 from .logits import mqa_logits_eager, paged_mqa_logits_eager, token_topk_eager
 from .quant import SCALE_DTYPES, SCALE_SHAPES, VALUE_DTYPES, dequantize_eager, quantize_eager
+from .sdsa import (indexer_scores_eager, thresholds_from_sample_eager,
+                   top_k_from_candidates_eager)
 
 #: Live decode plans by id: a custom op cannot take a C++ object, so run() passes the plan's id.
 DECODE_PLANS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
@@ -171,6 +173,62 @@ def _(logits, ks, ke, topk, stream):
 
 def token_topk(*args: Any) -> Tensor:
     return _token_topk(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::indexer_scores", mutates_args=())
+def _indexer_scores(query: Tensor, query_scale: Optional[Tensor], key_cache: Tensor,
+                    key_scale: Optional[Tensor], block_table: Tensor, seq_lens: Tensor,
+                    row_requests: Tensor, row_lens: Optional[Tensor], query_global_scale: float,
+                    key_global_scale: float, max_len: int, check: Optional[bool],
+                    stream: Optional[int]) -> Tensor:
+    return indexer_scores_eager(query, query_scale, key_cache, key_scale, block_table, seq_lens,
+                                row_requests, row_lens, query_global_scale, key_global_scale,
+                                max_len, None, stream, check)
+
+
+@_indexer_scores.register_fake
+def _(query, query_scale, key_cache, key_scale, block_table, seq_lens, row_requests, row_lens,
+      query_global_scale, key_global_scale, max_len, check, stream):
+    return row_requests.new_empty((row_requests.shape[0], max_len), dtype=torch.float32)
+
+
+def indexer_scores(*args: Any) -> Tensor:
+    return _indexer_scores(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::top_k_from_candidates", mutates_args=())
+def _top_k_from_candidates(candidates: Tensor, ties: Tensor, counts: Tensor, topk: int,
+                           stream: Optional[int]) -> tuple[Tensor, Tensor]:
+    return top_k_from_candidates_eager(candidates, ties, counts, topk, None, None, stream)
+
+
+@_top_k_from_candidates.register_fake
+def _(candidates, ties, counts, topk, stream):
+    rows = candidates.shape[0]
+    return (candidates.new_empty((rows, topk), dtype=torch.int32),
+            candidates.new_empty((rows,), dtype=torch.int32))
+
+
+def top_k_from_candidates(*args: Any) -> tuple:
+    return _top_k_from_candidates(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::thresholds_from_sample", mutates_args=())
+def _thresholds_from_sample(sample_scores: Tensor, topk: int, sample_stride: int,
+                            oversample: float, stream: Optional[int]) -> tuple[Tensor, Tensor]:
+    return thresholds_from_sample_eager(sample_scores, topk, sample_stride, oversample, None, None,
+                                        stream)
+
+
+@_thresholds_from_sample.register_fake
+def _(sample_scores, topk, sample_stride, oversample, stream):
+    rows = sample_scores.shape[0]
+    return (sample_scores.new_empty((rows,), dtype=torch.float32),
+            sample_scores.new_empty((rows, 3), dtype=torch.int32))
+
+
+def thresholds_from_sample(*args: Any) -> tuple:
+    return _thresholds_from_sample(*args[:-1], _sint(args[-1]))
 
 
 def _fake_attention(q: Tensor, temperature: float) -> tuple:

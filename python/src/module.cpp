@@ -77,6 +77,107 @@ CsrBuildArgs csr_args(Args& a, bool to_k2q) {
   return x;
 }
 
+// The SDSA indexer's query rows (query, its NVFP4 scale and global scale, row_requests, row_lens)
+// and paged key cache (key_cache, its scale and global scale, block_table, seq_lens).
+IndexQueryRows index_rows(Args& a) {
+  IndexQueryRows r;
+  r.query = a.qtensor("query");
+  r.row_requests = a.tensor("row_requests");
+  r.row_lens = a.tensor("row_lens");
+  return r;
+}
+IndexKeyCache index_cache(Args& a) {
+  IndexKeyCache c;
+  c.key_cache = a.qtensor("key_cache");
+  c.block_table = a.tensor("block_table");
+  c.seq_lens = a.tensor("seq_lens");
+  return c;
+}
+
+void bind_sdsa(nb::module_& m) {
+  def_op(
+      m, "indexer_scores", "msa::indexer_scores; keywords as in msa.indexer_scores, scores preallocated.",
+      [](Args& a) {
+        IndexerScoresArgs x;
+        x.rows = index_rows(a);
+        x.cache = index_cache(a);
+        x.scores = a.tensor("scores", Access::write);
+        x.status = a.tensor("status", Access::write);
+        return x;
+      },
+      [](const IndexerScoresArgs& x, cudaStream_t s) { indexer_scores(x, s); });
+  def_op(
+      m, "indexer_threshold_select",
+      "msa::indexer_threshold_select; candidates and ties preallocated, counts updated in place.",
+      [](Args& a) {
+        ThresholdSelectArgs x;
+        x.rows = index_rows(a);
+        x.cache = index_cache(a);
+        x.thresholds = a.tensor("thresholds");
+        x.candidates = a.tensor("candidates", Access::write);
+        x.ties = a.tensor("ties", Access::write);
+        x.counts = a.tensor("counts", Access::write);
+        x.status = a.tensor("status", Access::write);
+        return x;
+      },
+      [](const ThresholdSelectArgs& x, cudaStream_t s) { indexer_threshold_select(x, s); });
+  def_op(
+      m, "top_k_from_candidates",
+      "msa::top_k_from_candidates; ids and row_status preallocated.",
+      [](Args& a) {
+        TopKFromCandidatesArgs x;
+        x.candidates = a.tensor("candidates");
+        x.ties = a.tensor("ties");
+        x.counts = a.tensor("counts");
+        x.topk = a.int32("topk", 2048);
+        x.ids = a.tensor("ids", Access::write);
+        x.row_status = a.tensor("row_status", Access::write);
+        return x;
+      },
+      [](const TopKFromCandidatesArgs& x, cudaStream_t s) { top_k_from_candidates(x, s); });
+  def_op(
+      m, "gather_key_sample", "msa::gather_key_sample; sample and sample_lens preallocated.",
+      [](Args& a) {
+        GatherKeySampleArgs x;
+        x.cache = index_cache(a);
+        x.stride = a.int32("stride", 1);
+        x.offsets = a.tensor("offsets");
+        x.sample = a.qtensor("sample", Access::write);
+        x.sample_lens = a.tensor("sample_lens", Access::write);
+        x.status = a.tensor("status", Access::write);
+        return x;
+      },
+      [](const GatherKeySampleArgs& x, cudaStream_t s) { gather_key_sample(x, s); });
+  def_op(
+      m, "thresholds_from_sample",
+      "msa::thresholds_from_sample; thresholds and counts preallocated.",
+      [](Args& a) {
+        ThresholdsFromSampleArgs x;
+        x.sample_scores = a.tensor("sample_scores");
+        x.topk = a.int32("topk", 2048);
+        x.sample_stride = a.int32("sample_stride", 1);
+        x.oversample = a.real("oversample", 2.0);
+        x.thresholds = a.tensor("thresholds", Access::write);
+        x.counts = a.tensor("counts", Access::write);
+        return x;
+      },
+      [](const ThresholdsFromSampleArgs& x, cudaStream_t s) { thresholds_from_sample(x, s); });
+  def_op(
+      m, "quantize_write_index_qk_nvfp4",
+      "msa::quantize_write_index_qk_nvfp4; key_cache written in place, query_out preallocated.",
+      [](Args& a) {
+        QuantizeIndexQKArgs x;
+        x.key = a.tensor("key");
+        x.slots = a.tensor("slots");
+        x.key_cache = a.qtensor("key_cache", Access::write);
+        x.query = a.tensor("query");
+        x.query_out = a.qtensor("query_out", Access::write);
+        x.status = a.tensor("status", Access::write);
+        return x;
+      },
+      [](const QuantizeIndexQKArgs& x, cudaStream_t s) { quantize_write_index_qk_nvfp4(x, s); });
+}
+
 // Attention's arguments; with `scratch`, a CUDA call without workspace= gets
 // attention_workspace_bytes from alloc= (the size function validates the arguments first, so a
 // bad call allocates nothing).
@@ -326,5 +427,6 @@ NB_MODULE(_C, m) {
          [](Args& a) { return a.tensor("status", Access::write); },
          [](const Tensor& status, cudaStream_t s) { clear_status(status, s); });
 
+  bind_sdsa(m);
   py::bind_decode(m);
 }

@@ -11,27 +11,8 @@
 namespace msa {
 namespace {
 
-using TensorArgs = std::initializer_list<std::pair<const Tensor*, const char*>>;
-
-// The device of the op: every tensor argument given on the first one's device.
-Device common_device(const char* op, TensorArgs args) {
-  const Tensor* first = nullptr;
-  const char* first_name = "";
-  for (const auto& [t, name] : args) {
-    if (!t->defined()) continue;
-    if (first == nullptr) {
-      first = t;
-      first_name = name;
-      continue;
-    }
-    MSA_CHECK(t->device == first->device, op, ": ", name, " is on ", device_name(t->device),
-              ", but ", first_name, " on ", device_name(first->device), "; all on one device");
-  }
-  return first ? first->device : Device{};
-}
-
 // token_topk runs on the CPU only so far.
-void require_cpu(const char* op, TensorArgs args) {
+void require_cpu(const char* op, api::TensorArgs args) {
   for (const auto& [t, name] : args)
     MSA_CHECK(!t->defined() || t->device.type == DeviceType::cpu, op, ": runs on the CPU only so "
               "far (its CUDA kernel is not written yet); got ", name, " on ",
@@ -73,7 +54,7 @@ void check_ranges(const Tensor& ks_t, const Tensor& ke_t, int64_t t_rows, int64_
 
 void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
   const Device device =
-      common_device("mqa_logits", {{&a.q.values, "q"}, {&a.q.scale, "q.scale"}, {&a.k.values, "k"},
+      api::common_device("mqa_logits", {{&a.q.values, "q"}, {&a.q.scale, "q.scale"}, {&a.k.values, "k"},
                                    {&a.k.scale, "k.scale"}, {&a.weights, "weights"}, {&a.ks, "ks"},
                                    {&a.ke, "ke"}, {&a.logits, "logits"}});
   const Tensor& q = a.q.values;
@@ -147,7 +128,7 @@ void token_topk(const TokenTopKArgs& a, cudaStream_t /*stream*/) {
 }
 
 void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
-  const Device device = common_device(
+  const Device device = api::common_device(
       "paged_mqa_logits", {{&a.q, "q"}, {&a.q_sf, "q_sf"}, {&a.kv_fused, "kv_fused"},
                            {&a.weights, "weights"}, {&a.block_tables, "block_tables"},
                            {&a.seq_lens, "seq_lens"}, {&a.logits, "logits"}});

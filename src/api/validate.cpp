@@ -340,6 +340,22 @@ void check_selection(int topk, int sink_blocks, int local_blocks, int kv_block_s
             local_blocks);
 }
 
+Device common_device(const char* op, TensorArgs args) {
+  const Tensor* first = nullptr;
+  const char* first_name = "";
+  for (const auto& [t, name] : args) {
+    if (!t->defined()) continue;
+    if (first == nullptr) {
+      first = t;
+      first_name = name;
+      continue;
+    }
+    MSA_CHECK(t->device == first->device, op, ": ", name, " is on ", device_name(t->device),
+              ", but ", first_name, " on ", device_name(first->device), "; all on one device");
+  }
+  return first ? first->device : Device{};
+}
+
 void check_status_arg(const Tensor& status, Device device, const char* op) {
   if (device.type != DeviceType::cuda) return;
   MSA_CHECK(status.defined(), op, ": status (int32[4] on the GPU) is required for CUDA tensors");

@@ -4,6 +4,7 @@
 // CUDA tensors they run on the device and report through the status buffer.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -67,6 +68,13 @@ int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device);
 // Top-K selection knobs (docs/semantics.md, Top-K selection): kv_block_size 64 | 128, topk >= 1,
 // sink/local >= 0, sink + local <= topk so that no forced block is ever dropped.
 void check_selection(int topk, int sink_blocks, int local_blocks, int kv_block_size);
+
+// A list of (tensor, its argument name).
+using TensorArgs = std::initializer_list<std::pair<const Tensor*, const char*>>;
+
+// The device of an op: every tensor given (absent ones are skipped) on the first one's device,
+// else an msa::Error naming both.
+Device common_device(const char* op, TensorArgs args);
 
 // Status buffer int32[4]: required (and cleared by the caller's op) on CUDA.
 void check_status_arg(const Tensor& status, Device device, const char* op);

@@ -26,6 +26,24 @@ void mqa_logits(const MqaLogitsArgs&, cudaStream_t) { no_cuda("mqa_logits"); }
 void paged_mqa_logits(const PagedMqaLogitsArgs&, cudaStream_t) { no_cuda("paged_mqa_logits"); }
 void quantize(const Tensor&, QuantFormat, const QTensor&, cudaStream_t) { no_cuda("quantize"); }
 void dequantize(const QTensor&, const Tensor&, cudaStream_t) { no_cuda("dequantize"); }
+void indexer_scores(const IndexerScoresArgs&, const ProblemShape&, cudaStream_t) {
+  no_cuda("indexer_scores");
+}
+void indexer_threshold_select(const ThresholdSelectArgs&, const ProblemShape&, cudaStream_t) {
+  no_cuda("indexer_threshold_select");
+}
+void top_k_from_candidates(const TopKFromCandidatesArgs&, cudaStream_t) {
+  no_cuda("top_k_from_candidates");
+}
+void gather_key_sample(const GatherKeySampleArgs&, const ProblemShape&, cudaStream_t) {
+  no_cuda("gather_key_sample");
+}
+void thresholds_from_sample(const ThresholdsFromSampleArgs&, cudaStream_t) {
+  no_cuda("thresholds_from_sample");
+}
+void quantize_write_index_qk_nvfp4(const QuantizeIndexQKArgs&, cudaStream_t) {
+  no_cuda("quantize_write_index_qk_nvfp4");
+}
 void read_status(const Tensor&, cudaStream_t, int32_t[4]) { no_cuda("check_status"); }
 void clear_status(const Tensor&, cudaStream_t) { no_cuda("clear_status"); }
 }  // namespace cuda
