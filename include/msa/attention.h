@@ -62,9 +62,10 @@ struct AttentionArgs {
 // params.soft_cap > 0; 0 when there is no key (lse -inf).
 // CPU: any head dim D >= 1 and any strides with a contiguous last dim (rows need no alignment).
 // FP8 queries (q fp8_e4m3 with q_scale, docs/semantics.md, Quantized attention) take bf16, FP8 or
-// FP4 K/V and write bf16 out; on CUDA they run in decode (DecodePlan) only so far.
-// CUDA (sm_90a, sparse only, D = 128, rows 16-byte aligned; soft_cap, causal_offset and key_mask
-// are refused with an msa::Error naming them): K/V of q's dtype, or FP8 / FP4 K/V under bf16 q; flat or paged
+// FP4 K/V and write bf16 out (on CUDA too).
+// CUDA (sm_90a, sparse and dense, D = 128, rows 16-byte aligned; soft_cap, causal_offset and
+// key_mask are refused with an msa::Error naming them): K/V of q's dtype, or FP8 / FP4 K/V under
+// bf16 or FP8 q; flat or paged
 // (page_size 16-256, either pool layout, strides multiples of 16 bytes, B * max_pages *
 // page_size < 2^31). The device checks a paged cache before reading it: a page id outside
 // [0, num_pages) in a column that seqused_k uses, or a seqused_k outside

@@ -13,7 +13,8 @@ constexpr size_t kAlign = 256;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // The two calls of the pipeline, with q2k placed at `q2k_data` and the attention scratch at the
-// workspace's remainder (`attn_ws`, absent when sizing).
+// workspace's remainder (`attn_ws`, absent when sizing). The attention is dense (no q2k) when the
+// selection cannot leave a visible block out.
 struct Calls {
   BlockTopKArgs select;
   AttentionArgs attend;
@@ -55,7 +56,18 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
   c.attend.q = a.q;
   c.attend.kv = a.kv;
   c.attend.cu_seqlens_q = a.cu_seqlens_q;
-  c.attend.q2k = q2k;
+  // When top-K covers every block of the longest request the cache can hold, the selection is
+  // every visible block (DESIGN section 3) and dense attention attends exactly those keys,
+  // without the k2q CSR and the sparse prep chain (on CUDA ~20 launches: the bulk of a short
+  // call's time). The selection is still written for callers that read it.
+  // (Malformed caches keep the selection: attention then names what is wrong.)
+  const Tensor& table = a.kv.page_table;
+  const bool flat = a.kv.layout == KVLayout::flat;
+  const bool well_formed = flat ? k.ndim == 3 : k.ndim == 4 && table.defined() && table.ndim == 2;
+  const int64_t key_bound = !well_formed ? -1
+                            : flat       ? k.shape[0]
+                                         : table.shape[1] * k.shape[a.kv.layout == KVLayout::paged_nhd ? 1 : 2];
+  if (key_bound < 0 || int64_t(a.topk) * a.params.kv_block_size < key_bound) c.attend.q2k = q2k;
   c.attend.out = a.out;
   c.attend.lse = a.lse;
   c.attend.tlse = a.tlse;
@@ -94,7 +106,8 @@ void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
     uint8_t* base = a.workspace.ptr<uint8_t>();
     const Tensor attn_ws(base + q2k_span, DType::u8,
                          {a.workspace.numel() - int64_t(q2k_span)}, a.q.device);
-    c.select.q2k.data = c.attend.q2k.data = base;
+    c.select.q2k.data = base;
+    if (c.attend.q2k.defined()) c.attend.q2k.data = base;
     c.attend.workspace = attn_ws;
   }
   block_topk(c.select, stream);

@@ -92,6 +92,35 @@ TEST(Pipeline, EqualsBlockTopKThenAttention) {
   }
 }
 
+// topK x kv_block_size >= total_k: every visible block is selected, so the pipeline attends
+// densely (no q2k): the same bits as dense attention_forward and as the two calls, and the
+// selection is still at the start of the workspace. One key short of that bound it stays sparse.
+TEST(Pipeline, ShortRequestsRunDense) {
+  for (const bool covered : {true, false}) {
+    SCOPED_TRACE(covered ? "topK covers every block" : "one key past the bound");
+    const Problem p = make_problem({100, 37}, {covered ? 219 : 220, 37}, 8, 2, 64, 91);  // 256 + 1
+    AttentionParams prm;
+    prm.kv_block_size = 64;
+    const KVCache kv = p.flat_kv();
+    const Manual want = by_hand(p, kv, p.q.t, p.k.t, 4, prm);
+    Outputs dense(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+    attention_forward(make_args(p, kv, dense, nullptr, prm));
+    Outputs o(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+    PipelineArgs a = pipeline_args(p, kv, o, 4, prm);
+    HostTensor ws(DType::u8, {int64_t(pipeline_workspace_bytes(a))});
+    a.workspace = ws.t;
+    sparse_attention_pipeline(a);
+    expect_same(o.out, want.o.out, "out against the two calls");
+    expect_same(o.lse, want.o.lse, "lse against the two calls");
+    if (covered) {
+      expect_same(o.out, dense.out, "out against dense attention");
+      expect_same(o.lse, dense.lse, "lse against dense attention");
+    }
+    EXPECT_EQ(0, std::memcmp(ws.data<uint8_t>(), want.q2k.data<uint8_t>(), want.q2k.bytes()))
+        << "q2k at the start of the workspace";
+  }
+}
+
 TEST(Pipeline, SeparateIndexerInputs) {
   const Problem p = make_problem({90, 60}, {1000, 900}, 8, 2, 64, 77);
   const Problem other = make_problem({90, 60}, {1000, 900}, 8, 2, 64, 78);  // other q, k values

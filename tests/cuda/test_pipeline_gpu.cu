@@ -21,10 +21,10 @@ void fill(HostTensor& t, std::mt19937& rng, bool integer) {
     t.data<uint16_t>()[i] = codec::float_to_bf16(integer ? float(int(rng() % 5) - 2) : nd(rng));
 }
 
-TEST(PipelineGpu, GraphReplaysWithNewInputs) {
-  MSA_REQUIRE_GPU();
-  const std::vector<int32_t> lq = {300, 200}, lk = {700, 500};
-  const int64_t tq = 500, tk = 1200;
+// Replays of one captured pipeline against the CPU pipeline on the same inputs.
+void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::vector<int32_t>& lk) {
+  const int64_t tq = std::accumulate(lq.begin(), lq.end(), int64_t(0));
+  const int64_t tk = std::accumulate(lk.begin(), lk.end(), int64_t(0));
   HostTensor q(DType::bf16, {tq, kHq, kD}), k(DType::bf16, {tk, kHkv, kD}), v(DType::bf16, {tk, kHkv, kD});
   const HostTensor cu_q = i32_tensor(cumulative(lq)), cu_k = i32_tensor(cumulative(lk));
   TestStream stream;
@@ -112,6 +112,18 @@ TEST(PipelineGpu, GraphReplaysWithNewInputs) {
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+TEST(PipelineGpu, GraphReplaysWithNewInputs) {
+  MSA_REQUIRE_GPU();
+  expect_graph_replays_match_cpu({300, 200}, {700, 500});
+}
+
+// topK x 128 >= total_k: the pipeline's attention is dense (every visible block is selected),
+// captured and replayed the same way; the selection is still written.
+TEST(PipelineGpu, ShortRequestsRunDense) {
+  MSA_REQUIRE_GPU();
+  expect_graph_replays_match_cpu({100, 60, 0}, {300, 60, 152});
 }
 
 // A short workspace is reported before any launch, naming the size function the caller used and
