@@ -126,7 +126,7 @@ Checked check_attention_args(const AttentionArgs& a) {
   if (a.tlse.defined()) check_row_stat(a.tlse, "tlse", s, device);
   const KeyMaskRows rows = check_visibility_args(a, s, device);
   api::check_row_alignments(a.q, a.kv.k.values, a.kv.v.values, out, !a.q.is_cuda());
-  if (a.q.is_cuda()) api::refuse_cpu_only_attention(a, "attention_forward");
+  if (a.q.is_cuda()) api::refuse_cpu_only_attention(a, "attention_forward", /*offsets=*/true);
   return {s, with_defaults(a, rows)};
 }
 

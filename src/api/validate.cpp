@@ -306,10 +306,10 @@ void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v, con
     if (t->defined()) check_row_alignment(*t, name, elements_only ? dtype_size(t->dtype) : 16);
 }
 
-void refuse_cpu_only_attention(const AttentionArgs& a, const char* op) {
+void refuse_cpu_only_attention(const AttentionArgs& a, const char* op, bool offsets) {
   MSA_CHECK(a.params.soft_cap == 0.f, "params.soft_cap: ", op, " does not run a soft-cap on CUDA "
             "yet (got ", a.params.soft_cap, "); run on CPU tensors or leave it 0");
-  MSA_CHECK(!a.causal_offset.defined(), "causal_offset: ", op, " does not take per-batch causal "
+  MSA_CHECK(offsets || !a.causal_offset.defined(), "causal_offset: ", op, " does not take per-batch causal "
             "offsets on CUDA yet; run on CPU tensors or leave it absent");
   MSA_CHECK(!a.key_mask.defined(), "key_mask: ", op, " does not take a key mask on CUDA yet; run "
             "on CPU tensors or leave it absent");

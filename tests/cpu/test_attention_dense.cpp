@@ -418,7 +418,8 @@ TEST(DenseAttentionRules, AmbiguousMaskRowsNeedTheKind) {
   expect_matches(batch_rows, reference_attention(p, nullptr, 0, {}, v.vis));
 }
 
-// CUDA does not run these features yet: each is refused by name before anything reaches the
+// CUDA does not run these features yet (causal offsets it does: tests/cuda/test_sparse_fwd.cpp):
+// each is refused by name before anything reaches the
 // device (views of host memory marked as CUDA are never read; a CPU-only build refuses them the
 // same way, before its no-CUDA error).
 TEST(DenseAttentionRules, CudaRefusesWhatOnlyTheCpuRuns) {
@@ -436,10 +437,6 @@ TEST(DenseAttentionRules, CudaRefusesWhatOnlyTheCpuRuns) {
   };
   refused([](AttentionArgs& a) { a.params.soft_cap = 30.f; },
           "params.soft_cap: attention_forward does not run a soft-cap on CUDA yet");
-  refused([&](AttentionArgs& a) {
-    a.causal_offset = f.offset.t;
-    a.causal_offset.device = dev;
-  }, "causal_offset: attention_forward does not take per-batch causal offsets on CUDA yet");
   refused([&](AttentionArgs& a) {
     a.key_mask = f.mask.t;
     a.key_mask.device = dev;

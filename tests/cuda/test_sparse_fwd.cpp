@@ -38,6 +38,7 @@ struct DeviceCase {
   std::optional<DeviceTensor> q_scale;  // FP8 q
   DeviceQTensor k, v;  // values with their FP8 scales, if any
   DeviceTensor cu_q, cu_k, q2k;
+  std::optional<DeviceTensor> causal_offset;
   DeviceBuffer row_ptr, q_idx, schedule, csr_ws, status;
   K2QIndex k2q;
 
@@ -53,6 +54,7 @@ struct DeviceCase {
         cu_q(to_device(c.p.cu_q, s)), cu_k(to_device(c.p.cu_k, s)), q2k(to_device(c.q2k, s)),
         status(16), rows(c.total_rows + extra_rows) {
     if (c.p.q_scale) q_scale = to_device(*c.p.q_scale, s);
+    if (c.causal_offset) causal_offset = to_device(*c.causal_offset, s);
     const int64_t hkv = c.p.hkv, tq = c.p.total_q();
     row_ptr = DeviceBuffer(std::max<int64_t>(16, hkv * (rows + 1) * 4));
     q_idx = DeviceBuffer(std::max<int64_t>(16, hkv * tq * c.topk * 4));
@@ -99,6 +101,7 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
   a.kv = d.kv();
   a.cu_seqlens_q = d.cu_q.t;
   if (!c.dense) a.q2k = d.q2k.t;
+  if (d.causal_offset) a.causal_offset = d.causal_offset->t;
   if (with_k2q) a.k2q = d.k2q;
   a.out = out.t;
   a.lse = lse.t;
@@ -533,6 +536,47 @@ TEST(SparseFwdGpu, BrokenCuSeqlensReportedWithoutOutOfBoundsWrites) {
       EXPECT_EQ(st[0], int32_t(StatusCode::bad_cu_seqlens));
       EXPECT_EQ(st[1], 0);  // cu_seqlens_q
     }
+  }
+}
+
+// Per-batch causal offsets (query i of batch b sees keys j <= i + causal_offset[b]) on both
+// paths and dense: offsets that hide every key, cut inside a block, sit on the default diagonal,
+// pass the last key, and the int32 extremes; against the CPU reference, bitwise on a second run.
+TEST(SparseFwdGpu, CausalOffsetsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  for (int i = 0; i < (small ? 4 : 24); ++i) {
+    SparseCase c = random_case(900 + i, small);
+    if (!c.causal) continue;  // offsets come with the causal rule
+    std::mt19937 rng(4242u + unsigned(i));
+    const int64_t batch = c.p.batch();
+    HostTensor off(DType::i32, {batch});
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t lq = c.p.lq[b], lk = c.p.lk[b];
+      const int32_t picks[] = {lk - lq, -1 - int32_t(rng() % 200), int32_t(rng() % (lk + 1)),
+                               lk + int32_t(rng() % 300), INT32_MIN, INT32_MAX,
+                               lk - lq + int32_t(rng() % 257) - 128};
+      off.data<int32_t>()[b] = picks[rng() % 7];
+    }
+    const std::string name = c.name;
+    if (i % 3 == 2) {  // dense: every block, no poisoned rows
+      std::vector<int32_t> lq = c.p.lq;  // the reference attends every key: fewer queries
+      for (int32_t& l : lq) l = std::min(l, 300);
+      Problem prob = make_problem(lq, c.p.lk, c.p.hq, c.p.hkv, 128, 9100u + unsigned(i),
+                                  c.p.q.t.dtype);
+      c = dense_case(std::move(prob), true);
+    }
+    c.causal_offset = std::move(off);
+    c.name = name + (i % 3 == 2 ? " dense, causal offsets" : " causal offsets");
+    SCOPED_TRACE(c.name);
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
+    expect_close(c, g1, ref);
+    if (small) continue;
+    expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/false, s));
+    if (HasFailure()) break;
   }
 }
 

@@ -41,6 +41,7 @@ struct DeviceInputs {
   DeviceTensor cu_k;
   DeviceQTensor pool_k, pool_v;
   DeviceTensor page_table, seqused_k;
+  std::optional<DeviceTensor> causal_offset;
   KVLayout layout;
   float k_global, v_global;  // NVFP4
 
@@ -50,7 +51,9 @@ struct DeviceInputs {
         cu_k(to_device(c.p.cu_k, s)), pool_k(to_device(h.k, h.k_scale, s)),
         pool_v(to_device(h.v, h.v_scale, s)),
         page_table(to_device(h.page_table, s)), seqused_k(to_device(h.seqused_k, s)),
-        layout(h.layout), k_global(c.p.k_global), v_global(c.p.v_global) {}
+        layout(h.layout), k_global(c.p.k_global), v_global(c.p.v_global) {
+    if (c.causal_offset) causal_offset = to_device(*c.causal_offset, s);
+  }
   KVCache flat() const {
     KVCache kv;
     kv.k = k.view();
@@ -84,6 +87,7 @@ Result run_gpu(const SparseCase& c, const DeviceInputs& d, const KVCache& kv, cu
   a.kv = kv;
   a.cu_seqlens_q = d.cu_q.t;
   if (!c.dense) a.q2k = d.q2k.t;
+  if (d.causal_offset) a.causal_offset = d.causal_offset->t;
   a.out = out.t;
   a.lse = lse.t;
   DeviceBuffer status(16);
@@ -120,10 +124,25 @@ struct Spec {
   std::optional<Fp8Scale> fp8;  // FP8 e4m3 K/V with scales of this kind (bf16 q)
   int fp4 = 0;                  // 1: NVFP4, 2: MXFP4 K/V (bf16 q)
   bool dense = false;           // no q2k: every visible key (topk, blk unused)
+  bool offsets = false;         // random per-batch causal offsets (causal specs)
 };
 
 // A SparseCase from a spec: random q2k (-1 slots, sometimes unsorted) and NaN in every K/V row
 // of a block its kv head never selects. small: requests shortened for the sanitizer runs.
+// Per-batch causal offsets for c: the default diagonal, ones that hide every key, cut inside the
+// request, or pass its last key.
+void add_offsets(SparseCase& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  HostTensor off(DType::i32, {c.p.batch()});
+  for (int64_t b = 0; b < c.p.batch(); ++b) {
+    const int32_t lq = c.p.lq[b], lk = c.p.lk[b];
+    const int32_t picks[] = {lk - lq, -1 - int32_t(rng() % 100), int32_t(rng() % (lk + 1)),
+                             lk + 5, lk - lq - 77};
+    off.data<int32_t>()[b] = picks[rng() % 5];
+  }
+  c.causal_offset = std::move(off);
+}
+
 SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
   std::vector<int32_t> lq = sp.lq, lk = sp.lk;
   if (small)
@@ -137,6 +156,7 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
   if (sp.dense) {  // every key is attended: NaN only in the pool's unused slots (make_paged)
     SparseCase c = dense_case(std::move(prob), sp.causal);
     if (sp.fp4) quantize_kv_fp4(c.p, sp.fp4 == 1);
+    if (sp.offsets) add_offsets(c, seed);
     c.name = sp.name;
     return c;
   }
@@ -146,6 +166,7 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
   if (seed % 3) c.partial = seed % 3 == 1 ? DType::bf16 : DType::f32;  // 0: the default
   poison_unselected(c.p, c.q2k, c.topk);
   if (sp.fp4) quantize_kv_fp4(c.p, sp.fp4 == 1);  // the NaN rows get NaN block scales
+  if (sp.offsets) add_offsets(c, seed);
   c.name = sp.name;
   return c;
 }
@@ -258,6 +279,27 @@ TEST(SparseFwdPagedGpu, DenseMatchesCpu) {
        none, 1, true},
   };
   run_specs(specs, 9700, small, s);
+}
+
+// Per-batch causal offsets over page pools: sparse (tok and blk) and dense, both layouts.
+TEST(SparseFwdPagedGpu, CausalOffsetsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const DType bf = DType::bf16;
+  const auto none = std::nullopt;
+  const Spec specs[] = {
+      {"offsets ps16 nhd G4 tok", {300, 0, 77}, {300, 50, 200}, 4, 2, 8, true, false, 16, nhd, 0, bf,
+       false, none, 0, false, true},
+      {"offsets ps64 hnd G16 blk spare", {260, 17}, {260, 700}, 16, 1, 4, true, true, 64, hnd, 0, bf,
+       true, none, 0, false, true},
+      {"offsets ps128 nhd G1 dense", {129, 0, 300}, {129, 0, 1000}, 1, 2, 0, true, false, 128, nhd, 0,
+       bf, false, none, 0, true, true},
+      {"offsets ps256 hnd G8 dense fp8", {150, 33}, {383, 129}, 8, 1, 0, true, false, 256, hnd, 0, bf,
+       false, Fp8Scale::per_token, 0, true, true},
+  };
+  run_specs(specs, 9800, small, s);
 }
 
 // seqused_k absent: every request has max_pages * page_size keys (docs/semantics.md, Paged KV).

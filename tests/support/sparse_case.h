@@ -41,6 +41,7 @@ struct SparseCase {
   // Dense attention: the call passes no q2k; q2k holds every block of each request (section 14:
   // dense is section 5 with every block selected), for the references that read a selection.
   bool dense = false;
+  std::optional<HostTensor> causal_offset;  // [B] int32: query i sees keys j <= i + offset[b]
 };
 
 // The case's attention parameters: mask, partial precision, temperature and softmax scale.
@@ -63,6 +64,7 @@ inline AttentionArgs cpu_args(const SparseCase& c) {
   a.kv = c.p.flat_kv();
   a.cu_seqlens_q = c.p.cu_q.t;
   if (!c.dense) a.q2k = c.q2k.t;
+  if (c.causal_offset) a.causal_offset = c.causal_offset->t;
   return a;
 }
 

@@ -98,12 +98,13 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
     if (i >= tpt) break;
     const int32_t tl = x.local[u];
     int32_t slot = -1, limit = -1;
-    if (tl >= 0 && tl < c.d.q_len && x.slot[u] >= 0 && int64_t(c.d.q_start) + tl < p.total_q) {
+    // (the chunk table kept only entries with 0 <= tl < Lq: tl >= 0 marks a used lane)
+    if (tl >= 0 && x.slot[u] >= 0 && int64_t(c.d.q_start) + tl < p.total_q) {
       tok[u] = c.d.q_start + tl;
       slot = x.slot[u];
-      // Last visible key of the batch for this query (bottom-right causal), then in block
+      // Last visible key of the batch for this query (the causal diagonal), then in block
       // coordinates, clipped to the keys that exist in the block.
-      const int32_t last = p.causal ? tl + c.d.k_len - c.d.q_len : c.d.k_len - 1;
+      const int32_t last = causal_last(p.causal, tl, c.d.diag, c.d.k_len);
       limit = max(-1, min(last - c.d.kb * kBlockN, c.valid_keys - 1));
       ++valid;
     }

@@ -27,6 +27,7 @@ struct PrepParams {
   int32_t paged = 0;  // 1: ChunkDesc / UnitDesc k_start holds the batch index (page-table row)
   int64_t batch = 0, num_kv_heads = 0, total_q = 0, topk = 0;
   int64_t total_rows = 0;
+  const int32_t* causal_offset = nullptr;  // [B] or null: the diagonal is Lk - Lq
   int32_t check_rows = 1;         // require row_start[B] <= total_rows (caller's k2q)
   int64_t schedule_capacity = 0;  // items the schedule buffer can hold
   int64_t chunk_capacity = 0;     // entries of `chunks`
@@ -81,6 +82,20 @@ struct AttnProblem {
   int32_t q_scale_kind = 0;
   int32_t num_q_heads = 0;
 };
+
+// The diagonal of batch b with lq queries and lk keys (ChunkDesc / UnitDesc::diag).
+__device__ __forceinline__ int32_t batch_diag(const PrepParams& p, int64_t b, int32_t lq, int32_t lk) {
+  return p.causal_offset != nullptr ? p.causal_offset[b] : lk - lq;
+}
+
+// The last key batch-local query `local` sees: local + diag under the causal rule (64-bit: an
+// offset may be any int32), clamped to [-1, k_len - 1]; every key without it.
+__device__ __forceinline__ int32_t causal_last(int32_t causal, int32_t local, int32_t diag,
+                                               int32_t k_len) {
+  if (!causal) return k_len - 1;
+  const int64_t last = int64_t(local) + diag;
+  return int32_t(last < -1 ? -1 : last > k_len - 1 ? k_len - 1 : last);
+}
 
 // The log2-domain score scale of the row of query token `tok` (-1: a padding row) and query head
 // hq: scale_log2, times the token's FP8 q scale. A zero q scale becomes 1e-30: the kernels scale

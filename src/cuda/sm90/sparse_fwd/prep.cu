@@ -81,6 +81,7 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
   pp.q2k_vec4 = s.topk % 4 == 0 && (reinterpret_cast<uintptr_t>(pp.q2k) & 15) == 0 ? 1 : 0;
   pp.cu_seqlens_q = a.cu_seqlens_q.ptr<int32_t>();
   pp.cu_seqlens_k = cu_k;
+  pp.causal_offset = a.causal_offset.defined() ? a.causal_offset.ptr<int32_t>() : nullptr;
   // The kernels read a pool through the page table, or a flat dequantized copy (plan.h).
   pp.paged = a.kv.layout != KVLayout::flat && !w.dequant_kv ? 1 : 0;
   pp.batch = s.batch;

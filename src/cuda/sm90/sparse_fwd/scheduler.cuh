@@ -262,7 +262,7 @@ __global__ void chunk_table_kernel(PrepParams p) {
     if (lane == 0) {
       int4* dst = static_cast<int4*>(p.chunks_by_row) + 2 * c;
       dst[0] = make_int4(head, kb, e0, e0 + kept);
-      dst[1] = make_int4(q_start, q_len, k_start, k_len);
+      dst[1] = make_int4(q_start, batch_diag(p, blo, q_len, k_len), k_start, k_len);
       // Walk-order key: the query window of the chunk's first token (0 for a corrupt entry).
       const int32_t tl0 = e0 < e1 ? p.q_idx[off + e0] : -1;
       const int64_t qblock = tl0 >= 0 && tl0 < q_len ? int64_t(p.qblock_start[blo]) + tl0 / 128 : 0;

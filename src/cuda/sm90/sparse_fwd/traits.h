@@ -73,7 +73,7 @@ struct TileMeta {
 // One chunk as the prep kernel lays it out (32 bytes, read once per chunk by every role).
 struct ChunkDesc {
   int32_t head, kb, e_begin, e_end;      // CSR slice [e_begin, e_end) of row (head, b, kb)
-  int32_t q_start, q_len, k_start, k_len;  // batch b's offsets and lengths
+  int32_t q_start, diag, k_start, k_len;  // batch b's offsets, its diagonal, its key count
 };
 static_assert(sizeof(ChunkDesc) == 32, "ChunkDesc is two int4 loads");
 
@@ -88,9 +88,12 @@ struct ChunkInfo {  // what consumers need from the producer for a K/V stage
 // its selected K/V blocks with an online softmax and writes out / lse directly (no partials).
 struct UnitDesc {
   int32_t head, q_first, n_tok, q_local0;  // global first token, tokens in the unit, its local id
-  int32_t q_len, k_start, k_len, sel_token;  // batch lengths; the token whose q2k row is read
+  int32_t diag, k_start, k_len, sel_token;  // batch diagonal and keys; the token whose q2k row is read
 };
 static_assert(sizeof(UnitDesc) == 32, "UnitDesc is two int4 loads");
+
+// diag (ChunkDesc, UnitDesc): under the causal rule, batch-local query i sees keys j <= i + diag:
+// Lk - Lq (bottom-right), or the call's causal_offset[b] (params.h causal_last).
 
 struct UniformInfo {  // one published K/V stage of the uniform path
   int32_t kb;         // block id; -1: the unit has no block (zeros / -inf out); -2: no more units

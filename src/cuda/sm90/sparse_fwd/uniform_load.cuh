@@ -41,7 +41,7 @@ __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUt
     if (ut < u.n_tok) {
       tok[k] = u.q_first + ut;
       const int32_t local = u.q_local0 + ut;
-      last = p.causal ? local + u.k_len - u.q_len : u.k_len - 1;  // batch-local, may be < 0
+      last = causal_last(p.causal, local, u.diag, u.k_len);  // batch-local, may be -1
       ++valid;
     }
     meta.token[i] = tok[k];
@@ -109,7 +109,7 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
       produce_unit_q(p, tm_q, sh, u, c, qs, lane);
     }
     const int32_t nblk = (u.k_len + kBlockN - 1) / kBlockN;
-    const int32_t last_max = p.causal ? u.q_local0 + u.n_tok - 1 + u.k_len - u.q_len : u.k_len - 1;
+    const int32_t last_max = causal_last(p.causal, u.q_local0 + u.n_tok - 1, u.diag, u.k_len);
     if (p.dense) {  // every block up to the last key any row of the unit sees
       const int32_t n_blocks = last_max < 0 ? 0 : min(nblk, last_max / kBlockN + 1);
       if (n_blocks == 0) publish(UniformInfo{-1, 0, 1, 1}, u);

@@ -121,7 +121,7 @@ __global__ void unit_table_kernel(PrepParams p) {
     int4* dst = static_cast<int4*>(p.units) + 2 * u;
     dst[0] = make_int4(int32_t(h), t0 + int32_t(first),
                        int32_t(min(tokens_per_unit, n_tok - first)), int32_t(qb * 128 + first));
-    dst[1] = make_int4(lq, k_start, lk, t0);
+    dst[1] = make_int4(batch_diag(p, b, lq, lk), k_start, lk, t0);
   }
 }
 
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
         int4* dst = static_cast<int4*>(p.units) + 2 * int64_t(units + excl + k);
         dst[0] = make_int4(int32_t(h), t0 + int32_t(first),
                            int32_t(min(tokens_per_unit, n_tok - first)), int32_t(qb * 128 + first));
-        dst[1] = make_int4(lq, k_start, lk, t0);
+        dst[1] = make_int4(batch_diag(p, b, lq, lk), k_start, lk, t0);
       }
     }
     units += agg;
