@@ -10,9 +10,9 @@
 // __dmul_rn and each sum with __dadd_rn (no FMA contraction: the CPU build rounds the product
 // and the sum separately, see src/cpu/CMakeLists.txt), and the final rounding is
 // __double2float_rn. Same operands, same operations, same order, round-to-nearest-even on both:
-// the same bits, NaN and infinity included (an f32 NaN's payload is not compared; rank_key folds
-// every NaN into one class). Summing in another order would need every partial sum to be exact,
-// which fp64 does not give for general bf16 inputs (their products span ~2^-266..2^256), so the
+// the same bits, infinities included; a NaN sum becomes the one quiet NaN 0x7fc00000 on both (the
+// NaN an invalid operation makes differs between x86 and CUDA). Summing in another order would
+// need every partial sum to be exact, which fp64 does not give for general bf16 inputs (their products span ~2^-266..2^256), so the
 // order is kept.
 #pragma once
 
@@ -185,7 +185,7 @@ __device__ __forceinline__ void score_keys(const double* q, const CacheView& c, 
   }
 #pragma unroll
   for (int n = 0; n < N; ++n)
-    if (live[n]) out[n] = __double2float_rn(dot[n]);
+    if (live[n]) out[n] = dot[n] != dot[n] ? codec::bits_float(0x7fc00000u) : __double2float_rn(dot[n]);
 }
 
 // Block-wide setup of a (row, key tile) block: resolves row t (thread 0 reports its offences)
