@@ -12,8 +12,8 @@
 // __double2float_rn. Same operands, same operations, same order, round-to-nearest-even on both:
 // the same bits, infinities included; a NaN sum becomes the one quiet NaN 0x7fc00000 on both (the
 // NaN an invalid operation makes differs between x86 and CUDA). Summing in another order would
-// need every partial sum to be exact, which fp64 does not give for general bf16 inputs (their products span ~2^-266..2^256), so the
-// order is kept.
+// need every partial sum to be exact, which fp64 does not give for general bf16 inputs (their
+// products span ~2^-266..2^256), so the order is kept.
 #pragma once
 
 #include <cuda_runtime.h>
