@@ -1,4 +1,5 @@
-// The MQA logits benchmark (gpu_benches.h; program bench_logits): bench/CASES.md's MQAL-PAGED-B64
+// The MQA logits benchmark (gpu_benches.h; program bench_logits), and the SDSA indexer's
+// threshold select (SDSA-SELECT, below): bench/CASES.md's MQAL-PAGED-B64
 // (B 64, next_n 2, 32768 keys, H 64, D 128, pool blocks of 64, FP8) and MQAL-PREFILL-32K (T = S =
 // 32768, row t sees [0, t + 1), H 64, D 128, FP8). Inputs are filled on the device (e4m3 of
 // N(0, 1)); the pool's blocks are shuffled. Before timing, two rows are checked against the CPU
@@ -200,6 +201,161 @@ Result run_prefill(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
   return r;
 }
 
+
+// SDSA-SELECT: indexer_threshold_select over B = 64 rows, one request each of 131072 NVFP4 keys
+// (D 128, pages of 64, shuffled), NVFP4 queries. The thresholds come from the pipeline's own
+// steps, untimed: gather every 16th key, score the sample, thresholds_from_sample for topk 2048
+// at oversample 2. A timed run is one memset of the counts (the select needs them zero) and the
+// select. The check: request 0's row on the CPU with the same threshold, equal counts and equal
+// top_k_from_candidates ids.
+Result run_sdsa_select(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
+  const int64_t batch = 64, len = 131072, ps = 64, stride = 16, topk = 2048;
+  const int64_t per_req = len / ps, pages = batch * per_req, sample = len / stride;
+  const int64_t cap = 4 * topk, tie_cap = topk;
+  DeviceBuffer kv = gpu_buffer(size_t(pages * ps * kD / 2)), ksc = gpu_buffer(size_t(pages * ps * kD / 16)),
+               q = gpu_buffer(size_t(batch * kD / 2)), qsc = gpu_buffer(size_t(batch * kD / 16)),
+               tables = gpu_buffer(size_t(pages * 4)), lens = gpu_buffer(size_t(batch * 4)),
+               reqs = gpu_buffer(size_t(batch * 4)), sv = gpu_buffer(size_t(batch * sample * kD / 2)),
+               ssc = gpu_buffer(size_t(batch * sample * kD / 16)), slens = gpu_buffer(size_t(batch * 4)),
+               stable = gpu_buffer(size_t(batch * 4)), sscores = gpu_buffer(size_t(batch * sample * 4)),
+               thr = gpu_buffer(size_t(batch * 4)), cand = gpu_buffer(size_t(batch * cap * 8)),
+               ties = gpu_buffer(size_t(batch * tie_cap * 4)), counts = gpu_buffer(size_t(batch * 12)),
+               ids = gpu_buffer(size_t(batch * topk * 4)), rstat = gpu_buffer(size_t(batch * 4)),
+               status = gpu_buffer(16), flush = gpu_buffer(size_t(256) << 20);
+  fill_bytes<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(kv.get()), pages * ps * kD / 2, 31);
+  fill_e4m3_uniform<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(ksc.get()), pages * ps * kD / 16, 32, 0.5f, 1.f);
+  fill_bytes<<<64, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), batch * kD / 2, 33);
+  fill_e4m3_uniform<<<64, 256, 0, s>>>(static_cast<uint8_t*>(qsc.get()), batch * kD / 16, 34, 0.5f, 1.f);
+  std::vector<int32_t> order(static_cast<size_t>(pages)), lens_h(batch, int32_t(len)), reqs_h(batch), st_h(batch);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(35));
+  std::iota(reqs_h.begin(), reqs_h.end(), 0);
+  std::iota(st_h.begin(), st_h.end(), 0);
+  tables.upload(order, s);
+  lens.upload(lens_h, s);
+  reqs.upload(reqs_h, s);
+  stable.upload(st_h, s);
+  const Device gpu{DeviceType::cuda, 0};
+  const float kglobal = 0.0123f, qglobal = 0.731f;
+  IndexKeyCache cache;
+  cache.key_cache = QTensor(Tensor(kv.get(), DType::fp4x2, {pages, ps, kD / 2}, gpu),
+                            Tensor(ksc.get(), DType::fp8_e4m3, {pages, ps, kD / 16}, gpu), kglobal);
+  cache.block_table = Tensor(tables.get(), DType::i32, {batch, per_req}, gpu);
+  cache.seq_lens = Tensor(lens.get(), DType::i32, {batch}, gpu);
+  IndexQueryRows rows;
+  rows.query = QTensor(Tensor(q.get(), DType::fp4x2, {batch, kD / 2}, gpu),
+                       Tensor(qsc.get(), DType::fp8_e4m3, {batch, kD / 16}, gpu), qglobal);
+  rows.row_requests = Tensor(reqs.get(), DType::i32, {batch}, gpu);
+  const Tensor st(status.get(), DType::i32, {4}, gpu);
+  clear_status(st, s);
+  // The thresholds, as the pipeline computes them.
+  GatherKeySampleArgs g;
+  g.cache = cache;
+  g.stride = int(stride);
+  g.sample = QTensor(Tensor(sv.get(), DType::fp4x2, {batch, sample, kD / 2}, gpu),
+                     Tensor(ssc.get(), DType::fp8_e4m3, {batch, sample, kD / 16}, gpu));
+  g.sample_lens = Tensor(slens.get(), DType::i32, {batch}, gpu);
+  g.status = st;
+  gather_key_sample(g, s);
+  IndexerScoresArgs sc;
+  sc.rows = rows;
+  sc.cache.key_cache = QTensor(Tensor(sv.get(), DType::fp4x2, {batch, sample, kD / 2}, gpu),
+                               Tensor(ssc.get(), DType::fp8_e4m3, {batch, sample, kD / 16}, gpu), kglobal);
+  sc.cache.block_table = Tensor(stable.get(), DType::i32, {batch, 1}, gpu);
+  sc.cache.seq_lens = g.sample_lens;
+  sc.scores = Tensor(sscores.get(), DType::f32, {batch, sample}, gpu);
+  sc.status = st;
+  indexer_scores(sc, s);
+  ThresholdsFromSampleArgs th;
+  th.sample_scores = sc.scores;
+  th.topk = int(topk);
+  th.sample_stride = int(stride);
+  th.oversample = 2.0;
+  th.thresholds = Tensor(thr.get(), DType::f32, {batch}, gpu);
+  th.counts = Tensor(counts.get(), DType::i32, {batch, 3}, gpu);
+  thresholds_from_sample(th, s);
+  ThresholdSelectArgs a;
+  a.rows = rows;
+  a.cache = cache;
+  a.thresholds = th.thresholds;
+  a.candidates = Tensor(cand.get(), DType::i32, {batch, cap, 2}, gpu);
+  a.ties = Tensor(ties.get(), DType::i32, {batch, tie_cap}, gpu);
+  a.counts = th.counts;
+  a.status = st;
+  const auto run = [&] {
+    MSA_BENCH_CUDA(cudaMemsetAsync(counts.get(), 0, size_t(batch * 12), s));
+    indexer_threshold_select(a, s);
+  };
+  run();
+  check_status(st, s);
+  TopKFromCandidatesArgs tk;
+  tk.candidates = a.candidates;
+  tk.ties = a.ties;
+  tk.counts = a.counts;
+  tk.topk = int(topk);
+  tk.ids = Tensor(ids.get(), DType::i32, {batch, topk}, gpu);
+  tk.row_status = Tensor(rstat.get(), DType::i32, {batch}, gpu);
+  top_k_from_candidates(tk, s);
+  Result r;
+  if (o.check) {  // request 0 on the CPU: its pages in table order as a one-request pool
+    std::vector<uint8_t> kv_h(size_t(per_req * ps * kD / 2)), sc_h(size_t(per_req * ps * kD / 16));
+    for (int64_t c = 0; c < per_req; ++c) {
+      MSA_BENCH_CUDA(cudaMemcpy(kv_h.data() + c * ps * kD / 2,
+                                static_cast<uint8_t*>(kv.get()) + int64_t(order[c]) * ps * kD / 2,
+                                ps * kD / 2, cudaMemcpyDeviceToHost));
+      MSA_BENCH_CUDA(cudaMemcpy(sc_h.data() + c * ps * kD / 16,
+                                static_cast<uint8_t*>(ksc.get()) + int64_t(order[c]) * ps * kD / 16,
+                                ps * kD / 16, cudaMemcpyDeviceToHost));
+    }
+    auto q_h = download<uint8_t>(q.get(), size_t(kD / 2));
+    auto qs_h = download<uint8_t>(qsc.get(), size_t(kD / 16));
+    auto thr_h = download<float>(thr.get(), 1);
+    auto counts_h = download<int32_t>(counts.get(), 3);
+    auto cand_h = download<int32_t>(cand.get(), size_t(cap * 2));
+    auto ties_h = download<int32_t>(ties.get(), size_t(tie_cap));
+    auto ids_h = download<int32_t>(ids.get(), size_t(topk));
+    std::vector<int32_t> table_h(static_cast<size_t>(per_req)), one_len = {int32_t(len)}, zero = {0};
+    std::iota(table_h.begin(), table_h.end(), 0);
+    std::vector<int32_t> want_cand(static_cast<size_t>(cap * 2)), want_ties(static_cast<size_t>(tie_cap)),
+        want_counts(3, 0),
+        want_ids(static_cast<size_t>(topk)), want_rs(1);
+    ThresholdSelectArgs c;
+    c.rows.query = QTensor(Tensor(q_h.data(), DType::fp4x2, {1, kD / 2}),
+                           Tensor(qs_h.data(), DType::fp8_e4m3, {1, kD / 16}), qglobal);
+    c.rows.row_requests = Tensor(zero.data(), DType::i32, {1});
+    c.cache.key_cache = QTensor(Tensor(kv_h.data(), DType::fp4x2, {per_req, ps, kD / 2}),
+                                Tensor(sc_h.data(), DType::fp8_e4m3, {per_req, ps, kD / 16}), kglobal);
+    c.cache.block_table = Tensor(table_h.data(), DType::i32, {1, per_req});
+    c.cache.seq_lens = Tensor(one_len.data(), DType::i32, {1});
+    c.thresholds = Tensor(thr_h.data(), DType::f32, {1});
+    c.candidates = Tensor(want_cand.data(), DType::i32, {1, cap, 2});
+    c.ties = Tensor(want_ties.data(), DType::i32, {1, tie_cap});
+    c.counts = Tensor(want_counts.data(), DType::i32, {1, 3});
+    indexer_threshold_select(c);
+    TopKFromCandidatesArgs ck;
+    ck.candidates = c.candidates;
+    ck.ties = c.ties;
+    ck.counts = c.counts;
+    ck.topk = int(topk);
+    ck.ids = Tensor(want_ids.data(), DType::i32, {1, topk});
+    ck.row_status = Tensor(want_rs.data(), DType::i32, {1});
+    top_k_from_candidates(ck);
+    r.ok = counts_h == want_counts && ids_h == want_ids && want_rs[0] == 0;
+    r.err = r.ok ? 0.0 : 1.0;
+    std::fprintf(stderr, "  SDSA-SELECT row 0: counts (%d, %d, %d), CPU (%d, %d, %d), status %d\n",
+                 counts_h[0], counts_h[1], counts_h[2], want_counts[0], want_counts[1],
+                 want_counts[2], want_rs[0]);
+  }
+  const bench::Timing t = bench::time_op(run, o.warmup, o.iters, s, &flush, "SDSA-SELECT");
+  check_status(st, s);
+  r.ms = t.median;
+  r.min_ms = t.min;
+  r.max_ms = t.max;
+  r.bytes = double(batch) * len * (kD / 2 + kD / 16);  // key codes and scale bytes
+  r.flop = 2.0 * kD * double(batch) * double(len);
+  return r;
+}
+
 }  // namespace
 
 int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenchOptions& o) {
@@ -207,7 +363,7 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
     std::fprintf(stderr, "bench_logits: no CUDA device\n");
     return 2;
   }
-  if (names.empty()) names = {"MQAL-PAGED-B64", "MQAL-PREFILL-32K"};
+  if (names.empty()) names = {"MQAL-PAGED-B64", "MQAL-PREFILL-32K", "SDSA-SELECT"};
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   int rc = 0;
@@ -220,6 +376,9 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
     } else if (n == "MQAL-PREFILL-32K") {
       r = run_prefill(o, s);
       op = "mqa_logits";
+    } else if (n == "SDSA-SELECT") {
+      r = run_sdsa_select(o, s);
+      op = "indexer_threshold_select";
     } else {
       std::fprintf(stderr, "unknown logits case %s\n", n.c_str());
       rc = 2;
@@ -233,14 +392,19 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
     if (o.check && !r.ok) rc = std::max(rc, 1);
     if (!o.json.empty()) {
       bench::Json rec = bench::new_record(n, op);
-      rec["batch"] = n == "MQAL-PAGED-B64" ? 64 : 1;
-      rec["seq_k"] = n == "MQAL-PAGED-B64" ? 32768 : o.seq;
-      rec["hq"] = kH;
+      const bool sdsa = n == "SDSA-SELECT";
+      rec["batch"] = n == "MQAL-PAGED-B64" || sdsa ? 64 : 1;
+      rec["seq_k"] = n == "MQAL-PAGED-B64" ? 32768 : sdsa ? 131072 : o.seq;
+      rec["hq"] = sdsa ? 1 : kH;
       rec["d"] = kD;
-      bench::add_dtypes(rec, "fp8_e4m3", "fp8_e4m3", "token");
+      if (sdsa) bench::add_dtypes(rec, "fp4x2", "fp4x2", "nvfp4");
+      else bench::add_dtypes(rec, "fp8_e4m3", "fp8_e4m3", "token");
       bench::add_timing(rec, {r.ms, r.min_ms, r.max_ms}, o.iters, o.warmup, r.flop, r.bytes,
-                        n == "MQAL-PAGED-B64" ? bench::Metric::tbps : bench::Metric::tflops);
-      bench::add_check(rec, bench::check_result(o.check, r.ok), o.check ? bench::Json{{"out_rel_l2", r.err}} : bench::Json());
+                        n == "MQAL-PAGED-B64" || sdsa ? bench::Metric::tbps : bench::Metric::tflops);
+      if (sdsa)  // exact: counts and ids equal to the CPU's, not a tolerance
+        bench::add_check(rec, bench::check_result(o.check, r.ok), o.check ? bench::Json{{"row0_mismatch", r.ok ? 0 : 1}} : bench::Json());
+      else
+        bench::add_check(rec, bench::check_result(o.check, r.ok), o.check ? bench::Json{{"out_rel_l2", r.err}} : bench::Json());
       bench::add_environment(rec, true, bench::flush_name());
       bench::append_record(o.json, rec);
     }

@@ -63,6 +63,12 @@ enum class StatusCode : int32_t {
   seq_len_invalid = 13,       // paged_mqa_logits: a = batch, b = seq_len, c = max_seq_len
   block_table_narrow = 14,    // paged_mqa_logits: a = batch, b = columns needed, c = columns
   kv_length_past_table = 15,  // paged KV: a = batch, b = seqused_k, c = max_pages * page_size
+  row_request_invalid = 16,   // SDSA indexer: a = row, b = its request, c = B
+  row_len_invalid = 17,       // SDSA indexer: a = row, b = row_lens[row], c = its request's seq_len
+  row_past_scores = 18,       // indexer_scores: a = row, b = keys it sees, c = scores' columns
+  sample_offset_invalid = 19, // gather_key_sample: a = request, b = offset, c = stride
+  sample_past_capacity = 20,  // gather_key_sample: a = request, b = samples, c = S
+  slot_out_of_range = 21,     // quantize_write_index_qk_nvfp4: a = entry, b = slot, c = pool slots
 };
 std::string describe_status(const int32_t status[4]);
 // Copies the status to the host on `stream` (synchronizes) and throws msa::Error if non-zero.

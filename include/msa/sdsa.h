@@ -72,6 +72,8 @@ enum class CandidateStatus : int32_t {
   ties_overflow = 2,        // fewer than topk candidates and more ties than Ct: ids all -1
   threshold_too_high = 3,   // fewer candidates and ties than topk while keys ranked below exist:
                             // ids hold those stored (the row's true best), -1 padded
+  counts_invalid = 4,       // CUDA only (the CPU raises msa::Error): a count was negative, ids
+                            // all -1
 };
 
 // Per row: the topk best stored keys (the candidates by their stored scores, then the lowest tie

@@ -35,6 +35,24 @@ MSA_HD bool ranks_before(uint32_t ka, int32_t pa, uint32_t kb, int32_t pb) {
   return ka != kb ? ka > kb : pa < pb;
 }
 
+// The value of an e2m1 nibble as a double, from integer operations alone (codec::e2m1_to_float
+// reads a table, which a GPU thread would keep in local memory): magnitudes 0.5 (code 1) and
+// 1, 1.5, 2, 3, 4, 6 (codes 2-7, exponent field 1022 + code / 2, top mantissa bit code & 1), the
+// sign from bit 3 (code 8 is -0, as e2m1_to_float gives).
+MSA_HD double e2m1_value(uint32_t nibble) {
+  const uint32_t m = nibble & 7u;
+  uint32_t hi = m < 2u ? (m != 0u ? 0x3fe00000u : 0u) : 0x3fe00000u + (m << 19);
+  hi |= (nibble & 8u) << 28;
+#if defined(__CUDA_ARCH__)
+  return __hiloint2double(int(hi), 0);
+#else
+  const uint64_t u = uint64_t(hi) << 32;
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+#endif
+}
+
 // Keys a strided sample takes from a request of `len` keys: positions offset + i * stride below
 // len. 0 <= offset < stride.
 MSA_HD int64_t sample_count(int64_t len, int64_t offset, int64_t stride) {

@@ -58,6 +58,24 @@ std::string describe_status(const int32_t s[4]) {
       return detail::concat("seqused_k: batch ", s[1], " has ", s[2], " keys, more than its page "
                             "table holds (max_pages * page_size = ", s[3], "); the keys past the "
                             "table were not read");
+    case StatusCode::row_request_invalid:
+      return detail::concat("row_requests: row ", s[1], " names request ", s[2], ", outside [0, B = ",
+                            s[3], "); the row was computed as empty");
+    case StatusCode::row_len_invalid:
+      return detail::concat("row_lens: row ", s[1], " = ", s[2], " must be in [0, seq_lens of its "
+                            "request = ", s[3], "]; the row was computed as empty");
+    case StatusCode::row_past_scores:
+      return detail::concat("scores: row ", s[1], " sees ", s[2], " keys, more than the ", s[3],
+                            " columns; the keys past them were not scored");
+    case StatusCode::sample_offset_invalid:
+      return detail::concat("offsets: entry ", s[1], " = ", s[2], " must be in [0, stride = ", s[3],
+                            "); the request's sample is empty");
+    case StatusCode::sample_past_capacity:
+      return detail::concat("sample: request ", s[1], " has ", s[2], " samples, more than S = ", s[3],
+                            "; its sample is empty");
+    case StatusCode::slot_out_of_range:
+      return detail::concat("slots: entry ", s[1], " = ", s[2], " is past the cache's ", s[3],
+                            " slots (num_pages * page_size); the key was not written");
     case StatusCode::shape_mismatch:
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }

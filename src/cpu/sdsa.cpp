@@ -40,7 +40,9 @@ class IndexReader {
     if (!key(b, j, krow)) return std::numeric_limits<float>::quiet_NaN();
     double dot = 0;
     for (int64_t d = 0; d < s_.head_dim; ++d) dot += q[d] * krow[d];
-    return float(dot);
+    // One NaN for every NaN sum: the payload and sign an invalid operation gives differ between
+    // processors (x86 makes a negative NaN, CUDA a positive one).
+    return dot != dot ? std::numeric_limits<float>::quiet_NaN() : float(dot);
   }
 
   // Key j of request b decoded into k (D doubles); false when its page id changed after

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/codecs.h"
+#include "common/sdsa.h"
 #include "msa/msa.h"
 #include "support/expect_error.h"
 #include "support/host_tensor.h"
@@ -108,6 +109,15 @@ TEST(SdsaScores, HandComputedAcrossPagesWithRowLensAndAnEmptyRequest) {
 
 // Scores of NVFP4 keys and queries equal the dot products of the values decoded by the test's own
 // codecs, rounded once to f32.
+// The e2m1 decode the GPU score uses (integer operations only) equals the codec's table.
+TEST(SdsaScores, E2m1ValueEqualsTheCodec) {
+  for (uint32_t n = 0; n < 16; ++n) {
+    const double v = sdsa::e2m1_value(n);
+    EXPECT_EQ(v, double(codec::e2m1_to_float(uint8_t(n)))) << "nibble " << n;
+    EXPECT_EQ(std::signbit(v), (n & 8u) != 0) << "nibble " << n;
+  }
+}
+
 TEST(SdsaScores, Nvfp4MatchesIndependentDecode) {
   SdsaShape sh;
   sh.dim = 64;
