@@ -23,7 +23,7 @@ BIN=${BIN:-build-device-bin}
 mkdir -p "$OUT" /tmp/msa_dump
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 steps=${*:-tests bench peers}
-TESTS=${TESTS:-"test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_logits_gpu test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu test_sdsa_gpu"}
+TESTS=${TESTS:-"test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_logits_gpu test_token_topk_gpu test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu test_sdsa_gpu"}
 summary=()
 t0=$(date +%s)
 DEADLINE=${DEADLINE:-540}

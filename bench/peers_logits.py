@@ -7,7 +7,10 @@ the key scales:
   - MQAL-PAGED-B64: per request its pool blocks gathered into [32768, 128] (index_select), one
     _scaled_mm of the request's next_n x H query rows against them;
   - MQAL-PREFILL-32K: chunks of 256 query rows against all keys (the causal half computed and
-    masked, as a dense torch implementation does), --seq to shrink it.
+    masked, as a dense torch implementation does), --seq to shrink it;
+  - TOPK2048-B64, TOPK2048-32K: torch.topk(k=2048) over the rows of those logits (the prefill's
+    full [T, S] rows, -inf past the diagonal; torch picks -inf for rows shorter than 2048 and
+    orders its output by value, so only the time compares).
 With --ours FILE (bench_logits --json records) our lines print beside the peers; with --json
 FILE each peer's measurement is appended as a record (bench/SCHEMA.md).
 """
@@ -47,7 +50,8 @@ def paged_peer(iters):
         return out
 
     med, lo, hi = time_ms(run, iters, WARMUP)
-    return med, lo, hi, B * LEN * (D + 4), 2.0 * H * D * B * NEXT_N * LEN
+    logits = torch.cat(run())  # [B * next_n, LEN], the rows the top-K peer reads
+    return (med, lo, hi, B * LEN * (D + 4), 2.0 * H * D * B * NEXT_N * LEN), logits
 
 
 def prefill_peer(iters, seq):
@@ -70,7 +74,19 @@ def prefill_peer(iters, seq):
             out[t0:t0 + CH] = x.masked_fill(cols[None, :] > rows, float("-inf"))
 
     med, lo, hi = time_ms(run, iters, WARMUP)
-    return med, lo, hi, S * (D + 4), 2.0 * H * D * T * (T + 1) / 2
+    return (med, lo, hi, S * (D + 4), 2.0 * H * D * T * (T + 1) / 2), out
+
+
+def topk_peer(iters, logits, visible):
+    """torch.topk(k=2048) over the rows of `logits`; bytes as bench_logits counts them (the
+    `visible` logits read and the ids written)."""
+    k = min(2048, logits.shape[1])
+
+    def run():
+        return torch.topk(logits, k, dim=-1)
+
+    med, lo, hi = time_ms(run, iters, WARMUP)
+    return med, lo, hi, 4.0 * visible + 4.0 * logits.shape[0] * k, 0.0
 
 
 def main():
@@ -84,23 +100,35 @@ def main():
     ours = {}
     if args.ours:
         for r in records.read(args.ours):
-            if r["impl"] == "msa" and r["case"].startswith("MQAL-"):
+            if r["impl"] == "msa" and r["case"].startswith(("MQAL-", "TOPK")):
                 ours[r["case"]] = r
-    results = [("MQAL-PAGED-B64", "paged_mqa_logits", paged_peer(args.iters)),
-               ("MQAL-PREFILL-32K", "mqa_logits", prefill_peer(args.iters, args.seq))]
-    print(f"MQA logits peers (same run): torch _scaled_mm + relu + weighted head sum, L2 flush: {FLUSH}")
+    paged, paged_logits = paged_peer(args.iters)
+    results = [("MQAL-PAGED-B64", "paged_mqa_logits", paged)]
+    results.append(("TOPK2048-B64", "token_topk",
+                    topk_peer(args.iters, paged_logits, paged_logits.numel())))
+    del paged_logits
+    prefill, prefill_logits = prefill_peer(args.iters, args.seq)
+    results.append(("MQAL-PREFILL-32K", "mqa_logits", prefill))
+    results.append(("TOPK2048-32K", "token_topk",
+                    topk_peer(args.iters, prefill_logits, args.seq * (args.seq + 1) / 2)))
+    del prefill_logits
+    print(f"MQA logits peers (same run): torch _scaled_mm + relu + weighted head sum, torch.topk; "
+          f"L2 flush: {FLUSH}")
     for case, op, (med, lo, hi, nbytes, flop) in results:
+        topk = op == "token_topk"
         mine = ours.get(case)
         if mine:
-            print(f"  {case:18s} msa   median {mine['median_ms'] * 1e3:10.1f} us  "
-                  f"{mine['tflops']:7.1f} TFLOP/s")
+            rate = f"{mine['tbps']:7.3f} TB/s" if topk else f"{mine['tflops']:7.1f} TFLOP/s"
+            print(f"  {case:18s} msa   median {mine['median_ms'] * 1e3:10.1f} us  {rate}")
+        rate = (f"{nbytes / (med * 1e-3) / 1e12:7.3f} TB/s" if topk
+                else f"{flop / (med * 1e-3) / 1e12:7.1f} TFLOP/s")
         print(f"  {case:18s} torch median {med * 1e3:10.1f} us [{lo * 1e3:.1f}, {hi * 1e3:.1f}]  "
-              f"{flop / (med * 1e-3) / 1e12:7.1f} TFLOP/s")
+              f"{rate}")
         if args.json:
-            r = records.new_record(case, op, "torch-scaled-mm")
-            r.update({"hq": H, "d": D})
-            records.add_timing(r, (med, lo, hi), args.iters, WARMUP, flop, nbytes,
-                               "tbps" if case == "MQAL-PAGED-B64" else "tflops")
+            r = records.new_record(case, op, "torch-topk" if topk else "torch-scaled-mm")
+            r.update({"topk": 2048} if topk else {"hq": H, "d": D})
+            records.add_timing(r, (med, lo, hi), args.iters, WARMUP, flop or None, nbytes,
+                               "tbps" if case == "MQAL-PAGED-B64" or topk else "tflops")
             records.add_check(r, "skipped", {})
             records.add_environment(r, FLUSH, mine.get("commit") if mine else None)
             records.append(args.json, r)

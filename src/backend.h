@@ -53,6 +53,8 @@ size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
 // MQA logits (src/cuda/sm90/mqa_logits/): FP8, D = 128, H <= 128; paged block sizes 32, 64, 128.
 void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream);
 void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream);
+// Token top-K (common/token_topk.cu): any topk; ranges checked on the device.
+void token_topk(const TokenTopKArgs& a, cudaStream_t stream);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);
 void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
 // The SDSA indexer (src/cuda/sm90/sdsa/), `s` as for the CPU; lengths, ids and slots are checked

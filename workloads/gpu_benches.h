@@ -36,10 +36,10 @@ struct LogitsBenchOptions {
   int warmup = 3, iters = 20;
   bool check = true;   // rows against the CPU reference on the same bits first
   std::string json;    // append one JSON record per case when set
-  int64_t seq = 32768; // MQAL-PREFILL-32K: T = S
+  int64_t seq = 32768; // MQAL-PREFILL-32K and TOPK2048-32K: T = S
 };
 
-// MQAL-PAGED-B64 and MQAL-PREFILL-32K (all when `names` is empty). Returns 0, 1 when a check
+// MQAL-PAGED-B64, MQAL-PREFILL-32K, TOPK2048-B64 and TOPK2048-32K (all when `names` is empty). Returns 0, 1 when a check
 // failed, 2 for an unknown case or no GPU.
 int run_logits_bench(std::vector<std::string> names, const LogitsBenchOptions& o);
 

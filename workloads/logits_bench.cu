@@ -5,6 +5,10 @@
 // N(0, 1)); the pool's blocks are shuffled. Before timing, two rows are checked against the CPU
 // reference on the same bits. Rates: key (pool) bytes over time in TB/s and FLOP = 2 H D x the
 // pairs computed (paged: every (row, visible key); prefill: visible pairs) in TFLOP/s.
+// TOPK2048-B64 and TOPK2048-32K time token_topk (topk 2048) on those cases' logits, computed
+// once: the paged rows whole (their -inf tail is never chosen), the prefill rows over their
+// [ks, ke); sampled rows are checked id for id against the CPU; TB/s of the logits read (each
+// row's range once) and the ids written.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -69,8 +73,59 @@ struct Result {
 };
 
 constexpr int64_t kD = 128, kH = 64;
+constexpr int kTopK = 2048;
 
-Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
+// token_topk (topk 2048) over computed logits, timed in place of the logits; rows_checked are
+// compared with the CPU reference id for id (lo / hi: every row's range on the host, empty for
+// whole rows).
+Result run_topk(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, const Tensor& logits,
+                const Tensor& ks, const Tensor& ke, const std::vector<int32_t>& lo,
+                const std::vector<int32_t>& hi, const Tensor& status, DeviceBuffer* flush,
+                const char* name, std::initializer_list<int64_t> rows_checked) {
+  const int64_t rows = logits.shape[0], cols = logits.shape[1];
+  DeviceBuffer ids = gpu_buffer(size_t(rows * kTopK * 4));
+  TokenTopKArgs a;
+  a.logits = logits;
+  a.ks = ks;
+  a.ke = ke;
+  a.topk = kTopK;
+  a.ids = Tensor(ids.get(), DType::i32, {rows, int64_t(kTopK)}, logits.device);
+  a.status = status;
+  const auto run = [&] { token_topk(a, s); };
+  run();
+  check_status(status, s);
+  Result r;
+  if (o.check) {
+    for (const int64_t row : rows_checked) {
+      auto x = download<float>(static_cast<const float*>(logits.data) + row * logits.strides[0],
+                               size_t(cols));
+      auto got = download<int32_t>(static_cast<int32_t*>(ids.get()) + row * kTopK, size_t(kTopK));
+      std::vector<int32_t> want(static_cast<size_t>(kTopK));
+      std::vector<int32_t> l = {lo.empty() ? 0 : lo[size_t(row)]},
+                           h = {hi.empty() ? int32_t(cols) : hi[size_t(row)]};
+      TokenTopKArgs c;
+      c.logits = Tensor(x.data(), DType::f32, {1, cols});
+      c.ks = Tensor(l.data(), DType::i32, {1});
+      c.ke = Tensor(h.data(), DType::i32, {1});
+      c.topk = kTopK;
+      c.ids = Tensor(want.data(), DType::i32, {1, int64_t(kTopK)});
+      token_topk(c);
+      r.ok = r.ok && got == want;
+    }
+  }
+  const bench::Timing t = bench::time_op(run, o.warmup, o.iters, s, flush, name);
+  check_status(status, s);
+  r.ms = t.median;
+  r.min_ms = t.min;
+  r.max_ms = t.max;
+  double read = 0;
+  for (int64_t row = 0; row < rows; ++row)
+    read += lo.empty() ? double(cols) : double(hi[row] - lo[row]);
+  r.bytes = 4.0 * read + 4.0 * double(rows) * kTopK;
+  return r;
+}
+
+Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool topk) {
   const int64_t batch = 64, next_n = 2, len = 32768, bs = 64;
   const int64_t per_req = len / bs, blocks = batch * per_req;
   DeviceBuffer q = gpu_buffer(size_t(batch * next_n * kH * kD)),
@@ -102,6 +157,9 @@ Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
   const auto run = [&] { paged_mqa_logits(a, s); };
   run();
   check_status(a.status, s);
+  if (topk)
+    return run_topk(o, s, a.logits, Tensor(), Tensor(), {}, {}, a.status, &flush, "TOPK2048-B64",
+                    {0, 1, batch * next_n - 1});
   Result r;
   if (o.check) {  // request 0 on the CPU: its blocks, in table order, as a one-request pool
     std::vector<uint8_t> pool_h(size_t(per_req * bs * 132));
@@ -137,7 +195,7 @@ Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
   return r;
 }
 
-Result run_prefill(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
+Result run_prefill(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool topk) {
   const int64_t t_rows = o.seq, s_keys = o.seq;
   DeviceBuffer q = gpu_buffer(size_t(t_rows * kH * kD)), k = gpu_buffer(size_t(s_keys * kD)),
                ksc = gpu_buffer(size_t(s_keys * 4)), w = gpu_buffer(size_t(t_rows * kH * 4)),
@@ -166,6 +224,9 @@ Result run_prefill(const msa_bench::LogitsBenchOptions& o, cudaStream_t s) {
   const auto run = [&] { mqa_logits(a, s); };
   run();
   check_status(a.status, s);
+  if (topk)
+    return run_topk(o, s, a.logits, a.ks, a.ke, lo, hi, a.status, &flush, "TOPK2048-32K",
+                    {0, t_rows / 2, t_rows - 1});
   Result r;
   if (o.check) {  // the first and the last row on the CPU
     auto k_h = download<uint8_t>(k.get(), size_t(s_keys * kD));
@@ -363,20 +424,24 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
     std::fprintf(stderr, "bench_logits: no CUDA device\n");
     return 2;
   }
-  if (names.empty()) names = {"MQAL-PAGED-B64", "MQAL-PREFILL-32K", "SDSA-SELECT"};
+  if (names.empty())
+    names = {"MQAL-PAGED-B64", "MQAL-PREFILL-32K", "TOPK2048-B64", "TOPK2048-32K", "SDSA-SELECT"};
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   int rc = 0;
   for (const std::string& n : names) {
     Result r;
     std::string op;
-    if (n == "MQAL-PAGED-B64") {
-      r = run_paged(o, s);
-      op = "paged_mqa_logits";
-    } else if (n == "MQAL-PREFILL-32K") {
-      r = run_prefill(o, s);
-      op = "mqa_logits";
-    } else if (n == "SDSA-SELECT") {
+    const bool paged = n == "MQAL-PAGED-B64" || n == "TOPK2048-B64";
+    const bool topk = n.rfind("TOPK", 0) == 0;
+    const bool sdsa = n == "SDSA-SELECT";
+    if (n == "MQAL-PAGED-B64" || n == "TOPK2048-B64") {
+      r = run_paged(o, s, topk);
+      op = topk ? "token_topk" : "paged_mqa_logits";
+    } else if (n == "MQAL-PREFILL-32K" || n == "TOPK2048-32K") {
+      r = run_prefill(o, s, topk);
+      op = topk ? "token_topk" : "mqa_logits";
+    } else if (sdsa) {
       r = run_sdsa_select(o, s);
       op = "indexer_threshold_select";
     } else {
@@ -385,26 +450,38 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
       continue;
     }
     const double tbs = r.bytes / (r.ms * 1e-3) / 1e12, tfs = r.flop / (r.ms * 1e-3) / 1e12;
-    std::printf("%-18s median %9.1f us [%9.1f, %9.1f]  %7.1f TFLOP/s  %6.3f TB/s of keys  check rel_l2 %.2e %s\n",
+    if (topk)
+      std::printf("%-18s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s of logits and ids  check ids %s\n",
+                  n.c_str(), r.ms * 1e3, r.min_ms * 1e3, r.max_ms * 1e3, tbs,
+                  !o.check ? "skipped" : r.ok ? "ok" : "FAILED");
+    else
+      std::printf("%-18s median %9.1f us [%9.1f, %9.1f]  %7.1f TFLOP/s  %6.3f TB/s of keys  check rel_l2 %.2e %s\n",
                 n.c_str(), r.ms * 1e3, r.min_ms * 1e3, r.max_ms * 1e3, tfs, tbs, r.err,
                 !o.check ? "skipped" : r.ok ? "ok" : "FAILED");
     std::fflush(stdout);
     if (o.check && !r.ok) rc = std::max(rc, 1);
     if (!o.json.empty()) {
       bench::Json rec = bench::new_record(n, op);
-      const bool sdsa = n == "SDSA-SELECT";
-      rec["batch"] = n == "MQAL-PAGED-B64" || sdsa ? 64 : 1;
-      rec["seq_k"] = n == "MQAL-PAGED-B64" ? 32768 : sdsa ? 131072 : o.seq;
+      rec["batch"] = paged || sdsa ? 64 : 1;
+      rec["seq_k"] = paged ? 32768 : sdsa ? 131072 : o.seq;
       rec["hq"] = sdsa ? 1 : kH;
       rec["d"] = kD;
-      if (sdsa) bench::add_dtypes(rec, "fp4x2", "fp4x2", "nvfp4");
-      else bench::add_dtypes(rec, "fp8_e4m3", "fp8_e4m3", "token");
-      bench::add_timing(rec, {r.ms, r.min_ms, r.max_ms}, o.iters, o.warmup, r.flop, r.bytes,
-                        n == "MQAL-PAGED-B64" || sdsa ? bench::Metric::tbps : bench::Metric::tflops);
-      if (sdsa)  // exact: counts and ids equal to the CPU's, not a tolerance
-        bench::add_check(rec, bench::check_result(o.check, r.ok), o.check ? bench::Json{{"row0_mismatch", r.ok ? 0 : 1}} : bench::Json());
-      else
-        bench::add_check(rec, bench::check_result(o.check, r.ok), o.check ? bench::Json{{"out_rel_l2", r.err}} : bench::Json());
+      if (topk) {
+        rec["topk"] = kTopK;
+        rec["rows"] = paged ? 128 : o.seq;
+        bench::add_dtypes(rec, "f32", "f32");
+      } else if (sdsa) {
+        bench::add_dtypes(rec, "fp4x2", "fp4x2", "nvfp4");
+      } else {
+        bench::add_dtypes(rec, "fp8_e4m3", "fp8_e4m3", "token");
+      }
+      bench::add_timing(rec, {r.ms, r.min_ms, r.max_ms}, o.iters, o.warmup, topk ? 0.0 : r.flop,
+                        r.bytes, paged || topk || sdsa ? bench::Metric::tbps : bench::Metric::tflops);
+      // SDSA: exact (row 0's counts and ids equal to the CPU's); token top-K: ids checked
+      bench::add_check(rec, bench::check_result(o.check, r.ok),
+                       !o.check || topk ? bench::Json()
+                       : sdsa          ? bench::Json{{"row0_mismatch", r.ok ? 0 : 1}}
+                                       : bench::Json{{"out_rel_l2", r.err}});
       bench::add_environment(rec, true, bench::flush_name());
       bench::append_record(o.json, rec);
     }

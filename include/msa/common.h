@@ -59,7 +59,7 @@ enum class StatusCode : int32_t {
   kv_length_past_plan = 9,    // decode: a = request, b = keys (seqused_k), c = planned capacity
   queries_past_plan = 10,     // decode: a = request, b = queries, c = max_queries_per_request
   csr_rows_short = 11,        // k2q build: a = rows the batches need, b = row_ptr's total_rows
-  key_range_invalid = 12,     // mqa_logits: a = row, b = ks, c = ke
+  key_range_invalid = 12,     // mqa_logits, token_topk: a = row, b = ks, c = ke
   seq_len_invalid = 13,       // paged_mqa_logits: a = batch, b = seq_len, c = max_seq_len
   block_table_narrow = 14,    // paged_mqa_logits: a = batch, b = columns needed, c = columns
   kv_length_past_table = 15,  // paged KV: a = batch, b = seqused_k, c = max_pages * page_size

@@ -55,12 +55,14 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& args, cudaStream_t stream = null
 // Token top-K over logits rows (docs/semantics.md, Indexer logits): per row, the topk highest
 // positions among its candidates (ks[r] <= s < ke[r], or the whole row without ranges), written
 // ascending and -1 padded; -inf never selected, ties toward the lower position, NaN below every
-// finite value. CPU tensors only so far.
+// finite value. CPU and CUDA give the same ids. On CUDA the ranges are checked on the device: a
+// bad row is reported through `status` and written as if it had no candidate (all -1).
 struct TokenTopKArgs {
   Tensor logits;  // [R, S] f32, rows may be strided (last dim contiguous)
   Tensor ks, ke;  // optional, both or neither: [R] int32, 0 <= ks[r] <= ke[r] <= S
   int topk = 2048;
   Tensor ids;     // out: [R, topk] int32
+  Tensor status;  // int32[4], required on CUDA
 };
 void token_topk(const TokenTopKArgs& args, cudaStream_t stream = nullptr);
 

@@ -162,12 +162,12 @@ def paged_mqa_logits(*args: Any) -> Tensor:
 
 @torch.library.custom_op("msa::token_topk", mutates_args=())
 def _token_topk(logits: Tensor, ks: Optional[Tensor], ke: Optional[Tensor], topk: int,
-                stream: Optional[int]) -> Tensor:
-    return token_topk_eager(logits, ks, ke, topk, None, stream)
+                check: Optional[bool], stream: Optional[int]) -> Tensor:
+    return token_topk_eager(logits, ks, ke, topk, None, stream, check)
 
 
 @_token_topk.register_fake
-def _(logits, ks, ke, topk, stream):
+def _(logits, ks, ke, topk, check, stream):
     return logits.new_empty((logits.shape[0], topk), dtype=torch.int32)
 
 

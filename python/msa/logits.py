@@ -2,7 +2,8 @@
 prefill form (DeepGEMM's ``fp8_mqa_logits`` contract), `paged_mqa_logits` (seed 001's paged
 form), and `token_topk` over their rows. The logits run on the CPU and on CUDA (FP8, D = 128,
 H <= 128; on CUDA the ranges, lengths and block ids are checked on the device: `check=True`
-or `msa.check_status` raises for them); `token_topk` on the CPU only so far."""
+or `msa.check_status` raises for them); `token_topk` on the CPU and on CUDA (f32 rows, any
+topk; the same ids on both)."""
 
 from __future__ import annotations
 
@@ -94,25 +95,30 @@ def paged_mqa_logits_eager(q, q_sf, kv_fused, weights, block_tables, seq_lens, m
 
 
 def token_topk(logits: Any, topk: int, *, ks: Any = None, ke: Any = None, out: Any = None,
-               stream: Any = None) -> Any:
+               stream: Any = None, check: Optional[bool] = None) -> Any:
     """``ids [R, topk]`` int32: per row of ``logits [R, S]`` f32, the `topk` highest positions
     among ``[ks[r], ke[r])`` (the whole row without ranges), ascending, -1 padded; ``-inf`` is
-    never chosen, ties go to the lower position, NaN ranks below every finite value."""
+    never chosen, ties go to the lower position, NaN ranks below every finite value. CPU and
+    CUDA give the same ids; on CUDA a bad range is reported through the device status (its row
+    is all -1; ``check=True`` waits and raises)."""
     check_arrays(logits=logits, ks=ks, ke=ke, out=out)
     dims(logits, "logits", 2, "[R, S]")
     topk = count(topk, "topk", lo=1)
     if out is None and compiling():
         from . import _torch_ops
-        return _torch_ops.token_topk(logits, ks, ke, topk, stream)
-    return token_topk_eager(logits, ks, ke, topk, out, stream)
+        return _torch_ops.token_topk(logits, ks, ke, topk, check, stream)
+    return token_topk_eager(logits, ks, ke, topk, out, stream, check)
 
 
-def token_topk_eager(logits, ks, ke, topk, out, stream) -> Any:
+def token_topk_eager(logits, ks, ke, topk, out, stream, check) -> Any:
     rows = dims(logits, "logits", 2, "[R, S]")[0]
     if out is None:
         out = new_output(logits, (rows, topk), "i32", "ids", f"topk = {topk}")
+    st = stream_of(logits, stream)
+    status = status_for(logits)
     _C.token_topk(logits=arg(logits), ks=arg(ks), ke=arg(ke), topk=topk, ids=arg(out),
-                  stream=stream_of(logits, stream))
+                  status=status, stream=st)
+    finish(status, st, check)
     return out
 
 

@@ -338,6 +338,7 @@ NB_MODULE(_C, m) {
         x.ke = a.tensor("ke");
         x.topk = a.int32("topk", 2048);
         x.ids = a.tensor("ids", Access::write);
+        x.status = a.tensor("status", Access::write);
         return x;
       },
       [](const TokenTopKArgs& x, cudaStream_t s) { token_topk(x, s); });

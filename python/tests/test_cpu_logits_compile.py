@@ -255,8 +255,8 @@ def _op_cases():
         fq, fkv, fw, ft, fseq, sf = _paged(10, [20, 0, 35], 3, fp4=True)
         cases.append(("paged_mqa_logits", (fq, sf, fkv, fw, ft, fseq, 50, True, None, None)))
     logits, lks, lke = _logits_rows(12)
-    cases.append(("token_topk", (logits, None, None, 7, None)))
-    cases.append(("token_topk", (logits, lks, lke, 80, None)))
+    cases.append(("token_topk", (logits, None, None, 7, None, None)))
+    cases.append(("token_topk", (logits, lks, lke, 80, True, None)))
     return cases
 
 

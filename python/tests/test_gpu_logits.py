@@ -1,8 +1,9 @@
-# GPU tests of msa.mqa_logits and msa.paged_mqa_logits with torch tensors: the CUDA result
-# against the CPU one on the same bits (the CPU reference computes in float64), -inf where the
-# CPU has it, the device-side checks raising MsaError through check=True, and the custom ops:
-# torch.compile(fullgraph=True) equal to the eager call, and a compiled call captured in a CUDA
-# graph whose replay over new inputs equals the eager call on them.
+# GPU tests of msa.mqa_logits, msa.paged_mqa_logits and msa.token_topk with torch tensors: the
+# CUDA result against the CPU one on the same bits (the CPU reference computes in float64; the
+# token top-K ids are equal), -inf where the CPU has it, the device-side checks raising MsaError
+# through check=True, and the custom ops: torch.compile(fullgraph=True) equal to the eager call,
+# and a compiled call captured in a CUDA graph whose replay over new inputs equals the eager call
+# on them.
 import pytest
 
 import msa
@@ -158,5 +159,69 @@ def test_paged_compiles_and_captures(next_n, bs):
 
     def run(q, pool, w, seq):
         return msa.paged_mqa_logits(q, pool, w, tables, seq, max_len)
+
+    _replay_equals_eager(run, static, fresh)
+
+
+def _topk_rows(gen, rows, cols, kind):
+    """CPU logits [rows, cols] f32: N(0, 1), small integers (ties everywhere) or a mix of -inf,
+    NaN, -0.0, +0.0 and integers; and causal-like ranges ks, ke."""
+    if kind == "normal":
+        x = torch.randn(rows, cols, generator=gen)
+    else:
+        x = torch.randint(0, 6, (rows, cols), generator=gen).float()
+    if kind == "special":
+        pick = torch.randint(0, 6, (rows, cols), generator=gen)
+        x[pick == 0] = float("-inf")
+        x[pick == 1] = float("nan")
+        x[pick == 2] = -0.0
+        x[pick == 3] = 0.0
+    ke = torch.clamp((torch.arange(rows) + 1) * cols // rows, max=cols).to(torch.int32)
+    ks = (ke // 5).to(torch.int32)
+    return x, ks, ke
+
+
+@pytest.mark.parametrize("rows,cols,topk,kind", [(50, 300, 7, "ints"), (20, 5000, 512, "special"),
+                                                 (6, 40000, 2048, "normal"), (9, 100, 64, "normal"),
+                                                 (4, 3000, 2048, "ints")])
+def test_token_topk_matches_cpu(rows, cols, topk, kind):
+    gen = torch.Generator().manual_seed(rows + cols)
+    x, ks, ke = _topk_rows(gen, rows, cols, kind)
+    for ranges in ((None, None), (ks, ke)):
+        want = msa.token_topk(x, topk, ks=ranges[0], ke=ranges[1])
+        dev = [None if r is None else r.cuda() for r in ranges]
+        got = msa.token_topk(x.cuda(), topk, ks=dev[0], ke=dev[1], check=True)
+        assert got.device.type == "cuda" and got.dtype == torch.int32
+        assert torch.equal(got.cpu(), want)
+
+
+def test_token_topk_strided_rows_and_out():
+    gen = torch.Generator().manual_seed(40)
+    x, _, _ = _topk_rows(gen, 8, 3000, "ints")
+    wide = torch.full((8, 3005), float("nan"))
+    wide[:, 2:3002] = x
+    want = msa.token_topk(wide[:, 2:3002], 100)
+    out = torch.full((8, 100), 12345, dtype=torch.int32, device="cuda")
+    got = msa.token_topk(wide.cuda()[:, 2:3002], 100, out=out, check=True)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(out.cpu(), want)
+
+
+def test_token_topk_bad_range_raises():
+    x = torch.randn(3, 50).cuda()
+    ks = torch.tensor([0, 30, 0], dtype=torch.int32).cuda()
+    ke = torch.tensor([10, 20, 50], dtype=torch.int32).cuda()
+    with pytest.raises(msa.MsaError, match="ks, ke: row 1 must satisfy"):
+        msa.token_topk(x, 4, ks=ks, ke=ke, check=True)
+
+
+def test_logits_then_token_topk_compiles_and_captures():
+    gen = torch.Generator().manual_seed(41)
+    static = [x.cuda() for x in _ragged(gen, 40, 3000, 64)]
+    fresh = [x.cuda() for x in _ragged(gen, 40, 3000, 64)]
+
+    def run(q, k, w, ks, ke, scale):
+        logits = msa.mqa_logits(q, msa.QTensor(k, scale), w, ks, ke)
+        return msa.token_topk(logits, 256, ks=ks, ke=ke)
 
     _replay_equals_eager(run, static, fresh)

@@ -1,6 +1,6 @@
 // Public mqa_logits, paged_mqa_logits and token_topk (include/msa/logits.h): check every argument
 // on the host (for CPU tensors the ranges', lengths' and block ids' values too; CUDA checks those
-// on the device), then run the CPU reference or the CUDA kernels (token_topk: CPU only so far).
+// on the device), then run the CPU reference or the CUDA kernels.
 #include "msa/logits.h"
 
 #include <climits>
@@ -10,14 +10,6 @@
 
 namespace msa {
 namespace {
-
-// token_topk runs on the CPU only so far.
-void require_cpu(const char* op, api::TensorArgs args) {
-  for (const auto& [t, name] : args)
-    MSA_CHECK(!t->defined() || t->device.type == DeviceType::cpu, op, ": runs on the CPU only so "
-              "far (its CUDA kernel is not written yet); got ", name, " on ",
-              device_name(t->device));
-}
 
 // What the CUDA kernels read with 16-byte loads (TMA boxes of 128-byte rows): the data and the
 // given byte strides multiples of 16.
@@ -110,20 +102,39 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
   cpu::mqa_logits(a);
 }
 
-void token_topk(const TokenTopKArgs& a, cudaStream_t /*stream*/) {
-  require_cpu("token_topk", {{&a.logits, "logits"}, {&a.ks, "ks"}, {&a.ke, "ke"}, {&a.ids, "ids"}});
+void token_topk(const TokenTopKArgs& a, cudaStream_t stream) {
+  const Device device = api::common_device(
+      "token_topk", {{&a.logits, "logits"}, {&a.ks, "ks"}, {&a.ke, "ke"}, {&a.ids, "ids"}});
   check_defined(a.logits, "logits");
   check_dtype(a.logits, "logits", {DType::f32});
   check_ndim(a.logits, "logits", 2);
   check_last_dim_contiguous(a.logits, "logits");
   const int64_t rows = a.logits.shape[0], s_keys = a.logits.shape[1];
   MSA_CHECK(a.ks.defined() == a.ke.defined(), "ks, ke: give both or neither");
-  if (a.ks.defined()) check_ranges(a.ks, a.ke, rows, s_keys);
   MSA_CHECK(a.topk >= 1, "topk: must be >= 1, got ", a.topk);
   check_defined(a.ids, "ids");
   check_dtype(a.ids, "ids", {DType::i32});
   check_shape(a.ids, "ids", {rows, int64_t(a.topk)});
   check_contiguous(a.ids, "ids");
+  if (device.type == DeviceType::cuda) {
+    if (a.ks.defined()) {
+      for (const auto& [t, name] : {std::pair{&a.ks, "ks"}, std::pair{&a.ke, "ke"}}) {
+        check_dtype(*t, name, {DType::i32});
+        check_shape(*t, name, {rows});
+        check_contiguous(*t, name);
+      }
+    }
+    // Positions are int32 ids; the kernel's position arithmetic stays below 2^31 with room for
+    // one step of 2048.
+    MSA_CHECK(rows < INT32_MAX && s_keys <= INT32_MAX - 8192, "token_topk: CUDA takes fewer than "
+              "2^31 rows and at most 2^31 - 8193 columns, got ", a.logits.describe());
+    MSA_CHECK(reinterpret_cast<uintptr_t>(a.logits.data) % 4 == 0 && a.logits.strides[0] >= 0,
+              "logits: must be 4-byte aligned with a non-negative row stride on CUDA, got ",
+              a.logits.describe());
+    api::check_status_arg(a.status, device, "token_topk");
+    return cuda::token_topk(a, stream);
+  }
+  if (a.ks.defined()) check_ranges(a.ks, a.ke, rows, s_keys);
   cpu::token_topk(a);
 }
 

@@ -47,7 +47,8 @@ std::string describe_status(const int32_t s[4]) {
                             "for an upper bound such as total_k / kv_block_size + B");
     case StatusCode::key_range_invalid:
       return detail::concat("ks, ke: row ", s[1], " must satisfy 0 <= ks <= ke <= S, got [", s[2],
-                            ", ", s[3], "); the row was written -inf (clean) or left unwritten");
+                            ", ", s[3], "); the row was taken as empty (mqa_logits: -inf when "
+                            "clean, else unwritten; token_topk: ids all -1)");
     case StatusCode::seq_len_invalid:
       return detail::concat("seq_lens: entry ", s[1], " = ", s[2], " must be in [0, max_seq_len = ",
                             s[3], "]; its rows were computed as empty");

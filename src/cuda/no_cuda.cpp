@@ -24,6 +24,7 @@ void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t, 
 size_t attention_workspace_bytes(const AttentionArgs&, const ProblemShape&) { return 0; }
 void mqa_logits(const MqaLogitsArgs&, cudaStream_t) { no_cuda("mqa_logits"); }
 void paged_mqa_logits(const PagedMqaLogitsArgs&, cudaStream_t) { no_cuda("paged_mqa_logits"); }
+void token_topk(const TokenTopKArgs&, cudaStream_t) { no_cuda("token_topk"); }
 void quantize(const Tensor&, QuantFormat, const QTensor&, cudaStream_t) { no_cuda("quantize"); }
 void dequantize(const QTensor&, const Tensor&, cudaStream_t) { no_cuda("dequantize"); }
 void indexer_scores(const IndexerScoresArgs&, const ProblemShape&, cudaStream_t) {

@@ -275,8 +275,10 @@ TEST(TokenTopKRules, MessagesNameArgumentAndRule) {
   expect_arg_error(run, valid, [&](TokenTopKArgs& a) { a.ks = ks.t; a.ke = ke.t; },
                    "ks, ke: row 0 must satisfy 0 <= ks <= ke <= S (10), got [4, 2)");
   expect_arg_error(run, valid, [](TokenTopKArgs& a) { a.ids.device = {DeviceType::cuda, 0}; },
-                   "token_topk: runs on the CPU only so far (its CUDA kernel is not written yet); "
-                   "got ids on cuda");
+                   "token_topk: ids is on cuda:0, but logits on cpu; all on one device");
+  expect_arg_error(run, valid, [](TokenTopKArgs& a) {
+    a.logits.device = a.ids.device = {DeviceType::cuda, 0};
+  }, "token_topk: status (int32[4] on the GPU) is required for CUDA tensors");
 }
 
 

@@ -1,6 +1,7 @@
-// Device pieces of top-K block selection shared by the top-K kernel (common/topk.cu) and the
-// fused indexer (sm90/block_scores): the ranking key, the forced-block rule and the warp-wide
-// writer of one ascending, -1 padded q2k row. The ranking matches src/cpu/topk.cpp exactly.
+// Device pieces of top-K block selection shared by the top-K kernel (common/topk.cu), the token
+// top-K (common/token_topk.cu) and the fused indexer (sm90/block_scores): the ranking keys, the
+// forced-block rule and the warp-wide writer of one ascending, -1 padded q2k row. The ranking
+// matches src/cpu/topk.cpp and src/cpu/logits.cpp exactly.
 #pragma once
 
 #include <cstdint>
@@ -13,13 +14,19 @@ struct SelectRule {
   int topk, sink, local;
 };
 
-// Sort key: larger is better. High word: order-preserving bits of the score + 1 (NaN -> 1, below
-// -inf), low word: ~block id (lower id wins ties). 0 marks "not a candidate". -0.0 takes +0.0's
-// bits: the two are equal scores, so the lower id must win between them too.
-__device__ __forceinline__ uint64_t rank_key(float s, int64_t kb) {
+// Order-preserving bits of a score + 1: larger is better, NaN -> 1 (below -inf, which maps to
+// 0x00800000), never 0 (free for "not a candidate"). -0.0 takes +0.0's bits: the two are equal
+// scores, so ties between them go by position too.
+__device__ __forceinline__ uint32_t score_key(float s) {
   const uint32_t u = s == 0.f ? 0u : __float_as_uint(s);
   const uint32_t ord = (s != s) ? 0u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
-  return (uint64_t(ord + 1u) << 32) | uint32_t(~uint32_t(kb));
+  return ord + 1u;
+}
+
+// Sort key: larger is better. High word: score_key, low word: ~block id (lower id wins ties).
+// 0 marks "not a candidate".
+__device__ __forceinline__ uint64_t rank_key(float s, int64_t kb) {
+  return (uint64_t(score_key(s)) << 32) | uint32_t(~uint32_t(kb));
 }
 __device__ __forceinline__ int64_t key_block(uint64_t key) { return int64_t(~uint32_t(key)); }
 
