@@ -3,6 +3,8 @@
 // which validates its own arguments once; attention plans its scratch once.
 #include "msa/pipeline.h"
 
+#include <climits>
+
 #include "api/attention.h"
 #include "api/validate.h"
 
@@ -64,10 +66,16 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
   const Tensor& table = a.kv.page_table;
   const bool flat = a.kv.layout == KVLayout::flat;
   const bool well_formed = flat ? k.ndim == 3 : k.ndim == 4 && table.defined() && table.ndim == 2;
-  const int64_t key_bound = !well_formed ? -1
-                            : flat       ? k.shape[0]
-                                         : table.shape[1] * k.shape[a.kv.layout == KVLayout::paged_nhd ? 1 : 2];
-  if (key_bound < 0 || int64_t(a.topk) * a.params.kv_block_size < key_bound) c.attend.q2k = q2k;
+  // Shapes are unchecked here, so the products saturate instead of overflowing.
+  auto product = [](int64_t x, int64_t y) {
+    int64_t r = 0;
+    return __builtin_mul_overflow(x, y, &r) ? INT64_MAX : r;
+  };
+  const int64_t key_bound =
+      !well_formed ? -1
+      : flat       ? k.shape[0]
+                   : product(table.shape[1], k.shape[a.kv.layout == KVLayout::paged_nhd ? 1 : 2]);
+  if (key_bound < 0 || product(a.topk, a.params.kv_block_size) < key_bound) c.attend.q2k = q2k;
   c.attend.out = a.out;
   c.attend.lse = a.lse;
   c.attend.tlse = a.tlse;
