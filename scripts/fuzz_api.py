@@ -95,6 +95,37 @@ def call(op, rng, how):
     elif op == "decode":
         args = dict(q=p["q"], k=p["k"], v=p["v"], cu_seqlens_q=p["cu_q"], cu_seqlens_k=p["cu_k"])
         target = str(rng.choice(["q", "k"]))
+    elif op == "attention_dense":
+        # Dense attention's keywords (CPU): per-request causal offsets, a per-batch key mask, a
+        # soft-cap.
+        b = len(p["lq"])
+        args = dict(q=p["q"], k=p["k"], v=p["v"], cu_seqlens_q=p["cu_q"], cu_seqlens_k=p["cu_k"],
+                    causal_offset=np.array([int(rng.integers(-3, k + 3)) for k in p["lk"]],
+                                           np.int32),
+                    key_mask=rng.random((b, max(p["lk"]) + 2)) < 0.8,
+                    soft_cap=float(rng.uniform(1, 30)))
+        if b == sum(p["lq"]):
+            args["key_mask_rows"] = "batch"
+        target = str(rng.choice(["q", "k", "causal_offset"]))
+    elif op == "attention_batched":
+        bsz, sq, sk = int(rng.integers(1, 4)), int(rng.integers(1, 20)), int(rng.integers(1, 90))
+        args = dict(q=rng.standard_normal((bsz, sq, p["hq"], D)).astype(np.float16),
+                    k=rng.standard_normal((bsz, sk, p["hkv"], D)).astype(np.float16),
+                    v=rng.standard_normal((bsz, sk, p["hkv"], D)).astype(np.float16),
+                    causal_offset=rng.integers(-3, sk + 3, bsz).astype(np.int32),
+                    key_mask=rng.random((bsz, sq, sk)) < 0.8, soft_cap=float(rng.uniform(1, 30)))
+        target = str(rng.choice(["q", "k", "causal_offset"]))
+    elif op == "sdsa":
+        args = sdsa_problem(rng)
+        target = str(rng.choice(["query", "key_cache", "row_requests"]))
+    elif op == "token_topk":
+        rows, cols = int(rng.integers(1, 20)), int(rng.integers(1, 300))
+        x = np.round(rng.standard_normal((rows, cols)) * 4).astype(np.float32) / 4
+        x[rng.random(x.shape) < 0.05] = rng.choice([np.nan, -np.inf])
+        ks = rng.integers(0, cols + 1, rows).astype(np.int32)
+        args = dict(logits=x, topk=int(rng.integers(1, 40)), ks=ks,
+                    ke=np.minimum(ks + rng.integers(0, cols + 1, rows), cols).astype(np.int32))
+        target = "ks"
     elif op == "mqa_logits":
         t, s = p["q"].shape[0], p["k"].shape[0]
         import ml_dtypes
@@ -135,6 +166,11 @@ def call(op, rng, how):
             args["q"] = args["q"].astype(np.float16)
             import ml_dtypes  # noqa: F401  (bf16 q over FP8 K/V)
             args["q"] = p["q"].astype(np.float32).astype("bfloat16")
+    elif how == "nan_scale" and op in ("attention_dense", "attention_batched"):
+        args["soft_cap"] = np.nan
+    elif how == "bad_id" and op == "sdsa":
+        args["row_requests"] = args["row_requests"].copy()
+        args["row_requests"][0] = args["seq_lens"].shape[0] + 5
     elif how == "bad_id" and op == "attention_forward":
         args["q2k"] = args["q2k"].copy()
         args["q2k"][0, 0, 0] = 10**6
@@ -187,10 +223,111 @@ def run_op(op, args, p, rng, how, target, blk):
                         target == "k" else kp, vp, table, p["cu_q"], seqused_k=seqused), None
     if op == "mqa_logits":
         return msa.mqa_logits(**args), None
+    if op in ("attention_dense", "attention_batched"):
+        import np_reference as r
+        fn = msa.attention_forward if op == "attention_dense" else msa.attention_batched
+        out = fn(**args)
+        if how != "none":
+            return out, None
+        if op == "attention_dense":
+            ks, vs, cu_q = r.split(p["k"], p["cu_k"]), r.split(p["v"], p["cu_k"]), p["cu_q"]
+            q, mask, per_query = p["q"], args["key_mask"], False
+        else:
+            bsz, sq = args["q"].shape[:2]
+            q = args["q"].reshape(bsz * sq, *args["q"].shape[2:])
+            ks, vs, cu_q = list(args["k"]), list(args["v"]), cu([sq] * bsz)
+            mask, per_query = args["key_mask"].reshape(bsz * sq, -1), True
+        ref = r.attention(q.astype(np.float64), [x.astype(np.float64) for x in ks],
+                          [x.astype(np.float64) for x in vs], cu_q,
+                          causal_offset=args["causal_offset"], key_mask=mask,
+                          mask_per_query=per_query, soft_cap=args["soft_cap"])[0]
+        return np.asarray(out).reshape(ref.shape), ref
+    if op == "sdsa":
+        return sdsa_run(args, how, rng)
+    if op == "token_topk":
+        ids = msa.token_topk(**args)
+        if how != "none":
+            return ids, None
+        return ids, topk_reference(args["logits"], args["topk"], args["ks"], args["ke"])
     raise AssertionError(op)
 
 
-OPS = ["attention_forward", "block_scores", "block_topk", "quantize", "decode", "mqa_logits"]
+def sdsa_problem(rng):
+    """The SDSA indexer's inputs (docs/semantics.md, SDSA indexer): a bf16 page pool of one key
+    head, its block table and lengths, query rows with their requests."""
+    import ml_dtypes
+    bsz, ps = int(rng.integers(1, 4)), int(rng.choice([4, 16]))
+    lens = rng.integers(0, 120, bsz).astype(np.int32)
+    pages = [-(-int(n) // ps) for n in lens]
+    order = rng.permutation(sum(pages) + 1).astype(np.int32)
+    table = np.zeros((bsz, max(pages + [1])), np.int32)
+    used = 0
+    for b in range(bsz):
+        table[b, :pages[b]] = order[used:used + pages[b]]
+        used += pages[b]
+    pool = rng.standard_normal((len(order), ps, D)).astype(ml_dtypes.bfloat16)
+    rows = int(rng.integers(1, 8))
+    return dict(query=rng.standard_normal((rows, D)).astype(ml_dtypes.bfloat16), key_cache=pool,
+                block_table=table, seq_lens=lens,
+                row_requests=rng.integers(0, bsz, rows).astype(np.int32))
+
+
+def sdsa_run(args, how, rng):
+    """indexer_scores (checked against float64 dot products: bf16 products are exact, so the
+    f32 rounding of the sums agrees), then for a valid call the sampled selection
+    (gather_key_sample, indexer_scores on the sample, thresholds_from_sample,
+    indexer_threshold_select, top_k_from_candidates), whose exact rows (row_status 0) must hold
+    the top-K of a full sort of the row's scores."""
+    import msa
+    lens = args["seq_lens"]
+    width = int(max(lens.max(initial=0), 1))
+    scores = msa.indexer_scores(**args, max_len=width)
+    if how != "none":
+        return scores, None
+    ps = args["key_cache"].shape[1]
+    want = np.full(scores.shape, -np.inf)
+    for t, b in enumerate(args["row_requests"]):
+        keys = [args["key_cache"][args["block_table"][b, j // ps], j % ps] for j in range(lens[b])]
+        if keys:
+            want[t, :lens[b]] = np.stack(keys).astype(np.float64) @ \
+                args["query"][t].astype(np.float64)
+    want = want.astype(np.float32)
+    if not np.array_equal(scores, want):
+        return scores, want  # compared by the caller: a wrong result
+    topk, stride = int(rng.integers(1, 12)), int(rng.integers(1, 5))
+    cap = -(-width // stride)
+    sample, sample_lens = msa.gather_key_sample(args["key_cache"], args["block_table"], lens,
+                                                stride, max_samples=cap)
+    ss = msa.indexer_scores(args["query"], sample, np.arange(len(lens), dtype=np.int32)[:, None],
+                            sample_lens, args["row_requests"], max_len=cap)
+    th, counts = msa.thresholds_from_sample(ss, topk, stride)
+    cand, ties, counts = msa.indexer_threshold_select(
+        args["query"], args["key_cache"], args["block_table"], lens, args["row_requests"], th,
+        counts, capacity=4 * topk, tie_capacity=2 * topk)
+    ids, status = msa.top_k_from_candidates(cand, ties, counts, topk)
+    full = topk_reference(want, topk, None, None)
+    exact = status == 0
+    return ids[exact].astype(np.float64), full[exact].astype(np.float64)
+
+
+def topk_reference(x, topk, ks, ke):
+    """The token top-K rule (docs/semantics.md, Token top-K): per row the `topk` best of [ks, ke)
+    (higher first, NaN below every number, -inf never, ties toward the lower position),
+    ascending, -1 padded."""
+    rows, cols = x.shape
+    out = np.full((rows, topk), -1, np.int32)
+    for r in range(rows):
+        lo, hi = (0, cols) if ks is None else (int(ks[r]), int(ke[r]))
+        pos = [j for j in range(lo, hi) if not np.isneginf(x[r, j])]
+        pos.sort(key=lambda j: (bool(np.isnan(x[r, j])),
+                                0.0 if np.isnan(x[r, j]) else -float(x[r, j]), j))
+        chosen = sorted(pos[:topk])
+        out[r, :len(chosen)] = chosen
+    return out
+
+
+OPS = ["attention_forward", "block_scores", "block_topk", "quantize", "decode", "mqa_logits",
+       "attention_dense", "attention_batched", "sdsa", "token_topk"]
 
 
 def child(seed, n, queue):
@@ -206,9 +343,13 @@ def child(seed, n, queue):
             outcome = "ok"
             if ref is not None:
                 got = np.asarray(out, np.float64)
-                err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
-                if not err <= 1e-2:
-                    outcome = "wrong"
+                if op in ("sdsa", "token_topk"):  # ids and f32 scores: exact
+                    if not np.array_equal(got, np.asarray(ref, np.float64)):
+                        outcome = "wrong"
+                else:
+                    err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+                    if not err <= 1e-2:
+                        outcome = "wrong"
             elif applied and how in ALWAYS_INVALID and not (op == "quantize" and how == "extent"):
                 # (quantize: a longer row is a valid FP8 input; FP4 formats reject an odd one)
                 outcome = "accepted"

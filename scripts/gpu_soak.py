@@ -5,14 +5,20 @@ graphs and replayed; valid results sampled against the CPU backend (the oracle),
 call expected to raise msa.MsaError, the context never poisoned and device memory flat.
 
 Ops: attention_forward (flat and paged nhd / hnd; bf16 / f16 K/V, FP8 and FP4 K/V under bf16 q;
-q2k with and without its k2q; LSE, temperature, partial dtypes, out= / lse= / workspace=),
-sparse_attention (flat and paged, FP8 index inputs, return_selection), block_scores,
-block_topk, select_topk, build_k2q_csr, the q2k <-> k2q converters (host only), DecodePlan
-plan + run (dense and sparse; bf16 / f16 / FP8 caches; bf16 / f16 / FP8 queries), quantize and
-dequantize (all five formats), mqa_logits, paged_mqa_logits, token_topk (host only: a CUDA
-tensor must be refused) and check_status on a caller's buffer. Each call draws a small random
-problem (an occasional larger one) of what the CUDA backend takes: head dim 128, kv blocks of
-128 for the indexer and prefill, GQA groups 1-16, each op's CUDA formats and limits
+q2k with and without its k2q; LSE, temperature, partial dtypes, out= / lse= / workspace=;
+causal_offset on both backends, key_mask / key_mask_rows and soft_cap drawn on the CPU only, on
+CUDA calls with them must be refused naming them), attention_batched (BSHD merged or padded,
+BHSD; the same keywords), sparse_attention (flat and paged, FP8 index inputs,
+return_selection), block_scores, block_topk, select_topk, build_k2q_csr, the q2k <-> k2q
+converters (host only), DecodePlan plan + run (dense and sparse; bf16 / f16 / FP8 caches; bf16 /
+f16 / FP8 queries; causal_offset, key_mask and soft_cap on the CPU, refused by CUDA decode),
+quantize and dequantize (all five formats), mqa_logits, paged_mqa_logits, token_topk, the SDSA
+indexer (indexer_scores, indexer_threshold_select chained into top_k_from_candidates,
+top_k_from_candidates, gather_key_sample, thresholds_from_sample,
+quantize_write_index_qk_nvfp4; bf16 / f16 / NVFP4 keys and queries, bitwise against the CPU) and
+check_status on a caller's buffer. Each call draws a small random problem (an occasional
+larger one) of what the CUDA backend takes: head dim 128 (SDSA: 16 to 256), kv blocks of 128
+for the indexer and prefill, GQA groups 1-16, each op's CUDA formats and limits
 (check_supported in src/cuda, src/api/*.cpp). Selections run on small-integer inputs, whose
 scores are exact, so CPU and GPU ids must agree bit for bit.
 
@@ -20,11 +26,13 @@ About a third of the calls break one argument: a wrong dtype, rank or extent, a 
 last dim, a CPU tensor among CUDA ones, a Python list; an out-of-range, negative or repeated
 block id, a page id outside the pool, cu_seqlens not starting at 0, a length past its table or
 decode plan, more queries than planned, a k2q index of another q2k, too few score blocks or CSR
-rows, a bad logits range; an out= of a wrong shape or dtype, a too-small workspace; a NaN scale
-or global scale (device FP8 scales only where the CUDA kernels check them: the indexer), a bad
-option value, a missing argument. Device-side offences are raised by `check=True` or
-`msa.check_status()`, which every call runs on its stream (docs/python.md, Outputs, streams,
-errors). Outcomes, per op:
+rows, a bad logits or token_topk range; an SDSA row naming no request or too many keys, a
+sample offset or capacity out of range, a slot past the NVFP4 cache (or, CPU only, given twice,
+and counts not zero on entry or negative); an out= of a wrong shape or dtype, a too-small
+workspace; a NaN scale or global scale (device FP8 scales only where the CUDA kernels check
+them: the indexer), a bad option value, a missing argument. Device-side offences are raised by
+`check=True` or `msa.check_status()`, which every call runs on its stream (docs/python.md,
+Outputs, streams, errors). Outcomes, per op:
   ok        a valid call returned (and msa.check_status() stayed quiet)
   checked   ... and its result matched the CPU backend's on the same inputs (every
             --check-every-th valid call): docs/semantics.md, Numerics tolerances; ids, CSR and
@@ -77,7 +85,9 @@ OUTCOMES = ("ok", "checked", "graph", "rejected") + DEFECTS
 OPS = {"attention_flat": 3, "attention_paged": 2, "sparse_attention": 2, "block_scores": 1.5,
        "block_topk": 1.5, "select_topk": 1, "build_k2q_csr": 1.5, "k2q_convert": 0.5,
        "decode": 3, "quantize": 1, "dequantize": 1, "mqa_logits": 1, "paged_mqa_logits": 1,
-       "token_topk": 0.5, "check_status": 0.3}
+       "token_topk": 0.5, "check_status": 0.3, "attention_batched": 1.5,
+       "indexer_scores": 1, "threshold_select": 1, "top_k_from_candidates": 0.5,
+       "gather_key_sample": 0.7, "thresholds_from_sample": 0.5, "quantize_write_nvfp4": 0.7}
 
 torch = None  # imported in main(): the skip line must print even without torch
 msa = None
@@ -212,6 +222,35 @@ def k2q_equal(got, want):
     for h in range(got[0].shape[0]):
         n = int(want[0][h, -1])
         err = same(got[1][h, :n], want[1][h, :n], f"q_idx head {h}")
+        if err:
+            return err
+    return None
+
+
+def sdsa_stores_equal(got, want):
+    """The threshold select chain (candidates, ties, counts, ids, row_status; unwritten slots
+    -1) against the CPU's: counts, ids and row_status bitwise; a store's entries as a set
+    (sorted by position: CUDA stores in any slot order) in the rows where it did not overflow
+    (an overflowing store holds an unspecified subset on CUDA; docs/semantics.md, SDSA
+    indexer, On CUDA)."""
+    if len(got) != len(want):
+        return f"{len(got)} outputs vs {len(want)}"
+    for i, name in ((2, "counts"), (3, "ids"), (4, "row_status")):
+        err = same(got[i], want[i], name)
+        if err:
+            return err
+    counts = want[2].cpu()
+    for i, name in ((0, "candidates"), (1, "ties")):
+        g, w = got[i].cpu(), want[i].cpu()
+        if g.shape != w.shape:
+            return f"{name}: shape {list(g.shape)} vs {list(w.shape)}"
+        keep = counts[:, i] <= w.shape[1]
+
+        def by_position(x):
+            pos = x[..., 0] if x.dim() == 3 else x
+            order = torch.sort(pos, dim=1, stable=True).indices
+            return torch.gather(x, 1, order[..., None].expand_as(x) if x.dim() == 3 else order)
+        err = same(by_position(g)[keep], by_position(w)[keep], f"{name} (as sets)")
         if err:
             return err
     return None
@@ -664,6 +703,7 @@ class Soak:
             kw["temperature"] = float(r.uniform(0.3, 2.0))
         kw["partial_dtype"] = self.choice([None, "f32", "bf16"])
         kw["return_lse"] = self.chance(0.6)
+        vis_muts = self.visibility(kw, lq, lk, True)
         total_q = sum(lq)
         if self.chance(0.2):
             kw["out"] = torch.full((total_q, hq, D), math.nan, dtype=qdt, device=self.dev)
@@ -700,6 +740,7 @@ class Soak:
             muts.update(self.m_pages("page_table", "seqused_k", page_size))
         else:
             muts.update(self.m_missing("cu_seqlens_k"))
+        muts.update(vis_muts)
         if "k2q" in kw:
             muts["stale_k2q"] = mutation(self._stale_k2q, ("k2q",))
             muts["k2q_without_q2k"] = mutation(
@@ -752,11 +793,18 @@ class Soak:
         them), reading q, q2k and the options the call finally gets."""
         def ref(cpu_kw):
             import np_reference
+            co, mask = cpu_kw.get("causal_offset"), cpu_kw.get("key_mask")
+            rows = cpu_kw.get("key_mask_rows")
+            per_query = mask is not None and (rows == "query" or (
+                rows is None and mask.shape[0] != len(lq)))
             out, lse, tlse = np_reference.attention(
                 cpu_kw["q"].double().numpy(), ks, vs, self.cu(lq).numpy(),
                 q2k=cpu_kw["q2k"].numpy() if "q2k" in cpu_kw else None, blk=BLK,
                 causal=cpu_kw["causal"],
-                scale=cpu_kw.get("softmax_scale"), temperature=cpu_kw.get("temperature"))
+                scale=cpu_kw.get("softmax_scale"), temperature=cpu_kw.get("temperature"),
+                causal_offset=None if co is None else co.numpy(),
+                key_mask=None if mask is None else mask.numpy(), mask_per_query=per_query,
+                soft_cap=cpu_kw.get("soft_cap"))
             res = [torch.from_numpy(out)]
             if cpu_kw["return_lse"]:
                 res.append(torch.from_numpy(lse))
@@ -1099,6 +1147,7 @@ class Soak:
         out_dt = torch.bfloat16 if qkind in ("bf16", "fp8") else torch.float16
         if self.chance(0.2):
             kw["out"] = torch.full((sum(lq), hq, D), math.nan, dtype=out_dt, device=self.dev)
+        vis_muts = self.visibility(kw, lq, run_len.tolist(), False)
         low = cache == "fp8" or qkind == "fp8"
         tol, lse_tol = (3e-2, 3e-2) if low else (1e-2, 2e-3)
         n_stats = int(kw["return_lse"])
@@ -1157,6 +1206,7 @@ class Soak:
             muts["q2k_for_dense"] = mutation(
                 lambda kw: dict(kw, q2k=torch.zeros(hkv, sum(lq), 1, dtype=torch.int32,
                                                     device=self.dev)), ("q2k",))
+        muts.update(vis_muts)
         if cache == "fp8":  # (CPU only: CUDA decode does not check device scales)
             muts["nan_k_scale"] = mutation(
                 lambda kw: dict(kw, k_cache=kw["k_cache"]._replace(
@@ -1359,30 +1409,61 @@ class Soak:
                     compare=lambda g, w: close_rows(g[0], w[0], 1e-3, "logits"))
 
     def case_token_topk(self):
-        """token_topk runs on the CPU only so far: CPU tensors in either mode (on CUDA a CUDA
-        tensor must be refused)."""
+        """token_topk over rows with ties, NaN and -inf, on the soak's device (CUDA: a radix
+        select per row, the CPU's ids for any topk); ranges, a strided row view, out=. A bad
+        range is a host check on the CPU and key_range_invalid through the status on CUDA."""
         r = self.rng
-        rows, cols = int(r.integers(1, 64)), int(r.integers(1, 1500))
+        rows, cols = int(r.integers(1, 64)), int(r.integers(1, 1500 * self.big()))
         logits = torch.round(torch.randn(rows, cols, generator=self.gen) * 8) / 8
         logits[torch.from_numpy(r.random((rows, cols)) < 0.05)] = self.choice([math.nan,
                                                                                 -math.inf])
-        kw = dict(logits=logits, topk=int(r.integers(1, min(cols + 3, 64) + 1)))
+        topk = int(r.integers(1, min(cols + 3, 64 if self.big() == 1 else 2048) + 1))
+        kw = dict(logits=self.strided(self.to(logits)), topk=topk)
         if self.chance(0.5):
             ks = torch.from_numpy(r.integers(0, cols + 1, rows)).to(torch.int32)
             ke = torch.minimum(ks + torch.from_numpy(r.integers(0, cols + 1, rows)).to(
                 torch.int32), torch.tensor(cols, dtype=torch.int32))
-            kw.update(ks=ks, ke=ke)
-        muts = self.m_arrays(["logits"], ("rank", "stride"))
+            kw.update(ks=self.to(ks), ke=self.to(ke))
+        if self.chance(0.2):
+            kw["out"] = torch.full((rows, topk), 12345, dtype=torch.int32, device=self.dev)
+        muts = self.m_arrays(["logits"], ("rank", "stride", "device"))
+        muts["dtype:logits"] = mutation(lambda kw: dict(kw, logits=kw["logits"].double()),
+                                        ("logits",))
         muts["topk_zero"] = with_kw("topk", 0)
-        muts["ks_alone"] = mutation(lambda kw: dict(kw, ks=torch.zeros(rows, dtype=torch.int32),
-                                                    ke=None), ("ks",))
+        muts["ks_alone"] = mutation(
+            lambda kw: dict(kw, ks=torch.zeros(rows, dtype=torch.int32, device=self.dev),
+                            ke=None), ("ks",))
         muts["out_shape"] = mutation(
-            lambda kw: dict(kw, out=torch.zeros(rows, kw["topk"] + 1, dtype=torch.int32)),
-            ("ids",))
-        muts["on_cuda"] = mutation(lambda kw: dict(kw, logits=kw["logits"].cuda()),
-                                   ("CPU", "cpu"), "cuda")
-        return Case("token_topk", kw, msa.token_topk, mutations=muts, graph=False,
-                    check=False, stream=False)
+            lambda kw: dict(kw, out=torch.zeros(rows, kw["topk"] + 1, dtype=torch.int32,
+                                                device=self.dev)), ("ids",))
+
+        def ranges(kw):
+            if "ks" in kw:
+                return kw["ks"].cpu().clone(), kw["ke"].cpu().clone()
+            return torch.zeros(rows, dtype=torch.int32), torch.full((rows,), cols,
+                                                                     dtype=torch.int32)
+
+        def ke_past(kw):
+            ks, ke = ranges(kw)
+            ke[int(r.integers(0, rows))] = cols + 1 + int(r.integers(0, 5))
+            return dict(kw, ks=self.to(ks), ke=self.to(ke))
+
+        def ks_after_ke(kw):
+            ks, ke = ranges(kw)
+            t = int(r.integers(0, rows))
+            if ke[t] < cols:
+                ks[t] = ke[t] + 1
+            elif ks[t] > 0:
+                ke[t] = ks[t] - 1
+            else:
+                ks[t], ke[t] = cols, cols - 1
+            return dict(kw, ks=self.to(ks), ke=self.to(ke))
+        muts["ke_past_s"] = mutation(ke_past, ("ks", "ke"))
+        muts["ks_after_ke"] = mutation(ks_after_ke, ("ks", "ke"))
+        if "ks" in kw:
+            muts.update(self.m_arrays(["ks"], ("extent", "device")))
+            muts["dtype:ke"] = self.m_dtype("ke")
+        return Case("token_topk", kw, msa.token_topk, mutations=muts)
 
     def case_check_status(self):
         """msa.check_status on a caller's status buffer: quiet when zero, MsaError for an
@@ -1399,6 +1480,727 @@ class Soak:
         return Case("check_status", kw, lambda **kw: (msa.check_status(**kw), kw["status"])[1],
                     mutations=muts, graph=False, check=False)
 
+    # ---- dense attention's keywords (docs/semantics.md, Dense attention) ----
+
+    def key_mask(self, rows, lk_max):
+        """A random key mask [rows, lk_max], bool or uint8 (any nonzero byte visible), about
+        three keys in four visible; sometimes one row broadcast (stride 0)."""
+        seen = torch.from_numpy(self.rng.random((rows, lk_max)) < 0.75)
+        if self.chance(0.5):
+            m = seen
+        else:
+            m = torch.from_numpy(self.rng.integers(1, 256, (rows, lk_max), dtype=np.uint8))
+            m = m * seen.to(torch.uint8)
+        if rows > 1 and self.chance(0.15):
+            m = m[:1].expand(rows, lk_max)
+        return self.to(m)
+
+    def visibility(self, kw, lq, lk, offsets_on_cuda):
+        """causal_offset, key_mask (with key_mask_rows) and soft_cap drawn into kw; returns their
+        mutations. lk: each request's key count Lk_b (the keys a mask must cover). The CUDA
+        prefill takes causal_offset (offsets_on_cuda); the key mask and the soft-cap (and all
+        three in CUDA decode) are CPU only: CUDA mode never draws them as valid and calls with
+        them must be refused naming them (the "cuda" mutations)."""
+        r = self.rng
+        batch, total_q = len(lq), sum(lq)
+        lk_max = max(lk + [0])
+        muts = {}
+        offsets = (offsets_on_cuda or not self.cuda) and kw["causal"] and self.chance(0.3)
+        if offsets:
+            co = [int(r.integers(-lq[b] - 3, lk[b] + 4)) for b in range(batch)]
+            if self.chance(0.1):  # near the int32 limits: the rule is computed in 64-bit
+                co[int(r.integers(0, batch))] = self.choice([2**31 - 1, -2**31])
+            kw["causal_offset"] = self.to(torch.tensor(co, dtype=torch.int32))
+            muts.update(self.m_arrays(["causal_offset"], ("rank", "extent", "stride", "device")))
+            muts["dtype:causal_offset"] = self.m_dtype("causal_offset")
+            muts["offset_not_causal"] = mutation(lambda kw: dict(kw, causal=False),
+                                                 ("causal_offset", "causal"))
+
+        def mask_kw(kw):
+            per_query = self.chance(0.5)
+            m = self.key_mask(total_q if per_query else batch, lk_max + int(r.integers(0, 4)))
+            kw = dict(kw, key_mask=m)
+            if batch == total_q or self.chance(0.3):
+                kw["key_mask_rows"] = "query" if per_query else "batch"
+            return kw
+        if not self.cuda and self.chance(0.3):
+            kw.update(mask_kw({}))
+            m = kw["key_mask"]
+            muts["dtype:key_mask"] = mutation(lambda kw: dict(kw, key_mask=kw["key_mask"].float()),
+                                              ("key_mask",))
+            muts["rank:key_mask"] = self.m_array("key_mask", "rank")
+            muts["key_mask_rows"] = with_kw("key_mask_rows", "rows")
+            muts["rows_of:key_mask"] = mutation(
+                lambda kw: dict(kw, key_mask=self.key_mask(batch + total_q + 1, m.shape[1])),
+                ("key_mask",))
+            if lk_max > 0:
+                muts["short:key_mask"] = mutation(
+                    lambda kw: dict(kw, key_mask=kw["key_mask"][:, :lk_max - 1]), ("key_mask",))
+            if batch == total_q:
+                muts["ambiguous:key_mask"] = mutation(
+                    lambda kw: {x: y for x, y in kw.items() if x != "key_mask_rows"},
+                    ("key_mask",))
+        if not self.cuda and self.chance(0.25):
+            kw["soft_cap"] = float(r.uniform(0.5, 30.0))
+        muts["negative_soft_cap"] = with_kw("soft_cap", -1.0)
+        muts["nan_soft_cap"] = with_kw("soft_cap", math.nan)
+        muts["cuda:key_mask"] = mutation(mask_kw, ("key_mask",), "cuda")
+        muts["cuda:soft_cap"] = mutation(lambda kw: dict(kw, soft_cap=float(r.uniform(1, 30))),
+                                         ("soft_cap",), "cuda")
+        if not offsets_on_cuda and kw["causal"]:
+            muts["cuda:causal_offset"] = mutation(
+                lambda kw: dict(kw, causal_offset=self.to(torch.zeros(batch, dtype=torch.int32))),
+                ("causal_offset",), "cuda")
+        return muts
+
+    def case_batched(self):
+        """attention_batched over [B, S, H, D] or [B, H, S, D]: contiguous BSHD (one varlen call),
+        BSHD with padded rows (batch and sequence dims that do not merge) and BHSD tensors or
+        views of BSHD storage (one call per request)."""
+        r = self.rng
+        s = self.big()
+        batch = int(r.integers(1, 5))
+        sq, sk = int(r.integers(1, 33 * s)), int(r.integers(1, 300 * s))
+        hkv, hq = self.heads()
+        dt = self.choice([torch.bfloat16, torch.float16])
+        layout = self.choice(["BSHD", "BHSD"])
+        padded = layout == "BSHD" and self.chance(0.3)
+        transposed = layout == "BHSD" and self.chance(0.5)
+
+        def tensor(seq, h):
+            x = self.randn(batch, seq, h, D, dtype=dt)
+            if padded:
+                pad = torch.full((batch, seq + 2, h, D), math.nan, dtype=dt)
+                pad[:, :seq] = x
+                return self.to(pad)[:, :seq]
+            if layout == "BHSD":
+                return self.to(x).transpose(1, 2) if transposed else \
+                    self.to(x.transpose(1, 2).contiguous())
+            return self.to(x)
+        kw = dict(q=tensor(sq, hq), k=tensor(sk, hkv), v=tensor(sk, hkv), layout=layout,
+                  causal=self.chance(0.8), return_lse=self.chance(0.5))
+        if self.chance(0.3):
+            kw["softmax_scale"] = float(r.uniform(0.02, 0.15))
+        if self.chance(0.2):
+            kw["temperature"] = float(r.uniform(0.3, 2.0))
+        if self.chance(0.2):
+            kw["out"] = torch.full(tuple(kw["q"].shape), math.nan, dtype=dt, device=self.dev)
+        muts = self.visibility(kw, [sq] * batch, [sk] * batch, True)
+        # attention_batched takes the mask's row kind from its rank: [B, Sk] or [B, Sq, Sk].
+        kw.pop("key_mask_rows", None)
+        for name in ("key_mask_rows", "ambiguous:key_mask", "rows_of:key_mask"):
+            muts.pop(name, None)
+
+        def batched_mask(kw):
+            per_query = self.chance(0.5)
+            m = self.key_mask(batch * (sq if per_query else 1), sk)
+            return dict(kw, key_mask=m.reshape(batch, sq, sk) if per_query else m)
+        muts.pop("rank:key_mask", None)  # [1, B, Sk] may read as a valid [B, Sq, Sk]
+        # One call per request passes causal_offset[b:b + 1], a one-entry view that any stride
+        # of the [B] array gives: a strided offset array is refused only by the one-call path.
+        muts.pop("stride:causal_offset", None)
+        if "key_mask" in kw:
+            kw.update(batched_mask({}))
+            muts["short:key_mask"] = mutation(
+                lambda kw: dict(kw, key_mask=kw["key_mask"][..., :sk - 1]), ("key_mask",))
+            muts["shape:key_mask"] = mutation(
+                lambda kw: dict(kw, key_mask=self.key_mask(batch + 1, sk)), ("key_mask",))
+        muts["cuda:key_mask"] = mutation(batched_mask, ("key_mask",), "cuda")
+        muts.update(self.m_arrays(["q", "k", "v"], ("rank", "stride", "device")))
+        muts["dtype:q"] = self.m_dtype("q")
+        muts["layout"] = with_kw("layout", "SBHD")
+        muts["v_shape"] = mutation(lambda kw: dict(kw, v=kw["v"][:, :-1] if layout == "BSHD"
+                                                   else kw["v"][:, :, :-1]), ("v",))
+        if batch > 1:
+            muts["batch:k"] = mutation(lambda kw: dict(kw, k=kw["k"][:-1], v=kw["v"][:-1]),
+                                       ("k",))
+        muts["shape:out"] = mutation(
+            lambda kw: dict(kw, out=torch.empty(tuple(kw["q"].shape[:-1]) + (D + 1,), dtype=dt,
+                                                device=self.dev)), ("out",))
+        n_stats = int(kw["return_lse"]) + int("temperature" in kw)
+        return Case("attention_batched", kw, msa.attention_batched, mutations=muts, refill=True,
+                    reference=self._np_batched(),
+                    compare=lambda g, w: close_attention(g, w, 1e-2, 2e-3, n_stats))
+
+    def _np_batched(self):
+        """The float64 reference of attention_batched (CPU mode): np_reference.attention on the
+        token-major form of the call's tensors, reshaped back to its layout."""
+        def ref(cpu_kw):
+            import np_reference
+            bhsd = cpu_kw["layout"] == "BHSD"
+
+            def tm(x):
+                return (x.transpose(1, 2) if bhsd else x).double().numpy()
+            q, k, v = tm(cpu_kw["q"]), tm(cpu_kw["k"]), tm(cpu_kw["v"])
+            batch, sq, hq, d = q.shape
+            mask = cpu_kw.get("key_mask")
+            per_query = mask is not None and mask.dim() == 3
+            if mask is not None:
+                mask = mask.numpy().reshape(batch * sq, -1) if per_query else mask.numpy()
+            co = cpu_kw.get("causal_offset")
+            out, lse, tlse = np_reference.attention(
+                q.reshape(batch * sq, hq, d), list(k), list(v), self.cu([sq] * batch).numpy(),
+                causal=cpu_kw["causal"], scale=cpu_kw.get("softmax_scale"),
+                temperature=cpu_kw.get("temperature"),
+                causal_offset=None if co is None else co.numpy(), key_mask=mask,
+                mask_per_query=per_query, soft_cap=cpu_kw.get("soft_cap"))
+            out = out.reshape(batch, sq, hq, d)
+            res = [torch.from_numpy(out.transpose(0, 2, 1, 3) if bhsd else out)]
+            for x, want in ((lse, cpu_kw["return_lse"]), (tlse, cpu_kw.get("temperature"))):
+                if want:
+                    res.append(torch.from_numpy(x.reshape(hq, batch, sq).transpose(1, 0, 2)))
+            return tuple(res)
+        return ref
+
+    # ---- the SDSA indexer (docs/semantics.md, SDSA indexer): bitwise on both backends ----
+
+    def sdsa_problem(self, rows=True):
+        """A paged index key cache of one key head and (with `rows`) query rows over it. Keys
+        bf16 / f16, or NVFP4 written by quantize_write_index_qk_nvfp4 on the soak's device (a
+        QTensor, or values plus key_scale); small-integer values (many tied scores) or normal
+        ones; shuffled pages whose unused slots hold NaN (never read). Rows: bf16 / f16 or NVFP4
+        queries, random requests, sometimes row_lens. Returns (keywords, facts): the keywords on
+        the device, the facts on the host (lens, page_size, dim, num_pages, requests, L: each
+        row's key count)."""
+        r = self.rng
+        s = self.big()
+        batch = int(r.integers(1, 5))
+        lens = [int(x) for x in r.integers(0, 600 * s + 1, batch)]
+        dim = self.choice([16, 32, 64, 128, 256])
+        page_size = self.choice(PAGE_SIZES)
+        kind = self.choice(["bf16", "f16", "nvfp4"])
+        ints = self.chance(0.5)
+
+        def values(n):
+            return self.ints(n, dim, dtype=torch.float32) if ints else self.randn(n, dim)
+        keys = values(sum(lens))
+        (pool,), table, seq = self.pages([keys[:, None, :]], lens, page_size, math.nan)
+        pool = pool[:, :, 0]
+        num_pages = pool.shape[0]
+        kw = dict(block_table=self.to(table), seq_lens=self.to(seq))
+        if kind == "nvfp4":
+            # The cache's used slots written by msa; the others keep bytes never read.
+            slots = torch.tensor([int(table[b, j // page_size]) * page_size + j % page_size
+                                  for b in range(batch) for j in range(lens[b])],
+                                 dtype=torch.int32)
+            gs = float(r.uniform(0.25, 2.0))
+            cache = msa.QTensor(self.to(torch.full((num_pages, page_size, dim // 2), 0x77,
+                                                   dtype=torch.uint8)),
+                                self.to(torch.full((num_pages, page_size, dim // 16), 0x7F,
+                                                   dtype=torch.uint8)), gs, "nvfp4")
+            if len(slots):
+                msa.quantize_write_index_qk_nvfp4(self.to(keys), self.to(slots), cache)
+            if self.chance(0.5):
+                kw.update(key_cache=cache)
+            else:
+                kw.update(key_cache=cache.values, key_scale=cache.scale, key_global_scale=gs)
+        else:
+            kw["key_cache"] = self.to(pool.to(torch.bfloat16 if kind == "bf16" else torch.float16))
+        facts = dict(lens=lens, page_size=page_size, dim=dim, num_pages=num_pages, kind=kind,
+                     width=table.shape[1], batch=batch, ints=ints)
+        if not rows:
+            return kw, facts
+        t_rows = int(r.integers(1, 13 * s))
+        req = [int(x) for x in r.integers(0, batch, t_rows)]
+        row_lens = None
+        if self.chance(0.4):
+            row_lens = [int(r.integers(0, lens[b] + 1)) for b in req]
+            kw["row_lens"] = self.to(torch.tensor(row_lens, dtype=torch.int32))
+        kw["row_requests"] = self.to(torch.tensor(req, dtype=torch.int32))
+        q = values(t_rows)
+        qkind = self.choice(["bf16", "f16", "nvfp4"])
+        if qkind == "nvfp4":
+            qt = msa.quantize_write_index_qk_nvfp4(query=self.to(q),
+                                                   query_global_scale=float(r.uniform(0.25, 2)))
+            if self.chance(0.5):
+                kw["query"] = qt
+            else:
+                kw.update(query=qt.values, query_scale=qt.scale,
+                          query_global_scale=qt.global_scale)
+        else:
+            kw["query"] = self.to(q.to(torch.bfloat16 if qkind == "bf16" else torch.float16))
+        facts.update(requests=req, rows=t_rows,
+                     L=row_lens if row_lens is not None else [lens[b] for b in req])
+        return kw, facts
+
+    def m_sdsa_cache(self, kw, f, rows=True):
+        """The cache's and the rows' values: checked on the host for CPU tensors, on the device
+        for CUDA ones (row_request_invalid, row_len_invalid, seq_len_invalid,
+        page_id_out_of_range). CUDA checks only what a row reads, so each offence is aimed at a
+        request some row names and a page it reads."""
+        r = self.rng
+        batch, width, ps = f["batch"], f["width"], f["page_size"]
+
+        edit = self._edit_copy
+
+        def seq_past(y):
+            named = sorted(set(f["requests"])) if rows else list(range(batch))
+            y[named[int(r.integers(0, len(named)))]] = \
+                width * ps + int(r.integers(1, 200)) if self.chance(0.7) else -1
+
+        muts = {"seq_lens_past_table": mutation(lambda kw: edit(kw, "seq_lens", seq_past),
+                                                ("seq_lens",))}
+        if not rows:
+            return muts
+
+        def bad_request(y):
+            y[int(r.integers(0, len(y)))] = batch + int(r.integers(0, 3)) \
+                if self.chance(0.6) else -1 - int(r.integers(0, 3))
+
+        def bad_row_len(y):
+            t = int(r.integers(0, len(y)))
+            y[t] = f["lens"][f["requests"][t]] + 1 if self.chance(0.7) else -1
+
+        def bad_page(kw):
+            read = [t for t in range(f["rows"]) if f["L"][t] > 0]
+            if not read:
+                return None
+            t = read[int(r.integers(0, len(read)))]
+            col = int(r.integers(0, f["L"][t])) // ps
+
+            def fn(y):
+                y[f["requests"][t], col] = f["num_pages"] + 3 if self.chance(0.5) else -2
+            return edit(kw, "block_table", fn)
+        muts["row_request_out"] = mutation(lambda kw: edit(kw, "row_requests", bad_request),
+                                           ("row_requests",))
+        muts["bad_page"] = mutation(bad_page, ("block_table", "page_table", "page id"))
+        if "row_lens" in kw:
+            muts["row_len_past"] = mutation(lambda kw: edit(kw, "row_lens", bad_row_len),
+                                            ("row_lens",))
+        return muts
+
+    def m_sdsa_arrays(self, kw, f, rows=True):
+        """Broken arrays of the cache and rows. No extent for a block table (more columns are
+        still a valid one), nor for bf16 / f16 keys without rows (a longer head dim is a valid
+        sample's; NVFP4 values then disagree with their scales)."""
+        muts = self.m_arrays(["seq_lens"] + (["query", "row_requests"] if rows else []))
+        muts.update(self.m_arrays(["key_cache"], ("rank", "stride", "device") + (
+            ("extent",) if rows or f["kind"] == "nvfp4" else ())))
+        muts.update(self.m_arrays(["block_table"], ("rank", "stride", "device")))
+        if rows and "row_lens" in kw:
+            muts.update(self.m_arrays(["row_lens"], ("extent", "device")))
+        if f["kind"] == "nvfp4":
+            muts["nan_global_scale"] = mutation(self._nan_key_global_scale, ("global_scale",))
+            muts["missing_key_scale"] = mutation(
+                lambda kw: None if isinstance(kw["key_cache"], msa.QTensor)
+                else {x: y for x, y in kw.items() if x != "key_scale"},
+                ("key_cache", "scale", "out"))
+        else:
+            muts["scale_for_bf16"] = mutation(
+                lambda kw: dict(kw, key_scale=torch.zeros(1, dtype=torch.uint8,
+                                                          device=self.dev)), ("scale",))
+        return muts
+
+    def case_indexer_scores(self):
+        kw, f = self.sdsa_problem()
+        longest = max(f["L"] + [0])
+        width = longest + int(self.rng.integers(0, 40))
+        if self.chance(0.2):
+            kw["out"] = torch.full((f["rows"], width), math.nan, device=self.dev)
+        else:
+            kw["max_len"] = width
+        muts = self.m_sdsa_arrays(kw, f)
+        muts.update(self.m_sdsa_cache(kw, f))
+        if longest > 0:
+            # A row with more keys than the scores have columns (host on the CPU,
+            # row_past_scores on the device).
+            def short(kw):
+                if "out" in kw:
+                    return dict(kw, out=torch.empty(f["rows"], longest - 1, device=self.dev))
+                return dict(kw, max_len=longest - 1)
+            muts["row_past_scores"] = mutation(short, ("scores", "max_len"))
+        muts["missing_max_len"] = mutation(
+            lambda kw: {x: y for x, y in kw.items() if x not in ("max_len", "out")},
+            ("max_len",))
+        muts["negative_max_len"] = mutation(
+            lambda kw: dict({x: y for x, y in kw.items() if x != "out"}, max_len=-1),
+            ("max_len",))
+        muts["dtype_of:out"] = mutation(
+            lambda kw: dict({x: y for x, y in kw.items() if x != "max_len"},
+                            out=torch.empty(f["rows"], width, dtype=torch.float16,
+                                            device=self.dev)), ("scores",))
+        muts["rows_of:out"] = mutation(
+            lambda kw: dict({x: y for x, y in kw.items() if x != "max_len"},
+                            out=torch.empty(f["rows"] + 1, width, device=self.dev)),
+            ("scores",))
+        return Case("indexer_scores", kw, msa.indexer_scores, mutations=muts)
+
+    @staticmethod
+    def stores(cand, ties, counts):
+        """The select's stores with the slots it did not write set to -1 (they hold what the
+        buffers held before), so two calls compare bit for bit."""
+        c, ct = cand.shape[1], ties.shape[1]
+        n = counts[:, 0].clamp(0, c)
+        m = counts[:, 1].clamp(0, ct)
+        used = torch.arange(c, device=cand.device)[None, :] < n[:, None]
+        used_t = torch.arange(ct, device=ties.device)[None, :] < m[:, None]
+        return (torch.where(used[..., None], cand, torch.full_like(cand, -1)),
+                torch.where(used_t, ties, torch.full_like(ties, -1)), counts)
+
+    def sdsa_thresholds(self, kw, f, topk):
+        """(thresholds, counts) for a select: from a key sample (gather_key_sample,
+        indexer_scores on it, thresholds_from_sample: the sampled pipeline), or per row a score
+        of the row itself (its r-th best, so ties fall on the threshold), -inf (every key a
+        candidate), +inf or NaN; counts zero. Setup calls, all valid."""
+        r = self.rng
+        rows_kw = {x: kw[x] for x in ("query", "query_scale", "query_global_scale", "key_cache",
+                                      "key_scale", "key_global_scale", "block_table",
+                                      "seq_lens", "row_requests", "row_lens") if x in kw}
+        if self.chance(0.5):
+            stride = int(r.integers(1, 9))
+            offsets = [int(r.integers(0, stride)) for _ in range(f["batch"])]
+            counts_s = [-(-max(n - o, 0) // stride) for n, o in zip(f["lens"], offsets)]
+            cap = max(counts_s + [0]) + int(r.integers(0, 3))
+            sample, sample_lens = msa.gather_key_sample(
+                kw["key_cache"], kw["block_table"], kw["seq_lens"], stride, max_samples=cap,
+                offsets=self.to(torch.tensor(offsets, dtype=torch.int32)),
+                key_scale=kw.get("key_scale"), key_global_scale=kw.get("key_global_scale", 1.0))
+            sk = dict(rows_kw, key_cache=sample,
+                      block_table=self.to(torch.arange(f["batch"], dtype=torch.int32)[:, None]),
+                      seq_lens=sample_lens)
+            sk.pop("key_scale", None)
+            sk.pop("key_global_scale", None)
+            if "row_lens" in kw:
+                sk["row_lens"] = self.to(torch.tensor(
+                    [-(-max(n - offsets[b], 0) // stride)
+                     for n, b in zip(f["L"], f["requests"])], dtype=torch.int32))
+            ss = msa.indexer_scores(max_len=cap, **sk)
+            return msa.thresholds_from_sample(ss, topk, stride,
+                                              oversample=float(r.uniform(1.0, 4.0)))
+        scores = msa.indexer_scores(max_len=max(f["L"] + [0]), **rows_kw).cpu()
+        th = torch.empty(f["rows"])
+        for t in range(f["rows"]):
+            row = scores[t, :f["L"][t]]
+            row = row[torch.isfinite(row)]
+            pick = self.rng.random()
+            if len(row) and pick < 0.75:
+                best = torch.sort(row, descending=True).values
+                th[t] = best[min(int(r.integers(0, 2 * topk + 1)), len(best) - 1)]
+            else:
+                th[t] = self.choice([-math.inf, math.inf, math.nan, 0.0])
+        return self.to(th), self.to(torch.zeros(f["rows"], 3, dtype=torch.int32))
+
+    def case_threshold_select(self):
+        """indexer_threshold_select, chained into top_k_from_candidates: the stores (unwritten
+        slots masked), the counts, the ids and row_status. On CUDA the stores may be in any slot
+        order and an overflowing store holds any of the keys: compared as sets where no store
+        overflowed (sdsa_stores_equal); counts, ids and row_status bitwise."""
+        r = self.rng
+        kw, f = self.sdsa_problem()
+        topk = int(r.integers(1, 33))
+        th, counts = self.sdsa_thresholds(kw, f, topk)
+        kw.update(thresholds=th, counts=counts, chain_topk=topk)
+        cap, tie_cap = int(r.integers(1, 4 * topk + 1)), int(r.integers(1, 2 * topk + 1))
+        if self.chance(0.3):
+            kw["candidates"] = torch.full((f["rows"], cap, 2), 9, dtype=torch.int32,
+                                          device=self.dev)
+        else:
+            kw["capacity"] = cap
+        if self.chance(0.3):
+            kw["ties"] = torch.full((f["rows"], tie_cap), 9, dtype=torch.int32, device=self.dev)
+        else:
+            kw["tie_capacity"] = tie_cap
+
+        def bind(kw):
+            kw = dict(kw)
+            k = kw.pop("chain_topk")
+
+            def run():
+                cand, ties, cnt = msa.indexer_threshold_select(**kw)
+                ids, status = msa.top_k_from_candidates(cand, ties, cnt, k,
+                                                        stream=kw.get("stream"))
+                return self.stores(cand, ties, cnt) + (ids, status)
+            return run
+        muts = self.m_sdsa_arrays(kw, f)
+        muts.update(self.m_sdsa_cache(kw, f))
+        muts.update(self.m_arrays(["thresholds", "counts"]))
+
+        def nonzero(y):
+            y[int(r.integers(0, len(y))), int(r.integers(0, 3))] = int(r.integers(1, 5))
+        # Zero counts on entry: a CPU check (on CUDA non-zero counts shift the slots).
+        muts["counts_nonzero"] = mutation(lambda kw: self._edit_copy(kw, "counts", nonzero),
+                                          ("counts",), "cpu")
+        muts["capacity_zero"] = mutation(
+            lambda kw: dict({x: y for x, y in kw.items() if x != "candidates"}, capacity=0),
+            ("capacity",))
+        muts["negative_tie_capacity"] = mutation(
+            lambda kw: dict({x: y for x, y in kw.items() if x != "ties"}, tie_capacity=-1),
+            ("tie_capacity",))
+        muts["missing_capacity"] = mutation(
+            lambda kw: {x: y for x, y in kw.items() if x not in ("capacity", "candidates")},
+            ("capacity",))
+        muts["candidates_width"] = mutation(
+            lambda kw: dict({x: y for x, y in kw.items() if x != "capacity"},
+                            candidates=torch.zeros(f["rows"], cap, 3, dtype=torch.int32,
+                                                   device=self.dev)), ("candidates",))
+        muts["ties_rows"] = mutation(
+            lambda kw: dict({x: y for x, y in kw.items() if x != "tie_capacity"},
+                            ties=torch.zeros(f["rows"] + 1, tie_cap, dtype=torch.int32,
+                                             device=self.dev)), ("ties",))
+        return Case("threshold_select", kw, bind=bind, mutations=muts, graph=False,
+                    compare=sdsa_stores_equal)
+
+    @staticmethod
+    def _nan_key_global_scale(kw):
+        """An NVFP4 key cache (a QTensor or values plus key_global_scale) with a NaN global
+        scale (a host check on any device)."""
+        c = kw["key_cache"]
+        if isinstance(c, msa.QTensor):
+            return dict(kw, key_cache=c._replace(global_scale=math.nan))
+        return dict(kw, key_global_scale=math.nan)
+
+    def _edit_copy(self, kw, key, fn):
+        """kw with tensor `key` replaced by an edited copy (fn(cpu copy) -> False: n/a)."""
+        y = kw[key].cpu().clone()
+        if fn(y) is False:
+            return None
+        return dict(kw, **{key: y.to(kw[key].device)})
+
+    def case_top_k_from_candidates(self):
+        """top_k_from_candidates over stores a select made (setup; slots it did not write hold
+        -1), sometimes overflowing: the same stores on both backends, so ids and row_status
+        bitwise."""
+        r = self.rng
+        kw, f = self.sdsa_problem()
+        topk = int(r.integers(1, 33))
+        th, counts = self.sdsa_thresholds(kw, f, topk)
+        cap, tie_cap = int(r.integers(1, 4 * topk + 1)), int(r.integers(1, 2 * topk + 1))
+        cand, ties, counts = msa.indexer_threshold_select(
+            thresholds=th, counts=counts,
+            candidates=torch.full((f["rows"], cap, 2), -1, dtype=torch.int32, device=self.dev),
+            ties=torch.full((f["rows"], tie_cap), -1, dtype=torch.int32, device=self.dev), **kw)
+        k = int(r.integers(1, 33))
+        kw = dict(candidates=cand, ties=ties, counts=counts, topk=k)
+        if self.chance(0.2):
+            kw["out"] = torch.full((f["rows"], k), 5, dtype=torch.int32, device=self.dev)
+        if self.chance(0.2):
+            kw["row_status"] = torch.full((f["rows"],), 5, dtype=torch.int32, device=self.dev)
+        muts = self.m_arrays(["candidates", "counts"])
+        muts.update(self.m_arrays(["ties"], ("rank", "stride", "device")))
+        muts["dtype:ties"] = self.m_dtype("ties")
+        muts["topk_zero"] = with_kw("topk", 0)
+        muts["topk_huge"] = with_kw("topk", 2**32 + 1)
+
+        def negative(y):
+            y[int(r.integers(0, len(y))), int(r.integers(0, 3))] = -1 - int(r.integers(0, 9))
+        # A negative count: the CPU raises, CUDA answers row_status 4 (counts_invalid).
+        muts["negative_count"] = mutation(lambda kw: self._edit_copy(kw, "counts", negative),
+                                          ("counts",), "cpu")
+        muts["shape:out"] = mutation(
+            lambda kw: dict(kw, out=torch.zeros(f["rows"], kw["topk"] + 1, dtype=torch.int32,
+                                                device=self.dev)), ("ids",))
+        muts["shape:row_status"] = mutation(
+            lambda kw: dict(kw, row_status=torch.zeros(f["rows"] + 1, dtype=torch.int32,
+                                                       device=self.dev)), ("row_status",))
+        return Case("top_k_from_candidates", kw, msa.top_k_from_candidates, mutations=muts,
+                    check=False)
+
+    def case_gather_key_sample(self):
+        """gather_key_sample: the sample's written slots (those past sample_lens are not
+        written: masked before comparing) and sample_lens."""
+        r = self.rng
+        kw, f = self.sdsa_problem(rows=False)
+        stride = int(r.integers(1, 17))
+        kw["stride"] = stride
+        offsets = [0] * f["batch"]
+        if self.chance(0.6):
+            offsets = [int(r.integers(0, stride)) for _ in range(f["batch"])]
+            kw["offsets"] = self.to(torch.tensor(offsets, dtype=torch.int32))
+        need = [-(-max(n - o, 0) // stride) for n, o in zip(f["lens"], offsets)]
+        cap = max(need + [0]) + int(r.integers(0, 4))
+        nvfp4 = f["kind"] == "nvfp4"
+        if self.chance(0.2):
+            d = f["dim"]
+            vals = torch.full((f["batch"], cap, d // 2 if nvfp4 else d), 3,
+                              dtype=torch.uint8 if nvfp4 else kw["key_cache"].dtype,
+                              device=self.dev)
+            kw["out"] = (vals, torch.full((f["batch"], cap, d // 16), 3, dtype=torch.uint8,
+                                          device=self.dev)) if nvfp4 else vals
+        else:
+            kw["max_samples"] = cap
+
+        def bind(kw):
+            def run():
+                sample, lens = msa.gather_key_sample(**kw)
+                parts = (sample.values, sample.scale) if isinstance(sample, msa.QTensor) \
+                    else (sample,)
+                used = torch.arange(parts[0].shape[1], device=lens.device)[None, :] < \
+                    lens[:, None]
+                out = []
+                for x in parts:
+                    b = x.view(torch.uint8) if x.element_size() == 1 else x
+                    out.append(torch.where(used[..., None], b, torch.zeros_like(b)))
+                return tuple(out) + (lens,)
+            return run
+        muts = self.m_sdsa_arrays(kw, f, rows=False)
+        muts.update(self.m_sdsa_cache(kw, f, rows=False))
+        if "offsets" in kw:
+            muts.update(self.m_arrays(["offsets"], ("extent", "device")))
+
+        def bad_offset(kw):
+            y = torch.tensor(offsets, dtype=torch.int32)
+            y[int(r.integers(0, f["batch"]))] = stride + int(r.integers(0, 3)) \
+                if self.chance(0.6) else -1
+            return dict(kw, offsets=self.to(y))
+        muts["offset_out_of_range"] = mutation(bad_offset, ("offsets",))
+
+        def bad_page(kw):
+            # A page holding a sampled key (CUDA checks the pages it reads).
+            read = [b for b in range(f["batch"]) if f["lens"][b] > offsets[b]]
+            if not read:
+                return None
+            b = read[int(r.integers(0, len(read)))]
+            return self._edit_copy(kw, "block_table", lambda y: y.__setitem__(
+                (b, offsets[b] // f["page_size"]), f["num_pages"] + 1 if self.chance(0.5)
+                else -3))
+        muts["bad_page"] = mutation(bad_page, ("block_table", "page_table", "page id"))
+        if max(need) > 0:
+            # Too few sample slots (host on the CPU, sample_past_capacity on the device).
+            def short(kw):
+                kw = {x: y for x, y in kw.items() if x != "out"}
+                return dict(kw, max_samples=max(need) - 1)
+            muts["sample_past_capacity"] = mutation(short, ("sample", "max_samples"))
+        muts["stride_zero"] = with_kw("stride", 0)
+        muts["missing_max_samples"] = mutation(
+            lambda kw: {x: y for x, y in kw.items() if x not in ("max_samples", "out")},
+            ("max_samples",))
+        muts["sample_lens_shape"] = mutation(
+            lambda kw: dict(kw, sample_lens=torch.zeros(f["batch"] + 1, dtype=torch.int32,
+                                                        device=self.dev)), ("sample_lens",))
+        muts["dtype_of:out"] = mutation(
+            lambda kw: dict({x: y for x, y in kw.items() if x != "max_samples"},
+                            out=torch.empty(f["batch"], cap, f["dim"], dtype=torch.float32,
+                                            device=self.dev)) if not nvfp4 else None,
+            ("sample",))
+        return Case("gather_key_sample", kw, bind=bind, mutations=muts)
+
+    def case_thresholds_from_sample(self):
+        """thresholds_from_sample over sample scores with ties, -inf (no sample) and NaN: the
+        thresholds (canonical NaN and zero) and the counts it zeroes, bitwise."""
+        r = self.rng
+        t_rows, s_cols = int(r.integers(1, 40)), int(r.integers(0, 300))
+        scores = torch.round(self.randn(t_rows, s_cols) * 4) / 4
+        scores[torch.from_numpy(r.random(scores.shape) < 0.1)] = -math.inf
+        scores[torch.from_numpy(r.random(scores.shape) < 0.03)] = math.nan
+        scores[torch.from_numpy(r.random(scores.shape) < 0.03)] = -0.0
+        kw = dict(sample_scores=self.strided(self.to(scores)), topk=int(r.integers(1, 65)),
+                  sample_stride=int(r.integers(1, 17)))
+        if self.chance(0.6):
+            kw["oversample"] = float(r.uniform(1.0, 6.0))
+        if self.chance(0.2):
+            kw["thresholds"] = torch.full((t_rows,), 3.0, device=self.dev)
+        if self.chance(0.2):
+            kw["counts"] = torch.full((t_rows, 3), 7, dtype=torch.int32, device=self.dev)
+        muts = self.m_arrays(["sample_scores"], ("rank", "stride", "device"))
+        muts["dtype:sample_scores"] = mutation(
+            lambda kw: dict(kw, sample_scores=kw["sample_scores"].double()), ("sample_scores",))
+        muts["topk_zero"] = with_kw("topk", 0)
+        muts["stride_zero"] = with_kw("sample_stride", 0)
+        muts["oversample_low"] = with_kw("oversample", 0.5)
+        muts["oversample_nan"] = with_kw("oversample", math.nan)
+        muts["oversample_huge"] = with_kw("oversample", 2.0**21)
+        muts.update(self.m_out("thresholds", lambda kw: (t_rows,), torch.float32))
+        muts.update(self.m_out("counts", lambda kw: (t_rows, 3), torch.int32))
+        return Case("thresholds_from_sample", kw, msa.thresholds_from_sample, mutations=muts,
+                    check=False)
+
+    def case_quantize_write(self):
+        """quantize_write_index_qk_nvfp4: keys into a cache at random distinct slots (some
+        negative: skipped), queries into rows, or both; the whole cache (bytes it did not write
+        are the soak's) and the query bytes compared."""
+        r = self.rng
+        dim = self.choice([16, 32, 64, 128, 256])
+        page_size = self.choice(PAGE_SIZES[:3])
+        num_pages = int(r.integers(1, 7))
+        pool = num_pages * page_size
+        side = self.choice(["key", "key", "both", "query"])
+        kw = {}
+        gs = float(r.uniform(0.25, 2.0))
+        if side != "query":
+            n = int(r.integers(1, min(pool, 64) + 1))
+            slots = torch.from_numpy(r.permutation(pool)[:n].astype(np.int32))
+            slots[torch.from_numpy(r.random(n) < 0.15)] = -1
+            kdt = self.choice([torch.float32, torch.bfloat16, torch.float16])
+            key = (self.randn(n, dim) * float(r.uniform(0.05, 20))).to(kdt)
+            vals = torch.from_numpy(r.integers(0, 256, (num_pages, page_size, dim // 2),
+                                               dtype=np.uint8))
+            scale = torch.from_numpy(r.integers(0, 256, (num_pages, page_size, dim // 16),
+                                                dtype=np.uint8))
+            kw.update(key=self.strided(self.to(key)), slots=self.to(slots))
+            if self.chance(0.5):
+                kw["key_cache"] = msa.QTensor(self.to(vals), self.to(scale), gs, "nvfp4")
+            else:
+                kw.update(key_cache=self.to(vals), key_scale=self.to(scale), key_global_scale=gs)
+        t_rows = int(r.integers(1, 20))
+        if side != "key":
+            qdt = self.choice([torch.float32, torch.bfloat16, torch.float16])
+            kw["query"] = self.to((self.randn(t_rows, dim) * float(r.uniform(0.05, 20))).to(qdt))
+            kw["query_global_scale"] = float(r.uniform(0.25, 2.0))
+            if self.chance(0.3):
+                kw["query_out"] = (torch.zeros(t_rows, dim // 2, dtype=torch.uint8,
+                                               device=self.dev),
+                                   torch.zeros(t_rows, dim // 16, dtype=torch.uint8,
+                                               device=self.dev))
+
+        def bind(kw):
+            def run():
+                res = msa.quantize_write_index_qk_nvfp4(**kw)
+                out = ()
+                c = kw.get("key_cache")
+                if isinstance(c, msa.QTensor):
+                    out = (c.values, c.scale)
+                elif c is not None:
+                    out = (c, kw["key_scale"])
+                return out + (() if res is None else (res.values, res.scale))
+            return run
+        muts = {}
+        if "key" in kw:
+            muts.update(self.m_arrays(["key", "slots"], ("rank", "extent", "stride", "device")))
+            muts.update(self.m_arrays(["key_cache"], ("rank", "extent", "device")))
+            muts["dtype:key"] = mutation(lambda kw: dict(kw, key=kw["key"].double()), ("key",))
+            muts["dtype:slots"] = self.m_dtype("slots")
+            muts["dtype:key_cache"] = self.m_dtype("key_cache")
+            muts["group:key"] = mutation(lambda kw: dict(kw, key=kw["key"][:, :dim - 8]),
+                                         ("key",))
+
+            def past(y):
+                y[int(r.integers(0, len(y)))] = pool + int(r.integers(0, 100))
+            # A slot past the pool (host on the CPU, slot_out_of_range on the device).
+            muts["slot_past_pool"] = mutation(lambda kw: self._edit_copy(kw, "slots", past),
+                                              ("slots",))
+
+            def twice(y):
+                given = (y >= 0).nonzero().flatten().tolist()
+                if len(given) < 2:
+                    return False
+                a, b = r.choice(given, 2, replace=False)
+                y[int(b)] = y[int(a)]
+            # A slot given twice: a CPU check (CUDA leaves each group to one of the keys).
+            muts["slot_twice"] = mutation(lambda kw: self._edit_copy(kw, "slots", twice),
+                                          ("slots",), "cpu")
+            muts["missing:key_cache"] = mutation(
+                lambda kw: {x: y for x, y in kw.items() if x not in ("key_cache", "key_scale")},
+                ("key_cache",))
+            muts["nan_global_scale"] = mutation(self._nan_key_global_scale, ("global_scale",))
+        if "query" in kw:
+            muts.update(self.m_arrays(["query"], ("rank", "stride", "device")))
+            muts["dtype:query"] = mutation(lambda kw: dict(kw, query=kw["query"].double()),
+                                           ("query",))
+            muts["nan_query_global_scale"] = mutation(
+                lambda kw: dict(kw, query_global_scale=math.nan), ("global_scale",))
+            muts["query_out_rows"] = mutation(
+                lambda kw: dict(kw, query_out=(
+                    torch.zeros(t_rows + 1, dim // 2, dtype=torch.uint8, device=self.dev),
+                    torch.zeros(t_rows + 1, dim // 16, dtype=torch.uint8, device=self.dev))),
+                ("query_out",))
+            muts["query_out_one"] = mutation(
+                lambda kw: dict(kw, query_out=torch.zeros(t_rows, dim // 2, dtype=torch.uint8,
+                                                          device=self.dev)), ("query_out",))
+        muts["nothing"] = mutation(
+            lambda kw: {x: y for x, y in kw.items() if x not in ("key", "query")},
+            ("key", "query"))
+        return Case("quantize_write_nvfp4", kw, bind=bind, mutations=muts)
+
     # ---- the engine ----
 
     def build(self, op):
@@ -1411,7 +2213,13 @@ class Soak:
                 "dequantize": self.case_dequantize, "mqa_logits": self.case_mqa_logits,
                 "paged_mqa_logits": self.case_paged_mqa_logits,
                 "token_topk": self.case_token_topk,
-                "check_status": self.case_check_status}[op]()
+                "check_status": self.case_check_status, "attention_batched": self.case_batched,
+                "indexer_scores": self.case_indexer_scores,
+                "threshold_select": self.case_threshold_select,
+                "top_k_from_candidates": self.case_top_k_from_candidates,
+                "gather_key_sample": self.case_gather_key_sample,
+                "thresholds_from_sample": self.case_thresholds_from_sample,
+                "quantize_write_nvfp4": self.case_quantize_write}[op]()
 
     def mutate(self, case):
         """(name, hints, kw) of one applicable mutation of this device, or None. Breaking an
@@ -1750,11 +2558,12 @@ def main():
         per_op[op][outcome] = n
     print(f"gpu_soak: {done} calls on {args.device} (seed {args.seed}) in {wall:.1f} s")
     cols = [o for o in OUTCOMES if by_outcome[o]]
-    print(f"  {'op':18s}" + "".join(f"{o:>17s}" for o in cols))
+    w = max(len(op) for op in OPS)
+    print(f"  {'op':{w}s}" + "".join(f"{o:>17s}" for o in cols))
     for op in OPS:
         if op in per_op:
-            print(f"  {op:18s}" + "".join(f"{per_op[op].get(o, 0):17d}" for o in cols))
-    print(f"  {'all':18s}" + "".join(f"{by_outcome[o]:17d}" for o in cols))
+            print(f"  {op:{w}s}" + "".join(f"{per_op[op].get(o, 0):17d}" for o in cols))
+    print(f"  {'all':{w}s}" + "".join(f"{by_outcome[o]:17d}" for o in cols))
     n_mut = len({m for _, m in soak.mutations_seen})
     print(f"  invalid calls: {sum(soak.mutations_seen.values())} over {len(soak.mutations_seen)} "
           f"(op, mutation) pairs, {n_mut} mutation kinds")
