@@ -20,7 +20,7 @@ from .attention import _out_dtype, attention_forward, attention_workspace_bytes
 from .csr import build_k2q_csr
 from .quant import QTensor, unpack
 from .sparse_convert import (_block_size, _bsr_mask_blocks, _bsr_q2k, _cdiv, _host, _like, _np,
-                             _per_head_q2k, _q2k_indices_blocks)
+                             _per_head_q2k, _q2k_indices_blocks, _read)
 
 # msa's CUDA prefill attends blocks of this many keys (docs/semantics.md, Attention).
 _CUDA_BLOCK = 128
@@ -34,6 +34,60 @@ def _refuse(name: str, value: Any, default: Any = None) -> None:
         return
     raise MsaError(f"{name}: not supported by msa's attention (it attends whole blocks with "
                    f"the causal rule, scores scaled by sm_scale only); got {_brief(value)}")
+
+
+def _element_key_mask(mask: Any, packed_mask: Any, indptr: Any, indices: Any, *, M: int, N: int,
+                      R: int, C: int, causal: bool, kind: str, form: str) -> Any:
+    """FlashInfer's element mask of the BSR's listed blocks (``mask`` bool ``[nnz, R, C]`` or
+    flat, or ``packed_mask``: those bits packed little-endian, as FlashInfer's ``packbits``) as
+    attention_forward's per-query ``key_mask`` bool ``[M, N]``: key j of query t is kept iff
+    block (t // R, j // C) is listed at entry e and ``mask[e, t % R, j % C]``. None without a
+    mask. The single indptr / indices form only, causal=False (section 18: FlashInfer takes
+    causal only without masks), on the CPU (CUDA attention takes no key mask yet)."""
+    if mask is None and packed_mask is None:
+        return None
+    name = "mask" if mask is not None else "packed_mask"
+    if mask is not None and packed_mask is not None:
+        raise MsaError("mask, packed_mask: pass at most one (packed_mask is mask's bits packed)")
+    if kind == "cuda":
+        raise MsaError(f"{name}: msa's CUDA attention does not take an element mask (key_mask) "
+                       "yet; plan on the CPU (device='cpu')")
+    if form != "indptr":
+        raise MsaError(f"{name}: an element mask applies to the indptr / indices form (the "
+                       f"blocks it lists, in entry order), not to {form}")
+    if causal:
+        raise MsaError(f"{name}: causal=True with an element mask; FlashInfer applies causal only "
+                       "without masks: fold the causal rule into the mask")
+    np = _np()
+    ip = _host(indptr, "indptr", (1, 2), "[MB + 1]")
+    if ip.ndim != 1:
+        raise MsaError(f"{name}: an element mask goes with one matrix for every head (indptr "
+                       f"[MB + 1]), got indptr of shape {list(ip.shape)}")
+    ix = _host(indices, "indices", (1,), "[nnz]")
+    nnz = int(ix.shape[0])
+    size = nnz * R * C
+    if mask is not None:
+        m = _read(mask, "mask")
+        if m.dtype != np.bool_ and m.dtype != np.uint8:
+            raise MsaError(f"mask: must be bool or uint8, got {m.dtype}")
+        if m.size != size or (m.ndim == 3 and m.shape != (nnz, R, C)):
+            raise MsaError(f"mask: must be [nnz, R, C] = [{nnz}, {R}, {C}] (or that many values "
+                           f"flat), got shape {list(m.shape)}")
+        bits = m.reshape(nnz, R, C) != 0
+    else:
+        pk = _read(packed_mask, "packed_mask")
+        if pk.dtype != np.uint8 or pk.shape != (_cdiv(size, 8),):
+            raise MsaError(f"packed_mask: must be uint8 [ceil(nnz * R * C / 8)] = "
+                           f"[{_cdiv(size, 8)}], got {pk.dtype} {list(pk.shape)}")
+        bits = np.unpackbits(pk, bitorder="little")[:size].reshape(nnz, R, C) != 0
+    key_mask = np.zeros((M, N), dtype=np.bool_)
+    for row in range(ip.shape[0] - 1):
+        r0, r1 = row * R, min(M, row * R + R)
+        for e in range(int(ip[row]), int(ip[row + 1])):
+            c0 = int(ix[e]) * C
+            c1 = min(N, c0 + C)
+            key_mask[r0:r1, c0:c1] = bits[e, :r1 - r0, :c1 - c0]
+    return key_mask
 
 
 def _soft_cap(value: Any, kind: str) -> Optional[float]:
@@ -328,6 +382,8 @@ class _SparsePlan:
         res = attention_forward(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
                                 k2q=p["k2q"], softmax_scale=p["sm_scale"], causal=p["causal"],
                                 soft_cap=p["soft_cap"], kv_block_size=p["kv_block_size"],
+                                key_mask=p.get("key_mask"),
+                                key_mask_rows="query" if p.get("key_mask") is not None else None,
                                 k_scale=k_scale,
                                 v_scale=v_scale, out=out, lse=lse, return_lse=return_lse,
                                 workspace=workspace, stream=stream, check=check)
@@ -457,11 +513,14 @@ class BlockSparseAttention(_SparsePlan):
         skips that build. Planning again makes new arrays (a CUDA graph captured over run()
         keeps reading the old ones: capture again). ``logits_soft_cap`` c > 0 caps the scores,
         ``c * tanh(s / c)`` after sm_scale, on the CPU (a CUDA plan with it is an `MsaError`).
-        Refused (`MsaError` naming the argument): element masks (``mask``, ``packed_mask``),
-        position encodings (``pos_encoding_mode``, ``rope_scale``, ``rope_theta``).
+        Element masks, on the CPU with the indptr / indices form and causal=False (FlashInfer
+        takes causal only without masks): ``mask`` bool or uint8 ``[nnz, R, C]`` (or flat) for
+        the listed blocks in entry order, or ``packed_mask``, its bits packed little-endian
+        (FlashInfer's ``packbits``); run() passes them as a per-query ``key_mask [M, N]``.
+        Refused (`MsaError` naming the argument): position encodings (``pos_encoding_mode``,
+        ``rope_scale``, ``rope_theta``).
         """
-        for name, value, default in (("mask", mask, None), ("packed_mask", packed_mask, None),
-                                     ("pos_encoding_mode", pos_encoding_mode, "NONE"),
+        for name, value, default in (("pos_encoding_mode", pos_encoding_mode, "NONE"),
                                      ("rope_scale", rope_scale, None),
                                      ("rope_theta", rope_theta, None)):
             _refuse(name, value, default)
@@ -477,6 +536,8 @@ class BlockSparseAttention(_SparsePlan):
         kind, index = parse_device(device if device is not None else src)
         cap = _soft_cap(logits_soft_cap, kind)
         mb, nb = _cdiv(M, R), _cdiv(N, C)
+        key_mask = _element_key_mask(mask, packed_mask, indptr, indices, M=M, N=N, R=R, C=C,
+                                     causal=causal, kind=kind, form=form)
         arrays = {"indptr": (indptr, indices), "block_mask": (block_mask,),
                   "q2k_indices": (q2k_indices,)}[form]
         on_device = (kind == "cuda" and torch is not None
@@ -540,7 +601,9 @@ class BlockSparseAttention(_SparsePlan):
         self._plan = dict(q2k=q2k, k2q=k2q, cu_q=cu_q, cu_k=cu_k, kv_block_size=s, M=M, N=N,
                           R=R, C=C, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
                           causal=causal, sm_scale=sm_scale, soft_cap=cap, layout=layout,
-                          device=(kind, index))
+                          device=(kind, index),
+                          key_mask=None if key_mask is None else _placed(key_mask, src, kind,
+                                                                         index))
         return self
 
 def _form(indptr: Any, indices: Any, block_mask: Any, q2k_indices: Any, q2k_num: Any) -> str:

@@ -3,7 +3,7 @@ dot products of query rows with their request's paged index keys (bf16/f16, or N
 `quantize_write_index_qk_nvfp4`); a row's exact top-K comes from one threshold pass
 (`indexer_threshold_select`) over its keys and `top_k_from_candidates`, the thresholds from the
 scores of a strided key sample (`gather_key_sample`, `indexer_scores`, `thresholds_from_sample`).
-CPU only so far: CUDA tensors raise `MsaError`."""
+CPU and CUDA give the same bits."""
 
 from __future__ import annotations
 
@@ -192,6 +192,9 @@ def gather_key_sample(key_cache: Any, block_table: Any, seq_lens: Any, stride: i
         scale = empty(seq_lens, (batch, max_samples, shape[2] // 8), "fp8_e4m3") \
             if ks is not None else None
     else:
+        if ks is not None and not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise MsaError("out: with key scales (NVFP4 keys) the sample is (values, scale), got "
+                           f"{type(out).__name__}")
         values, scale = out if ks is not None else (out, None)
         check_arrays(out=values, out_scale=scale)
     if sample_lens is None:

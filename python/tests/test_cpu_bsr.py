@@ -272,8 +272,15 @@ IP, IX = np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32)
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(mask=np.ones((2, 4, 64), bool)), r"mask: not supported .* array of shape \[2, 4, 64\]"),
-    (dict(packed_mask=np.ones(64, np.uint8)), "packed_mask: not supported"),
+    (dict(mask=np.ones((2, 4, 64), bool), causal=True), "mask: causal=True with an element mask"),
+    (dict(mask=np.ones((2, 4, 64), bool), packed_mask=np.ones(64, np.uint8)),
+     "mask, packed_mask: pass at most one"),
+    (dict(mask=np.ones((2, 4, 32), bool)), r"mask: must be \[nnz, R, C\] = \[2, 4, 64\]"),
+    (dict(mask=np.ones((2, 4, 64), np.float32)), "mask: must be bool or uint8"),
+    (dict(packed_mask=np.ones(3, np.uint8)),
+     r"packed_mask: must be uint8 \[ceil\(nnz \* R \* C / 8\)\] = \[64\]"),
+    (dict(C=128, mask=np.ones((2, 4, 128), bool), device="cuda:0"),
+     "mask: msa's CUDA attention does not take an element mask"),
     (dict(logits_soft_cap=-1.0), "logits_soft_cap: must be a finite number >= 0"),
     (dict(C=128, logits_soft_cap=30.0, device="cuda:0"),
      "logits_soft_cap: msa's CUDA attention does not run a soft-cap yet"),
@@ -297,6 +304,47 @@ IP, IX = np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32)
 def test_plan_errors(kw, match):
     with pytest.raises(msa.MsaError, match=match):
         msa.BlockSparseAttention().plan(IP, IX, **plan_kw(**kw))
+
+
+def element_reference_mask(indptr, indices, emask, R, C, M, N):
+    """Query t keeps key j iff j's column block is listed in t's block row, at entry e, and
+    emask[e, t % R, j % C]: a lookup per element (independent of bsr.py's block copies)."""
+    entry = {(row, int(indices[e])): e for row in range(len(indptr) - 1)
+             for e in range(indptr[row], indptr[row + 1])}
+    out = np.zeros((M, N), bool)
+    for t in range(M):
+        for j in range(N):
+            e = entry.get((t // R, j // C))
+            out[t, j] = e is not None and bool(emask[e, t % R, j % C])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_element_masks(seed):
+    """FlashInfer's mask [nnz, R, C] (bool, uint8, flat) and packed_mask (little-endian bits)
+    against the dense float64 reference of the same element mask."""
+    rng, R, C, M, N, hq, hkv, blocks, indptr, indices, q, k, v = bsr_problem(seed)
+    emask = rng.random((len(indices), R, C)) < 0.7
+    if seed % 3 == 0:
+        kw = dict(packed_mask=np.packbits(emask.reshape(-1), bitorder="little"))
+    elif seed % 3 == 1:
+        kw = dict(mask=emask.astype(np.uint8).reshape(-1))
+    else:
+        kw = dict(mask=torch.from_numpy(emask))
+    bsa = msa.BlockSparseAttention().plan(indptr, indices, M=M, N=N, R=R, C=C, num_qo_heads=hq,
+                                          num_kv_heads=hkv, head_dim=32, **kw)
+    out, lse = bsa.run(q, k, v, return_lse=True)
+    el = element_reference_mask(indptr, indices, emask, R, C, M, N)
+    want = masked_attention(q, k, v, np.broadcast_to(el, (hq, M, N)))
+    np.testing.assert_allclose(np.asarray(out).astype(np.float64), want, atol=4e-3, rtol=2e-3)
+    assert np.array_equal(np.isinf(np.asarray(lse)), np.broadcast_to(~el.any(1), (hq, M)))
+
+
+def test_element_mask_needs_the_indptr_form():
+    with pytest.raises(msa.MsaError, match="mask: an element mask applies to the indptr / indices "
+                                           "form"):
+        msa.BlockSparseAttention().plan(block_mask=np.ones((1, 2, 2), bool),
+                                        mask=np.ones((4, 4, 64), bool), **plan_kw())
 
 
 def test_defaults_that_flashinfer_passes_are_taken():
