@@ -482,8 +482,19 @@ class Soak:
                 return x.cpu()
             return x.cpu().view(torch.uint8).tolist() if x.element_size() == 1 else x.tolist()
 
+        def on_cuda(v):
+            if isinstance(v, msa.QTensor):
+                return on_cuda(v.values)
+            if isinstance(v, (tuple, list)):
+                return any(on_cuda(u) for u in v)
+            return isinstance(v, torch.Tensor) and v.is_cuda
+
         def fn(kw):
             x = kw.get(key)
+            # Moving the call's only device array (outputs allocated like it) makes a valid host
+            # call, not a mixed-device one.
+            if how == "device" and not any(on_cuda(v) for k, v in kw.items() if k != key):
+                return None
             if isinstance(x, msa.QTensor) and how in ("rank", "extent", "stride", "device"):
                 return dict(kw, **{key: x._replace(values=change(x.values))})
             if not isinstance(x, torch.Tensor) or (how == "stride" and x.shape[-1] < 2):
