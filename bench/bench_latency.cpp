@@ -2,7 +2,9 @@
 // stream (so the figure is the host's cost to validate and enqueue, never a wait on the GPU), and
 // the GPU time of the same calls back to back: attention_forward with its k2q index (as
 // bench_sparse_fwd calls it) and sparse_attention_pipeline. bench/python_bench.py times the same
-// calls through the Python API; the difference is the Python layer's cost.
+// calls through the Python API; the difference is the Python layer's cost. Also dense attention
+// on the same inputs (no q2k), and each call's launches and memsets, counted on a CUDA graph
+// capture of it.
 //   bench_latency [--seq S] [--hq H] [--hkv H] [--topk K] [--calls N] [--json FILE]
 #include <algorithm>
 #include <chrono>
@@ -80,6 +82,33 @@ HostTimes time_calls(const std::function<void()>& call, int calls, cudaStream_t 
   return {us[us.size() / 2], us.front(), us.back(), 1e3 * ms / calls};
 }
 
+// Work one call enqueues, counted on a CUDA graph capture of it: kernel nodes (launches),
+// memset nodes, and any other node.
+struct Launches {
+  int kernels = 0, memsets = 0, other = 0;
+};
+
+Launches count_launches(const std::function<void()>& call, cudaStream_t s) {
+  cudaGraph_t g;
+  MSA_BENCH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  call();
+  MSA_BENCH_CUDA(cudaStreamEndCapture(s, &g));
+  size_t n = 0;
+  MSA_BENCH_CUDA(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  MSA_BENCH_CUDA(cudaGraphGetNodes(g, nodes.data(), &n));
+  Launches l;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    MSA_BENCH_CUDA(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeKernel) ++l.kernels;
+    else if (t == cudaGraphNodeTypeMemset) ++l.memsets;
+    else ++l.other;
+  }
+  MSA_BENCH_CUDA(cudaGraphDestroy(g));
+  return l;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -143,8 +172,15 @@ int main(int argc, char** argv) {
     const DeviceBuffer pipe_ws = gpu_buffer(msa::pipeline_workspace_bytes(p));
     p.workspace = gpu_view(pipe_ws.get(), DType::u8, {int64_t(pipe_ws.bytes())});
 
+    msa::AttentionArgs dense = a;  // the same call without a selection: dense attention
+    dense.q2k = Tensor();
+    dense.k2q = msa::K2QIndex{};
+    const DeviceBuffer dense_ws = gpu_buffer(std::max<size_t>(msa::attention_workspace_bytes(dense), 256));
+    dense.workspace = gpu_view(dense_ws.get(), DType::u8, {int64_t(dense_ws.bytes())});
+
     const std::pair<const char*, std::function<void()>> ops[] = {
         {"attention_forward", [&] { msa::attention_forward(a, s); }},
+        {"attention_forward_dense", [&] { msa::attention_forward(dense, s); }},
         {"pipeline", [&] { msa::sparse_attention_pipeline(p, s); }},
     };
     BenchCase shape;  // what the records state: one request of S tokens, the indexer's selection
@@ -157,10 +193,11 @@ int main(int argc, char** argv) {
     for (const auto& [op, call] : ops) {
       const HostTimes t = time_calls(call, o.calls, s);
       msa::check_status(st, s);
+      const Launches l = count_launches(call, s);
       std::printf("%-18s S=%lld Hq=%lld Hkv=%lld topk=%lld: host %.1f us per call (min %.1f, max "
-                  "%.1f), GPU %.1f us per call\n",
+                  "%.1f), GPU %.1f us per call, %d launches, %d memsets\n",
                   op, (long long)S, (long long)o.hq, (long long)o.hkv, (long long)o.topk,
-                  t.median_us, t.min_us, t.max_us, t.gpu_us);
+                  t.median_us, t.min_us, t.max_us, t.gpu_us, l.kernels, l.memsets);
       if (o.json.empty()) continue;
       Json r = new_record("LAT-CPP", op);
       add_shape(r, shape);
@@ -169,6 +206,9 @@ int main(int argc, char** argv) {
       r["host_us_min"] = t.min_us;
       r["host_us_max"] = t.max_us;
       r["gpu_us"] = t.gpu_us;
+      r["launches"] = l.kernels;
+      r["memsets"] = l.memsets;
+      r["other_nodes"] = l.other;
       r["calls"] = o.calls;
       add_environment(r, /*on_gpu=*/true, "none");
       append_record(o.json, r);
