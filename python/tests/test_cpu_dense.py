@@ -254,3 +254,17 @@ def test_bsr_soft_cap_on_the_cpu():
     with pytest.raises(msa.MsaError, match="logits_soft_cap: must be a finite number >= 0"):
         msa.BlockSparseAttention().plan(indptr, indices, M=m, N=n, R=r, C=c, num_qo_heads=hq,
                                         num_kv_heads=hkv, head_dim=d, logits_soft_cap=-2.0)
+
+
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+def test_batched_strided_offsets_refused_on_both_paths(layout):
+    """One varlen call (BSHD) or one call per request (BHSD): a strided causal_offset is the same
+    error either way."""
+    rng = np.random.default_rng(4)
+    shape_q, shape_k = ((2, 8, 4, 32), (2, 8, 2, 32)) if layout == "BSHD" else \
+        ((2, 4, 8, 32), (2, 2, 8, 32))
+    q = rng.standard_normal(shape_q).astype(np.float16)
+    k = rng.standard_normal(shape_k).astype(np.float16)
+    off = np.array([1, 0, 2, 0], np.int32)[::2]
+    with pytest.raises(msa.MsaError, match="causal_offset: must be contiguous"):
+        msa.attention_batched(q, k, k, layout=layout, causal_offset=off)
