@@ -65,15 +65,7 @@ struct Status {
 ThresholdSelectArgs select_args(const DevCase& d, const DeviceTensor& thresholds,
                                 const DeviceTensor& candidates, const DeviceTensor& ties,
                                 const DeviceTensor& counts, const Tensor& status) {
-  ThresholdSelectArgs a;
-  a.rows = d.rows;
-  a.cache = d.cache;
-  a.thresholds = thresholds.t;
-  a.candidates = candidates.t;
-  a.ties = ties.t;
-  a.counts = counts.t;
-  a.status = status;
-  return a;
+  return ThresholdSelectArgs{d.rows, d.cache, thresholds.t, candidates.t, ties.t, counts.t, status};
 }
 
 template <typename T>
@@ -246,14 +238,8 @@ TEST(SdsaSelectGpu, StoresCountsAndTopKEqualCpu) {
         << "seed " << seed;
     ASSERT_EQ(download<int32_t>(dcounts, counts, s), host_vec<int32_t>(counts));
 
-    ThresholdSelectArgs a;
-    a.rows = c.rows();
-    a.cache = c.cache();
-    a.thresholds = thr.t;
-    a.candidates = cand.t;
-    a.ties = ties.t;
-    a.counts = counts.t;
-    indexer_threshold_select(a);
+    indexer_threshold_select(
+        ThresholdSelectArgs{c.rows(), c.cache(), thr.t, cand.t, ties.t, counts.t, Tensor()});
     const DeviceTensor dcand = device_like(cand, s), dties = device_like(ties, s);
     const Status st(s);
     const ThresholdSelectArgs g = select_args(d, dthr, dcand, dties, dcounts, st.t);
@@ -267,21 +253,9 @@ TEST(SdsaSelectGpu, StoresCountsAndTopKEqualCpu) {
     // Top-K of each backend's own stores: equal ids and row_status (overflowed rows are all -1
     // on both, whichever keys their full stores kept).
     HostTensor ids(DType::i32, {rows, topk}), rs(DType::i32, {rows});
-    TopKFromCandidatesArgs k;
-    k.candidates = cand.t;
-    k.ties = ties.t;
-    k.counts = counts.t;
-    k.topk = topk;
-    k.ids = ids.t;
-    k.row_status = rs.t;
-    top_k_from_candidates(k);
+    top_k_from_candidates(TopKFromCandidatesArgs{cand.t, ties.t, counts.t, topk, ids.t, rs.t});
     const DeviceTensor dids = device_like(ids, s), drs = device_like(rs, s);
-    TopKFromCandidatesArgs kg = k;
-    kg.candidates = dcand.t;
-    kg.ties = dties.t;
-    kg.counts = dcounts.t;
-    kg.ids = dids.t;
-    kg.row_status = drs.t;
+    const TopKFromCandidatesArgs kg{dcand.t, dties.t, dcounts.t, topk, dids.t, drs.t};
     top_k_from_candidates(kg, s);
     ASSERT_EQ(download<int32_t>(drs, rs, s), host_vec<int32_t>(rs)) << "seed " << seed;
     ASSERT_EQ(download<int32_t>(dids, ids, s), host_vec<int32_t>(ids)) << "seed " << seed;
@@ -338,23 +312,10 @@ TEST(SdsaTopKGpu, AnySlotOrderAnySizeEqualsCpu) {
       counts.data<int32_t>()[3 * t + 2] = int32_t(t % 2 ? 0 : 5);
     }
     HostTensor ids(DType::i32, {rows, topk}), rs(DType::i32, {rows});
-    TopKFromCandidatesArgs k;
-    k.candidates = cand.t;
-    k.ties = ties.t;
-    k.counts = counts.t;
-    k.topk = topk;
-    k.ids = ids.t;
-    k.row_status = rs.t;
-    top_k_from_candidates(k);
+    top_k_from_candidates(TopKFromCandidatesArgs{cand.t, ties.t, counts.t, topk, ids.t, rs.t});
     const DeviceTensor dc = to_device(cand, s), dt = to_device(ties, s), dn = to_device(counts, s);
     const DeviceTensor dids = device_like(ids, s), drs = device_like(rs, s);
-    TopKFromCandidatesArgs g = k;
-    g.candidates = dc.t;
-    g.ties = dt.t;
-    g.counts = dn.t;
-    g.ids = dids.t;
-    g.row_status = drs.t;
-    top_k_from_candidates(g, s);
+    top_k_from_candidates(TopKFromCandidatesArgs{dc.t, dt.t, dn.t, topk, dids.t, drs.t}, s);
     ASSERT_EQ(download<int32_t>(drs, rs, s), host_vec<int32_t>(rs)) << "cap " << cap;
     const auto got = download<int32_t>(dids, ids, s);
     const auto want = host_vec<int32_t>(ids);
@@ -374,14 +335,7 @@ TEST(SdsaTopKGpu, NegativeCountsAreReportedPerRow) {
   HostTensor ids(DType::i32, {2, 3}), rs(DType::i32, {2});
   const DeviceTensor dc = to_device(cand, s), dt = to_device(ties, s), dn = to_device(counts, s);
   const DeviceTensor dids = device_like(ids, s), drs = device_like(rs, s);
-  TopKFromCandidatesArgs g;
-  g.candidates = dc.t;
-  g.ties = dt.t;
-  g.counts = dn.t;
-  g.topk = 3;
-  g.ids = dids.t;
-  g.row_status = drs.t;
-  top_k_from_candidates(g, s);
+  top_k_from_candidates(TopKFromCandidatesArgs{dc.t, dt.t, dn.t, 3, dids.t, drs.t}, s);
   EXPECT_EQ(download<int32_t>(drs, rs, s),
             (std::vector<int32_t>{int32_t(CandidateStatus::exact),
                                   int32_t(CandidateStatus::counts_invalid)}));

@@ -19,12 +19,26 @@ namespace {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-}  // namespace
-
-namespace {
-
-// Dense attention: the unit table (dense_units_kernel) and what both paths share.
-size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, size_t off);
+// The workspace regions both paths use (paged offsets, the unit table, the dequantized copies),
+// from `off` on; returns the end. Dense attention needs nothing else.
+size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, size_t off) {
+  auto take = [&off](size_t bytes) { const size_t at = off; off += align256(bytes); return at; };
+  const int64_t hkv = s.num_kv_heads;
+  if (a.kv.layout != KVLayout::flat) {
+    w.paged_offence = take(sizeof(unsigned long long));
+    w.key_offsets = take(size_t(s.batch + 1) * 4);
+  }
+  w.qblock_start = take(size_t(s.batch + 1) * 4);
+  w.uniform = take(size_t(hkv * w.qblock_cap) * 4);
+  w.num_units = take(4);
+  w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
+  if (w.dequant_q) w.q_bf16 = take(size_t(s.total_q) * size_t(s.num_q_heads) * kHeadDim * 2);
+  if (w.dequant_kv) {
+    w.k_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
+    w.v_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
+  }
+  return off;
+}
 
 }  // namespace
 
@@ -95,28 +109,6 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   return w;
 }
 
-namespace {
-
-size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, size_t off) {
-  auto take = [&off](size_t bytes) { const size_t at = off; off += align256(bytes); return at; };
-  const int64_t hkv = s.num_kv_heads;
-  if (a.kv.layout != KVLayout::flat) {
-    w.paged_offence = take(sizeof(unsigned long long));
-    w.key_offsets = take(size_t(s.batch + 1) * 4);
-  }
-  w.qblock_start = take(size_t(s.batch + 1) * 4);
-  w.uniform = take(size_t(hkv * w.qblock_cap) * 4);
-  w.num_units = take(4);
-  w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
-  if (w.dequant_q) w.q_bf16 = take(size_t(s.total_q) * size_t(s.num_q_heads) * kHeadDim * 2);
-  if (w.dequant_kv) {
-    w.k_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
-    w.v_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
-  }
-  return off;
-}
-
-}  // namespace
 
 void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);

@@ -98,30 +98,35 @@ __global__ void __launch_bounds__(kPrepThreads) unit_scan_kernel(PrepParams p) {
   }
 }
 
+// UnitDesc `u` of the table: unit k (k * 128 / G tokens in) of kv head h's query block qb of
+// batch b. Shared by the sparse table (unit_table_kernel) and the dense one (dense_units_kernel).
+__device__ __forceinline__ void write_unit(const PrepParams& p, int64_t u, int64_t h, int64_t b,
+                                           int64_t qb, int64_t k) {
+  const int64_t tokens_per_unit = 128 / p.group;
+  const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
+  const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  const int32_t k_start = p.paged ? int32_t(b) : p.cu_seqlens_k[b];  // see PrepParams
+  const int64_t n_tok = min(int64_t(128), lq - qb * 128);
+  const int64_t first = k * tokens_per_unit;
+  const int32_t t0 = int32_t(q_start + qb * 128);
+  int4* dst = static_cast<int4*>(p.units) + 2 * u;
+  dst[0] = make_int4(int32_t(h), t0 + int32_t(first),
+                     int32_t(min(tokens_per_unit, n_tok - first)), int32_t(qb * 128 + first));
+  dst[1] = make_int4(batch_diag(p, b, lq, lk), k_start, lk, t0);
+}
+
 // One thread per unit (grid-stride): its pair by binary search in walk order, then the UnitDesc.
 __global__ void unit_table_kernel(PrepParams p) {
   pdl_wait();  // pdl.cuh
   pdl_trigger();
   const int32_t n_units = *p.num_units;
   const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
-  const int64_t tokens_per_unit = 128 / p.group;
   for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < n_units;
        u += int64_t(gridDim.x) * blockDim.x) {
     const int64_t o = last_le(p.unit_order_start, pairs, u);
     const int64_t h = o % hkv, g = p.qblock_cap - 1 - o / hkv;
-    const int64_t k = u - p.unit_order_start[o];
     const int64_t b = last_le(p.qblock_start, p.batch, g);
-    const int64_t qb = g - p.qblock_start[b];
-    const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
-    const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-    const int32_t k_start = p.paged ? int32_t(b) : p.cu_seqlens_k[b];  // see PrepParams
-    const int64_t n_tok = min(int64_t(128), lq - qb * 128);
-    const int64_t first = k * tokens_per_unit;
-    const int32_t t0 = int32_t(q_start + qb * 128);
-    int4* dst = static_cast<int4*>(p.units) + 2 * u;
-    dst[0] = make_int4(int32_t(h), t0 + int32_t(first),
-                       int32_t(min(tokens_per_unit, n_tok - first)), int32_t(qb * 128 + first));
-    dst[1] = make_int4(batch_diag(p, b, lq, lk), k_start, lk, t0);
+    write_unit(p, u, h, b, g - p.qblock_start[b], u - p.unit_order_start[o]);
   }
 }
 
@@ -179,34 +184,22 @@ __global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
   if (!p.uniform_enabled)
     for (int64_t i = threadIdx.x; i < pairs; i += kPrepThreads) p.uniform[i] = 0;
   const int64_t total_blocks = min(int64_t(carry), p.qblock_cap);
-  const int64_t tokens_per_unit = 128 / p.group;
   int units = 0;
   for (int64_t base = 0; base < pairs; base += kPrepThreads) {
     const int64_t o = base + threadIdx.x;
     const int64_t g = p.qblock_cap - 1 - o / hkv, h = o % hkv;
-    int64_t b = 0, qb = 0, n_tok = 0;
+    int64_t b = 0, qb = 0;
     int count = 0;
     if (ok && p.uniform_enabled && o < pairs && g < total_blocks) {
       b = last_le(p.qblock_start, batch, g);
       qb = g - p.qblock_start[b];
-      n_tok = min(int64_t(128), int64_t(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) - qb * 128);
+      const int64_t n_tok =
+          min(int64_t(128), int64_t(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) - qb * 128);
       count = n_tok > 0 ? int((n_tok * p.group + 127) / 128) : 0;
     }
     int excl = 0, agg = 0;
     Scan(tmp.scan).ExclusiveSum(count, excl, agg);
-    if (count > 0) {
-      const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
-      const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-      const int32_t k_start = p.paged ? int32_t(b) : p.cu_seqlens_k[b];  // see PrepParams
-      const int32_t t0 = int32_t(q_start + qb * 128);
-      for (int k = 0; k < count; ++k) {
-        const int64_t first = k * tokens_per_unit;
-        int4* dst = static_cast<int4*>(p.units) + 2 * int64_t(units + excl + k);
-        dst[0] = make_int4(int32_t(h), t0 + int32_t(first),
-                           int32_t(min(tokens_per_unit, n_tok - first)), int32_t(qb * 128 + first));
-        dst[1] = make_int4(batch_diag(p, b, lq, lk), k_start, lk, t0);
-      }
-    }
+    for (int k = 0; k < count; ++k) write_unit(p, int64_t(units + excl + k), h, b, qb, k);
     units += agg;
     __syncthreads();
   }
