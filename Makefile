@@ -125,11 +125,11 @@ demo: build
 DEVICE_BIN ?= build-device-bin
 GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_logits_gpu test_token_topk_gpu \
 	test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu test_sdsa_gpu bench_sparse_fwd \
-	bench_indexer bench_decode bench_logits bench_pipeline bench_latency msa_cli
+	bench_indexer bench_indexer_fp4 bench_decode bench_logits bench_pipeline bench_latency msa_cli
 device-bin: configure
 	cmake --build $(BUILD) -j $(JOBS) --target $(GPU_TARGETS)
 	mkdir -p $(DEVICE_BIN)
-	cp $(BUILD)/tests/cuda/test_* $(BUILD)/bench/bench_sparse_fwd $(BUILD)/bench/bench_indexer \
+	cp $(BUILD)/tests/cuda/test_* $(BUILD)/bench/bench_sparse_fwd $(BUILD)/bench/bench_indexer $(BUILD)/bench/bench_indexer_fp4 \
 		$(BUILD)/bench/bench_decode $(BUILD)/bench/bench_logits $(BUILD)/bench/bench_pipeline $(BUILD)/bench/bench_latency \
 		$(BUILD)/tools/cli/msa $(DEVICE_BIN)/
 

@@ -25,7 +25,8 @@ struct IdxCase {
   int64_t hkv = 2, group = 4;
   bool causal = true;
   bool integer_values = false;  // q, k in {-2..2}: exact dot products, many ties
-  DType dtype = DType::bf16;     // bf16 | f16 | fp8_e4m3
+  DType dtype = DType::bf16;     // bf16 | f16 | fp8_e4m3 | fp4x2
+  bool nvfp4 = true;             // fp4x2: NVFP4 (e4m3 scales per 16, global scales) or MXFP4
   int q_scale_kind = 0, k_scale_kind = 0;  // fp8: 0 none, 1 per tensor, 2 per token, 3 per token-head
   int topk = 8, sink = 1, local = 1;
   unsigned seed = 1;
@@ -56,6 +57,26 @@ std::optional<HostTensor> random_scale(int kind, int64_t tokens, int64_t heads, 
   std::uniform_real_distribution<float> u(0.25f, 2.f);
   for (int64_t i = 0; i < s.t.numel(); ++i) s.data<float>()[i] = exact ? std::ldexp(1.f, int(rng() % 4) - 2) : u(rng);
   return s;
+}
+
+// FP4 tokens: random packed e2m1 values (every code, signs and zeros included) and their block
+// scales, [tokens, heads, 64] and [tokens, heads, 8] e4m3 (NVFP4) or [.., 4] e8m0 (MXFP4).
+// Scales 2^-3 .. 2^3 (NVFP4 any mantissa), or, when `exact`, 2^-1 .. 2^1 with no mantissa: then
+// every dot product (at most 128 * 144 in steps of 2^-4, 19 bits) is exact in fp32 too.
+struct Fp4Tokens {
+  HostTensor values, scale;
+};
+Fp4Tokens random_fp4(int64_t tokens, int64_t heads, bool nvfp4, bool exact, std::mt19937& rng) {
+  const int64_t groups = nvfp4 ? kD / 16 : kD / 32;
+  Fp4Tokens t{HostTensor(DType::fp4x2, {tokens, heads, kD / 2}),
+              HostTensor(nvfp4 ? DType::fp8_e4m3 : DType::e8m0, {tokens, heads, groups})};
+  for (int64_t i = 0; i < t.values.t.numel(); ++i) t.values.data<uint8_t>()[i] = uint8_t(rng());
+  for (int64_t i = 0; i < t.scale.t.numel(); ++i) {
+    const int e = exact ? int(rng() % 3) - 1 : int(rng() % 7) - 3;
+    t.scale.data<uint8_t>()[i] =
+        nvfp4 ? uint8_t(((e + 7) << 3) | (exact ? 0 : rng() % 8)) : uint8_t(127 + e);
+  }
+  return t;
 }
 
 // Runs `op` (block_scores or block_topk, device inputs in `args`) with its output `out` in a
@@ -138,17 +159,28 @@ void run_case(const IdxCase& c) {
   int64_t nblk = 1;
   for (int32_t k : c.lk) nblk = std::max<int64_t>(nblk, (k + 127) / 128);
   nblk += 1;  // a column past every batch: must be -inf everywhere
-  const HostTensor q = random_tokens(total_q, hq, c.dtype, c.integer_values, rng);
-  const HostTensor k = random_tokens(total_k, c.hkv, c.dtype, c.integer_values, rng);
-  const auto q_scale = random_scale(c.q_scale_kind, total_q, hq, c.integer_values, rng);
-  const auto k_scale = random_scale(c.k_scale_kind, total_k, c.hkv, c.integer_values, rng);
+  const bool fp4 = c.dtype == DType::fp4x2;
+  std::optional<Fp4Tokens> fq, fk;
+  if (fp4) {
+    fq = random_fp4(total_q, hq, c.nvfp4, c.integer_values, rng);
+    fk = random_fp4(total_k, c.hkv, c.nvfp4, c.integer_values, rng);
+  }
+  const HostTensor q = fp4 ? std::move(fq->values) : random_tokens(total_q, hq, c.dtype, c.integer_values, rng);
+  const HostTensor k = fp4 ? std::move(fk->values) : random_tokens(total_k, c.hkv, c.dtype, c.integer_values, rng);
+  const auto q_scale = fp4 ? std::optional<HostTensor>(std::move(fq->scale))
+                           : random_scale(c.q_scale_kind, total_q, hq, c.integer_values, rng);
+  const auto k_scale = fp4 ? std::optional<HostTensor>(std::move(fk->scale))
+                           : random_scale(c.k_scale_kind, total_k, c.hkv, c.integer_values, rng);
+  // NVFP4 global scales: powers of two when exact
+  const float q_global = fp4 && c.nvfp4 ? (c.integer_values ? 0.5f : 0.37f) : 1.f;
+  const float k_global = fp4 && c.nvfp4 ? (c.integer_values ? 4.f : 1.7f) : 1.f;
   const HostTensor cu_q = i32_tensor(cumulative(c.lq)), cu_k = i32_tensor(cumulative(c.lk));
 
   // CPU reference: scores and ids.
   HostTensor ref(DType::f32, {hq, nblk, total_q});
   BlockScoresArgs a;
-  a.q = q_scale ? QTensor(q.t, q_scale->t) : QTensor(q.t);
-  a.kv.k = k_scale ? QTensor(k.t, k_scale->t) : QTensor(k.t);
+  a.q = q_scale ? QTensor(q.t, q_scale->t, q_global) : QTensor(q.t);
+  a.kv.k = k_scale ? QTensor(k.t, k_scale->t, k_global) : QTensor(k.t);
   a.kv.cu_seqlens_k = cu_k.t;
   a.cu_seqlens_q = cu_q.t;
   a.scores = ref.t;
@@ -162,6 +194,8 @@ void run_case(const IdxCase& c) {
   BlockScoresArgs g = a;
   g.q = dq.view();
   g.kv.k = dk.view();
+  g.q.global_scale = q_global;
+  g.kv.k.global_scale = k_global;
   g.kv.cu_seqlens_k = dck.t;
   g.cu_seqlens_q = dcq.t;
   g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
@@ -231,6 +265,32 @@ TEST(IndexerGpu, Fp8EachScaleKind) {
       SCOPED_TRACE("fp8 q scale kind " + std::to_string(qk) + ", k scale kind " + std::to_string(kk));
       run_case(c);
     }
+}
+
+// FP4 q and K (fp4.cuh: converted to bf16 in shared memory, exact), NVFP4 with global scales and
+// MXFP4, every GQA group, causal or not, varlen with empty batches: scores against the CPU's and,
+// on exact inputs, bitwise with the CPU's ids.
+TEST(IndexerGpu, Fp4MatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const int64_t groups[] = {16, 4, 1, 8, 2};
+  const int trials = small_tests() ? 4 : 12;
+  for (int trial = 0; trial < trials; ++trial) {
+    IdxCase c;
+    c.lq = {int32_t(37 + 60 * (trial % 4)), int32_t(trial % 5 == 0 ? 0 : 190), int32_t(1 + trial)};
+    c.lk = {int32_t(c.lq[0] + 250), int32_t(c.lq[1] + 400 + 17 * trial), int32_t(c.lq[2] + 3)};
+    c.dtype = DType::fp4x2;
+    c.nvfp4 = trial % 2 == 0;
+    c.group = groups[trial % 5];
+    c.hkv = 1 + trial % 2;
+    c.integer_values = trial % 3 != 2;
+    c.causal = trial % 4 != 3;
+    c.topk = 1 + trial % 9;
+    c.sink = c.topk >= 2 ? 1 : 0;
+    c.local = c.topk >= 2 ? 1 : 0;
+    c.seed = 700 + trial;
+    SCOPED_TRACE(std::string(c.nvfp4 ? "NVFP4" : "MXFP4") + " trial " + std::to_string(trial));
+    run_case(c);
+  }
 }
 
 TEST(IndexerGpu, EdgeShapes) {

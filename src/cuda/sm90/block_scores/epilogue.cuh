@@ -167,7 +167,8 @@ struct SegRows {
   int last[2];    // batch-local index of the row's last visible key, clamped to [-1, lk - 1]
   int full_last;  // min of `last` over the warp's rows in the segment (INT_MAX if none): block kb
                   // is wholly visible to all of them iff kb * 128 + 127 <= full_last (warp-uniform)
-  float qk[2];    // FP8: q scale * per-tensor key scale (per-key scales apply per column)
+  float qk[2];    // FP8: q scale * per-tensor key scale (per-key scales apply per column); FP4:
+                  // the NVFP4 global scales' product
   float* out[2];  // unfused: &scores[hq, 0, t], null for rows outside the segment
   int pick[2];    // fused: if the row is head 0 of its group, its token in the CTA, plus
                   // kMaxTokens when the token is outside the segment (that row reports the
@@ -203,6 +204,8 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds
       if (!(qs >= 0.f && qs <= FLT_MAX) || !(k_const >= 0.f && k_const <= FLT_MAX))
         flag_status(p.status, int32_t(StatusCode::negative_scale), 0, t, hq);
       sr.qk[u] = qs * k_const;
+    } else if constexpr (kElem == Elem::fp4) {
+      sr.qk[u] = p.fp4.global;
     }
   }
   sr.full_last = __reduce_min_sync(0xffffffffu, vis_last);
@@ -233,7 +236,7 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
     for (int u = 0; u < 2; ++u) lim[u] = max(-1, min(kBlockN - 1, sr.last[u] - key0));
     row_max2<true, kPerKey, kSrc>(s, k, lane, lim, m, k_next);
   }
-  if constexpr (kElem == Elem::e4m3) {
+  if constexpr (kElem == Elem::e4m3 || kElem == Elem::fp4) {
 #pragma unroll
     for (int u = 0; u < 2; ++u)
       if (m[u] != -INFINITY) m[u] *= sr.qk[u];  // no visible key stays -inf, even at scale 0

@@ -6,7 +6,9 @@
 // ring: two, or four in the wide (fused) kernels, Cfg); fused, the selectors (producer warps 1
 // and 2, one thread per token: run_selector); unfused, the -inf stores past each segment's blocks
 // (producer warps 1-3: fill_tail).
-// Barriers: q_full (producer arrive + TMA bytes), k_full[s] (same, plus each producer lane's
+// FP4 inputs (fp4.cuh): no TMA; the producer warpgroup converts Q and each K block to bf16 in
+// shared memory (4 warps narrow, warps 0 and 3 wide) and the consumers multiply bf16.
+// Barriers: q_full (producer arrive + TMA bytes; FP4: each converter's arrival), k_full[s] (same, plus each producer lane's
 // cp.async arrival for FP8 per-key scales), k_empty[s] (lane 0 of each consumer warp; every
 // consumer thread when it reads staged key scales), sel_full[s] / sel_empty[s] (the fused
 // path's ring of group maxima: consumer threads that run epilogues / the 64 selector threads);
@@ -15,6 +17,7 @@
 // (mma.cuh).
 #pragma once
 
+#include "cuda/sm90/block_scores/fp4.cuh"
 #include "cuda/sm90/block_scores/load.cuh"
 #include "cuda/sm90/block_scores/mma.cuh"
 
@@ -33,10 +36,13 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
   const int64_t t1 = t0 + p.tokens_per_cta < p.total_q ? t0 + p.tokens_per_cta : p.total_q;
   const int wg = threadIdx.x / 128;
   constexpr int kC = Cfg<kWide>::kConsumers;
+  // FP4: the converters (fp4.cuh) arrive on q_full and k_full, one arrival each.
+  constexpr int kConverters = kWide ? 64 : 128;
+  constexpr bool kFp4 = kElem == Elem::fp4;
   if (threadIdx.x == 0) {
-    sm90::mbar_init(&sh.q_full, 1);
+    sm90::mbar_init(&sh.q_full, kFp4 ? kConverters : 1);
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(&sh.k_full[s], k_full_arrivals(per_key_scales<kElem>(p)));
+      sm90::mbar_init(&sh.k_full[s], kFp4 ? kConverters : k_full_arrivals(per_key_scales<kElem>(p)));
       sm90::mbar_init(&sh.k_empty[s], per_key_scales<kElem>(p) ? kC * 128 : kC * 4);
     }
     for (int s = 0; s < kSelRing; ++s) {  // fused: consumers running epilogues / selectors
@@ -44,17 +50,28 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
       sm90::mbar_init(&sh.sel_empty[s], kSelectors);
     }
     sm90::fence_barrier_init();
-    sm90::prefetch_tensor_map(&tm_q);
-    sm90::prefetch_tensor_map(&tm_k);
+    if constexpr (!kFp4) {
+      sm90::prefetch_tensor_map(&tm_q);
+      sm90::prefetch_tensor_map(&tm_k);
+    }
   }
   __syncthreads();
   if (wg == 0) {
     sm90::regs_dealloc<Cfg<kWide>::kProducerRegs>();
-    if (threadIdx.x < 32) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    if constexpr (kFp4) {  // no TMA: the converters load (fp4.cuh)
+      if constexpr (kWide) {  // warps 0 and 3 convert, 1 and 2 select
+        if (warp == 0 || warp == 3) run_fp4_converter<kConverters>(p, sh, h, t0, t1, warp == 0 ? lane : 32 + lane);
+        else run_selector<kC>(p, sh, t0, t1, threadIdx.x - 32);
+      } else {  // all four convert, then write the -inf tail
+        run_fp4_converter<kConverters>(p, sh, h, t0, t1, threadIdx.x);
+        fill_tail(p, h, t0, t1, warp, 4, lane);
+      }
+    } else if (threadIdx.x < 32) run_producer<kElem>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
     else if constexpr (kWide) {  // fused (launch.cu)
       if (threadIdx.x < 32 + kSelectors) run_selector<kC>(p, sh, t0, t1, threadIdx.x - 32);
     } else {
-      fill_tail(p, h, t0, t1, threadIdx.x / 32 - 1, 3, threadIdx.x & 31);
+      fill_tail(p, h, t0, t1, warp - 1, 3, lane);
     }
   } else {
     sm90::regs_alloc<Cfg<kWide>::kConsumerRegs>();

@@ -16,18 +16,66 @@ namespace {
 
 using namespace indexer_sm90;
 
+// FP4 (fp4.cuh): value rows are copied and read 16 bytes at a time, scale rows 4 bytes at a time.
+void check_fp4_rows(const QTensor& x, const char* name, const char* op) {
+  const Tensor& v = x.values;
+  const Tensor& sc = x.scale;
+  const std::string sn = std::string(name) + ".scale";
+  MSA_CHECK(sc.ndim == v.ndim, op, ": ", sn, ": CUDA takes FP4 scales in the public layout (",
+            v.ndim, "-D, like ", name, "), got ", sc.describe());
+  bool ok = reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+  for (int d = 0; d + 1 < v.ndim; ++d) ok = ok && v.strides[d] % 16 == 0;
+  MSA_CHECK(ok, op, ": ", name, ": FP4 rows must be 16-byte aligned on CUDA (data pointer and "
+            "strides multiples of 16 bytes), got ", v.describe());
+  ok = reinterpret_cast<uintptr_t>(sc.data) % 4 == 0;
+  for (int d = 0; d + 1 < sc.ndim; ++d) ok = ok && sc.strides[d] % 4 == 0;
+  MSA_CHECK(ok, op, ": ", sn, ": FP4 scale rows must be 4-byte aligned on CUDA (data pointer and "
+            "strides multiples of 4 bytes), got ", sc.describe());
+}
+
+void check_fp4_alignment(const QTensor& q, const KVCache& kv, const char* op) {
+  check_fp4_rows(q, "q", op);
+  check_fp4_rows(kv.k, "k", op);
+}
+
+// Fp4Rows of q or flat K ([T, H, 64]: token, 0, head) or a page pool (page, slot, head: nhd
+// [pages, slots, H, 64], hnd [pages, H, slots, 64]).
+Fp4Rows fp4_rows(const QTensor& x, KVLayout layout) {
+  Fp4Rows r{};
+  r.values = static_cast<const uint8_t*>(x.values.data);
+  r.scales = static_cast<const uint8_t*>(x.scale.data);
+  r.nvfp4 = x.scale.dtype == DType::fp8_e4m3;
+  const int64_t* vs = x.values.strides;
+  const int64_t* ss = x.scale.strides;
+  switch (layout) {
+    case KVLayout::flat:
+      r.v_stride[0] = vs[0], r.v_stride[2] = vs[1];
+      r.s_stride[0] = ss[0], r.s_stride[2] = ss[1];
+      break;
+    case KVLayout::paged_nhd:
+      r.v_stride[0] = vs[0], r.v_stride[1] = vs[1], r.v_stride[2] = vs[2];
+      r.s_stride[0] = ss[0], r.s_stride[1] = ss[1], r.s_stride[2] = ss[2];
+      break;
+    case KVLayout::paged_hnd:
+      r.v_stride[0] = vs[0], r.v_stride[1] = vs[2], r.v_stride[2] = vs[1];
+      r.s_stride[0] = ss[0], r.s_stride[1] = ss[2], r.s_stride[2] = ss[1];
+      break;
+  }
+  return r;
+}
+
 // What this kernel supports; anything else is an msa::Error naming the feature.
 void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s, int blk, const char* op) {
   MSA_CHECK(q.values.dtype == DType::bf16 || q.values.dtype == DType::f16 ||
-                q.values.dtype == DType::fp8_e4m3,
-            op, ": CUDA supports bf16, f16 and fp8_e4m3 inputs, got ", dtype_name(q.values.dtype),
-            " (FP4 indexer inputs run on the CPU)");
+                q.values.dtype == DType::fp8_e4m3 || q.values.dtype == DType::fp4x2,
+            op, ": CUDA supports bf16, f16, fp8_e4m3 and fp4x2 inputs, got ", dtype_name(q.values.dtype));
   MSA_CHECK(s.head_dim == kHeadDim, op, ": head_dim must be 128 on CUDA, got ", s.head_dim);
   MSA_CHECK(blk == kBlockN, op, ": kv_block_size must be 128 on CUDA, got ", blk);
   MSA_CHECK(s.group <= 16, op, ": GQA group Hq/Hkv must be at most 16 on CUDA, got ", s.group);
   MSA_CHECK(s.total_q < std::numeric_limits<int32_t>::max() &&
                 kv.k.values.shape[0] < std::numeric_limits<int32_t>::max(),
             op, ": token counts must be below 2^31 on CUDA (TMA coordinates are int32)");
+  if (q.values.dtype == DType::fp4x2) check_fp4_alignment(q, kv, op);
   if (kv.layout == KVLayout::flat) return;
   // Paged: the kernel reads batch-local key indices as int32.
   MSA_CHECK(s.max_pages * s.page_size < std::numeric_limits<int32_t>::max(), op,
@@ -43,6 +91,13 @@ Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, cons
   p.q_scale_kind = fp8_scale_kind(q.scale);
   p.k_scale_kind = fp8_scale_kind(kv.k.scale);
   p.cu_seqlens_q = cu_q.ptr<int32_t>();
+  if (q.values.dtype == DType::fp4x2) {
+    p.q_scale = p.k_scale = nullptr;
+    p.q_scale_kind = p.k_scale_kind = 0;
+    p.fp4.q = fp4_rows(q, KVLayout::flat);
+    p.fp4.k = fp4_rows(kv.k, kv.layout);
+    p.fp4.global = (p.fp4.q.nvfp4 ? q.global_scale : 1.f) * (p.fp4.k.nvfp4 ? kv.k.global_scale : 1.f);
+  }
   if (kv.layout == KVLayout::flat) {
     p.keys.cu_seqlens_k = kv.cu_seqlens_k.ptr<int32_t>();
     p.keys.total_k = p.total_k = kv.k.values.shape[0];
@@ -70,6 +125,7 @@ KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
   switch (dt) {
     case DType::f16: return kernel_for<Elem::f16>(row_groups, fused);
     case DType::fp8_e4m3: return kernel_for<Elem::e4m3>(row_groups, fused);
+    case DType::fp4x2: return kernel_for<Elem::fp4>(row_groups, fused);
     default: return kernel_for<Elem::bf16>(row_groups, fused);
   }
 }
@@ -98,17 +154,18 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
   const char* op = p.scores ? "block_scores" : "block_topk";
   const int tokens_per_group = kTileM / p.group;
   const DType dt = q.values.dtype;
+  const bool fp4 = dt == DType::fp4x2;  // no TMA (fp4.cuh): the maps stand in for nothing
   const uint32_t cols = dt == DType::fp8_e4m3 ? 128 : 64;  // one 128-byte swizzle row per box row
-  const CUtensorMap tm_q = make_tma_3d(q.values, cols, uint32_t(p.group), uint32_t(tokens_per_group), op);
+  const CUtensorMap tm_q =
+      fp4 ? CUtensorMap{} : make_tma_3d(q.values, cols, uint32_t(p.group), uint32_t(tokens_per_group), op);
   // Paged: boxes of 2^box_shift slots of one page (load.cuh). Without pages to read, no map over
   // an empty pool (a TMA map needs a non-empty extent): every length is 0 or every page id is bad,
   // so no K box is issued and tm_k stands in for nothing.
   const CUtensorMap tm_k =
-      !paged ? make_tma_3d(kv.k.values, cols, 1, kBlockN, op)
-      : s.num_pages > 0 && s.max_pages > 0
-          ? make_tma_paged(kv.k.values, kv.layout == KVLayout::paged_nhd, cols,
-                           1u << p.paged.box_shift, "k", op)
-          : tm_q;
+      fp4 || (paged && (s.num_pages == 0 || s.max_pages == 0)) ? tm_q
+      : !paged ? make_tma_3d(kv.k.values, cols, 1, kBlockN, op)
+               : make_tma_paged(kv.k.values, kv.layout == KVLayout::paged_nhd, cols,
+                                1u << p.paged.box_shift, "k", op);
   const dim3 grid(unsigned((p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta), unsigned(p.num_kv_heads));
   const bool wide = p.scores == nullptr;
   const auto kernel = pick_kernel(dt, p.row_groups, wide);

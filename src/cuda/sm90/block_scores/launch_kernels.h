@@ -1,5 +1,5 @@
 // The sm_90a indexer kernels as the host picks them (bodies in launch_kernels.cuh). The only
-// instantiations, one file per input type (instantiate_{bf16,f16,e4m3}.cu, compiled in parallel):
+// instantiations, one file per input type (instantiate_{bf16,f16,e4m3,fp4}.cu, compiled in parallel):
 // R row groups per CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)} x both widths (Cfg: fused runs
 // wide, unfused narrow). R decides which wgmma each warpgroup issues and the width the CTA's
 // size, so neither can be a runtime value.

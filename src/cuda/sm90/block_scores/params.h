@@ -9,6 +9,22 @@
 
 namespace msa::cuda::indexer_sm90 {
 
+// FP4 rows (fp4.cuh): packed e2m1 [.., 64] bytes (D = 128, element 2i in the low nibble) and
+// their byte scales [.., 8] (NVFP4: e4m3 per 16 values) or [.., 4] (MXFP4: e8m0 per 32). Row
+// (a, b, head) starts at a * stride[0] + b * stride[1] + head * stride[2] bytes: q and flat K
+// (token, 0, head); a page pool (page, slot, head) in either layout. Value rows 16-byte
+// aligned, scale rows 4-byte aligned (launch.cu).
+struct Fp4Rows {
+  const uint8_t* values;
+  const uint8_t* scales;
+  int64_t v_stride[3], s_stride[3];
+  int32_t nvfp4;  // 1: e4m3 scales per 16 values, 0: e8m0 per 32
+};
+struct Fp4Params {
+  Fp4Rows q, k;
+  float global;  // NVFP4 global scales of q and k multiplied (1 for MXFP4), applied to each score
+};
+
 struct Params {
   const int32_t* cu_seqlens_q;  // [B+1]
   KeyLengths keys;              // flat: cu_seqlens_k [B+1]; paged: seqused_k [B] (nullable)
@@ -17,6 +33,7 @@ struct Params {
   const float* q_scale;         // fp8 only, nullable: [1] | [total_q] | [total_q, Hq]
   const float* k_scale;         // fp8 only, nullable: [1] | [total_k] | [total_k, Hkv] (paged: [1])
   int q_scale_kind, k_scale_kind;  // 0 none, 1 per tensor, 2 per token, 3 per token and head
+  Fp4Params fp4;                // FP4 inputs only
   float* scores;                // [Hq, nblk_max, total_q] or null (fused)
   int32_t* q2k;                 // [Hkv, total_q, topk] (fused) or null
   int32_t* status;              // int32[4]

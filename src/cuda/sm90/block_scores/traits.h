@@ -19,8 +19,10 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-// Input element type; one kernel instantiation each (with the row-group count and width).
-enum class Elem { bf16, f16, e4m3 };
+// Input element type; one kernel instantiation each (with the row-group count and width). fp4:
+// NVFP4 or MXFP4 (Params::fp4), converted to bf16 in shared memory by the producer warpgroup
+// (fp4.cuh) and multiplied as bf16.
+enum class Elem { bf16, f16, e4m3, fp4 };
 
 constexpr int kHeadDim = 128;
 constexpr int kBlockN = 128;      // keys per block: one wgmma N
@@ -81,10 +83,18 @@ struct SelSlot {
   int32_t kb;               // the slot's block
 };
 
+// FP4: each K block's packed rows and scales land by cp.async in a ring of kFp4RawSlots raw
+// slots, kFp4RawSlots - 1 blocks ahead of the one being converted (fp4.cuh). One slot: 256
+// units (key, 64-value half), 32 bytes of values each, then 4 bytes of scales each.
+constexpr int kFp4Units = kBlockN * 2;
+constexpr int kFp4RawSlots = 2;
+constexpr int kFp4RawBytes = kFp4Units * (32 + 4);
+
 struct alignas(1024) SharedStorage {
   uint8_t q[kMaxRowGroups][kQGroupBytes];
   uint8_t k[kStages][kKBlockBytes];
   float k_scale[kStages][kBlockN];  // fp8 per-key scales of each stage's block (1 otherwise)
+  alignas(16) uint8_t fp4_raw[kFp4RawSlots][kFp4RawBytes];  // FP4 only
   TokenPicks picks[kMaxTokens];
   SelSlot sel[kSelRing];
   uint64_t sel_full[kSelRing];   // consumer threads that run epilogues, after their writes
