@@ -2,7 +2,8 @@
 // prefill_q8k_k64k and decode_uniform shapes: Hq 64, Hkv 4, D 128, blocks of 128, causal
 // bottom-right), NVFP4 and MXFP4 q and K, K in a page pool of 128-slot pages in the seed's layout
 // [pages, Hkv, 128, 64] (--flat: a flat [keys, Hkv, 64] cache). Block scores materialized and the
-// fused indexer + top-16, in TFLOP/s with FLOP = 2 D Hq (visible pairs). Random packed values
+// fused indexer + top-16, in TFLOP/s (and the same shapes in bf16, IDX-8K-bf16 etc., for the
+// FP4 cases' bf16 figures) with FLOP = 2 D Hq (visible pairs). Random packed values
 // (every code) and scales (2^-3 .. 2^3); a check runs first: sampled score rows against an fp64
 // host dot product of the decoded bits. --json FILE appends one record per timed op.
 //   bench_indexer_fp4 [--case NAME]... [--flat] [--iters N] [--warmup N] [--json FILE]
@@ -24,12 +25,14 @@
 namespace {
 
 using msa::DType;
+using msa::Tensor;
 using namespace msa::bench;
 
 struct Fp4Case {
   std::string name;
   std::vector<int64_t> lq, lk;  // per request
   bool nvfp4;
+  bool bf16 = false;  // the same shape with bf16 q and K (the FP4 case's bf16 figure)
 };
 
 std::vector<Fp4Case> fp4_cases() {
@@ -39,6 +42,12 @@ std::vector<Fp4Case> fp4_cases() {
     v.push_back({"IDX-8K" + f, {8192}, {8192}, nv});
     v.push_back({"IDX-8K-64K" + f, {8192}, {65536}, nv});
     v.push_back({"IDX-DEC" + f, std::vector<int64_t>(30, 8), std::vector<int64_t>(30, 67584), nv});
+  }
+  for (int i = 0; i < 3; ++i) {  // the bf16 companions: IDX-8K-bf16, ...
+    Fp4Case c = v[i];
+    c.name = c.name.substr(0, c.name.size() - 6) + "-bf16";
+    c.bf16 = true;
+    v.push_back(c);
   }
   return v;
 }
@@ -65,8 +74,25 @@ std::vector<uint8_t> random_scales(size_t n, bool nvfp4, uint64_t seed) {
   return v;
 }
 
-// Logical element d of a packed FP4 row with its scales (exact in double).
+// bf16 values in [-2, 2) as bytes (the bf16 companions).
+std::vector<uint8_t> random_bf16(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v = random_bytes(2 * n, seed);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t r;
+    std::memcpy(&r, &v[2 * i], 2);
+    const uint16_t b = msa::codec::float_to_bf16(float(r) / 16384.f - 2.f);
+    std::memcpy(&v[2 * i], &b, 2);
+  }
+  return v;
+}
+
+// Logical element d of a row: packed FP4 with its scales (exact in double), or bf16 (sc null).
 double decode(const uint8_t* row, const uint8_t* sc, int64_t d, bool nvfp4, float global) {
+  if (sc == nullptr) {
+    uint16_t b;
+    std::memcpy(&b, row + 2 * d, 2);
+    return msa::codec::bf16_to_float(b);
+  }
   return msa::codec::fp4_step(sc[d / (nvfp4 ? 16 : 32)], nvfp4, global) * msa::codec::fp4x2_get(row, d);
 }
 
@@ -84,10 +110,11 @@ int run_case(const Fp4Case& c, bool flat, int warmup, int iters, const std::stri
   }
   const int64_t krows = flat ? total_k : total_pages * kPage;  // key rows per head
   const float qg = c.nvfp4 ? 0.5f : 1.f, kg = c.nvfp4 ? 0.75f : 1.f;
-  const auto hq_vals = random_bytes(size_t(total_q * kHq * kD / 2), 1);
-  const auto hq_sc = random_scales(size_t(total_q * kHq * G), c.nvfp4, 2);
-  const auto hk_vals = random_bytes(size_t(krows * kHkv * kD / 2), 3);
-  const auto hk_sc = random_scales(size_t(krows * kHkv * G), c.nvfp4, 4);
+  const int64_t row_bytes = c.bf16 ? kD * 2 : kD / 2;  // bytes of one (token, head) row
+  const auto hq_vals = c.bf16 ? random_bf16(size_t(total_q * kHq * kD), 1) : random_bytes(size_t(total_q * kHq * row_bytes), 1);
+  const auto hq_sc = c.bf16 ? std::vector<uint8_t>(1) : random_scales(size_t(total_q * kHq * G), c.nvfp4, 2);
+  const auto hk_vals = c.bf16 ? random_bf16(size_t(krows * kHkv * kD), 3) : random_bytes(size_t(krows * kHkv * row_bytes), 3);
+  const auto hk_sc = c.bf16 ? std::vector<uint8_t>(1) : random_scales(size_t(krows * kHkv * G), c.nvfp4, 4);
   std::vector<int32_t> cu_q{0}, cu_k{0};
   std::vector<int32_t> table(size_t(B * max_pages), 0), used(size_t(B), 0);
   int32_t next_page = 0;
@@ -112,18 +139,19 @@ int run_case(const Fp4Case& c, bool flat, int warmup, int iters, const std::stri
   dck.upload(cu_k.data(), cu_k.size() * 4, s);
   dt.upload(table.data(), table.size() * 4, s);
   du.upload(used.data(), used.size() * 4, s);
-  const DType sdt = c.nvfp4 ? DType::fp8_e4m3 : DType::e8m0;
+  const DType sdt = c.nvfp4 ? DType::fp8_e4m3 : DType::e8m0, vdt = c.bf16 ? DType::bf16 : DType::fp4x2;
+  const int64_t last = c.bf16 ? kD : kD / 2;  // the values' last dim
+  // bf16: no scales; FP4: scales in the values' layout with G groups.
+  auto qt = [&](Tensor v, Tensor sc, float g) { return c.bf16 ? msa::QTensor(v) : msa::QTensor(v, sc, g); };
 
   msa::BlockScoresArgs a;
-  a.q = msa::QTensor(gpu_view(dq.get(), DType::fp4x2, {total_q, kHq, kD / 2}),
-                     gpu_view(dqs.get(), sdt, {total_q, kHq, G}), qg);
+  a.q = qt(gpu_view(dq.get(), vdt, {total_q, kHq, last}), gpu_view(dqs.get(), sdt, {total_q, kHq, G}), qg);
   if (flat) {
-    a.kv.k = msa::QTensor(gpu_view(dk.get(), DType::fp4x2, {total_k, kHkv, kD / 2}),
-                          gpu_view(dks.get(), sdt, {total_k, kHkv, G}), kg);
+    a.kv.k = qt(gpu_view(dk.get(), vdt, {total_k, kHkv, last}), gpu_view(dks.get(), sdt, {total_k, kHkv, G}), kg);
     a.kv.cu_seqlens_k = gpu_view(dck.get(), DType::i32, {B + 1});
   } else {  // the seed's pool: [pages, Hkv, 128, 64] (paged_hnd)
-    a.kv.k = msa::QTensor(gpu_view(dk.get(), DType::fp4x2, {total_pages, kHkv, kPage, kD / 2}),
-                          gpu_view(dks.get(), sdt, {total_pages, kHkv, kPage, G}), kg);
+    a.kv.k = qt(gpu_view(dk.get(), vdt, {total_pages, kHkv, kPage, last}),
+                gpu_view(dks.get(), sdt, {total_pages, kHkv, kPage, G}), kg);
     a.kv.layout = msa::KVLayout::paged_hnd;
     a.kv.page_table = gpu_view(dt.get(), DType::i32, {B, max_pages});
     a.kv.seqused_k = gpu_view(du.get(), DType::i32, {B});
@@ -151,8 +179,8 @@ int run_case(const Fp4Case& c, bool flat, int warmup, int iters, const std::stri
     const int64_t i = sample == 0 ? c.lq[b] - 1 : int64_t(rng() % c.lq[b]);
     const int64_t t = cu_q[b] + i, h = int64_t(rng() % kHq), hk = h / (kHq / kHkv);
     const int64_t last = c.lk[b] - c.lq[b] + i;  // causal, bottom-right
-    const uint8_t* qrow = &hq_vals[(t * kHq + h) * kD / 2];
-    const uint8_t* qsc = &hq_sc[(t * kHq + h) * G];
+    const uint8_t* qrow = &hq_vals[(t * kHq + h) * row_bytes];
+    const uint8_t* qsc = c.bf16 ? nullptr : &hq_sc[(t * kHq + h) * G];
     std::vector<double> qd(kD);
     for (int64_t d = 0; d < kD; ++d) qd[d] = decode(qrow, qsc, d, c.nvfp4, qg);
     for (int64_t kb = 0; kb < nblk; ++kb) {
@@ -163,7 +191,8 @@ int run_case(const Fp4Case& c, bool flat, int warmup, int iters, const std::stri
         const int64_t row = flat ? (cu_k[b] + j) * kHkv + hk
                                  : (int64_t(table[b * max_pages + j / kPage]) * kHkv + hk) * kPage + j % kPage;
         double dot = 0;
-        for (int64_t d = 0; d < kD; ++d) dot += qd[d] * decode(&hk_vals[row * kD / 2], &hk_sc[row * G], d, c.nvfp4, kg);
+        const uint8_t* ksc = c.bf16 ? nullptr : &hk_sc[row * G];
+        for (int64_t d = 0; d < kD; ++d) dot += qd[d] * decode(&hk_vals[row * row_bytes], ksc, d, c.nvfp4, kg);
         best = std::max(best, dot);
       }
       const double err = std::isinf(best) ? (got == best ? 0 : 1e9) : std::fabs(got - best) / (1 + std::fabs(best));
@@ -194,7 +223,8 @@ int run_case(const Fp4Case& c, bool flat, int warmup, int iters, const std::stri
     if (json.empty()) return;
     Json r = new_record(c.name, op);
     add_shape(r, bc);
-    add_dtypes(r, "fp4x2", "fp4x2", c.nvfp4 ? "nvfp4" : "mxfp4");
+    if (c.bf16) add_dtypes(r, "bf16", "bf16");
+    else add_dtypes(r, "fp4x2", "fp4x2", c.nvfp4 ? "nvfp4" : "mxfp4");
     add_timing(r, {x.median, x.min, x.max}, iters, warmup, flop, bytes, Metric::tflops);
     add_check(r, check_result(true, ok), Json{{"scores_max_rel", worst}});
     add_environment(r, true, flush_name());

@@ -19,8 +19,8 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
-#include "common/codecs.h"
 #include "cuda/device/sm90.cuh"
 #include "cuda/sm90/block_scores/work.cuh"
 
@@ -52,11 +52,23 @@ __device__ __forceinline__ void e2m1x4_to_bf16x2(uint32_t w, uint32_t& o0, uint3
   o1 = prmt(lo, hs, 0x7362u);  // elements 2, 3
 }
 
-// A scale byte as a bf16x2 pair (exact: e4m3 and e8m0 values are bf16 values; e8m0's 2^-127 is
-// a bf16 subnormal, its 0xff NaN).
-__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t byte, bool nvfp4) {
-  const float s = nvfp4 ? codec::e4m3_to_float(uint8_t(byte)) : codec::e8m0_to_float(uint8_t(byte));
-  const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(s));
+// Scale bytes as bf16x2 pairs (both halves the scale; exact: e4m3 and e8m0 values are bf16
+// values). NVFP4: two e4m3 bytes (b0 | b1 << 8) at once by the hardware's e4m3x2 -> f16x2
+// conversion (subnormals and NaN included), widened to f32 and packed to bf16 (exact); the
+// codec's branchy decoder was a tenth of the converters' instructions. MXFP4: 2^(x - 127) is
+// the bf16 pattern x << 7, but for 0 (2^-127, the subnormal 0x0040) and 0xff (NaN).
+__device__ __forceinline__ void e4m3x2_scales(uint32_t two, uint32_t& s0, uint32_t& s1) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(uint16_t(two)));
+  const float f0 = __half2float(__ushort_as_half(uint16_t(h))), f1 = __half2float(__ushort_as_half(uint16_t(h >> 16)));
+  const __nv_bfloat162 v = __floats2bfloat162_rn(f0, f1);  // [f0, f1]
+  uint32_t b;
+  memcpy(&b, &v, 4);
+  s0 = prmt(b, 0u, 0x1010u);
+  s1 = prmt(b, 0u, 0x3232u);
+}
+__device__ __forceinline__ uint32_t e8m0_scale(uint32_t x) {
+  const uint32_t b = x == 0u ? 0x0040u : x == 0xffu ? 0x7fc0u : x << 7;
   return b | (b << 16);
 }
 
@@ -67,12 +79,18 @@ __device__ __forceinline__ uint32_t scale_bf16x2(uint32_t byte, bool nvfp4) {
 __device__ __forceinline__ void convert_unit(const uint4& v0, const uint4& v1, uint32_t sc,
                                              bool nvfp4, int half, uint32_t row, int r) {
   const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-  uint32_t s2 = 0;
+  // NVFP4: chunk c's scale is the unit's byte c / 2; MXFP4: the row's byte 2 half + c / 4.
+  uint32_t s4[4];
+  if (nvfp4) {
+    e4m3x2_scales(sc & 0xffffu, s4[0], s4[1]);
+    e4m3x2_scales(sc >> 16, s4[2], s4[3]);
+  } else {
+    s4[0] = s4[1] = e8m0_scale((sc >> (16 * half)) & 0xffu);
+    s4[2] = s4[3] = e8m0_scale((sc >> (16 * half + 8)) & 0xffu);
+  }
 #pragma unroll
   for (int c = 0; c < 8; ++c) {  // chunk c: values 8c .. 8c + 7 of the half
-    // NVFP4: scale c / 2 of the unit; MXFP4: scale 2 half + c / 4 of the row
-    if (nvfp4 ? (c & 1) == 0 : (c & 3) == 0)
-      s2 = scale_bf16x2((sc >> (8 * (nvfp4 ? c / 2 : 2 * half + c / 4))) & 0xffu, nvfp4);
+    const uint32_t s2 = s4[c >> 1];
     uint4 o;
     e2m1x4_to_bf16x2(w[c], o.x, o.y);
     e2m1x4_to_bf16x2(w[c] >> 16, o.z, o.w);
@@ -115,6 +133,8 @@ __device__ void convert_q(const Params& p, SharedStorage& sh, int64_t h, int64_t
   }
 }
 
+static_assert(kFp4Units % 128 == 0 && kFp4Units % 64 == 0, "every converter owns whole units");
+
 // Issues this converter's cp.async copies of block kb of segment seg into raw slot `raw`.
 template <int kConv>
 __device__ __forceinline__ void copy_raw(const Params& p, uint8_t* raw, const Segment& seg, int kb,
@@ -122,7 +142,8 @@ __device__ __forceinline__ void copy_raw(const Params& p, uint8_t* raw, const Se
   const Fp4Rows& k = p.fp4.k;
   const bool paged = p.paged.page_table != nullptr, nv = k.nvfp4 != 0;
 #pragma unroll
-  for (int u = tid; u < kFp4Units; u += kConv) {
+  for (int i = 0; i < kFp4Units / kConv; ++i) {
+    const int u = tid + i * kConv;
     const int key = u >> 1, half = u & 1;
     const int32_t j = kb * kBlockN + key;  // batch-local, < 2^31 (launch.cu)
     bool in = j < seg.lk;
@@ -147,8 +168,12 @@ template <int kConv>
 __device__ __forceinline__ void convert_raw(const Params& p, const uint8_t* raw, uint8_t* kst, int tid) {
   constexpr int kHalfK = kBlockN * kRowBytes;
   const bool nv = p.fp4.k.nvfp4 != 0;
+  // Both (narrow) or all four (wide) units of this thread unrolled, so that their independent
+  // chains interleave: the converters are latency-bound (ncu: a warp instruction issued every
+  // ~5 cycles, most stalls on fixed-latency dependencies).
 #pragma unroll
-  for (int u = tid; u < kFp4Units; u += kConv) {
+  for (int i = 0; i < kFp4Units / kConv; ++i) {
+    const int u = tid + i * kConv;
     const int key = u >> 1, half = u & 1;
     const uint32_t src = sm90::smem_addr(raw + u * 32);
     const uint4 v0 = sm90::ld_shared_u32x4(src), v1 = sm90::ld_shared_u32x4(src + 16);
@@ -159,14 +184,15 @@ __device__ __forceinline__ void convert_raw(const Params& p, const uint8_t* raw,
 
 // The converter role: Q, then every K block of the CTA's items (kConv converter threads, tid in
 // [0, kConv)).
-template <int kConv>
+template <int kConv, bool kSplit>
 __device__ void run_fp4_converter(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                   int64_t t1, int tid) {
   convert_q<kConv>(p, sh, h, t0, tid);
   sm90::fence_proxy_async_smem();
   sm90::mbar_arrive(&sh.q_full);
-  const int n = int(count_items(p, t0, t1));
-  ItemCursor ahead(p, t0, t1);
+  const ItemRange range = cta_items<kSplit>(p, t0, t1);
+  const int n = range.count;
+  ItemCursor<kSplit> ahead(p, t0, t1, range.first);
   Segment seg;
   int kb;
   bool fresh;

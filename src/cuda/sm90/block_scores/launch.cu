@@ -8,6 +8,7 @@
 #include "backend.h"
 #include "cuda/common/paged_checks.cuh"
 #include "cuda/device/check.h"
+#include "cuda/device/info.h"
 #include "cuda/device/tma_map.h"
 #include "cuda/sm90/block_scores/launch_kernels.h"
 
@@ -146,6 +147,25 @@ void launch_paged_check(const ProblemShape& s, const Params& p, cudaStream_t str
   launch_paged_check_block(c, stream);
 }
 
+// Splits of each CTA's items (cta_items, unfused only: the fused top-K needs every block of a
+// token in one CTA). One CTA fills an SM (shared memory), so fewer CTAs than SMs leave SMs idle:
+// IDX-DEC (30 requests of 8 queries over 67584 keys, G 16) is 60 CTAs of ~1000 blocks each. The
+// split count is the smallest that gives at least two waves with the last one at least 90% full
+// (else the fullest), at most 32.
+int item_splits(int64_t ctas) {
+  const int64_t sms = current_sm_count();
+  if (ctas >= 2 * sms) return 1;
+  int best = 1;
+  double best_fill = 0;
+  for (int z = 1; z <= 32; ++z) {
+    const int64_t n = ctas * z, waves = (n + sms - 1) / sms;
+    const double fill = double(n) / double(waves * sms);
+    if (waves >= 2 && fill >= 0.9) return z;
+    if (fill > best_fill) best = z, best_fill = fill;
+  }
+  return best;
+}
+
 void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Params& p,
             cudaStream_t stream) {
   const bool paged = kv.layout != KVLayout::flat;
@@ -166,12 +186,14 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
       : !paged ? make_tma_3d(kv.k.values, cols, 1, kBlockN, op)
                : make_tma_paged(kv.k.values, kv.layout == KVLayout::paged_nhd, cols,
                                 1u << p.paged.box_shift, "k", op);
-  const dim3 grid(unsigned((p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta), unsigned(p.num_kv_heads));
   const bool wide = p.scores == nullptr;
+  const int64_t tiles = (p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta;
+  const dim3 grid(unsigned(tiles), unsigned(p.num_kv_heads), unsigned(wide ? 1 : item_splits(tiles * p.num_kv_heads)));
   const auto kernel = pick_kernel(dt, p.row_groups, wide);
   const int threads = wide ? Cfg<true>::kThreads : Cfg<false>::kThreads;
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  kernel<<<grid, threads, kSmemBytes, stream>>>(tm_q, tm_k, p);
+  const int smem = fp4 ? kSmemBytes : kSmemBytesNoFp4;
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<grid, threads, smem, stream>>>(tm_q, tm_k, p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

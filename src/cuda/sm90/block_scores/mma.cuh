@@ -63,10 +63,11 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   // Warp-uniform by construction (redux.sync results land in uniform registers): with a uniform
   // loop bound, consumer index and stage, ptxas builds the wgmma descriptors in the uniform
   // datapath (UIADD3) instead of in vector registers moved over with R2UR per k-step.
-  const int n = __reduce_max_sync(0xffffffffu, int(count_items(p, t0, t1)));  // < 2^31 items
+  const ItemRange range = cta_items<!kFused>(p, t0, t1);
+  const int n = __reduce_max_sync(0xffffffffu, range.count);
   const int consumer = __reduce_max_sync(0xffffffffu, consumer_in);
   const bool per_key = per_key_scales<kElem>(p);  // the epilogue reads the stage's key scales
-  ItemCursor iter(p, t0, t1);
+  ItemCursor<!kFused> iter(p, t0, t1, range.first);
   sm90::RingState<kStages> ring;  // the K stage of the current item
   int kb = 0;
   bool fresh = false;

@@ -13,6 +13,7 @@
 //   4.27 TB/s) unless the top-K is fused. Math-bound: the floor is the matmul rate.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda/device/pipeline.cuh"
@@ -52,8 +53,14 @@ struct Cfg {
   static constexpr int kProducerRegs = kWide ? 32 : 40;
   static constexpr int kConsumerRegs = kWide ? 112 : 232;
   static constexpr bool kScalesFromSmem = kWide;
+  // FP4 (fp4.cuh): the producer warpgroup converts, and its ILP is bounded by its registers: the
+  // consumers give some up (they hold no per-key scales for bf16 operands).
+  static constexpr int kFp4ProducerRegs = kWide ? 64 : 88;
+  static constexpr int kFp4ConsumerRegs = kWide ? 104 : 208;
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
                 "Cfg: setmaxnreg budgets exceed the launch's registers");
+  static_assert(128 * (kFp4ProducerRegs + kConsumers * kFp4ConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
+                "Cfg: FP4 setmaxnreg budgets exceed the launch's registers");
 };
 static_assert(Cfg<true>::kConsumers == kMaxRowGroups, "Cfg: a wide consumer owns one row group");
 // A kernel runs wide exactly when it is fused (launch.cu picks it so): its loops use Cfg<kFused>.
@@ -94,7 +101,6 @@ struct alignas(1024) SharedStorage {
   uint8_t q[kMaxRowGroups][kQGroupBytes];
   uint8_t k[kStages][kKBlockBytes];
   float k_scale[kStages][kBlockN];  // fp8 per-key scales of each stage's block (1 otherwise)
-  alignas(16) uint8_t fp4_raw[kFp4RawSlots][kFp4RawBytes];  // FP4 only
   TokenPicks picks[kMaxTokens];
   SelSlot sel[kSelRing];
   uint64_t sel_full[kSelRing];   // consumer threads that run epilogues, after their writes
@@ -102,8 +108,12 @@ struct alignas(1024) SharedStorage {
   uint64_t q_full;
   uint64_t k_full[kStages];
   uint64_t k_empty[kStages];
+  // FP4 only, and last: the other kernels are launched without it (kSmemBytesNoFp4), so that its
+  // 18 KB go to the L1 cache there.
+  alignas(16) uint8_t fp4_raw[kFp4RawSlots][kFp4RawBytes];
 };
 constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+constexpr int kSmemBytesNoFp4 = int(offsetof(SharedStorage, fp4_raw)) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
 
 // Buffer rings (device/pipeline.cuh): the K stages and the fused selector slots.

@@ -77,10 +77,15 @@ __device__ __forceinline__ void describe(const Segment& s, SegBounds& out) {
 // block counter and the segment's block count stay live; a new segment goes to the caller's
 // `seg`, so the consumers hold its fields only until they have used them (a Segment kept in the
 // walker held ~14 registers through the whole block loop).
+// kSplit: the unfused kernels, whose CTAs may take a share of the items (cta_items); the fused
+// ones never split, and their 32-register producer spills with the skip counter live.
+template <bool kSplit = false>
 class ItemCursor {
  public:
-  __device__ ItemCursor(const Params& p, int64_t t0, int64_t t1)
-      : p_(p), t0_(t0), t1_(t1), b_(p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0) {}
+  // `first`: the tile's items before it are skipped (a split's share, cta_items; 0 unless kSplit).
+  __device__ ItemCursor(const Params& p, int64_t t0, int64_t t1, int first = 0)
+      : p_(p), t0_(t0), t1_(t1), b_(p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0),
+        skip_(first) {}
   // Next item: block kb; fresh when it opens a new segment, then described in out (a Segment,
   // or its SegBounds; else out is not written). False when the tile has no more.
   template <typename Out>
@@ -89,9 +94,19 @@ class ItemCursor {
     while (kb_ + 1 >= nblocks_) {
       Segment seg;
       if (!next_segment(p_, t0_, t1_, b_, seg)) return false;
+      if constexpr (kSplit) {
+        if (skip_ >= seg.nblocks) {  // wholly before the first item (or empty)
+          skip_ -= int(seg.nblocks);
+          continue;
+        }
+      }
       describe(seg, out);
       nblocks_ = int(seg.nblocks);  // <= nblk_max < 2^24
       kb_ = -1;
+      if constexpr (kSplit) {
+        kb_ = skip_ - 1;
+        skip_ = 0;
+      }
       fresh = true;
     }
     kb = ++kb_;
@@ -101,7 +116,7 @@ class ItemCursor {
  private:
   const Params& p_;
   int64_t t0_, t1_, b_;
-  int nblocks_ = 0, kb_ = -1;
+  int nblocks_ = 0, kb_ = -1, skip_;
 };
 
 // Visible block count of global token t of segment s.
@@ -117,6 +132,22 @@ __device__ __forceinline__ int64_t count_items(const Params& p, int64_t t0, int6
   Segment seg;
   while (next_segment(p, t0, t1, b, seg)) n += seg.nblocks;
   return n;
+}
+
+// This CTA's share of its tile's items: split blockIdx.z of gridDim.z (launch.cu splits the
+// unfused kernel's items when the tiles alone leave SMs idle, e.g. few decode queries over long
+// keys: a block's scores need no other block's, so a split writes its own blocks only). Every
+// role walks the same range.
+struct ItemRange {
+  int first, count;  // < 2^31 items
+};
+template <bool kSplit>
+__device__ __forceinline__ ItemRange cta_items(const Params& p, int64_t t0, int64_t t1) {
+  const int64_t n = count_items(p, t0, t1);
+  if constexpr (!kSplit) return ItemRange{0, int(n)};
+  const int64_t z = blockIdx.z, splits = gridDim.z;
+  const int64_t first = n * z / splits;
+  return ItemRange{int(first), int(n * (z + 1) / splits - first)};
 }
 
 }  // namespace msa::cuda::indexer_sm90
