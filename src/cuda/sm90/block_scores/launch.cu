@@ -150,8 +150,8 @@ void launch_paged_check(const ProblemShape& s, const Params& p, cudaStream_t str
 // Splits of each CTA's items (cta_items, unfused only: the fused top-K needs every block of a
 // token in one CTA). One CTA fills an SM (shared memory), so fewer CTAs than SMs leave SMs idle:
 // IDX-DEC (30 requests of 8 queries over 67584 keys, G 16) is 60 CTAs of ~1000 blocks each. The
-// split count is the smallest that gives at least two waves with the last one at least 90% full
-// (else the fullest), at most 32.
+// split count is the smallest that gives at least two waves filling 90% of their SM slots
+// (else the fullest), at most 32: IDX-DEC gets 4.
 int item_splits(int64_t ctas) {
   const int64_t sms = current_sm_count();
   if (ctas >= 2 * sms) return 1;
