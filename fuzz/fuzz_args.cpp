@@ -1,7 +1,8 @@
 // Fuzz target over the host argument validation of the public entry points, on CPU tensors:
 // attention_forward (flat and paged, dense, block- and token-sparse, with a k2q index), the
 // pipeline, block_scores, block_topk, select_topk, build_k2q_csr, mqa_logits, paged_mqa_logits,
-// token_topk, quantize / dequantize and DecodePlan::plan / run. The input picks an op, a problem
+// token_topk, quantize / dequantize, the FP4 scale reorders and DecodePlan::plan / run. FP4 scales
+// come in the public or the preordered layout. The input picks an op, a problem
 // (sizes, dtypes, layout, flags), valid contents for its index tensors, and rarely a broken
 // argument (fuzz_input.h). Every input must either run or throw msa::Error; any other exception,
 // a crash, a sanitizer report or a hang is a finding.
@@ -73,6 +74,14 @@ int64_t stored_dim(DType values, int64_t dim) { return values == DType::fp4x2 ? 
 // cu_seqlens_q [B+1].
 Tensor cu_seqlens_q(Args& a, const Problem& p) { return a.i32(cumulative(p.lq)); }
 
+// An FP4 scale of public shape `shape`, or (a flag) the preordered one of `matrices` matrices of
+// `rows` rows: [matrices, ceil(rows / 128), ceil(G / 4), 32, 4, 4], which only the indexer reads.
+Tensor fp4_scale(Args& a, DType dtype, const std::vector<int64_t>& shape, int64_t matrices,
+                 int64_t rows) {
+  if (!a.in().flag()) return a.tensor(dtype, shape);
+  return a.tensor(dtype, {matrices, (rows + 127) / 128, (shape.back() + 3) / 4, 32, 4, 4});
+}
+
 // q [total_q, Hq, D] of p.q_dtype, with its scale for fp8 / fp4x2 values.
 QTensor make_q(Args& a, const Problem& p) {
   QTensor q(a.tensor(p.q_dtype, {p.total_q, p.hq, stored_dim(p.q_dtype, p.dim)}));
@@ -93,7 +102,7 @@ QTensor make_q(Args& a, const Problem& p) {
     }
   } else if (p.q_dtype == DType::fp4x2) {
     const int64_t group = p.fp4_scale == DType::fp8_e4m3 ? 16 : 32;
-    q.scale = a.tensor(p.fp4_scale, {p.total_q, p.hq, p.dim / group});
+    q.scale = fp4_scale(a, p.fp4_scale, {p.total_q, p.hq, p.dim / group}, p.hq, p.total_q);
     q.global_scale = in.rare() ? in.pick<float>({0.f, -1.f, NAN, INFINITY, 1e-30f}) : 1.f;
   }
   return q;
@@ -130,7 +139,8 @@ QTensor make_kv_part(Args& a, const Problem& p) {
     const int64_t group = p.fp4_scale == DType::fp8_e4m3 ? 16 : 32;
     shape.back() = p.dim / group;
     if (!p.paged()) shape = {tokens, p.hkv, p.dim / group};
-    x.scale = a.tensor(p.fp4_scale, shape);
+    x.scale = p.paged() ? fp4_scale(a, p.fp4_scale, shape, p.num_pages * p.hkv, 128)
+                        : fp4_scale(a, p.fp4_scale, shape, p.hkv, tokens);
     x.global_scale = in.rare() ? in.pick<float>({0.f, -1.f, NAN, INFINITY}) : 1.f;
   }
   return x;
@@ -545,6 +555,31 @@ void run_quant(Args& a) {
   }
 }
 
+// reorder_fp4_scales or its inverse between a public scale of a layout and its preordered shape
+// (pools of 128-slot pages, or rarely of 64).
+void run_reorder(Args& a) {
+  Input& in = a.in();
+  const KVLayout layout = in.pick({KVLayout::flat, KVLayout::paged_nhd, KVLayout::paged_hnd});
+  const bool flat = layout == KVLayout::flat;
+  const DType dtype = in.pick({DType::e8m0, DType::fp8_e4m3});
+  const int64_t rows = flat ? in.pick<int64_t>({129, 1, 0, 128, 300}) : (in.rare() ? 64 : 128);
+  const int64_t pages = in.below(3), heads = in.range(1, 3);
+  const int64_t groups = in.pick<int64_t>({6, 1, 4, 8, 2});
+  const std::vector<int64_t> pub_shape =
+      flat ? std::vector<int64_t>{rows, heads, groups}
+           : layout == KVLayout::paged_nhd ? std::vector<int64_t>{pages, rows, heads, groups}
+                                           : std::vector<int64_t>{pages, heads, rows, groups};
+  const Tensor pub = a.tensor(dtype, pub_shape);
+  const Tensor pre = a.tensor(dtype, {flat ? heads : pages * heads, flat ? (rows + 127) / 128 : 1,
+                                      (groups + 3) / 4, 32, 4, 4});
+  if (!a.ok()) return;
+  if (in.flag()) {
+    reorder_fp4_scales(pub, in.rare() ? KVLayout(in.u8()) : layout, pre);
+  } else {
+    reorder_fp4_scales_to_public(pre, layout, pub);
+  }
+}
+
 }  // namespace
 }  // namespace msa::fuzz
 
@@ -588,7 +623,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         run_token_topk(a);
         break;
       default:
-        run_quant(a);
+        in.flag() ? run_quant(a) : run_reorder(a);
         break;
     }
   } catch (const msa::Error&) {

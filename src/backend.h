@@ -23,6 +23,9 @@ void k2q_to_q2k(const K2QIndex& k2q, const Tensor& cu_seqlens_q, const KVCache& 
 void attention_forward(const AttentionArgs& a, const ProblemShape& s);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out);
 void dequantize(const QTensor& x, const Tensor& out);
+// Copies FP4 scales between the public tensor `pub` of `layout` and the preordered `pre`
+// (quant.h): into `pre` (its padding zeroed), or into `pub` when `to_public`.
+void reorder_fp4_scales(const Tensor& pub, const Tensor& pre, KVLayout layout, bool to_public);
 // The SDSA indexer (msa/sdsa.h). `s`: batch (B), total_q (T), head_dim (D), page_size, num_pages
 // and max_pages (the block table's width) of validated arguments.
 void indexer_scores(const IndexerScoresArgs& a, const ProblemShape& s);
@@ -57,6 +60,8 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream);
 void token_topk(const TokenTopKArgs& a, cudaStream_t stream);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);
 void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
+void reorder_fp4_scales(const Tensor& pub, const Tensor& pre, KVLayout layout, bool to_public,
+                        cudaStream_t stream);
 // The SDSA indexer (src/cuda/sm90/sdsa/), `s` as for the CPU; lengths, ids and slots are checked
 // on the device and reported through the status buffer.
 void indexer_scores(const IndexerScoresArgs& a, const ProblemShape& s, cudaStream_t stream);

@@ -13,8 +13,8 @@ namespace msa {
 //   [T, H] (per token and head). For a page pool (KVCache paged layouts) the tokens are the
 //   pool's slots: T = num_pages * page_size, slot s of page P is token P * page_size + s.
 // - values fp4x2 [T, H, D/2]: scale fp8_e4m3 [T, H, D/16] -> NVFP4 (times global_scale);
-//   scale e8m0 [T, H, D/32] -> MXFP4. Scales in the public layout; kernels that want another
-//   layout say so and offer a reorder function (quant.h).
+//   scale e8m0 [T, H, D/32] -> MXFP4. Scales in the public layout; the indexer (block_scores,
+//   block_topk) also takes them preordered, 6-D (quant.h, reorder_fp4_scales).
 struct QTensor {
   Tensor values;
   Tensor scale;              // absent for bf16/f16

@@ -6,9 +6,11 @@
 namespace msa {
 
 struct BlockScoresArgs {
-  QTensor q;               // [total_q, Hq, D]: bf16 | f16 | fp8_e4m3 | fp4x2 (see QTensor)
+  QTensor q;               // [total_q, Hq, D]: bf16 | f16 | fp8_e4m3 | fp4x2 (see QTensor; FP4
+                           // scales public or preordered, quant.h reorder_fp4_scales)
   KVCache kv;              // keys only (kv.v ignored); same value dtype as q; flat or paged
-                           // (CUDA too: page ids and seqused_k are checked on the device)
+                           // (CUDA too: page ids and seqused_k are checked on the device; FP4
+                           // keys run on the CPU, preordered pool scales need page size 128)
   Tensor cu_seqlens_q;     // [B+1] int32
   Tensor scores;           // out: [Hq, nblk_max, total_q] f32, nblk_max >= max_b nblk_b
   bool causal = true;

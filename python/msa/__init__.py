@@ -19,7 +19,8 @@ from .csr import K2QIndex, build_k2q_csr, k2q_to_q2k, q2k_to_k2q
 from .decode import DecodePlan
 from .indexer import block_scores, block_topk, select_topk
 from .logits import mqa_logits, paged_mqa_logits, token_topk
-from .quant import QTensor, dequantize, quantize
+from .quant import (QTensor, dequantize, quantize, reorder_fp4_scales,
+                    reorder_fp4_scales_to_public)
 from .sdsa import (gather_key_sample, indexer_scores, indexer_threshold_select,
                    quantize_write_index_qk_nvfp4, thresholds_from_sample, top_k_from_candidates)
 from .sparse_convert import (Q2KSelection, block_mask_to_q2k, bsr_mask_to_q2k, bsr_to_k2q,
@@ -57,7 +58,8 @@ __all__ = ["BlockSparseAttention", "DTYPES", "DecodePlan", "K2QIndex", "MsaError
            "include_dir", "indexer_scores", "indexer_threshold_select",
            "k2q_to_bsr", "k2q_to_q2k", "mqa_logits", "paged_mqa_logits",
            "pipeline_workspace_bytes", "q2k_indices_to_q2k", "q2k_to_block_mask", "q2k_to_bsr",
-           "q2k_to_k2q", "quantize", "quantize_write_index_qk_nvfp4",
+           "q2k_to_k2q", "quantize", "quantize_write_index_qk_nvfp4", "reorder_fp4_scales",
+           "reorder_fp4_scales_to_public",
            "select_topk", "sparse_attention", "thresholds_from_sample", "token_topk",
            "top_k_from_candidates", "typed",
            "VariableBlockSparseAttention"]

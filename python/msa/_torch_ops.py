@@ -17,7 +17,8 @@ from .attention import Visibility, attention_eager, pipeline_eager
 from .csr import build_k2q_csr_eager
 from .indexer import block_scores_eager, block_topk_eager, select_topk_eager
 from .logits import mqa_logits_eager, paged_mqa_logits_eager, token_topk_eager
-from .quant import SCALE_DTYPES, SCALE_SHAPES, VALUE_DTYPES, dequantize_eager, quantize_eager
+from .quant import (SCALE_DTYPES, SCALE_SHAPES, VALUE_DTYPES, dequantize_eager, quantize_eager,
+                    reorder_eager)
 from .sdsa import (indexer_scores_eager, thresholds_from_sample_eager,
                    top_k_from_candidates_eager)
 
@@ -371,3 +372,18 @@ def _(values, scale, format, global_scale, dtype, stream):
 
 def dequantize(*args: Any) -> Tensor:
     return _dequantize(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::reorder_fp4_scales", mutates_args=())
+def _reorder_fp4_scales(scale: Tensor, dtype: str, layout: str, shape: list[int],
+                        to_public: bool, stream: Optional[int]) -> Tensor:
+    return reorder_eager(scale, dtype, layout, shape, to_public, None, stream)
+
+
+@_reorder_fp4_scales.register_fake
+def _(scale, dtype, layout, shape, to_public, stream):
+    return scale.new_empty(shape, dtype=torch_dtype(dtype))
+
+
+def reorder_fp4_scales(*args: Any) -> Tensor:
+    return _reorder_fp4_scales(*args[:-1], _sint(args[-1]))

@@ -58,7 +58,9 @@ def block_scores(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     optional ``seqused_k``, ``kv_layout`` "paged_nhd"/"paged_hnd"); same value dtype as q.
     q_scale/k_scale: FP8 per-token (or per-tensor) f32 scales, NVFP4/MXFP4 block scales; a page
     pool's per-token scales are per slot, ``[num_pages * page_size]`` (slot s of page P at
-    P * page_size + s), or ``[num_pages * page_size, Hkv]``.
+    P * page_size + s), or ``[num_pages * page_size, Hkv]``; an FP4 pool's scales are a pool of
+    its values' layout. FP4 scales may also come preordered (6-D, `msa.reorder_fp4_scales`; a
+    pool's with page size 128), which gives the same scores.
     nblk_max is ``ceil(max_seqlen_k / kv_block_size)``; without max_seqlen_k it is the page
     table's capacity for a paged cache, or the longest batch of a flat one (read from
     cu_seqlens_k: for GPU arrays that waits for the stream; pass max_seqlen_k to avoid it).

@@ -1,6 +1,7 @@
 """Quantized tensors (FP8 e4m3, NVFP4, MXFP4; docs/semantics.md, Quantized formats): the
-`QTensor` type the ops accept wherever an input may be quantized, and `quantize` / `dequantize`
-on the CPU or the GPU (bitwise equal results)."""
+`QTensor` type the ops accept wherever an input may be quantized, `quantize` / `dequantize`
+on the CPU or the GPU (bitwise equal results), and the FP4 scales' reorder into the preordered
+layout the indexer also takes (`reorder_fp4_scales`) and back."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from . import _C
 from ._arrays import Typed, dtype_of, empty, shape_of
-from ._runtime import MsaError, arg, check_arrays, check_sequence, compiling, dims, stream_of
+from ._runtime import (MsaError, arg, check_arrays, check_sequence, compiling, count, dims,
+                       stream_of)
 
 # Per format: element types of values and scale, and the scale's shape for x [T, H, D].
 VALUE_DTYPES = {"fp8_per_tensor": "fp8_e4m3", "fp8_per_token": "fp8_e4m3",
@@ -22,6 +24,9 @@ SCALE_SHAPES = {"fp8_per_tensor": lambda t, h, d: (1,),
                 "mxfp4": lambda t, h, d: (t, h, d // 32)}
 # The element types dequantize writes.
 OUT_DTYPES = ("f32", "bf16", "f16")
+# The public FP4 scale layouts reorder_fp4_scales takes, and the public shape each spells.
+LAYOUTS = {"flat": "[T, H, G]", "paged_nhd": "[num_pages, 128, Hkv, G]",
+           "paged_hnd": "[num_pages, Hkv, 128, G]"}
 
 
 def _check_format(format: str) -> None:
@@ -147,4 +152,103 @@ def dequantize_eager(values: Any, scale: Any, format: Optional[str], global_scal
     return out
 
 
-__all__ = ["QTensor", "quantize", "dequantize"]
+def _check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise MsaError(f"layout: must be one of {sorted(LAYOUTS)}, got {layout!r}")
+
+
+def _fp4_scale(scale: Any, format: Optional[str], name: str) -> tuple:
+    """(scale typed by `format` where it is uint8 storage, its msa dtype): fp8_e4m3 or e8m0."""
+    if format is not None:
+        if format not in ("nvfp4", "mxfp4"):
+            raise MsaError(f"format: must be 'nvfp4' or 'mxfp4', got {format!r}")
+        scale = tag(scale, SCALE_DTYPES[format])
+    dtype = dtype_of(scale)
+    if dtype not in ("fp8_e4m3", "e8m0"):
+        raise MsaError(f"{name}: dtype must be fp8_e4m3 (NVFP4) or e8m0 (MXFP4), got {dtype}; "
+                       f"pass format='nvfp4' or 'mxfp4' for uint8 storage")
+    return scale, dtype
+
+
+def _preordered_shape(shape: Sequence[int], layout: str) -> tuple:
+    """The preordered shape of public FP4 scales of `shape` in `layout` (`reorder_fp4_scales`)."""
+    rest_g = -(-shape[-1] // 4)
+    if layout == "flat":
+        return (shape[1], -(-shape[0] // 128), rest_g, 32, 4, 4)
+    return (shape[0] * shape[2 if layout == "paged_nhd" else 1], 1, rest_g, 32, 4, 4)
+
+
+def reorder_fp4_scales(scale: Any, layout: str = "flat", *, format: Optional[str] = None,
+                       out: Any = None, stream: Any = None) -> Any:
+    """FP4 scales in the preordered layout, which `block_scores` and `block_topk` take beside
+    the public one (docs/semantics.md, Quantized formats): a contiguous
+    ``[L, restM, restG, 32, 4, 4]`` array of the same dtype, ``restG = ceil(G / 4)``, where
+    the scale of (matrix l, row m, group g) sits at ``l*512*restM*restG + (m//128)*512*restG
+    + (g//4)*512 + (m%32)*16 + ((m//32)%4)*4 + g%4`` and padding holds zero bytes.
+
+    - ``layout="flat"``: ``scale [T, H, G]`` (q's, or flat keys') ->
+      ``[H, ceil(T / 128), restG, 32, 4, 4]`` (l = head, m = token);
+    - ``"paged_nhd"`` / ``"paged_hnd"``: a page pool's ``[num_pages, 128, Hkv, G]`` /
+      ``[num_pages, Hkv, 128, G]`` (page size 128 only) -> ``[num_pages * Hkv, 1, restG, 32, 4,
+      4]`` (l = page * Hkv + h, m = slot).
+
+    ``scale``: fp8_e4m3 (NVFP4) or e8m0 (MXFP4); ``format`` ("nvfp4" / "mxfp4") types uint8
+    storage. A `QTensor` gives a `QTensor` with its scale reordered. ``out``: preallocated in
+    the preordered shape. CPU or GPU (bitwise equal results).
+    """
+    if isinstance(scale, QTensor):
+        reordered = reorder_fp4_scales(scale.scale, layout, format=format or scale.format,
+                                       out=out, stream=stream)
+        return QTensor(scale.values, reordered, scale.global_scale, scale.format)
+    _check_layout(layout)
+    check_arrays(scale=scale, out=out)
+    shape = dims(scale, "scale", 3 if layout == "flat" else 4, LAYOUTS[layout])
+    scale, dtype = _fp4_scale(scale, format, "scale")
+    return _reorder(scale, dtype, layout, _preordered_shape(shape, layout), False, out, stream)
+
+
+def reorder_fp4_scales_to_public(scale: Any, layout: str = "flat", *,
+                                 shape: Optional[Sequence[int]] = None,
+                                 format: Optional[str] = None, out: Any = None,
+                                 stream: Any = None) -> Any:
+    """The inverse of `reorder_fp4_scales`: preordered ``scale [L, restM, restG, 32, 4, 4]`` back
+    to the public layout of `layout`, whose ``shape`` (or ``out``, preallocated) gives T (or
+    num_pages and Hkv) and G; padding is not read."""
+    _check_layout(layout)
+    check_arrays(scale=scale, out=out)
+    dims(scale, "scale", 6, "[L, restM, restG, 32, 4, 4]")
+    scale, dtype = _fp4_scale(scale, format, "scale")
+    if out is not None:
+        shape = dims(out, "out", 3 if layout == "flat" else 4, LAYOUTS[layout])
+    elif shape is None:
+        raise MsaError(f"shape: the public shape {LAYOUTS[layout]} is required without out")
+    else:
+        n = 3 if layout == "flat" else 4
+        if not isinstance(shape, (tuple, list)) or len(shape) != n:
+            raise MsaError(f"shape: must be {LAYOUTS[layout]} ({n} ints), got {shape!r}")
+        shape = tuple(count(d, "shape", bits=64) for d in shape)
+    return _reorder(scale, dtype, layout, shape, True, out, stream)
+
+
+def _reorder(scale: Any, dtype: str, layout: str, out_shape: tuple, to_public: bool, out: Any,
+             stream: Any) -> Any:
+    if out is None and compiling():
+        from . import _torch_ops
+        storage = scale.array if isinstance(scale, Typed) else scale
+        return _torch_ops.reorder_fp4_scales(storage, dtype, layout, list(out_shape), to_public,
+                                             stream)
+    return reorder_eager(scale, dtype, layout, out_shape, to_public, out, stream)
+
+
+def reorder_eager(scale: Any, dtype: str, layout: str, out_shape: Sequence[int],
+                  to_public: bool, out: Any, stream: Any) -> Any:
+    scale = tag(scale, dtype)
+    if out is None:
+        out = empty(scale, out_shape, dtype)
+    _C.reorder_fp4_scales(scale=arg(scale), layout=layout, out=arg(out, dtype),
+                          to_public=to_public, stream=stream_of(scale, stream))
+    return out
+
+
+__all__ = ["QTensor", "quantize", "dequantize", "reorder_fp4_scales",
+           "reorder_fp4_scales_to_public"]

@@ -216,6 +216,17 @@ PipelineArgs pipeline_args(Args& a, bool scratch) {
   return x;
 }
 
+// The keywords of the FP4 scale reorders; `to_public` picks the inverse (preordered -> public).
+struct ReorderArgs {
+  Tensor scale, out;
+  KVLayout layout;
+  bool to_public;
+};
+ReorderArgs reorder_args(Args& a) {
+  return {a.tensor("scale"), a.tensor("out", Access::write),
+          py::parse_layout(a.text("layout", "flat")), a.flag("to_public", false)};
+}
+
 // The names and docstrings of an op with caller-sized scratch and of its size function.
 struct ScratchOpNames {
   const char* size_fn;    // e.g. "attention_workspace_bytes"
@@ -419,6 +430,16 @@ NB_MODULE(_C, m) {
         return d;
       },
       [](const auto& d, cudaStream_t s) { dequantize(d.x, d.out, s); });
+
+  def_op(
+      m, "reorder_fp4_scales",
+      "msa::reorder_fp4_scales of scale into preallocated out, or with to_public "
+      "msa::reorder_fp4_scales_to_public.",
+      reorder_args,
+      [](const ReorderArgs& r, cudaStream_t s) {
+        if (r.to_public) reorder_fp4_scales_to_public(r.scale, r.layout, r.out, s);
+        else reorder_fp4_scales(r.scale, r.layout, r.out, s);
+      });
 
   def_op(m, "check_status",
          "Waits for the stream, then raises MsaError if the status buffer records an offence.",

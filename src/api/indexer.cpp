@@ -46,7 +46,8 @@ ProblemShape check_indexer_inputs(const QTensor& q, const KVCache& kv, const Ten
             kv_block_size);
   const ProblemShape s = api::check_q_and_kv(
       q, kv, cu_seqlens_q, {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp4x2},
-      /*need_v=*/false, /*kv_may_be_quantized=*/false, kv_block_size);
+      /*need_v=*/false, /*kv_may_be_quantized=*/false, kv_block_size,
+      /*preordered_fp4_scales=*/true);
   api::check_row_alignments(q.values, kv.k.values);
   // FP8 scales are finite and >= 0 (the block max factors them out); CUDA checks their values on
   // the device. (Their device is checked with the scales' shapes, in check_qtensor_scale.)

@@ -1,11 +1,12 @@
-// Public quantize / dequantize (include/msa/quant.h): checks every argument on the host, then
-// hands CPU tensors to cpu::quantize/dequantize and CUDA tensors to the CUDA backend.
+// Public quantize / dequantize and the FP4 scale reorders (include/msa/quant.h): checks every
+// argument on the host, then hands CPU tensors to the CPU backend and CUDA tensors to the CUDA one.
 #include "msa/quant.h"
 
 #include <cmath>
 
 #include "api/validate.h"
 #include "backend.h"
+#include "common/fp4_scale_layout.h"
 
 namespace msa {
 
@@ -93,6 +94,48 @@ void check_format_dim(QuantFormat f, int64_t D) {
             quant_format_name(f));
 }
 
+// The two sides of an FP4 scale reorder: `pub` in the public layout of `layout` (fp8_e4m3 or
+// e8m0; [T, H, G] for flat, a pool of 128-slot pages otherwise; last dim contiguous) and `pre`
+// of the same dtype and device in the preordered shape that follows from it.
+void check_reorder(const Tensor& pub, const char* pub_name, const Tensor& pre, const char* pre_name,
+                   KVLayout layout) {
+  MSA_CHECK(layout == KVLayout::flat || layout == KVLayout::paged_nhd ||
+                layout == KVLayout::paged_hnd,
+            "layout: must be flat, paged_nhd or paged_hnd, got ", int(layout));
+  check_defined(pub, pub_name);
+  check_dtype(pub, pub_name, {DType::fp8_e4m3, DType::e8m0});
+  const bool flat = layout == KVLayout::flat;
+  MSA_CHECK(pub.ndim == (flat ? 3 : 4), pub_name, ": public FP4 scales of layout ",
+            kv_layout_name(layout), " must be ",
+            flat ? "[T, H, G]" : layout == KVLayout::paged_nhd ? "[num_pages, 128, Hkv, G]"
+                                                               : "[num_pages, Hkv, 128, G]",
+            ", got ", pub.describe());
+  check_last_dim_contiguous(pub, pub_name);
+  if (!flat) {
+    const bool nhd = layout == KVLayout::paged_nhd;
+    MSA_CHECK(pub.shape[nhd ? 1 : 2] == fp4_layout::kTileRows, pub_name, ": the preordered "
+              "layout of a page pool needs page_size 128 (each page is one 128-row tile), got "
+              "page_size ", pub.shape[nhd ? 1 : 2], " in ", pub.describe());
+    int64_t matrices = 0;
+    MSA_CHECK(!__builtin_mul_overflow(pub.shape[0], pub.shape[nhd ? 2 : 1], &matrices), pub_name,
+              ": num_pages * Hkv overflows int64, got ", pub.describe());
+  }
+  const fp4_layout::PublicScales p = fp4_layout::public_scales(pub, layout);
+  check_defined(pre, pre_name);
+  check_dtype(pre, pre_name, {pub.dtype});
+  check_same_device(pub, pub_name, pre, pre_name);
+  api::check_preordered_fp4_scale(pre, pre_name, p.matrices, p.rest_m(), p.rest_g(),
+                                  flat ? "[H, ceil(T / 128), ceil(G / 4), 32, 4, 4]"
+                                       : "[num_pages * Hkv, 1, ceil(G / 4), 32, 4, 4]");
+}
+
+// Both reorders on validated arguments, by the device of the two sides (checked equal).
+void run_reorder(const Tensor& pub, const Tensor& pre, KVLayout layout, bool to_public,
+                 cudaStream_t stream) {
+  if (pre.is_cuda()) return cuda::reorder_fp4_scales(pub, pre, layout, to_public, stream);
+  cpu::reorder_fp4_scales(pub, pre, layout, to_public);
+}
+
 }  // namespace
 
 void quantize(const Tensor& x, QuantFormat format, const QTensor& out, cudaStream_t stream) {
@@ -116,6 +159,18 @@ void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream) {
     MSA_CHECK(std::isfinite(x.global_scale), "x.global_scale: must be finite, got ", x.global_scale);
   if (out.is_cuda()) return cuda::dequantize(x, out, stream);
   cpu::dequantize(x, out);
+}
+
+void reorder_fp4_scales(const Tensor& scale, KVLayout layout, const Tensor& out,
+                        cudaStream_t stream) {
+  check_reorder(scale, "scale", out, "out", layout);
+  run_reorder(scale, out, layout, /*to_public=*/false, stream);
+}
+
+void reorder_fp4_scales_to_public(const Tensor& scale, KVLayout layout, const Tensor& out,
+                                  cudaStream_t stream) {
+  check_reorder(out, "out", scale, "scale", layout);
+  run_reorder(out, scale, layout, /*to_public=*/true, stream);
 }
 
 }  // namespace msa

@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "common/fp4_scale_layout.h"
+
 namespace msa::api {
 
 void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t total,
@@ -69,8 +71,38 @@ void check_kv_scale_values(const KVCache& kv, const ProblemShape& s) {
   }
 }
 
+// An FP4 tensor's scale: defined, on the values' device, e4m3 (NVFP4) or e8m0 (MXFP4), with a
+// head dim that its groups divide; returns the groups per row, D / 16 or D / 32.
+static int64_t fp4_scale_groups(const QTensor& x, const char* name, int64_t dim) {
+  const Tensor& sc = x.scale;
+  const std::string sn = std::string(name) + ".scale";
+  check_defined(sc, sn.c_str());
+  check_same_device(x.values, name, sc, sn.c_str());
+  check_dtype(sc, sn.c_str(), {DType::fp8_e4m3, DType::e8m0});
+  const int64_t group = sc.dtype == DType::fp8_e4m3 ? 16 : 32;
+  MSA_CHECK(dim % group == 0, name, ": head dim ", dim, " must be a multiple of ", group, " for ",
+            sc.dtype == DType::fp8_e4m3 ? "NVFP4" : "MXFP4");
+  return dim / group;
+}
+
+// A 6-D FP4 scale where only the public layout is read.
+static void refuse_preordered(const std::string& sn, bool preordered_ok, const char* public_shape) {
+  MSA_CHECK(preordered_ok, sn, ": the preordered (6-D) FP4 scale layout is read by the indexer "
+            "only (block_scores, block_topk); this op takes the public layout ", public_shape);
+}
+
+void check_preordered_fp4_scale(const Tensor& sc, const char* name, int64_t matrices,
+                                int64_t rest_m, int64_t rest_g, const char* rule) {
+  const int64_t want[6] = {matrices, rest_m, rest_g, 32, 4, 4};
+  bool same = sc.ndim == 6;
+  for (int d = 0; same && d < 6; ++d) same = sc.shape[d] == want[d];
+  MSA_CHECK(same, name, ": preordered FP4 scales must be [", matrices, ", ", rest_m, ", ", rest_g,
+            ", 32, 4, 4] (", rule, "), got ", sc.describe());
+  check_contiguous(sc, name);
+}
+
 void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,
-                         int64_t dim) {
+                         int64_t dim, bool preordered_ok) {
   const Tensor& sc = x.scale;
   const std::string sn = std::string(name) + ".scale";
   switch (x.values.dtype) {
@@ -89,13 +121,15 @@ void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int
                 "], got ", sc.describe());
       return;
     case DType::fp4x2: {
-      check_defined(sc, sn.c_str());
-      check_same_device(x.values, name, sc, sn.c_str());
-      check_dtype(sc, sn.c_str(), {DType::fp8_e4m3, DType::e8m0});
-      const int64_t group = sc.dtype == DType::fp8_e4m3 ? 16 : 32;
-      MSA_CHECK(dim % group == 0, name, ": head dim ", dim, " must be a multiple of ", group,
-                " for ", sc.dtype == DType::fp8_e4m3 ? "NVFP4" : "MXFP4");
-      check_shape(sc, sn.c_str(), {tokens, heads, dim / group});
+      const int64_t groups = fp4_scale_groups(x, name, dim);
+      if (sc.ndim == 6) {
+        refuse_preordered(sn, preordered_ok, "[T, H, D / group]");
+        check_preordered_fp4_scale(sc, sn.c_str(), heads, fp4_layout::rest_rows(tokens),
+                                   fp4_layout::rest_groups(groups),
+                                   "[H, ceil(T / 128), ceil(G / 4), 32, 4, 4] with G = D / group");
+        return;
+      }
+      check_shape(sc, sn.c_str(), {tokens, heads, groups});
       check_last_dim_contiguous(sc, sn.c_str());
       return;
     }
@@ -171,17 +205,26 @@ ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device) {
 // An FP4 page pool's scales: a pool of the values' layout, one scale per group along D (NVFP4:
 // e4m3 per 16, MXFP4: e8m0 per 32), any strides but a contiguous last dim, so the four regions of
 // a page (K values, K scales, V values, V scales) may be strided views of one allocation.
-static void check_fp4_pool_scale(const QTensor& x, const char* name, int64_t dim) {
+// Or, where `preordered_ok`, the preordered layout of a pool of 128-slot pages.
+static void check_fp4_pool_scale(const QTensor& x, const char* name, const ProblemShape& s,
+                                 bool preordered_ok) {
   const Tensor& sc = x.scale;
   const std::string sn = std::string(name) + ".scale";
-  check_defined(sc, sn.c_str());
-  check_same_device(x.values, name, sc, sn.c_str());
-  check_dtype(sc, sn.c_str(), {DType::fp8_e4m3, DType::e8m0});
-  const int64_t group = sc.dtype == DType::fp8_e4m3 ? 16 : 32;
-  MSA_CHECK(dim % group == 0, name, ": head dim ", dim, " must be a multiple of ", group, " for ",
-            sc.dtype == DType::fp8_e4m3 ? "NVFP4" : "MXFP4");
+  const int64_t groups = fp4_scale_groups(x, name, s.head_dim);
+  if (sc.ndim == 6) {
+    refuse_preordered(sn, preordered_ok, "[num_pages, page_size, Hkv, D / group] (or hnd)");
+    MSA_CHECK(s.page_size == fp4_layout::kTileRows, sn, ": preordered FP4 scales of a page pool "
+              "need page_size 128 (each page is one 128-row tile), got page_size ", s.page_size);
+    int64_t matrices = 0;
+    MSA_CHECK(!__builtin_mul_overflow(s.num_pages, s.num_kv_heads, &matrices), name,
+              ": num_pages * Hkv overflows int64, got ", x.values.describe());
+    check_preordered_fp4_scale(sc, sn.c_str(), matrices, 1,
+                               fp4_layout::rest_groups(groups),
+                               "[num_pages * Hkv, 1, ceil(G / 4), 32, 4, 4] with G = D / group");
+    return;
+  }
   const Tensor& v = x.values;
-  check_shape(sc, sn.c_str(), {v.shape[0], v.shape[1], v.shape[2], dim / group});
+  check_shape(sc, sn.c_str(), {v.shape[0], v.shape[1], v.shape[2], groups});
   check_last_dim_contiguous(sc, sn.c_str());
 }
 
@@ -195,7 +238,7 @@ int64_t logical_last_dim(const Tensor& t, const char* name) {
 
 ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& cu_seqlens_q,
                             std::initializer_list<DType> values, bool need_v, bool kv_may_be_quantized,
-                            int kv_block_size) {
+                            int kv_block_size, bool preordered_fp4_scales) {
   const Tensor& q = qt.values;
   check_defined(q, "q");
   check_dtype(q, "q", values);
@@ -210,7 +253,7 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   s.kv_block_size = kv_block_size;
   MSA_CHECK(s.num_q_heads > 0, "q: number of heads must be > 0, got ", q.describe());
   MSA_CHECK(s.head_dim > 0, "q: head dim must be > 0, got ", q.describe());
-  check_qtensor_scale(qt, "q", s.total_q, s.num_q_heads, s.head_dim);
+  check_qtensor_scale(qt, "q", s.total_q, s.num_q_heads, s.head_dim, preordered_fp4_scales);
 
   const Tensor& k = kv.k.values;
   check_defined(k, "k");
@@ -261,7 +304,7 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
   if (flat) {
     const int64_t total_k = k.shape[0];
     check_kv_lengths(kv, s.batch, q.device);
-    check_qtensor_scale(kv.k, "k", total_k, s.num_kv_heads, s.head_dim);
+    check_qtensor_scale(kv.k, "k", total_k, s.num_kv_heads, s.head_dim, preordered_fp4_scales);
     if (need_v) check_qtensor_scale(kv.v, "v", total_k, s.num_kv_heads, s.head_dim);
   } else {
     const ProblemShape lens = check_kv_lengths(kv, s.batch, q.device);
@@ -271,10 +314,8 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
     const Tensor& pt = kv.page_table;
     check_last_dim_contiguous(pt, "page_table");
     if (k.dtype == DType::fp4x2) {
-      MSA_CHECK(kv_may_be_quantized, "k: FP4 page pools are read by attention only; the indexer "
-                "takes FP4 keys in a flat cache");
-      check_fp4_pool_scale(kv.k, "k", s.head_dim);
-      if (need_v) check_fp4_pool_scale(kv.v, "v", s.head_dim);
+      check_fp4_pool_scale(kv.k, "k", s, preordered_fp4_scales);
+      if (need_v) check_fp4_pool_scale(kv.v, "v", s, /*preordered_ok=*/false);
     } else {
       // Paged FP8 scales count the pool's slots as its tokens: slot s of page P is token
       // P * page_size + s (either layout), so a per-token scale is [num_pages * page_size] and a

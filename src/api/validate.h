@@ -16,9 +16,11 @@ namespace msa::api {
 // dtype must equal q's unless `kv_may_be_quantized` (then fp8_e4m3 and fp4x2 KV are allowed too,
 // and bf16 KV under fp8_e4m3 q).
 // `need_v`: kv.v must be present with k's shape.
+// `preordered_fp4_scales`: FP4 scales of q and k may come in the preordered layout (the indexer's
+// choice, quant.h reorder_fp4_scales); elsewhere a 6-D scale is an error saying so.
 ProblemShape check_q_and_kv(const QTensor& q, const KVCache& kv, const Tensor& cu_seqlens_q,
                             std::initializer_list<DType> values, bool need_v, bool kv_may_be_quantized,
-                            int kv_block_size);
+                            int kv_block_size, bool preordered_fp4_scales = false);
 
 // The logical (unpacked) size of t's last dim: fp4x2 stores two values a byte. Throws msa::Error
 // naming `name` when that count does not fit int64 (an empty view may claim any size).
@@ -37,9 +39,15 @@ void check_scale_values(const QTensor& x, const char* name);
 void check_kv_scale_values(const KVCache& kv, const ProblemShape& s);
 
 // The scale rules of QTensor for a tensor with `tokens` x `heads` x `dim` logical elements; the
-// scale lives on the values' device.
+// scale lives on the values' device. `preordered_ok`: an FP4 scale may also be preordered,
+// [heads, ceil(tokens / 128), ceil(G / 4), 32, 4, 4].
 void check_qtensor_scale(const QTensor& x, const char* name, int64_t tokens, int64_t heads,
-                         int64_t dim);
+                         int64_t dim, bool preordered_ok = false);
+
+// A preordered FP4 scale (common/fp4_scale_layout.h): exactly [matrices, rest_m, rest_g, 32, 4, 4]
+// and contiguous; `rule` says in the message how those sizes follow from the tensor it scales.
+void check_preordered_fp4_scale(const Tensor& sc, const char* name, int64_t matrices,
+                                int64_t rest_m, int64_t rest_g, const char* rule);
 
 // cu_seqlens [B+1] int32 on `device`. For CPU tensors the values are checked too: start at 0,
 // non-decreasing, last == total.

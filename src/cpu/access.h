@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "common/codecs.h"
+#include "common/fp4_scale_layout.h"
 
 namespace msa::cpu {
 
@@ -37,11 +38,20 @@ inline std::vector<int64_t> host_offsets(const Tensor& cu) {
 // The result is exact in double: every format's value * scale (* global) fits in 53 bits.
 class RowDecoder {
  public:
-  RowDecoder(const QTensor& x, int64_t head_dim) : x_(x), dim_(head_dim) {}
+  RowDecoder(const QTensor& x, int64_t head_dim)
+      : x_(x), dim_(head_dim), preordered_(x.values.dtype == DType::fp4x2 && x.scale.ndim == 6) {}
 
-  // `token`, `head`: the indices the scales are looked up with (ignored for per-tensor scales);
-  // `fp4_scale_row`: the element offset of the row's FP4 scales instead (page pools). An offset,
-  // not an index: negative strides make it negative.
+  // Whether the FP4 scales come in the preordered layout (quant.h, reorder_fp4_scales), and the
+  // offset of the scales of (matrix l, row m) there.
+  bool preordered() const { return preordered_; }
+  int64_t preordered_row(int64_t l, int64_t m) const {
+    return fp4_layout::row_offset(l, m, x_.scale.shape[1], x_.scale.shape[2]);
+  }
+
+  // `token`, `head`: the indices the scales are looked up with (ignored for per-tensor scales;
+  // preordered FP4 scales: matrix `head`, row `token`); `fp4_scale_row`: the offset of the row's
+  // FP4 scales instead (page pools; preordered: a preordered_row). An offset, not an index:
+  // negative strides make it negative.
   void decode(int64_t offset, int64_t token, int64_t head, double* out,
               std::optional<int64_t> fp4_scale_row = std::nullopt) const {
     const Tensor& v = x_.values;
@@ -60,7 +70,9 @@ class RowDecoder {
       case DType::fp4x2: {
         const uint8_t* row = v.ptr<uint8_t>() + offset;
         const Tensor& s = x_.scale;
-        const int64_t srow = fp4_scale_row ? *fp4_scale_row : token * s.strides[0] + head * s.strides[1];
+        const int64_t srow = fp4_scale_row ? *fp4_scale_row
+                             : preordered_  ? preordered_row(head, token)
+                                            : token * s.strides[0] + head * s.strides[1];
         for (int64_t d = 0; d < dim_; ++d) out[d] = fp4_scale(srow, d) * codec::fp4x2_get(row, d);
         return;
       }
@@ -80,17 +92,20 @@ class RowDecoder {
     return p[token * s.strides[0] + head * s.strides[1]];
   }
   // NVFP4: e4m3 scale per 16 elements times global_scale; MXFP4: e8m0 scale per 32 elements.
-  // `row`: the element offset of the (token, head) row's scales (the last dim is contiguous).
+  // `row`: the element offset of the (token, head) row's scales; its groups are contiguous in the
+  // public layout, in tiles of 4 in the preordered one.
   double fp4_scale(int64_t row, int64_t d) const {
     const Tensor& s = x_.scale;
     const bool nv = s.dtype == DType::fp8_e4m3;
-    const uint8_t b = s.ptr<uint8_t>()[row + d / (nv ? 16 : 32)];
+    const int64_t g = d / (nv ? 16 : 32);
+    const uint8_t b = s.ptr<uint8_t>()[row + (preordered_ ? fp4_layout::group_offset(g) : g)];
     return nv ? double(codec::e4m3_to_float(b)) * double(x_.global_scale)
               : double(codec::e8m0_to_float(b));
   }
 
   QTensor x_;
   int64_t dim_;
+  bool preordered_;
 };
 
 // Rows of q [total_q, H, D] (fp4x2: [total_q, H, D/2]); t is the global token index.
@@ -122,6 +137,7 @@ class KeyReader {
         scale_(part == KVPart::k ? kv.k.scale : kv.v.scale),
         dec_(part == KVPart::k ? kv.k : kv.v, s.head_dim),
         dim_(s.head_dim),
+        heads_(s.num_kv_heads),
         page_size_(s.page_size),
         lengths_(host_key_lengths(kv, s)) {
     if (kv.layout == KVLayout::flat) starts_ = host_offsets(kv.cu_seqlens_k);
@@ -158,11 +174,13 @@ class KeyReader {
                             ? page * t_.strides[0] + slot * t_.strides[1] + h * t_.strides[2]
                             : page * t_.strides[0] + h * t_.strides[1] + slot * t_.strides[2];
     // FP8 scales of a page pool are indexed by pool slot (validate.cpp): token page * page_size +
-    // slot; FP4 scales are a pool of the values' layout.
+    // slot; FP4 scales are a pool of the values' layout, or preordered with one matrix of 128
+    // rows per (page, head).
     std::optional<int64_t> fp4_row;
     if (t_.dtype == DType::fp4x2) {
       const Tensor& sc = scale_;
-      fp4_row = kv_.layout == KVLayout::paged_nhd
+      fp4_row = dec_.preordered() ? dec_.preordered_row(page * heads_ + h, slot)
+                : kv_.layout == KVLayout::paged_nhd
                     ? page * sc.strides[0] + slot * sc.strides[1] + h * sc.strides[2]
                     : page * sc.strides[0] + h * sc.strides[1] + slot * sc.strides[2];
     }
@@ -175,6 +193,7 @@ class KeyReader {
   Tensor scale_;  // the part's scales
   RowDecoder dec_;
   int64_t dim_;
+  int64_t heads_;  // Hkv
   int64_t page_size_;
   std::vector<int64_t> lengths_;
   std::vector<int64_t> starts_;  // flat only: cu_seqlens_k

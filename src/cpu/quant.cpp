@@ -1,10 +1,12 @@
 // CPU reference quantizers (docs/semantics.md, Quantized formats): the exact rounding rules every
-// backend's quantize / dequantize reproduces. Called by msa::quantize / msa::dequantize
-// (src/api/quant.cpp) after validation. Every quotient is formed exactly (in double) and rounded
-// once to the target grid.
+// backend's quantize / dequantize reproduces, and the FP4 scale reorders. Called by msa::quantize,
+// msa::dequantize and msa::reorder_fp4_scales(_to_public) (src/api/quant.cpp) after validation.
+// Every quotient is formed exactly (in double) and rounded once to the target grid.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "common/fp4_scale_layout.h"
 #include "cpu/access.h"
 
 namespace msa::cpu {
@@ -118,6 +120,26 @@ void dequantize(const QTensor& x, const Tensor& out) {
         for (int64_t d = 0; d < D; ++d) store_value(out, offset3(out, t, h, d), row[d]);
       }
   }
+}
+
+void reorder_fp4_scales(const Tensor& pub, const Tensor& pre, KVLayout layout, bool to_public) {
+  const fp4_layout::PublicScales p = fp4_layout::public_scales(pub, layout);
+  const int64_t rest_m = p.rest_m(), rest_g = p.rest_g();
+  uint8_t* pb = pub.ptr<uint8_t>();
+  uint8_t* qb = pre.ptr<uint8_t>();
+  // Padding rows and groups of a preordered tensor are zero bytes; the loop below writes the rest.
+  if (!to_public && pre.numel() > 0) std::memset(qb, 0, size_t(pre.numel()));
+#pragma omp parallel for collapse(2)
+  for (int64_t l = 0; l < p.matrices; ++l)
+    for (int64_t m = 0; m < p.rows; ++m) {
+      const int64_t row = fp4_layout::row_offset(l, m, rest_m, rest_g);
+      for (int64_t g = 0; g < p.groups; ++g) {
+        uint8_t& a = pb[p.offset(l, m, g)];
+        uint8_t& b = qb[row + fp4_layout::group_offset(g)];
+        if (to_public) a = b;
+        else b = a;
+      }
+    }
 }
 
 }  // namespace msa::cpu

@@ -27,6 +27,9 @@ void paged_mqa_logits(const PagedMqaLogitsArgs&, cudaStream_t) { no_cuda("paged_
 void token_topk(const TokenTopKArgs&, cudaStream_t) { no_cuda("token_topk"); }
 void quantize(const Tensor&, QuantFormat, const QTensor&, cudaStream_t) { no_cuda("quantize"); }
 void dequantize(const QTensor&, const Tensor&, cudaStream_t) { no_cuda("dequantize"); }
+void reorder_fp4_scales(const Tensor&, const Tensor&, KVLayout, bool to_public, cudaStream_t) {
+  no_cuda(to_public ? "reorder_fp4_scales_to_public" : "reorder_fp4_scales");
+}
 void indexer_scores(const IndexerScoresArgs&, const ProblemShape&, cudaStream_t) {
   no_cuda("indexer_scores");
 }

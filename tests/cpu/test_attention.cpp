@@ -133,6 +133,25 @@ TEST(Attention, Fp4KvMatchesBruteForce) {
     }
 }
 
+// Attention reads FP4 scales in the public layout only: a preordered (6-D) one, which the indexer
+// takes, is an error naming it, for flat K and for a page pool's V.
+TEST(Attention, Fp4PreorderedScalesRefused) {
+  Problem p = make_problem({5, 16}, {100, 300}, 2, 1, 64, 340, DType::bf16, DType::bf16);
+  quantize_kv_fp4(p, true);
+  const std::string rule = ".scale: the preordered (6-D) FP4 scale layout is read by the indexer "
+                           "only (block_scores, block_topk); this op takes the public layout ";
+  KVCache kv = p.flat_kv();
+  const HostTensor flat_pre(DType::fp8_e4m3, {1, 4, 1, 32, 4, 4});  // Hkv 1, 400 keys, G 4
+  kv.k.scale = flat_pre.t;
+  expect_error([&] { run_attention(p, kv, nullptr, {}); }, "k" + rule + "[T, H, D / group]");
+  const PagedKV paged = make_paged(p, KVLayout::paged_nhd, 128, 341);
+  kv = paged.cache();
+  const HostTensor pool_pre(DType::fp8_e4m3, {paged.k.t.shape[0], 1, 1, 32, 4, 4});
+  kv.v.scale = pool_pre.t;
+  expect_error([&] { run_attention(p, kv, nullptr, {}); },
+               "v" + rule + "[num_pages, page_size, Hkv, D / group] (or hnd)");
+}
+
 // An FP4 pool's scales seen through a negative page stride (the pool stored page-reversed) give
 // the same bits. Found by fuzzing: a scale row at a negative offset was taken for "no pool row"
 // and looked up as a flat per-token scale, out of bounds.

@@ -80,6 +80,23 @@ TEST(Decode, Fp4PoolsMatchBruteForce) {
       }
 }
 
+// Decode reads FP4 pool scales in the public layout only (the preordered one is the indexer's).
+TEST(Decode, Fp4PreorderedScalesRefused) {
+  Problem p = make_problem({1, 4}, {300, 129}, 8, 2, 64, 70);
+  quantize_kv_fp4(p, true);
+  const PagedKV paged = make_paged(p, KVLayout::paged_hnd, 128, 71);
+  DecodePlan plan;
+  plan.plan(shape_of(p, paged, 4, 0), paged.seqused_k.data<int32_t>(), Tensor());
+  KVCache kv = paged.cache();
+  const HostTensor pre(DType::fp8_e4m3, {paged.k.t.shape[0] * 2, 1, 1, 32, 4, 4});
+  kv.k.scale = pre.t;
+  AttentionParams prm;
+  prm.kv_block_size = 128;
+  Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+  expect_error([&] { plan.run(make_args(p, kv, o, nullptr, prm)); },
+               "k.scale: the preordered (6-D) FP4 scale layout is read by the indexer only");
+}
+
 // Token-sparse decode on the CPU: kv_block_size 1 (key ids) and MQA with 64 query heads on one
 // kv head, against the brute force.
 TEST(Decode, TokenSparseAndMqa) {

@@ -1,8 +1,9 @@
 // CPU quantize / dequantize (docs/semantics.md, Quantized formats; include/msa/quant.h) against
 // hand-computed bytes and a brute-force reference that picks the nearest code of each format by
-// search.
+// search; the FP4 scale reorders against the preordered layout's definition.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include "common/codecs.h"
 #include "support/expect_error.h"
+#include "support/fp4_preorder.h"
 #include "support/host_tensor.h"
 #include "support/ref_codecs.h"
 #include "msa/msa.h"
@@ -309,6 +311,106 @@ TEST(QuantFp4, EmptyTensorIsANoOp) {
   HostTensor x(DType::f32, {0, 2, 32}), v(DType::fp4x2, {0, 2, 16}), s(DType::e8m0, {0, 2, 1});
   EXPECT_NO_THROW(quantize(x.t, QuantFormat::mxfp4, QTensor(v.t, s.t)));
   EXPECT_NO_THROW(dequantize(QTensor(v.t, s.t), x.t));
+}
+
+// ---------------------------------- FP4 scale reorders ----------------------------------
+
+// Each layout and scale dtype, with padding rows (T not a multiple of 128) and padding groups
+// (G not a multiple of 4): the output (poisoned before) equals the definition's loop byte for
+// byte, its padding bytes are exactly the zero ones, and the inverse gives back every public
+// scale without writing between rows.
+TEST(QuantFp4Reorder, MatchesTheDefinitionBothWays) {
+  struct Case {
+    KVLayout layout;
+    std::vector<int64_t> shape;
+  };
+  const Case cases[] = {{KVLayout::flat, {1, 3, 8}},         {KVLayout::flat, {128, 2, 4}},
+                        {KVLayout::flat, {300, 3, 6}},       {KVLayout::flat, {129, 1, 1}},
+                        {KVLayout::paged_nhd, {3, 128, 2, 8}}, {KVLayout::paged_nhd, {2, 128, 3, 3}},
+                        {KVLayout::paged_hnd, {3, 2, 128, 6}}, {KVLayout::paged_hnd, {1, 4, 128, 4}}};
+  std::mt19937 rng(15);
+  for (const Case& c : cases)
+    for (DType dt : {DType::fp8_e4m3, DType::e8m0})
+      for (bool strided : {false, true}) {
+        SCOPED_TRACE(std::string(kv_layout_name(c.layout)) + " " + dtype_name(dt) + " " +
+                     HostTensor(dt, c.shape).t.describe() + (strided ? " strided" : ""));
+        const HostTensor pub = random_scales(dt, c.shape, strided, rng);
+        HostTensor out(dt, preordered_shape(pub.t, c.layout));
+        reorder_fp4_scales(pub.t, c.layout, out.t);
+        const HostTensor want = preorder(pub, c.layout);
+        ASSERT_EQ(out.bytes(), want.bytes());
+        EXPECT_EQ(std::memcmp(out.t.data, want.t.data, out.bytes()), 0);
+        const int64_t zeros = std::count(out.data<uint8_t>(), out.data<uint8_t>() + out.bytes(), 0);
+        int64_t scales = 1;
+        for (int64_t d : c.shape) scales *= d;
+        EXPECT_EQ(zeros, out.t.numel() - scales);  // every byte but the scales is padding
+
+        HostTensor back(dt, c.shape, std::vector<int64_t>(pub.t.strides, pub.t.strides + pub.t.ndim));
+        reorder_fp4_scales_to_public(out.t, c.layout, back.t);
+        for (size_t i = 0; i < pub.bytes(); ++i) {
+          const bool scale = strided ? (i % pub.t.strides[pub.t.ndim - 2]) < size_t(c.shape.back()) : true;
+          ASSERT_EQ(back.data<uint8_t>()[i], scale ? pub.data<uint8_t>()[i] : 0xff) << "byte " << i;
+        }
+      }
+}
+
+TEST(QuantFp4Reorder, EmptyIsANoOp) {
+  HostTensor pub(DType::e8m0, {0, 2, 4}), out(DType::e8m0, {2, 0, 1, 32, 4, 4});
+  EXPECT_NO_THROW(reorder_fp4_scales(pub.t, KVLayout::flat, out.t));
+  EXPECT_NO_THROW(reorder_fp4_scales_to_public(out.t, KVLayout::flat, pub.t));
+  HostTensor pool(DType::e8m0, {0, 128, 2, 4}), pool_out(DType::e8m0, {0, 1, 1, 32, 4, 4});
+  EXPECT_NO_THROW(reorder_fp4_scales(pool.t, KVLayout::paged_nhd, pool_out.t));
+}
+
+TEST(QuantFp4ReorderErrors, MessagesNameArgumentAndRule) {
+  HostTensor pub(DType::fp8_e4m3, {300, 3, 6}), out(DType::fp8_e4m3, {3, 3, 2, 32, 4, 4});
+  ASSERT_NO_THROW(reorder_fp4_scales(pub.t, KVLayout::flat, out.t));
+  HostTensor f32(DType::f32, {300, 3, 6});
+  expect_error([&] { reorder_fp4_scales(f32.t, KVLayout::flat, out.t); },
+               "scale: dtype must be fp8_e4m3 or e8m0, got f32");
+  expect_error([&] { reorder_fp4_scales(pub.t, KVLayout(7), out.t); },
+               "layout: must be flat, paged_nhd or paged_hnd, got 7");
+  expect_error([&] { reorder_fp4_scales(pub.t, KVLayout::paged_nhd, out.t); },
+               "scale: public FP4 scales of layout paged_nhd must be [num_pages, 128, Hkv, G], got "
+               "fp8_e4m3[300, 3, 6]");
+  HostTensor pool(DType::fp8_e4m3, {3, 128, 2, 8}), pool_out(DType::fp8_e4m3, {6, 1, 2, 32, 4, 4});
+  ASSERT_NO_THROW(reorder_fp4_scales(pool.t, KVLayout::paged_nhd, pool_out.t));
+  expect_error([&] { reorder_fp4_scales(pool.t, KVLayout::flat, pool_out.t); },
+               "scale: public FP4 scales of layout flat must be [T, H, G], got fp8_e4m3[3, 128, 2, 8]");
+  expect_error([&] { reorder_fp4_scales(pool.t, KVLayout::paged_hnd, pool_out.t); },
+               "scale: the preordered layout of a page pool needs page_size 128 (each page is one "
+               "128-row tile), got page_size 2");
+  HostTensor pool64(DType::fp8_e4m3, {3, 64, 2, 8});
+  expect_error([&] { reorder_fp4_scales(pool64.t, KVLayout::paged_nhd, pool_out.t); },
+               "got page_size 64");
+  HostTensor e8m0_out(DType::e8m0, {3, 3, 2, 32, 4, 4});
+  expect_error([&] { reorder_fp4_scales(pub.t, KVLayout::flat, e8m0_out.t); },
+               "out: dtype must be fp8_e4m3, got e8m0");
+  HostTensor short_out(DType::fp8_e4m3, {3, 2, 2, 32, 4, 4});
+  expect_error([&] { reorder_fp4_scales(pub.t, KVLayout::flat, short_out.t); },
+               "out: preordered FP4 scales must be [3, 3, 2, 32, 4, 4] ([H, ceil(T / 128), "
+               "ceil(G / 4), 32, 4, 4]), got fp8_e4m3[3, 2, 2, 32, 4, 4]");
+  expect_error([&] { reorder_fp4_scales(pool.t, KVLayout::paged_nhd, out.t); },
+               "out: preordered FP4 scales must be [6, 1, 2, 32, 4, 4] ([num_pages * Hkv, 1, "
+               "ceil(G / 4), 32, 4, 4])");
+  HostTensor strided_out(DType::fp8_e4m3, {3, 3, 2, 32, 4, 4}, {3 * 2 * 1024, 2 * 1024, 1024, 32, 8, 2});
+  expect_error([&] { reorder_fp4_scales(pub.t, KVLayout::flat, strided_out.t); }, "out: must be contiguous");
+  expect_error([&] { reorder_fp4_scales(pub.t, KVLayout::flat, Tensor()); }, "out: required tensor is missing");
+  HostTensor cols(DType::fp8_e4m3, {300, 3, 6}, {3 * 12, 12, 2});
+  expect_error([&] { reorder_fp4_scales(cols.t, KVLayout::flat, out.t); },
+               "scale: last dim must be contiguous (stride 1), got stride 2");
+  // The inverse: the preordered side is `scale`, the public one `out`.
+  expect_error([&] { reorder_fp4_scales_to_public(short_out.t, KVLayout::flat, pub.t); },
+               "scale: preordered FP4 scales must be [3, 3, 2, 32, 4, 4]");
+  expect_error([&] { reorder_fp4_scales_to_public(out.t, KVLayout::flat, pool.t); },
+               "out: public FP4 scales of layout flat must be [T, H, G]");
+  expect_error([&] { reorder_fp4_scales_to_public(e8m0_out.t, KVLayout::flat, pub.t); },
+               "scale: dtype must be fp8_e4m3, got e8m0");
+  // Ops other than the indexer read the public layout only.
+  HostTensor values(DType::fp4x2, {300, 3, 48}), plain(DType::f32, {300, 3, 96});
+  expect_error([&] { dequantize(QTensor(values.t, out.t), plain.t); },
+               "x.scale: the preordered (6-D) FP4 scale layout is read by the indexer only "
+               "(block_scores, block_topk); this op takes the public layout [T, H, D / group]");
 }
 
 // ---------------------------------- argument errors ----------------------------------

@@ -1,10 +1,12 @@
 // GPU quantize / dequantize against the CPU reference: identical codes and scales, bit for bit,
-// for every format, on fresh random inputs with the edge rows (all zero, NaN, saturating, tiny).
+// for every format, on fresh random inputs with the edge rows (all zero, NaN, saturating, tiny);
+// the FP4 scale reorders byte for byte against the CPU's.
 #include <cmath>
 #include <random>
 
 #include "common/codecs.h"
 #include "support/device_tensor.h"
+#include "support/fp4_preorder.h"
 
 namespace msa::test {
 namespace {
@@ -87,6 +89,49 @@ TEST(QuantGpu, QuantizeAndDequantizeMatchCpuBitwise) {
             << "dequantized to " << dtype_name(od) << " differs";
       }
     }
+}
+
+// Both directions, each layout and scale dtype, public rows strided, padding rows and groups;
+// the outputs are poisoned first, so the preordered padding zeros must come from the kernel.
+TEST(QuantGpu, ReorderFp4ScalesMatchCpuBitwise) {
+  MSA_REQUIRE_GPU();
+  TestStream stream;
+  struct Case {
+    KVLayout layout;
+    std::vector<int64_t> shape;
+  };
+  const Case cases[] = {{KVLayout::flat, {300, 3, 6}},         {KVLayout::flat, {128, 2, 8}},
+                        {KVLayout::flat, {37, 4, 3}},          {KVLayout::paged_nhd, {3, 128, 2, 8}},
+                        {KVLayout::paged_nhd, {2, 128, 3, 3}}, {KVLayout::paged_hnd, {2, 3, 128, 6}}};
+  std::mt19937 rng(21);
+  for (const Case& c : cases)
+    for (DType dt : {DType::fp8_e4m3, DType::e8m0}) {
+      SCOPED_TRACE(std::string(kv_layout_name(c.layout)) + " " + dtype_name(dt) + " " +
+                   HostTensor(dt, c.shape).t.describe());
+      const HostTensor pub = random_scales(dt, c.shape, /*strided=*/true, rng);
+      HostTensor pre(dt, preordered_shape(pub.t, c.layout));
+      reorder_fp4_scales(pub.t, c.layout, pre.t);
+      const DeviceTensor dpub = to_device(pub, stream);
+      const DeviceTensor dpre = device_like(pre, stream);
+      reorder_fp4_scales(dpub.t, c.layout, dpre.t, stream);
+      HostTensor got(dt, preordered_shape(pub.t, c.layout));
+      copy_to_host(dpre, got, stream);
+      EXPECT_EQ(0, std::memcmp(got.t.data, pre.t.data, pre.bytes())) << "preordered bytes differ";
+
+      // Back to a public tensor of pub's strides: both poisoned (0xff) between rows.
+      const std::vector<int64_t> strides(pub.t.strides, pub.t.strides + pub.t.ndim);
+      HostTensor back(dt, c.shape, strides), gback(dt, c.shape, strides);
+      reorder_fp4_scales_to_public(pre.t, c.layout, back.t);
+      const DeviceTensor dback = device_like(back, stream);
+      reorder_fp4_scales_to_public(dpre.t, c.layout, dback.t, stream);
+      copy_to_host(dback, gback, stream);
+      EXPECT_EQ(0, std::memcmp(gback.t.data, back.t.data, back.bytes())) << "public bytes differ";
+    }
+  // Both sides on one device.
+  const HostTensor pub = random_scales(DType::e8m0, {5, 2, 4}, false, rng);
+  HostTensor pre(DType::e8m0, preordered_shape(pub.t, KVLayout::flat));
+  const DeviceTensor dpub = to_device(pub, stream);
+  EXPECT_THROW(reorder_fp4_scales(dpub.t, KVLayout::flat, pre.t, stream), Error);
 }
 
 TEST(QuantGpu, EmptyInputIsANoOp) {

@@ -1,13 +1,15 @@
-// CUDA quantize / dequantize (include/msa/quant.h): the same scale and rounding rules as the CPU
-// reference, taken from common/codecs.h, so both backends give identical bits. Memory-bound and
-// off the attention hot path: one warp per (token, head) row for FP8, one thread per scale group
-// for FP4, one thread per element pair for dequantize.
+// CUDA quantize / dequantize and the FP4 scale reorders (include/msa/quant.h): the same scale and
+// rounding rules as the CPU reference, taken from common/codecs.h, so both backends give identical
+// bits. Memory-bound and off the attention hot path: one warp per (token, head) row for FP8, one
+// thread per scale group for FP4, one thread per element for dequantize and per written scale
+// byte for the reorders.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "backend.h"
 #include "common/codecs.h"
+#include "common/fp4_scale_layout.h"
 #include "cuda/device/check.h"
 
 namespace msa::cuda {
@@ -169,6 +171,26 @@ __global__ void dequantize_kernel(DequantParams p) {
   store_plain(p.out, t, h, d, v);
 }
 
+// Public -> preordered: one thread per preordered byte, padding (rows or groups past the public
+// tensor's) written as 0, so the output needs no memset.
+__global__ void reorder_to_preordered_kernel(fp4_layout::PublicScales p, const uint8_t* pub,
+                                             uint8_t* pre, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const fp4_layout::Coord c = fp4_layout::coord_of(i, p.rest_m(), p.rest_g());
+  pre[i] = c.m < p.rows && c.g < p.groups ? pub[p.offset(c.l, c.m, c.g)] : uint8_t(0);
+}
+
+// Preordered -> public: one thread per public scale; padding is not read.
+__global__ void reorder_to_public_kernel(fp4_layout::PublicScales p, const uint8_t* pre,
+                                         uint8_t* pub, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t g = i % p.groups, m = (i / p.groups) % p.rows, l = i / (p.groups * p.rows);
+  pub[p.offset(l, m, g)] = pre[fp4_layout::row_offset(l, m, p.rest_m(), p.rest_g()) +
+                               fp4_layout::group_offset(g)];
+}
+
 unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
 }  // namespace
@@ -216,6 +238,21 @@ void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream) {
     p.scale_s1 = x.scale.strides[1];
   }
   dequantize_kernel<<<blocks_for(T * H * D, 256), 256, 0, stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
+void reorder_fp4_scales(const Tensor& pub, const Tensor& pre, KVLayout layout, bool to_public,
+                        cudaStream_t stream) {
+  const fp4_layout::PublicScales p = fp4_layout::public_scales(pub, layout);
+  const int64_t n = to_public ? p.matrices * p.rows * p.groups : pre.numel();
+  if (n == 0) return;
+  if (to_public) {
+    reorder_to_public_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(p, pre.ptr<uint8_t>(),
+                                                                      pub.ptr<uint8_t>(), n);
+  } else {
+    reorder_to_preordered_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(p, pub.ptr<uint8_t>(),
+                                                                          pre.ptr<uint8_t>(), n);
+  }
   MSA_CUDA_CHECK_LAUNCH();
 }
 
