@@ -293,6 +293,128 @@ TEST(IndexerGpu, Fp4MatchesCpu) {
   }
 }
 
+// FP4 keys in page pools (both layouts, pages of 128 and 64, the pool scales in the values'
+// layout, every unused slot 0xff: NaN scales, -6 values) and scales in the preordered layout (q, K
+// or both; 128-slot pools): scores bitwise equal to the same keys in a flat cache with public
+// scales on the GPU, which match the CPU's; the fused ids too.
+struct Fp4Pool {
+  HostTensor values, scale, page_table;
+};
+// The flat k rows [total_k, Hkv, 64] and their scales [total_k, Hkv, G] of batches `lk` in a pool
+// of `page`-slot pages, pages of each batch in reverse order after one spare page.
+Fp4Pool fp4_pool(const Fp4Tokens& k, const std::vector<int32_t>& lk, int64_t page, bool hnd) {
+  const int64_t hkv = k.values.t.shape[1], groups = k.scale.t.shape[2];
+  int64_t pages = 1, max_pages = 1;
+  for (const int32_t l : lk) pages += (l + page - 1) / page, max_pages = std::max<int64_t>(max_pages, (l + page - 1) / page);
+  auto shape = [&](int64_t last) {
+    return hnd ? std::vector<int64_t>{pages, hkv, page, last} : std::vector<int64_t>{pages, page, hkv, last};
+  };
+  Fp4Pool p{HostTensor(DType::fp4x2, shape(kD / 2)), HostTensor(k.scale.t.dtype, shape(groups)),
+            HostTensor(DType::i32, {int64_t(lk.size()), max_pages})};  // all 0xff until written
+  int64_t next = 1, k0 = 0;
+  for (size_t b = 0; b < lk.size(); ++b) {
+    const int64_t np = (lk[b] + page - 1) / page;
+    for (int64_t c = 0; c < np; ++c) p.page_table.data<int32_t>()[b * max_pages + c] = int32_t(next + np - 1 - c);
+    for (int64_t j = 0; j < lk[b]; ++j)
+      for (int64_t h = 0; h < hkv; ++h) {
+        const int64_t pg = p.page_table.data<int32_t>()[b * max_pages + j / page], slot = j % page;
+        const int64_t vo = hnd ? p.values.offset({pg, h, slot, 0}) : p.values.offset({pg, slot, h, 0});
+        const int64_t so = hnd ? p.scale.offset({pg, h, slot, 0}) : p.scale.offset({pg, slot, h, 0});
+        std::memcpy(p.values.data<uint8_t>() + vo, k.values.data<uint8_t>() + k.values.offset({k0 + j, h, 0}), kD / 2);
+        std::memcpy(p.scale.data<uint8_t>() + so, k.scale.data<uint8_t>() + k.scale.offset({k0 + j, h, 0}), size_t(groups));
+      }
+    next += np;
+    k0 += lk[b];
+  }
+  return p;
+}
+
+// A public FP4 scale tensor reordered on the host (msa::reorder_fp4_scales).
+HostTensor preordered(const HostTensor& scale, KVLayout layout, int64_t heads, int64_t rows) {
+  const int64_t groups = scale.t.shape[scale.t.ndim - 1];
+  const int64_t mats = layout == KVLayout::flat ? heads : scale.t.shape[0] * heads;
+  HostTensor out(scale.t.dtype, {mats, layout == KVLayout::flat ? (rows + 127) / 128 : 1, (groups + 3) / 4, 32, 4, 4});
+  reorder_fp4_scales(scale.t, layout, out.t);
+  return out;
+}
+
+TEST(IndexerGpu, Fp4PagedAndPreorderedMatchFlat) {
+  MSA_REQUIRE_GPU();
+  for (const bool nv : {true, false}) {
+    std::mt19937 rng(nv ? 41 : 42);
+    const std::vector<int32_t> lq = {150, 0, 37}, lk = {700, 90, 300};
+    const int64_t hkv = 2, hq = 16, total_q = 187, total_k = 1090, nblk = 7;
+    const Fp4Tokens q = random_fp4(total_q, hq, nv, false, rng), k = random_fp4(total_k, hkv, nv, false, rng);
+    const float qg = nv ? 0.37f : 1.f, kg = nv ? 1.7f : 1.f;
+    const HostTensor cu_q = i32_tensor(cumulative(lq)), cu_k = i32_tensor(cumulative(lk));
+    TestStream stream;
+    const DeviceTensor dq = to_device(q.values, stream), dqs = to_device(q.scale, stream);
+    const DeviceTensor dk = to_device(k.values, stream), dks = to_device(k.scale, stream);
+    const DeviceTensor dcq = to_device(cu_q, stream), dck = to_device(cu_k, stream);
+    DeviceBuffer dst(16);
+    HostTensor ref(DType::f32, {hq, nblk, total_q});
+    BlockScoresArgs a;
+    a.q = QTensor(q.values.t, q.scale.t, qg);
+    a.kv.k = QTensor(k.values.t, k.scale.t, kg);
+    a.kv.cu_seqlens_k = cu_k.t;
+    a.cu_seqlens_q = cu_q.t;
+    a.scores = ref.t;
+    block_scores(a);  // CPU
+    BlockScoresArgs g = a;
+    g.q = QTensor(dq.t, dqs.t, qg);
+    g.kv.k = QTensor(dk.t, dks.t, kg);
+    g.kv.cu_seqlens_k = dck.t;
+    g.cu_seqlens_q = dcq.t;
+    g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+    const auto flat = gpu_scores(g, ref, stream);
+    SCOPED_TRACE(nv ? "NVFP4" : "MXFP4");
+    expect_scores_match(flat, ref, false);
+    const BlockTopKArgs f = topk_args(g, 5);
+    const auto flat_ids = expect_fused_matches_unfused(f, flat, hq, nblk, cu_q, cu_k, hkv, stream);
+
+    // The same K paged, and q / K scales preordered: the GPU's bits must not move.
+    auto expect_same = [&](const BlockScoresArgs& v, const std::string& what) {
+      SCOPED_TRACE(what);
+      const auto got = gpu_scores(v, ref, stream);
+      EXPECT_EQ(0, std::memcmp(got.data(), flat.data(), flat.size() * 4)) << "scores differ from flat";
+      const auto ids = run_gpu<int32_t>(&block_topk, topk_args(v, 5), &BlockTopKArgs::q2k,
+                                        HostTensor(DType::i32, {hkv, total_q, 5}), stream);
+      EXPECT_EQ(ids, flat_ids) << "fused ids differ from flat";
+    };
+    const HostTensor qpre = preordered(q.scale, KVLayout::flat, hq, total_q);
+    const DeviceTensor dqpre = to_device(qpre, stream);
+    BlockScoresArgs v = g;
+    v.q = QTensor(dq.t, dqpre.t, qg);
+    expect_same(v, "q scales preordered");
+    const HostTensor kpre_flat = preordered(k.scale, KVLayout::flat, hkv, total_k);
+    const DeviceTensor dkpre_flat = to_device(kpre_flat, stream);
+    v.kv.k = QTensor(dk.t, dkpre_flat.t, kg);
+    expect_same(v, "q and flat K scales preordered");
+    for (const int64_t page : {128, 64})
+      for (const bool hnd : {false, true}) {
+        const Fp4Pool pool = fp4_pool(k, lk, page, hnd);
+        const DeviceTensor dpv = to_device(pool.values, stream), dps = to_device(pool.scale, stream);
+        const DeviceTensor dpt = to_device(pool.page_table, stream);
+        const HostTensor used = i32_tensor(lk);
+        const DeviceTensor du = to_device(used, stream);
+        BlockScoresArgs pg = g;
+        pg.kv = KVCache{};
+        pg.kv.layout = hnd ? KVLayout::paged_hnd : KVLayout::paged_nhd;
+        pg.kv.k = QTensor(dpv.t, dps.t, kg);
+        pg.kv.page_table = dpt.t;
+        pg.kv.seqused_k = du.t;
+        const std::string where = std::string(hnd ? "hnd" : "nhd") + " pages of " + std::to_string(page);
+        expect_same(pg, where);
+        if (page != 128) continue;
+        const HostTensor kpre = preordered(pool.scale, pg.kv.layout, hkv, page);
+        const DeviceTensor dkpre = to_device(kpre, stream);
+        pg.kv.k = QTensor(dpv.t, dkpre.t, kg);
+        pg.q = v.q;  // preordered q scales too
+        expect_same(pg, where + ", q and pool scales preordered");
+      }
+  }
+}
+
 TEST(IndexerGpu, EdgeShapes) {
   MSA_REQUIRE_GPU();
   IdxCase c;

@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/fp4_scale_layout.h"
 #include "cuda/device/sm90.cuh"
 #include "cuda/sm90/block_scores/work.cuh"
 
@@ -106,8 +107,14 @@ __device__ __forceinline__ void convert_unit(const uint4& v0, const uint4& v1, u
 __device__ __forceinline__ int64_t value_off(const Fp4Rows& x, int64_t a, int64_t b, int64_t head) {
   return a * x.v_stride[0] + b * x.v_stride[1] + head * x.v_stride[2];
 }
-__device__ __forceinline__ int64_t scale_off(const Fp4Rows& x, int64_t a, int64_t b, int64_t head) {
-  return a * x.s_stride[0] + b * x.s_stride[1] + head * x.s_stride[2];
+// The 4 scale bytes a unit reads: NVFP4, the half's four (groups 4 half .. 4 half + 3); MXFP4,
+// the row's four. In the preordered layout both are one tile's 4 contiguous bytes of the row.
+__device__ __forceinline__ int64_t scale_off(const Fp4Rows& x, int64_t a, int64_t b, int64_t head, int half) {
+  if (x.preordered) {
+    const int64_t l = x.pool ? a * x.heads + head : head, m = x.pool ? b : a;
+    return fp4_layout::row_offset(l, m, x.rest_m, x.rest_g) + (x.nvfp4 ? half * fp4_layout::kTileBytes : 0);
+  }
+  return a * x.s_stride[0] + b * x.s_stride[1] + head * x.s_stride[2] + (x.nvfp4 ? 4 * half : 0);
 }
 
 // Q: the CTA's R row groups (row i of group r: token t0 + r * 64 / G + i / G, head h G + i % G),
@@ -127,7 +134,7 @@ __device__ void convert_q(const Params& p, SharedStorage& sh, int64_t h, int64_t
       const uint4* src = reinterpret_cast<const uint4*>(q.values + value_off(q, t, 0, hq) + 32 * half);
       v0 = src[0];
       v1 = src[1];
-      sc = *reinterpret_cast<const uint32_t*>(q.scales + scale_off(q, t, 0, hq) + (nv ? 4 * half : 0));
+      sc = *reinterpret_cast<const uint32_t*>(q.scales + scale_off(q, t, 0, hq, half));
     }
     convert_unit(v0, v1, sc, nv, half, sm90::smem_addr(sh.q[r] + half * kHalfQ + i * kRowBytes), i);
   }
@@ -140,7 +147,7 @@ template <int kConv>
 __device__ __forceinline__ void copy_raw(const Params& p, uint8_t* raw, const Segment& seg, int kb,
                                          int64_t h, int tid) {
   const Fp4Rows& k = p.fp4.k;
-  const bool paged = p.paged.page_table != nullptr, nv = k.nvfp4 != 0;
+  const bool paged = p.paged.page_table != nullptr;
 #pragma unroll
   for (int i = 0; i < kFp4Units / kConv; ++i) {
     const int u = tid + i * kConv;
@@ -155,7 +162,7 @@ __device__ __forceinline__ void copy_raw(const Params& p, uint8_t* raw, const Se
       b = j & ((1 << p.paged.page_shift) - 1);
     }
     const uint8_t* vsrc = in ? k.values + value_off(k, a, b, h) + 32 * half : k.values;
-    const uint8_t* ssrc = in ? k.scales + scale_off(k, a, b, h) + (nv ? 4 * half : 0) : k.scales;
+    const uint8_t* ssrc = in ? k.scales + scale_off(k, a, b, h, half) : k.scales;
     const uint32_t dst = sm90::smem_addr(raw + u * 32);
     sm90::cp_async_16(dst, vsrc, in ? 16u : 0u);
     sm90::cp_async_16(dst + 16, vsrc + 16, in ? 16u : 0u);

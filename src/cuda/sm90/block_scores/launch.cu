@@ -22,8 +22,6 @@ void check_fp4_rows(const QTensor& x, const char* name, const char* op) {
   const Tensor& v = x.values;
   const Tensor& sc = x.scale;
   const std::string sn = std::string(name) + ".scale";
-  MSA_CHECK(sc.ndim == v.ndim, op, ": ", sn, ": CUDA takes FP4 scales in the public layout (",
-            v.ndim, "-D, like ", name, "), got ", sc.describe());
   bool ok = reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
   for (int d = 0; d + 1 < v.ndim; ++d) ok = ok && v.strides[d] % 16 == 0;
   MSA_CHECK(ok, op, ": ", name, ": FP4 rows must be 16-byte aligned on CUDA (data pointer and "
@@ -46,6 +44,13 @@ Fp4Rows fp4_rows(const QTensor& x, KVLayout layout) {
   r.values = static_cast<const uint8_t*>(x.values.data);
   r.scales = static_cast<const uint8_t*>(x.scale.data);
   r.nvfp4 = x.scale.dtype == DType::fp8_e4m3;
+  r.pool = layout != KVLayout::flat;
+  if (x.scale.ndim == 6) {  // preordered [L, rest_m, rest_g, 32, 4, 4] (validated by the api)
+    r.preordered = 1;
+    r.heads = int32_t(layout == KVLayout::paged_nhd ? x.values.shape[2] : x.values.shape[1]);
+    r.rest_m = x.scale.shape[1];
+    r.rest_g = int32_t(x.scale.shape[2]);
+  }
   const int64_t* vs = x.values.strides;
   const int64_t* ss = x.scale.strides;
   switch (layout) {

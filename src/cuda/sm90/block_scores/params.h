@@ -14,11 +14,18 @@ namespace msa::cuda::indexer_sm90 {
 // (a, b, head) starts at a * stride[0] + b * stride[1] + head * stride[2] bytes: q and flat K
 // (token, 0, head); a page pool (page, slot, head) in either layout. Value rows 16-byte
 // aligned, scale rows 4-byte aligned (launch.cu).
+// Preordered scales (docs/semantics.md, Quantized formats; common/fp4_scale_layout.h): the row
+// (a, b, head) is matrix l = head (q, flat K: m = a, the token) or a * heads + head (a pool:
+// m = b, the slot) of a [L, rest_m, rest_g, 32, 4, 4] tensor; s_stride is then unused.
 struct Fp4Rows {
   const uint8_t* values;
   const uint8_t* scales;
   int64_t v_stride[3], s_stride[3];
-  int32_t nvfp4;  // 1: e4m3 scales per 16 values, 0: e8m0 per 32
+  int32_t nvfp4;       // 1: e4m3 scales per 16 values, 0: e8m0 per 32
+  int32_t preordered;  // 1: scales in the preordered layout
+  int32_t pool;        // 1: a page pool (rows are (page, slot, head))
+  int32_t heads, rest_g;
+  int64_t rest_m;
 };
 struct Fp4Params {
   Fp4Rows q, k;
