@@ -7,6 +7,7 @@
 
 #include "api/attention.h"
 #include "api/validate.h"
+#include "msa/topk.h"
 
 namespace msa {
 namespace {
@@ -21,6 +22,14 @@ struct Calls {
   BlockTopKArgs select;
   AttentionArgs attend;
   size_t q2k_bytes = 0;
+  // Index key heads other than the kv heads (DESIGN section 13, e.g. MiniMax-M3: 4 index heads on
+  // 1 index key head for 4 kv heads): the fused top-K groups the index heads of each index key
+  // head, not of each kv head, so the scores are materialized after q2k (scores_bytes) and
+  // select_topk takes each kv head's index heads.
+  bool unfused = false;
+  BlockScoresArgs scores;
+  TopKArgs pick;
+  size_t scores_bytes = 0;
 };
 
 Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
@@ -34,11 +43,16 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
   const int64_t hkv = k.shape[kv_heads_dim];
   MSA_CHECK(a.topk >= 1, "topk: must be >= 1, got ", a.topk);
   const Tensor& ik = a.index_k.values;
-  MSA_CHECK(!ik.defined() || (ik.ndim == k.ndim && ik.shape[kv_heads_dim] == hkv),
-            "index_k: must be laid out like k with its ", hkv,
-            " kv heads (the fused selection scores one index key head per kv head), got ",
-            ik.describe());
+  MSA_CHECK(!ik.defined() || ik.ndim == k.ndim, "index_k: must be laid out like k (", k.ndim,
+            "-d), got ", ik.describe());
+  const Tensor& iq = a.index_q.values.defined() ? a.index_q.values : a.q;
+  check_ndim(iq, a.index_q.values.defined() ? "index_q" : "q", 3);
   Calls c;
+  c.unfused = ik.defined() && ik.shape[kv_heads_dim] != hkv;
+  if (c.unfused)  // section 13's rows shared by kv heads (Hi < Hkv) are not built yet
+    MSA_CHECK(iq.shape[1] % hkv == 0, "index_q: ", iq.shape[1], " index heads on index_k's ",
+              ik.shape[kv_heads_dim], " key heads for ", hkv, " kv heads: each kv head selects by "
+              "its own index heads (DESIGN section 13), so Hi must be a multiple of Hkv");
   const Tensor q2k(q2k_data, DType::i32, {hkv, a.q.shape[0], int64_t(a.topk)}, a.q.device);
   c.q2k_bytes = size_t(q2k.numel()) * 4;
 
@@ -76,6 +90,32 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
       : flat       ? k.shape[0]
                    : product(table.shape[1], k.shape[a.kv.layout == KVLayout::paged_nhd ? 1 : 2]);
   if (key_bound < 0 || product(a.topk, a.params.kv_block_size) < key_bound) c.attend.q2k = q2k;
+  if (c.unfused) {
+    // [Hi, nblk, total_q] over the longest request the cache can hold, after q2k.
+    const int64_t blk = a.params.kv_block_size > 0 ? a.params.kv_block_size : 1;
+    const int64_t nblk = key_bound <= 0 ? 1 : (key_bound - 1) / blk + 1;
+    c.scores_bytes = size_t(product(product(iq.shape[1], nblk), product(a.q.shape[0], 4)));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(q2k_data) + align_up(c.q2k_bytes);
+    c.scores.q = c.select.q;
+    c.scores.kv = c.select.kv;
+    c.scores.cu_seqlens_q = a.cu_seqlens_q;
+    c.scores.scores = Tensor(q2k_data ? reinterpret_cast<void*>(at) : nullptr, DType::f32,
+                             {iq.shape[1], nblk, a.q.shape[0]}, a.q.device);
+    c.scores.causal = a.params.causal;
+    c.scores.kv_block_size = a.params.kv_block_size;
+    c.scores.status = a.status;
+    c.pick.scores = c.scores.scores;
+    c.pick.cu_seqlens_q = a.cu_seqlens_q;
+    c.pick.kv = a.kv;
+    c.pick.num_kv_heads = int(hkv);
+    c.pick.topk = a.topk;
+    c.pick.sink_blocks = a.sink_blocks;
+    c.pick.local_blocks = a.local_blocks;
+    c.pick.causal = a.params.causal;
+    c.pick.kv_block_size = a.params.kv_block_size;
+    c.pick.q2k = q2k;
+    c.pick.status = a.status;
+  }
   c.attend.out = a.out;
   c.attend.lse = a.lse;
   c.attend.tlse = a.tlse;
@@ -90,14 +130,14 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
 size_t pipeline_workspace_bytes(const PipelineArgs& a) {
   // Any 256-byte aligned address stands in for q2k while sizing: the size functions read shapes.
   const Calls c = make_calls(a, reinterpret_cast<void*>(kAlign), Tensor());
-  return align_up(c.q2k_bytes) + attention_workspace_bytes(c.attend);
+  return align_up(c.q2k_bytes) + align_up(c.scores_bytes) + attention_workspace_bytes(c.attend);
 }
 
 // q2k at the workspace's start, the attention scratch in the rest; each call validates its own
 // arguments once, and attention checks the rest against its plan (naming this size function).
 void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
-  Calls c = make_calls(a, nullptr, Tensor());  // q2k and scratch placed below
-  const size_t q2k_span = align_up(c.q2k_bytes);
+  Calls c = make_calls(a, nullptr, Tensor());  // q2k, scores and scratch placed below
+  const size_t q2k_span = align_up(c.q2k_bytes) + align_up(c.scores_bytes);
   if (a.workspace.defined() || q2k_span > 0) {
     check_defined(a.workspace, "workspace");
     check_dtype(a.workspace, "workspace", {DType::u8});
@@ -114,11 +154,17 @@ void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
     uint8_t* base = a.workspace.ptr<uint8_t>();
     const Tensor attn_ws(base + q2k_span, DType::u8,
                          {a.workspace.numel() - int64_t(q2k_span)}, a.q.device);
-    c.select.q2k.data = base;
+    c.select.q2k.data = c.pick.q2k.data = base;
+    c.scores.scores.data = c.pick.scores.data = base + align_up(c.q2k_bytes);
     if (c.attend.q2k.defined()) c.attend.q2k.data = base;
     c.attend.workspace = attn_ws;
   }
-  block_topk(c.select, stream);
+  if (c.unfused) {
+    block_scores(c.scores, stream);
+    select_topk(c.pick, stream);
+  } else {
+    block_topk(c.select, stream);
+  }
   api::attention_forward(c.attend, stream,
                          cuda::WorkspaceSource{"pipeline_workspace_bytes(args)", q2k_span});
 }

@@ -142,6 +142,59 @@ TEST(Pipeline, SeparateIndexerInputs) {
   EXPECT_EQ(0, std::memcmp(ws.data<uint8_t>(), want.q2k.data<uint8_t>(), want.q2k.bytes()));
 }
 
+// DESIGN section 13's serving geometry: 4 index heads on 1 index key head for 2 kv heads (kv head
+// h selects by index heads 2h and 2h + 1): the pipeline equals block_scores on the index inputs,
+// select_topk over the kv heads and attention, bit for bit, and its selection stays readable.
+// Index heads that are not a multiple of the kv heads are an error naming the rule.
+TEST(Pipeline, IndexHeadsOfTheServingGeometry) {
+  const Problem p = make_problem({90, 60}, {1000, 900}, 8, 2, 64, 81);
+  const Problem index = make_problem({90, 60}, {1000, 900}, 4, 1, 64, 82);  // Hi 4 on Hik 1
+  AttentionParams prm;
+  prm.kv_block_size = 64;
+  const KVCache kv = p.flat_kv();
+  HostTensor scores(DType::f32, {4, 16, p.total_q()}), q2k(DType::i32, {p.hkv, p.total_q(), 4});
+  BlockScoresArgs sa;
+  sa.q = index.q.t;
+  sa.kv = kv;
+  sa.kv.k = index.k.t;
+  sa.kv.v = QTensor();
+  sa.cu_seqlens_q = p.cu_q.t;
+  sa.scores = scores.t;
+  sa.kv_block_size = 64;
+  block_scores(sa);
+  TopKArgs ta;
+  ta.scores = scores.t;
+  ta.cu_seqlens_q = p.cu_q.t;
+  ta.kv = kv;
+  ta.num_kv_heads = int(p.hkv);
+  ta.topk = 4;
+  ta.kv_block_size = 64;
+  ta.q2k = q2k.t;
+  select_topk(ta);
+  Outputs want(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+  attention_forward(make_args(p, kv, want, &q2k, prm));
+
+  Outputs o(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+  PipelineArgs a = pipeline_args(p, kv, o, 4, prm);
+  a.index_q = index.q.t;
+  a.index_k = index.k.t;
+  HostTensor ws(DType::u8, {int64_t(pipeline_workspace_bytes(a))});
+  a.workspace = ws.t;
+  sparse_attention_pipeline(a);
+  expect_same(o.out, want.out, "out");
+  expect_same(o.lse, want.lse, "lse");
+  EXPECT_EQ(0, std::memcmp(ws.data<uint8_t>(), q2k.data<uint8_t>(), q2k.bytes())) << "q2k";
+
+  const Problem odd = make_problem({90, 60}, {1000, 900}, 3, 1, 64, 83);  // Hi 3 for Hkv 2
+  a.index_q = odd.q.t;
+  try {
+    sparse_attention_pipeline(a);
+    ADD_FAILURE() << "expected msa::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Hi must be a multiple of Hkv"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Pipeline, WorkspaceRules) {
   const Problem p = make_problem({20}, {200}, 4, 1, 64, 5);
   Outputs o(p.q.t.dtype, p.total_q(), p.hq, p.dim);

@@ -21,8 +21,11 @@ void fill(HostTensor& t, std::mt19937& rng, bool integer) {
     t.data<uint16_t>()[i] = codec::float_to_bf16(integer ? float(int(rng() % 5) - 2) : nd(rng));
 }
 
-// Replays of one captured pipeline against the CPU pipeline on the same inputs.
-void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::vector<int32_t>& lk) {
+// Replays of one captured pipeline against the CPU pipeline on the same inputs. index_heads:
+// separate indexer inputs in the serving geometry of DESIGN section 13 (4 index heads on 1 index
+// key head for the 2 kv heads: block scores, then select_topk).
+void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::vector<int32_t>& lk,
+                                    bool index_heads = false) {
   const int64_t tq = std::accumulate(lq.begin(), lq.end(), int64_t(0));
   const int64_t tk = std::accumulate(lk.begin(), lk.end(), int64_t(0));
   HostTensor q(DType::bf16, {tq, kHq, kD}), k(DType::bf16, {tk, kHkv, kD}), v(DType::bf16, {tk, kHkv, kD});
@@ -43,6 +46,12 @@ void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::v
   a.out = Tensor(dout.get(), DType::bf16, {tq, kHq, kD}, gpu0());
   a.lse = Tensor(dlse.get(), DType::f32, {kHq, tq}, gpu0());
   a.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+  HostTensor iq(DType::bf16, {tq, 4, kD}), ik(DType::bf16, {tk, 1, kD});
+  DeviceBuffer diq(iq.bytes()), dik(ik.bytes());
+  if (index_heads) {
+    a.index_q = on_device(iq, diq);
+    a.index_k = on_device(ik, dik);
+  }
   DeviceBuffer ws(pipeline_workspace_bytes(a));
   a.workspace = Tensor(ws.get(), DType::u8, {int64_t(ws.bytes())}, gpu0());
 
@@ -51,6 +60,12 @@ void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::v
     fill(q, rng, true);
     fill(k, rng, true);
     fill(v, rng, false);
+    if (index_heads) {
+      fill(iq, rng, true);
+      fill(ik, rng, true);
+      copy_to_device(iq, diq, stream);
+      copy_to_device(ik, dik, stream);
+    }
     copy_to_device(q, dq, stream);
     copy_to_device(k, dk, stream);
     copy_to_device(v, dv, stream);
@@ -85,6 +100,10 @@ void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::v
     c.out = out.t;
     c.lse = lse.t;
     c.status = Tensor();
+    if (index_heads) {
+      c.index_q = iq.t;
+      c.index_k = ik.t;
+    }
     HostTensor cws(DType::u8, {int64_t(pipeline_workspace_bytes(c))});
     c.workspace = cws.t;
     sparse_attention_pipeline(c);
@@ -117,6 +136,11 @@ void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::v
 TEST(PipelineGpu, GraphReplaysWithNewInputs) {
   MSA_REQUIRE_GPU();
   expect_graph_replays_match_cpu({300, 200}, {700, 500});
+}
+
+TEST(PipelineGpu, IndexHeadsOfTheServingGeometry) {
+  MSA_REQUIRE_GPU();
+  expect_graph_replays_match_cpu({300, 200}, {700, 500}, true);
 }
 
 // topK x 128 >= total_k: the pipeline's attention is dense (every visible block is selected),
