@@ -248,21 +248,16 @@ def sparse_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k:
     call). ``workspace``: u8 of at least `pipeline_workspace_bytes` bytes (default: allocated
     per call by q's framework).
 
-    An ``index_k`` with another kv-head count than k (index heads grouped per attention kv
-    head, docs/semantics.md, Top-K selection) is not fused yet: it runs `block_scores`, then
-    `select_topk`, then `attention_forward`, and for a flat cache reads the longest length on
-    the host unless ``max_seqlen_k`` is given.
+    An ``index_k`` with another kv-head count than k (e.g. 4 index heads on 1 index key head:
+    each attention kv head selects by its own index heads, docs/semantics.md, Top-K selection)
+    runs the same one call: the block scores go to the workspace, then the top-K per kv head.
+    ``max_seqlen_k`` is not needed by it (the scores are sized from the cache) and is ignored.
     """
     layout = layout_name(kv_layout, page_table)
     partial = _partial(partial_dtype)
     _check_pipeline_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, index_q,
                            index_k, k_scale, v_scale, out=out, lse=lse, workspace=workspace)
     topk = count(topk, "topk", lo=1)  # it sizes the q2k view (and the traced op's output)
-    if index_k is not None and kv_heads_of(index_k, layout) != kv_heads_of(k, layout):
-        return _unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
-                        sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k,
-                        softmax_scale, temperature, partial_dtype, k_scale, v_scale,
-                        max_seqlen_k, out, lse, return_lse, return_selection, stream, check)
     if out is None and lse is None and workspace is None and compiling():
         from . import _torch_ops
         res = _torch_ops.sparse_attention(
@@ -288,31 +283,6 @@ def _check_pipeline_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, sequ
     check_attention_arrays(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                            page_table=page_table, seqused_k=seqused_k, index_q=index_q,
                            index_k=index_k, k_scale=k_scale, v_scale=v_scale, **outputs)
-
-
-def _unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
-             sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k, softmax_scale,
-             temperature, partial_dtype, k_scale, v_scale, max_seqlen_k, out, lse, return_lse,
-             return_selection, stream, check) -> Any:
-    """sparse_attention for index keys whose kv heads differ from k's (not fused yet)."""
-    from .indexer import block_scores, select_topk
-    kv = dict(cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
-              kv_layout=layout)
-    scores = block_scores(q if index_q is None else index_q, index_k, cu_seqlens_q,
-                          causal=causal, kv_block_size=kv_block_size, max_seqlen_k=max_seqlen_k,
-                          stream=stream, check=check, **kv)
-    q2k = select_topk(scores, cu_seqlens_q, num_kv_heads=kv_heads_of(k, layout), topk=topk,
-                      sink_blocks=sink_blocks, local_blocks=local_blocks, causal=causal,
-                      kv_block_size=kv_block_size, k=unpack(k)[0], stream=stream, check=check,
-                      **kv)
-    res = attention_forward(q, k, v, cu_seqlens_q, q2k=q2k, softmax_scale=softmax_scale,
-                            causal=causal, kv_block_size=kv_block_size, temperature=temperature,
-                            partial_dtype=partial_dtype, k_scale=k_scale, v_scale=v_scale,
-                            out=out, lse=lse, return_lse=return_lse, stream=stream, check=check,
-                            **kv)
-    if not return_selection:
-        return res
-    return (res if isinstance(res, tuple) else (res,)) + (q2k,)
 
 
 def _pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,

@@ -129,3 +129,12 @@ def test_sparse_attention_index_with_other_kv_heads_keeps_the_unfused_rule():
     want = msa.select_topk(scores, cu_q, num_kv_heads=2, topk=3, kv_block_size=64,
                            cu_seqlens_k=cu_k)
     np.testing.assert_array_equal(sel, want)
+
+
+def test_sparse_attention_index_heads_fewer_than_kv_heads_is_an_error():
+    # One index head for attention's two kv heads: DESIGN section 13's shared rows are not built.
+    rng = np.random.default_rng(107)
+    q, k, v, cu_q, cu_k = ref.problem(rng, [30], [400], 4, 2, 64)
+    with pytest.raises(msa.MsaError, match="Hi must be a multiple of Hkv"):
+        msa.sparse_attention(q, k, v, cu_q, cu_seqlens_k=cu_k, topk=3, kv_block_size=64,
+                             index_q=q[:, :1].copy(), index_k=k[:, :1].copy())
