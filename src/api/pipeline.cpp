@@ -95,12 +95,11 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
     const int64_t blk = a.params.kv_block_size > 0 ? a.params.kv_block_size : 1;
     const int64_t nblk = key_bound <= 0 ? 1 : (key_bound - 1) / blk + 1;
     c.scores_bytes = size_t(product(product(iq.shape[1], nblk), product(a.q.shape[0], 4)));
-    const uintptr_t at = reinterpret_cast<uintptr_t>(q2k_data) + align_up(c.q2k_bytes);
     c.scores.q = c.select.q;
     c.scores.kv = c.select.kv;
     c.scores.cu_seqlens_q = a.cu_seqlens_q;
-    c.scores.scores = Tensor(q2k_data ? reinterpret_cast<void*>(at) : nullptr, DType::f32,
-                             {iq.shape[1], nblk, a.q.shape[0]}, a.q.device);
+    // Placed in the workspace by the run (sizing reads its shape only).
+    c.scores.scores = Tensor(nullptr, DType::f32, {iq.shape[1], nblk, a.q.shape[0]}, a.q.device);
     c.scores.causal = a.params.causal;
     c.scores.kv_block_size = a.params.kv_block_size;
     c.scores.status = a.status;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/codecs.h"
+#include "support/fp4_preorder.h"
 #include "support/host_tensor.h"
 #include "support/sparse_case.h"
 
@@ -329,15 +330,6 @@ Fp4Pool fp4_pool(const Fp4Tokens& k, const std::vector<int32_t>& lk, int64_t pag
   return p;
 }
 
-// A public FP4 scale tensor reordered on the host (msa::reorder_fp4_scales).
-HostTensor preordered(const HostTensor& scale, KVLayout layout, int64_t heads, int64_t rows) {
-  const int64_t groups = scale.t.shape[scale.t.ndim - 1];
-  const int64_t mats = layout == KVLayout::flat ? heads : scale.t.shape[0] * heads;
-  HostTensor out(scale.t.dtype, {mats, layout == KVLayout::flat ? (rows + 127) / 128 : 1, (groups + 3) / 4, 32, 4, 4});
-  reorder_fp4_scales(scale.t, layout, out.t);
-  return out;
-}
-
 TEST(IndexerGpu, Fp4PagedAndPreorderedMatchFlat) {
   MSA_REQUIRE_GPU();
   for (const bool nv : {true, false}) {
@@ -381,12 +373,12 @@ TEST(IndexerGpu, Fp4PagedAndPreorderedMatchFlat) {
                                         HostTensor(DType::i32, {hkv, total_q, 5}), stream);
       EXPECT_EQ(ids, flat_ids) << "fused ids differ from flat";
     };
-    const HostTensor qpre = preordered(q.scale, KVLayout::flat, hq, total_q);
+    const HostTensor qpre = preorder(q.scale, KVLayout::flat);
     const DeviceTensor dqpre = to_device(qpre, stream);
     BlockScoresArgs v = g;
     v.q = QTensor(dq.t, dqpre.t, qg);
     expect_same(v, "q scales preordered");
-    const HostTensor kpre_flat = preordered(k.scale, KVLayout::flat, hkv, total_k);
+    const HostTensor kpre_flat = preorder(k.scale, KVLayout::flat);
     const DeviceTensor dkpre_flat = to_device(kpre_flat, stream);
     v.kv.k = QTensor(dk.t, dkpre_flat.t, kg);
     expect_same(v, "q and flat K scales preordered");
@@ -406,7 +398,7 @@ TEST(IndexerGpu, Fp4PagedAndPreorderedMatchFlat) {
         const std::string where = std::string(hnd ? "hnd" : "nhd") + " pages of " + std::to_string(page);
         expect_same(pg, where);
         if (page != 128) continue;
-        const HostTensor kpre = preordered(pool.scale, pg.kv.layout, hkv, page);
+        const HostTensor kpre = preorder(pool.scale, pg.kv.layout);
         const DeviceTensor dkpre = to_device(kpre, stream);
         pg.kv.k = QTensor(dpv.t, dkpre.t, kg);
         pg.q = v.q;  // preordered q scales too

@@ -1,6 +1,6 @@
 // The preordered FP4 scale layout written from its definition in include/msa/quant.h, apart from
 // src/common/fp4_scale_layout.h, so the tests check the library's reorder and the indexer's reads
-// against a second implementation. Used by test_quant and test_block_scores_fp4.
+// against a second implementation. Used by test_quant, test_block_scores_fp4 and test_indexer_gpu.
 #pragma once
 
 #include <cstdint>
