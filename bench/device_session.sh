@@ -6,7 +6,7 @@
 # benchmark programs' in $OUT/records.jsonl, the peers' in $OUT/peers.jsonl; `python3
 # bench/plot.py records.jsonl peers.jsonl --out DIR` draws them.
 #   bench/device_session.sh [steps...]
-#   steps: tests memcheck racecheck synccheck initcheck bench ab peers pytest soak demo examples pybench
+#   steps: tests memcheck racecheck synccheck initcheck bench ab peers pytest soak demo examples pybench latency
 #          ncu-sparse ncu-uniform ncu-indexer ncu-indexer-fp8 ncu-decode
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
 #          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines);
@@ -143,6 +143,17 @@ for step in $steps; do
         (cd /tmp && timeout $lim python3 "$OLDPWD/$ex" --device cuda) > "$OUT/$(basename "$ex" .py).log" 2>&1
         summary+=("$ex rc=$? $(tail -1 "$OUT/$(basename "$ex" .py).log")")
       done ;;
+    latency)  # the LAT-* cases: bench_latency, then the Python API and FA4 / cuDNN dense on the
+              # same shapes (needs the wheel; FA4 when PEERS.md's /tmp/site is installed)
+      install_wheel || continue
+      rm -f "$OUT"/latency_cpp.jsonl
+      lim=$(left 120); (( lim > 0 )) && { timeout $lim "$BIN/bench_latency" --json "$OUT/latency_cpp.jsonl" \
+        > "$OUT/latency_cpp.log" 2>&1; summary+=("bench_latency rc=$?"); cat "$OUT/latency_cpp.log"; }
+      fa4_path=""; [[ -d /tmp/site ]] && fa4_path=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages
+      lim=$(left 200); (( lim > 0 )) && { (cd /tmp && PYTHONPATH=$fa4_path PYTHONUNBUFFERED=1 timeout $lim \
+        python3 "$OLDPWD/bench/python_bench.py" --latency-cpp "$OUT/latency_cpp.jsonl" \
+        --json "$OUT/latency_py.jsonl") > "$OUT/latency_py.log" 2>&1; summary+=("python_bench latency rc=$?");
+        tail -8 "$OUT/latency_py.log"; } ;;
     pybench)  # the Python API against the C++ figures of the same run (needs the wheel)
       install_wheel || continue
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --case P8K-tok --case P32K-tok \

@@ -15,6 +15,7 @@ const char* kNeedsIndexer = "the CUDA indexer (block_scores, select_topk)";
 const char* kNeedsE2e = "the CUDA indexer, top-K, CSR builder and sparse prefill";
 const char* kNeedsDecode = "the CUDA sparse decode (DecodePlan)";
 const char* kNeedsDenseDecode = "the CUDA dense paged decode (DecodePlan)";
+const char* kNeedsLatency = "the CUDA indexer, top-K, CSR builder and prefill (the pipeline)";
 
 BenchCase prefill(std::string name, CaseKind kind, std::string timed, int64_t seq, Pattern p,
                   const char* needs) {
@@ -102,6 +103,20 @@ std::vector<BenchCase> make_cases() {
   v.push_back(decode("DEC-SKEW", "sparse decode", 30, 8, skew, kNeedsDecode));
   v.push_back(decode("DEC-B2048", "sparse decode past the 1024-request limit", 2048, 1, {4096},
                      kNeedsDecode));
+  // Latency: the pipeline (index branch of E2E-32K-M3: 4 FP8 index heads on 1 index key head),
+  // attention_forward with its selection, dense attention; per call.
+  const char* lat_timed = "time per call: pipeline, attention_forward, dense";
+  for (const auto& [name, seq] : {std::pair{"LAT-256", 256}, {"LAT-2K", 2048}, {"LAT-8K", 8192}}) {
+    BenchCase c = prefill(name, CaseKind::latency, lat_timed, seq, Pattern::idx, kNeedsLatency);
+    if (seq == 256) c.num_q_heads = 8, c.num_kv_heads = 2;
+    v.push_back(c);
+  }
+  // 8 requests of 512 new tokens appended to 8192 cached keys each (8704 keys), pages of 64.
+  BenchCase chunk = prefill("LAT-CHUNK", CaseKind::latency, lat_timed, 0, Pattern::idx, kNeedsLatency);
+  chunk.seqlens_q.assign(8, 512);
+  chunk.seqlens_k.assign(8, 8192 + 512);
+  chunk.page_size = 64;
+  v.push_back(chunk);
   return v;
 }
 
@@ -134,6 +149,7 @@ const char* case_kind_name(CaseKind k) {
     case CaseKind::block_scores: return "block_scores";
     case CaseKind::end_to_end: return "end_to_end";
     case CaseKind::decode: return "decode";
+    case CaseKind::latency: return "latency";
   }
   return "?";
 }
@@ -152,8 +168,9 @@ const BenchCase* find_case(std::string_view name) {
 std::string describe_shape(const BenchCase& c) {
   std::ostringstream os;
   os << "B=" << c.seqlens_q.size() << " ";
-  if (c.kind == CaseKind::decode) {
-    os << lengths("q", c.seqlens_q) << " " << lengths("keys", c.seqlens_k) << " page=" << c.page_size;
+  if (c.kind == CaseKind::decode || c.seqlens_q != c.seqlens_k) {
+    os << lengths("q", c.seqlens_q) << " " << lengths("keys", c.seqlens_k);
+    if (c.page_size > 0) os << " page=" << c.page_size;
   } else {
     os << lengths("S", c.seqlens_q);
   }

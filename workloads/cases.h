@@ -17,6 +17,7 @@ enum class CaseKind {
   block_scores,    // indexer (and fused top-K)
   end_to_end,      // indexer + top-K + CSR + attention
   decode,          // sparse or dense paged decode
+  latency,         // host and GPU time per call of small problems, launches per call
 };
 const char* case_kind_name(CaseKind k);
 
@@ -38,7 +39,7 @@ struct BenchCase : CaseShape {
   std::vector<int64_t> seqlens_q;    // per request
   std::vector<int64_t> seqlens_k;    // per request
   bool dense = false;                // decode or prefill over every key (no selection)
-  int page_size = 0;                 // > 0: paged KV (decode cases)
+  int page_size = 0;                 // > 0: paged KV (decode cases, LAT-CHUNK)
   std::string kv_dtypes = "bf16";    // comma list of variants: "bf16", "fp8", "bf16,fp8", "fp8q", "nvfp4"
   std::string needs;                 // the GPU op the case needs, for "no backend" messages
 };

@@ -1,5 +1,5 @@
-// The GPU benchmarks of the indexer (IDX-32K), the whole pipeline (E2E-32K), the decode (DEC-*)
-// and the MQA logits (MQAL-*), as functions: called by their programs (bench_indexer, bench_pipeline, bench_decode)
+// The GPU benchmarks of the indexer (IDX-32K), the whole pipeline (E2E-32K), the decode (DEC-*),
+// the MQA logits (MQAL-*) and the latency cases (LAT-*), as functions: called by their programs (bench_indexer, bench_pipeline, bench_decode)
 // and by `msa bench --case NAME` (tools/cli). Each checks its results first, prints a table and
 // appends JSON records to a file when asked. CUDA builds only.
 #pragma once
@@ -43,4 +43,15 @@ struct LogitsBenchOptions {
 // failed, 2 for an unknown case or no GPU.
 int run_logits_bench(std::vector<std::string> names, const LogitsBenchOptions& o);
 
+struct LatencyBenchOptions {
+  int calls = 200;     // timed calls per op (host time: each alone; GPU time: back to back)
+  int warmup = 20;     // untimed calls first
+  std::string json;    // append one JSON record per case and op when set
+};
+// The LAT-* cases of bench/CASES.md (kind latency).
+std::vector<std::string> latency_case_names();
+// The named latency cases (all of them when `names` is empty): per op, host and GPU time per call
+// and the launches, memsets and other nodes of a CUDA graph capture of one call, after a check of
+// the outputs. Returns 0, 1 when a check failed, or 2 for an unknown case or no GPU.
+int run_latency_bench(std::vector<std::string> names, const LatencyBenchOptions& o);
 }  // namespace msa_bench

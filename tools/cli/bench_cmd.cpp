@@ -48,7 +48,7 @@ constexpr double kSlowSeconds = 600;
 // They time the named shapes; shape options make a custom shape, which they refuse.
 
 #ifdef MSA_CLI_GPU_BENCH
-enum class GpuRunner { none, sparse, indexer, pipeline, decode };
+enum class GpuRunner { none, sparse, indexer, pipeline, decode, latency };
 
 GpuRunner runner_of(const bench::BenchCase& c) {
   const std::vector<std::string>& sparse = msa_bench::sparse_case_names();
@@ -58,6 +58,7 @@ GpuRunner runner_of(const bench::BenchCase& c) {
     case bench::CaseKind::block_scores: return GpuRunner::indexer;
     case bench::CaseKind::end_to_end: return GpuRunner::pipeline;
     case bench::CaseKind::decode: return GpuRunner::decode;
+    case bench::CaseKind::latency: return GpuRunner::latency;
     default: return GpuRunner::none;
   }
 }
@@ -84,12 +85,17 @@ int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, const s
   if (!gpu_unavailable_reason().empty() || !gpu_case_gap(c).empty()) return -1;
 #ifdef MSA_CLI_GPU_BENCH
   const GpuRunner runner = runner_of(c);
-  std::printf("msa bench %s on the GPU: median of %d runs after %d warm-up runs, L2 flushed (%s) "
-              "before each, results checked first%s\n",
-              c.name.c_str(), b.gpu_iters, b.gpu_warmup, msa::bench::flush_name(),
-              runner == GpuRunner::sparse ? "; FlexAttention and cuDNN on the same selection: "
-                                            "bench/peers.py"
-                                          : "");
+  if (runner == GpuRunner::latency)
+    std::printf("msa bench %s on the GPU: per call, the median host time of calls on an idle stream "
+                "and the GPU time of calls back to back (no L2 flush), results checked first; FA4 "
+                "and cuDNN on the same shapes: bench/python_bench.py\n", c.name.c_str());
+  else
+    std::printf("msa bench %s on the GPU: median of %d runs after %d warm-up runs, L2 flushed (%s) "
+                "before each, results checked first%s\n",
+                c.name.c_str(), b.gpu_iters, b.gpu_warmup, msa::bench::flush_name(),
+                runner == GpuRunner::sparse ? "; FlexAttention and cuDNN on the same selection: "
+                                              "bench/peers.py"
+                                            : "");
   std::fflush(stdout);
   int rc = 2;
   if (runner == GpuRunner::sparse) {
@@ -98,6 +104,10 @@ int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, const s
     o.warmup = b.gpu_warmup;
     o.json_path = json;
     rc = msa_bench::run_sparse_case(c.name, o);
+  } else if (runner == GpuRunner::latency) {
+    msa_bench::LatencyBenchOptions o;
+    o.json = json;
+    rc = msa_bench::run_latency_bench({c.name}, o);
   } else if (runner == GpuRunner::decode) {
     msa_bench::DecodeBenchOptions o;
     o.iters = b.gpu_iters;
@@ -144,6 +154,7 @@ std::vector<OptionSpec> bench_specs() {
 // Why the CPU timing mode cannot run a case; empty when it can.
 std::string cpu_gap(const bench::BenchCase& c) {
   if (c.kind == bench::CaseKind::decode) return "the CPU timing mode covers prefill stages only";
+  if (c.kind == bench::CaseKind::latency) return "latency cases time GPU calls (host and launch costs)";
   if (c.kind == bench::CaseKind::block_scores && c.kv_dtypes != "bf16")
     return "the CPU timing mode runs bf16 inputs only";
   return "";
