@@ -13,6 +13,10 @@ namespace cpu {
 void block_scores(const BlockScoresArgs& a, const ProblemShape& s);
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s);
 void select_topk(const TopKArgs& a, const ProblemShape& s);
+// The pipeline's selection when top-K covers every visible block: each row of a.q2k ([H, total_q,
+// topk], H any head count) lists every visible block ascending, -1 padded (what block_topk
+// chooses then), without scoring; `s` is the index inputs' shape (block_topk's checks).
+void select_every_visible(const BlockTopKArgs& a, const ProblemShape& s);
 void mqa_logits(const MqaLogitsArgs& a);
 void paged_mqa_logits(const PagedMqaLogitsArgs& a);
 void token_topk(const TokenTopKArgs& a);
@@ -47,6 +51,10 @@ struct WorkspaceSource {
 void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t stream);
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream);
 void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream);
+// As cpu::select_every_visible; refuses what block_topk refuses on CUDA
+// (check_indexer_supported), so a call does not start to fail as its requests grow.
+void select_every_visible(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream);
+void check_indexer_supported(const BlockTopKArgs& a, const ProblemShape& s);
 void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s, cudaStream_t stream);
 size_t csr_workspace_bytes(int64_t hkv, int64_t total_rows, int64_t total_q, int64_t topk);
 // Plans the workspace once and checks the caller's against it (`src` names the size function).

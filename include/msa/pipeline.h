@@ -37,8 +37,9 @@ size_t pipeline_workspace_bytes(const PipelineArgs& args);
 // block_topk (index key heads other than the kv heads: block_scores then select_topk) then
 // attention_forward; q2k lives at the start of the workspace, where the caller
 // may read it after the call. When topk * kv_block_size covers the longest request the cache can
-// hold (flat: total_k; paged: max_pages * page_size), the selection is every visible block and
-// the attention runs dense (no q2k: the same keys without the k2q CSR and the sparse prep).
+// hold (flat: total_k; paged: max_pages * page_size), the selection is every visible block,
+// written without scoring (the index inputs are checked, not read), and the attention runs dense
+// (no q2k: the same keys without the k2q CSR and the sparse prep).
 void sparse_attention_pipeline(const PipelineArgs& args, cudaStream_t stream = nullptr);
 
 }  // namespace msa

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "api/indexer.h"
 #include "api/validate.h"
 #include "backend.h"
 
@@ -65,6 +66,19 @@ void block_scores(const BlockScoresArgs& a, cudaStream_t stream) {
   api::check_status_arg(a.status, device, "block_scores");
   if (device.type == DeviceType::cuda) return cuda::block_scores(a, s, stream);
   cpu::block_scores(a, s);
+}
+
+void api::select_every_visible(const BlockTopKArgs& a, int64_t num_kv_heads, cudaStream_t stream) {
+  ProblemShape s = check_indexer_inputs(a.q, a.kv, a.cu_seqlens_q, a.kv_block_size);
+  const Device device = a.q.values.device;
+  api::check_selection(a.topk, a.sink_blocks, a.local_blocks, a.kv_block_size);
+  ProblemShape rows = s;  // q2k has a row per kv head of the attention, not per index key head
+  rows.num_kv_heads = num_kv_heads;
+  MSA_CHECK(api::check_q2k(a.q2k, rows, device) == a.topk, "q2k: last dim must equal topk (",
+            a.topk, "), got ", a.q2k.describe());
+  api::check_status_arg(a.status, device, "sparse_attention_pipeline");
+  if (device.type == DeviceType::cuda) return cuda::select_every_visible(a, s, stream);
+  cpu::select_every_visible(a, s);
 }
 
 void block_topk(const BlockTopKArgs& a, cudaStream_t stream) {

@@ -6,6 +6,7 @@
 #include <climits>
 
 #include "api/attention.h"
+#include "api/indexer.h"
 #include "api/validate.h"
 #include "msa/topk.h"
 
@@ -75,7 +76,7 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
   // When top-K covers every block of the longest request the cache can hold, the selection is
   // every visible block (DESIGN section 3) and dense attention attends exactly those keys,
   // without the k2q CSR and the sparse prep chain (on CUDA ~20 launches: the bulk of a short
-  // call's time). The selection is still written for callers that read it.
+  // call's time). The selection is still written for callers that read it, without scoring.
   // (Malformed caches keep the selection: attention then names what is wrong.)
   const Tensor& table = a.kv.page_table;
   const bool flat = a.kv.layout == KVLayout::flat;
@@ -90,7 +91,7 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
       : flat       ? k.shape[0]
                    : product(table.shape[1], k.shape[a.kv.layout == KVLayout::paged_nhd ? 1 : 2]);
   if (key_bound < 0 || product(a.topk, a.params.kv_block_size) < key_bound) c.attend.q2k = q2k;
-  if (c.unfused) {
+  if (c.unfused && c.attend.q2k.defined()) {
     // [Hi, nblk, total_q] over the longest request the cache can hold, after q2k.
     const int64_t blk = a.params.kv_block_size > 0 ? a.params.kv_block_size : 1;
     const int64_t nblk = key_bound <= 0 ? 1 : (key_bound - 1) / blk + 1;
@@ -158,7 +159,12 @@ void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
     if (c.attend.q2k.defined()) c.attend.q2k.data = base;
     c.attend.workspace = attn_ws;
   }
-  if (c.unfused) {
+  if (!c.attend.q2k.defined()) {
+    // Dense: the selection is every visible block, written without scoring (on CUDA one launch
+    // instead of the indexer's; LAT-2K: the pipeline took 258 us with the indexer, dense attention
+    // alone 152 us).
+    api::select_every_visible(c.select, c.select.q2k.shape[0], stream);
+  } else if (c.unfused) {
     block_scores(c.scores, stream);
     select_topk(c.pick, stream);
   } else {

@@ -80,4 +80,22 @@ void select_topk(const TopKArgs& a, const ProblemShape& s) {
     }
 }
 
+void select_every_visible(const BlockTopKArgs& a, const ProblemShape& s) {
+  const std::vector<int64_t> q_start = host_offsets(a.cu_seqlens_q);
+  const std::vector<int64_t> key_len = host_key_lengths(a.kv, s);
+  const Tensor& q2k = a.q2k;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const int64_t lq = q_start[b + 1] - q_start[b];
+    for (int64_t i = 0; i < lq; ++i) {
+      const int64_t nvis = num_blocks(visible_key_end(i, lq, key_len[b], a.causal), s.kv_block_size);
+      MSA_CHECK(nvis <= a.topk, "sparse_attention_pipeline: batch ", b, " sees ", nvis,
+                " blocks, more than topk = ", a.topk, " (the selection of every visible block)");
+      for (int64_t h = 0; h < q2k.shape[0]; ++h) {
+        int32_t* out = q2k.ptr<int32_t>() + h * q2k.strides[0] + (q_start[b] + i) * q2k.strides[1];
+        for (int64_t k = 0; k < a.topk; ++k) out[k * q2k.strides[2]] = k < nvis ? int32_t(k) : -1;
+      }
+    }
+  }
+}
+
 }  // namespace msa::cpu

@@ -16,6 +16,10 @@ namespace {
 void block_scores(const BlockScoresArgs&, const ProblemShape&, cudaStream_t) { no_cuda("block_scores"); }
 void block_topk(const BlockTopKArgs&, const ProblemShape&, cudaStream_t) { no_cuda("block_topk"); }
 void select_topk(const TopKArgs&, const ProblemShape&, cudaStream_t) { no_cuda("select_topk"); }
+void select_every_visible(const BlockTopKArgs&, const ProblemShape&, cudaStream_t) {
+  no_cuda("sparse_attention_pipeline");
+}
+void check_indexer_supported(const BlockTopKArgs&, const ProblemShape&) { no_cuda("block_topk"); }
 void build_k2q_csr(const CsrBuildArgs&, const ProblemShape&, cudaStream_t) { no_cuda("build_k2q_csr"); }
 size_t csr_workspace_bytes(int64_t, int64_t, int64_t, int64_t) { return 0; }
 void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t, const WorkspaceSource&) {

@@ -55,6 +55,31 @@ void expect_same(const HostTensor& a, const HostTensor& b, const char* what) {
   EXPECT_EQ(0, std::memcmp(a.data<uint8_t>(), b.data<uint8_t>(), a.bytes())) << what << " differ";
 }
 
+// The selection of the serving geometry written out: block_scores on the index inputs (`index`'s
+// q and k, 64-key blocks, nblk of them), then select_topk (top-4) over p's kv heads.
+HostTensor selection_by_scores(const Problem& p, const Problem& index, const KVCache& kv, int64_t nblk) {
+  HostTensor scores(DType::f32, {index.hq, nblk, p.total_q()}), q2k(DType::i32, {p.hkv, p.total_q(), 4});
+  BlockScoresArgs sa;
+  sa.q = index.q.t;
+  sa.kv = kv;
+  sa.kv.k = index.k.t;
+  sa.kv.v = QTensor();
+  sa.cu_seqlens_q = p.cu_q.t;
+  sa.scores = scores.t;
+  sa.kv_block_size = 64;
+  block_scores(sa);
+  TopKArgs ta;
+  ta.scores = scores.t;
+  ta.cu_seqlens_q = p.cu_q.t;
+  ta.kv = kv;
+  ta.num_kv_heads = int(p.hkv);
+  ta.topk = 4;
+  ta.kv_block_size = 64;
+  ta.q2k = q2k.t;
+  select_topk(ta);
+  return q2k;
+}
+
 TEST(Pipeline, EqualsBlockTopKThenAttention) {
   struct Case {
     std::vector<int32_t> lq, lk;
@@ -153,25 +178,7 @@ TEST(Pipeline, IndexHeadsOfTheServingGeometry) {
   AttentionParams prm;
   prm.kv_block_size = 64;
   const KVCache kv = p.flat_kv();
-  HostTensor scores(DType::f32, {4, 16, p.total_q()}), q2k(DType::i32, {p.hkv, p.total_q(), 4});
-  BlockScoresArgs sa;
-  sa.q = index.q.t;
-  sa.kv = kv;
-  sa.kv.k = index.k.t;
-  sa.kv.v = QTensor();
-  sa.cu_seqlens_q = p.cu_q.t;
-  sa.scores = scores.t;
-  sa.kv_block_size = 64;
-  block_scores(sa);
-  TopKArgs ta;
-  ta.scores = scores.t;
-  ta.cu_seqlens_q = p.cu_q.t;
-  ta.kv = kv;
-  ta.num_kv_heads = int(p.hkv);
-  ta.topk = 4;
-  ta.kv_block_size = 64;
-  ta.q2k = q2k.t;
-  select_topk(ta);
+  const HostTensor q2k = selection_by_scores(p, index, kv, 16);
   Outputs want(p.q.t.dtype, p.total_q(), p.hq, p.dim);
   attention_forward(make_args(p, kv, want, &q2k, prm));
 
@@ -187,6 +194,40 @@ TEST(Pipeline, IndexHeadsOfTheServingGeometry) {
   EXPECT_EQ(0, std::memcmp(ws.data<uint8_t>(), q2k.data<uint8_t>(), q2k.bytes())) << "q2k";
 
   const Problem odd = make_problem({90, 60}, {1000, 900}, 3, 1, 64, 83);  // Hi 3 for Hkv 2
+  a.index_q = odd.q.t;
+  expect_error([&] { sparse_attention_pipeline(a); }, "Hi must be a multiple of Hkv");
+}
+
+// Short requests in the serving geometry (4 index heads on 1 index key head, 2 kv heads): top-K
+// covers every block, so the pipeline writes that selection without scoring and attends densely;
+// the q2k equals block_scores + select_topk's. The index inputs are still checked (an index_q of
+// another head dim is the indexer's error), and Hi must still be a multiple of Hkv.
+TEST(Pipeline, DenseSelectionInTheServingGeometry) {
+  const Problem p = make_problem({90, 0, 60}, {250, 10, 60}, 8, 2, 64, 84);  // <= 4 blocks of 64
+  const Problem index = make_problem({90, 0, 60}, {250, 10, 60}, 4, 1, 64, 85);
+  AttentionParams prm;
+  prm.kv_block_size = 64;
+  const KVCache kv = p.flat_kv();
+  const HostTensor q2k = selection_by_scores(p, index, kv, 4);
+  Outputs dense(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+  attention_forward(make_args(p, kv, dense, nullptr, prm));
+
+  Outputs o(p.q.t.dtype, p.total_q(), p.hq, p.dim);
+  PipelineArgs a = pipeline_args(p, kv, o, 4, prm);
+  a.index_q = index.q.t;
+  a.index_k = index.k.t;
+  HostTensor ws(DType::u8, {int64_t(pipeline_workspace_bytes(a))});
+  std::memset(ws.data<uint8_t>(), 0x5a, ws.bytes());  // every q2k entry must be written
+  a.workspace = ws.t;
+  sparse_attention_pipeline(a);
+  expect_same(o.out, dense.out, "out against dense attention");
+  expect_same(o.lse, dense.lse, "lse against dense attention");
+  EXPECT_EQ(0, std::memcmp(ws.data<uint8_t>(), q2k.data<uint8_t>(), q2k.bytes())) << "q2k";
+
+  const Problem other_dim = make_problem({90, 0, 60}, {250, 10, 60}, 4, 1, 32, 86);
+  a.index_q = other_dim.q.t;
+  expect_error([&] { sparse_attention_pipeline(a); }, "k: head dim must equal q's (32)");
+  const Problem odd = make_problem({90, 0, 60}, {250, 10, 60}, 3, 1, 64, 87);  // Hi 3 for Hkv 2
   a.index_q = odd.q.t;
   expect_error([&] { sparse_attention_pipeline(a); }, "Hi must be a multiple of Hkv");
 }

@@ -7,7 +7,8 @@
 // are gathered into shared memory with coalesced reads (scores is [Hq, nblk_max, total_q], tokens
 // innermost), then each warp selects for 4 of the tokens by repeated warp arg-max over 64-bit
 // keys. Sequences longer than one chunk carry the best picks so far into the next chunk, which
-// keeps the selection exact for any length.
+// keeps the selection exact for any length. Also the selection of the pipeline's dense case
+// (every visible block), written without scores.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -145,7 +146,51 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
   }
 }
 
+// Every visible block of token t, ascending, -1 padded: the selection when top-K covers them all
+// (nblk_max = topk, so a length past what the caller's shapes allow is reported, never written).
+__global__ void every_visible_kernel(TopKParams p, int64_t heads) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= p.total_q) return;
+  const int64_t nvis = visible_blocks(p, t);
+  for (int64_t h = 0; h < heads; ++h) {
+    int32_t* row = p.q2k + (h * p.total_q + t) * p.topk;
+    for (int k = 0; k < p.topk; ++k) row[k] = k < nvis ? k : -1;
+  }
+}
+
+// Key lengths of a flat cache or a page pool, as the kernels read them.
+KeyLengths key_lengths(const KVCache& kv, const ProblemShape& s) {
+  KeyLengths k;
+  if (kv.layout == KVLayout::flat) {
+    k.cu_seqlens_k = kv.cu_seqlens_k.ptr<int32_t>();
+  } else {
+    k.seqused_k = kv.seqused_k.defined() ? kv.seqused_k.ptr<int32_t>() : nullptr;
+    k.max_keys = s.max_pages * s.page_size;
+  }
+  return k;
+}
+
 }  // namespace
+
+void select_every_visible(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
+  check_indexer_supported(a, s);
+  if (s.total_q == 0 || a.q2k.shape[0] == 0) return;
+  TopKParams p{};
+  p.q2k = a.q2k.ptr<int32_t>();
+  p.cu_seqlens_q = a.cu_seqlens_q.ptr<int32_t>();
+  p.keys = key_lengths(a.kv, s);
+  p.status = a.status.ptr<int32_t>();
+  p.total_q = s.total_q;
+  p.nblk_max = a.topk;
+  p.batch = s.batch;
+  p.topk = a.topk;
+  p.blk = a.kv_block_size;
+  p.causal = a.causal;
+  constexpr int kThreads = 128;
+  every_visible_kernel<<<unsigned((s.total_q + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      p, a.q2k.shape[0]);
+  MSA_CUDA_CHECK_LAUNCH();
+}
 
 void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
   MSA_CHECK(a.topk <= kMaxTopK, "topk: at most ", kMaxTopK, " on CUDA, got ", a.topk);
@@ -156,12 +201,7 @@ void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream) 
   p.scores = a.scores.ptr<float>();
   p.q2k = a.q2k.ptr<int32_t>();
   p.cu_seqlens_q = a.cu_seqlens_q.ptr<int32_t>();
-  if (a.kv.layout == KVLayout::flat) {
-    p.keys.cu_seqlens_k = a.kv.cu_seqlens_k.ptr<int32_t>();
-  } else {
-    p.keys.seqused_k = a.kv.seqused_k.defined() ? a.kv.seqused_k.ptr<int32_t>() : nullptr;
-    p.keys.max_keys = s.max_pages * s.page_size;
-  }
+  p.keys = key_lengths(a.kv, s);
   p.status = a.status.ptr<int32_t>();
   p.total_q = s.total_q;
   p.nblk_max = a.scores.shape[1];

@@ -212,9 +212,13 @@ void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t 
   launch(a.q, a.kv, s, p, stream);
 }
 
-void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
+void check_indexer_supported(const BlockTopKArgs& a, const ProblemShape& s) {
   check_supported(a.q, a.kv, s, a.kv_block_size, "block_topk");
   MSA_CHECK(a.topk <= kMaxPicks, "topk: at most ", kMaxPicks, " on CUDA, got ", a.topk);
+}
+
+void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
+  check_indexer_supported(a, s);
   Params p = make_params(a.q, a.kv, a.cu_seqlens_q, s, a.causal, a.status);
   p.q2k = a.q2k.ptr<int32_t>();
   p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
