@@ -85,6 +85,11 @@ std::vector<BenchCase> make_cases() {
   v.push_back(idx8);
   v.push_back(prefill("E2E-32K", CaseKind::end_to_end, "indexer + top-K + CSR + attention, end to end",
                       32768, Pattern::idx, kNeedsE2e));
+  // The index branch of MiniMax-M3 (4 FP8 index heads on 1 index key head; attention 64/4): the
+  // indexer stage is IDX-32K-M3-fp8.
+  v.push_back(prefill("E2E-32K-M3", CaseKind::end_to_end,
+                      "indexer (4 FP8 index heads on 1 key head) + top-K + CSR + attention", 32768,
+                      Pattern::idx, kNeedsE2e));
   v.push_back(decode("DEC-B32", "sparse decode", 32, 1, {16384}, kNeedsDecode));
   BenchCase dense = decode("DEC-B32-dense", "dense paged decode", 32, 1, {16384}, kNeedsDenseDecode);
   dense.dense = true;

@@ -1,6 +1,8 @@
 // The pipeline benchmark (gpu_benches.h; programs: bench_pipeline, `msa bench`): bench/CASES.md's
 // E2E-32K, the fused indexer + top-K, then sparse attention with its CSR build, timed as one
-// sparse_attention_pipeline call and stage by stage, one record (bench/SCHEMA.md) each. Checked
+// sparse_attention_pipeline call and stage by stage, one record (bench/SCHEMA.md) each; with
+// o.m3, E2E-32K-M3 (the index branch of 4 FP8 index heads on 1 index key head: block scores and
+// top-K per kv head, whose stage record is IDX-32K-M3-fp8). Checked
 // first: sampled (token, head) rows of out / lse against an fp64 host computation over the keys
 // the GPU's own selection attends. bench/peers.py times cuDNN dense causal on the same shape from
 // the pipeline's record.
@@ -42,6 +44,27 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   a.out = gpu_view(out.get(), DType::bf16, {S, o.hq, D});
   a.lse = gpu_view(lse.get(), DType::f32, {o.hq, S});
   a.status = gpu_view(status.get(), DType::i32, {4});
+  // --index m3: the index branch, 4 index heads on 1 index key head, N(0, 1) draws quantized to
+  // FP8 per token on the GPU.
+  constexpr int64_t kIndexHeads = 4;
+  DeviceBuffer iq8 = gpu_buffer(size_t(S * kIndexHeads * D)), iqs = gpu_buffer(size_t(S) * 4),
+               ik8 = gpu_buffer(size_t(S * D)), iks = gpu_buffer(size_t(S) * 4);
+  if (o.m3) {
+    std::vector<uint16_t> h(size_t(S * kIndexHeads * D));
+    fill_normal_bf16(h.data(), int64_t(h.size()), 2, 3);
+    const DeviceBuffer iq = DeviceBuffer::from_host(h, s);
+    h.resize(size_t(S * D));
+    fill_normal_bf16(h.data(), int64_t(h.size()), 2, 4);
+    const DeviceBuffer ik = DeviceBuffer::from_host(h, s);
+    a.index_q = msa::QTensor(gpu_view(iq8.get(), DType::fp8_e4m3, {S, kIndexHeads, D}),
+                             gpu_view(iqs.get(), DType::f32, {S}));
+    a.index_k = msa::QTensor(gpu_view(ik8.get(), DType::fp8_e4m3, {S, 1, D}),
+                             gpu_view(iks.get(), DType::f32, {S}));
+    msa::quantize(gpu_view(iq.get(), DType::bf16, {S, kIndexHeads, D}), msa::QuantFormat::fp8_per_token,
+                  a.index_q, s);
+    msa::quantize(gpu_view(ik.get(), DType::bf16, {S, 1, D}), msa::QuantFormat::fp8_per_token, a.index_k, s);
+    MSA_BENCH_CUDA(cudaStreamSynchronize(s));  // the bf16 draws are freed on return
+  }
   const DeviceBuffer ws = gpu_buffer(msa::pipeline_workspace_bytes(a));
   a.workspace = gpu_view(ws.get(), DType::u8, {int64_t(ws.bytes())});
 
@@ -90,7 +113,26 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   std::printf("check: 8 sampled rows, out rel L2 %.2e, lse max abs %.2e: %s\n", worst_rel, worst_lse,
               ok ? "ok" : "FAILED");
 
-  // Stage by stage, on the same buffers: the fused selection, then attention on its q2k.
+  // Stage by stage, on the same buffers: the fused selection (M3: block scores of the 4 index
+  // heads, then top-K per kv head, as the pipeline runs them), then attention on its q2k.
+  const int64_t nblk = (S + blk - 1) / blk;
+  const DeviceBuffer m3_scores = gpu_buffer(o.m3 ? size_t(kIndexHeads * nblk * S) * 4 : 0);
+  msa::BlockScoresArgs m3s;
+  m3s.q = a.index_q;
+  m3s.kv = a.kv;
+  m3s.kv.k = a.index_k;
+  m3s.kv.v = msa::QTensor();
+  m3s.cu_seqlens_q = a.cu_seqlens_q;
+  m3s.scores = gpu_view(m3_scores.get(), DType::f32, {kIndexHeads, nblk, S});
+  m3s.status = a.status;
+  msa::TopKArgs m3t;
+  m3t.scores = m3s.scores;
+  m3t.cu_seqlens_q = a.cu_seqlens_q;
+  m3t.kv = a.kv;
+  m3t.num_kv_heads = int(o.hkv);
+  m3t.topk = a.topk;
+  m3t.q2k = gpu_view(ws.get(), DType::i32, {o.hkv, S, o.topk});
+  m3t.status = a.status;
   msa::BlockTopKArgs sel;
   sel.q = a.q;
   sel.kv = a.kv;
@@ -112,14 +154,23 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   att.workspace = gpu_view(att_ws.get(), DType::u8, {int64_t(att_ws.bytes())});
 
   const Timing te = time_op([&] { msa::sparse_attention_pipeline(a, s); }, o.warmup, o.iters, s, &flush, "pipeline");
-  const Timing ts = time_op([&] { msa::block_topk(sel, s); }, o.warmup, o.iters, s, &flush, "block_topk");
+  const Timing ts = o.m3 ? time_op([&] { msa::block_scores(m3s, s); msa::select_topk(m3t, s); }, o.warmup,
+                                    o.iters, s, &flush, "block_scores + select_topk")
+                         : time_op([&] { msa::block_topk(sel, s); }, o.warmup, o.iters, s, &flush, "block_topk");
   const Timing ta = time_op([&] { msa::attention_forward(att, s); }, o.warmup, o.iters, s, &flush,
                             "attention_forward");
   msa::check_status(a.status, s);
-  std::printf("%-26s %9s %9s %9s   (%s partials, L2 flush: %s)\n", "E2E-32K stage", "median_ms",
+  const std::string name = o.m3 ? "E2E-32K-M3" : "E2E-32K";
+  std::printf("%-26s %9s %9s %9s   (%s partials, L2 flush: %s)\n", (name + " stage").c_str(), "median_ms",
               "min_ms", "max_ms", msa::dtype_name(o.partial), flush_name());
   std::printf("%-26s %9.3f %9.3f %9.3f\n", "pipeline (one call)", te.median, te.min, te.max);
-  std::printf("%-26s %9.3f %9.3f %9.3f\n", "  indexer + top-K (fused)", ts.median, ts.min, ts.max);
+  // M3: the index branch's FLOP, 2 D Hi per visible pair.
+  const double m3_flop = 2.0 * double(D) * kIndexHeads * double(S) * double(S + 1) / 2;
+  if (o.m3)
+    std::printf("%-26s %9.3f %9.3f %9.3f   IDX-32K-M3-fp8: %.1f TFLOP/s\n",
+                "  block scores + top-K", ts.median, ts.min, ts.max, m3_flop / (ts.median * 1e9));
+  else
+    std::printf("%-26s %9.3f %9.3f %9.3f\n", "  indexer + top-K (fused)", ts.median, ts.min, ts.max);
   std::printf("%-26s %9.3f %9.3f %9.3f\n", "  CSR + sparse attention", ta.median, ta.min, ta.max);
   if (!o.json.empty()) {
     SelectionShape shape;
@@ -127,11 +178,20 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
     shape.num_kv_heads = int(o.hkv);
     shape.topk = int(o.topk);
     const PairCounts pairs = count_pairs(q2k, shape, int(G));  // on the GPU's own selection
-    const BenchCase bc = case_as_run("E2E-32K", o);
+    const BenchCase bc = case_as_run(name, o);
     const std::pair<Op, Timing> timed[] = {{Op::pipeline, te}, {Op::block_topk, ts}, {Op::attention_forward, ta}};
     for (const auto& [op, x] : timed) {
-      const OpCount n = count_op(op, op_shape(shape, int(o.hq), int(D)), pairs);
-      Json r = new_record("E2E-32K", op_name(op));
+      OpCount n = count_op(op, op_shape(shape, int(o.hq), int(D)), pairs);
+      const bool m3_stage = o.m3 && op == Op::block_topk;
+      Json r = m3_stage ? new_record("IDX-32K-M3-fp8", "block_scores+select_topk") : new_record(name, op_name(op));
+      if (o.m3 && op != Op::attention_forward) {  // the index branch's FLOP instead of 64 heads'
+        const double attn = count_op(Op::attention_forward, op_shape(shape, int(o.hq), int(D)), pairs).flop;
+        n.flop = op == Op::pipeline ? attn + m3_flop : m3_flop;
+        n.bytes = 0;  // not counted for the index branch
+        r["index_heads"] = kIndexHeads;
+        r["index_key_heads"] = 1;
+        r["index_dtype"] = "fp8_e4m3";
+      }
       add_shape(r, bc);
       add_dtypes(r, "bf16", "bf16");
       if (op != Op::block_topk) r["partial"] = msa::dtype_name(o.partial);

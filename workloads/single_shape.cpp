@@ -29,6 +29,11 @@ RunOptions parse_run_options(int argc, char** argv, const char* program, bool fp
       MSA_CHECK(sv == "token" || sv == "tensor", program, ": --fp8-scales must be token or tensor, got ", sv);
       o.fp8_per_tensor = sv == "tensor";
     }
+    else if (k == "--index" && partial_allowed) {
+      const std::string sv = v;
+      MSA_CHECK(sv == "m3" || sv == "shared", program, ": --index must be m3 or shared, got ", sv);
+      o.m3 = sv == "m3";
+    }
     else if (k == "--partial" && partial_allowed) {
       const std::string sv = v;
       MSA_CHECK(sv == "bf16" || sv == "f32", program, ": --partial must be bf16 or f32, got ", sv);

@@ -27,6 +27,9 @@ struct RunOptions {
   // The attention's partial outputs (AttentionParams::partial_dtype): bf16 as in bench_sparse_fwd,
   // or f32 (the library default); `--partial` only where `partial_allowed` (bench_pipeline).
   DType partial = DType::bf16;
+  // bench_pipeline `--index m3`: E2E-32K-M3's index branch (4 FP8 index heads on 1 index key
+  // head, per-token scales) instead of scoring with q and k.
+  bool m3 = false;
 };
 
 RunOptions parse_run_options(int argc, char** argv, const char* program, bool fp8_allowed,

@@ -121,6 +121,7 @@ int dispatch_gpu_case(const bench::BenchCase& c, const BenchSettings& b, const s
     o.hkv = c.num_kv_heads;
     o.topk = c.topk;
     o.fp8 = c.kv_dtypes == "fp8";
+    o.m3 = c.name == "E2E-32K-M3";
     o.iters = b.gpu_iters;
     o.warmup = b.gpu_warmup;
     o.json = json;
