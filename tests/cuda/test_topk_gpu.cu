@@ -124,6 +124,25 @@ TEST(TopKGpu, LongerThanOneChunk) {
   run_case(c);
 }
 
+// Around the register path's bound: CTAs whose tokens see at most 256 blocks take it, the
+// others the shared-memory passes; 256 and 257 blocks of 64 in one batch, mostly tied scores.
+TEST(TopKGpu, AroundTheRegisterPathBound) {
+  MSA_REQUIRE_GPU();
+  TopKCase c;
+  c.lq = {33, 40, 64};
+  c.lk = {16384, 16448, 16416};  // 256, 257 and 257 blocks of 64 (the last one partial)
+  c.blk = 64;
+  c.hq = 4;
+  c.hkv = 4;
+  c.topk = 64;
+  c.sink = 1;
+  c.local = 2;
+  run_case(c);
+  c.score_levels = 2;
+  c.topk = 17;
+  run_case(c);
+}
+
 TEST(TopKGpu, EdgeShapes) {
   MSA_REQUIRE_GPU();
   TopKCase c;

@@ -101,6 +101,36 @@ __device__ void select_in_chunk(TopKSmem& s, const TopKParams& p, int tok, int64
   __syncwarp();
 }
 
+// Tokens whose CTA sees at most kSmallBlocks blocks (32K keys of 128) skip the chunk machinery:
+// each lane keeps the keys of its kSmallBlocks / 32 candidates in registers, and each pick is one
+// warp max plus a compare, instead of a rescan of shared memory with the picked bits. The picks
+// are those of select_in_chunk (keys are distinct, so each pass removes exactly its winner).
+// IDX-32K-M3-fp8's select_topk (4 lists of <= 256 blocks per token): 2.18 -> 0.94 ms.
+constexpr int kSmallBlocks = 256;
+constexpr int kSmallPerLane = kSmallBlocks / 32;
+
+__device__ void select_small(TopKSmem& s, const TopKParams& p, int tok, int64_t clen, int64_t nvis,
+                             int want, int lane) {
+  uint64_t key[kSmallPerLane];
+#pragma unroll
+  for (int u = 0; u < kSmallPerLane; ++u) {
+    const int64_t kb = lane + 32 * u;
+    key[u] = kb < clen && kb < nvis && !is_forced(p.rule, kb, nvis)
+                 ? rank_key(s.gs[kb * kPitch + tok], kb)
+                 : 0;
+  }
+  for (int i = 0; i < want; ++i) {
+    uint64_t mine = 0;
+#pragma unroll
+    for (int u = 0; u < kSmallPerLane; ++u) mine = key[u] > mine ? key[u] : mine;
+    const uint64_t top = warp_max_u64(mine);  // 0: fewer candidates than wanted
+#pragma unroll
+    for (int u = 0; u < kSmallPerLane; ++u) key[u] = key[u] == top ? 0 : key[u];
+    if (lane == 0) s.best[tok][i] = top;
+  }
+  __syncwarp();
+}
+
 __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   TopKSmem& s = *reinterpret_cast<TopKSmem*>(smem_raw);
@@ -131,7 +161,8 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
       if (nvis <= 0) continue;
       const int want = p.topk - forced_count(p.rule, nvis);
       if (want <= 0 || c0 >= nvis) continue;
-      select_in_chunk(s, p, tok, c0, clen, nvis, want, carried[r], lane, warp);
+      if (chunk_end <= kSmallBlocks) select_small(s, p, tok, clen, nvis, want, lane);
+      else select_in_chunk(s, p, tok, c0, clen, nvis, want, carried[r], lane, warp);
       carried[r] = want;
     }
     __syncthreads();
