@@ -125,7 +125,8 @@ TEST(TopKGpu, LongerThanOneChunk) {
 }
 
 // Around the register path's bound: CTAs whose tokens see at most 256 blocks take it, the
-// others the shared-memory passes; 256 and 257 blocks of 64 in one batch, mostly tied scores.
+// others the shared-memory passes (256 and 257 blocks of 64 in one launch); scores of at most
+// 256 blocks run the small-chunk kernel. Random and mostly tied scores.
 TEST(TopKGpu, AroundTheRegisterPathBound) {
   MSA_REQUIRE_GPU();
   TopKCase c;
@@ -140,6 +141,11 @@ TEST(TopKGpu, AroundTheRegisterPathBound) {
   run_case(c);
   c.score_levels = 2;
   c.topk = 17;
+  run_case(c);
+  c.lk = {16384, 16000, 16383};  // at most 256 blocks: the small-chunk kernel at its bound
+  run_case(c);
+  c.score_levels = 0;
+  c.topk = 64;
   run_case(c);
 }
 

@@ -26,6 +26,8 @@ constexpr int kWarps = 8;
 constexpr int kChunk = 1024;         // blocks of group scores held in shared memory at once
 constexpr int kPitch = kTokens + 1;  // padded row: lanes reading one token's column hit 32 banks
 constexpr int kMaxTopK = 64;
+constexpr int kSmallBlocks = 256;    // the register path's bound (select_small)
+constexpr int kSmallPerLane = kSmallBlocks / 32;
 
 struct TopKParams {
   const float* scores;         // [Hq, nblk_max, total_q] contiguous
@@ -39,9 +41,12 @@ struct TopKParams {
   bool causal;
 };
 
+// Shared memory of a kernel whose chunks hold up to kChunkBlocks blocks: kChunk, or kSmallBlocks
+// when no request has more (then 4 CTAs fit an SM instead of 1).
+template <int kChunkBlocks>
 struct TopKSmem {
-  float gs[kChunk * kPitch];                  // group scores [block in chunk][token]
-  uint32_t picked[kTokens][kChunk / 32];      // chunk blocks already taken in this pass
+  float gs[kChunkBlocks * kPitch];             // group scores [block in chunk][token]
+  uint32_t picked[kTokens][kChunkBlocks / 32]; // chunk blocks already taken in this pass
   uint64_t best[kTokens][kMaxTopK];           // best picks of earlier chunks (keys)
   uint64_t next[kWarps][kMaxTopK];            // picks of the running pass, per warp
   int32_t nvis[kTokens];
@@ -69,9 +74,10 @@ __device__ int64_t visible_blocks(const TopKParams& p, int64_t t) {
 
 // One pass over a chunk for token `tok` (warp-cooperative): choose the `want` best among the
 // chunk's non-forced visible blocks and the carried best picks; leaves them in s.best[tok].
-__device__ void select_in_chunk(TopKSmem& s, const TopKParams& p, int tok, int64_t c0, int64_t clen,
+template <typename Smem>
+__device__ void select_in_chunk(Smem& s, const TopKParams& p, int tok, int64_t c0, int64_t clen,
                                 int64_t nvis, int want, int carried, int lane, int warp) {
-  for (int w = lane; w < kChunk / 32; w += 32) s.picked[tok][w] = 0;
+  for (int w = lane; w < int(sizeof(s.picked[0]) / 4); w += 32) s.picked[tok][w] = 0;
   uint64_t carried_mask = 0;  // bit i: carried pick i already taken this pass
   __syncwarp();
   for (int i = 0; i < want; ++i) {
@@ -105,11 +111,11 @@ __device__ void select_in_chunk(TopKSmem& s, const TopKParams& p, int tok, int64
 // each lane keeps the keys of its kSmallBlocks / 32 candidates in registers, and each pick is one
 // warp max plus a compare, instead of a rescan of shared memory with the picked bits. The picks
 // are those of select_in_chunk (keys are distinct, so each pass removes exactly its winner).
-// IDX-32K-M3-fp8's select_topk (4 lists of <= 256 blocks per token): 2.18 -> 0.94 ms.
-constexpr int kSmallBlocks = 256;
-constexpr int kSmallPerLane = kSmallBlocks / 32;
+// IDX-32K-M3-fp8's select_topk (4 lists of <= 256 blocks per token): 2.18 -> 0.94 ms (0.56 ms
+// with the small-chunk kernel, below).
 
-__device__ void select_small(TopKSmem& s, const TopKParams& p, int tok, int64_t clen, int64_t nvis,
+template <typename Smem>
+__device__ void select_small(Smem& s, const TopKParams& p, int tok, int64_t clen, int64_t nvis,
                              int want, int lane) {
   uint64_t key[kSmallPerLane];
 #pragma unroll
@@ -131,9 +137,10 @@ __device__ void select_small(TopKSmem& s, const TopKParams& p, int tok, int64_t 
   __syncwarp();
 }
 
+template <int kChunkBlocks>
 __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  TopKSmem& s = *reinterpret_cast<TopKSmem*>(smem_raw);
+  auto& s = *reinterpret_cast<TopKSmem<kChunkBlocks>*>(smem_raw);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t h = blockIdx.y, t0 = int64_t(blockIdx.x) * kTokens;
   if (threadIdx.x < kTokens) s.nvis[threadIdx.x] = int32_t(visible_blocks(p, t0 + threadIdx.x));
@@ -142,8 +149,8 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
   for (int tk = 0; tk < kTokens; ++tk) chunk_end = s.nvis[tk] > chunk_end ? s.nvis[tk] : chunk_end;
 
   int carried[kTokens / kWarps] = {};
-  for (int64_t c0 = 0; c0 < chunk_end; c0 += kChunk) {
-    const int64_t clen = chunk_end - c0 < kChunk ? chunk_end - c0 : kChunk;
+  for (int64_t c0 = 0; c0 < chunk_end; c0 += kChunkBlocks) {
+    const int64_t clen = chunk_end - c0 < kChunkBlocks ? chunk_end - c0 : kChunkBlocks;
     // Gather group scores: rows (block) split across warps, tokens across lanes (coalesced).
     const int64_t t = t0 + lane;
     for (int64_t j = warp; j < clen; j += kWarps) {
@@ -242,10 +249,14 @@ void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream) 
   p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
   p.blk = a.kv_block_size;
   p.causal = a.causal;
-  const size_t smem = sizeof(TopKSmem);
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  // Scores of at most kSmallBlocks blocks (nblk_max bounds every token's): the small-chunk
+  // kernel, whose 54 KB let 4 CTAs share an SM (the 1024-block chunks take 155 KB, one CTA).
+  const bool small = p.nblk_max <= kSmallBlocks;
+  const size_t smem = small ? sizeof(TopKSmem<kSmallBlocks>) : sizeof(TopKSmem<kChunk>);
+  auto* kernel = small ? topk_kernel<kSmallBlocks> : topk_kernel<kChunk>;
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((s.total_q + kTokens - 1) / kTokens), unsigned(s.num_kv_heads));
-  topk_kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
