@@ -61,18 +61,20 @@ def _block_topk(q: Tensor, q_scale: Optional[Tensor], k: Tensor, k_scale: Option
                 cu_seqlens_q: Tensor, cu_seqlens_k: Optional[Tensor],
                 page_table: Optional[Tensor], seqused_k: Optional[Tensor], kv_layout: str,
                 q_global_scale: float, k_global_scale: float, topk: int, sink_blocks: int,
-                local_blocks: int, causal: bool, kv_block_size: int, check: Optional[bool],
-                stream: Optional[int]) -> Tensor:
+                local_blocks: int, causal: bool, kv_block_size: int, num_kv_heads: int,
+                check: Optional[bool], stream: Optional[int]) -> Tensor:
     return block_topk_eager(q, q_scale, q_global_scale, k, k_scale, k_global_scale,
                             cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, kv_layout, topk,
-                            sink_blocks, local_blocks, causal, kv_block_size, None, stream, check)
+                            sink_blocks, local_blocks, causal, kv_block_size, None, stream, check,
+                            num_kv_heads)
 
 
 @_block_topk.register_fake
 def _(q, q_scale, k, k_scale, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, kv_layout,
       q_global_scale, k_global_scale, topk, sink_blocks, local_blocks, causal, kv_block_size,
-      check, stream):
-    return q.new_empty((k.shape[kv_heads_dim(kv_layout)], q.shape[0], topk), dtype=torch.int32)
+      num_kv_heads, check, stream):
+    rows = num_kv_heads or k.shape[kv_heads_dim(kv_layout)]
+    return q.new_empty((rows, q.shape[0], topk), dtype=torch.int32)
 
 
 def block_topk(*args: Any) -> Tensor:

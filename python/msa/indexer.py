@@ -110,7 +110,8 @@ def block_topk(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
                page_table: Any = None, seqused_k: Any = None, kv_layout: Optional[str] = None,
                topk: int = 16, sink_blocks: int = 1, local_blocks: int = 1, causal: bool = True,
                kv_block_size: int = 128, q_scale: Any = None, q_global_scale: float = 1.0,
-               k_scale: Any = None, k_global_scale: float = 1.0, out: Any = None,
+               k_scale: Any = None, k_global_scale: float = 1.0,
+               num_kv_heads: Optional[int] = None, out: Any = None,
                stream: Any = None, check: Optional[bool] = None) -> Any:
     """The indexer fused with top-K selection: ``q2k [Hkv, total_q, topk]`` int32.
 
@@ -121,30 +122,38 @@ def block_topk(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     toward the lower id; rows ascending, -1 padded). Nothing is read on the host. CUDA:
     bf16/f16/fp8_e4m3, D = 128, ``kv_block_size`` 128, ``topk <= 64``; other inputs raise
     `MsaError` naming the feature. ``out``: a preallocated q2k.
+    ``num_kv_heads``: the selection heads (q2k's first dim), default k's heads; a multiple of
+    them dividing Hq selects by groups of Hq / num_kv_heads consecutive query heads (e.g. 4
+    index heads on 1 key head with ``num_kv_heads=4``: each head its own selection), the ids of
+    `select_topk` with that ``num_kv_heads`` on `block_scores`' output (CPU only so far).
     """
     layout = layout_name(kv_layout, page_table)
     _check_inputs(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, q_scale, k_scale, out)
     topk = count(topk, "topk", lo=1)
+    num_kv_heads = 0 if num_kv_heads is None else count(num_kv_heads, "num_kv_heads", lo=1)
     if out is None and compiling():
         from . import _torch_ops
         qv, qs, qg = unpack(q, q_scale, q_global_scale)
         kv_, ks, kg = unpack(k, k_scale, k_global_scale)
         return _torch_ops.block_topk(qv, qs, kv_, ks, cu_seqlens_q, cu_seqlens_k, page_table,
                                      seqused_k, layout, float(qg), float(kg), topk, sink_blocks,
-                                     local_blocks, causal, kv_block_size, check, stream)
+                                     local_blocks, causal, kv_block_size, num_kv_heads, check,
+                                     stream)
     return block_topk_eager(q, q_scale, q_global_scale, k, k_scale, k_global_scale, cu_seqlens_q,
                             cu_seqlens_k, page_table, seqused_k, layout, topk, sink_blocks,
-                            local_blocks, causal, kv_block_size, out, stream, check)
+                            local_blocks, causal, kv_block_size, out, stream, check,
+                            num_kv_heads)
 
 
 def block_topk_eager(q, q_scale, q_global_scale, k, k_scale, k_global_scale, cu_seqlens_q,
                      cu_seqlens_k, page_table, seqused_k, layout, topk, sink_blocks,
-                     local_blocks, causal, kv_block_size, out, stream, check) -> Any:
+                     local_blocks, causal, kv_block_size, out, stream, check,
+                     num_kv_heads=0) -> Any:
     q, q_scale, q_global_scale = unpack(q, q_scale, q_global_scale)
     total_q = dims(q, "q", 3, "[total_q, Hq, D]")[0]
     if out is None:
-        out = new_output(q, (kv_heads_of(k, layout), total_q, topk), "i32", "q2k",
-                         f"topk = {topk}")
+        rows = num_kv_heads or kv_heads_of(k, layout)
+        out = new_output(q, (rows, total_q, topk), "i32", "q2k", f"topk = {topk}")
     st = stream_of(q, stream)
     status = status_for(q)
     _C.block_topk(q=arg(q), q_scale=arg(q_scale), q_global_scale=float(q_global_scale),

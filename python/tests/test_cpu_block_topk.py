@@ -45,6 +45,23 @@ def test_equals_select_topk_of_block_scores(case, causal):
                                                        causal=causal))
 
 
+@pytest.mark.parametrize("rows", [2, 4])
+def test_selection_heads_finer_than_key_heads(rows):
+    # The serving geometry: 4 index heads on 1 key head, each its own selection (num_kv_heads=4)
+    # or two pairs (2): select_topk with that num_kv_heads on the same scores.
+    rng = np.random.default_rng(140 + rows)
+    q, k, _, cu_q, cu_k = ref.problem(rng, [1, 37, 0, 20], [300, 700, 50, 0], 4, 1, 32)
+    q2k = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=3, kv_block_size=64,
+                         num_kv_heads=rows)
+    want = _unfused(q, k, cu_q, num_kv_heads=rows, topk=3, sink=1, local=1, causal=True, blk=64,
+                    cu_seqlens_k=cu_k)
+    assert q2k.shape == (rows, 58, 3)
+    np.testing.assert_array_equal(q2k, want)
+    with pytest.raises(msa.MsaError, match=r"q2k: its first dim \(selection heads\) must be k's "
+                       r"heads \(1\) or a multiple of them dividing q's heads \(4\)"):
+        msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=3, kv_block_size=64, num_kv_heads=3)
+
+
 @pytest.mark.parametrize("layout", ["paged_nhd", "paged_hnd"])
 def test_paged_equals_flat(layout):
     rng = np.random.default_rng(101)

@@ -60,8 +60,8 @@ def test_block_topk_custom_op():
                            local=2, blk=64)
     assert torch.equal(q2k, want)
     assert torch.equal(torch.compile(run, fullgraph=True, backend="eager")(q, k, cu_q, cu_k), want)
-    args = (q, None, k, None, cu_q, cu_k, None, None, "flat", 1.0, 1.0, 3, 1, 2, True, 64, True,
-            None)
+    args = (q, None, k, None, cu_q, cu_k, None, None, "flat", 1.0, 1.0, 3, 1, 2, True, 64, 0,
+            True, None)
     torch.library.opcheck(torch.ops.msa.block_topk.default, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))

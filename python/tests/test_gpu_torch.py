@@ -68,7 +68,7 @@ def test_block_topk_compiles_and_passes_opcheck():
     want = ref.select_topk(ref.block_scores(q, k, cu_q, cu_k), cu_q, LK, hkv=HKV, topk=TOPK)
     assert torch.equal(got, want)
     args = (q, None, k, None, cu_q, cu_k, None, None, "flat", 1.0, 1.0, TOPK, 1, 1, True, BLK,
-            True, None)
+            0, True, None)
     torch.library.opcheck(torch.ops.msa.block_topk.default, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))

@@ -85,7 +85,18 @@ void block_topk(const BlockTopKArgs& a, cudaStream_t stream) {
   ProblemShape s = check_indexer_inputs(a.q, a.kv, a.cu_seqlens_q, a.kv_block_size);
   const Device device = a.q.values.device;
   api::check_selection(a.topk, a.sink_blocks, a.local_blocks, a.kv_block_size);
-  s.topk = api::check_q2k(a.q2k, s, device);
+  // Selection rows: k's heads, or a multiple of them dividing Hq (q2k's first dim).
+  ProblemShape rows = s;
+  if (a.q2k.defined() && a.q2k.ndim == 3 && a.q2k.shape[0] != s.num_kv_heads) {
+    const int64_t hsel = a.q2k.shape[0], g = hsel > 0 ? s.num_q_heads / hsel : 0;
+    MSA_CHECK(hsel > 0 && hsel % s.num_kv_heads == 0 && s.num_q_heads % hsel == 0 &&
+                  (g == 1 || g == 2 || g == 4 || g == 8 || g == 16),
+              "q2k: its first dim (selection heads) must be k's heads (", s.num_kv_heads,
+              ") or a multiple of them dividing q's heads (", s.num_q_heads,
+              ") in groups of 1, 2, 4, 8 or 16, got ", a.q2k.describe());
+    rows.num_kv_heads = hsel;
+  }
+  s.topk = api::check_q2k(a.q2k, rows, device);
   MSA_CHECK(s.topk == a.topk, "q2k: last dim must equal topk (", a.topk, "), got ", a.q2k.describe());
   api::check_status_arg(a.status, device, "block_topk");
   if (device.type == DeviceType::cuda) return cuda::block_topk(a, s, stream);

@@ -28,7 +28,7 @@ void block_topk(const BlockTopKArgs& a, const ProblemShape& s) {
   ta.scores = scores;
   ta.cu_seqlens_q = a.cu_seqlens_q;
   ta.kv = a.kv;
-  ta.num_kv_heads = int(s.num_kv_heads);
+  ta.num_kv_heads = int(a.q2k.shape[0]);  // the selection heads (k's, or finer)
   ta.topk = a.topk;
   ta.sink_blocks = a.sink_blocks;
   ta.local_blocks = a.local_blocks;
@@ -37,6 +37,8 @@ void block_topk(const BlockTopKArgs& a, const ProblemShape& s) {
   ta.q2k = a.q2k;
   ProblemShape ts = s;
   ts.topk = a.topk;
+  ts.num_kv_heads = a.q2k.shape[0];
+  ts.group = s.num_q_heads / ts.num_kv_heads;
   select_topk(ta, ts);
 }
 

@@ -237,6 +237,35 @@ TEST(BlockScores, RandomMatchesReference) {
 }
 
 // The fused indexer + top-K is, by definition, select_topk applied to block_scores' output.
+// select_topk over f's scores (block_scores ran) with `rows` kv heads into `out`; returns its
+// arguments.
+TopKArgs select_on_scores(const Flat& f, const Shape& sh, int64_t rows, int topk, int sink, int local,
+                          const HostTensor& out) {
+  TopKArgs ta;
+  ta.scores = f.scores.t;
+  ta.cu_seqlens_q = f.cu_q.t;
+  ta.kv.cu_seqlens_k = f.cu_k.t;
+  ta.num_kv_heads = int(rows);
+  ta.topk = topk;
+  ta.sink_blocks = sink;
+  ta.local_blocks = local;
+  ta.kv_block_size = sh.blk;
+  ta.q2k = out.t;
+  select_topk(ta);
+  return ta;
+}
+
+// block_topk's inputs over f (no q2k yet).
+BlockTopKArgs fused_args(const Flat& f, const Shape& sh) {
+  BlockTopKArgs fa;
+  fa.q = f.q.t;
+  fa.kv.k = f.k.t;
+  fa.kv.cu_seqlens_k = f.cu_k.t;
+  fa.cu_seqlens_q = f.cu_q.t;
+  fa.kv_block_size = sh.blk;
+  return fa;
+}
+
 TEST(BlockTopK, EqualsBlockScoresThenSelectTopK) {
   const Shape sh{{37, 0, 90}, {300, 10, 90}, 8, 2, 64, 64, true};
   std::mt19937 rng(31);
@@ -247,29 +276,43 @@ TEST(BlockTopK, EqualsBlockScoresThenSelectTopK) {
   for (int topk : {1, 3, 9}) {
     SCOPED_TRACE("topk " + std::to_string(topk));
     HostTensor want(DType::i32, {sh.hkv, sh.total_q(), topk}), got(DType::i32, {sh.hkv, sh.total_q(), topk});
-    TopKArgs ta;
-    ta.scores = f.scores.t;
-    ta.cu_seqlens_q = f.cu_q.t;
-    ta.kv.cu_seqlens_k = f.cu_k.t;
-    ta.num_kv_heads = int(sh.hkv);
-    ta.topk = topk;
-    ta.sink_blocks = topk > 1 ? 1 : 0;
-    ta.local_blocks = topk > 2 ? 1 : 0;
-    ta.kv_block_size = sh.blk;
-    ta.q2k = want.t;
-    select_topk(ta);
-    BlockTopKArgs fa;
-    fa.q = f.q.t;
-    fa.kv.k = f.k.t;
-    fa.kv.cu_seqlens_k = f.cu_k.t;
-    fa.cu_seqlens_q = f.cu_q.t;
-    fa.kv_block_size = sh.blk;
+    const TopKArgs ta = select_on_scores(f, sh, sh.hkv, topk, topk > 1 ? 1 : 0, topk > 2 ? 1 : 0, want);
+    BlockTopKArgs fa = fused_args(f, sh);
     fa.topk = topk;
     fa.sink_blocks = ta.sink_blocks;
     fa.local_blocks = ta.local_blocks;
     fa.q2k = got.t;
     block_topk(fa);
     EXPECT_EQ(0, std::memcmp(want.data<int32_t>(), got.data<int32_t>(), want.bytes()));
+  }
+}
+
+// Selection heads finer than k's heads (the serving geometry: 4 query heads on 1 key head, each
+// its own selection, or 2 pairs): the ids of select_topk with that many kv heads on the same
+// scores. Selection heads that do not divide q's heads, or are not a multiple of k's, are errors.
+TEST(BlockTopK, SelectionHeadsFinerThanKeyHeads) {
+  const Shape sh{{37, 0, 90}, {300, 10, 90}, 4, 1, 64, 64, true};
+  std::mt19937 rng(33);
+  Flat f(sh);
+  fill_half(f.q, rng);
+  fill_half(f.k, rng);
+  block_scores(f.args(sh));
+  BlockTopKArgs fa = fused_args(f, sh);
+  fa.topk = 3;
+  for (int64_t rows : {2, 4}) {
+    SCOPED_TRACE("selection heads " + std::to_string(rows));
+    HostTensor want(DType::i32, {rows, sh.total_q(), 3}), got(DType::i32, {rows, sh.total_q(), 3});
+    select_on_scores(f, sh, rows, 3, 1, 1, want);
+    fa.q2k = got.t;
+    block_topk(fa);
+    EXPECT_EQ(0, std::memcmp(want.data<int32_t>(), got.data<int32_t>(), want.bytes()));
+  }
+  for (int64_t rows : {3, 8}) {
+    HostTensor bad(DType::i32, {rows, sh.total_q(), 3});
+    fa.q2k = bad.t;
+    expect_error([&] { block_topk(fa); },
+                 "q2k: its first dim (selection heads) must be k's heads (1) or a multiple of them "
+                 "dividing q's heads (4)");
   }
 }
 

@@ -219,6 +219,9 @@ void check_indexer_supported(const BlockTopKArgs& a, const ProblemShape& s) {
 
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
   check_indexer_supported(a, s);
+  MSA_CHECK(a.q2k.shape[0] == s.num_kv_heads, "block_topk: ", a.q2k.shape[0],
+            " selection heads on k's ", s.num_kv_heads, " heads are not fused on CUDA yet; run "
+            "block_scores, then select_topk with num_kv_heads = ", a.q2k.shape[0]);
   Params p = make_params(a.q, a.kv, a.cu_seqlens_q, s, a.causal, a.status);
   p.q2k = a.q2k.ptr<int32_t>();
   p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
