@@ -47,8 +47,9 @@ int msa_bench::run_pipeline_bench(const RunOptions& o) {
   // --index m3: the index branch, 4 index heads on 1 index key head, N(0, 1) draws quantized to
   // FP8 per token on the GPU.
   constexpr int64_t kIndexHeads = 4;
-  DeviceBuffer iq8 = gpu_buffer(size_t(S * kIndexHeads * D)), iqs = gpu_buffer(size_t(S) * 4),
-               ik8 = gpu_buffer(size_t(S * D)), iks = gpu_buffer(size_t(S) * 4);
+  const size_t m3_rows = o.m3 ? size_t(S) : 0;  // the index branch's buffers, M3 only
+  DeviceBuffer iq8 = gpu_buffer(m3_rows * kIndexHeads * D), iqs = gpu_buffer(m3_rows * 4),
+               ik8 = gpu_buffer(m3_rows * D), iks = gpu_buffer(m3_rows * 4);
   if (o.m3) {
     std::vector<uint16_t> h(size_t(S * kIndexHeads * D));
     fill_normal_bf16(h.data(), int64_t(h.size()), 2, 3);

@@ -36,8 +36,8 @@ struct BlockTopKArgs {
   int sink_blocks = 1;     // as TopKArgs
   int local_blocks = 1;
   Tensor q2k;              // out: [Hsel, total_q, topk] int32, ascending, -1 padded. Hsel = Hkv
-                           // (k's heads: each selects by its G query heads), or a multiple of Hkv
-                           // dividing Hq: Hq / Hsel consecutive query heads select together
+                           // (k's heads: each selects by its G query heads), or any count dividing
+                           // Hq in groups of 1-16: Hq / Hsel consecutive query heads select together
                            // (the serving geometry: 4 index heads on 1 key head, Hsel = 4, each
                            // head its own selection). CUDA: Hsel = Hkv so far
   Tensor status;           // int32[4], required on CUDA

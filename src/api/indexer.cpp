@@ -68,38 +68,42 @@ void block_scores(const BlockScoresArgs& a, cudaStream_t stream) {
   cpu::block_scores(a, s);
 }
 
-void api::select_every_visible(const BlockTopKArgs& a, int64_t num_kv_heads, cudaStream_t stream) {
-  ProblemShape s = check_indexer_inputs(a.q, a.kv, a.cu_seqlens_q, a.kv_block_size);
-  const Device device = a.q.values.device;
-  api::check_selection(a.topk, a.sink_blocks, a.local_blocks, a.kv_block_size);
-  ProblemShape rows = s;  // q2k has a row per kv head of the attention, not per index key head
-  rows.num_kv_heads = num_kv_heads;
-  MSA_CHECK(api::check_q2k(a.q2k, rows, device) == a.topk, "q2k: last dim must equal topk (",
-            a.topk, "), got ", a.q2k.describe());
-  api::check_status_arg(a.status, device, "sparse_attention_pipeline");
-  if (device.type == DeviceType::cuda) return cuda::select_every_visible(a, s, stream);
-  cpu::select_every_visible(a, s);
-}
+namespace {
 
-void block_topk(const BlockTopKArgs& a, cudaStream_t stream) {
+// block_topk's arguments: the index inputs, the selection knobs, q2k ([Hsel, total_q, topk]:
+// Hsel k's heads, or any count dividing Hq in groups of 1, 2, 4, 8 or 16, as select_topk's kv
+// heads) and the status. Returns the index inputs' shape with topk.
+ProblemShape check_block_topk(const BlockTopKArgs& a, const char* op) {
   ProblemShape s = check_indexer_inputs(a.q, a.kv, a.cu_seqlens_q, a.kv_block_size);
   const Device device = a.q.values.device;
   api::check_selection(a.topk, a.sink_blocks, a.local_blocks, a.kv_block_size);
-  // Selection rows: k's heads, or a multiple of them dividing Hq (q2k's first dim).
   ProblemShape rows = s;
   if (a.q2k.defined() && a.q2k.ndim == 3 && a.q2k.shape[0] != s.num_kv_heads) {
     const int64_t hsel = a.q2k.shape[0], g = hsel > 0 ? s.num_q_heads / hsel : 0;
-    MSA_CHECK(hsel > 0 && hsel % s.num_kv_heads == 0 && s.num_q_heads % hsel == 0 &&
+    MSA_CHECK(hsel > 0 && s.num_q_heads % hsel == 0 &&
                   (g == 1 || g == 2 || g == 4 || g == 8 || g == 16),
               "q2k: its first dim (selection heads) must be k's heads (", s.num_kv_heads,
-              ") or a multiple of them dividing q's heads (", s.num_q_heads,
-              ") in groups of 1, 2, 4, 8 or 16, got ", a.q2k.describe());
+              ") or divide q's heads (", s.num_q_heads, ") in groups of 1, 2, 4, 8 or 16, got ",
+              a.q2k.describe());
     rows.num_kv_heads = hsel;
   }
   s.topk = api::check_q2k(a.q2k, rows, device);
   MSA_CHECK(s.topk == a.topk, "q2k: last dim must equal topk (", a.topk, "), got ", a.q2k.describe());
-  api::check_status_arg(a.status, device, "block_topk");
-  if (device.type == DeviceType::cuda) return cuda::block_topk(a, s, stream);
+  api::check_status_arg(a.status, device, op);
+  return s;
+}
+
+}  // namespace
+
+void api::select_every_visible(const BlockTopKArgs& a, cudaStream_t stream) {
+  const ProblemShape s = check_block_topk(a, "sparse_attention_pipeline");
+  if (a.q.values.is_cuda()) return cuda::select_every_visible(a, s, stream);
+  cpu::select_every_visible(a, s);
+}
+
+void block_topk(const BlockTopKArgs& a, cudaStream_t stream) {
+  const ProblemShape s = check_block_topk(a, "block_topk");
+  if (a.q.values.is_cuda()) return cuda::block_topk(a, s, stream);
   cpu::block_topk(a, s);
 }
 

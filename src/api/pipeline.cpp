@@ -163,7 +163,7 @@ void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
     // Dense: the selection is every visible block, written without scoring (on CUDA one launch
     // instead of the indexer's; LAT-2K: the pipeline took 258 us with the indexer, dense attention
     // alone 152 us).
-    api::select_every_visible(c.select, c.select.q2k.shape[0], stream);
+    api::select_every_visible(c.select, stream);
   } else if (c.unfused) {
     block_scores(c.scores, stream);
     select_topk(c.pick, stream);

@@ -113,7 +113,6 @@ __device__ void select_in_chunk(Smem& s, const TopKParams& p, int tok, int64_t c
 // are those of select_in_chunk (keys are distinct, so each pass removes exactly its winner).
 // IDX-32K-M3-fp8's select_topk (4 lists of <= 256 blocks per token): 2.18 -> 0.94 ms (0.56 ms
 // with the small-chunk kernel, below).
-
 template <typename Smem>
 __device__ void select_small(Smem& s, const TopKParams& p, int tok, int64_t clen, int64_t nvis,
                              int want, int lane) {
