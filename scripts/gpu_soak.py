@@ -6,7 +6,7 @@ call expected to raise msa.MsaError, the context never poisoned and device memor
 
 Ops: attention_forward (flat and paged nhd / hnd; bf16 / f16 K/V, FP8 and FP4 K/V under bf16 q;
 q2k with and without its k2q; LSE, temperature, partial dtypes, out= / lse= / workspace=;
-causal_offset on both backends, key_mask / key_mask_rows and soft_cap drawn on the CPU only, on
+causal_offset and soft_cap on both backends, key_mask / key_mask_rows drawn on the CPU only, on
 CUDA calls with them must be refused naming them), attention_batched (BSHD merged or padded,
 BHSD; the same keywords), sparse_attention (flat and paged, FP8 index inputs,
 return_selection), block_scores, block_topk, select_topk, build_k2q_csr, the q2k <-> k2q
@@ -1509,9 +1509,9 @@ class Soak:
     def visibility(self, kw, lq, lk, offsets_on_cuda):
         """causal_offset, key_mask (with key_mask_rows) and soft_cap drawn into kw; returns their
         mutations. lk: each request's key count Lk_b (the keys a mask must cover). The CUDA
-        prefill takes causal_offset (offsets_on_cuda); the key mask and the soft-cap (and all
-        three in CUDA decode) are CPU only: CUDA mode never draws them as valid and calls with
-        them must be refused naming them (the "cuda" mutations)."""
+        prefill takes causal_offset and the soft-cap (offsets_on_cuda); the key mask (and all
+        three in CUDA decode) is CPU only: CUDA mode never draws it as valid and calls with it
+        must be refused naming it (the "cuda" mutations)."""
         r = self.rng
         batch, total_q = len(lq), sum(lq)
         lk_max = max(lk + [0])
@@ -1551,13 +1551,14 @@ class Soak:
                 muts["ambiguous:key_mask"] = mutation(
                     lambda kw: {x: y for x, y in kw.items() if x != "key_mask_rows"},
                     ("key_mask",))
-        if not self.cuda and self.chance(0.25):
+        if (offsets_on_cuda or not self.cuda) and self.chance(0.25):
             kw["soft_cap"] = float(r.uniform(0.5, 30.0))
         muts["negative_soft_cap"] = with_kw("soft_cap", -1.0)
         muts["nan_soft_cap"] = with_kw("soft_cap", math.nan)
         muts["cuda:key_mask"] = mutation(mask_kw, ("key_mask",), "cuda")
-        muts["cuda:soft_cap"] = mutation(lambda kw: dict(kw, soft_cap=float(r.uniform(1, 30))),
-                                         ("soft_cap",), "cuda")
+        if not offsets_on_cuda:
+            muts["cuda:soft_cap"] = mutation(lambda kw: dict(kw, soft_cap=float(r.uniform(1, 30))),
+                                             ("soft_cap",), "cuda")
         if not offsets_on_cuda and kw["causal"]:
             muts["cuda:causal_offset"] = mutation(
                 lambda kw: dict(kw, causal_offset=self.to(torch.zeros(batch, dtype=torch.int32))),

@@ -90,18 +90,15 @@ def _element_key_mask(mask: Any, packed_mask: Any, indptr: Any, indices: Any, *,
     return key_mask
 
 
-def _soft_cap(value: Any, kind: str) -> Optional[float]:
+def _soft_cap(value: Any) -> Optional[float]:
     """FlashInfer's ``logits_soft_cap`` as attention_forward's ``soft_cap`` (None or 0: off) for
-    a plan on `kind` ("cpu" or "cuda"): msa's CUDA attention does not run a soft-cap yet."""
+    a plan on either backend."""
     if value is None or value == 0:
         return None
     cap = float(value)
     if not cap > 0 or math.isinf(cap):
         raise MsaError(f"logits_soft_cap: must be a finite number >= 0 (0 means none), got "
                        f"{value}")
-    if kind == "cuda":
-        raise MsaError("logits_soft_cap: msa's CUDA attention does not run a soft-cap yet; plan "
-                       "on the CPU (device='cpu') or leave it 0")
     return cap
 
 
@@ -534,7 +531,7 @@ class BlockSparseAttention(_SparsePlan):
                                                  layout, sm_scale, topk)
         torch = _torch()
         kind, index = parse_device(device if device is not None else src)
-        cap = _soft_cap(logits_soft_cap, kind)
+        cap = _soft_cap(logits_soft_cap)
         mb, nb = _cdiv(M, R), _cdiv(N, C)
         key_mask = _element_key_mask(mask, packed_mask, indptr, indices, M=M, N=N, R=R, C=C,
                                      causal=causal, kind=kind, form=form)

@@ -255,8 +255,8 @@ class VariableBlockSparseAttention(_SparsePlan):
 
         With block ids plan() also builds the k2q CSR index. Planning again makes new arrays
         (a CUDA graph captured over run() keeps reading the old ones: capture again).
-        ``logits_soft_cap`` c > 0 caps the scores, ``c * tanh(s / c)`` after sm_scale, on the
-        CPU (a CUDA plan with it is an `MsaError`).
+        ``logits_soft_cap`` c > 0 caps the scores, ``c * tanh(s / c)`` after sm_scale, on
+        either backend.
         Refused (`MsaError` naming the argument): position encodings
         (``pos_encoding_mode`` other than "NONE", ``rope_scale``, ``rope_theta``),
         ``use_fp16_qk_reduction=True``, and the plan-time ``q_scale`` / ``k_scale`` /
@@ -277,7 +277,7 @@ class VariableBlockSparseAttention(_SparsePlan):
                                                  layout, sm_scale, topk)
         torch = _torch()
         kind, index = parse_device(device if device is not None else block_mask_map)
-        cap = _soft_cap(logits_soft_cap, kind)
+        cap = _soft_cap(logits_soft_cap)
         arrays = (block_mask_map, block_row_sz, block_col_sz)
         on_device = (kind == "cuda" and torch is not None
                      and all(isinstance(x, torch.Tensor) and x.is_cuda for x in arrays)

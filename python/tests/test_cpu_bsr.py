@@ -282,8 +282,6 @@ IP, IX = np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32)
     (dict(C=128, mask=np.ones((2, 4, 128), bool), device="cuda:0"),
      "mask: msa's CUDA attention does not take an element mask"),
     (dict(logits_soft_cap=-1.0), "logits_soft_cap: must be a finite number >= 0"),
-    (dict(C=128, logits_soft_cap=30.0, device="cuda:0"),
-     "logits_soft_cap: msa's CUDA attention does not run a soft-cap yet"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode: not supported"),
     (dict(rope_theta=1e4), "rope_theta: not supported"),
     (dict(rope_scale=2.0), "rope_scale: not supported"),

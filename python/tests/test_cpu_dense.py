@@ -246,11 +246,6 @@ def test_bsr_soft_cap_on_the_cpu():
     want, want_lse, _ = _reference(q, k, v, cu_q, cu_k, causal=False, key_mask=elements,
                                    mask_per_query=True, soft_cap=5.0)
     ref.check_attention(out, lse, want, want_lse)
-    with pytest.raises(msa.MsaError, match="logits_soft_cap: msa's CUDA attention does not run "
-                       "a soft-cap yet; plan on the CPU"):
-        msa.BlockSparseAttention().plan(indptr, indices, M=m, N=n, R=r, C=128, num_qo_heads=hq,
-                                        num_kv_heads=hkv, head_dim=d, logits_soft_cap=5.0,
-                                        device="cuda:0")
     with pytest.raises(msa.MsaError, match="logits_soft_cap: must be a finite number >= 0"):
         msa.BlockSparseAttention().plan(indptr, indices, M=m, N=n, R=r, C=c, num_qo_heads=hq,
                                         num_kv_heads=hkv, head_dim=d, logits_soft_cap=-2.0)

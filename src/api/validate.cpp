@@ -348,7 +348,7 @@ void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v, con
 }
 
 void refuse_cpu_only_attention(const AttentionArgs& a, const char* op, bool offsets) {
-  MSA_CHECK(a.params.soft_cap == 0.f, "params.soft_cap: ", op, " does not run a soft-cap on CUDA "
+  MSA_CHECK(offsets || a.params.soft_cap == 0.f, "params.soft_cap: ", op, " does not run a soft-cap on CUDA "
             "yet (got ", a.params.soft_cap, "); run on CPU tensors or leave it 0");
   MSA_CHECK(offsets || !a.causal_offset.defined(), "causal_offset: ", op, " does not take per-batch causal "
             "offsets on CUDA yet; run on CPU tensors or leave it absent");

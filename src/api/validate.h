@@ -66,9 +66,9 @@ ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device);
 void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v = {},
                           const Tensor& out = {}, bool elements_only = false);
 
-// The attention features only the CPU backend runs so far (params.soft_cap, key_mask, and
-// causal_offset unless `offsets`: the CUDA prefill takes them, decode does not): each one set is
-// an msa::Error naming it, for `op` on CUDA tensors.
+// The attention features only the CPU backend runs so far (key_mask; causal_offset and
+// params.soft_cap unless `offsets`: the CUDA prefill takes them, decode does not): each one set
+// is an msa::Error naming it, for `op` on CUDA tensors.
 void refuse_cpu_only_attention(const AttentionArgs& a, const char* op, bool offsets = false);
 
 // q2k [Hkv, total_q, topk] int32 on the op's device; returns topk.

@@ -418,7 +418,8 @@ TEST(DenseAttentionRules, AmbiguousMaskRowsNeedTheKind) {
   expect_matches(batch_rows, reference_attention(p, nullptr, 0, {}, v.vis));
 }
 
-// CUDA does not run these features yet (causal offsets it does: tests/cuda/test_sparse_fwd.cpp):
+// CUDA does not run these features yet (causal offsets and the soft-cap it does:
+// tests/cuda/test_sparse_fwd.cpp):
 // each is refused by name before anything reaches the
 // device (views of host memory marked as CUDA are never read; a CPU-only build refuses them the
 // same way, before its no-CUDA error).
@@ -435,8 +436,6 @@ TEST(DenseAttentionRules, CudaRefusesWhatOnlyTheCpuRuns) {
     expect_arg_error([](const AttentionArgs& a) { (void)attention_workspace_bytes(a); }, cuda,
                      change, needle);
   };
-  refused([](AttentionArgs& a) { a.params.soft_cap = 30.f; },
-          "params.soft_cap: attention_forward does not run a soft-cap on CUDA yet");
   refused([&](AttentionArgs& a) {
     a.key_mask = f.mask.t;
     a.key_mask.device = dev;

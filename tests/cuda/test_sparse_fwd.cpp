@@ -539,6 +539,39 @@ TEST(SparseFwdGpu, BrokenCuSeqlensReportedWithoutOutOfBoundsWrites) {
   }
 }
 
+// Soft-capped scores (params.soft_cap: s -> cap tanh(s / cap) after the softmax scale, before the
+// max) on both sparse paths and dense, with and without a temperature, caps that bend most
+// scores (2.5) and few (30), FP8 q among them; against the CPU reference, bitwise on a second run.
+TEST(SparseFwdGpu, SoftCapMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  for (int i = 0; i < (small ? 4 : 18); ++i) {
+    SparseCase c = random_case(1300 + i, small);
+    const std::string name = c.name;
+    if (i % 3 == 2) {  // dense: the reference attends every key, so fewer queries
+      std::vector<int32_t> lq = c.p.lq;
+      for (int32_t& l : lq) l = std::min(l, 300);
+      Problem prob = make_problem(lq, c.p.lk, c.p.hq, c.p.hkv, 128, 9300u + unsigned(i),
+                                  c.p.q.t.dtype);
+      const bool causal = c.causal;
+      const float temperature = c.temperature;
+      c = dense_case(std::move(prob), causal);
+      c.temperature = temperature;
+    }
+    c.soft_cap = i % 2 ? 30.f : 2.5f;
+    c.name = name + (i % 3 == 2 ? " dense" : "") + ", soft_cap " + std::to_string(c.soft_cap);
+    SCOPED_TRACE(c.name);
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/i % 2 == 0, s);
+    expect_close(c, g1, ref);
+    if (small) continue;
+    expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/i % 2 == 0, s));
+    if (HasFailure()) break;
+  }
+}
+
 // Per-batch causal offsets (query i of batch b sees keys j <= i + causal_offset[b]) on both
 // paths and dense: offsets that hide every key, cut inside a block, sit on the default diagonal,
 // pass the last key, and the int32 extremes; against the CPU reference, bitwise on a second run.

@@ -37,6 +37,7 @@ struct SparseCase {
   std::optional<DType> partial;  // absent: the library default (bf16 for bf16 q, f32 for f16 q)
   float temperature = 0.f;
   float scale = 0.f;
+  float soft_cap = 0.f;  // params.soft_cap (0: off)
   int64_t total_rows = 0;
   // Dense attention: the call passes no q2k; q2k holds every block of each request (section 14:
   // dense is section 5 with every block selected), for the references that read a selection.
@@ -51,6 +52,7 @@ inline AttentionParams params_of(const SparseCase& c) {
   prm.partial_dtype = c.partial;
   prm.temperature = c.temperature;
   prm.softmax_scale = c.scale;
+  prm.soft_cap = c.soft_cap;
   return prm;
 }
 

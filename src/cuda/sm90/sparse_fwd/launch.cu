@@ -48,6 +48,7 @@ AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s, const At
   pr.causal = a.params.causal ? 1 : 0;
   pr.scale_log2 = scale * 1.4426950408889634f;
   pr.inv_temperature = a.params.temperature > 0.f ? 1.f / a.params.temperature : 0.f;
+  pr.soft_cap_log2 = a.params.soft_cap > 0.f ? a.params.soft_cap * 1.4426950408889634f : 0.f;
   if (a.kv.layout != KVLayout::flat && !w.dequant_kv) pr.paged = paged_kv_of(a, s);
   if (w.dequant_q && a.q_scale.defined()) {
     pr.q_scale = a.q_scale.ptr<float>();

@@ -158,6 +158,25 @@ __device__ __forceinline__ void exp_row(float (&s)[64], float scale_log2, float 
   tsum = inv_temp > 0.f ? quad_sum(tsum) : 0.f;
 }
 
+// Soft-cap (docs/semantics.md, Dense attention): a row's log2-domain score y = s * scale_log2 (the
+// row's scale, FP8 q scale included) becomes C tanh(y / C), C = soft_cap * log2(e), in place; the
+// row's scale is then 1 (returned). tanh(u) = 1 - 2 / (exp(2u) + 1), exp by ex2.approx: relative
+// error ~1e-6 against the CPU's tanh, and exactly +-C where exp(2u) overflows or underflows.
+// Columns past the row's limit are transformed too and masked afterwards as usual.
+template <int kOff>
+__device__ __forceinline__ float soft_cap_row(float (&s)[64], float scale_log2, float cap_log2) {
+  const float k = scale_log2 / cap_log2 * 2.8853900817779268f;  // 2 log2(e) / C per raw unit
+  const float c2 = 2.f * cap_log2;
+#pragma unroll
+  for (int n = 0; n < 16; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& x = s[n * 4 + kOff + e];
+      x = cap_log2 - __fdividef(c2, sm90::fast_exp2(x * k) + 1.f);
+    }
+  return 1.f;
+}
+
 // Masks row values to the visible columns [0, limit] and exponentiates them (values replaced by
 // p = exp2(x - base), x = s * scale_log2 the log2-domain score); returns the row statistics.
 // The max of the scaled scores is the scaled max of the raw ones (scale_log2 > 0, rounding is
@@ -220,8 +239,12 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   // partials: the buffer stages the partial tile first and is freed later (release_q_buffer).
   if (!p.part_bf16 && lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
-  const float sl0 = row_scale_log2(p, tok0, info.head * p.group + g0);
-  const float sl1 = row_scale_log2(p, tok1, info.head * p.group + g1);
+  float sl0 = row_scale_log2(p, tok0, info.head * p.group + g0);
+  float sl1 = row_scale_log2(p, tok1, info.head * p.group + g1);
+  if (p.soft_cap_log2 > 0.f) {
+    sl0 = soft_cap_row<0>(s, sl0, p.soft_cap_log2);
+    sl1 = soft_cap_row<2>(s, sl1, p.soft_cap_log2);
+  }
   const RowStats st0 = softmax_row<0>(s, lim0, col_base, sl0, p.inv_temperature);
   const RowStats st1 = softmax_row<2>(s, lim1, col_base, sl1, p.inv_temperature);
 

@@ -75,6 +75,7 @@ struct AttnProblem {
   int32_t causal = 1;
   float scale_log2 = 0.f;              // softmax_scale * log2(e)
   float inv_temperature = 0.f;         // 1/T, 0 = no temperature LSE
+  float soft_cap_log2 = 0.f;           // params.soft_cap * log2(e), 0 = no soft-cap (soft_cap_row)
   PagedKV paged;                       // page_table null: flat KV
   // FP8 q: its f32 scales (null: none; kinds as common/problem.h fp8_scale_kind: 1 [1], 2
   // [total_q], 3 [total_q, Hq]) join each row's score scale; q itself is an exact bf16 copy.

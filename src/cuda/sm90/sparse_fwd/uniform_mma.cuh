@@ -179,8 +179,13 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
         const int base_col = in.kb * kBlockN;
         const int lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
         const int lim1 = max(-1, min(rm.lim1 - base_col, in.valid_keys - 1));
-        a0 = online_softmax_row<0>(sc, lim0, col_base, sl0, p.inv_temperature, st0);
-        a1 = online_softmax_row<2>(sc, lim1, col_base, sl1, p.inv_temperature, st1);
+        float s0 = sl0, s1 = sl1;
+        if (p.soft_cap_log2 > 0.f) {
+          s0 = soft_cap_row<0>(sc, sl0, p.soft_cap_log2);
+          s1 = soft_cap_row<2>(sc, sl1, p.soft_cap_log2);
+        }
+        a0 = online_softmax_row<0>(sc, lim0, col_base, s0, p.inv_temperature, st0);
+        a1 = online_softmax_row<2>(sc, lim1, col_base, s1, p.inv_temperature, st1);
       };
       float a0, a1;
       // Block 0: S_0 alone.
