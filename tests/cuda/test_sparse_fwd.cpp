@@ -564,10 +564,11 @@ TEST(SparseFwdGpu, SoftCapMatchesCpu) {
     SCOPED_TRACE(c.name);
     const Outputs ref = run_cpu(c);
     DeviceCase d(c, s);
-    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/i % 2 == 0, s);
+    const bool with_k2q = i % 2 == 0 && i % 3 != 2;  // a dense call has no selection to index
+    const Outputs g1 = run_gpu(c, d, with_k2q, s);
     expect_close(c, g1, ref);
     if (small) continue;
-    expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/i % 2 == 0, s));
+    expect_bitwise(g1, run_gpu(c, d, with_k2q, s));
     if (HasFailure()) break;
   }
 }
