@@ -55,6 +55,11 @@ std::vector<BenchCase> make_cases() {
     c.kv_dtypes = "fp8";
     v.push_back(c);
   }
+  // Mixed FP8: q, K and V e4m3 with per-token-and-head scales, QK^T in FP8, P V in bf16.
+  BenchCase fp8qk = prefill("P32K-blk-fp8qk", fwd, "sparse attention forward, FP8 q/K/V (QK in FP8)",
+                            32768, Pattern::blk, kNeedsPrefill);
+  fp8qk.kv_dtypes = "fp8qk";
+  v.push_back(fp8qk);
   BenchCase nvfp4 = prefill("P32K-blk-nvfp4kv", fwd, "sparse attention forward, NVFP4 K/V", 32768,
                             Pattern::blk, kNeedsPrefill);
   nvfp4.kv_dtypes = "nvfp4";

@@ -131,25 +131,33 @@ void expect_bitwise(const Outputs& a, const Outputs& b) {
   EXPECT_EQ(std::memcmp(a.tlse.t.data, b.tlse.t.data, a.tlse.bytes()), 0) << "tlse differs";
 }
 
+// c on the GPU against the CPU reference; outside the sanitizer runs (small), bitwise equal on a
+// second run with the caller's k2q (built on the GPU).
+void expect_matches_cpu_and_repeats(const SparseCase& c, bool small, cudaStream_t s) {
+  const Outputs ref = run_cpu(c);
+  DeviceCase d(c, s);
+  const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
+  expect_close(c, g1, ref);
+  if (small) return;
+  d.build_csr(c, s);
+  expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/true, s));
+}
+
+// Every FP8 scale layout: none, per tensor, per token, per token and head.
+constexpr Fp8Scale kFp8Kinds[] = {Fp8Scale::none, Fp8Scale::per_tensor, Fp8Scale::per_token,
+                                  Fp8Scale::per_token_head};
+
 // bf16 q over FP8 e4m3 K/V (dequantized in the workspace, then the bf16 kernels): every scale
 // layout, both paths (tok and blk selections), NaN in the unselected K/V rows; bitwise
 // repeatable.
 TEST(SparseFwdGpu, Fp8KvMatchesCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
-  const Fp8Scale kinds[] = {Fp8Scale::none, Fp8Scale::per_tensor, Fp8Scale::per_token,
-                            Fp8Scale::per_token_head};
   TestStream s;
   for (int i = 0; i < (small ? 4 : 16); ++i) {
-    const SparseCase c = random_case(200 + i, small, true, kinds[i % 4]);
+    const SparseCase c = random_case(200 + i, small, true, kFp8Kinds[i % 4]);
     SCOPED_TRACE(c.name);
-    const Outputs ref = run_cpu(c);
-    DeviceCase d(c, s);
-    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
-    expect_close(c, g1, ref);
-    if (small) continue;
-    d.build_csr(c, s);
-    expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/true, s));
+    expect_matches_cpu_and_repeats(c, small, s);
     if (HasFailure()) break;
   }
 }
@@ -173,14 +181,37 @@ TEST(SparseFwdGpu, Fp4KvMatchesCpu) {
   }
 }
 
-// FP8 e4m3 q (no scale, or scales per tensor, token, token and head; the values copied exactly
-// to bf16, the scales in each row's score scale) over bf16, FP8 and NVFP4 K/V: both paths,
-// against the CPU reference.
+// q as an engine quantizes it: c's bf16 draw through msa::quantize (scales amax / 448 per tensor,
+// token, or token and head; every 7th scale then zeroed: rows of equal scores,
+// sparse_fwd/params.h row_scale_log2), or cast to e4m3 without a scale (Fp8Scale::none).
+void quantize_queries(SparseCase& c, Fp8Scale kind) {
+  const int64_t tq = c.p.total_q();
+  HostTensor q8(DType::fp8_e4m3, {tq, c.p.hq, c.p.dim});
+  if (kind == Fp8Scale::none) {
+    for (int64_t e = 0; e < q8.t.numel(); ++e)
+      q8.data<uint8_t>()[e] = codec::float_to_e4m3(float(load(c.p.q.t, e)));
+    c.p.q_scale.reset();
+  } else {
+    const QuantFormat fmt = kind == Fp8Scale::per_tensor ? QuantFormat::fp8_per_tensor
+                            : kind == Fp8Scale::per_token ? QuantFormat::fp8_per_token
+                                                          : QuantFormat::fp8_per_token_head;
+    std::vector<int64_t> sshape{kind == Fp8Scale::per_tensor ? 1 : tq};
+    if (kind == Fp8Scale::per_token_head) sshape.push_back(c.p.hq);
+    HostTensor sc(DType::f32, sshape);
+    quantize(c.p.q.t, fmt, QTensor(q8.t, sc.t));
+    if (sc.t.numel() > 1)
+      for (int64_t e = 0; e < sc.t.numel(); e += 7) sc.data<float>()[e] = 0.f;
+    c.p.q_scale = std::move(sc);
+  }
+  c.p.q = std::move(q8);
+}
+
+// FP8 e4m3 q (no scale, or scales per tensor, token, token and head) over bf16 and NVFP4 K/V (q's
+// values copied exactly to bf16, the scales in each row's score scale) and over FP8 K/V (QK on
+// e4m3 operands): both paths, against the CPU reference.
 TEST(SparseFwdGpu, Fp8QueriesMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
-  const Fp8Scale kinds[] = {Fp8Scale::none, Fp8Scale::per_tensor, Fp8Scale::per_token,
-                            Fp8Scale::per_token_head};
   TestStream s;
   int run = 0;
   for (int i = 0; run < (small ? 3 : 9); ++i) {
@@ -189,34 +220,33 @@ TEST(SparseFwdGpu, Fp8QueriesMatchCpu) {
                                kv == 1 ? std::optional(Fp8Scale::per_token_head) : std::nullopt);
     if (c.p.q.t.dtype != DType::bf16) continue;  // FP8 q takes bf16 (or quantized) K/V
     if (kv == 2) quantize_kv_fp4(c.p, true);
-    // q as an engine quantizes it: the bf16 draw of the other tests through msa::quantize
-    // (scales amax / 448 per tensor, token or token and head), or cast to e4m3 without a scale.
-    const Fp8Scale kind = kinds[run % 4];
-    const int64_t tq = c.p.total_q();
-    HostTensor q8(DType::fp8_e4m3, {tq, c.p.hq, c.p.dim});
-    if (kind == Fp8Scale::none) {
-      for (int64_t e = 0; e < q8.t.numel(); ++e)
-        q8.data<uint8_t>()[e] = codec::float_to_e4m3(float(load(c.p.q.t, e)));
-      c.p.q_scale.reset();
-    } else {
-      const QuantFormat fmt = kind == Fp8Scale::per_tensor ? QuantFormat::fp8_per_tensor
-                              : kind == Fp8Scale::per_token ? QuantFormat::fp8_per_token
-                                                            : QuantFormat::fp8_per_token_head;
-      std::vector<int64_t> sshape{kind == Fp8Scale::per_tensor ? 1 : tq};
-      if (kind == Fp8Scale::per_token_head) sshape.push_back(c.p.hq);
-      HostTensor sc(DType::f32, sshape);
-      quantize(c.p.q.t, fmt, QTensor(q8.t, sc.t));
-      // Some zero scales (rows of equal scores; sparse_fwd/params.h row_scale_log2).
-      if (sc.t.numel() > 1)
-        for (int64_t e = 0; e < sc.t.numel(); e += 7) sc.data<float>()[e] = 0.f;
-      c.p.q_scale = std::move(sc);
-    }
-    c.p.q = std::move(q8);
+    quantize_queries(c, kFp8Kinds[run % 4]);
     ++run;
     SCOPED_TRACE(c.name + " fp8 q, kv kind " + std::to_string(kv));
     const Outputs ref = run_cpu(c);
     DeviceCase d(c, s);
     expect_close(c, run_gpu(c, d, /*with_k2q=*/false, s), ref);
+    if (HasFailure()) break;
+  }
+}
+
+// FP8 q over FP8 K/V, QK^T on e4m3 operands with the per-key K scales applied to S (the kFp8
+// kernels, DESIGN.md section 15): every q scale kind against every K/V scale kind, tok and blk
+// selections (KV-major and uniform kernels), NaN in the unselected K/V rows; the CPU reference
+// within the FP8 tolerance, and bitwise equal on a second run with the caller's k2q.
+TEST(SparseFwdGpu, Fp8QkMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  int run = 0;
+  for (int i = 0; run < (small ? 4 : 16); ++i) {
+    SparseCase c = random_case(1500 + i, small, true, kFp8Kinds[run % 4]);
+    if (c.p.q.t.dtype != DType::bf16) continue;
+    const Fp8Scale q_kind = kFp8Kinds[(run / 4 + run) % 4];
+    quantize_queries(c, q_kind);
+    ++run;
+    SCOPED_TRACE(c.name + " fp8 q (scale kind " + std::to_string(int(q_kind)) + ")");
+    expect_matches_cpu_and_repeats(c, small, s);
     if (HasFailure()) break;
   }
 }
@@ -565,6 +595,7 @@ TEST(SparseFwdGpu, SoftCapMatchesCpu) {
     const Outputs ref = run_cpu(c);
     DeviceCase d(c, s);
     const bool with_k2q = i % 2 == 0 && i % 3 != 2;  // a dense call has no selection to index
+    if (with_k2q) d.build_csr(c, s);                   // the caller's k2q, built on the GPU
     const Outputs g1 = run_gpu(c, d, with_k2q, s);
     expect_close(c, g1, ref);
     if (small) continue;

@@ -21,7 +21,7 @@ struct Result {
 
 Result make_result(const SparseCase& c) {
   const int64_t tq = c.p.total_q();
-  return Result{HostTensor(c.p.q.t.dtype, {tq, c.p.hq, c.p.dim}), HostTensor(DType::f32, {c.p.hq, tq})};
+  return Result{HostTensor(c.p.out_dtype(), {tq, c.p.hq, c.p.dim}), HostTensor(DType::f32, {c.p.hq, tq})};
 }
 
 // The CPU backend on the flat KV the pool was built from.
@@ -41,7 +41,7 @@ struct DeviceInputs {
   DeviceTensor cu_k;
   DeviceQTensor pool_k, pool_v;
   DeviceTensor page_table, seqused_k;
-  std::optional<DeviceTensor> causal_offset;
+  std::optional<DeviceTensor> causal_offset, q_scale;
   KVLayout layout;
   float k_global, v_global;  // NVFP4
 
@@ -53,6 +53,7 @@ struct DeviceInputs {
         page_table(to_device(h.page_table, s)), seqused_k(to_device(h.seqused_k, s)),
         layout(h.layout), k_global(c.p.k_global), v_global(c.p.v_global) {
     if (c.causal_offset) causal_offset = to_device(*c.causal_offset, s);
+    if (c.p.q_scale) q_scale = to_device(*c.p.q_scale, s);
   }
   KVCache flat() const {
     KVCache kv;
@@ -88,6 +89,7 @@ Result run_gpu(const SparseCase& c, const DeviceInputs& d, const KVCache& kv, cu
   a.cu_seqlens_q = d.cu_q.t;
   if (!c.dense) a.q2k = d.q2k.t;
   if (d.causal_offset) a.causal_offset = d.causal_offset->t;
+  if (d.q_scale) a.q_scale = d.q_scale->t;
   a.out = out.t;
   a.lse = lse.t;
   DeviceBuffer status(16);
@@ -125,6 +127,7 @@ struct Spec {
   int fp4 = 0;                  // 1: NVFP4, 2: MXFP4 K/V (bf16 q)
   bool dense = false;           // no q2k: every visible key (topk, blk unused)
   bool offsets = false;         // random per-batch causal offsets (causal specs)
+  bool fp8_q = false;           // e4m3 q with per-token-head scales (with fp8: QK in FP8)
 };
 
 // A SparseCase from a spec: random q2k (-1 slots, sometimes unsorted) and NaN in every K/V row
@@ -151,7 +154,8 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
       lk[b] = std::min(lk[b], 300);
     }
   std::mt19937 rng(seed);
-  Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, 128, seed, sp.dtype,
+  Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, 128, seed,
+                              sp.fp8_q ? DType::fp8_e4m3 : sp.dtype,
                               sp.fp8 ? DType::fp8_e4m3 : sp.dtype, sp.fp8.value_or(Fp8Scale::none));
   if (sp.dense) {  // every key is attended: NaN only in the pool's unused slots (make_paged)
     SparseCase c = dense_case(std::move(prob), sp.causal);
@@ -192,7 +196,7 @@ void run_specs(const Spec (&specs)[N], unsigned seed, bool small, cudaStream_t s
     if (sp.spare_columns) fill_spare_columns(h, c.p.lk, sp.page_size);
     DeviceInputs d(c, h, s);
     const Result paged = run_gpu(c, d, d.paged(), s);
-    expect_close(paged, run_cpu(c), /*quantized=*/sp.fp8.has_value() || sp.fp4 != 0);
+    expect_close(paged, run_cpu(c), /*quantized=*/sp.fp8.has_value() || sp.fp4 != 0 || sp.fp8_q);
     expect_bitwise(paged, run_gpu(c, d, d.flat(), s));
     if (::testing::Test::HasFailure()) break;
   }
@@ -252,6 +256,28 @@ TEST(SparseFwdPagedGpu, QuantizedPoolsMatchCpu) {
        bf, true, std::nullopt, 2},
   };
   run_specs(specs, 9500, small, s);
+}
+
+// FP8 q over FP8 pools: QK on e4m3 operands with per-key scales (the kFp8 kernels read the flat
+// copy of the pool's K bytes and its scales, per tensor, slot, or slot and head; NaN scales in
+// unused slots), tok, blk and dense, both layouts; paged == flat bitwise.
+TEST(SparseFwdPagedGpu, Fp8QkPoolsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const DType bf = DType::bf16;
+  const Spec specs[] = {
+      {"fp8 qk ps16 nhd G4 token scales", {300, 0, 77}, {300, 50, 200}, 4, 2, 4, true, false, 16,
+       nhd, 0, bf, false, Fp8Scale::per_token, 0, false, false, true},
+      {"fp8 qk ps64 hnd G16 blk token-head padded", {260, 17}, {260, 700}, 16, 1, 8, true, true, 64,
+       hnd, 16, bf, false, Fp8Scale::per_token_head, 0, false, false, true},
+      {"fp8 qk ps128 nhd G1 tensor spare", {129, 0, 300}, {129, 0, 1000}, 1, 2, 8, true, true, 128,
+       nhd, 0, bf, true, Fp8Scale::per_tensor, 0, false, false, true},
+      {"fp8 qk ps256 hnd G8 dense offsets", {150, 33}, {383, 129}, 8, 1, 0, true, false, 256, hnd,
+       0, bf, false, Fp8Scale::per_token_head, 0, true, true, true},
+  };
+  run_specs(specs, 9600, small, s);
 }
 
 // Dense attention (no q2k) over page pools: page sizes 16-256 in both layouts, G 1/4/16, causal

@@ -118,8 +118,16 @@ __device__ __forceinline__ void convert_row(const DequantKVParams& p, int b, int
     v_at = {at3(p.v_stride, page, s1, s2), at3(p.v_scale_stride, page, s1, s2), token};
   }
   const int64_t dst = ((o0 + j) * p.num_kv_heads + h) * kHeadDim + c * kChunk;
-  convert_chunk(p, p.k, p.k_scale, p.k_scale_kind, p.k_global, k_at, h, c,
-                static_cast<__nv_bfloat16*>(p.k_out) + dst);
+  if (p.k_raw) {  // FP8 QK: e4m3 bytes as they are, the scale beside them
+    *reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.k_out) + dst) =
+        *reinterpret_cast<const uint4*>(p.k + k_at.off + c * kChunk);
+    if (c == 0)
+      p.k_scale_out[h * p.k_scale_out_stride + o0 + j] =
+          scale_of(p.k_scale, p.k_scale_kind, k_at.token, h, p.num_kv_heads);
+  } else {
+    convert_chunk(p, p.k, p.k_scale, p.k_scale_kind, p.k_global, k_at, h, c,
+                  static_cast<__nv_bfloat16*>(p.k_out) + dst);
+  }
   convert_chunk(p, p.v, p.v_scale, p.v_scale_kind, p.v_global, v_at, h, c,
                 static_cast<__nv_bfloat16*>(p.v_out) + dst);
 }

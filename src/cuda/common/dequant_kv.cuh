@@ -40,8 +40,13 @@ struct DequantKVParams {
   int64_t out_rows = 0;                   // rows of k_out / v_out
   int32_t batch = 0, num_kv_heads = 0;
   int64_t max_keys = 0;                   // keys of one batch at most (grid size)
-  void* k_out = nullptr;                  // [out_rows, Hkv, 128] bf16
+  void* k_out = nullptr;                  // [out_rows, Hkv, 128] bf16 (k_raw: e4m3)
   void* v_out = nullptr;
+  // FP8 QK (the sparse forward's kFp8 kernels take e4m3 K): K's bytes copied as they are and its
+  // scales, one per (head, key), into k_scale_out [Hkv, k_scale_out_stride] f32; V as above.
+  int32_t k_raw = 0;
+  float* k_scale_out = nullptr;
+  int64_t k_scale_out_stride = 0;
 };
 
 // FP8 e4m3 queries for the sparse prefill: their values, exactly (every e4m3 value is a bf16),

@@ -12,9 +12,13 @@
 namespace msa::cuda::sparse_fwd {
 
 // Shared-memory carve-out (1024-byte aligned) and barrier init, common to both kernels.
-// q_empty_count: arrivals that free a Q buffer (q_empty_arrivals in mma.cuh).
+// q_empty_count: arrivals that free a Q buffer (q_empty_arrivals in mma.cuh); kv_full_count: those
+// that publish a K/V stage (lane 0, and with FP8 QK every producer lane: kv_load.cuh);
+// kv_empty_count: those that free it (kv_empty_arrivals in mma.cuh).
 __device__ __forceinline__ SharedStorage& init_shared(uint8_t* smem_raw, int group,
                                                       int tokens_per_tile, int q_empty_count,
+                                                      uint32_t kv_full_count,
+                                                      uint32_t kv_empty_count,
                                                       const CUtensorMap* tm_q,
                                                       const CUtensorMap* tm_k,
                                                       const CUtensorMap* tm_v) {
@@ -22,8 +26,8 @@ __device__ __forceinline__ SharedStorage& init_shared(uint8_t* smem_raw, int gro
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kKVStages; ++s) {
-      sm90::mbar_init(&sh.kv_full[s], 1);
-      sm90::mbar_init(&sh.kv_empty[s], kConsumers * 4);  // lane 0 of every consumer warp
+      sm90::mbar_init(&sh.kv_full[s], kv_full_count);
+      sm90::mbar_init(&sh.kv_empty[s], kv_empty_count);
       sm90::mbar_init(&sh.v_full[s], 1);
       sm90::mbar_init(&sh.v_empty[s], kConsumers * 4);
     }
@@ -45,7 +49,7 @@ __device__ __forceinline__ SharedStorage& init_shared(uint8_t* smem_raw, int gro
 // KV-major kernel over the chunk table. Persistent: gridDim.x CTAs walk the table with a static
 // stride (chunk = blockIdx.x + k * gridDim.x), so the assignment, and with it every partial, is
 // independent of timing.
-template <bool kF16>
+template <bool kF16, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k,
@@ -53,17 +57,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile,
-                                  q_empty_arrivals(p.group, p.part_bf16 != 0), &tm_q, &tm_k, &tm_v);
+                                  q_empty_arrivals(p.group, p.part_bf16 != 0),
+                                  1 + (kFp8 ? kKScaleArrivals : 0), kv_empty_arrivals(kFp8),
+                                  &tm_q, &tm_k, &tm_v);
   if (threadIdx.x == 0 && p.part_bf16) sm90::prefetch_tensor_map(&p.tm_part);
   pdl_wait();     // the prep kernels' tables (pdl.cuh)
   pdl_trigger();  // the uniform kernel may take each SM this kernel leaves
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
-    run_producer(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    run_producer<kFp8>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kConsumerRegs>();
-    run_consumer<kF16>(p, sh, wg - 1, threadIdx.x - 128 * wg);
+    run_consumer<kF16, kFp8>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 
@@ -74,25 +80,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 // of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle
 // (P8K-tok -50 us). One warp per CTA waits, so this grid completes only after the
 // KV-major one and the combine (a normal launch) finds every partial written.
-template <bool kF16>
+template <bool kF16, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const UniformParams p) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile,
-                                  q_empty_arrivals(p.group, false), &tm_q, &tm_k, &tm_v);
+                                  q_empty_arrivals(p.group, false), 1 + (kFp8 ? kKScaleArrivals : 0),
+                                  kv_empty_arrivals(kFp8), &tm_q, &tm_k, &tm_v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
-    sm90::regs_dealloc<kUniformProducerRegs>();
+    sm90::regs_dealloc<kFp8 ? kUniformFp8ProducerRegs : kUniformProducerRegs>();
     // Warp 1 (idle otherwise) does the end wait: the grid completes only after every thread.
     // (A pdl_wait after the role code makes ptxas spill the consumer.) Dense: the unit table
     // comes from the direct predecessor, so the producer warp waits before reading it.
     if (warp == 1 || (warp == 0 && p.dense)) pdl_wait();
-    run_uniform_producer(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    run_uniform_producer<kFp8>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
-    sm90::regs_alloc<kUniformConsumerRegs>();
-    run_uniform_consumer<kF16>(p, sh, wg - 1, threadIdx.x - 128 * wg);
+    sm90::regs_alloc<kFp8 ? kUniformFp8ConsumerRegs : kUniformConsumerRegs>();
+    run_uniform_consumer<kF16, kFp8>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 

@@ -28,17 +28,72 @@ __device__ __forceinline__ void load_kv_tile(const KVBlockSource& src, const CUt
   }
 }
 
+// One query token's G rows (heads head_row ..) into a Q buffer at row_bytes: two 64-column boxes
+// of 16-bit q, or one 128-byte box of e4m3 q (half 0; kFp8). q_bytes_per_row: its barrier's bytes.
+template <bool kFp8>
+constexpr uint32_t q_bytes_per_row() { return kFp8 ? kHeadDim : 2 * kHeadDim; }
+template <bool kFp8>
+__device__ __forceinline__ void load_q_token(uint8_t (&buf)[2][kQHalfBytes], int row_bytes,
+                                             const CUtensorMap* tm_q, uint64_t* bar,
+                                             int32_t head_row, int32_t tok) {
+  sm90::tma_load_3d(buf[0] + row_bytes, tm_q, bar, 0, head_row, tok);
+  if constexpr (!kFp8) sm90::tma_load_3d(buf[1] + row_bytes, tm_q, bar, kHalfCols, head_row, tok);
+}
+
+// Bytes of K's boxes on its barrier: a 16-bit tile (src.bytes, located for 16-bit rows), or with
+// kFp8 the e4m3 tile, one 128-byte row per key: half of that.
+template <bool kFp8>
+__device__ __forceinline__ uint32_t k_tile_bytes(const KVBlockSource& src) {
+  return kFp8 ? src.bytes / 2 : src.bytes;
+}
+
+// K of a block into a stage: the 16-bit tile (load_kv_tile), or with kFp8 the e4m3 tile (one box
+// of 128-byte rows into half 0). kFp8 kernels read the flat copy that launch.cu makes (src.c1 =
+// head, src.c2 = the block's first key row).
+template <bool kFp8>
+__device__ __forceinline__ void load_k_tile(const KVBlockSource& src, const CUtensorMap* tm_k,
+                                            uint8_t (&dst)[2][kKVHalfBytes], uint64_t* bar) {
+  if constexpr (kFp8) {
+    if (src.issue) sm90::tma_load_3d(dst[0], tm_k, bar, 0, src.c1, src.c2);
+  } else {
+    load_kv_tile(src, tm_k, dst, bar);
+  }
+}
+
+// FP8 QK: kv_full counts, besides lane 0's arrive.expect_tx, one arrival of each producer lane
+// made when its cp.async copies have landed (kKScaleArrivals). Every publish makes them: with
+// `copy`, the 128 key scales of the block starting at key row `key0` of kv head `head` go to
+// `dst` first (4 per lane; zeros past the copy's rows). Warp-collective.
+constexpr uint32_t kKScaleArrivals = 32;
+__device__ __forceinline__ void load_key_scales(const AttnProblem& p, bool copy, int32_t head,
+                                                int32_t key0, float* dst, uint64_t* bar,
+                                                int lane) {
+  if (copy) {
+    const float* row = p.kscale + int64_t(head) * p.kscale_stride;
+    const uint32_t d = sm90::smem_addr(dst) + lane * 16;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int32_t key = key0 + lane * 4 + i;
+      const bool in = key < p.kscale_rows;
+      sm90::cp_async_4(d + 4 * i, row + (in ? key : 0), in ? 4u : 0u);
+    }
+  }
+  sm90::cp_async_mbar_arrive(bar);
+}
+
 // K and V of a block into stage s on one barrier (the KV-major path): lane 0 arrives with the
 // exact byte count, then the boxes. Warp-collective, after the stage's kv_empty wait and after
 // lane 0 wrote the stage's info struct (released by the same arrive).
-__device__ __forceinline__ void load_kv_block(const PagedKV& pk, const CUtensorMap* tm_k,
+template <bool kFp8>
+__device__ __forceinline__ void load_kv_block(const AttnProblem& p, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, SharedStorage& sh, int s,
                                               int32_t head, int32_t k_start, int32_t kb,
                                               int32_t k_len, int lane) {
-  const KVBlockSource src = locate_kv_block(pk, head, k_start, kb, k_len, 2, lane);
-  if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], 2 * src.bytes);
+  const KVBlockSource src = locate_kv_block(p.paged, head, k_start, kb, k_len, 2, lane);
+  if constexpr (kFp8) load_key_scales(p, true, head, src.c2, sh.kscale[s], &sh.kv_full[s], lane);
+  if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src) + src.bytes);
   __syncwarp();  // the bytes are announced before any box can complete
-  load_kv_tile(src, tm_k, sh.k[s], &sh.kv_full[s]);
+  load_k_tile<kFp8>(src, tm_k, sh.k[s], &sh.kv_full[s]);
   load_kv_tile(src, tm_v, sh.v[s], &sh.kv_full[s]);
 }
 

@@ -50,7 +50,7 @@ AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s, const At
   pr.inv_temperature = a.params.temperature > 0.f ? 1.f / a.params.temperature : 0.f;
   pr.soft_cap_log2 = a.params.soft_cap > 0.f ? a.params.soft_cap * 1.4426950408889634f : 0.f;
   if (a.kv.layout != KVLayout::flat && !w.dequant_kv) pr.paged = paged_kv_of(a, s);
-  if (w.dequant_q && a.q_scale.defined()) {
+  if (a.q.dtype == DType::fp8_e4m3 && a.q_scale.defined()) {
     pr.q_scale = a.q_scale.ptr<float>();
     pr.q_scale_kind = fp8_scale_kind(a.q_scale);
     pr.num_q_heads = int32_t(s.num_q_heads);
@@ -98,6 +98,11 @@ void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPla
   }
   d.k_out = ws + w.k_bf16;
   d.v_out = ws + w.v_bf16;
+  if (w.fp8_qk) {
+    d.k_raw = 1;
+    d.k_scale_out = reinterpret_cast<float*>(ws + w.k_scale);
+    d.k_scale_out_stride = w.kscale_stride;
+  }
   launch_dequant_kv(d, stream);
 }
 
@@ -105,13 +110,15 @@ void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPla
 // write out / lse directly. Dense attention runs the uniform kernel alone.
 void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
                          uint8_t* ws, const PrepParams& pp, cudaStream_t stream) {
-  const AttnProblem pr = attn_problem(a, s, w);
+  AttnProblem pr = attn_problem(a, s, w);
   const bool paged = pr.paged.page_table != nullptr;
   const bool f16 = a.q.dtype == DType::f16;
   const Tensor q = w.dequant_q ? Tensor(ws + w.q_bf16, DType::bf16,
                                         {s.total_q, s.num_q_heads, kHeadDim}, a.q.device)
                                : a.q;
-  const CUtensorMap tq = make_tma_3d(q, kHalfCols, uint32_t(s.group), 1, "attention_forward");
+  // A box row is 128 bytes: 64 columns of 16-bit q, all 128 of e4m3 q (FP8 QK).
+  const uint32_t q_cols = w.fp8_qk ? kHeadDim : kHalfCols;
+  const CUtensorMap tq = make_tma_3d(q, q_cols, uint32_t(s.group), 1, "attention_forward");
   const uint32_t box_keys = 1u << pr.paged.box_shift;
   const bool slots_outer = a.kv.layout == KVLayout::paged_nhd;
   auto kv_map = [&](const Tensor& t, const char* name) {
@@ -122,8 +129,18 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   auto bf16_copy = [&](size_t offset) {
     return Tensor(ws + offset, DType::bf16, {w.kv_rows, s.num_kv_heads, kHeadDim}, a.q.device);
   };
-  const CUtensorMap tk = kv_map(w.dequant_kv ? bf16_copy(w.k_bf16) : a.kv.k.values, "k"),
-                    tv = kv_map(w.dequant_kv ? bf16_copy(w.v_bf16) : a.kv.v.values, "v");
+  CUtensorMap tk;
+  if (w.fp8_qk) {  // the copy's e4m3 K in 128-byte rows and its key scales
+    tk = make_tma_3d(Tensor(ws + w.k_bf16, DType::fp8_e4m3, {w.kv_rows, s.num_kv_heads, kHeadDim},
+                            a.q.device),
+                     kHeadDim, 1, kBlockN, "attention_forward");
+    pr.kscale = reinterpret_cast<const float*>(ws + w.k_scale);
+    pr.kscale_stride = w.kscale_stride;
+    pr.kscale_rows = int32_t(w.kv_rows);
+  } else {
+    tk = kv_map(w.dequant_kv ? bf16_copy(w.k_bf16) : a.kv.k.values, "k");
+  }
+  const CUtensorMap tv = kv_map(w.dequant_kv ? bf16_copy(w.v_bf16) : a.kv.v.values, "v");
   if (!w.dense) {
     MainParams mp;
     static_cast<AttnProblem&>(mp) = pr;
@@ -141,8 +158,9 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                                kHalfCols, uint32_t(s.group), 1, "attention_forward");
     mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
-    if (f16) launch_main<true>(tq, tk, tv, mp, stream);
-    else launch_main<false>(tq, tk, tv, mp, stream);
+    if (w.fp8_qk) launch_main<false, true>(tq, tk, tv, mp, stream);
+    else if (f16) launch_main<true, false>(tq, tk, tv, mp, stream);
+    else launch_main<false, false>(tq, tk, tv, mp, stream);
   }
   UniformParams up;
   static_cast<AttnProblem&>(up) = pr;
@@ -155,8 +173,9 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   up.out_stride_h = a.out.strides[1];
   up.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   up.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
-  if (f16) launch_uniform<true>(tq, tk, tv, up, stream);
-  else launch_uniform<false>(tq, tk, tv, up, stream);
+  if (w.fp8_qk) launch_uniform<false, true>(tq, tk, tv, up, stream);
+  else if (f16) launch_uniform<true, false>(tq, tk, tv, up, stream);
+  else launch_uniform<false, false>(tq, tk, tv, up, stream);
 }
 
 // Merges the KV-major partials into out / lse / tlse (rows of uniform query blocks are skipped:

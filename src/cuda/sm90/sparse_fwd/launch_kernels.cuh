@@ -1,5 +1,5 @@
 // Bodies of the sparse forward launches (launch_kernels.h), included only by the one-line
-// instantiation files; MSA_SPARSE_FWD_INSTANTIATE(kF16) instantiates both kernels of a type.
+// instantiation files; MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8) instantiates both kernels of a type.
 #pragma once
 
 #include <mutex>
@@ -24,26 +24,27 @@ void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
   launch_pdl(kernel, current_sm_count(), kThreads, kSmemBytes, stream, tq, tk, tv, p);
 }
 
-template <bool kF16>
+template <bool kF16, bool kFp8>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream) {
   static std::once_flag once;
-  launch_persistent(sparse_fwd_kernel<kF16>, once, tq, tk, tv, p, stream);
+  launch_persistent(sparse_fwd_kernel<kF16, kFp8>, once, tq, tk, tv, p, stream);
 }
 
-template <bool kF16>
+template <bool kF16, bool kFp8>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
   static std::once_flag once;
-  launch_persistent(sparse_fwd_uniform_kernel<kF16>, once, tq, tk, tv, p, stream);
+  launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8>, once, tq, tk, tv, p, stream);
 }
 
 }  // namespace msa::cuda::sparse_fwd
 
-#define MSA_SPARSE_FWD_INSTANTIATE(kF16)                                                    \
-  namespace msa::cuda::sparse_fwd {                                                         \
-  template void launch_main<kF16>(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, \
-                                  const MainParams&, cudaStream_t);                         \
-  template void launch_uniform<kF16>(const CUtensorMap&, const CUtensorMap&,                \
-                                     const CUtensorMap&, const UniformParams&, cudaStream_t); \
+#define MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8)                                              \
+  namespace msa::cuda::sparse_fwd {                                                          \
+  template void launch_main<kF16, kFp8>(const CUtensorMap&, const CUtensorMap&,              \
+                                        const CUtensorMap&, const MainParams&, cudaStream_t); \
+  template void launch_uniform<kF16, kFp8>(const CUtensorMap&, const CUtensorMap&,           \
+                                           const CUtensorMap&, const UniformParams&,         \
+                                           cudaStream_t);                                    \
   }

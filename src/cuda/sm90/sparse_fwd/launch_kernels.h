@@ -1,6 +1,7 @@
 // Declarations of the sm_90a sparse forward's two persistent launches (bodies in
-// launch_kernels.cuh). The only instantiations: bf16 (instantiate_bf16.cu) and f16
-// (instantiate_f16.cu), so the two compile in parallel and host edits rebuild neither.
+// launch_kernels.cuh). The only instantiations: bf16 (instantiate_bf16.cu), f16
+// (instantiate_f16.cu) and FP8 QK with bf16 P V (instantiate_fp8qk.cu: kFp8, traits.h), so they
+// compile in parallel and host edits rebuild none.
 #pragma once
 
 #include <cuda.h>
@@ -12,12 +13,13 @@ namespace msa::cuda::sparse_fwd {
 
 // One CTA per SM, PDL after the prep chain. tm_q: q as [total_q, Hq, 128] in boxes of 64 columns
 // x G heads x 1 token; tm_k / tm_v: flat [total_k, Hkv, 128] in boxes of 64 x 1 x 128 keys, or
-// the page pools (make_tma_paged, boxes of 2^paged.box_shift slots).
-template <bool kF16>
+// the page pools (make_tma_paged, boxes of 2^paged.box_shift slots). kFp8: q and K e4m3 in boxes
+// of 128 columns (one 128-byte row), K the flat copy (its key scales at p.kscale).
+template <bool kF16, bool kFp8>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream);
 
-template <bool kF16>
+template <bool kF16, bool kFp8>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream);
 

@@ -84,6 +84,7 @@ __device__ __forceinline__ TileIdx load_tile_idx(const MainParams& p, const Chun
 // Each lane that owns a token slot (lane < min(32, tokens per tile), the q_full count) arrives
 // once after writing its metadata, so every write is released by its writer; lane 0 announces
 // the TMA bytes before any copy is issued.
+template <bool kFp8>
 __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtensorMap* tm_q,
                                                SharedStorage& sh, const ChunkView& c,
                                                const TileIdx& x, int consumer, int stage,
@@ -115,7 +116,7 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
   const int n_valid = __reduce_add_sync(0xffffffffu, valid);
   if (lane == 0)
     sm90::mbar_expect_tx(&sh.q_full[consumer][stage],
-                         uint32_t(n_valid) * uint32_t(p.group) * kHeadDim * 2);
+                         uint32_t(n_valid) * uint32_t(p.group) * q_bytes_per_row<kFp8>());
   __syncwarp();
   const int32_t head_row = c.d.head * p.group;  // first query head of kv head h
 #pragma unroll
@@ -123,14 +124,13 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
     if (tok[u] < 0) continue;
     const int i = lane + 32 * u;
     const int row_bytes = i * p.group * 128;  // G rows of 128 B per token in each half
-    sm90::tma_load_3d(sh.q[consumer][stage][0] + row_bytes, tm_q, &sh.q_full[consumer][stage],
-                      0, head_row, tok[u]);
-    sm90::tma_load_3d(sh.q[consumer][stage][1] + row_bytes, tm_q, &sh.q_full[consumer][stage],
-                      kHalfCols, head_row, tok[u]);
+    load_q_token<kFp8>(sh.q[consumer][stage], row_bytes, tm_q, &sh.q_full[consumer][stage],
+                       head_row, tok[u]);
   }
   if (lane < tpt) sm90::mbar_arrive(&sh.q_full[consumer][stage]);
 }
 
+template <bool kFp8>
 __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                              SharedStorage& sh, int warp, int lane) {
@@ -146,7 +146,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
       const int s = KVRing::stage(kv_iter);
       sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
       if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head};
-      load_kv_block(p.paged, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len, lane);
+      load_kv_block<kFp8>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len, lane);
       ++kv_iter;
     }
     // Tiles j of this chunk with (tile_base + j) % 4 == warp; indices one tile ahead.
@@ -157,7 +157,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
       if (j + kProducerWarps < c.n_tiles) next = load_tile_idx(p, c, j + kProducerWarps, lane);
       sm90::mbar_wait(&sh.q_empty[consumer][stage], sm90::Ring<1>::empty_parity(q_uses));
       ++q_uses;
-      produce_q_tile(p, tm_q, sh, c, cur, consumer, stage, lane);
+      produce_q_tile<kFp8>(p, tm_q, sh, c, cur, consumer, stage, lane);
     }
     tile_base += c.n_tiles;
   }
@@ -168,6 +168,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
       sh.info[s] = ChunkInfo{-1, 0, 0};
       sm90::mbar_arrive(&sh.kv_full[s]);
     }
+    if constexpr (kFp8) load_key_scales(p, false, 0, 0, nullptr, &sh.kv_full[s], lane);
   }
 }
 

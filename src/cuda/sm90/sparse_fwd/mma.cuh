@@ -41,6 +41,13 @@ __device__ __forceinline__ int q_empty_arrivals(int group, bool staged_partials)
   return staged_partials ? 128 : 4 * warp_tokens(group);
 }
 
+// Arrivals that free a K/V stage: lane 0 of every consumer warp (wgmma reads the tiles, and the
+// lane's arrive follows its warp's wgmma wait), or with FP8 QK every consumer thread, each having
+// read key scales of the stage itself (scale_key_columns).
+__device__ __forceinline__ uint32_t kv_empty_arrivals(bool fp8) {
+  return kConsumers * (fp8 ? 128 : 4);
+}
+
 // Metadata of this thread's two rows. Only the lanes that own one of the warp's tokens read shared
 // memory (and later arrive on the buffer's q_empty themselves, so each read precedes the release
 // as both the memory model and racecheck see it); the others get the values by shuffle.
@@ -63,7 +70,7 @@ __device__ __forceinline__ RowMeta read_row_meta(const TileMeta& meta, int group
 }
 
 // A stage's info struct (a few int32), read by lane 0 of each consumer warp and broadcast; lane 0
-// is then the warp's one arrive on kv_empty.
+// is then the warp's one arrive on kv_empty (with FP8 QK every lane arrives: kv_empty_arrivals).
 template <class Info>
 __device__ __forceinline__ Info read_info(const Info& src, int lane) {
   static_assert(sizeof(Info) % 4 == 0 && sizeof(Info) <= 16, "info structs are <= 4 int32");
@@ -203,7 +210,53 @@ __device__ __forceinline__ void pack_probs(const float (&sc)[64], uint32_t (&pa)
   }
 }
 
-template <bool kF16>
+// S = Q K^T for a 64-row tile, issued (not committed): 16-bit operands in two 64-column halves
+// (a k16 step is 32 bytes inside a 128-byte row; the second half of D is the second buffer), or
+// with kFp8 e4m3 operands, one 128-byte row per token or key (four k32 steps of 32 bytes). K-major,
+// 128-byte swizzle; the first step overwrites S.
+template <bool kF16, bool kFp8>
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 32; ++kk)
+      sm90::wgmma_ss_e4m3(s, sm90::wgmma_desc_sw128(q_addr + kk * 32, 16, 1024),
+                          sm90::wgmma_desc_sw128(k_addr + kk * 32, 16, 1024), kk > 0 ? 1u : 0u);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint64_t da = sm90::wgmma_desc_sw128(
+          q_addr + (kk >> 2) * kQHalfBytes + (kk & 3) * 32, 16, 1024);
+      const uint64_t db = sm90::wgmma_desc_sw128(
+          k_addr + (kk >> 2) * kKVHalfBytes + (kk & 3) * 32, 16, 1024);
+      sm90::wgmma_ss<kF16>(s, da, db, kk > 0 ? 1u : 0u);
+    }
+  }
+}
+
+// FP8 QK: the K scales of this thread's columns (8n + col_base + {0, 1}) from the stage's kscale
+// row, read while the S product is in flight; S takes them before the mask, which replaces
+// invisible entries whatever they hold.
+struct KeyScales {
+  float2 v[kBlockN / 8];
+};
+__device__ __forceinline__ KeyScales load_key_columns(const float* kscale, int col_base) {
+  KeyScales k;
+#pragma unroll
+  for (int n = 0; n < kBlockN / 8; ++n)
+    k.v[n] = *reinterpret_cast<const float2*>(kscale + 8 * n + col_base);
+  return k;
+}
+__device__ __forceinline__ void scale_key_columns(float (&s)[64], const KeyScales& k) {
+#pragma unroll
+  for (int n = 0; n < kBlockN / 8; ++n) {
+    s[n * 4 + 0] *= k.v[n].x;
+    s[n * 4 + 1] *= k.v[n].y;
+    s[n * 4 + 2] *= k.v[n].x;
+    s[n * 4 + 3] *= k.v[n].y;
+  }
+}
+
+template <bool kF16, bool kFp8>
 __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
                                              int q_stage, int tid) {
@@ -222,18 +275,12 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   const uint32_t q_addr = sm90::smem_addr(sh.q[consumer][q_stage][0]);
   const uint32_t k_addr = sm90::smem_addr(sh.k[kv_stage][0]);
   sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    // K-major, 128-byte swizzle: a k16 step is 32 bytes inside a 128-byte row; the second
-    // half of D lives in the second 64-column buffer.
-    const uint64_t da = sm90::wgmma_desc_sw128(q_addr + (kk >> 2) * kQHalfBytes + (kk & 3) * 32,
-                                               16, 1024);
-    const uint64_t db = sm90::wgmma_desc_sw128(k_addr + (kk >> 2) * kKVHalfBytes + (kk & 3) * 32,
-                                               16, 1024);
-    sm90::wgmma_ss<kF16>(s, da, db, kk > 0 ? 1u : 0u);
-  }
+  issue_qk<kF16, kFp8>(s, q_addr, k_addr);
   sm90::wgmma_commit();
+  KeyScales ks;
+  if constexpr (kFp8) ks = load_key_columns(sh.kscale[kv_stage], col_base);
   sm90::wgmma_wait<0>();
+  if constexpr (kFp8) scale_key_columns(s, ks);
   // f32 partials: the Q buffer and metadata are free once every warp's share of the product has
   // completed; the metadata readers of each warp arrive (q_empty counts 4 * warp_tokens(G)). bf16
   // partials: the buffer stages the partial tile first and is freed later (release_q_buffer).
@@ -308,7 +355,7 @@ __device__ __forceinline__ void release_q_buffer(SharedStorage& sh, int consumer
   sm90::mbar_arrive(&sh.q_empty[consumer][stage]);
 }
 
-template <bool kF16>
+template <bool kF16, bool kFp8>
 __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage& sh,
                                              int consumer_in, int tid) {
   // Warp-uniform for ptxas (lane-0 broadcast): the wgmma descriptors derived from it stay in
@@ -332,11 +379,11 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage&
       // were issued, so their reads are long done and nothing waits.
       if (pending >= 0) release_q_buffer(sh, consumer, pending);
       sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(q_use));
-      consume_tile<kF16>(p, sh, info, s, consumer, q_stage, tid);
+      consume_tile<kF16, kFp8>(p, sh, info, s, consumer, q_stage, tid);
       pending = p.part_bf16 ? q_stage : -1;
     }
     tile_base += info.n_tiles;
-    if ((tid & 31) == 0) sm90::mbar_arrive(&sh.kv_empty[s]);  // kv_empty counts 4 per consumer
+    if (kFp8 || (tid & 31) == 0) sm90::mbar_arrive(&sh.kv_empty[s]);  // kv_empty_arrivals
     ++kv_iter;
   }
   if (pending >= 0) release_q_buffer(sh, consumer, pending);

@@ -82,6 +82,11 @@ struct AttnProblem {
   const float* q_scale = nullptr;
   int32_t q_scale_kind = 0;
   int32_t num_q_heads = 0;
+  // FP8 QK kernels (traits.h kFp8KBytes): the K copy's per-key scales, [Hkv, kscale_stride] f32,
+  // kscale_rows keys per head; the producer copies a block's 128 into its stage (kv_load.cuh).
+  const float* kscale = nullptr;
+  int64_t kscale_stride = 0;
+  int32_t kscale_rows = 0;
 };
 
 // The diagonal of batch b with lq queries and lk keys (ChunkDesc / UnitDesc::diag).

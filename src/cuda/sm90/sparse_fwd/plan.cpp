@@ -34,9 +34,10 @@ size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, s
   w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
   if (w.dequant_q) w.q_bf16 = take(size_t(s.total_q) * size_t(s.num_q_heads) * kHeadDim * 2);
   if (w.dequant_kv) {
-    w.k_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
+    w.k_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * (w.fp8_qk ? 1 : 2));
     w.v_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
   }
+  if (w.fp8_qk) w.k_scale = take(size_t(hkv) * size_t(w.kscale_stride) * 4);
   return off;
 }
 
@@ -48,7 +49,9 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   const bool paged = a.kv.layout != KVLayout::flat;
   w.dequant_kv = a.kv.k.values.dtype == DType::fp8_e4m3 || a.kv.k.values.dtype == DType::fp4x2;
   if (w.dequant_kv) w.kv_rows = paged ? s.batch * s.max_pages * s.page_size : a.kv.k.values.shape[0];
-  w.dequant_q = a.q.dtype == DType::fp8_e4m3;
+  w.fp8_qk = a.q.dtype == DType::fp8_e4m3 && a.kv.k.values.dtype == DType::fp8_e4m3;
+  w.dequant_q = a.q.dtype == DType::fp8_e4m3 && !w.fp8_qk;
+  if (w.fp8_qk) w.kscale_stride = std::max<int64_t>(4, (w.kv_rows + 3) / 4 * 4);
   // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most G units of 128 rows.
   w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
   w.unit_cap = hkv * w.qblock_cap * s.group;
@@ -112,7 +115,8 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
 
 void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);
-  // FP8 q runs as bf16 q (q * scale rounded once, launch_dequant_q).
+  // FP8 q: QK in FP8 over FP8 K (the kFp8 kernels); over 16-bit or FP4 K/V its values as bf16
+  // (exact, launch_dequant_q).
   const DType qt = a.q.dtype == DType::fp8_e4m3 ? DType::bf16 : a.q.dtype;
   const DType kt = a.kv.k.values.dtype;
   MSA_CHECK(kt == a.kv.v.values.dtype, "k, v: must have one dtype on CUDA, got ", dtype_name(kt),

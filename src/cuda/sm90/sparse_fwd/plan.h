@@ -28,11 +28,17 @@ struct AttnPlan {
   // FP8 or FP4 K/V: dequantized to a flat bf16 copy of kv_rows keys (common/dequant_kv.cuh) that the
   // kernels read as flat KV (a page pool's batches at the paged check's key_offsets).
   bool dequant_kv = false;
-  // FP8 q: q * scale as a contiguous bf16 copy (common/dequant_kv.cuh launch_dequant_q).
+  // FP8 q over bf16 / f16 or FP4 K/V: q's values as a contiguous bf16 copy (common/dequant_kv.cuh
+  // launch_dequant_q).
   bool dequant_q = false;
+  // FP8 q over FP8 K/V: QK in FP8 (the kFp8 kernels, traits.h): q read as it is; the copy's K stays
+  // e4m3 (k_bf16 then holds e4m3) with its scales as [Hkv, kscale_stride] f32 rows at k_scale.
+  bool fp8_qk = false;
   size_t q_bf16 = 0;
   int64_t kv_rows = 0;
   size_t k_bf16 = 0, v_bf16 = 0;
+  size_t k_scale = 0;
+  int64_t kscale_stride = 0;  // kv_rows rounded up to 4 (16-byte rows for TMA)
   size_t paged_offence = 0, key_offsets = 0;  // paged KV only
   size_t check = 0, row_start = 0, chunk_start = 0, num_chunks = 0, chunks = 0;
   size_t valid_per_head = 0, k2q_first = 0;  // the caller's k2q check (build_csr false)

@@ -42,12 +42,26 @@ constexpr int kConsumers = 2;      // consumer warpgroups, alternating Q tiles
 constexpr int kQStages = 2;        // Q buffers per consumer; one producer warp per buffer
 constexpr int kProducerWarps = kConsumers * kQStages;
 constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kProducerRegs = 56;  // setmaxnreg budgets: 56 + 2 x 224 <= 512 per thread-slot
+constexpr int kProducerRegs = 56;  // setmaxnreg budgets: see kRegBudget
 constexpr int kConsumerRegs = 224;
 // The uniform path's consumers hold S, O and P of two blocks' products at once (intra-warpgroup
 // overlap): 240 registers; its one producer warp does with 24 (ptxas: no spills either way).
 constexpr int kUniformProducerRegs = 24;
 constexpr int kUniformConsumerRegs = 240;
+// FP8 QK: the producer also copies the key scales (ptxas: 24 registers spilled, 56 none; the
+// consumer needs no more than 224).
+constexpr int kUniformFp8ProducerRegs = 56;
+constexpr int kUniformFp8ConsumerRegs = 224;
+// setmaxnreg.inc takes registers only from those the CTA's own warps released: 384 threads start
+// with 168 each (65536 / 384, rounded down to 8), so producer + 2 consumers <= 3 x 168 = 504.
+// (48 + 2 x 232 = 512 left the consumers waiting in setmaxnreg.inc forever.)
+constexpr int kRegBudget = 3 * 168;
+
+// FP8 QK (DESIGN.md section 15's mixed FP8: e4m3 q and K, bf16 P V): the kernels instantiated
+// with kFp8 read q and K as e4m3, one 128-byte swizzle row per token (half 0 of each buffer; a
+// k32 wgmma step is 32 bytes of it), multiply S by the per-key K scales (SharedStorage::kscale)
+// and run P V in bf16 over the bf16 V copy.
+constexpr int kFp8KBytes = kBlockN * kHeadDim;       // 16 KB: K of a block, e4m3
 
 // Bytes of one 64-column (128-byte swizzle atom wide) half of each tile.
 constexpr int kHalfCols = 64;
@@ -57,10 +71,12 @@ constexpr int kQHalfBytes = kTileM * kHalfCols * 2;    // 8 KB
 static_assert(kProducerWarps == 4, "one producer warp per (consumer, Q stage) buffer: the "
               "producer warpgroup has exactly four warps");
 static_assert(kHeadDim == 2 * kHalfCols, "D = 128 is two 128-byte swizzle atoms per row");
-static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 512 &&
+static_assert(kProducerRegs + kConsumers * kConsumerRegs <= kRegBudget &&
                   kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0 &&
-                  kUniformProducerRegs + kConsumers * kUniformConsumerRegs <= 512 &&
-                  kUniformConsumerRegs % 8 == 0 && kUniformProducerRegs % 8 == 0,
+                  kUniformProducerRegs + kConsumers * kUniformConsumerRegs <= kRegBudget &&
+                  kUniformConsumerRegs % 8 == 0 && kUniformProducerRegs % 8 == 0 &&
+                  kUniformFp8ProducerRegs + kConsumers * kUniformFp8ConsumerRegs <= kRegBudget &&
+                  kUniformFp8ConsumerRegs % 8 == 0 && kUniformFp8ProducerRegs % 8 == 0,
               "setmaxnreg budgets must fit 64K registers for 384 threads and be multiples of 8");
 
 // Per-token metadata of one Q tile, written by its producer warp before the tile's barrier.
@@ -108,6 +124,8 @@ struct alignas(1024) SharedStorage {
   uint8_t k[kKVStages][2][kKVHalfBytes];
   uint8_t v[kKVStages][2][kKVHalfBytes];
   uint8_t q[kConsumers][kQStages][2][kQHalfBytes];
+  // FP8 QK (kFp8 kernels): each stage's 128 per-key K scales, copied with the block (kv_load.cuh).
+  alignas(16) float kscale[kKVStages][kBlockN];
   TileMeta meta[kConsumers][kQStages];
   ChunkInfo info[kKVStages];
   UniformInfo uinfo[kKVStages];

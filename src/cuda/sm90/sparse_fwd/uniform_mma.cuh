@@ -65,18 +65,11 @@ __device__ __forceinline__ void store_out_row(const UniformParams& p, const floa
   }
 }
 
-// S = Q K^T for the 64-row tile (K-major, 128-byte swizzle; the first k-step overwrites).
-template <bool kF16>
+// S = Q K^T for the 64-row tile (mma.cuh issue_qk), committed as its own group.
+template <bool kF16, bool kFp8>
 __device__ __forceinline__ void issue_uniform_qk(float (&sc)[64], uint32_t q_addr,
                                                  uint32_t k_addr) {
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const uint64_t da = sm90::wgmma_desc_sw128(
-        q_addr + (kk >> 2) * kQHalfBytes + (kk & 3) * 32, 16, 1024);
-    const uint64_t db = sm90::wgmma_desc_sw128(
-        k_addr + (kk >> 2) * kKVHalfBytes + (kk & 3) * 32, 16, 1024);
-    sm90::wgmma_ss<kF16>(sc, da, db, kk > 0 ? 1u : 0u);
-  }
+  issue_qk<kF16, kFp8>(sc, q_addr, k_addr);
   sm90::wgmma_commit();
 }
 
@@ -121,7 +114,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[64], float a0, float a1)
 // groups (named barriers kTurn0 / kTurn1), so one's softmax runs under the other's products.
 // Every wgmma group is waited on in the same branch that issued it (ptxas serializes wgmma
 // otherwise). K stage j is released once S_j is done, V stage j - 1 once its product is.
-template <bool kF16>
+template <bool kF16, bool kFp8>
 __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, SharedStorage& sh,
                                                      int consumer_in, int tid) {
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
@@ -144,7 +137,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
     return read_info(sh.uinfo[s], lane);
   };
   auto release_k = [&]() {
-    if (lane == 0) sm90::mbar_arrive(&sh.kv_empty[KVRing::stage(k_iter)]);
+    if (kFp8 || lane == 0) sm90::mbar_arrive(&sh.kv_empty[KVRing::stage(k_iter)]);  // kv_empty_arrivals
     ++k_iter;
   };
   // V of the previous block: wait for it, zero its tail rows if the block is partial.
@@ -153,6 +146,13 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
     sm90::mbar_wait(&sh.v_full[vs], KVRing::full_parity(v_iter));
     if (valid_keys < kBlockN) zero_v_tail(sh, vs, valid_keys, consumer, tid);
     return sm90::smem_addr(sh.v[vs][0]);
+  };
+  // FP8 QK: the key scales of the block in K stage k_iter, read while its S product runs (S takes
+  // them after the wait, before the stage is released).
+  auto key_scales = [&]() {
+    KeyScales ks;
+    if constexpr (kFp8) ks = load_key_columns(sh.kscale[KVRing::stage(k_iter)], col_base);
+    return ks;
   };
   auto release_v = [&]() {
     if (lane == 0) sm90::mbar_arrive(&sh.v_empty[KVRing::stage(v_iter)]);
@@ -191,10 +191,12 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
       // Block 0: S_0 alone.
       sm90::named_sync(my_turn, kPair);
       sm90::wgmma_fence();
-      issue_uniform_qk<kF16>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
+      issue_uniform_qk<kF16, kFp8>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
       sm90::named_arrive(other_turn, kPair);
+      KeyScales ks = key_scales();
       sm90::wgmma_wait<0>();
       fence_regs(sc);
+      if constexpr (kFp8) scale_key_columns(sc, ks);
       release_k();
       softmax(info, a0, a1);
       pack_probs<kF16>(sc, pa);
@@ -204,11 +206,13 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
         const uint32_t v_addr = wait_v(prev.valid_keys);
         sm90::named_sync(my_turn, kPair);
         sm90::wgmma_fence();
-        issue_uniform_qk<kF16>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
+        issue_uniform_qk<kF16, kFp8>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
         issue_uniform_pv<kF16>(o, pa, v_addr);
         sm90::named_arrive(other_turn, kPair);
+        ks = key_scales();
         sm90::wgmma_wait<1>();
         fence_regs(sc);
+        if constexpr (kFp8) scale_key_columns(sc, ks);
         release_k();
         softmax(info, a0, a1);
         sm90::wgmma_wait<0>();
