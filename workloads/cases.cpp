@@ -60,6 +60,9 @@ std::vector<BenchCase> make_cases() {
                             32768, Pattern::blk, kNeedsPrefill);
   fp8qk.kv_dtypes = "fp8qk";
   v.push_back(fp8qk);
+  fp8qk.name = "P32K-blk-fp8qk-tensor";  // one scale per tensor for each of q, K and V
+  fp8qk.kv_dtypes = "fp8qk-tensor";
+  v.push_back(fp8qk);
   BenchCase nvfp4 = prefill("P32K-blk-nvfp4kv", fwd, "sparse attention forward, NVFP4 K/V", 32768,
                             Pattern::blk, kNeedsPrefill);
   nvfp4.kv_dtypes = "nvfp4";

@@ -78,7 +78,7 @@ const std::vector<std::string>& sparse_case_names() {
   static const std::vector<std::string> names = {"P8K-tok",        "P32K-tok",       "P32K-blk",
                                                  "P48K-tok",       "VARLEN-tok",     "CSR-32K",
                                                  "P32K-tok-fp8kv", "P32K-blk-fp8kv",
-                                                 "P32K-blk-fp8qk",
+                                                 "P32K-blk-fp8qk", "P32K-blk-fp8qk-tensor",
                                                  "P32K-blk-nvfp4kv", "DENSE-8K",
                                                  "DENSE-32K",      "DENSE-VARLEN"};
   return names;
@@ -170,7 +170,8 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   // Quantized K/V cases: FP8 e4m3 with per-token-and-head scales, or NVFP4; dk / dv then hold
   // their exact dequantization (rounded once to bf16), which the sampled reference reads.
   // fp8qk: q too (per token and head), dq then holding its dequantization.
-  const bool fp8qk = bc->kv_dtypes == "fp8qk";
+  const bool fp8qk_tensor = bc->kv_dtypes == "fp8qk-tensor";
+  const bool fp8qk = bc->kv_dtypes == "fp8qk" || fp8qk_tensor;
   const bool fp8 = bc->kv_dtypes == "fp8" || fp8qk, fp4 = bc->kv_dtypes == "nvfp4";
   DeviceBuffer k8, v8, ks, vs, q8, qs;
   if (fp8 || fp4) {
@@ -181,11 +182,14 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     ks = gpu_buffer(size_t(tk) * hkv * sd * (fp4 ? 1 : 4));
     vs = gpu_buffer(size_t(tk) * hkv * sd * (fp4 ? 1 : 4));
     auto scale_view = [&](const DeviceBuffer& b) {
+      if (fp8qk_tensor) return Tensor(b.get(), st_t, {1}, kGpu);
       return fp4 ? Tensor(b.get(), st_t, {tk, hkv, sd}, kGpu) : Tensor(b.get(), st_t, {tk, hkv}, kGpu);
     };
     const msa::QTensor k_q(Tensor(k8.get(), vt, {tk, hkv, vd}, kGpu), scale_view(ks));
     const msa::QTensor v_q(Tensor(v8.get(), vt, {tk, hkv, vd}, kGpu), scale_view(vs));
-    const msa::QuantFormat f = fp4 ? msa::QuantFormat::nvfp4 : msa::QuantFormat::fp8_per_token_head;
+    const msa::QuantFormat f = fp4            ? msa::QuantFormat::nvfp4
+                               : fp8qk_tensor ? msa::QuantFormat::fp8_per_tensor
+                                              : msa::QuantFormat::fp8_per_token_head;
     msa::quantize(cb.kv.k.values, f, k_q, s);
     msa::quantize(cb.kv.v.values, f, v_q, s);
     msa::dequantize(k_q, cb.kv.k.values, s);
@@ -197,8 +201,10 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     q8 = gpu_buffer(size_t(tq) * hq * d);
     qs = gpu_buffer(size_t(tq) * hq * 4);
     const msa::QTensor q_q(Tensor(q8.get(), DType::fp8_e4m3, {tq, hq, d}, kGpu),
-                           Tensor(qs.get(), DType::f32, {tq, hq}, kGpu));
-    msa::quantize(a.q, msa::QuantFormat::fp8_per_token_head, q_q, s);
+                           fp8qk_tensor ? Tensor(qs.get(), DType::f32, {1}, kGpu)
+                                        : Tensor(qs.get(), DType::f32, {tq, hq}, kGpu));
+    msa::quantize(a.q, fp8qk_tensor ? msa::QuantFormat::fp8_per_tensor
+                                    : msa::QuantFormat::fp8_per_token_head, q_q, s);
     msa::dequantize(q_q, a.q, s);
     a.q = q_q.values;
     a.q_scale = q_q.scale;
@@ -292,7 +298,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     mb::Json r = mb::new_record(name, mb::op_name(op));
     mb::add_shape(r, *bc);
     mb::add_dtypes(r, fp8qk ? "fp8_e4m3" : "bf16", fp8 ? "fp8_e4m3" : fp4 ? "fp4x2" : "bf16",
-                   fp8 ? "token_head" : fp4 ? "nvfp4" : "");
+                   fp8qk_tensor ? "tensor" : fp8 ? "token_head" : fp4 ? "nvfp4" : "");
     if (!is_csr) r["partial"] = o.partial;
     mb::add_pairs(r, pairs);
     mb::add_timing(r, {t.median, t.min, t.max}, o.iters, o.warmup, count.flop, count.bytes,

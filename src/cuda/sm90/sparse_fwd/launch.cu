@@ -137,6 +137,7 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
     pr.kscale = reinterpret_cast<const float*>(ws + w.k_scale);
     pr.kscale_stride = w.kscale_stride;
     pr.kscale_rows = int32_t(w.kv_rows);
+    pr.kscale_uniform = fp8_scale_kind(a.kv.k.scale) <= 1 ? 1 : 0;
   } else {
     tk = kv_map(w.dequant_kv ? bf16_copy(w.k_bf16) : a.kv.k.values, "k");
   }

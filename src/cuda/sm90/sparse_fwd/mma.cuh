@@ -278,16 +278,22 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   issue_qk<kF16, kFp8>(s, q_addr, k_addr);
   sm90::wgmma_commit();
   KeyScales ks;
-  if constexpr (kFp8) ks = load_key_columns(sh.kscale[kv_stage], col_base);
+  float kmul = 1.f;  // FP8 QK with one K scale: it joins the row scales below
+  if constexpr (kFp8) {
+    if (p.kscale_uniform) kmul = sh.kscale[kv_stage][0];
+    else ks = load_key_columns(sh.kscale[kv_stage], col_base);
+  }
   sm90::wgmma_wait<0>();
-  if constexpr (kFp8) scale_key_columns(s, ks);
+  if constexpr (kFp8) {
+    if (!p.kscale_uniform) scale_key_columns(s, ks);
+  }
   // f32 partials: the Q buffer and metadata are free once every warp's share of the product has
   // completed; the metadata readers of each warp arrive (q_empty counts 4 * warp_tokens(G)). bf16
   // partials: the buffer stages the partial tile first and is freed later (release_q_buffer).
   if (!p.part_bf16 && lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
-  float sl0 = row_scale_log2(p, tok0, info.head * p.group + g0);
-  float sl1 = row_scale_log2(p, tok1, info.head * p.group + g1);
+  float sl0 = row_scale_log2(p, tok0, info.head * p.group + g0) * kmul;
+  float sl1 = row_scale_log2(p, tok1, info.head * p.group + g1) * kmul;
   if (p.soft_cap_log2 > 0.f) {
     sl0 = soft_cap_row<0>(s, sl0, p.soft_cap_log2);
     sl1 = soft_cap_row<2>(s, sl1, p.soft_cap_log2);

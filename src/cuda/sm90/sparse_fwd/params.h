@@ -87,6 +87,9 @@ struct AttnProblem {
   const float* kscale = nullptr;
   int64_t kscale_stride = 0;
   int32_t kscale_rows = 0;
+  // 1: K has one scale (per tensor, or none): the consumers fold a stage's first scale into their
+  // rows' score scales (2 multiplies per block) instead of scaling S's 64 columns per thread.
+  int32_t kscale_uniform = 0;
 };
 
 // The diagonal of batch b with lq queries and lk keys (ChunkDesc / UnitDesc::diag).

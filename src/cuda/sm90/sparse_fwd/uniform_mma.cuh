@@ -147,12 +147,16 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
     if (valid_keys < kBlockN) zero_v_tail(sh, vs, valid_keys, consumer, tid);
     return sm90::smem_addr(sh.v[vs][0]);
   };
-  // FP8 QK: the key scales of the block in K stage k_iter, read while its S product runs (S takes
-  // them after the wait, before the stage is released).
-  auto key_scales = [&]() {
-    KeyScales ks;
-    if constexpr (kFp8) ks = load_key_columns(sh.kscale[KVRing::stage(k_iter)], col_base);
-    return ks;
+  // FP8 QK: S of the block in K stage k_iter times its key scales (after the wait, before the
+  // stage is released); with one K scale, kmul takes it and the rows' score scales absorb it.
+  // (Reading the 32 scales while S is in flight spilled: S, O, P and the scales are live then.)
+  float kmul = 1.f;
+  auto apply_key_scales = [&](float (&s)[64]) {
+    if constexpr (kFp8) {
+      const float* ks = sh.kscale[KVRing::stage(k_iter)];
+      if (p.kscale_uniform) kmul = ks[0];
+      else scale_key_columns(s, load_key_columns(ks, col_base));
+    }
   };
   auto release_v = [&]() {
     if (lane == 0) sm90::mbar_arrive(&sh.v_empty[KVRing::stage(v_iter)]);
@@ -179,10 +183,10 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
         const int base_col = in.kb * kBlockN;
         const int lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
         const int lim1 = max(-1, min(rm.lim1 - base_col, in.valid_keys - 1));
-        float s0 = sl0, s1 = sl1;
+        float s0 = sl0 * kmul, s1 = sl1 * kmul;
         if (p.soft_cap_log2 > 0.f) {
-          s0 = soft_cap_row<0>(sc, sl0, p.soft_cap_log2);
-          s1 = soft_cap_row<2>(sc, sl1, p.soft_cap_log2);
+          s0 = soft_cap_row<0>(sc, s0, p.soft_cap_log2);
+          s1 = soft_cap_row<2>(sc, s1, p.soft_cap_log2);
         }
         a0 = online_softmax_row<0>(sc, lim0, col_base, s0, p.inv_temperature, st0);
         a1 = online_softmax_row<2>(sc, lim1, col_base, s1, p.inv_temperature, st1);
@@ -193,10 +197,9 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
       sm90::wgmma_fence();
       issue_uniform_qk<kF16, kFp8>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
       sm90::named_arrive(other_turn, kPair);
-      KeyScales ks = key_scales();
       sm90::wgmma_wait<0>();
       fence_regs(sc);
-      if constexpr (kFp8) scale_key_columns(sc, ks);
+      apply_key_scales(sc);
       release_k();
       softmax(info, a0, a1);
       pack_probs<kF16>(sc, pa);
@@ -209,10 +212,9 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
         issue_uniform_qk<kF16, kFp8>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
         issue_uniform_pv<kF16>(o, pa, v_addr);
         sm90::named_arrive(other_turn, kPair);
-        ks = key_scales();
         sm90::wgmma_wait<1>();
         fence_regs(sc);
-        if constexpr (kFp8) scale_key_columns(sc, ks);
+        apply_key_scales(sc);
         release_k();
         softmax(info, a0, a1);
         sm90::wgmma_wait<0>();
