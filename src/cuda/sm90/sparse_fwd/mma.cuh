@@ -246,6 +246,12 @@ __device__ __forceinline__ KeyScales load_key_columns(const float* kscale, int c
     k.v[n] = *reinterpret_cast<const float2*>(kscale + 8 * n + col_base);
   return k;
 }
+// One K scale for every key, as a factor of the rows' score scales: a zero scale becomes 1e-30,
+// as q's (params.h row_scale_log2: -inf * 0 would be NaN for a row without a visible key).
+__device__ __forceinline__ float uniform_key_scale(const float* kscale) {
+  const float k = kscale[0];
+  return k == 0.f ? 1e-30f : k;
+}
 __device__ __forceinline__ void scale_key_columns(float (&s)[64], const KeyScales& k) {
 #pragma unroll
   for (int n = 0; n < kBlockN / 8; ++n) {
@@ -280,7 +286,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   KeyScales ks;
   float kmul = 1.f;  // FP8 QK with one K scale: it joins the row scales below
   if constexpr (kFp8) {
-    if (p.kscale_uniform) kmul = sh.kscale[kv_stage][0];
+    if (p.kscale_uniform) kmul = uniform_key_scale(sh.kscale[kv_stage]);
     else ks = load_key_columns(sh.kscale[kv_stage], col_base);
   }
   sm90::wgmma_wait<0>();

@@ -154,7 +154,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
   auto apply_key_scales = [&](float (&s)[64]) {
     if constexpr (kFp8) {
       const float* ks = sh.kscale[KVRing::stage(k_iter)];
-      if (p.kscale_uniform) kmul = ks[0];
+      if (p.kscale_uniform) kmul = uniform_key_scale(ks);
       else scale_key_columns(s, load_key_columns(ks, col_base));
     }
   };
