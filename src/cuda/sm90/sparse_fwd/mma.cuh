@@ -234,8 +234,8 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32
 }
 
 // FP8 QK: the K scales of this thread's columns (8n + col_base + {0, 1}) from the stage's kscale
-// row, read while the S product is in flight; S takes them before the mask, which replaces
-// invisible entries whatever they hold.
+// row (consume_tile reads them while its S product is in flight); S takes them before the mask,
+// which replaces invisible entries whatever they hold.
 struct KeyScales {
   float2 v[kBlockN / 8];
 };
