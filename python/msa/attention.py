@@ -271,7 +271,7 @@ def sparse_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k:
             q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
             sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k, softmax_scale,
             temperature, partial, k_scale, v_scale, out, lse, return_lse, workspace, stream,
-            check)
+            check, want_q2k=return_selection)
     res = _results(out, lse, tlse, return_lse, temperature)
     if not return_selection:
         return res
@@ -325,7 +325,9 @@ def pipeline_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
 def pipeline_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
                    sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k,
                    softmax_scale, temperature, partial, k_scale, v_scale, out, lse, want_lse,
-                   workspace, stream, check) -> tuple:
+                   workspace, stream, check, want_q2k: bool = True) -> tuple:
+    """The pipeline call; returns out, lse, tlse and the q2k view of the workspace (None unless
+    ``want_q2k``: building the view costs ~4 us of host time per call)."""
     out, lse, tlse = _outputs(q, out, lse, None, want_lse, temperature)
     total_q = dims(q, "q", 3, "[total_q, Hq, D]")[0]
     st = stream_of(q, stream)
@@ -343,6 +345,8 @@ def pipeline_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, l
         workspace=arg(workspace), alloc=alloc if workspace is None else None, status=status,
         stream=st)
     finish(status, st, check)
+    if not want_q2k:
+        return out, lse, tlse, None
     ws = workspace if workspace is not None else (scratch[0] if scratch else None)
     return out, lse, tlse, _q2k_view(ws, q, k, layout, total_q, topk)
 
