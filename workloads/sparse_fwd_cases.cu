@@ -174,6 +174,8 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   const bool fp8qk = bc->kv_dtypes == "fp8qk" || fp8qk_tensor;
   const bool fp8 = bc->kv_dtypes == "fp8" || fp8qk, fp4 = bc->kv_dtypes == "nvfp4";
   DeviceBuffer k8, v8, ks, vs, q8, qs;
+  const msa::QuantFormat fp8_format = fp8qk_tensor ? msa::QuantFormat::fp8_per_tensor
+                                                   : msa::QuantFormat::fp8_per_token_head;
   if (fp8 || fp4) {
     const int64_t vd = fp4 ? d / 2 : d, sd = fp4 ? d / 16 : 1;  // bytes of values, scales per row
     const DType vt = fp4 ? DType::fp4x2 : DType::fp8_e4m3, st_t = fp4 ? DType::fp8_e4m3 : DType::f32;
@@ -187,9 +189,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     };
     const msa::QTensor k_q(Tensor(k8.get(), vt, {tk, hkv, vd}, kGpu), scale_view(ks));
     const msa::QTensor v_q(Tensor(v8.get(), vt, {tk, hkv, vd}, kGpu), scale_view(vs));
-    const msa::QuantFormat f = fp4            ? msa::QuantFormat::nvfp4
-                               : fp8qk_tensor ? msa::QuantFormat::fp8_per_tensor
-                                              : msa::QuantFormat::fp8_per_token_head;
+    const msa::QuantFormat f = fp4 ? msa::QuantFormat::nvfp4 : fp8_format;
     msa::quantize(cb.kv.k.values, f, k_q, s);
     msa::quantize(cb.kv.v.values, f, v_q, s);
     msa::dequantize(k_q, cb.kv.k.values, s);
@@ -203,8 +203,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     const msa::QTensor q_q(Tensor(q8.get(), DType::fp8_e4m3, {tq, hq, d}, kGpu),
                            fp8qk_tensor ? Tensor(qs.get(), DType::f32, {1}, kGpu)
                                         : Tensor(qs.get(), DType::f32, {tq, hq}, kGpu));
-    msa::quantize(a.q, fp8qk_tensor ? msa::QuantFormat::fp8_per_tensor
-                                    : msa::QuantFormat::fp8_per_token_head, q_q, s);
+    msa::quantize(a.q, fp8_format, q_q, s);
     msa::dequantize(q_q, a.q, s);
     a.q = q_q.values;
     a.q_scale = q_q.scale;

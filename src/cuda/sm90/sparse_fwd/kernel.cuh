@@ -12,13 +12,12 @@
 namespace msa::cuda::sparse_fwd {
 
 // Shared-memory carve-out (1024-byte aligned) and barrier init, common to both kernels.
-// q_empty_count: arrivals that free a Q buffer (q_empty_arrivals in mma.cuh); kv_full_count: those
-// that publish a K/V stage (lane 0, and with FP8 QK every producer lane: kv_load.cuh);
-// kv_empty_count: those that free it (kv_empty_arrivals in mma.cuh).
+// q_empty_count: arrivals that free a Q buffer (q_empty_arrivals in mma.cuh). fp8 (FP8 QK): a K/V
+// stage is published by lane 0 and every producer lane (kKScaleArrivals, kv_load.cuh) and freed
+// by every consumer thread (kv_empty_arrivals, mma.cuh).
 __device__ __forceinline__ SharedStorage& init_shared(uint8_t* smem_raw, int group,
                                                       int tokens_per_tile, int q_empty_count,
-                                                      uint32_t kv_full_count,
-                                                      uint32_t kv_empty_count,
+                                                      bool fp8,
                                                       const CUtensorMap* tm_q,
                                                       const CUtensorMap* tm_k,
                                                       const CUtensorMap* tm_v) {
@@ -26,8 +25,8 @@ __device__ __forceinline__ SharedStorage& init_shared(uint8_t* smem_raw, int gro
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kKVStages; ++s) {
-      sm90::mbar_init(&sh.kv_full[s], kv_full_count);
-      sm90::mbar_init(&sh.kv_empty[s], kv_empty_count);
+      sm90::mbar_init(&sh.kv_full[s], 1 + (fp8 ? kKScaleArrivals : 0));
+      sm90::mbar_init(&sh.kv_empty[s], kv_empty_arrivals(fp8));
       sm90::mbar_init(&sh.v_full[s], 1);
       sm90::mbar_init(&sh.v_empty[s], kConsumers * 4);
     }
@@ -57,9 +56,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile,
-                                  q_empty_arrivals(p.group, p.part_bf16 != 0),
-                                  1 + (kFp8 ? kKScaleArrivals : 0), kv_empty_arrivals(kFp8),
-                                  &tm_q, &tm_k, &tm_v);
+                                  q_empty_arrivals(p.group, p.part_bf16 != 0), kFp8, &tm_q,
+                                  &tm_k, &tm_v);
   if (threadIdx.x == 0 && p.part_bf16) sm90::prefetch_tensor_map(&p.tm_part);
   pdl_wait();     // the prep kernels' tables (pdl.cuh)
   pdl_trigger();  // the uniform kernel may take each SM this kernel leaves
@@ -87,8 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap tm_v, const UniformParams p) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile,
-                                  q_empty_arrivals(p.group, false), 1 + (kFp8 ? kKScaleArrivals : 0),
-                                  kv_empty_arrivals(kFp8), &tm_q, &tm_k, &tm_v);
+                                  q_empty_arrivals(p.group, false), kFp8, &tm_q, &tm_k, &tm_v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
     sm90::regs_dealloc<kFp8 ? kUniformFp8ProducerRegs : kUniformProducerRegs>();

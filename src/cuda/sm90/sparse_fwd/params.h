@@ -82,7 +82,7 @@ struct AttnProblem {
   const float* q_scale = nullptr;
   int32_t q_scale_kind = 0;
   int32_t num_q_heads = 0;
-  // FP8 QK kernels (traits.h kFp8KBytes): the K copy's per-key scales, [Hkv, kscale_stride] f32,
+  // FP8 QK kernels (traits.h, kFp8): the K copy's per-key scales, [Hkv, kscale_stride] f32,
   // kscale_rows keys per head; the producer copies a block's 128 into its stage (kv_load.cuh).
   const float* kscale = nullptr;
   int64_t kscale_stride = 0;

@@ -61,7 +61,6 @@ constexpr int kRegBudget = 3 * 168;
 // with kFp8 read q and K as e4m3, one 128-byte swizzle row per token (half 0 of each buffer; a
 // k32 wgmma step is 32 bytes of it), multiply S by the per-key K scales (SharedStorage::kscale)
 // and run P V in bf16 over the bf16 V copy.
-constexpr int kFp8KBytes = kBlockN * kHeadDim;       // 16 KB: K of a block, e4m3
 
 // Bytes of one 64-column (128-byte swizzle atom wide) half of each tile.
 constexpr int kHalfCols = 64;
@@ -77,7 +76,7 @@ static_assert(kProducerRegs + kConsumers * kConsumerRegs <= kRegBudget &&
                   kUniformConsumerRegs % 8 == 0 && kUniformProducerRegs % 8 == 0 &&
                   kUniformFp8ProducerRegs + kConsumers * kUniformFp8ConsumerRegs <= kRegBudget &&
                   kUniformFp8ConsumerRegs % 8 == 0 && kUniformFp8ProducerRegs % 8 == 0,
-              "setmaxnreg budgets must fit 64K registers for 384 threads and be multiples of 8");
+              "setmaxnreg budgets must fit kRegBudget and be multiples of 8");
 
 // Per-token metadata of one Q tile, written by its producer warp before the tile's barrier.
 struct TileMeta {
