@@ -2,8 +2,9 @@
 # [1], per token [total_q] or per token and head [total_q, Hq], over bf16, FP8 or FP4 K/V; out is
 # bf16. CPU (numpy and torch): attention_forward and DecodePlan against a float64 reference on the
 # dequantized values, a QTensor q equal bit for bit to its values plus q_scale, the errors, and
-# torch.compile over both ops. GPU: DecodePlan on CUDA (FP8 q over a paged FP8 or bf16 cache)
-# against the CPU DecodePlan; attention_forward on CUDA rejects FP8 q.
+# torch.compile over both ops. GPU: DecodePlan on CUDA (FP8 q over a paged FP8, bf16 or NVFP4
+# cache) against the CPU DecodePlan, and for the sparse cases attention_forward on CUDA too (FP8 q
+# over an FP8 pool runs Q K^T in FP8).
 import numpy as np
 import pytest
 

@@ -216,21 +216,36 @@ __device__ __forceinline__ void pack_probs(const float (&sc)[64], uint32_t (&pa)
 // 128-byte swizzle; the first step overwrites S.
 template <bool kF16, bool kFp8>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+  // Each operand's descriptor is encoded once and offset per k-step (sm90::desc_offset): encoding
+  // it per wgmma took five uniform instructions each, ~60 of a block's ~640 consumer instructions
+  // on the path that the other warpgroup's turn waits for (ncu, P32K-blk).
+  const uint64_t dq = sm90::wgmma_desc_sw128(q_addr, 16, 1024);
+  const uint64_t dk = sm90::wgmma_desc_sw128(k_addr, 16, 1024);
   if constexpr (kFp8) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 32; ++kk)
-      sm90::wgmma_ss_e4m3(s, sm90::wgmma_desc_sw128(q_addr + kk * 32, 16, 1024),
-                          sm90::wgmma_desc_sw128(k_addr + kk * 32, 16, 1024), kk > 0 ? 1u : 0u);
+      sm90::wgmma_ss_e4m3(s, sm90::desc_offset(dq, kk * 32), sm90::desc_offset(dk, kk * 32),
+                          kk > 0 ? 1u : 0u);
   } else {
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint64_t da = sm90::wgmma_desc_sw128(
-          q_addr + (kk >> 2) * kQHalfBytes + (kk & 3) * 32, 16, 1024);
-      const uint64_t db = sm90::wgmma_desc_sw128(
-          k_addr + (kk >> 2) * kKVHalfBytes + (kk & 3) * 32, 16, 1024);
-      sm90::wgmma_ss<kF16>(s, da, db, kk > 0 ? 1u : 0u);
-    }
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      sm90::wgmma_ss<kF16>(s, sm90::desc_offset(dq, (kk >> 2) * kQHalfBytes + (kk & 3) * 32),
+                           sm90::desc_offset(dk, (kk >> 2) * kKVHalfBytes + (kk & 3) * 32),
+                           kk > 0 ? 1u : 0u);
   }
+}
+
+// O (+)= P V, P from registers, issued (not committed). MN-major V: 16 keys are two 8-row groups
+// (SBO 1024 B); the two 64-column halves of D are LBO = 16 KB apart. Without accumulate the first
+// step overwrites O.
+template <bool kF16>
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[kBlockN / 16][4],
+                                         uint32_t v_addr, bool accumulate) {
+  const uint64_t dv = sm90::wgmma_desc_sw128(v_addr, kKVHalfBytes, 1024);
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk)
+    sm90::wgmma_rs_tb<kF16>(o, pa[kk], sm90::desc_offset(dv, kk * 2048),
+                            (accumulate || kk > 0) ? 1u : 0u);
 }
 
 // FP8 QK: the K scales of this thread's columns (8n + col_base + {0, 1}) from the stage's kscale
@@ -315,13 +330,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   const uint32_t v_addr = sm90::smem_addr(sh.v[kv_stage][0]);
   sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    // MN-major V: 16 keys = two 8-row groups (SBO 1024 B); the two 64-column halves of D are
-    // LBO = 16 KB apart.
-    const uint64_t db = sm90::wgmma_desc_sw128(v_addr + kk * 2048, kKVHalfBytes, 1024);
-    sm90::wgmma_rs_tb<kF16>(o, pa[kk], db, kk > 0 ? 1u : 0u);
-  }
+  issue_pv<kF16>(o, pa, v_addr, false);
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
 

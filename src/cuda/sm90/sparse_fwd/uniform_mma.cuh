@@ -77,11 +77,7 @@ __device__ __forceinline__ void issue_uniform_qk(float (&sc)[64], uint32_t q_add
 template <bool kF16>
 __device__ __forceinline__ void issue_uniform_pv(float (&o)[64], const uint32_t (&pa)[8][4],
                                                  uint32_t v_addr) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint64_t db = sm90::wgmma_desc_sw128(v_addr + kk * 2048, kKVHalfBytes, 1024);
-    sm90::wgmma_rs_tb<kF16>(o, pa[kk], db, 1u);
-  }
+  issue_pv<kF16>(o, pa, v_addr, true);
   sm90::wgmma_commit();
 }
 
