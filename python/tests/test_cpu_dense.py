@@ -52,8 +52,9 @@ def test_large_offsets_equal_non_causal():
     assert np.array_equal(out.view(np.uint16), full.view(np.uint16))
 
 
+# Dense attention takes any GQA group up to 128: 5, 12 and 48 besides the sparse path's groups.
 @pytest.mark.parametrize("d, hq, hkv", [(32, 16, 1), (64, 16, 2), (128, 4, 2), (256, 2, 2),
-                                        (5, 2, 1)])
+                                        (5, 2, 1), (64, 10, 2), (32, 12, 1), (16, 96, 2)])
 def test_head_dims_and_groups(d, hq, hkv):
     rng, q, k, v, cu_q, cu_k = _problem(4, hq=hq, hkv=hkv, d=d, dtype=ml_dtypes.bfloat16)
     mask = rng.random((3, 70)) < 0.7
@@ -61,6 +62,18 @@ def test_head_dims_and_groups(d, hq, hkv):
                                      soft_cap=30.0, return_lse=True)
     want, want_lse, _ = _reference(q, k, v, cu_q, cu_k, key_mask=mask, soft_cap=30.0)
     ref.check_attention(out, lse, want, want_lse)
+
+
+def test_sparse_calls_keep_their_groups():
+    # 10 query heads on 2 kv heads (G = 5) run dense; a q2k selection needs G in {1, 2, 4, 8, 16}.
+    rng, q, k, v, cu_q, cu_k = _problem(6, hq=10, hkv=2, d=32)
+    q2k = np.zeros((2, q.shape[0], 1), np.int32)
+    with pytest.raises(msa.MsaError, match="sparse call's GQA group Hq/Hkv must be 1, 2, 4, 8 or 16"):
+        msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k, kv_block_size=64)
+    qw = np.zeros((q.shape[0], 129, 32), q.dtype)
+    kw = np.zeros((k.shape[0], 1, 32), k.dtype)
+    with pytest.raises(msa.MsaError, match="GQA group Hq/Hkv must be at most 128, got 129"):
+        msa.attention_forward(qw, kw, kw, cu_q, cu_seqlens_k=cu_k)
 
 
 def test_paged_and_sparse_with_mask():

@@ -25,12 +25,12 @@ void check_decode_shape(const DecodeShape& s) {
   MSA_CHECK(s.num_q_heads > 0 && s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0,
             "decode shape: num_kv_heads (", s.num_kv_heads, ") must be > 0 and divide num_q_heads (",
             s.num_q_heads, ")");
-  const int g = s.num_q_heads / s.num_kv_heads;
+  const int64_t g = s.num_q_heads / s.num_kv_heads;
   const bool cuda = s.device.type == DeviceType::cuda;
-  MSA_CHECK(g == 1 || g == 2 || g == 4 || g == 8 || g == 16 ||
-                (!cuda && s.num_kv_heads == 1 && g <= 128),
-            "decode shape: GQA group num_q_heads / num_kv_heads must be 1, 2, 4, 8 or 16 (on the CPU "
-            "also one kv head for up to 128 query heads), got ", g);
+  MSA_CHECK(g <= 128, "decode shape: GQA group num_q_heads / num_kv_heads must be at most 128, got ",
+            g);
+  if (s.topk > 0) api::check_sparse_group(g, s.num_kv_heads, "decode shape (topk > 0)");
+  if (cuda) api::check_cuda_group(g, "decode");
   MSA_CHECK(s.head_dim > 0, "decode shape: head_dim must be > 0, got ", s.head_dim);
   MSA_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128 ||
                 s.page_size == 256,

@@ -36,8 +36,7 @@ void select_topk(const TopKArgs& a, cudaStream_t stream) {
   MSA_CHECK(a.num_kv_heads > 0 && hq % a.num_kv_heads == 0, "num_kv_heads: must be > 0 and divide ",
             "the query heads of scores (", hq, "), got ", a.num_kv_heads);
   const int64_t g = hq / a.num_kv_heads;
-  MSA_CHECK(g == 1 || g == 2 || g == 4 || g == 8 || g == 16,
-            "num_kv_heads: GQA group Hq/Hkv must be 1, 2, 4, 8 or 16, got ", g);
+  api::check_sparse_group(g, a.num_kv_heads, "num_kv_heads");
   api::check_selection(a.topk, a.sink_blocks, a.local_blocks, a.kv_block_size);
   MSA_CHECK(a.cu_seqlens_q.defined() && a.cu_seqlens_q.ndim == 1 && a.cu_seqlens_q.shape[0] >= 1,
             "cu_seqlens_q: must be a 1-D int32 tensor [B+1]");

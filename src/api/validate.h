@@ -71,7 +71,15 @@ void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v = {}
 // is an msa::Error naming it, for `op` on CUDA tensors.
 void refuse_cpu_only_attention(const AttentionArgs& a, const char* op, bool offsets = false);
 
-// q2k [Hkv, total_q, topk] int32 on the op's device; returns topk.
+// The GQA group of a sparse call (a q2k selection): 1, 2, 4, 8 or 16, or one kv head for up to
+// 128 query heads (token-sparse MQA). `what` names the argument that made the call sparse.
+void check_sparse_group(int64_t group, int64_t num_kv_heads, const char* what);
+
+// The GQA groups every CUDA kernel takes so far (1, 2, 4, 8, 16); an msa::Error naming `op` else.
+void check_cuda_group(int64_t group, const char* op);
+
+// q2k [Hkv, total_q, topk] int32 on the op's device (the call's group passing
+// check_sparse_group); returns topk.
 int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device);
 
 // Top-K selection knobs (docs/semantics.md, Top-K selection): kv_block_size 64 | 128, topk >= 1,

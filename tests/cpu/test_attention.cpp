@@ -713,5 +713,23 @@ TEST(AttentionRules, TemperatureAndTlse) {
   EXPECT_EQ(attention_workspace_bytes(f.args()), 0u);
 }
 
+// A sparse call (q2k) keeps the sparse path's GQA groups (1, 2, 4, 8, 16, or MQA); the same
+// shape runs dense, and groups past 128 are refused for both.
+TEST(Attention, SparseCallsKeepTheirGroups) {
+  const Problem p = make_problem({5, 3}, {100, 40}, 10, 2, 64, 430);
+  Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+  const std::vector<int32_t> ids = random_q2k(p, 1, 128, 431);
+  const HostTensor q2k = q2k_tensor(ids, p.hkv, p.total_q(), 1);
+  AttentionArgs a = make_args(p, p.flat_kv(), o, &q2k, {});
+  expect_error([&] { attention_forward(a); },
+               "q2k: a sparse call's GQA group Hq/Hkv must be 1, 2, 4, 8 or 16 (or one kv head for "
+               "up to 128 query heads), got 5");
+  expect_matches(run_attention(p, p.flat_kv(), nullptr, {}), reference_attention(p, nullptr, 0, {}));
+  const Problem wide = make_problem({2}, {30}, 129, 1, 16, 432);
+  Outputs ow(DType::bf16, wide.total_q(), wide.hq, wide.dim);
+  AttentionArgs b = make_args(wide, wide.flat_kv(), ow, nullptr, {});
+  expect_error([&] { attention_forward(b); }, "q: GQA group Hq/Hkv must be at most 128, got 129");
+}
+
 }  // namespace
 }  // namespace msa::test

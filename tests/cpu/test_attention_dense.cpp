@@ -220,10 +220,14 @@ TEST(DenseAttention, HeadDimsAndGroups) {
   };
   // A curated matrix: every head dim of the dense family and every GQA group of section 1 once,
   // plus head dims whose rows are not 16-byte aligned (the CPU reads elements).
+  // Groups past the sparse path's: 3, 5, 7, 12 and 48 (dense attention takes any G up to 128).
   const std::vector<Case> cases = {{32, 16, 1, DType::bf16}, {64, 16, 2, DType::f16},
                                    {128, 4, 2, DType::bf16}, {256, 2, 2, DType::f16},
                                    {128, 8, 1, DType::bf16}, {1, 2, 1, DType::bf16},
-                                   {5, 3, 3, DType::f16},    {96, 4, 4, DType::bf16}};
+                                   {5, 3, 3, DType::f16},    {96, 4, 4, DType::bf16},
+                                   {64, 6, 2, DType::bf16},  {128, 10, 2, DType::f16},
+                                   {32, 7, 1, DType::bf16},  {16, 24, 2, DType::bf16},
+                                   {8, 96, 2, DType::f16}};
   unsigned seed = 80;
   for (const Case& c : cases) {
     SCOPED_TRACE("D " + std::to_string(c.dim) + ", Hq " + std::to_string(c.hq) + ", Hkv " +

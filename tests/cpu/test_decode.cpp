@@ -49,6 +49,38 @@ TEST(Decode, DenseAndSparseMatchBruteForce) {
     }
 }
 
+// Dense decode takes any GQA group up to 128 (DESIGN.md section 1): groups 3, 5, 12 and 48 against
+// the brute force; a sparse plan keeps the sparse path's groups, CUDA its kernels' ones.
+TEST(Decode, DenseAnyGroup) {
+  unsigned seed = 300;
+  for (const auto& [hq, hkv] : {std::pair{6, 2}, std::pair{10, 2}, std::pair{12, 1},
+                                std::pair{96, 2}}) {
+    SCOPED_TRACE("Hq " + std::to_string(hq) + ", Hkv " + std::to_string(hkv));
+    const Problem p = make_problem({1, 3, 2}, {200, 65, 1}, hq, hkv, 32, seed++);
+    const PagedKV paged = make_paged(p, KVLayout::paged_hnd, 16, seed++);
+    DecodePlan plan;
+    plan.plan(shape_of(p, paged, 3, 0), paged.seqused_k.data<int32_t>(), Tensor());
+    AttentionParams prm;
+    Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
+    plan.run(make_args(p, paged.cache(), o, nullptr, prm));
+    expect_matches(o, reference_attention(p, nullptr, 0, prm));
+  }
+  const Problem p = make_problem({1}, {100}, 10, 2, 32, 320);
+  const PagedKV paged = make_paged(p, KVLayout::paged_nhd, 16, 321);
+  DecodeShape s = shape_of(p, paged, 1, 2);
+  expect_error([&] { DecodePlan::workspace_bytes(s); },
+               "decode shape (topk > 0): a sparse call's GQA group Hq/Hkv must be 1, 2, 4, 8 or 16 "
+               "(or one kv head for up to 128 query heads), got 5");
+  s = shape_of(p, paged, 1, 0);
+  s.device = Device{DeviceType::cuda, 0};
+  expect_error([&] { DecodePlan::workspace_bytes(s); },
+               "decode: the CUDA kernels take a GQA group Hq/Hkv of 1, 2, 4, 8 or 16 so far, got 5");
+  s = shape_of(p, paged, 1, 0);
+  s.num_q_heads = 129 * 2;
+  expect_error([&] { DecodePlan::workspace_bytes(s); },
+               "decode shape: GQA group num_q_heads / num_kv_heads must be at most 128, got 129");
+}
+
 // NVFP4 and MXFP4 page pools (fp4x2 values, scale pools of the values' layout), dense and sparse,
 // both layouts, against the brute force on the exact dequantized values.
 TEST(Decode, Fp4PoolsMatchBruteForce) {
@@ -115,7 +147,7 @@ TEST(Decode, TokenSparseAndMqa) {
   expect_matches(o, reference_attention(p, &ids, 40, prm));
   // CUDA decode keeps its 64 / 128-key blocks and groups of up to 16.
   sh.device = {DeviceType::cuda, 0};
-  expect_error([&] { DecodePlan::workspace_bytes(sh); }, "decode shape: GQA group");
+  expect_error([&] { DecodePlan::workspace_bytes(sh); }, "the CUDA kernels take a GQA group");
 }
 
 TEST(Decode, NewLengthsWithinThePlan) {

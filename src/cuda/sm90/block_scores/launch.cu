@@ -77,7 +77,10 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
             op, ": CUDA supports bf16, f16, fp8_e4m3 and fp4x2 inputs, got ", dtype_name(q.values.dtype));
   MSA_CHECK(s.head_dim == kHeadDim, op, ": head_dim must be 128 on CUDA, got ", s.head_dim);
   MSA_CHECK(blk == kBlockN, op, ": kv_block_size must be 128 on CUDA, got ", blk);
-  MSA_CHECK(s.group <= 16, op, ": GQA group Hq/Hkv must be at most 16 on CUDA, got ", s.group);
+  // Row tiles hold 64 / G whole tokens and the group max is a butterfly over G lanes.
+  MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16, op,
+            ": the CUDA kernels take a GQA group Hq/Hkv of 1, 2, 4, 8 or 16 so far, got ", s.group,
+            "; other groups run on CPU tensors");
   MSA_CHECK(s.total_q < std::numeric_limits<int32_t>::max() &&
                 kv.k.values.shape[0] < std::numeric_limits<int32_t>::max(),
             op, ": token counts must be below 2^31 on CUDA (TMA coordinates are int32)");

@@ -142,7 +142,8 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN,
             "params.kv_block_size: must be 128 on CUDA, got ", s.kv_block_size);
   MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,
-            "q: Hq / Hkv must be 1, 2, 4, 8 or 16 on CUDA, got ", s.group);
+            "attention_forward: the CUDA kernels take a GQA group Hq/Hkv of 1, 2, 4, 8 or 16 so "
+            "far, got ", s.group, "; other groups run on CPU tensors");
   MSA_CHECK(s.total_q * s.topk * s.num_kv_heads < INT32_MAX,
             "q2k: Hkv * total_q * topk must be below 2^31 on CUDA");
   MSA_CHECK(a.kv.k.values.shape[0] < INT32_MAX && s.total_q < INT32_MAX,
