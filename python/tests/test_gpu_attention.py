@@ -42,6 +42,18 @@ def test_dense_flat(seed, dtype):
     ref.check_close(out, lse, want, want_lse)
 
 
+# Dense attention takes any GQA group up to 64 on CUDA (groups that do not divide 16 too).
+@pytest.mark.parametrize("hq, hkv", [(10, 2), (12, 1), (21, 3), (64, 1)])
+def test_dense_any_group(hq, hkv):
+    gen = torch.Generator().manual_seed(hq)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, [37, 0, 150], [300, 9, 150], hq, hkv, 128,
+                                             torch.bfloat16, DEV)
+    with gpu_op():
+        out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, return_lse=True)
+    want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, causal=True)
+    ref.check_close(out, lse, want, want_lse)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_sparse_flat(seed):
     gen, lq, lk, hq, hkv, blk, causal = _random_case(100 + seed)

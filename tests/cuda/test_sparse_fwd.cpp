@@ -512,6 +512,63 @@ TEST(SparseFwdGpu, DenseMatchesCpu) {
   }
 }
 
+// Dense attention takes any GQA group up to 64 on CUDA (floor(64 / G) whole tokens per 64-row
+// tile, the rows past them idle): groups that do not divide 16 (a token's rows straddle two
+// warps), and groups of 24, 48 and 64 on one kv head, against the CPU, with empty requests,
+// lengths past a tile, f16, FP8 K/V and FP8 q; larger dense groups and a sparse call's group
+// outside {1, 2, 4, 8, 16} are refused.
+TEST(SparseFwdGpu, DenseAnyGroupMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  struct Shape {
+    int64_t g, hkv;
+    std::vector<int32_t> lq, lk;
+    bool causal;
+    int kind;  // 0 bf16, 1 f16, 2 bf16 with temperature, 3 FP8 K/V (per token and head), 4 FP8 q
+  };
+  const Shape shapes[] = {
+      {3, 2, {37, 0, 130}, {300, 5, 130}, true, 0}, {5, 2, {1, 64, 200}, {1, 700, 260}, true, 1},
+      {6, 1, {13}, {13}, false, 2},                 {7, 2, {100, 3}, {129, 400}, true, 3},
+      {12, 1, {61, 9}, {200, 9}, true, 4},          {13, 2, {25}, {256}, false, 0},
+      {24, 1, {11, 40}, {300, 41}, true, 1},        {48, 1, {7}, {257}, true, 3},
+      {64, 1, {5, 3}, {130, 1000}, true, 2},
+  };
+  unsigned seed = 900;
+  for (const Shape& sh : shapes) {
+    const DType qt = sh.kind == 1 ? DType::f16 : sh.kind == 4 ? DType::fp8_e4m3 : DType::bf16;
+    Problem prob = make_problem(sh.lq, sh.lk, sh.g * sh.hkv, sh.hkv, 128, seed++, qt,
+                                sh.kind == 3 ? DType::fp8_e4m3 : qt,
+                                sh.kind == 3 ? Fp8Scale::per_token_head : Fp8Scale::none);
+    SparseCase c = dense_case(std::move(prob), sh.causal);
+    if (sh.kind == 2) c.temperature = 0.7f;
+    c.name = "G " + std::to_string(sh.g) + ", Hkv " + std::to_string(sh.hkv) + ", kind " +
+             std::to_string(sh.kind);
+    SCOPED_TRACE(c.name);
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
+    expect_close(c, g1, ref);
+    if (small) continue;
+    if (sh.kind < 3) expect_within_fa3_bar(c, g1.out, 1);
+    expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/false, s));
+    if (HasFailure()) break;
+  }
+  {
+    SparseCase c = dense_case(make_problem({3}, {40}, 96, 1, 128, 950u), true);
+    DeviceCase d(c, s);
+    expect_error([&] { run_gpu(c, d, false, s); },
+                 "attention_forward: the CUDA kernels take a GQA group Hq/Hkv of at most 64 so far, "
+                 "got 96");
+  }
+  {
+    SparseCase c = dense_case(make_problem({3}, {40}, 10, 2, 128, 951u), true);
+    c.dense = false;  // the same shape with its every-block q2k: a sparse call
+    DeviceCase d(c, s);
+    expect_error([&] { run_gpu(c, d, false, s); }, "q2k: a sparse call's GQA group Hq/Hkv must be");
+  }
+}
+
 // Dense named edges: one key, G = 16 with one token, requests without queries or keys, no keys
 // at all (the combine writes the zero rows), Lq > Lk (early queries see nothing), non-causal,
 // lengths one past a block, the CPU's dense reference and its every-block sparse form agree.

@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile,
-                                  q_empty_arrivals(p.group, p.part_bf16 != 0), kFp8, &tm_q,
-                                  &tm_k, &tm_v);
+                                  q_empty_arrivals(p.group, p.tokens_per_tile, p.part_bf16 != 0),
+                                  kFp8, &tm_q, &tm_k, &tm_v);
   if (threadIdx.x == 0 && p.part_bf16) sm90::prefetch_tensor_map(&p.tm_part);
   pdl_wait();     // the prep kernels' tables (pdl.cuh)
   pdl_trigger();  // the uniform kernel may take each SM this kernel leaves
@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap tm_v, const UniformParams p) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& sh = init_shared(smem_raw, p.group, p.tokens_per_tile,
-                                  q_empty_arrivals(p.group, false), kFp8, &tm_q, &tm_k, &tm_v);
+                                  q_empty_arrivals(p.group, p.tokens_per_tile, false), kFp8, &tm_q,
+                                  &tm_k, &tm_v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
     sm90::regs_dealloc<kFp8 ? kUniformFp8ProducerRegs : kUniformProducerRegs>();

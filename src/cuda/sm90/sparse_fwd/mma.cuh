@@ -30,15 +30,28 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Tokens a consumer warp's 16 rows cover (G = 16: 1, G = 1: 16), and the warp's first token.
-__device__ __forceinline__ int warp_tokens(int group) { return group >= 16 ? 1 : 16 / group; }
+// The tokens whose rows consumer warp `warp` holds (tile rows 16 warp .. 16 warp + 15, row r of
+// token r / G), among the tile's tpt = 64 / G: the first and how many (G = 16: 1; G = 1: 16). With
+// a G that does not divide 16 (dense attention takes any G up to 64) a token's rows may straddle
+// two warps, which then both read its metadata; rows past tpt G hold no token.
+struct WarpTokens {
+  int first, count;
+};
+__device__ __forceinline__ WarpTokens warp_tokens(int group, int tpt, int warp) {
+  const int first = (16 * warp) / group;
+  const int last = min((16 * warp + 15) / group, tpt - 1);
+  return WarpTokens{first, max(0, last - first + 1)};
+}
 
-// Arrivals that free a Q buffer. Its metadata readers (4 warps x warp_tokens(G) lanes) when the
-// buffer is released as soon as S is done; every consumer thread when the KV-major path stages
-// its bf16 partial tile in the buffer (each writer is then its own arrival, after the TMA stores'
-// reads of the tile: consume_tile, release_q_buffer).
-__device__ __forceinline__ int q_empty_arrivals(int group, bool staged_partials) {
-  return staged_partials ? 128 : 4 * warp_tokens(group);
+// Arrivals that free a Q buffer. Its metadata readers (each warp's warp_tokens count of lanes)
+// when the buffer is released as soon as S is done; every consumer thread when the KV-major path
+// stages its bf16 partial tile in the buffer (each writer is then its own arrival, after the TMA
+// stores' reads of the tile: consume_tile, release_q_buffer).
+__device__ __forceinline__ int q_empty_arrivals(int group, int tpt, bool staged_partials) {
+  if (staged_partials) return 128;
+  int n = 0;
+  for (int w = 0; w < 4; ++w) n += warp_tokens(group, tpt, w).count;
+  return n;
 }
 
 // Arrivals that free a K/V stage: lane 0 of every consumer warp (wgmma reads the tiles, and the
@@ -54,11 +67,13 @@ __device__ __forceinline__ uint32_t kv_empty_arrivals(bool fp8) {
 struct RowMeta {
   int32_t tok0, slot0, lim0, tok1, slot1, lim1;
 };
-__device__ __forceinline__ RowMeta read_row_meta(const TileMeta& meta, int group, int warp,
-                                                 int lane, int j0, int j1) {
-  const int n = warp_tokens(group), first = (16 * warp) / group;
+// Rows past the tile's tokens (j >= tpt) get a lane that read nothing: token -1, limit -1.
+__device__ __forceinline__ RowMeta read_row_meta(const TileMeta& meta, int group, int tpt,
+                                                 int warp, int lane, int j0, int j1) {
+  const WarpTokens wt = warp_tokens(group, tpt, warp);
+  const int first = wt.first;
   int32_t t = -1, sl = -1, li = -1;
-  if (lane < n) {
+  if (lane < wt.count) {
     t = meta.token[first + lane];
     sl = meta.slot[first + lane];
     li = meta.limit[first + lane];
@@ -286,7 +301,8 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   const int j0 = r0 / p.group, g0 = r0 - j0 * p.group;
   const int j1 = r1 / p.group, g1 = r1 - j1 * p.group;
   const int col_base = 2 * (lane & 3);
-  const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, warp, lane, j0, j1);
+  const RowMeta rm =
+      read_row_meta(sh.meta[consumer][q_stage], p.group, p.tokens_per_tile, warp, lane, j0, j1);
   const int32_t tok0 = rm.tok0, slot0 = rm.slot0, lim0 = rm.lim0;
   const int32_t tok1 = rm.tok1, slot1 = rm.slot1, lim1 = rm.lim1;
 
@@ -309,9 +325,10 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
     if (!p.kscale_uniform) scale_key_columns(s, ks);
   }
   // f32 partials: the Q buffer and metadata are free once every warp's share of the product has
-  // completed; the metadata readers of each warp arrive (q_empty counts 4 * warp_tokens(G)). bf16
-  // partials: the buffer stages the partial tile first and is freed later (release_q_buffer).
-  if (!p.part_bf16 && lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
+  // completed; the metadata readers of each warp arrive (q_empty_arrivals). bf16 partials: the
+  // buffer stages the partial tile first and is freed later (release_q_buffer).
+  const WarpTokens wt = warp_tokens(p.group, p.tokens_per_tile, warp);
+  if (!p.part_bf16 && lane < wt.count) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
   float sl0 = row_scale_log2(p, tok0, info.head * p.group + g0) * kmul;
   float sl1 = row_scale_log2(p, tok1, info.head * p.group + g1) * kmul;
@@ -345,9 +362,9 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
     stage_partial_row<2>(buf, o, r1, col_base, tok1 >= 0 ? st1 : RowStats{-INFINITY, 0.f, 0.f});
     sm90::fence_proxy_async_smem();
     __syncwarp();
-    if (lane < warp_tokens(p.group)) {
+    if (lane < wt.count) {  // the KV-major kernel runs G in {1, 2, 4, 8, 16}: whole tokens
       const TileMeta& meta = sh.meta[consumer][q_stage];
-      const int first = (16 * warp) / p.group;
+      const int first = wt.first;
       const int32_t t = meta.token[first + lane], sl = meta.slot[first + lane];
       if (t >= 0) {
         const int32_t entry = int32_t((head_base + t) * p.topk + sl);

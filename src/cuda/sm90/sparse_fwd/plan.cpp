@@ -43,7 +43,21 @@ size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, s
 
 }  // namespace
 
+// Dense attention runs the uniform kernel alone, whose 64-row tiles take floor(64 / G) whole
+// tokens of any G up to 64; the sparse path's KV-major kernel and prep need G | 16. Checked first
+// by make_plan too: its sizes divide by tokens_per_tile(G), 0 past 64.
+static void check_group(const AttentionArgs& a, const ProblemShape& s) {
+  if (a.q2k.defined())
+    MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,
+              "attention_forward: the CUDA kernels take a sparse call's GQA group Hq/Hkv of 1, 2, "
+              "4, 8 or 16, got ", s.group, "; other groups run on CPU tensors");
+  else
+    MSA_CHECK(s.group <= 64, "attention_forward: the CUDA kernels take a GQA group Hq/Hkv of at "
+              "most 64 so far, got ", s.group, "; larger groups run on CPU tensors");
+}
+
 AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
+  check_group(a, s);
   AttnPlan w;
   const int64_t hkv = s.num_kv_heads, nnz = s.total_q * s.topk;
   const bool paged = a.kv.layout != KVLayout::flat;
@@ -52,9 +66,10 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.fp8_qk = a.q.dtype == DType::fp8_e4m3 && a.kv.k.values.dtype == DType::fp8_e4m3;
   w.dequant_q = a.q.dtype == DType::fp8_e4m3 && !w.fp8_qk;
   if (w.fp8_qk) w.kscale_stride = std::max<int64_t>(4, (w.kv_rows + 3) / 4 * 4);
-  // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most G units of 128 rows.
+  // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most units_per_qblock(G)
+  // units (G for G in {1, 2, 4, 8, 16}).
   w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
-  w.unit_cap = hkv * w.qblock_cap * s.group;
+  w.unit_cap = hkv * w.qblock_cap * units_per_qblock(int(s.group));
   w.dense = !a.q2k.defined();
   if (w.dense) {  // no CSR, chunks or partials: only the uniform kernel runs
     w.total = take_shared(w, a, s, 0);
@@ -141,9 +156,7 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   // Dense attention has no block ids: the unit of its K/V loads is the kernels' own.
   MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN,
             "params.kv_block_size: must be 128 on CUDA, got ", s.kv_block_size);
-  MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,
-            "attention_forward: the CUDA kernels take a GQA group Hq/Hkv of 1, 2, 4, 8 or 16 so "
-            "far, got ", s.group, "; other groups run on CPU tensors");
+  check_group(a, s);
   MSA_CHECK(s.total_q * s.topk * s.num_kv_heads < INT32_MAX,
             "q2k: Hkv * total_q * topk must be below 2^31 on CUDA");
   MSA_CHECK(a.kv.k.values.shape[0] < INT32_MAX && s.total_q < INT32_MAX,

@@ -152,6 +152,14 @@ enum class NamedBarrier : uint32_t {
 };
 
 // Q tokens per tile for group size G (64 rows = tokens x G heads).
-inline int tokens_per_tile(int group) { return kTileM / group; }
+constexpr int tokens_per_tile(int group) { return kTileM / group; }
+// A uniform unit is the two consumers' tiles: 128 / G tokens for G in {1, 2, 4, 8, 16}, and
+// 2 floor(64 / G) for the other groups dense attention takes (up to 64; rows past them idle).
+constexpr int unit_tokens(int group) { return 2 * tokens_per_tile(group); }
+// Units of a query block's n_tok tokens (<= 128); at most units_per_qblock(G) of them.
+constexpr int units_of(int64_t n_tok, int group) {
+  return int((n_tok + unit_tokens(group) - 1) / unit_tokens(group));
+}
+constexpr int units_per_qblock(int group) { return units_of(128, group); }
 
 }  // namespace msa::cuda::sparse_fwd

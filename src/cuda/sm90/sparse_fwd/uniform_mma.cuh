@@ -166,7 +166,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
     if (info.kb == -2) break;
     const int q_stage = QRing::stage(unit_iter);
     sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(unit_iter));
-    const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, warp, lane, j0, j1);
+    const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, p.tokens_per_tile,
+                                     warp, lane, j0, j1);
     const int32_t head = rm.slot0;  // the uniform producer stores the kv head in the slot field
     const float sl0 = row_scale_log2(p, rm.tok0, head * p.group + g0);
     const float sl1 = row_scale_log2(p, rm.tok1, head * p.group + g1);
@@ -235,7 +236,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
       release_k();  // a unit without a usable block: zeros and -inf out
     }
     // Q buffer released by the warp's metadata readers, as in the KV-major path.
-    if (lane < warp_tokens(p.group)) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
+    if (lane < warp_tokens(p.group, p.tokens_per_tile, warp).count)
+      sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
     finish_row(st0, p.inv_temperature);
     finish_row(st1, p.inv_temperature);
     const bool lead = (lane & 3) == 0;
