@@ -136,7 +136,9 @@ def _per_request(q, k, v, out, bhsd, batch, sq, sk, key_mask, common) -> Any:
     cu_q, cu_k = _offsets(q, 1, sq), _offsets(q, 1, sk)
     offset = common.pop("causal_offset")
     # The one-call path checks the whole [B] array; a request's 1-element slice would pass any
-    # stride, so check it here the same way.
+    # extent or stride, so check them here the same way.
+    if offset is not None and tuple(offset.shape) != (batch,):
+        raise MsaError(f"causal_offset: shape must be [B] = [{batch}], got {list(offset.shape)}")
     if offset is not None and len(offset) > 1 and _strides(offset)[0] != 1:
         raise MsaError(f"causal_offset: must be contiguous, got strides {list(_strides(offset))}")
     rows = common["key_mask_rows"]

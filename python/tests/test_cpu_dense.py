@@ -276,3 +276,16 @@ def test_batched_strided_offsets_refused_on_both_paths(layout):
     off = np.array([1, 0, 2, 0], np.int32)[::2]
     with pytest.raises(msa.MsaError, match="causal_offset: must be contiguous"):
         msa.attention_batched(q, k, k, layout=layout, causal_offset=off)
+
+
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+def test_batched_offsets_of_another_extent_refused_on_both_paths(layout):
+    """A causal_offset with B + 1 entries: an error on the one-call path (the C++ check of [B])
+    and on the per-request path, whose 1-element slices would pass (found by the GPU soak)."""
+    rng = np.random.default_rng(5)
+    shape_q, shape_k = ((2, 8, 4, 32), (2, 8, 2, 32)) if layout == "BSHD" else \
+        ((2, 4, 8, 32), (2, 2, 8, 32))
+    q = rng.standard_normal(shape_q).astype(np.float16)
+    k = rng.standard_normal(shape_k).astype(np.float16)
+    with pytest.raises(msa.MsaError, match=r"causal_offset: shape must be \[B\]|causal_offset: shape must be \[2\]"):
+        msa.attention_batched(q, k, k, layout=layout, causal_offset=np.zeros(3, np.int32))
