@@ -6,8 +6,8 @@ call expected to raise msa.MsaError, the context never poisoned and device memor
 
 Ops: attention_forward (flat and paged nhd / hnd; bf16 / f16 K/V, FP8 and FP4 K/V under bf16 q;
 q2k with and without its k2q; LSE, temperature, partial dtypes, out= / lse= / workspace=;
-causal_offset and soft_cap on both backends, key_mask / key_mask_rows drawn on the CPU only, on
-CUDA calls with them must be refused naming them), attention_batched (BSHD merged or padded,
+causal_offset and soft_cap on both backends, key_mask / key_mask_rows on the CPU and in dense
+CUDA calls, sparse CUDA calls with them must be refused naming them), attention_batched (BSHD merged or padded,
 BHSD; the same keywords), sparse_attention (flat and paged, FP8 index inputs,
 return_selection), block_scores, block_topk, select_topk, build_k2q_csr, the q2k <-> k2q
 converters (host only), DecodePlan plan + run (dense and sparse; bf16 / f16 / FP8 caches; bf16 /
@@ -714,7 +714,7 @@ class Soak:
             kw["temperature"] = float(r.uniform(0.3, 2.0))
         kw["partial_dtype"] = self.choice([None, "f32", "bf16"])
         kw["return_lse"] = self.chance(0.6)
-        vis_muts = self.visibility(kw, lq, lk, True)
+        vis_muts = self.visibility(kw, lq, lk, True, mask_on_cuda=dense)
         total_q = sum(lq)
         if self.chance(0.2):
             kw["out"] = torch.full((total_q, hq, D), math.nan, dtype=qdt, device=self.dev)
@@ -1506,12 +1506,14 @@ class Soak:
             m = m[:1].expand(rows, lk_max)
         return self.to(m)
 
-    def visibility(self, kw, lq, lk, offsets_on_cuda):
+    def visibility(self, kw, lq, lk, offsets_on_cuda, mask_on_cuda=False):
         """causal_offset, key_mask (with key_mask_rows) and soft_cap drawn into kw; returns their
         mutations. lk: each request's key count Lk_b (the keys a mask must cover). The CUDA
-        prefill takes causal_offset and the soft-cap (offsets_on_cuda); the key mask (and all
-        three in CUDA decode) is CPU only: CUDA mode never draws it as valid and calls with it
-        must be refused naming it (the "cuda" mutations)."""
+        prefill takes causal_offset and the soft-cap (offsets_on_cuda), and the key mask in dense
+        calls (mask_on_cuda); elsewhere (and all three in CUDA decode) CUDA mode never draws them
+        as valid and calls with them must be refused naming them (the "cuda" mutations). A CUDA
+        mask narrower than a request's keys is a device-side report (key_mask_short, the C++
+        GPU test), not drawn here."""
         r = self.rng
         batch, total_q = len(lq), sum(lq)
         lk_max = max(lk + [0])
@@ -1534,7 +1536,7 @@ class Soak:
             if batch == total_q or self.chance(0.3):
                 kw["key_mask_rows"] = "query" if per_query else "batch"
             return kw
-        if not self.cuda and self.chance(0.3):
+        if (mask_on_cuda or not self.cuda) and self.chance(0.3):
             kw.update(mask_kw({}))
             m = kw["key_mask"]
             muts["dtype:key_mask"] = mutation(lambda kw: dict(kw, key_mask=kw["key_mask"].float()),
@@ -1544,7 +1546,7 @@ class Soak:
             muts["rows_of:key_mask"] = mutation(
                 lambda kw: dict(kw, key_mask=self.key_mask(batch + total_q + 1, m.shape[1])),
                 ("key_mask",))
-            if lk_max > 0:
+            if lk_max > 0 and not self.cuda:
                 muts["short:key_mask"] = mutation(
                     lambda kw: dict(kw, key_mask=kw["key_mask"][:, :lk_max - 1]), ("key_mask",))
             if batch == total_q:
@@ -1555,7 +1557,8 @@ class Soak:
             kw["soft_cap"] = float(r.uniform(0.5, 30.0))
         muts["negative_soft_cap"] = with_kw("soft_cap", -1.0)
         muts["nan_soft_cap"] = with_kw("soft_cap", math.nan)
-        muts["cuda:key_mask"] = mutation(mask_kw, ("key_mask",), "cuda")
+        if not mask_on_cuda:
+            muts["cuda:key_mask"] = mutation(mask_kw, ("key_mask",), "cuda")
         if not offsets_on_cuda:
             muts["cuda:soft_cap"] = mutation(lambda kw: dict(kw, soft_cap=float(r.uniform(1, 30))),
                                              ("soft_cap",), "cuda")
@@ -1597,7 +1600,7 @@ class Soak:
             kw["temperature"] = float(r.uniform(0.3, 2.0))
         if self.chance(0.2):
             kw["out"] = torch.full(tuple(kw["q"].shape), math.nan, dtype=dt, device=self.dev)
-        muts = self.visibility(kw, [sq] * batch, [sk] * batch, True)
+        muts = self.visibility(kw, [sq] * batch, [sk] * batch, True, mask_on_cuda=True)
         # attention_batched takes the mask's row kind from its rank: [B, Sk] or [B, Sq, Sk].
         kw.pop("key_mask_rows", None)
         for name in ("key_mask_rows", "ambiguous:key_mask", "rows_of:key_mask"):
@@ -1613,11 +1616,11 @@ class Soak:
         muts.pop("stride:causal_offset", None)
         if "key_mask" in kw:
             kw.update(batched_mask({}))
-            muts["short:key_mask"] = mutation(
-                lambda kw: dict(kw, key_mask=kw["key_mask"][..., :sk - 1]), ("key_mask",))
+            if not self.cuda:  # on CUDA a device-side report (visibility())
+                muts["short:key_mask"] = mutation(
+                    lambda kw: dict(kw, key_mask=kw["key_mask"][..., :sk - 1]), ("key_mask",))
             muts["shape:key_mask"] = mutation(
                 lambda kw: dict(kw, key_mask=self.key_mask(batch + 1, sk)), ("key_mask",))
-        muts["cuda:key_mask"] = mutation(batched_mask, ("key_mask",), "cuda")
         muts.update(self.m_arrays(["q", "k", "v"], ("rank", "stride", "device")))
         muts["dtype:q"] = self.m_dtype("q")
         muts["layout"] = with_kw("layout", "SBHD")

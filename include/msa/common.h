@@ -69,6 +69,7 @@ enum class StatusCode : int32_t {
   sample_offset_invalid = 19, // gather_key_sample: a = request, b = offset, c = stride
   sample_past_capacity = 20,  // gather_key_sample: a = request, b = samples, c = S
   slot_out_of_range = 21,     // quantize_write_index_qk_nvfp4: a = entry, b = slot, c = pool slots
+  key_mask_short = 22,        // attention key_mask: a = batch, b = its keys, c = the mask's Lk_max
 };
 std::string describe_status(const int32_t status[4]);
 // Copies the status to the host on `stream` (synchronizes) and throws msa::Error if non-zero.

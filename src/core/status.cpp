@@ -77,6 +77,9 @@ std::string describe_status(const int32_t s[4]) {
     case StatusCode::slot_out_of_range:
       return detail::concat("slots: entry ", s[1], " = ", s[2], " is past the cache's ", s[3],
                             " slots (num_pages * page_size); the key was not written");
+    case StatusCode::key_mask_short:
+      return detail::concat("key_mask: Lk_max = ", s[3], " (its last dim) is less than the ", s[2],
+                            " keys of batch ", s[1], "; the keys past it were masked");
     case StatusCode::shape_mismatch:
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }

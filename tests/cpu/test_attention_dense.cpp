@@ -422,9 +422,8 @@ TEST(DenseAttentionRules, AmbiguousMaskRowsNeedTheKind) {
   expect_matches(batch_rows, reference_attention(p, nullptr, 0, {}, v.vis));
 }
 
-// CUDA does not run these features yet (causal offsets and the soft-cap it does:
-// tests/cuda/test_sparse_fwd.cpp):
-// each is refused by name before anything reaches the
+// CUDA does not run these features yet (causal offsets, the soft-cap and dense key masks it
+// does: tests/cuda/test_sparse_fwd.cpp): each is refused by name before anything reaches the
 // device (views of host memory marked as CUDA are never read; a CPU-only build refuses them the
 // same way, before its no-CUDA error).
 TEST(DenseAttentionRules, CudaRefusesWhatOnlyTheCpuRuns) {
@@ -443,7 +442,7 @@ TEST(DenseAttentionRules, CudaRefusesWhatOnlyTheCpuRuns) {
   refused([&](AttentionArgs& a) {
     a.key_mask = f.mask.t;
     a.key_mask.device = dev;
-  }, "key_mask: attention_forward does not take a key mask on CUDA yet");
+  }, "key_mask: attention_forward takes a key mask on CUDA with dense attention (no q2k) so far");
   HostTensor q_odd(DType::bf16, {7, 4, 32}, {4 * 36, 36, 1});
   refused([&](AttentionArgs& a) {
     a.q = q_odd.t;

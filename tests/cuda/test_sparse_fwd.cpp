@@ -38,7 +38,7 @@ struct DeviceCase {
   std::optional<DeviceTensor> q_scale;  // FP8 q
   DeviceQTensor k, v;  // values with their FP8 scales, if any
   DeviceTensor cu_q, cu_k, q2k;
-  std::optional<DeviceTensor> causal_offset;
+  std::optional<DeviceTensor> causal_offset, key_mask;
   DeviceBuffer row_ptr, q_idx, schedule, csr_ws, status;
   K2QIndex k2q;
 
@@ -55,6 +55,7 @@ struct DeviceCase {
         status(16), rows(c.total_rows + extra_rows) {
     if (c.p.q_scale) q_scale = to_device(*c.p.q_scale, s);
     if (c.causal_offset) causal_offset = to_device(*c.causal_offset, s);
+    if (c.key_mask) key_mask = to_device(*c.key_mask, s);
     const int64_t hkv = c.p.hkv, tq = c.p.total_q();
     row_ptr = DeviceBuffer(std::max<int64_t>(16, hkv * (rows + 1) * 4));
     q_idx = DeviceBuffer(std::max<int64_t>(16, hkv * tq * c.topk * 4));
@@ -102,6 +103,8 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
   a.cu_seqlens_q = d.cu_q.t;
   if (!c.dense) a.q2k = d.q2k.t;
   if (d.causal_offset) a.causal_offset = d.causal_offset->t;
+  if (d.key_mask) a.key_mask = d.key_mask->t;
+  a.key_mask_rows = c.key_mask_rows;
   if (with_k2q) a.k2q = d.k2q;
   a.out = out.t;
   a.lse = lse.t;
@@ -699,6 +702,72 @@ TEST(SparseFwdGpu, CausalOffsetsMatchCpu) {
     if (small) continue;
     expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/false, s));
     if (HasFailure()) break;
+  }
+}
+
+// Dense key masks on CUDA (bool or u8, per batch [B, Lk_max] or per query [total_q, Lk_max],
+// Lk_max past the longest request): random densities, rows and whole masks with every key masked
+// (out 0, lse -inf), causal or not, soft-cap, GQA groups that do not divide 16, f16, FP8 QK;
+// against the CPU, bitwise on a second run. A mask narrower than a request's keys is reported
+// (key_mask_short), a sparse call with a mask refused.
+TEST(SparseFwdGpu, DenseKeyMaskMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  struct Shape {
+    std::vector<int32_t> lq, lk;
+    int64_t hq, hkv;
+    bool per_query, causal;
+    double density;
+    DType mask_dtype, q_dtype;
+    float soft_cap;
+  };
+  const Shape shapes[] = {
+      {{37, 0, 130}, {300, 5, 130}, 8, 2, false, true, 0.7, DType::boolean, DType::bf16, 0.f},
+      {{1, 64, 200}, {1, 700, 260}, 16, 1, true, true, 0.3, DType::u8, DType::bf16, 0.f},
+      {{13, 5}, {13, 600}, 10, 2, true, false, 0.9, DType::boolean, DType::f16, 20.f},
+      {{100, 3}, {129, 400}, 4, 4, false, true, 0.0, DType::u8, DType::bf16, 0.f},
+      {{150}, {1000}, 64, 4, false, true, 0.5, DType::boolean, DType::bf16, 0.f},
+      {{129, 7}, {257, 7}, 12, 1, true, true, 0.05, DType::u8, DType::f16, 0.f},
+      {{70, 9}, {300, 200}, 8, 2, false, true, 0.6, DType::boolean, DType::fp8_e4m3, 0.f},
+  };
+  unsigned seed = 960;
+  for (const Shape& sh : shapes) {
+    // FP8 q runs over FP8 K/V (Q K^T in FP8: the kernel's other mask instantiation).
+    SparseCase c = dense_case(make_problem(sh.lq, sh.lk, sh.hq, sh.hkv, 128, seed++, sh.q_dtype,
+                                           sh.q_dtype, Fp8Scale::per_token_head),
+                              sh.causal);
+    c.soft_cap = sh.soft_cap;
+    const int64_t rows = sh.per_query ? c.p.total_q() : c.p.batch();
+    const int64_t lk_max = *std::max_element(sh.lk.begin(), sh.lk.end()) + 37;
+    HostTensor mask(sh.mask_dtype, {rows, lk_max});
+    std::mt19937 rng(seed++);
+    std::uniform_real_distribution<double> u01(0.0, 1.0);
+    for (int64_t i = 0; i < rows * lk_max; ++i) {
+      const bool visible = u01(rng) < sh.density;
+      mask.data<uint8_t>()[i] =
+          visible ? (sh.mask_dtype == DType::u8 ? uint8_t(1 + rng() % 255) : uint8_t(1)) : 0;
+    }
+    if (rows > 1) std::memset(mask.data<uint8_t>() + lk_max, 0, size_t(lk_max));  // row 1: none
+    c.key_mask = std::move(mask);
+    c.key_mask_rows = sh.per_query ? KeyMaskRows::per_query : KeyMaskRows::per_batch;
+    c.name = std::string(sh.per_query ? "per query" : "per batch") + ", Hq " +
+             std::to_string(sh.hq) + ", density " + std::to_string(sh.density);
+    SCOPED_TRACE(c.name);
+    expect_dense_matches_cpu(c, s, small, 0);
+    if (HasFailure()) break;
+  }
+  {  // Lk_max 100 under a request of 300 keys: reported after the call
+    SparseCase c = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, 128, 990u), true);
+    HostTensor mask(DType::boolean, {2, 100});
+    std::memset(mask.data<uint8_t>(), 1, 200);
+    c.key_mask = std::move(mask);
+    DeviceCase d(c, s);
+    expect_error([&] { run_gpu(c, d, false, s); },
+                 "key_mask: Lk_max = 100 (its last dim) is less than the 300 keys of batch 0");
+    c.dense = false;  // a sparse call with a mask
+    expect_error([&] { run_gpu(c, d, false, s); },
+                 "key_mask: attention_forward takes a key mask on CUDA with dense attention");
   }
 }
 

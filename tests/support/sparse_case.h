@@ -43,6 +43,8 @@ struct SparseCase {
   // dense is section 5 with every block selected), for the references that read a selection.
   bool dense = false;
   std::optional<HostTensor> causal_offset;  // [B] int32: query i sees keys j <= i + offset[b]
+  std::optional<HostTensor> key_mask;       // bool / u8 [B or total_q, Lk_max], nonzero = visible
+  KeyMaskRows key_mask_rows = KeyMaskRows::from_shape;
 };
 
 // The case's attention parameters: mask, partial precision, temperature and softmax scale.
@@ -67,6 +69,8 @@ inline AttentionArgs cpu_args(const SparseCase& c) {
   a.cu_seqlens_q = c.p.cu_q.t;
   if (!c.dense) a.q2k = c.q2k.t;
   if (c.causal_offset) a.causal_offset = c.causal_offset->t;
+  if (c.key_mask) a.key_mask = c.key_mask->t;
+  a.key_mask_rows = c.key_mask_rows;
   return a;
 }
 

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle
 // (P8K-tok -50 us). One warp per CTA waits, so this grid completes only after the
 // KV-major one and the combine (a normal launch) finds every partial written.
-template <bool kF16, bool kFp8>
+template <bool kF16, bool kFp8, bool kMask>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k,
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     run_uniform_producer<kFp8>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kFp8 ? kUniformFp8ConsumerRegs : kUniformConsumerRegs>();
-    run_uniform_consumer<kF16, kFp8>(p, sh, wg - 1, threadIdx.x - 128 * wg);
+    run_uniform_consumer<kF16, kFp8, kMask>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "cuda/common/combine.cuh"
 #include "cuda/common/dequant_kv.cuh"
 #include "cuda/device/tma_map.h"
+#include "cuda/sm90/sparse_fwd/key_mask.h"
 #include "cuda/sm90/sparse_fwd/launch_kernels.h"
 #include "cuda/sm90/sparse_fwd/plan.h"
 #include "cuda/sm90/sparse_fwd/prep.h"
@@ -174,6 +175,13 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   up.out_stride_h = a.out.strides[1];
   up.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   up.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
+  if (w.key_mask) {
+    up.mask_bits = reinterpret_cast<const uint32_t*>(ws + w.mask_bits);
+    up.mask_token_row = a.key_mask_rows == KeyMaskRows::per_batch
+                            ? reinterpret_cast<const int32_t*>(ws + w.mask_token_row)
+                            : nullptr;
+    up.mask_words = w.mask_words;
+  }
   if (w.fp8_qk) launch_uniform<false, true>(tq, tk, tv, up, stream);
   else if (f16) launch_uniform<true, false>(tq, tk, tv, up, stream);
   else launch_uniform<false, false>(tq, tk, tv, up, stream);
@@ -228,6 +236,23 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   }
   const PrepParams pp = launch_prep(a, s, w, ws, stream);
   if (w.dequant_kv && pp.uniform_enabled) launch_dequant(a, s, w, ws, pp, stream);
+  if (w.key_mask && pp.uniform_enabled) {  // after the prep: it reads the checked key lengths
+    KeyMaskParams m;
+    m.mask = a.key_mask.ptr<uint8_t>();
+    m.row_stride = a.key_mask.strides[0];
+    m.rows = a.key_mask.shape[0];
+    m.cols = a.key_mask.shape[1];
+    m.words = w.mask_words;
+    m.bits = reinterpret_cast<uint32_t*>(ws + w.mask_bits);
+    m.per_query = a.key_mask_rows == KeyMaskRows::per_query ? 1 : 0;
+    m.token_row = m.per_query ? nullptr : reinterpret_cast<int32_t*>(ws + w.mask_token_row);
+    m.cu_seqlens_q = pp.cu_seqlens_q;
+    m.cu_seqlens_k = pp.cu_seqlens_k;
+    m.batch = s.batch;
+    m.total_q = s.total_q;
+    m.status = a.status.ptr<int32_t>();
+    launch_key_mask(m, stream);
+  }
   if (pp.uniform_enabled) launch_main_kernels(a, s, w, ws, pp, stream);
   // Dense with keys: the uniform kernel wrote every row. Without keys (no TMA map over an empty
   // extent) the combine writes the zero rows: topk 0, every pair flagged 0 (dense_units_kernel).

@@ -31,11 +31,15 @@ void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap
   launch_persistent(sparse_fwd_kernel<kF16, kFp8>, once, tq, tk, tv, p, stream);
 }
 
+// With a key mask (dense attention), the kernel instantiated for it (uniform_mma.cuh, kMask).
 template <bool kF16, bool kFp8>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
-  static std::once_flag once;
-  launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8>, once, tq, tk, tv, p, stream);
+  static std::once_flag once, once_mask;
+  if (p.mask_bits != nullptr)
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true>, once_mask, tq, tk, tv, p, stream);
+  else
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false>, once, tq, tk, tv, p, stream);
 }
 
 }  // namespace msa::cuda::sparse_fwd

@@ -148,6 +148,11 @@ struct UniformParams : AttnProblem {
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
   float* lse = nullptr;                 // [Hq, total_q] or null
   float* tlse = nullptr;                // [Hq, total_q] or null (inv_temperature > 0)
+  // Dense attention with a key mask (key_mask.h): bits [rows, mask_words], row = the token (per
+  // query) or mask_token_row[token] (per batch); null: no mask.
+  const uint32_t* mask_bits = nullptr;
+  const int32_t* mask_token_row = nullptr;
+  int32_t mask_words = 0;
 };
 
 }  // namespace msa::cuda::sparse_fwd

@@ -10,6 +10,7 @@
 #include "common/schedule.h"
 #include "cuda/common/csr_build.cuh"
 #include "cuda/common/index_checks.cuh"
+#include "cuda/sm90/sparse_fwd/key_mask.h"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
 
@@ -38,6 +39,10 @@ size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, s
     w.v_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
   }
   if (w.fp8_qk) w.k_scale = take(size_t(hkv) * size_t(w.kscale_stride) * 4);
+  if (w.key_mask) {
+    w.mask_bits = take(size_t(a.key_mask.shape[0]) * size_t(w.mask_words) * 4);
+    if (a.key_mask_rows == KeyMaskRows::per_batch) w.mask_token_row = take(size_t(s.total_q) * 4);
+  }
   return off;
 }
 
@@ -71,6 +76,8 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
   w.unit_cap = hkv * w.qblock_cap * units_per_qblock(int(s.group));
   w.dense = !a.q2k.defined();
+  w.key_mask = a.key_mask.defined();  // dense only (check_supported)
+  if (w.key_mask) w.mask_words = int32_t(key_mask_words(a.key_mask.shape[1]));
   if (w.dense) {  // no CSR, chunks or partials: only the uniform kernel runs
     w.total = take_shared(w, a, s, 0);
     return w;
@@ -157,6 +164,8 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN,
             "params.kv_block_size: must be 128 on CUDA, got ", s.kv_block_size);
   check_group(a, s);
+  MSA_CHECK(!a.key_mask.defined() || key_mask_words(a.key_mask.shape[1]) < INT32_MAX / 2,
+            "key_mask: Lk_max = ", a.key_mask.shape[1], " is too large for CUDA");
   MSA_CHECK(s.total_q * s.topk * s.num_kv_heads < INT32_MAX,
             "q2k: Hkv * total_q * topk must be below 2^31 on CUDA");
   MSA_CHECK(a.kv.k.values.shape[0] < INT32_MAX && s.total_q < INT32_MAX,

@@ -7,6 +7,7 @@
 // visible key end with out = 0, lse = -inf.
 #pragma once
 
+#include "cuda/sm90/sparse_fwd/key_mask.h"
 #include "cuda/sm90/sparse_fwd/mma.cuh"
 
 namespace msa::cuda::sparse_fwd {
@@ -65,6 +66,30 @@ __device__ __forceinline__ void store_out_row(const UniformParams& p, const floa
   }
 }
 
+// Dense attention with a key mask (key_mask.h): the packed row of query token `tok` (null without
+// a mask, or for a padding row, whose values are never stored), a block's 4 words of it (all
+// visible for a null row), and S's invisible columns set to -inf. Applied after the soft-cap
+// (which would map -inf to -cap) and before the causal mask and the max.
+__device__ __forceinline__ const uint32_t* mask_row(const UniformParams& p, int32_t tok) {
+  if (p.mask_bits == nullptr || tok < 0) return nullptr;
+  const int64_t r = p.mask_token_row != nullptr ? p.mask_token_row[tok] : tok;
+  return p.mask_bits + r * p.mask_words;
+}
+__device__ __forceinline__ uint4 mask_block(const uint32_t* row, int32_t kb) {
+  if (row == nullptr) return make_uint4(~0u, ~0u, ~0u, ~0u);
+  return __ldg(reinterpret_cast<const uint4*>(row + int64_t(kb) * kMaskWordsPerBlock));
+}
+// Column 8 n + col_base + e of the block is bit 8 (n % 4) + col_base + e of word n / 4.
+template <int kOff>
+__device__ __forceinline__ void apply_key_mask(float (&s)[64], uint4 m, int col_base) {
+  const uint32_t w[4] = {m.x >> col_base, m.y >> col_base, m.z >> col_base, m.w >> col_base};
+#pragma unroll
+  for (int n = 0; n < 16; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if ((w[n >> 2] & (1u << (8 * (n & 3) + e))) == 0) s[n * 4 + kOff + e] = -INFINITY;
+}
+
 // S = Q K^T for the 64-row tile (mma.cuh issue_qk), committed as its own group.
 template <bool kF16, bool kFp8>
 __device__ __forceinline__ void issue_uniform_qk(float (&sc)[64], uint32_t q_addr,
@@ -110,7 +135,9 @@ __device__ __forceinline__ void rescale_rows(float (&o)[64], float a0, float a1)
 // groups (named barriers kTurn0 / kTurn1), so one's softmax runs under the other's products.
 // Every wgmma group is waited on in the same branch that issued it (ptxas serializes wgmma
 // otherwise). K stage j is released once S_j is done, V stage j - 1 once its product is.
-template <bool kF16, bool kFp8>
+// kMask: dense attention with a key mask (p.mask_bits; instantiated apart so that calls without
+// one run the kernel as it was: one runtime branch per block cost 1.5-2% at DENSE-8K / P32K-blk).
+template <bool kF16, bool kFp8, bool kMask>
 __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, SharedStorage& sh,
                                                      int consumer_in, int tid) {
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
@@ -176,6 +203,17 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     if (info.kb >= 0) {
       const uint32_t q_addr = sm90::smem_addr(sh.q[consumer][q_stage][0]);
+      // Key mask words of the block in flight, loaded before its S is issued (FP8 QK: after, as
+      // its consumers' registers are full then: 24 bytes spilled).
+      const uint32_t* mrow0 = kMask ? mask_row(p, rm.tok0) : nullptr;
+      const uint32_t* mrow1 = kMask ? mask_row(p, rm.tok1) : nullptr;
+      uint4 mw0, mw1;
+      auto load_mask = [&](const UniformInfo& in) {
+        if constexpr (kMask && !kFp8) {
+          mw0 = mask_block(mrow0, in.kb);
+          mw1 = mask_block(mrow1, in.kb);
+        }
+      };
       auto softmax = [&](const UniformInfo& in, float& a0, float& a1) {
         const int base_col = in.kb * kBlockN;
         const int lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
@@ -185,11 +223,20 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
           s0 = soft_cap_row<0>(sc, s0, p.soft_cap_log2);
           s1 = soft_cap_row<2>(sc, s1, p.soft_cap_log2);
         }
+        if constexpr (kMask) {
+          if constexpr (kFp8) {
+            mw0 = mask_block(mrow0, in.kb);
+            mw1 = mask_block(mrow1, in.kb);
+          }
+          apply_key_mask<0>(sc, mw0, col_base);
+          apply_key_mask<2>(sc, mw1, col_base);
+        }
         a0 = online_softmax_row<0>(sc, lim0, col_base, s0, p.inv_temperature, st0);
         a1 = online_softmax_row<2>(sc, lim1, col_base, s1, p.inv_temperature, st1);
       };
       float a0, a1;
       // Block 0: S_0 alone.
+      load_mask(info);
       sm90::named_sync(my_turn, kPair);
       sm90::wgmma_fence();
       issue_uniform_qk<kF16, kFp8>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
@@ -203,6 +250,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
       UniformInfo prev = info;
       while (!prev.last) {
         info = wait_k();
+        load_mask(info);
         const uint32_t v_addr = wait_v(prev.valid_keys);
         sm90::named_sync(my_turn, kPair);
         sm90::wgmma_fence();
