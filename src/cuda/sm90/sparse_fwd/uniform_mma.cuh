@@ -68,16 +68,20 @@ __device__ __forceinline__ void store_out_row(const UniformParams& p, const floa
 
 // Dense attention with a key mask (key_mask.h): the packed row of query token `tok` (null without
 // a mask, or for a padding row, whose values are never stored), a block's 4 words of it (all
-// visible for a null row), and S's invisible columns set to -inf. Applied after the soft-cap
+// visible for a null row; none for a block past the mask's Lk_max, a request the pack kernel
+// reported as key_mask_short), and S's invisible columns set to -inf. Applied after the soft-cap
 // (which would map -inf to -cap) and before the causal mask and the max.
 __device__ __forceinline__ const uint32_t* mask_row(const UniformParams& p, int32_t tok) {
   if (p.mask_bits == nullptr || tok < 0) return nullptr;
   const int64_t r = p.mask_token_row != nullptr ? p.mask_token_row[tok] : tok;
   return p.mask_bits + r * p.mask_words;
 }
-__device__ __forceinline__ uint4 mask_block(const uint32_t* row, int32_t kb) {
+__device__ __forceinline__ uint4 mask_block(const UniformParams& p, const uint32_t* row,
+                                            int32_t kb) {
   if (row == nullptr) return make_uint4(~0u, ~0u, ~0u, ~0u);
-  return __ldg(reinterpret_cast<const uint4*>(row + int64_t(kb) * kMaskWordsPerBlock));
+  const int64_t w = int64_t(kb) * kMaskWordsPerBlock;
+  if (w >= p.mask_words) return make_uint4(0u, 0u, 0u, 0u);
+  return __ldg(reinterpret_cast<const uint4*>(row + w));
 }
 // Column 8 n + col_base + e of the block is bit 8 (n % 4) + col_base + e of word n / 4.
 template <int kOff>
@@ -210,8 +214,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
       uint4 mw0, mw1;
       auto load_mask = [&](const UniformInfo& in) {
         if constexpr (kMask && !kFp8) {
-          mw0 = mask_block(mrow0, in.kb);
-          mw1 = mask_block(mrow1, in.kb);
+          mw0 = mask_block(p, mrow0, in.kb);
+          mw1 = mask_block(p, mrow1, in.kb);
         }
       };
       auto softmax = [&](const UniformInfo& in, float& a0, float& a1) {
@@ -225,8 +229,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
         }
         if constexpr (kMask) {
           if constexpr (kFp8) {
-            mw0 = mask_block(mrow0, in.kb);
-            mw1 = mask_block(mrow1, in.kb);
+            mw0 = mask_block(p, mrow0, in.kb);
+            mw1 = mask_block(p, mrow1, in.kb);
           }
           apply_key_mask<0>(sc, mw0, col_base);
           apply_key_mask<2>(sc, mw1, col_base);
