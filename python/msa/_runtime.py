@@ -78,13 +78,23 @@ def count(value: Any, name: str, lo: int = 0, bits: int = 32) -> int:
     return v
 
 
+_QTensor: Any = None  # msa.quant.QTensor, imported on first use (quant imports this module)
+
+
 def check_arrays(**named: Any) -> None:
     """Raises MsaError naming the first argument that is neither None nor an array (a DLPack
-    producer: torch, numpy, cupy, ...; or a Typed or QTensor of one), e.g. a Python list."""
-    from .quant import QTensor
+    producer: torch, numpy, cupy, ...; or a Typed or QTensor of one), e.g. a Python list. None
+    and torch tensors, the common arguments, cost one test each (a call's host time: issue 31's
+    budget)."""
+    global _QTensor
+    if _QTensor is None:
+        from .quant import QTensor
+        _QTensor = QTensor
     for name, x in named.items():
+        if x is None or type(x) is _TorchTensor:
+            continue
         parts = [(name, x)]
-        if isinstance(x, QTensor):
+        if isinstance(x, _QTensor):
             parts = [(name, x.values), (name + ".scale", x.scale)]
         for label, a in parts:
             if isinstance(a, Typed):
