@@ -146,7 +146,7 @@ class DecodePlan:
         ``q_scale``), f32 ``q_scale`` of ``[1]`` (per tensor), ``[total_q]`` (per token) or
         ``[total_q, Hq]`` (per token and head), contiguous, absent meaning 1; q's values are
         q * q_scale. The caches may then be bf16, fp8_e4m3 or fp4x2 (not f16) and out is bf16.
-        On the CPU and on CUDA alike (on CUDA, run() is the only op that takes FP8 q so far).
+        On the CPU and on CUDA alike.
 
         ``causal_offset``, ``key_mask`` (with ``key_mask_rows``) and ``soft_cap`` as in
         `msa.attention_forward`: on the CPU (with any planned head_dim); CUDA decode raises
