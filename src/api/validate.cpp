@@ -157,7 +157,10 @@ ProblemShape check_kv_lengths(const KVCache& kv, int64_t batch, Device device) {
     const Tensor& cu = kv.cu_seqlens_k;
     check_defined(cu, "cu_seqlens_k");
     check_dtype(cu, "cu_seqlens_k", {DType::i32});
-    check_shape(cu, "cu_seqlens_k", {batch + 1});
+    // B comes from cu_seqlens_q in every caller: say so, since either array may be the wrong one.
+    MSA_CHECK(cu.ndim == 1 && cu.shape[0] == batch + 1, "cu_seqlens_k: shape must be [B+1] = [",
+              batch + 1, "] for the B = ", batch, " requests of cu_seqlens_q, got ",
+              cu.describe());
     // Contiguous before its last entry is read below.
     check_contiguous(cu, "cu_seqlens_k");
     // Without k the total is whatever the last entry says (only the lengths matter here).
