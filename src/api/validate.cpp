@@ -280,7 +280,7 @@ ProblemShape check_q_and_kv(const QTensor& qt, const KVCache& kv, const Tensor& 
             "k: kv heads (", s.num_kv_heads, ") must divide q heads (", s.num_q_heads, ")");
   s.group = s.num_q_heads / s.num_kv_heads;
   // Any GQA group up to 128 for dense attention; the sparse path narrows it (check_q2k:
-  // check_sparse_group), the CUDA kernels too (check_cuda_group).
+  // check_sparse_group), the CUDA kernels too (common/problem.h check_cuda_group).
   MSA_CHECK(s.group <= 128, "q: GQA group Hq/Hkv must be at most 128, got ", s.group, " (",
             s.num_q_heads, " query heads on ", s.num_kv_heads, " kv heads)");
 
@@ -364,12 +364,6 @@ void check_sparse_group(int64_t group, int64_t num_kv_heads, const char* what) {
                 (num_kv_heads == 1 && group <= 128),
             what, ": a sparse call's GQA group Hq/Hkv must be 1, 2, 4, 8 or 16 (or one kv head for "
             "up to 128 query heads), got ", group, "; any group up to 128 runs dense (no q2k)");
-}
-
-void check_cuda_group(int64_t group, const char* op) {
-  MSA_CHECK(group == 1 || group == 2 || group == 4 || group == 8 || group == 16, op,
-            ": the CUDA kernels take a GQA group Hq/Hkv of 1, 2, 4, 8 or 16 so far, got ", group,
-            "; other groups run on CPU tensors");
 }
 
 int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device) {

@@ -75,9 +75,6 @@ void refuse_cpu_only_attention(const AttentionArgs& a, const char* op, bool offs
 // 128 query heads (token-sparse MQA). `what` names the argument that made the call sparse.
 void check_sparse_group(int64_t group, int64_t num_kv_heads, const char* what);
 
-// The GQA groups every CUDA kernel takes so far (1, 2, 4, 8, 16); an msa::Error naming `op` else.
-void check_cuda_group(int64_t group, const char* op);
-
 // q2k [Hkv, total_q, topk] int32 on the op's device (the call's group passing
 // check_sparse_group); returns topk.
 int64_t check_q2k(const Tensor& q2k, const ProblemShape& s, Device device);

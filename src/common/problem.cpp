@@ -16,4 +16,10 @@ std::vector<int64_t> host_key_lengths(const KVCache& kv, const ProblemShape& s) 
   return lk;
 }
 
+void check_cuda_group(int64_t group, const char* op) {
+  MSA_CHECK(group == 1 || group == 2 || group == 4 || group == 8 || group == 16, op,
+            ": the CUDA kernels take a GQA group Hq/Hkv of 1, 2, 4, 8 or 16 so far, got ", group,
+            "; other groups run on CPU tensors");
+}
+
 }  // namespace msa

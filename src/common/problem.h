@@ -40,4 +40,8 @@ inline int fp8_scale_kind(const Tensor& scale) {
 // seqused_k (or max_pages * page_size). s: batch and the page fields filled.
 std::vector<int64_t> host_key_lengths(const KVCache& kv, const ProblemShape& s);
 
+// The GQA groups every CUDA kernel takes so far, those dividing 16 (the dense prefill and dense
+// decode check their own wider rules); an msa::Error naming `op` else.
+void check_cuda_group(int64_t group, const char* op);
+
 }  // namespace msa

@@ -78,9 +78,7 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
   MSA_CHECK(s.head_dim == kHeadDim, op, ": head_dim must be 128 on CUDA, got ", s.head_dim);
   MSA_CHECK(blk == kBlockN, op, ": kv_block_size must be 128 on CUDA, got ", blk);
   // Row tiles hold 64 / G whole tokens and the group max is a butterfly over G lanes.
-  MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16, op,
-            ": the CUDA kernels take a GQA group Hq/Hkv of 1, 2, 4, 8 or 16 so far, got ", s.group,
-            "; other groups run on CPU tensors");
+  check_cuda_group(s.group, op);
   MSA_CHECK(s.total_q < std::numeric_limits<int32_t>::max() &&
                 kv.k.values.shape[0] < std::numeric_limits<int32_t>::max(),
             op, ": token counts must be below 2^31 on CUDA (TMA coordinates are int32)");

@@ -49,13 +49,12 @@ size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, s
 }  // namespace
 
 // Dense attention runs the uniform kernel alone, whose 64-row tiles take floor(64 / G) whole
-// tokens of any G up to 64; the sparse path's KV-major kernel and prep need G | 16. Checked first
-// by make_plan too: its sizes divide by tokens_per_tile(G), 0 past 64.
+// tokens of any G up to 64; the sparse path's KV-major kernel and prep need G | 16. Checked by
+// make_plan, before its sizes divide by tokens_per_tile(G) (0 past 64), for attention_forward and
+// attention_workspace_bytes alike.
 static void check_group(const AttentionArgs& a, const ProblemShape& s) {
   if (a.q2k.defined())
-    MSA_CHECK(s.group == 1 || s.group == 2 || s.group == 4 || s.group == 8 || s.group == 16,
-              "attention_forward: the CUDA kernels take a sparse call's GQA group Hq/Hkv of 1, 2, "
-              "4, 8 or 16, got ", s.group, "; other groups run on CPU tensors");
+    check_cuda_group(s.group, "attention_forward");
   else
     MSA_CHECK(s.group <= 64, "attention_forward: the CUDA kernels take a GQA group Hq/Hkv of at "
               "most 64 so far, got ", s.group, "; larger groups run on CPU tensors");
@@ -76,7 +75,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
   w.unit_cap = hkv * w.qblock_cap * units_per_qblock(int(s.group));
   w.dense = !a.q2k.defined();
-  w.key_mask = a.key_mask.defined();  // dense only (check_supported)
+  w.key_mask = a.key_mask.defined();  // dense only (api: refuse_cpu_only_attention)
   if (w.key_mask) w.mask_words = int32_t(key_mask_words(a.key_mask.shape[1]));
   if (w.dense) {  // no CSR, chunks or partials: only the uniform kernel runs
     w.total = take_shared(w, a, s, 0);
@@ -163,7 +162,6 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   // Dense attention has no block ids: the unit of its K/V loads is the kernels' own.
   MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN,
             "params.kv_block_size: must be 128 on CUDA, got ", s.kv_block_size);
-  check_group(a, s);
   MSA_CHECK(!a.key_mask.defined() || key_mask_words(a.key_mask.shape[1]) < INT32_MAX / 2,
             "key_mask: Lk_max = ", a.key_mask.shape[1], " is too large for CUDA");
   MSA_CHECK(s.total_q * s.topk * s.num_kv_heads < INT32_MAX,

@@ -66,13 +66,13 @@ __device__ __forceinline__ void store_out_row(const UniformParams& p, const floa
   }
 }
 
-// Dense attention with a key mask (key_mask.h): the packed row of query token `tok` (null without
-// a mask, or for a padding row, whose values are never stored), a block's 4 words of it (all
+// Dense attention with a key mask (key_mask.h, the kMask kernel): the packed row of query token
+// `tok` (null for a padding row, whose values are never stored), a block's 4 words of it (all
 // visible for a null row; none for a block past the mask's Lk_max, a request the pack kernel
 // reported as key_mask_short), and S's invisible columns set to -inf. Applied after the soft-cap
 // (which would map -inf to -cap) and before the causal mask and the max.
 __device__ __forceinline__ const uint32_t* mask_row(const UniformParams& p, int32_t tok) {
-  if (p.mask_bits == nullptr || tok < 0) return nullptr;
+  if (tok < 0) return nullptr;
   const int64_t r = p.mask_token_row != nullptr ? p.mask_token_row[tok] : tok;
   return p.mask_bits + r * p.mask_words;
 }
