@@ -42,8 +42,8 @@ def test_dense_flat(seed, dtype):
     ref.check_close(out, lse, want, want_lse)
 
 
-# Dense attention takes any GQA group up to 64 on CUDA (groups that do not divide 16 too).
-@pytest.mark.parametrize("hq, hkv", [(10, 2), (12, 1), (21, 3), (64, 1)])
+# Dense attention takes any GQA group up to 128 on CUDA (groups that do not divide 16 too).
+@pytest.mark.parametrize("hq, hkv", [(10, 2), (12, 1), (21, 3), (64, 1), (128, 1), (192, 2)])
 def test_dense_any_group(hq, hkv):
     gen = torch.Generator().manual_seed(hq)
     q, k, v, cu_q, cu_k = ref.random_problem(gen, [37, 0, 150], [300, 9, 150], hq, hkv, 128,

@@ -532,11 +532,12 @@ TEST(SparseFwdGpu, DenseMatchesCpu) {
   }
 }
 
-// Dense attention takes any GQA group up to 64 on CUDA (floor(64 / G) whole tokens per 64-row
-// tile, the rows past them idle): groups that do not divide 16 (a token's rows straddle two
-// warps), and groups of 24, 48 and 64 on one kv head, against the CPU, with empty requests,
-// lengths past a tile, f16, FP8 K/V and FP8 q; larger dense groups and a sparse call's group
-// outside {1, 2, 4, 8, 16} are refused.
+// Dense attention takes any GQA group up to 128 on CUDA (floor(64 / G) whole tokens per 64-row
+// tile, the rows past them idle; G > 64 as virtual kv heads of G / kv_split): groups that do not
+// divide 16 (a token's rows straddle two warps), groups of 24 to 128 on one or two kv heads, and
+// a prime 127 (127 virtual heads of one), against the CPU, with empty requests, lengths past a
+// tile, f16, FP8 K/V and FP8 q; larger groups and a sparse call's group outside {1, 2, 4, 8,
+// 16} are refused.
 TEST(SparseFwdGpu, DenseAnyGroupMatchesCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -552,7 +553,9 @@ TEST(SparseFwdGpu, DenseAnyGroupMatchesCpu) {
       {6, 1, {13}, {13}, false, 2},                 {7, 2, {100, 3}, {129, 400}, true, 3},
       {12, 1, {61, 9}, {200, 9}, true, 4},          {13, 2, {25}, {256}, false, 0},
       {24, 1, {11, 40}, {300, 41}, true, 1},        {48, 1, {7}, {257}, true, 3},
-      {64, 1, {5, 3}, {130, 1000}, true, 2},
+      {64, 1, {5, 3}, {130, 1000}, true, 2},        {96, 1, {9, 1}, {300, 130}, true, 0},
+      {128, 1, {4}, {257}, false, 3},               {80, 2, {6, 0}, {140, 3}, true, 4},
+      {127, 1, {3}, {200}, true, 1},
   };
   unsigned seed = 900;
   for (const Shape& sh : shapes) {
@@ -569,11 +572,10 @@ TEST(SparseFwdGpu, DenseAnyGroupMatchesCpu) {
     if (HasFailure()) break;
   }
   {
-    SparseCase c = dense_case(make_problem({3}, {40}, 96, 1, 128, 950u), true);
+    SparseCase c = dense_case(make_problem({3}, {40}, 129, 1, 128, 950u), true);
     DeviceCase d(c, s);
     expect_error([&] { run_gpu(c, d, false, s); },
-                 "attention_forward: the CUDA kernels take a GQA group Hq/Hkv of at most 64 so far, "
-                 "got 96");
+                 "q: GQA group Hq/Hkv must be at most 128, got 129");
   }
   {
     SparseCase c = dense_case(make_problem({3}, {40}, 10, 2, 128, 951u), true);

@@ -43,9 +43,10 @@ AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s, const At
                                                    : 1.f / std::sqrt(float(s.head_dim));
   AttnProblem pr;
   pr.total_q = s.total_q;
-  pr.group = int32_t(s.group);
+  pr.group = query_group(s, w);
+  pr.kv_split = w.kv_split;
   pr.topk = int32_t(s.topk);
-  pr.tokens_per_tile = tokens_per_tile(int(s.group));
+  pr.tokens_per_tile = tokens_per_tile(pr.group);
   pr.causal = a.params.causal ? 1 : 0;
   pr.scale_log2 = scale * 1.4426950408889634f;
   pr.inv_temperature = a.params.temperature > 0.f ? 1.f / a.params.temperature : 0.f;
@@ -119,7 +120,7 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                                : a.q;
   // A box row is 128 bytes: 64 columns of 16-bit q, all 128 of e4m3 q (FP8 QK).
   const uint32_t q_cols = w.fp8_qk ? kHeadDim : kHalfCols;
-  const CUtensorMap tq = make_tma_3d(q, q_cols, uint32_t(s.group), 1, "attention_forward");
+  const CUtensorMap tq = make_tma_3d(q, q_cols, uint32_t(query_group(s, w)), 1, "attention_forward");
   const uint32_t box_keys = 1u << pr.paged.box_shift;
   const bool slots_outer = a.kv.layout == KVLayout::paged_nhd;
   auto kv_map = [&](const Tensor& t, const char* name) {
@@ -206,8 +207,8 @@ void launch_combine(const AttentionArgs& a, const ProblemShape& s, const AttnPla
   cp.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
   cp.batch = s.batch;
   cp.total_q = s.total_q;
-  cp.num_kv_heads = int32_t(s.num_kv_heads);
-  cp.group = int32_t(s.group);
+  cp.num_kv_heads = int32_t(query_kv_heads(s, w));
+  cp.group = query_group(s, w);
   cp.topk = int32_t(s.topk);
   cp.kv_block_size = kBlockN;
   cp.uniform = pp.uniform;

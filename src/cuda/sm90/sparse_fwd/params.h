@@ -69,7 +69,10 @@ struct PrepParams {
 // The attention problem as both main kernels see it (MainParams, UniformParams).
 struct AttnProblem {
   int64_t total_q = 0;
-  int32_t group = 1;                   // G
+  int32_t group = 1;                   // G (dense G > 64: G / kv_split)
+  // Dense G > 64 (plan.h AttnPlan::kv_split): the units' kv head is virtual, head / kv_split the
+  // kv head K and V are read from; 1 otherwise.
+  int32_t kv_split = 1;
   int32_t topk = 0;
   int32_t tokens_per_tile = 64;        // 64 / G
   int32_t causal = 1;

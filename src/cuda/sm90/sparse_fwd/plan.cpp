@@ -24,13 +24,13 @@ size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 // from `off` on; returns the end. Dense attention needs nothing else.
 size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, size_t off) {
   auto take = [&off](size_t bytes) { const size_t at = off; off += align256(bytes); return at; };
-  const int64_t hkv = s.num_kv_heads;
+  const int64_t hkv = s.num_kv_heads;  // K / V: the real heads; the pairs: query_kv_heads
   if (a.kv.layout != KVLayout::flat) {
     w.paged_offence = take(sizeof(unsigned long long));
     w.key_offsets = take(size_t(s.batch + 1) * 4);
   }
   w.qblock_start = take(size_t(s.batch + 1) * 4);
-  w.uniform = take(size_t(hkv * w.qblock_cap) * 4);
+  w.uniform = take(size_t(query_kv_heads(s, w) * w.qblock_cap) * 4);
   w.num_units = take(4);
   w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
   if (w.dequant_q) w.q_bf16 = take(size_t(s.total_q) * size_t(s.num_q_heads) * kHeadDim * 2);
@@ -49,15 +49,23 @@ size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, s
 }  // namespace
 
 // Dense attention runs the uniform kernel alone, whose 64-row tiles take floor(64 / G) whole
-// tokens of any G up to 64; the sparse path's KV-major kernel and prep need G | 16. Checked by
-// make_plan, before its sizes divide by tokens_per_tile(G) (0 past 64), for attention_forward and
-// attention_workspace_bytes alike.
+// tokens of any G up to 64, and larger groups as virtual kv heads (dense_kv_split); the sparse
+// path's KV-major kernel and prep need G | 16. Checked by make_plan, before its sizes divide by
+// tokens_per_tile(G) (0 past 64), for attention_forward and attention_workspace_bytes alike.
 static void check_group(const AttentionArgs& a, const ProblemShape& s) {
   if (a.q2k.defined())
     check_cuda_group(s.group, "attention_forward");
   else
-    MSA_CHECK(s.group <= 64, "attention_forward: the CUDA kernels take a GQA group Hq/Hkv of at "
-              "most 64 so far, got ", s.group, "; larger groups run on CPU tensors");
+    MSA_CHECK(s.group <= 128, "attention_forward: the CUDA kernels take a GQA group Hq/Hkv of at "
+              "most 128, got ", s.group);
+}
+
+// The fewest virtual kv heads per kv head (a divisor of G) whose groups fit a 64-row tile:
+// G = 96 or 128: 2 (48 or 64 heads each); a prime G > 64: G (one head each).
+static int32_t dense_kv_split(int64_t group) {
+  int32_t d = int32_t((group + 63) / 64);
+  while (group % d != 0) ++d;
+  return d;
 }
 
 AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
@@ -73,8 +81,9 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most units_per_qblock(G)
   // units (G for G in {1, 2, 4, 8, 16}).
   w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
-  w.unit_cap = hkv * w.qblock_cap * units_per_qblock(int(s.group));
   w.dense = !a.q2k.defined();
+  if (w.dense) w.kv_split = dense_kv_split(s.group);
+  w.unit_cap = query_kv_heads(s, w) * w.qblock_cap * units_per_qblock(query_group(s, w));
   w.key_mask = a.key_mask.defined();  // dense only (api: refuse_cpu_only_attention)
   if (w.key_mask) w.mask_words = int32_t(key_mask_words(a.key_mask.shape[1]));
   if (w.dense) {  // no CSR, chunks or partials: only the uniform kernel runs

@@ -25,6 +25,10 @@ struct AttnPlan {
   // Dense attention (no q2k): only the paged check, dense_units_kernel and the uniform kernel
   // run; the CSR, chunk and partial regions are not laid out.
   bool dense = false;
+  // Dense attention with G > 64: each kv head's G query heads run as kv_split virtual kv heads of
+  // G / kv_split (<= 64) heads each (dense_kv_split). The query side (units, tiles, combine)
+  // counts virtual heads (query_kv_heads, query_group), K and V the real ones. 1 otherwise.
+  int32_t kv_split = 1;
   // FP8 or FP4 K/V: dequantized to a flat bf16 copy of kv_rows keys (common/dequant_kv.cuh) that the
   // kernels read as flat KV (a page pool's batches at the paged check's key_offsets).
   bool dequant_kv = false;
@@ -57,6 +61,14 @@ struct AttnPlan {
 };
 
 AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s);
+
+// The kv heads and the group the query side works with (AttnPlan::kv_split).
+inline int64_t query_kv_heads(const ProblemShape& s, const AttnPlan& w) {
+  return s.num_kv_heads * w.kv_split;
+}
+inline int32_t query_group(const ProblemShape& s, const AttnPlan& w) {
+  return int32_t(s.group / w.kv_split);
+}
 
 // Rejects what these kernels do not cover, naming the missing feature (no silent fallback).
 void check_supported(const AttentionArgs& a, const ProblemShape& s);

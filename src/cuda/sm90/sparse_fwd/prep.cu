@@ -85,7 +85,7 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
   // The kernels read a pool through the page table, or a flat dequantized copy (plan.h).
   pp.paged = a.kv.layout != KVLayout::flat && !w.dequant_kv ? 1 : 0;
   pp.batch = s.batch;
-  pp.num_kv_heads = s.num_kv_heads;
+  pp.num_kv_heads = query_kv_heads(s, w);  // the sparse path's: kv_split 1
   pp.total_q = s.total_q;
   pp.topk = s.topk;
   pp.total_rows = w.total_rows;
@@ -102,7 +102,7 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
   pp.chunk_ids = at(w.chunk_ids);
   pp.work_local = at(w.work_local);
   pp.work_slot = at(w.work_slot);
-  pp.group = int32_t(s.group);
+  pp.group = query_group(s, w);
   pp.uniform_enabled = has_keys ? 1 : 0;
   pp.qblock_cap = w.qblock_cap;
   pp.unit_cap = w.unit_cap;

@@ -81,11 +81,13 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
   // KV; kv_load.cuh gives each barrier the exact bytes of the flat or paged boxes).
   auto publish = [&](UniformInfo info, const UnitDesc& u) {
     const int s = KVRing::stage(kv_iter);
+    const int32_t kv_head = p.kv_split == 1 ? u.head : u.head / p.kv_split;  // AttnProblem
     sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
     KVBlockSource src{};
-    if (info.kb >= 0) src = locate_kv_block(p.paged, u.head, u.k_start, info.kb, u.k_len, 2, lane);
+    if (info.kb >= 0)
+      src = locate_kv_block(p.paged, kv_head, u.k_start, info.kb, u.k_len, 2, lane);
     if constexpr (kFp8)
-      load_key_scales(p, info.kb >= 0, u.head, src.c2, sh.kscale[s], &sh.kv_full[s], lane);
+      load_key_scales(p, info.kb >= 0, kv_head, src.c2, sh.kscale[s], &sh.kv_full[s], lane);
     if (lane == 0) {
       sh.uinfo[s] = info;
       if (info.kb >= 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src));
