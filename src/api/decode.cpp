@@ -30,7 +30,9 @@ void check_decode_shape(const DecodeShape& s) {
   MSA_CHECK(g <= 128, "decode shape: GQA group num_q_heads / num_kv_heads must be at most 128, got ",
             g);
   if (s.topk > 0) api::check_sparse_group(g, s.num_kv_heads, "decode shape (topk > 0)");
-  if (cuda) check_cuda_group(g, "decode");
+  // CUDA: dense decode maps a CTA's rows to (query, head) for any group (query_of); the sparse
+  // union works on 16-row tiles of whole queries.
+  if (cuda && s.topk > 0) check_cuda_group(g, "sparse decode");
   MSA_CHECK(s.head_dim > 0, "decode shape: head_dim must be > 0, got ", s.head_dim);
   MSA_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128 ||
                 s.page_size == 256,

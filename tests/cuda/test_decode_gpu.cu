@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "support/attention_problem.h"
 #include "support/device_tensor.h"
+#include "support/expect_error.h"
 
 namespace msa::test {
 namespace {
@@ -287,6 +288,47 @@ TEST(DecodeGpu, SweepDenseAndSparse) {
         t.run_gpu();
         t.expect_matches_reference();
       }
+}
+
+// Dense decode with any GQA group up to 128: a CTA's rows map to (query r / G, head r % G), so
+// groups that do not divide 16 (5, 7, 12: a 16-row tile holds parts of two queries) and groups past
+// 16 (24, 64, 96, 128: a query's heads span several tiles) run dense, at each CTA width, bf16 and
+// FP8 KV, against the CPU reference. A sparse plan keeps G in {1, 2, 4, 8, 16}.
+TEST(DecodeGpu, DenseAnyGroup) {
+  MSA_REQUIRE_GPU();
+  struct Shape {
+    int64_t g, hkv;
+    int max_q;
+    DType kv;
+  };
+  std::vector<Shape> shapes = {{5, 2, 8, DType::bf16},   {7, 1, 3, DType::fp8_e4m3},
+                               {12, 2, 16, DType::bf16}, {24, 1, 4, DType::bf16},
+                               {64, 1, 2, DType::fp8_e4m3}, {96, 2, 1, DType::bf16},
+                               {128, 1, 3, DType::bf16},  {3, 4, 40, DType::bf16}};
+  if (small_tests()) shapes.resize(4);
+  std::mt19937 rng(11);
+  unsigned seed = 1300;
+  for (int warps : kWidths)
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE("G " + std::to_string(sh.g) + ", forced width " + std::to_string(warps));
+      Config c = random_config(rng, 3, sh.max_q, small_tests() ? 500 : 2000, false);
+      c.warps = warps;
+      c.hq = sh.g * sh.hkv;
+      c.hkv = sh.hkv;
+      c.kv_dtype = sh.kv;
+      c.seed = seed++;
+      Bench t(c);
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+    }
+  Config c = random_config(rng, 2, 2, 300, false);
+  c.hq = 10;
+  c.hkv = 2;
+  c.topk = 2;
+  c.seed = seed++;
+  Bench t(c);
+  expect_error([&] { t.plan_gpu(); }, "a sparse call's GQA group Hq/Hkv must be 1, 2, 4, 8 or 16");
 }
 
 // At each CTA width: 4 requests of 1..max_q queries and up to 3000 keys (600 small), Hq 32 over

@@ -160,7 +160,7 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kKV>& w, const DecodeParams&
   for (int i = 0; i < 2; ++i) {
     const int r = rt * 16 + g + 8 * i;
     const bool valid = r < rows;
-    const int qi = r >> p.group_shift, hq = h * p.group + (r & (p.group - 1));
+    const int qi = query_of(p, r), hq = h * p.group + (r - qi * p.group);
     w.climit[i] = !valid ? -1 : p.causal ? q0 + qi + lk - lq : INT_MAX;
     w.qbit[i] = valid ? 1u << qi : 0u;
     const int64_t off = (t0 + qi) * p.q_stride_t + int64_t(hq) * p.q_stride_h;

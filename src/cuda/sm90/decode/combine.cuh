@@ -39,8 +39,9 @@ __device__ __forceinline__ void combine_job(const DecodeParams& p, const Combine
       }
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int64_t t = t0 + (r >> p.group_shift);
-    const int hq = h * p.group + (r & (p.group - 1));
+    const int qi = query_of(p, r);
+    const int64_t t = t0 + qi;
+    const int hq = h * p.group + (r - qi * p.group);
     write_out4<TQ>(p, t, hq, d, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
     if (d == 0 && p.lse) p.lse[int64_t(hq) * p.total_q + t] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
   }

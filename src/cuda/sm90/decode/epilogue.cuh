@@ -118,8 +118,9 @@ __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const Mer
     if (mine && k == 0) {
       const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
       if (partial < 0) {
-        const int64_t t = t0 + (r >> p.group_shift);
-        const int hq = h * p.group + (r & (p.group - 1));
+        const int qi = query_of(p, r);
+        const int64_t t = t0 + qi;
+        const int hq = h * p.group + (r - qi * p.group);
         if (p.lse) p.lse[int64_t(hq) * p.total_q + t] = lse2 * kLn2;
       } else {
         p.part_lse[(int64_t(partial) * p.num_kv_heads + h) * p.rows_max + r] = lse2;
@@ -129,7 +130,8 @@ __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const Mer
   sm90::named_sync(bar, kThreads);
   const auto write4 = [&](int r, int d, float4 acc) {
     if (partial < 0) {
-      write_out4<TQ>(p, t0 + (r >> p.group_shift), h * p.group + (r & (p.group - 1)), d, acc);
+      const int qi = query_of(p, r);
+      write_out4<TQ>(p, t0 + qi, h * p.group + (r - qi * p.group), d, acc);
     } else {
       const int64_t row = (int64_t(partial) * p.num_kv_heads + h) * p.rows_max + r;
       *reinterpret_cast<float4*>(p.part_o + row * kHeadDim + d) = acc;

@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(Traits<kKV, kW>::kThreads, kW == 4 ? 2 : 1)
     arrive_and_finalize(p);
     return;
   }
-  const int rows = nq << p.group_shift;
+  const int rows = nq * p.group;
   const int64_t t0 = rq.q_begin + q0;
 
   const uint32_t pipe = sm90::smem_addr(smem);

@@ -111,7 +111,7 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   p.total_q = int32_t(a.q.shape[0]);
   p.num_kv_heads = s.num_kv_heads;
   p.group = g.group;
-  p.group_shift = log2_exact(g.group);
+  p.group_shift = (g.group & (g.group - 1)) == 0 ? log2_exact(g.group) : -1;
   p.topk = s.topk;
   p.kv_block_size = s.kv_block_size;
   p.block_shift = log2_exact(s.kv_block_size);

@@ -16,6 +16,11 @@
 
 namespace msa::cuda::decode {
 
+// The query of CTA row r (DecodeParams::group_shift: a shift for power-of-two groups).
+__device__ __forceinline__ int query_of(const DecodeParams& p, int r) {
+  return p.group_shift >= 0 ? r >> p.group_shift : r / p.group;
+}
+
 // Where the keys of an item's slots come from. Slot s of a request is key s (dense) or key
 // s % blk of union entry s / blk's block (sparse); tile t holds slots [128 t, 128 t + 128).
 struct TileSource {

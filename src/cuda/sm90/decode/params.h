@@ -72,6 +72,8 @@ struct DecodeParams {
   int32_t* status = nullptr;              // int32[4] (common.h)
 
   int64_t num_items = 0;
+  // Row r of a CTA is query r / G, head r % G of its kv head's group; group_shift = log2(G) when
+  // G is a power of two (the shift then), -1 for the other groups dense decode takes.
   int32_t batch = 0, total_q = 0, num_kv_heads = 0, group = 1, group_shift = 0;
   int32_t topk = 0, kv_block_size = 128, block_shift = 7;
   int32_t page_size = 0, page_shift = 0, max_pages = 0, num_pages = 0;
