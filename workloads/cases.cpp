@@ -83,6 +83,10 @@ std::vector<BenchCase> make_cases() {
   v.push_back(dense_prefill("DENSE-8K", {8192}));
   v.push_back(dense_prefill("DENSE-32K", {32768}));
   v.push_back(dense_prefill("DENSE-VARLEN", varlen.seqlens_q));
+  BenchCase d64 = dense_prefill("DENSE-16K-D64", {16384});
+  d64.num_kv_heads = 8;
+  d64.head_dim = 64;
+  v.push_back(d64);
   v.push_back(prefill("CSR-32K", CaseKind::csr_build, "q2k -> k2q CSR + schedule build", 32768,
                       Pattern::tok, kNeedsCsr));
   v.push_back(prefill("IDX-32K-bf16", CaseKind::block_scores, "block scores (and fused top-K)",

@@ -32,13 +32,14 @@ using msa::bench::Timing;
 
 const msa::Device kGpu{msa::DeviceType::cuda, 0};
 
-// fp32 reference for sampled (token, query head) rows: one warp per row, online softmax over the
-// visible keys of the selected blocks, exact expf/logf.
+// fp32 reference for sampled (token, query head) rows: one warp per row, dim / 32 (<= 8) columns
+// per lane, online softmax over the visible keys of the selected blocks, exact expf/logf.
 __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                const int32_t* q2k, const int32_t* cu_q, const int32_t* cu_k,
                                int batch, int64_t total_q, int hq_count, int hkv, int topk,
-                               float scale, const int32_t* samples, int n_samples, float* out,
-                               float* lse) {
+                               int dim, float scale, const int32_t* samples, int n_samples,
+                               float* out, float* lse) {
+  const int per = dim / 32;
   const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (w >= int64_t(n_samples) * hq_count) return;
@@ -49,8 +50,8 @@ __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint1
   const int64_t i = t - cu_q[b], lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
   const int64_t last = i + lk - lq;
   auto bf = [](uint16_t x) { return __uint_as_float(uint32_t(x) << 16); };
-  float qv[4], acc[4] = {0, 0, 0, 0};
-  for (int e = 0; e < 4; ++e) qv[e] = bf(q[(t * hq_count + hq) * 128 + lane * 4 + e]);
+  float qv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int e = 0; e < per; ++e) qv[e] = bf(q[(t * hq_count + hq) * dim + lane * per + e]);
   float m = -INFINITY, sum = 0.f;
   const int64_t nblk = (lk + 127) / 128;
   for (int s = 0; s < topk; ++s) {
@@ -59,16 +60,16 @@ __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint1
     for (int64_t j = kb * 128; j < std::min<int64_t>(lk, kb * 128 + 128) && j <= last; ++j) {
       const int64_t row = (cu_k[b] + j) * hkv + h;
       float d = 0.f;
-      for (int e = 0; e < 4; ++e) d += qv[e] * bf(k[row * 128 + lane * 4 + e]);
+      for (int e = 0; e < per; ++e) d += qv[e] * bf(k[row * dim + lane * per + e]);
       for (int o = 16; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
       const float x = d * scale, mn = fmaxf(m, x);
       const float c = expf(m - mn), p = expf(x - mn);
       sum = sum * c + p;
-      for (int e = 0; e < 4; ++e) acc[e] = acc[e] * c + p * bf(v[row * 128 + lane * 4 + e]);
+      for (int e = 0; e < per; ++e) acc[e] = acc[e] * c + p * bf(v[row * dim + lane * per + e]);
       m = mn;
     }
   }
-  for (int e = 0; e < 4; ++e) out[w * 128 + lane * 4 + e] = sum > 0.f ? acc[e] / sum : 0.f;
+  for (int e = 0; e < per; ++e) out[w * dim + lane * per + e] = sum > 0.f ? acc[e] / sum : 0.f;
   if (lane == 0) lse[w] = sum > 0.f ? m + logf(sum) : -INFINITY;
 }
 
@@ -80,7 +81,8 @@ const std::vector<std::string>& sparse_case_names() {
                                                  "P32K-tok-fp8kv", "P32K-blk-fp8kv",
                                                  "P32K-blk-fp8qk", "P32K-blk-fp8qk-tensor",
                                                  "P32K-blk-nvfp4kv", "DENSE-8K",
-                                                 "DENSE-32K",      "DENSE-VARLEN"};
+                                                 "DENSE-32K",      "DENSE-VARLEN",
+                                                 "DENSE-16K-D64"};
   return names;
 }
 
@@ -243,7 +245,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
         static_cast<uint16_t*>(dq.get()), static_cast<uint16_t*>(dk.get()),
         static_cast<uint16_t*>(dv.get()), static_cast<int32_t*>(dq2k.get()),
         static_cast<int32_t*>(dcuq.get()), static_cast<int32_t*>(dcuk.get()), int(batch), tq, hq,
-        hkv, topk, 1.f / std::sqrt(float(d)), static_cast<int32_t*>(dsm.get()), ns,
+        hkv, topk, d, 1.f / std::sqrt(float(d)), static_cast<int32_t*>(dsm.get()), ns,
         static_cast<float*>(dref.get()), static_cast<float*>(dref_lse.get()));
     MSA_BENCH_CUDA(cudaGetLastError());
     const auto ref = dref.download<float>(size_t(ns) * hq * d, s);

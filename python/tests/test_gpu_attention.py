@@ -54,6 +54,28 @@ def test_dense_any_group(hq, hkv):
     ref.check_close(out, lse, want, want_lse)
 
 
+# Head dim 64 runs dense attention on CUDA, flat and paged (bf16 / f16); sparse calls need 128.
+@pytest.mark.parametrize("layout", ["flat", "paged_nhd", "paged_hnd"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dense_head_dim_64(layout, dtype):
+    gen = torch.Generator().manual_seed(64)
+    lq, lk = [37, 0, 150], [300, 9, 150]
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, 16, 2, 64, dtype, DEV)
+    want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, causal=True)
+    with gpu_op():
+        if layout == "flat":
+            out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, return_lse=True)
+        else:
+            kp, vp, table, seqused = ref.to_pages(gen, k, v, cu_k, 16, layout)
+            out, lse = msa.attention_forward(q, kp, vp, cu_q, page_table=table,
+                                             seqused_k=seqused, kv_layout=layout,
+                                             return_lse=True)
+    ref.check_close(out, lse, want, want_lse)
+    q2k = ref.random_q2k(gen, cu_q, lk, 2, topk=2, blk=128)
+    with pytest.raises(msa.MsaError, match="head dim 64 runs dense attention only"):
+        msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_sparse_flat(seed):
     gen, lq, lk, hq, hkv, blk, causal = _random_case(100 + seed)

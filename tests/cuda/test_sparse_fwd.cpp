@@ -718,6 +718,70 @@ TEST(SparseFwdGpu, CausalOffsetsMatchCpu) {
   }
 }
 
+// Dense attention at head dim 64 on CUDA (the uniform kernel's one-half tiles, O m64n64): bf16 and
+// f16, causal or not, GQA groups inside and outside {1, 2, 4, 8, 16} and past 64, empty requests,
+// a request without keys and a call without any, lengths past a block, temperature, soft-cap and a
+// key mask; against the CPU, bitwise on a second run. Sparse calls, FP8 q and FP8 K/V at D = 64
+// are refused by name.
+TEST(SparseFwdGpu, DenseHeadDim64MatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  struct Shape {
+    std::vector<int32_t> lq, lk;
+    int64_t hq, hkv;
+    bool causal;
+    DType dtype;
+    float temperature, soft_cap;
+    bool mask;
+  };
+  const Shape shapes[] = {
+      {{37, 0, 130}, {300, 5, 130}, 8, 2, true, DType::bf16, 0.f, 0.f, false},
+      {{1, 64, 200}, {1, 700, 260}, 16, 1, true, DType::f16, 0.f, 0.f, false},
+      {{129}, {129}, 4, 4, false, DType::bf16, 0.7f, 0.f, false},
+      {{13, 5}, {13, 600}, 10, 2, true, DType::bf16, 0.f, 20.f, false},
+      {{70, 9}, {300, 200}, 8, 2, false, DType::f16, 0.f, 0.f, true},
+      {{300}, {1000}, 64, 4, true, DType::bf16, 0.f, 0.f, false},
+      {{9, 3}, {300, 0}, 96, 1, true, DType::bf16, 0.f, 0.f, false},
+      {{4, 2}, {0, 0}, 8, 2, true, DType::bf16, 0.f, 0.f, false},
+  };
+  unsigned seed = 1300;
+  for (const Shape& sh : shapes) {
+    SparseCase c = dense_case(make_problem(sh.lq, sh.lk, sh.hq, sh.hkv, 64, seed++, sh.dtype),
+                              sh.causal);
+    c.temperature = sh.temperature;
+    c.soft_cap = sh.soft_cap;
+    if (sh.mask) {
+      const int64_t lk_max = *std::max_element(sh.lk.begin(), sh.lk.end()) + 9;
+      HostTensor mask(DType::boolean, {c.p.batch(), lk_max});
+      std::mt19937 rng(seed++);
+      for (int64_t i = 0; i < mask.t.numel(); ++i) mask.data<uint8_t>()[i] = rng() % 3 != 0;
+      c.key_mask = std::move(mask);
+    }
+    c.name = "D 64, Hq " + std::to_string(sh.hq) + ", Hkv " + std::to_string(sh.hkv) +
+             (sh.causal ? ", causal" : "") + (sh.mask ? ", key mask" : "");
+    SCOPED_TRACE(c.name);
+    expect_dense_matches_cpu(c, s, small, sh.mask || sh.soft_cap > 0.f ? 0 : 7);
+    if (HasFailure()) break;
+  }
+  {  // sparse calls, FP8 q and FP8 K/V stay D = 128 on CUDA
+    SparseCase c = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, 64, 1390u), true);
+    DeviceCase d(c, s);
+    c.dense = false;
+    expect_error([&] { run_gpu(c, d, false, s); },
+                 "q: head dim 64 runs dense attention only on CUDA (no q2k)");
+    SparseCase f = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, 64, 1391u, DType::bf16,
+                                           DType::fp8_e4m3, Fp8Scale::per_token_head),
+                              true);
+    DeviceCase df(f, s);
+    expect_error([&] { run_gpu(f, df, false, s); },
+                 "k, v: head dim 64 takes q's dtype (bf16) on CUDA, got fp8_e4m3");
+    SparseCase e = dense_case(make_problem({3}, {40}, 8, 2, 96, 1392u), true);
+    DeviceCase de(e, s);
+    expect_error([&] { run_gpu(e, de, false, s); }, "q: head dim must be 64 or 128 on CUDA, got 96");
+  }
+}
+
 // Dense key masks on CUDA (bool or u8, per batch [B, Lk_max] or per query [total_q, Lk_max],
 // Lk_max past the longest request): random densities, rows and whole masks with every key masked
 // (out 0, lse -inf), causal or not, soft-cap, GQA groups that do not divide 16, f16, FP8 QK;

@@ -18,8 +18,11 @@ struct CombineParams {
   int32_t part_bf16 = 0;
   const float* part_lse = nullptr;        // natural log, -inf: no visible key in that block
   const float* part_tlse = nullptr;       // null unless tlse is requested
-  void* out = nullptr;                    // [total_q, Hq, 128] bf16 / f16, D contiguous
+  void* out = nullptr;                    // [total_q, Hq, head_dim] bf16 / f16, D contiguous
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
+  // 128, or 64 when no slot holds a partial (topk 0: dense attention without keys writes its
+  // zero rows here); columns past it are not written.
+  int32_t head_dim = 128;
   float* lse = nullptr;                   // [Hq, total_q] or null
   float* tlse = nullptr;                  // [Hq, total_q] or null
   int64_t batch = 0, total_q = 0;

@@ -36,18 +36,18 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
   return r;
 }
 
-// Stores one accumulator row (x inv) as 16-bit T: `o` holds this thread's 32 values of the row in
-// the wgmma D layout (pairs at columns 8 n + col_base + {0, 1}, kOff 0 for the upper row of the
-// thread, 2 for the lower), one 4-byte store per pair. Used for the uniform path's final outputs.
+// Stores one accumulator row (x inv) as 16-bit T: `o` holds this thread's kN / 2 values of the
+// row in the wgmma D layout (pairs at columns 8 n + col_base + {0, 1}, kOff 0 for the upper row
+// of the thread, 2 for the lower; kN = D / 2), one 4-byte store per pair. Used for the uniform path's final outputs.
 // Its first version transposed pairs inside the quad for 16-byte stores, with shuffles under the
 // quad's mask: the caller's branch on the row's token made ptxas wrap every shuffle in a
 // convergence loop (MATCH.ANY / BRA.DIV), 734 instructions per warp per unit, 8% of the uniform
 // kernel's warp samples at P32K-blk (ncu source view).
-template <typename T, int kOff>
-__device__ __forceinline__ void store_row(T* row, const float (&o)[64], float inv, int col_base) {
+template <typename T, int kOff, int kN>
+__device__ __forceinline__ void store_row(T* row, const float (&o)[kN], float inv, int col_base) {
   auto* dst = reinterpret_cast<uint32_t*>(row);
 #pragma unroll
-  for (int n = 0; n < 16; ++n)
+  for (int n = 0; n < kN / 4; ++n)
     dst[(n * 8 + col_base) / 2] = pack_pair<std::is_same_v<T, __half>>(o[n * 4 + kOff] * inv,
                                                                        o[n * 4 + kOff + 1] * inv);
 }

@@ -14,12 +14,13 @@
 
 namespace msa::cuda::sparse_fwd {
 
-// Issues this lane's boxes of one tensor (K or V) into the two 64-column halves `dst`,
+// Issues this lane's boxes of one tensor (K or V) into the kHalves 64-column halves `dst` (D / 64),
 // completing on `bar`. Call after lane 0 announced the bytes (arrive.expect_tx) and a __syncwarp.
+template <int kHalves>
 __device__ __forceinline__ void load_kv_tile(const KVBlockSource& src, const CUtensorMap* tm,
-                                             uint8_t (&dst)[2][kKVHalfBytes], uint64_t* bar) {
+                                             uint8_t (&dst)[kHalves][kKVHalfBytes], uint64_t* bar) {
   if (!src.issue) return;
-  for (int half = 0; half < 2; ++half) {
+  for (int half = 0; half < kHalves; ++half) {
     if (src.paged)
       sm90::tma_load_4d(dst[half] + src.row_bytes, tm, bar, half * kHalfCols, src.c1, src.c2,
                         src.c3);
@@ -28,16 +29,19 @@ __device__ __forceinline__ void load_kv_tile(const KVBlockSource& src, const CUt
   }
 }
 
-// One query token's G rows (heads head_row ..) into a Q buffer at row_bytes: two 64-column boxes
-// of 16-bit q, or one 128-byte box of e4m3 q (half 0; kFp8). q_bytes_per_row: its barrier's bytes.
-template <bool kFp8>
-constexpr uint32_t q_bytes_per_row() { return kFp8 ? kHeadDim : 2 * kHeadDim; }
-template <bool kFp8>
-__device__ __forceinline__ void load_q_token(uint8_t (&buf)[2][kQHalfBytes], int row_bytes,
+// One query token's G rows (heads head_row ..) into a Q buffer at row_bytes: a 64-column box of
+// 16-bit q per half, or one 128-byte box of e4m3 q (half 0; kFp8, D = 128). q_bytes_per_row: its
+// barrier's bytes.
+template <bool kFp8, int kHalves>
+constexpr uint32_t q_bytes_per_row() { return (kFp8 ? 1 : 2) * kHalves * kHalfCols; }
+template <bool kFp8, int kHalves>
+__device__ __forceinline__ void load_q_token(uint8_t (&buf)[kHalves][kQHalfBytes], int row_bytes,
                                              const CUtensorMap* tm_q, uint64_t* bar,
                                              int32_t head_row, int32_t tok) {
   sm90::tma_load_3d(buf[0] + row_bytes, tm_q, bar, 0, head_row, tok);
-  if constexpr (!kFp8) sm90::tma_load_3d(buf[1] + row_bytes, tm_q, bar, kHalfCols, head_row, tok);
+  if constexpr (!kFp8)
+    for (int half = 1; half < kHalves; ++half)
+      sm90::tma_load_3d(buf[half] + row_bytes, tm_q, bar, half * kHalfCols, head_row, tok);
 }
 
 // Bytes of K's boxes on its barrier: a 16-bit tile (src.bytes, located for 16-bit rows), or with
@@ -50,9 +54,9 @@ __device__ __forceinline__ uint32_t k_tile_bytes(const KVBlockSource& src) {
 // K of a block into a stage: the 16-bit tile (load_kv_tile), or with kFp8 the e4m3 tile (one box
 // of 128-byte rows into half 0). kFp8 kernels read the flat copy that launch.cu makes (src.c1 =
 // head, src.c2 = the block's first key row).
-template <bool kFp8>
+template <bool kFp8, int kHalves>
 __device__ __forceinline__ void load_k_tile(const KVBlockSource& src, const CUtensorMap* tm_k,
-                                            uint8_t (&dst)[2][kKVHalfBytes], uint64_t* bar) {
+                                            uint8_t (&dst)[kHalves][kKVHalfBytes], uint64_t* bar) {
   if constexpr (kFp8) {
     if (src.issue) sm90::tma_load_3d(dst[0], tm_k, bar, 0, src.c1, src.c2);
   } else {

@@ -183,9 +183,16 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                             : nullptr;
     up.mask_words = w.mask_words;
   }
-  if (w.fp8_qk) launch_uniform<false, true>(tq, tk, tv, up, stream);
-  else if (f16) launch_uniform<true, false>(tq, tk, tv, up, stream);
-  else launch_uniform<false, false>(tq, tk, tv, up, stream);
+  if (s.head_dim == 64) {  // dense, 16-bit q / k / v (check_supported)
+    if (f16) launch_uniform<true, false, 64>(tq, tk, tv, up, stream);
+    else launch_uniform<false, false, 64>(tq, tk, tv, up, stream);
+  } else if (w.fp8_qk) {
+    launch_uniform<false, true, 128>(tq, tk, tv, up, stream);
+  } else if (f16) {
+    launch_uniform<true, false, 128>(tq, tk, tv, up, stream);
+  } else {
+    launch_uniform<false, false, 128>(tq, tk, tv, up, stream);
+  }
 }
 
 // Merges the KV-major partials into out / lse / tlse (rows of uniform query blocks are skipped:
@@ -203,6 +210,7 @@ void launch_combine(const AttentionArgs& a, const ProblemShape& s, const AttnPla
   cp.out = a.out.data;
   cp.out_stride_t = a.out.strides[0];
   cp.out_stride_h = a.out.strides[1];
+  cp.head_dim = int32_t(s.head_dim);
   cp.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   cp.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
   cp.batch = s.batch;

@@ -12,34 +12,38 @@
 
 namespace msa::cuda::sparse_fwd {
 
-// One persistent launch (a CTA per SM) of either kernel; each instantiation raises its shared
-// memory limit once per process.
+// One persistent launch (a CTA per SM) of either kernel with `smem` bytes of shared memory (the
+// plan of its head dim); each instantiation raises its shared memory limit once per process.
 template <typename P>
-void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
+void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P), int smem,
                        std::once_flag& smem_limit_set, const CUtensorMap& tq, const CUtensorMap& tk,
                        const CUtensorMap& tv, const P& p, cudaStream_t stream) {
-  std::call_once(smem_limit_set, [kernel] {
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  std::call_once(smem_limit_set, [kernel, smem] {
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   });
-  launch_pdl(kernel, current_sm_count(), kThreads, kSmemBytes, stream, tq, tk, tv, p);
+  launch_pdl(kernel, current_sm_count(), kThreads, smem, stream, tq, tk, tv, p);
 }
 
 template <bool kF16, bool kFp8>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream) {
   static std::once_flag once;
-  launch_persistent(sparse_fwd_kernel<kF16, kFp8>, once, tq, tk, tv, p, stream);
+  launch_persistent(sparse_fwd_kernel<kF16, kFp8>, kSmemBytes, once, tq, tk, tv, p, stream);
 }
 
 // With a key mask (dense attention), the kernel instantiated for it (uniform_mma.cuh, kMask).
-template <bool kF16, bool kFp8>
+template <bool kF16, bool kFp8, int kD>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
   static std::once_flag once, once_mask;
+  constexpr int smem = smem_bytes<halves_of<kD>()>();
+  static_assert(smem <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true>, once_mask, tq, tk, tv, p, stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD>, smem, once_mask, tq, tk, tv,
+                      p, stream);
   else
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false>, once, tq, tk, tv, p, stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD>, smem, once, tq, tk, tv, p,
+                      stream);
 }
 
 }  // namespace msa::cuda::sparse_fwd
@@ -48,7 +52,14 @@ void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensor
   namespace msa::cuda::sparse_fwd {                                                          \
   template void launch_main<kF16, kFp8>(const CUtensorMap&, const CUtensorMap&,              \
                                         const CUtensorMap&, const MainParams&, cudaStream_t); \
-  template void launch_uniform<kF16, kFp8>(const CUtensorMap&, const CUtensorMap&,           \
-                                           const CUtensorMap&, const UniformParams&,         \
-                                           cudaStream_t);                                    \
+  template void launch_uniform<kF16, kFp8, 128>(const CUtensorMap&, const CUtensorMap&,      \
+                                                const CUtensorMap&, const UniformParams&,    \
+                                                cudaStream_t);                               \
+  }
+// The uniform kernel alone (dense attention) at head dim kD.
+#define MSA_SPARSE_FWD_INSTANTIATE_UNIFORM(kF16, kD)                                          \
+  namespace msa::cuda::sparse_fwd {                                                          \
+  template void launch_uniform<kF16, false, kD>(const CUtensorMap&, const CUtensorMap&,      \
+                                                const CUtensorMap&, const UniformParams&,    \
+                                                cudaStream_t);                               \
   }

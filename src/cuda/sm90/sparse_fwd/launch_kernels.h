@@ -1,6 +1,7 @@
 // Declarations of the sm_90a sparse forward's two persistent launches (bodies in
 // launch_kernels.cuh). The only instantiations: bf16 (instantiate_bf16.cu), f16
-// (instantiate_f16.cu) and FP8 QK with bf16 P V (instantiate_fp8qk.cu: kFp8, traits.h), so they
+// (instantiate_f16.cu) and FP8 QK with bf16 P V (instantiate_fp8qk.cu: kFp8, traits.h), and the
+// uniform kernel at head dim 64 (instantiate_bf16_d64.cu, instantiate_f16_d64.cu), so they
 // compile in parallel and host edits rebuild none.
 #pragma once
 
@@ -19,7 +20,8 @@ template <bool kF16, bool kFp8>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream);
 
-template <bool kF16, bool kFp8>
+// kD: the head dim (128, or 64 for dense attention: instantiate_*_d64.cu).
+template <bool kF16, bool kFp8, int kD>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream);
 

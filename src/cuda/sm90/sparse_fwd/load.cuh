@@ -116,7 +116,7 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
   const int n_valid = __reduce_add_sync(0xffffffffu, valid);
   if (lane == 0)
     sm90::mbar_expect_tx(&sh.q_full[consumer][stage],
-                         uint32_t(n_valid) * uint32_t(p.group) * q_bytes_per_row<kFp8>());
+                         uint32_t(n_valid) * uint32_t(p.group) * q_bytes_per_row<kFp8, 2>());
   __syncwarp();
   const int32_t head_row = c.d.head * p.group;  // first query head of kv head h
 #pragma unroll

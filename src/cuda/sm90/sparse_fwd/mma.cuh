@@ -15,6 +15,7 @@
 
 #include "cuda/device/sm90.cuh"
 #include "cuda/device/wgmma_m64n128.cuh"
+#include "cuda/device/wgmma_m64n64.cuh"
 #include "cuda/sm90/sparse_fwd/epilogue.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
@@ -103,11 +104,12 @@ __device__ __forceinline__ Info read_info(const Info& src, int lane) {
 // Rows [valid, 128) of a tail block hold the next batch's keys (or zeros past the tensor):
 // P is 0 there, but 0 * NaN = NaN, so V's rows are zeroed before any P V product reads them.
 // Consumer 0 writes, both consumer warpgroups meet at the stage's named barrier.
-__device__ __forceinline__ void zero_v_tail(SharedStorage& sh, int stage, int valid,
+template <int kHalves>
+__device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves>& sh, int stage, int valid,
                                             int consumer, int tid) {
   if (consumer == 0) {
     const int per_half = (kBlockN - valid) * 8;  // 16-byte chunks per 64-column half
-    for (int i = tid; i < 2 * per_half; i += 128) {
+    for (int i = tid; i < kHalves * per_half; i += 128) {
       const int half = i / per_half, rem = i - half * per_half;
       uint8_t* dst = sh.v[stage][half] + (valid + rem / 8) * 128 + (rem % 8) * 16;
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
@@ -225,12 +227,13 @@ __device__ __forceinline__ void pack_probs(const float (&sc)[64], uint32_t (&pa)
   }
 }
 
-// S = Q K^T for a 64-row tile, issued (not committed): 16-bit operands in two 64-column halves
-// (a k16 step is 32 bytes inside a 128-byte row; the second half of D is the second buffer), or
-// with kFp8 e4m3 operands, one 128-byte row per token or key (four k32 steps of 32 bytes). K-major,
-// 128-byte swizzle; the first step overwrites S.
-template <bool kF16, bool kFp8>
+// S = Q K^T for a 64-row tile, issued (not committed): 16-bit operands in kD / 64 64-column
+// halves (a k16 step is 32 bytes inside a 128-byte row; half h of D is the h-th buffer), or with
+// kFp8 e4m3 operands (D = 128), one 128-byte row per token or key (four k32 steps of 32 bytes).
+// K-major, 128-byte swizzle; the first step overwrites S.
+template <bool kF16, bool kFp8, int kD = kHeadDim>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+  static_assert(!kFp8 || kD == kHeadDim, "FP8 Q K^T reads 128-byte rows: D = 128");
   // Each operand's descriptor is encoded once and offset per k-step (sm90::desc_offset): encoding
   // it per wgmma took five uniform instructions each, ~60 of a block's ~640 consumer instructions
   // on the path that the other warpgroup's turn waits for (ncu, P32K-blk).
@@ -243,7 +246,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32
                           kk > 0 ? 1u : 0u);
   } else {
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+    for (int kk = 0; kk < kD / 16; ++kk)
       sm90::wgmma_ss<kF16>(s, sm90::desc_offset(dq, (kk >> 2) * kQHalfBytes + (kk & 3) * 32),
                            sm90::desc_offset(dk, (kk >> 2) * kKVHalfBytes + (kk & 3) * 32),
                            kk > 0 ? 1u : 0u);
@@ -251,10 +254,10 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32
 }
 
 // O (+)= P V, P from registers, issued (not committed). MN-major V: 16 keys are two 8-row groups
-// (SBO 1024 B); the two 64-column halves of D are LBO = 16 KB apart. Without accumulate the first
-// step overwrites O.
-template <bool kF16>
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[kBlockN / 16][4],
+// (SBO 1024 B); the two 64-column halves of D = 128 are LBO = 16 KB apart (D = 64: one half, the
+// m64n64 form, picked by O's 32 floats). Without accumulate the first step overwrites O.
+template <bool kF16, int kN>
+__device__ __forceinline__ void issue_pv(float (&o)[kN], const uint32_t (&pa)[kBlockN / 16][4],
                                          uint32_t v_addr, bool accumulate) {
   const uint64_t dv = sm90::wgmma_desc_sw128(v_addr, kKVHalfBytes, 1024);
 #pragma unroll

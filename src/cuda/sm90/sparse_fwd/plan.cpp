@@ -144,7 +144,22 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
 
 
 void check_supported(const AttentionArgs& a, const ProblemShape& s) {
-  MSA_CHECK(s.head_dim == kHeadDim, "q: head dim must be 128 on CUDA, got ", s.head_dim);
+  // D = 64: the uniform kernel's one-half tiles (traits.h halves_of), dense attention over 16-bit
+  // q / k / v; sparse calls (the KV-major kernel, the combine's partials) and the FP8 / FP4 copies
+  // are D = 128.
+  MSA_CHECK(s.head_dim == kHeadDim || s.head_dim == 64,
+            "q: head dim must be 64 or 128 on CUDA, got ", s.head_dim);
+  if (s.head_dim != kHeadDim) {
+    MSA_CHECK(!a.q2k.defined(), "q: head dim ", s.head_dim, " runs dense attention only on CUDA "
+              "(no q2k); sparse attention needs head dim 128");
+    MSA_CHECK(a.q.dtype == DType::bf16 || a.q.dtype == DType::f16,
+              "q: head dim ", s.head_dim, " takes bf16 or f16 q on CUDA, got ",
+              dtype_name(a.q.dtype));
+    MSA_CHECK(a.kv.k.values.dtype == a.q.dtype && a.kv.v.values.dtype == a.q.dtype,
+              "k, v: head dim ", s.head_dim, " takes q's dtype (", dtype_name(a.q.dtype),
+              ") on CUDA, got ", dtype_name(a.kv.k.values.dtype), " and ",
+              dtype_name(a.kv.v.values.dtype));
+  }
   // FP8 q: QK in FP8 over FP8 K (the kFp8 kernels); over 16-bit or FP4 K/V its values as bf16
   // (exact, launch_dequant_q).
   const DType qt = a.q.dtype == DType::fp8_e4m3 ? DType::bf16 : a.q.dtype;

@@ -116,13 +116,23 @@ struct UniformInfo {  // one published K/V stage of the uniform path
   int32_t first, last;  // first / last stage of its unit
 };
 
-// Shared memory plan (~197 KB of the 227 KB opt-in): K/V 2 stages x 64 KB, Q 4 x 16 KB, metadata.
-// Every tile buffer is 1024-byte aligned: the 128-byte swizzle repeats every 8 rows of 128 B and
-// wgmma descriptors assume atoms start on that boundary.
-struct alignas(1024) SharedStorage {
-  uint8_t k[kKVStages][2][kKVHalfBytes];
-  uint8_t v[kKVStages][2][kKVHalfBytes];
-  uint8_t q[kConsumers][kQStages][2][kQHalfBytes];
+// Head dims: D columns are D / 64 halves of 128-byte swizzle rows per tile (kHalfCols). D = 128
+// runs every kernel of this folder; D = 64 the uniform kernel (dense attention), one half per
+// tile, its O accumulator m64n64.
+template <int kD>
+constexpr int halves_of() {
+  static_assert(kD == 64 || kD == 128, "the sparse forward tiles take D = 64 or 128");
+  return kD / kHalfCols;
+}
+
+// Shared memory plan (D = 128: ~197 KB of the 227 KB opt-in; D = 64 about half): K/V 2 stages
+// x 64 KB, Q 4 x 16 KB, metadata. Every tile buffer is 1024-byte aligned: the 128-byte swizzle
+// repeats every 8 rows of 128 B and wgmma descriptors assume atoms start on that boundary.
+template <int kHalves>
+struct alignas(1024) SharedStorageT {
+  uint8_t k[kKVStages][kHalves][kKVHalfBytes];
+  uint8_t v[kKVStages][kHalves][kKVHalfBytes];
+  uint8_t q[kConsumers][kQStages][kHalves][kQHalfBytes];
   // FP8 QK (kFp8 kernels): each stage's 128 per-key K scales, copied with the block (kv_load.cuh).
   alignas(16) float kscale[kKVStages][kBlockN];
   TileMeta meta[kConsumers][kQStages];
@@ -135,7 +145,10 @@ struct alignas(1024) SharedStorage {
   uint64_t q_full[kConsumers][kQStages];
   uint64_t q_empty[kConsumers][kQStages];
 };
-constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + slack to align the base
+using SharedStorage = SharedStorageT<2>;  // D = 128: the KV-major kernel and the uniform one
+template <int kHalves>
+constexpr int smem_bytes() { return int(sizeof(SharedStorageT<kHalves>)) + 1024; }  // + slack to align the base
+constexpr int kSmemBytes = smem_bytes<2>();
 static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
 
 // Buffer rings (device/pipeline.cuh): K/V stages (the uniform path's V ring too), and each

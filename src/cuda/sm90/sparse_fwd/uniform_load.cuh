@@ -6,7 +6,7 @@
 // consumer's one arrive at the end of the unit that used it); q_full counts the lanes that own
 // token slots, each arriving after its metadata (token, last visible key, head) is written.
 // Each K stage is published as UniformInfo {kb, valid keys, first, last} by lane 0 with
-// arrive.expect_tx (32 KB, or the bytes of the pages a paged block has: kv_load.cuh; FP8 QK: 16 KB
+// arrive.expect_tx (32 KB at D = 128, or the bytes of the pages a paged block has: kv_load.cuh; FP8 QK: 16 KB
 // of e4m3 K, and every lane's arrival after its cp.async of the key scales) or, for a
 // unit without a usable block, a plain arrive (kb = -1); a block's V follows on the V ring
 // (v_full, the same byte count).
@@ -26,9 +26,9 @@ __device__ __forceinline__ UnitDesc load_unit(const UniformParams& p, int32_t un
 }
 
 // Q tile of consumer c: unit tokens [c * tpt, c * tpt + tpt), tpt = 64 / G.
-template <bool kFp8>
+template <bool kFp8, int kHalves>
 __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUtensorMap* tm_q,
-                                               SharedStorage& sh, const UnitDesc& u, int c,
+                                               SharedStorageT<kHalves>& sh, const UnitDesc& u, int c,
                                                int stage, int lane) {
   TileMeta& meta = sh.meta[c][stage];
   const int tpt = p.tokens_per_tile;
@@ -53,7 +53,7 @@ __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUt
   const int n_valid = __reduce_add_sync(0xffffffffu, valid);
   if (lane == 0)
     sm90::mbar_expect_tx(&sh.q_full[c][stage],
-                         uint32_t(n_valid) * uint32_t(p.group) * q_bytes_per_row<kFp8>());
+                         uint32_t(n_valid) * uint32_t(p.group) * q_bytes_per_row<kFp8, kHalves>());
   __syncwarp();
   const int32_t head_row = u.head * p.group;
 #pragma unroll
@@ -65,11 +65,12 @@ __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUt
   if (lane < tpt) sm90::mbar_arrive(&sh.q_full[c][stage]);
 }
 
-template <bool kFp8>
+template <bool kFp8, int kHalves>
 __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
                                                      const CUtensorMap* tm_q,
                                                      const CUtensorMap* tm_k,
-                                                     const CUtensorMap* tm_v, SharedStorage& sh,
+                                                     const CUtensorMap* tm_v,
+                                                     SharedStorageT<kHalves>& sh,
                                                      int warp, int lane) {
   if (warp != 0) return;
   const int32_t n_units = *p.num_units;
@@ -85,7 +86,7 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
     KVBlockSource src{};
     if (info.kb >= 0)
-      src = locate_kv_block(p.paged, kv_head, u.k_start, info.kb, u.k_len, 2, lane);
+      src = locate_kv_block(p.paged, kv_head, u.k_start, info.kb, u.k_len, kHalves, lane);
     if constexpr (kFp8)
       load_key_scales(p, info.kb >= 0, kv_head, src.c2, sh.kscale[s], &sh.kv_full[s], lane);
     if (lane == 0) {
@@ -112,7 +113,7 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     const int qs = QRing::stage(unit_iter);
     for (int c = 0; c < kConsumers; ++c) {
       sm90::mbar_wait(&sh.q_empty[c][qs], QRing::empty_parity(unit_iter));
-      produce_unit_q<kFp8>(p, tm_q, sh, u, c, qs, lane);
+      produce_unit_q<kFp8, kHalves>(p, tm_q, sh, u, c, qs, lane);
     }
     const int32_t nblk = (u.k_len + kBlockN - 1) / kBlockN;
     const int32_t last_max = causal_last(p.causal, u.q_local0 + u.n_tok - 1, u.diag, u.k_len);

@@ -53,8 +53,8 @@ __device__ __forceinline__ void finish_row(OnlineRow& r, float inv_temp) {
   if (inv_temp > 0.f) r.t = quad_sum(r.t);
 }
 
-template <typename T, int kOff>
-__device__ __forceinline__ void store_out_row(const UniformParams& p, const float (&o)[64],
+template <typename T, int kOff, int kN>
+__device__ __forceinline__ void store_out_row(const UniformParams& p, const float (&o)[kN],
                                               int32_t tok, int32_t hq, const OnlineRow& r,
                                               int col_base, bool lead) {
   const float inv = r.m == -INFINITY ? 0.f : 1.f / r.l;
@@ -95,16 +95,16 @@ __device__ __forceinline__ void apply_key_mask(float (&s)[64], uint4 m, int col_
 }
 
 // S = Q K^T for the 64-row tile (mma.cuh issue_qk), committed as its own group.
-template <bool kF16, bool kFp8>
+template <bool kF16, bool kFp8, int kD>
 __device__ __forceinline__ void issue_uniform_qk(float (&sc)[64], uint32_t q_addr,
                                                  uint32_t k_addr) {
-  issue_qk<kF16, kFp8>(sc, q_addr, k_addr);
+  issue_qk<kF16, kFp8, kD>(sc, q_addr, k_addr);
   sm90::wgmma_commit();
 }
 
 // O += P V with P in registers (MN-major V, as mma.cuh).
-template <bool kF16>
-__device__ __forceinline__ void issue_uniform_pv(float (&o)[64], const uint32_t (&pa)[8][4],
+template <bool kF16, int kN>
+__device__ __forceinline__ void issue_uniform_pv(float (&o)[kN], const uint32_t (&pa)[8][4],
                                                  uint32_t v_addr) {
   issue_pv<kF16>(o, pa, v_addr, true);
   sm90::wgmma_commit();
@@ -112,9 +112,10 @@ __device__ __forceinline__ void issue_uniform_pv(float (&o)[64], const uint32_t 
 
 // Register fences after a wgmma wait: reads of an accumulator must not move above the wait,
 // and P's registers (an operand of an in-flight P V) must stay untouched until it.
-__device__ __forceinline__ void fence_regs(float (&a)[64]) {
+template <int kN>
+__device__ __forceinline__ void fence_regs(float (&a)[kN]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) sm90::reg_fence(a[i]);
+  for (int i = 0; i < kN; ++i) sm90::reg_fence(a[i]);
 }
 __device__ __forceinline__ void fence_regs(uint32_t (&pa)[8][4]) {
 #pragma unroll
@@ -123,9 +124,10 @@ __device__ __forceinline__ void fence_regs(uint32_t (&pa)[8][4]) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[kk][i])::"memory");
 }
 
-__device__ __forceinline__ void rescale_rows(float (&o)[64], float a0, float a1) {
+template <int kN>
+__device__ __forceinline__ void rescale_rows(float (&o)[kN], float a0, float a1) {
 #pragma unroll
-  for (int n = 0; n < 16; ++n) {
+  for (int n = 0; n < kN / 4; ++n) {
     o[n * 4 + 0] *= a0;
     o[n * 4 + 1] *= a0;
     o[n * 4 + 2] *= a1;
@@ -141,8 +143,10 @@ __device__ __forceinline__ void rescale_rows(float (&o)[64], float a0, float a1)
 // otherwise). K stage j is released once S_j is done, V stage j - 1 once its product is.
 // kMask: dense attention with a key mask (p.mask_bits; instantiated apart so that calls without
 // one run the kernel as it was: one runtime branch per block cost 1.5-2% at DENSE-8K / P32K-blk).
-template <bool kF16, bool kFp8, bool kMask>
-__device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, SharedStorage& sh,
+// kD: the head dim (traits.h halves_of), O's kD / 2 floats per thread.
+template <bool kF16, bool kFp8, bool kMask, int kD>
+__device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
+                                                     SharedStorageT<halves_of<kD>()>& sh,
                                                      int consumer_in, int tid) {
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
   // Broadcast so ptxas sees a warp-uniform value: the Q descriptors (and with them every wgmma
@@ -190,7 +194,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
     ++v_iter;
   };
   if (consumer == 1) sm90::named_arrive(uint32_t(NamedBarrier::kTurn0), kPair);  // 0 goes first
-  float o[64], sc[64];
+  float o[kD / 2], sc[64];
   uint32_t pa[kBlockN / 16][4];
   while (true) {
     UniformInfo info = wait_k();
@@ -204,7 +208,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
     const float sl1 = row_scale_log2(p, rm.tok1, head * p.group + g1);
     OnlineRow st0, st1;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
     if (info.kb >= 0) {
       const uint32_t q_addr = sm90::smem_addr(sh.q[consumer][q_stage][0]);
       // Key mask words of the block in flight, loaded before its S is issued (FP8 QK: after, as
@@ -243,7 +247,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
       load_mask(info);
       sm90::named_sync(my_turn, kPair);
       sm90::wgmma_fence();
-      issue_uniform_qk<kF16, kFp8>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
+      issue_uniform_qk<kF16, kFp8, kD>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
       sm90::named_arrive(other_turn, kPair);
       sm90::wgmma_wait<0>();
       fence_regs(sc);
@@ -258,7 +262,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p, Sha
         const uint32_t v_addr = wait_v(prev.valid_keys);
         sm90::named_sync(my_turn, kPair);
         sm90::wgmma_fence();
-        issue_uniform_qk<kF16, kFp8>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
+        issue_uniform_qk<kF16, kFp8, kD>(sc, q_addr, sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
         issue_uniform_pv<kF16>(o, pa, v_addr);
         sm90::named_arrive(other_turn, kPair);
         sm90::wgmma_wait<1>();
