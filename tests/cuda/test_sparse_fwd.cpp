@@ -778,7 +778,8 @@ TEST(SparseFwdGpu, DenseHeadDim64MatchesCpu) {
                  "k, v: head dim 64 takes q's dtype (bf16) on CUDA, got fp8_e4m3");
     SparseCase e = dense_case(make_problem({3}, {40}, 8, 2, 96, 1392u), true);
     DeviceCase de(e, s);
-    expect_error([&] { run_gpu(e, de, false, s); }, "q: head dim must be 64 or 128 on CUDA, got 96");
+    expect_error([&] { run_gpu(e, de, false, s); },
+                 "q: head dim must be 64 or 128 on CUDA, got 96");
   }
 }
 

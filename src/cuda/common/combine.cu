@@ -191,7 +191,8 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
 void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t stream) {
   if (p.total_q * p.num_kv_heads == 0 || p.batch == 0) return;
   MSA_CHECK(p.head_dim == kHeadDim || (p.head_dim == 64 && p.topk == 0),
-            "attention_forward: the CUDA combine merges partials of head dim 128, got ", p.head_dim);
+            "attention_forward: the CUDA combine merges partials of head dim 128, got ",
+            p.head_dim);
   MSA_CHECK(p.num_kv_heads * p.qblock_cap * kTilesPerQBlock < INT32_MAX,
             "attention_forward: Hkv * query blocks = ", p.num_kv_heads * p.qblock_cap,
             " is too large for the CUDA combine");

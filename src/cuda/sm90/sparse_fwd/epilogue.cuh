@@ -38,7 +38,8 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
 
 // Stores one accumulator row (x inv) as 16-bit T: `o` holds this thread's kN / 2 values of the
 // row in the wgmma D layout (pairs at columns 8 n + col_base + {0, 1}, kOff 0 for the upper row
-// of the thread, 2 for the lower; kN = D / 2), one 4-byte store per pair. Used for the uniform path's final outputs.
+// of the thread, 2 for the lower; kN = D / 2), one 4-byte store per pair. Used for the uniform
+// path's final outputs.
 // Its first version transposed pairs inside the quad for 16-byte stores, with shuffles under the
 // quad's mask: the caller's branch on the row's token made ptxas wrap every shuffle in a
 // convergence loop (MATCH.ANY / BRA.DIV), 734 instructions per warp per unit, 8% of the uniform

@@ -147,7 +147,9 @@ struct alignas(1024) SharedStorageT {
 };
 using SharedStorage = SharedStorageT<2>;  // D = 128: the KV-major kernel and the uniform one
 template <int kHalves>
-constexpr int smem_bytes() { return int(sizeof(SharedStorageT<kHalves>)) + 1024; }  // + slack to align the base
+constexpr int smem_bytes() {  // + slack to align the base
+  return int(sizeof(SharedStorageT<kHalves>)) + 1024;
+}
 constexpr int kSmemBytes = smem_bytes<2>();
 static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
 

@@ -6,9 +6,9 @@
 // consumer's one arrive at the end of the unit that used it); q_full counts the lanes that own
 // token slots, each arriving after its metadata (token, last visible key, head) is written.
 // Each K stage is published as UniformInfo {kb, valid keys, first, last} by lane 0 with
-// arrive.expect_tx (32 KB at D = 128, or the bytes of the pages a paged block has: kv_load.cuh; FP8 QK: 16 KB
-// of e4m3 K, and every lane's arrival after its cp.async of the key scales) or, for a
-// unit without a usable block, a plain arrive (kb = -1); a block's V follows on the V ring
+// arrive.expect_tx (32 KB at D = 128, or the bytes of the pages a paged block has: kv_load.cuh;
+// FP8 QK: 16 KB of e4m3 K, and every lane's arrival after its cp.async of the key scales) or,
+// for a unit without a usable block, a plain arrive (kb = -1); a block's V follows on the V ring
 // (v_full, the same byte count).
 #pragma once
 
@@ -28,7 +28,8 @@ __device__ __forceinline__ UnitDesc load_unit(const UniformParams& p, int32_t un
 // Q tile of consumer c: unit tokens [c * tpt, c * tpt + tpt), tpt = 64 / G.
 template <bool kFp8, int kHalves>
 __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUtensorMap* tm_q,
-                                               SharedStorageT<kHalves>& sh, const UnitDesc& u, int c,
+                                               SharedStorageT<kHalves>& sh, const UnitDesc& u,
+                                               int c,
                                                int stage, int lane) {
   TileMeta& meta = sh.meta[c][stage];
   const int tpt = p.tokens_per_tile;
