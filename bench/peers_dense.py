@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Peer figures for the dense prefill cases (DENSE-8K, DENSE-32K, DENSE-VARLEN, DENSE-16K-D64), in
-the same run as bench_sparse_fwd.
+"""Peer figures for the dense prefill cases (DENSE-8K, DENSE-32K, DENSE-VARLEN, DENSE-16K-D64 and
+-D256), in the same run as bench_sparse_fwd.
 
 Reads our records (`bench_sparse_fwd --json FILE`, bench/SCHEMA.md; the shapes come from them) and
 times the same dense causal attention with:
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import records  # same folder: the script's directory is on sys.path
 from peers import FLUSH, time_ms
 
-CASES = ("DENSE-8K", "DENSE-32K", "DENSE-VARLEN", "DENSE-16K-D64")
+CASES = ("DENSE-8K", "DENSE-32K", "DENSE-VARLEN", "DENSE-16K-D64", "DENSE-16K-D256")
 
 
 def fa4():

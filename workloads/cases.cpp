@@ -87,6 +87,10 @@ std::vector<BenchCase> make_cases() {
   d64.num_kv_heads = 8;
   d64.head_dim = 64;
   v.push_back(d64);
+  BenchCase d256 = dense_prefill("DENSE-16K-D256", {16384});
+  d256.num_q_heads = 32;
+  d256.head_dim = 256;
+  v.push_back(d256);
   v.push_back(prefill("CSR-32K", CaseKind::csr_build, "q2k -> k2q CSR + schedule build", 32768,
                       Pattern::tok, kNeedsCsr));
   v.push_back(prefill("IDX-32K-bf16", CaseKind::block_scores, "block scores (and fused top-K)",

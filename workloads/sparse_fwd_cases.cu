@@ -82,7 +82,7 @@ const std::vector<std::string>& sparse_case_names() {
                                                  "P32K-blk-fp8qk", "P32K-blk-fp8qk-tensor",
                                                  "P32K-blk-nvfp4kv", "DENSE-8K",
                                                  "DENSE-32K",      "DENSE-VARLEN",
-                                                 "DENSE-16K-D64"};
+                                                 "DENSE-16K-D64",  "DENSE-16K-D256"};
   return names;
 }
 

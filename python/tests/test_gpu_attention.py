@@ -54,25 +54,29 @@ def test_dense_any_group(hq, hkv):
     ref.check_close(out, lse, want, want_lse)
 
 
-# Head dim 64 runs dense attention on CUDA, flat and paged (bf16 / f16); sparse calls need 128.
+# Head dims 64 and 256 run dense attention on CUDA, flat and paged (bf16 / f16; pages of 128 slots
+# and more take 64-slot boxes at 256); sparse calls need 128.
+@pytest.mark.parametrize("dim, page_size", [(64, 16), (256, 16), (256, 128)])
 @pytest.mark.parametrize("layout", ["flat", "paged_nhd", "paged_hnd"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_dense_head_dim_64(layout, dtype):
-    gen = torch.Generator().manual_seed(64)
+def test_dense_head_dims(dim, page_size, layout, dtype):
+    if layout == "flat" and page_size != 16:
+        pytest.skip("one flat case per head dim")
+    gen = torch.Generator().manual_seed(dim)
     lq, lk = [37, 0, 150], [300, 9, 150]
-    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, 16, 2, 64, dtype, DEV)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, 16, 2, dim, dtype, DEV)
     want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, causal=True)
     with gpu_op():
         if layout == "flat":
             out, lse = msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, return_lse=True)
         else:
-            kp, vp, table, seqused = ref.to_pages(gen, k, v, cu_k, 16, layout)
+            kp, vp, table, seqused = ref.to_pages(gen, k, v, cu_k, page_size, layout)
             out, lse = msa.attention_forward(q, kp, vp, cu_q, page_table=table,
                                              seqused_k=seqused, kv_layout=layout,
                                              return_lse=True)
     ref.check_close(out, lse, want, want_lse)
     q2k = ref.random_q2k(gen, cu_q, lk, 2, topk=2, blk=128)
-    with pytest.raises(msa.MsaError, match="head dim 64 runs dense attention only"):
+    with pytest.raises(msa.MsaError, match=f"head dim {dim} runs dense attention only"):
         msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)
 
 

@@ -718,12 +718,13 @@ TEST(SparseFwdGpu, CausalOffsetsMatchCpu) {
   }
 }
 
-// Dense attention at head dim 64 on CUDA (the uniform kernel's one-half tiles, O m64n64): bf16 and
-// f16, causal or not, GQA groups inside and outside {1, 2, 4, 8, 16} and past 64, empty requests,
-// a request without keys and a call without any, lengths past a block, temperature, soft-cap and a
-// key mask; against the CPU, bitwise on a second run. Sparse calls, FP8 q and FP8 K/V at D = 64
-// are refused by name.
-TEST(SparseFwdGpu, DenseHeadDim64MatchesCpu) {
+// Dense attention at head dims 64 and 256 on CUDA (the uniform kernel's tiles of that head dim:
+// D = 64 one half per tile and O m64n64; D = 256 stages of 64 keys, S m64n64 and O m64n256): bf16
+// and f16, causal or not, GQA groups inside and outside {1, 2, 4, 8, 16} and past 64, empty
+// requests, a request without keys and a call without any, lengths past a block and past a
+// 64-key stage, temperature, soft-cap and a key mask; against the CPU, bitwise on a second run.
+// Sparse calls, FP8 q and FP8 K/V at these head dims are refused by name.
+TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
   TestStream s;
@@ -746,8 +747,9 @@ TEST(SparseFwdGpu, DenseHeadDim64MatchesCpu) {
       {{4, 2}, {0, 0}, 8, 2, true, DType::bf16, 0.f, 0.f, false},
   };
   unsigned seed = 1300;
+  for (const int64_t dim : {64, 256})
   for (const Shape& sh : shapes) {
-    SparseCase c = dense_case(make_problem(sh.lq, sh.lk, sh.hq, sh.hkv, 64, seed++, sh.dtype),
+    SparseCase c = dense_case(make_problem(sh.lq, sh.lk, sh.hq, sh.hkv, dim, seed++, sh.dtype),
                               sh.causal);
     c.temperature = sh.temperature;
     c.soft_cap = sh.soft_cap;
@@ -758,29 +760,36 @@ TEST(SparseFwdGpu, DenseHeadDim64MatchesCpu) {
       for (int64_t i = 0; i < mask.t.numel(); ++i) mask.data<uint8_t>()[i] = rng() % 3 != 0;
       c.key_mask = std::move(mask);
     }
-    c.name = "D 64, Hq " + std::to_string(sh.hq) + ", Hkv " + std::to_string(sh.hkv) +
+    c.name = "D " + std::to_string(dim) + ", Hq " + std::to_string(sh.hq) + ", Hkv " + std::to_string(sh.hkv) +
              (sh.causal ? ", causal" : "") + (sh.mask ? ", key mask" : "");
     SCOPED_TRACE(c.name);
     expect_dense_matches_cpu(c, s, small, sh.mask || sh.soft_cap > 0.f ? 0 : 7);
     if (HasFailure()) break;
   }
-  {  // sparse calls, FP8 q and FP8 K/V stay D = 128 on CUDA
-    SparseCase c = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, 64, 1390u), true);
-    DeviceCase d(c, s);
+  // Sparse calls, FP8 q and FP8 K/V stay D = 128 on CUDA.
+  for (const int64_t dim : {64, 256}) {
+    const std::string d = std::to_string(dim);
+    SparseCase c = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, dim, 1390u), true);
+    DeviceCase dc(c, s);
     c.dense = false;
-    expect_error([&] { run_gpu(c, d, false, s); },
-                 "q: head dim 64 runs dense attention only on CUDA (no q2k)");
-    SparseCase f = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, 64, 1391u, DType::bf16,
+    expect_error([&] { run_gpu(c, dc, false, s); },
+                 "q: head dim " + d + " runs dense attention only on CUDA (no q2k)");
+    SparseCase f = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, dim, 1391u, DType::bf16,
                                            DType::fp8_e4m3, Fp8Scale::per_token_head),
                               true);
     DeviceCase df(f, s);
     expect_error([&] { run_gpu(f, df, false, s); },
-                 "k, v: head dim 64 takes q's dtype (bf16) on CUDA, got fp8_e4m3");
-    SparseCase e = dense_case(make_problem({3}, {40}, 8, 2, 96, 1392u), true);
-    DeviceCase de(e, s);
-    expect_error([&] { run_gpu(e, de, false, s); },
-                 "q: head dim must be 64 or 128 on CUDA, got 96");
+                 "k, v: head dim " + d + " takes q's dtype (bf16) on CUDA, got fp8_e4m3");
+    SparseCase q8 = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, dim, 1393u,
+                                            DType::fp8_e4m3), true);
+    DeviceCase dq(q8, s);
+    expect_error([&] { run_gpu(q8, dq, false, s); },
+                 "q: head dim " + d + " takes bf16 or f16 q on CUDA, got fp8_e4m3");
   }
+  SparseCase e = dense_case(make_problem({3}, {40}, 8, 2, 96, 1392u), true);
+  DeviceCase de(e, s);
+  expect_error([&] { run_gpu(e, de, false, s); },
+               "q: head dim must be 64, 128 or 256 on CUDA, got 96");
 }
 
 // Dense key masks on CUDA (bool or u8, per batch [B, Lk_max] or per query [total_q, Lk_max],

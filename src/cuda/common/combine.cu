@@ -144,7 +144,8 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
       pk[i] = *reinterpret_cast<const uint32_t*>(&v);
     }
   }
-  if (d0 < p.head_dim) *reinterpret_cast<uint4*>(dst) = packed;
+  // head_dim != 128 only without partials (launch_sparse_combine): the zeros go to every column.
+  for (int c = d0; c < p.head_dim; c += kHeadDim) *reinterpret_cast<uint4*>(dst + (c - d0)) = packed;
   if (d0 != 0) return;
   if (p.lse) p.lse[hq * p.total_q + t] = m == -INFINITY ? m : m + logf(sum);
   if (p.tlse)
@@ -190,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
 
 void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t stream) {
   if (p.total_q * p.num_kv_heads == 0 || p.batch == 0) return;
-  MSA_CHECK(p.head_dim == kHeadDim || (p.head_dim == 64 && p.topk == 0),
+  MSA_CHECK(p.head_dim == kHeadDim || p.topk == 0,
             "attention_forward: the CUDA combine merges partials of head dim 128, got ",
             p.head_dim);
   MSA_CHECK(p.num_kv_heads * p.qblock_cap * kTilesPerQBlock < INT32_MAX,

@@ -1,7 +1,8 @@
-// wgmma m64n64k16 with fp32 accumulators, A from registers and an MN-major B in shared memory:
-// O (+)= P V of the head-dim-64 tiles (bf16 / f16). Companion of wgmma_m64n128.cuh; the
-// overloads below take a 32-float accumulator, so callers templated on the head dim pick the
-// instruction by the array they pass.
+// wgmma m64n64k16 with fp32 accumulators (bf16 / f16): A from registers and an MN-major B in
+// shared memory (O (+)= P V of the head-dim-64 tiles), and both from shared memory, K-major (S =
+// Q K^T of the 64-key tiles of head dim 256). Companion of wgmma_m64n128.cuh; the overloads below
+// take a 32-float accumulator, so callers templated on the tile pick the instruction by the array
+// they pass.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,26 @@ namespace msa::cuda::sm90 {
 MSA_WGMMA_RS_TB_N64(wgmma_rs_tb_n64_bf16, "f32.bf16.bf16")
 MSA_WGMMA_RS_TB_N64(wgmma_rs_tb_n64_f16, "f32.f16.f16")
 #undef MSA_WGMMA_RS_TB_N64
+
+// D (+)= A B, A [64 x 16] and B [16 x 64] K-major in shared memory (S = Q K^T of a 64-key tile).
+#define MSA_WGMMA_SS_N64(name, types)                                                            \
+  __device__ __forceinline__ void name(float (&d)[32], uint64_t desc_a, uint64_t desc_b,        \
+                                       uint32_t scale_d) {                                      \
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"                           \
+                 "wgmma.mma_async.sync.aligned.m64n64k16." types " " MSA_WGMMA_D32               \
+                 "%32, %33, p, 1, 1, 0, 0;\n\t}"                                               \
+                 : MSA_WGMMA_D32_OPERANDS                                                       \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                     \
+  }
+
+MSA_WGMMA_SS_N64(wgmma_ss_n64_bf16, "f32.bf16.bf16")
+MSA_WGMMA_SS_N64(wgmma_ss_n64_f16, "f32.f16.f16")
+#undef MSA_WGMMA_SS_N64
+
+template <bool kIsF16>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, uint32_t sd) {
+  if constexpr (kIsF16) wgmma_ss_n64_f16(d, da, db, sd); else wgmma_ss_n64_bf16(d, da, db, sd);
+}
 
 template <bool kIsF16>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t db,

@@ -15,15 +15,14 @@ namespace msa::cuda::sparse_fwd {
 // q_empty_count: arrivals that free a Q buffer (q_empty_arrivals in mma.cuh). fp8 (FP8 QK): a K/V
 // stage is published by lane 0 and every producer lane (kKScaleArrivals, kv_load.cuh) and freed
 // by every consumer thread (kv_empty_arrivals, mma.cuh).
-template <int kHalves>
-__device__ __forceinline__ SharedStorageT<kHalves>& init_shared(uint8_t* smem_raw, int group,
-                                                                int tokens_per_tile,
-                                                                int q_empty_count, bool fp8,
-                                                                const CUtensorMap* tm_q,
-                                                                const CUtensorMap* tm_k,
-                                                                const CUtensorMap* tm_v) {
+template <class Storage>
+__device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, int tokens_per_tile,
+                                                int q_empty_count, bool fp8,
+                                                const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                                const CUtensorMap* tm_v) {
   const uint32_t pad = (1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023;
-  auto& sh = *reinterpret_cast<SharedStorageT<kHalves>*>(smem_raw + pad);
+  auto& sh = *reinterpret_cast<Storage*>(smem_raw + pad);
+  constexpr int kQBuffers = int(sizeof(sh.q_full[0]) / sizeof(sh.q_full[0][0]));
   if (threadIdx.x == 0) {
     for (int s = 0; s < kKVStages; ++s) {
       sm90::mbar_init(&sh.kv_full[s], 1 + (fp8 ? kKScaleArrivals : 0));
@@ -32,7 +31,7 @@ __device__ __forceinline__ SharedStorageT<kHalves>& init_shared(uint8_t* smem_ra
       sm90::mbar_init(&sh.v_empty[s], kConsumers * 4);
     }
     for (int c = 0; c < kConsumers; ++c)
-      for (int s = 0; s < kQStages; ++s) {
+      for (int s = 0; s < kQBuffers; ++s) {
         // the producer lanes that own token slots; q_empty: see q_empty_count
         sm90::mbar_init(&sh.q_full[c][s], min(32, tokens_per_tile));
         sm90::mbar_init(&sh.q_empty[c][s], q_empty_count);
@@ -56,7 +55,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap tm_v,
                       const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& sh = init_shared<2>(smem_raw, p.group, p.tokens_per_tile,
+  SharedStorage& sh = init_shared<SharedStorage>(smem_raw, p.group, p.tokens_per_tile,
                                   q_empty_arrivals(p.group, p.tokens_per_tile, p.part_bf16 != 0),
                                   kFp8, &tm_q, &tm_k, &tm_v);
   if (threadIdx.x == 0 && p.part_bf16) sm90::prefetch_tensor_map(&p.tm_part);
@@ -79,15 +78,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 // of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle
 // (P8K-tok -50 us). One warp per CTA waits, so this grid completes only after the
 // KV-major one and the combine (a normal launch) finds every partial written.
-// kD: the head dim, 64 or 128 (traits.h halves_of).
+// kD: the head dim, 64, 128 or 256 (traits.h HeadDimTraits).
 template <bool kF16, bool kFp8, bool kMask, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const UniformParams p) {
   extern __shared__ uint8_t smem_raw[];
-  constexpr int kHalves = halves_of<kD>();
-  auto& sh = init_shared<kHalves>(smem_raw, p.group, p.tokens_per_tile,
+  using Storage = typename HeadDimTraits<kD>::Storage;
+  auto& sh = init_shared<Storage>(smem_raw, p.group, p.tokens_per_tile,
                                   q_empty_arrivals(p.group, p.tokens_per_tile, false), kFp8, &tm_q,
                                   &tm_k, &tm_v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
@@ -97,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (A pdl_wait after the role code makes ptxas spill the consumer.) Dense: the unit table
     // comes from the direct predecessor, so the producer warp waits before reading it.
     if (warp == 1 || (warp == 0 && p.dense)) pdl_wait();
-    run_uniform_producer<kFp8, kHalves>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    run_uniform_producer<kFp8, kD>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kFp8 ? kUniformFp8ConsumerRegs : kUniformConsumerRegs>();
     run_uniform_consumer<kF16, kFp8, kMask, kD>(p, sh, wg - 1, threadIdx.x - 128 * wg);

@@ -16,9 +16,9 @@ namespace msa::cuda::sparse_fwd {
 
 // Issues this lane's boxes of one tensor (K or V) into the kHalves 64-column halves `dst` (D / 64),
 // completing on `bar`. Call after lane 0 announced the bytes (arrive.expect_tx) and a __syncwarp.
-template <int kHalves>
+template <int kHalves, int kBytes>
 __device__ __forceinline__ void load_kv_tile(const KVBlockSource& src, const CUtensorMap* tm,
-                                             uint8_t (&dst)[kHalves][kKVHalfBytes], uint64_t* bar) {
+                                             uint8_t (&dst)[kHalves][kBytes], uint64_t* bar) {
   if (!src.issue) return;
   for (int half = 0; half < kHalves; ++half) {
     if (src.paged)
@@ -54,9 +54,9 @@ __device__ __forceinline__ uint32_t k_tile_bytes(const KVBlockSource& src) {
 // K of a block into a stage: the 16-bit tile (load_kv_tile), or with kFp8 the e4m3 tile (one box
 // of 128-byte rows into half 0). kFp8 kernels read the flat copy that launch.cu makes (src.c1 =
 // head, src.c2 = the block's first key row).
-template <bool kFp8, int kHalves>
+template <bool kFp8, int kHalves, int kBytes>
 __device__ __forceinline__ void load_k_tile(const KVBlockSource& src, const CUtensorMap* tm_k,
-                                            uint8_t (&dst)[kHalves][kKVHalfBytes], uint64_t* bar) {
+                                            uint8_t (&dst)[kHalves][kBytes], uint64_t* bar) {
   if constexpr (kFp8) {
     if (src.issue) sm90::tma_load_3d(dst[0], tm_k, bar, 0, src.c1, src.c2);
   } else {

@@ -2,6 +2,7 @@
 // (plan.h), the prep chain (prep.h), then the main kernels (launch_kernels.h: KV-major chunks and
 // uniform units, one CTA per SM each) and the combine of the KV-major partials.
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -114,6 +115,10 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                          uint8_t* ws, const PrepParams& pp, cudaStream_t stream) {
   AttnProblem pr = attn_problem(a, s, w);
   const bool paged = pr.paged.page_table != nullptr;
+  // Keys per K/V stage: 64 at head dim 256 (traits.h HeadDimTraits), so pool boxes of at most 64
+  // slots (kv_load.cuh locate_kv_block<64>).
+  const uint32_t stage_keys = s.head_dim == 256 ? 64 : kBlockN;
+  if (stage_keys < kBlockN) pr.paged.box_shift = std::min(pr.paged.box_shift, 6);
   const bool f16 = a.q.dtype == DType::f16;
   const Tensor q = w.dequant_q ? Tensor(ws + w.q_bf16, DType::bf16,
                                         {s.total_q, s.num_q_heads, kHeadDim}, a.q.device)
@@ -125,7 +130,7 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   const bool slots_outer = a.kv.layout == KVLayout::paged_nhd;
   auto kv_map = [&](const Tensor& t, const char* name) {
     return paged ? make_tma_paged(t, slots_outer, kHalfCols, box_keys, name, "attention_forward")
-                 : make_tma_3d(t, kHalfCols, 1, kBlockN, "attention_forward");
+                 : make_tma_3d(t, kHalfCols, 1, stage_keys, "attention_forward");
   };
   // FP8: the flat bf16 copy dequant_kv wrote.
   auto bf16_copy = [&](size_t offset) {
@@ -186,6 +191,9 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   if (s.head_dim == 64) {  // dense, 16-bit q / k / v (check_supported)
     if (f16) launch_uniform<true, false, 64>(tq, tk, tv, up, stream);
     else launch_uniform<false, false, 64>(tq, tk, tv, up, stream);
+  } else if (s.head_dim == 256) {
+    if (f16) launch_uniform<true, false, 256>(tq, tk, tv, up, stream);
+    else launch_uniform<false, false, 256>(tq, tk, tv, up, stream);
   } else if (w.fp8_qk) {
     launch_uniform<false, true, 128>(tq, tk, tv, up, stream);
   } else if (f16) {

@@ -36,8 +36,7 @@ template <bool kF16, bool kFp8, int kD>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
   static std::once_flag once, once_mask;
-  constexpr int smem = smem_bytes<halves_of<kD>()>();
-  static_assert(smem <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
+  constexpr int smem = smem_bytes<typename HeadDimTraits<kD>::Storage>();
   if (p.mask_bits != nullptr)
     launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD>, smem, once_mask, tq, tk, tv,
                       p, stream);

@@ -15,6 +15,7 @@
 
 #include "cuda/device/sm90.cuh"
 #include "cuda/device/wgmma_m64n128.cuh"
+#include "cuda/device/wgmma_m64n256.cuh"
 #include "cuda/device/wgmma_m64n64.cuh"
 #include "cuda/sm90/sparse_fwd/epilogue.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
@@ -104,11 +105,11 @@ __device__ __forceinline__ Info read_info(const Info& src, int lane) {
 // Rows [valid, 128) of a tail block hold the next batch's keys (or zeros past the tensor):
 // P is 0 there, but 0 * NaN = NaN, so V's rows are zeroed before any P V product reads them.
 // Consumer 0 writes, both consumer warpgroups meet at the stage's named barrier.
-template <int kHalves>
-__device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves>& sh, int stage, int valid,
-                                            int consumer, int tid) {
+template <int kHalves, int kKeys, int kQSt>
+__device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves, kKeys, kQSt>& sh, int stage,
+                                            int valid, int consumer, int tid) {
   if (consumer == 0) {
-    const int per_half = (kBlockN - valid) * 8;  // 16-byte chunks per 64-column half
+    const int per_half = (kKeys - valid) * 8;  // 16-byte chunks per 64-column half
     for (int i = tid; i < kHalves * per_half; i += 128) {
       const int half = i / per_half, rem = i - half * per_half;
       uint8_t* dst = sh.v[stage][half] + (valid + rem / 8) * 128 + (rem % 8) * 16;
@@ -122,17 +123,17 @@ __device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves>& sh, int sta
 // Max of one accumulator row's raw scores over the visible columns [0, limit]; invisible entries
 // become -inf. Blocks wholly visible to the row (all but the diagonal and batch tails) skip the
 // column compares: the softmax is issue-bound, every instruction per element counts.
-template <int kOff>
-__device__ __forceinline__ float masked_row_max(float (&s)[64], int limit, int col_base) {
+template <int kOff, int kS>
+__device__ __forceinline__ float masked_row_max(float (&s)[kS], int limit, int col_base) {
   float m[2] = {-INFINITY, -INFINITY};  // two chains for ILP
-  if (limit >= kBlockN - 1) {
+  if (limit >= 2 * kS - 1) {  // S of 2 kS keys (kS floats per thread)
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
+    for (int n = 0; n < kS / 4; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) m[e] = fmaxf(m[e], s[n * 4 + kOff + e]);
   } else {
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
+    for (int n = 0; n < kS / 4; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float x = n * 8 + col_base + e <= limit ? s[n * 4 + kOff + e] : -INFINITY;
@@ -146,13 +147,13 @@ __device__ __forceinline__ float masked_row_max(float (&s)[64], int limit, int c
 // p = exp2(s * scale_log2 - base) in place (one FFMA and one EX2 per element), with this thread's
 // shares (its 32 columns) of the row's sums of p and (inv_temp > 0) of
 // exp2((s * scale_log2 - base) * inv_temp). exp_row adds the quad's shares.
-template <int kOff>
-__device__ __forceinline__ void exp_row_local(float (&s)[64], float scale_log2, float base,
+template <int kOff, int kS>
+__device__ __forceinline__ void exp_row_local(float (&s)[kS], float scale_log2, float base,
                                               float inv_temp, float& sum, float& tsum) {
   float a[2] = {0.f, 0.f}, t[2] = {0.f, 0.f};
   if (inv_temp > 0.f) {
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
+    for (int n = 0; n < kS / 4; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float d = fmaf(s[n * 4 + kOff + e], scale_log2, -base);
@@ -163,7 +164,7 @@ __device__ __forceinline__ void exp_row_local(float (&s)[64], float scale_log2, 
       }
   } else {
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
+    for (int n = 0; n < kS / 4; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float pv = sm90::fast_exp2(fmaf(s[n * 4 + kOff + e], scale_log2, -base));
@@ -174,8 +175,8 @@ __device__ __forceinline__ void exp_row_local(float (&s)[64], float scale_log2, 
   sum = a[0] + a[1];
   tsum = t[0] + t[1];
 }
-template <int kOff>
-__device__ __forceinline__ void exp_row(float (&s)[64], float scale_log2, float base,
+template <int kOff, int kS>
+__device__ __forceinline__ void exp_row(float (&s)[kS], float scale_log2, float base,
                                         float inv_temp, float& sum, float& tsum) {
   exp_row_local<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
   sum = quad_sum(sum);
@@ -187,12 +188,12 @@ __device__ __forceinline__ void exp_row(float (&s)[64], float scale_log2, float 
 // row's scale is then 1 (returned). tanh(u) = 1 - 2 / (exp(2u) + 1), exp by ex2.approx: relative
 // error ~1e-6 against the CPU's tanh, and exactly +-C where exp(2u) overflows or underflows.
 // Columns past the row's limit are transformed too and masked afterwards as usual.
-template <int kOff>
-__device__ __forceinline__ float soft_cap_row(float (&s)[64], float scale_log2, float cap_log2) {
+template <int kOff, int kS>
+__device__ __forceinline__ float soft_cap_row(float (&s)[kS], float scale_log2, float cap_log2) {
   const float k = scale_log2 / cap_log2 * 2.8853900817779268f;  // 2 log2(e) / C per raw unit
   const float c2 = 2.f * cap_log2;
 #pragma unroll
-  for (int n = 0; n < 16; ++n)
+  for (int n = 0; n < kS / 4; ++n)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float& x = s[n * 4 + kOff + e];
@@ -215,11 +216,12 @@ __device__ __forceinline__ RowStats softmax_row(float (&s)[64], int limit, int c
   return RowStats{mx, sum, tsum};
 }
 
-// P (the S accumulator after softmax) as the A operand of P V: 16-bit pairs per k-step.
-template <bool kF16>
-__device__ __forceinline__ void pack_probs(const float (&sc)[64], uint32_t (&pa)[8][4]) {
+// P (the S accumulator after softmax) as the A operand of P V: 16-bit pairs per k16 step (kS / 8
+// steps over the 2 kS keys).
+template <bool kF16, int kS>
+__device__ __forceinline__ void pack_probs(const float (&sc)[kS], uint32_t (&pa)[kS / 8][4]) {
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+  for (int kk = 0; kk < kS / 8; ++kk) {
     pa[kk][0] = pack_pair<kF16>(sc[(2 * kk) * 4 + 0], sc[(2 * kk) * 4 + 1]);
     pa[kk][1] = pack_pair<kF16>(sc[(2 * kk) * 4 + 2], sc[(2 * kk) * 4 + 3]);
     pa[kk][2] = pack_pair<kF16>(sc[(2 * kk + 1) * 4 + 0], sc[(2 * kk + 1) * 4 + 1]);
@@ -231,9 +233,12 @@ __device__ __forceinline__ void pack_probs(const float (&sc)[64], uint32_t (&pa)
 // halves (a k16 step is 32 bytes inside a 128-byte row; half h of D is the h-th buffer), or with
 // kFp8 e4m3 operands (D = 128), one 128-byte row per token or key (four k32 steps of 32 bytes).
 // K-major, 128-byte swizzle; the first step overwrites S.
-template <bool kF16, bool kFp8, int kD = kHeadDim>
-__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
-  static_assert(!kFp8 || kD == kHeadDim, "FP8 Q K^T reads 128-byte rows: D = 128");
+// kS: S's floats per thread, 64 for a 128-key K tile (m64n128), 32 for 64 keys (m64n64, D = 256),
+// whose halves are then 8 KB apart.
+template <bool kF16, bool kFp8, int kD = kHeadDim, int kS>
+__device__ __forceinline__ void issue_qk(float (&s)[kS], uint32_t q_addr, uint32_t k_addr) {
+  static_assert(!kFp8 || (kD == kHeadDim && kS == 64), "FP8 Q K^T reads 128-byte rows: D = 128");
+  constexpr uint32_t kKHalfBytes = uint32_t(kS) * 2 * 128;  // 2 kS keys of 128 bytes
   // Each operand's descriptor is encoded once and offset per k-step (sm90::desc_offset): encoding
   // it per wgmma took five uniform instructions each, ~60 of a block's ~640 consumer instructions
   // on the path that the other warpgroup's turn waits for (ncu, P32K-blk).
@@ -248,20 +253,21 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
       sm90::wgmma_ss<kF16>(s, sm90::desc_offset(dq, (kk >> 2) * kQHalfBytes + (kk & 3) * 32),
-                           sm90::desc_offset(dk, (kk >> 2) * kKVHalfBytes + (kk & 3) * 32),
+                           sm90::desc_offset(dk, (kk >> 2) * kKHalfBytes + (kk & 3) * 32),
                            kk > 0 ? 1u : 0u);
   }
 }
 
 // O (+)= P V, P from registers, issued (not committed). MN-major V: 16 keys are two 8-row groups
 // (SBO 1024 B); the two 64-column halves of D = 128 are LBO = 16 KB apart (D = 64: one half, the
-// m64n64 form, picked by O's 32 floats). Without accumulate the first step overwrites O.
-template <bool kF16, int kN>
-__device__ __forceinline__ void issue_pv(float (&o)[kN], const uint32_t (&pa)[kBlockN / 16][4],
+// m64n64 form, picked by O's 32 floats; D = 256: m64n256, 128 floats). kSteps k16 steps: 8 for a
+// 128-key V tile, 4 for 64 keys (halves 8 KB apart). Without accumulate the first step overwrites O.
+template <bool kF16, int kN, int kSteps>
+__device__ __forceinline__ void issue_pv(float (&o)[kN], const uint32_t (&pa)[kSteps][4],
                                          uint32_t v_addr, bool accumulate) {
-  const uint64_t dv = sm90::wgmma_desc_sw128(v_addr, kKVHalfBytes, 1024);
+  const uint64_t dv = sm90::wgmma_desc_sw128(v_addr, kSteps * 16 * 128, 1024);
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk)
+  for (int kk = 0; kk < kSteps; ++kk)
     sm90::wgmma_rs_tb<kF16>(o, pa[kk], sm90::desc_offset(dv, kk * 2048),
                             (accumulate || kk > 0) ? 1u : 0u);
 }
@@ -285,7 +291,7 @@ __device__ __forceinline__ float uniform_key_scale(const float* kscale) {
   const float k = kscale[0];
   return k == 0.f ? 1e-30f : k;
 }
-__device__ __forceinline__ void scale_key_columns(float (&s)[64], const KeyScales& k) {
+__device__ __forceinline__ void scale_key_columns(float (&s)[64], const KeyScales& k) {  // D = 128
 #pragma unroll
   for (int n = 0; n < kBlockN / 8; ++n) {
     s[n * 4 + 0] *= k.v[n].x;

@@ -144,11 +144,11 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
 
 
 void check_supported(const AttentionArgs& a, const ProblemShape& s) {
-  // D = 64: the uniform kernel's one-half tiles (traits.h halves_of), dense attention over 16-bit
-  // q / k / v; sparse calls (the KV-major kernel, the combine's partials) and the FP8 / FP4 copies
-  // are D = 128.
-  MSA_CHECK(s.head_dim == kHeadDim || s.head_dim == 64,
-            "q: head dim must be 64 or 128 on CUDA, got ", s.head_dim);
+  // D = 64 and 256: the uniform kernel's tiles of that head dim (traits.h HeadDimTraits), dense
+  // attention over 16-bit q / k / v; sparse calls (the KV-major kernel, the combine's partials) and
+  // the FP8 / FP4 copies are D = 128.
+  MSA_CHECK(s.head_dim == kHeadDim || s.head_dim == 64 || s.head_dim == 256,
+            "q: head dim must be 64, 128 or 256 on CUDA, got ", s.head_dim);
   if (s.head_dim != kHeadDim) {
     MSA_CHECK(!a.q2k.defined(), "q: head dim ", s.head_dim, " runs dense attention only on CUDA "
               "(no q2k); sparse attention needs head dim 128");

@@ -116,41 +116,53 @@ struct UniformInfo {  // one published K/V stage of the uniform path
   int32_t first, last;  // first / last stage of its unit
 };
 
-// Head dims: D columns are D / 64 halves of 128-byte swizzle rows per tile (kHalfCols). D = 128
-// runs every kernel of this folder; D = 64 the uniform kernel (dense attention), one half per
-// tile, its O accumulator m64n64.
-template <int kD>
-constexpr int halves_of() {
-  static_assert(kD == 64 || kD == 128, "the sparse forward tiles take D = 64 or 128");
-  return kD / kHalfCols;
-}
-
-// Shared memory plan (D = 128: ~197 KB of the 227 KB opt-in; D = 64 about half): K/V 2 stages
-// x 64 KB, Q 4 x 16 KB, metadata. Every tile buffer is 1024-byte aligned: the 128-byte swizzle
-// repeats every 8 rows of 128 B and wgmma descriptors assume atoms start on that boundary.
-template <int kHalves>
+// Shared memory plan (D = 128: ~197 KB of the 227 KB opt-in): K/V 2 stages x 64 KB, Q 4 x 16
+// KB, metadata. A tile row of D columns is kHalves = D / 64 halves of one 128-byte swizzle row;
+// a K/V stage holds kKeys keys, each consumer kQSt Q buffers (HeadDimTraits). Every tile buffer is
+// 1024-byte aligned: the 128-byte swizzle repeats every 8 rows of 128 B and wgmma descriptors
+// assume atoms start on that boundary.
+template <int kHalves, int kKeys = kBlockN, int kQSt = kQStages>
 struct alignas(1024) SharedStorageT {
-  uint8_t k[kKVStages][kHalves][kKVHalfBytes];
-  uint8_t v[kKVStages][kHalves][kKVHalfBytes];
-  uint8_t q[kConsumers][kQStages][kHalves][kQHalfBytes];
+  static constexpr int kKVStageHalfBytes = kKeys * kHalfCols * 2;
+  uint8_t k[kKVStages][kHalves][kKVStageHalfBytes];
+  uint8_t v[kKVStages][kHalves][kKVStageHalfBytes];
+  uint8_t q[kConsumers][kQSt][kHalves][kQHalfBytes];
   // FP8 QK (kFp8 kernels): each stage's 128 per-key K scales, copied with the block (kv_load.cuh).
   alignas(16) float kscale[kKVStages][kBlockN];
-  TileMeta meta[kConsumers][kQStages];
+  TileMeta meta[kConsumers][kQSt];
   ChunkInfo info[kKVStages];
   UniformInfo uinfo[kKVStages];
   uint64_t kv_full[kKVStages];   // KV-major: K and V of a stage; uniform path: K (and info) only
   uint64_t kv_empty[kKVStages];
   uint64_t v_full[kKVStages];    // uniform path: V of a stage, its own ring so K runs ahead
   uint64_t v_empty[kKVStages];
-  uint64_t q_full[kConsumers][kQStages];
-  uint64_t q_empty[kConsumers][kQStages];
+  uint64_t q_full[kConsumers][kQSt];
+  uint64_t q_empty[kConsumers][kQSt];
 };
 using SharedStorage = SharedStorageT<2>;  // D = 128: the KV-major kernel and the uniform one
-template <int kHalves>
+template <class Storage>
 constexpr int smem_bytes() {  // + slack to align the base
-  return int(sizeof(SharedStorageT<kHalves>)) + 1024;
+  return int(sizeof(Storage)) + 1024;
 }
-constexpr int kSmemBytes = smem_bytes<2>();
+constexpr int kSmemBytes = smem_bytes<SharedStorage>();
+
+// Head dims of the uniform kernel. D = 128 runs every kernel of this folder; D = 64 and 256 the
+// uniform kernel alone (dense attention). D = 64: one half per tile, O m64n64 (32 floats per
+// thread). D = 256: O m64n256 is 128 floats per thread, so S and P must shrink to fit the 240
+// registers beside it and the next block's S (intra-warpgroup overlap): K/V stages of 64 keys
+// (S m64n64, 32 floats; P 16 registers), and one Q buffer per consumer (64 KB of Q beside 128 KB
+// of K/V stages: 192 KB).
+template <int kD>
+struct HeadDimTraits {
+  static_assert(kD == 64 || kD == 128 || kD == 256, "the sparse forward tiles take D = 64, 128 or 256");
+  static constexpr int kHalves = kD / kHalfCols;
+  static constexpr int kKeys = kD == 256 ? 64 : kBlockN;  // keys per K/V stage
+  static constexpr int kQSt = kD == 256 ? 1 : kQStages;
+  static constexpr int kS = kKeys / 2;  // S floats per thread (m64n{kKeys})
+  static constexpr int kO = kD / 2;     // O floats per thread (m64n{kD})
+  using Storage = SharedStorageT<kHalves, kKeys, kQSt>;
+  static_assert(smem_bytes<Storage>() <= 227 * 1024, "shared memory plan exceeds 227 KB");
+};
 static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
 
 // Buffer rings (device/pipeline.cuh): K/V stages (the uniform path's V ring too), and each

@@ -12,6 +12,8 @@
 // (v_full, the same byte count).
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/device/sm90.cuh"
 #include "cuda/sm90/sparse_fwd/kv_load.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
@@ -26,10 +28,9 @@ __device__ __forceinline__ UnitDesc load_unit(const UniformParams& p, int32_t un
 }
 
 // Q tile of consumer c: unit tokens [c * tpt, c * tpt + tpt), tpt = 64 / G.
-template <bool kFp8, int kHalves>
+template <bool kFp8, class Storage>
 __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUtensorMap* tm_q,
-                                               SharedStorageT<kHalves>& sh, const UnitDesc& u,
-                                               int c,
+                                               Storage& sh, const UnitDesc& u, int c,
                                                int stage, int lane) {
   TileMeta& meta = sh.meta[c][stage];
   const int tpt = p.tokens_per_tile;
@@ -54,7 +55,8 @@ __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUt
   const int n_valid = __reduce_add_sync(0xffffffffu, valid);
   if (lane == 0)
     sm90::mbar_expect_tx(&sh.q_full[c][stage],
-                         uint32_t(n_valid) * uint32_t(p.group) * q_bytes_per_row<kFp8, kHalves>());
+                         uint32_t(n_valid) * uint32_t(p.group) *
+                             q_bytes_per_row<kFp8, std::extent_v<decltype(Storage::q), 2>>());
   __syncwarp();
   const int32_t head_row = u.head * p.group;
 #pragma unroll
@@ -66,13 +68,18 @@ __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUt
   if (lane < tpt) sm90::mbar_arrive(&sh.q_full[c][stage]);
 }
 
-template <bool kFp8, int kHalves>
+// kD: the head dim (traits.h HeadDimTraits): stages of kKeys keys (128; 64 at D = 256, dense
+// only), kQSt Q buffers per consumer.
+template <bool kFp8, int kD>
 __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
                                                      const CUtensorMap* tm_q,
                                                      const CUtensorMap* tm_k,
                                                      const CUtensorMap* tm_v,
-                                                     SharedStorageT<kHalves>& sh,
+                                                     typename HeadDimTraits<kD>::Storage& sh,
                                                      int warp, int lane) {
+  using HT = HeadDimTraits<kD>;
+  using QR = sm90::Ring<HT::kQSt>;
+  constexpr int kKeys = HT::kKeys;
   if (warp != 0) return;
   const int32_t n_units = *p.num_units;
   // Two rings over the same stage buffers: K (with the stage's info) on kv_full / kv_empty,
@@ -87,7 +94,8 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
     KVBlockSource src{};
     if (info.kb >= 0)
-      src = locate_kv_block(p.paged, kv_head, u.k_start, info.kb, u.k_len, kHalves, lane);
+      src = locate_kv_block<kKeys>(p.paged, kv_head, u.k_start, info.kb, u.k_len, HT::kHalves,
+                                   lane);
     if constexpr (kFp8)
       load_key_scales(p, info.kb >= 0, kv_head, src.c2, sh.kscale[s], &sh.kv_full[s], lane);
     if (lane == 0) {
@@ -111,21 +119,23 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
   };
   for (int32_t unit = blockIdx.x; unit < n_units; unit += gridDim.x, ++unit_iter) {
     const UnitDesc u = load_unit(p, unit);
-    const int qs = QRing::stage(unit_iter);
+    const int qs = QR::stage(unit_iter);
     for (int c = 0; c < kConsumers; ++c) {
-      sm90::mbar_wait(&sh.q_empty[c][qs], QRing::empty_parity(unit_iter));
-      produce_unit_q<kFp8, kHalves>(p, tm_q, sh, u, c, qs, lane);
+      sm90::mbar_wait(&sh.q_empty[c][qs], QR::empty_parity(unit_iter));
+      produce_unit_q<kFp8>(p, tm_q, sh, u, c, qs, lane);
     }
-    const int32_t nblk = (u.k_len + kBlockN - 1) / kBlockN;
     const int32_t last_max = causal_last(p.causal, u.q_local0 + u.n_tok - 1, u.diag, u.k_len);
-    if (p.dense) {  // every block up to the last key any row of the unit sees
-      const int32_t n_blocks = last_max < 0 ? 0 : min(nblk, last_max / kBlockN + 1);
+    if (p.dense) {  // every stage of kKeys keys up to the last key any row of the unit sees
+      const int32_t nblk = (u.k_len + kKeys - 1) / kKeys;
+      const int32_t n_blocks = last_max < 0 ? 0 : min(nblk, last_max / kKeys + 1);
       if (n_blocks == 0) publish(UniformInfo{-1, 0, 1, 1}, u);
       for (int32_t kb = 0; kb < n_blocks; ++kb)
-        publish(UniformInfo{kb, min(kBlockN, u.k_len - kb * kBlockN), kb == 0 ? 1 : 0,
+        publish(UniformInfo{kb, min(kKeys, u.k_len - kb * kKeys), kb == 0 ? 1 : 0,
                             kb == n_blocks - 1 ? 1 : 0}, u);
       continue;
     }
+    if constexpr (kKeys != kBlockN) continue;  // head dim 256: dense only (plan.cpp)
+    const int32_t nblk = (u.k_len + kBlockN - 1) / kBlockN;
     // Selected blocks in slot order, skipping ids outside [0, nblk) and blocks past the last
     // key any row of the unit sees (they would be fully masked).
     const int32_t* sel = p.q2k + (int64_t(u.head) * p.total_q + u.sel_token) * p.topk;

@@ -30,8 +30,8 @@ constexpr float kRescaleSlack = 8.f;
 // One row of the block: mask to [0, limit], fold into the running statistics and leave
 // p = exp2(x - base) in s (x = s * scale_log2). Returns the factor exp2(m_old - base) that the
 // row of O must take once the P V product still in flight on it has completed (1: none).
-template <int kOff>
-__device__ __forceinline__ float online_softmax_row(float (&s)[64], int limit, int col_base,
+template <int kOff, int kS>
+__device__ __forceinline__ float online_softmax_row(float (&s)[kS], int limit, int col_base,
                                                    float scale_log2, float inv_temp,
                                                    OnlineRow& r) {
   const float bmax = masked_row_max<kOff>(s, limit, col_base) * scale_log2;
@@ -76,35 +76,43 @@ __device__ __forceinline__ const uint32_t* mask_row(const UniformParams& p, int3
   const int64_t r = p.mask_token_row != nullptr ? p.mask_token_row[tok] : tok;
   return p.mask_bits + r * p.mask_words;
 }
+// kKeys: keys per block of kb, 128 (4 words) or 64 (2 words: the head-dim-256 stages).
+template <int kKeys>
 __device__ __forceinline__ uint4 mask_block(const UniformParams& p, const uint32_t* row,
                                             int32_t kb) {
   if (row == nullptr) return make_uint4(~0u, ~0u, ~0u, ~0u);
-  const int64_t w = int64_t(kb) * kMaskWordsPerBlock;
+  constexpr int kWords = kKeys / 32;
+  const int64_t w = int64_t(kb) * kWords;
   if (w >= p.mask_words) return make_uint4(0u, 0u, 0u, 0u);
-  return __ldg(reinterpret_cast<const uint4*>(row + w));
+  if constexpr (kWords == 2) {
+    const uint2 m = __ldg(reinterpret_cast<const uint2*>(row + w));
+    return make_uint4(m.x, m.y, 0u, 0u);
+  } else {
+    return __ldg(reinterpret_cast<const uint4*>(row + w));
+  }
 }
 // Column 8 n + col_base + e of the block is bit 8 (n % 4) + col_base + e of word n / 4.
-template <int kOff>
-__device__ __forceinline__ void apply_key_mask(float (&s)[64], uint4 m, int col_base) {
+template <int kOff, int kS>
+__device__ __forceinline__ void apply_key_mask(float (&s)[kS], uint4 m, int col_base) {
   const uint32_t w[4] = {m.x >> col_base, m.y >> col_base, m.z >> col_base, m.w >> col_base};
 #pragma unroll
-  for (int n = 0; n < 16; ++n)
+  for (int n = 0; n < kS / 4; ++n)
 #pragma unroll
     for (int e = 0; e < 2; ++e)
       if ((w[n >> 2] & (1u << (8 * (n & 3) + e))) == 0) s[n * 4 + kOff + e] = -INFINITY;
 }
 
 // S = Q K^T for the 64-row tile (mma.cuh issue_qk), committed as its own group.
-template <bool kF16, bool kFp8, int kD>
-__device__ __forceinline__ void issue_uniform_qk(float (&sc)[64], uint32_t q_addr,
+template <bool kF16, bool kFp8, int kD, int kS>
+__device__ __forceinline__ void issue_uniform_qk(float (&sc)[kS], uint32_t q_addr,
                                                  uint32_t k_addr) {
   issue_qk<kF16, kFp8, kD>(sc, q_addr, k_addr);
   sm90::wgmma_commit();
 }
 
 // O += P V with P in registers (MN-major V, as mma.cuh).
-template <bool kF16, int kN>
-__device__ __forceinline__ void issue_uniform_pv(float (&o)[kN], const uint32_t (&pa)[8][4],
+template <bool kF16, int kN, int kSteps>
+__device__ __forceinline__ void issue_uniform_pv(float (&o)[kN], const uint32_t (&pa)[kSteps][4],
                                                  uint32_t v_addr) {
   issue_pv<kF16>(o, pa, v_addr, true);
   sm90::wgmma_commit();
@@ -117,9 +125,10 @@ __device__ __forceinline__ void fence_regs(float (&a)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) sm90::reg_fence(a[i]);
 }
-__device__ __forceinline__ void fence_regs(uint32_t (&pa)[8][4]) {
+template <int kSteps>
+__device__ __forceinline__ void fence_regs(uint32_t (&pa)[kSteps][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
+  for (int kk = 0; kk < kSteps; ++kk)
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[kk][i])::"memory");
 }
@@ -143,11 +152,15 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kN], float a0, float a1)
 // otherwise). K stage j is released once S_j is done, V stage j - 1 once its product is.
 // kMask: dense attention with a key mask (p.mask_bits; instantiated apart so that calls without
 // one run the kernel as it was: one runtime branch per block cost 1.5-2% at DENSE-8K / P32K-blk).
-// kD: the head dim (traits.h halves_of), O's kD / 2 floats per thread.
+// kD: the head dim (traits.h HeadDimTraits): O's kD / 2 floats per thread, stages of kKeys keys
+// (S of kKeys / 2 floats), kQSt Q buffers per consumer.
 template <bool kF16, bool kFp8, bool kMask, int kD>
 __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
-                                                     SharedStorageT<halves_of<kD>()>& sh,
+                                                     typename HeadDimTraits<kD>::Storage& sh,
                                                      int consumer_in, int tid) {
+  using HT = HeadDimTraits<kD>;
+  using QR = sm90::Ring<HT::kQSt>;
+  constexpr int kKeys = HT::kKeys;
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
   // Broadcast so ptxas sees a warp-uniform value: the Q descriptors (and with them every wgmma
   // descriptor) then stay in uniform registers, instead of 33 R2UR moves per block (5.5% of
@@ -175,14 +188,14 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
   auto wait_v = [&](int valid_keys) {
     const int vs = KVRing::stage(v_iter);
     sm90::mbar_wait(&sh.v_full[vs], KVRing::full_parity(v_iter));
-    if (valid_keys < kBlockN) zero_v_tail(sh, vs, valid_keys, consumer, tid);
+    if (valid_keys < kKeys) zero_v_tail(sh, vs, valid_keys, consumer, tid);
     return sm90::smem_addr(sh.v[vs][0]);
   };
   // FP8 QK: S of the block in K stage k_iter times its key scales (after the wait, before the
   // stage is released); with one K scale, kmul takes it and the rows' score scales absorb it.
   // (Reading the 32 scales while S is in flight spilled: S, O, P and the scales are live then.)
   float kmul = 1.f;
-  auto apply_key_scales = [&](float (&s)[64]) {
+  auto apply_key_scales = [&](auto& s) {
     if constexpr (kFp8) {
       const float* ks = sh.kscale[KVRing::stage(k_iter)];
       if (p.kscale_uniform) kmul = uniform_key_scale(ks);
@@ -194,13 +207,13 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
     ++v_iter;
   };
   if (consumer == 1) sm90::named_arrive(uint32_t(NamedBarrier::kTurn0), kPair);  // 0 goes first
-  float o[kD / 2], sc[64];
-  uint32_t pa[kBlockN / 16][4];
+  float o[HT::kO], sc[HT::kS];
+  uint32_t pa[HT::kS / 8][4];
   while (true) {
     UniformInfo info = wait_k();
     if (info.kb == -2) break;
-    const int q_stage = QRing::stage(unit_iter);
-    sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(unit_iter));
+    const int q_stage = QR::stage(unit_iter);
+    sm90::mbar_wait(&sh.q_full[consumer][q_stage], QR::full_parity(unit_iter));
     const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, p.tokens_per_tile,
                                      warp, lane, j0, j1);
     const int32_t head = rm.slot0;  // the uniform producer stores the kv head in the slot field
@@ -208,7 +221,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
     const float sl1 = row_scale_log2(p, rm.tok1, head * p.group + g1);
     OnlineRow st0, st1;
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    for (int i = 0; i < HT::kO; ++i) o[i] = 0.f;
     if (info.kb >= 0) {
       const uint32_t q_addr = sm90::smem_addr(sh.q[consumer][q_stage][0]);
       // Key mask words of the block in flight, loaded before its S is issued (FP8 QK: after, as
@@ -218,12 +231,12 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
       uint4 mw0, mw1;
       auto load_mask = [&](const UniformInfo& in) {
         if constexpr (kMask && !kFp8) {
-          mw0 = mask_block(p, mrow0, in.kb);
-          mw1 = mask_block(p, mrow1, in.kb);
+          mw0 = mask_block<kKeys>(p, mrow0, in.kb);
+          mw1 = mask_block<kKeys>(p, mrow1, in.kb);
         }
       };
       auto softmax = [&](const UniformInfo& in, float& a0, float& a1) {
-        const int base_col = in.kb * kBlockN;
+        const int base_col = in.kb * kKeys;
         const int lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
         const int lim1 = max(-1, min(rm.lim1 - base_col, in.valid_keys - 1));
         float s0 = sl0 * kmul, s1 = sl1 * kmul;
@@ -233,8 +246,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
         }
         if constexpr (kMask) {
           if constexpr (kFp8) {
-            mw0 = mask_block(p, mrow0, in.kb);
-            mw1 = mask_block(p, mrow1, in.kb);
+            mw0 = mask_block<kKeys>(p, mrow0, in.kb);
+            mw1 = mask_block<kKeys>(p, mrow1, in.kb);
           }
           apply_key_mask<0>(sc, mw0, col_base);
           apply_key_mask<2>(sc, mw1, col_base);
