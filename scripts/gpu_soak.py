@@ -6,8 +6,8 @@ call expected to raise msa.MsaError, the context never poisoned and device memor
 
 Ops: attention_forward (flat and paged nhd / hnd; bf16 / f16 K/V, FP8 and FP4 K/V under bf16 q;
 q2k with and without its k2q; LSE, temperature, partial dtypes, out= / lse= / workspace=;
-causal_offset and soft_cap on both backends, key_mask / key_mask_rows on the CPU and in dense
-CUDA calls, sparse CUDA calls with them must be refused naming them), attention_batched (BSHD merged or padded,
+causal_offset, soft_cap, key_mask / key_mask_rows on both backends), attention_batched (BSHD
+merged or padded,
 BHSD; the same keywords), sparse_attention (flat and paged, FP8 index inputs,
 return_selection), block_scores, block_topk, select_topk, build_k2q_csr, the q2k <-> k2q
 converters (host only), DecodePlan plan + run (dense and sparse; bf16 / f16 / FP8 caches; bf16 /
@@ -714,7 +714,7 @@ class Soak:
             kw["temperature"] = float(r.uniform(0.3, 2.0))
         kw["partial_dtype"] = self.choice([None, "f32", "bf16"])
         kw["return_lse"] = self.chance(0.6)
-        vis_muts = self.visibility(kw, lq, lk, True, mask_on_cuda=dense)
+        vis_muts = self.visibility(kw, lq, lk, True, mask_on_cuda=True)
         total_q = sum(lq)
         if self.chance(0.2):
             kw["out"] = torch.full((total_q, hq, D), math.nan, dtype=qdt, device=self.dev)
@@ -1509,8 +1509,8 @@ class Soak:
     def visibility(self, kw, lq, lk, offsets_on_cuda, mask_on_cuda=False):
         """causal_offset, key_mask (with key_mask_rows) and soft_cap drawn into kw; returns their
         mutations. lk: each request's key count Lk_b (the keys a mask must cover). The CUDA
-        prefill takes causal_offset and the soft-cap (offsets_on_cuda), and the key mask in dense
-        calls (mask_on_cuda); elsewhere (and all three in CUDA decode) CUDA mode never draws them
+        prefill takes causal_offset and the soft-cap (offsets_on_cuda), and the key mask
+        (mask_on_cuda); elsewhere (and all three in CUDA decode) CUDA mode never draws them
         as valid and calls with them must be refused naming them (the "cuda" mutations). A CUDA
         mask narrower than a request's keys is a device-side report (key_mask_short, the C++
         GPU test), not drawn here."""

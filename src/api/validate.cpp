@@ -355,8 +355,6 @@ void refuse_cpu_only_attention(const AttentionArgs& a, const char* op, bool offs
             "offsets on CUDA yet; run on CPU tensors or leave it absent");
   MSA_CHECK(offsets || !a.key_mask.defined(), "key_mask: ", op, " does not take a key mask on "
             "CUDA yet; run on CPU tensors or leave it absent");
-  MSA_CHECK(!a.key_mask.defined() || !a.q2k.defined(), "key_mask: ", op, " takes a key mask on "
-            "CUDA with dense attention (no q2k) so far; run sparse calls with a mask on CPU tensors");
 }
 
 void check_sparse_group(int64_t group, int64_t num_kv_heads, const char* what) {

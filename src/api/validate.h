@@ -67,8 +67,8 @@ void check_row_alignments(const Tensor& q, const Tensor& k, const Tensor& v = {}
                           const Tensor& out = {}, bool elements_only = false);
 
 // The attention features only the CPU backend runs so far (causal_offset, params.soft_cap and
-// key_mask unless `offsets`: the CUDA prefill takes them, decode does not; the key mask only
-// without q2k): each one set is an msa::Error naming it, for `op` on CUDA tensors.
+// key_mask unless `offsets`: the CUDA prefill takes them, decode does not): each one set is an
+// msa::Error naming it, for `op` on CUDA tensors.
 void refuse_cpu_only_attention(const AttentionArgs& a, const char* op, bool offsets = false);
 
 // The GQA group of a sparse call (a q2k selection): 1, 2, 4, 8 or 16, or one kv head for up to

@@ -796,7 +796,7 @@ TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
 // Lk_max past the longest request): random densities, rows and whole masks with every key masked
 // (out 0, lse -inf), causal or not, soft-cap, GQA groups that do not divide 16, f16, FP8 QK;
 // against the CPU, bitwise on a second run. A mask narrower than a request's keys is reported
-// (key_mask_short), a sparse call with a mask refused.
+// (key_mask_short).
 TEST(SparseFwdGpu, DenseKeyMaskMatchesCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -859,10 +859,42 @@ TEST(SparseFwdGpu, DenseKeyMaskMatchesCpu) {
     HostTensor narrow = std::move(*c.key_mask);  // the CPU's reference: keys past 100 masked
     c.key_mask = std::move(wide);
     expect_close(c, got, run_cpu(c));
-    c.key_mask = std::move(narrow);
-    c.dense = false;  // a sparse call with a mask
-    expect_error([&] { run_gpu(c, d, false, s); },
-                 "key_mask: attention_forward takes a key mask on CUDA with dense attention");
+  }
+}
+
+// Sparse calls with a key mask on CUDA (the KV-major kernel's and the uniform kernel's kMask
+// instantiations): random selections of both paths (tok and blk rows), GQA 1-16, masks per batch
+// or per query, bool or u8, densities from none visible to all but a few masked, a row with every
+// key masked; against the CPU and bitwise with a caller's k2q. FP8 K/V and FP8 QK too.
+TEST(SparseFwdGpu, SparseKeyMaskMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const double densities[] = {0.0, 0.3, 0.7, 0.95};
+  for (int i = 0; i < (small ? 4 : 16); ++i) {
+    const std::optional<Fp8Scale> fp8 =
+        i % 8 == 5 ? std::optional<Fp8Scale>(Fp8Scale::per_token_head) : std::nullopt;
+    SparseCase c = random_case(1500 + i, small, true, fp8);
+    const bool per_query = i % 2 == 1;
+    const int64_t rows = per_query ? c.p.total_q() : c.p.batch();
+    const int64_t lk_max = (c.p.lk.empty() ? 0 : *std::max_element(c.p.lk.begin(), c.p.lk.end())) +
+                           int64_t(i % 3) * 50;
+    const DType mt = i % 3 == 0 ? DType::u8 : DType::boolean;
+    HostTensor mask(mt, {rows, lk_max});
+    std::mt19937 rng(1600u + unsigned(i));
+    std::uniform_real_distribution<double> u01(0.0, 1.0);
+    const double density = densities[i % 4];
+    for (int64_t j = 0; j < rows * lk_max; ++j)
+      mask.data<uint8_t>()[j] =
+          u01(rng) < density ? (mt == DType::u8 ? uint8_t(1 + rng() % 255) : uint8_t(1)) : 0;
+    if (rows > 1) std::memset(mask.data<uint8_t>(), 0, size_t(lk_max));  // row 0: none visible
+    c.key_mask = std::move(mask);
+    c.key_mask_rows = per_query ? KeyMaskRows::per_query : KeyMaskRows::per_batch;
+    c.name += std::string(per_query ? ", mask per query" : ", mask per batch") + ", density " +
+              std::to_string(density);
+    SCOPED_TRACE(c.name);
+    expect_matches_cpu_and_repeats(c, small, s);
+    if (HasFailure()) break;
   }
 }
 

@@ -47,8 +47,8 @@ __device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, in
 
 // KV-major kernel over the chunk table. Persistent: gridDim.x CTAs walk the table with a static
 // stride (chunk = blockIdx.x + k * gridDim.x), so the assignment, and with it every partial, is
-// independent of timing.
-template <bool kF16, bool kFp8>
+// independent of timing. kMask: a call with a key mask (p.mask_bits).
+template <bool kF16, bool kFp8, bool kMask>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k,
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     run_producer<kFp8>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kConsumerRegs>();
-    run_consumer<kF16, kFp8>(p, sh, wg - 1, threadIdx.x - 128 * wg);
+    run_consumer<kF16, kFp8, kMask>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 

@@ -115,6 +115,13 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                          uint8_t* ws, const PrepParams& pp, cudaStream_t stream) {
   AttnProblem pr = attn_problem(a, s, w);
   const bool paged = pr.paged.page_table != nullptr;
+  if (w.key_mask) {  // packed by launch_key_mask
+    pr.mask_bits = reinterpret_cast<const uint32_t*>(ws + w.mask_bits);
+    pr.mask_token_row = a.key_mask_rows == KeyMaskRows::per_batch
+                            ? reinterpret_cast<const int32_t*>(ws + w.mask_token_row)
+                            : nullptr;
+    pr.mask_words = w.mask_words;
+  }
   // Keys per K/V stage: 64 at head dim 256 (traits.h HeadDimTraits), so pool boxes of at most 64
   // slots (kv_load.cuh locate_kv_block<64>).
   const uint32_t stage_keys = s.head_dim == 256 ? 64 : kBlockN;
@@ -181,13 +188,6 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   up.out_stride_h = a.out.strides[1];
   up.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   up.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
-  if (w.key_mask) {
-    up.mask_bits = reinterpret_cast<const uint32_t*>(ws + w.mask_bits);
-    up.mask_token_row = a.key_mask_rows == KeyMaskRows::per_batch
-                            ? reinterpret_cast<const int32_t*>(ws + w.mask_token_row)
-                            : nullptr;
-    up.mask_words = w.mask_words;
-  }
   if (s.head_dim == 64) {  // dense, 16-bit q / k / v (check_supported)
     if (f16) launch_uniform<true, false, 64>(tq, tk, tv, up, stream);
     else launch_uniform<false, false, 64>(tq, tk, tv, up, stream);

@@ -24,14 +24,19 @@ void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
   launch_pdl(kernel, current_sm_count(), kThreads, smem, stream, tq, tk, tv, p);
 }
 
+// With a key mask, the kernels instantiated for it (kMask: mma.cuh consume_tile, uniform_mma.cuh).
 template <bool kF16, bool kFp8>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream) {
-  static std::once_flag once;
-  launch_persistent(sparse_fwd_kernel<kF16, kFp8>, kSmemBytes, once, tq, tk, tv, p, stream);
+  static std::once_flag once, once_mask;
+  if (p.mask_bits != nullptr)
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true>, kSmemBytes, once_mask, tq, tk, tv, p,
+                      stream);
+  else
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false>, kSmemBytes, once, tq, tk, tv, p,
+                      stream);
 }
 
-// With a key mask (dense attention), the kernel instantiated for it (uniform_mma.cuh, kMask).
 template <bool kF16, bool kFp8, int kD>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {

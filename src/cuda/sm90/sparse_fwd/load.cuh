@@ -145,7 +145,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
     if (warp == 0) {
       const int s = KVRing::stage(kv_iter);
       sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
-      if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head};
+      if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head, c.d.kb};
       load_kv_block<kFp8>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len, lane);
       ++kv_iter;
     }
@@ -165,7 +165,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
     const int s = KVRing::stage(kv_iter);
     sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
     if (lane == 0) {
-      sh.info[s] = ChunkInfo{-1, 0, 0};
+      sh.info[s] = ChunkInfo{-1, 0, 0, 0};
       sm90::mbar_arrive(&sh.kv_full[s]);
     }
     if constexpr (kFp8) load_key_scales(p, false, 0, 0, nullptr, &sh.kv_full[s], lane);

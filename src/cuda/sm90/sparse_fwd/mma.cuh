@@ -18,6 +18,7 @@
 #include "cuda/device/wgmma_m64n256.cuh"
 #include "cuda/device/wgmma_m64n64.cuh"
 #include "cuda/sm90/sparse_fwd/epilogue.cuh"
+#include "cuda/sm90/sparse_fwd/key_mask.h"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
 
@@ -216,6 +217,42 @@ __device__ __forceinline__ RowStats softmax_row(float (&s)[64], int limit, int c
   return RowStats{mx, sum, tsum};
 }
 
+// Key masks (key_mask.h, the kMask kernels): the packed row of query token `tok` (null for a
+// padding row, whose values are never stored), a block's words of it (all visible for a null row;
+// none for a block past the mask's Lk_max, a request the pack kernel reported as key_mask_short),
+// and S's invisible columns set to -inf. Applied after the soft-cap (which would map -inf to -cap)
+// and before the causal mask and the max.
+__device__ __forceinline__ const uint32_t* mask_row(const AttnProblem& p, int32_t tok) {
+  if (tok < 0) return nullptr;
+  const int64_t r = p.mask_token_row != nullptr ? p.mask_token_row[tok] : tok;
+  return p.mask_bits + r * p.mask_words;
+}
+// kKeys: keys per block of kb, 128 (4 words) or 64 (2 words: the head-dim-256 stages).
+template <int kKeys>
+__device__ __forceinline__ uint4 mask_block(const AttnProblem& p, const uint32_t* row,
+                                            int32_t kb) {
+  if (row == nullptr) return make_uint4(~0u, ~0u, ~0u, ~0u);
+  constexpr int kWords = kKeys / 32;
+  const int64_t w = int64_t(kb) * kWords;
+  if (w >= p.mask_words) return make_uint4(0u, 0u, 0u, 0u);
+  if constexpr (kWords == 2) {
+    const uint2 m = __ldg(reinterpret_cast<const uint2*>(row + w));
+    return make_uint4(m.x, m.y, 0u, 0u);
+  } else {
+    return __ldg(reinterpret_cast<const uint4*>(row + w));
+  }
+}
+// Column 8 n + col_base + e of the block is bit 8 (n % 4) + col_base + e of word n / 4.
+template <int kOff, int kS>
+__device__ __forceinline__ void apply_key_mask(float (&s)[kS], uint4 m, int col_base) {
+  const uint32_t w[4] = {m.x >> col_base, m.y >> col_base, m.z >> col_base, m.w >> col_base};
+#pragma unroll
+  for (int n = 0; n < kS / 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if ((w[n >> 2] & (1u << (8 * (n & 3) + e))) == 0) s[n * 4 + kOff + e] = -INFINITY;
+}
+
 // P (the S accumulator after softmax) as the A operand of P V: 16-bit pairs per k16 step (kS / 8
 // steps over the 2 kS keys).
 template <bool kF16, int kS>
@@ -301,7 +338,7 @@ __device__ __forceinline__ void scale_key_columns(float (&s)[64], const KeyScale
   }
 }
 
-template <bool kF16, bool kFp8>
+template <bool kF16, bool kFp8, bool kMask>
 __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
                                              int q_stage, int tid) {
@@ -344,6 +381,10 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   if (p.soft_cap_log2 > 0.f) {
     sl0 = soft_cap_row<0>(s, sl0, p.soft_cap_log2);
     sl1 = soft_cap_row<2>(s, sl1, p.soft_cap_log2);
+  }
+  if constexpr (kMask) {  // the rows' mask words of this block (read after S: few registers live)
+    apply_key_mask<0>(s, mask_block<kBlockN>(p, mask_row(p, tok0), info.kb), col_base);
+    apply_key_mask<2>(s, mask_block<kBlockN>(p, mask_row(p, tok1), info.kb), col_base);
   }
   const RowStats st0 = softmax_row<0>(s, lim0, col_base, sl0, p.inv_temperature);
   const RowStats st1 = softmax_row<2>(s, lim1, col_base, sl1, p.inv_temperature);
@@ -402,7 +443,7 @@ __device__ __forceinline__ void release_q_buffer(SharedStorage& sh, int consumer
   sm90::mbar_arrive(&sh.q_empty[consumer][stage]);
 }
 
-template <bool kF16, bool kFp8>
+template <bool kF16, bool kFp8, bool kMask>
 __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage& sh,
                                              int consumer_in, int tid) {
   // Warp-uniform for ptxas (lane-0 broadcast): the wgmma descriptors derived from it stay in
@@ -426,7 +467,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage&
       // were issued, so their reads are long done and nothing waits.
       if (pending >= 0) release_q_buffer(sh, consumer, pending);
       sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(q_use));
-      consume_tile<kF16, kFp8>(p, sh, info, s, consumer, q_stage, tid);
+      consume_tile<kF16, kFp8, kMask>(p, sh, info, s, consumer, q_stage, tid);
       pending = p.part_bf16 ? q_stage : -1;
     }
     tile_base += info.n_tiles;

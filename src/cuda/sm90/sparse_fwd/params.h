@@ -93,6 +93,11 @@ struct AttnProblem {
   // 1: K has one scale (per tensor, or none): the consumers fold a stage's first scale into their
   // rows' score scales (2 multiplies per block) instead of scaling S's 64 columns per thread.
   int32_t kscale_uniform = 0;
+  // Key mask (key_mask.h), both kernels: bits [rows, mask_words], row = the token (per query) or
+  // mask_token_row[token] (per batch); null: no mask (the kernels without kMask never read it).
+  const uint32_t* mask_bits = nullptr;
+  const int32_t* mask_token_row = nullptr;
+  int32_t mask_words = 0;
 };
 
 // The diagonal of batch b with lq queries and lk keys (ChunkDesc / UnitDesc::diag).
@@ -151,11 +156,6 @@ struct UniformParams : AttnProblem {
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
   float* lse = nullptr;                 // [Hq, total_q] or null
   float* tlse = nullptr;                // [Hq, total_q] or null (inv_temperature > 0)
-  // Dense attention with a key mask (key_mask.h): bits [rows, mask_words], row = the token (per
-  // query) or mask_token_row[token] (per batch); null: no mask.
-  const uint32_t* mask_bits = nullptr;
-  const int32_t* mask_token_row = nullptr;
-  int32_t mask_words = 0;
 };
 
 }  // namespace msa::cuda::sparse_fwd

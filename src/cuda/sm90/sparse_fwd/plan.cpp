@@ -84,7 +84,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.dense = !a.q2k.defined();
   if (w.dense) w.kv_split = dense_kv_split(s.group);
   w.unit_cap = query_kv_heads(s, w) * w.qblock_cap * units_per_qblock(query_group(s, w));
-  w.key_mask = a.key_mask.defined();  // dense only (api: refuse_cpu_only_attention)
+  w.key_mask = a.key_mask.defined();
   if (w.key_mask) w.mask_words = int32_t(key_mask_words(a.key_mask.shape[1]));
   if (w.dense) {  // no CSR, chunks or partials: only the uniform kernel runs
     w.total = take_shared(w, a, s, 0);

@@ -53,7 +53,7 @@ struct AttnPlan {
   size_t units = 0;
   size_t part_o = 0, part_lse = 0, part_tlse = 0;
   size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
-  // Dense attention with a key mask (key_mask.h): its packed bits and, per batch, token rows.
+  // A key mask (key_mask.h): its packed bits and, per batch, token rows.
   bool key_mask = false;
   int32_t mask_words = 0;
   size_t mask_bits = 0, mask_token_row = 0;

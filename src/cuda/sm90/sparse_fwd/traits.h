@@ -96,6 +96,7 @@ struct ChunkInfo {  // what consumers need from the producer for a K/V stage
   int32_t n_tiles;     // -1: no more chunks
   int32_t valid_keys;  // keys of the block inside its batch; rows past it are zeroed in V
   int32_t head;        // kv head
+  int32_t kb;          // the block (its key mask words)
 };
 
 // Uniform path (uniform_*.cuh): a query block of 128 tokens whose q2k rows (for kv head h) are

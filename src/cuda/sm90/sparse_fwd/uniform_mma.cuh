@@ -7,7 +7,6 @@
 // visible key end with out = 0, lse = -inf.
 #pragma once
 
-#include "cuda/sm90/sparse_fwd/key_mask.h"
 #include "cuda/sm90/sparse_fwd/mma.cuh"
 
 namespace msa::cuda::sparse_fwd {
@@ -64,42 +63,6 @@ __device__ __forceinline__ void store_out_row(const UniformParams& p, const floa
     if (p.lse) p.lse[int64_t(hq) * p.total_q + tok] = row_lse(r.m, r.l);
     if (p.tlse) p.tlse[int64_t(hq) * p.total_q + tok] = row_tlse(r.m, r.t, p.inv_temperature);
   }
-}
-
-// Dense attention with a key mask (key_mask.h, the kMask kernel): the packed row of query token
-// `tok` (null for a padding row, whose values are never stored), a block's 4 words of it (all
-// visible for a null row; none for a block past the mask's Lk_max, a request the pack kernel
-// reported as key_mask_short), and S's invisible columns set to -inf. Applied after the soft-cap
-// (which would map -inf to -cap) and before the causal mask and the max.
-__device__ __forceinline__ const uint32_t* mask_row(const UniformParams& p, int32_t tok) {
-  if (tok < 0) return nullptr;
-  const int64_t r = p.mask_token_row != nullptr ? p.mask_token_row[tok] : tok;
-  return p.mask_bits + r * p.mask_words;
-}
-// kKeys: keys per block of kb, 128 (4 words) or 64 (2 words: the head-dim-256 stages).
-template <int kKeys>
-__device__ __forceinline__ uint4 mask_block(const UniformParams& p, const uint32_t* row,
-                                            int32_t kb) {
-  if (row == nullptr) return make_uint4(~0u, ~0u, ~0u, ~0u);
-  constexpr int kWords = kKeys / 32;
-  const int64_t w = int64_t(kb) * kWords;
-  if (w >= p.mask_words) return make_uint4(0u, 0u, 0u, 0u);
-  if constexpr (kWords == 2) {
-    const uint2 m = __ldg(reinterpret_cast<const uint2*>(row + w));
-    return make_uint4(m.x, m.y, 0u, 0u);
-  } else {
-    return __ldg(reinterpret_cast<const uint4*>(row + w));
-  }
-}
-// Column 8 n + col_base + e of the block is bit 8 (n % 4) + col_base + e of word n / 4.
-template <int kOff, int kS>
-__device__ __forceinline__ void apply_key_mask(float (&s)[kS], uint4 m, int col_base) {
-  const uint32_t w[4] = {m.x >> col_base, m.y >> col_base, m.z >> col_base, m.w >> col_base};
-#pragma unroll
-  for (int n = 0; n < kS / 4; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      if ((w[n >> 2] & (1u << (8 * (n & 3) + e))) == 0) s[n * 4 + kOff + e] = -INFINITY;
 }
 
 // S = Q K^T for the 64-row tile (mma.cuh issue_qk), committed as its own group.
