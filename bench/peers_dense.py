@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Peer figures for the dense prefill cases (DENSE-8K, DENSE-32K, DENSE-VARLEN, DENSE-16K-D64 and
--D256), in the same run as bench_sparse_fwd.
+-D256, DENSE-CHUNK), in the same run as bench_sparse_fwd.
 
 Reads our records (`bench_sparse_fwd --json FILE`, bench/SCHEMA.md; the shapes come from them) and
 times the same dense causal attention with:
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import records  # same folder: the script's directory is on sys.path
 from peers import FLUSH, time_ms
 
-CASES = ("DENSE-8K", "DENSE-32K", "DENSE-VARLEN", "DENSE-16K-D64", "DENSE-16K-D256")
+CASES = ("DENSE-8K", "DENSE-32K", "DENSE-VARLEN", "DENSE-16K-D64", "DENSE-16K-D256", "DENSE-CHUNK")
 
 
 def fa4():
@@ -46,6 +46,27 @@ def run_fa4(rec, entry, iters, warmup):
         fn = lambda: varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
                             max_seqlen_k=max(lens), causal=True)
     return time_ms(fn, iters, warmup)
+
+
+def paged_runs(rec, iters, warmup):
+    """A paged case (DENSE-CHUNK): B requests of seq_q new queries over seq_k keys in a pool of
+    page_size-slot pages with a shuffled table, timed as python_bench's latency peers time them:
+    FA4 with the page table, cuDNN SDPA over the requests' keys gathered once (untimed) with the
+    bottom-right causal mask. {impl: (median, min, max)}."""
+    from python_bench import dense_peers  # imports msa: only paged cases need it
+
+    b, lq, lk, hq, hkv, d = rec["batch"], rec["seq_q"], rec["seq_k"], rec["hq"], rec["hkv"], rec["d"]
+    page, per = rec["page_size"], -(-rec["seq_k"] // rec["page_size"])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = dict(b=b, lq=lq, lk=lk, hq=hq, hkv=hkv, d=d, page=page,
+             q=torch.randn(b * lq, hq, d, generator=gen, device="cuda").to(torch.bfloat16),
+             cu_q=torch.arange(0, b + 1, dtype=torch.int32, device="cuda") * lq,
+             k=torch.randn(b * per, page, hkv, d, generator=gen, device="cuda").to(torch.bfloat16),
+             v=torch.randn(b * per, page, hkv, d, generator=gen, device="cuda").to(torch.bfloat16),
+             table=torch.randperm(b * per, generator=torch.Generator().manual_seed(1)).to(
+                 torch.int32).view(b, per).to("cuda"),
+             used=torch.full((b,), lk, dtype=torch.int32, device="cuda"))
+    return {impl: time_ms(fn, iters, warmup) for impl, fn in dense_peers(x).items()}
 
 
 def run_cudnn(rec, iters, warmup):
@@ -88,8 +109,16 @@ def main():
             continue
         rec = ours[name]
         res = {}
-        for impl, run in (("fa4", (lambda: run_fa4(rec, entry, args.iters, args.warmup)) if entry else None),
-                          ("cudnn", lambda: run_cudnn(rec, args.iters, args.warmup))):
+        runs = (("fa4", (lambda: run_fa4(rec, entry, args.iters, args.warmup)) if entry else None),
+                ("cudnn", lambda: run_cudnn(rec, args.iters, args.warmup)))
+        if rec.get("page_size"):
+            try:
+                paged = paged_runs(rec, args.iters, args.warmup)
+            except Exception as e:  # report, keep going
+                print("%s paged peers error: %s" % (name, str(e)[:200]))
+                paged = {}
+            runs = tuple((impl, (lambda t=t: t)) for impl, t in paged.items())
+        for impl, run in runs:
             if run is None:
                 continue
             try:

@@ -91,6 +91,13 @@ std::vector<BenchCase> make_cases() {
   d256.num_q_heads = 32;
   d256.head_dim = 256;
   v.push_back(d256);
+  // 2048 new queries of each of 4 requests over their 32768 cached keys and themselves
+  // (bottom-right causal), K / V in a pool of 64-slot pages.
+  BenchCase dense_chunk = dense_prefill("DENSE-CHUNK", std::vector<int64_t>(4, 2048));
+  dense_chunk.seqlens_k.assign(4, 32768 + 2048);
+  dense_chunk.topk = (32768 + 2048) / 128;
+  dense_chunk.page_size = 64;
+  v.push_back(dense_chunk);
   v.push_back(prefill("CSR-32K", CaseKind::csr_build, "q2k -> k2q CSR + schedule build", 32768,
                       Pattern::tok, kNeedsCsr));
   v.push_back(prefill("IDX-32K-bf16", CaseKind::block_scores, "block scores (and fused top-K)",

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <random>
 
 #include "workloads/cases.h"
@@ -82,7 +83,8 @@ const std::vector<std::string>& sparse_case_names() {
                                                  "P32K-blk-fp8qk", "P32K-blk-fp8qk-tensor",
                                                  "P32K-blk-nvfp4kv", "DENSE-8K",
                                                  "DENSE-32K",      "DENSE-VARLEN",
-                                                 "DENSE-16K-D64",  "DENSE-16K-D256"};
+                                                 "DENSE-16K-D64",  "DENSE-16K-D256",
+                                                 "DENSE-CHUNK"};
   return names;
 }
 
@@ -211,6 +213,44 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
     a.q_scale = q_q.scale;
   }
   a.cu_seqlens_q = cb.cu_seqlens_q;
+  // Paged cases (DENSE-CHUNK): the flat K / V (which the sampled reference keeps reading) copied
+  // into a pool of page_size-slot pages, nhd, handed out in a shuffled order.
+  DeviceBuffer pool_k, pool_v, dtable, dused;
+  if (bc->page_size > 0) {
+    const int64_t page = bc->page_size;
+    int64_t max_pages = 0;
+    for (int64_t l : bc->seqlens_k) max_pages = std::max(max_pages, (l + page - 1) / page);
+    const int64_t pages = batch * max_pages;
+    std::vector<int32_t> table(static_cast<size_t>(pages));
+    std::vector<int32_t> used;
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(uint32_t(bc->seed)));
+    const size_t row = size_t(hkv) * d * 2;
+    pool_k = gpu_buffer(size_t(pages * page) * row);
+    pool_v = gpu_buffer(size_t(pages * page) * row);
+    for (int64_t b = 0; b < batch; ++b) {
+      used.push_back(int32_t(bc->seqlens_k[b]));
+      for (int64_t pg = 0; pg * page < bc->seqlens_k[b]; ++pg) {
+        const size_t n = size_t(std::min(page, bc->seqlens_k[b] - pg * page)) * row;
+        const size_t src = size_t(cu_k[b] + pg * page) * row;
+        const size_t dst = size_t(table[size_t(b * max_pages + pg)]) * size_t(page) * row;
+        for (auto [to, from] : {std::pair{&pool_k, &dk}, std::pair{&pool_v, &dv}})
+          MSA_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(to->get()) + dst,
+                                         static_cast<const char*>(from->get()) + src, n,
+                                         cudaMemcpyDeviceToDevice, s));
+      }
+    }
+    dtable = gpu_buffer(table.size() * 4);
+    dtable.upload(table, s);
+    dused = gpu_buffer(used.size() * 4);
+    dused.upload(used, s);
+    a.kv = msa::KVCache();
+    a.kv.k = Tensor(pool_k.get(), DType::bf16, {pages, page, hkv, d}, kGpu);
+    a.kv.v = Tensor(pool_v.get(), DType::bf16, {pages, page, hkv, d}, kGpu);
+    a.kv.layout = msa::KVLayout::paged_nhd;
+    a.kv.page_table = Tensor(dtable.get(), DType::i32, {batch, max_pages}, kGpu);
+    a.kv.seqused_k = Tensor(dused.get(), DType::i32, {batch}, kGpu);
+  }
   if (!bc->dense) {  // dense: no selection (the full one above feeds the reference only)
     a.q2k = cb.q2k;
     a.k2q = cb.out;
