@@ -37,9 +37,10 @@ struct DecodeShape {
 //   every run, so one plan serves one stream at a time. Device-side checks (cu_seqlens_q,
 //   seqused_k < 0, q2k ids, page ids) write the first offence to args.status; call
 //   check_status() to read it.
-// - CUDA needs head_dim 128; tlse (temperature), a k2q index, params.soft_cap, causal_offset and
-//   key_mask are not supported (msa::Error naming them); partials are always f32. The CPU runs
-//   attention_forward, so it takes all of these and any head_dim >= 1.
+// - CUDA takes head_dim 64, 128 or 256 (FP8 e4m3 KV at 128 and 256, NVFP4 KV at 128 only); tlse
+//   (temperature), a k2q index, params.soft_cap, causal_offset and key_mask are not supported
+//   (msa::Error naming them); partials are always f32. The CPU runs attention_forward, so it
+//   takes all of these and any head_dim >= 1.
 // - A sparse plan with one query chunk per request whose CTAs fit one wave (e.g. B = 32, one
 //   query each) reads K/V under an L2 evict_first policy: each line is read once, and the lines
 //   earlier kernels left in L2 stay there.

@@ -48,8 +48,18 @@ void check_decode_shape(const DecodeShape& s) {
   MSA_CHECK(s.kv_block_size == 64 || s.kv_block_size == 128 || (!cuda && s.kv_block_size == 1),
             "decode shape: kv_block_size must be 64 or 128 (on the CPU also 1: token ids), got ",
             s.kv_block_size);
-  if (s.device.type == DeviceType::cuda)
-    MSA_CHECK(s.head_dim == 128, "decode shape: CUDA decode needs head_dim 128, got ", s.head_dim);
+  if (cuda) {
+    MSA_CHECK(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256,
+              "decode shape: CUDA decode takes head_dim 64, 128 or 256, got ", s.head_dim);
+    // FP8 rows of 64 bytes fill half the 128-byte swizzled line the kernel's stages are built
+    // of; NVFP4's producers convert 64-byte packed rows (D = 128) only.
+    MSA_CHECK(s.kv_dtype != DType::fp8_e4m3 || s.head_dim != 64,
+              "decode shape: CUDA decode takes fp8_e4m3 KV at head_dim 128 or 256, got head_dim 64 "
+              "(bf16 and f16 KV take 64)");
+    MSA_CHECK(s.kv_dtype != DType::fp4x2 || s.head_dim == 128,
+              "decode shape: CUDA decode takes fp4x2 (NVFP4) KV at head_dim 128 only, got "
+              "head_dim ", s.head_dim, " (bf16 and f16 KV take 64, 128 and 256)");
+  }
 }
 
 // Decode-specific agreement between run()'s arguments and the planned shape; the general

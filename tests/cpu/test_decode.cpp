@@ -268,12 +268,29 @@ TEST(Decode, PlanRules) {
   expect_error([&] { plan.plan(s, &too_long, Tensor()); }, "seqused_k_host: entry 0 = ");
   EXPECT_FALSE(plan.planned());
   s.device = Device{DeviceType::cuda, 0};
-  expect_error([&] { plan.plan(s, nullptr, Tensor()); }, "decode shape: CUDA decode needs head_dim 128, got 32");
-  expect_error([&] { DecodePlan::workspace_bytes(s); }, "decode shape: CUDA decode needs head_dim 128, got 32");
-  if (!built_with_cuda()) {
-    s.head_dim = 128;
-    expect_error([&] { DecodePlan::workspace_bytes(s); }, "decode: CUDA tensors given, but msa was built without CUDA");
+  const char* dims = "decode shape: CUDA decode takes head_dim 64, 128 or 256, got 32";
+  expect_error([&] { plan.plan(s, nullptr, Tensor()); }, dims);
+  expect_error([&] { DecodePlan::workspace_bytes(s); }, dims);
+  // FP8 KV at D = 64 and NVFP4 KV away from D = 128 are refused by name.
+  s.head_dim = 64;
+  s.kv_dtype = DType::fp8_e4m3;
+  expect_error([&] { DecodePlan::workspace_bytes(s); },
+               "decode shape: CUDA decode takes fp8_e4m3 KV at head_dim 128 or 256, got "
+               "head_dim 64");
+  for (int d : {64, 256}) {
+    s.head_dim = d;
+    s.kv_dtype = DType::fp4x2;
+    expect_error([&] { DecodePlan::workspace_bytes(s); },
+                 "decode shape: CUDA decode takes fp4x2 (NVFP4) KV at head_dim 128 only, got "
+                 "head_dim " + std::to_string(d));
   }
+  s.kv_dtype = DType::bf16;
+  if (!built_with_cuda())  // the shape checks pass at every head dim the CUDA decode takes
+    for (int d : {64, 128, 256}) {
+      s.head_dim = d;
+      expect_error([&] { DecodePlan::workspace_bytes(s); },
+                   "decode: CUDA tensors given, but msa was built without CUDA");
+    }
 }
 
 }  // namespace

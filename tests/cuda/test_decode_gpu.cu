@@ -1,8 +1,8 @@
 // GPU decode (src/cuda/sm90/decode/, DecodePlan on CUDA) against the CPU decode, the oracle: sweeps
 // over page size, layout, G, queries per request (both CTA widths: 4 warps up to 64 rows, 8 up to
-// 128), skewed and empty lengths, FP8 KV, FP8 queries; NaN in unused slots; device-side status for
-// bad ids, bad pages and lengths past the plan; NVFP4 KV; determinism; CUDA graph replays with new lengths and q2k;
-// B = 4096; offsets past 2^31. Outputs are poisoned before each run. MSA_TEST_SMALL=1 shrinks the
+// 128), head dims 64 and 256, skewed and empty lengths, FP8 KV, FP8 queries; NaN in unused slots;
+// device-side status for bad ids, bad pages and lengths past the plan; NVFP4 KV; determinism; CUDA
+// graph replays with new lengths and q2k; B = 4096; offsets past 2^31. Outputs are poisoned before each run. MSA_TEST_SMALL=1 shrinks the
 // sweep (compute-sanitizer runs).
 #include <climits>
 #include <cstdlib>
@@ -21,6 +21,7 @@ namespace {
 struct Config {
   std::vector<int32_t> lq, lk;
   int64_t hq = 16, hkv = 1;
+  int64_t dim = 128;  // head dim
   int64_t page_size = 64;
   KVLayout layout = KVLayout::paged_nhd;
   DType q_dtype = DType::bf16, kv_dtype = DType::bf16;
@@ -46,12 +47,12 @@ struct Config {
 // where the config asks.
 Problem make_decode_problem(const Config& c) {
   if (c.kv_dtype == DType::fp4x2) {  // K and V drawn in q's type, then quantized on the host
-    Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, 128, c.seed, c.q_dtype);
+    Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, c.dim, c.seed, c.q_dtype);
     quantize_kv_fp4(p, !c.mxfp4);
     return p;
   }
   const bool fp8 = c.kv_dtype == DType::fp8_e4m3;
-  Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, 128, c.seed, c.q_dtype, c.kv_dtype,
+  Problem p = make_problem(c.lq, c.lk, c.hq, c.hkv, c.dim, c.seed, c.q_dtype, c.kv_dtype,
                            fp8 ? c.k_scale : Fp8Scale::none);
   if (!fp8 || (c.v_scale == c.k_scale && !c.wide_scales)) return p;
   std::mt19937 rng(c.seed + 7);
@@ -71,7 +72,8 @@ Problem make_decode_problem(const Config& c) {
 
 std::string describe(const Config& c) {
   std::ostringstream os;
-  os << "B=" << c.lq.size() << " Hq=" << c.hq << " Hkv=" << c.hkv << " page=" << c.page_size
+  os << "B=" << c.lq.size() << " Hq=" << c.hq << " Hkv=" << c.hkv << " D=" << c.dim
+     << " page=" << c.page_size
      << " " << kv_layout_name(c.layout) << " q=" << dtype_name(c.q_dtype) << " kv="
      << dtype_name(c.kv_dtype) << " topk=" << c.topk << " blk=" << c.blk
      << (c.causal ? " causal" : " full") << " seed=" << c.seed;
@@ -113,7 +115,7 @@ struct Bench {
     seqused = to_device(paged.seqused_k, stream);
     cu_q = to_device(p.cu_q, stream);
     if (q2k) q2k_d = to_device(*q2k, stream);
-    out = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq * 128) * 2);
+    out = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq * p.dim) * 2);
     lse = DeviceBuffer(std::max<int64_t>(1, p.total_q() * p.hq) * 4);
     status = DeviceBuffer(16);
   }
@@ -124,7 +126,7 @@ struct Bench {
     s.max_queries_per_request = int(max_q);
     s.num_q_heads = int(p.hq);
     s.num_kv_heads = int(p.hkv);
-    s.head_dim = 128;
+    s.head_dim = int(p.dim);
     s.page_size = int(cfg.page_size);
     s.max_pages = int(paged.page_table.t.shape[1]);
     s.layout = cfg.layout;
@@ -167,7 +169,7 @@ struct Bench {
     a.kv = kv;
     a.cu_seqlens_q = cu_q.t;
     if (q2k) a.q2k = q2k_d.t;
-    a.out = Tensor(out.get(), p.out_dtype(), {p.total_q(), p.hq, 128}, gpu0());
+    a.out = Tensor(out.get(), p.out_dtype(), {p.total_q(), p.hq, p.dim}, gpu0());
     a.lse = Tensor(lse.get(), DType::f32, {p.hq, p.total_q()}, gpu0());
     a.params = params();
     a.status = Tensor(status.get(), DType::i32, {4}, gpu0());
@@ -191,7 +193,7 @@ struct Bench {
   Outputs reference() const {
     DecodePlan cpu;
     cpu.plan(shape(Device{}), nullptr, Tensor());
-    Outputs o(p.out_dtype(), p.total_q(), p.hq, 128);
+    Outputs o(p.out_dtype(), p.total_q(), p.hq, p.dim);
     cpu.run(make_args(p, paged.cache(), o, q2k ? &*q2k : nullptr, params()));
     return o;
   }
@@ -201,7 +203,7 @@ struct Bench {
   void expect_matches_reference(const char* what = "") {
     SCOPED_TRACE(describe(cfg) + " " + what);
     const Outputs ref = reference();
-    const int64_t n = p.total_q() * p.hq * 128;
+    const int64_t n = p.total_q() * p.hq * p.dim;
     const auto got = out.download<uint16_t>(size_t(n), stream);
     const auto got_lse = lse.download<float>(size_t(p.hq * p.total_q()), stream);
     EXPECT_EQ(status_words()[0], 0) << describe_status(status_words().data());
@@ -329,6 +331,172 @@ TEST(DecodeGpu, DenseAnyGroup) {
   c.seed = seed++;
   Bench t(c);
   expect_error([&] { t.plan_gpu(); }, "a sparse call's GQA group Hq/Hkv must be 1, 2, 4, 8 or 16");
+}
+
+// Plans sparse config c, captures its run in a CUDA graph and replays it `replays` times: with the
+// planned lengths, then random lengths within the plan (lengths_seed), each with a new q2k (seeds
+// ids_seed + replay, sorted on even replays), poisoned outputs and a cleared status, against the
+// CPU reference.
+void expect_graph_replays(const Config& c, int replays, unsigned lengths_seed, unsigned ids_seed) {
+  Bench t(c);
+  t.plan_gpu();
+  const AttentionArgs args = t.gpu_args();
+  const Tensor status(t.status.get(), DType::i32, {4}, gpu0());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MSA_CUDA_CHECK(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeGlobal));
+  t.run(args);
+  MSA_CUDA_CHECK(cudaStreamEndCapture(t.stream, &graph));
+  MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::mt19937 rng(lengths_seed);
+  const size_t batch = c.lk.size();
+  for (int replay = 0; replay < replays; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    std::vector<int32_t> lk(batch);
+    for (size_t b = 0; b < batch; ++b)
+      lk[b] = replay == 0 ? c.lk[b] : int32_t(rng() % (c.lk[b] + 1));  // within the plan
+    std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
+    std::mt19937 ids_rng(ids_seed + replay);
+    t.ids = random_q2k(t.p.lq, lk, t.p.hkv, c.topk, c.blk, ids_rng, /*sorted=*/replay % 2 == 0);
+    std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
+    copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
+    copy_to_device(t.paged.seqused_k, t.seqused.buf, t.stream);
+    t.out.poison(t.stream);
+    t.lse.poison(t.stream);
+    clear_status(status, t.stream);
+    MSA_CUDA_CHECK(cudaGraphLaunch(exec, t.stream));
+    t.expect_matches_reference("graph replay");
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// Head dims 64 and 256 (docs/kernels/decode.md, Head dims) against the CPU reference: bf16 and
+// f16, both layouts, pages of 16-256 slots, odd lengths and empty requests (no queries, no keys),
+// G 1, 5, 8, 16 and, dense, 48 and (D = 256: chunks of a query's heads) 96 and 128, both CTA
+// widths where the rows allow 4 warps, dense and sparse (topk 40: the one-query union past 32
+// ids); FP8 e4m3 KV (scales per tensor and per slot and head) and FP8 queries at 256, FP8 queries
+// over bf16 KV at 64. Then a long request split over many CTAs (the in-kernel combine, with head
+// chunks), a CUDA graph replayed with new lengths and q2k, and the refusals.
+TEST(DecodeGpu, HeadDims) {
+  MSA_REQUIRE_GPU();
+  struct Shape {
+    int64_t d, g, hkv, page;
+    KVLayout layout;
+    DType q;
+    int max_q;
+    int64_t topk = 0;
+    int blk = 128;
+    DType kv = DType::bf16;  // FP8 KV where fp8_e4m3, else q's type (bf16 for FP8 q)
+    Fp8Scale scales = Fp8Scale::per_tensor;
+  };
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const DType bf16 = DType::bf16, f16 = DType::f16, e4m3 = DType::fp8_e4m3;
+  std::vector<Shape> shapes = {
+      {64, 1, 4, 16, nhd, bf16, 8},
+      {64, 5, 2, 32, hnd, f16, 6},
+      {64, 8, 2, 64, nhd, bf16, 3, 6, 64},
+      {64, 16, 1, 128, hnd, f16, 8},
+      {64, 16, 2, 256, nhd, bf16, 1, 40},
+      {64, 48, 1, 64, hnd, bf16, 2},
+      {64, 8, 2, 32, nhd, e4m3, 4},
+      {256, 1, 4, 16, hnd, bf16, 16},
+      {256, 5, 2, 64, nhd, f16, 8},
+      {256, 8, 2, 32, nhd, bf16, 4, 8, 64},
+      {256, 16, 1, 256, hnd, bf16, 4},
+      {256, 16, 2, 128, nhd, f16, 1, 40},
+      {256, 96, 1, 64, hnd, bf16, 2},
+      {256, 128, 1, 32, nhd, f16, 1},
+      {256, 8, 2, 64, nhd, bf16, 4, 0, 128, e4m3},
+      {256, 16, 1, 128, hnd, f16, 2, 6, 128, e4m3},
+      {256, 4, 2, 16, hnd, bf16, 8, 0, 128, e4m3, Fp8Scale::per_token_head},
+      {256, 8, 2, 32, nhd, e4m3, 4, 0, 128, e4m3},
+      {256, 4, 2, 64, hnd, e4m3, 4, 5, 64},
+  };
+  if (small_tests()) shapes.resize(10);
+  std::mt19937 rng(14);
+  unsigned seed = 1400;
+  for (int warps : kWidths)
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE("forced width " + std::to_string(warps));
+      Config c = random_config(rng, 5, sh.max_q, small_tests() ? 600 : 2500, true);
+      c.lq[0] = std::max(c.lq[0], 1);
+      c.lk[0] = int32_t(2 * sh.page + 1);  // odd: a last page of one key
+      c.warps = warps;
+      c.dim = sh.d;
+      c.hq = sh.g * sh.hkv;
+      c.hkv = sh.hkv;
+      c.page_size = sh.page;
+      c.layout = sh.layout;
+      c.q_dtype = sh.q;
+      c.kv_dtype = sh.kv;
+      c.k_scale = c.v_scale = sh.scales;
+      c.topk = sh.topk;
+      c.blk = sh.blk;
+      c.row_pad = (seed % 3) * 16;  // elements: 16-byte rows for FP8 too
+      c.seed = seed++;
+      Bench t(c);
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+    }
+
+  // Splits: one long request and a short one over few CTAs, so the planner splits them and the
+  // last split of each combines (at D = 256 G = 128 the combine writes head chunk 64-127 too).
+  for (const Shape& sh : {Shape{64, 16, 2, 128, nhd, bf16, 8}, Shape{256, 128, 1, 64, hnd, f16, 1},
+                          Shape{256, 16, 1, 64, nhd, bf16, 1, 16}}) {
+    Config c;
+    c.lq = {sh.max_q, 1};
+    c.lk = {small_tests() ? 5000 : 30001, 700};
+    c.dim = sh.d;
+    c.hq = sh.g * sh.hkv;
+    c.hkv = sh.hkv;
+    c.page_size = sh.page;
+    c.layout = sh.layout;
+    c.q_dtype = sh.q;
+    c.topk = sh.topk;
+    c.seed = seed++;
+    Bench t(c);
+    t.plan_gpu();
+    t.run_gpu();
+    t.expect_matches_reference("split");
+  }
+
+  // A captured graph replayed with new lengths and q2k, at each new head dim.
+  for (int64_t d : {64, 256}) {
+    SCOPED_TRACE("graph, D " + std::to_string(d));
+    Config c;
+    c.lq = {1, 4, 2};
+    c.lk = {3000, 257, 900};
+    c.dim = d;
+    c.hq = 16;
+    c.hkv = 2;
+    c.page_size = 32;
+    c.topk = 8;
+    c.seed = seed++;
+    expect_graph_replays(c, 3, unsigned(d), 3000);
+  }
+
+  // Refused: FP8 KV at 64, NVFP4 KV away from 128, head dims without kernels.
+  const auto refused = [&](int64_t d, DType kv, const std::string& what) {
+    Config c;
+    c.lq = {1, 2};
+    c.lk = {100, 300};
+    c.dim = d;
+    c.kv_dtype = kv;
+    c.seed = seed++;
+    Bench t(c);
+    expect_error([&] { t.plan_gpu(); }, what);
+  };
+  refused(64, DType::fp8_e4m3,
+          "decode shape: CUDA decode takes fp8_e4m3 KV at head_dim 128 or 256, got head_dim 64");
+  refused(64, DType::fp4x2,
+          "decode shape: CUDA decode takes fp4x2 (NVFP4) KV at head_dim 128 only, got "
+          "head_dim 64");
+  refused(256, DType::fp4x2,
+          "decode shape: CUDA decode takes fp4x2 (NVFP4) KV at head_dim 128 only, got "
+          "head_dim 256");
+  refused(96, DType::bf16, "decode shape: CUDA decode takes head_dim 64, 128 or 256, got 96");
 }
 
 // At each CTA width: 4 requests of 1..max_q queries and up to 3000 keys (600 small), Hq 32 over
@@ -725,36 +893,7 @@ TEST(DecodeGpu, GraphReplayWithNewLengthsAndQ2K) {
     c.page_size = 32;
     c.topk = 8;
     c.seed = 1000;
-    Bench t(c);
-    t.plan_gpu();
-    const AttentionArgs args = t.gpu_args();
-    const Tensor status(t.status.get(), DType::i32, {4}, gpu0());
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    MSA_CUDA_CHECK(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeGlobal));
-    t.run(args);
-    MSA_CUDA_CHECK(cudaStreamEndCapture(t.stream, &graph));
-    MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    std::mt19937 rng(11);
-    for (int replay = 0; replay < 4; ++replay) {
-      SCOPED_TRACE("replay " + std::to_string(replay));
-      std::vector<int32_t> lk(4);
-      for (int b = 0; b < 4; ++b)
-        lk[b] = replay == 0 ? c.lk[b] : int32_t(rng() % (c.lk[b] + 1));  // within the plan
-      std::copy(lk.begin(), lk.end(), t.paged.seqused_k.data<int32_t>());
-      std::mt19937 ids_rng(2000 + replay);
-      t.ids = random_q2k(t.p.lq, lk, t.p.hkv, c.topk, c.blk, ids_rng, /*sorted=*/replay % 2 == 0);
-      std::copy(t.ids.begin(), t.ids.end(), t.q2k->data<int32_t>());
-      copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
-      copy_to_device(t.paged.seqused_k, t.seqused.buf, t.stream);
-      t.out.poison(t.stream);
-      t.lse.poison(t.stream);
-      clear_status(status, t.stream);
-      MSA_CUDA_CHECK(cudaGraphLaunch(exec, t.stream));
-      t.expect_matches_reference("graph replay");
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    expect_graph_replays(c, 4, 11, 2000);
   }
 }
 

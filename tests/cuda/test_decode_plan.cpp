@@ -3,7 +3,7 @@
 // and lengths with either width, that the split-KV work list covers every (request, query chunk)
 // unit's tiles exactly once in contiguous items, that its jobs and partial slots are consistent,
 // that it is flagged as the identity exactly when it is one, and that it fits the workspace the
-// shape alone sizes.
+// shape alone sizes; the same at head dims 64 and 256, with 256's chunks of a query's heads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -151,15 +151,21 @@ void expect_valid_work_list(const DecodeShape& s, int warps, const std::vector<i
   }
 }
 
-TEST(DecodePlan, WorkListsCoverEveryUnitOnce) {
-  std::mt19937 rng(17);
-  for (int trial = 0; trial < 200; ++trial) {
+// Random shapes and lengths, either width, against expect_valid_work_list. other_dims: head dims
+// 64 and 256 with dense groups up to 128 (D = 256: chunks of a query's heads past 64), else
+// D = 128 with G 1..16.
+void expect_valid_random_work_lists(unsigned seed, int trials, bool other_dims) {
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < trials; ++trial) {
     const int batch = 1 + int(rng() % (trial % 10 == 0 ? 3000 : 40));
     const int queries = 1 + int(rng() % 9);
     const int64_t keys = 1 + int64_t(rng() % 300000);
     const int topk = trial % 2 == 0 ? 0 : 1 + int(rng() % 64);
-    DecodeShape s = shape(batch, queries, keys, topk, trial % 3 == 0 ? DType::fp8_e4m3 : DType::bf16);
-    const int g = 1 << (rng() % 5);  // G 1..16
+    const int d = !other_dims ? 128 : trial % 3 == 0 ? 64 : 256;
+    const bool fp8 = other_dims ? d == 256 && trial % 4 == 1 : trial % 3 == 0;
+    DecodeShape s = shape(batch, queries, keys, topk, fp8 ? DType::fp8_e4m3 : DType::bf16);
+    s.head_dim = d;
+    const int g = other_dims && topk == 0 ? 1 + int(rng() % 128) : 1 << (rng() % 5);
     s.num_kv_heads = 1 + int(rng() % 4);
     s.num_q_heads = g * s.num_kv_heads;
     s.kv_block_size = trial % 4 == 1 ? 64 : 128;
@@ -167,13 +173,76 @@ TEST(DecodePlan, WorkListsCoverEveryUnitOnce) {
     for (int64_t& l : lengths)
       l = rng() % 5 == 0 ? 0 : int64_t(rng() % (int64_t(s.max_pages) * s.page_size + 1));
     for (int warps : {4, 8}) {
-      SCOPED_TRACE(testing::Message() << "trial " << trial << ": B " << batch << " q " << queries
-                                      << " keys " << keys << " topk " << topk << " G " << g
-                                      << " width " << warps);
+      SCOPED_TRACE(testing::Message() << "trial " << trial << ": D " << d << " B " << batch
+                                      << " q " << queries << " keys " << keys << " topk " << topk
+                                      << " G " << g << " width " << warps);
       expect_valid_work_list(s, warps, lengths);
     }
   }
 }
+
+TEST(DecodePlan, WorkListsCoverEveryUnitOnce) { expect_valid_random_work_lists(17, 200, false); }
+
+// Head dims 64 and 256 (plan.h dim_parts): D = 64 plans as D = 128 (128 rows, 64 at 4 warps);
+// D = 256 CTAs hold 64 rows (32 at 4 warps), and a larger group splits into chunks of its heads
+// (head_chunks), each a unit of its own. Partials scale with D; kinds without kernels at a head
+// dim are refused.
+TEST(DecodePlan, HeadDims) {
+  struct Case {
+    int d, g, queries;
+    int rows_max, head_chunks, heads_per_chunk, chunks;
+    bool narrow;  // a plan of 4 warps holds (forced)
+  };
+  const Case cases[] = {
+      {64, 16, 8, 128, 1, 16, 1, false},  {64, 16, 4, 64, 1, 16, 1, true},
+      {64, 128, 3, 128, 1, 128, 3, false}, {128, 5, 30, 125, 1, 5, 2, false},
+      {256, 16, 8, 64, 1, 16, 2, false},  {256, 8, 4, 32, 1, 8, 1, true},
+      {256, 5, 30, 60, 1, 5, 3, false},   {256, 64, 2, 64, 1, 64, 2, false},
+      {256, 65, 2, 33, 2, 33, 4, false},  {256, 96, 3, 48, 2, 48, 6, false},
+      {256, 128, 1, 64, 2, 64, 2, false}, {256, 1, 40, 40, 1, 1, 1, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "D " << c.d << " G " << c.g << " queries " << c.queries);
+    DecodeShape s = shape(64, c.queries, 4096, 0);
+    s.head_dim = c.d;
+    s.num_kv_heads = 2;
+    s.num_q_heads = c.g * 2;
+    const Geometry g = geometry(s, kH200, 8);
+    EXPECT_EQ(g.rows_max, c.rows_max);
+    EXPECT_EQ(g.head_chunks, c.head_chunks);
+    EXPECT_EQ(g.heads_per_chunk, c.heads_per_chunk);
+    EXPECT_EQ(g.chunks, c.chunks);
+    EXPECT_EQ(geometry(s, kH200, 4).warps, c.narrow ? 4 : 8);
+    // Every (query, head) row in exactly one chunk: chunks x rows cover queries x G.
+    EXPECT_GE(int64_t(g.chunks) * g.rows_max, int64_t(c.queries) * c.g);
+    EXPECT_LE(g.rows_max, max_rows(c.d));
+    // part_o holds rows_max x D floats per (partial, kv head).
+    EXPECT_EQ(g.bytes - g.off_part_o,
+              (size_t(g.max_partials) * 2 * g.rows_max * c.d * sizeof(float) + 255) / 256 * 256);
+    expect_valid_work_list(s, 8, std::vector<int64_t>(64, 4096));
+  }
+  // Two 4-warp CTAs share an SM at every head dim (stages of the same bytes).
+  for (int d : {64, 256}) {
+    DecodeShape s = shape(2048, 1, 4096, 16);
+    s.head_dim = d;
+    const Geometry g = geometry(s, kH200);
+    EXPECT_EQ(g.warps, 4) << "D " << d;
+    EXPECT_EQ(g.ctas_per_sm, 2) << "D " << d;
+    s.kv_dtype = DType::fp4x2;
+    EXPECT_THROW(geometry(s, kH200), Error) << "NVFP4 KV at D " << d;
+  }
+  DecodeShape s = shape(4, 1, 4096, 0, DType::fp8_e4m3);
+  s.head_dim = 64;
+  EXPECT_THROW(geometry(s, kH200), Error) << "FP8 KV at D 64";
+  s.head_dim = 256;
+  EXPECT_EQ(geometry(s, kH200).head_dim, 256);
+  s.head_dim = 96;
+  s.kv_dtype = DType::bf16;
+  EXPECT_THROW(geometry(s, kH200), Error) << "D 96";
+}
+
+// The same at head dims 64 and 256.
+TEST(DecodePlan, HeadDimWorkLists) { expect_valid_random_work_lists(23, 120, true); }
 
 }  // namespace
 }  // namespace msa::cuda::decode

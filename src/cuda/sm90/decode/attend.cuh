@@ -57,12 +57,16 @@ __device__ __forceinline__ float2 to_float2(uint32_t v) {
     return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
-// One warp's 16 rows (thread rows g = lane / 4 and g + 8).
-template <typename TQ, KV kKV>
+// One warp's 16 rows (thread rows g = lane / 4 and g + 8) at head dim kD: Q over all kD dims,
+// O over the warp's kOutDims of them (its dim part, plan.h dim_parts; all kD below 256).
+template <typename TQ, KV kKV, int kD>
 struct WarpTile {
   using TM = std::conditional_t<kF16Math<kKV>, __half, OutT<TQ>>;  // MMA operand type
-  uint32_t qa[8][4];  // Q A-fragments, k-steps of 16 head dims (order: q_dim)
-  float o[16][4];     // O accumulators, n-tiles of 8 head dims (order: o_dim)
+  static constexpr int kKSteps = kD / 16;
+  static constexpr int kOutDims = kD / dim_parts(kD);
+  static constexpr int kOutTiles = kOutDims / 8;
+  uint32_t qa[kKSteps][4];  // Q A-fragments, k-steps of 16 head dims (order: q_dim)
+  float o[kOutTiles][4];    // O accumulators, n-tiles of 8 head dims (order: o_dim)
   float m[2], l[2];   // running max (log2 units) and this thread's part of the row sum
   float rs[2];        // score scale per row: softmax_scale * log2(e) * K dequant / Q prescale
   int climit[2];      // last key the row may see (causal); -1 for padding rows
@@ -85,12 +89,12 @@ __device__ __forceinline__ float q_scale_at(const DecodeParams& p, int64_t t, in
 
 // Row i (0: g, 1: g + 8) of the Q A-fragments from an e4m3 row, converted exactly to the MMA
 // type: f16 (quantized KV) or bf16 (bf16 KV).
-template <KV kKV>
-__device__ __forceinline__ void load_q_row(WarpTile<__nv_fp8_e4m3, kKV>& w,
+template <KV kKV, int kD>
+__device__ __forceinline__ void load_q_row(WarpTile<__nv_fp8_e4m3, kKV, kD>& w,
                                            const __nv_fp8_e4m3* q_row, int i, int c, bool valid) {
   const auto* row = reinterpret_cast<const uint8_t*>(q_row);
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks)
+  for (int ks = 0; ks < kD / 16; ++ks)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const uint16_t pair =
@@ -100,11 +104,11 @@ __device__ __forceinline__ void load_q_row(WarpTile<__nv_fp8_e4m3, kKV>& w,
     }
 }
 // The same from a bf16 / f16 row.
-template <typename TQ, KV kKV>
-__device__ __forceinline__ void load_q_row(WarpTile<TQ, kKV>& w, const TQ* row, int i, int c,
+template <typename TQ, KV kKV, int kD>
+__device__ __forceinline__ void load_q_row(WarpTile<TQ, kKV, kD>& w, const TQ* row, int i, int c,
                                            bool valid) {
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks)
+  for (int ks = 0; ks < kD / 16; ++ks)
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       w.qa[ks][i + 2 * half] =
@@ -115,11 +119,11 @@ __device__ __forceinline__ void load_q_row(WarpTile<TQ, kKV>& w, const TQ* row, 
 // bf16 / f16 q for f16 MMAs (quantized KV): scales each row by a power of two so its largest |q|
 // lands in [2^14, 2^15): no overflow for any bf16 q, full f16 precision; qscale gets the factor
 // back.
-template <typename TQ, KV kKV>
-__device__ __forceinline__ void prescale_q_f16(WarpTile<TQ, kKV>& w, float (&qscale)[2]) {
+template <typename TQ, KV kKV, int kD>
+__device__ __forceinline__ void prescale_q_f16(WarpTile<TQ, kKV, kD>& w, float (&qscale)[2]) {
   float amax[2] = {0.f, 0.f};
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks)
+  for (int ks = 0; ks < kD / 16; ++ks)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float2 f = to_float2<TQ>(w.qa[ks][k]);
@@ -139,7 +143,7 @@ __device__ __forceinline__ void prescale_q_f16(WarpTile<TQ, kKV>& w, float (&qsc
     qscale[i] = ldexpf(1.f, -shift[i]);
   }
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks)
+  for (int ks = 0; ks < kD / 16; ++ks)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float2 f = to_float2<TQ>(w.qa[ks][k]);
@@ -147,20 +151,21 @@ __device__ __forceinline__ void prescale_q_f16(WarpTile<TQ, kKV>& w, float (&qsc
     }
 }
 
-// Loads Q rows [16 rt, 16 rt + 16) of a CTA serving `rows` rows (query qi = row / G of token
-// t0 + qi, head h * G + row % G). k_mult: K dequant factor (fp8: k_scale, nvfp4: its global
-// scale). An e4m3 row's q scale joins its score scale.
-template <typename TQ, KV kKV>
-__device__ __forceinline__ void load_q(WarpTile<TQ, kKV>& w, const DecodeParams& p, int rt,
-                                       int rows, int64_t t0, int h, int q0, int lq, int lk,
-                                       float k_mult) {
+// Loads Q rows [16 rt, 16 rt + 16) of a CTA serving `rows` rows (row r is row hbase + r of
+// query_of: query qi of token t0 + qi, head h * G + (hbase + r) % G; hbase > 0 only for a chunk
+// of a query's heads, plan.h head_chunks). k_mult: K dequant factor (fp8: k_scale, nvfp4: its
+// global scale). An e4m3 row's q scale joins its score scale.
+template <typename TQ, KV kKV, int kD>
+__device__ __forceinline__ void load_q(WarpTile<TQ, kKV, kD>& w, const DecodeParams& p, int rt,
+                                       int rows, int hbase, int64_t t0, int h, int q0, int lq,
+                                       int lk, float k_mult) {
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   float qscale[2] = {1.f, 1.f};
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = rt * 16 + g + 8 * i;
     const bool valid = r < rows;
-    const int qi = query_of(p, r), hq = h * p.group + (r - qi * p.group);
+    const int qi = query_of(p, hbase + r), hq = h * p.group + (hbase + r - qi * p.group);
     w.climit[i] = !valid ? -1 : p.causal ? q0 + qi + lk - lq : INT_MAX;
     w.qbit[i] = valid ? 1u << qi : 0u;
     const int64_t off = (t0 + qi) * p.q_stride_t + int64_t(hq) * p.q_stride_h;
@@ -176,49 +181,56 @@ __device__ __forceinline__ void load_q(WarpTile<TQ, kKV>& w, const DecodeParams&
     w.l[i] = 0.f;
   }
 #pragma unroll
-  for (int nt = 0; nt < 16; ++nt)
+  for (int nt = 0; nt < w.kOutTiles; ++nt)
 #pragma unroll
     for (int k = 0; k < 4; ++k) w.o[nt][k] = 0.f;
 }
 
-// Attends the warp's rows to key slots [kb, kb + 8 nn) of one stage of kS slots (nn in {2, 4, 8}).
-// sel0 / sel1: whether the thread's rows selected these slots' block (always true for dense).
+// Attends the warp's rows to key slots [kb, kb + 8 nn) of one stage of kS slots (nn in {2, 4, 8},
+// at most kTiles: traits.h kWindowKeys / 8):
+// S over all kD head dims from the K region at k_stage, O over the warp's kOutDims from the V
+// region at v_stage (the first line of its dim part). sel0 / sel1: whether the thread's rows
+// selected these slots' block (always true for dense).
 // whole (warp-uniform): every slot of the window holds a key that every row of the warp sees and
 // selected, so the masks are skipped (the same values as the masked path: only the selects go).
 // kSlotScales (FP8 with per-slot scales, load.cuh): slot_scale[slot] multiplies the slot's scores
 // (in f32, before the softmax) and slot_scale[kS + slot] its probability in the P V product. P
 // enters the f16 MMA as P * vs / vref <= 256 (WarpTile::vref), so no V scale can overflow it.
-template <int kS, bool kSlotScales, typename TQ, KV kKV>
-__device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, uint32_t v_stage,
-                                       const int* slot_key, const float* slot_scale, int kb,
-                                       int nn, bool sel0, bool sel1, bool whole) {
-  using TM = typename WarpTile<TQ, kKV>::TM;
+template <int kS, int kTiles, bool kSlotScales, typename TQ, KV kKV, int kD>
+__device__ __forceinline__ void attend(WarpTile<TQ, kKV, kD>& w, uint32_t k_stage,
+                                       uint32_t v_stage, const int* slot_key,
+                                       const float* slot_scale, int kb, int nn, bool sel0,
+                                       bool sel1, bool whole) {
+  using WT = WarpTile<TQ, kKV, kD>;
+  using TM = typename WT::TM;
   constexpr bool kFp8 = kByteStage<kKV>;  // e4m3 bytes in the stage
+  constexpr int kKLines = kRowLines<kKV, kD>;                 // lines of a K row
+  constexpr int kVLines = kKLines / dim_parts(kD);            // lines of the warp's V part
   const int lane = threadIdx.x & 31, c = lane & 3;
-  float s[8][4];
+  float s[kTiles][4];
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
     for (int k = 0; k < 4; ++k) s[nt][k] = 0.f;
 
   // S = Q K^T: ldmatrix rows are keys, so each register is a B fragment.
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < kTiles; ++nt) {
     if (nt >= nn) break;
     const int row = kb + 8 * nt + (lane & 7);
     if constexpr (!kFp8) {
 #pragma unroll
-      for (int pp = 0; pp < 4; ++pp) {
+      for (int pp = 0; pp < kD / 32; ++pp) {
         uint32_t r[4];
-        sm80::ldmatrix_x4(r, k_stage + tile_offset<false, kS>(row, 4 * pp + (lane >> 3)));
+        sm80::ldmatrix_x4(r, k_stage + tile_offset<kKLines, kS>(row, 4 * pp + (lane >> 3)));
         sm80::mma_16816<TM>(s[nt], w.qa[2 * pp], r[0], r[1]);
         sm80::mma_16816<TM>(s[nt], w.qa[2 * pp + 1], r[2], r[3]);
       }
     } else {
 #pragma unroll
-      for (int pp = 0; pp < 2; ++pp) {
+      for (int pp = 0; pp < kD / 64; ++pp) {
         uint32_t r[4];
-        sm80::ldmatrix_x4(r, k_stage + tile_offset<true, kS>(row, 4 * pp + (lane >> 3)));
+        sm80::ldmatrix_x4(r, k_stage + tile_offset<kKLines, kS>(row, 4 * pp + (lane >> 3)));
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi) {
           uint32_t b0, b1;
@@ -231,7 +243,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
 
   if constexpr (kSlotScales) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < kTiles; ++nt) {
       if (nt >= nn) break;
       const float2 ks = *reinterpret_cast<const float2*>(slot_scale + kb + 8 * nt + 2 * c);
       s[nt][0] *= ks.x;
@@ -246,7 +258,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
   float mx[2] = {-INFINITY, -INFINITY};
   if (whole) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < kTiles; ++nt) {
       if (nt >= nn) break;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -258,7 +270,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
     }
   } else {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < kTiles; ++nt) {
       if (nt >= nn) break;
       const int2 jj = *reinterpret_cast<const int2*>(slot_key + kb + 8 * nt + 2 * c);
 #pragma unroll
@@ -272,9 +284,9 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
     }
   }
   // Lazy rescaling: a row's reference max w.m moves only when the new max passes it by more than
-  // kSlack (log2 units), so most steps skip the 64 multiplies of O. Exact: any reference works as
-  // long as the terms stay finite, and exp2(s - w.m) <= 2^kSlack = 256 here (f16 / bf16 P keep
-  // their relative precision; l and O are f32). A row whose keys were all masked so far keeps
+  // kSlack (log2 units), so most steps skip the multiplies of O (64 at D = 128). Exact: any
+  // reference works as long as the terms stay finite, and exp2(s - w.m) <= 2^kSlack = 256 here
+  // (f16 / bf16 P keep their relative precision; l and O are f32). A row whose keys were all masked so far keeps
   // w.m = -inf, and its terms use 0 as the reference: exp2(-inf - 0) = 0, no NaN.
   constexpr float kSlack = 8.f;
   bool grow[2];
@@ -293,14 +305,14 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
       w.l[i] *= alpha[i];
     }
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
+    for (int nt = 0; nt < WT::kOutTiles; ++nt)
 #pragma unroll
       for (int k = 0; k < 4; ++k) w.o[nt][k] *= alpha[k >> 1];
   }
   const float mu[2] = {w.m[0] == -INFINITY ? 0.f : w.m[0], w.m[1] == -INFINITY ? 0.f : w.m[1]};
   float sum[2] = {0.f, 0.f};
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < kTiles; ++nt) {
     if (nt >= nn) break;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -313,10 +325,10 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
   if constexpr (kSlotScales) {
     // The window's V scales; the reference rises (O rescaled by an exact power of two) when one
     // passes it. NaN scales never raise it (fmaxf) and reach O through their P as NaN.
-    float2 vs[8];
+    float2 vs[kTiles];
     float amax = 0.f;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < kTiles; ++nt) {
       if (nt >= nn) break;
       vs[nt] = *reinterpret_cast<const float2*>(slot_scale + kS + kb + 8 * nt + 2 * c);
       amax = fmaxf(amax, fmaxf(fabsf(vs[nt].x), fabsf(vs[nt].y)));
@@ -329,14 +341,14 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
       const float ref = ldexpf(1.f, min(ex + 4, 127));
       const float alpha = w.vref / ref;  // 0 from the start (O is 0), else 2^-k
 #pragma unroll
-      for (int nt = 0; nt < 16; ++nt)
+      for (int nt = 0; nt < WT::kOutTiles; ++nt)
 #pragma unroll
         for (int k = 0; k < 4; ++k) w.o[nt][k] *= alpha;
       w.vref = ref;
       w.vinv = 1.f / ref;
     }
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < kTiles; ++nt) {
       if (nt >= nn) break;
       const float vx = vs[nt].x * w.vinv, vy = vs[nt].y * w.vinv;
       s[nt][0] *= vx;
@@ -350,7 +362,7 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
   // ldmatrix.trans so each register pairs two keys of one head dim.
   const int vrow_in = ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < kTiles / 2; ++kk) {
     if (2 * kk >= nn) break;
     const uint32_t a[4] = {sm80::pack2<TM>(s[2 * kk][0], s[2 * kk][1]),
                            sm80::pack2<TM>(s[2 * kk][2], s[2 * kk][3]),
@@ -359,9 +371,9 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
     const int vrow = kb + 16 * kk + vrow_in;
     if constexpr (!kFp8) {
 #pragma unroll
-      for (int qq = 0; qq < 8; ++qq) {
+      for (int qq = 0; qq < WT::kOutDims / 16; ++qq) {
         uint32_t r[4];
-        sm80::ldmatrix_x4_trans(r, v_stage + tile_offset<false, kS>(vrow, 2 * qq + (lane >> 4)));
+        sm80::ldmatrix_x4_trans(r, v_stage + tile_offset<kVLines, kS>(vrow, 2 * qq + (lane >> 4)));
         sm80::mma_16816<TM>(w.o[2 * qq], a, r[0], r[1]);
         sm80::mma_16816<TM>(w.o[2 * qq + 1], a, r[2], r[3]);
       }
@@ -369,9 +381,9 @@ __device__ __forceinline__ void attend(WarpTile<TQ, kKV>& w, uint32_t k_stage, u
       // A trans register of fp8 bytes holds [key 2c: d, d+1 | key 2c+1: d, d+1]: bytes 0, 2
       // pair the keys at head dim d, bytes 1, 3 at d + 1 (two n-tiles per segment).
 #pragma unroll
-      for (int qq = 0; qq < 4; ++qq) {
+      for (int qq = 0; qq < WT::kOutDims / 32; ++qq) {
         uint32_t r[4];
-        sm80::ldmatrix_x4_trans(r, v_stage + tile_offset<true, kS>(vrow, 2 * qq + (lane >> 4)));
+        sm80::ldmatrix_x4_trans(r, v_stage + tile_offset<kVLines, kS>(vrow, 2 * qq + (lane >> 4)));
         uint32_t e[4][2];  // e[i]: register i as its (0, 2) and (1, 3) byte pairs
 #pragma unroll
         for (int i = 0; i < 4; ++i) sm80::e4m3x4_pairs_02_13(r[i], e[i][0], e[i][1]);

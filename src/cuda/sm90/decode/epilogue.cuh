@@ -29,28 +29,32 @@ __device__ __forceinline__ void write_out4(const DecodeParams& p, int64_t t, int
   *reinterpret_cast<uint2*>(dst) = packed;
 }
 
-// Scratch layout in the (drained) pipeline smem: O rows [max_rows][kOutStride] f32, then m, l
-// and the merge weights, one per scratch row.
+// Scratch layout in the (drained) pipeline smem: O rows [max_rows][kOutStride<kD>] f32, then m,
+// l and the merge weights, one per scratch row.
 struct MergeSmem {
   float* o;
   float* m;
   float* l;
   float* w;
 };
+template <int kD>
 __device__ __forceinline__ MergeSmem merge_smem(void* base, int max_rows) {
   MergeSmem s;
   s.o = static_cast<float*>(base);
-  s.m = s.o + max_rows * kOutStride;
+  s.m = s.o + max_rows * kOutStride<kD>;
   s.l = s.m + max_rows;
   s.w = s.l + max_rows;
   return s;
 }
 
-// The warp's rows g and g + 8 go to scratch rows srow and srow + 8. Whole warp.
-template <typename TQ, KV kKV>
-__device__ __forceinline__ void store_warp(const WarpTile<TQ, kKV>& w, const MergeSmem& s,
-                                           int srow) {
+// The warp's rows g and g + 8 go to scratch rows srow and srow + 8, its O to head dims
+// [d0, d0 + kOutDims) of them (d0 > 0: the second dim part at D = 256). with_ml: this warp writes
+// the rows' (m, l) (the first dim part; the other holds the same values). Whole warp.
+template <typename TQ, KV kKV, int kD>
+__device__ __forceinline__ void store_warp(const WarpTile<TQ, kKV, kD>& w, const MergeSmem& s,
+                                           int srow, int d0, bool with_ml) {
   constexpr bool kFp8 = kByteStage<kKV>;  // o_dim's order of the e4m3-byte stages
+  constexpr int kStride = kOutStride<kD>;
   const int lane = threadIdx.x & 31, c = lane & 3;
   float l[2];
 #pragma unroll
@@ -61,11 +65,11 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kKV>& w, const Mer
   // 8-byte stores of head-dim pairs (d, d + 1): bf16 holds them in o[nt][e = 0, 1], fp8 (o_dim)
   // in o[nt][e] and o[nt + 1][e] for even nt.
   const auto store2 = [&](int d, float2 lo, float2 hi) {
-    *reinterpret_cast<float2*>(s.o + srow * kOutStride + d) = lo;
-    *reinterpret_cast<float2*>(s.o + (srow + 8) * kOutStride + d) = hi;
+    *reinterpret_cast<float2*>(s.o + srow * kStride + d0 + d) = lo;
+    *reinterpret_cast<float2*>(s.o + (srow + 8) * kStride + d0 + d) = hi;
   };
 #pragma unroll
-  for (int nt = 0; nt < 16; ++nt) {
+  for (int nt = 0; nt < w.kOutTiles; ++nt) {
     if constexpr (!kFp8) {
       store2(o_dim<kFp8>(nt, c, 0), make_float2(w.o[nt][0], w.o[nt][1]),
              make_float2(w.o[nt][2], w.o[nt][3]));
@@ -76,7 +80,7 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kKV>& w, const Mer
                make_float2(w.o[nt][2 + e], w.o[nt + 1][2 + e]));
     }
   }
-  if (c == 0) {
+  if (c == 0 && with_ml) {
     s.m[srow] = w.m[0];
     s.l[srow] = l[0];
     s.m[srow + 8] = w.m[1];
@@ -84,8 +88,9 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kKV>& w, const Mer
   }
 }
 
-// Merges the kp key partitions (scratch rows k * 16 nrt + r) of each of the `rows` rows and
-// writes them: out / lse when partial < 0, else partial slot `partial`. v_mult: V dequant factor.
+// Merges the kp key partitions (scratch rows k * 16 nrt + r) of each of the `rows` rows (row r
+// is row hbase + r of query_of, as in load_q) and writes them: out / lse when partial < 0, else
+// partial slot `partial`. v_mult: V dequant factor.
 // kThreads threads (>= rows * kp), this one number tid of them, meeting at named barrier `bar`.
 // First the kp consecutive threads of each row turn its partitions' (m, l) into normalised
 // weights (one exponential each, the row sum by shuffles) and write the LSE; then every thread
@@ -94,10 +99,12 @@ __device__ __forceinline__ void store_warp(const WarpTile<TQ, kKV>& w, const Mer
 // the loops unroll and each thread issues all its shared-memory loads before its sums (with one
 // warp per scheduler left in the CTA, each dependent load would otherwise cost its full latency:
 // per-CTA %globaltimer stamps put this merge at 2-2.5 us per CTA).
-template <typename TQ, int kThreads, int kKp = 0>
+template <typename TQ, int kD, int kThreads, int kKp = 0>
 __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const MergeSmem& s, int rows,
-                                                int nrt, int kp_rt, int partial, int h,
+                                                int hbase, int nrt, int kp_rt, int partial, int h,
                                                 int64_t t0, float v_mult, int tid, uint32_t bar) {
+  constexpr int kStride = kOutStride<kD>;
+  constexpr int kQuads = kD / 4, kQuadShift = kD == 64 ? 4 : kD == 128 ? 5 : 6;  // 4-dim slots
   const int kp = kKp > 0 ? kKp : kp_rt;
   const int stride = kKp > 0 ? 16 : 16 * nrt;  // scratch rows between a row's partitions
   // Thread tid < rows * kp: row tid / kp, partition tid % kp (kp a power of two <= 8, so a row's
@@ -118,9 +125,9 @@ __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const Mer
     if (mine && k == 0) {
       const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
       if (partial < 0) {
-        const int qi = query_of(p, r);
+        const int qi = query_of(p, hbase + r);
         const int64_t t = t0 + qi;
-        const int hq = h * p.group + (r - qi * p.group);
+        const int hq = h * p.group + (hbase + r - qi * p.group);
         if (p.lse) p.lse[int64_t(hq) * p.total_q + t] = lse2 * kLn2;
       } else {
         p.part_lse[(int64_t(partial) * p.num_kv_heads + h) * p.rows_max + r] = lse2;
@@ -130,32 +137,32 @@ __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const Mer
   sm90::named_sync(bar, kThreads);
   const auto write4 = [&](int r, int d, float4 acc) {
     if (partial < 0) {
-      const int qi = query_of(p, r);
-      write_out4<TQ>(p, t0 + qi, h * p.group + (r - qi * p.group), d, acc);
+      const int qi = query_of(p, hbase + r);
+      write_out4<TQ>(p, t0 + qi, h * p.group + (hbase + r - qi * p.group), d, acc);
     } else {
       const int64_t row = (int64_t(partial) * p.num_kv_heads + h) * p.rows_max + r;
-      *reinterpret_cast<float4*>(p.part_o + row * kHeadDim + d) = acc;
+      *reinterpret_cast<float4*>(p.part_o + row * kD + d) = acc;
     }
   };
   if constexpr (kKp > 0) {
-    constexpr int kIters = 16 * 32 / kThreads;  // (row, 4 dims) slots of a 16-row tile per thread
-    static_assert(16 * 32 % kThreads == 0, "merge_and_write: whole passes over a row tile");
+    constexpr int kIters = 16 * kQuads / kThreads;  // (row, 4 dims) slots of a row tile a thread
+    static_assert(16 * kQuads % kThreads == 0, "merge_and_write: whole passes over a row tile");
     float wk[kIters][kKp];
     float4 ok[kIters][kKp];
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const int idx = tid + i * kThreads, r = idx >> 5, d = (idx & 31) * 4;
+      const int idx = tid + i * kThreads, r = idx >> kQuadShift, d = (idx & (kQuads - 1)) * 4;
       const bool valid = r < rows;  // rows past `rows` have no weights (phase 1 wrote none)
 #pragma unroll
       for (int k = 0; k < kKp; ++k) {
         wk[i][k] = valid ? s.w[k * stride + r] : 0.f;
-        ok[i][k] = valid ? *reinterpret_cast<const float4*>(s.o + (k * stride + r) * kOutStride + d)
+        ok[i][k] = valid ? *reinterpret_cast<const float4*>(s.o + (k * stride + r) * kStride + d)
                          : make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const int idx = tid + i * kThreads, r = idx >> 5, d = (idx & 31) * 4;
+      const int idx = tid + i * kThreads, r = idx >> kQuadShift, d = (idx & (kQuads - 1)) * 4;
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int k = 0; k < kKp; ++k) {
@@ -167,13 +174,13 @@ __device__ __forceinline__ void merge_and_write(const DecodeParams& p, const Mer
       if (r < rows) write4(r, d, acc);
     }
   } else {
-    for (int idx = tid; idx < rows * 32; idx += kThreads) {
-      const int r = idx >> 5, d = (idx & 31) * 4;
+    for (int idx = tid; idx < rows * kQuads; idx += kThreads) {
+      const int r = idx >> kQuadShift, d = (idx & (kQuads - 1)) * 4;
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int k = 0; k < kp; ++k) {
         const int sr = k * stride + r;
         const float wgt = s.w[sr];
-        const float4 o = *reinterpret_cast<const float4*>(s.o + sr * kOutStride + d);
+        const float4 o = *reinterpret_cast<const float4*>(s.o + sr * kStride + d);
         acc.x += wgt * o.x;
         acc.y += wgt * o.y;
         acc.z += wgt * o.z;

@@ -1,11 +1,5 @@
-// Decode kernels with FP8 e4m3 KV (per-tensor scales) under bf16 or f16 q.
+// Decode kernels at head dim 128 with FP8 e4m3 KV (per-tensor or per-slot scales) under bf16
+// or f16 q.
 #include "cuda/sm90/decode/launch_kernels.cuh"
-
-namespace msa::cuda::decode {
-template void set_smem_limit<__nv_bfloat16, KV::fp8>();
-template void set_smem_limit<__half, KV::fp8>();
-template void launch<__nv_bfloat16, KV::fp8>(const DecodeParams&, const CUtensorMap&,
-                                          const CUtensorMap&, cudaStream_t);
-template void launch<__half, KV::fp8>(const DecodeParams&, const CUtensorMap&,
-                                          const CUtensorMap&, cudaStream_t);
-}  // namespace msa::cuda::decode
+MSA_DECODE_INSTANTIATE(__nv_bfloat16, fp8, 128)
+MSA_DECODE_INSTANTIATE(__half, fp8, 128)

@@ -1,11 +1,4 @@
-// Decode kernels with KV of q's own type (bf16 q with bf16 KV, f16 with f16).
+// Decode kernels at head dim 128 with KV of q's own type (bf16 q with bf16 KV, f16 with f16).
 #include "cuda/sm90/decode/launch_kernels.cuh"
-
-namespace msa::cuda::decode {
-template void set_smem_limit<__nv_bfloat16, KV::native>();
-template void set_smem_limit<__half, KV::native>();
-template void launch<__nv_bfloat16, KV::native>(const DecodeParams&, const CUtensorMap&,
-                                          const CUtensorMap&, cudaStream_t);
-template void launch<__half, KV::native>(const DecodeParams&, const CUtensorMap&,
-                                          const CUtensorMap&, cudaStream_t);
-}  // namespace msa::cuda::decode
+MSA_DECODE_INSTANTIATE(__nv_bfloat16, native, 128)
+MSA_DECODE_INSTANTIATE(__half, native, 128)

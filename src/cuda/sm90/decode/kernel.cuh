@@ -6,9 +6,11 @@
 // (epilogue.cuh), the last split of a request merges the splits (combine.cuh) and the last CTA
 // whose producers are done writes the status (status.cuh). Included by launch_kernels.cuh only.
 //
-// Consumer roles: rows = queries x G (<= 16 kW) form nrt 16-row tiles; the kW consumer warps
-// split as nrt row tiles x kp key partitions (kp the largest power of two <= kW / nrt), warp w
-// taking row tile w % nrt and keys [kpi * S / kp, ...) of every stage of S slots, kpi = w / nrt.
+// Consumer roles: rows = queries x G (<= 16 kW / parts, parts = plan.h dim_parts: 2 at D = 256,
+// else 1) form nrt 16-row tiles; the kW consumer warps split as parts x nrt row tiles x kp key
+// partitions (kp the largest power of two <= kW / (parts nrt)), warp w = dp nrt kp + kpi nrt + rt
+// taking row tile rt, keys [kpi * S / kp, ...) of every stage of S slots, and the O of head dims
+// [dp D / parts, ...).
 #pragma once
 
 #include "cuda/device/pipeline.cuh"
@@ -70,16 +72,19 @@ struct ConsumerLoop {
   const uint32_t* masks = nullptr;   // union masks; null when every row selected every entry
   int kb0 = 0;                       // the warp's first slot in each stage
   int warp_climit = 0;               // the lowest causal limit of the warp's rows
+  uint32_t v_part = 0;               // bytes from a stage's V region to the warp's dim part
   bool active = false;
 };
 
 // kKw: keys per warp per stage when known at compile time, else 0 (kw_rt at run time).
 // kSlotScales: FP8 K and V scales per slot (attend).
-template <int kKw, int kS, typename Tr, bool kSlotScales, typename TQ, KV kKV>
-__device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kKV>& w,
+template <int kKw, int kS, typename Tr, bool kSlotScales, typename TQ, KV kKV, int kD>
+__device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kKV, kD>& w,
                                         const ConsumerLoop& lp, int kw_rt) {
+  constexpr int kWin = Tr::kWindowKeys, kTiles = kWin / 8;
   const int kw = kKw > 0 ? kKw : kw_rt;
-  const int nn = kKw > 0 ? (kKw / 8 < 8 ? kKw / 8 : 8) : min(8, kw / 8);
+  const uint32_t v_part = Tr::kDimParts > 1 ? lp.v_part : 0u;
+  const int nn = kKw > 0 ? (kKw / 8 < kTiles ? kKw / 8 : kTiles) : min(kTiles, kw / 8);
   const int lane = threadIdx.x & 31;
   const bool in0 = lane < 8 * nn, in1 = lane + 32 < 8 * nn;
   sm90::RingState<Tr::kStages> ring;
@@ -92,7 +97,7 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kKV>
     if (lp.active) {
       const uint32_t k_stage = lp.pipe + uint32_t(ring.stage) * Tr::kStageBytes;
       const int* sk = lp.slot_key + ring.stage * kS;
-      for (int kb = lp.kb0; kb < lp.kb0 + kw; kb += 64) {
+      for (int kb = lp.kb0; kb < lp.kb0 + kw; kb += kWin) {
         const int j0 = in0 ? sk[kb + lane] : -1, j1 = in1 ? sk[kb + lane + 32] : -1;
         const int jmax = __reduce_max_sync(0xffffffffu, max(j0, j1));
         if (jmax < 0) continue;  // no key in the window
@@ -108,9 +113,9 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kKV>
         // row selected the block.
         const int jmin = __reduce_min_sync(0xffffffffu, min(in0 ? j0 : INT_MAX, in1 ? j1 : INT_MAX));
         const bool whole = jmin >= 0 && jmax <= lp.warp_climit && all_sel;
-        attend<kS, kSlotScales>(w, k_stage, k_stage + Tr::kStageKBytes, sk,
-                                kSlotScales ? lp.slot_scale + ring.stage * 2 * kS : nullptr, kb, nn,
-                                sel0, sel1, whole);
+        attend<kS, kTiles, kSlotScales>(w, k_stage, k_stage + Tr::kStageKBytes + v_part, sk,
+                                        kSlotScales ? lp.slot_scale + ring.stage * 2 * kS : nullptr,
+                                        kb, nn, sel0, sel1, whole);
       }
     }
     // Released only while more than kStages steps remain (this one included): the producer syncs
@@ -127,8 +132,8 @@ template <int kW>
 __device__ __forceinline__ void produce_fp4(const DecodeParams& p, const TileSource& src, int s0,
                                             int steps, uint32_t pipe, uint64_t* full,
                                             int* slot_key) {
-  using Tr = Traits<KV::nvfp4, kW>;
   using R = Fp4Ring<kW>;
+  using Tr = typename R::Tr;
   constexpr int kS = Tr::kStageKeys, kRS = Tr::kRawStages;
   constexpr uint32_t kRawBytes = uint32_t(Tr::kRawStageBytes);
   const uint32_t raw0 = pipe + uint32_t(Tr::kPipeBytes);
@@ -168,12 +173,13 @@ __device__ __forceinline__ void produce_fp4(const DecodeParams& p, const TileSou
 // line (launch.cu; unused by NVFP4). kSlotScales: FP8 with per-slot scales (p.slot_scales), a
 // kernel of its own so that the per-tensor kernels keep their code (one runtime branch cost them
 // 1.6% on DEC-MTP).
-template <typename TQ, KV kKV, int kW, bool kSlotScales>
-__global__ void __launch_bounds__(Traits<kKV, kW>::kThreads, kW == 4 ? 2 : 1)
+template <typename TQ, KV kKV, int kW, int kD, bool kSlotScales>
+__global__ void __launch_bounds__(Traits<kKV, kW, kD>::kThreads, kW == 4 ? 2 : 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_v) {
   static_assert(kKV == KV::fp8 || !kSlotScales, "decode_kernel: only FP8 KV takes per-slot scales");
-  using Tr = Traits<kKV, kW>;
+  using Tr = Traits<kKV, kW, kD>;
+  constexpr int kDP = Tr::kDimParts;
   static_assert(Tr::kStages == 2 || Tr::kStages == 3,
                 "decode_kernel: empty_barrier has one case per stage, up to 3");
   extern __shared__ uint8_t smem_raw[];
@@ -196,13 +202,20 @@ __global__ void __launch_bounds__(Traits<kKV, kW>::kThreads, kW == 4 ? 2 : 1)
     sm90::prefetch_l2(p.page_table + int64_t(item.batch) * p.page_table_stride +
                       ((int64_t(item.tile_begin) * kTileKeys) >> p.page_shift));
   const Request rq = load_request(p, item.batch, threadIdx.x == 0);
-  const int q0 = item.chunk * p.queries_per_chunk;
+  // A chunk is queries_per_chunk whole queries, or (head_chunks > 1, only where a query's G rows
+  // exceed the CTA's: D = 256, plan.h) heads [hbase, hbase + heads_per_chunk) of one query.
+  int q0 = item.chunk * p.queries_per_chunk, hbase = 0;
+  if constexpr (Tr::kHeadChunks) {
+    q0 = item.chunk / p.head_chunks;
+    hbase = (item.chunk - q0 * p.head_chunks) * p.heads_per_chunk;
+    q0 *= p.queries_per_chunk;
+  }
   const int nq = min(p.queries_per_chunk, rq.lq - q0);
   if (!rq.ok || nq <= 0) {  // bad cu_seqlens (reported), or fewer queries than this chunk
     arrive_and_finalize(p);
     return;
   }
-  const int rows = nq * p.group;
+  const int rows = Tr::kHeadChunks ? nq * min(p.heads_per_chunk, p.group - hbase) : nq * p.group;
   const int64_t t0 = rq.q_begin + q0;
 
   const uint32_t pipe = sm90::smem_addr(smem);
@@ -265,15 +278,15 @@ __global__ void __launch_bounds__(Traits<kKV, kW>::kThreads, kW == 4 ? 2 : 1)
       const bool evict_first = p.kv_evict_first != 0;
       const uint64_t policy = evict_first ? sm90::l2_evict_first_policy() : 0;
       StageBox cur, next;
-      if (steps > 0) cur = lookup_stage<kKV, kW>(p, src, s0);
+      if (steps > 0) cur = lookup_stage<kKV, kW, kD>(p, src, s0);
       for (int it = 0; it < steps; ++it) {
         const int stage = it % Tr::kStages;
-        if (it + 1 < steps) next = lookup_stage<kKV, kW>(p, src, s0 + (it + 1) * kS);
+        if (it + 1 < steps) next = lookup_stage<kKV, kW, kD>(p, src, s0 + (it + 1) * kS);
         if (it >= Tr::kStages) empty_barrier<true>(stage, Tr::kThreads);
-        issue_stage<kKV, kW>(p, src, cur, &tm_k, &tm_v, &full[stage],
-                              pipe + stage * Tr::kStageBytes, slot_key + stage * kS,
-                              slot_scale ? slot_scale + stage * 2 * kS : nullptr, evict_first,
-                              policy);
+        issue_stage<kKV, kW, kD>(p, src, cur, &tm_k, &tm_v, &full[stage],
+                                 pipe + stage * Tr::kStageBytes, slot_key + stage * kS,
+                                 slot_scale ? slot_scale + stage * 2 * kS : nullptr, evict_first,
+                                 policy);
         sm90::mbar_arrive(&full[stage]);
         sm90::cp_async_mbar_arrive(&full[stage]);
         cur = next;
@@ -286,12 +299,14 @@ __global__ void __launch_bounds__(Traits<kKV, kW>::kThreads, kW == 4 ? 2 : 1)
   sm90::regs_alloc<Tr::kConsumerRegs>();
   const int tid = threadIdx.x - Tr::kProducerThreads;  // consumer thread index
   const int nrt = (rows + 15) >> 4;
-  const int kp_max = kW / nrt;
+  const int kp_max = kW / kDP / nrt;
   const int kp = kp_max >= 8 ? 8 : kp_max >= 4 ? 4 : kp_max >= 2 ? 2 : 1;
   const int kw = kS / kp;  // keys per warp per stage: 16..256
   const int warp = tid >> 5, lane = tid & 31;
-  const bool active = warp < nrt * kp;
-  const int rt = warp % nrt, kpi = warp / nrt;
+  const bool active = warp < nrt * kp * kDP;
+  const int dp = kDP > 1 ? warp / (nrt * kp) : 0;  // the warp's dim part
+  const int wp = warp - dp * nrt * kp;             // its index within the part
+  const int rt = wp % nrt, kpi = wp / nrt;
   // Per-tensor scales apply to S and O (FP8's scale, NVFP4's global scale); with per-slot ones
   // every scale is staged per slot.
   float k_mult = 1.f, v_mult = 1.f;
@@ -302,8 +317,8 @@ __global__ void __launch_bounds__(Traits<kKV, kW>::kThreads, kW == 4 ? 2 : 1)
     k_mult = p.k_global;
     v_mult = p.v_global;
   }
-  WarpTile<TQ, kKV> w;
-  load_q(w, p, active ? rt : 0, active ? rows : 0, t0, h, q0, rq.lq, rq.lk, k_mult);
+  WarpTile<TQ, kKV, kD> w;
+  load_q(w, p, active ? rt : 0, active ? rows : 0, hbase, t0, h, q0, rq.lq, rq.lk, k_mult);
   // The lowest causal limit of the warp's rows (padding rows: -1), for the whole-window test.
   const int warp_climit = __reduce_min_sync(0xffffffffu, min(w.climit[0], w.climit[1]));
 
@@ -321,32 +336,35 @@ __global__ void __launch_bounds__(Traits<kKV, kW>::kThreads, kW == 4 ? 2 : 1)
   lp.masks = nq > 1 ? masks : nullptr;  // a one-query union holds only its query's blocks
   lp.kb0 = kpi * kw;
   lp.warp_climit = warp_climit;
+  if constexpr (kDP > 1) lp.v_part = uint32_t(dp) * (Tr::kLines / kDP) * (kS * 128);
   lp.active = active;
-  // One row tile (every sparse CTA, single-query dense): the warps split each stage's keys kW
-  // ways, a width known at compile time, so the window's loops and registers shrink to it.
-  if (nrt == 1) consume<kS / kW, kS, Tr, kSlotScales>(p, w, lp, kw);
+  // One row tile (every sparse CTA, single-query dense): the warps split each stage's keys
+  // kW / kDP ways, a width known at compile time, so the window's loops and registers shrink to it.
+  if (nrt == 1) consume<kS * kDP / kW, kS, Tr, kSlotScales>(p, w, lp, kw);
   else consume<0, kS, Tr, kSlotScales>(p, w, lp, kw);
   if constexpr (kSlotScales) {
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt)  // O back from the V-scale reference (attend)
+    for (int nt = 0; nt < w.kOutTiles; ++nt)  // O back from the V-scale reference (attend)
 #pragma unroll
       for (int k = 0; k < 4; ++k) w.o[nt][k] *= w.vref;
   }
   // Every stage was waited for, so every copy has landed: the pipeline smem becomes the merge
   // scratch once all consumers are past their last step.
   sm90::named_sync(uint32_t(NamedBarrier::kConsumers), Tr::kConsumerThreads);
-  const MergeSmem ms = merge_smem(smem, Tr::kMaxRows);
-  if (active) store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2));
+  const MergeSmem ms = merge_smem<kD>(smem, Tr::kMaxRows);
+  if (active)
+    store_warp(w, ms, kpi * 16 * nrt + rt * 16 + (lane >> 2), dp * Tr::kOutDims, dp == 0);
   sm90::named_sync(uint32_t(NamedBarrier::kConsumers), Tr::kConsumerThreads);
-  if (nrt == 1)  // one row tile: kW key partitions (kp = kW / nrt, consume's compile-time width)
-    merge_and_write<TQ, Tr::kConsumerThreads, kW>(p, ms, rows, nrt, kp, item.partial, h, t0,
-                                                  v_mult, tid, uint32_t(NamedBarrier::kConsumers));
+  constexpr uint32_t kBar = uint32_t(NamedBarrier::kConsumers);
+  if (nrt == 1)  // one row tile: kW / kDP key partitions (consume's compile-time width)
+    merge_and_write<TQ, kD, Tr::kConsumerThreads, kW / kDP>(p, ms, rows, hbase, nrt, kp,
+                                                            item.partial, h, t0, v_mult, tid, kBar);
   else
-    merge_and_write<TQ, Tr::kConsumerThreads>(p, ms, rows, nrt, kp, item.partial, h, t0, v_mult,
-                                              tid, uint32_t(NamedBarrier::kConsumers));
+    merge_and_write<TQ, kD, Tr::kConsumerThreads>(p, ms, rows, hbase, nrt, kp, item.partial, h, t0,
+                                                  v_mult, tid, kBar);
   if (item.partial >= 0)
-    finish_split<TQ, Tr::kConsumerThreads>(p, item.job, h, rows, t0, tid,
-                                           uint32_t(NamedBarrier::kConsumers), slot_key);
+    finish_split<TQ, kD, Tr::kConsumerThreads>(p, item.job, h, rows, hbase, t0, tid, kBar,
+                                               slot_key);
 }
 
 }  // namespace msa::cuda::decode

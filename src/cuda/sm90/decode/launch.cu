@@ -42,6 +42,18 @@ int log2_exact(int64_t x) {
   return s;
 }
 
+// Key slots of a pipeline stage of the shape's KV kind, head dim and CTA width (traits.h).
+template <int kD>
+int stage_keys(bool fp8, int warps) {
+  using decode::KV;
+  using decode::Traits;
+  if constexpr (kD != 64) {  // FP8 KV needs D >= 128 (plan.h has_kernels)
+    if (fp8)
+      return warps == 4 ? Traits<KV::fp8, 4, kD>::kStageKeys : Traits<KV::fp8, 8, kD>::kStageKeys;
+  }
+  return warps == 4 ? Traits<KV::native, 4, kD>::kStageKeys : Traits<KV::native, 8, kD>::kStageKeys;
+}
+
 DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geometry& g,
                          const DecodeWork& w, const Tensor& workspace) {
   DecodeParams p;
@@ -123,18 +135,19 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   // TMA boxes (load.cuh): the largest power of two of slots that divides the page, the sparse kv
   // block and the stage, so that a box's keys are consecutive and lie in one page.
   const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
-  const int stage_keys = g.warps == 4 ? (fp8 ? decode::Traits<decode::KV::fp8, 4>::kStageKeys
-                                             : decode::Traits<decode::KV::native, 4>::kStageKeys)
-                                      : (fp8 ? decode::Traits<decode::KV::fp8, 8>::kStageKeys
-                                             : decode::Traits<decode::KV::native, 8>::kStageKeys);
+  const int keys = s.head_dim == 64    ? stage_keys<64>(fp8, g.warps)
+                   : s.head_dim == 256 ? stage_keys<256>(fp8, g.warps)
+                                       : stage_keys<128>(fp8, g.warps);
   // At most 128 slots: boxes of 256 (FP8's dense stage over pages of 256 slots) loaded wrong data
   // (DecodeGpu.Pages256: rel L2 ~0.3 against the CPU; the same stages in two 128-slot boxes
   // match), cause not found; the second box is one more TMA instruction per 256 slots.
-  int box = std::min({s.page_size, stage_keys, 128});
+  int box = std::min({s.page_size, keys, 128});
   if (g.sparse) box = std::min(box, s.kv_block_size);
   p.box_shift = log2_exact(box);
   p.max_queries = s.max_queries_per_request;
   p.queries_per_chunk = g.queries_per_chunk;
+  p.head_chunks = g.head_chunks;
+  p.heads_per_chunk = g.heads_per_chunk;
   p.rows_max = g.rows_max;
   p.bitmap_words = g.bitmap_words;
   p.warps = g.warps;
@@ -148,6 +161,57 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
                                                     : float(1.0 / std::sqrt(double(s.head_dim)));
   p.scale_log2 = float(double(scale) * 1.4426950408889634);
   return p;
+}
+
+// Raises the shared-memory limits of the kernels of head dim kD for every q type the KV kind
+// takes (run() learns q's type from its arguments). geometry() has refused the kinds without
+// kernels at kD (plan.h has_kernels).
+template <int kD>
+void set_smem_limits(DType kv) {
+  using decode::KV;
+  if (kv == DType::fp8_e4m3) {
+    if constexpr (kD != 64) {
+      decode::set_smem_limit<__nv_bfloat16, KV::fp8, kD>();
+      decode::set_smem_limit<__half, KV::fp8, kD>();
+      decode::set_smem_limit<__nv_fp8_e4m3, KV::fp8, kD>();
+    }
+  } else if (kv == DType::fp4x2) {
+    if constexpr (kD == 128) {
+      decode::set_smem_limit<__nv_bfloat16, KV::nvfp4, kD>();
+      decode::set_smem_limit<__half, KV::nvfp4, kD>();
+      decode::set_smem_limit<__nv_fp8_e4m3, KV::nvfp4, kD>();
+    }
+  } else if (kv == DType::f16) {
+    decode::set_smem_limit<__half, KV::native, kD>();
+  } else {
+    decode::set_smem_limit<__nv_bfloat16, KV::native, kD>();
+    decode::set_smem_limit<__nv_fp8_e4m3, KV::native, kD>();
+  }
+}
+
+// The kernel of q's type and the KV kind at head dim kD (kinds without kernels at kD: as above).
+template <int kD>
+void launch_kernels(const DecodeParams& p, DType q, DType kv, const CUtensorMap& tm_k,
+                    const CUtensorMap& tm_v, cudaStream_t stream) {
+  using decode::KV;
+  const bool f16 = q == DType::f16, q8 = q == DType::fp8_e4m3;
+  if (kv == DType::fp8_e4m3) {
+    if constexpr (kD != 64) {
+      if (q8) decode::launch<__nv_fp8_e4m3, KV::fp8, kD>(p, tm_k, tm_v, stream);
+      else if (f16) decode::launch<__half, KV::fp8, kD>(p, tm_k, tm_v, stream);
+      else decode::launch<__nv_bfloat16, KV::fp8, kD>(p, tm_k, tm_v, stream);
+    }
+  } else if (kv == DType::fp4x2) {
+    if constexpr (kD == 128) {
+      if (q8) decode::launch<__nv_fp8_e4m3, KV::nvfp4, kD>(p, tm_k, tm_v, stream);
+      else if (f16) decode::launch<__half, KV::nvfp4, kD>(p, tm_k, tm_v, stream);
+      else decode::launch<__nv_bfloat16, KV::nvfp4, kD>(p, tm_k, tm_v, stream);
+    }
+  } else {
+    if (q8) decode::launch<__nv_fp8_e4m3, KV::native, kD>(p, tm_k, tm_v, stream);  // bf16 KV
+    else if (f16) decode::launch<__half, KV::native, kD>(p, tm_k, tm_v, stream);
+    else decode::launch<__nv_bfloat16, KV::native, kD>(p, tm_k, tm_v, stream);
+  }
 }
 
 }  // namespace
@@ -169,22 +233,9 @@ DecodeWork decode_plan(const DecodeShape& s, const int32_t* seqused_k_host, cons
   MSA_CHECK(int64_t(list.items.size()) * s.num_kv_heads < INT32_MAX,
             "decode: ", list.items.size(), " work items x ", s.num_kv_heads,
             " kv heads exceed the grid limit of 2^31 - 1 CTAs");
-  // Every q type the KV kind takes (run() learns q's type from its arguments).
-  using decode::KV;
-  if (s.kv_dtype == DType::fp8_e4m3) {
-    decode::set_smem_limit<__nv_bfloat16, KV::fp8>();
-    decode::set_smem_limit<__half, KV::fp8>();
-    decode::set_smem_limit<__nv_fp8_e4m3, KV::fp8>();
-  } else if (s.kv_dtype == DType::fp4x2) {
-    decode::set_smem_limit<__nv_bfloat16, KV::nvfp4>();
-    decode::set_smem_limit<__half, KV::nvfp4>();
-    decode::set_smem_limit<__nv_fp8_e4m3, KV::nvfp4>();
-  } else if (s.kv_dtype == DType::f16) {
-    decode::set_smem_limit<__half, KV::native>();
-  } else {
-    decode::set_smem_limit<__nv_bfloat16, KV::native>();
-    decode::set_smem_limit<__nv_fp8_e4m3, KV::native>();
-  }
+  if (s.head_dim == 64) set_smem_limits<64>(s.kv_dtype);
+  else if (s.head_dim == 256) set_smem_limits<256>(s.kv_dtype);
+  else set_smem_limits<128>(s.kv_dtype);
   auto* base = static_cast<uint8_t*>(workspace.data);
   MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence, 0xff, sizeof(unsigned long long), stream));
   MSA_CUDA_CHECK(cudaMemsetAsync(base + g.off_offence + sizeof(unsigned long long), 0,
@@ -208,12 +259,12 @@ void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& 
                 const Tensor& workspace, cudaStream_t stream) {
   const Geometry g = decode::geometry(s, device_limits(s.device, w.sm_count), w.warps);
   const DecodeParams p = make_params(a, s, g, w, workspace);
-  const bool f16 = a.q.dtype == DType::f16, q8 = a.q.dtype == DType::fp8_e4m3;
   const bool fp8 = s.kv_dtype == DType::fp8_e4m3, fp4 = s.kv_dtype == DType::fp4x2;
-  // Boxes of one 128-byte line: all 128 fp8 columns, or 64 of bf16 / f16. A 128-byte L2 fetch per
-  // line: fp8 NHD rows are one line, and with 256 bytes every row pulled in a line of the next
-  // head, which the per-head sparse selections rarely read (measured on DEC-MTP fp8). An empty
-  // pool gets no map (every page id is out of range, so no box is ever loaded by TMA).
+  // Boxes of one 128-byte line: 128 fp8 columns, or 64 of bf16 / f16 (a row is D / 128 or D / 64
+  // lines). A 128-byte L2 fetch per line: fp8 NHD rows at D = 128 are one line, and with 256
+  // bytes every row pulled in a line of the next head, which the per-head sparse selections
+  // rarely read (measured on DEC-MTP fp8). An empty pool gets no map (every page id is out of
+  // range, so no box is ever loaded by TMA).
   CUtensorMap tm_k{}, tm_v{};
   if (p.num_pages > 0 && !fp4) {  // NVFP4 rows are copied by cp.async (load_fp4.cuh)
     const bool nhd = s.layout == KVLayout::paged_nhd;
@@ -221,20 +272,9 @@ void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& 
     tm_k = make_tma_paged(a.kv.k.values, nhd, cols, keys, "k", "decode", 128);
     tm_v = make_tma_paged(a.kv.v.values, nhd, cols, keys, "v", "decode", 128);
   }
-  using decode::KV;
-  if (fp8) {
-    if (q8) decode::launch<__nv_fp8_e4m3, KV::fp8>(p, tm_k, tm_v, stream);
-    else if (f16) decode::launch<__half, KV::fp8>(p, tm_k, tm_v, stream);
-    else decode::launch<__nv_bfloat16, KV::fp8>(p, tm_k, tm_v, stream);
-  } else if (fp4) {
-    if (q8) decode::launch<__nv_fp8_e4m3, KV::nvfp4>(p, tm_k, tm_v, stream);
-    else if (f16) decode::launch<__half, KV::nvfp4>(p, tm_k, tm_v, stream);
-    else decode::launch<__nv_bfloat16, KV::nvfp4>(p, tm_k, tm_v, stream);
-  } else {
-    if (q8) decode::launch<__nv_fp8_e4m3, KV::native>(p, tm_k, tm_v, stream);  // bf16 KV
-    else if (f16) decode::launch<__half, KV::native>(p, tm_k, tm_v, stream);
-    else decode::launch<__nv_bfloat16, KV::native>(p, tm_k, tm_v, stream);
-  }
+  if (s.head_dim == 64) launch_kernels<64>(p, a.q.dtype, s.kv_dtype, tm_k, tm_v, stream);
+  else if (s.head_dim == 256) launch_kernels<256>(p, a.q.dtype, s.kv_dtype, tm_k, tm_v, stream);
+  else launch_kernels<128>(p, a.q.dtype, s.kv_dtype, tm_k, tm_v, stream);
 }
 
 }  // namespace msa::cuda

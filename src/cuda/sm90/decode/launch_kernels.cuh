@@ -1,6 +1,6 @@
-// Launchers of the decode kernels for one (q type, KV kind): the main kernel over items x Hkv
-// CTAs, which also combines split requests and finalizes the status; with no items, a one-thread
-// status kernel instead.
+// Launchers of the decode kernels for one (q type, KV kind, head dim): the main kernel over
+// items x Hkv CTAs, which also combines split requests and finalizes the status; with no items, a
+// one-thread status kernel instead.
 // Included by the instantiate_*.cu files; declared in launch_kernels.h.
 #pragma once
 
@@ -11,51 +11,60 @@
 namespace msa::cuda::decode {
 
 // The largest plan's need, so a later plan never lowers the limit under an earlier one's.
-template <typename TQ, KV kKV, int kW, bool kSlotScales>
+template <typename TQ, KV kKV, int kW, int kD, bool kSlotScales>
 void set_smem_limit_of() {
-  static_assert(smem_bytes<kKV, kW>(kMaxBitmapWords) <= 227 * 1024,
+  static_assert(smem_bytes<kKV, kW, kD>(kMaxBitmapWords) <= 227 * 1024,
                 "decode: shared memory of the largest sparse plan exceeds 227 KB");
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<TQ, kKV, kW, kSlotScales>,
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<TQ, kKV, kW, kD, kSlotScales>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(smem_bytes<kKV, kW>(kMaxBitmapWords))));
+                                      int(smem_bytes<kKV, kW, kD>(kMaxBitmapWords))));
 }
 
-template <typename TQ, KV kKV>
+template <typename TQ, KV kKV, int kD>
 void set_smem_limit() {
-  set_smem_limit_of<TQ, kKV, 4, false>();
-  set_smem_limit_of<TQ, kKV, 8, false>();
+  set_smem_limit_of<TQ, kKV, 4, kD, false>();
+  set_smem_limit_of<TQ, kKV, 8, kD, false>();
   if constexpr (kKV == KV::fp8) {
-    set_smem_limit_of<TQ, kKV, 4, true>();
-    set_smem_limit_of<TQ, kKV, 8, true>();
+    set_smem_limit_of<TQ, kKV, 4, kD, true>();
+    set_smem_limit_of<TQ, kKV, 8, kD, true>();
   }
 }
 
 // The main kernel of one CTA width, with or without per-slot FP8 scales (FP8 only).
-template <typename TQ, KV kKV, int kW>
+template <typename TQ, KV kKV, int kW, int kD>
 void launch_main(const DecodeParams& p, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
                  unsigned grid, cudaStream_t stream) {
-  const size_t smem = smem_bytes<kKV, kW>(p.bitmap_words);
+  const size_t smem = smem_bytes<kKV, kW, kD>(p.bitmap_words);
+  constexpr int kThreads = Traits<kKV, kW, kD>::kThreads;
   if constexpr (kKV == KV::fp8) {
     if (p.slot_scales) {
-      decode_kernel<TQ, kKV, kW, true>
-          <<<grid, Traits<kKV, kW>::kThreads, smem, stream>>>(p, tm_k, tm_v);
+      decode_kernel<TQ, kKV, kW, kD, true><<<grid, kThreads, smem, stream>>>(p, tm_k, tm_v);
       return;
     }
   }
-  decode_kernel<TQ, kKV, kW, false><<<grid, Traits<kKV, kW>::kThreads, smem, stream>>>(p, tm_k, tm_v);
+  decode_kernel<TQ, kKV, kW, kD, false><<<grid, kThreads, smem, stream>>>(p, tm_k, tm_v);
 }
 
-template <typename TQ, KV kKV>
+template <typename TQ, KV kKV, int kD>
 void launch(const DecodeParams& p, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
             cudaStream_t stream) {
   const unsigned grid = unsigned(p.num_items * p.num_kv_heads);
   if (grid == 0)
     status_kernel<TQ><<<1, 32, 0, stream>>>(p);
   else if (p.warps == 4)
-    launch_main<TQ, kKV, 4>(p, tm_k, tm_v, grid, stream);
+    launch_main<TQ, kKV, 4, kD>(p, tm_k, tm_v, grid, stream);
   else
-    launch_main<TQ, kKV, 8>(p, tm_k, tm_v, grid, stream);
+    launch_main<TQ, kKV, 8, kD>(p, tm_k, tm_v, grid, stream);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace msa::cuda::decode
+
+// The launchers of q type TQ over KV kind KIND (native, fp8, nvfp4) at head dim D: one line per
+// (q type, kind, D) in the instantiate_*.cu files.
+#define MSA_DECODE_INSTANTIATE(TQ, KIND, D)                                                 \
+  namespace msa::cuda::decode {                                                             \
+  template void set_smem_limit<TQ, KV::KIND, D>();                                          \
+  template void launch<TQ, KV::KIND, D>(const DecodeParams&, const CUtensorMap&,            \
+                                        const CUtensorMap&, cudaStream_t);                  \
+  }

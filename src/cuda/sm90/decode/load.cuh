@@ -34,12 +34,13 @@ struct TileSource {
 };
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a stage of kS key slots: the layout that
-// TMA's 128-byte swizzle writes. A row is cut into 128-byte lines (bf16: two, columns 0-63 in the
-// first half of the K region, 64-127 in the second; fp8: one), and the 16-byte chunk index within
-// a line is XORed with row % 8, so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
-template <bool kFp8, int kS>
+// TMA's 128-byte swizzle writes. A row is cut into kLines 128-byte lines (traits.h kRowLines; at
+// D = 128 bf16 two, columns 0-63 in the first kS * 128 bytes of the K region, 64-127 in the next;
+// fp8 one), and the 16-byte chunk index within a line is XORed with row % 8, so the 8 rows an
+// ldmatrix phase reads hit 8 different bank groups.
+template <int kLines, int kS>
 __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
-  if constexpr (kFp8) return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
+  if constexpr (kLines == 1) return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
   else
     return uint32_t((chunk >> 3) * (kS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
@@ -47,13 +48,14 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
 // The rows of a stage one producer thread copies when its box is not loaded by TMA (issue_stage):
 // warp w covers rows [w R, w R + R), R = kRowsPerWarp; kLanesPerRow lanes share a row and each
 // copies 4 of its 16-byte chunks, so a copy instruction reads whole 32-byte sectors.
-template <KV kKV, int kW>
+template <KV kKV, int kW, int kD>
 struct StageRows {
-  using Tr = Traits<kKV, kW>;
+  using Tr = Traits<kKV, kW, kD>;
   static constexpr int kChunksPerLane = 4;
-  static constexpr int kLanesPerRow = Tr::kChunks / kChunksPerLane;  // bf16 4, fp8 2
-  static constexpr int kRowsPerPass = 32 / kLanesPerRow;             // bf16 8, fp8 16
-  static constexpr int kPasses = Tr::kRowsPerWarp / kRowsPerPass;    // 4 warps: 2; 8: 4
+  static constexpr int kLanesPerRow = Tr::kChunks / kChunksPerLane;  // D = 128: bf16 4, fp8 2
+  static constexpr int kRowsPerPass = 32 / kLanesPerRow;             // D = 128: bf16 8, fp8 16
+  // 4 warps: 2; 8: 4 (kRowsPerWarp and kRowsPerPass scale alike with D)
+  static constexpr int kPasses = Tr::kRowsPerWarp / kRowsPerPass;
   static_assert(Tr::kRowsPerWarp % kRowsPerPass == 0, "StageRows: whole passes per warp");
 
   __device__ __forceinline__ static int row(int pass) {
@@ -102,10 +104,10 @@ struct StageBox {
 // First half of a stage load: the boxes of the stage starting at item slot `slot0` and their
 // page-table entries. Only global loads, no shared-memory writes, so the kernel issues it a stage
 // ahead and the page-table latency hides behind the wait for a free stage.
-template <KV kKV, int kW>
+template <KV kKV, int kW, int kD>
 __device__ __forceinline__ StageBox lookup_stage(const DecodeParams& p, const TileSource& src,
                                                  int slot0) {
-  constexpr int kS = Traits<kKV, kW>::kStageKeys;
+  constexpr int kS = Traits<kKV, kW, kD>::kStageKeys;
   const int lane = threadIdx.x & 31;
   StageBox bx;
   if (lane < (kS >> p.box_shift)) {
@@ -138,19 +140,19 @@ __device__ __forceinline__ void stage_scale(const float* scale, int kind, int64_
 // Attention: unused page slots may hold NaN). slot_key[row] gets the logical key of every row or
 // -1, and with per-slot FP8 scales (slot_scale non-null) slot_scale[row] its K scale,
 // slot_scale[kS + row] its V scale (stage_scale).
-template <KV kKV, int kW>
+template <KV kKV, int kW, int kD>
 __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSource& src,
                                             const StageBox& bx, const CUtensorMap* tm_k,
                                             const CUtensorMap* tm_v, uint64_t* full,
                                             uint32_t stage_base, int* slot_key, float* slot_scale,
                                             bool evict_first, uint64_t policy) {
   static_assert(kKV != KV::nvfp4, "issue_stage: NVFP4 stages are written by load_fp4.cuh");
-  constexpr bool kFp8 = kByteStage<kKV>;
-  using Tr = Traits<kKV, kW>;
-  using Rows = StageRows<kKV, kW>;
+  using Tr = Traits<kKV, kW, kD>;
+  using Rows = StageRows<kKV, kW, kD>;
   constexpr int kS = Tr::kStageKeys;
-  constexpr int kElem = kFp8 ? 1 : 2;
-  constexpr int kHalves = kFp8 ? 1 : 2;  // 128-byte lines per row: one TMA box each
+  constexpr int kElem = kByteStage<kKV> ? 1 : 2;
+  constexpr int kLines = Tr::kLines;          // 128-byte lines per row: one TMA box each
+  constexpr int kLineCols = 128 / kElem;      // elements of a line: the boxes' column step
   const int lane = threadIdx.x & 31;
   const int box = 1 << p.box_shift;
   const bool tma = bx.key0 >= 0 && bx.key0 + box <= src.lk && bx.page >= 0 && bx.page < p.num_pages;
@@ -165,17 +167,19 @@ __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSou
       const uint32_t dst = stage_base + uint32_t(lane * box * 128);
       if (evict_first) {  // the loop twice: a branch per box instruction costs 32 instructions
 #pragma unroll
-        for (int half = 0; half < kHalves; ++half) {
-          sm90::tma_load_4d(dst + half * (kS * 128), tm_k, full, half * 64, c1, c2, bx.page, policy);
-          sm90::tma_load_4d(dst + half * (kS * 128) + Tr::kStageKBytes, tm_v, full, half * 64, c1,
-                            c2, bx.page, policy);
+        for (int line = 0; line < kLines; ++line) {
+          const int col = line * kLineCols;
+          sm90::tma_load_4d(dst + line * (kS * 128), tm_k, full, col, c1, c2, bx.page, policy);
+          sm90::tma_load_4d(dst + line * (kS * 128) + Tr::kStageKBytes, tm_v, full, col, c1, c2,
+                            bx.page, policy);
         }
       } else {
 #pragma unroll
-        for (int half = 0; half < kHalves; ++half) {
-          sm90::tma_load_4d(dst + half * (kS * 128), tm_k, full, half * 64, c1, c2, bx.page);
-          sm90::tma_load_4d(dst + half * (kS * 128) + Tr::kStageKBytes, tm_v, full, half * 64, c1,
-                            c2, bx.page);
+        for (int line = 0; line < kLines; ++line) {
+          const int col = line * kLineCols;
+          sm90::tma_load_4d(dst + line * (kS * 128), tm_k, full, col, c1, c2, bx.page);
+          sm90::tma_load_4d(dst + line * (kS * 128) + Tr::kStageKBytes, tm_v, full, col, c1, c2,
+                            bx.page);
         }
       }
     }
@@ -211,7 +215,7 @@ __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSou
 #pragma unroll
       for (int i = 0; i < Rows::kChunksPerLane; ++i) {
         const int chunk = sub + Rows::kLanesPerRow * i;
-        const uint32_t dst = stage_base + tile_offset<kFp8, kS>(row, chunk);
+        const uint32_t dst = stage_base + tile_offset<kLines, kS>(row, chunk);
         sm80::cp_async_16(dst, kbase + koff + chunk * 16, bytes);
         sm80::cp_async_16(dst + Tr::kStageKBytes, vbase + voff + chunk * 16, bytes);
       }

@@ -27,10 +27,11 @@ namespace msa::cuda::decode {
 // chunk of its own row, hit 8 different 16-byte bank groups.
 template <int kW>
 struct Fp4Ring {
-  using Tr = Traits<KV::nvfp4, kW>;
+  static constexpr int kD = 128;                                     // NVFP4 KV: D = 128 only
+  using Tr = Traits<KV::nvfp4, kW, kD>;
   static constexpr int kS = Tr::kStageKeys;                          // 128 or 64 slots
-  static constexpr int kValBytes = kHeadDim / 2;                     // 64
-  static constexpr int kSfBytes = kHeadDim / 16;                     // 8
+  static constexpr int kValBytes = kD / 2;                           // 64
+  static constexpr int kSfBytes = kD / 16;                           // 8
   static constexpr int kThreadsPerRow = Tr::kProducerThreads / kS;   // 1 or 2
   static constexpr int kChunks = kValBytes / 16 / kThreadsPerRow;    // a thread's value chunks
   static constexpr int kSfPerThread = kSfBytes / kThreadsPerRow;     // its scale bytes: 8 or 4
@@ -149,7 +150,7 @@ __device__ __forceinline__ void convert_fp4_rows(uint32_t raw_vals, uint32_t raw
         uint32_t o[4];
         e2m1x8_times(words[2 * g + h], s64, o);
         // head dims 32 chunk + 16 g + 8 h: f16 chunk 4 chunk + 2 g + h of the row
-        sm90::st_shared_u32x4(dst + tile_offset<false, R::kS>(row, 4 * chunk + 2 * g + h),
+        sm90::st_shared_u32x4(dst + tile_offset<R::Tr::kLines, R::kS>(row, 4 * chunk + 2 * g + h),
                               make_uint4(o[0], o[1], o[2], o[3]));
       }
     }

@@ -31,7 +31,7 @@ static_assert(sizeof(CombineJob) == 16, "CombineJob: keep 16-byte records");
 
 // Kernel arguments (both kernels). Element strides; pointers are device memory.
 struct DecodeParams {
-  const void* q = nullptr;                // [total_q, Hq, 128] bf16 | f16 | e4m3, D contiguous
+  const void* q = nullptr;                // [total_q, Hq, D] bf16 | f16 | e4m3, D contiguous
   int64_t q_stride_t = 0, q_stride_h = 0;
   const float* q_scale = nullptr;         // e4m3 q: null (1), [1], [total_q] or [total_q, Hq]
   const void* k = nullptr;                // page pool, bf16 | f16 | fp8 e4m3 | fp4x2, D contiguous
@@ -56,7 +56,7 @@ struct DecodeParams {
   const int32_t* seqused_k = nullptr;     // [B] or null (max_pages * page_size keys)
   const int32_t* cu_seqlens_q = nullptr;  // [B+1]
   const int32_t* q2k = nullptr;           // [Hkv, total_q, topk] contiguous; null: dense
-  void* out = nullptr;                    // [total_q, Hq, 128], q's dtype (bf16 for e4m3 q)
+  void* out = nullptr;                    // [total_q, Hq, D], q's dtype (bf16 for e4m3 q)
   int64_t out_stride_t = 0, out_stride_h = 0;
   float* lse = nullptr;                   // [Hq, total_q] contiguous, natural log; or null
 
@@ -64,7 +64,7 @@ struct DecodeParams {
   const DecodeItem* items = nullptr;      // [num_items]
   const CombineJob* jobs = nullptr;       // [jobs of the plan]
   const int32_t* key_cap = nullptr;       // [B] keys of each request the plan covers
-  float* part_o = nullptr;                // [partials, Hkv, rows_max, 128] f32, normalised
+  float* part_o = nullptr;                // [partials, Hkv, rows_max, D] f32, normalised
   float* part_lse = nullptr;              // [partials, Hkv, rows_max] f32, log2 units
   unsigned long long* offence = nullptr;  // first device-side offence (status.cuh), ~0 = none
   unsigned int* done = nullptr;           // main-kernel CTAs finished this run (status.cuh)
@@ -91,6 +91,10 @@ struct DecodeParams {
   int32_t q_scale_kind = 0;               // 0 none, 1 per tensor, 2 per token, 3 token and head
   int32_t num_q_heads = 0;                // Hq (per-token-and-head q scales)
   int32_t slot_scales = 0;                // some kind >= 2: scales staged per slot
+  // Chunks of a query's heads (plan.h Geometry; > 1 only at D = 256 with G > 64): chunk c is
+  // query c / head_chunks, heads [(c % head_chunks) * heads_per_chunk, ...) of its group. Read by
+  // the D = 256 kernels only (the others' CTAs hold whole queries).
+  int32_t head_chunks = 1, heads_per_chunk = 1;
 };
 
 }  // namespace msa::cuda::decode

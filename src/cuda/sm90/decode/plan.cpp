@@ -40,6 +40,21 @@ double cta_cost(int64_t tiles, bool split, int ctas_per_sm) {
   return double(tiles) * ctas_per_sm + 1.0 + (split ? 0.25 : 0.0);
 }
 
+// Shared memory of a 4-warp CTA of the shape's KV kind and head dim (has_kernels holds).
+size_t narrow_smem_bytes(const DecodeShape& s, int bitmap_words) {
+  const bool fp8 = s.kv_dtype == DType::fp8_e4m3;
+  switch (s.head_dim) {
+    case 64: return smem_bytes<KV::native, 4, 64>(bitmap_words);
+    case 256:
+      return fp8 ? smem_bytes<KV::fp8, 4, 256>(bitmap_words)
+                 : smem_bytes<KV::native, 4, 256>(bitmap_words);
+    default:
+      return fp8                          ? smem_bytes<KV::fp8, 4, 128>(bitmap_words)
+             : s.kv_dtype == DType::fp4x2 ? smem_bytes<KV::nvfp4, 4, 128>(bitmap_words)
+                                          : smem_bytes<KV::native, 4, 128>(bitmap_words);
+  }
+}
+
 struct Candidate {
   std::vector<int64_t> unit_splits;  // per unit
   double makespan = 0;
@@ -78,19 +93,26 @@ Candidate evaluate(const std::vector<int64_t>& tiles, int64_t c, int hkv, const 
 
 Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
   MSA_CHECK(warps == 0 || warps == 4 || warps == 8, "decode geometry: width 0, 4 or 8, got ", warps);
-  MSA_CHECK(s.head_dim == kHeadDim, "decode shape: CUDA decode needs head_dim ", kHeadDim,
-            ", got ", s.head_dim);
+  MSA_CHECK(has_kernels(s.kv_dtype, s.head_dim), "decode geometry: no CUDA decode kernels for ",
+            dtype_name(s.kv_dtype), " KV at head_dim ", s.head_dim,
+            " (api/decode.cpp refuses such shapes)");
   Geometry g;
   g.sparse = s.topk > 0;
   g.group = s.num_q_heads / s.num_kv_heads;
+  g.head_dim = s.head_dim;
   g.sm_count = std::max(1, d.sm_count);
   // Sparse: one 16-row tile per CTA, so every warp works on every selected block (a request's
   // queries select mostly different blocks; sharing a CTA would idle warps). Dense: all queries
-  // of the request (up to 128 rows) share each K/V load.
-  const int rows = g.sparse ? kSparseRows : kMaxRows;
-  g.queries_per_chunk = std::min(std::max(1, rows / g.group), s.max_queries_per_request);
-  g.chunks = int(ceil_div(s.max_queries_per_request, g.queries_per_chunk));
-  g.rows_max = g.queries_per_chunk * g.group;
+  // of the request (up to max_rows(D) rows) share each K/V load; a group larger than that
+  // (D = 256, G > 64) splits into near-equal chunks of a query's heads, each a CTA that reads the
+  // K/V once more (sparse groups, <= 16, never split).
+  const int rows = g.sparse ? kSparseRows : max_rows(s.head_dim);
+  g.head_chunks = int(ceil_div(g.group, rows));
+  g.heads_per_chunk = int(ceil_div(g.group, g.head_chunks));
+  g.queries_per_chunk =
+      std::min(std::max(1, rows / g.heads_per_chunk), s.max_queries_per_request);
+  g.chunks = int(ceil_div(s.max_queries_per_request, g.queries_per_chunk)) * g.head_chunks;
+  g.rows_max = g.queries_per_chunk * g.heads_per_chunk;
   const int64_t cap_keys = int64_t(s.max_pages) * s.page_size;
   int64_t tiles_max = ceil_div(cap_keys, kTileKeys);
   if (g.sparse) {
@@ -112,13 +134,11 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
   // (request, chunk, kv head) units than two per CTA slot, an 8-warp CTA per SM streams its unit
   // with twice the bytes in flight (DEC-B32 59 vs 64 us, DEC-B32-dense 278 vs 292-320 us).
   const int64_t unit_ctas = int64_t(s.batch) * g.chunks * s.num_kv_heads;
-  g.warps = g.rows_max <= kNarrowRows && unit_ctas >= 4 * int64_t(g.sm_count) ? 4 : 8;
-  if (warps != 0) g.warps = warps == 4 && g.rows_max <= kNarrowRows ? 4 : 8;
+  const int narrow = narrow_rows(s.head_dim);
+  g.warps = g.rows_max <= narrow && unit_ctas >= 4 * int64_t(g.sm_count) ? 4 : 8;
+  if (warps != 0) g.warps = warps == 4 && g.rows_max <= narrow ? 4 : 8;
   if (g.warps == 4) {
-    const size_t smem = s.kv_dtype == DType::fp8_e4m3 ? smem_bytes<KV::fp8, 4>(g.bitmap_words)
-                        : s.kv_dtype == DType::fp4x2  ? smem_bytes<KV::nvfp4, 4>(g.bitmap_words)
-                                                      : smem_bytes<KV::native, 4>(g.bitmap_words);
-    const size_t cta = smem + d.smem_reserved_cta;
+    const size_t cta = narrow_smem_bytes(s, g.bitmap_words) + d.smem_reserved_cta;
     g.ctas_per_sm = int(std::clamp<size_t>(d.smem_per_sm / cta, 1, 2));
   }
   g.slots = g.sm_count * g.ctas_per_sm;
@@ -149,14 +169,16 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
   g.off_job_done = take(size_t(g.max_jobs) * hkv * sizeof(uint32_t));  // zero between runs
   g.off_caps = take(size_t(s.batch) * sizeof(int32_t));
   g.off_part_lse = take(size_t(g.max_partials) * hkv * g.rows_max * sizeof(float));
-  g.off_part_o = take(size_t(g.max_partials) * hkv * g.rows_max * kHeadDim * sizeof(float));
+  g.off_part_o =
+      take(size_t(g.max_partials) * hkv * g.rows_max * size_t(s.head_dim) * sizeof(float));
   g.bytes = off;
   return g;
 }
 
 size_t workspace_bytes(const DecodeShape& s, const DeviceLimits& d) {
   const Geometry wide = geometry(s, d, 8);
-  return wide.rows_max <= kNarrowRows ? std::max(wide.bytes, geometry(s, d, 4).bytes) : wide.bytes;
+  return wide.rows_max <= narrow_rows(s.head_dim) ? std::max(wide.bytes, geometry(s, d, 4).bytes)
+                                                  : wide.bytes;
 }
 
 bool kv_evict_first(const Geometry& g, int64_t items, int num_kv_heads) {

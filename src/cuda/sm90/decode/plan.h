@@ -12,24 +12,46 @@
 
 namespace msa::cuda::decode {
 
-constexpr int kHeadDim = 128;
 constexpr int kTileKeys = 128;          // key slots per tile (traits.h builds on this)
-constexpr int kMaxRows = 128;           // query rows (queries x G) per CTA: 8 warps x 16
-constexpr int kNarrowRows = 64;         // up to this many rows a CTA has 4 warps (traits.h)
 constexpr int kSparseRows = 16;         // sparse: one m16 row tile, so all warps split keys
 constexpr int kMaxItemEntries = 512;    // sparse: union entries one item may cover (smem ids/masks)
 constexpr int kMaxBitmapWords = 2048;   // sparse: union bitmap words (65536 blocks per request)
 
+// The head dims the kernels are compiled for (launch_kernels.h lists the instantiations).
+constexpr bool is_decode_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
+// Whether kernels exist for KV of dtype kv at head dim d: bf16 / f16 at every head dim, FP8 e4m3
+// at 128 and 256 (its 64-byte rows at D = 64 fill half a 128-byte line, traits.h), NVFP4 at 128
+// (its producers convert 64-byte packed rows, load_fp4.cuh).
+constexpr bool has_kernels(DType kv, int d) {
+  if (kv == DType::fp8_e4m3) return d == 128 || d == 256;
+  if (kv == DType::fp4x2) return d == 128;
+  return is_decode_head_dim(d);
+}
+// Consumer warps that share one 16-row tile, each holding the O accumulators of D / parts head
+// dims: 2 at D = 256, where a warp's 16 x 256 f32 O (128 registers) beside its Q fragments (64)
+// and S (32) would not fit the consumers' 200-216 registers (traits.h). Both warps of a tile form
+// the whole S (Q K^T over all D), and each multiplies P by its half of V.
+constexpr int dim_parts(int d) { return d == 256 ? 2 : 1; }
+// Query rows (queries x G, or a chunk of a query's heads) per CTA: 16 per consumer warp and dim
+// part, 8 warps (128 rows; 64 at D = 256).
+constexpr int max_rows(int d) { return 8 * 16 / dim_parts(d); }
+// Up to this many rows a CTA may have 4 consumer warps (64; 32 at D = 256).
+constexpr int narrow_rows(int d) { return 4 * 16 / dim_parts(d); }
+
 struct Geometry {
   bool sparse = false;
   int group = 1;
+  int head_dim = 128;
   int queries_per_chunk = 1;   // queries of one request a CTA serves
-  int chunks = 1;              // ceil(max_queries_per_request / queries_per_chunk)
-  int rows_max = 16;           // queries_per_chunk * G
+  // G > max_rows(D) (D = 256, G > 64): a query's heads split into head_chunks chunks of
+  // heads_per_chunk (the last one shorter), queries_per_chunk is 1. Else 1 and G.
+  int head_chunks = 1, heads_per_chunk = 1;
+  int chunks = 1;              // ceil(max_queries_per_request / queries_per_chunk) * head_chunks
+  int rows_max = 16;           // queries_per_chunk * heads_per_chunk
   int entries_per_tile = 1;    // sparse: 128 / kv_block_size union entries per tile
   int64_t max_tiles_per_item = 0;  // sparse: kMaxItemEntries / entries_per_tile; dense: no cap
   int bitmap_words = 0;        // sparse: ceil(max blocks per request / 32)
-  int warps = 8;               // CTA width: 4 when rows_max <= kNarrowRows, else 8
+  int warps = 8;               // CTA width: 4 when rows_max <= narrow_rows(D), else 8
   int sm_count = 1;
   int ctas_per_sm = 1;         // resident CTAs per SM (4 warps: 2 when the smem allows)
   int slots = 1;               // sm_count * ctas_per_sm
@@ -48,7 +70,7 @@ struct DeviceLimits {
 };
 
 // Throws msa::Error naming the limit when the shape exceeds what the kernels support. `warps`:
-// the CTA width, 4 (only where rows_max <= kNarrowRows, else 8) or 8; run() passes the planned
+// the CTA width, 4 (only where rows_max <= narrow_rows(D), else 8) or 8; run() passes the planned
 // one, tests and bench_decode --warps a forced one. 0: the heuristic.
 Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps = 0);
 

@@ -1,0 +1,4 @@
+// Decode kernels at head dim 256 with KV of q's own type (bf16 q with bf16 KV, f16 with f16).
+#include "cuda/sm90/decode/launch_kernels.cuh"
+MSA_DECODE_INSTANTIATE(__nv_bfloat16, native, 256)
+MSA_DECODE_INSTANTIATE(__half, native, 256)
