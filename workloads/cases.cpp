@@ -117,6 +117,12 @@ std::vector<BenchCase> make_cases() {
   BenchCase dense = decode("DEC-B32-dense", "dense paged decode", 32, 1, {16384}, kNeedsDenseDecode);
   dense.dense = true;
   v.push_back(dense);
+  for (const int dim : {64, 256}) {  // the same decode at the other head dims CUDA decode takes
+    BenchCase other = dense;
+    other.name = "DEC-B32-dense-D" + std::to_string(dim);
+    other.head_dim = dim;
+    v.push_back(other);
+  }
   BenchCase mtp = decode("DEC-MTP", "sparse decode, bf16 and fp8 KV", 30, 8, {67584}, kNeedsDecode);
   mtp.kv_dtypes = "bf16,fp8";
   v.push_back(mtp);
