@@ -194,6 +194,9 @@ template <int kD>
 void launch_kernels(const DecodeParams& p, DType q, DType kv, const CUtensorMap& tm_k,
                     const CUtensorMap& tm_v, cudaStream_t stream) {
   using decode::KV;
+  // geometry() refused these already; a kind without kernels must never launch nothing.
+  MSA_CHECK(decode::has_kernels(kv, kD), "decode: no CUDA kernel for ", dtype_name(kv),
+            " KV at head_dim ", kD);
   const bool f16 = q == DType::f16, q8 = q == DType::fp8_e4m3;
   if (kv == DType::fp8_e4m3) {
     if constexpr (kD != 64) {

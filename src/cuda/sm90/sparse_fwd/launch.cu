@@ -2,7 +2,6 @@
 // (plan.h), the prep chain (prep.h), then the main kernels (launch_kernels.h: KV-major chunks and
 // uniform units, one CTA per SM each) and the combine of the KV-major partials.
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -124,8 +123,8 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   }
   // Keys per K/V stage: 64 at head dim 256 (traits.h HeadDimTraits), so pool boxes of at most 64
   // slots (kv_load.cuh locate_kv_block<64>).
-  const uint32_t stage_keys = s.head_dim == 256 ? 64 : kBlockN;
-  if (stage_keys < kBlockN) pr.paged.box_shift = std::min(pr.paged.box_shift, 6);
+  const uint32_t stage_keys = uint32_t(stage_keys_of(s.head_dim));
+  while ((1u << pr.paged.box_shift) > stage_keys) --pr.paged.box_shift;
   const bool f16 = a.q.dtype == DType::f16;
   const Tensor q = w.dequant_q ? Tensor(ws + w.q_bf16, DType::bf16,
                                         {s.total_q, s.num_q_heads, kHeadDim}, a.q.device)

@@ -164,6 +164,11 @@ struct HeadDimTraits {
   using Storage = SharedStorageT<kHalves, kKeys, kQSt>;
   static_assert(smem_bytes<Storage>() <= 227 * 1024, "shared memory plan exceeds 227 KB");
 };
+// The host's view of the same: keys per K/V stage at head dim d (its TMA boxes).
+constexpr int stage_keys_of(int64_t d) {
+  return d == 256 ? HeadDimTraits<256>::kKeys : d == 64 ? HeadDimTraits<64>::kKeys
+                                                        : HeadDimTraits<128>::kKeys;
+}
 static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
 
 // Buffer rings (device/pipeline.cuh): K/V stages (the uniform path's V ring too), and each
