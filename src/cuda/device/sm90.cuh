@@ -71,24 +71,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// 2^x on the FMA pipe, without the SFU: x = j + f, j = rint(x) (the 1.5 * 2^23 rounding trick),
-// 2^f by a degree-3 polynomial in f in [-0.5, 0.5] (fitted for fp32 evaluation: relative error
-// < 7.5e-5 over the interval), times 2^j built in the exponent bits. Inputs below -125.5 (-inf
-// included) give 2^-125.5 or less instead of 0; NaN stays NaN (the clamp is max.NaN). For
-// exponentials whose results are rounded to 16 bits (softmax probabilities): the SFU issues one
-// warp instruction per 8 cycles, so a softmax with every exponential on it is SFU-bound, and
-// moving a share of them here (9 instructions each) balances the two pipes.
-__device__ __forceinline__ float fma_exp2(float x) {
-  float xc;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(xc) : "f"(x), "f"(-125.5f));
-  const float r = __fadd_rn(xc, 12582912.f);  // rint(x) in the low mantissa bits
-  const float f = __fadd_rn(xc, -__fadd_rn(r, -12582912.f));
-  const float p =
-      fmaf(fmaf(fmaf(0.0551716685f, f, 0.242611155f), f, 0.693260968f), f, 0.999928057f);
-  const float scale = __int_as_float(__float_as_int(r) * (1 << 23) + 0x3f800000);  // 2^j
-  return p * scale;
-}
-
 // ---- cp.async (4-byte, zero fill) tracked by an mbarrier ----------------------------------
 // Copies src_bytes (0 or 4) of src to the shared address dst and zero-fills the rest.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, uint32_t src_bytes) {

@@ -168,12 +168,6 @@ __device__ __forceinline__ void rows_max(const float (&s)[kS], float& m0, float&
   m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
   m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
 }
-// One column pair in kExp2FmaEvery takes its exponentials on the FMA pipe (sm90::fma_exp2), the
-// rest on the SFU; 0: all on the SFU.
-#ifndef MSA_EXP2_FMA_EVERY
-#define MSA_EXP2_FMA_EVERY 4
-#endif
-constexpr int kExp2FmaEvery = MSA_EXP2_FMA_EVERY;
 // p = exp2(s * sl - base) in place for both rows (one FFMA and one EX2 per element), with this
 // thread's shares (its columns) of each row's sum of p and (kTemp) of exp2((s * sl - base) / T).
 template <bool kTemp, int kS>
@@ -188,13 +182,8 @@ __device__ __forceinline__ void exp_rows_local(float (&s)[kS], float sl0, float 
       float& x0 = s[n * 4 + e];
       float& x1 = s[n * 4 + 2 + e];
       const float d0 = fmaf(x0, sl0, -base0), d1 = fmaf(x1, sl1, -base1);
-      if (n % (kExp2FmaEvery > 0 ? kExp2FmaEvery : 1) == kExp2FmaEvery - 1) {
-        x0 = sm90::fma_exp2(d0);
-        x1 = sm90::fma_exp2(d1);
-      } else {
-        x0 = sm90::fast_exp2(d0);
-        x1 = sm90::fast_exp2(d1);
-      }
+      x0 = sm90::fast_exp2(d0);
+      x1 = sm90::fast_exp2(d1);
       l0[e] += x0;
       l1[e] += x1;
       if constexpr (kTemp) {
