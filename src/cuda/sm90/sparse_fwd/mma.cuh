@@ -121,67 +121,80 @@ __device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves, kKeys, kQSt>
   sm90::named_sync(uint32_t(NamedBarrier::kVTailStage0) + stage, 2 * 128);
 }
 
-// Max of one accumulator row's raw scores over the visible columns [0, limit]; invisible entries
-// become -inf. Blocks wholly visible to the row (all but the diagonal and batch tails) skip the
-// column compares: the softmax is issue-bound, every instruction per element counts.
+// The block softmax works on both accumulator rows of a thread (kOff 0 and 2) in one straight-line
+// pass: the rows' max chains, quad shuffles and exponentials then overlap, where a branch per row
+// and per option (temperature, key limit) kept them serial on the consumer's critical path.
+// Columns of row kOff past its last visible one (`limit`) set to -inf; called only when a row does
+// not see the whole block (the diagonal and batch tails).
 template <int kOff, int kS>
-__device__ __forceinline__ float masked_row_max(float (&s)[kS], int limit, int col_base) {
-  float m[2] = {-INFINITY, -INFINITY};  // two chains for ILP
-  if (limit >= 2 * kS - 1) {  // S of 2 kS keys (kS floats per thread)
+__device__ __forceinline__ void mask_past_limit(float (&s)[kS], int limit, int col_base) {
 #pragma unroll
-    for (int n = 0; n < kS / 4; ++n)
+  for (int n = 0; n < kS / 4; ++n)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) m[e] = fmaxf(m[e], s[n * 4 + kOff + e]);
-  } else {
-#pragma unroll
-    for (int n = 0; n < kS / 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float x = n * 8 + col_base + e <= limit ? s[n * 4 + kOff + e] : -INFINITY;
-        s[n * 4 + kOff + e] = x;
-        m[e] = fmaxf(m[e], x);
-      }
-  }
-  return quad_max(fmaxf(m[0], m[1]));
+    for (int e = 0; e < 2; ++e)
+      if (n * 8 + col_base + e > limit) s[n * 4 + kOff + e] = -INFINITY;
 }
-
-// p = exp2(s * scale_log2 - base) in place (one FFMA and one EX2 per element), with this thread's
-// shares (its 32 columns) of the row's sums of p and (inv_temp > 0) of
-// exp2((s * scale_log2 - base) * inv_temp). exp_row adds the quad's shares.
-template <int kOff, int kS>
-__device__ __forceinline__ void exp_row_local(float (&s)[kS], float scale_log2, float base,
-                                              float inv_temp, float& sum, float& tsum) {
-  float a[2] = {0.f, 0.f}, t[2] = {0.f, 0.f};
-  if (inv_temp > 0.f) {
-#pragma unroll
-    for (int n = 0; n < kS / 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float d = fmaf(s[n * 4 + kOff + e], scale_log2, -base);
-        const float pv = sm90::fast_exp2(d);
-        t[e] += sm90::fast_exp2(d * inv_temp);
-        s[n * 4 + kOff + e] = pv;
-        a[e] += pv;
-      }
-  } else {
-#pragma unroll
-    for (int n = 0; n < kS / 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float pv = sm90::fast_exp2(fmaf(s[n * 4 + kOff + e], scale_log2, -base));
-        s[n * 4 + kOff + e] = pv;
-        a[e] += pv;
-      }
+// Both rows masked to [0, lim]: S of a block of 2 kS keys (kS floats per thread).
+template <int kS>
+__device__ __forceinline__ void mask_rows_past_limit(float (&s)[kS], int lim0, int lim1,
+                                                     int col_base) {
+  if (min(lim0, lim1) < 2 * kS - 1) {
+    mask_past_limit<0>(s, lim0, col_base);
+    mask_past_limit<2>(s, lim1, col_base);
   }
-  sum = a[0] + a[1];
-  tsum = t[0] + t[1];
 }
+// This thread's max of row kOff, four chains.
 template <int kOff, int kS>
-__device__ __forceinline__ void exp_row(float (&s)[kS], float scale_log2, float base,
-                                        float inv_temp, float& sum, float& tsum) {
-  exp_row_local<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
-  sum = quad_sum(sum);
-  tsum = inv_temp > 0.f ? quad_sum(tsum) : 0.f;
+__device__ __forceinline__ float row_max_local(const float (&s)[kS]) {
+  static_assert(kS % 8 == 0, "two column pairs per chain step");
+  float m[4] = {s[kOff], s[kOff + 1], s[4 + kOff], s[4 + kOff + 1]};
+#pragma unroll
+  for (int n = 2; n < kS / 4; n += 2) {
+    m[0] = fmaxf(m[0], s[n * 4 + kOff]);
+    m[1] = fmaxf(m[1], s[n * 4 + kOff + 1]);
+    m[2] = fmaxf(m[2], s[n * 4 + 4 + kOff]);
+    m[3] = fmaxf(m[3], s[n * 4 + 4 + kOff + 1]);
+  }
+  return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+}
+// The quad's max of both rows' raw scores, shuffles interleaved. The max of the scaled scores is
+// the scaled max of the raw ones (scale > 0, rounding is monotone).
+template <int kS>
+__device__ __forceinline__ void rows_max(const float (&s)[kS], float& m0, float& m1) {
+  m0 = row_max_local<0>(s);
+  m1 = row_max_local<2>(s);
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+}
+// p = exp2(s * sl - base) in place for both rows (one FFMA and one EX2 per element), with this
+// thread's shares (its columns) of each row's sum of p and (kTemp) of exp2((s * sl - base) / T).
+template <bool kTemp, int kS>
+__device__ __forceinline__ void exp_rows_local(float (&s)[kS], float sl0, float sl1, float base0,
+                                               float base1, float inv_temp, float (&sum)[2],
+                                               float (&tsum)[2]) {
+  float l0[2] = {0.f, 0.f}, l1[2] = {0.f, 0.f}, t0 = 0.f, t1 = 0.f;
+#pragma unroll
+  for (int n = 0; n < kS / 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& x0 = s[n * 4 + e];
+      float& x1 = s[n * 4 + 2 + e];
+      const float d0 = fmaf(x0, sl0, -base0), d1 = fmaf(x1, sl1, -base1);
+      x0 = sm90::fast_exp2(d0);
+      x1 = sm90::fast_exp2(d1);
+      l0[e] += x0;
+      l1[e] += x1;
+      if constexpr (kTemp) {
+        t0 += sm90::fast_exp2(d0 * inv_temp);
+        t1 += sm90::fast_exp2(d1 * inv_temp);
+      }
+    }
+  sum[0] = l0[0] + l0[1];
+  sum[1] = l1[0] + l1[1];
+  tsum[0] = t0;
+  tsum[1] = t1;
 }
 
 // Soft-cap (docs/semantics.md, Dense attention): a row's log2-domain score y = s * scale_log2 (the
@@ -203,18 +216,30 @@ __device__ __forceinline__ float soft_cap_row(float (&s)[kS], float scale_log2, 
   return 1.f;
 }
 
-// Masks row values to the visible columns [0, limit] and exponentiates them (values replaced by
-// p = exp2(x - base), x = s * scale_log2 the log2-domain score); returns the row statistics.
-// The max of the scaled scores is the scaled max of the raw ones (scale_log2 > 0, rounding is
-// monotone), so it is taken on the raw values.
-template <int kOff>
-__device__ __forceinline__ RowStats softmax_row(float (&s)[64], int limit, int col_base,
-                                                float scale_log2, float inv_temp) {
-  const float mx = masked_row_max<kOff>(s, limit, col_base) * scale_log2;
-  const float base = mx == -INFINITY ? 0.f : mx;
-  float sum, tsum;
-  exp_row<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
-  return RowStats{mx, sum, tsum};
+// Both rows masked to their visible columns and exponentiated (values replaced by
+// p = exp2(x - max), x = s * sl the log2-domain score; base 0 for a row without a visible key),
+// with the rows' statistics.
+template <bool kTemp, int kS>
+__device__ __forceinline__ void softmax_rows(float (&s)[kS], int lim0, int lim1, int col_base,
+                                             float sl0, float sl1, float inv_temp, RowStats& st0,
+                                             RowStats& st1) {
+  mask_rows_past_limit(s, lim0, lim1, col_base);
+  float m0, m1;
+  rows_max(s, m0, m1);
+  const float mx0 = m0 * sl0, mx1 = m1 * sl1;
+  float sum[2], tsum[2];
+  exp_rows_local<kTemp>(s, sl0, sl1, mx0 == -INFINITY ? 0.f : mx0, mx1 == -INFINITY ? 0.f : mx1,
+                        inv_temp, sum, tsum);
+  sum[0] += __shfl_xor_sync(0xffffffffu, sum[0], 1);
+  sum[1] += __shfl_xor_sync(0xffffffffu, sum[1], 1);
+  sum[0] += __shfl_xor_sync(0xffffffffu, sum[0], 2);
+  sum[1] += __shfl_xor_sync(0xffffffffu, sum[1], 2);
+  if constexpr (kTemp) {
+    tsum[0] = quad_sum(tsum[0]);
+    tsum[1] = quad_sum(tsum[1]);
+  }
+  st0 = RowStats{mx0, sum[0], tsum[0]};
+  st1 = RowStats{mx1, sum[1], tsum[1]};
 }
 
 // Key masks (key_mask.h, the kMask kernels): the packed row of query token `tok` (null for a
@@ -386,8 +411,11 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
     apply_key_mask<0>(s, mask_block<kBlockN>(p, mask_row(p, tok0), info.kb), col_base);
     apply_key_mask<2>(s, mask_block<kBlockN>(p, mask_row(p, tok1), info.kb), col_base);
   }
-  const RowStats st0 = softmax_row<0>(s, lim0, col_base, sl0, p.inv_temperature);
-  const RowStats st1 = softmax_row<2>(s, lim1, col_base, sl1, p.inv_temperature);
+  RowStats st0, st1;
+  if (p.inv_temperature > 0.f)
+    softmax_rows<true>(s, lim0, lim1, col_base, sl0, sl1, p.inv_temperature, st0, st1);
+  else
+    softmax_rows<false>(s, lim0, lim1, col_base, sl0, sl1, 0.f, st0, st1);
 
   uint32_t pa[kBlockN / 16][4];
   pack_probs<kF16>(s, pa);

@@ -26,24 +26,41 @@ struct OnlineRow {
 // when a row of the warp raised its base: after the first blocks, rarely.
 constexpr float kRescaleSlack = 8.f;
 
-// One row of the block: mask to [0, limit], fold into the running statistics and leave
-// p = exp2(x - base) in s (x = s * scale_log2). Returns the factor exp2(m_old - base) that the
-// row of O must take once the P V product still in flight on it has completed (1: none).
-template <int kOff, int kS>
-__device__ __forceinline__ float online_softmax_row(float (&s)[kS], int limit, int col_base,
-                                                   float scale_log2, float inv_temp,
-                                                   OnlineRow& r) {
-  const float bmax = masked_row_max<kOff>(s, limit, col_base) * scale_log2;
-  const bool raise = bmax > r.m + kRescaleSlack;  // always while m = -inf and bmax is finite
+// The running base of a row after a block whose (scaled, quad-reduced) max is bmax; returns
+// the rescale factor of the row's O and l.
+__device__ __forceinline__ float raise_base(float bmax, OnlineRow& r, float& base, bool& raise) {
+  raise = bmax > r.m + kRescaleSlack;  // always while m = -inf and bmax is finite
   const float m_new = raise ? bmax : r.m;
-  const float base = m_new == -INFINITY ? 0.f : m_new;
+  base = m_new == -INFINITY ? 0.f : m_new;
   const float alpha = raise ? sm90::fast_exp2(r.m - base) : 1.f;
-  float sum, tsum;
-  exp_row_local<kOff>(s, scale_log2, base, inv_temp, sum, tsum);
-  r.l = r.l * alpha + sum;
-  if (inv_temp > 0.f) r.t = r.t * (raise ? sm90::fast_exp2((r.m - base) * inv_temp) : 1.f) + tsum;
-  r.m = m_new;
   return alpha;
+}
+// Online softmax of both rows of the thread's block (mma.cuh, softmax_rows): columns past a row's
+// limit masked, p = exp2(x - base) left in s, the running statistics updated. a0 / a1: the factor
+// exp2(m_old - base) that the row of O must take once the P V product still in flight on it has
+// completed (1: none). kTemp: the temperature sums too.
+template <bool kTemp, int kS>
+__device__ __forceinline__ void online_softmax_rows(float (&s)[kS], int lim0, int lim1,
+                                                    int col_base, float sl0, float sl1,
+                                                    float inv_temp, OnlineRow& r0, OnlineRow& r1,
+                                                    float& a0, float& a1) {
+  mask_rows_past_limit(s, lim0, lim1, col_base);
+  float m0, m1;
+  rows_max(s, m0, m1);
+  float base0, base1;
+  bool raise0, raise1;
+  a0 = raise_base(m0 * sl0, r0, base0, raise0);
+  a1 = raise_base(m1 * sl1, r1, base1, raise1);
+  float sum[2], tsum[2];
+  exp_rows_local<kTemp>(s, sl0, sl1, base0, base1, inv_temp, sum, tsum);
+  r0.l = r0.l * a0 + sum[0];
+  r1.l = r1.l * a1 + sum[1];
+  if constexpr (kTemp) {
+    r0.t = r0.t * (raise0 ? sm90::fast_exp2((r0.m - base0) * inv_temp) : 1.f) + tsum[0];
+    r1.t = r1.t * (raise1 ? sm90::fast_exp2((r1.m - base1) * inv_temp) : 1.f) + tsum[1];
+  }
+  r0.m = raise0 ? base0 : r0.m;
+  r1.m = raise1 ? base1 : r1.m;
 }
 
 // The quad's shares of l and t added (the whole warp calls it, before any branch on the row).
@@ -215,8 +232,11 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
           apply_key_mask<0>(sc, mw0, col_base);
           apply_key_mask<2>(sc, mw1, col_base);
         }
-        a0 = online_softmax_row<0>(sc, lim0, col_base, s0, p.inv_temperature, st0);
-        a1 = online_softmax_row<2>(sc, lim1, col_base, s1, p.inv_temperature, st1);
+        if (p.inv_temperature > 0.f)
+          online_softmax_rows<true>(sc, lim0, lim1, col_base, s0, s1, p.inv_temperature, st0, st1,
+                                    a0, a1);
+        else
+          online_softmax_rows<false>(sc, lim0, lim1, col_base, s0, s1, 0.f, st0, st1, a0, a1);
       };
       float a0, a1;
       // Block 0: S_0 alone.
