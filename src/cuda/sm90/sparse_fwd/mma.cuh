@@ -24,13 +24,16 @@
 
 namespace msa::cuda::sparse_fwd {
 
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+// The quad's sums of two values (a thread's shares of its two rows), shuffles interleaved.
+__device__ __forceinline__ void quad_sum2(float (&v)[2]) {
+  v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+  v[1] += __shfl_xor_sync(0xffffffffu, v[1], 1);
+  v[0] += __shfl_xor_sync(0xffffffffu, v[0], 2);
+  v[1] += __shfl_xor_sync(0xffffffffu, v[1], 2);
 }
 
 // The tokens whose rows consumer warp `warp` holds (tile rows 16 warp .. 16 warp + 15, row r of
@@ -230,14 +233,8 @@ __device__ __forceinline__ void softmax_rows(float (&s)[kS], int lim0, int lim1,
   float sum[2], tsum[2];
   exp_rows_local<kTemp>(s, sl0, sl1, mx0 == -INFINITY ? 0.f : mx0, mx1 == -INFINITY ? 0.f : mx1,
                         inv_temp, sum, tsum);
-  sum[0] += __shfl_xor_sync(0xffffffffu, sum[0], 1);
-  sum[1] += __shfl_xor_sync(0xffffffffu, sum[1], 1);
-  sum[0] += __shfl_xor_sync(0xffffffffu, sum[0], 2);
-  sum[1] += __shfl_xor_sync(0xffffffffu, sum[1], 2);
-  if constexpr (kTemp) {
-    tsum[0] = quad_sum(tsum[0]);
-    tsum[1] = quad_sum(tsum[1]);
-  }
+  quad_sum2(sum);
+  if constexpr (kTemp) quad_sum2(tsum);
   st0 = RowStats{mx0, sum[0], tsum[0]};
   st1 = RowStats{mx1, sum[1], tsum[1]};
 }
