@@ -49,6 +49,13 @@ std::vector<BenchCase> make_cases() {
   v.push_back(prefill("P32K-tok", fwd, "sparse attention forward", 32768, Pattern::tok, kNeedsPrefill));
   v.push_back(prefill("P32K-blk", fwd, "sparse attention forward", 32768, Pattern::blk, kNeedsPrefill));
   v.push_back(prefill("P48K-tok", fwd, "sparse attention forward", 49152, Pattern::tok, kNeedsPrefill));
+  for (const Pattern pat : {Pattern::tok, Pattern::blk}) {  // 64-key blocks, the same keys per row
+    BenchCase c = prefill(pat == Pattern::tok ? "P32K-tok64" : "P32K-blk64", fwd,
+                          "sparse attention forward", 32768, pat, kNeedsPrefill);
+    c.kv_block_size = 64;
+    c.topk = 32;
+    v.push_back(c);
+  }
   for (const Pattern pat : {Pattern::tok, Pattern::blk}) {  // bf16 q over FP8 K/V
     BenchCase c = prefill(pat == Pattern::tok ? "P32K-tok-fp8kv" : "P32K-blk-fp8kv", fwd,
                           "sparse attention forward, FP8 K/V", 32768, pat, kNeedsPrefill);

@@ -22,8 +22,8 @@ from .quant import QTensor, unpack
 from .sparse_convert import (_block_size, _bsr_mask_blocks, _bsr_q2k, _cdiv, _host, _like, _np,
                              _per_head_q2k, _q2k_indices_blocks, _read)
 
-# msa's CUDA prefill attends blocks of this many keys (docs/semantics.md, Attention).
-_CUDA_BLOCK = 128
+# msa's CUDA prefill attends blocks of these many keys (docs/semantics.md, Attention).
+_CUDA_BLOCKS = (128, 64)
 _LAYOUTS = ("NHD", "HND")
 
 
@@ -108,14 +108,14 @@ def _brief(value: Any) -> str:
 
 
 def check_cuda_plan(C: int, kv_block_size: int, kv_block_lens: Any) -> None:
-    """What CUDA takes: ids in blocks of 128 keys, so C a multiple of 128 and no kv_block_lens
-    (a shortened block needs key ids, which only the CPU attends)."""
-    if C % _CUDA_BLOCK:
-        raise MsaError(f"C: CUDA attends blocks of {_CUDA_BLOCK} keys, and C = {C} is not a "
-                       f"multiple of {_CUDA_BLOCK}; plan on the CPU (it takes any C, as key ids) "
-                       "or use column blocks of 128, 256, ... keys")
-    if kv_block_size != _CUDA_BLOCK:
-        raise MsaError(f"kv_block_size: CUDA takes {_CUDA_BLOCK}, got {kv_block_size}")
+    """What CUDA takes: ids in blocks of 128 or 64 keys, so C a multiple of 64 and no
+    kv_block_lens (a shortened block needs key ids, which only the CPU attends)."""
+    if C % 64:
+        raise MsaError(f"C: CUDA attends blocks of 64 or 128 keys, and C = {C} is not a multiple "
+                       "of 64; plan on the CPU (it takes any C, as key ids) or use column blocks "
+                       "of 64, 128, 192, ... keys")
+    if kv_block_size not in _CUDA_BLOCKS:
+        raise MsaError(f"kv_block_size: CUDA takes 64 or 128, got {kv_block_size}")
     if kv_block_lens is not None:
         raise MsaError("kv_block_lens: not taken on CUDA (a shortened column block needs key ids, "
                        "kv_block_size=1, which only the CPU attends); plan on the CPU")

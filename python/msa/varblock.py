@@ -15,17 +15,17 @@ from typing import Any, Optional
 
 from ._arrays import _torch, framework, parse_device
 from ._runtime import MsaError, check_arrays, count
-from .bsr import (_CUDA_BLOCK, _LAYOUTS, _SparsePlan, _offsets, _on_stream, _placed,
+from .bsr import (_CUDA_BLOCKS, _LAYOUTS, _SparsePlan, _offsets, _on_stream, _placed,
                   _plan_sizes, _refuse, _soft_cap)
 from .csr import build_k2q_csr
 from .sparse_convert import _block_size, _cdiv, _host, _np
 
 
 def _cuda_columns(s: int) -> None:
-    if s != _CUDA_BLOCK:
-        raise MsaError(f"kv_block_size: CUDA takes {_CUDA_BLOCK} (column blocks starting at "
-                       f"multiples of {_CUDA_BLOCK} keys and ending at one or at kv_len), got "
-                       f"{s}; plan on the CPU, which takes any column sizes as key ids")
+    if s not in _CUDA_BLOCKS:
+        raise MsaError("kv_block_size: CUDA takes 64 or 128 (column blocks starting at multiples "
+                       f"of that many keys and ending at one or at kv_len), got {s}; plan on the "
+                       "CPU, which takes any column sizes as key ids")
 
 
 def _host_mask(x: Any) -> Any:
@@ -289,7 +289,7 @@ class VariableBlockSparseAttention(_SparsePlan):
                                    "/ block_col_sz (a host int): plan() builds the selection "
                                    "on the device without reading the sizes on the host")
             qo_len, kv_len = count(qo_len, "qo_len", lo=1), count(kv_len, "kv_len", lo=1)
-            s = _block_size(kv_block_size, _CUDA_BLOCK)
+            s = _block_size(kv_block_size, 128)
             _cuda_columns(s)
             _check_device_inputs(block_mask_map, block_row_sz, block_col_sz, hkv)
             with _on_stream(stream, block_mask_map.device):
@@ -302,11 +302,10 @@ class VariableBlockSparseAttention(_SparsePlan):
             q2k_np, s, qo_len, kv_len = varblock_to_q2k(
                 block_mask_map, block_row_sz, block_col_sz, num_kv_heads=hkv,
                 kv_block_size=kv_block_size, topk=topk, qo_len=qo_len, kv_len=kv_len)
-            if kind == "cuda" and s != _CUDA_BLOCK:
-                raise MsaError(f"block_col_sz: CUDA attends blocks of {_CUDA_BLOCK} keys; every "
-                               f"column block must start at a multiple of {_CUDA_BLOCK} and end "
-                               f"at one or at kv_len = {kv_len} (plan on the CPU for other "
-                               "sizes, as key ids)")
+            if kind == "cuda" and s not in _CUDA_BLOCKS:
+                raise MsaError("block_col_sz: CUDA attends blocks of 64 or 128 keys; every column "
+                               "block must start at a multiple of 64 and end at one or at kv_len "
+                               f"= {kv_len} (plan on the CPU for other sizes, as key ids)")
             q2k = _placed(q2k_np, block_mask_map, kind, index)
         use_torch = torch is not None and isinstance(q2k, torch.Tensor)
         with _on_stream(stream if on_device else None, q2k.device if use_torch else None):

@@ -296,8 +296,8 @@ IP, IX = np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32)
     (dict(sm_scale=-1.0), "sm_scale: must be a finite number > 0"),
     (dict(topk=0), "topk: must be >= 1"),
     (dict(M=9), r"indptr: must have MB \+ 1 = 4 entries"),
-    (dict(C=32, device="cuda:0"), "C: CUDA attends blocks of 128 keys, and C = 32"),
-    (dict(C=64, kv_block_size=64, device="cuda:0"), "C: CUDA attends blocks of 128 keys"),
+    (dict(C=32, device="cuda:0"), "C: CUDA attends blocks of 64 or 128 keys, and C = 32"),
+    (dict(C=96, kv_block_size=1, device="cuda:0"), "C: CUDA attends blocks of 64 or 128 keys"),
 ])
 def test_plan_errors(kw, match):
     with pytest.raises(msa.MsaError, match=match):
@@ -353,10 +353,12 @@ def test_defaults_that_flashinfer_passes_are_taken():
 def test_cuda_rules():
     check_cuda_plan(128, 128, None)
     check_cuda_plan(384, 128, None)
-    with pytest.raises(msa.MsaError, match="C: CUDA attends blocks of 128 keys, and C = 48"):
+    check_cuda_plan(64, 64, None)
+    check_cuda_plan(192, 64, None)
+    with pytest.raises(msa.MsaError, match="C: CUDA attends blocks of 64 or 128 keys, and C = 48"):
         check_cuda_plan(48, 1, None)
-    with pytest.raises(msa.MsaError, match="kv_block_size: CUDA takes 128, got 64"):
-        check_cuda_plan(128, 64, None)
+    with pytest.raises(msa.MsaError, match="kv_block_size: CUDA takes 64 or 128, got 1"):
+        check_cuda_plan(128, 1, None)
     with pytest.raises(msa.MsaError, match="kv_block_lens: not taken on CUDA"):
         check_cuda_plan(128, 128, np.ones(1, np.int32))
 

@@ -37,7 +37,10 @@ def _plan(indptr, indices, M, N, R, C, topk=None, **kw):
 @pytest.mark.parametrize("R, C, M, N, causal", [(64, 128, 300, 700, False),
                                                 (128, 128, 512, 512, True),
                                                 (1, 256, 77, 900, True),
-                                                (16, 128, 200, 1000, False)])
+                                                (16, 128, 200, 1000, False),
+                                                (64, 64, 300, 700, True),
+                                                (1, 64, 77, 450, False),
+                                                (32, 192, 260, 1000, True)])
 def test_cuda_matches_cpu(R, C, M, N, causal):
     indptr, indices, q, k, v, topk = _case(R + C + M, R, C, M, N)
     cpu = _plan(torch.from_numpy(indptr), torch.from_numpy(indices), M, N, R, C, causal=causal)
@@ -46,9 +49,10 @@ def test_cuda_matches_cpu(R, C, M, N, causal):
         gpu = _plan(torch.from_numpy(indptr).to(DEV), torch.from_numpy(indices).to(DEV), M, N,
                     R, C, topk=topk, causal=causal)
         got, lse = gpu.run(q.to(DEV), k.to(DEV), v.to(DEV), return_lse=True, check=True)
-    assert gpu.kv_block_size == 128
+    blk = 128 if C % 128 == 0 else 64  # 64-key blocks when C is an odd multiple of 64
+    assert gpu.kv_block_size == blk
     sel = msa.bsr_to_q2k(indptr, indices, R=R, C=C, num_q=M, num_kv=N, num_kv_heads=2,
-                         kv_block_size=128, topk=topk * (C // 128))
+                         kv_block_size=blk, topk=topk * (C // blk))
     assert np.array_equal(gpu.q2k.cpu().numpy(), sel.q2k)
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
     finite = torch.isfinite(want_lse)
@@ -117,8 +121,8 @@ def test_cuda_refusals():
     ix = torch.tensor([0], dtype=torch.int32, device=DEV)
     with pytest.raises(msa.MsaError, match="topk: required with CUDA indptr"):
         _plan(ip, ix, 64, 64, 64, 64)
-    with pytest.raises(msa.MsaError, match="C: CUDA attends blocks of 128 keys, and C = 64"):
-        _plan(ip, ix, 64, 64, 64, 64, topk=1)
+    with pytest.raises(msa.MsaError, match="C: CUDA attends blocks of 64 or 128 keys, and C = 96"):
+        _plan(ip, ix, 64, 96, 64, 96, topk=1)
     bsa = _plan(ip, ix, 64, 128, 64, 128, topk=1)
     q = torch.randn(64, 8, 128, dtype=torch.bfloat16)
     k = torch.randn(128, 2, 128, dtype=torch.bfloat16)

@@ -1,5 +1,5 @@
-# GPU tests of msa.VariableBlockSparseAttention (msa/varblock.py): columns aligned to 128 keys
-# (block ids of 128) on CUDA against the same plan on the CPU, plan() from device inputs with
+# GPU tests of msa.VariableBlockSparseAttention (msa/varblock.py): columns aligned to 128 or 64
+# keys (block ids of 128 or 64) on CUDA against the same plan on the CPU, plan() from device inputs with
 # topk / qo_len / kv_len making no host sync (torch's sync debug mode set to error around plan
 # and run), CUDA-graph capture of run() (replay equals eager), a column size that breaks the
 # 128 rule reported by msa's q2k checks with check=True, and the CUDA refusals.
@@ -15,17 +15,18 @@ DEV = "cuda"
 HQ, HKV, D = 8, 2, 128
 
 
-def _case(seed, qo_len, kv_len, mb):
-    """Per-head random rows; columns of 128 keys (the last short) or of 256 with a zero-size
+def _case(seed, qo_len, kv_len, mb, blk=128):
+    """Per-head random rows; columns of blk keys (the last short) or of 2 blk with a zero-size
     one; a random mask; HND bf16 q, k, v."""
     rng = np.random.default_rng(seed)
     rows = np.stack([random_sizes(rng, qo_len, mb) for _ in range(HKV)])
-    nb = -(-kv_len // 128)
-    c128 = np.array([128] * (nb - 1) + [kv_len - 128 * (nb - 1)], np.int32)
-    cols = np.stack([c128, c128])
-    if seed % 2 and kv_len % 256 == 0:
-        c256 = np.array([256] * (kv_len // 256) + [0] * (nb - kv_len // 256), np.int32)
-        cols = np.stack([c128, c256])
+    nb = -(-kv_len // blk)
+    c1 = np.array([blk] * (nb - 1) + [kv_len - blk * (nb - 1)], np.int32)
+    cols = np.stack([c1, c1])
+    if seed % 2 and kv_len % (2 * blk) == 0:
+        c2 = np.array([2 * blk] * (kv_len // (2 * blk)) + [0] * (nb - kv_len // (2 * blk)),
+                      np.int32)
+        cols = np.stack([c1, c2])
     mask = rng.random((HKV, mb, nb)) < 0.5
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(h, n, D, generator=gen).to(torch.bfloat16)
@@ -41,22 +42,25 @@ def _dev(*xs):
     return tuple(torch.as_tensor(x).to(DEV) for x in xs)
 
 
-@pytest.mark.parametrize("qo_len, kv_len, mb, causal", [(300, 700, 5, False),
-                                                        (512, 512, 4, True),
-                                                        (77, 1024, 3, True),
-                                                        (200, 1000, 1, False)])
-def test_cuda_matches_cpu(qo_len, kv_len, mb, causal):
-    mask, rows, cols, q, k, v = _case(qo_len + kv_len, qo_len, kv_len, mb)
-    cpu = _plan(mask, rows, cols, causal=causal)
+@pytest.mark.parametrize("qo_len, kv_len, mb, causal, blk", [(300, 700, 5, False, 128),
+                                                             (512, 512, 4, True, 128),
+                                                             (77, 1024, 3, True, 128),
+                                                             (200, 1000, 1, False, 128),
+                                                             (300, 700, 5, True, 64),
+                                                             (257, 512, 4, False, 64),
+                                                             (65, 1024, 2, True, 64)])
+def test_cuda_matches_cpu(qo_len, kv_len, mb, causal, blk):
+    mask, rows, cols, q, k, v = _case(qo_len + kv_len, qo_len, kv_len, mb, blk)
+    cpu = _plan(mask, rows, cols, causal=causal, kv_block_size=blk)
     want, want_lse = cpu.run(q, k, v, return_lse=True)
-    topk = -(-kv_len // 128)
+    topk = -(-kv_len // blk)
     with gpu_op():
         gpu = _plan(*_dev(mask, rows, cols), topk=topk, qo_len=qo_len, kv_len=kv_len,
-                    causal=causal)
+                    causal=causal, kv_block_size=blk)
         got, lse = gpu.run(*_dev(q, k, v), return_lse=True, check=True)
-    assert gpu.kv_block_size == 128
+    assert gpu.kv_block_size == blk
     host, _, _, _ = msa.varblock.varblock_to_q2k(mask, rows, cols, num_kv_heads=HKV,
-                                                 kv_block_size=128, topk=topk)
+                                                 kv_block_size=blk, topk=topk)
     assert np.array_equal(gpu.q2k.cpu().numpy(), host)
     assert got.shape == q.shape and got.is_contiguous()
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
@@ -131,10 +135,10 @@ def test_cuda_refusals():
                      ("kv_len", dict(topk=1, qo_len=64))):
         with pytest.raises(msa.MsaError, match=f"{name}: required with CUDA block_mask_map"):
             _plan(m, r, c, **kw)
-    with pytest.raises(msa.MsaError, match="kv_block_size: CUDA takes 128"):
-        _plan(m, r, c, topk=1, qo_len=64, kv_len=128, kv_block_size=64)
-    with pytest.raises(msa.MsaError, match="block_col_sz: CUDA attends blocks of 128 keys"):
-        _plan(np.ones((1, 1, 2), bool), np.array([[64]]), np.array([[64, 64]]), device=DEV)
+    with pytest.raises(msa.MsaError, match="kv_block_size: CUDA takes 64 or 128"):
+        _plan(m, r, c, topk=1, qo_len=64, kv_len=128, kv_block_size=1)
+    with pytest.raises(msa.MsaError, match="block_col_sz: CUDA attends blocks of 64 or 128 keys"):
+        _plan(np.ones((1, 1, 2), bool), np.array([[64]]), np.array([[96, 32]]), device=DEV)
     vsa = _plan(m, r, c, topk=1, qo_len=64, kv_len=128)
     q = torch.randn(HQ, 64, D, dtype=torch.bfloat16)
     k = torch.randn(HKV, 128, D, dtype=torch.bfloat16)

@@ -82,6 +82,7 @@ struct DeviceCase {
     b.cu_seqlens_q = cu_q.t;
     b.kv = kv();
     b.out = k2q;
+    b.kv_block_size = int(c.blk);
     const size_t need = csr_workspace_bytes(c.p.hkv, rows, c.p.total_q(), c.topk);
     csr_ws = DeviceBuffer(std::max<size_t>(need, 256));
     b.workspace = Tensor(csr_ws.get(), DType::u8, {int64_t(need)}, gpu0());
@@ -288,13 +289,43 @@ TEST(SparseFwdGpu, RandomSweepMatchesCpu) {
   }
 }
 
+// A named shape: lengths per request, group, kv heads, top-K, causal, block-uniform selections.
+struct Edge { std::vector<int32_t> lq, lk; int64_t g, hkv, topk; bool causal, blk; };
+
+// Each edge (indexer-like q2k over blocks of kv_block keys, NaN in unselected K/V rows) on the
+// GPU against the CPU reference and the FA3 bar, then bitwise equal with a GPU-built K2QIndex and
+// with one sized for extra rows. seed: of the edges' selections and inputs.
+template <size_t N>
+void expect_edges_match_cpu(const Edge (&edges)[N], int64_t kv_block, unsigned seed,
+                            cudaStream_t s) {
+  int idx = 0;
+  for (const Edge& e : edges) {
+    std::mt19937 rng(seed + unsigned(idx));
+    Problem prob = make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, 128, 5 * seed + unsigned(idx));
+    HostTensor ids = indexer_like_q2k(prob, e.topk, e.causal, rng, e.blk, kv_block);
+    SparseCase c(std::move(prob), std::move(ids), e.topk, kv_block);
+    c.causal = e.causal;
+    poison_unselected(c.p, c.q2k, c.topk, kv_block);
+    SCOPED_TRACE("edge " + std::to_string(idx++) + ", kv_block " + std::to_string(kv_block));
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, false, s);
+    expect_close(c, g1, ref);
+    expect_within_fa3_bar(c, g1.out, 1);
+    d.build_csr(c, s);
+    expect_bitwise(g1, run_gpu(c, d, true, s));
+    DeviceCase padded(c, s, /*extra_rows=*/1 + idx % 3);
+    padded.build_csr(c, s);
+    expect_bitwise(g1, run_gpu(c, padded, true, s));
+  }
+}
+
 // Named edges: one block, lengths 1, G=16 with a 4-token tile of which 1 token is used, top-K
 // far above the block count, requests without queries or keys, Lq > Lk, and block-uniform
 // selections (the Q-major path); each also bitwise equal with a GPU-built K2QIndex.
 TEST(SparseFwdGpu, NamedEdges) {
   MSA_REQUIRE_GPU();
   TestStream s;
-  struct Edge { std::vector<int32_t> lq, lk; int64_t g, hkv, topk; bool causal, blk; };
   const Edge edges[] = {
       {{1}, {1}, 16, 1, 4, true, false},
       {{1}, {129}, 16, 2, 1, true, false},
@@ -309,26 +340,7 @@ TEST(SparseFwdGpu, NamedEdges) {
       {{200}, {90}, 4, 2, 16, true, true},
       {{333}, {333}, 8, 1, 32, false, true},
   };
-  int idx = 0;
-  for (const Edge& e : edges) {
-    std::mt19937 rng(77 + idx);
-    Problem prob = make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, 128, 500u + unsigned(idx));
-    HostTensor ids = indexer_like_q2k(prob, e.topk, e.causal, rng, e.blk);
-    SparseCase c(std::move(prob), std::move(ids), e.topk);
-    c.causal = e.causal;
-    poison_unselected(c.p, c.q2k, c.topk);
-    SCOPED_TRACE("edge " + std::to_string(idx++));
-    const Outputs ref = run_cpu(c);
-    DeviceCase d(c, s);
-    const Outputs g1 = run_gpu(c, d, false, s);
-    expect_close(c, g1, ref);
-    expect_within_fa3_bar(c, g1.out, 1);
-    d.build_csr(c, s);
-    expect_bitwise(g1, run_gpu(c, d, true, s));
-    DeviceCase padded(c, s, /*extra_rows=*/1 + idx % 3);
-    padded.build_csr(c, s);
-    expect_bitwise(g1, run_gpu(c, padded, true, s));
-  }
+  expect_edges_match_cpu(edges, 128, 77, s);
 }
 
 // Scores whose block maxima differ by far more than the uniform path's rescale slack (2^8 in the
@@ -896,6 +908,84 @@ TEST(SparseFwdGpu, SparseKeyMaskMatchesCpu) {
     expect_matches_cpu_and_repeats(c, small, s);
     if (HasFailure()) break;
   }
+}
+
+// 64-key kv blocks (kv_block_size 64: the kernels' kBlk = 64 instantiations): random configurations
+// on both paths (tok selections on the KV-major kernel, blk ones on the uniform kernel), 16-bit
+// and FP8 / FP4 K/V, key masks, soft-cap, NaN in the unselected K/V rows, lengths that are not
+// multiples of 64; each also bitwise repeatable with a GPU-built K2QIndex.
+TEST(SparseFwdGpu, Blocks64MatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  for (int i = 0; i < (small ? 6 : 32); ++i) {
+    const std::optional<Fp8Scale> fp8 =
+        i % 8 == 3 ? std::optional<Fp8Scale>(kFp8Kinds[(i / 8) % 4]) : std::nullopt;
+    SparseCase c = random_case(3000 + i, small, true, fp8, /*blk=*/64);
+    if (i % 8 == 7 && c.p.q.t.dtype == DType::bf16) {
+      quantize_kv_fp4(c.p, /*nvfp4=*/true);
+      c.name += " nvfp4";
+    }
+    if (i % 5 == 2) {
+      c.soft_cap = 10.f;
+      c.name += " soft-cap 10";
+    }
+    if (i % 4 == 1) {  // a key mask per query (density 0.6), row 0 without a visible key
+      const int64_t rows = c.p.total_q();
+      const int64_t lk_max =
+          c.p.lk.empty() ? 0 : *std::max_element(c.p.lk.begin(), c.p.lk.end());
+      HostTensor mask(DType::boolean, {rows, lk_max});
+      std::mt19937 rng(3100u + unsigned(i));
+      for (int64_t j = 0; j < rows * lk_max; ++j) mask.data<uint8_t>()[j] = rng() % 5 < 3;
+      if (rows > 1) std::memset(mask.data<uint8_t>(), 0, size_t(lk_max));
+      c.key_mask = std::move(mask);
+      c.key_mask_rows = KeyMaskRows::per_query;
+      c.name += " key mask";
+    }
+    SCOPED_TRACE(c.name);
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
+    expect_close(c, g1, ref);
+    if (!small && !c.key_mask && c.soft_cap == 0.f && !fp8 && c.p.k.t.dtype != DType::fp4x2)
+      expect_within_fa3_bar(c, g1.out, 37);
+    if (!small) {
+      d.build_csr(c, s);
+      expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/true, s));
+    }
+    if (HasFailure()) break;
+  }
+}
+
+// Named edges at 64-key blocks: one key, lengths 63 / 64 / 65, a request without keys beside
+// ones with keys, top-K above the block count, Lq > Lk, G = 16 and G = 1, both paths.
+TEST(SparseFwdGpu, Blocks64NamedEdges) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  const Edge edges[] = {
+      {{1}, {1}, 16, 1, 4, true, false},
+      {{63, 64, 65}, {63, 64, 65}, 4, 2, 2, true, false},
+      {{0, 0, 3, 0}, {0, 5, 300, 0}, 8, 1, 64, true, false},
+      {{200}, {100}, 4, 2, 8, true, false},
+      {{130, 7}, {257, 7}, 1, 1, 5, false, false},
+      {{300, 129}, {300, 1000}, 16, 1, 16, true, true},
+      {{257, 40, 0, 9}, {400, 0, 5, 130}, 1, 2, 4, true, true},
+      {{65}, {65}, 2, 1, 1, true, true},
+  };
+  expect_edges_match_cpu(edges, 64, 177, s);
+}
+
+// FP8 q over FP8 K/V (QK in FP8) runs 128-key blocks only: 64 is refused by name, before any
+// launch.
+TEST(SparseFwdGpu, Blocks64Refusals) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  SparseCase c = random_case(3200, /*small=*/true, true, Fp8Scale::per_token_head, /*blk=*/64);
+  quantize_queries(c, Fp8Scale::per_token);
+  DeviceCase d(c, s);
+  expect_error([&] { run_gpu(c, d, false, s); },
+                   "FP8 Q K^T (fp8_e4m3 q and K) is not supported by the CUDA sparse prefill with "
+                   "kv_block_size 64");
 }
 
 }  // namespace

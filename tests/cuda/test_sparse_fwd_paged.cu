@@ -128,6 +128,7 @@ struct Spec {
   bool dense = false;           // no q2k: every visible key (topk, blk unused)
   bool offsets = false;         // random per-batch causal offsets (causal specs)
   bool fp8_q = false;           // e4m3 q with per-token-head scales (with fp8: QK in FP8)
+  int64_t kv_block = 128;       // keys per kv block of the q2k ids (kv_block_size)
 };
 
 // A SparseCase from a spec: random q2k (-1 slots, sometimes unsorted) and NaN in every K/V row
@@ -164,11 +165,11 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
     c.name = sp.name;
     return c;
   }
-  HostTensor ids = indexer_like_q2k(prob, sp.topk, sp.causal, rng, sp.blk);
-  SparseCase c(std::move(prob), std::move(ids), sp.topk);
+  HostTensor ids = indexer_like_q2k(prob, sp.topk, sp.causal, rng, sp.blk, sp.kv_block);
+  SparseCase c(std::move(prob), std::move(ids), sp.topk, sp.kv_block);
   c.causal = sp.causal;
   if (seed % 3) c.partial = seed % 3 == 1 ? DType::bf16 : DType::f32;  // 0: the default
-  poison_unselected(c.p, c.q2k, c.topk);
+  poison_unselected(c.p, c.q2k, c.topk, sp.kv_block);
   if (sp.fp4) quantize_kv_fp4(c.p, sp.fp4 == 1);  // the NaN rows get NaN block scales
   if (sp.offsets) add_offsets(c, seed);
   c.name = sp.name;
@@ -229,6 +230,33 @@ TEST(SparseFwdPagedGpu, PageSizesLayoutsMatchCpu) {
       {"ps256 nhd G1 one key", {1, 3}, {1, 3}, 1, 1, 2, true, false, 256, nhd},
   };
   run_specs(specs, 9000, small, s);
+}
+
+// 64-key kv blocks over pools: page sizes below, at and above the block (boxes of at most 64
+// slots), both layouts, tok and blk selections, FP8 and FP4 pools, causal offsets; GPU paged vs
+// the CPU reference and paged == flat bitwise.
+TEST(SparseFwdPagedGpu, Blocks64MatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  Spec specs[] = {
+      {"b64 ps16 nhd G1", {300, 0, 77}, {300, 50, 200}, 1, 2, 8, true, false, 16, nhd},
+      {"b64 ps32 hnd G4 blk padded", {200, 5, 130}, {513, 0, 130}, 4, 2, 8, true, true, 32, hnd, 8},
+      {"b64 ps64 nhd G16 blk f16", {260, 17}, {260, 700}, 16, 1, 6, true, true, 64, nhd, 0,
+       DType::f16},
+      {"b64 ps128 hnd G8 spare columns", {129, 0, 300}, {129, 0, 1000}, 8, 1, 16, true, false, 128,
+       hnd, 0, DType::bf16, true},
+      {"b64 ps256 nhd G2 non-causal", {150, 33}, {383, 65}, 2, 2, 4, false, false, 256, nhd},
+      {"b64 ps64 nhd G4 fp8 per slot", {200, 40}, {450, 63}, 4, 2, 8, true, false, 64, nhd, 0,
+       DType::bf16, false, Fp8Scale::per_token},
+      {"b64 ps32 hnd G16 blk nvfp4", {140, 9}, {300, 64}, 16, 1, 8, true, true, 32, hnd, 0,
+       DType::bf16, false, std::nullopt, 1},
+      {"b64 ps128 nhd G4 offsets", {100, 70}, {300, 200}, 4, 2, 8, true, false, 128, nhd, 0,
+       DType::bf16, false, std::nullopt, 0, false, true},
+  };
+  for (Spec& sp : specs) sp.kv_block = 64;
+  run_specs(specs, 9900, small, s);
 }
 
 // bf16 q over FP8 pools (per tensor, per slot, per slot and head scales; the slots that hold no key

@@ -1,5 +1,5 @@
 // Random sparse-attention problems for the GPU tests (CSR builder, sparse forward): varlen
-// batches with empty requests and lengths that are not multiples of 128, random q2k rows (visible
+// batches with empty requests and lengths that are not multiples of the block, random q2k rows (visible
 // blocks, sometimes invisible ones, -1 padding, sometimes unsorted), NaN in every KV row that no
 // query of its kv head selects (device copies: support/device_tensor.h).
 #pragma once
@@ -25,14 +25,16 @@
 namespace msa::test {
 
 struct SparseCase {
-  SparseCase(Problem problem, HostTensor ids, int64_t k)
-      : p(std::move(problem)), q2k(std::move(ids)), topk(k) {
-    for (int32_t l : p.lk) total_rows += (l + 127) / 128;
+  // block: keys per kv block of the q2k ids (kv_block_size, 128 or 64).
+  SparseCase(Problem problem, HostTensor ids, int64_t k, int64_t block = 128)
+      : p(std::move(problem)), q2k(std::move(ids)), topk(k), blk(block) {
+    for (int32_t l : p.lk) total_rows += (l + blk - 1) / blk;
   }
   std::string name;
   Problem p;
   HostTensor q2k;
   int64_t topk = 1;
+  int64_t blk = 128;  // kv_block_size
   bool causal = true;
   std::optional<DType> partial;  // absent: the library default (bf16 for bf16 q, f32 for f16 q)
   float temperature = 0.f;
@@ -55,6 +57,7 @@ inline AttentionParams params_of(const SparseCase& c) {
   prm.temperature = c.temperature;
   prm.softmax_scale = c.scale;
   prm.soft_cap = c.soft_cap;
+  prm.kv_block_size = int(c.blk);
   return prm;
 }
 
@@ -93,24 +96,24 @@ inline SparseCase dense_case(Problem p, bool causal) {
   return c;
 }
 
-// Random q2k [hkv, total_q, topk] for problem p (block size 128) shaped like an indexer's
+// Random q2k [hkv, total_q, topk] for problem p (blocks of blk keys) shaped like an indexer's
 // selection: mostly the sink and diagonal blocks plus visible ones, sometimes invisible blocks,
 // fewer than topK ids, unsorted rows or -1 in the middle (random_q2k draws uniform rows instead).
 // uniform_blocks: every 128-query block copies the row of its last query (the `blk` pattern; the
 // GPU's uniform path).
 inline HostTensor indexer_like_q2k(const Problem& p, int64_t topk, bool causal, std::mt19937& rng,
-                                   bool uniform_blocks = false) {
+                                   bool uniform_blocks = false, int64_t blk = 128) {
   const int64_t hkv = p.hkv, tq = p.total_q();
   HostTensor q2k(DType::i32, {hkv, tq, topk});
   int32_t* ids = q2k.data<int32_t>();
   std::uniform_real_distribution<double> u(0, 1);
   for (int64_t b = 0; b < p.batch(); ++b) {
-    const int64_t lq = p.lq[b], lk = p.lk[b], nblk = (lk + 127) / 128;
+    const int64_t lq = p.lq[b], lk = p.lk[b], nblk = (lk + blk - 1) / blk;
     for (int64_t h = 0; h < hkv; ++h)
       for (int64_t i = 0; i < lq; ++i) {
         int32_t* row = ids + ((h * tq) + p.q_start(b) + i) * topk;
         const int64_t last = causal ? i + lk - lq : lk - 1;  // last visible key
-        const int64_t vis = last < 0 ? 0 : std::min(nblk, last / 128 + 1);
+        const int64_t vis = last < 0 ? 0 : std::min(nblk, last / blk + 1);
         const bool any_block = u(rng) < 0.2;  // sometimes draw invisible blocks too
         const int64_t pool = any_block ? nblk : vis;
         std::vector<int32_t> pick;
@@ -153,11 +156,12 @@ inline HostTensor indexer_like_q2k(const Problem& p, int64_t topk, bool causal, 
   return q2k;
 }
 
-// Writes NaN into every K/V row (of kv head h) of a block that no query of head h selects.
-inline void poison_unselected(Problem& p, const HostTensor& q2k, int64_t topk) {
+// Writes NaN into every K/V row (of kv head h) of a block (of blk keys) that no query of head h
+// selects.
+inline void poison_unselected(Problem& p, const HostTensor& q2k, int64_t topk, int64_t blk = 128) {
   const int64_t tq = p.total_q();
   for (int64_t b = 0; b < p.batch(); ++b) {
-    const int64_t nblk = (p.lk[b] + 127) / 128;
+    const int64_t nblk = (p.lk[b] + blk - 1) / blk;
     for (int64_t h = 0; h < p.hkv; ++h) {
       std::vector<char> used(nblk, 0);
       for (int64_t i = 0; i < p.lq[b]; ++i)
@@ -167,7 +171,7 @@ inline void poison_unselected(Problem& p, const HostTensor& q2k, int64_t topk) {
         }
       for (int64_t kb = 0; kb < nblk; ++kb) {
         if (used[kb]) continue;
-        for (int64_t j = kb * 128; j < std::min<int64_t>(p.lk[b], (kb + 1) * 128); ++j)
+        for (int64_t j = kb * blk; j < std::min<int64_t>(p.lk[b], (kb + 1) * blk); ++j)
           for (int64_t d = 0; d < p.dim; ++d) {
             const int64_t row = p.k_start(b) + j;
             if (p.k.t.dtype == DType::fp8_e4m3) {  // 0x7f: NaN in e4m3
@@ -185,11 +189,11 @@ inline void poison_unselected(Problem& p, const HostTensor& q2k, int64_t topk) {
 
 // A random configuration. `index` selects the seed; small: short lengths for the sanitizer;
 // fill_inputs false: shapes and q2k only (the same q2k), for tests of the index builders;
-// fp8: bf16 q over FP8 e4m3 K/V with scales of that kind.
+// fp8: bf16 q over FP8 e4m3 K/V with scales of that kind; blk: keys per kv block (128 or 64).
 // The CPU reference costs ~ tokens * Hq * attended keys * D, so long query sets come with few
 // heads / small top-K and the key lengths (up to 5000) carry the long-context part.
 inline SparseCase random_case(int index, bool small, bool fill_inputs = true,
-                              std::optional<Fp8Scale> fp8 = std::nullopt) {
+                              std::optional<Fp8Scale> fp8 = std::nullopt, int64_t blk = 128) {
   std::mt19937 rng(1234567u + 7919u * unsigned(index));
   const int groups[] = {1, 2, 4, 8, 16};
   const int topks[] = {1, 4, 8, 16, 32};
@@ -224,17 +228,18 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true,
   Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt,
                               fp8 ? DType::fp8_e4m3 : dt, fp8.value_or(Fp8Scale::none), fill_inputs);
   const bool uniform_blocks = rng() % 3 == 0;
-  HostTensor ids = indexer_like_q2k(prob, topk, causal, rng, uniform_blocks);
-  SparseCase c(std::move(prob), std::move(ids), topk);
+  HostTensor ids = indexer_like_q2k(prob, topk, causal, rng, uniform_blocks, blk);
+  SparseCase c(std::move(prob), std::move(ids), topk, blk);
   c.causal = causal;
-  poison_unselected(c.p, c.q2k, c.topk);
+  poison_unselected(c.p, c.q2k, c.topk, blk);
   const int partial = int(rng() % 3);
   if (partial > 0) c.partial = partial == 1 ? DType::bf16 : DType::f32;
   c.temperature = rng() % 3 == 0 ? 0.5f + float(rng() % 100) / 50.f : 0.f;
   c.scale = rng() % 4 == 0 ? 0.05f : 0.f;
   std::ostringstream os;
   os << "case " << index << ": B=" << batch << " G=" << g << " Hkv=" << hkv << " topk=" << topk
-     << (c.causal ? " causal" : " non-causal") << (uniform_blocks ? " blk" : " tok") << " "
+     << (c.causal ? " causal" : " non-causal") << (uniform_blocks ? " blk" : " tok") << " kv_block="
+     << blk << " "
      << dtype_name(dt) << (fp8 ? " fp8 kv scales " + std::to_string(int(*fp8)) : "") << " partial="
      << (c.partial ? dtype_name(*c.partial) : "default") << " T=" << c.temperature << " lq=[";
   for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lq[b];
@@ -300,7 +305,7 @@ inline void run_attention_poisoned_workspace(AttentionArgs& a, cudaStream_t s) {
 // rounding dominates). Rows: every `stride`-th (token, query head).
 inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out, int64_t stride) {
   const Problem& p = c.p;
-  const int64_t tq = p.total_q(), g = p.hq / p.hkv, D = p.dim, blk = 128;
+  const int64_t tq = p.total_q(), g = p.hq / p.hkv, D = p.dim, blk = c.blk;
   const bool f16 = p.q.t.dtype == DType::f16;
   const bool rounded_partials = f16 && c.partial == DType::bf16;
   auto round16 = [f16](float x) {

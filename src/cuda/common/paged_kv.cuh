@@ -64,8 +64,8 @@ struct KVBlockSource {
 // `halves` 128-byte rows (2 for 16-bit D = 128, 1 for fp8). k_start: flat, the batch's first key
 // row; paged, the batch index (its page-table row). k_len: the batch's keys (clamped to the pages
 // it owns). Warp-collective (one page-table read per box lane, a ballot). kKeys: keys per block,
-// 128, or 64 for the head-dim-256 stages of the sparse forward (its pools then have boxes of at
-// most 64 slots, box_shift <= 6).
+// 128, or 64 for the sparse forward's head-dim-256 stages and its 64-key blocks (its pools then
+// have boxes of at most 64 slots, box_shift <= 6).
 template <int kKeys = 128>
 __device__ __forceinline__ KVBlockSource locate_kv_block(const PagedKV& pk, int32_t head,
                                                          int32_t k_start, int32_t kb,

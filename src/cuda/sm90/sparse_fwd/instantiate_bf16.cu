@@ -1,3 +1,3 @@
 // The sparse forward kernels for bf16 q / k / v (launch_kernels.h).
 #include "cuda/sm90/sparse_fwd/launch_kernels.cuh"
-MSA_SPARSE_FWD_INSTANTIATE(false, false)
+MSA_SPARSE_FWD_INSTANTIATE(false, false, 128)

@@ -47,15 +47,16 @@ __device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, in
 
 // KV-major kernel over the chunk table. Persistent: gridDim.x CTAs walk the table with a static
 // stride (chunk = blockIdx.x + k * gridDim.x), so the assignment, and with it every partial, is
-// independent of timing. kMask: a call with a key mask (p.mask_bits).
-template <bool kF16, bool kFp8, bool kMask>
+// independent of timing. kMask: a call with a key mask (p.mask_bits). kBlk: keys per kv block.
+template <bool kF16, bool kFp8, bool kMask, int kBlk>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v,
                       const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& sh = init_shared<SharedStorage>(smem_raw, p.group, p.tokens_per_tile,
+  using Storage = KVMajorStorage<kBlk>;
+  Storage& sh = init_shared<Storage>(smem_raw, p.group, p.tokens_per_tile,
                                   q_empty_arrivals(p.group, p.tokens_per_tile, p.part_bf16 != 0),
                                   kFp8, &tm_q, &tm_k, &tm_v);
   if (threadIdx.x == 0 && p.part_bf16) sm90::prefetch_tensor_map(&p.tm_part);
@@ -64,10 +65,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
-    run_producer<kFp8>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    run_producer<kFp8, kBlk>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kConsumerRegs>();
-    run_consumer<kF16, kFp8, kMask>(p, sh, wg - 1, threadIdx.x - 128 * wg);
+    run_consumer<kF16, kFp8, kMask, kBlk>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 
@@ -78,14 +79,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 // of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle
 // (P8K-tok -50 us). One warp per CTA waits, so this grid completes only after the
 // KV-major one and the combine (a normal launch) finds every partial written.
-// kD: the head dim, 64, 128 or 256 (traits.h HeadDimTraits).
-template <bool kF16, bool kFp8, bool kMask, int kD>
+// kD: the head dim, 64, 128 or 256; kBlk: keys per kv block (traits.h HeadDimTraits).
+template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const UniformParams p) {
   extern __shared__ uint8_t smem_raw[];
-  using Storage = typename HeadDimTraits<kD>::Storage;
+  using Storage = typename HeadDimTraits<kD, kBlk>::Storage;
   auto& sh = init_shared<Storage>(smem_raw, p.group, p.tokens_per_tile,
                                   q_empty_arrivals(p.group, p.tokens_per_tile, false), kFp8, &tm_q,
                                   &tm_k, &tm_v);
@@ -96,10 +97,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (A pdl_wait after the role code makes ptxas spill the consumer.) Dense: the unit table
     // comes from the direct predecessor, so the producer warp waits before reading it.
     if (warp == 1 || (warp == 0 && p.dense)) pdl_wait();
-    run_uniform_producer<kFp8, kD>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    run_uniform_producer<kFp8, kD, kBlk>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kFp8 ? kUniformFp8ConsumerRegs : kUniformConsumerRegs>();
-    run_uniform_consumer<kF16, kFp8, kMask, kD>(p, sh, wg - 1, threadIdx.x - 128 * wg);
+    run_uniform_consumer<kF16, kFp8, kMask, kD, kBlk>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 

@@ -1,10 +1,11 @@
-// K/V block loads of the sparse forward producers (load.cuh, uniform_load.cuh): one 128-key block
-// of one kv head into a K/V stage, from flat KV or from a page pool (docs/semantics.md, Paged KV).
+// K/V block loads of the sparse forward producers (load.cuh, uniform_load.cuh): one block (128 or
+// 64 keys) of one kv head into a K/V stage, from flat KV or from a page pool (docs/semantics.md, Paged KV).
 // The KV-major path loads K and V on one barrier (load_kv_block); the uniform path locates the
 // block once and loads K and V on their own barriers (locate_kv_block + load_kv_tile).
 //
-// Flat: per 64-column half one 128-row box of the 3-D map [total_k, Hkv, D] (4 boxes, 64 KB).
-// Paged: boxes of R = min(page_size, 128) slots, one per lane (cuda/common/paged_kv.cuh).
+// Flat: per 64-column half one box of the block's rows of the 3-D map [total_k, Hkv, D] (128 keys:
+// 4 boxes, 64 KB). Paged: boxes of R = min(page_size, keys) slots, one per lane
+// (cuda/common/paged_kv.cuh).
 #pragma once
 
 #include "cuda/common/paged_kv.cuh"
@@ -85,15 +86,15 @@ __device__ __forceinline__ void load_key_scales(const AttnProblem& p, bool copy,
   sm90::cp_async_mbar_arrive(bar);
 }
 
-// K and V of a block into stage s on one barrier (the KV-major path): lane 0 arrives with the
-// exact byte count, then the boxes. Warp-collective, after the stage's kv_empty wait and after
-// lane 0 wrote the stage's info struct (released by the same arrive).
-template <bool kFp8>
+// K and V of a block of kBlk keys into stage s on one barrier (the KV-major path): lane 0 arrives
+// with the exact byte count, then the boxes. Warp-collective, after the stage's kv_empty wait and
+// after lane 0 wrote the stage's info struct (released by the same arrive).
+template <bool kFp8, int kBlk>
 __device__ __forceinline__ void load_kv_block(const AttnProblem& p, const CUtensorMap* tm_k,
-                                              const CUtensorMap* tm_v, SharedStorage& sh, int s,
-                                              int32_t head, int32_t k_start, int32_t kb,
+                                              const CUtensorMap* tm_v, KVMajorStorage<kBlk>& sh,
+                                              int s, int32_t head, int32_t k_start, int32_t kb,
                                               int32_t k_len, int lane) {
-  const KVBlockSource src = locate_kv_block(p.paged, head, k_start, kb, k_len, 2, lane);
+  const KVBlockSource src = locate_kv_block<kBlk>(p.paged, head, k_start, kb, k_len, 2, lane);
   if constexpr (kFp8) load_key_scales(p, true, head, src.c2, sh.kscale[s], &sh.kv_full[s], lane);
   if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src) + src.bytes);
   __syncwarp();  // the bytes are announced before any box can complete

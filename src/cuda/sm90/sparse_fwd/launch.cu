@@ -121,9 +121,9 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                             : nullptr;
     pr.mask_words = w.mask_words;
   }
-  // Keys per K/V stage: 64 at head dim 256 (traits.h HeadDimTraits), so pool boxes of at most 64
-  // slots (kv_load.cuh locate_kv_block<64>).
-  const uint32_t stage_keys = uint32_t(stage_keys_of(s.head_dim));
+  // Keys per K/V stage: 64 at head dim 256 and over 64-key blocks (traits.h HeadDimTraits), so
+  // pool boxes of at most 64 slots (kv_load.cuh locate_kv_block<64>).
+  const uint32_t stage_keys = uint32_t(stage_keys_of(s.head_dim, w.blk));
   while ((1u << pr.paged.box_shift) > stage_keys) --pr.paged.box_shift;
   const bool f16 = a.q.dtype == DType::f16;
   const Tensor q = w.dequant_q ? Tensor(ws + w.q_bf16, DType::bf16,
@@ -172,9 +172,11 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                                kHalfCols, uint32_t(s.group), 1, "attention_forward");
     mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
-    if (w.fp8_qk) launch_main<false, true>(tq, tk, tv, mp, stream);
-    else if (f16) launch_main<true, false>(tq, tk, tv, mp, stream);
-    else launch_main<false, false>(tq, tk, tv, mp, stream);
+    if (w.fp8_qk) launch_main<false, true, 128>(tq, tk, tv, mp, stream);  // 128-key blocks only
+    else if (w.blk == 64 && f16) launch_main<true, false, 64>(tq, tk, tv, mp, stream);
+    else if (w.blk == 64) launch_main<false, false, 64>(tq, tk, tv, mp, stream);
+    else if (f16) launch_main<true, false, 128>(tq, tk, tv, mp, stream);
+    else launch_main<false, false, 128>(tq, tk, tv, mp, stream);
   }
   UniformParams up;
   static_cast<AttnProblem&>(up) = pr;
@@ -188,17 +190,20 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   up.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   up.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
   if (s.head_dim == 64) {  // dense, 16-bit q / k / v (check_supported)
-    if (f16) launch_uniform<true, false, 64>(tq, tk, tv, up, stream);
-    else launch_uniform<false, false, 64>(tq, tk, tv, up, stream);
+    if (f16) launch_uniform<true, false, 64, 128>(tq, tk, tv, up, stream);
+    else launch_uniform<false, false, 64, 128>(tq, tk, tv, up, stream);
   } else if (s.head_dim == 256) {
-    if (f16) launch_uniform<true, false, 256>(tq, tk, tv, up, stream);
-    else launch_uniform<false, false, 256>(tq, tk, tv, up, stream);
+    if (f16) launch_uniform<true, false, 256, 128>(tq, tk, tv, up, stream);
+    else launch_uniform<false, false, 256, 128>(tq, tk, tv, up, stream);
   } else if (w.fp8_qk) {
-    launch_uniform<false, true, 128>(tq, tk, tv, up, stream);
+    launch_uniform<false, true, 128, 128>(tq, tk, tv, up, stream);
+  } else if (w.blk == 64) {  // sparse over 64-key blocks
+    if (f16) launch_uniform<true, false, 128, 64>(tq, tk, tv, up, stream);
+    else launch_uniform<false, false, 128, 64>(tq, tk, tv, up, stream);
   } else if (f16) {
-    launch_uniform<true, false, 128>(tq, tk, tv, up, stream);
+    launch_uniform<true, false, 128, 128>(tq, tk, tv, up, stream);
   } else {
-    launch_uniform<false, false, 128>(tq, tk, tv, up, stream);
+    launch_uniform<false, false, 128, 128>(tq, tk, tv, up, stream);
   }
 }
 
@@ -225,7 +230,7 @@ void launch_combine(const AttentionArgs& a, const ProblemShape& s, const AttnPla
   cp.num_kv_heads = int32_t(query_kv_heads(s, w));
   cp.group = query_group(s, w);
   cp.topk = int32_t(s.topk);
-  cp.kv_block_size = kBlockN;
+  cp.kv_block_size = int32_t(w.blk);
   cp.uniform = pp.uniform;
   cp.qblock_start = pp.qblock_start;
   cp.qblock_cap = w.qblock_cap;

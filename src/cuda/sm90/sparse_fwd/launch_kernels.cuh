@@ -1,5 +1,6 @@
 // Bodies of the sparse forward launches (launch_kernels.h), included only by the one-line
-// instantiation files; MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8) instantiates both kernels of a type.
+// instantiation files; MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8, kBlk) instantiates both kernels of a
+// type and kv block size.
 #pragma once
 
 #include <mutex>
@@ -25,45 +26,48 @@ void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
 }
 
 // With a key mask, the kernels instantiated for it (kMask: mma.cuh consume_tile, uniform_mma.cuh).
-template <bool kF16, bool kFp8>
+template <bool kF16, bool kFp8, int kBlk>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream) {
   static std::once_flag once, once_mask;
+  constexpr int smem = smem_bytes<KVMajorStorage<kBlk>>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true>, kSmemBytes, once_mask, tq, tk, tv, p,
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk>, smem, once_mask, tq, tk, tv, p,
                       stream);
   else
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false>, kSmemBytes, once, tq, tk, tv, p,
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk>, smem, once, tq, tk, tv, p,
                       stream);
 }
 
-template <bool kF16, bool kFp8, int kD>
+template <bool kF16, bool kFp8, int kD, int kBlk>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
   static std::once_flag once, once_mask;
-  constexpr int smem = smem_bytes<typename HeadDimTraits<kD>::Storage>();
+  constexpr int smem = smem_bytes<typename HeadDimTraits<kD, kBlk>::Storage>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD>, smem, once_mask, tq, tk, tv,
-                      p, stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD, kBlk>, smem, once_mask, tq,
+                      tk, tv, p, stream);
   else
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD>, smem, once, tq, tk, tv, p,
-                      stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD, kBlk>, smem, once, tq, tk,
+                      tv, p, stream);
 }
 
 }  // namespace msa::cuda::sparse_fwd
 
-#define MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8)                                              \
-  namespace msa::cuda::sparse_fwd {                                                          \
-  template void launch_main<kF16, kFp8>(const CUtensorMap&, const CUtensorMap&,              \
-                                        const CUtensorMap&, const MainParams&, cudaStream_t); \
-  template void launch_uniform<kF16, kFp8, 128>(const CUtensorMap&, const CUtensorMap&,      \
-                                                const CUtensorMap&, const UniformParams&,    \
-                                                cudaStream_t);                               \
+#define MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8, kBlk)                                        \
+  namespace msa::cuda::sparse_fwd {                                                         \
+  template void launch_main<kF16, kFp8, kBlk>(const CUtensorMap&, const CUtensorMap&,       \
+                                              const CUtensorMap&, const MainParams&,        \
+                                              cudaStream_t);                                \
+  template void launch_uniform<kF16, kFp8, 128, kBlk>(const CUtensorMap&,                   \
+                                                      const CUtensorMap&,                   \
+                                                      const CUtensorMap&,                   \
+                                                      const UniformParams&, cudaStream_t);  \
   }
-// The uniform kernel alone (dense attention) at head dim kD.
-#define MSA_SPARSE_FWD_INSTANTIATE_UNIFORM(kF16, kD)                                          \
-  namespace msa::cuda::sparse_fwd {                                                          \
-  template void launch_uniform<kF16, false, kD>(const CUtensorMap&, const CUtensorMap&,      \
-                                                const CUtensorMap&, const UniformParams&,    \
-                                                cudaStream_t);                               \
+// The uniform kernel alone (dense attention, 128-key blocks) at head dim kD.
+#define MSA_SPARSE_FWD_INSTANTIATE_UNIFORM(kF16, kD)                                        \
+  namespace msa::cuda::sparse_fwd {                                                         \
+  template void launch_uniform<kF16, false, kD, 128>(const CUtensorMap&, const CUtensorMap&, \
+                                                     const CUtensorMap&,                    \
+                                                     const UniformParams&, cudaStream_t);   \
   }

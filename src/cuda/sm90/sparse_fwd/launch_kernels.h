@@ -1,8 +1,9 @@
 // Declarations of the sm_90a sparse forward's two persistent launches (bodies in
 // launch_kernels.cuh). The only instantiations: bf16 (instantiate_bf16.cu), f16
-// (instantiate_f16.cu) and FP8 QK with bf16 P V (instantiate_fp8qk.cu: kFp8, traits.h), and the
-// uniform kernel at head dim 64 (instantiate_bf16_d64.cu, instantiate_f16_d64.cu), so they
-// compile in parallel and host edits rebuild none.
+// (instantiate_f16.cu) and FP8 QK with bf16 P V (instantiate_fp8qk.cu: kFp8, traits.h), the 16-bit
+// kernels over 64-key blocks (instantiate_bf16_b64.cu, instantiate_f16_b64.cu), and the uniform
+// kernel at head dims 64 and 256 (instantiate_*_d64.cu, instantiate_*_d256.cu), so they compile in
+// parallel and host edits rebuild none.
 #pragma once
 
 #include <cuda.h>
@@ -15,13 +16,16 @@ namespace msa::cuda::sparse_fwd {
 // One CTA per SM, PDL after the prep chain. tm_q: q as [total_q, Hq, 128] in boxes of 64 columns
 // x G heads x 1 token; tm_k / tm_v: flat [total_k, Hkv, 128] in boxes of 64 x 1 x 128 keys, or
 // the page pools (make_tma_paged, boxes of 2^paged.box_shift slots). kFp8: q and K e4m3 in boxes
-// of 128 columns (one 128-byte row), K the flat copy (its key scales at p.kscale).
-template <bool kF16, bool kFp8>
+// of 128 columns (one 128-byte row), K the flat copy (its key scales at p.kscale). K/V boxes hold
+// one kv block of kBlk keys.
+template <bool kF16, bool kFp8, int kBlk>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream);
 
-// kD: the head dim (128, or 64 for dense attention: instantiate_*_d64.cu).
-template <bool kF16, bool kFp8, int kD>
+// kD: the head dim (128, or 64 / 256 for dense attention: instantiate_*_d64.cu, _d256.cu).
+// kBlk: keys per kv block of the call's q2k (kv_block_size), 128 or 64 (instantiate_*_b64.cu; not
+// with kFp8); dense attention runs 128.
+template <bool kF16, bool kFp8, int kD, int kBlk>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream);
 

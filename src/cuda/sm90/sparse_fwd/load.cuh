@@ -22,11 +22,13 @@ namespace msa::cuda::sparse_fwd {
 struct ChunkView {  // a ChunkDesc plus what every role derives from it
   ChunkDesc d;
   int32_t n_tiles;
-  int32_t valid_keys;  // keys of the block inside the batch (1..128)
+  int32_t valid_keys;  // keys of the block inside the batch (1..kBlk)
 };
 // ChunkDesc::k_start is the batch's first key row for flat KV and the batch index (its
 // page-table row) for paged KV (scheduler.cuh); k_len is the batch's key count either way.
 
+// kBlk: keys per kv block (128 or 64).
+template <int kBlk>
 __device__ __forceinline__ ChunkView load_chunk(const MainParams& p, int32_t chunk) {
   ChunkView v;
   const int4* src = static_cast<const int4*>(p.chunks) + 2 * int64_t(chunk);
@@ -34,7 +36,7 @@ __device__ __forceinline__ ChunkView load_chunk(const MainParams& p, int32_t chu
   v.d = ChunkDesc{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
   const int32_t n_tok = v.d.e_end - v.d.e_begin;
   v.n_tiles = (n_tok + p.tokens_per_tile - 1) / p.tokens_per_tile;
-  v.valid_keys = max(0, min(kBlockN, v.d.k_len - v.d.kb * kBlockN));
+  v.valid_keys = max(0, min(kBlk, v.d.k_len - v.d.kb * kBlk));
   return v;
 }
 
@@ -84,9 +86,9 @@ __device__ __forceinline__ TileIdx load_tile_idx(const MainParams& p, const Chun
 // Each lane that owns a token slot (lane < min(32, tokens per tile), the q_full count) arrives
 // once after writing its metadata, so every write is released by its writer; lane 0 announces
 // the TMA bytes before any copy is issued.
-template <bool kFp8>
+template <bool kFp8, int kBlk>
 __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtensorMap* tm_q,
-                                               SharedStorage& sh, const ChunkView& c,
+                                               KVMajorStorage<kBlk>& sh, const ChunkView& c,
                                                const TileIdx& x, int consumer, int stage,
                                                int lane) {
   TileMeta& meta = sh.meta[consumer][stage];
@@ -106,7 +108,7 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
       // Last visible key of the batch for this query (the causal diagonal), then in block
       // coordinates, clipped to the keys that exist in the block.
       const int32_t last = causal_last(p.causal, tl, c.d.diag, c.d.k_len);
-      limit = max(-1, min(last - c.d.kb * kBlockN, c.valid_keys - 1));
+      limit = max(-1, min(last - c.d.kb * kBlk, c.valid_keys - 1));
       ++valid;
     }
     meta.token[i] = tok[u];
@@ -130,10 +132,10 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
   if (lane < tpt) sm90::mbar_arrive(&sh.q_full[consumer][stage]);
 }
 
-template <bool kFp8>
+template <bool kFp8, int kBlk>
 __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
-                                             SharedStorage& sh, int warp, int lane) {
+                                             KVMajorStorage<kBlk>& sh, int warp, int lane) {
   const int consumer = warp & 1, stage = warp >> 1;  // this warp's Q buffer
   const int32_t n_chunks = *p.num_chunks;
   uint32_t q_uses = 0;  // tiles this warp has produced into its one buffer (a ring of one)
@@ -141,12 +143,13 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
   for (int32_t chunk = next_busy_chunk(p, blockIdx.x, n_chunks, lane); chunk < n_chunks;
        chunk = next_busy_chunk(p, int64_t(chunk) + gridDim.x, n_chunks, lane)) {
-    const ChunkView c = load_chunk(p, chunk);  // n_tiles > 0: empty chunks are skipped
+    const ChunkView c = load_chunk<kBlk>(p, chunk);  // n_tiles > 0: empty chunks are skipped
     if (warp == 0) {
       const int s = KVRing::stage(kv_iter);
       sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
       if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head, c.d.kb};
-      load_kv_block<kFp8>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len, lane);
+      load_kv_block<kFp8, kBlk>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len,
+                                lane);
       ++kv_iter;
     }
     // Tiles j of this chunk with (tile_base + j) % 4 == warp; indices one tile ahead.
@@ -157,7 +160,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
       if (j + kProducerWarps < c.n_tiles) next = load_tile_idx(p, c, j + kProducerWarps, lane);
       sm90::mbar_wait(&sh.q_empty[consumer][stage], sm90::Ring<1>::empty_parity(q_uses));
       ++q_uses;
-      produce_q_tile<kFp8>(p, tm_q, sh, c, cur, consumer, stage, lane);
+      produce_q_tile<kFp8, kBlk>(p, tm_q, sh, c, cur, consumer, stage, lane);
     }
     tile_base += c.n_tiles;
   }

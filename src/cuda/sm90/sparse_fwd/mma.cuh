@@ -1,5 +1,6 @@
 // Consumer warpgroups of the sparse forward: per Q tile, S = Q K^T (wgmma, both operands in
-// shared memory), the causal / tail mask and the softmax of one 128-key block in registers, then
+// shared memory), the causal / tail mask and the softmax of one kv block (128 or 64 keys) in
+// registers, then
 // O = P V (wgmma, P from registers), then the partial epilogue. Called from kernel.cuh.
 //
 // Thread layout (wgmma m64nN D fragment): warp w of the warpgroup owns rows 16w + lane/4 and
@@ -360,10 +361,13 @@ __device__ __forceinline__ void scale_key_columns(float (&s)[64], const KeyScale
   }
 }
 
-template <bool kF16, bool kFp8, bool kMask>
-__device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage& sh,
+// kBlk: keys per kv block, 128 (S m64n128) or 64 (S m64n64, P V k64; not with FP8 QK: plan.cpp).
+template <bool kF16, bool kFp8, bool kMask, int kBlk>
+__device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage<kBlk>& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
                                              int q_stage, int tid) {
+  static_assert(!kFp8 || kBlk == kBlockN, "FP8 Q K^T runs 128-key blocks");
+  constexpr int kS = kBlk / 2;  // S floats per thread
   const int warp = tid >> 5, lane = tid & 31;
   const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
   const int j0 = r0 / p.group, g0 = r0 - j0 * p.group;
@@ -374,9 +378,9 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   const int32_t tok0 = rm.tok0, slot0 = rm.slot0, lim0 = rm.lim0;
   const int32_t tok1 = rm.tok1, slot1 = rm.slot1, lim1 = rm.lim1;
 
-  float s[64];
+  float s[kS];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] = 0.f;
+  for (int i = 0; i < kS; ++i) s[i] = 0.f;
   const uint32_t q_addr = sm90::smem_addr(sh.q[consumer][q_stage][0]);
   const uint32_t k_addr = sm90::smem_addr(sh.k[kv_stage][0]);
   sm90::wgmma_fence();
@@ -405,8 +409,8 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
     sl1 = soft_cap_row<2>(s, sl1, p.soft_cap_log2);
   }
   if constexpr (kMask) {  // the rows' mask words of this block (read after S: few registers live)
-    apply_key_mask<0>(s, mask_block<kBlockN>(p, mask_row(p, tok0), info.kb), col_base);
-    apply_key_mask<2>(s, mask_block<kBlockN>(p, mask_row(p, tok1), info.kb), col_base);
+    apply_key_mask<0>(s, mask_block<kBlk>(p, mask_row(p, tok0), info.kb), col_base);
+    apply_key_mask<2>(s, mask_block<kBlk>(p, mask_row(p, tok1), info.kb), col_base);
   }
   RowStats st0, st1;
   if (p.inv_temperature > 0.f)
@@ -414,7 +418,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
   else
     softmax_rows<false>(s, lim0, lim1, col_base, sl0, sl1, 0.f, st0, st1);
 
-  uint32_t pa[kBlockN / 16][4];
+  uint32_t pa[kS / 8][4];
   pack_probs<kF16>(s, pa);
 
   float o[64];
@@ -463,13 +467,14 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, SharedStorage&
 
 // Frees a Q buffer whose tile staged its bf16 partials: every consumer thread arrives, the lanes
 // that issued TMA stores once those have read the buffer.
-__device__ __forceinline__ void release_q_buffer(SharedStorage& sh, int consumer, int stage) {
+template <class Storage>
+__device__ __forceinline__ void release_q_buffer(Storage& sh, int consumer, int stage) {
   sm90::bulk_wait_read<0>();
   sm90::mbar_arrive(&sh.q_empty[consumer][stage]);
 }
 
-template <bool kF16, bool kFp8, bool kMask>
-__device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage& sh,
+template <bool kF16, bool kFp8, bool kMask, int kBlk>
+__device__ __forceinline__ void run_consumer(const MainParams& p, KVMajorStorage<kBlk>& sh,
                                              int consumer_in, int tid) {
   // Warp-uniform for ptxas (lane-0 broadcast): the wgmma descriptors derived from it stay in
   // uniform registers instead of being moved there (R2UR) before every wgmma.
@@ -482,7 +487,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage&
     sm90::mbar_wait(&sh.kv_full[s], KVRing::full_parity(kv_iter));
     const ChunkInfo info = read_info(sh.info[s], tid & 31);
     if (info.n_tiles < 0) break;
-    if (info.valid_keys < kBlockN) zero_v_tail(sh, s, info.valid_keys, consumer, tid);
+    if (info.valid_keys < kBlk) zero_v_tail(sh, s, info.valid_keys, consumer, tid);
     // My tiles: T = tile_base + j with T % 2 == consumer; this consumer's use T / 2 of its
     // ring of Q stages.
     for (int j = int((consumer - tile_base) & 1); j < info.n_tiles; j += kConsumers) {
@@ -492,7 +497,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, SharedStorage&
       // were issued, so their reads are long done and nothing waits.
       if (pending >= 0) release_q_buffer(sh, consumer, pending);
       sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(q_use));
-      consume_tile<kF16, kFp8, kMask>(p, sh, info, s, consumer, q_stage, tid);
+      consume_tile<kF16, kFp8, kMask, kBlk>(p, sh, info, s, consumer, q_stage, tid);
       pending = p.part_bf16 ? q_stage : -1;
     }
     tile_base += info.n_tiles;

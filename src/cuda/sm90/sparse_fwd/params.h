@@ -27,6 +27,7 @@ struct PrepParams {
   int32_t paged = 0;  // 1: ChunkDesc / UnitDesc k_start holds the batch index (page-table row)
   int64_t batch = 0, num_kv_heads = 0, total_q = 0, topk = 0;
   int64_t total_rows = 0;
+  int32_t kv_block_size = 128;  // keys per kv block of the q2k ids: 128 or 64 (one CSR row each)
   const int32_t* causal_offset = nullptr;  // [B] or null: the diagonal is Lk - Lq
   int32_t check_rows = 1;         // require row_start[B] <= total_rows (caller's k2q)
   int64_t schedule_capacity = 0;  // items the schedule buffer can hold

@@ -82,6 +82,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   // units (G for G in {1, 2, 4, 8, 16}).
   w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
   w.dense = !a.q2k.defined();
+  w.blk = w.dense ? kBlockN : s.kv_block_size;
   if (w.dense) w.kv_split = dense_kv_split(s.group);
   w.unit_cap = query_kv_heads(s, w) * w.qblock_cap * units_per_qblock(query_group(s, w));
   w.key_mask = a.key_mask.defined();
@@ -94,10 +95,10 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
   if (w.build_csr && paged) {
     // Lk_b <= max_pages * page_size (longer seqused_k are clamped and reported).
-    w.total_rows = s.batch * ((s.max_pages * s.page_size + kBlockN - 1) / kBlockN);
+    w.total_rows = s.batch * ((s.max_pages * s.page_size + w.blk - 1) / w.blk);
   } else if (w.build_csr) {
-    // sum_b ceil(Lk_b / 128) <= total_k / 128 + B: rows past the real total stay empty.
-    w.total_rows = (a.kv.k.values.shape[0] + kBlockN - 1) / kBlockN + s.batch;
+    // sum_b ceil(Lk_b / blk) <= total_k / blk + B: rows past the real total stay empty.
+    w.total_rows = (a.kv.k.values.shape[0] + w.blk - 1) / w.blk + s.batch;
   } else {
     w.total_rows = a.k2q.row_ptr.shape[1] - 1;
   }
@@ -183,9 +184,14 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
     MSA_CHECK(kt == qt, "k, v: must have q's dtype (", dtype_name(qt),
               ") or be fp8_e4m3 / fp4x2 on CUDA, got ", dtype_name(kt));
   }
-  // Dense attention has no block ids: the unit of its K/V loads is the kernels' own.
-  MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN,
-            "params.kv_block_size: must be 128 on CUDA, got ", s.kv_block_size);
+  // Dense attention has no block ids: the unit of its K/V loads is the kernels' own. Sparse
+  // calls run kernels over blocks of 128 or 64 keys (traits.h kBlk); FP8 Q K^T has 128-key ones.
+  MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN || s.kv_block_size == 64,
+            "params.kv_block_size: must be 64 or 128 on CUDA, got ", s.kv_block_size);
+  MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN ||
+                !(a.q.dtype == DType::fp8_e4m3 && kt == DType::fp8_e4m3),
+            "params.kv_block_size: FP8 Q K^T (fp8_e4m3 q and K) is not supported by the CUDA "
+            "sparse prefill with kv_block_size 64 yet; got 64 (128 runs it, or pass bf16 q)");
   MSA_CHECK(!a.key_mask.defined() || key_mask_words(a.key_mask.shape[1]) < INT32_MAX / 2,
             "key_mask: Lk_max = ", a.key_mask.shape[1], " is too large for CUDA");
   MSA_CHECK(s.total_q * s.topk * s.num_kv_heads < INT32_MAX,

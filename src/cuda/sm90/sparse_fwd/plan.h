@@ -25,6 +25,9 @@ struct AttnPlan {
   // Dense attention (no q2k): only the paged check, dense_units_kernel and the uniform kernel
   // run; the CSR, chunk and partial regions are not laid out.
   bool dense = false;
+  // Keys per kv block of the kernels (traits.h kBlk): the call's kv_block_size (128 or 64) for
+  // sparse calls, 128 for dense attention (no block ids: the kernels' own unit).
+  int64_t blk = 128;
   // Dense attention with G > 64: each kv head's G query heads run as kv_split virtual kv heads of
   // G / kv_split (<= 64) heads each (dense_kv_split). The query side (units, tiles, combine)
   // counts virtual heads (query_kv_heads, query_group), K and V the real ones. 1 otherwise.

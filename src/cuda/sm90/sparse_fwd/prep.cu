@@ -89,6 +89,7 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
   pp.total_q = s.total_q;
   pp.topk = s.topk;
   pp.total_rows = w.total_rows;
+  pp.kv_block_size = int32_t(w.blk);
   pp.schedule_capacity = w.schedule_capacity;
   pp.chunk_capacity = w.chunk_capacity;
   pp.chunk_tokens = w.chunk_tokens;
@@ -129,7 +130,7 @@ void launch_csr(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w
   index.num_kv_heads = s.num_kv_heads;
   index.total_q = s.total_q;
   index.topk = s.topk;
-  index.kv_block_size = kBlockN;
+  index.kv_block_size = pp.kv_block_size;
   if (w.build_csr) {
     CsrBuildParams c;
     static_cast<Q2KCheckParams&>(c) = index;

@@ -26,7 +26,7 @@ constexpr int kPrepThreads = 1024;
 // moment gather the same few thousand tokens' Q and find it in L2, instead of every row's
 // tokens across the whole sequence. The sort uses only the key bits in use (launch.cu).
 
-// One block: row_start[b] = sum_{b' < b} ceil(Lk_b' / 128) and qblock_start[b] =
+// One block: row_start[b] = sum_{b' < b} ceil(Lk_b' / kv_block_size) and qblock_start[b] =
 // sum_{b' < b} ceil(Lq_b' / 128) for b in [0, B].
 __global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
   pdl_wait();  // pdl.cuh
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
     if (b < p.batch) {
       const int lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
       const int lq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-      nk = lk > 0 ? (lk + kBlockN - 1) / kBlockN : 0;
+      nk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
       nq = lq > 0 ? (lq + 127) / 128 : 0;
     }
     int excl = 0, agg = 0;

@@ -34,7 +34,7 @@
 namespace msa::cuda::sparse_fwd {
 
 constexpr int kHeadDim = 128;      // D; one instantiation per element type only
-constexpr int kBlockN = 128;       // keys per kv block (kv_block_size)
+constexpr int kBlockN = 128;       // keys per kv block (kv_block_size); 64 through kBlk below
 constexpr int kTileM = 64;         // wgmma M: rows (token x head) per Q tile
 constexpr int kChunkTiles = 16;    // Q tiles per chunk: K/V (64 KB) amortised over 16 x 16 KB Q
 constexpr int kKVStages = 2;       // K/V double buffer so the next chunk's block loads early
@@ -140,7 +140,10 @@ struct alignas(1024) SharedStorageT {
   uint64_t q_full[kConsumers][kQSt];
   uint64_t q_empty[kConsumers][kQSt];
 };
-using SharedStorage = SharedStorageT<2>;  // D = 128: the KV-major kernel and the uniform one
+// The KV-major kernel (D = 128) over kv blocks of kBlk keys, 128 or 64: one block per K/V stage.
+template <int kBlk>
+using KVMajorStorage = SharedStorageT<2, kBlk>;
+using SharedStorage = KVMajorStorage<kBlockN>;
 template <class Storage>
 constexpr int smem_bytes() {  // + slack to align the base
   return int(sizeof(Storage)) + 1024;
@@ -152,22 +155,26 @@ constexpr int kSmemBytes = smem_bytes<SharedStorage>();
 // thread). D = 256: O m64n256 is 128 floats per thread, so S and P must shrink to fit the 240
 // registers beside it and the next block's S (intra-warpgroup overlap): K/V stages of 64 keys
 // (S m64n64, 32 floats; P 16 registers), and one Q buffer per consumer (64 KB of Q beside 128 KB
-// of K/V stages: 192 KB).
-template <int kD>
+// of K/V stages: 192 KB). kBlk: keys per kv block of the call's selections (kv_block_size, 128 or
+// 64; dense attention uses 128), a stage holding one block: S m64n64 and P V k64 for 64-key blocks,
+// as at D = 256.
+template <int kD, int kBlk = kBlockN>
 struct HeadDimTraits {
   static_assert(kD == 64 || kD == 128 || kD == 256, "the sparse forward tiles take D = 64, 128 or 256");
+  static_assert(kBlk == 64 || kBlk == 128, "kv blocks of 64 or 128 keys");
   static constexpr int kHalves = kD / kHalfCols;
-  static constexpr int kKeys = kD == 256 ? 64 : kBlockN;  // keys per K/V stage
+  static constexpr int kKeys = kD == 256 ? 64 : kBlk;  // keys per K/V stage
   static constexpr int kQSt = kD == 256 ? 1 : kQStages;
   static constexpr int kS = kKeys / 2;  // S floats per thread (m64n{kKeys})
   static constexpr int kO = kD / 2;     // O floats per thread (m64n{kD})
   using Storage = SharedStorageT<kHalves, kKeys, kQSt>;
   static_assert(smem_bytes<Storage>() <= 227 * 1024, "shared memory plan exceeds 227 KB");
 };
-// The host's view of the same: keys per K/V stage at head dim d (its TMA boxes).
-constexpr int stage_keys_of(int64_t d) {
-  return d == 256 ? HeadDimTraits<256>::kKeys : d == 64 ? HeadDimTraits<64>::kKeys
-                                                        : HeadDimTraits<128>::kKeys;
+// The host's view of the same: keys per K/V stage at head dim d and kv block size blk (its TMA
+// boxes).
+constexpr int stage_keys_of(int64_t d, int64_t blk) {
+  return d == 256 ? HeadDimTraits<256>::kKeys
+                  : blk == 64 ? 64 : d == 64 ? HeadDimTraits<64>::kKeys : HeadDimTraits<128>::kKeys;
 }
 static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
 

@@ -68,16 +68,16 @@ __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUt
   if (lane < tpt) sm90::mbar_arrive(&sh.q_full[c][stage]);
 }
 
-// kD: the head dim (traits.h HeadDimTraits): stages of kKeys keys (128; 64 at D = 256, dense
-// only), kQSt Q buffers per consumer.
-template <bool kFp8, int kD>
+// kD, kBlk: the head dim and keys per kv block (traits.h HeadDimTraits): stages of kKeys keys
+// (kBlk; 64 at D = 256, dense only), kQSt Q buffers per consumer.
+template <bool kFp8, int kD, int kBlk>
 __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
                                                      const CUtensorMap* tm_q,
                                                      const CUtensorMap* tm_k,
                                                      const CUtensorMap* tm_v,
-                                                     typename HeadDimTraits<kD>::Storage& sh,
+                                                     typename HeadDimTraits<kD, kBlk>::Storage& sh,
                                                      int warp, int lane) {
-  using HT = HeadDimTraits<kD>;
+  using HT = HeadDimTraits<kD, kBlk>;
   using QR = sm90::Ring<HT::kQSt>;
   constexpr int kKeys = HT::kKeys;
   if (warp != 0) return;
@@ -134,15 +134,15 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
                             kb == n_blocks - 1 ? 1 : 0}, u);
       continue;
     }
-    if constexpr (kKeys != kBlockN) continue;  // head dim 256: dense only (plan.cpp)
-    const int32_t nblk = (u.k_len + kBlockN - 1) / kBlockN;
+    if constexpr (kKeys != kBlk) continue;  // head dim 256: dense only (plan.cpp)
+    const int32_t nblk = (u.k_len + kBlk - 1) / kBlk;
     // Selected blocks in slot order, skipping ids outside [0, nblk) and blocks past the last
     // key any row of the unit sees (they would be fully masked).
     const int32_t* sel = p.q2k + (int64_t(u.head) * p.total_q + u.sel_token) * p.topk;
     int32_t n_blocks = 0;
     for (int32_t base = 0; base < p.topk; base += 32) {
       const int32_t kb = base + lane < p.topk ? sel[base + lane] : -1;
-      n_blocks += __popc(__ballot_sync(0xffffffffu, kb >= 0 && kb < nblk && kb * kBlockN <= last_max));
+      n_blocks += __popc(__ballot_sync(0xffffffffu, kb >= 0 && kb < nblk && kb * kBlk <= last_max));
     }
     if (n_blocks == 0) {
       publish(UniformInfo{-1, 0, 1, 1}, u);
@@ -152,12 +152,12 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     for (int32_t base = 0; base < p.topk; base += 32) {
       const int32_t mine = base + lane < p.topk ? sel[base + lane] : -1;
       unsigned use = __ballot_sync(0xffffffffu,
-                                   mine >= 0 && mine < nblk && mine * kBlockN <= last_max);
+                                   mine >= 0 && mine < nblk && mine * kBlk <= last_max);
       while (use) {
         const int src = __ffs(use) - 1;
         use &= use - 1;
         const int32_t kb = __shfl_sync(0xffffffffu, mine, src);
-        const UniformInfo info{kb, min(kBlockN, u.k_len - kb * kBlockN), done == 0 ? 1 : 0,
+        const UniformInfo info{kb, min(kBlk, u.k_len - kb * kBlk), done == 0 ? 1 : 0,
                                done == n_blocks - 1 ? 1 : 0};
         publish(info, u);
         ++done;

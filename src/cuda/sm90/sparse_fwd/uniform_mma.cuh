@@ -132,13 +132,14 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kN], float a0, float a1)
 // otherwise). K stage j is released once S_j is done, V stage j - 1 once its product is.
 // kMask: dense attention with a key mask (p.mask_bits; instantiated apart so that calls without
 // one run the kernel as it was: one runtime branch per block cost 1.5-2% at DENSE-8K / P32K-blk).
-// kD: the head dim (traits.h HeadDimTraits): O's kD / 2 floats per thread, stages of kKeys keys
-// (S of kKeys / 2 floats), kQSt Q buffers per consumer.
-template <bool kF16, bool kFp8, bool kMask, int kD>
+// kD, kBlk: the head dim and keys per kv block (traits.h HeadDimTraits): O's kD / 2 floats per
+// thread, stages of kKeys keys (S of kKeys / 2 floats), kQSt Q buffers per consumer.
+template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk>
 __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
-                                                     typename HeadDimTraits<kD>::Storage& sh,
+                                                     typename HeadDimTraits<kD, kBlk>::Storage& sh,
                                                      int consumer_in, int tid) {
-  using HT = HeadDimTraits<kD>;
+  using HT = HeadDimTraits<kD, kBlk>;
+  static_assert(!kFp8 || kBlk == kBlockN, "FP8 Q K^T runs 128-key blocks");
   using QR = sm90::Ring<HT::kQSt>;
   constexpr int kKeys = HT::kKeys;
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;

@@ -38,7 +38,7 @@ __global__ void uniform_detect_kernel(PrepParams p) {
       const int64_t qb = g - p.qblock_start[b];
       const int64_t q_start = p.cu_seqlens_q[b], lq = int64_t(p.cu_seqlens_q[b + 1]) - q_start;
       const int64_t lk = int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
-      const int64_t nblk = lk > 0 ? (lk + kBlockN - 1) / kBlockN : 0;
+      const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
       n_tok = min(int64_t(128), lq - qb * 128);
       const int64_t t0 = q_start + qb * 128;
       ok = n_tok > 0 && t0 >= 0 && t0 + n_tok <= p.total_q;

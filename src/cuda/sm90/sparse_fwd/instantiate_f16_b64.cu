@@ -1,0 +1,3 @@
+// The sparse forward kernels for f16 q / k / v over 64-key kv blocks (launch_kernels.h).
+#include "cuda/sm90/sparse_fwd/launch_kernels.cuh"
+MSA_SPARSE_FWD_INSTANTIATE(true, false, 64)
