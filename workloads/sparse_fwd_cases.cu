@@ -34,10 +34,11 @@ using msa::bench::Timing;
 const msa::Device kGpu{msa::DeviceType::cuda, 0};
 
 // fp32 reference for sampled (token, query head) rows: one warp per row, dim / 32 (<= 8) columns
-// per lane, online softmax over the visible keys of the selected blocks, exact expf/logf.
+// per lane, online softmax over the visible keys of the selected blocks (of blk keys), exact
+// expf/logf.
 __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                const int32_t* q2k, const int32_t* cu_q, const int32_t* cu_k,
-                               int batch, int64_t total_q, int hq_count, int hkv, int topk,
+                               int batch, int64_t total_q, int hq_count, int hkv, int topk, int blk,
                                int dim, float scale, const int32_t* samples, int n_samples,
                                float* out, float* lse) {
   const int per = dim / 32;
@@ -54,11 +55,11 @@ __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint1
   float qv[8], acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int e = 0; e < per; ++e) qv[e] = bf(q[(t * hq_count + hq) * dim + lane * per + e]);
   float m = -INFINITY, sum = 0.f;
-  const int64_t nblk = (lk + 127) / 128;
+  const int64_t nblk = (lk + blk - 1) / blk;
   for (int s = 0; s < topk; ++s) {
     const int64_t kb = q2k[(int64_t(h) * total_q + t) * topk + s];
     if (kb < 0 || kb >= nblk) continue;
-    for (int64_t j = kb * 128; j < std::min<int64_t>(lk, kb * 128 + 128) && j <= last; ++j) {
+    for (int64_t j = kb * blk; j < std::min<int64_t>(lk, kb * blk + blk) && j <= last; ++j) {
       const int64_t row = (cu_k[b] + j) * hkv + h;
       float d = 0.f;
       for (int e = 0; e < per; ++e) d += qv[e] * bf(k[row * dim + lane * per + e]);
@@ -78,7 +79,8 @@ __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint1
 
 const std::vector<std::string>& sparse_case_names() {
   static const std::vector<std::string> names = {"P8K-tok",        "P32K-tok",       "P32K-blk",
-                                                 "P48K-tok",       "VARLEN-tok",     "CSR-32K",
+                                                 "P48K-tok",       "P32K-tok64",     "P32K-blk64",
+                                                 "VARLEN-tok",     "CSR-32K",
                                                  "P32K-tok-fp8kv", "P32K-blk-fp8kv",
                                                  "P32K-blk-fp8qk", "P32K-blk-fp8qk-tensor",
                                                  "P32K-blk-nvfp4kv", "DENSE-8K",
@@ -120,7 +122,8 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   if (const std::string w = msa::bench::dense_selection_warning(pairs, shape); !w.empty() && !bc->dense)
     std::fprintf(stderr, "%s: %s\n", name.c_str(), w.c_str());
   int64_t total_rows = 0;
-  for (int64_t l : bc->seqlens_k) total_rows += (l + 127) / 128;
+  const int blk = bc->kv_block_size;
+  for (int64_t l : bc->seqlens_k) total_rows += (l + blk - 1) / blk;
 
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -164,6 +167,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   const size_t csr_ws_bytes = msa::csr_workspace_bytes(hkv, total_rows, tq, topk);
   const DeviceBuffer csr_ws = gpu_buffer(csr_ws_bytes);
   cb.workspace = Tensor(csr_ws.get(), DType::u8, {int64_t(csr_ws_bytes)}, kGpu);
+  cb.kv_block_size = blk;
   cb.status = st;
   msa::build_k2q_csr(cb, s);
   msa::check_status(st, s);
@@ -285,7 +289,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
         static_cast<uint16_t*>(dq.get()), static_cast<uint16_t*>(dk.get()),
         static_cast<uint16_t*>(dv.get()), static_cast<int32_t*>(dq2k.get()),
         static_cast<int32_t*>(dcuq.get()), static_cast<int32_t*>(dcuk.get()), int(batch), tq, hq,
-        hkv, topk, d, 1.f / std::sqrt(float(d)), static_cast<int32_t*>(dsm.get()), ns,
+        hkv, topk, blk, d, 1.f / std::sqrt(float(d)), static_cast<int32_t*>(dsm.get()), ns,
         static_cast<float*>(dref.get()), static_cast<float*>(dref_lse.get()));
     MSA_BENCH_CUDA(cudaGetLastError());
     const auto ref = dref.download<float>(size_t(ns) * hq * d, s);
