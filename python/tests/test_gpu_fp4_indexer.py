@@ -28,22 +28,25 @@ def _problem(fmt, seed):
     return qq, kq, cum(lq), cum(lk), hkv
 
 
+@pytest.mark.parametrize("blk", [128, 64])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_fp4_scores_and_fused_topk(fmt, causal):
+def test_fp4_scores_and_fused_topk(fmt, causal, blk):
     qq, kq, cu_q, cu_k, hkv = _problem(fmt, 3 if causal else 4)
     with gpu_op():
-        got = msa.block_scores(qq, kq, cu_q, cu_seqlens_k=cu_k, causal=causal)
-        ids = msa.block_topk(qq, kq, cu_q, cu_seqlens_k=cu_k, causal=causal, topk=4)
+        got = msa.block_scores(qq, kq, cu_q, cu_seqlens_k=cu_k, causal=causal, kv_block_size=blk)
+        ids = msa.block_topk(qq, kq, cu_q, cu_seqlens_k=cu_k, causal=causal, topk=4,
+                             kv_block_size=blk)
     assert got.is_cuda and ids.is_cuda
-    want = msa.block_scores(_cpu(qq), _cpu(kq), cu_q.cpu(), cu_seqlens_k=cu_k.cpu(), causal=causal)
+    want = msa.block_scores(_cpu(qq), _cpu(kq), cu_q.cpu(), cu_seqlens_k=cu_k.cpu(), causal=causal,
+                            kv_block_size=blk)
     got = got.cpu()
     assert torch.equal(torch.isneginf(got), torch.isneginf(want))
     assert not torch.isnan(got).any()
     finite = torch.isfinite(want)
     torch.testing.assert_close(got[finite], want[finite], rtol=1e-4, atol=1e-4)
     unfused = msa.select_topk(got.to(DEV), cu_q, num_kv_heads=hkv, topk=4, causal=causal,
-                              cu_seqlens_k=cu_k)
+                              cu_seqlens_k=cu_k, kv_block_size=blk)
     assert torch.equal(ids, unfused)
 
 

@@ -54,13 +54,14 @@ def test_select_topk(seed):
 TOPK_CASES = [(1, 1, 0, 1), (2, 8, 1, 1), (4, 16, 1, 2), (8, 64, 2, 1), (16, 5, 0, 0)]
 
 
+@pytest.mark.parametrize("blk", [128, 64])
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", TOPK_CASES, ids=[f"G{c[0]}-top{c[1]}-s{c[2]}l{c[3]}"
                                                   for c in TOPK_CASES])
-def test_block_topk_matches_reference(case, causal, dtype):
+def test_block_topk_matches_reference(case, causal, dtype, blk):
     g, topk, sink, local = case
-    gen = torch.Generator().manual_seed(30 + g + topk)
+    gen = torch.Generator().manual_seed(30 + g + topk + (blk == 64))
     # Varlen: empty query and key batches, fewer keys than queries, and more visible blocks
     # (9000 / 128 = 71) than the largest topk, so every rank of the selection is exercised.
     lq, lk = [1, 150, 0, 40, 70, 9], [2000, 9000, 300, 0, 33, 500]
@@ -70,21 +71,23 @@ def test_block_topk_matches_reference(case, causal, dtype):
         DEV)
     with gpu_op():
         q2k = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=topk, sink_blocks=sink,
-                             local_blocks=local, causal=causal)
-    scores = ref.block_scores(q, k, cu_q, cu_k, causal=causal)
+                             local_blocks=local, causal=causal, kv_block_size=blk)
+    scores = ref.block_scores(q, k, cu_q, cu_k, blk=blk, causal=causal)
     want = ref.select_topk(scores, cu_q, lk, hkv=hkv, topk=topk, sink=sink, local=local,
-                           causal=causal)
+                           blk=blk, causal=causal)
     assert q2k.dtype == torch.int32 and q2k.shape == want.shape
     assert torch.equal(q2k, want)
 
 
+@pytest.mark.parametrize("blk", [128, 64])
 @pytest.mark.parametrize("seed", range(3))
-def test_block_topk_equals_unfused(seed):
+def test_block_topk_equals_unfused(seed, blk):
     _, q, k, _, cu_q, cu_k, lk, hkv = _case(40 + seed)
     with gpu_op():
-        fused = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=16)
-        scores = msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k)
-        unfused = msa.select_topk(scores, cu_q, num_kv_heads=hkv, topk=16, cu_seqlens_k=cu_k)
+        fused = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=16, kv_block_size=blk)
+        scores = msa.block_scores(q, k, cu_q, cu_seqlens_k=cu_k, kv_block_size=blk)
+        unfused = msa.select_topk(scores, cu_q, num_kv_heads=hkv, topk=16, cu_seqlens_k=cu_k,
+                                  kv_block_size=blk)
     assert torch.equal(fused, unfused)
 
 

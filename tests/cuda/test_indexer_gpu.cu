@@ -3,7 +3,10 @@
 // select_topk on the same scores (fused == unfused) and, on integer-valued inputs whose dot
 // products are exact, identical ids to the CPU reference, exact ties included. Paged K (page
 // sizes 16-256, both pool layouts, NaN in every unused slot): the same checks, plus paged ==
-// flat bitwise on the same logical K, and device-reported bad page ids / lengths.
+// flat bitwise on the same logical K, and device-reported bad page ids / lengths. Blocks of 128
+// keys and of 64 (IndexerGpu.Blk64*: two blocks per 128-key K tile of the kernel), whose scores
+// tensors are also sized to exactly the largest block count (an odd one: a last tile's second
+// block lies past it).
 // MSA_TEST_SMALL=1 shortens the sweeps (compute-sanitizer runs).
 #include <climits>
 #include <limits>
@@ -31,6 +34,9 @@ struct IdxCase {
   int q_scale_kind = 0, k_scale_kind = 0;  // fp8: 0 none, 1 per tensor, 2 per token, 3 per token-head
   int topk = 8, sink = 1, local = 1;
   unsigned seed = 1;
+  int blk = 128;            // kv_block_size: 128 or 64
+  bool spare_block = true;  // the scores get a block past every batch (must stay -inf); false:
+                            // nblk_max is exactly the largest block count
 };
 
 constexpr int64_t kD = 128;
@@ -142,7 +148,8 @@ std::vector<int32_t> expect_fused_matches_unfused(const BlockTopKArgs& f, const 
   lengths.cu_seqlens_k = cu_k.t;
   select_topk(TopKArgs{.scores = gpu_scores_h.t, .cu_seqlens_q = cu_q.t, .kv = lengths,
                        .num_kv_heads = int(hkv), .topk = f.topk, .sink_blocks = f.sink_blocks,
-                       .local_blocks = f.local_blocks, .causal = f.causal, .q2k = want.t});
+                       .local_blocks = f.local_blocks, .causal = f.causal,
+                       .kv_block_size = f.kv_block_size, .q2k = want.t});
   const auto ids = run_gpu<int32_t>(&block_topk, f, &BlockTopKArgs::q2k, want, s);
   int64_t mismatch = 0;
   for (int64_t i = 0; i < want.t.numel(); ++i)
@@ -158,8 +165,8 @@ void run_case(const IdxCase& c) {
   const int64_t total_k = std::accumulate(c.lk.begin(), c.lk.end(), int64_t(0));
   const int64_t hq = c.hkv * c.group;
   int64_t nblk = 1;
-  for (int32_t k : c.lk) nblk = std::max<int64_t>(nblk, (k + 127) / 128);
-  nblk += 1;  // a column past every batch: must be -inf everywhere
+  for (int32_t k : c.lk) nblk = std::max<int64_t>(nblk, (k + c.blk - 1) / c.blk);
+  if (c.spare_block) nblk += 1;  // a column past every batch: must be -inf everywhere
   const bool fp4 = c.dtype == DType::fp4x2;
   std::optional<Fp4Tokens> fq, fk;
   if (fp4) {
@@ -186,6 +193,7 @@ void run_case(const IdxCase& c) {
   a.cu_seqlens_q = cu_q.t;
   a.scores = ref.t;
   a.causal = c.causal;
+  a.kv_block_size = c.blk;
   block_scores(a);
 
   TestStream stream;
@@ -220,9 +228,11 @@ void run_case(const IdxCase& c) {
   }
 }
 
-TEST(IndexerGpu, RandomVarlenSweep) {
-  MSA_REQUIRE_GPU();
-  std::mt19937 rng(5);
+// Random varlen batches, every G, bf16 and f16, causal or not, integer-valued (exact: the CPU's
+// ids too) or normal inputs. 64-key blocks (fresh seeds): every other case's scores sized
+// exactly to the largest block count.
+void random_varlen_sweep(int blk) {
+  std::mt19937 rng(blk == 128 ? 5 : 6);
   const int64_t groups[] = {1, 2, 4, 8, 16};
   const int trials = small_tests() ? 5 : 15;
   for (int trial = 0; trial < trials; ++trial) {
@@ -240,14 +250,26 @@ TEST(IndexerGpu, RandomVarlenSweep) {
     c.topk = 1 + int(rng() % 20);
     c.sink = c.topk >= 2 ? 1 : 0;
     c.local = c.topk >= 2 ? 1 : 0;
-    c.seed = 200 + trial;
-    SCOPED_TRACE("trial " + std::to_string(trial));
+    c.seed = (blk == 128 ? 200 : 1200) + trial;
+    c.blk = blk;
+    c.spare_block = blk == 128 || trial % 2 == 0;
+    SCOPED_TRACE("blk " + std::to_string(blk) + " trial " + std::to_string(trial));
     run_case(c);
   }
 }
 
-TEST(IndexerGpu, Fp8EachScaleKind) {
+TEST(IndexerGpu, RandomVarlenSweep) {
   MSA_REQUIRE_GPU();
+  random_varlen_sweep(128);
+}
+
+TEST(IndexerGpu, Blk64RandomVarlenSweep) {
+  MSA_REQUIRE_GPU();
+  random_varlen_sweep(64);
+}
+
+// FP8 q and K with every pair of scale kinds (none, per tensor, per token, per token and head).
+void fp8_each_scale_kind(int blk) {
   const int64_t groups[] = {16, 4, 1, 8, 2};
   int trial = 0;
   for (int qk = 0; qk < 4; ++qk)
@@ -262,17 +284,28 @@ TEST(IndexerGpu, Fp8EachScaleKind) {
       c.integer_values = trial % 2 == 0;  // exact: ids must equal the CPU's
       c.causal = trial % 4 != 3;
       c.topk = 6;
-      c.seed = 300 + trial;
+      c.seed = (blk == 128 ? 300 : 1300) + trial;
+      c.blk = blk;
+      c.spare_block = blk == 128 || trial % 3 != 1;
       SCOPED_TRACE("fp8 q scale kind " + std::to_string(qk) + ", k scale kind " + std::to_string(kk));
       run_case(c);
     }
 }
 
+TEST(IndexerGpu, Fp8EachScaleKind) {
+  MSA_REQUIRE_GPU();
+  fp8_each_scale_kind(128);
+}
+
+TEST(IndexerGpu, Blk64Fp8EachScaleKind) {
+  MSA_REQUIRE_GPU();
+  fp8_each_scale_kind(64);
+}
+
 // FP4 q and K (fp4.cuh: converted to bf16 in shared memory, exact), NVFP4 with global scales and
 // MXFP4, every GQA group, causal or not, varlen with empty batches: scores against the CPU's and,
 // on exact inputs, bitwise with the CPU's ids.
-TEST(IndexerGpu, Fp4MatchesCpu) {
-  MSA_REQUIRE_GPU();
+void fp4_matches_cpu(int blk) {
   const int64_t groups[] = {16, 4, 1, 8, 2};
   const int trials = small_tests() ? 4 : 12;
   for (int trial = 0; trial < trials; ++trial) {
@@ -288,16 +321,28 @@ TEST(IndexerGpu, Fp4MatchesCpu) {
     c.topk = 1 + trial % 9;
     c.sink = c.topk >= 2 ? 1 : 0;
     c.local = c.topk >= 2 ? 1 : 0;
-    c.seed = 700 + trial;
+    c.seed = (blk == 128 ? 700 : 1700) + trial;
+    c.blk = blk;
+    c.spare_block = blk == 128 || trial % 2 == 1;
     SCOPED_TRACE(std::string(c.nvfp4 ? "NVFP4" : "MXFP4") + " trial " + std::to_string(trial));
     run_case(c);
   }
 }
 
+TEST(IndexerGpu, Fp4MatchesCpu) {
+  MSA_REQUIRE_GPU();
+  fp4_matches_cpu(128);
+}
+
+TEST(IndexerGpu, Blk64Fp4MatchesCpu) {
+  MSA_REQUIRE_GPU();
+  fp4_matches_cpu(64);
+}
+
 // FP4 keys in page pools (both layouts, pages of 128 and 64, the pool scales in the values'
 // layout, every unused slot 0xff: NaN scales, -6 values) and scales in the preordered layout (q, K
 // or both; 128-slot pools): scores bitwise equal to the same keys in a flat cache with public
-// scales on the GPU, which match the CPU's; the fused ids too.
+// scales on the GPU, which match the CPU's; the fused ids too. Blocks of 128 keys and of 64.
 struct Fp4Pool {
   HostTensor values, scale, page_table;
 };
@@ -330,12 +375,12 @@ Fp4Pool fp4_pool(const Fp4Tokens& k, const std::vector<int32_t>& lk, int64_t pag
   return p;
 }
 
-TEST(IndexerGpu, Fp4PagedAndPreorderedMatchFlat) {
-  MSA_REQUIRE_GPU();
+void fp4_paged_and_preordered_match_flat(int blk) {
   for (const bool nv : {true, false}) {
-    std::mt19937 rng(nv ? 41 : 42);
+    std::mt19937 rng((nv ? 41 : 42) + (blk == 128 ? 0 : 100));
     const std::vector<int32_t> lq = {150, 0, 37}, lk = {700, 90, 300};
-    const int64_t hkv = 2, hq = 16, total_q = 187, total_k = 1090, nblk = 7;
+    // ceil(700 / blk) blocks and a spare one
+    const int64_t hkv = 2, hq = 16, total_q = 187, total_k = 1090, nblk = blk == 128 ? 7 : 12;
     const Fp4Tokens q = random_fp4(total_q, hq, nv, false, rng), k = random_fp4(total_k, hkv, nv, false, rng);
     const float qg = nv ? 0.37f : 1.f, kg = nv ? 1.7f : 1.f;
     const HostTensor cu_q = i32_tensor(cumulative(lq)), cu_k = i32_tensor(cumulative(lk));
@@ -351,6 +396,7 @@ TEST(IndexerGpu, Fp4PagedAndPreorderedMatchFlat) {
     a.kv.cu_seqlens_k = cu_k.t;
     a.cu_seqlens_q = cu_q.t;
     a.scores = ref.t;
+    a.kv_block_size = blk;
     block_scores(a);  // CPU
     BlockScoresArgs g = a;
     g.q = QTensor(dq.t, dqs.t, qg);
@@ -407,6 +453,16 @@ TEST(IndexerGpu, Fp4PagedAndPreorderedMatchFlat) {
   }
 }
 
+TEST(IndexerGpu, Fp4PagedAndPreorderedMatchFlat) {
+  MSA_REQUIRE_GPU();
+  fp4_paged_and_preordered_match_flat(128);
+}
+
+TEST(IndexerGpu, Blk64Fp4PagedAndPreorderedMatchFlat) {
+  MSA_REQUIRE_GPU();
+  fp4_paged_and_preordered_match_flat(64);
+}
+
 TEST(IndexerGpu, EdgeShapes) {
   MSA_REQUIRE_GPU();
   IdxCase c;
@@ -419,22 +475,60 @@ TEST(IndexerGpu, EdgeShapes) {
   run_case(c);
 }
 
+// 64-key blocks at the edges of a 128-key tile: key counts 1, 63, 64, 65, 127, 128, 129 and
+// 191 (a last tile with one block or two, its second block wholly invisible or partly visible),
+// Lq > Lk (queries that see no key, a tile whose first block is the last visible one under the
+// causal limit), an empty batch each way; every G, causal or not, the scores sized exactly (odd
+// and even largest block counts) or with a spare block; exact (integer-valued) cases compare the
+// ids with the CPU's, topk 64 far above the visible blocks included.
+TEST(IndexerGpu, Blk64EdgeShapes) {
+  MSA_REQUIRE_GPU();
+  const std::vector<std::vector<int32_t>> lqs = {{1, 63, 64, 65}, {127, 0, 128, 300}, {5, 129, 191, 3}};
+  const std::vector<std::vector<int32_t>> lks = {{1, 63, 64, 65}, {127, 40, 128, 129}, {200, 129, 191, 0}};
+  const int64_t groups[] = {1, 2, 4, 8, 16};
+  int trial = 0;
+  for (size_t i = 0; i < lqs.size(); ++i)
+    for (const bool causal : {true, false})
+      for (const bool spare : {false, true}) {
+        IdxCase c;
+        c.lq = lqs[i];
+        c.lk = lks[i];
+        c.blk = 64;
+        c.spare_block = spare;
+        c.causal = causal;
+        c.group = groups[trial % 5];
+        c.hkv = 1 + trial % 2;
+        c.integer_values = trial % 2 == 0;
+        c.topk = trial % 3 == 0 ? 64 : 1 + trial % 5;
+        c.sink = c.topk >= 2 ? 1 : 0;
+        c.local = c.topk >= 2 ? 1 : 0;
+        c.dtype = trial % 4 == 1 ? DType::f16 : DType::bf16;
+        c.seed = 1900 + trial++;
+        SCOPED_TRACE("lengths " + std::to_string(i) + (causal ? " causal" : " non-causal") +
+                     (spare ? " spare block" : " exact nblk"));
+        run_case(c);
+      }
+}
+
 // The -inf tail past each segment's blocks (fill_tail) with 16-byte stores (every row start
 // aligned: total_q % 4 == 0, segments starting at multiples of 4) and with 4-byte ones, for
-// 16-, 32- and 64-token tiles (G 16, 8, 4).
+// 16-, 32- and 64-token tiles (G 16, 8, 4), blocks of 128 and 64 keys.
 TEST(IndexerGpu, TailFillAlignedAndNot) {
   MSA_REQUIRE_GPU();
   const std::vector<std::vector<int32_t>> lqs = {{256, 512}, {257, 510}, {64, 4, 188}};
-  for (const int64_t group : {16, 8, 4})
-    for (const auto& lq : lqs) {
-      IdxCase c;
-      c.lq = lq;
-      for (const int32_t l : lq) c.lk.push_back(l + 200);
-      c.group = group;
-      c.hkv = 1;
-      SCOPED_TRACE("G " + std::to_string(group) + " first batch " + std::to_string(lq[0]));
-      run_case(c);
-    }
+  for (const int blk : {128, 64})
+    for (const int64_t group : {16, 8, 4})
+      for (const auto& lq : lqs) {
+        IdxCase c;
+        c.lq = lq;
+        for (const int32_t l : lq) c.lk.push_back(l + 200);
+        c.group = group;
+        c.hkv = 1;
+        c.blk = blk;
+        SCOPED_TRACE("blk " + std::to_string(blk) + " G " + std::to_string(group) + " first batch " +
+                     std::to_string(lq[0]));
+        run_case(c);
+      }
 }
 
 TEST(IndexerGpu, RejectsWhatItDoesNotSupport) {
@@ -529,6 +623,7 @@ struct PagedSpec {
   int64_t row_pad = 0;        // pool rows of D + row_pad elements
   int topk = 6;
   int k_scale_kind = 1;       // fp8: 1 per tensor, 2 per token, 3 per token and head (pool slots)
+  int blk = 128;              // kv_block_size
 };
 
 // One paged case: GPU paged scores vs the CPU reference on the same pool, GPU paged == GPU flat
@@ -542,7 +637,7 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
   const int64_t total_k = std::accumulate(sp.lk.begin(), sp.lk.end(), int64_t(0));
   const int64_t hq = sp.hkv * sp.group;
   int64_t nblk = 1;
-  for (int32_t k : sp.lk) nblk = std::max<int64_t>(nblk, (k + 127) / 128);
+  for (int32_t k : sp.lk) nblk = std::max<int64_t>(nblk, (k + sp.blk - 1) / sp.blk);
   nblk += 1;
   const bool fp8 = sp.dtype == DType::fp8_e4m3;
   const HostTensor q = random_tokens(total_q, hq, sp.dtype, false, rng);
@@ -564,6 +659,7 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
   a.cu_seqlens_q = cu_q.t;
   a.scores = ref.t;
   a.causal = sp.causal;
+  a.kv_block_size = sp.blk;
   block_scores(a);
 
   TestStream s;
@@ -592,13 +688,26 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
   expect_fused_matches_unfused(topk_args(g, sp.topk), paged, hq, nblk, cu_q, cu_k, sp.hkv, s);
 }
 
+// The paged specs in turn (every third with MSA_TEST_SMALL), stopping at the first failure.
+template <size_t N>
+void run_paged_specs(const PagedSpec (&specs)[N], unsigned seed) {
+  const bool small = small_tests();
+  int index = 0;
+  for (const PagedSpec& sp : specs) {
+    ++seed;
+    if (small && index++ % 3 != 0) continue;
+    SCOPED_TRACE(sp.name);
+    run_paged_case(sp, seed, small);
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
 // Every page size in both layouts, G 1/4/16, causal both ways, bf16/f16/FP8 (key scales per
 // tensor, per pool slot, per slot and head), lengths that are not multiples of 128 or of the page
 // size, requests without keys or queries, Lq > Lk, seqused_k below the pages' capacity (a spare
 // column each), padded pool rows.
 TEST(IndexerGpu, PagedMatchesCpuAndFlat) {
   MSA_REQUIRE_GPU();
-  const bool small = small_tests();
   const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
   const DType bf16 = DType::bf16, f16 = DType::f16, fp8 = DType::fp8_e4m3;
   const PagedSpec specs[] = {
@@ -618,15 +727,25 @@ TEST(IndexerGpu, PagedMatchesCpuAndFlat) {
       {"ps128 nhd G16 fp8 per-token-head k padded", {90, 129}, {700, 129}, 128, nhd, 16, 2, true, fp8, 16, 6, 3},
       {"ps256 nhd G1 fp8 per-token k non-causal", {70, 5}, {900, 40}, 256, nhd, 1, 2, false, fp8, 0, 6, 2},
   };
-  unsigned seed = 7000;
-  int index = 0;
-  for (const PagedSpec& sp : specs) {
-    ++seed;
-    if (small && index++ % 3 != 0) continue;
-    SCOPED_TRACE(sp.name);
-    run_paged_case(sp, seed, small);
-    if (HasFailure()) break;
-  }
+  run_paged_specs(specs, 7000);
+}
+
+// The same with 64-key blocks: pages smaller than, equal to and larger than a block, lengths not
+// multiples of 64 (nor of 128 or the page size), FP8 key scales of every kind.
+TEST(IndexerGpu, Blk64PagedMatchesCpuAndFlat) {
+  MSA_REQUIRE_GPU();
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const DType bf16 = DType::bf16, f16 = DType::f16, fp8 = DType::fp8_e4m3;
+  const PagedSpec specs[] = {
+      {"ps16 hnd G4 blk64", {300, 0, 77}, {300, 50, 201}, 16, hnd, 4, 2, true, bf16, 0, 6, 1, 64},
+      {"ps32 nhd G1 f16 non-causal blk64", {100, 1, 90}, {333, 1, 257}, 32, nhd, 1, 3, false, f16, 8, 9, 1, 64},
+      {"ps64 nhd G16 fp8 per-token k blk64", {257, 40, 0}, {400, 65, 5}, 64, nhd, 16, 1, true, fp8, 0, 6, 2, 64},
+      {"ps64 hnd G2 fp8 non-causal blk64", {63, 129}, {63, 640}, 64, hnd, 2, 2, false, fp8, 16, 5, 1, 64},
+      {"ps128 nhd G8 fp8 per-token-head k blk64", {129, 0, 200}, {129, 0, 1001}, 128, nhd, 8, 2, true, fp8, 0, 6, 3, 64},
+      {"ps256 hnd G4 topk 64 blk64", {128, 70}, {191, 1100}, 256, hnd, 4, 1, true, bf16, 0, 64, 1, 64},
+      {"ps256 nhd G1 one key blk64", {1, 3}, {1, 3}, 256, nhd, 1, 1, true, bf16, 0, 6, 1, 64},
+  };
+  run_paged_specs(specs, 7100);
 }
 
 // seqused_k absent: every request has max_pages * page_size keys, so spare columns are used.
@@ -670,6 +789,62 @@ TEST(IndexerGpu, PagedDefaultLengths) {
     g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
     expect_scores_match(gpu_scores(g, ref, s), ref, false);
   }
+}
+
+// Scores with fewer blocks than a request has (flat K: only the device counts them), 64-key
+// blocks and an odd nblk_max: the device reports the request's block count, the blocks inside the
+// scores hold the CPU's values, and nothing past the scores is written (the last tile's second
+// block is past nblk_max).
+TEST(IndexerGpu, Blk64ShortScoresReported) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(95);
+  const std::vector<int32_t> lq = {40, 300}, lk = {100, 300};  // request 1: 5 blocks of 64
+  const int64_t hq = 4, hkv = 1, total_q = 340, total_k = 400, nblk = 3, full = 5;
+  const HostTensor q = random_tokens(total_q, hq, DType::bf16, false, rng);
+  const HostTensor k = random_tokens(total_k, hkv, DType::bf16, false, rng);
+  const HostTensor cu_q = i32_tensor(cumulative(lq)), cu_k = i32_tensor(cumulative(lk));
+  HostTensor ref(DType::f32, {hq, full, total_q});
+  BlockScoresArgs a;
+  a.q = q.t;
+  a.kv.k = k.t;
+  a.kv.cu_seqlens_k = cu_k.t;
+  a.cu_seqlens_q = cu_q.t;
+  a.scores = ref.t;
+  a.causal = false;  // every tile of request 1 sees its 5 blocks: one report, whichever CTA wins
+  a.kv_block_size = 64;
+  block_scores(a);
+  HostTensor want(DType::f32, {hq, nblk, total_q});  // the CPU's first nblk blocks
+  for (int64_t h = 0; h < hq; ++h)
+    std::memcpy(want.data<float>() + h * nblk * total_q, ref.data<float>() + h * full * total_q,
+                size_t(nblk * total_q) * 4);
+
+  TestStream s;
+  const DeviceTensor dq = to_device(q, s), dk = to_device(k, s);
+  const DeviceTensor dcq = to_device(cu_q, s), dck = to_device(cu_k, s);
+  const size_t bytes = size_t(hq * nblk * total_q) * 4, guard = 4096;
+  DeviceBuffer dst(16), dscores(bytes + guard);
+  dscores.poison(s);
+  BlockScoresArgs g = a;
+  g.q = dq.t;
+  g.kv.k = dk.t;
+  g.kv.cu_seqlens_k = dck.t;
+  g.cu_seqlens_q = dcq.t;
+  g.scores = Tensor(dscores.get(), DType::f32, {hq, nblk, total_q}, gpu0());
+  g.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+  expect_error([&] {
+    clear_status(g.status, s);
+    block_scores(g, s);
+    check_status(g.status, s);
+  }, "shape mismatch detected on device (1, 5, 3)");
+  const auto got = dscores.download<float>((bytes + guard) / 4, s);
+  expect_scores_match(std::vector<float>(got.begin(), got.begin() + int64_t(bytes / 4)), want, false);
+  int64_t written = 0;
+  for (size_t i = bytes; i < bytes + guard; i += 4) {
+    uint32_t w;
+    std::memcpy(&w, reinterpret_cast<const uint8_t*>(got.data()) + i, 4);
+    written += w != 0xffffffffu;
+  }
+  EXPECT_EQ(written, 0) << "scores written past nblk_max";
 }
 
 // A negative FP8 key scale of a key the kernel reads is reported with the token that indexes

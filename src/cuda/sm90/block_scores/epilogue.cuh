@@ -29,11 +29,13 @@ __device__ __forceinline__ void load_key_scales(const float* ks, int lane, float
 
 // Max over this thread's columns of its two accumulator rows (u = 0: row lane/4, elements
 // n*4 + {0, 1}; u = 1: row lane/4 + 8, elements n*4 + {2, 3}), each reduced over the quad that
-// shares the row; every lane of the quad ends with both row maxima. kScaled (FP8 with per-key
-// scales): each value is first multiplied by its column's key scale (k: load_key_scales).
-// kMasked: only columns <= lim[u] (in [-1, 127]) count; the caller takes the unmasked form
-// when the block is wholly visible to every row of the warp (all blocks but the diagonal and the
-// batch tail).
+// shares the row; every lane of the quad ends with both row maxima, out[i][u] for block i of the
+// tile (kBlk = 64: columns 0-63 are groups n < 8, block 0, and 64-127 block 1; each block's
+// chains are its own, so its maximum is the one a 64-wide tile would give). kScaled (FP8 with
+// per-key scales): each value is first multiplied by its column's key scale (k: load_key_scales).
+// kMasked: only columns <= lim[u] (in [-1, 127], tile columns) count; the caller takes the
+// unmasked form when the tile is wholly visible to every row of the warp (all tiles but the
+// diagonal and the batch tail).
 // The reduction order is the previous per-row epilogue's, so the maxima are the same bits: a
 // wholly visible row folds max(v0, v1) pairs into 4 chains over n & 3, a partly visible row
 // folds one masked element at a time (-inf past lim), then both combine the chains and the
@@ -48,15 +50,20 @@ __device__ __forceinline__ void load_key_scales(const float* ks, int lane, float
 // between its two epilogues; kSmem, each pair read from `next` (this block's
 // staged scales) where it is used, k untouched (the wide consumers, Cfg: no scale registers).
 enum ScaleSrc { kKeep, kRefill, kSmem };
-template <bool kMasked, bool kScaled, int kSrc = kKeep>
+template <int kBlk, bool kMasked, bool kScaled, int kSrc = kKeep>
 __device__ __forceinline__ void row_max2(const float (&s)[64], float2 (&k)[16], int lane,
-                                         const int (&lim)[2], float (&out)[2],
+                                         const int (&lim)[2],
+                                         float (&out)[kBlocksPerTile<kBlk>][2],
                                          const float* next = nullptr) {
+  constexpr int kB = kBlocksPerTile<kBlk>, kGroups = 16 / kB;  // 8-column groups per block
   const int c0 = 2 * (lane & 3);
   const float2* next2 = reinterpret_cast<const float2*>(next) + (lane & 3);
-  float pair[2][4], elem[2][4];  // independent chains for ILP: pair-wise and element-wise folds
+  // Independent chains for ILP, pair-wise and element-wise folds, 4 per row and block.
+  float pair[kB][2][4], elem[kB][2][4];
 #pragma unroll
   for (int n = 0; n < 16; ++n) {
+    const int i = n / kGroups;               // the column group's block
+    const bool first = n % kGroups < 4;      // its chain's first fold
     float2 kn{1.f, 1.f};
     if constexpr (kScaled) kn = kSrc == kSmem ? next2[n * 4] : k[n];
 #pragma unroll
@@ -67,27 +74,30 @@ __device__ __forceinline__ void row_max2(const float (&s)[64], float2 (&k)[16], 
         v1 *= kn.y;
       }
       const float p = nan_max(v0, v1);
-      pair[u][n & 3] = n < 4 ? p : nan_max(pair[u][n & 3], p);
+      pair[i][u][n & 3] = first ? p : nan_max(pair[i][u][n & 3], p);
       if constexpr (kMasked) {
         v0 = n * 8 + c0 <= lim[u] ? v0 : -INFINITY;
         v1 = n * 8 + c0 + 1 <= lim[u] ? v1 : -INFINITY;
-        elem[u][n & 3] = nan_max(n < 4 ? v0 : nan_max(elem[u][n & 3], v0), v1);
+        elem[i][u][n & 3] = nan_max(first ? v0 : nan_max(elem[i][u][n & 3], v0), v1);
       }
     }
     if constexpr (kSrc == kRefill) k[n] = next2[n * 4];
   }
 #pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    float m[4];
+  for (int i = 0; i < kB; ++i)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      m[i] = pair[u][i];
-      if constexpr (kMasked) m[i] = lim[u] < kBlockN - 1 ? elem[u][i] : m[i];
+    for (int u = 0; u < 2; ++u) {
+      float m[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        m[c] = pair[i][u][c];
+        // Block i is wholly visible to the row iff its last column is.
+        if constexpr (kMasked) m[c] = lim[u] < (i + 1) * kBlk - 1 ? elem[i][u][c] : m[c];
+      }
+      float r = nan_max(nan_max(m[0], m[1]), nan_max(m[2], m[3]));
+      r = nan_max(r, __shfl_xor_sync(0xffffffffu, r, 1));
+      out[i][u] = nan_max(r, __shfl_xor_sync(0xffffffffu, r, 2));
     }
-    float r = nan_max(nan_max(m[0], m[1]), nan_max(m[2], m[3]));
-    r = nan_max(r, __shfl_xor_sync(0xffffffffu, r, 1));
-    out[u] = nan_max(r, __shfl_xor_sync(0xffffffffu, r, 2));
-  }
 }
 
 // FP8 scales (Params: 0 none, 1 per tensor, 2 per token, 3 per token and head).
@@ -124,6 +134,33 @@ __device__ __forceinline__ void group_max(const float (&m)[2], int group, float 
     const float o1 = __shfl_xor_sync(0xffffffffu, g[1], step);
     g[0] = group >= step / 2 ? fmaxf(g[0], o0) : g[0];
     g[1] = group >= step / 2 ? fmaxf(g[1], o1) : g[1];
+  }
+}
+
+// The same for a 64-key tile's two blocks (m[2 i], m[2 i + 1]: block i's two rows), their
+// chains sharing the shuffle rounds rather than running one after the other. (The two-row form
+// above stays as it is: written as this loop for one block, the 128-key kernels' SASS changed,
+// a select turned into a branch.)
+__device__ __forceinline__ void group_max(const float (&m)[4], int group, float (&g)[4]) {
+  if (group == 16) {
+    float x[2] = {fmaxf(m[0], m[1]), fmaxf(m[2], m[3])};
+#pragma unroll
+    for (int step = 4; step <= 16; step *= 2)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) x[i] = fmaxf(x[i], __shfl_xor_sync(0xffffffffu, x[i], step));
+    g[0] = g[1] = x[0];
+    g[2] = g[3] = x[1];
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) g[i] = m[i];
+#pragma unroll
+  for (int step = 4; step <= 16; step *= 2) {
+    float o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[i] = __shfl_xor_sync(0xffffffffu, g[i], step);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) g[i] = group >= step / 2 ? fmaxf(g[i], o[i]) : g[i];
   }
 }
 
@@ -165,8 +202,8 @@ __device__ __forceinline__ RowInfo row_info(const Params& p, int64_t t0, int r, 
 // segment, computed once per segment (segment_rows), never per block.
 struct SegRows {
   int last[2];    // batch-local index of the row's last visible key, clamped to [-1, lk - 1]
-  int full_last;  // min of `last` over the warp's rows in the segment (INT_MAX if none): block kb
-                  // is wholly visible to all of them iff kb * 128 + 127 <= full_last (warp-uniform)
+  int full_last;  // min of `last` over the warp's rows in the segment (INT_MAX if none): K tile
+                  // kb is wholly visible to all of them iff kb * 128 + 127 <= full_last (warp-uniform)
   float qk[2];    // FP8: q scale * per-tensor key scale (per-key scales apply per column); FP4:
                   // the NVFP4 global scales' product
   float* out[2];  // unfused: &scores[hq, 0, t], null for rows outside the segment
@@ -212,70 +249,93 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds
   return sr;
 }
 
-// Epilogue of one row group's S tile for block kb: kb_off = kb * total_q (the scores offset of
-// block kb); k: the thread's key scales of the block (read only with kPerKey). FP8: score =
+// Epilogue of one row group's S tile for K tile kb, blocks kb (kBlk = 128) or 2 kb and 2 kb + 1
+// (kBlk = 64): kb_off = the scores offset of the tile's first block (its id * total_q); k: the
+// thread's key scales of the tile (read only with kPerKey). FP8: score =
 // qs * max_j(dot_j * ks_j) for scales >= 0; per-key scales multiply each value, a per-tensor key
 // scale joins the query scale after the max.
 // kFused (p.scores == nullptr) is the caller's loop flag: a runtime test here kept the other
 // path's code and branches in each loop, ~10 instructions per tile on the unfused FP8 loop.
 // kSrc (with kPerKey): where the key scales come from (row_max2; k_next: the next block's
 // staged scales for kRefill, this block's for kSmem).
-template <Elem kElem, bool kPerKey, bool kFused, int kSrc = kKeep>
+template <Elem kElem, int kBlk, bool kPerKey, bool kFused, int kSrc = kKeep>
 __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, const float (&s)[64],
                                          const SegRows& sr, int kb, int64_t kb_off, int lane,
                                          float2 (&k)[16], int sel_slot,
                                          const float* k_next = nullptr) {
+  constexpr int kB = kBlocksPerTile<kBlk>;
   const int key0 = kb * kBlockN;
-  float m[2];
+  float m[kB][2];
   if (key0 + (kBlockN - 1) <= sr.full_last) {
-    row_max2<false, kPerKey, kSrc>(s, k, lane, sr.last, m, k_next);
+    row_max2<kBlk, false, kPerKey, kSrc>(s, k, lane, sr.last, m, k_next);
   } else {
-    // Diagonal or tail block: per-row limits in this block's columns, in [-1, 127].
+    // Diagonal or tail tile: per-row limits in this tile's columns, in [-1, 127].
     int lim[2];
 #pragma unroll
     for (int u = 0; u < 2; ++u) lim[u] = max(-1, min(kBlockN - 1, sr.last[u] - key0));
-    row_max2<true, kPerKey, kSrc>(s, k, lane, lim, m, k_next);
+    row_max2<kBlk, true, kPerKey, kSrc>(s, k, lane, lim, m, k_next);
   }
   if constexpr (kElem == Elem::e4m3 || kElem == Elem::fp4) {
 #pragma unroll
-    for (int u = 0; u < 2; ++u)
-      if (m[u] != -INFINITY) m[u] *= sr.qk[u];  // no visible key stays -inf, even at scale 0
+    for (int i = 0; i < kB; ++i)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+        if (m[i][u] != -INFINITY) m[i][u] *= sr.qk[u];  // no visible key stays -inf, even at scale 0
   }
   // Lane 0 of the quad writes both rows: its maxima are the ones the previous epilogue stored.
+  // 64-key blocks: the tile's second block is stored while it is inside the scores (a last tile
+  // may hold one block past nblk_max), as -inf when no row sees a key in it (blocks_written).
   if constexpr (!kFused) {
     if ((lane & 3) == 0) {
-      if (sr.out[0] != nullptr) sr.out[0][kb_off] = m[0];
-      if (sr.out[1] != nullptr) sr.out[1][kb_off] = m[1];
+      if (sr.out[0] != nullptr) sr.out[0][kb_off] = m[0][0];
+      if (sr.out[1] != nullptr) sr.out[1][kb_off] = m[0][1];
+      if constexpr (kB == 2) {
+        if (int64_t(kb) * 2 + 1 < p.nblk_max) {
+          if (sr.out[0] != nullptr) sr.out[0][kb_off + p.total_q] = m[1][0];
+          if (sr.out[1] != nullptr) sr.out[1][kb_off + p.total_q] = m[1][1];
+        }
+      }
     }
     return;
   }
-  float g[2];
-  group_max(m, p.group, g);
+  float g[kB][2];
+  if constexpr (kB == 1) {
+    group_max(m[0], p.group, g[0]);
+  } else {  // both blocks through one chain of rounds
+    const float m4[4] = {m[0][0], m[0][1], m[1][0], m[1][1]};
+    float g4[4];
+    group_max(m4, p.group, g4);
+    g[0][0] = g4[0], g[0][1] = g4[1], g[1][0] = g4[2], g[1][1] = g4[3];
+  }
   if ((lane & 3) == 0) {  // into the selector ring (run_selector); the caller holds the slot
     SelSlot& slot = sh.sel[sel_slot];
     if (sr.pick[0] >= 0) {
-      slot.val[sr.pick[0] % kMaxTokens] = g[0];
+      slot.val[sr.pick[0] % kMaxTokens] = g[0][0];
+      if constexpr (kB == 2) sh.sel_hi[sel_slot][sr.pick[0] % kMaxTokens] = g[1][0];
       slot.ok[sr.pick[0] % kMaxTokens] = sr.pick[0] < kMaxTokens;
     }
     if (sr.pick[1] >= 0) {
-      slot.val[sr.pick[1] % kMaxTokens] = g[1];
+      slot.val[sr.pick[1] % kMaxTokens] = g[0][1];
+      if constexpr (kB == 2) sh.sel_hi[sel_slot][sr.pick[1] % kMaxTokens] = g[1][1];
       slot.ok[sr.pick[1] % kMaxTokens] = sr.pick[1] < kMaxTokens;
     }
   }
 }
 
-// Fused top-K: token t's visibility and pick budget, before its first offer.
+// Fused top-K: token t's visibility (in blocks of kBlk keys) and pick budget, before its first
+// offer.
+template <int kBlk>
 __device__ inline void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
   const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
   Segment seg;
   int64_t cursor = b;
-  tp.nvis = next_segment(p, t, t + 1, cursor, seg) ? int32_t(token_blocks(p, seg, t)) : 0;
+  tp.nvis = next_segment<kBlk>(p, t, t + 1, cursor, seg) ? int32_t(token_blocks<kBlk>(p, seg, t)) : 0;
   tp.want = p.rule.topk - forced_count(p.rule, tp.nvis);
   tp.count = 0;
 }
 
-// Unfused: -inf for the blocks past each segment's loop bound (no row of the segment sees a key
-// in them). Run by the producer warpgroup's warps 1-3, idle otherwise in the unfused kernel,
+// Unfused: -inf for the blocks past those each segment's items write (blocks_written: no row of
+// the segment sees a key in them). Run by the producer warpgroup's warps 1-3, idle otherwise in the unfused kernel,
 // while the consumers run their block loop: as the consumers' epilogue after the loop it held
 // the SM with the tensor cores idle (ncu: 15% of the FP8 kernel's warp samples,
 // uncoalesced stores). Rows (head g, block kb), kb fastest, are dealt to the warps in turn; a
@@ -285,14 +345,15 @@ __device__ inline void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
 // next rows by adding, not by division. Each store instruction is the fill warps' issue cost
 // taken from the consumers on their schedulers (35 instructions per 16-token row, then ~20 per
 // two rows, 10% of the FP8 kernel's warp samples).
+template <int kBlk>
 __device__ inline void fill_tail(const Params& p, int64_t h, int64_t t0, int64_t t1, int warp, int warps,
                           int lane) {
   Segment seg;
   int64_t b = p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0;
-  while (next_segment(p, t0, t1, b, seg)) {
-    // 32-bit counters (this runs at the producer's 40 registers): blocks < 2^24, tile tokens <= 64.
+  while (next_segment<kBlk>(p, t0, t1, b, seg)) {
+    // 32-bit counters (this runs at the producer's 40 registers): blocks < 2^25, tile tokens <= 64.
     const int tokens = int(seg.t_end - seg.t_begin), nblk = int(p.nblk_max);
-    const int first = int(seg.nblocks), tail = nblk - first;
+    const int first = int(blocks_written<kBlk>(p, seg.nblocks)), tail = nblk - first;
     if (tail <= 0) continue;
     float* const base = p.scores + seg.t_begin;
     // 16-byte stores when every row start is 16-byte aligned and the length is whole float4s.

@@ -190,16 +190,16 @@ __device__ __forceinline__ void convert_raw(const Params& p, const uint8_t* raw,
 }
 
 // The converter role: Q, then every K block of the CTA's items (kConv converter threads, tid in
-// [0, kConv)).
-template <int kConv, bool kSplit>
+// [0, kConv); kBlk: the items' count, work.cuh).
+template <int kConv, int kBlk, bool kSplit>
 __device__ void run_fp4_converter(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                   int64_t t1, int tid) {
   convert_q<kConv>(p, sh, h, t0, tid);
   sm90::fence_proxy_async_smem();
   sm90::mbar_arrive(&sh.q_full);
-  const ItemRange range = cta_items<kSplit>(p, t0, t1);
+  const ItemRange range = cta_items<kBlk, kSplit>(p, t0, t1);
   const int n = range.count;
-  ItemCursor<kSplit> ahead(p, t0, t1, range.first);
+  ItemCursor<kBlk, kSplit> ahead(p, t0, t1, range.first);
   Segment seg;
   int kb;
   bool fresh;

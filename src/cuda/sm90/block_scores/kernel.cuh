@@ -23,7 +23,8 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-template <Elem kElem, int kRowGroups, bool kWide>
+// kBlk: keys per score block, 128 or 64 (traits.h: a 128-key K tile is one block or two).
+template <Elem kElem, int kBlk, int kRowGroups, bool kWide>
 __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
     block_scores_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k, const Params p) {
@@ -61,21 +62,21 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     if constexpr (kFp4) {  // no TMA: the converters load (fp4.cuh)
       if constexpr (kWide) {  // warps 0 and 3 convert, 1 and 2 select
-        if (warp == 0 || warp == 3) run_fp4_converter<kConverters, false>(p, sh, h, t0, t1, warp == 0 ? lane : 32 + lane);
-        else run_selector<kC>(p, sh, t0, t1, threadIdx.x - 32);
+        if (warp == 0 || warp == 3) run_fp4_converter<kConverters, kBlk, false>(p, sh, h, t0, t1, warp == 0 ? lane : 32 + lane);
+        else run_selector<kC, kBlk>(p, sh, t0, t1, threadIdx.x - 32);
       } else {  // all four convert, then write the -inf tail
-        run_fp4_converter<kConverters, true>(p, sh, h, t0, t1, threadIdx.x);
-        if (blockIdx.z == 0) fill_tail(p, h, t0, t1, warp, 4, lane);
+        run_fp4_converter<kConverters, kBlk, true>(p, sh, h, t0, t1, threadIdx.x);
+        if (blockIdx.z == 0) fill_tail<kBlk>(p, h, t0, t1, warp, 4, lane);
       }
-    } else if (threadIdx.x < 32) run_producer<kElem, !kWide>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
+    } else if (threadIdx.x < 32) run_producer<kElem, kBlk, !kWide>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
     else if constexpr (kWide) {  // fused (launch.cu)
-      if (threadIdx.x < 32 + kSelectors) run_selector<kC>(p, sh, t0, t1, threadIdx.x - 32);
+      if (threadIdx.x < 32 + kSelectors) run_selector<kC, kBlk>(p, sh, t0, t1, threadIdx.x - 32);
     } else if (blockIdx.z == 0) {  // one split writes the tail (cta_items)
-      fill_tail(p, h, t0, t1, warp - 1, 3, lane);
+      fill_tail<kBlk>(p, h, t0, t1, warp - 1, 3, lane);
     }
   } else {
     sm90::regs_alloc<kFp4 ? Cfg<kWide>::kFp4ConsumerRegs : Cfg<kWide>::kConsumerRegs>();
-    run_consumer<kElem, kRowGroups, kWide>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);
+    run_consumer<kElem, kBlk, kRowGroups, kWide>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 

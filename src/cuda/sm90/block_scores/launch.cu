@@ -76,7 +76,8 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
                 q.values.dtype == DType::fp8_e4m3 || q.values.dtype == DType::fp4x2,
             op, ": CUDA supports bf16, f16, fp8_e4m3 and fp4x2 inputs, got ", dtype_name(q.values.dtype));
   MSA_CHECK(s.head_dim == kHeadDim, op, ": head_dim must be 128 on CUDA, got ", s.head_dim);
-  MSA_CHECK(blk == kBlockN, op, ": kv_block_size must be 128 on CUDA, got ", blk);
+  // The kernels walk 128-key K tiles; 64-key blocks are a tile's halves (traits.h).
+  MSA_CHECK(blk == 128 || blk == 64, op, ": kv_block_size must be 64 or 128 on CUDA, got ", blk);
   // Row tiles hold 64 / G whole tokens and the group max is a butterfly over G lanes.
   check_cuda_group(s.group, op);
   MSA_CHECK(s.total_q < std::numeric_limits<int32_t>::max() &&
@@ -126,14 +127,15 @@ Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, cons
   return p;
 }
 
-// The instantiation for an input type, row-group count (R = 4 for G >= 4, 2 for G = 2, 1) and
-// the fused flag: fused runs the wide kernel (Cfg).
+// The instantiation for an input type and block size, row-group count (R = 4 for G >= 4, 2 for
+// G = 2, 1) and the fused flag: fused runs the wide kernel (Cfg).
+template <int kBlk>
 KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
   switch (dt) {
-    case DType::f16: return kernel_for<Elem::f16>(row_groups, fused);
-    case DType::fp8_e4m3: return kernel_for<Elem::e4m3>(row_groups, fused);
-    case DType::fp4x2: return kernel_for<Elem::fp4>(row_groups, fused);
-    default: return kernel_for<Elem::bf16>(row_groups, fused);
+    case DType::f16: return kernel_for<Elem::f16, kBlk>(row_groups, fused);
+    case DType::fp8_e4m3: return kernel_for<Elem::e4m3, kBlk>(row_groups, fused);
+    case DType::fp4x2: return kernel_for<Elem::fp4, kBlk>(row_groups, fused);
+    default: return kernel_for<Elem::bf16, kBlk>(row_groups, fused);
   }
 }
 
@@ -172,7 +174,7 @@ int item_splits(int64_t ctas) {
   return best;
 }
 
-void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Params& p,
+void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Params& p, int blk,
             cudaStream_t stream) {
   const bool paged = kv.layout != KVLayout::flat;
   if (paged && p.batch > 0) launch_paged_check(s, p, stream);  // even without queries
@@ -195,9 +197,12 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
   const bool wide = p.scores == nullptr;
   const int64_t tiles = (p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta;
   const dim3 grid(unsigned(tiles), unsigned(p.num_kv_heads), unsigned(wide ? 1 : item_splits(tiles * p.num_kv_heads)));
-  const auto kernel = pick_kernel(dt, p.row_groups, wide);
+  const auto kernel = blk == 64 ? pick_kernel<64>(dt, p.row_groups, wide)
+                                 : pick_kernel<128>(dt, p.row_groups, wide);
   const int threads = wide ? Cfg<true>::kThreads : Cfg<false>::kThreads;
-  const int smem = fp4 ? kSmemBytes : kSmemBytesNoFp4;
+  // Shared memory: FP4's raw ring only for FP4, the second blocks' selector values (sel_hi) only
+  // for 64-key blocks.
+  const int smem = fp4 ? kSmemBytes : blk == 64 ? kSmemBytesNoFp4 : kSmemBytesBlk128;
   MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<grid, threads, smem, stream>>>(tm_q, tm_k, p);
   MSA_CUDA_CHECK_LAUNCH();
@@ -210,7 +215,7 @@ void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t 
   Params p = make_params(a.q, a.kv, a.cu_seqlens_q, s, a.causal, a.status);
   p.scores = a.scores.ptr<float>();
   p.nblk_max = a.scores.shape[1];
-  launch(a.q, a.kv, s, p, stream);
+  launch(a.q, a.kv, s, p, a.kv_block_size, stream);
 }
 
 void check_indexer_supported(const BlockTopKArgs& a, const ProblemShape& s) {
@@ -227,7 +232,7 @@ void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stre
   p.q2k = a.q2k.ptr<int32_t>();
   p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
   p.nblk_max = std::numeric_limits<int32_t>::max();  // nothing materialized: no bound
-  launch(a.q, a.kv, s, p, stream);
+  launch(a.q, a.kv, s, p, a.kv_block_size, stream);
 }
 
 }  // namespace msa::cuda

@@ -1,5 +1,6 @@
 // Body of kernel_for (launch_kernels.h), included only by the one-line instantiation files;
-// MSA_BLOCK_SCORES_INSTANTIATE(elem) instantiates an input type's six kernels.
+// MSA_BLOCK_SCORES_INSTANTIATE(elem, blk) instantiates an input type's six kernels for one
+// block size.
 #pragma once
 
 #include "cuda/sm90/block_scores/kernel.cuh"
@@ -7,19 +8,19 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-template <Elem kElem, bool kWide>
+template <Elem kElem, int kBlk, bool kWide>
 KernelFn pick_rows(int row_groups) {
-  return row_groups == 4   ? block_scores_kernel<kElem, 4, kWide>
-         : row_groups == 2 ? block_scores_kernel<kElem, 2, kWide>
-                           : block_scores_kernel<kElem, 1, kWide>;
+  return row_groups == 4   ? block_scores_kernel<kElem, kBlk, 4, kWide>
+         : row_groups == 2 ? block_scores_kernel<kElem, kBlk, 2, kWide>
+                           : block_scores_kernel<kElem, kBlk, 1, kWide>;
 }
 
-template <Elem kElem>
+template <Elem kElem, int kBlk>
 KernelFn kernel_for(int row_groups, bool wide) {
-  return wide ? pick_rows<kElem, true>(row_groups) : pick_rows<kElem, false>(row_groups);
+  return wide ? pick_rows<kElem, kBlk, true>(row_groups) : pick_rows<kElem, kBlk, false>(row_groups);
 }
 
 }  // namespace msa::cuda::indexer_sm90
 
-#define MSA_BLOCK_SCORES_INSTANTIATE(elem) \
-  template msa::cuda::indexer_sm90::KernelFn msa::cuda::indexer_sm90::kernel_for<elem>(int, bool);
+#define MSA_BLOCK_SCORES_INSTANTIATE(elem, blk) \
+  template msa::cuda::indexer_sm90::KernelFn msa::cuda::indexer_sm90::kernel_for<elem, blk>(int, bool);

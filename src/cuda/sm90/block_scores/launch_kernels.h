@@ -1,8 +1,10 @@
 // The sm_90a indexer kernels as the host picks them (bodies in launch_kernels.cuh). The only
-// instantiations, one file per input type (instantiate_{bf16,f16,e4m3,fp4}.cu, compiled in parallel):
-// R row groups per CTA in {4 (G >= 4), 2 (G = 2), 1 (G = 1)} x both widths (Cfg: fused runs
-// wide, unfused narrow). R decides which wgmma each warpgroup issues and the width the CTA's
-// size, so neither can be a runtime value.
+// instantiations, one file per input type and block size (instantiate_{bf16,f16,e4m3,fp4}.cu
+// for 128-key blocks, instantiate_*_b64.cu for 64, compiled in parallel): R row groups per CTA
+// in {4 (G >= 4), 2 (G = 2), 1 (G = 1)} x both widths (Cfg: fused runs wide, unfused narrow).
+// R decides which wgmma each warpgroup issues and the width the CTA's size, so neither can be a
+// runtime value; the block size is a template parameter so that the 128-key kernels carry no
+// code of the 64-key epilogue (traits.h).
 #pragma once
 
 #include <cuda.h>
@@ -14,8 +16,9 @@ namespace msa::cuda::indexer_sm90 {
 
 using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const Params);
 
-// The kernel for `row_groups` (4, 2 or 1) and width (wide: fused with top-K).
-template <Elem kElem>
+// The kernel for `row_groups` (4, 2 or 1) and width (wide: fused with top-K), blocks of kBlk
+// (128 or 64) keys.
+template <Elem kElem, int kBlk>
 KernelFn kernel_for(int row_groups, bool wide);
 
 }  // namespace msa::cuda::indexer_sm90

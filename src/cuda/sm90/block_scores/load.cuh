@@ -16,7 +16,7 @@
 
 namespace msa::cuda::indexer_sm90 {
 
-static_assert(kBlockN == 128 && kRowBytes == 128, "the paged K locator assumes 128-key blocks of "
+static_assert(kBlockN == 128 && kRowBytes == 128, "the paged K locator assumes 128-key tiles of "
               "128-byte rows");
 
 // Block kb of a paged batch into K stage `stage` (cuda/common/paged_kv.cuh: lane i < 128 / R owns
@@ -38,7 +38,7 @@ __device__ __forceinline__ void load_paged_k(const Params& p, const CUtensorMap*
                       half * 64, src.c1, src.c2, src.c3);
 }
 
-template <Elem kElem, bool kSplit>
+template <Elem kElem, int kBlk, bool kSplit>  // kBlk: the items' count (work.cuh), not the loads
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                              SharedStorage& sh, int64_t h, int64_t t0, int64_t t1, int lane) {
   constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per D = 128
@@ -54,8 +54,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
         sm90::tma_load_3d(sh.q[r] + half * kHalfQ, tm_q, &sh.q_full, half * 64,
                           int32_t(h * p.group), int32_t(t0 + r * tokens_per_group));
   }
-  const ItemRange range = cta_items<kSplit>(p, t0, t1);
-  ItemCursor<kSplit> iter(p, t0, t1, range.first);
+  const ItemRange range = cta_items<kBlk, kSplit>(p, t0, t1);
+  ItemCursor<kBlk, kSplit> iter(p, t0, t1, range.first);
   // Per-key scales: each lane copies 4 of the block's 128 by cp.async (zeros past lk) and
   // arrives on k_full when they land, so the producer never waits on their global latency (a
   // round trip per stage that starved the consumers once FP8 made the math faster: ncu, 16% of

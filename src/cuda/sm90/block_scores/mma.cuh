@@ -56,18 +56,19 @@ __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, 
 // a branch inside the loop, and no wgmma is in flight across an iteration's end: otherwise
 // ptxas serializes every wgmma of the kernel (C7514 / C7517 / C7518 / C7520). What the
 // epilogue needs of the thread's rows is computed once per batch segment (segment_rows), never
-// per block; the K stage and phase are stepped (sm90::RingState).
-template <Elem kElem, int kAcc, bool kFused>
+// per block; the K stage and phase are stepped (sm90::RingState). An item is a 128-key K tile:
+// one block, or two of 64 keys (kBlk; the epilogue scores both).
+template <Elem kElem, int kBlk, int kAcc, bool kFused>
 __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                int64_t t1, int consumer_in, int warp, int lane) {
   // Warp-uniform by construction (redux.sync results land in uniform registers): with a uniform
   // loop bound, consumer index and stage, ptxas builds the wgmma descriptors in the uniform
   // datapath (UIADD3) instead of in vector registers moved over with R2UR per k-step.
-  const ItemRange range = cta_items<!kFused>(p, t0, t1);
+  const ItemRange range = cta_items<kBlk, !kFused>(p, t0, t1);
   const int n = __reduce_max_sync(0xffffffffu, range.count);
   const int consumer = __reduce_max_sync(0xffffffffu, consumer_in);
   const bool per_key = per_key_scales<kElem>(p);  // the epilogue reads the stage's key scales
-  ItemCursor<!kFused> iter(p, t0, t1, range.first);
+  ItemCursor<kBlk, !kFused> iter(p, t0, t1, range.first);
   sm90::RingState<kStages> ring;  // the K stage of the current item
   int kb = 0;
   bool fresh = false;
@@ -94,17 +95,19 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     if (consumer == 0 && warp == 0 && lane == 0) sh.sel[it % kSelRing].kb = blk;
     sm90::mbar_arrive(&sh.sel_full[it % kSelRing]);
   };
-  // Epilogue of item it (block blk) for one row group. Scores offset of block blk: total_q < 2^31
-  // (launch.cu), one 32 x 32 -> 64-bit multiply. src (a ScaleSrc tag, per_key only): kKeep, ksc
-  // as loaded; kRefill, ksc reloaded meanwhile with the scales staged at `next`; kSmem, the scales
-  // read from `next` where used (row_max2).
+  // Epilogue of item it (K tile blk) for one row group. Scores offset of the tile's first block
+  // (blk, or 2 blk for 64-key blocks): total_q < 2^31 (launch.cu), one 32 x 32 -> 64-bit
+  // multiply. src (a ScaleSrc tag, per_key only): kKeep, ksc as loaded; kRefill, ksc reloaded
+  // meanwhile with the scales staged at `next`; kSmem, the scales read from `next` where used
+  // (row_max2).
   auto epi = [&](const float(&acc)[64], const SegRows& sr, int blk, int it, auto src,
                  const float* next) {
     constexpr int kSrc = decltype(src)::value;
-    const int64_t off = int64_t(uint64_t(uint32_t(blk)) * uint32_t(p.total_q));
+    const uint32_t block0 = uint32_t(blk) * uint32_t(kBlocksPerTile<kBlk>);
+    const int64_t off = int64_t(uint64_t(block0) * uint32_t(p.total_q));
     const int slot = it % kSelRing;
-    if (per_key) epilogue<kElem, true, kFused, kSrc>(p, sh, acc, sr, blk, off, lane, ksc, slot, next);
-    else epilogue<kElem, false, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
+    if (per_key) epilogue<kElem, kBlk, true, kFused, kSrc>(p, sh, acc, sr, blk, off, lane, ksc, slot, next);
+    else epilogue<kElem, kBlk, false, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
   };
   constexpr std::integral_constant<int, kKeep> kKeepScales{};
   constexpr std::integral_constant<int, kRefill> kRefillScales{};
@@ -216,24 +219,34 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
 // Fused top-K selector: thread `tok` (producer warps 1 and 2) owns token t0 + tok's best list.
 // Per item it reads the token's group max from the ring slot the consumers published and offers
 // it, in block order as the consumers walk them, so the lists (and ids) are those of offering
-// inside the epilogue; then frees the slot. The insertions and their list scans run here instead
-// of on one lane of an MMA warp (ncu: the consumers waited on them there). Every selector
-// thread takes part in the ring barriers, with or without a token.
-template <int kC>  // consumer warpgroups (Cfg)
+// inside the epilogue; then frees the slot. 64-key blocks: a slot holds its tile's two blocks,
+// offered in order (sel_hi the second; offer skips one past the token's visible blocks). The
+// insertions and their list scans run here instead of on one lane of an MMA warp (ncu: the
+// consumers waited on them there). Every selector thread takes part in the ring barriers, with
+// or without a token.
+template <int kC, int kBlk>  // consumer warpgroups (Cfg), keys per block
 __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int64_t t1, int tok) {
-  const int n = int(count_items(p, t0, t1));
+  const int n = int(count_items<kBlk>(p, t0, t1));
   const bool active = tok < p.tokens_per_cta && t0 + tok < t1;
-  if (active) init_pick(p, sh.picks[tok], t0 + tok);
+  if (active) init_pick<kBlk>(p, sh.picks[tok], t0 + tok);
   for (int it = 0; it < n; ++it) {
     const int s = SelRing::stage(it);
     sm90::mbar_wait(&sh.sel_full[s], SelRing::full_parity(it));
-    if (active && sh.sel[s].ok[tok]) offer(sh.picks[tok], p.rule, sh.sel[s].kb, sh.sel[s].val[tok]);
+    if (active && sh.sel[s].ok[tok]) {
+      if constexpr (kBlk == kBlockN) {
+        offer(sh.picks[tok], p.rule, sh.sel[s].kb, sh.sel[s].val[tok]);
+      } else {
+        const int64_t kb = int64_t(sh.sel[s].kb) * 2;
+        offer(sh.picks[tok], p.rule, kb, sh.sel[s].val[tok]);
+        offer(sh.picks[tok], p.rule, kb + 1, sh.sel_hi[s][tok]);
+      }
+    }
     sm90::mbar_arrive(&sh.sel_empty[s]);
   }
   sm90::named_arrive(uint32_t(NamedBarrier::kSelectorsDone), kC * 128 + kSelectors);
 }
 
-template <Elem kElem, int kRowGroups, bool kWide>
+template <Elem kElem, int kBlk, int kRowGroups, bool kWide>
 __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int64_t t0, int64_t t1,
                              int consumer, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
@@ -245,12 +258,12 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   auto consume = [&](auto fused_tag) {
     constexpr bool kF = decltype(fused_tag)::value;
     if constexpr (kWide) {
-      if (consumer < kRowGroups) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-      else consume_blocks<kElem, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-    } else if constexpr (kRowGroups == 4) consume_blocks<kElem, 2, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-    else if constexpr (kRowGroups == 2) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-    else if (consumer == 0) consume_blocks<kElem, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-    else consume_blocks<kElem, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+      if (consumer < kRowGroups) consume_blocks<kElem, kBlk, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+      else consume_blocks<kElem, kBlk, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+    } else if constexpr (kRowGroups == 4) consume_blocks<kElem, kBlk, 2, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+    else if constexpr (kRowGroups == 2) consume_blocks<kElem, kBlk, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+    else if (consumer == 0) consume_blocks<kElem, kBlk, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+    else consume_blocks<kElem, kBlk, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
   };
   // Wide kernels run fused, narrow ones unfused (launch.cu): each loop exists only where it runs.
   if constexpr (kWide) consume(std::true_type{});

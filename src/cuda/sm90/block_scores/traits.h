@@ -4,7 +4,8 @@
 // Work unit: one CTA per (kv head h, tile of consecutive query tokens). Its rows are the tile's
 // tokens x all G query heads of h, in R row groups of 64 (wgmma M) with the heads of one token
 // adjacent (one token's G heads are one contiguous row of q). The CTA streams the visible 128-key
-// blocks of K through shared memory once and multiplies every row group by each.
+// tiles of K (one block each, or two 64-key blocks: kBlk) through shared memory once and
+// multiplies every row group by each.
 //   R = min(4, G) row groups, tokens per CTA = 64 R / G (64 for G <= 4, 32 for G = 8, 16 for 16).
 // Budget, IDX-32K (S = 32768, Hq 64, Hkv 4, D 128, causal): FLOP = 2 D Hq (visible pairs)
 //   = 2 * 128 * 64 * 5.4e8 = 8.8e12 -> 12.3 ms at 716 TFLOP/s (bf16), 7.1 ms at 1238 (fp8).
@@ -26,12 +27,20 @@ namespace msa::cuda::indexer_sm90 {
 enum class Elem { bf16, f16, e4m3, fp4 };
 
 constexpr int kHeadDim = 128;
-constexpr int kBlockN = 128;      // keys per block: one wgmma N
+constexpr int kBlockN = 128;      // keys per K tile: one wgmma N
 constexpr int kTileM = 64;        // rows per row group (wgmma M)
 constexpr int kMaxRowGroups = 4;  // 256 rows per CTA share each K block
 constexpr int kStages = 3;        // K block pipeline depth
 constexpr int kMaxTokens = 64;    // tokens per CTA, any G
 constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per token
+
+// Score blocks (kv_block_size): the kernels' kBlk, 128 or 64 keys. Everything but the epilogue
+// and the selectors walks 128-key K tiles either way (loads, stages, wgmma m64n128, the work
+// items), so a 64-key tile is two blocks: the accumulator's columns 0-63 and 64-127, each with
+// its own row max, causal limit, score store or selector candidate. A template parameter, not a
+// runtime one, so that the 128-key kernels carry none of the second block's code.
+template <int kBlk>
+constexpr int kBlocksPerTile = kBlockN / kBlk;
 
 // Consumer warpgroups per CTA (Cfg<kWide>). Narrow (unfused): 2, consumer c owning row groups c
 // and c + 2, its two tiles pipelined under each other's epilogues (mma.cuh). Wide (fused, kWide):
@@ -87,7 +96,7 @@ static_assert(kSelectors == kMaxTokens, "selectors are producer warps 1-2, one p
 struct SelSlot {
   float val[kMaxTokens];    // the token's group max for the slot's block
   uint8_t ok[kMaxTokens];   // 1: offer it (the token is in the block's batch segment)
-  int32_t kb;               // the slot's block
+  int32_t kb;               // the slot's K tile: block kb, or (64-key blocks) 2 kb and 2 kb + 1
 };
 
 // FP4: each K block's packed rows and scales land by cp.async in a ring of kFp4RawSlots raw
@@ -108,12 +117,17 @@ struct alignas(1024) SharedStorage {
   uint64_t q_full;
   uint64_t k_full[kStages];
   uint64_t k_empty[kStages];
+  // Fused 64-key blocks only: each selector slot's second block (tile columns 64-127), whose
+  // group maxima SelSlot::val cannot hold; the 128-key kernels without FP4 are launched without
+  // it (kSmemBytesBlk128), so their shared-memory plan is the one they had before 64-key blocks.
+  alignas(16) float sel_hi[kSelRing][kMaxTokens];
   // FP4 only, and last: the other kernels are launched without it (kSmemBytesNoFp4), so that its
   // 18 KB go to the L1 cache there.
   alignas(16) uint8_t fp4_raw[kFp4RawSlots][kFp4RawBytes];
 };
 constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
 constexpr int kSmemBytesNoFp4 = int(offsetof(SharedStorage, fp4_raw)) + 1024;
+constexpr int kSmemBytesBlk128 = int(offsetof(SharedStorage, sel_hi)) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
 
 // Buffer rings (device/pipeline.cuh): the K stages and the fused selector slots.

@@ -1,5 +1,7 @@
 // Work items of the sm_90a indexer CTA: the batch segments of its token tile and the
-// (segment, block) items both roles walk in the same order. Included by load.cuh and mma.cuh.
+// (segment, K tile) items both roles walk in the same order. Blocks count in kBlk keys (the
+// scores' and the ids' unit), items in 128-key K tiles (traits.h: two 64-key blocks a tile).
+// Included by load.cuh and mma.cuh.
 #pragma once
 
 #include "cuda/sm90/block_scores/params.h"
@@ -11,10 +13,31 @@ namespace msa::cuda::indexer_sm90 {
 struct Segment {
   int64_t q0, lq, k0, lk;  // batch offsets and lengths (paged: k0 = b, the page-table row)
   int64_t t_begin, t_end;  // global tokens of the tile in this batch
-  int64_t nblocks;         // blocks visible to the segment's last token (loop bound)
+  int64_t nblocks;         // blocks of kBlk keys visible to the segment's last token, at most
+                           // nblk_max; the items are the tiles_of<kBlk>(nblocks) K tiles
 };
 
+// K tiles that hold the first n blocks of kBlk keys.
+template <int kBlk>
+__device__ __forceinline__ int64_t tiles_of(int64_t n) {
+  if constexpr (kBlk == kBlockN) return n;
+  else return (n + kBlocksPerTile<kBlk> - 1) / kBlocksPerTile<kBlk>;
+}
+
+// Unfused: the blocks a segment's items write, those of its whole tiles, at most nblk_max
+// (with 64-key blocks a last tile's second block may be past the visible ones: the epilogue
+// writes its -inf); fill_tail writes the rest.
+template <int kBlk>
+__device__ __forceinline__ int64_t blocks_written(const Params& p, int64_t nblocks) {
+  if constexpr (kBlk == kBlockN) return nblocks;
+  else {
+    const int64_t n = tiles_of<kBlk>(nblocks) * kBlocksPerTile<kBlk>;
+    return n < p.nblk_max ? n : p.nblk_max;
+  }
+}
+
 // Advances `b` to the next non-empty batch overlapping [t0, t1); false when there is none.
+template <int kBlk>
 __device__ __forceinline__ bool next_segment(const Params& p, int64_t t0, int64_t t1, int64_t& b,
                                              Segment& s) {
   for (; b < p.batch; ++b) {
@@ -41,7 +64,7 @@ __device__ __forceinline__ bool next_segment(const Params& p, int64_t t0, int64_
     const int64_t last = s.t_end - 1 - q0;
     int64_t end = p.causal ? last + s.lk - s.lq + 1 : s.lk;
     end = end < 0 ? 0 : (end > s.lk ? s.lk : end);
-    s.nblocks = (end + kBlockN - 1) / kBlockN;
+    s.nblocks = (end + kBlk - 1) / kBlk;
     if (s.nblocks > p.nblk_max) {
       if (threadIdx.x == 0)
         flag_status(p.status, int32_t(StatusCode::shape_mismatch), b, s.nblocks, p.nblk_max);
@@ -73,35 +96,36 @@ __device__ __forceinline__ void describe(const Segment& s, SegBounds& out) {
   out = SegBounds{int32_t(s.q0), int32_t(s.lq), int32_t(s.lk), int32_t(s.t_begin), int32_t(s.t_end)};
 }
 
-// The CTA's (segment, block) work items in order, as both roles walk them. Between items only the
-// block counter and the segment's block count stay live; a new segment goes to the caller's
+// The CTA's (segment, K tile) work items in order, as both roles walk them. Between items only
+// the tile counter and the segment's tile count stay live; a new segment goes to the caller's
 // `seg`, so the consumers hold its fields only until they have used them (a Segment kept in the
 // walker held ~14 registers through the whole block loop).
 // kSplit: the unfused kernels, whose CTAs may take a share of the items (cta_items); the fused
 // ones never split, and their 32-register producer spills with the skip counter live.
-template <bool kSplit = false>
+template <int kBlk, bool kSplit = false>
 class ItemCursor {
  public:
   // `first`: the tile's items before it are skipped (a split's share, cta_items; 0 unless kSplit).
   __device__ ItemCursor(const Params& p, int64_t t0, int64_t t1, int first = 0)
       : p_(p), t0_(t0), t1_(t1), b_(p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0),
         skip_(first) {}
-  // Next item: block kb; fresh when it opens a new segment, then described in out (a Segment,
+  // Next item: K tile kb; fresh when it opens a new segment, then described in out (a Segment,
   // or its SegBounds; else out is not written). False when the tile has no more.
   template <typename Out>
   __device__ bool next(int& kb, bool& fresh, Out& out) {
     fresh = false;
     while (kb_ + 1 >= nblocks_) {
       Segment seg;
-      if (!next_segment(p_, t0_, t1_, b_, seg)) return false;
+      if (!next_segment<kBlk>(p_, t0_, t1_, b_, seg)) return false;
+      const int64_t tiles = tiles_of<kBlk>(seg.nblocks);  // <= 2^24: keys < 2^31 (launch.cu)
       if constexpr (kSplit) {
-        if (skip_ >= seg.nblocks) {  // wholly before the first item (or empty)
-          skip_ -= int(seg.nblocks);
+        if (skip_ >= tiles) {  // wholly before the first item (or empty)
+          skip_ -= int(tiles);
           continue;
         }
       }
       describe(seg, out);
-      nblocks_ = int(seg.nblocks);  // <= nblk_max < 2^24
+      nblocks_ = int(tiles);
       kb_ = -1;
       if constexpr (kSplit) {
         kb_ = skip_ - 1;
@@ -116,21 +140,23 @@ class ItemCursor {
  private:
   const Params& p_;
   int64_t t0_, t1_, b_;
-  int nblocks_ = 0, kb_ = -1, skip_;
+  int nblocks_ = 0, kb_ = -1, skip_;  // the segment's K tiles, the current one, tiles to skip
 };
 
-// Visible block count of global token t of segment s.
+// Visible block count (blocks of kBlk keys) of global token t of segment s.
+template <int kBlk>
 __device__ __forceinline__ int64_t token_blocks(const Params& p, const Segment& s, int64_t t) {
   int64_t end = p.causal ? t - s.q0 + s.lk - s.lq + 1 : s.lk;
   end = end < 0 ? 0 : (end > s.lk ? s.lk : end);
-  return (end + kBlockN - 1) / kBlockN;
+  return (end + kBlk - 1) / kBlk;
 }
 
-// Number of (segment, block) items of the tile.
+// Number of (segment, K tile) items of the tile.
+template <int kBlk>
 __device__ __forceinline__ int64_t count_items(const Params& p, int64_t t0, int64_t t1) {
   int64_t n = 0, b = p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0;
   Segment seg;
-  while (next_segment(p, t0, t1, b, seg)) n += seg.nblocks;
+  while (next_segment<kBlk>(p, t0, t1, b, seg)) n += tiles_of<kBlk>(seg.nblocks);
   return n;
 }
 
@@ -141,9 +167,9 @@ __device__ __forceinline__ int64_t count_items(const Params& p, int64_t t0, int6
 struct ItemRange {
   int first, count;  // < 2^31 items
 };
-template <bool kSplit>
+template <int kBlk, bool kSplit>
 __device__ __forceinline__ ItemRange cta_items(const Params& p, int64_t t0, int64_t t1) {
-  const int64_t n = count_items(p, t0, t1);
+  const int64_t n = count_items<kBlk>(p, t0, t1);
   if constexpr (!kSplit) return ItemRange{0, int(n)};
   const int64_t z = blockIdx.z, splits = gridDim.z;
   const int64_t first = n * z / splits;
