@@ -17,7 +17,9 @@ namespace msa::cuda::sparse_fwd {
 
 // Issues this lane's boxes of one tensor (K or V) into the kHalves 64-column halves `dst` (D / 64),
 // completing on `bar`. Call after lane 0 announced the bytes (arrive.expect_tx) and a __syncwarp.
-template <int kHalves, int kBytes>
+// kAt: a flat block lands at src.row_bytes too (the second block of a 64-key pair; a paged box
+// always lands at its row_bytes).
+template <int kHalves, int kBytes, bool kAt = false>
 __device__ __forceinline__ void load_kv_tile(const KVBlockSource& src, const CUtensorMap* tm,
                                              uint8_t (&dst)[kHalves][kBytes], uint64_t* bar) {
   if (!src.issue) return;
@@ -26,7 +28,8 @@ __device__ __forceinline__ void load_kv_tile(const KVBlockSource& src, const CUt
       sm90::tma_load_4d(dst[half] + src.row_bytes, tm, bar, half * kHalfCols, src.c1, src.c2,
                         src.c3);
     else
-      sm90::tma_load_3d(dst[half], tm, bar, half * kHalfCols, src.c1, src.c2);
+      sm90::tma_load_3d(dst[half] + (kAt ? src.row_bytes : 0), tm, bar, half * kHalfCols, src.c1,
+                        src.c2);
   }
 }
 

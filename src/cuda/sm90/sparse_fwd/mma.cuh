@@ -147,6 +147,26 @@ __device__ __forceinline__ void mask_rows_past_limit(float (&s)[kS], int lim0, i
     mask_past_limit<2>(s, lim1, col_base);
   }
 }
+// 64-key block pairs (uniform_mma.cuh): columns 0-63 of row kOff belong to the stage's first
+// block, masked past la, columns 64-127 to its second, masked past lb (block coordinates).
+template <int kOff, int kS>
+__device__ __forceinline__ void mask_past_limits2(float (&s)[kS], int la, int lb, int col_base) {
+#pragma unroll
+  for (int n = 0; n < kS / 4; ++n) {
+    const int lim = n < kS / 8 ? la : lb + kS;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (n * 8 + col_base + e > lim) s[n * 4 + kOff + e] = -INFINITY;
+  }
+}
+template <int kS>
+__device__ __forceinline__ void mask_rows_past_limits2(float (&s)[kS], int la0, int lb0, int la1,
+                                                       int lb1, int col_base) {
+  if (min(min(la0, la1), min(lb0, lb1)) < kS - 1) {
+    mask_past_limits2<0>(s, la0, lb0, col_base);
+    mask_past_limits2<2>(s, la1, lb1, col_base);
+  }
+}
 // This thread's max of row kOff, four chains.
 template <int kOff, int kS>
 __device__ __forceinline__ float row_max_local(const float (&s)[kS]) {

@@ -113,8 +113,9 @@ static_assert(sizeof(UnitDesc) == 32, "UnitDesc is two int4 loads");
 
 struct UniformInfo {  // one published K/V stage of the uniform path
   int32_t kb;         // block id; -1: the unit has no block (zeros / -inf out); -2: no more units
-  int32_t valid_keys;
-  int32_t first, last;  // first / last stage of its unit
+  int32_t valid_keys;  // rows of the stage holding keys (a pair: 64 + the second block's)
+  int32_t kb2;        // 64-key blocks: the block in rows 64-127 (HeadDimTraits::kPair), or -1
+  int32_t last;       // the last stage of its unit
 };
 
 // Shared memory plan (D = 128: ~197 KB of the 227 KB opt-in): K/V 2 stages x 64 KB, Q 4 x 16
@@ -163,15 +164,20 @@ struct HeadDimTraits {
   static_assert(kD == 64 || kD == 128 || kD == 256, "the sparse forward tiles take D = 64, 128 or 256");
   static_assert(kBlk == 64 || kBlk == 128, "kv blocks of 64 or 128 keys");
   static constexpr int kHalves = kD / kHalfCols;
-  static constexpr int kKeys = kD == 256 ? 64 : kBlk;  // keys per K/V stage
+  // Keys per K/V stage. D = 128 over 64-key blocks: two blocks a stage (kBlockPairs), rows 0-63
+  // and 64-127, so a key costs what it costs on the 128-key path (S, softmax, wgmma issue, the
+  // stage handshakes): one block a stage ran P32K-blk64 in 4.40 ms, pairs in 3.85 ms (P32K-blk,
+  // the same keys in 128-key blocks: 3.53 ms).
+  static constexpr int kKeys = kD == 256 ? 64 : 128;
+  static constexpr bool kBlockPairs = kBlk == 64 && kKeys == 128;
   static constexpr int kQSt = kD == 256 ? 1 : kQStages;
   static constexpr int kS = kKeys / 2;  // S floats per thread (m64n{kKeys})
   static constexpr int kO = kD / 2;     // O floats per thread (m64n{kD})
   using Storage = SharedStorageT<kHalves, kKeys, kQSt>;
   static_assert(smem_bytes<Storage>() <= 227 * 1024, "shared memory plan exceeds 227 KB");
 };
-// The host's view of the same: keys per K/V stage at head dim d and kv block size blk (its TMA
-// boxes).
+// Keys per K/V box (TMA) and per located block at head dim d and kv block size blk: a stage's, or
+// one block of a 64-key pair.
 constexpr int stage_keys_of(int64_t d, int64_t blk) {
   return d == 256 ? HeadDimTraits<256>::kKeys
                   : blk == 64 ? 64 : d == 64 ? HeadDimTraits<64>::kKeys : HeadDimTraits<128>::kKeys;

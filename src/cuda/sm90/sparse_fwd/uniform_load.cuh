@@ -80,6 +80,8 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
   using HT = HeadDimTraits<kD, kBlk>;
   using QR = sm90::Ring<HT::kQSt>;
   constexpr int kKeys = HT::kKeys;
+  constexpr int kBoxKeys = HT::kBlockPairs ? kBlk : kKeys;  // keys of one located block
+  constexpr int kStageHalf = HT::Storage::kKVStageHalfBytes;
   if (warp != 0) return;
   const int32_t n_units = *p.num_units;
   // Two rings over the same stage buffers: K (with the stage's info) on kv_full / kv_empty,
@@ -88,31 +90,45 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
   int32_t kv_iter = 0, v_iter = 0, unit_iter = 0;
   // Block info.kb of unit u (u.k_start: the batch's first key row, or its batch index for paged
   // KV; kv_load.cuh gives each barrier the exact bytes of the flat or paged boxes).
+  // A 64-key pair (HT::kBlockPairs) locates its second block info.kb2 too, into rows 64-127.
   auto publish = [&](UniformInfo info, const UnitDesc& u) {
     const int s = KVRing::stage(kv_iter);
     const int32_t kv_head = p.kv_split == 1 ? u.head : u.head / p.kv_split;  // AttnProblem
     sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
-    KVBlockSource src{};
+    KVBlockSource src{}, src2{};
     if (info.kb >= 0)
-      src = locate_kv_block<kKeys>(p.paged, kv_head, u.k_start, info.kb, u.k_len, HT::kHalves,
-                                   lane);
+      src = locate_kv_block<kBoxKeys>(p.paged, kv_head, u.k_start, info.kb, u.k_len, HT::kHalves,
+                                      lane);
+    if constexpr (HT::kBlockPairs) {
+      if (info.kb2 >= 0) {
+        src2 = locate_kv_block<kBoxKeys>(p.paged, kv_head, u.k_start, info.kb2, u.k_len,
+                                         HT::kHalves, lane);
+        src2.row_bytes += kBoxKeys * 128;
+      }
+    }
     if constexpr (kFp8)
       load_key_scales(p, info.kb >= 0, kv_head, src.c2, sh.kscale[s], &sh.kv_full[s], lane);
     if (lane == 0) {
       sh.uinfo[s] = info;
-      if (info.kb >= 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src));
+      if (info.kb >= 0)
+        sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src) + src2.bytes);
       else sm90::mbar_arrive(&sh.kv_full[s]);
     }
     __syncwarp();
-    if (info.kb >= 0)
+    if (info.kb >= 0) {
       load_k_tile<kFp8>(src, tm_k, sh.k[s], &sh.kv_full[s]);
+      if constexpr (HT::kBlockPairs)
+        load_kv_tile<HT::kHalves, kStageHalf, true>(src2, tm_k, sh.k[s], &sh.kv_full[s]);
+    }
     ++kv_iter;
     if (info.kb >= 0) {
       const int vs = KVRing::stage(v_iter);
       sm90::mbar_wait(&sh.v_empty[vs], KVRing::empty_parity(v_iter));
-      if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.v_full[vs], src.bytes);
+      if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.v_full[vs], src.bytes + src2.bytes);
       __syncwarp();
       load_kv_tile(src, tm_v, sh.v[vs], &sh.v_full[vs]);
+      if constexpr (HT::kBlockPairs)
+        load_kv_tile<HT::kHalves, kStageHalf, true>(src2, tm_v, sh.v[vs], &sh.v_full[vs]);
       ++v_iter;
     }
     __syncwarp();
@@ -126,15 +142,17 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     }
     const int32_t last_max = causal_last(p.causal, u.q_local0 + u.n_tok - 1, u.diag, u.k_len);
     if (p.dense) {  // every stage of kKeys keys up to the last key any row of the unit sees
-      const int32_t nblk = (u.k_len + kKeys - 1) / kKeys;
-      const int32_t n_blocks = last_max < 0 ? 0 : min(nblk, last_max / kKeys + 1);
-      if (n_blocks == 0) publish(UniformInfo{-1, 0, 1, 1}, u);
-      for (int32_t kb = 0; kb < n_blocks; ++kb)
-        publish(UniformInfo{kb, min(kKeys, u.k_len - kb * kKeys), kb == 0 ? 1 : 0,
-                            kb == n_blocks - 1 ? 1 : 0}, u);
+      if constexpr (!HT::kBlockPairs) {  // (dense attention runs the 128-key kernels: plan.cpp)
+        const int32_t nblk = (u.k_len + kKeys - 1) / kKeys;
+        const int32_t n_blocks = last_max < 0 ? 0 : min(nblk, last_max / kKeys + 1);
+        if (n_blocks == 0) publish(UniformInfo{-1, 0, -1, 1}, u);
+        for (int32_t kb = 0; kb < n_blocks; ++kb)
+          publish(UniformInfo{kb, min(kKeys, u.k_len - kb * kKeys), -1, kb == n_blocks - 1 ? 1 : 0},
+                  u);
+      }
       continue;
     }
-    if constexpr (kKeys != kBlk) continue;  // head dim 256: dense only (plan.cpp)
+    if constexpr (kBoxKeys != kBlk) continue;  // head dim 256: dense only (plan.cpp)
     const int32_t nblk = (u.k_len + kBlk - 1) / kBlk;
     // Selected blocks in slot order, skipping ids outside [0, nblk) and blocks past the last
     // key any row of the unit sees (they would be fully masked).
@@ -145,26 +163,56 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
       n_blocks += __popc(__ballot_sync(0xffffffffu, kb >= 0 && kb < nblk && kb * kBlk <= last_max));
     }
     if (n_blocks == 0) {
-      publish(UniformInfo{-1, 0, 1, 1}, u);
+      publish(UniformInfo{-1, 0, -1, 1}, u);
+      continue;
+    }
+    // f(kb) for each of those blocks, in slot order (kb warp-uniform).
+    auto for_each_block = [&](auto&& f) {
+      for (int32_t base = 0; base < p.topk; base += 32) {
+        const int32_t mine = base + lane < p.topk ? sel[base + lane] : -1;
+        unsigned use = __ballot_sync(0xffffffffu,
+                                     mine >= 0 && mine < nblk && mine * kBlk <= last_max);
+        while (use) {
+          const int src = __ffs(use) - 1;
+          use &= use - 1;
+          f(__shfl_sync(0xffffffffu, mine, src));
+        }
+      }
+    };
+    if constexpr (HT::kBlockPairs) {
+      // Two selected blocks a stage, in slot order. A partial block (the batch's last, k_len % 64
+      // keys) never takes rows 0-63 of a pair: the V rows past a stage's keys are then its tail
+      // (zero_v_tail). One stage is held back, so the last goes out with its flag.
+      UniformInfo held{-1, 0, -1, 0};
+      int32_t open = -1;  // a whole block waiting for its pair
+      auto put = [&](const UniformInfo& info) {
+        if (held.kb >= 0) publish(held, u);
+        held = info;
+      };
+      for_each_block([&](int32_t kb) {
+        const int32_t valid = min(kBlk, u.k_len - kb * kBlk);
+        if (open >= 0) {
+          put(UniformInfo{open, kBlk + valid, kb, 0});
+          open = -1;
+        } else if (valid == kBlk) {
+          open = kb;
+        } else {
+          put(UniformInfo{kb, valid, -1, 0});
+        }
+      });
+      if (open >= 0) put(UniformInfo{open, kBlk, -1, 0});
+      held.last = 1;
+      publish(held, u);
       continue;
     }
     int32_t done = 0;
-    for (int32_t base = 0; base < p.topk; base += 32) {
-      const int32_t mine = base + lane < p.topk ? sel[base + lane] : -1;
-      unsigned use = __ballot_sync(0xffffffffu,
-                                   mine >= 0 && mine < nblk && mine * kBlk <= last_max);
-      while (use) {
-        const int src = __ffs(use) - 1;
-        use &= use - 1;
-        const int32_t kb = __shfl_sync(0xffffffffu, mine, src);
-        const UniformInfo info{kb, min(kBlk, u.k_len - kb * kBlk), done == 0 ? 1 : 0,
-                               done == n_blocks - 1 ? 1 : 0};
-        publish(info, u);
-        ++done;
-      }
-    }
+    for_each_block([&](int32_t kb) {
+      publish(UniformInfo{kb, min(kBlk, u.k_len - kb * kBlk), -1, done == n_blocks - 1 ? 1 : 0},
+              u);
+      ++done;
+    });
   }
-  publish(UniformInfo{-2, 0, 0, 0}, UnitDesc{});  // end marker
+  publish(UniformInfo{-2, 0, -1, 0}, UnitDesc{});  // end marker
 }
 
 }  // namespace msa::cuda::sparse_fwd

@@ -210,16 +210,32 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
       const uint32_t* mrow0 = kMask ? mask_row(p, rm.tok0) : nullptr;
       const uint32_t* mrow1 = kMask ? mask_row(p, rm.tok1) : nullptr;
       uint4 mw0, mw1;
+      // A 64-key pair's words: its first block's two, then its second's (none past a single).
+      auto pair_words = [&](const uint32_t* row, const UniformInfo& in) {
+        const uint4 a = mask_block<kBlk>(p, row, in.kb);
+        const uint4 b = in.kb2 >= 0 ? mask_block<kBlk>(p, row, in.kb2) : make_uint4(0, 0, 0, 0);
+        return make_uint4(a.x, a.y, b.x, b.y);
+      };
       auto load_mask = [&](const UniformInfo& in) {
-        if constexpr (kMask && !kFp8) {
+        if constexpr (kMask && !kFp8 && HT::kBlockPairs) {
+          mw0 = pair_words(mrow0, in);
+          mw1 = pair_words(mrow1, in);
+        } else if constexpr (kMask && !kFp8) {
           mw0 = mask_block<kKeys>(p, mrow0, in.kb);
           mw1 = mask_block<kKeys>(p, mrow1, in.kb);
         }
       };
       auto softmax = [&](const UniformInfo& in, float& a0, float& a1) {
-        const int base_col = in.kb * kKeys;
-        const int lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
-        const int lim1 = max(-1, min(rm.lim1 - base_col, in.valid_keys - 1));
+        int lim0, lim1;
+        if constexpr (HT::kBlockPairs) {  // the first block's limits (the second's: below)
+          const int va = in.kb2 >= 0 ? kBlk : in.valid_keys;
+          lim0 = max(-1, min(rm.lim0 - in.kb * kBlk, va - 1));
+          lim1 = max(-1, min(rm.lim1 - in.kb * kBlk, va - 1));
+        } else {
+          const int base_col = in.kb * kKeys;
+          lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
+          lim1 = max(-1, min(rm.lim1 - base_col, in.valid_keys - 1));
+        }
         float s0 = sl0 * kmul, s1 = sl1 * kmul;
         if (p.soft_cap_log2 > 0.f) {
           s0 = soft_cap_row<0>(sc, s0, p.soft_cap_log2);
@@ -232,6 +248,13 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
           }
           apply_key_mask<0>(sc, mw0, col_base);
           apply_key_mask<2>(sc, mw1, col_base);
+        }
+        if constexpr (HT::kBlockPairs) {  // each block's columns to its own limit, as the last mask
+          const int vb = in.valid_keys - kBlk, b1 = in.kb2 * kBlk;
+          const int lb0 = in.kb2 >= 0 ? max(-1, min(rm.lim0 - b1, vb - 1)) : -1;
+          const int lb1 = in.kb2 >= 0 ? max(-1, min(rm.lim1 - b1, vb - 1)) : -1;
+          mask_rows_past_limits2(sc, lim0, lb0, lim1, lb1, col_base);
+          lim0 = lim1 = kKeys - 1;  // nothing left for online_softmax_rows to mask
         }
         if (p.inv_temperature > 0.f)
           online_softmax_rows<true>(sc, lim0, lim1, col_base, s0, s1, p.inv_temperature, st0, st1,
