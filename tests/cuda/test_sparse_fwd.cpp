@@ -289,8 +289,14 @@ TEST(SparseFwdGpu, RandomSweepMatchesCpu) {
   }
 }
 
-// A named shape: lengths per request, group, kv heads, top-K, causal, block-uniform selections.
-struct Edge { std::vector<int32_t> lq, lk; int64_t g, hkv, topk; bool causal, blk; };
+// A named shape: lengths per request, group, kv heads, top-K, causal, block-uniform selections
+// (over query blocks of qblock tokens).
+struct Edge {
+  std::vector<int32_t> lq, lk;
+  int64_t g, hkv, topk;
+  bool causal, blk;
+  int64_t qblock = 128;
+};
 
 // Each edge (indexer-like q2k over blocks of kv_block keys, NaN in unselected K/V rows) on the
 // GPU against the CPU reference and the FA3 bar, then bitwise equal with a GPU-built K2QIndex and
@@ -302,7 +308,7 @@ void expect_edges_match_cpu(const Edge (&edges)[N], int64_t kv_block, unsigned s
   for (const Edge& e : edges) {
     std::mt19937 rng(seed + unsigned(idx));
     Problem prob = make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, 128, 5 * seed + unsigned(idx));
-    HostTensor ids = indexer_like_q2k(prob, e.topk, e.causal, rng, e.blk, kv_block);
+    HostTensor ids = indexer_like_q2k(prob, e.topk, e.causal, rng, e.blk, kv_block, e.qblock);
     SparseCase c(std::move(prob), std::move(ids), e.topk, kv_block);
     c.causal = e.causal;
     poison_unselected(c.p, c.q2k, c.topk, kv_block);
@@ -339,6 +345,10 @@ TEST(SparseFwdGpu, NamedEdges) {
       {{257, 40, 0, 9}, {400, 0, 5, 130}, 1, 2, 4, true, true},
       {{200}, {90}, 4, 2, 16, true, true},
       {{333}, {333}, 8, 1, 32, false, true},
+      // selections shared by 64-query blocks: the uniform path's 64-token query blocks (G >= 2)
+      {{300, 129}, {300, 1000}, 16, 1, 8, true, true, 64},
+      {{257, 40, 0, 9}, {400, 0, 5, 130}, 2, 2, 4, true, true, 64},
+      {{333}, {333}, 4, 2, 8, false, true, 64},
   };
   expect_edges_match_cpu(edges, 128, 77, s);
 }
@@ -971,6 +981,12 @@ TEST(SparseFwdGpu, Blocks64NamedEdges) {
       {{300, 129}, {300, 1000}, 16, 1, 16, true, true},
       {{257, 40, 0, 9}, {400, 0, 5, 130}, 1, 2, 4, true, true},
       {{65}, {65}, 2, 1, 1, true, true},
+      // selections shared by 64-query blocks (BSR rows of R = 64): Q-major at G >= 2, KV-major
+      // at G = 1 (query blocks of 128 there)
+      {{300, 129}, {300, 1000}, 4, 2, 16, true, true, 64},
+      {{257, 40, 0, 9}, {400, 0, 5, 130}, 16, 1, 8, true, true, 64},
+      {{200, 64}, {700, 64}, 2, 2, 4, false, true, 64},
+      {{190}, {190}, 1, 2, 4, true, true, 64},
   };
   expect_edges_match_cpu(edges, 64, 177, s);
 }

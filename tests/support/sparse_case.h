@@ -99,10 +99,11 @@ inline SparseCase dense_case(Problem p, bool causal) {
 // Random q2k [hkv, total_q, topk] for problem p (blocks of blk keys) shaped like an indexer's
 // selection: mostly the sink and diagonal blocks plus visible ones, sometimes invisible blocks,
 // fewer than topK ids, unsorted rows or -1 in the middle (random_q2k draws uniform rows instead).
-// uniform_blocks: every 128-query block copies the row of its last query (the `blk` pattern; the
-// GPU's uniform path).
+// uniform_blocks: every qblock-query block copies the row of its last query (the `blk` pattern at
+// 128; 64: FlashInfer's R = 64 BSR rows; the GPU's uniform path).
 inline HostTensor indexer_like_q2k(const Problem& p, int64_t topk, bool causal, std::mt19937& rng,
-                                   bool uniform_blocks = false, int64_t blk = 128) {
+                                   bool uniform_blocks = false, int64_t blk = 128,
+                                   int64_t qblock = 128) {
   const int64_t hkv = p.hkv, tq = p.total_q();
   HostTensor q2k(DType::i32, {hkv, tq, topk});
   int32_t* ids = q2k.data<int32_t>();
@@ -149,7 +150,7 @@ inline HostTensor indexer_like_q2k(const Problem& p, int64_t topk, bool causal, 
     for (int64_t b = 0; b < p.batch(); ++b)
       for (int64_t h = 0; h < hkv; ++h)
         for (int64_t i = 0; i < p.lq[b]; ++i) {
-          const int64_t src = std::min<int64_t>(p.lq[b] - 1, (i / 128) * 128 + 127);
+          const int64_t src = std::min<int64_t>(p.lq[b] - 1, (i / qblock) * qblock + qblock - 1);
           const int32_t* from = ids + ((h * tq) + p.q_start(b) + src) * topk;
           std::copy(from, from + topk, ids + ((h * tq) + p.q_start(b) + i) * topk);
         }

@@ -154,11 +154,13 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
 }
 
 
-// Work tiles of kTileTokens tokens of one (kv head, 128-query block) pair, grid-stride: a pair
-// the uniform path wrote (every pair under block-uniform selections) costs one flag test per
-// tile, and the batch lookup is done once per tile instead of once per unit.
+// Work tiles of kTileTokens tokens of one (kv head, query block) pair, grid-stride: a pair the
+// uniform path wrote (every pair under block-uniform selections) costs one flag test per tile,
+// and the batch lookup is done once per tile instead of once per unit. Query blocks of 64 or 128
+// tokens: 4 or 8 tiles (tiles_per_qblock).
 constexpr int kTileTokens = 16;
-constexpr int kTilesPerQBlock = 128 / kTileTokens;
+constexpr int kTileShift = 4;
+static_assert(kTileTokens == 1 << kTileShift, "tiles of 2^kTileShift tokens");
 
 template <bool kF16>
 __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParams p) {
@@ -167,17 +169,18 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
   if (threadIdx.x >= units_per_block * per_unit) return;
   // 32-bit tile state (tiles, tokens and blocks fit int32; checked on the host) keeps the
   // kernel at 64 registers, 4 blocks per SM.
-  const int32_t tiles = int32_t(p.num_kv_heads * p.qblock_cap) * kTilesPerQBlock;
+  const int32_t tile_shift = p.qblock_shift - kTileShift;  // tiles per query block: 2^tile_shift
+  const int32_t tiles = int32_t(p.num_kv_heads * p.qblock_cap) << tile_shift;
   const int32_t qblocks = p.qblock_start[p.batch], qcap = int32_t(p.qblock_cap);
   for (int32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int32_t pair = tile / kTilesPerQBlock, sub = tile % kTilesPerQBlock;
+    const int32_t pair = tile >> tile_shift, sub = tile & ((1 << tile_shift) - 1);
     const int32_t h = pair / qcap, qblock = pair % qcap;
     if (qblock >= qblocks || p.uniform[pair]) continue;
     const int32_t b = int32_t(last_le(p.qblock_start, p.batch, qblock));
     const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
     const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
     const int32_t nblk = lk > 0 ? (lk - 1) / p.kv_block_size + 1 : 0;
-    const int32_t lo = (qblock - p.qblock_start[b]) * 128 + sub * kTileTokens;
+    const int32_t lo = ((qblock - p.qblock_start[b]) << p.qblock_shift) + sub * kTileTokens;
     // Rows past total_q only come from a broken cu_seqlens_q (reported by the checks): skipped,
     // never written out of bounds.
     const int32_t hi = min(min(lq, lo + kTileTokens), int32_t(p.total_q) - q_start);
@@ -194,11 +197,10 @@ void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t st
   MSA_CHECK(p.head_dim == kHeadDim || p.topk == 0,
             "attention_forward: the CUDA combine merges partials of head dim 128, got ",
             p.head_dim);
-  MSA_CHECK(p.num_kv_heads * p.qblock_cap * kTilesPerQBlock < INT32_MAX,
-            "attention_forward: Hkv * query blocks = ", p.num_kv_heads * p.qblock_cap,
-            " is too large for the CUDA combine");
-  const int64_t blocks = std::min<int64_t>(p.num_kv_heads * p.qblock_cap * kTilesPerQBlock,
-                                           kMaxBlocks);
+  const int64_t tiles = (p.num_kv_heads * p.qblock_cap) << (p.qblock_shift - kTileShift);
+  MSA_CHECK(tiles < INT32_MAX, "attention_forward: Hkv * query blocks = ",
+            p.num_kv_heads * p.qblock_cap, " is too large for the CUDA combine");
+  const int64_t blocks = std::min<int64_t>(tiles, kMaxBlocks);
   // A normal launch: with programmatic serialization (pdl.cuh) the prefill measured 50-250 us
   // slower (P8K-tok, P32K-tok on the H200), the combine's waiting CTAs holding SMs.
   if (out_f16)

@@ -234,6 +234,7 @@ void launch_combine(const AttentionArgs& a, const ProblemShape& s, const AttnPla
   cp.uniform = pp.uniform;
   cp.qblock_start = pp.qblock_start;
   cp.qblock_cap = w.qblock_cap;
+  cp.qblock_shift = w.qblock_shift;
   launch_sparse_combine(cp, a.q.dtype == DType::f16, stream);
 }
 

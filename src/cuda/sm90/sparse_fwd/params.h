@@ -48,7 +48,8 @@ struct PrepParams {
   // uniform path (query blocks whose q2k rows are all equal; see traits.h)
   int32_t group = 1;
   int32_t uniform_enabled = 1;     // 0: no pair is uniform (e.g. no keys at all)
-  int64_t qblock_cap = 0;          // >= sum_b ceil(Lq_b / 128)
+  int32_t qblock_shift = 7;        // query blocks of 2^qblock_shift tokens (traits.h)
+  int64_t qblock_cap = 0;          // >= sum_b ceil(Lq_b / query block)
   int64_t unit_cap = 0;
   int32_t* qblock_start = nullptr; // [B+1] first global query block of batch b
   int32_t* uniform = nullptr;      // [Hkv, qblock_cap] 1: done by the uniform kernel

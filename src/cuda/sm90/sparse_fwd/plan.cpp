@@ -78,13 +78,16 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.fp8_qk = a.q.dtype == DType::fp8_e4m3 && a.kv.k.values.dtype == DType::fp8_e4m3;
   w.dequant_q = a.q.dtype == DType::fp8_e4m3 && !w.fp8_qk;
   if (w.fp8_qk) w.kscale_stride = std::max<int64_t>(4, (w.kv_rows + 3) / 4 * 4);
-  // sum_b ceil(Lq_b / 128) <= ceil(total_q / 128) + B; a pair has at most units_per_qblock(G)
-  // units (G for G in {1, 2, 4, 8, 16}).
-  w.qblock_cap = (s.total_q + 127) / 128 + s.batch;
   w.dense = !a.q2k.defined();
   w.blk = w.dense ? kBlockN : s.kv_block_size;
   if (w.dense) w.kv_split = dense_kv_split(s.group);
-  w.unit_cap = query_kv_heads(s, w) * w.qblock_cap * units_per_qblock(query_group(s, w));
+  // Query blocks of Q tokens: sum_b ceil(Lq_b / Q) <= ceil(total_q / Q) + B; a pair has at most
+  // units_per_qblock(G, Q) units.
+  w.qblock_shift = qblock_shift_of(w.dense, query_group(s, w));
+  const int64_t qbs = int64_t(1) << w.qblock_shift;
+  w.qblock_cap = (s.total_q + qbs - 1) / qbs + s.batch;
+  w.unit_cap = query_kv_heads(s, w) * w.qblock_cap *
+               units_per_qblock(query_group(s, w), int(qbs));
   w.key_mask = a.key_mask.defined();
   if (w.key_mask) w.mask_words = int32_t(key_mask_words(a.key_mask.shape[1]));
   if (w.dense) {  // no CSR, chunks or partials: only the uniform kernel runs

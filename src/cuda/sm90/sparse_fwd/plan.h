@@ -19,6 +19,7 @@ struct AttnPlan {
   int64_t schedule_capacity = 0; // items
   int64_t chunk_capacity = 0;
   int32_t chunk_tokens = 0;
+  int32_t qblock_shift = 7;  // query blocks of the uniform path (traits.h qblock_shift_of)
   int64_t qblock_cap = 0, unit_cap = 0;
   int32_t window_keys = 0;       // query windows (PrepParams::window_keys)
   bool build_csr = false, build_schedule = false;

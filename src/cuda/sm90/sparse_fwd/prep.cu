@@ -106,6 +106,7 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
   pp.group = query_group(s, w);
   pp.uniform_enabled = has_keys ? 1 : 0;
   pp.qblock_cap = w.qblock_cap;
+  pp.qblock_shift = w.qblock_shift;
   pp.unit_cap = w.unit_cap;
   pp.qblock_start = at(w.qblock_start);
   pp.uniform = at(w.uniform);

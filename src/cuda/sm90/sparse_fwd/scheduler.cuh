@@ -27,7 +27,7 @@ constexpr int kPrepThreads = 1024;
 // tokens across the whole sequence. The sort uses only the key bits in use (launch.cu).
 
 // One block: row_start[b] = sum_{b' < b} ceil(Lk_b' / kv_block_size) and qblock_start[b] =
-// sum_{b' < b} ceil(Lq_b' / 128) for b in [0, B].
+// sum_{b' < b} ceil(Lq_b' / Q) for b in [0, B], Q = 2^qblock_shift.
 __global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
   pdl_wait();  // pdl.cuh
   pdl_trigger();
@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
       const int lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
       const int lq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
       nk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
-      nq = lq > 0 ? (lq + 127) / 128 : 0;
+      nq = lq > 0 ? ((lq - 1) >> p.qblock_shift) + 1 : 0;
     }
     int excl = 0, agg = 0;
     Scan(tmp).ExclusiveSum(nk, excl, agg);
@@ -226,12 +226,12 @@ __global__ void chunk_table_kernel(PrepParams p) {
         tl = p.q_idx[off + e];
         bool holds = false;  // the token's q2k row holds kb
         if (tl >= 0 && tl < q_len && int64_t(q_start) + tl < p.total_q) {
-          const int64_t qblock = int64_t(p.qblock_start[blo]) + tl / 128;
+          const int64_t qblock = int64_t(p.qblock_start[blo]) + (tl >> p.qblock_shift);
           const bool mine = qblock >= p.qblock_cap || !uni[qblock];  // not the uniform path's
           if (mine || check) {
             // A uniform pair's rows all equal its first: test that one (the same row for
             // every token of the query block, so the check's loads stay in L1).
-            const int32_t row_tok = mine ? tl : tl / 128 * 128;
+            const int32_t row_tok = mine ? tl : tl >> p.qblock_shift << p.qblock_shift;
             const int32_t* ids = p.q2k + (int64_t(head) * p.total_q + q_start + row_tok) * p.topk;
             if (p.q2k_vec4) {  // rows of whole, 16-byte aligned int4s: 4 ids per load
               for (int32_t s = 0; s < p.topk && slot < 0; s += 4) {
@@ -265,7 +265,8 @@ __global__ void chunk_table_kernel(PrepParams p) {
       dst[1] = make_int4(q_start, batch_diag(p, blo, q_len, k_len), k_start, k_len);
       // Walk-order key: the query window of the chunk's first token (0 for a corrupt entry).
       const int32_t tl0 = e0 < e1 ? p.q_idx[off + e0] : -1;
-      const int64_t qblock = tl0 >= 0 && tl0 < q_len ? int64_t(p.qblock_start[blo]) + tl0 / 128 : 0;
+      const int64_t qblock =
+          tl0 >= 0 && tl0 < q_len ? int64_t(p.qblock_start[blo]) + (tl0 >> p.qblock_shift) : 0;
       const int64_t window = qblock >> kWindowShift;
       p.chunk_keys[c] = uint32_t(window < p.window_keys - 1 ? window : p.window_keys - 1);
       p.chunk_ids[c] = int32_t(c);

@@ -99,9 +99,10 @@ struct ChunkInfo {  // what consumers need from the producer for a K/V stage
   int32_t kb;          // the block (its key mask words)
 };
 
-// Uniform path (uniform_*.cuh): a query block of 128 tokens whose q2k rows (for kv head h) are
-// all equal is done Q-major: a *unit* = up to 128 rows (two 64-row tiles) of that block streams
-// its selected K/V blocks with an online softmax and writes out / lse directly (no partials).
+// Uniform path (uniform_*.cuh): a query block (64 or 128 tokens: qblock_shift_of) whose q2k rows
+// (for kv head h) are all equal is done Q-major: a *unit* = up to 128 rows (two 64-row tiles) of
+// that block streams its selected K/V blocks with an online softmax and writes out / lse directly
+// (no partials).
 struct UnitDesc {
   int32_t head, q_first, n_tok, q_local0;  // global first token, tokens in the unit, its local id
   int32_t diag, k_start, k_len, sel_token;  // batch diagonal and keys; the token whose q2k row is read
@@ -202,10 +203,17 @@ constexpr int tokens_per_tile(int group) { return kTileM / group; }
 // A uniform unit is the two consumers' tiles: 128 / G tokens for G in {1, 2, 4, 8, 16}, and
 // 2 floor(64 / G) for the other groups dense attention takes (up to 64; rows past them idle).
 constexpr int unit_tokens(int group) { return 2 * tokens_per_tile(group); }
-// Units of a query block's n_tok tokens (<= 128); at most units_per_qblock(G) of them.
+// Units of a query block's n_tok tokens (<= its size); at most units_per_qblock(G, size) of them.
 constexpr int units_of(int64_t n_tok, int group) {
   return int((n_tok + unit_tokens(group) - 1) / unit_tokens(group));
 }
-constexpr int units_per_qblock(int group) { return units_of(128, group); }
+constexpr int units_per_qblock(int group, int qblock_tokens) {
+  return units_of(qblock_tokens, group);
+}
+// Query block size of the uniform path (tokens whose q2k rows must be equal), as a shift: 64
+// tokens for sparse calls with G >= 2, whose units (128 / G tokens) fit it whole, so selections
+// shared by 64 queries (FlashInfer's R = 64 BSR rows) run Q-major too; 128 for G = 1 (a 64-token
+// block would leave a unit's second tile empty) and for dense attention.
+constexpr int qblock_shift_of(bool dense, int group) { return !dense && group >= 2 ? 6 : 7; }
 
 }  // namespace msa::cuda::sparse_fwd

@@ -1,6 +1,6 @@
-// Scheduler of the uniform path: finds the (kv head, 128-query block) pairs whose q2k rows are all
-// equal (block-uniform selections), counts their 128-row units, and writes the unit table the
-// uniform kernel walks. Runs after row_start_kernel (which also fills qblock_start) and before
+// Scheduler of the uniform path: finds the (kv head, query block) pairs whose q2k rows are all
+// equal (block-uniform selections; query blocks of 64 or 128 tokens, traits.h qblock_shift_of),
+// counts their units of up to 128 rows, and writes the unit table the uniform kernel walks. Runs after row_start_kernel (which also fills qblock_start) and before
 // chunk_table_kernel (which drops those tokens from the KV-major work). Included by launch.cu.
 #pragma once
 
@@ -39,8 +39,8 @@ __global__ void uniform_detect_kernel(PrepParams p) {
       const int64_t q_start = p.cu_seqlens_q[b], lq = int64_t(p.cu_seqlens_q[b + 1]) - q_start;
       const int64_t lk = int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
       const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
-      n_tok = min(int64_t(128), lq - qb * 128);
-      const int64_t t0 = q_start + qb * 128;
+      n_tok = min(int64_t(1) << p.qblock_shift, lq - (qb << p.qblock_shift));
+      const int64_t t0 = q_start + (qb << p.qblock_shift);
       ok = n_tok > 0 && t0 >= 0 && t0 + n_tok <= p.total_q;
       if (ok) {
         const int32_t* row0 = p.q2k + (h * p.total_q + t0) * topk;
@@ -106,12 +106,13 @@ __device__ __forceinline__ void write_unit(const PrepParams& p, int64_t u, int64
   const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
   const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
   const int32_t k_start = p.paged ? int32_t(b) : p.cu_seqlens_k[b];  // see PrepParams
-  const int64_t n_tok = min(int64_t(128), lq - qb * 128);
+  const int64_t q0 = qb << p.qblock_shift;  // the query block's first batch-local token
+  const int64_t n_tok = min(int64_t(1) << p.qblock_shift, lq - q0);
   const int64_t first = k * tokens_per_unit;
-  const int32_t t0 = int32_t(q_start + qb * 128);
+  const int32_t t0 = int32_t(q_start + q0);
   int4* dst = static_cast<int4*>(p.units) + 2 * u;
   dst[0] = make_int4(int32_t(h), t0 + int32_t(first),
-                     int32_t(min(tokens_per_unit, n_tok - first)), int32_t(qb * 128 + first));
+                     int32_t(min(tokens_per_unit, n_tok - first)), int32_t(q0 + first));
   dst[1] = make_int4(batch_diag(p, b, lq, lk), k_start, lk, t0);
 }
 
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
     int nq = 0;
     if (b < batch) {
       const int lq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-      nq = lq > 0 ? (lq + 127) / 128 : 0;
+      nq = lq > 0 ? ((lq - 1) >> p.qblock_shift) + 1 : 0;
     }
     int excl = 0, agg = 0;
     Scan(tmp.scan).ExclusiveSum(nq, excl, agg);
@@ -193,8 +194,9 @@ __global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
     if (ok && p.uniform_enabled && o < pairs && g < total_blocks) {
       b = last_le(p.qblock_start, batch, g);
       qb = g - p.qblock_start[b];
-      const int64_t n_tok =
-          min(int64_t(128), int64_t(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) - qb * 128);
+      const int64_t n_tok = min(int64_t(1) << p.qblock_shift,
+                                int64_t(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) -
+                                    (qb << p.qblock_shift));
       count = n_tok > 0 ? units_of(n_tok, p.group) : 0;
     }
     int excl = 0, agg = 0;
