@@ -7,6 +7,7 @@
 # bench/plot.py records.jsonl peers.jsonl --out DIR` draws them.
 #   bench/device_session.sh [steps...]
 #   steps: tests memcheck racecheck synccheck initcheck bench ab peers pytest soak demo examples pybench latency
+#          bsr (bench/bsr_bench.py: BSR-108K, BSR-32K-R1 and FlexAttention on the same mask; the wheel)
 #          ncu-sparse ncu-uniform ncu-indexer ncu-indexer-fp8 ncu-decode
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
 #          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines);
@@ -154,6 +155,11 @@ for step in $steps; do
         python3 "$OLDPWD/bench/python_bench.py" --latency-cpp "$OUT/latency_cpp.jsonl" \
         --json "$OUT/latency_py.jsonl") > "$OUT/latency_py.log" 2>&1; summary+=("python_bench latency rc=$?");
         tail -8 "$OUT/latency_py.log"; } ;;
+    bsr)  # BSR-108K / BSR-32K-R1 through msa.BlockSparseAttention, Flex on the same mask (the wheel)
+      install_wheel || continue
+      lim=$(left 200); (( lim > 0 )) && { (cd /tmp && PYTHONUNBUFFERED=1 timeout $lim python3 \
+        "$OLDPWD/bench/bsr_bench.py" --iters ${ITERS:-20} --json "$OUT/bsr.jsonl") > "$OUT/bsr.log" 2>&1
+        summary+=("bsr_bench rc=$?"); tail -7 "$OUT/bsr.log"; } ;;
     pybench)  # the Python API against the C++ figures of the same run (needs the wheel)
       install_wheel || continue
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --case P8K-tok --case P32K-tok \
