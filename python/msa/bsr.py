@@ -509,7 +509,7 @@ class BlockSparseAttention(_SparsePlan):
         With block ids (kv_block_size 64 or 128) plan() also builds the k2q CSR index, so run()
         skips that build. Planning again makes new arrays (a CUDA graph captured over run()
         keeps reading the old ones: capture again). ``logits_soft_cap`` c > 0 caps the scores,
-        ``c * tanh(s / c)`` after sm_scale, on the CPU (a CUDA plan with it is an `MsaError`).
+        ``c * tanh(s / c)`` after sm_scale, on both backends.
         Element masks, on the CPU with the indptr / indices form and causal=False (FlashInfer
         takes causal only without masks): ``mask`` bool or uint8 ``[nnz, R, C]`` (or flat) for
         the listed blocks in entry order, or ``packed_mask``, its bits packed little-endian
