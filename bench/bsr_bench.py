@@ -2,19 +2,23 @@
 
 msa.BlockSparseAttention (FlashInfer's BSR wrapper surface) is planned once from device indptr /
 indices and its run() is timed; FlexAttention (torch.compile, Triton backend) runs the same block
-mask in the same process. Times are CUDA events around each call after an L2 flush (a 256 MB
-memset), medians of --iters; effective TFLOP/s count only the causally visible (query head, key)
-pairs of the listed blocks (4 D FLOP each). One JSON record per (case, impl) with --json.
-Needs a CUDA device, torch and msa's CUDA wheel.
+mask in the same process. Times are peers.time_ms's (CUDA events around each call after the L2
+flush of MSA_BENCH_FLUSH), medians of --iters; effective TFLOP/s count only the causally visible
+(query head, key) pairs of the listed blocks (4 D FLOP each). With --json, one record of
+bench/SCHEMA.md per (case, impl). Needs a CUDA device, torch and msa's CUDA wheel.
 """
 import argparse
-import json
-import statistics
+import os
+import sys
 
 import numpy as np
 import torch
 
 import msa
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when imported by a test
+import records  # noqa: E402
+from peers import FLUSH, time_ms  # noqa: E402
 
 D = 128
 # S tokens (queries = keys, causal), heads, R x C blocks, listed blocks per block row: the
@@ -53,21 +57,6 @@ def attended_pairs(c, indptr, indices):
         vis = np.clip(t - cols[None, :] * C + 1, 0, C)  # [R, n] visible keys per block
         total += int(vis.sum())
     return total
-
-
-def time_ms(fn, iters, warmup, flush):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times), min(times), max(times)
 
 
 def flex_mask(c, indptr, indices):
@@ -119,7 +108,6 @@ def main():
     ap.add_argument("--json", help="append one record per (case, impl) (JSON Lines)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     rows = []
     for name in args.cases:
         c = CASES[name]
@@ -134,8 +122,7 @@ def main():
             R=c["R"], C=c["C"], num_qo_heads=hq, num_kv_heads=hkv, head_dim=D,
             topk=c["per_row"], causal=True)
         ours = bsa.run(q, k, v, check=True)
-        med, lo, hi = time_ms(lambda: bsa.run(q, k, v), args.iters, args.warmup, flush)
-        res = {"msa": (med, lo, hi)}
+        res = {"msa": time_ms(lambda: bsa.run(q, k, v), args.iters, args.warmup)}
         note = ""
         if not args.no_flex:
             try:
@@ -147,22 +134,23 @@ def main():
                 ref = fn()[0].transpose(0, 1).float()
                 err = ((ours.float() - ref).norm() / ref.norm()).item()
                 note = f"msa vs flex rel L2 {err:.2e}"
-                res["flex-triton"] = time_ms(fn, args.iters, args.warmup, flush)
+                res["flex-triton"] = time_ms(fn, args.iters, args.warmup)
             except Exception as e:  # report, do not hide: the table says why flex is absent
                 note = f"flex: {type(e).__name__}: {str(e)[:160]}"
-        for impl, (m, a, b) in res.items():
-            tf = flop / (m * 1e-3) / 1e12
-            rows.append((name, impl, m, a, b, tf))
+        for impl, times in res.items():
+            r = records.new_record(name, "attention_forward", impl)  # BSR run() is one call
+            r.update(records.shape(1, S, S, hq, hkv, D, c["C"], c["per_row"], "bsr", True))
+            records.add_timing(r, times, args.iters, args.warmup, flop, 0, "tflops")
+            records.add_check(r, "skipped")
+            rows.append(r)
             if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps({"case": name, "impl": impl, "median_ms": m, "min_ms": a,
-                                        "max_ms": b, "flop": flop, "eff_tflops": tf,
-                                        "iters": args.iters, "shape": c}) + "\n")
+                records.append(args.json, records.add_environment(r, FLUSH))
         print(f"{name}: {note}", flush=True)
     print("%-11s %-12s %10s %10s %10s %9s" % ("case", "impl", "median ms", "min", "max",
                                               "eff TF/s"))
-    for name, impl, m, a, b, tf in rows:
-        print("%-11s %-12s %10.3f %10.3f %10.3f %9.1f" % (name, impl, m, a, b, tf))
+    for r in rows:
+        print("%-11s %-12s %10.3f %10.3f %10.3f %9.1f" % (r["case"], r["impl"], r["median_ms"],
+                                                          r["min_ms"], r["max_ms"], r["tflops"]))
 
 
 if __name__ == "__main__":
