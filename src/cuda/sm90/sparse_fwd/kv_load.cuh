@@ -1,5 +1,6 @@
 // K/V block loads of the sparse forward producers (load.cuh, uniform_load.cuh): one block (128 or
-// 64 keys) of one kv head into a K/V stage, from flat KV or from a page pool (docs/semantics.md, Paged KV).
+// 64 keys) of one kv head into a K/V stage, from flat KV or from a page pool (docs/semantics.md,
+// Paged KV).
 // The KV-major path loads K and V on one barrier (load_kv_block); the uniform path locates the
 // block once and loads K and V on their own barriers (locate_kv_block + load_kv_tile).
 //

@@ -121,10 +121,10 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                             : nullptr;
     pr.mask_words = w.mask_words;
   }
-  // Keys per K/V stage: 64 at head dim 256 and over 64-key blocks (traits.h HeadDimTraits), so
+  // Keys per located block: 64 at head dim 256 and over 64-key blocks (traits.h block_keys_of), so
   // pool boxes of at most 64 slots (kv_load.cuh locate_kv_block<64>).
-  const uint32_t stage_keys = uint32_t(stage_keys_of(s.head_dim, w.blk));
-  while ((1u << pr.paged.box_shift) > stage_keys) --pr.paged.box_shift;
+  const uint32_t block_keys = uint32_t(block_keys_of(s.head_dim, w.blk));
+  while ((1u << pr.paged.box_shift) > block_keys) --pr.paged.box_shift;
   const bool f16 = a.q.dtype == DType::f16;
   const Tensor q = w.dequant_q ? Tensor(ws + w.q_bf16, DType::bf16,
                                         {s.total_q, s.num_q_heads, kHeadDim}, a.q.device)
@@ -136,7 +136,7 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   const bool slots_outer = a.kv.layout == KVLayout::paged_nhd;
   auto kv_map = [&](const Tensor& t, const char* name) {
     return paged ? make_tma_paged(t, slots_outer, kHalfCols, box_keys, name, "attention_forward")
-                 : make_tma_3d(t, kHalfCols, 1, stage_keys, "attention_forward");
+                 : make_tma_3d(t, kHalfCols, 1, block_keys, "attention_forward");
   };
   // FP8: the flat bf16 copy dequant_kv wrote.
   auto bf16_copy = [&](size_t offset) {

@@ -128,29 +128,12 @@ __device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves, kKeys, kQSt>
 // The block softmax works on both accumulator rows of a thread (kOff 0 and 2) in one straight-line
 // pass: the rows' max chains, quad shuffles and exponentials then overlap, where a branch per row
 // and per option (temperature, key limit) kept them serial on the consumer's critical path.
-// Columns of row kOff past its last visible one (`limit`) set to -inf; called only when a row does
-// not see the whole block (the diagonal and batch tails).
+// Columns of row kOff past its last visible one set to -inf; called only when a row does not see
+// the whole block (the diagonal and batch tails). The 2 kS columns are two halves, the first
+// masked past la, the second past lb, each in its own coordinates: the two blocks of a 64-key
+// pair (uniform_mma.cuh), or one block of 2 kS keys masked past la (lb = la - kS).
 template <int kOff, int kS>
-__device__ __forceinline__ void mask_past_limit(float (&s)[kS], int limit, int col_base) {
-#pragma unroll
-  for (int n = 0; n < kS / 4; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      if (n * 8 + col_base + e > limit) s[n * 4 + kOff + e] = -INFINITY;
-}
-// Both rows masked to [0, lim]: S of a block of 2 kS keys (kS floats per thread).
-template <int kS>
-__device__ __forceinline__ void mask_rows_past_limit(float (&s)[kS], int lim0, int lim1,
-                                                     int col_base) {
-  if (min(lim0, lim1) < 2 * kS - 1) {
-    mask_past_limit<0>(s, lim0, col_base);
-    mask_past_limit<2>(s, lim1, col_base);
-  }
-}
-// 64-key block pairs (uniform_mma.cuh): columns 0-63 of row kOff belong to the stage's first
-// block, masked past la, columns 64-127 to its second, masked past lb (block coordinates).
-template <int kOff, int kS>
-__device__ __forceinline__ void mask_past_limits2(float (&s)[kS], int la, int lb, int col_base) {
+__device__ __forceinline__ void mask_past_limit(float (&s)[kS], int la, int lb, int col_base) {
 #pragma unroll
   for (int n = 0; n < kS / 4; ++n) {
     const int lim = n < kS / 8 ? la : lb + kS;
@@ -159,12 +142,22 @@ __device__ __forceinline__ void mask_past_limits2(float (&s)[kS], int la, int lb
       if (n * 8 + col_base + e > lim) s[n * 4 + kOff + e] = -INFINITY;
   }
 }
+// Both rows masked to [0, lim]: S of a block of 2 kS keys (kS floats per thread).
+template <int kS>
+__device__ __forceinline__ void mask_rows_past_limit(float (&s)[kS], int lim0, int lim1,
+                                                     int col_base) {
+  if (min(lim0, lim1) < 2 * kS - 1) {
+    mask_past_limit<0>(s, lim0, lim0 - kS, col_base);
+    mask_past_limit<2>(s, lim1, lim1 - kS, col_base);
+  }
+}
+// Both rows of a 64-key pair, each half to its own block's limit (block coordinates).
 template <int kS>
 __device__ __forceinline__ void mask_rows_past_limits2(float (&s)[kS], int la0, int lb0, int la1,
                                                        int lb1, int col_base) {
   if (min(min(la0, la1), min(lb0, lb1)) < kS - 1) {
-    mask_past_limits2<0>(s, la0, lb0, col_base);
-    mask_past_limits2<2>(s, la1, lb1, col_base);
+    mask_past_limit<0>(s, la0, lb0, col_base);
+    mask_past_limit<2>(s, la1, lb1, col_base);
   }
 }
 // This thread's max of row kOff, four chains.

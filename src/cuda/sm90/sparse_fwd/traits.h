@@ -59,7 +59,7 @@ constexpr int kRegBudget = 3 * 168;
 
 // FP8 QK (DESIGN.md section 15's mixed FP8: e4m3 q and K, bf16 P V): the kernels instantiated
 // with kFp8 read q and K as e4m3, one 128-byte swizzle row per token (half 0 of each buffer; a
-// k32 wgmma step is 32 bytes of it), multiply S by the per-key K scales (SharedStorage::kscale)
+// k32 wgmma step is 32 bytes of it), multiply S by the per-key K scales (SharedStorageT::kscale)
 // and run P V in bf16 over the bf16 V copy.
 
 // Bytes of one 64-column (128-byte swizzle atom wide) half of each tile.
@@ -145,12 +145,12 @@ struct alignas(1024) SharedStorageT {
 // The KV-major kernel (D = 128) over kv blocks of kBlk keys, 128 or 64: one block per K/V stage.
 template <int kBlk>
 using KVMajorStorage = SharedStorageT<2, kBlk>;
-using SharedStorage = KVMajorStorage<kBlockN>;
 template <class Storage>
 constexpr int smem_bytes() {  // + slack to align the base
   return int(sizeof(Storage)) + 1024;
 }
-constexpr int kSmemBytes = smem_bytes<SharedStorage>();
+static_assert(smem_bytes<KVMajorStorage<kBlockN>>() <= 227 * 1024,
+              "shared memory plan exceeds the 227 KB opt-in limit");
 
 // Head dims of the uniform kernel. D = 128 runs every kernel of this folder; D = 64 and 256 the
 // uniform kernel alone (dense attention). D = 64: one half per tile, O m64n64 (32 floats per
@@ -177,13 +177,11 @@ struct HeadDimTraits {
   using Storage = SharedStorageT<kHalves, kKeys, kQSt>;
   static_assert(smem_bytes<Storage>() <= 227 * 1024, "shared memory plan exceeds 227 KB");
 };
-// Keys per K/V box (TMA) and per located block at head dim d and kv block size blk: a stage's, or
-// one block of a 64-key pair.
-constexpr int stage_keys_of(int64_t d, int64_t blk) {
-  return d == 256 ? HeadDimTraits<256>::kKeys
-                  : blk == 64 ? 64 : d == 64 ? HeadDimTraits<64>::kKeys : HeadDimTraits<128>::kKeys;
+// Keys per K/V box (TMA) and per located block at head dim d and the kernels' kv block size blk
+// (AttnPlan::blk): the 64-key stages of D = 256, else one kv block (a 64-key pair's two boxes).
+constexpr int block_keys_of(int64_t d, int64_t blk) {
+  return d == 256 ? HeadDimTraits<256>::kKeys : int(blk);
 }
-static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the 227 KB opt-in limit");
 
 // Buffer rings (device/pipeline.cuh): K/V stages (the uniform path's V ring too), and each
 // consumer's Q buffers.

@@ -1,7 +1,7 @@
 // Scheduler of the uniform path: finds the (kv head, query block) pairs whose q2k rows are all
 // equal (block-uniform selections; query blocks of 64 or 128 tokens, traits.h qblock_shift_of),
-// counts their units of up to 128 rows, and writes the unit table the uniform kernel walks. Runs after row_start_kernel (which also fills qblock_start) and before
-// chunk_table_kernel (which drops those tokens from the KV-major work). Included by launch.cu.
+// counts their units of up to 128 rows, and writes the unit table the uniform kernel walks. Runs
+// after row_start_kernel (which also fills qblock_start) and before chunk_table_kernel (which drops those tokens from the KV-major work). Included by launch.cu.
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
