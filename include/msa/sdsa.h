@@ -33,7 +33,8 @@ struct IndexQueryRows {
 };
 
 // scores[t, j] = dot(query[t], key j of its request) for j < L_t, computed from the decoded values
-// and rounded once to f32 (the CPU accumulates in fp64); -inf for L_t <= j < max_len.
+// and rounded once to f32 (the CPU accumulates in fp64; an NVFP4 query over NVFP4 keys is summed
+// exactly, docs/semantics.md); -inf for L_t <= j < max_len.
 struct IndexerScoresArgs {
   IndexQueryRows rows;
   IndexKeyCache cache;

@@ -53,6 +53,56 @@ MSA_HD double e2m1_value(uint32_t nibble) {
 #endif
 }
 
+// ---- The exact NVFP4 x NVFP4 score ----
+//
+// A query and a key both NVFP4: element i of group g is h(code) / 2 * scale_g * global, h an
+// integer in [-12, 12] (twice the e2m1 value). The dot product is then exactly
+//   S * 2^-20 * global_q * global_k,   S = sum_g I_g * E(q scale_g) * E(k scale_g),
+// with I_g = sum of h(q code) * h(k code) over the group (|I_g| <= 16 * 144) and E(byte) the e4m3
+// value times 2^9, an integer (|E| <= 448 * 512 < 2^18). S is an integer below 2^56 in magnitude
+// for D <= 4096, so int64 holds it exactly in any summation order, and a backend may form the
+// I_g any way it likes (the GPU uses dp4a). The score rounds S once to fp64, multiplies by the
+// exact fp64 product of the global scales and 2^-20 (rounded once), and rounds to f32. Per
+// element fp64 products of decoded values would not be exact (28 significant bits each), and cost
+// the GPU three fp64 operations per element where this costs under one integer operation.
+
+// Twice the e2m1 value of a nibble: 0, 1, 2, 3, 4, 6, 8, 12 for codes 0-7, negated by bit 3.
+MSA_HD int32_t e2m1_halves(uint32_t nibble) {
+  const int32_t m = int32_t(nibble & 7u);
+  const int32_t mag = m < 2 ? m : (2 + (m & 1)) << ((m >> 1) - 1);
+  return (nibble & 8u) ? -mag : mag;
+}
+
+// An e4m3 byte's value times 2^9, an exact integer (subnormals m * 2^-9, normals
+// (8 + m) * 2^(e - 10)); `nan` is set for the NaN bytes 0x7f and 0xff.
+MSA_HD int32_t e4m3_units(uint32_t byte, bool& nan) {
+  const int32_t e = int32_t((byte >> 3) & 15u), m = int32_t(byte & 7u);
+  const int32_t mag = e == 0 ? m : (8 | m) << (e - 1);
+  nan = nan || (byte & 0x7fu) == 0x7fu;
+  return (byte & 0x80u) ? -mag : mag;
+}
+
+// I_g of one group: 8 packed bytes of the query and of the key (element 2i in the low nibble).
+MSA_HD int32_t nvfp4_group_dot(const uint8_t* q, const uint8_t* k) {
+  int32_t sum = 0;
+  for (int i = 0; i < 8; ++i) {
+    sum += e2m1_halves(q[i] & 15u) * e2m1_halves(k[i] & 15u);
+    sum += e2m1_halves(uint32_t(q[i]) >> 4) * e2m1_halves(uint32_t(k[i]) >> 4);
+  }
+  return sum;
+}
+
+// The f32 score of S (above): NaN (0x7fc00000) when a scale byte was NaN.
+MSA_HD float nvfp4_score(int64_t s, bool nan, float global_q, float global_k) {
+  if (nan) return codec::bits_float(0x7fc00000u);
+  const double unit = double(global_q) * double(global_k) * 0x1p-20;  // exact: 48 bits, in range
+#if defined(__CUDA_ARCH__)
+  return __double2float_rn(__dmul_rn(__ll2double_rn(s), unit));
+#else
+  return float(double(s) * unit);
+#endif
+}
+
 // Keys a strided sample takes from a request of `len` keys: positions offset + i * stride below
 // len. 0 <= offset < stride.
 MSA_HD int64_t sample_count(int64_t len, int64_t offset, int64_t stride) {

@@ -1,7 +1,7 @@
 // CPU references of the SDSA indexer ops that read the paged key cache (msa/sdsa.h):
 // indexer_scores, indexer_threshold_select and gather_key_sample. A score is the dot product of
-// the decoded query row and key in fp64, rounded once to f32; both ops score through one
-// function, so the select keeps exactly the keys a sort of indexer_scores' row would rank first.
+// the decoded query row and key in fp64, rounded once to f32 (NVFP4 over NVFP4: exact from the
+// codes, common/sdsa.h); both ops score through one function, so the select keeps exactly the keys a sort of indexer_scores' row would rank first.
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -21,7 +21,9 @@ namespace {
 class IndexReader {
  public:
   IndexReader(const IndexQueryRows& r, const IndexKeyCache& c, const ProblemShape& s)
-      : rows_(r), cache_(c), s_(s), qdec_(r.query, s.head_dim), kdec_(c.key_cache, s.head_dim) {}
+      : rows_(r), cache_(c), s_(s), qdec_(r.query, s.head_dim), kdec_(c.key_cache, s.head_dim),
+        both_nvfp4_(r.query.values.dtype == DType::fp4x2 &&
+                    c.key_cache.values.dtype == DType::fp4x2) {}
 
   // Decodes row t's query into q (D doubles); returns its request b and length L_t (-1, 0 when a
   // value changed after validation).
@@ -35,14 +37,37 @@ class IndexReader {
     return {b, len};
   }
 
-  // The f32 score of key j of request b against the decoded query q; krow: D doubles of scratch.
-  float score(const double* q, int64_t b, int64_t j, double* krow) const {
+  // The f32 score of key j of request b against row t's query, decoded in q; krow: D doubles of
+  // scratch. An NVFP4 query over NVFP4 keys scores exactly from the codes (common/sdsa.h).
+  float score(const double* q, int64_t t, int64_t b, int64_t j, double* krow) const {
+    if (both_nvfp4_) return score_nvfp4(t, b, j);
     if (!key(b, j, krow)) return std::numeric_limits<float>::quiet_NaN();
     double dot = 0;
     for (int64_t d = 0; d < s_.head_dim; ++d) dot += q[d] * krow[d];
     // One NaN for every NaN sum: the payload and sign an invalid operation gives differ between
     // processors (x86 makes a negative NaN, CUDA a positive one).
     return dot != dot ? std::numeric_limits<float>::quiet_NaN() : float(dot);
+  }
+
+  float score_nvfp4(int64_t t, int64_t b, int64_t j) const {
+    const int32_t page = page_of(b, j);
+    if (page < 0) return std::numeric_limits<float>::quiet_NaN();
+    const QTensor& qt = rows_.query;
+    const QTensor& kt = cache_.key_cache;
+    const int64_t slot = j % s_.page_size;
+    const uint8_t* qv = qt.values.ptr<uint8_t>() + t * qt.values.strides[0];
+    const uint8_t* qs = qt.scale.ptr<uint8_t>() + t * qt.scale.strides[0];
+    const uint8_t* kv =
+        kt.values.ptr<uint8_t>() + page * kt.values.strides[0] + slot * kt.values.strides[1];
+    const uint8_t* ks =
+        kt.scale.ptr<uint8_t>() + page * kt.scale.strides[0] + slot * kt.scale.strides[1];
+    int64_t sum = 0;
+    bool nan = false;
+    for (int64_t g = 0; g < s_.head_dim / 16; ++g) {
+      const int32_t part = sdsa::nvfp4_group_dot(qv + 8 * g, kv + 8 * g) * sdsa::e4m3_units(qs[g], nan);
+      sum += int64_t(part) * sdsa::e4m3_units(ks[g], nan);
+    }
+    return sdsa::nvfp4_score(sum, nan, qt.global_scale, kt.global_scale);
   }
 
   // Key j of request b decoded into k (D doubles); false when its page id changed after
@@ -86,6 +111,7 @@ class IndexReader {
   IndexKeyCache cache_;
   ProblemShape s_;
   RowDecoder qdec_, kdec_;
+  bool both_nvfp4_;
   mutable std::atomic<bool> changed_{false};
 };
 
@@ -100,7 +126,7 @@ void indexer_scores(const IndexerScoresArgs& a, const ProblemShape& s) {
     const auto [b, len] = reader.row(t, q.data());
     float* out = a.scores.ptr<float>() + t * a.scores.strides[0];
     const int64_t end = std::min(len, width);  // a length changed past validation stops here
-    for (int64_t j = 0; j < end; ++j) out[j] = reader.score(q.data(), b, j, k.data());
+    for (int64_t j = 0; j < end; ++j) out[j] = reader.score(q.data(), t, b, j, k.data());
     for (int64_t j = end; j < width; ++j) out[j] = -std::numeric_limits<float>::infinity();
   }
   reader.check_unchanged("indexer_scores");
@@ -118,7 +144,7 @@ void indexer_threshold_select(const ThresholdSelectArgs& a, const ProblemShape& 
     int32_t* ties = a.ties.ptr<int32_t>() + t * tie_cap;
     int32_t* count = a.counts.ptr<int32_t>() + 3 * t;
     for (int64_t j = 0; j < len; ++j) {
-      const float score = reader.score(q.data(), b, j, k.data());
+      const float score = reader.score(q.data(), t, b, j, k.data());
       const uint32_t key = sdsa::rank_key(score);
       if (key > bar) {
         if (count[0] < cap) {

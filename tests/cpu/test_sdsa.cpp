@@ -118,21 +118,29 @@ TEST(SdsaScores, E2m1ValueEqualsTheCodec) {
   }
 }
 
-TEST(SdsaScores, Nvfp4MatchesIndependentDecode) {
+// Scores of NVFP4 keys and queries are the exact dot product of the values the test's own codecs
+// decode, times the global scales, rounded once to fp64 and once to f32 (docs/semantics.md); NaN
+// where a scale byte of the query or the key is NaN. D = 80 (five groups), odd global scales.
+TEST(SdsaScores, Nvfp4IsTheExactDotOfIndependentDecodes) {
   SdsaShape sh;
-  sh.dim = 64;
+  sh.dim = 80;
   sh.page_size = 16;
   sh.seq_lens = {37, 0, 16};
-  sh.row_requests = {0, 2, 0, 1};
+  sh.row_requests = {0, 2, 0, 1, 0};
   sh.fp4_keys = sh.fp4_query = true;
-  const SdsaCase c = make_sdsa_case(sh, 7);
+  SdsaCase c = make_sdsa_case(sh, 7);
+  c.key_global = 0.3137f;
+  c.query_global = 0.771f;
+  const int64_t groups = sh.dim / 16, row = sh.dim / 2;
+  const int64_t nan_page = c.table.data<int32_t>()[0];  // request 0, key 5: a NaN scale byte
+  c.key_scale.data<uint8_t>()[c.key_scale.offset({nan_page, 5, 3})] = 0x7f;
+  c.query_scale.data<uint8_t>()[4 * groups + 1] = 0xff;  // row 4: every key NaN
   const HostTensor s = scores_of(c, 40);
-  auto decode = [](const HostTensor& v, const HostTensor& sc, int64_t voff, int64_t soff, float g,
-                   int64_t d) {
+  auto value = [](const HostTensor& v, const HostTensor& sc, int64_t voff, int64_t soff, int64_t d) {
     const uint8_t byte = v.data<uint8_t>()[voff + d / 2];
-    return ref_e2m1_decode(d % 2 ? byte >> 4 : byte & 15) *
-           ref_e4m3_decode(sc.data<uint8_t>()[soff + d / 16]) * double(g);
+    return ref_e2m1_decode(d % 2 ? byte >> 4 : byte & 15) * ref_e4m3_decode(sc.data<uint8_t>()[soff + d / 16]);
   };
+  int nans = 0;
   for (int64_t t = 0; t < c.num_rows(); ++t) {
     const int64_t b = sh.row_requests[t];
     for (int64_t j = 0; j < 40; ++j) {
@@ -142,14 +150,26 @@ TEST(SdsaScores, Nvfp4MatchesIndependentDecode) {
         continue;
       }
       const int64_t page = c.table.data<int32_t>()[b * c.table.t.shape[1] + j / 16];
-      double dot = 0;
-      for (int64_t d = 0; d < 64; ++d)
-        dot += decode(c.query, c.query_scale, t * 32, t * 4, c.query_global, d) *
-               decode(c.keys, c.key_scale, c.keys.offset({page, j % 16, 0}),
-                      c.key_scale.offset({page, j % 16, 0}), c.key_global, d);
-      EXPECT_EQ(got, float(dot)) << "row " << t << " key " << j;
+      int64_t units = 0;  // the dot product of the decoded values in units of 2^-20, exact
+      bool nan = false;
+      for (int64_t d = 0; d < sh.dim; ++d) {
+        const double p = value(c.query, c.query_scale, t * row, t * groups, d) *
+                         value(c.keys, c.key_scale, c.keys.offset({page, j % 16, 0}),
+                               c.key_scale.offset({page, j % 16, 0}), d);
+        if (std::isnan(p)) nan = true;
+        else units += int64_t(std::ldexp(p, 20));  // a product of two 7-bit values >= 2^-20
+      }
+      const double unit = double(c.query_global) * double(c.key_global) * 0x1p-20;
+      if (nan) {
+        EXPECT_EQ(bits(got), 0x7fc00000u) << "row " << t << " key " << j;
+        ++nans;
+        continue;
+      }
+      const float want = float(double(units) * unit);
+      EXPECT_EQ(bits(got), bits(want)) << "row " << t << " key " << j;
     }
   }
+  EXPECT_EQ(nans, 37 + 2);  // row 4's 37 keys, and key 5 of rows 0 and 2
 }
 
 // quantize_write_index_qk_nvfp4 writes what msa::quantize (nvfp4) gives for the same rows, at the

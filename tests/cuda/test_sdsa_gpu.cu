@@ -91,7 +91,10 @@ SdsaCase random_case(uint32_t seed, bool small) {
   SdsaShape sh;
   const int64_t page_sizes[] = {16, 32, 64, 128, 256};
   sh.page_size = page_sizes[seed % 5];
-  sh.dim = seed % 4 == 3 ? 128 : seed % 4 == 2 ? 32 : 64;
+  // NVFP4 queries over NVFP4 keys (seed % 4 == 1) score exactly, by 16-byte loads when D % 64 == 0
+  // and by the byte path at D = 48.
+  const int64_t both_fp4_dims[] = {128, 64, 48};
+  sh.dim = seed % 4 == 3 ? 128 : seed % 4 == 2 ? 32 : seed % 4 == 1 ? both_fp4_dims[seed / 4 % 3] : 64;
   const int max_len = small ? 300 : 1500;
   const int batch = 1 + int(rng() % 4);
   for (int b = 0; b < batch; ++b)
@@ -105,6 +108,10 @@ SdsaCase random_case(uint32_t seed, bool small) {
   SdsaCase c = make_sdsa_case(sh, seed);
   if (seed % 8 == 1) c.key_global = 0.3137f;   // keys decode with a 24-bit global scale
   if (seed % 8 == 2) c.query_global = 0.771f;  // (any global reads the same codes)
+  if (seed % 16 == 5 && c.keys.t.numel() > 0) {  // NaN scale bytes: a key's, then a query's
+    c.key_scale.data<uint8_t>()[(seed * 31u) % uint32_t(c.key_scale.t.numel())] = 0x7f;
+    c.query_scale.data<uint8_t>()[(seed * 17u) % uint32_t(c.query_scale.t.numel())] = 0xff;
+  }
   return c;
 }
 

@@ -48,6 +48,10 @@ CacheView cache_view(const char* op, const IndexKeyCache& c, const ProblemShape&
     v.global_scale = c.key_cache.global_scale;
     // 8-byte groups: base and row strides (bytes) multiples of 8.
     v.vec = aligned(k.data, 8) && v.key_s0 % 8 == 0 && v.key_s1 % 8 == 0;
+    // 64 elements a step: 32 code bytes, 4 scale bytes (score_nvfp4.cuh, kNvfp4Vec).
+    v.vec16 = s.head_dim % 64 == 0 && aligned(k.data, 16) && v.key_s0 % 16 == 0 &&
+              v.key_s1 % 16 == 0 && aligned(v.scale, 4) && v.scale_s0 % 4 == 0 &&
+              v.scale_s1 % 4 == 0;
   } else {
     // 8 elements (16 bytes) at a time: D a multiple of 8, base and row strides 16-byte aligned.
     v.vec = s.head_dim % 8 == 0 && aligned(k.data, 16) && v.key_s0 % 8 == 0 && v.key_s1 % 8 == 0;
@@ -58,6 +62,8 @@ CacheView cache_view(const char* op, const IndexKeyCache& c, const ProblemShape&
   v.batch = int32_t(s.batch);
   v.max_pages = int32_t(s.max_pages);
   v.page_size = int32_t(s.page_size);
+  for (int32_t k = 0; k < 31; ++k)
+    if ((int64_t(1) << k) == s.page_size) v.page_shift = k;
   v.num_pages = s.num_pages;
   v.dim = int32_t(s.head_dim);
   return v;

@@ -19,10 +19,12 @@ struct CacheView {
   int64_t scale_s0 = 0, scale_s1 = 0;
   float global_scale = 1.f;
   bool vec = false;                 // rows 16-byte (bf16/f16) or 8-byte (NVFP4) aligned
+  bool vec16 = false;               // NVFP4: D % 64 == 0, code rows 16-byte, scale rows 4-byte aligned
   const int32_t* block_table = nullptr;  // [B, W]
   int64_t bt_s0 = 0;
   const int32_t* seq_lens = nullptr;     // [B]
   int32_t batch = 0, max_pages = 0, page_size = 1;
+  int32_t page_shift = -1;               // log2(page_size) when a power of two
   int64_t num_pages = 0;
   int32_t dim = 0;
 };

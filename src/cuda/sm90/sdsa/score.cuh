@@ -79,6 +79,50 @@ __device__ __forceinline__ void decode_query(const RowsView& r, int64_t t, int d
   }
 }
 
+// Key j of request b: its page and slot (j < 2^31, as lengths are int32; a shift for page sizes
+// that are powers of two, which saves a 64-bit division per key). A page id outside the pool is
+// flagged and gives false.
+__device__ __forceinline__ bool locate_key(const CacheView& c, int32_t b, int64_t j,
+                                           int32_t* status, int32_t& page, int64_t& slot) {
+  const uint32_t jj = uint32_t(j);
+  const uint32_t col = c.page_shift >= 0 ? jj >> c.page_shift : jj / uint32_t(c.page_size);
+  slot = int64_t(jj - col * uint32_t(c.page_size));
+  page = c.block_table[int64_t(b) * c.bt_s0 + col];
+  if (page >= 0 && page < c.num_pages) return true;
+  flag_status(status, int32_t(StatusCode::page_id_out_of_range), b, col, page);
+  return false;
+}
+
+// The rows (and NVFP4 scale rows) of keys j[0..N) of request b: live[n] where ok[n] and the page
+// is in the pool; out[n] starts -inf, or NaN for a page outside the pool (flagged).
+template <KeyFormat F, int N>
+__device__ __forceinline__ void locate_keys(const CacheView& c, int32_t b, const int64_t (&j)[N],
+                                            const bool (&ok)[N], int32_t* status,
+                                            const uint8_t* (&rowp)[N], const uint8_t* (&scalep)[N],
+                                            bool (&live)[N], float (&out)[N]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    live[n] = false;
+    rowp[n] = scalep[n] = nullptr;
+    out[n] = codec::bits_float(0xff800000u);
+    if (!ok[n]) continue;
+    int32_t page;
+    int64_t slot;
+    if (!locate_key(c, b, j[n], status, page, slot)) {
+      out[n] = codec::bits_float(0x7fc00000u);
+      continue;
+    }
+    live[n] = true;
+    if constexpr (F == KeyFormat::nvfp4) {
+      rowp[n] = static_cast<const uint8_t*>(c.keys) + page * c.key_s0 + slot * c.key_s1;
+      scalep[n] = c.scale + page * c.scale_s0 + slot * c.scale_s1;
+    } else {
+      rowp[n] = reinterpret_cast<const uint8_t*>(static_cast<const uint16_t*>(c.keys) +
+                                                 page * c.key_s0 + slot * c.key_s1);
+    }
+  }
+}
+
 template <KeyFormat F>
 __device__ __forceinline__ double key_value(uint16_t h) {
   return double(F == KeyFormat::bf16 ? codec::bf16_to_float(h) : codec::f16_to_float(h));
@@ -95,32 +139,10 @@ __device__ __forceinline__ void score_keys(const double* q, const CacheView& c, 
   const uint8_t* rowp[N];
   const uint8_t* scalep[N];
   bool live[N];
+  locate_keys<F>(c, b, j, ok, status, rowp, scalep, live, out);
   double dot[N];
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
-    live[n] = false;
-    dot[n] = 0.0;
-    rowp[n] = nullptr;
-    scalep[n] = nullptr;
-    out[n] = codec::bits_float(0xff800000u);
-    if (!ok[n]) continue;
-    const int64_t col = j[n] / c.page_size;
-    const int32_t page = c.block_table[int64_t(b) * c.bt_s0 + col];
-    if (page < 0 || page >= c.num_pages) {
-      flag_status(status, int32_t(StatusCode::page_id_out_of_range), b, col, page);
-      out[n] = codec::bits_float(0x7fc00000u);
-      continue;
-    }
-    const int64_t slot = j[n] % c.page_size;
-    live[n] = true;
-    if constexpr (F == KeyFormat::nvfp4) {
-      rowp[n] = static_cast<const uint8_t*>(c.keys) + page * c.key_s0 + slot * c.key_s1;
-      scalep[n] = c.scale + page * c.scale_s0 + slot * c.scale_s1;
-    } else {
-      rowp[n] = reinterpret_cast<const uint8_t*>(static_cast<const uint16_t*>(c.keys) +
-                                                 page * c.key_s0 + slot * c.key_s1);
-    }
-  }
+  for (int n = 0; n < N; ++n) dot[n] = 0.0;
   const int dim = c.dim;
   if constexpr (F == KeyFormat::nvfp4) {
     for (int g = 0; g < dim / 16; ++g) {

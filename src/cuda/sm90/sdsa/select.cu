@@ -1,5 +1,5 @@
-// indexer_threshold_select on CUDA: one block per (query row, tile of kTileKeys keys), scoring
-// through score_keys (score.cuh), the function indexer_scores uses, so a key is kept exactly when
+// indexer_threshold_select on CUDA: one block per (query row, tile of keys), scoring
+// through RowScorer (score_nvfp4.cuh), as indexer_scores does, so a key is kept exactly when
 // a sort of indexer_scores' row ranks it above (or equal to) the threshold. No score is written
 // but the candidates'. Each warp takes its slots in a store with one atomicAdd on the row's
 // counter for all its lanes (ballot + popc); a slot at or past the capacity is counted and not
@@ -7,7 +7,7 @@
 // candidate and tie slots come out in no fixed order; top_k_from_candidates sorts them.
 #include "cuda/device/check.h"
 #include "cuda/sm90/sdsa/launch_kernels.h"
-#include "cuda/sm90/sdsa/score.cuh"
+#include "cuda/sm90/sdsa/score_nvfp4.cuh"
 
 namespace msa::cuda::sdsa_sm90 {
 namespace {
@@ -25,27 +25,22 @@ __device__ __forceinline__ int64_t warp_take(bool pred, int32_t* counter) {
   return pred ? int64_t(base) + __popc(mask & ((1u << lane) - 1u)) : -1;
 }
 
-template <KeyFormat F>
+template <KeyFormat F, int kMode>
 __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
-  extern __shared__ double q[];
+  extern __shared__ __align__(16) unsigned char smem[];
+  using Scorer = RowScorer<F, kMode>;
+  constexpr int kKeys = Scorer::kKeys;
+  Scorer scorer{smem};
   const int64_t t = blockIdx.x;
-  const RowInfo row = begin_row(p.rows, p.cache, t, p.status, q);
+  const RowInfo row = scorer.begin(p.rows, p.cache, t, p.status);
   const uint32_t bar = sdsa::rank_key(p.thresholds[t]);
   int32_t* count = p.counts + 3 * t;
   int32_t* cand = p.candidates + t * int64_t(p.cap) * 2;
   int32_t* ties = p.ties + t * int64_t(p.tie_cap);
-  for (int64_t tile = blockIdx.y; tile * kTileKeys < row.len; tile += gridDim.y) {
-    int64_t j[kKeysPerThread];
-    bool ok[kKeysPerThread];
+  scorer.for_tiles(p.rows, p.cache, row.request, row.len, row.len, p.status,
+                   [&](const int64_t (&j)[kKeys], const float (&s)[kKeys]) {
 #pragma unroll
-    for (int n = 0; n < kKeysPerThread; ++n) {
-      j[n] = tile * kTileKeys + n * kThreads + threadIdx.x;
-      ok[n] = j[n] < row.len;
-    }
-    float s[kKeysPerThread];
-    score_keys<F, kKeysPerThread>(q, p.cache, row.request, j, ok, p.status, s);
-#pragma unroll
-    for (int n = 0; n < kKeysPerThread; ++n) {
+    for (int n = 0; n < kKeys; ++n) {
       const uint32_t key = sdsa::rank_key(s[n]);  // -inf (and every key past the row) is 0
       const int64_t c = warp_take(key > bar, &count[0]);
       // A count non-zero on entry (the CPU rejects it) shifts the slots; the bounds keep every
@@ -59,15 +54,16 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
       const unsigned below = __ballot_sync(0xffffffffu, key < bar && key != 0);
       if (below != 0 && (threadIdx.x & 31) == __ffs(below) - 1) atomicAdd(&count[2], __popc(below));
     }
-  }
+  });
 }
 
-template <KeyFormat F>
+template <KeyFormat F, int kMode>
 void launch(const SelectParams& p, cudaStream_t stream) {
+  constexpr int kTile = RowScorer<F, kMode>::kTile;
   const int64_t keys = int64_t(p.cache.max_pages) * p.cache.page_size;  // the longest row possible
-  const int64_t tiles = (keys + kTileKeys - 1) / kTileKeys;
+  const int64_t tiles = (keys + kTile - 1) / kTile;
   const dim3 grid(unsigned(p.rows.rows), unsigned(tiles < 1 ? 1 : tiles < 65535 ? tiles : 65535));
-  select_kernel<F><<<grid, kThreads, size_t(p.cache.dim) * sizeof(double), stream>>>(p);
+  select_kernel<F, kMode><<<grid, kThreads, query_smem_bytes(kMode, p.cache.dim), stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
@@ -75,10 +71,15 @@ void launch(const SelectParams& p, cudaStream_t stream) {
 
 void launch_select(const SelectParams& p, KeyFormat f, cudaStream_t stream) {
   if (p.rows.rows == 0) return;
+  switch (score_mode(p.rows, p.cache, f)) {
+    case kNvfp4: return launch<KeyFormat::nvfp4, kNvfp4>(p, stream);
+    case kNvfp4Vec: return launch<KeyFormat::nvfp4, kNvfp4Vec>(p, stream);
+    default: break;
+  }
   switch (f) {
-    case KeyFormat::bf16: return launch<KeyFormat::bf16>(p, stream);
-    case KeyFormat::f16: return launch<KeyFormat::f16>(p, stream);
-    case KeyFormat::nvfp4: return launch<KeyFormat::nvfp4>(p, stream);
+    case KeyFormat::bf16: return launch<KeyFormat::bf16, kChain>(p, stream);
+    case KeyFormat::f16: return launch<KeyFormat::f16, kChain>(p, stream);
+    case KeyFormat::nvfp4: return launch<KeyFormat::nvfp4, kChain>(p, stream);
   }
 }
 

@@ -1,0 +1,236 @@
+// The exact score of an NVFP4 query over NVFP4 keys on the GPU (common/sdsa.h): each group's
+// integer sum I_g by dp4a, over key codes turned into signed bytes by prmt, the scaled sum S in
+// int64, then the one fp64 and one f32 rounding of sdsa::nvfp4_score. The CPU forms the same
+// integers, so the scores are its bits. The fp64 chain of score.cuh costs three fp64 operations
+// per element; this costs under two integer operations per element (11 per code word of 8), and
+// the select is then bound by load latency (docs/kernels/sdsa.md has the figures).
+//
+// Also the scoring "modes" the scores and select kernels are instantiated for: the fp64 chain
+// (kChain), and the exact NVFP4 path with byte loads (kNvfp4) or with 16-byte code loads and
+// 4-byte scale loads (kNvfp4Vec: D a multiple of 64, code rows 16-byte and scale rows 4-byte
+// aligned).
+#pragma once
+
+#include "cuda/sm90/sdsa/score.cuh"
+
+namespace msa::cuda::sdsa_sm90 {
+
+enum ScoreMode : int { kChain = 0, kNvfp4 = 1, kNvfp4Vec = 2 };
+
+// Keys a thread scores at once. The exact path waits on latency, not on registers: 1, 2 or 4 keys
+// a thread ran within 3% of each other (316-327 us on SDSA-SELECT), so it takes one (72
+// registers; 4 keys take 128).
+constexpr int keys_per_thread(int mode) { return mode == kChain ? kKeysPerThread : 1; }
+
+// Row t's NVFP4 query in shared memory: per 8 elements (one 32-bit word of codes) the h of
+// elements 0-3 and 4-7 as int8 bytes, then their negations; per group E(scale); E of every e4m3
+// byte (a table: 1 shared load a group instead of 8 integer operations on the ALU pipe, this
+// path's busiest; NaN bytes read 0 and are detected on the bytes); a NaN flag.
+struct QueryNvfp4 {
+  const uint4* chunks;   // [D / 8]
+  const int32_t* units;  // [D / 16]
+  const int32_t* table;  // [256]
+  int32_t nan;           // a scale byte of the query is NaN
+};
+
+// Dynamic shared memory a scoring block of `mode` takes for head dim `dim`.
+inline size_t query_smem_bytes(int mode, int dim) {
+  if (mode == kChain) return size_t(dim) * sizeof(double);
+  return 256 * 4 + size_t(dim / 8) * 16 + size_t(dim / 16) * 4;
+}
+
+// Bit 7 of each byte of the result is set where that byte of w is a NaN e4m3 (0x7f, 0xff): the
+// low 7 bits plus 1 carry into bit 7 for 0x7f alone, and never into the next byte.
+__device__ __forceinline__ uint32_t e4m3_nan_bytes(uint32_t w) {
+  return ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+}
+
+// w >> 16 on the FMA pipe (the ALU pipe is this path's busiest).
+__device__ __forceinline__ uint32_t high_half(uint32_t w) { return __umulhi(w, 0x10000u); }
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// Decodes row t's query (every thread of the block takes part; the caller synchronizes after).
+// Returns the NaN flag of the whole block (__syncthreads_or: every thread must call this).
+__device__ __forceinline__ int decode_query_nvfp4(const RowsView& r, int64_t t, int dim,
+                                                  unsigned char* smem) {
+  const uint8_t* row = static_cast<const uint8_t*>(r.query) + t * r.q_s0;
+  const uint8_t* sc = r.scale + t * r.scale_s0;
+  int32_t* table = reinterpret_cast<int32_t*>(smem);
+  uint4* chunks = reinterpret_cast<uint4*>(table + 256);
+  int32_t* units = reinterpret_cast<int32_t*>(chunks + dim / 8);
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+    bool unused = false;
+    table[b] = (b & 0x7f) == 0x7f ? 0 : sdsa::e4m3_units(uint32_t(b), unused);
+  }
+  for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
+    uint32_t pos[2] = {0u, 0u}, neg[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int32_t h = sdsa::e2m1_halves((uint32_t(row[4 * c + i / 2]) >> (4 * (i & 1))) & 15u);
+      pos[i / 4] |= uint32_t(uint8_t(h)) << (8 * (i & 3));
+      neg[i / 4] |= uint32_t(uint8_t(-h)) << (8 * (i & 3));
+    }
+    chunks[c] = make_uint4(pos[0], pos[1], neg[0], neg[1]);
+  }
+  bool nan = false;
+  for (int g = threadIdx.x; g < dim / 16; g += blockDim.x) units[g] = sdsa::e4m3_units(sc[g], nan);
+  return __syncthreads_or(nan);
+}
+
+__device__ __forceinline__ QueryNvfp4 query_nvfp4(const unsigned char* smem, int dim, int nan) {
+  const int32_t* table = reinterpret_cast<const int32_t*>(smem);
+  const uint4* chunks = reinterpret_cast<const uint4*>(table + 256);
+  return {chunks, reinterpret_cast<const int32_t*>(chunks + dim / 8), table, nan};
+}
+
+// acc + the products of 8 elements: the key's code word w against a query chunk. The table holds
+// h of codes 0-7 (0 1 2 3 4 6 8 12); a selector nibble with bit 3 set copies the sign of its
+// table byte instead, which is 0, so the first two lookups give the positive codes' h and 0 for
+// the negative ones, and the two over w with bit 3 flipped the reverse, taken against -h(q).
+__device__ __forceinline__ int32_t chunk_dot(uint32_t w, const uint4& q, int32_t acc) {
+  constexpr uint32_t kLo = 0x03020100u, kHi = 0x0c080604u;
+  const uint32_t n = w ^ 0x88888888u;
+  acc = __dp4a(int(prmt(kLo, kHi, w)), int(q.x), acc);
+  acc = __dp4a(int(prmt(kLo, kHi, high_half(w))), int(q.y), acc);
+  acc = __dp4a(int(prmt(kLo, kHi, n)), int(q.z), acc);
+  acc = __dp4a(int(prmt(kLo, kHi, high_half(n))), int(q.w), acc);
+  return acc;
+}
+
+
+// S += I_g * E(q scale) * E(k scale) for group g with key code words lo, hi and key scale byte
+// (a NaN byte adds 0; the caller detects it).
+__device__ __forceinline__ void add_group(const QueryNvfp4& q, int g, uint32_t lo, uint32_t hi,
+                                          uint32_t kscale, int64_t& acc) {
+  const int32_t i = chunk_dot(hi, q.chunks[2 * g + 1], chunk_dot(lo, q.chunks[2 * g], 0));
+  acc += int64_t(i * q.units[g]) * q.table[kscale];  // |i * E| < 2^30
+}
+
+// The exact scores of keys j[0..N) of request b (score_keys' contract: -inf where !ok, NaN and a
+// flag for a page id out of the pool).
+template <bool kVec, int N>
+__device__ __forceinline__ void score_keys_nvfp4(const QueryNvfp4& q, float global_q,
+                                                 const CacheView& c, int32_t b,
+                                                 const int64_t (&j)[N], const bool (&ok)[N],
+                                                 int32_t* status, float (&out)[N]) {
+  const uint8_t* rowp[N];
+  const uint8_t* scalep[N];
+  bool live[N];
+  uint32_t nan[N];  // NaN scale bytes seen (bit 7 of a byte)
+  int64_t acc[N];
+  locate_keys<KeyFormat::nvfp4>(c, b, j, ok, status, rowp, scalep, live, out);
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    nan[n] = q.nan != 0 ? 0x80u : 0u;
+    acc[n] = 0;
+  }
+  if constexpr (kVec) {
+    // 64 elements a step: 32 code bytes and 4 scale bytes a key, loaded for all N keys first.
+#pragma unroll 1
+    for (int s = 0; s < c.dim / 64; ++s) {
+      uint4 w0[N], w1[N];
+      uint32_t sw[N];
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        w0[n] = w1[n] = make_uint4(0u, 0u, 0u, 0u);
+        sw[n] = 0u;
+        if (!live[n]) continue;
+        w0[n] = __ldg(reinterpret_cast<const uint4*>(rowp[n] + 32 * s));
+        w1[n] = __ldg(reinterpret_cast<const uint4*>(rowp[n] + 32 * s + 16));
+        sw[n] = __ldg(reinterpret_cast<const uint32_t*>(scalep[n] + 4 * s));
+      }
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        nan[n] |= e4m3_nan_bytes(sw[n]);
+        add_group(q, 4 * s + 0, w0[n].x, w0[n].y, sw[n] & 0xffu, acc[n]);
+        add_group(q, 4 * s + 1, w0[n].z, w0[n].w, (sw[n] >> 8) & 0xffu, acc[n]);
+        add_group(q, 4 * s + 2, w1[n].x, w1[n].y, (sw[n] >> 16) & 0xffu, acc[n]);
+        add_group(q, 4 * s + 3, w1[n].z, w1[n].w, sw[n] >> 24, acc[n]);
+      }
+    }
+  } else {
+    for (int g = 0; g < c.dim / 16; ++g) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        if (!live[n]) continue;
+        uint32_t lo = 0u, hi = 0u;
+        if (c.vec) {
+          const uint2 w = *reinterpret_cast<const uint2*>(rowp[n] + g * 8);
+          lo = w.x;
+          hi = w.y;
+        } else {
+          for (int i = 0; i < 4; ++i) {
+            lo |= uint32_t(rowp[n][g * 8 + i]) << (8 * i);
+            hi |= uint32_t(rowp[n][g * 8 + 4 + i]) << (8 * i);
+          }
+        }
+        nan[n] |= e4m3_nan_bytes(scalep[n][g]);
+        add_group(q, g, lo, hi, scalep[n][g], acc[n]);
+      }
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+    if (live[n]) out[n] = sdsa::nvfp4_score(acc[n], nan[n] != 0u, global_q, c.global_scale);
+}
+
+// The per-mode front of the scores and select kernels: the row's setup (the query decoded into
+// shared memory) and the walk over this block's tiles of the row (tiles blockIdx.y, + gridDim.y,
+// ...), scoring each thread's keys of a tile and handing them to the kernel.
+template <KeyFormat F, int kMode>
+struct RowScorer {
+  static constexpr int kKeys = keys_per_thread(kMode);
+  static constexpr int kTile = kThreads * kKeys;
+
+  unsigned char* smem;
+  int nan = 0;
+
+  __device__ __forceinline__ RowInfo begin(const RowsView& r, const CacheView& c, int64_t t,
+                                           int32_t* status) {
+    if constexpr (kMode == kChain) {
+      return begin_row(r, c, t, status, reinterpret_cast<double*>(smem));
+    } else {
+      const RowInfo row = resolve_row(r, c, t, status, threadIdx.x == 0 && blockIdx.y == 0);
+      if (row.len > 0) nan = decode_query_nvfp4(r, t, c.dim, smem);  // uniform over the block
+      __syncthreads();
+      return row;
+    }
+  }
+
+  // fn(j, s) for each of this block's tiles that start below `end`; keys at or past `len` (<= end)
+  // score -inf without being read.
+  template <class Fn>
+  __device__ __forceinline__ void for_tiles(const RowsView& r, const CacheView& c, int32_t b,
+                                            int64_t end, int64_t len, int32_t* status,
+                                            Fn&& fn) const {
+    for (int64_t tile = blockIdx.y; tile * kTile < end; tile += gridDim.y) {
+      int64_t j[kKeys];
+      bool ok[kKeys];
+#pragma unroll
+      for (int n = 0; n < kKeys; ++n) {
+        j[n] = tile * kTile + n * kThreads + threadIdx.x;
+        ok[n] = j[n] < len;
+      }
+      float s[kKeys];
+      if constexpr (kMode == kChain)
+        score_keys<F, kKeys>(reinterpret_cast<const double*>(smem), c, b, j, ok, status, s);
+      else
+        score_keys_nvfp4<kMode == kNvfp4Vec, kKeys>(query_nvfp4(smem, c.dim, nan),
+                                                    r.global_scale, c, b, j, ok, status, s);
+      fn(j, s);
+    }
+  }
+};
+
+// The mode of a call: the exact path when the query and the keys are NVFP4.
+inline int score_mode(const RowsView& r, const CacheView& c, KeyFormat f) {
+  if (f != KeyFormat::nvfp4 || r.dtype != DType::fp4x2) return kChain;
+  return c.vec16 ? kNvfp4Vec : kNvfp4;
+}
+
+}  // namespace msa::cuda::sdsa_sm90
