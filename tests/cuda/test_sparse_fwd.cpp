@@ -4,6 +4,7 @@
 // run-to-run equality (with and without a GPU-built K2QIndex), and device-reported bad ids.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "support/sparse_case.h"
@@ -246,24 +247,32 @@ TEST(SparseFwdGpu, Fp8QueriesMatchCpu) {
 }
 
 // FP8 q over FP8 K/V, QK^T on e4m3 operands with the per-key K scales applied to S (the kFp8
-// kernels, DESIGN.md section 15): every q scale kind against every K/V scale kind, tok and blk
-// selections (KV-major and uniform kernels), NaN in the unselected K/V rows; the CPU reference
-// within the FP8 tolerance, and bitwise equal on a second run with the caller's k2q.
-TEST(SparseFwdGpu, Fp8QkMatchesCpu) {
-  MSA_REQUIRE_GPU();
+// kernels, DESIGN.md section 15), over kv blocks of `blk` keys: `runs` random cases from `seed`
+// on, every q scale kind against every K/V scale kind, tok and blk selections (KV-major and
+// uniform kernels), NaN in the unselected K/V rows; the CPU reference within the FP8 tolerance,
+// and (outside the sanitizer runs) bitwise equal on a second run with the caller's k2q. `edit`,
+// if given, changes case number `run` before it runs.
+void expect_fp8qk_sweep_matches_cpu(int seed, int runs, int64_t blk, cudaStream_t s,
+                                    const std::function<void(SparseCase&, int)>& edit = nullptr) {
   const bool small = small_tests();
-  TestStream s;
   int run = 0;
-  for (int i = 0; run < (small ? 4 : 16); ++i) {
-    SparseCase c = random_case(1500 + i, small, true, kFp8Kinds[run % 4]);
+  for (int i = 0; run < runs; ++i) {
+    SparseCase c = random_case(seed + i, small, true, kFp8Kinds[run % 4], blk);
     if (c.p.q.t.dtype != DType::bf16) continue;
     const Fp8Scale q_kind = kFp8Kinds[(run / 4 + run) % 4];
     quantize_queries(c, q_kind);
+    if (edit) edit(c, run);
     ++run;
     SCOPED_TRACE(c.name + " fp8 q (scale kind " + std::to_string(int(q_kind)) + ")");
     expect_matches_cpu_and_repeats(c, small, s);
-    if (HasFailure()) break;
+    if (::testing::Test::HasFailure()) break;
   }
+}
+
+TEST(SparseFwdGpu, Fp8QkMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  expect_fp8qk_sweep_matches_cpu(1500, small_tests() ? 4 : 16, 128, s);
 }
 
 TEST(SparseFwdGpu, RandomSweepMatchesCpu) {
@@ -920,6 +929,19 @@ TEST(SparseFwdGpu, SparseKeyMaskMatchesCpu) {
   }
 }
 
+// A key mask per query over the longest request's keys (density 0.6), row 0 without a visible key.
+void add_query_key_mask(SparseCase& c, unsigned seed) {
+  const int64_t rows = c.p.total_q();
+  const int64_t lk_max = c.p.lk.empty() ? 0 : *std::max_element(c.p.lk.begin(), c.p.lk.end());
+  HostTensor mask(DType::boolean, {rows, lk_max});
+  std::mt19937 rng(seed);
+  for (int64_t j = 0; j < rows * lk_max; ++j) mask.data<uint8_t>()[j] = rng() % 5 < 3;
+  if (rows > 1) std::memset(mask.data<uint8_t>(), 0, size_t(lk_max));
+  c.key_mask = std::move(mask);
+  c.key_mask_rows = KeyMaskRows::per_query;
+  c.name += " key mask";
+}
+
 // 64-key kv blocks (kv_block_size 64: the kernels' kBlk = 64 instantiations): random configurations
 // on both paths (tok selections on the KV-major kernel, blk ones on the uniform kernel), 16-bit
 // and FP8 / FP4 K/V, key masks, soft-cap, NaN in the unselected K/V rows, lengths that are not
@@ -940,18 +962,7 @@ TEST(SparseFwdGpu, Blocks64MatchCpu) {
       c.soft_cap = 10.f;
       c.name += " soft-cap 10";
     }
-    if (i % 4 == 1) {  // a key mask per query (density 0.6), row 0 without a visible key
-      const int64_t rows = c.p.total_q();
-      const int64_t lk_max =
-          c.p.lk.empty() ? 0 : *std::max_element(c.p.lk.begin(), c.p.lk.end());
-      HostTensor mask(DType::boolean, {rows, lk_max});
-      std::mt19937 rng(3100u + unsigned(i));
-      for (int64_t j = 0; j < rows * lk_max; ++j) mask.data<uint8_t>()[j] = rng() % 5 < 3;
-      if (rows > 1) std::memset(mask.data<uint8_t>(), 0, size_t(lk_max));
-      c.key_mask = std::move(mask);
-      c.key_mask_rows = KeyMaskRows::per_query;
-      c.name += " key mask";
-    }
+    if (i % 4 == 1) add_query_key_mask(c, 3100u + unsigned(i));
     SCOPED_TRACE(c.name);
     const Outputs ref = run_cpu(c);
     DeviceCase d(c, s);
@@ -991,17 +1002,21 @@ TEST(SparseFwdGpu, Blocks64NamedEdges) {
   expect_edges_match_cpu(edges, 64, 177, s);
 }
 
-// FP8 q over FP8 K/V (QK in FP8) runs 128-key blocks only: 64 is refused by name, before any
-// launch.
-TEST(SparseFwdGpu, Blocks64Refusals) {
+// FP8 Q K^T over 64-key kv blocks (instantiate_fp8qk_b64.cu: the KV-major kernel's m64n64k32 S,
+// the uniform kernel's pairs of blocks, each with its own key scales and mask words): the FP8-QK
+// sweep at kv_block_size 64, with lengths that are not multiples of 64, a key mask per query on
+// every other case and a soft-cap on every fifth. Seed 3580: the four cases of MSA_TEST_SMALL (the
+// sanitizer runs) are blk and tok selections, each with and without a mask.
+TEST(SparseFwdGpu, Blocks64Fp8QkMatchesCpu) {
   MSA_REQUIRE_GPU();
   TestStream s;
-  SparseCase c = random_case(3200, /*small=*/true, true, Fp8Scale::per_token_head, /*blk=*/64);
-  quantize_queries(c, Fp8Scale::per_token);
-  DeviceCase d(c, s);
-  expect_error([&] { run_gpu(c, d, false, s); },
-                   "FP8 Q K^T (fp8_e4m3 q and K) is not supported by the CUDA sparse prefill with "
-                   "kv_block_size 64");
+  expect_fp8qk_sweep_matches_cpu(3580, small_tests() ? 4 : 16, 64, s, [](SparseCase& c, int run) {
+    if (run % 2 == 1) add_query_key_mask(c, 3600u + unsigned(run));
+    if (run % 5 == 2) {
+      c.soft_cap = 10.f;
+      c.name += " soft-cap 10";
+    }
+  });
 }
 
 }  // namespace

@@ -233,8 +233,9 @@ TEST(SparseFwdPagedGpu, PageSizesLayoutsMatchCpu) {
 }
 
 // 64-key kv blocks over pools: page sizes below, at and above the block (boxes of at most 64
-// slots), both layouts, tok and blk selections, FP8 and FP4 pools, causal offsets; GPU paged vs
-// the CPU reference and paged == flat bitwise.
+// slots), both layouts, tok and blk selections, FP8 and FP4 pools, FP8 q over FP8 pools (Q K^T in
+// FP8: scales per slot, slot and head, tensor), causal offsets; GPU paged vs the CPU reference and
+// paged == flat bitwise.
 TEST(SparseFwdPagedGpu, Blocks64MatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -254,6 +255,12 @@ TEST(SparseFwdPagedGpu, Blocks64MatchCpu) {
        DType::bf16, false, std::nullopt, 1},
       {"b64 ps128 nhd G4 offsets", {100, 70}, {300, 200}, 4, 2, 8, true, false, 128, nhd, 0,
        DType::bf16, false, std::nullopt, 0, false, true},
+      {"b64 fp8 qk ps32 nhd G4 token scales", {300, 0, 77}, {300, 50, 200}, 4, 2, 8, true, false,
+       32, nhd, 0, DType::bf16, false, Fp8Scale::per_token, 0, false, false, true},
+      {"b64 fp8 qk ps64 hnd G16 blk token-head padded", {260, 17}, {260, 700}, 16, 1, 8, true,
+       true, 64, hnd, 16, DType::bf16, false, Fp8Scale::per_token_head, 0, false, false, true},
+      {"b64 fp8 qk ps128 nhd G1 blk tensor spare", {129, 0, 300}, {129, 0, 1000}, 1, 2, 8, true,
+       true, 128, nhd, 0, DType::bf16, true, Fp8Scale::per_tensor, 0, false, false, true},
   };
   for (Spec& sp : specs) sp.kv_block = 64;
   run_specs(specs, 9900, small, s);

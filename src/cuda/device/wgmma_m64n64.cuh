@@ -1,8 +1,8 @@
-// wgmma m64n64k16 with fp32 accumulators (bf16 / f16): A from registers and an MN-major B in
+// wgmma m64n64 with fp32 accumulators: bf16 / f16 k16 with A from registers and an MN-major B in
 // shared memory (O (+)= P V of the head-dim-64 tiles), and both from shared memory, K-major (S =
-// Q K^T of the 64-key tiles of head dim 256). Companion of wgmma_m64n128.cuh; the overloads below
-// take a 32-float accumulator, so callers templated on the tile pick the instruction by the array
-// they pass.
+// Q K^T of the 64-key tiles: head dim 256 and 64-key blocks; e4m3 k32 for FP8 Q K^T). Companion
+// of wgmma_m64n128.cuh; the overloads below take a 32-float accumulator, so callers templated on
+// the tile pick the instruction by the array they pass.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,18 @@ MSA_WGMMA_RS_TB_N64(wgmma_rs_tb_n64_f16, "f32.f16.f16")
 MSA_WGMMA_SS_N64(wgmma_ss_n64_bf16, "f32.bf16.bf16")
 MSA_WGMMA_SS_N64(wgmma_ss_n64_f16, "f32.f16.f16")
 #undef MSA_WGMMA_SS_N64
+
+// D (+)= A B, e4m3 A [64 x 32] and B [32 x 64] K-major in shared memory (FP8 S = Q K^T of a 64-key
+// tile); 8-bit forms take no transpose immediates. Overloads wgmma_m64n128.cuh's by the
+// accumulator.
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                              uint32_t scale_d) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " MSA_WGMMA_D32
+               "%32, %33, p, 1, 1;\n\t}"
+               : MSA_WGMMA_D32_OPERANDS
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
 
 template <bool kIsF16>
 __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, uint32_t sd) {

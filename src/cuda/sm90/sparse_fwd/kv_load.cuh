@@ -58,31 +58,41 @@ __device__ __forceinline__ uint32_t k_tile_bytes(const KVBlockSource& src) {
 
 // K of a block into a stage: the 16-bit tile (load_kv_tile), or with kFp8 the e4m3 tile (one box
 // of 128-byte rows into half 0). kFp8 kernels read the flat copy that launch.cu makes (src.c1 =
-// head, src.c2 = the block's first key row).
-template <bool kFp8, int kHalves, int kBytes>
+// head, src.c2 = the block's first key row). kAt: as load_kv_tile (the e4m3 rows of a pair's
+// second block land at src.row_bytes of half 0, 64 rows of 128 bytes in).
+template <bool kFp8, bool kAt = false, int kHalves, int kBytes>
 __device__ __forceinline__ void load_k_tile(const KVBlockSource& src, const CUtensorMap* tm_k,
                                             uint8_t (&dst)[kHalves][kBytes], uint64_t* bar) {
   if constexpr (kFp8) {
-    if (src.issue) sm90::tma_load_3d(dst[0], tm_k, bar, 0, src.c1, src.c2);
+    if (src.issue)
+      sm90::tma_load_3d(dst[0] + (kAt ? src.row_bytes : 0), tm_k, bar, 0, src.c1, src.c2);
   } else {
-    load_kv_tile(src, tm_k, dst, bar);
+    load_kv_tile<kHalves, kBytes, kAt>(src, tm_k, dst, bar);
   }
 }
 
 // FP8 QK: kv_full counts, besides lane 0's arrive.expect_tx, one arrival of each producer lane
 // made when its cp.async copies have landed (kKScaleArrivals). Every publish makes them: with
-// `copy`, the 128 key scales of the block starting at key row `key0` of kv head `head` go to
-// `dst` first (4 per lane; zeros past the copy's rows). Warp-collective.
+// `copy`, the key scales of a stage of kKeys keys (128, or 64: a 64-key block of the KV-major
+// kernel) go to `dst` first, kKeys / 32 per lane (zeros past the copy's rows). Rows [0, kKeys / 2)
+// are those from key row `key0` of kv head `head` on, rows [kKeys / 2, kKeys) those from `key0_hi`
+// on: key0 + kKeys / 2 for one block, a 64-key pair's second block (uniform_load.cuh) otherwise.
+// Warp-collective.
 constexpr uint32_t kKScaleArrivals = 32;
+template <int kKeys>
 __device__ __forceinline__ void load_key_scales(const AttnProblem& p, bool copy, int32_t head,
-                                                int32_t key0, float* dst, uint64_t* bar,
-                                                int lane) {
+                                                int32_t key0, int32_t key0_hi, float* dst,
+                                                uint64_t* bar, int lane) {
+  static_assert(kKeys == 128 || kKeys == 64, "a stage's scales: 4 or 2 per lane");
+  constexpr int kPerLane = kKeys / 32;
   if (copy) {
     const float* row = p.kscale + int64_t(head) * p.kscale_stride;
-    const uint32_t d = sm90::smem_addr(dst) + lane * 16;
+    const uint32_t d = sm90::smem_addr(dst) + lane * 4 * kPerLane;
+    // Lanes 0-15 copy rows [0, kKeys / 2), lanes 16-31 the rest (key0_hi - kKeys / 2 + their row).
+    const int32_t first = (lane < 16 ? key0 : key0_hi - kKeys / 2) + lane * kPerLane;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int32_t key = key0 + lane * 4 + i;
+    for (int i = 0; i < kPerLane; ++i) {
+      const int32_t key = first + i;
       const bool in = key < p.kscale_rows;
       sm90::cp_async_4(d + 4 * i, row + (in ? key : 0), in ? 4u : 0u);
     }
@@ -99,7 +109,9 @@ __device__ __forceinline__ void load_kv_block(const AttnProblem& p, const CUtens
                                               int s, int32_t head, int32_t k_start, int32_t kb,
                                               int32_t k_len, int lane) {
   const KVBlockSource src = locate_kv_block<kBlk>(p.paged, head, k_start, kb, k_len, 2, lane);
-  if constexpr (kFp8) load_key_scales(p, true, head, src.c2, sh.kscale[s], &sh.kv_full[s], lane);
+  if constexpr (kFp8)
+    load_key_scales<kBlk>(p, true, head, src.c2, src.c2 + kBlk / 2, sh.kscale[s], &sh.kv_full[s],
+                          lane);
   if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src) + src.bytes);
   __syncwarp();  // the bytes are announced before any box can complete
   load_k_tile<kFp8>(src, tm_k, sh.k[s], &sh.kv_full[s]);

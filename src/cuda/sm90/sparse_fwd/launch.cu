@@ -146,7 +146,7 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   if (w.fp8_qk) {  // the copy's e4m3 K in 128-byte rows and its key scales
     tk = make_tma_3d(Tensor(ws + w.k_bf16, DType::fp8_e4m3, {w.kv_rows, s.num_kv_heads, kHeadDim},
                             a.q.device),
-                     kHeadDim, 1, kBlockN, "attention_forward");
+                     kHeadDim, 1, block_keys, "attention_forward");
     pr.kscale = reinterpret_cast<const float*>(ws + w.k_scale);
     pr.kscale_stride = w.kscale_stride;
     pr.kscale_rows = int32_t(w.kv_rows);
@@ -172,7 +172,8 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                                kHalfCols, uint32_t(s.group), 1, "attention_forward");
     mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
-    if (w.fp8_qk) launch_main<false, true, 128>(tq, tk, tv, mp, stream);  // 128-key blocks only
+    if (w.fp8_qk && w.blk == 64) launch_main<false, true, 64>(tq, tk, tv, mp, stream);
+    else if (w.fp8_qk) launch_main<false, true, 128>(tq, tk, tv, mp, stream);
     else if (w.blk == 64 && f16) launch_main<true, false, 64>(tq, tk, tv, mp, stream);
     else if (w.blk == 64) launch_main<false, false, 64>(tq, tk, tv, mp, stream);
     else if (f16) launch_main<true, false, 128>(tq, tk, tv, mp, stream);
@@ -195,6 +196,8 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   } else if (s.head_dim == 256) {
     if (f16) launch_uniform<true, false, 256, 128>(tq, tk, tv, up, stream);
     else launch_uniform<false, false, 256, 128>(tq, tk, tv, up, stream);
+  } else if (w.fp8_qk && w.blk == 64) {
+    launch_uniform<false, true, 128, 64>(tq, tk, tv, up, stream);
   } else if (w.fp8_qk) {
     launch_uniform<false, true, 128, 128>(tq, tk, tv, up, stream);
   } else if (w.blk == 64) {  // sparse over 64-key blocks

@@ -1,9 +1,9 @@
 // Declarations of the sm_90a sparse forward's two persistent launches (bodies in
 // launch_kernels.cuh). The only instantiations: bf16 (instantiate_bf16.cu), f16
-// (instantiate_f16.cu) and FP8 QK with bf16 P V (instantiate_fp8qk.cu: kFp8, traits.h), the 16-bit
-// kernels over 64-key blocks (instantiate_bf16_b64.cu, instantiate_f16_b64.cu), and the uniform
-// kernel at head dims 64 and 256 (instantiate_*_d64.cu, instantiate_*_d256.cu), so they compile in
-// parallel and host edits rebuild none.
+// (instantiate_f16.cu) and FP8 QK with bf16 P V (instantiate_fp8qk.cu: kFp8, traits.h), each over
+// 64-key blocks too (instantiate_bf16_b64.cu, instantiate_f16_b64.cu, instantiate_fp8qk_b64.cu),
+// and the uniform kernel at head dims 64 and 256 (instantiate_*_d64.cu, instantiate_*_d256.cu), so
+// they compile in parallel and host edits rebuild none.
 #pragma once
 
 #include <cuda.h>
@@ -23,8 +23,8 @@ void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap
                  const MainParams& p, cudaStream_t stream);
 
 // kD: the head dim (128, or 64 / 256 for dense attention: instantiate_*_d64.cu, _d256.cu).
-// kBlk: keys per kv block of the call's q2k (kv_block_size), 128 or 64 (instantiate_*_b64.cu; not
-// with kFp8); dense attention runs 128.
+// kBlk: keys per kv block of the call's q2k (kv_block_size), 128 or 64 (instantiate_*_b64.cu);
+// dense attention runs 128.
 template <bool kF16, bool kFp8, int kD, int kBlk>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream);

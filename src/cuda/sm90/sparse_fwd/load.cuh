@@ -171,7 +171,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
       sh.info[s] = ChunkInfo{-1, 0, 0, 0};
       sm90::mbar_arrive(&sh.kv_full[s]);
     }
-    if constexpr (kFp8) load_key_scales(p, false, 0, 0, nullptr, &sh.kv_full[s], lane);
+    if constexpr (kFp8) load_key_scales<kBlk>(p, false, 0, 0, 0, nullptr, &sh.kv_full[s], lane);
   }
 }
 

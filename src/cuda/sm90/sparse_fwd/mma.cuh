@@ -306,11 +306,12 @@ __device__ __forceinline__ void pack_probs(const float (&sc)[kS], uint32_t (&pa)
 // halves (a k16 step is 32 bytes inside a 128-byte row; half h of D is the h-th buffer), or with
 // kFp8 e4m3 operands (D = 128), one 128-byte row per token or key (four k32 steps of 32 bytes).
 // K-major, 128-byte swizzle; the first step overwrites S.
-// kS: S's floats per thread, 64 for a 128-key K tile (m64n128), 32 for 64 keys (m64n64, D = 256),
-// whose halves are then 8 KB apart.
+// kS: S's floats per thread, 64 for a 128-key K tile (m64n128), 32 for 64 keys (m64n64: D = 256,
+// or a 64-key block), whose 16-bit halves are then 8 KB apart.
 template <bool kF16, bool kFp8, int kD = kHeadDim, int kS>
 __device__ __forceinline__ void issue_qk(float (&s)[kS], uint32_t q_addr, uint32_t k_addr) {
-  static_assert(!kFp8 || (kD == kHeadDim && kS == 64), "FP8 Q K^T reads 128-byte rows: D = 128");
+  static_assert(!kFp8 || (kD == kHeadDim && (kS == 64 || kS == 32)),
+                "FP8 Q K^T reads 128-byte rows: D = 128, 128 or 64 keys");
   constexpr uint32_t kKHalfBytes = uint32_t(kS) * 2 * 128;  // 2 kS keys of 128 bytes
   // Each operand's descriptor is encoded once and offset per k-step (sm90::desc_offset): encoding
   // it per wgmma took five uniform instructions each, ~60 of a block's ~640 consumer instructions
@@ -345,16 +346,19 @@ __device__ __forceinline__ void issue_pv(float (&o)[kN], const uint32_t (&pa)[kS
                             (accumulate || kk > 0) ? 1u : 0u);
 }
 
-// FP8 QK: the K scales of this thread's columns (8n + col_base + {0, 1}) from the stage's kscale
-// row (consume_tile reads them while its S product is in flight); S takes them before the mask,
-// which replaces invisible entries whatever they hold.
+// FP8 QK: the K scales of this thread's columns (8n + col_base + {0, 1}) of a stage of 2 kS keys
+// (kS: S's floats per thread) from the stage's kscale row (consume_tile reads them while its S
+// product is in flight); S takes them before the mask, which replaces invisible entries whatever
+// they hold.
+template <int kS>
 struct KeyScales {
-  float2 v[kBlockN / 8];
+  float2 v[kS / 4];
 };
-__device__ __forceinline__ KeyScales load_key_columns(const float* kscale, int col_base) {
-  KeyScales k;
+template <int kS>
+__device__ __forceinline__ KeyScales<kS> load_key_columns(const float* kscale, int col_base) {
+  KeyScales<kS> k;
 #pragma unroll
-  for (int n = 0; n < kBlockN / 8; ++n)
+  for (int n = 0; n < kS / 4; ++n)
     k.v[n] = *reinterpret_cast<const float2*>(kscale + 8 * n + col_base);
   return k;
 }
@@ -364,9 +368,10 @@ __device__ __forceinline__ float uniform_key_scale(const float* kscale) {
   const float k = kscale[0];
   return k == 0.f ? 1e-30f : k;
 }
-__device__ __forceinline__ void scale_key_columns(float (&s)[64], const KeyScales& k) {  // D = 128
+template <int kS>
+__device__ __forceinline__ void scale_key_columns(float (&s)[kS], const KeyScales<kS>& k) {
 #pragma unroll
-  for (int n = 0; n < kBlockN / 8; ++n) {
+  for (int n = 0; n < kS / 4; ++n) {
     s[n * 4 + 0] *= k.v[n].x;
     s[n * 4 + 1] *= k.v[n].y;
     s[n * 4 + 2] *= k.v[n].x;
@@ -374,12 +379,11 @@ __device__ __forceinline__ void scale_key_columns(float (&s)[64], const KeyScale
   }
 }
 
-// kBlk: keys per kv block, 128 (S m64n128) or 64 (S m64n64, P V k64; not with FP8 QK: plan.cpp).
+// kBlk: keys per kv block, 128 (S m64n128) or 64 (S m64n64, P V k64; FP8 Q K^T m64n64k32).
 template <bool kF16, bool kFp8, bool kMask, int kBlk>
 __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage<kBlk>& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
                                              int q_stage, int tid) {
-  static_assert(!kFp8 || kBlk == kBlockN, "FP8 Q K^T runs 128-key blocks");
   constexpr int kS = kBlk / 2;  // S floats per thread
   const int warp = tid >> 5, lane = tid & 31;
   const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
@@ -399,11 +403,11 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   sm90::wgmma_fence();
   issue_qk<kF16, kFp8>(s, q_addr, k_addr);
   sm90::wgmma_commit();
-  KeyScales ks;
+  KeyScales<kS> ks;
   float kmul = 1.f;  // FP8 QK with one K scale: it joins the row scales below
   if constexpr (kFp8) {
     if (p.kscale_uniform) kmul = uniform_key_scale(sh.kscale[kv_stage]);
-    else ks = load_key_columns(sh.kscale[kv_stage], col_base);
+    else ks = load_key_columns<kS>(sh.kscale[kv_stage], col_base);
   }
   sm90::wgmma_wait<0>();
   if constexpr (kFp8) {

@@ -188,13 +188,9 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
               ") or be fp8_e4m3 / fp4x2 on CUDA, got ", dtype_name(kt));
   }
   // Dense attention has no block ids: the unit of its K/V loads is the kernels' own. Sparse
-  // calls run kernels over blocks of 128 or 64 keys (traits.h kBlk); FP8 Q K^T has 128-key ones.
+  // calls run kernels over blocks of 128 or 64 keys (traits.h kBlk), FP8 Q K^T included.
   MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN || s.kv_block_size == 64,
             "params.kv_block_size: must be 64 or 128 on CUDA, got ", s.kv_block_size);
-  MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN ||
-                !(a.q.dtype == DType::fp8_e4m3 && kt == DType::fp8_e4m3),
-            "params.kv_block_size: FP8 Q K^T (fp8_e4m3 q and K) is not supported by the CUDA "
-            "sparse prefill with kv_block_size 64 yet; got 64 (128 runs it, or pass bf16 q)");
   MSA_CHECK(!a.key_mask.defined() || key_mask_words(a.key_mask.shape[1]) < INT32_MAX / 2,
             "key_mask: Lk_max = ", a.key_mask.shape[1], " is too large for CUDA");
   MSA_CHECK(s.total_q * s.topk * s.num_kv_heads < INT32_MAX,

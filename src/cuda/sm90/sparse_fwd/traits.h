@@ -130,7 +130,8 @@ struct alignas(1024) SharedStorageT {
   uint8_t k[kKVStages][kHalves][kKVStageHalfBytes];
   uint8_t v[kKVStages][kHalves][kKVStageHalfBytes];
   uint8_t q[kConsumers][kQSt][kHalves][kQHalfBytes];
-  // FP8 QK (kFp8 kernels): each stage's 128 per-key K scales, copied with the block (kv_load.cuh).
+  // FP8 QK (kFp8 kernels): each stage's per-key K scales, copied with its blocks (kv_load.cuh;
+  // a 64-key block of the KV-major kernel fills the first 64).
   alignas(16) float kscale[kKVStages][kBlockN];
   TileMeta meta[kConsumers][kQSt];
   ChunkInfo info[kKVStages];

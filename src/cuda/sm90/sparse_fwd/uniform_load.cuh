@@ -6,10 +6,10 @@
 // consumer's one arrive at the end of the unit that used it); q_full counts the lanes that own
 // token slots, each arriving after its metadata (token, last visible key, head) is written.
 // Each K stage is published as UniformInfo {kb, valid keys, first, last} by lane 0 with
-// arrive.expect_tx (32 KB at D = 128, or the bytes of the pages a paged block has: kv_load.cuh;
-// FP8 QK: 16 KB of e4m3 K, and every lane's arrival after its cp.async of the key scales) or,
-// for a unit without a usable block, a plain arrive (kb = -1); a block's V follows on the V ring
-// (v_full, the same byte count).
+// arrive.expect_tx (32 KB at D = 128, 16 KB a 64-key block, or the bytes of the pages a paged
+// block has: kv_load.cuh; FP8 QK: half of that in e4m3 K, and every lane's arrival after its
+// cp.async of the key scales) or, for a unit without a usable block, a plain arrive (kb = -1); a
+// block's V follows on the V ring (v_full, the 16-bit byte count).
 #pragma once
 
 #include <type_traits>
@@ -106,19 +106,22 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
         src2.row_bytes += kBoxKeys * 128;
       }
     }
-    if constexpr (kFp8)
-      load_key_scales(p, info.kb >= 0, kv_head, src.c2, sh.kscale[s], &sh.kv_full[s], lane);
+    if constexpr (kFp8) {  // a pair's second block: its own first key's scales in rows 64-127
+      const int32_t key0_hi = HT::kBlockPairs && info.kb2 >= 0 ? src2.c2 : src.c2 + kKeys / 2;
+      load_key_scales<kKeys>(p, info.kb >= 0, kv_head, src.c2, key0_hi, sh.kscale[s],
+                             &sh.kv_full[s], lane);
+    }
     if (lane == 0) {
       sh.uinfo[s] = info;
       if (info.kb >= 0)
-        sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src) + src2.bytes);
+        sm90::mbar_arrive_expect_tx(&sh.kv_full[s],
+                                    k_tile_bytes<kFp8>(src) + k_tile_bytes<kFp8>(src2));
       else sm90::mbar_arrive(&sh.kv_full[s]);
     }
     __syncwarp();
     if (info.kb >= 0) {
       load_k_tile<kFp8>(src, tm_k, sh.k[s], &sh.kv_full[s]);
-      if constexpr (HT::kBlockPairs)
-        load_kv_tile<HT::kHalves, kStageHalf, true>(src2, tm_k, sh.k[s], &sh.kv_full[s]);
+      if constexpr (HT::kBlockPairs) load_k_tile<kFp8, true>(src2, tm_k, sh.k[s], &sh.kv_full[s]);
     }
     ++kv_iter;
     if (info.kb >= 0) {

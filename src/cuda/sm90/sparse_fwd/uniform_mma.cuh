@@ -139,7 +139,6 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
                                                      typename HeadDimTraits<kD, kBlk>::Storage& sh,
                                                      int consumer_in, int tid) {
   using HT = HeadDimTraits<kD, kBlk>;
-  static_assert(!kFp8 || kBlk == kBlockN, "FP8 Q K^T runs 128-key blocks");
   using QR = sm90::Ring<HT::kQSt>;
   constexpr int kKeys = HT::kKeys;
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
@@ -180,7 +179,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
     if constexpr (kFp8) {
       const float* ks = sh.kscale[KVRing::stage(k_iter)];
       if (p.kscale_uniform) kmul = uniform_key_scale(ks);
-      else scale_key_columns(s, load_key_columns(ks, col_base));
+      else scale_key_columns(s, load_key_columns<HT::kS>(ks, col_base));
     }
   };
   auto release_v = [&]() {
@@ -210,19 +209,21 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
       const uint32_t* mrow0 = kMask ? mask_row(p, rm.tok0) : nullptr;
       const uint32_t* mrow1 = kMask ? mask_row(p, rm.tok1) : nullptr;
       uint4 mw0, mw1;
-      // A 64-key pair's words: its first block's two, then its second's (none past a single).
-      auto pair_words = [&](const uint32_t* row, const UniformInfo& in) {
-        const uint4 a = mask_block<kBlk>(p, row, in.kb);
-        const uint4 b = in.kb2 >= 0 ? mask_block<kBlk>(p, row, in.kb2) : make_uint4(0, 0, 0, 0);
-        return make_uint4(a.x, a.y, b.x, b.y);
+      // The stage's words of a row: a 64-key pair's first block's two, then its second's (none
+      // past a single), or the block's.
+      auto stage_words = [&](const uint32_t* row, const UniformInfo& in) {
+        if constexpr (HT::kBlockPairs) {
+          const uint4 a = mask_block<kBlk>(p, row, in.kb);
+          const uint4 b = in.kb2 >= 0 ? mask_block<kBlk>(p, row, in.kb2) : make_uint4(0, 0, 0, 0);
+          return make_uint4(a.x, a.y, b.x, b.y);
+        } else {
+          return mask_block<kKeys>(p, row, in.kb);
+        }
       };
       auto load_mask = [&](const UniformInfo& in) {
-        if constexpr (kMask && !kFp8 && HT::kBlockPairs) {
-          mw0 = pair_words(mrow0, in);
-          mw1 = pair_words(mrow1, in);
-        } else if constexpr (kMask && !kFp8) {
-          mw0 = mask_block<kKeys>(p, mrow0, in.kb);
-          mw1 = mask_block<kKeys>(p, mrow1, in.kb);
+        if constexpr (kMask && !kFp8) {
+          mw0 = stage_words(mrow0, in);
+          mw1 = stage_words(mrow1, in);
         }
       };
       auto softmax = [&](const UniformInfo& in, float& a0, float& a1) {
@@ -243,8 +244,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
         }
         if constexpr (kMask) {
           if constexpr (kFp8) {
-            mw0 = mask_block<kKeys>(p, mrow0, in.kb);
-            mw1 = mask_block<kKeys>(p, mrow1, in.kb);
+            mw0 = stage_words(mrow0, in);
+            mw1 = stage_words(mrow1, in);
           }
           apply_key_mask<0>(sc, mw0, col_base);
           apply_key_mask<2>(sc, mw1, col_base);
