@@ -97,8 +97,8 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
     ids, which are otherwise raised by `msa.check_status`.
 
     Dense attention's visibility and scores (docs/semantics.md, Dense attention; the CUDA
-    prefill takes all three, the key mask without q2k only, and raises `MsaError` naming what
-    it does not take): ``causal_offset`` int32 ``[B]`` replaces
+    prefill takes all three, with or without q2k, and raises `MsaError` naming what it does
+    not take): ``causal_offset`` int32 ``[B]`` replaces
     the bottom-right causal rule (query i of request b sees key j iff
     ``j <= i + causal_offset[b]``; needs ``causal=True``); ``key_mask`` bool or uint8
     (nonzero = visible) ``[B, Lk_max]`` per key or ``[total_q, Lk_max]`` per query and key, ANDed

@@ -6,8 +6,9 @@ BSR matrix into a q2k selection (and, for block ids, its k2q CSR index); run() i
 plan() takes the matrix as ``indptr``/``indices``, a per-head ``block_mask`` or
 ``q2k_indices``/``q2k_num``. With CUDA torch inputs (and ``topk``, needed except for
 q2k_indices) it builds the selection with torch ops whose shapes come from host sizes only, so
-it never waits for the GPU; run() neither waits nor allocates outside the caller's framework
-(torch's caching allocator), and can be captured in a CUDA graph."""
+it never waits for the GPU (an element mask, built on the host, is the exception); run() neither
+waits nor allocates outside the caller's framework (torch's caching allocator), and can be
+captured in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -37,21 +38,20 @@ def _refuse(name: str, value: Any, default: Any = None) -> None:
 
 
 def _element_key_mask(mask: Any, packed_mask: Any, indptr: Any, indices: Any, *, M: int, N: int,
-                      R: int, C: int, causal: bool, kind: str, form: str) -> Any:
+                      R: int, C: int, causal: bool, form: str) -> Any:
     """FlashInfer's element mask of the BSR's listed blocks (``mask`` bool ``[nnz, R, C]`` or
     flat, or ``packed_mask``: those bits packed little-endian, as FlashInfer's ``packbits``) as
-    attention_forward's per-query ``key_mask`` bool ``[M, N]``: key j of query t is kept iff
-    block (t // R, j // C) is listed at entry e and ``mask[e, t % R, j % C]``. None without a
-    mask. The single indptr / indices form only, causal=False (section 18: FlashInfer takes
-    causal only without masks), on the CPU (CUDA attention takes no key mask yet)."""
+    attention_forward's per-query ``key_mask``, a host numpy bool ``[M, N]``: key j of query t
+    is kept iff block (t // R, j // C) is listed at entry e and ``mask[e, t % R, j % C]``. None
+    without a mask. The single indptr / indices form only, causal=False (FlashInfer takes
+    causal only without masks). Built on the host for either backend: indptr, indices and the
+    mask are read there (a torch CUDA array waits for torch's current stream), so that run()
+    only reads the placed key mask."""
     if mask is None and packed_mask is None:
         return None
     name = "mask" if mask is not None else "packed_mask"
     if mask is not None and packed_mask is not None:
         raise MsaError("mask, packed_mask: pass at most one (packed_mask is mask's bits packed)")
-    if kind == "cuda":
-        raise MsaError(f"{name}: msa's CUDA attention does not take an element mask (key_mask) "
-                       "yet; plan on the CPU (device='cpu')")
     if form != "indptr":
         raise MsaError(f"{name}: an element mask applies to the indptr / indices form (the "
                        f"blocks it lists, in entry order), not to {form}")
@@ -304,8 +304,8 @@ class _SparsePlan:
     k2q), run() as `attention_forward` over one request, the kept workspace. plan() stores a
     dict with q2k, k2q, cu_q, cu_k, kv_block_size, M, N (query and key counts, named by
     ``names``), num_qo_heads, num_kv_heads, head_dim, causal, sm_scale, soft_cap, layout,
-    device, and
-    q_hnd (q and out follow an "HND" layout too)."""
+    device, and optionally key_mask (a per-query ``[M, N]`` on the plan's device) and q_hnd (q
+    and out follow an "HND" layout too)."""
 
     def __init__(self) -> None:
         self._plan: Optional[dict] = None
@@ -379,14 +379,18 @@ class _SparsePlan:
         res = attention_forward(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
                                 k2q=p["k2q"], softmax_scale=p["sm_scale"], causal=p["causal"],
                                 soft_cap=p["soft_cap"], kv_block_size=p["kv_block_size"],
-                                key_mask=p.get("key_mask"),
-                                key_mask_rows="query" if p.get("key_mask") is not None else None,
-                                k_scale=k_scale,
-                                v_scale=v_scale, out=out, lse=lse, return_lse=return_lse,
-                                workspace=workspace, stream=stream, check=check)
+                                k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
+                                return_lse=return_lse, workspace=workspace, stream=stream,
+                                check=check, **self._key_mask_kw())
         if out_hnd is None:
             return res
         return (out_hnd,) + tuple(res[1:]) if return_lse else out_hnd
+
+    def _key_mask_kw(self) -> dict:
+        """The planned per-query key mask ``[M, N]`` as attention_forward's keywords (the CUDA
+        workspace holds its packed bits, so its size counts them too); none without a mask."""
+        m = self._plan.get("key_mask")
+        return dict(key_mask=m, key_mask_rows=None if m is None else "query")
 
     @staticmethod
     def _heads_major(x: Any, name: str, what: str) -> Any:
@@ -430,7 +434,7 @@ class _SparsePlan:
         n = attention_workspace_bytes(q, k, v, p["cu_q"], cu_seqlens_k=p["cu_k"], q2k=p["q2k"],
                                       k2q=p["k2q"], causal=p["causal"],
                                       kv_block_size=p["kv_block_size"], k_scale=k_scale,
-                                      v_scale=v_scale)
+                                      v_scale=v_scale, **self._key_mask_kw())
         ws = self._workspace
         if ws is not None and ws.shape[0] >= n:
             return ws
@@ -496,11 +500,12 @@ class BlockSparseAttention(_SparsePlan):
         - CUDA torch indptr / indices or block_mask with ``topk`` (the most column blocks any
           block row lists, a host int), or CUDA torch q2k_indices (and q2k_num) with topk
           default K: on the device with torch ops, on ``stream`` (default the current one),
-          without reading anything on the host. Shapes, dtypes and sizes are checked here;
-          invalid ids, a bad indptr or q2k_num, a row with more than topk blocks, or query-head
-          groups that differ make invalid q2k entries that msa's q2k checks report at run
-          (``check=True`` or `msa.check_status`). Without ``topk`` (indptr / indices,
-          block_mask) this is an `MsaError` (finding it would need a sync).
+          without reading anything on the host (an element mask aside: see below). Shapes,
+          dtypes and sizes are checked here; invalid ids, a bad indptr or q2k_num, a row with
+          more than topk blocks, or query-head groups that differ make invalid q2k entries that
+          msa's q2k checks report at run (``check=True`` or `msa.check_status`). Without
+          ``topk`` (indptr / indices, block_mask) this is an `MsaError` (finding it would need
+          a sync).
         - Anything else (numpy, CPU torch, cupy, or a device other than the arrays'): read on
           the host (a GPU array's stream is waited for), checked fully as `bsr_to_q2k` does
           (or as `bsr_mask_to_q2k` / `q2k_indices_to_q2k` do), and copied to the device. topk,
@@ -510,10 +515,16 @@ class BlockSparseAttention(_SparsePlan):
         skips that build. Planning again makes new arrays (a CUDA graph captured over run()
         keeps reading the old ones: capture again). ``logits_soft_cap`` c > 0 caps the scores,
         ``c * tanh(s / c)`` after sm_scale, on both backends.
-        Element masks, on the CPU with the indptr / indices form and causal=False (FlashInfer
-        takes causal only without masks): ``mask`` bool or uint8 ``[nnz, R, C]`` (or flat) for
-        the listed blocks in entry order, or ``packed_mask``, its bits packed little-endian
-        (FlashInfer's ``packbits``); run() passes them as a per-query ``key_mask [M, N]``.
+        Element masks, on either backend, with the indptr / indices form and causal=False
+        (FlashInfer takes causal only without masks): ``mask`` bool or uint8 ``[nnz, R, C]``
+        (or flat) for the listed blocks in entry order, or ``packed_mask``, its bits packed
+        little-endian (FlashInfer's ``packbits``). plan() builds from them, on the host, a
+        per-query bool ``key_mask [M, N]`` (M * N bytes) and places it on the plan's device;
+        run() passes it to `attention_forward`, so on CUDA run() still neither waits nor reads
+        the host and can be captured. plan() reads indptr, indices and the mask on the host
+        for this: CUDA arrays are copied there, which waits for the GPU (torch's current
+        stream), so a plan with a mask syncs even where the selection is built on the device
+        (CUDA indptr / indices, which still need ``topk``).
         Refused (`MsaError` naming the argument): position encodings (``pos_encoding_mode``,
         ``rope_scale``, ``rope_theta``).
         """
@@ -534,7 +545,7 @@ class BlockSparseAttention(_SparsePlan):
         cap = _soft_cap(logits_soft_cap)
         mb, nb = _cdiv(M, R), _cdiv(N, C)
         key_mask = _element_key_mask(mask, packed_mask, indptr, indices, M=M, N=N, R=R, C=C,
-                                     causal=causal, kind=kind, form=form)
+                                     causal=causal, form=form)
         arrays = {"indptr": (indptr, indices), "block_mask": (block_mask,),
                   "q2k_indices": (q2k_indices,)}[form]
         on_device = (kind == "cuda" and torch is not None
@@ -591,6 +602,8 @@ class BlockSparseAttention(_SparsePlan):
         with _on_stream(stream if on_device else None, ref.device if use_torch else None):
             cu_q = _offsets(ref, M, use_torch)
             cu_k = _offsets(ref, N, use_torch)
+            if key_mask is not None:
+                key_mask = _placed(key_mask, src, kind, index)
         k2q = None
         if s in (64, 128):
             k2q = build_k2q_csr(q2k, cu_q, cu_seqlens_k=cu_k, kv_block_size=s,
@@ -598,9 +611,7 @@ class BlockSparseAttention(_SparsePlan):
         self._plan = dict(q2k=q2k, k2q=k2q, cu_q=cu_q, cu_k=cu_k, kv_block_size=s, M=M, N=N,
                           R=R, C=C, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d,
                           causal=causal, sm_scale=sm_scale, soft_cap=cap, layout=layout,
-                          device=(kind, index),
-                          key_mask=None if key_mask is None else _placed(key_mask, src, kind,
-                                                                         index))
+                          device=(kind, index), key_mask=key_mask)
         return self
 
 def _form(indptr: Any, indices: Any, block_mask: Any, q2k_indices: Any, q2k_num: Any) -> str:

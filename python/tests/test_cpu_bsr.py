@@ -279,8 +279,14 @@ IP, IX = np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32)
     (dict(mask=np.ones((2, 4, 64), np.float32)), "mask: must be bool or uint8"),
     (dict(packed_mask=np.ones(3, np.uint8)),
      r"packed_mask: must be uint8 \[ceil\(nnz \* R \* C / 8\)\] = \[64\]"),
-    (dict(C=128, mask=np.ones((2, 4, 128), bool), device="cuda:0"),
-     "mask: msa's CUDA attention does not take an element mask"),
+    # A CUDA plan takes element masks under the CPU's rules (these fail before anything is
+    # placed on a device, so they run without one).
+    (dict(N=256, C=128, mask=np.ones((2, 4, 64), bool), device="cuda:0"),
+     r"mask: must be \[nnz, R, C\] = \[2, 4, 128\]"),
+    (dict(N=256, C=128, mask=np.ones((2, 4, 128), bool), causal=True, device="cuda:0"),
+     "mask: causal=True with an element mask"),
+    (dict(N=256, C=128, mask=np.ones((2, 4, 128), bool), kv_block_lens=np.full(2, 64, np.int32),
+          device="cuda:0"), "kv_block_lens: not taken on CUDA"),
     (dict(logits_soft_cap=-1.0), "logits_soft_cap: must be a finite number >= 0"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode: not supported"),
     (dict(rope_theta=1e4), "rope_theta: not supported"),

@@ -1,7 +1,8 @@
 # GPU tests of msa.BlockSparseAttention (msa/bsr.py): C = 128 and 256 on CUDA against the same
 # plan on the CPU, plan() from device indptr / indices with topk making no host sync (torch's
 # sync debug mode set to error around plan and run), CUDA-graph capture of run() (replay equals
-# eager), invalid device matrices reported by msa's q2k checks, and the CUDA refusals.
+# eager), element masks (mask / packed_mask from host or device arrays) against the CPU plan,
+# invalid device matrices reported by msa's q2k checks, and the CUDA refusals.
 import numpy as np
 import pytest
 
@@ -80,9 +81,16 @@ def test_plan_and_run_do_not_sync_and_run_captures():
     with gpu_op():
         _plan(ip, ix, M, N, R, C, topk=topk).run(q, k, v)   # warm-up: status buffer, kernels
     torch.cuda.synchronize()
+    _runs_without_sync_and_captures(lambda: _plan(ip, ix, M, N, R, C, topk=topk, causal=True),
+                                    q, k, v)
+
+
+def _runs_without_sync_and_captures(plan, q, k, v):
+    """Calls plan() and runs the plan twice with torch's sync debug mode set to error, then
+    checks that a CUDA graph of run() replays the eager result, also after q changes."""
     torch.cuda.set_sync_debug_mode("error")
     try:
-        bsa = _plan(ip, ix, M, N, R, C, topk=topk, causal=True)
+        bsa = plan()
         eager = bsa.run(q, k, v)
         again = bsa.run(q, k, v)
     finally:
@@ -101,6 +109,89 @@ def test_plan_and_run_do_not_sync_and_run_captures():
     torch.cuda.synchronize()
     assert torch.equal(out, bsa.run(q, k, v))
     msa.check_status()
+
+
+def _element_mask(seed, indptr, indices, R, C, M):
+    """A random element mask bool [nnz, R, C] (density 0.6) over the listed blocks, with one
+    listed block masked whole and every key of one query masked; returns it and the queries
+    left without a key (that one and those of block rows that list nothing)."""
+    rng = np.random.default_rng(seed)
+    emask = rng.random((len(indices), R, C)) < 0.6
+    listed = np.flatnonzero(np.diff(indptr))
+    if len(listed):
+        emask[rng.integers(len(indices))] = False
+        row = int(rng.choice(listed))
+        t = row * R + int(rng.integers(min(R, M - row * R)))
+        emask[indptr[row]:indptr[row + 1], t % R] = False
+    keeps = np.zeros(M, bool)   # queries with a kept key (the last block row clipped to M)
+    for row in range(len(indptr) - 1):
+        r1 = min(M, row * R + R)
+        if indptr[row + 1] > indptr[row]:
+            keeps[row * R:r1] = emask[indptr[row]:indptr[row + 1], :r1 - row * R].any((0, 2))
+    return emask, np.flatnonzero(~keeps)
+
+
+def _mask_kw(emask, form, place):
+    """The element mask as plan() keywords: "bool" ([nnz, R, C]), "u8" (uint8, flat) or
+    "packed" (packed_mask, little-endian bits), each array passed through place."""
+    if form == "packed":
+        return dict(packed_mask=place(np.packbits(emask.reshape(-1), bitorder="little")))
+    if form == "u8":
+        return dict(mask=place(emask.astype(np.uint8).reshape(-1)))
+    return dict(mask=place(emask))
+
+
+def _on_gpu(x):
+    return torch.from_numpy(np.ascontiguousarray(x)).to(DEV)
+
+
+@pytest.mark.parametrize("R, C, M, N, form, where", [(64, 128, 300, 700, "bool", "host"),
+                                                     (64, 128, 300, 700, "packed", "cuda"),
+                                                     (16, 64, 200, 450, "u8", "cuda"),
+                                                     (1, 192, 77, 900, "bool", "cuda"),
+                                                     (128, 128, 512, 512, "packed", "host"),
+                                                     (32, 256, 260, 1000, "u8", "mixed"),
+                                                     (3, 64, 100, 333, "bool", "mixed")])
+def test_element_masks_match_cpu(R, C, M, N, form, where):
+    """mask / packed_mask planned for CUDA from host arrays ("host", device=), from CUDA
+    indptr, indices and mask ("cuda", with topk) or CUDA indptr / indices and a host mask
+    ("mixed") against the same mask planned on the CPU; queries left without a key get out 0
+    and lse -inf on both."""
+    indptr, indices, q, k, v, topk = _case(R + C + M + 1, R, C, M, N)
+    emask, dead = _element_mask(R + C + M, indptr, indices, R, C, M)
+    cpu = _plan(torch.from_numpy(indptr), torch.from_numpy(indices), M, N, R, C,
+                **_mask_kw(emask, form, torch.from_numpy))
+    want, want_lse = cpu.run(q, k, v, return_lse=True)
+    if where == "host":
+        ip, ix, top, place = indptr, indices, None, np.asarray
+    else:
+        ip, ix, top = _on_gpu(indptr), _on_gpu(indices), topk
+        place = _on_gpu if where == "cuda" else np.asarray
+    with gpu_op():
+        gpu = _plan(ip, ix, M, N, R, C, topk=top, device=DEV, **_mask_kw(emask, form, place))
+        got, lse = gpu.run(q.to(DEV), k.to(DEV), v.to(DEV), return_lse=True, check=True)
+    assert gpu.q2k.is_cuda and torch.equal(gpu.q2k.cpu(), torch.as_tensor(cpu.q2k))
+    torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    torch.testing.assert_close(lse.cpu()[finite], want_lse[finite], atol=1e-3, rtol=1e-3)
+    assert len(dead) and torch.isneginf(lse.cpu()[:, dead]).all()
+    assert not got.cpu()[dead].any()
+
+
+def test_element_mask_run_does_not_sync_and_captures():
+    """plan() with a mask syncs (it reads the mask on the host); run() then neither syncs nor
+    reads the host, and a CUDA graph of it replays the eager result."""
+    R, C, M, N = 64, 128, 384, 1024
+    indptr, indices, q, k, v, topk = _case(9, R, C, M, N)
+    emask, _ = _element_mask(9, indptr, indices, R, C, M)
+    q, k, v = q.to(DEV), k.to(DEV), v.to(DEV)
+    with gpu_op():
+        bsa = _plan(_on_gpu(indptr), _on_gpu(indices), M, N, R, C, topk=topk,
+                    mask=_on_gpu(emask))
+        bsa.run(q, k, v)   # warm-up: status buffer, kernels, the workspace (with the mask bits)
+    torch.cuda.synchronize()
+    _runs_without_sync_and_captures(lambda: bsa, q, k, v)
 
 
 def test_invalid_device_matrix_is_reported_by_the_q2k_checks():
