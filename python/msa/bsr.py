@@ -488,8 +488,9 @@ class BlockSparseAttention(_SparsePlan):
           the usual mask when M = N). sm_scale: default ``1 / sqrt(head_dim)``.
         - kv_block_lens ``[NB]``: keep the first ``kv_block_lens[c]`` keys of block c.
         - kv_block_size: the block size of the q2k ids (default 128 or 64 when it divides C,
-          else 1: key ids). The CPU takes any R and C; CUDA takes C a multiple of 128 (each
-          column block is C / 128 msa blocks) and no kv_block_lens, else `MsaError` naming C.
+          else 1: key ids). The CPU takes any R and C; CUDA takes C a multiple of 64 (each
+          column block is C / 128 msa blocks of 128 keys when 128 divides C, else C / 64 of
+          64) and no kv_block_lens, else `MsaError` naming C.
         - layout: "NHD" (k, v ``[N, Hkv, D]``) or "HND" (``[Hkv, N, D]``, read as a strided
           view); q and out are ``[M, Hq, D]``.
         - device: where run() runs ('cpu', 'cuda[:i]', a torch.device or an array on it);

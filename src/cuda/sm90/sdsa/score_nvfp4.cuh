@@ -18,7 +18,7 @@ namespace msa::cuda::sdsa_sm90 {
 enum ScoreMode : int { kChain = 0, kNvfp4 = 1, kNvfp4Vec = 2 };
 
 // Keys a thread scores at once. The exact path waits on latency, not on registers: 1, 2 or 4 keys
-// a thread ran within 3% of each other (316-327 us on SDSA-SELECT), so it takes one (72
+// a thread ran within 4% of each other (315-327 us on SDSA-SELECT), so it takes one (72
 // registers; 4 keys take 128).
 constexpr int keys_per_thread(int mode) { return mode == kChain ? kKeysPerThread : 1; }
 
