@@ -1,8 +1,8 @@
 """BSR attention benchmark: BSR-108K and BSR-32K-R1 of bench/CASES.md.
 
 msa.BlockSparseAttention (FlashInfer's BSR wrapper surface) is planned once from device indptr /
-indices and its run() is timed; FlexAttention (torch.compile, Triton backend) runs the same block
-mask in the same process. Times are peers.time_ms's (CUDA events around each call after the L2
+indices and its run() is timed; FlexAttention (torch.compile) runs the same block mask in the same
+process, on its Triton backend and on FA4's (CuTe FlashAttention) where flash_attn.cute imports. Times are peers.time_ms's (CUDA events around each call after the L2
 flush of MSA_BENCH_FLUSH), medians of --iters; effective TFLOP/s count only the causally visible
 (query head, key) pairs of the listed blocks (4 D FLOP each). With --json, one record of
 bench/SCHEMA.md per (case, impl). Needs a CUDA device, torch and msa's CUDA wheel.
@@ -104,7 +104,7 @@ def main():
     ap.add_argument("--cases", nargs="+", default=list(CASES))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--no-flex", action="store_true", help="no FlexAttention peers")
     ap.add_argument("--json", help="append one record per (case, impl) (JSON Lines)")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -123,20 +123,25 @@ def main():
             topk=c["per_row"], causal=True)
         ours = bsa.run(q, k, v, check=True)
         res = {"msa": time_ms(lambda: bsa.run(q, k, v), args.iters, args.warmup)}
-        note = ""
-        if not args.no_flex:
+        notes = []
+        # FlexAttention on the same mask: its Triton backend, and FA4 (CuTe) where flash_attn.cute
+        # is importable (../shared/PEERS.md carries it to the GPU machine).
+        backends = [] if args.no_flex else [("flex-triton", None), ("flex-fa4", {"BACKEND": "FLASH"})]
+        for impl, options in backends:
             try:
                 from torch.nn.attention.flex_attention import flex_attention
                 flex = torch.compile(flex_attention, dynamic=False)
                 bm = flex_mask(c, indptr, indices)
                 qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-                fn = lambda: flex(qh, kh, vh, block_mask=bm, enable_gqa=True)
+                fn = lambda: flex(qh, kh, vh, block_mask=bm, enable_gqa=True,
+                                  kernel_options=options)
                 ref = fn()[0].transpose(0, 1).float()
                 err = ((ours.float() - ref).norm() / ref.norm()).item()
-                note = f"msa vs flex rel L2 {err:.2e}"
-                res["flex-triton"] = time_ms(fn, args.iters, args.warmup)
-            except Exception as e:  # report, do not hide: the table says why flex is absent
-                note = f"flex: {type(e).__name__}: {str(e)[:160]}"
+                notes.append(f"msa vs {impl} rel L2 {err:.2e}")
+                res[impl] = time_ms(fn, args.iters, args.warmup)
+            except Exception as e:  # report, do not hide: the table says why a peer is absent
+                notes.append(f"{impl}: {type(e).__name__}: {str(e)[:160]}")
+        note = "; ".join(notes)
         for impl, times in res.items():
             r = records.new_record(name, "attention_forward", impl)  # BSR run() is one call
             r.update(records.shape(1, S, S, hq, hkv, D, c["C"], c["per_row"], "bsr", True))
