@@ -1,7 +1,8 @@
 // CPU references of the SDSA indexer ops that read the paged key cache (msa/sdsa.h):
 // indexer_scores, indexer_threshold_select and gather_key_sample. A score is the dot product of
 // the decoded query row and key in fp64, rounded once to f32 (NVFP4 over NVFP4: exact from the
-// codes, common/sdsa.h); both ops score through one function, so the select keeps exactly the keys a sort of indexer_scores' row would rank first.
+// codes, common/sdsa.h); both ops score through one function, so the select keeps exactly the
+// keys a sort of indexer_scores' row would rank first.
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -64,7 +65,8 @@ class IndexReader {
     int64_t sum = 0;
     bool nan = false;
     for (int64_t g = 0; g < s_.head_dim / 16; ++g) {
-      const int32_t part = sdsa::nvfp4_group_dot(qv + 8 * g, kv + 8 * g) * sdsa::e4m3_units(qs[g], nan);
+      const int32_t part =
+          sdsa::nvfp4_group_dot(qv + 8 * g, kv + 8 * g) * sdsa::e4m3_units(qs[g], nan);
       sum += int64_t(part) * sdsa::e4m3_units(ks[g], nan);
     }
     return sdsa::nvfp4_score(sum, nan, qt.global_scale, kt.global_scale);

@@ -136,9 +136,11 @@ TEST(SdsaScores, Nvfp4IsTheExactDotOfIndependentDecodes) {
   c.key_scale.data<uint8_t>()[c.key_scale.offset({nan_page, 5, 3})] = 0x7f;
   c.query_scale.data<uint8_t>()[4 * groups + 1] = 0xff;  // row 4: every key NaN
   const HostTensor s = scores_of(c, 40);
-  auto value = [](const HostTensor& v, const HostTensor& sc, int64_t voff, int64_t soff, int64_t d) {
+  auto value = [](const HostTensor& v, const HostTensor& sc, int64_t voff, int64_t soff,
+                  int64_t d) {
     const uint8_t byte = v.data<uint8_t>()[voff + d / 2];
-    return ref_e2m1_decode(d % 2 ? byte >> 4 : byte & 15) * ref_e4m3_decode(sc.data<uint8_t>()[soff + d / 16]);
+    return ref_e2m1_decode(d % 2 ? byte >> 4 : byte & 15) *
+           ref_e4m3_decode(sc.data<uint8_t>()[soff + d / 16]);
   };
   int nans = 0;
   for (int64_t t = 0; t < c.num_rows(); ++t) {

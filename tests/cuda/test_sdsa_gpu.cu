@@ -463,89 +463,95 @@ TEST(SdsaGpu, BadValuesAreFlaggedAndSkipped) {
   TestStream s;
   SdsaShape sh;
   sh.page_size = 16;
-  sh.dim = 32;
   sh.seq_lens = {40, 20};
   sh.row_requests = {0, 1, 0};
   sh.row_lens = true;
-  // Row 0 sees all 40 keys of request 0 (past the narrow width below), row 2 at most 25.
-  const auto make = [&sh] {
-    SdsaCase x = make_sdsa_case(sh, 3);
-    x.row_lens.data<int32_t>()[0] = 40;
-    x.row_lens.data<int32_t>()[2] = std::min(x.row_lens.data<int32_t>()[2], 25);
-    return x;
-  };
-  const SdsaCase c = make();
-  const int64_t width = 48, table_keys = c.table.t.shape[1] * sh.page_size;
-  HostTensor ref(DType::f32, {3, width});
-  IndexerScoresArgs ra;
-  ra.rows = c.rows();
-  ra.cache = c.cache();
-  ra.scores = ref.t;
-  indexer_scores(ra);
-  struct Bad {
-    std::string what;
-    StatusCode code;
-    int32_t a, b, c;
-    int64_t bad_row;  // the row computed as empty (-1: none)
-  };
-  const std::vector<Bad> bads = {
-      {"request", StatusCode::row_request_invalid, 2, 7, 2, 2},
-      {"row_len", StatusCode::row_len_invalid, 1, 21, 20, 1},
-      {"seq_len", StatusCode::seq_len_invalid, 1, 999, int32_t(table_keys), 1},
-      {"page", StatusCode::page_id_out_of_range, 0, 1, -3, -1},
-      {"width", StatusCode::row_past_scores, 0, 40, 30, -1}};
-  for (const Bad& b : bads) {
-    SdsaCase m = make();
-    int64_t w = width;
-    if (b.what == "request") m.requests.data<int32_t>()[2] = 7;
-    if (b.what == "row_len") m.row_lens.data<int32_t>()[1] = 21;
-    if (b.what == "seq_len") m.lens.data<int32_t>()[1] = 999;
-    if (b.what == "page") m.table.data<int32_t>()[1] = -3;  // request 0, column 1: keys 16-31
-    if (b.what == "width") w = 30;
-    const DevCase d = upload(m, s);
-    HostTensor like(DType::f32, {3, w});
-    const DeviceTensor out = device_like(like, s);
-    const Status st(s);
-    IndexerScoresArgs g;
-    g.rows = d.rows;
-    g.cache = d.cache;
-    g.scores = out.t;
-    g.status = st.t;
-    indexer_scores(g, s);
-    expect_status(st.read(s), b.code, b.a, b.b, b.c);
-    EXPECT_THROW(check_status(st.t, s), Error) << b.what;
-    const auto got = bits_of(download<float>(out, like, s));
-    for (int64_t t = 0; t < 3; ++t)
-      for (int64_t j = 0; j < w; ++j) {
-        const uint32_t v = got[size_t(t * w + j)];
-        if (b.what == "page" && m.requests.data<int32_t>()[t] == 0 && j >= 16 && j < 32 &&
-            j < c.row_len(t)) {
-          EXPECT_TRUE(std::isnan(codec::bits_float(v))) << "a key of the bad page scores NaN";
-          continue;
+  // bf16 (the fp64 chain), and NVFP4 queries over NVFP4 keys at D = 128 with pages of 16 (the
+  // exact path's page runs by the bulk copy engine).
+  for (const bool fp4 : {false, true}) {
+    SCOPED_TRACE(fp4 ? "nvfp4, D 128" : "bf16, D 32");
+    sh.dim = fp4 ? 128 : 32;
+    sh.fp4_keys = sh.fp4_query = fp4;
+    // Row 0 sees all 40 keys of request 0 (past the narrow width below), row 2 at most 25.
+    const auto make = [&sh] {
+      SdsaCase x = make_sdsa_case(sh, 3);
+      x.row_lens.data<int32_t>()[0] = 40;
+      x.row_lens.data<int32_t>()[2] = std::min(x.row_lens.data<int32_t>()[2], 25);
+      return x;
+    };
+    const SdsaCase c = make();
+    const int64_t width = 48, table_keys = c.table.t.shape[1] * sh.page_size;
+    HostTensor ref(DType::f32, {3, width});
+    IndexerScoresArgs ra;
+    ra.rows = c.rows();
+    ra.cache = c.cache();
+    ra.scores = ref.t;
+    indexer_scores(ra);
+    struct Bad {
+      std::string what;
+      StatusCode code;
+      int32_t a, b, c;
+      int64_t bad_row;  // the row computed as empty (-1: none)
+    };
+    const std::vector<Bad> bads = {
+        {"request", StatusCode::row_request_invalid, 2, 7, 2, 2},
+        {"row_len", StatusCode::row_len_invalid, 1, 21, 20, 1},
+        {"seq_len", StatusCode::seq_len_invalid, 1, 999, int32_t(table_keys), 1},
+        {"page", StatusCode::page_id_out_of_range, 0, 1, -3, -1},
+        {"width", StatusCode::row_past_scores, 0, 40, 30, -1}};
+    for (const Bad& b : bads) {
+      SdsaCase m = make();
+      int64_t w = width;
+      if (b.what == "request") m.requests.data<int32_t>()[2] = 7;
+      if (b.what == "row_len") m.row_lens.data<int32_t>()[1] = 21;
+      if (b.what == "seq_len") m.lens.data<int32_t>()[1] = 999;
+      if (b.what == "page") m.table.data<int32_t>()[1] = -3;  // request 0, column 1: keys 16-31
+      if (b.what == "width") w = 30;
+      const DevCase d = upload(m, s);
+      HostTensor like(DType::f32, {3, w});
+      const DeviceTensor out = device_like(like, s);
+      const Status st(s);
+      IndexerScoresArgs g;
+      g.rows = d.rows;
+      g.cache = d.cache;
+      g.scores = out.t;
+      g.status = st.t;
+      indexer_scores(g, s);
+      expect_status(st.read(s), b.code, b.a, b.b, b.c);
+      EXPECT_THROW(check_status(st.t, s), Error) << b.what;
+      const auto got = bits_of(download<float>(out, like, s));
+      for (int64_t t = 0; t < 3; ++t)
+        for (int64_t j = 0; j < w; ++j) {
+          const uint32_t v = got[size_t(t * w + j)];
+          if (b.what == "page" && m.requests.data<int32_t>()[t] == 0 && j >= 16 && j < 32 &&
+              j < c.row_len(t)) {
+            EXPECT_TRUE(std::isnan(codec::bits_float(v))) << "a key of the bad page scores NaN";
+            continue;
+          }
+          const float want = t == b.bad_row ? -kInf : ref.data<float>()[t * width + j];
+          EXPECT_EQ(v, bits_of({want})[0]) << b.what << " row " << t << " column " << j;
         }
-        const float want = t == b.bad_row ? -kInf : ref.data<float>()[t * width + j];
-        EXPECT_EQ(v, bits_of({want})[0]) << b.what << " row " << t << " column " << j;
+      // The select skips the same rows: no store write for them; with a -inf threshold every key
+      // of the others is a candidate.
+      HostTensor cand(DType::i32, {3, 64, 2}), ties(DType::i32, {3, 4}), counts(DType::i32, {3, 3}),
+          thr(DType::f32, {3});
+      std::memset(counts.data<int32_t>(), 0, counts.bytes());
+      for (int t = 0; t < 3; ++t) thr.data<float>()[t] = -kInf;
+      const DeviceTensor dcand = device_like(cand, s), dties = device_like(ties, s),
+                         dcounts = to_device(counts, s), dthr = to_device(thr, s);
+      const Status st2(s);
+      indexer_threshold_select(select_args(d, dthr, dcand, dties, dcounts, st2.t), s);
+      if (b.code == StatusCode::row_past_scores)  // the select writes no scores: nothing to flag
+        EXPECT_EQ(st2.read(s)[0], 0);
+      else
+        expect_status(st2.read(s), b.code, b.a, b.b, b.c);
+      const auto gcounts = download<int32_t>(dcounts, counts, s);
+      const auto gcand = download<int32_t>(dcand, cand, s);
+      for (int64_t t = 0; t < 3; ++t) {
+        const int32_t n = t == b.bad_row ? 0 : c.row_len(t);
+        EXPECT_EQ(gcounts[size_t(3 * t)], n) << b.what << " row " << t;
+        for (int64_t i = n; i < 64; ++i) EXPECT_EQ(gcand[size_t((t * 64 + i) * 2)], -1) << b.what;
       }
-    // The select skips the same rows: no store write for them; with a -inf threshold every key
-    // of the others is a candidate.
-    HostTensor cand(DType::i32, {3, 64, 2}), ties(DType::i32, {3, 4}), counts(DType::i32, {3, 3}),
-        thr(DType::f32, {3});
-    std::memset(counts.data<int32_t>(), 0, counts.bytes());
-    for (int t = 0; t < 3; ++t) thr.data<float>()[t] = -kInf;
-    const DeviceTensor dcand = device_like(cand, s), dties = device_like(ties, s),
-                       dcounts = to_device(counts, s), dthr = to_device(thr, s);
-    const Status st2(s);
-    indexer_threshold_select(select_args(d, dthr, dcand, dties, dcounts, st2.t), s);
-    if (b.code == StatusCode::row_past_scores)  // the select writes no scores: nothing to flag
-      EXPECT_EQ(st2.read(s)[0], 0);
-    else
-      expect_status(st2.read(s), b.code, b.a, b.b, b.c);
-    const auto gcounts = download<int32_t>(dcounts, counts, s);
-    const auto gcand = download<int32_t>(dcand, cand, s);
-    for (int64_t t = 0; t < 3; ++t) {
-      const int32_t n = t == b.bad_row ? 0 : c.row_len(t);
-      EXPECT_EQ(gcounts[size_t(3 * t)], n) << b.what << " row " << t;
-      for (int64_t i = n; i < 64; ++i) EXPECT_EQ(gcand[size_t((t * 64 + i) * 2)], -1) << b.what;
     }
   }
 }
