@@ -61,6 +61,16 @@ struct Status {
   std::vector<int32_t> read(cudaStream_t s) const { return buf.download<int32_t>(4, s); }
 };
 
+// indexer_scores over a device case into device scores.
+IndexerScoresArgs scores_args(const DevCase& d, const DeviceTensor& scores, const Tensor& status) {
+  IndexerScoresArgs g;
+  g.rows = d.rows;
+  g.cache = d.cache;
+  g.scores = scores.t;
+  g.status = status;
+  return g;
+}
+
 // The select over a device case and device stores.
 ThresholdSelectArgs select_args(const DevCase& d, const DeviceTensor& thresholds,
                                 const DeviceTensor& candidates, const DeviceTensor& ties,
@@ -132,11 +142,7 @@ TEST(SdsaScoresGpu, BitwiseEqualToCpu) {
     const DevCase d = upload(c, s);
     const DeviceTensor out = device_like(ref, s);
     const Status st(s);
-    IndexerScoresArgs g;
-    g.rows = d.rows;
-    g.cache = d.cache;
-    g.scores = out.t;
-    g.status = st.t;
+    const IndexerScoresArgs g = scores_args(d, out, st.t);
     for (int rep = 0; rep < 2; ++rep) {  // the second run overwrites with the same bits
       indexer_scores(g, s);
       ASSERT_NO_THROW(check_status(st.t, s));
@@ -511,12 +517,7 @@ TEST(SdsaGpu, BadValuesAreFlaggedAndSkipped) {
       HostTensor like(DType::f32, {3, w});
       const DeviceTensor out = device_like(like, s);
       const Status st(s);
-      IndexerScoresArgs g;
-      g.rows = d.rows;
-      g.cache = d.cache;
-      g.scores = out.t;
-      g.status = st.t;
-      indexer_scores(g, s);
+      indexer_scores(scores_args(d, out, st.t), s);
       expect_status(st.read(s), b.code, b.a, b.b, b.c);
       EXPECT_THROW(check_status(st.t, s), Error) << b.what;
       const auto got = bits_of(download<float>(out, like, s));
