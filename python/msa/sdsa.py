@@ -53,7 +53,9 @@ def indexer_scores(query: Any, key_cache: Any, block_table: Any, seq_lens: Any,
                    out: Any = None, stream: Any = None, check: Optional[bool] = None) -> Any:
     """``scores [T, max_len]`` f32: ``scores[t, j] = query[t] . key j`` of request
     ``row_requests[t]`` for ``j < L_t`` (``row_lens[t]``, else the request's ``seq_lens``),
-    ``-inf`` beyond, from the decoded values and rounded once to f32.
+    ``-inf`` beyond, from the decoded values and rounded once to f32 (an NVFP4 query over NVFP4
+    keys: the exact sum of the codes times the scales, then times both global scales, rounded
+    once to fp64 and once to f32; docs/semantics.md, SDSA indexer).
 
     ``query [T, D]`` bf16/f16 or NVFP4 (fp4x2 ``[T, D/2]`` with ``query_scale [T, D/16]`` e4m3,
     or a `QTensor`); ``key_cache [num_pages, page_size, D]`` likewise (``key_scale

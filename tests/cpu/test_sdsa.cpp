@@ -118,6 +118,19 @@ TEST(SdsaScores, E2m1ValueEqualsTheCodec) {
   }
 }
 
+// The integers of the exact NVFP4 score equal the codecs' values: twice every e2m1 value, and
+// every e4m3 byte's value times 2^9 (NaN bytes flagged).
+TEST(SdsaScores, ExactScoreIntegersEqualTheCodecs) {
+  for (uint32_t n = 0; n < 16; ++n)
+    EXPECT_EQ(double(sdsa::e2m1_halves(n)), 2.0 * codec::e2m1_to_float(uint8_t(n))) << n;
+  for (uint32_t b = 0; b < 256; ++b) {
+    bool nan = false;
+    const int32_t units = sdsa::e4m3_units(b, nan);
+    EXPECT_EQ(nan, std::isnan(ref_e4m3_decode(uint8_t(b)))) << b;
+    if (!nan) EXPECT_EQ(std::ldexp(double(units), -9), ref_e4m3_decode(uint8_t(b))) << b;
+  }
+}
+
 // Scores of NVFP4 keys and queries are the exact dot product of the values the test's own codecs
 // decode, times the global scales, rounded once to fp64 and once to f32 (docs/semantics.md); NaN
 // where a scale byte of the query or the key is NaN. D = 80 (five groups), odd global scales.
