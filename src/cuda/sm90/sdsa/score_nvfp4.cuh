@@ -233,4 +233,27 @@ inline int score_mode(const RowsView& r, const CacheView& c, KeyFormat f) {
   return c.vec16 ? kNvfp4Vec : kNvfp4;
 }
 
+// The (key format, scoring mode) pair a kernel is instantiated for.
+template <KeyFormat F, int M>
+struct Variant {
+  static constexpr KeyFormat kFormat = F;
+  static constexpr int kMode = M;
+};
+
+// launch(Variant<format, mode>{}) for the call's key format and scoring mode: the dispatch of the
+// scores and select launches.
+template <class Launch>
+void with_variant(const RowsView& r, const CacheView& c, KeyFormat f, Launch&& launch) {
+  switch (score_mode(r, c, f)) {
+    case kNvfp4: return launch(Variant<KeyFormat::nvfp4, kNvfp4>{});
+    case kNvfp4Vec: return launch(Variant<KeyFormat::nvfp4, kNvfp4Vec>{});
+    default: break;
+  }
+  switch (f) {
+    case KeyFormat::bf16: return launch(Variant<KeyFormat::bf16, kChain>{});
+    case KeyFormat::f16: return launch(Variant<KeyFormat::f16, kChain>{});
+    case KeyFormat::nvfp4: return launch(Variant<KeyFormat::nvfp4, kChain>{});
+  }
+}
+
 }  // namespace msa::cuda::sdsa_sm90

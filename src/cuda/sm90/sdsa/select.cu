@@ -71,16 +71,9 @@ void launch(const SelectParams& p, cudaStream_t stream) {
 
 void launch_select(const SelectParams& p, KeyFormat f, cudaStream_t stream) {
   if (p.rows.rows == 0) return;
-  switch (score_mode(p.rows, p.cache, f)) {
-    case kNvfp4: return launch<KeyFormat::nvfp4, kNvfp4>(p, stream);
-    case kNvfp4Vec: return launch<KeyFormat::nvfp4, kNvfp4Vec>(p, stream);
-    default: break;
-  }
-  switch (f) {
-    case KeyFormat::bf16: return launch<KeyFormat::bf16, kChain>(p, stream);
-    case KeyFormat::f16: return launch<KeyFormat::f16, kChain>(p, stream);
-    case KeyFormat::nvfp4: return launch<KeyFormat::nvfp4, kChain>(p, stream);
-  }
+  with_variant(p.rows, p.cache, f, [&](auto v) {
+    launch<decltype(v)::kFormat, decltype(v)::kMode>(p, stream);
+  });
 }
 
 }  // namespace msa::cuda::sdsa_sm90
