@@ -37,3 +37,33 @@ def gpu_op():
         if _MISSING.search(str(e)):
             pytest.skip(str(e))
         raise
+
+
+def runs_without_sync_and_captures(plan, q, k, v):
+    """Calls plan() and runs the plan twice with torch's sync debug mode set to error, then
+    checks that a CUDA graph of run() replays the eager result, also after q changes. For the
+    plan / run wrappers (BlockSparseAttention, VariableBlockSparseAttention); the caller warms
+    up first (status buffer, kernels)."""
+    import torch
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        wrapper = plan()
+        eager = wrapper.run(q, k, v)
+        again = wrapper.run(q, k, v)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.equal(eager, again)
+    out = torch.empty_like(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        wrapper.run(q, k, v, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, wrapper.run(q, k, v))
+    msa.check_status()

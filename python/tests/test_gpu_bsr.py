@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import msa
-from gpu_env import gpu_op, require_gpu
+from gpu_env import gpu_op, require_gpu, runs_without_sync_and_captures
 from np_reference import random_blocks, to_bsr
 
 torch = require_gpu()
@@ -81,34 +81,8 @@ def test_plan_and_run_do_not_sync_and_run_captures():
     with gpu_op():
         _plan(ip, ix, M, N, R, C, topk=topk).run(q, k, v)   # warm-up: status buffer, kernels
     torch.cuda.synchronize()
-    _runs_without_sync_and_captures(lambda: _plan(ip, ix, M, N, R, C, topk=topk, causal=True),
+    runs_without_sync_and_captures(lambda: _plan(ip, ix, M, N, R, C, topk=topk, causal=True),
                                     q, k, v)
-
-
-def _runs_without_sync_and_captures(plan, q, k, v):
-    """Calls plan() and runs the plan twice with torch's sync debug mode set to error, then
-    checks that a CUDA graph of run() replays the eager result, also after q changes."""
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        bsa = plan()
-        eager = bsa.run(q, k, v)
-        again = bsa.run(q, k, v)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert torch.equal(eager, again)
-    out = torch.empty_like(q)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        bsa.run(q, k, v, out=out)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
-    q.copy_(torch.randn_like(q))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, bsa.run(q, k, v))
-    msa.check_status()
 
 
 def _element_mask(seed, indptr, indices, R, C, M):
@@ -191,7 +165,7 @@ def test_element_mask_run_does_not_sync_and_captures():
                     mask=_on_gpu(emask))
         bsa.run(q, k, v)   # warm-up: status buffer, kernels, the workspace (with the mask bits)
     torch.cuda.synchronize()
-    _runs_without_sync_and_captures(lambda: bsa, q, k, v)
+    runs_without_sync_and_captures(lambda: bsa, q, k, v)
 
 
 def test_invalid_device_matrix_is_reported_by_the_q2k_checks():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import msa
-from gpu_env import gpu_op, require_gpu
+from gpu_env import gpu_op, require_gpu, runs_without_sync_and_captures
 from np_reference import random_sizes
 
 torch = require_gpu()
@@ -89,27 +89,7 @@ def test_plan_and_run_do_not_sync_and_run_captures():
     with gpu_op():
         _plan(m, r, c, **kw).run(q, k, v)          # warm-up: status buffer, kernels
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        vsa = _plan(m, r, c, causal=True, **kw)
-        eager = vsa.run(q, k, v)
-        again = vsa.run(q, k, v)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert torch.equal(eager, again)
-    out = torch.empty_like(q)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        vsa.run(q, k, v, out=out)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
-    q.copy_(torch.randn_like(q))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, vsa.run(q, k, v))
-    msa.check_status()
+    runs_without_sync_and_captures(lambda: _plan(m, r, c, causal=True, **kw), q, k, v)
 
 
 @pytest.mark.parametrize("cols", [[[100, 156]], [[128, 64]], [[128, -128, 256]]])
