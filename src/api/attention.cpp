@@ -114,14 +114,7 @@ Checked check_attention_args(const AttentionArgs& a) {
     api::check_k2q_index(a.k2q, "k2q", a.kv, s, device);
   }
   const Tensor& out = a.out;
-  check_defined(out, "out");
-  const DType out_dtype = api::attention_out_dtype(a.q.dtype);
-  MSA_CHECK(out.dtype == out_dtype, "out: dtype must be ", dtype_name(out_dtype), " for ",
-            dtype_name(a.q.dtype), " q, got ", dtype_name(out.dtype));
-  check_shape(out, "out", {s.total_q, s.num_q_heads, s.head_dim});
-  check_last_dim_contiguous(out, "out");
-  MSA_CHECK(out.device == device, "out: must be on ", device_name(device), ", got ",
-            device_name(out.device));
+  api::check_attention_out(out, a.q.dtype, s, device);
   if (a.lse.defined()) check_row_stat(a.lse, "lse", s, device);
   if (a.tlse.defined()) check_row_stat(a.tlse, "tlse", s, device);
   const KeyMaskRows rows = check_visibility_args(a, s, device);

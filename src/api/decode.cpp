@@ -127,16 +127,8 @@ void check_cuda_run_args(const AttentionArgs& a, int64_t kv_block_size) {
             "k2q: CUDA decode reads q2k directly; leave the k2q index empty");
   api::refuse_cpu_only_attention(a, "decode");
   if (a.q2k.defined()) api::check_q2k(a.q2k, s, device);
-  const Tensor& out = a.out;
-  check_defined(out, "out");
-  const DType out_dtype = api::attention_out_dtype(a.q.dtype);
-  MSA_CHECK(out.dtype == out_dtype, "out: dtype must be ", dtype_name(out_dtype), " for ",
-            dtype_name(a.q.dtype), " q, got ", dtype_name(out.dtype));
-  check_shape(out, "out", {s.total_q, s.num_q_heads, s.head_dim});
-  check_last_dim_contiguous(out, "out");
-  api::check_row_alignments(a.q, a.kv.k.values, a.kv.v.values, out);
-  MSA_CHECK(out.device == device, "out: must be on ", device_name(device), ", got ",
-            device_name(out.device));
+  api::check_attention_out(a.out, a.q.dtype, s, device);
+  api::check_row_alignments(a.q, a.kv.k.values, a.kv.v.values, a.out);
   if (a.lse.defined()) {
     check_dtype(a.lse, "lse", {DType::f32});
     check_shape(a.lse, "lse", {s.num_q_heads, s.total_q});

@@ -11,6 +11,17 @@
 
 namespace msa::api {
 
+void check_attention_out(const Tensor& out, DType q, const ProblemShape& s, Device device) {
+  check_defined(out, "out");
+  const DType out_dtype = attention_out_dtype(q);
+  MSA_CHECK(out.dtype == out_dtype, "out: dtype must be ", dtype_name(out_dtype), " for ",
+            dtype_name(q), " q, got ", dtype_name(out.dtype));
+  check_shape(out, "out", {s.total_q, s.num_q_heads, s.head_dim});
+  check_last_dim_contiguous(out, "out");
+  MSA_CHECK(out.device == device, "out: must be on ", device_name(device), ", got ",
+            device_name(out.device));
+}
+
 void check_cu_seqlens(const Tensor& cu, const char* name, int64_t batch, int64_t total,
                       Device device) {
   check_defined(cu, name);

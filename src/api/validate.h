@@ -29,6 +29,10 @@ int64_t logical_last_dim(const Tensor& t, const char* name);
 // Attention's output dtype for a query dtype: q's own, bf16 for fp8_e4m3 queries.
 inline DType attention_out_dtype(DType q) { return q == DType::fp8_e4m3 ? DType::bf16 : q; }
 
+// Attention's and decode's `out`: defined, attention_out_dtype(q), [total_q, Hq, D], last dim
+// contiguous, on `device`.
+void check_attention_out(const Tensor& out, DType q, const ProblemShape& s, Device device);
+
 // The values of a host QTensor's FP8 scales: each finite and >= 0 (a NaN or infinite scale turns
 // every score it touches into NaN; a negative one flips them, which no quantizer produces); an
 // NVFP4 global scale (a host float, whatever the device) finite and > 0. Device scales are the
