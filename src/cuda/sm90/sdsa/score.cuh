@@ -29,7 +29,6 @@ namespace msa::cuda::sdsa_sm90 {
 
 constexpr int kThreads = 128;      // threads of a scoring block
 constexpr int kKeysPerThread = 2;  // independent dot products a thread interleaves
-constexpr int kTileKeys = kThreads * kKeysPerThread;
 
 // The request and the key count of query row t; a value out of range is flagged (when `report`)
 // and gives an empty row, so nothing is read through it.
@@ -123,6 +122,23 @@ __device__ __forceinline__ void locate_keys(const CacheView& c, int32_t b, const
   }
 }
 
+// The 8 code bytes of NVFP4 group g of a key row as two words (element 2i in the low nibble of
+// byte i): one 8-byte load when the rows are 8-byte aligned (c.vec), else bytes.
+__device__ __forceinline__ void load_group(const CacheView& c, const uint8_t* row, int g,
+                                           uint32_t& lo, uint32_t& hi) {
+  if (c.vec) {
+    const uint2 w = *reinterpret_cast<const uint2*>(row + g * 8);
+    lo = w.x;
+    hi = w.y;
+    return;
+  }
+  lo = hi = 0u;
+  for (int i = 0; i < 4; ++i) {
+    lo |= uint32_t(row[g * 8 + i]) << (8 * i);
+    hi |= uint32_t(row[g * 8 + 4 + i]) << (8 * i);
+  }
+}
+
 template <KeyFormat F>
 __device__ __forceinline__ double key_value(uint16_t h) {
   return double(F == KeyFormat::bf16 ? codec::bf16_to_float(h) : codec::f16_to_float(h));
@@ -154,16 +170,7 @@ __device__ __forceinline__ void score_keys(const double* q, const CacheView& c, 
         lo[n] = hi[n] = 0;
         if (!live[n]) continue;
         step[n] = __dmul_rn(double(codec::e4m3_to_float(scalep[n][g])), double(c.global_scale));
-        if (c.vec) {
-          const uint2 w = *reinterpret_cast<const uint2*>(rowp[n] + g * 8);
-          lo[n] = w.x;
-          hi[n] = w.y;
-        } else {
-          for (int i = 0; i < 4; ++i) {
-            lo[n] |= uint32_t(rowp[n][g * 8 + i]) << (8 * i);
-            hi[n] |= uint32_t(rowp[n][g * 8 + 4 + i]) << (8 * i);
-          }
-        }
+        load_group(c, rowp[n], g, lo[n], hi[n]);
       }
 #pragma unroll
       for (int i = 0; i < 16; ++i) {

@@ -25,7 +25,7 @@ constexpr int keys_per_thread(int mode) { return mode == kChain ? kKeysPerThread
 // Row t's NVFP4 query in shared memory: per 8 elements (one 32-bit word of codes) the h of
 // elements 0-3 and 4-7 as int8 bytes, then their negations; per group E(scale); E of every e4m3
 // byte (a table: 1 shared load a group instead of 8 integer operations on the ALU pipe, this
-// path's busiest; NaN bytes read 0 and are detected on the bytes); a NaN flag.
+// path's busiest; NaN bytes are detected on the bytes); a NaN flag.
 struct QueryNvfp4 {
   const uint4* chunks;   // [D / 8]
   const int32_t* units;  // [D / 16]
@@ -64,8 +64,8 @@ __device__ __forceinline__ int decode_query_nvfp4(const RowsView& r, int64_t t, 
   uint4* chunks = reinterpret_cast<uint4*>(table + 256);
   int32_t* units = reinterpret_cast<int32_t*>(chunks + dim / 8);
   for (int b = threadIdx.x; b < 256; b += blockDim.x) {
-    bool unused = false;
-    table[b] = (b & 0x7f) == 0x7f ? 0 : sdsa::e4m3_units(uint32_t(b), unused);
+    bool unused = false;  // a NaN byte's entry is never used: the score is NaN
+    table[b] = sdsa::e4m3_units(uint32_t(b), unused);
   }
   for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) {
     uint32_t pos[2] = {0u, 0u}, neg[2] = {0u, 0u};
@@ -102,9 +102,8 @@ __device__ __forceinline__ int32_t chunk_dot(uint32_t w, const uint4& q, int32_t
   return acc;
 }
 
-
 // S += I_g * E(q scale) * E(k scale) for group g with key code words lo, hi and key scale byte
-// (a NaN byte adds 0; the caller detects it).
+// (the caller detects NaN bytes, which make the score NaN whatever S is).
 __device__ __forceinline__ void add_group(const QueryNvfp4& q, int g, uint32_t lo, uint32_t hi,
                                           uint32_t kscale, int64_t& acc) {
   const int32_t i = chunk_dot(hi, q.chunks[2 * g + 1], chunk_dot(lo, q.chunks[2 * g], 0));
@@ -158,17 +157,8 @@ __device__ __forceinline__ void score_keys_nvfp4(const QueryNvfp4& q, float glob
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         if (!live[n]) continue;
-        uint32_t lo = 0u, hi = 0u;
-        if (c.vec) {
-          const uint2 w = *reinterpret_cast<const uint2*>(rowp[n] + g * 8);
-          lo = w.x;
-          hi = w.y;
-        } else {
-          for (int i = 0; i < 4; ++i) {
-            lo |= uint32_t(rowp[n][g * 8 + i]) << (8 * i);
-            hi |= uint32_t(rowp[n][g * 8 + 4 + i]) << (8 * i);
-          }
-        }
+        uint32_t lo, hi;
+        load_group(c, rowp[n], g, lo, hi);
         nan[n] |= e4m3_nan_bytes(scalep[n][g]);
         add_group(q, g, lo, hi, scalep[n][g], acc[n]);
       }
