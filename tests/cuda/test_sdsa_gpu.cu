@@ -102,10 +102,14 @@ SdsaCase random_case(uint32_t seed, bool small) {
   const int64_t page_sizes[] = {16, 32, 64, 128, 256};
   sh.page_size = page_sizes[seed % 5];
   // NVFP4 queries over NVFP4 keys (seed % 4 == 1) score exactly, by 16-byte loads when D % 64 == 0
-  // and by the byte path at D = 48.
+  // and by the byte path at D = 48. At D = 128 (the SDSA-SELECT shape) also pages of 8 and rows of
+  // a few thousand keys, so that a row spans many blocks and pages.
   const int64_t both_fp4_dims[] = {128, 64, 48};
   sh.dim = seed % 4 == 3 ? 128 : seed % 4 == 2 ? 32 : seed % 4 == 1 ? both_fp4_dims[seed / 4 % 3] : 64;
-  const int max_len = small ? 300 : 1500;
+  const bool long_exact = seed % 4 == 1 && sh.dim == 128;
+  const int64_t long_pages[] = {8, 256, 32, 16};
+  if (long_exact) sh.page_size = long_pages[seed / 12 % 4];
+  const int max_len = long_exact ? (small ? 2600 : 6000) : small ? 300 : 1500;
   const int batch = 1 + int(rng() % 4);
   for (int b = 0; b < batch; ++b)
     sh.seq_lens.push_back(rng() % 5 == 0 ? 0 : int32_t(1 + rng() % max_len));
