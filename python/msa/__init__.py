@@ -26,6 +26,7 @@ from .sdsa import (gather_key_sample, indexer_scores, indexer_threshold_select,
 from .sparse_convert import (Q2KSelection, block_mask_to_q2k, bsr_mask_to_q2k, bsr_to_k2q,
                              bsr_to_q2k, k2q_to_bsr, q2k_indices_to_q2k, q2k_to_block_mask,
                              q2k_to_bsr)
+from .token_sparse import GroupUnion, group_union_masks, token_sparse_kv_indices
 from .varblock import VariableBlockSparseAttention
 
 # Registers the torch custom ops (torch.ops.msa.*) before torch.compile traces a caller.
@@ -49,17 +50,18 @@ def cuda_device_count() -> int:
     return _C.cuda_device_count()
 
 
-__all__ = ["BlockSparseAttention", "DTYPES", "DecodePlan", "K2QIndex", "MsaError", "Q2KSelection", "QTensor", "Typed",
+__all__ = ["BlockSparseAttention", "DTYPES", "DecodePlan", "GroupUnion", "K2QIndex", "MsaError", "Q2KSelection", "QTensor", "Typed",
            "attention_batched", "attention_forward", "attention_workspace_bytes",
            "block_mask_to_q2k", "block_scores",
            "block_topk", "bsr_mask_to_q2k", "bsr_to_k2q", "bsr_to_q2k", "build_k2q_csr",
            "built_with_cuda",
            "check_status", "cmake_dir", "cuda_device_count", "dequantize", "gather_key_sample",
-           "include_dir", "indexer_scores", "indexer_threshold_select",
+           "group_union_masks", "include_dir", "indexer_scores", "indexer_threshold_select",
            "k2q_to_bsr", "k2q_to_q2k", "mqa_logits", "paged_mqa_logits",
            "pipeline_workspace_bytes", "q2k_indices_to_q2k", "q2k_to_block_mask", "q2k_to_bsr",
            "q2k_to_k2q", "quantize", "quantize_write_index_qk_nvfp4", "reorder_fp4_scales",
            "reorder_fp4_scales_to_public",
-           "select_topk", "sparse_attention", "thresholds_from_sample", "token_topk",
+           "select_topk", "sparse_attention", "thresholds_from_sample", "token_sparse_kv_indices",
+           "token_topk",
            "top_k_from_candidates", "typed",
            "VariableBlockSparseAttention"]

@@ -1,0 +1,170 @@
+"""Input builders of token-sparse attention (seed 002's ``token_sparse_kv_indices`` and
+``group_union_masks``; docs/python.md, Token-sparse inputs): from each query row's selected key
+positions (a DeepSeek-style indexer's ``token_topk`` output, ``-1`` padded), the K/V cache slots
+of those keys, or a group of consecutive query rows' union of keys with each row's mask over it
+(the inputs of masked dense attention over the gathered union).
+
+Like the converters (sparse_convert.py) they run on the host with numpy: arrays on a GPU are
+copied to the host first (which waits for their stream), and the results are arrays of the
+input's framework on its device."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+from ._runtime import MsaError, count
+from .sparse_convert import _cdiv, _check_offsets, _host, _like, _np
+
+
+class GroupUnion(NamedTuple):
+    """`group_union_masks`' result. ``union`` int32 ``[..., num_groups, U]``: each group's
+    distinct key positions, ascending, ``-1`` padded; ``union_lens`` int32 ``[...,
+    num_groups]``; ``group_rows`` int32 ``[num_groups + 1]``: group g is query rows
+    ``[group_rows[g], group_rows[g + 1])``; ``mask`` ``[..., rows, U]`` bool (or uint8
+    ``[..., rows, ceil(U / 8)]``, bit ``i % 8`` of byte ``i // 8``, with ``packed=True``): row
+    t's entry i is set iff row t selected ``union[group of t, i]``."""
+
+    union: Any
+    union_lens: Any
+    group_rows: Any
+    mask: Any
+
+
+def _positions(positions: Any) -> Any:
+    """positions as host int64 [..., rows, K] (2 or 3 dims)."""
+    return _host(positions, "positions", (2, 3), "[rows, K] or [Hkv, rows, K]")
+
+
+def _check_rows(p: Any, limit: Any = None, where: str = "") -> None:
+    """Every row of p ([..., rows, K]) holds -1 or distinct positions >= 0, below limit[row]
+    when given."""
+    np = _np()
+    if limit is None:
+        bad = p < -1
+    else:
+        lim = np.broadcast_to(np.asarray(limit, dtype=np.int64)[..., None], p.shape)
+        bad = (p < -1) | ((p >= 0) & (p >= lim))
+    if bad.any():
+        i = tuple(int(x) for x in np.argwhere(bad)[0])
+        rng = ">= 0" if limit is None else f"in [0, {int(lim[i])}) ({where})"
+        raise MsaError(f"positions{list(i)} = {int(p[i])}: must be -1 or a key position {rng}")
+    s = np.sort(np.where(p < 0, -1 - np.arange(p.shape[-1]), p), axis=-1)
+    dup = (s[..., 1:] == s[..., :-1]) & (s[..., 1:] >= 0)
+    if dup.any():
+        i = tuple(int(x) for x in np.argwhere(dup)[0])
+        raise MsaError(f"positions{list(i[:-1])}: key position {int(s[i])} is listed twice")
+
+
+def token_sparse_kv_indices(positions: Any, requests: Any, block_table: Any, page_size: int, *,
+                            seq_lens: Any = None) -> Any:
+    """The paged K/V cache slots of the keys each query row selected.
+
+    ``positions`` int ``[rows, K]`` (or ``[Hkv, rows, K]``): key positions in the row's request,
+    ``-1`` for an unused entry, in any order, none repeated in a row; ``requests`` int
+    ``[rows]``: row t's request; ``block_table`` int ``[B, W]``: the pages of each request, as
+    paged attention takes it; ``seq_lens`` int ``[B]`` (optional): positions must be below their
+    request's length, else below ``W * page_size``. Returns int32 of positions' shape:
+    ``block_table[b, p // page_size] * page_size + p % page_size`` for each position p of a row of
+    request b (the key's slot in a pool of ``num_pages * page_size`` slots), ``-1`` where p is
+    ``-1``. A position out of range, a repeat, a request outside ``[0, B)`` or a negative page id
+    under a used position is an `MsaError` naming it."""
+    np = _np()
+    ps = count(page_size, "page_size", lo=1)
+    p = _positions(positions)
+    req = _host(requests, "requests", (1,), "[rows]")
+    table = _host(block_table, "block_table", (2,), "[B, W]")
+    rows, (batch, width) = p.shape[-2], table.shape
+    if req.shape[0] != rows:
+        raise MsaError(f"requests: must have one entry per row of positions ({rows}), "
+                       f"got {req.shape[0]}")
+    if rows and (req.min() < 0 or req.max() >= batch):
+        t = int(np.argmax((req < 0) | (req >= batch)))
+        raise MsaError(f"requests[{t}] = {int(req[t])}: must be in [0, {batch}) (the requests "
+                       "of block_table)")
+    if seq_lens is not None:
+        lens = _host(seq_lens, "seq_lens", (1,), "[B]")
+        if lens.shape[0] != batch:
+            raise MsaError(f"seq_lens: must have one entry per request of block_table ({batch}), "
+                           f"got {lens.shape[0]}")
+        if batch and (lens.min() < 0 or lens.max() > width * ps):
+            b = int(np.argmax((lens < 0) | (lens > width * ps)))
+            raise MsaError(f"seq_lens[{b}] = {int(lens[b])}: must be in [0, {width * ps}] "
+                           f"(block_table's {width} pages of {ps})")
+        limit, where = lens[req], "below seq_lens of the row's request"
+    else:
+        limit, where = np.full(rows, width * ps), f"block_table's {width} pages of {ps}"
+    _check_rows(p, limit, where)
+    used = p >= 0
+    q = np.where(used, p, 0)
+    page = table[np.broadcast_to(req[:, None], p.shape), q // ps]
+    if (used & (page < 0)).any():
+        i = tuple(int(x) for x in np.argwhere(used & (page < 0))[0])
+        b, col = int(req[i[-2]]), int(q[i] // ps)
+        raise MsaError(f"block_table[{b}, {col}] = {int(page[i])}: the page of positions"
+                       f"{list(i)} = {int(p[i])} must be a page id >= 0")
+    slots = np.where(used, page * ps + q % ps, -1)
+    if slots.size and slots.max() > np.iinfo(np.int32).max:
+        raise MsaError("block_table: a slot index does not fit int32 (page id x page_size)")
+    return _like(positions, slots.astype(np.int32))
+
+
+def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
+                      max_union: Optional[int] = None, packed: bool = False) -> GroupUnion:
+    """Groups of consecutive query rows, the union of the key positions each group selected, and
+    each row's mask over its group's union: masked dense attention of a group's rows over the
+    gathered union keys computes the token-sparse attention of ``positions``.
+
+    ``positions`` int ``[rows, K]`` (or ``[Hkv, rows, K]``, one union per kv head): each row's
+    key positions in its request, ``-1`` for unused entries, in any order, none repeated in a
+    row; ``cu_seqlens_q`` int ``[B + 1]``: the requests' rows (``cu_seqlens_q[-1] = rows``);
+    ``group_size`` >= 1: a request's rows form groups of ``group_size`` from its first row (its
+    last group may be shorter; a group never spans two requests). U is the largest union, or
+    ``max_union`` when given (a larger union is then an `MsaError`). Returns a `GroupUnion`."""
+    np = _np()
+    g = count(group_size, "group_size", lo=1)
+    p = _positions(positions)
+    cu = _host(cu_seqlens_q, "cu_seqlens_q", (1,), "[B + 1]")
+    rows = p.shape[-2]
+    if cu.shape[0] < 1:
+        raise MsaError("cu_seqlens_q: must have B + 1 >= 1 entries")
+    _check_offsets(cu, "cu_seqlens_q", lambda i: f"cu_seqlens_q[{i}]")
+    if int(cu[-1]) != rows:
+        raise MsaError(f"cu_seqlens_q[-1] = {int(cu[-1])}: must equal the rows of positions "
+                       f"({rows})")
+    _check_rows(p)
+    starts = [s for b in range(cu.shape[0] - 1) for s in range(int(cu[b]), int(cu[b + 1]), g)]
+    group_rows = np.array(starts + [rows], dtype=np.int64)
+    heads = p.reshape((int(np.prod(p.shape[:-2])), rows, p.shape[-1]))
+    unions = [[np.unique(h[group_rows[i]:group_rows[i + 1]])
+               for i in range(len(starts))] for h in heads]
+    unions = [[u[u >= 0] for u in hu] for hu in unions]
+    largest = max((len(u) for hu in unions for u in hu), default=0)
+    if max_union is not None:
+        cap = count(max_union, "max_union", lo=0)
+        if largest > cap:
+            raise MsaError(f"max_union = {cap}: a group's union has {largest} keys")
+        width = cap
+    else:
+        width = largest
+    union = np.full((len(heads), len(starts), width), -1, dtype=np.int64)
+    lens = np.zeros((len(heads), len(starts)), dtype=np.int64)
+    mask = np.zeros((len(heads), rows, width), dtype=bool)
+    for h, hu in enumerate(unions):
+        for i, u in enumerate(hu):
+            union[h, i, :len(u)] = u
+            lens[h, i] = len(u)
+            r0, r1 = int(group_rows[i]), int(group_rows[i + 1])
+            if len(u):
+                sel = heads[h, r0:r1]
+                where = np.searchsorted(u, np.where(sel >= 0, sel, 0))
+                rr = np.broadcast_to(np.arange(r1 - r0)[:, None], sel.shape)
+                mask[h, r0 + rr[sel >= 0], where[sel >= 0]] = True
+    lead = p.shape[:-2]
+    union = union.reshape(lead + union.shape[1:]).astype(np.int32)
+    lens = lens.reshape(lead + lens.shape[1:]).astype(np.int32)
+    mask = mask.reshape(lead + mask.shape[1:])
+    if packed:  # [..., rows, ceil(U / 8)]
+        mask = np.packbits(mask, axis=-1, bitorder="little") if width else \
+            np.zeros(mask.shape[:-1] + (_cdiv(width, 8),), dtype=np.uint8)
+    return GroupUnion(_like(positions, union), _like(positions, lens),
+                      _like(positions, group_rows.astype(np.int32)), _like(positions, mask))
