@@ -102,9 +102,12 @@ def token_sparse_kv_indices(positions: Any, requests: Any, block_table: Any, pag
         b, col = int(req[i[-2]]), int(q[i] // ps)
         raise MsaError(f"block_table[{b}, {col}] = {int(page[i])}: the page of positions"
                        f"{list(i)} = {int(p[i])} must be a page id >= 0")
+    too_big = used & (page > (np.iinfo(np.int32).max - (ps - 1)) // ps)
+    if too_big.any():
+        i = tuple(int(x) for x in np.argwhere(too_big)[0])
+        raise MsaError(f"block_table: page id {int(page[i])} x page_size {ps} does not fit an "
+                       f"int32 slot index (positions{list(i)})")
     slots = np.where(used, page * ps + q % ps, -1)
-    if slots.size and slots.max() > np.iinfo(np.int32).max:
-        raise MsaError("block_table: a slot index does not fit int32 (page id x page_size)")
     return _like(positions, slots.astype(np.int32))
 
 
@@ -119,7 +122,8 @@ def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
     row; ``cu_seqlens_q`` int ``[B + 1]``: the requests' rows (``cu_seqlens_q[-1] = rows``);
     ``group_size`` >= 1: a request's rows form groups of ``group_size`` from its first row (its
     last group may be shorter; a group never spans two requests). U is the largest union, or
-    ``max_union`` when given (a larger union is then an `MsaError`). Returns a `GroupUnion`."""
+    ``max_union`` when given (at most ``group_size * K``; a larger union is then an
+    `MsaError`). Returns a `GroupUnion`."""
     np = _np()
     g = count(group_size, "group_size", lo=1)
     p = _positions(positions)
@@ -141,6 +145,9 @@ def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
     largest = max((len(u) for hu in unions for u in hu), default=0)
     if max_union is not None:
         cap = count(max_union, "max_union", lo=0)
+        if cap > g * p.shape[-1]:
+            raise MsaError(f"max_union = {cap}: at most group_size x K = {g * p.shape[-1]}, "
+                           "the largest union a group can have")
         if largest > cap:
             raise MsaError(f"max_union = {cap}: a group's union has {largest} keys")
         width = cap

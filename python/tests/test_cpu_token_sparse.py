@@ -71,6 +71,7 @@ def test_kv_indices_errors():
         (dict(seq_lens=np.array([2, 9], np.int32)), "seq_lens[1] = 9"),
         (dict(positions=np.array([[0.5]])), "positions: must be an integer array"),
         (dict(page_size=0), "page_size"),
+        (dict(page_size=2**30), "does not fit an int32 slot"),
     ]
     for change, message in cases:
         args = dict(positions=ok, requests=req, block_table=table, page_size=4)
@@ -108,12 +109,16 @@ def test_group_unions_and_masks(seed):
             for t in range(r0, r1):
                 mine = {int(x) for x in p3[h, t] if x >= 0}
                 assert {keys[j] for j in np.nonzero(mask[h, t])[0]} == mine
-    # max_union pads; too small is an error
-    more = msa.group_union_masks(torch.from_numpy(pos), torch.from_numpy(cu), g,
-                                 max_union=width + 3)
-    assert isinstance(more.union, torch.Tensor) and more.union.shape[-1] == width + 3
+    # max_union pads up to group_size x K (the largest union possible); past it, or below the
+    # largest union, it is an error
+    cap = g * pos.shape[-1]
+    more = msa.group_union_masks(torch.from_numpy(pos), torch.from_numpy(cu), g, max_union=cap)
+    assert isinstance(more.union, torch.Tensor) and more.union.shape[-1] == cap
+    assert torch.equal(more.union[..., :width], torch.from_numpy(res.union))
+    with pytest.raises(msa.MsaError, match="at most group_size x K"):
+        msa.group_union_masks(pos, cu, g, max_union=cap + 1)
     if width:
-        with pytest.raises(msa.MsaError, match="max_union"):
+        with pytest.raises(msa.MsaError, match="a group's union has"):
             msa.group_union_masks(pos, cu, g, max_union=width - 1)
 
 
