@@ -35,19 +35,15 @@ def _positions(positions: Any) -> Any:
     return _host(positions, "positions", (2, 3), "[rows, K] or [Hkv, rows, K]")
 
 
-def _check_rows(p: Any, limit: Any = None, where: str = "") -> None:
-    """Every row of p ([..., rows, K]) holds -1 or distinct positions >= 0, below limit[row]
-    when given."""
+def _check_rows(p: Any, limit: Any, where: str) -> None:
+    """Every row of p ([..., rows, K]) holds -1 or distinct positions in [0, limit[row])."""
     np = _np()
-    if limit is None:
-        bad = p < -1
-    else:
-        lim = np.broadcast_to(np.asarray(limit, dtype=np.int64)[..., None], p.shape)
-        bad = (p < -1) | ((p >= 0) & (p >= lim))
+    lim = np.broadcast_to(np.asarray(limit, dtype=np.int64)[..., None], p.shape)
+    bad = (p < -1) | ((p >= 0) & (p >= lim))
     if bad.any():
         i = tuple(int(x) for x in np.argwhere(bad)[0])
-        rng = ">= 0" if limit is None else f"in [0, {int(lim[i])}) ({where})"
-        raise MsaError(f"positions{list(i)} = {int(p[i])}: must be -1 or a key position {rng}")
+        raise MsaError(f"positions{list(i)} = {int(p[i])}: must be -1 or a key position in "
+                       f"[0, {int(lim[i])}) ({where})")
     s = np.sort(np.where(p < 0, -1 - np.arange(p.shape[-1]), p), axis=-1)
     dup = (s[..., 1:] == s[..., :-1]) & (s[..., 1:] >= 0)
     if dup.any():
@@ -135,7 +131,7 @@ def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
     if int(cu[-1]) != rows:
         raise MsaError(f"cu_seqlens_q[-1] = {int(cu[-1])}: must equal the rows of positions "
                        f"({rows})")
-    _check_rows(p)
+    _check_rows(p, np.full(rows, np.iinfo(np.int32).max), "int32 key positions")
     starts = [s for b in range(cu.shape[0] - 1) for s in range(int(cu[b]), int(cu[b + 1]), g)]
     group_rows = np.array(starts + [rows], dtype=np.int64)
     heads = p.reshape((int(np.prod(p.shape[:-2])), rows, p.shape[-1]))

@@ -130,6 +130,7 @@ def test_group_union_errors():
                           ((pos, np.array([0, 1], np.int32), 2), r"cu_seqlens_q\[-1\] = 1"),
                           ((pos, np.array([1, 2], np.int32), 2), "must start at 0"),
                           ((pos, cu, 0), "group_size"),
+                          ((np.array([[2**31, -1], [2, -1]], np.int64), cu, 2), "int32 key"),
                           ((pos[0], cu, 2), "positions: must be")]:
         with pytest.raises(msa.MsaError, match=message):
             msa.group_union_masks(*args)
