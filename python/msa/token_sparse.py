@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 from ._runtime import MsaError, count
-from .sparse_convert import _cdiv, _check_offsets, _host, _like, _np
+from .sparse_convert import _cdiv, _check_ids, _check_offsets, _host, _like, _np
 
 
 class GroupUnion(NamedTuple):
@@ -30,25 +30,13 @@ class GroupUnion(NamedTuple):
     mask: Any
 
 
-def _positions(positions: Any) -> Any:
-    """positions as host int64 [..., rows, K] (2 or 3 dims)."""
-    return _host(positions, "positions", (2, 3), "[rows, K] or [Hkv, rows, K]")
-
-
-def _check_rows(p: Any, limit: Any, where: str) -> None:
-    """Every row of p ([..., rows, K]) holds -1 or distinct positions in [0, limit[row])."""
-    np = _np()
-    lim = np.broadcast_to(np.asarray(limit, dtype=np.int64)[..., None], p.shape)
-    bad = (p < -1) | ((p >= 0) & (p >= lim))
-    if bad.any():
-        i = tuple(int(x) for x in np.argwhere(bad)[0])
-        raise MsaError(f"positions{list(i)} = {int(p[i])}: must be -1 or a key position in "
-                       f"[0, {int(lim[i])}) ({where})")
-    s = np.sort(np.where(p < 0, -1 - np.arange(p.shape[-1]), p), axis=-1)
-    dup = (s[..., 1:] == s[..., :-1]) & (s[..., 1:] >= 0)
-    if dup.any():
-        i = tuple(int(x) for x in np.argwhere(dup)[0])
-        raise MsaError(f"positions{list(i[:-1])}: key position {int(s[i])} is listed twice")
+def _positions(positions: Any, n: int, unit: str) -> Any:
+    """positions as host int64 [..., rows, K] (2 or 3 dims), each row -1 or distinct positions in
+    [0, n) (`unit` names the bound)."""
+    p = _host(positions, "positions", (2, 3), "[rows, K] or [Hkv, rows, K]")
+    _check_ids(p, n, "positions", lambda i: f"positions{list(i[:-1])}" + (
+        "" if i[-1] < 0 else f" entry {i[-1]}"), unit)
+    return p
 
 
 def token_sparse_kv_indices(positions: Any, requests: Any, block_table: Any, page_size: int, *,
@@ -66,10 +54,11 @@ def token_sparse_kv_indices(positions: Any, requests: Any, block_table: Any, pag
     under a used position is an `MsaError` naming it."""
     np = _np()
     ps = count(page_size, "page_size", lo=1)
-    p = _positions(positions)
-    req = _host(requests, "requests", (1,), "[rows]")
     table = _host(block_table, "block_table", (2,), "[B, W]")
-    rows, (batch, width) = p.shape[-2], table.shape
+    batch, width = table.shape
+    p = _positions(positions, width * ps, f"block_table's {width} pages of {ps} slots")
+    req = _host(requests, "requests", (1,), "[rows]")
+    rows = p.shape[-2]
     if req.shape[0] != rows:
         raise MsaError(f"requests: must have one entry per row of positions ({rows}), "
                        f"got {req.shape[0]}")
@@ -86,10 +75,12 @@ def token_sparse_kv_indices(positions: Any, requests: Any, block_table: Any, pag
             b = int(np.argmax((lens < 0) | (lens > width * ps)))
             raise MsaError(f"seq_lens[{b}] = {int(lens[b])}: must be in [0, {width * ps}] "
                            f"(block_table's {width} pages of {ps})")
-        limit, where = lens[req], "below seq_lens of the row's request"
-    else:
-        limit, where = np.full(rows, width * ps), f"block_table's {width} pages of {ps}"
-    _check_rows(p, limit, where)
+        past = p >= lens[req][:, None]
+        if past.any():
+            i = tuple(int(x) for x in np.argwhere(past)[0])
+            b = int(req[i[-2]])
+            raise MsaError(f"positions{list(i)} = {int(p[i])}: at or past seq_lens[{b}] = "
+                           f"{int(lens[b])}, the length of the row's request")
     used = p >= 0
     q = np.where(used, p, 0)
     page = table[np.broadcast_to(req[:, None], p.shape), q // ps]
@@ -122,7 +113,7 @@ def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
     `MsaError`). Returns a `GroupUnion`."""
     np = _np()
     g = count(group_size, "group_size", lo=1)
-    p = _positions(positions)
+    p = _positions(positions, np.iinfo(np.int32).max, "int32 key positions")
     cu = _host(cu_seqlens_q, "cu_seqlens_q", (1,), "[B + 1]")
     rows = p.shape[-2]
     if cu.shape[0] < 1:
@@ -131,13 +122,11 @@ def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
     if int(cu[-1]) != rows:
         raise MsaError(f"cu_seqlens_q[-1] = {int(cu[-1])}: must equal the rows of positions "
                        f"({rows})")
-    _check_rows(p, np.full(rows, np.iinfo(np.int32).max), "int32 key positions")
     starts = [s for b in range(cu.shape[0] - 1) for s in range(int(cu[b]), int(cu[b + 1]), g)]
     group_rows = np.array(starts + [rows], dtype=np.int64)
     heads = p.reshape((int(np.prod(p.shape[:-2])), rows, p.shape[-1]))
-    unions = [[np.unique(h[group_rows[i]:group_rows[i + 1]])
-               for i in range(len(starts))] for h in heads]
-    unions = [[u[u >= 0] for u in hu] for hu in unions]
+    unions = [[np.unique(x[x >= 0]) for x in (h[group_rows[i]:group_rows[i + 1]]
+                                               for i in range(len(starts)))] for h in heads]
     largest = max((len(u) for hu in unions for u in hu), default=0)
     if max_union is not None:
         cap = count(max_union, "max_union", lo=0)

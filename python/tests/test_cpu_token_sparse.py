@@ -61,13 +61,13 @@ def test_kv_indices_errors():
     ok = np.array([[1, -1], [2, -1]], np.int32)
     assert msa.token_sparse_kv_indices(ok, req, table, 4).tolist() == [[13, -1], [2, -1]]
     cases = [
-        (dict(positions=np.array([[1, 1], [2, -1]], np.int32)), "listed twice"),
-        (dict(positions=np.array([[8, -1], [2, -1]], np.int32)), "positions[0, 0] = 8"),
-        (dict(positions=np.array([[-2, -1], [2, -1]], np.int32)), "positions[0, 0] = -2"),
+        (dict(positions=np.array([[1, 1], [2, -1]], np.int32)), "id 1 is repeated in the row at positions[0]"),
+        (dict(positions=np.array([[8, -1], [2, -1]], np.int32)), "id 8 at positions[0] entry 0 is outside"),
+        (dict(positions=np.array([[-2, -1], [2, -1]], np.int32)), "id -2 at positions[0] entry 0"),
         (dict(positions=np.array([[1, -1], [5, -1]], np.int32)), "block_table[1, 1] = -1"),
         (dict(requests=np.array([0, 2], np.int32)), "requests[1] = 2"),
         (dict(requests=np.array([0], np.int32)), "requests: must have one entry per row"),
-        (dict(seq_lens=np.array([2, 2], np.int32)), "below seq_lens"),
+        (dict(seq_lens=np.array([2, 2], np.int32)), "positions[1, 0] = 2: at or past seq_lens[1] = 2"),
         (dict(seq_lens=np.array([2, 9], np.int32)), "seq_lens[1] = 9"),
         (dict(positions=np.array([[0.5]])), "positions: must be an integer array"),
         (dict(page_size=0), "page_size"),
@@ -126,7 +126,7 @@ def test_group_union_errors():
     pos = np.array([[0, 1], [2, -1]], np.int32)
     cu = np.array([0, 2], np.int32)
     assert msa.group_union_masks(pos, cu, 2).union.tolist() == [[0, 1, 2]]
-    for args, message in [((np.array([[0, 0], [2, -1]], np.int32), cu, 2), "listed twice"),
+    for args, message in [((np.array([[0, 0], [2, -1]], np.int32), cu, 2), "is repeated"),
                           ((pos, np.array([0, 1], np.int32), 2), r"cu_seqlens_q\[-1\] = 1"),
                           ((pos, np.array([1, 2], np.int32), 2), "must start at 0"),
                           ((pos, cu, 0), "group_size"),
