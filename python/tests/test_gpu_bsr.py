@@ -82,7 +82,7 @@ def test_plan_and_run_do_not_sync_and_run_captures():
         _plan(ip, ix, M, N, R, C, topk=topk).run(q, k, v)   # warm-up: status buffer, kernels
     torch.cuda.synchronize()
     runs_without_sync_and_captures(lambda: _plan(ip, ix, M, N, R, C, topk=topk, causal=True),
-                                    q, k, v)
+                                   q, k, v)
 
 
 def _element_mask(seed, indptr, indices, R, C, M):
