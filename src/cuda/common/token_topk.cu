@@ -18,13 +18,18 @@
 // Re-reading a row hits the shared-memory cache for its first positions and L2 for the rest.
 // Rows no longer than topk skip the select (every candidate is taken).
 //
-// The row split: one CTA per row, also for few long rows (decode: B * next_n = 128 rows of 32K
-// keys). A row's 128 KB come in with 32 KB of loads in flight per CTA, and the refinement
-// passes touch only the bucket's keys, so the select costs little beside the one read; several
-// CTAs per row would need a second pass that merges their candidates. With more rows than SMs
-// the shared memory (96 KB at most) leaves room for two CTAs per SM, so that one CTA's read
-// overlaps another's select; with no more rows than SMs each CTA caches up to 48K keys (192 KB),
-// so a decode row of 32K keys is read from global memory once.
+// Two kernels share this select. The whole-row kernel (below) keeps the row's keys in shared
+// memory and reads them 4 to a thread in every later pass; it takes rows that fit when two CTAs
+// fit an SM, or when there are no more rows than SMs (then 1024 threads a CTA: TOPK2048-B64, 128
+// rows of 32K keys, 34.5 -> 23.9 us). The streaming kernel caches the row's first 16K keys (48K
+// with no more rows than SMs) and reads the rest from L2 again in each pass; it takes the other
+// calls. At TOPK2048-32K (rows up to 32K keys, so one whole-row CTA an SM) the whole-row kernel
+// ran at 3.22 ms with 1024 threads and 3.61 ms with 512, the streaming one at 2.73 ms.
+//
+// A version splitting a row over a cluster of 2, 4 or 8 CTAs (the histograms and output offsets
+// read through distributed shared memory; a key a thread, ballots in the output pass) was slower
+// with every cluster size: TOPK2048-B64 34.8 / 66.7 / 189.9 us, TOPK2048-32K 4.6 / 11.1 /
+// 45.6 ms (4.1 ms with one CTA a row).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -91,6 +96,7 @@ __device__ __forceinline__ uint32_t topk_key(float x) {
 
 // Exclusive prefix sum over the CTA in thread order; `total` gets the sum. Ends synchronized so
 // that warp_sums can be reused at once.
+template <int kT = kThreads>
 __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* warp_sums,
                                                          uint32_t& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -103,45 +109,52 @@ __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* w
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    uint32_t w = lane < kWarps ? warp_sums[lane] : 0u;
+    uint32_t w = lane < (kT / 32) ? warp_sums[lane] : 0u;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const uint32_t y = __shfl_up_sync(0xffffffffu, w, o);
       if (lane >= o) w += y;
     }
-    if (lane < kWarps) warp_sums[lane] = w;
+    if (lane < (kT / 32)) warp_sums[lane] = w;
   }
   __syncthreads();
-  total = warp_sums[kWarps - 1];
+  total = warp_sums[(kT / 32) - 1];
   const uint32_t excl = incl - v + (warp > 0 ? warp_sums[warp - 1] : 0u);
   __syncthreads();
   return excl;
 }
 
-// Finds the bucket of the remaining-th best key (buckets read from the top) into s.pick; the
-// bucket fields are 0 when the histogram holds fewer keys (the caller checks s.pick.total).
-__device__ __forceinline__ void find_bucket(Smem& s, int nbins, uint32_t remaining) {
-  const int per = nbins / kThreads;
+// Finds the bucket of the remaining-th best key of `hist` (buckets read from the top) into
+// `pick`; the bucket fields are 0 when the histogram holds fewer keys (the caller checks
+// pick.total). Ends synchronized.
+template <int kT = kThreads>
+__device__ __forceinline__ void find_bucket_in(const uint32_t* hist, int nbins, uint32_t remaining,
+                                               Pick& pick, uint32_t* warp_sums) {
+  const int per = nbins / kT;
   const int top = nbins - int(threadIdx.x) * per;  // this thread's bins: [top - per, top)
   uint32_t sum = 0;
-  for (int j = 0; j < per; ++j) sum += s.hist[top - 1 - j];
-  if (threadIdx.x == 0) s.pick = Pick{0, 0, 0, 0};
+  for (int j = 0; j < per; ++j) sum += hist[top - 1 - j];
+  if (threadIdx.x == 0) pick = Pick{0, 0, 0, 0};
   uint32_t total;
-  uint32_t above = block_exclusive_scan(sum, s.warp_sums, total);
+  uint32_t above = block_exclusive_scan<kT>(sum, warp_sums, total);
   if (above < remaining && remaining <= above + sum) {
     for (int j = 0; j < per; ++j) {
-      const uint32_t c = s.hist[top - 1 - j];
+      const uint32_t c = hist[top - 1 - j];
       if (remaining <= above + c) {
-        s.pick.bucket = uint32_t(top - 1 - j);
-        s.pick.above = above;
-        s.pick.count = c;
+        pick.bucket = uint32_t(top - 1 - j);
+        pick.above = above;
+        pick.count = c;
         break;
       }
       above += c;
     }
   }
-  if (threadIdx.x == 0) s.pick.total = total;
+  if (threadIdx.x == 0) pick.total = total;
   __syncthreads();
+}
+
+__device__ __forceinline__ void find_bucket(Smem& s, int nbins, uint32_t remaining) {
+  find_bucket_in(s.hist, nbins, remaining, s.pick, s.warp_sums);
 }
 
 __device__ __forceinline__ void zero_hist(Smem& s, int nbins) {
@@ -334,6 +347,271 @@ __global__ void __launch_bounds__(kThreads) token_topk_kernel(TokenTopKParams p)
   write_row(s, row, lo, t, remaining, out, p.topk);
 }
 
+
+// The whole-row kernel, for rows that fit in shared memory: the row is read from global memory
+// once into shared memory (as keys), and every later pass reads it from there 4 keys a thread at a
+// time (16-byte shared loads). A thread's 4 keys are consecutive positions, so the output slots
+// come from a warp scan of per-thread counts.
+struct WholeRowSmem {
+  uint32_t hist0[kBins0];  // level 0; then the candidate buffer (kBufKeys keys)
+  uint32_t hist1[kBins];   // levels 1 and 2
+  uint32_t warp_sums[32];
+  uint32_t warp_gt[32], warp_eq[32];
+  Pick pick;
+  uint32_t buf_count;
+  alignas(16) uint32_t keys[4];  // the row's keys: key i at keys[mis + i], 0 around them (dynamic)
+};
+static_assert(kBufKeys <= kBins0, "the candidate buffer reuses the level-0 histogram");
+static_assert(offsetof(WholeRowSmem, keys) % 16 == 0, "16-byte shared loads of the keys");
+
+// Exclusive prefix sum over the warp's lanes; `total` gets the sum.
+__device__ __forceinline__ uint32_t warp_exclusive_scan(uint32_t v, uint32_t& total) {
+  const int lane = threadIdx.x & 31;
+  uint32_t incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  total = __shfl_sync(0xffffffffu, incl, 31);
+  return incl - v;
+}
+
+__device__ __forceinline__ uint32_t count_gt(const uint4& v, uint32_t t) {
+  return uint32_t(v.x > t) + uint32_t(v.y > t) + uint32_t(v.z > t) + uint32_t(v.w > t);
+}
+__device__ __forceinline__ uint32_t count_eq(const uint4& v, uint32_t t) {
+  return uint32_t(v.x == t) + uint32_t(v.y == t) + uint32_t(v.z == t) + uint32_t(v.w == t);
+}
+
+// The output over the row's keys (groups of 4: [0, groups)): ids of the keys > t and of the first
+// `need` keys == t (t = 0: every candidate; keys 0 are never taken), ascending, then -1 to topk.
+// Each warp takes a contiguous range of groups: it counts, the block adds up the warps before it,
+// and it walks its range again writing each taken key to its slot.
+template <int kT>
+__device__ __forceinline__ void whole_row_write(WholeRowSmem& s, int groups, int32_t first_id,
+                                                uint32_t t, uint32_t need, int32_t* out,
+                                                int topk) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint4* k4 = reinterpret_cast<const uint4*>(s.keys);
+  const int per = (groups + (kT / 32) - 1) / (kT / 32);
+  const int ga = min(groups, warp * per), gb = min(groups, ga + per);
+  uint32_t gt = 0, eq = 0;
+  for (int g = ga + lane; g < gb; g += 32) {
+    const uint4 v = k4[g];
+    gt += count_gt(v, t);
+    if (t != 0) eq += count_eq(v, t);
+  }
+  gt = __reduce_add_sync(0xffffffffu, gt);
+  eq = __reduce_add_sync(0xffffffffu, eq);
+  if (lane == 0) {
+    s.warp_gt[warp] = gt;
+    s.warp_eq[warp] = eq;
+  }
+  __syncthreads();
+  uint32_t sel = 0, tie = 0, all_gt = 0, all_eq = 0;
+#pragma unroll
+  for (int w = 0; w < (kT / 32); ++w) {
+    const uint32_t a = s.warp_gt[w], b = s.warp_eq[w];
+    if (w < warp) {
+      sel += a;
+      tie += b;
+    }
+    all_gt += a;
+    all_eq += b;
+  }
+  const uint32_t above_t = uint32_t(topk) - need;
+  for (int base = ga; base < gb; base += 32) {
+    if (t != 0 && sel >= above_t && tie >= need) break;  // the rest takes nothing (warp-uniform)
+    const int g = base + lane;
+    const uint4 v = g < gb ? k4[g] : make_uint4(0u, 0u, 0u, 0u);
+    const uint32_t c = (count_gt(v, t) << 16) | (t != 0 ? count_eq(v, t) : 0u);
+    uint32_t total;
+    const uint32_t excl = warp_exclusive_scan(c, total);
+    uint32_t ls = sel + (excl >> 16), lt = tie + (excl & 0xffffu);
+    const uint32_t key[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int32_t id = first_id + 4 * g + e;
+      if (key[e] > t) {
+        const uint32_t slot = ls + min(lt, need);
+        if (slot < uint32_t(topk)) out[slot] = id;
+        ++ls;
+      } else if (t != 0 && key[e] == t) {
+        if (lt < need && ls + lt < uint32_t(topk)) out[ls + lt] = id;
+        ++lt;
+      }
+    }
+    sel += total >> 16;
+    tie += total & 0xffffu;
+  }
+  const uint32_t written = min(all_gt + min(all_eq, need), uint32_t(topk));
+  for (uint32_t i = written + threadIdx.x; i < uint32_t(topk); i += kT) out[i] = -1;
+}
+
+// The keys of groups [0, groups) whose bits above `shift` equal `prefix`, appended to the
+// candidate buffer (the caller made sure that they fit).
+template <int kT>
+__device__ __forceinline__ void whole_row_collect(WholeRowSmem& s, int groups, uint32_t prefix,
+                                                  int shift) {
+  const uint4* k4 = reinterpret_cast<const uint4*>(s.keys);
+  uint32_t* buf = s.hist0;
+  for (int g = threadIdx.x; g < groups; g += kT) {
+    const uint4 v = k4[g];
+    const uint32_t key[4] = {v.x, v.y, v.z, v.w};
+    bool take[4];
+    uint32_t c = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      take[e] = key[e] != 0 && (key[e] >> shift) == prefix;
+      c += take[e] ? 1u : 0u;
+    }
+    if (c == 0) continue;
+    uint32_t at = atomicAdd(&s.buf_count, c);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (take[e]) {
+        if (at < kBufKeys) buf[at] = key[e];
+        ++at;
+      }
+  }
+  __syncthreads();
+}
+
+// Histogram of the digit below `shift` (10 bits) of the keys whose bits above `shift` equal
+// `prefix`, into hist1: from the candidate buffer, or from the whole row.
+template <int kT>
+__device__ __forceinline__ void whole_row_refine(WholeRowSmem& s, int groups, bool buffered,
+                                                 uint32_t prefix, int shift) {
+  for (int i = threadIdx.x; i < kBins; i += kT) s.hist1[i] = 0;
+  __syncthreads();
+  const int dshift = shift - 10;
+  const auto add = [&](uint32_t k) {
+    if (k != 0 && (k >> shift) == prefix) atomicAdd(&s.hist1[(k >> dshift) & (kBins - 1)], 1u);
+  };
+  if (buffered) {
+    const int nbuf = int(min(s.buf_count, uint32_t(kBufKeys)));
+    for (int i = threadIdx.x; i < nbuf; i += kT) add(s.hist0[i]);
+  } else {
+    const uint4* k4 = reinterpret_cast<const uint4*>(s.keys);
+    for (int g = threadIdx.x; g < groups; g += kT) {
+      const uint4 v = k4[g];
+      add(v.x);
+      add(v.y);
+      add(v.z);
+      add(v.w);
+    }
+  }
+  __syncthreads();
+}
+
+// One CTA per row; the row's n keys fit in its shared memory (whole_row_capacity).
+template <int kT>
+__global__ void __launch_bounds__(kT) token_topk_whole_row_kernel(TokenTopKParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  WholeRowSmem& s = *reinterpret_cast<WholeRowSmem*>(smem_raw);
+  const int64_t r = blockIdx.x;
+  int32_t lo = 0, hi = p.cols;
+  if (p.ks != nullptr) {
+    lo = p.ks[r];
+    hi = p.ke[r];
+    if (lo < 0 || lo > hi || hi > p.cols) {
+      if (threadIdx.x == 0) flag_status(p.status, int32_t(StatusCode::key_range_invalid), r, lo, hi);
+      lo = hi = 0;
+    }
+  }
+  int32_t* out = p.ids + r * p.topk;
+  const float* x = p.logits + r * p.ld + lo;
+  const int n = hi - lo;
+  const uint32_t k = uint32_t(p.topk);
+  const bool select = uint32_t(n) > k;
+  // keys[mis + i] holds key i, so that the 16-byte global loads land on 16-byte shared stores;
+  // keys[0, mis) and the padding to a multiple of 4 are 0 (never taken).
+  const int mis = int((reinterpret_cast<uintptr_t>(x) >> 2) & 3);
+  const int groups = (mis + n + 3) >> 2;
+  if (int(threadIdx.x) < mis) s.keys[threadIdx.x] = 0u;
+  if (mis + n + int(threadIdx.x) < 4 * groups) s.keys[mis + n + threadIdx.x] = 0u;
+  if (select) {
+    for (int i = threadIdx.x; i < kBins0; i += kT) s.hist0[i] = 0;
+    if (threadIdx.x == 0) s.buf_count = 0;
+    __syncthreads();
+  }
+  // Pass 1: the row into shared memory as keys, with the level-0 histogram when selecting.
+  const auto visit = [&s, mis, select](int i, float v) {
+    const uint32_t key = topk_key(v);
+    s.keys[mis + i] = key;
+    if (select && key != 0) atomicAdd(&s.hist0[key >> kShift0], 1u);
+  };
+  const int head = min(n, (4 - mis) & 3);
+  if (int(threadIdx.x) < head) visit(threadIdx.x, __ldg(x + threadIdx.x));
+  const int nvec = (n - head) >> 2;
+  const float4* vec = reinterpret_cast<const float4*>(x + head);
+  uint4* k4 = reinterpret_cast<uint4*>(s.keys + mis + head);  // 16-byte aligned
+  for (int j0 = threadIdx.x; j0 < nvec; j0 += 4 * kT) {
+    float4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int j = j0 + u * kT;
+      if (j < nvec) v[u] = __ldg(vec + j);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int j = j0 + u * kT;
+      if (j < nvec) {
+        const uint4 key = make_uint4(topk_key(v[u].x), topk_key(v[u].y), topk_key(v[u].z),
+                                     topk_key(v[u].w));
+        k4[j] = key;
+        if (select) {
+          if (key.x != 0) atomicAdd(&s.hist0[key.x >> kShift0], 1u);
+          if (key.y != 0) atomicAdd(&s.hist0[key.y >> kShift0], 1u);
+          if (key.z != 0) atomicAdd(&s.hist0[key.z >> kShift0], 1u);
+          if (key.w != 0) atomicAdd(&s.hist0[key.w >> kShift0], 1u);
+        }
+      }
+    }
+  }
+  const int tail = head + 4 * nvec + int(threadIdx.x);
+  if (tail < n) visit(tail, __ldg(x + tail));
+  __syncthreads();
+  const int32_t first_id = lo - mis;  // the id of keys[i] is first_id + i
+  if (!select) {  // every candidate is taken
+    whole_row_write<kT>(s, groups, first_id, 0u, 0u, out, p.topk);
+    return;
+  }
+  find_bucket_in<kT>(s.hist0, kBins0, k, s.pick, s.warp_sums);
+  if (s.pick.total <= k) {  // at most topk candidates (the rest is -inf)
+    whole_row_write<kT>(s, groups, first_id, 0u, 0u, out, p.topk);
+    return;
+  }
+  uint32_t remaining = k - s.pick.above, prefix = s.pick.bucket;
+  bool buffered = false;
+  if (s.pick.count <= uint32_t(kBufKeys)) {  // hist0 is free from here: the buffer
+    whole_row_collect<kT>(s, groups, prefix, kShift0);
+    buffered = true;
+  }
+  whole_row_refine<kT>(s, groups, buffered, prefix, kShift0);
+  find_bucket_in<kT>(s.hist1, kBins, remaining, s.pick, s.warp_sums);
+  remaining -= s.pick.above;
+  prefix = (prefix << 10) | s.pick.bucket;
+  if (!buffered && s.pick.count <= uint32_t(kBufKeys)) {
+    whole_row_collect<kT>(s, groups, prefix, kShift1);
+    buffered = true;
+  }
+  whole_row_refine<kT>(s, groups, buffered, prefix, kShift1);
+  find_bucket_in<kT>(s.hist1, kBins, remaining, s.pick, s.warp_sums);
+  remaining -= s.pick.above;
+  const uint32_t t = (prefix << 10) | s.pick.bucket;
+  whole_row_write<kT>(s, groups, first_id, t, remaining, out, p.topk);
+}
+
+template <int kT>
+void launch_whole_row(const TokenTopKParams& p, int64_t rows, int64_t smem, cudaStream_t stream) {
+  MSA_CUDA_CHECK(cudaFuncSetAttribute(token_topk_whole_row_kernel<kT>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  token_topk_whole_row_kernel<kT><<<unsigned(rows), kT, size_t(smem), stream>>>(p);
+  MSA_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void token_topk(const TokenTopKArgs& a, cudaStream_t stream) {
@@ -348,10 +626,24 @@ void token_topk(const TokenTopKArgs& a, cudaStream_t stream) {
   p.ld = a.logits.strides[0];
   p.cols = int32_t(cols);
   p.topk = a.topk;
-  int device = 0, sms = 0, optin = 0;
+  int device = 0, sms = 0, optin = 0, per_sm = 0;
   MSA_CUDA_CHECK(cudaGetDevice(&device));
   MSA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   MSA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  // Rows that fit in shared memory take the whole-row kernel (the longest row deciding) when two
+  // CTAs fit an SM, or when there are no more rows than SMs (then with 1024 threads).
+  const int64_t whole = int64_t(offsetof(WholeRowSmem, keys)) + 4 * (cols + 8);
+  const int64_t per = int64_t(per_sm) / (whole + 1024);
+#ifdef TOPK_WHOLE_ALWAYS
+  const bool take_whole = whole <= int64_t(optin);
+#else
+  const bool take_whole = whole <= int64_t(optin) && (per >= 2 || rows <= sms);
+#endif
+  if (take_whole) {
+    if (per >= 2) return launch_whole_row<kThreads>(p, rows, whole, stream);
+    return launch_whole_row<1024>(p, rows, whole, stream);
+  }
   int64_t cache = rows <= sms ? kMaxCacheKeysAlone : kMaxCacheKeys;
   cache = std::min<int64_t>(cache, (int64_t(optin) - int64_t(offsetof(Smem, cache))) / 4);
   // Rows no longer than topk never reach the cache.
