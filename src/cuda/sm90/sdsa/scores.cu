@@ -33,7 +33,7 @@ template <KeyFormat F, int kMode>
 void launch(const ScoresParams& p, cudaStream_t stream) {
   constexpr int kTile = RowScorer<F, kMode>::kTile;
   const int64_t tiles = (p.width + kTile - 1) / kTile;
-  const dim3 grid(unsigned(p.rows.rows), unsigned(tiles < 1 ? 1 : tiles < 65535 ? tiles : 65535));
+  const dim3 grid(unsigned(p.rows.rows), row_blocks(kMode, tiles));
   scores_kernel<F, kMode><<<grid, kThreads, query_smem_bytes(kMode, p.cache.dim), stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }

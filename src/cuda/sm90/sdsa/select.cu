@@ -62,7 +62,7 @@ void launch(const SelectParams& p, cudaStream_t stream) {
   constexpr int kTile = RowScorer<F, kMode>::kTile;
   const int64_t keys = int64_t(p.cache.max_pages) * p.cache.page_size;  // the longest row possible
   const int64_t tiles = (keys + kTile - 1) / kTile;
-  const dim3 grid(unsigned(p.rows.rows), unsigned(tiles < 1 ? 1 : tiles < 65535 ? tiles : 65535));
+  const dim3 grid(unsigned(p.rows.rows), row_blocks(kMode, tiles));
   select_kernel<F, kMode><<<grid, kThreads, query_smem_bytes(kMode, p.cache.dim), stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
