@@ -275,23 +275,23 @@ struct RowScorer {
         fn(j, s);
         cur = nxt;
       }
-      return;
-    }
-    for (int64_t tile = blockIdx.y; tile * kTile < end; tile += gridDim.y) {
-      int64_t j[kKeys];
-      bool ok[kKeys];
+    } else {
+      for (int64_t tile = blockIdx.y; tile * kTile < end; tile += gridDim.y) {
+        int64_t j[kKeys];
+        bool ok[kKeys];
 #pragma unroll
-      for (int n = 0; n < kKeys; ++n) {
-        j[n] = tile * kTile + n * kThreads + threadIdx.x;
-        ok[n] = j[n] < len;
+        for (int n = 0; n < kKeys; ++n) {
+          j[n] = tile * kTile + n * kThreads + threadIdx.x;
+          ok[n] = j[n] < len;
+        }
+        float s[kKeys];
+        if constexpr (kMode == kChain)
+          score_keys<F, kKeys>(reinterpret_cast<const double*>(smem), c, b, j, ok, status, s);
+        else
+          score_keys_nvfp4<kMode == kNvfp4Vec, kKeys>(query_nvfp4(smem, c.dim, nan),
+                                                      r.global_scale, c, b, j, ok, status, s);
+        fn(j, s);
       }
-      float s[kKeys];
-      if constexpr (kMode == kChain)
-        score_keys<F, kKeys>(reinterpret_cast<const double*>(smem), c, b, j, ok, status, s);
-      else
-        score_keys_nvfp4<kMode == kNvfp4Vec, kKeys>(query_nvfp4(smem, c.dim, nan),
-                                                    r.global_scale, c, b, j, ok, status, s);
-      fn(j, s);
     }
   }
 };
