@@ -12,7 +12,7 @@ namespace msa {
 struct AttentionParams {
   float softmax_scale = 0.f;  // 0 -> 1/sqrt(D)
   bool causal = true;         // bottom-right aligned: query i sees key j iff j <= i + Lk - Lq
-  int kv_block_size = 128;    // 64 or 128, or 1 (token ids, CPU only so far): the unit of q2k ids
+  int kv_block_size = 128;    // 64 or 128, or 1 (token ids: CPU; CUDA decode): the unit of q2k ids
   float temperature = 0.f;    // > 0: also write tlse = log sum exp(s / T); tlse given iff T > 0
   // > 0: soft-capped scores s = soft_cap * tanh(s / soft_cap), after the softmax scale and before
   // the max (lse and tlse use the capped scores); 0 = off. Negative, NaN or infinite: msa::Error.

@@ -16,7 +16,7 @@ struct DecodeShape {
   KVLayout layout = KVLayout::paged_nhd;
   DType kv_dtype = DType::bf16;  // bf16 | fp8_e4m3
   int topk = 0;                  // 0 = dense decode
-  int kv_block_size = 128;       // 64 or 128; on the CPU also 1 (token ids)
+  int kv_block_size = 128;       // 64 or 128, or 1 (token ids; CUDA: up to 65536 keys a request)
   Device device{};
 };
 
@@ -31,6 +31,8 @@ struct DecodeShape {
 //   reported in the status buffer as shape_mismatch (a = request, b = keys or queries found,
 //   c = the planned capacity or max_queries_per_request); the keys or queries past the plan are
 //   then not attended. q2k may change freely between runs.
+// - Token ids (kv_block_size 1): plan() throws msa::Error when a request's planned capacity
+//   exceeds 65536 keys (the kernel's union has a bit per key); such plans run one query per CTA.
 // - run() launches one kernel on `stream` (the last split of a request to finish combines the
 //   splits), never allocates or synchronizes, and can be captured in a CUDA graph; replays read
 //   the current seqused_k and q2k. The workspace's split counters return to zero at the end of

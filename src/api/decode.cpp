@@ -45,9 +45,10 @@ void check_decode_shape(const DecodeShape& s) {
             "decode shape: kv_dtype must be bf16, f16, fp8_e4m3 or fp4x2, got ",
             dtype_name(s.kv_dtype));
   MSA_CHECK(s.topk >= 0, "decode shape: topk must be >= 0 (0 = dense), got ", s.topk);
-  MSA_CHECK(s.kv_block_size == 64 || s.kv_block_size == 128 || (!cuda && s.kv_block_size == 1),
-            "decode shape: kv_block_size must be 64 or 128 (on the CPU also 1: token ids), got ",
-            s.kv_block_size);
+  // 1: q2k holds key ids (docs/semantics.md, Token-sparse attention); CUDA plans refuse requests
+  // past the union bitmap's 65536 keys (plan.cpp build_work_list).
+  MSA_CHECK(s.kv_block_size == 1 || s.kv_block_size == 64 || s.kv_block_size == 128,
+            "decode shape: kv_block_size must be 1 (token ids), 64 or 128, got ", s.kv_block_size);
   if (cuda) {
     MSA_CHECK(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256,
               "decode shape: CUDA decode takes head_dim 64, 128 or 256, got ", s.head_dim);

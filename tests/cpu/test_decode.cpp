@@ -141,7 +141,7 @@ TEST(Decode, TokenSparseAndMqa) {
   Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
   plan.run(make_args(p, paged.cache(), o, &q2k, prm));
   expect_matches(o, reference_attention(p, &ids, 40, prm));
-  // CUDA decode keeps its 64 / 128-key blocks and groups of up to 16.
+  // CUDA decode takes token ids too, but sparse groups of up to 16 only.
   sh.device = {DeviceType::cuda, 0};
   expect_error([&] { DecodePlan::workspace_bytes(sh); }, "the CUDA kernels take a GQA group");
 }

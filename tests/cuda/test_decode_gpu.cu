@@ -2,10 +2,14 @@
 // over page size, layout, G, queries per request (both CTA widths: 4 warps up to 64 rows, 8 up to
 // 128), head dims 64 and 256, skewed and empty lengths, FP8 KV, FP8 queries; NaN in unused slots;
 // device-side status for bad ids, bad pages and lengths past the plan; NVFP4 KV; determinism; CUDA
-// graph replays with new lengths and q2k; B = 4096; offsets past 2^31. Outputs are poisoned before each run. MSA_TEST_SMALL=1 shrinks the
+// graph replays with new lengths and q2k; B = 4096; offsets past 2^31; token ids (kv_block_size 1:
+// K up to 2048, shared and disjoint ids across a request's queries, quantized KV, bad ids and
+// pages, plan limits). Outputs are poisoned before each run. MSA_TEST_SMALL=1 shrinks the
 // sweep (compute-sanitizer runs).
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -994,6 +998,445 @@ TEST(DecodeGpu, OffsetsPast2To31) {
   EXPECT_LE(std::sqrt(diff2 / ref2), 1e-2);
   for (int64_t h = 0; h < hq; ++h)
     EXPECT_NEAR(got_lse[h], o.lse.data<float>()[h * lq + lq - 1], 2e-3) << "lse head " << h;
+}
+
+// Token ids (kv_block_size 1; docs/semantics.md, Token-sparse attention): q2k holds key positions,
+// plans run one query per CTA (plan.cpp) and the producers copy every selected row by cp.async
+// (load.cuh issue_token_stage; NVFP4 by its own per-slot copies).
+
+// Rewrites t's q2k, on the host and the device: ids_of(h, b, i) gives the ids of query i of
+// request b through kv head h (at most topk of them; the row's other slots get -1).
+template <typename F>
+void set_q2k(Bench& t, F&& ids_of) {
+  const int64_t topk = t.cfg.topk;
+  int32_t* q2k = t.q2k->data<int32_t>();
+  for (int64_t h = 0; h < t.p.hkv; ++h)
+    for (int64_t b = 0; b < t.p.batch(); ++b)
+      for (int64_t i = 0; i < t.p.lq[b]; ++i) {
+        const std::vector<int32_t> ids = ids_of(h, b, i);
+        EXPECT_LE(int64_t(ids.size()), topk);
+        int32_t* row = q2k + (h * t.p.total_q() + t.p.q_start(b) + i) * topk;
+        for (int64_t s = 0; s < topk; ++s) row[s] = s < int64_t(ids.size()) ? ids[s] : -1;
+      }
+  copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
+}
+
+// Random token ids over G 1..16, both layouts, pages of 16-256 slots (shuffled over the pool, NaN
+// in every slot without a key), 1-8 queries per request with empty requests (no queries, no keys),
+// K from 1 to 2048 (K past a request's keys: every key selected), sorted and unsorted rows (ids
+// and -1 in any slot), both CTA widths, bf16 and f16.
+TEST(DecodeGpu, TokenIdsSweep) {
+  MSA_REQUIRE_GPU();
+  struct Shape {
+    int64_t g, hkv, page;
+    KVLayout layout;
+    int max_q;
+    int64_t topk;
+    DType q = DType::bf16;
+  };
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  std::vector<Shape> shapes = {
+      {16, 2, 64, nhd, 1, 2048}, {16, 1, 16, hnd, 4, 40},  {8, 2, 128, nhd, 3, 64},
+      {4, 2, 16, hnd, 2, 100},   {2, 3, 64, nhd, 5, 1},    {1, 4, 128, hnd, 8, 512, DType::f16},
+      {16, 1, 256, nhd, 2, 7},   {1, 2, 32, nhd, 1, 2048}, {8, 1, 64, hnd, 4, 300, DType::f16},
+  };
+  if (small_tests()) shapes.resize(4);
+  std::mt19937 rng(21);
+  unsigned seed = 2100;
+  for (int warps : kWidths)
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE("token ids, forced width " + std::to_string(warps));
+      Config c = random_config(rng, small_tests() ? 3 : 5, sh.max_q, small_tests() ? 1500 : 6000,
+                               true);
+      c.warps = warps;
+      c.hq = sh.g * sh.hkv;
+      c.hkv = sh.hkv;
+      c.page_size = sh.page;
+      c.layout = sh.layout;
+      c.q_dtype = c.kv_dtype = sh.q;
+      c.topk = sh.topk;
+      c.blk = 1;
+      c.row_pad = (seed % 3) * 8;
+      c.sorted_q2k = seed % 2 == 0;
+      c.seed = seed++;
+      Bench t(c);
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+    }
+}
+
+// K = 2048 over long requests: more union entries than one item holds (plan.h kMaxItemEntries),
+// so every (query, kv head) splits over several CTAs and the last one combines; bit-identical
+// reruns. The longest request has 65536 keys, all the union bitmap covers (its capacity a whole
+// number of tiles while max_pages * page_size is larger), its last keys selected.
+TEST(DecodeGpu, TokenIdsK2048Splits) {
+  MSA_REQUIRE_GPU();
+  for (int warps : kWidths) {
+    SCOPED_TRACE("forced width " + std::to_string(warps));
+    Config c;
+    c.warps = warps;
+    c.lq = {4, 1, 2};
+    c.lk = {small_tests() ? 9000 : 65536, 2049, 3000};
+    c.hq = 16;
+    c.hkv = 2;
+    c.page_size = 128;
+    c.topk = 2048;
+    c.blk = 1;
+    c.seed = 2200 + unsigned(warps);
+    Bench t(c);
+    // Query 0 of request 0 takes the request's last 2048 keys (its causal limit hides the last 3),
+    // every other query up to 2048 random ids.
+    std::mt19937 rng(c.seed);
+    set_q2k(t, [&](int64_t h, int64_t b, int64_t i) {
+      std::vector<int32_t> ids(size_t(t.p.lk[b]));
+      std::iota(ids.begin(), ids.end(), 0);
+      if (b == 0 && i == 0) return std::vector<int32_t>(ids.end() - 2048, ids.end());
+      std::shuffle(ids.begin(), ids.end(), rng);
+      ids.resize(std::min<size_t>(ids.size(), 2048 - size_t(h + i)));
+      std::sort(ids.begin(), ids.end());
+      return ids;
+    });
+    t.plan_gpu();
+    t.run_gpu();
+    t.expect_matches_reference();
+    const auto out1 = t.out.download<uint16_t>(t.out.bytes() / 2, t.stream);
+    const auto lse1 = t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream);
+    t.run_gpu();
+    EXPECT_EQ(out1, t.out.download<uint16_t>(t.out.bytes() / 2, t.stream))
+        << "out differs run to run";
+    EXPECT_EQ(lse1, t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream))
+        << "lse differs run to run";
+  }
+}
+
+// Several queries per request (next_n > 1) whose ids are the same row, disjoint rows, or
+// overlapping ones, at G = 1 and 4 (block plans would put 16 / G queries in one CTA); ids past a
+// query's causal limit (the request's last keys) count for the later queries only, and a query
+// whose every id is past its limit attends nothing (out 0, lse -inf).
+TEST(DecodeGpu, TokenIdsSharedAndDisjointQueries) {
+  MSA_REQUIRE_GPU();
+  unsigned seed = 2300;
+  for (int64_t g : {1, 4})
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      SCOPED_TRACE("G " + std::to_string(g) + ", pattern " + std::to_string(pattern));
+      Config c;
+      c.lq = {4, 8, 1};
+      c.lk = {777, 1500, 64};
+      c.hq = g * 2;
+      c.hkv = 2;
+      c.page_size = 64;
+      c.layout = pattern % 2 ? KVLayout::paged_hnd : KVLayout::paged_nhd;
+      c.topk = 96;
+      c.blk = 1;
+      c.seed = seed++;
+      Bench t(c);
+      std::mt19937 rng(c.seed);
+      std::vector<int32_t> shared(96);
+      set_q2k(t, [&](int64_t h, int64_t b, int64_t i) {
+        const int32_t lk = t.p.lk[b], lq = t.p.lq[b];
+        std::vector<int32_t> ids;
+        switch (pattern) {
+          case 0:  // every query of the request the same random row (drawn for query 0)
+            if (i == 0) {
+              std::vector<int32_t> all(static_cast<size_t>(lk));
+              std::iota(all.begin(), all.end(), 0);
+              std::shuffle(all.begin(), all.end(), rng);
+              all.resize(std::min<size_t>(all.size(), 96));
+              shared = all;
+            }
+            return shared;
+          case 1:  // disjoint: query i takes keys = i mod lq, the highest first
+            for (int32_t j = lk - 1; j >= 0 && ids.size() < 96; --j)
+              if (j % lq == i) ids.push_back(j);
+            return ids;
+          case 2:  // overlapping windows, unsorted
+            for (int32_t j = std::max(0, lk - 120 + int32_t(i) * 5); j < lk && ids.size() < 96; ++j)
+              ids.push_back(j);
+            std::shuffle(ids.begin(), ids.end(), rng);
+            return ids;
+          default:  // only the keys past query i's causal limit: nothing for i < lq - 1
+            for (int32_t j = std::max(0, lk - lq + int32_t(i) + 1); j < lk; ++j) ids.push_back(j);
+            if (h == 1) ids.push_back(0);  // through kv head 1 also key 0, visible to all
+            return ids;
+        }
+      });
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+    }
+}
+
+// Edge cases: K = 1; a request of one key (selected, or not); requests with no keys (every id
+// -1) and with no queries; -1 between ids; non-causal; both widths.
+TEST(DecodeGpu, TokenIdsEdgeCases) {
+  MSA_REQUIRE_GPU();
+  unsigned seed = 2400;
+  for (int warps : kWidths)
+    for (int64_t topk : {int64_t(1), int64_t(5), int64_t(70)})
+      for (bool causal : {true, false}) {
+        SCOPED_TRACE("forced width " + std::to_string(warps) + ", topk " + std::to_string(topk));
+        Config c;
+        c.warps = warps;
+        c.lq = {1, 2, 0, 3, 1, 2};
+        c.lk = {1, 1, 50, 0, 300, 129};
+        c.hq = 16;
+        c.hkv = 1;
+        c.page_size = 16;
+        c.topk = topk;
+        c.blk = 1;
+        c.causal = causal;
+        c.seed = seed++;
+        Bench t(c);
+        set_q2k(t, [&](int64_t, int64_t b, int64_t i) {
+          const int32_t lk = t.p.lk[b];
+          std::vector<int32_t> ids;
+          if (b == 1 && i == 1) return ids;  // request 1's second query: no id
+          // the last keys, every other slot -1 (any slot may hold -1)
+          for (int32_t j = lk - 1; j >= 0 && int64_t(ids.size()) + 1 < topk; j -= 2) {
+            ids.push_back(j);
+            ids.push_back(-1);
+          }
+          if (ids.empty() && lk > 0) ids.push_back(0);
+          return ids;
+        });
+        t.plan_gpu();
+        t.run_gpu();
+        t.expect_matches_reference();
+      }
+}
+
+// FP8 e4m3 KV (scales per tensor, per pool slot, per slot and head; NaN scales in the slots
+// without a key), FP8 queries over FP8 and bf16 KV, NVFP4 KV (its block kernels: per-slot
+// copies) and f16, with token ids, both widths.
+TEST(DecodeGpu, TokenIdsQuantizedKv) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(25);
+  unsigned seed = 2500;
+  struct Kind {
+    DType q, kv;
+    Fp8Scale k, v;
+    KVLayout layout;
+    int64_t page, topk;
+    int max_q;
+    bool wide = false;
+  };
+  const Fp8Scale none = Fp8Scale::none, ten = Fp8Scale::per_tensor, tok = Fp8Scale::per_token,
+                 th = Fp8Scale::per_token_head;
+  const DType bf16 = DType::bf16, f16 = DType::f16, e4m3 = DType::fp8_e4m3, fp4 = DType::fp4x2;
+  std::vector<Kind> kinds = {
+      {bf16, e4m3, ten, ten, KVLayout::paged_nhd, 64, 200, 2},
+      {f16, e4m3, tok, tok, KVLayout::paged_hnd, 16, 40, 3},
+      {bf16, e4m3, th, tok, KVLayout::paged_nhd, 128, 2048, 1, true},
+      {e4m3, e4m3, th, th, KVLayout::paged_hnd, 64, 100, 4},
+      {e4m3, e4m3, ten, ten, KVLayout::paged_nhd, 16, 64, 2},
+      {e4m3, bf16, none, none, KVLayout::paged_nhd, 128, 300, 2},
+      {bf16, fp4, none, none, KVLayout::paged_nhd, 64, 500, 2},
+      {e4m3, fp4, none, none, KVLayout::paged_hnd, 16, 40, 3},
+      {f16, f16, none, none, KVLayout::paged_hnd, 128, 1000, 1},
+  };
+  if (small_tests()) kinds.resize(4);
+  for (const Kind& kind : kinds)
+    each_width(rng, kind.max_q, seed, [&](Config& c) {
+      c.q_dtype = kind.q;
+      c.kv_dtype = kind.kv;
+      c.k_scale = kind.k;
+      c.v_scale = kind.v;
+      c.wide_scales = kind.wide;
+      c.layout = kind.layout;
+      c.page_size = kind.page;
+      c.topk = kind.topk;
+      c.blk = 1;
+      c.sorted_q2k = seed % 2 == 0;
+    });
+}
+
+// Head dims 64 and 256 with token ids: bf16 / f16 at both, FP8 KV and FP8 queries at 256.
+TEST(DecodeGpu, TokenIdsHeadDims) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(26);
+  unsigned seed = 2600;
+  struct Kind {
+    int64_t d;
+    DType q, kv;
+    int64_t page, topk;
+  };
+  const DType bf16 = DType::bf16, f16 = DType::f16, e4m3 = DType::fp8_e4m3;
+  for (const Kind& kind : {Kind{64, bf16, bf16, 16, 300}, Kind{64, f16, f16, 128, 40},
+                           Kind{64, e4m3, bf16, 64, 2048}, Kind{256, bf16, bf16, 64, 100},
+                           Kind{256, f16, f16, 32, 2048}, Kind{256, bf16, e4m3, 128, 64},
+                           Kind{256, e4m3, e4m3, 16, 500}})
+    each_width(rng, 3, seed, [&](Config& c) {
+      c.dim = kind.d;
+      c.q_dtype = kind.q;
+      c.kv_dtype = kind.kv;
+      c.page_size = kind.page;
+      c.topk = kind.topk;
+      c.blk = 1;
+      c.row_pad = (seed % 2) * 16;
+    });
+}
+
+// Bad token ids are reported as block ids are (status: head, token, slot of the first offence):
+// past the request's keys (id = Lk, far past it, INT_MAX), below -1; a repeated id, at K <= 64
+// (the one-warp union) and K > 64 (the bitmap union), in sorted and unsorted rows.
+TEST(DecodeGpu, TokenIdsBadIdsReported) {
+  MSA_REQUIRE_GPU();
+  const std::vector<int32_t> bad = {INT_MIN, -2, 0 /* Lk */, 1 /* Lk + 1000 */, INT_MAX};
+  for (int64_t topk : {int64_t(4), int64_t(300)})
+    for (size_t i = 0; i < bad.size(); ++i) {
+      SCOPED_TRACE("topk " + std::to_string(topk) + ", id case " + std::to_string(i));
+      Config c;
+      c.lq = {2, 4, 3};
+      c.lk = {500, 900, 260};
+      c.hq = 8;
+      c.hkv = 2;
+      c.topk = topk;
+      c.blk = 1;
+      c.seed = 2700 + unsigned(i);
+      Bench t(c);
+      const int64_t total_q = t.p.total_q();
+      auto put = [&](int64_t h, int64_t tok, int64_t slot) {
+        int64_t b = 0;
+        while (t.p.q_start(b + 1) <= tok) ++b;
+        int32_t id = bad[i];
+        if (i == 2) id = t.p.lk[b];
+        if (i == 3) id = t.p.lk[b] + 1000;
+        t.q2k->data<int32_t>()[(h * total_q + tok) * topk + slot] = id;
+      };
+      put(1, total_q - 1, 3);
+      put(1, 4, 2);  // earlier in (head, token, slot) order
+      copy_to_device(*t.q2k, t.q2k_d.buf, t.stream);
+      t.plan_gpu();
+      t.run_gpu();
+      expect_status(t.status_words(), StatusCode::block_id_out_of_range, 1, 4, 2);
+    }
+  // A repeated id: the second occurrence is the offence.
+  for (int64_t topk : {int64_t(4), int64_t(100)}) {
+    SCOPED_TRACE("repeat, topk " + std::to_string(topk));
+    Config c;
+    c.lq = {3};
+    c.lk = {1000};
+    c.topk = topk;
+    c.blk = 1;
+    c.seed = 2750 + unsigned(topk);
+    Bench t(c);
+    const std::vector<std::vector<int32_t>> rows = {{0, 1, 2, 3}, {999, 5, -1, 5}, {7, 7, 7, 7}};
+    set_q2k(t, [&](int64_t, int64_t, int64_t i) { return rows[size_t(i)]; });
+    t.plan_gpu();
+    t.run_gpu();
+    expect_status(t.status_words(), StatusCode::block_id_repeated, 0, 1, 3);
+  }
+}
+
+// Bad page ids under selected keys are reported (batch, column, page id) and their rows attend
+// nothing; a clean page table then runs clean. K > 64 selecting every key (the bitmap union, page
+// lookups by the producers), and K = 8 selecting the first key of each 128-key page (8 warps:
+// pages read by the one-warp union).
+TEST(DecodeGpu, TokenIdsBadPageIdsReported) {
+  MSA_REQUIRE_GPU();
+  struct Kind {
+    int64_t topk, page;
+  };
+  for (const Kind kind : {Kind{600, 32}, Kind{8, 128}}) {
+    SCOPED_TRACE("topk " + std::to_string(kind.topk) + " page " + std::to_string(kind.page));
+    Config c;
+    c.lq = {1, 2, 1, 3, 1};
+    c.lk = {300, 500, 100, 580, 200};
+    c.page_size = kind.page;
+    c.topk = kind.topk;
+    c.blk = 1;
+    c.seed = 2800 + unsigned(kind.topk);
+    Bench t(c);
+    set_q2k(t, [&](int64_t, int64_t b, int64_t) {
+      std::vector<int32_t> ids;
+      const int32_t step = kind.topk > 64 ? 1 : int32_t(kind.page);
+      for (int32_t j = 0; j < t.p.lk[b]; j += step) ids.push_back(j);
+      return ids;
+    });
+    const int64_t mp = t.paged.page_table.t.shape[1], pages = t.paged.k.t.shape[0];
+    const int col1 = kind.page == 32 ? 15 : 3, col3 = kind.page == 32 ? 7 : 4;  // within lk
+    int32_t* pt = t.paged.page_table.data<int32_t>();
+    pt[3 * mp + col3] = int32_t(pages);  // (batch 3, col3): one past the pool
+    pt[1 * mp + col1] = INT_MIN;         // (batch 1, col1): the first offence
+    pt[4 * mp + 0] = -1;
+    copy_to_device(t.paged.page_table, t.page_table.buf, t.stream);
+    t.plan_gpu();
+    t.run_gpu();
+    expect_status(t.status_words(), StatusCode::page_id_out_of_range, 1, col1, INT_MIN);
+    const PagedKV clean = make_paged(t.p, c.layout, c.page_size, c.seed + 1);  // Bench's pages
+    std::copy(clean.page_table.data<int32_t>(),
+              clean.page_table.data<int32_t>() + clean.page_table.t.numel(), pt);
+    copy_to_device(t.paged.page_table, t.page_table.buf, t.stream);
+    t.run_gpu();
+    t.expect_matches_reference("clean page table");
+  }
+}
+
+// A captured graph replayed with new lengths (within the plan) and new token ids, both widths.
+TEST(DecodeGpu, TokenIdsGraphReplay) {
+  MSA_REQUIRE_GPU();
+  for (int warps : kWidths) {
+    SCOPED_TRACE("forced width " + std::to_string(warps));
+    Config c;
+    c.warps = warps;
+    c.lq = {1, 4, 2, 8};
+    c.lk = {3000, 257, 1800, 900};
+    c.hq = 32;
+    c.hkv = 2;
+    c.page_size = 32;
+    c.topk = 300;
+    c.blk = 1;
+    c.seed = 2900;
+    expect_graph_replays(c, 4, 29, 2950);
+  }
+}
+
+// Plan-time limits of token ids: a request's planned capacity (its length rounded up to 128 keys,
+// or max_pages * page_size without host lengths) must fit the union bitmap's 65536 keys
+// (msa::Error naming the request), whatever max_pages * page_size; lengths that grow past the
+// plan at run time are reported as for blocks.
+TEST(DecodeGpu, TokenIdsPlanLimits) {
+  MSA_REQUIRE_GPU();
+  Config c;
+  c.lq = {2, 1};
+  c.lk = {60000, 3};
+  c.hq = 16;
+  c.hkv = 1;
+  c.page_size = 256;  // max_pages * page_size: 236 x 256 = 60416 keys (one spare column)
+  c.topk = 64;
+  c.blk = 1;
+  c.seed = 3000;
+  Bench t(c);
+  t.plan_gpu();
+  t.run_gpu();
+  t.expect_matches_reference();
+  // A request of 65537 keys: refused; planned at 65536 keys, the same shape plans (max_pages *
+  // page_size = 258 x 256 = 66048 keys, past the bitmap).
+  Config big = c;
+  big.lk = {65537, 3};
+  big.seed = 3001;
+  Bench tb(big);
+  expect_error([&] { tb.plan_gpu(); },
+               "decode: sparse CUDA decode with token ids (kv_block_size 1) takes up to 65536 keys "
+               "per request; request 0 has 65537 keys (planned capacity 65664");
+  const int64_t cap = tb.paged.page_table.t.shape[1] * big.page_size;
+  expect_error([&] { tb.plan_gpu(nullptr); }, "request 0 has " + std::to_string(cap) + " keys");
+  std::vector<int32_t> shorter = {65536, 3};
+  tb.plan_gpu(shorter.data());  // planned, with max_pages * page_size past the bitmap
+  // The run's lengths past that plan: reported, the keys past it not attended.
+  tb.run_gpu();
+  expect_status(tb.status_words(), StatusCode::kv_length_past_plan, 0, 65537, 65536);
+  std::copy(shorter.begin(), shorter.end(), tb.paged.seqused_k.data<int32_t>());
+  copy_to_device(tb.paged.seqused_k, tb.seqused.buf, tb.stream);
+  set_q2k(tb, [&](int64_t, int64_t b, int64_t i) {
+    std::vector<int32_t> ids;
+    for (int32_t j = shorter[b] - 1; j >= 0 && ids.size() < 64; j -= 1 + int32_t(i) * 17)
+      ids.push_back(j);
+    return ids;
+  });
+  tb.run_gpu();
+  tb.expect_matches_reference("65536 keys");
 }
 
 }  // namespace

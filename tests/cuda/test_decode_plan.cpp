@@ -3,13 +3,15 @@
 // and lengths with either width, that the split-KV work list covers every (request, query chunk)
 // unit's tiles exactly once in contiguous items, that its jobs and partial slots are consistent,
 // that it is flagged as the identity exactly when it is one, and that it fits the workspace the
-// shape alone sizes; the same at head dims 64 and 256, with 256's chunks of a query's heads.
+// shape alone sizes; the same at head dims 64 and 256, with 256's chunks of a query's heads, and
+// for token ids (kv_block_size 1: one query per CTA, the union bitmap's limit per request).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 
 #include "cuda/sm90/decode/plan.h"
 #include "msa/error.h"
@@ -243,6 +245,83 @@ TEST(DecodePlan, HeadDims) {
 
 // The same at head dims 64 and 256.
 TEST(DecodePlan, HeadDimWorkLists) { expect_valid_random_work_lists(23, 120, true); }
+
+// Token ids (kv_block_size 1): one query per CTA at every G (the consumers' masks cover whole
+// 64-slot windows), 128 union entries per tile, so K = 2048 splits every unit into at least
+// four items (kMaxItemEntries = 512); the union bitmap covers up to 65536 keys per request,
+// which build_work_list checks on each request's planned capacity (not on max_pages * page_size).
+TEST(DecodePlan, TokenIds) {
+  for (int g : {1, 2, 4, 8, 16}) {
+    SCOPED_TRACE(testing::Message() << "G " << g);
+    DecodeShape s = shape(8, 4, 20000, 2048);
+    s.kv_block_size = 1;
+    s.num_kv_heads = 2;
+    s.num_q_heads = 2 * g;
+    const Geometry geo = geometry(s, kH200);
+    EXPECT_EQ(geo.queries_per_chunk, 1);
+    EXPECT_EQ(geo.chunks, 4);
+    EXPECT_EQ(geo.rows_max, g);
+    EXPECT_EQ(geo.entries_per_tile, 128);
+    EXPECT_EQ(geo.max_tiles_per_item, 4);
+    EXPECT_EQ(geo.bitmap_words, (20096 + 31) / 32);  // 157 pages of 128
+    const WorkList w = build_work_list(s, geo, std::vector<int64_t>(8, 20000));
+    for (const DecodeItem& it : w.items) EXPECT_LE(it.tile_end - it.tile_begin, 4);
+    EXPECT_GE(w.items.size(), size_t(8 * 4 * 4));
+    expect_valid_work_list(s, 4, std::vector<int64_t>(8, 20000));
+    expect_valid_work_list(s, 8, std::vector<int64_t>(8, 20000));
+  }
+  // Capacity past the bitmap: the shape sizes a full bitmap and plans requests that fit.
+  DecodeShape s = shape(3, 2, int64_t(1) << 20, 64);
+  s.kv_block_size = 1;
+  const Geometry geo = geometry(s, kH200);
+  EXPECT_EQ(geo.bitmap_words, kMaxBitmapWords);
+  EXPECT_LE(geo.bytes, workspace_bytes(s, kH200));
+  expect_valid_work_list(s, 8, {65536, 0, 65409});  // capacities 65536, 0, 65536
+  try {
+    build_work_list(s, geo, {100, 65537, 3});
+    ADD_FAILURE() << "a request of 65537 keys planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "decode: sparse CUDA decode with token ids (kv_block_size 1) takes up to 65536 "
+                  "keys per request; request 1 has 65537 keys (planned capacity 65664"),
+              std::string::npos)
+        << e.what();
+  }
+  // Without host lengths every request has max_pages * page_size keys.
+  EXPECT_THROW(build_work_list(s, geo, std::vector<int64_t>(3, int64_t(1) << 20)), Error);
+  // Blocks of 64 and 128 keep their shape-level check.
+  s.kv_block_size = 64;
+  s.max_pages = 2048 * 32 * 64 / 128 + 1;
+  EXPECT_THROW(geometry(s, kH200), Error);
+}
+
+// Random token-id plans (K up to 2048, lengths up to 65536) against expect_valid_work_list.
+TEST(DecodePlan, TokenIdWorkLists) {
+  std::mt19937 rng(29);
+  for (int trial = 0; trial < 150; ++trial) {
+    const int batch = 1 + int(rng() % (trial % 10 == 0 ? 2000 : 40));
+    const int queries = 1 + int(rng() % 9);
+    const int64_t keys = 1 + int64_t(rng() % 65536);
+    const int topk = trial % 3 == 0 ? 2048 : 1 + int(rng() % 600);
+    const int d = trial % 3 == 0 ? 64 : trial % 3 == 1 ? 128 : 256;
+    DecodeShape s = shape(batch, queries, keys, topk, trial % 4 == 1 && d > 64 ? DType::fp8_e4m3
+                                                                             : DType::bf16);
+    s.head_dim = d;
+    s.kv_block_size = 1;
+    s.num_kv_heads = 1 + int(rng() % 4);
+    s.num_q_heads = (1 << (rng() % 5)) * s.num_kv_heads;
+    std::vector<int64_t> lengths(batch);
+    for (int64_t& l : lengths)
+      l = rng() % 5 == 0 ? 0 : int64_t(rng() % (int64_t(s.max_pages) * s.page_size + 1));
+    for (int warps : {4, 8}) {
+      SCOPED_TRACE(testing::Message() << "trial " << trial << ": D " << d << " B " << batch
+                                      << " q " << queries << " keys " << keys << " topk " << topk
+                                      << " width " << warps);
+      EXPECT_EQ(geometry(s, kH200, warps).queries_per_chunk, 1);
+      expect_valid_work_list(s, warps, lengths);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace msa::cuda::decode

@@ -1,10 +1,11 @@
 // The decode main kernel: one CTA per (work item, kv head). It checks its request and builds the
 // sparse union (union.cuh, all threads); then the producer warpgroup streams the item's key slots
-// into a ring of stages (load.cuh: page lookups, TMA boxes and cp.async rows, each stage's arrival
-// on its `full` mbarrier), while the consumer warps attend their (row tile, key partition) share of
-// every stage (attend.cuh) and free it by arriving at its named barrier; the consumers merge
-// (epilogue.cuh), the last split of a request merges the splits (combine.cuh) and the last CTA
-// whose producers are done writes the status (status.cuh). Included by launch_kernels.cuh only.
+// into a ring of stages (load.cuh: page lookups, TMA boxes and cp.async rows, or cp.async rows
+// alone for token ids; each stage's arrival on its `full` mbarrier), while the consumer warps
+// attend their (row tile, key partition) share of every stage (attend.cuh) and free it by arriving
+// at its named barrier; the consumers merge (epilogue.cuh), the last split of a request merges the
+// splits (combine.cuh) and the last CTA whose producers are done writes the status (status.cuh).
+// Included by launch_kernels.cuh only.
 //
 // Consumer roles: rows = queries x G (<= 16 kW / parts, parts = plan.h dim_parts: 2 at D = 256,
 // else 1) form nrt 16-row tiles; the kW consumer warps split as parts x nrt row tiles x kp key
@@ -169,15 +170,44 @@ __device__ __forceinline__ void produce_fp4(const DecodeParams& p, const TileSou
   }
 }
 
+// The producers' loop over token ids (kv_block_size 1, load.cuh issue_token_stage): every row of
+// every stage by cp.async, each thread's rows looked up a stage ahead; each producer thread
+// arrives twice per fill as in the block loop (no TMA bytes to announce).
+template <KV kKV, int kW, int kD>
+__device__ __forceinline__ void produce_tokens(const DecodeParams& p, const TileSource& src,
+                                               int s0, int steps, uint32_t pipe, uint64_t* full,
+                                               int* slot_key, float* slot_scale) {
+  using Tr = Traits<kKV, kW, kD>;
+  constexpr int kS = Tr::kStageKeys;
+  TokenRows<kKV, kW, kD> cur, next;
+  if (steps > 0) cur = lookup_token_rows<kKV, kW, kD>(p, src, s0);
+  for (int it = 0; it < steps; ++it) {
+    const int stage = it % Tr::kStages;
+    if (it + 1 < steps) next = lookup_token_rows<kKV, kW, kD>(p, src, s0 + (it + 1) * kS);
+    if (it >= Tr::kStages) empty_barrier<true>(stage, Tr::kThreads);
+    issue_token_stage<kKV, kW, kD>(p, src, cur, pipe + stage * Tr::kStageBytes,
+                                   slot_key + stage * kS,
+                                   slot_scale ? slot_scale + stage * 2 * kS : nullptr);
+    sm90::mbar_arrive(&full[stage]);
+    sm90::cp_async_mbar_arrive(&full[stage]);
+    cur = next;
+  }
+}
+
 // tm_k / tm_v: the K and V pools as 4-D TMA maps with boxes of 2^p.box_shift slots x one 128-byte
-// line (launch.cu; unused by NVFP4). kSlotScales: FP8 with per-slot scales (p.slot_scales), a
-// kernel of its own so that the per-tensor kernels keep their code (one runtime branch cost them
-// 1.6% on DEC-MTP).
-template <typename TQ, KV kKV, int kW, int kD, bool kSlotScales>
+// line (launch.cu; unused by NVFP4 and token kernels). kSlotScales: FP8 with per-slot scales
+// (p.slot_scales), a kernel of its own so that the per-tensor kernels keep their code (one runtime
+// branch cost them 1.6% on DEC-MTP). kTokens: sparse plans of token ids (kv_block_size 1), whose
+// producers copy every row by cp.async (produce_tokens), also kernels of their own: a runtime
+// branch to that loop changed the block kernels' register allocation and spills (ptxas). NVFP4
+// producers copy per slot already, so NVFP4 runs token ids in its block kernels.
+template <typename TQ, KV kKV, int kW, int kD, bool kSlotScales, bool kTokens>
 __global__ void __launch_bounds__(Traits<kKV, kW, kD>::kThreads, kW == 4 ? 2 : 1)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_v) {
   static_assert(kKV == KV::fp8 || !kSlotScales, "decode_kernel: only FP8 KV takes per-slot scales");
+  static_assert(kKV != KV::nvfp4 || !kTokens,
+                "decode_kernel: NVFP4 runs token ids in its block kernels (per-slot copies)");
   using Tr = Traits<kKV, kW, kD>;
   constexpr int kDP = Tr::kDimParts;
   static_assert(Tr::kStages == 2 || Tr::kStages == 3,
@@ -269,6 +299,8 @@ __global__ void __launch_bounds__(Traits<kKV, kW, kD>::kThreads, kW == 4 ? 2 : 1
     sm90::regs_dealloc<Tr::kProducerRegs>();
     if constexpr (kKV == KV::nvfp4) {
       produce_fp4<kW>(p, src, s0, steps, pipe, full, slot_key);
+    } else if constexpr (kTokens) {
+      produce_tokens<kKV, kW, kD>(p, src, s0, steps, pipe, full, slot_key, slot_scale);
     } else {
       // The next stage's page-table reads are in flight while this one waits for its slot.
       if (threadIdx.x < 32) {
@@ -333,7 +365,8 @@ __global__ void __launch_bounds__(Traits<kKV, kW, kD>::kThreads, kW == 4 ? 2 : 1
   lp.steps = steps;
   lp.s0 = s0;
   lp.e0 = src.e0;
-  lp.masks = nq > 1 ? masks : nullptr;  // a one-query union holds only its query's blocks
+  // A one-query union holds only its query's blocks; token plans have one query per CTA (plan.cpp).
+  lp.masks = !kTokens && nq > 1 ? masks : nullptr;
   lp.kb0 = kpi * kw;
   lp.warp_climit = warp_climit;
   if constexpr (kDP > 1) lp.v_part = uint32_t(dp) * (Tr::kLines / kDP) * (kS * 128);

@@ -142,7 +142,7 @@ DecodeParams make_params(const AttentionArgs& a, const DecodeShape& s, const Geo
   // (DecodeGpu.Pages256: rel L2 ~0.3 against the CPU; the same stages in two 128-slot boxes
   // match), cause not found; the second box is one more TMA instruction per 256 slots.
   int box = std::min({s.page_size, keys, 128});
-  if (g.sparse) box = std::min(box, s.kv_block_size);
+  if (g.sparse) box = std::min(box, s.kv_block_size);  // token ids: 1, unused (no TMA boxes)
   p.box_shift = log2_exact(box);
   p.max_queries = s.max_queries_per_request;
   p.queries_per_chunk = g.queries_per_chunk;
@@ -267,9 +267,11 @@ void decode_run(const AttentionArgs& a, const DecodeShape& s, const DecodeWork& 
   // lines). A 128-byte L2 fetch per line: fp8 NHD rows at D = 128 are one line, and with 256
   // bytes every row pulled in a line of the next head, which the per-head sparse selections
   // rarely read (measured on DEC-MTP fp8). An empty pool gets no map (every page id is out of
-  // range, so no box is ever loaded by TMA).
+  // range, so no box is ever loaded by TMA). NVFP4 rows (load_fp4.cuh) and the rows of token ids
+  // (kv_block_size 1, load.cuh issue_token_stage) are copied by cp.async and get no map.
   CUtensorMap tm_k{}, tm_v{};
-  if (p.num_pages > 0 && !fp4) {  // NVFP4 rows are copied by cp.async (load_fp4.cuh)
+  const bool tokens = g.sparse && s.kv_block_size == 1;
+  if (p.num_pages > 0 && !fp4 && !tokens) {
     const bool nhd = s.layout == KVLayout::paged_nhd;
     const uint32_t cols = fp8 ? 128u : 64u, keys = 1u << p.box_shift;
     tm_k = make_tma_paged(a.kv.k.values, nhd, cols, keys, "k", "decode", 128);

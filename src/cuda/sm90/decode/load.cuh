@@ -1,9 +1,10 @@
 // Producer side of the decode kernel: one pipeline stage (K and V of kStageKeys consecutive key
 // slots of the item, traits.h) from the page pool into shared memory: whole boxes of keys by TMA
 // (one lane of warp 0 per box), the rest row by row with 16-byte cp.async by the producer
-// warpgroup's 128 threads. Slots without a key (past the length, past the union or the item, bad
-// page id) are zero-filled and marked -1 in slot_key, so no byte of an unused page slot ever
-// reaches the math. Used by kernel.cuh.
+// warpgroup's 128 threads; with token ids (kv_block_size 1, issue_token_stage) every row by
+// cp.async. Slots without a key (past the length, past the union or the item, bad page id) are
+// zero-filled and marked -1 in slot_key, so no byte of an unused page slot ever reaches the math.
+// Used by kernel.cuh.
 #pragma once
 
 #include <cstdint>
@@ -231,6 +232,101 @@ __device__ __forceinline__ void issue_stage(const DecodeParams& p, const TileSou
       }
     }
   }
+}
+
+// Token ids (kv_block_size 1, sparse; docs/semantics.md, Token-sparse attention): every slot of a
+// stage is a union entry of its own, one key anywhere in the request, so a stage has no run of
+// consecutive keys for a TMA box, and sm_90's TMA has no gather. Every row is copied by the
+// 16-byte cp.async (copy_token_row), as issue_stage copies the rows of partial boxes, spread over
+// the warpgroup's 128 threads. TMA boxes of one row were the alternative: 2 x kLines single-line
+// box instructions per key (e.g. 512 a stage for 8 warps at D = 128, bf16), all issued by few
+// lanes, where cp.async spreads the same rows over 128 threads at 16 per thread and keeps the
+// zero fill, the page check and the slot keys of the existing copy path.
+//
+// Each producer thread looks up the key and page of the rows it copies itself (StageRows: its
+// kPasses rows; the kLanesPerRow lanes of a row read the same words, served as one), a stage
+// ahead as lookup_stage is, so the page-table latency hides behind the wait for a free stage.
+template <KV kKV, int kW, int kD>
+struct TokenRows {
+  RowSource r[StageRows<kKV, kW, kD>::kPasses];
+};
+
+template <KV kKV, int kW, int kD>
+__device__ __forceinline__ TokenRows<kKV, kW, kD> lookup_token_rows(const DecodeParams& p,
+                                                                    const TileSource& src,
+                                                                    int slot0) {
+  using Rows = StageRows<kKV, kW, kD>;
+  TokenRows<kKV, kW, kD> t;
+#pragma unroll
+  for (int pass = 0; pass < Rows::kPasses; ++pass)
+    t.r[pass] = lookup_row(p, src, slot0 + Rows::row(pass));
+  return t;
+}
+
+// One row of a token stage, by the kLanesPerRow lanes that own it (StageRows): its K and V by
+// 16-byte cp.async that zero-fill a row without a key (j = -1; a key on a page id out of range is
+// reported and its row left empty), then, by the row's first lane, its slot key (-1: none) and,
+// with per-slot FP8 scales (slot_scale non-null), its K and V scales (stage_scale). The same steps
+// as issue_stage's rows outside TMA boxes, kept apart so that the block kernels' code stays as it
+// is (issue_stage calling this function changed their register allocation and stack frames).
+template <KV kKV, int kW, int kD>
+__device__ __forceinline__ void copy_token_row(const DecodeParams& p, const TileSource& src,
+                                               int row, int j, int32_t page, uint32_t stage_base,
+                                               int* slot_key, float* slot_scale) {
+  using Tr = Traits<kKV, kW, kD>;
+  using Rows = StageRows<kKV, kW, kD>;
+  constexpr int kS = Tr::kStageKeys;
+  constexpr int kElem = kByteStage<kKV> ? 1 : 2;
+  constexpr int kLines = Tr::kLines;
+  const int sub = (threadIdx.x & 31) % Rows::kLanesPerRow;  // first chunk of this lane
+  int64_t koff = 0, voff = 0;
+  if (j >= 0) {
+    const int slot = j & (p.page_size - 1);
+    if (page < 0 || page >= p.num_pages) {
+      if (sub == 0)
+        report(p, Offence::page,
+               uint64_t(src.b) * uint64_t(p.max_pages) + uint64_t(j >> p.page_shift),
+               StatusCode::page_id_out_of_range);
+      j = -1;
+    } else {
+      koff = (page * p.k_stride_page + slot * p.k_stride_slot + src.h * p.k_stride_head) * kElem;
+      voff = (page * p.v_stride_page + slot * p.v_stride_slot + src.h * p.v_stride_head) * kElem;
+    }
+  }
+  const auto* kbase = static_cast<const uint8_t*>(p.k);
+  const auto* vbase = static_cast<const uint8_t*>(p.v);
+  const uint32_t bytes = j >= 0 ? 16u : 0u;
+#pragma unroll
+  for (int i = 0; i < Rows::kChunksPerLane; ++i) {
+    const int chunk = sub + Rows::kLanesPerRow * i;
+    const uint32_t dst = stage_base + tile_offset<kLines, kS>(row, chunk);
+    sm80::cp_async_16(dst, kbase + koff + chunk * 16, bytes);
+    sm80::cp_async_16(dst + Tr::kStageKBytes, vbase + voff + chunk * 16, bytes);
+  }
+  if (sub == 0) {
+    slot_key[row] = j;
+    if (slot_scale) {  // j >= 0: its page is in range (checked above)
+      const int64_t token = j >= 0 ? int64_t(page) * p.page_size + (j & (p.page_size - 1)) : 0;
+      stage_scale(p.k_scale, p.k_scale_kind, token, src.h, p.num_kv_heads, j >= 0,
+                  slot_scale + row);
+      stage_scale(p.v_scale, p.v_scale_kind, token, src.h, p.num_kv_heads, j >= 0,
+                  slot_scale + kS + row);
+    }
+  }
+}
+
+// Second half of a token stage: every row by cp.async (copy_token_row), no TMA bytes announced,
+// so the stage completes with the producers' two arrivals alone (kernel.cuh produce_tokens).
+template <KV kKV, int kW, int kD>
+__device__ __forceinline__ void issue_token_stage(const DecodeParams& p, const TileSource& src,
+                                                  const TokenRows<kKV, kW, kD>& t,
+                                                  uint32_t stage_base, int* slot_key,
+                                                  float* slot_scale) {
+  using Rows = StageRows<kKV, kW, kD>;
+#pragma unroll
+  for (int pass = 0; pass < Rows::kPasses; ++pass)
+    copy_token_row<kKV, kW, kD>(p, src, Rows::row(pass), t.r[pass].key, t.r[pass].page,
+                                stage_base, slot_key, slot_scale);
 }
 
 }  // namespace msa::cuda::decode

@@ -111,6 +111,11 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
   g.heads_per_chunk = int(ceil_div(g.group, g.head_chunks));
   g.queries_per_chunk =
       std::min(std::max(1, rows / g.heads_per_chunk), s.max_queries_per_request);
+  // Token ids (kv_block_size 1): one query per CTA. The consumers apply a union entry's query mask
+  // to a whole attend window of up to 64 slots (kernel.cuh consume), which holds one block of 64
+  // or 128 keys but 64 entries of one key each; a one-query CTA attends every entry of its union
+  // and needs no mask. (Several queries per CTA would need a mask per slot in the consumers.)
+  if (g.sparse && s.kv_block_size == 1) g.queries_per_chunk = 1;
   g.chunks = int(ceil_div(s.max_queries_per_request, g.queries_per_chunk)) * g.head_chunks;
   g.rows_max = g.queries_per_chunk * g.heads_per_chunk;
   const int64_t cap_keys = int64_t(s.max_pages) * s.page_size;
@@ -119,10 +124,17 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
     g.entries_per_tile = kTileKeys / s.kv_block_size;
     g.max_tiles_per_item = kMaxItemEntries / g.entries_per_tile;
     const int64_t blocks = ceil_div(cap_keys, s.kv_block_size);
-    MSA_CHECK(ceil_div(blocks, 32) <= kMaxBitmapWords, "decode shape: sparse CUDA decode supports up to ",
-              int64_t(kMaxBitmapWords) * 32, " kv blocks per request (max_pages * page_size / ",
-              "kv_block_size), got ", blocks);
-    g.bitmap_words = int(ceil_div(blocks, 32));
+    if (s.kv_block_size == 1) {
+      // Token ids: the bitmap covers up to kMaxBitmapWords x 32 keys, and build_work_list refuses
+      // a request whose planned capacity exceeds that, so a shape with a larger max_pages x
+      // page_size still plans requests that fit.
+      g.bitmap_words = int(std::min<int64_t>(ceil_div(blocks, 32), kMaxBitmapWords));
+    } else {
+      MSA_CHECK(ceil_div(blocks, 32) <= kMaxBitmapWords,
+                "decode shape: sparse CUDA decode supports up to ", int64_t(kMaxBitmapWords) * 32,
+                " kv blocks per request (max_pages * page_size / ", "kv_block_size), got ", blocks);
+      g.bitmap_words = int(ceil_div(blocks, 32));
+    }
     tiles_max = ceil_div(std::min<int64_t>(int64_t(g.queries_per_chunk) * s.topk, blocks),
                          g.entries_per_tile);
   } else {
@@ -194,6 +206,14 @@ WorkList build_work_list(const DecodeShape& s, const Geometry& g,
   int64_t total = 0, largest = 1;
   for (int b = 0; b < s.batch; ++b) {
     const int64_t cap = key_capacity(s, lengths[b]);
+    // Token ids: the union bitmap has a bit per key of the request (geometry's bitmap_words), and
+    // the kernel attends at most a request's planned capacity, so that capacity must fit it.
+    MSA_CHECK(!g.sparse || s.kv_block_size != 1 || cap <= int64_t(g.bitmap_words) * 32,
+              "decode: sparse CUDA decode with token ids (kv_block_size 1) takes up to ",
+              int64_t(kMaxBitmapWords) * 32, " keys per request; request ", b, " has ",
+              lengths[b], " keys (planned capacity ", cap,
+              ": the length rounded up to a multiple of 128, or max_pages * page_size when "
+              "seqused_k_host is null)");
     w.key_cap[b] = int32_t(cap);
     for (int c = 0; c < g.chunks; ++c) {
       tiles.push_back(unit_tiles(s, g, cap, c));

@@ -15,7 +15,9 @@ namespace msa::cuda::decode {
 constexpr int kTileKeys = 128;          // key slots per tile (traits.h builds on this)
 constexpr int kSparseRows = 16;         // sparse: one m16 row tile, so all warps split keys
 constexpr int kMaxItemEntries = 512;    // sparse: union entries one item may cover (smem ids/masks)
-constexpr int kMaxBitmapWords = 2048;   // sparse: union bitmap words (65536 blocks per request)
+// sparse: union bitmap words, 65536 blocks per request (token ids: 65536 keys, which
+// build_work_list checks on every request's planned capacity)
+constexpr int kMaxBitmapWords = 2048;
 
 // The head dims the kernels are compiled for (launch_kernels.h lists the instantiations).
 constexpr bool is_decode_head_dim(int d) { return d == 64 || d == 128 || d == 256; }

@@ -2,7 +2,9 @@
 // in shared memory at the start of every CTA (so run() accepts a new q2k without a new plan).
 // A bitmap over the request's blocks gives the union in ascending block order; this item's
 // entries [e0, e1) get their block id and a mask of the queries (bit qi) that selected them.
-// q2k ids are checked on the way (out of range, repeated within a row). Used by kernel.cuh.
+// q2k ids are checked on the way (out of range, repeated within a row). With token ids
+// (kv_block_size 1) a block is one key: the bitmap has a bit per key of the request, rows may come
+// in any order, and every CTA has one query (plan.cpp). Used by kernel.cuh.
 #pragma once
 
 #include <cstdint>
