@@ -377,6 +377,13 @@ __device__ __forceinline__ uint32_t warp_exclusive_scan(uint32_t v, uint32_t& to
   return incl - v;
 }
 
+// hist[key >> shift] += 1 unless key is 0 (-inf), as a predicated shared reduction: no branch.
+__device__ __forceinline__ void count_key(const uint32_t* hist, uint32_t key, int shift) {
+  const uint32_t at = uint32_t(__cvta_generic_to_shared(hist + (key >> shift)));
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t@p red.shared.add.u32 [%0], 1;\n\t}"
+               ::"r"(at), "r"(key) : "memory");
+}
+
 __device__ __forceinline__ uint32_t count_gt(const uint4& v, uint32_t t) {
   return uint32_t(v.x > t) + uint32_t(v.y > t) + uint32_t(v.z > t) + uint32_t(v.w > t);
 }
@@ -409,37 +416,49 @@ __device__ __forceinline__ void whole_row_write(WholeRowSmem& s, int groups, int
     s.warp_eq[warp] = eq;
   }
   __syncthreads();
-  uint32_t sel = 0, tie = 0, all_gt = 0, all_eq = 0;
-#pragma unroll
-  for (int w = 0; w < (kT / 32); ++w) {
-    const uint32_t a = s.warp_gt[w], b = s.warp_eq[w];
-    if (w < warp) {
-      sel += a;
-      tie += b;
-    }
-    all_gt += a;
-    all_eq += b;
-  }
+  // The warps before this one and all of them, by two lane reductions (lane w reads warp w's).
+  constexpr int kW = kT / 32;
+  const uint32_t wg = lane < kW ? s.warp_gt[lane] : 0u, we = lane < kW ? s.warp_eq[lane] : 0u;
+  uint32_t sel = __reduce_add_sync(0xffffffffu, lane < warp ? wg : 0u);
+  uint32_t tie = __reduce_add_sync(0xffffffffu, lane < warp ? we : 0u);
+  const uint32_t all_gt = __reduce_add_sync(0xffffffffu, wg);
+  const uint32_t all_eq = __reduce_add_sync(0xffffffffu, we);
   const uint32_t above_t = uint32_t(topk) - need;
   for (int base = ga; base < gb; base += 32) {
     if (t != 0 && sel >= above_t && tie >= need) break;  // the rest takes nothing (warp-uniform)
     const int g = base + lane;
     const uint4 v = g < gb ? k4[g] : make_uint4(0u, 0u, 0u, 0u);
-    const uint32_t c = (count_gt(v, t) << 16) | (t != 0 ? count_eq(v, t) : 0u);
+    const uint32_t key[4] = {v.x, v.y, v.z, v.w};
+    uint32_t gm = 0, em = 0;  // this thread's keys above t and equal to t, a bit each
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      gm |= key[e] > t ? 1u << e : 0u;
+      em |= t != 0 && key[e] == t ? 1u << e : 0u;
+    }
+    const uint32_t c = (uint32_t(__popc(gm)) << 16) | uint32_t(__popc(em));
     uint32_t total;
     const uint32_t excl = warp_exclusive_scan(c, total);
     uint32_t ls = sel + (excl >> 16), lt = tie + (excl & 0xffffu);
-    const uint32_t key[4] = {v.x, v.y, v.z, v.w};
+    const int32_t id0 = first_id + 4 * g;
+    if (__any_sync(0xffffffffu, em != 0)) {  // ties in this step: key by key
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int32_t id = first_id + 4 * g + e;
-      if (key[e] > t) {
-        const uint32_t slot = ls + min(lt, need);
-        if (slot < uint32_t(topk)) out[slot] = id;
-        ++ls;
-      } else if (t != 0 && key[e] == t) {
-        if (lt < need && ls + lt < uint32_t(topk)) out[ls + lt] = id;
-        ++lt;
+      for (int e = 0; e < 4; ++e) {
+        if (gm & (1u << e)) {
+          const uint32_t slot = ls + min(lt, need);
+          if (slot < uint32_t(topk)) out[slot] = id0 + e;
+          ++ls;
+        } else if (em & (1u << e)) {
+          if (lt < need && ls + lt < uint32_t(topk)) out[ls + lt] = id0 + e;
+          ++lt;
+        }
+      }
+    } else {  // no ties: this thread's keys above t take consecutive slots
+      uint32_t slot = ls + min(lt, need);
+      while (gm != 0) {
+        const int e = __ffs(gm) - 1;
+        gm &= gm - 1;
+        if (slot < uint32_t(topk)) out[slot] = id0 + e;
+        ++slot;
       }
     }
     sel += total >> 16;
@@ -562,10 +581,10 @@ __global__ void __launch_bounds__(kT) token_topk_whole_row_kernel(TokenTopKParam
                                      topk_key(v[u].w));
         k4[j] = key;
         if (select) {
-          if (key.x != 0) atomicAdd(&s.hist0[key.x >> kShift0], 1u);
-          if (key.y != 0) atomicAdd(&s.hist0[key.y >> kShift0], 1u);
-          if (key.z != 0) atomicAdd(&s.hist0[key.z >> kShift0], 1u);
-          if (key.w != 0) atomicAdd(&s.hist0[key.w >> kShift0], 1u);
+          count_key(s.hist0, key.x, kShift0);
+          count_key(s.hist0, key.y, kShift0);
+          count_key(s.hist0, key.z, kShift0);
+          count_key(s.hist0, key.w, kShift0);
         }
       }
     }
