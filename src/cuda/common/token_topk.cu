@@ -453,6 +453,7 @@ __device__ __forceinline__ void whole_row_write(WholeRowSmem& s, int groups, int
         }
       }
     } else {  // no ties: this thread's keys above t take consecutive slots
+      // (The counts by a ballot per key slot instead of the warp scan: 22.4 -> 23.1 us.)
       uint32_t slot = ls + min(lt, need);
       while (gm != 0) {
         const int e = __ffs(gm) - 1;
@@ -566,6 +567,7 @@ __global__ void __launch_bounds__(kT) token_topk_whole_row_kernel(TokenTopKParam
   const int nvec = (n - head) >> 2;
   const float4* vec = reinterpret_cast<const float4*>(x + head);
   uint4* k4 = reinterpret_cast<uint4*>(s.keys + mis + head);  // 16-byte aligned
+  // 4 16-byte loads in flight a thread: 8 took TOPK2048-B64 from 22.5 to 23.8 us.
   for (int j0 = threadIdx.x; j0 < nvec; j0 += 4 * kT) {
     float4 v[4];
 #pragma unroll
