@@ -1,7 +1,7 @@
 # GPU tests of msa's torch integration: torch.compile (fullgraph, and reduce-overhead CUDA
 # graphs) over the custom ops (attention, the fused block_topk, the whole pipeline), manual
-# CUDA-graph capture and replay of attention and of DecodePlan.run, torch.library.opcheck, and
-# cupy arrays through the same API.
+# CUDA-graph capture and replay of attention and of DecodePlan.run (over blocks and over token
+# ids), torch.library.opcheck, and cupy arrays through the same API.
 import pytest
 
 import msa
@@ -182,6 +182,43 @@ def test_decode_plan_in_cuda_graph():
     torch.cuda.synchronize()
     again = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, return_lse=True)
     assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+
+
+@pytest.mark.parametrize("page_size,topk", [(16, 64), (64, 2048)])
+def test_decode_token_ids_match_the_reference_and_replay(page_size, topk):
+    """Sparse decode over token ids (kv_block_size=1) on CUDA: random ascending ids per (kv head,
+    query), -1 padded, against the reference over flat K/V; then a CUDA-graph capture of run()
+    replayed with new ids equals an eager run on them."""
+    gen = torch.Generator().manual_seed(12)
+    lq, lk = [2, 1, 1, 1], [700, 1, 0, 3000]
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, 16, 2, 128, torch.bfloat16, DEV)
+    q2k = ref.random_q2k(gen, cu_q, lk, 2, topk, 1)
+    kp, vp, table, seqused = ref.to_pages(gen, k, v, cu_k, page_size)
+    with gpu_op():
+        plan = msa.DecodePlan().plan(batch=4, num_q_heads=16, num_kv_heads=2, head_dim=128,
+                                     page_size=page_size, max_pages=table.shape[1],
+                                     max_queries_per_request=2, kv_dtype=torch.bfloat16,
+                                     topk=topk, kv_block_size=1, device=DEV, seqused_k=seqused)
+        out, lse = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, q2k=q2k, return_lse=True)
+    want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k, blk=1)
+    ref.check_close(out, lse, want, want_lse)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, q2k=q2k, return_lse=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, q2k=q2k,
+                                return_lse=True)
+    q2k.copy_(ref.random_q2k(gen, cu_q, lk, 2, topk, 1))
+    graph.replay()
+    torch.cuda.synchronize()
+    again = plan.run(q, kp, vp, table, cu_q, seqused_k=seqused, q2k=q2k, return_lse=True)
+    assert torch.equal(g_out, again[0]) and torch.equal(g_lse, again[1])
+    want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k, blk=1)
+    ref.check_close(g_out, g_lse, want, want_lse)
 
 
 def test_opcheck():
