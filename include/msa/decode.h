@@ -32,7 +32,10 @@ struct DecodeShape {
 //   c = the planned capacity or max_queries_per_request); the keys or queries past the plan are
 //   then not attended. q2k may change freely between runs.
 // - Token ids (kv_block_size 1): plan() throws msa::Error when a request's planned capacity
-//   exceeds 65536 keys (the kernel's union has a bit per key); such plans run one query per CTA.
+//   exceeds 65536 keys (the kernel's union has a bit per key); such plans run one query per CTA,
+//   with all of its heads.
+// - GQA groups: every group validation takes, up to 128 (sparse: 1, 2, 4, 8, 16, or any with one
+//   kv head, e.g. MQA with 64 or 128 query heads, over blocks or token ids).
 // - run() launches one kernel on `stream` (the last split of a request to finish combines the
 //   splits), never allocates or synchronizes, and can be captured in a CUDA graph; replays read
 //   the current seqused_k and q2k. The workspace's split counters return to zero at the end of

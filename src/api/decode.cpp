@@ -29,10 +29,11 @@ void check_decode_shape(const DecodeShape& s) {
   const bool cuda = s.device.type == DeviceType::cuda;
   MSA_CHECK(g <= 128, "decode shape: GQA group num_q_heads / num_kv_heads must be at most 128, got ",
             g);
+  // CUDA takes every group this leaves (up to 128; sparse: 1, 2, 4, 8, 16, or any with one kv
+  // head): a CTA's rows map to (query, head) for any group (query_of), and sparse plans whose
+  // group does not divide 16, and all token-id plans, put one query with all its heads in a CTA
+  // (cuda/sm90/decode/plan.cpp geometry).
   if (s.topk > 0) api::check_sparse_group(g, s.num_kv_heads, "decode shape (topk > 0)");
-  // CUDA: dense decode maps a CTA's rows to (query, head) for any group (query_of); the sparse
-  // union works on 16-row tiles of whole queries.
-  if (cuda && s.topk > 0) check_cuda_group(g, "sparse decode");
   MSA_CHECK(s.head_dim > 0, "decode shape: head_dim must be > 0, got ", s.head_dim);
   MSA_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128 ||
                 s.page_size == 256,

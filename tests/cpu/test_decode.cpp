@@ -141,9 +141,20 @@ TEST(Decode, TokenSparseAndMqa) {
   Outputs o(DType::bf16, p.total_q(), p.hq, p.dim);
   plan.run(make_args(p, paged.cache(), o, &q2k, prm));
   expect_matches(o, reference_attention(p, &ids, 40, prm));
-  // CUDA decode takes token ids too, but sparse groups of up to 16 only.
+  // CUDA decode takes token ids with this group too: the shape checks pass the group and stop at
+  // this test's head dim (32), which the CUDA kernels do not take.
   sh.device = {DeviceType::cuda, 0};
-  expect_error([&] { DecodePlan::workspace_bytes(sh); }, "the CUDA kernels take a GQA group");
+  expect_error([&] { DecodePlan::workspace_bytes(sh); },
+               "decode shape: CUDA decode takes head_dim 64, 128 or 256, got 32");
+  // The sparse GQA rule holds on either device: 32 query heads a kv head over two kv heads.
+  sh.num_kv_heads = 2;
+  sh.num_q_heads = 64;
+  for (DeviceType dev : {DeviceType::cpu, DeviceType::cuda}) {
+    sh.device = {dev, 0};
+    expect_error([&] { DecodePlan::workspace_bytes(sh); },
+                 "decode shape (topk > 0): a sparse call's GQA group Hq/Hkv must be 1, 2, 4, 8 or "
+                 "16 (or one kv head for up to 128 query heads), got 32");
+  }
 }
 
 TEST(Decode, NewLengthsWithinThePlan) {

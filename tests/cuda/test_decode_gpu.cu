@@ -4,8 +4,9 @@
 // device-side status for bad ids, bad pages and lengths past the plan; NVFP4 KV; determinism; CUDA
 // graph replays with new lengths and q2k; B = 4096; offsets past 2^31; token ids (kv_block_size 1:
 // K up to 2048, shared and disjoint ids across a request's queries, quantized KV, bad ids and
-// pages, plan limits). Outputs are poisoned before each run. MSA_TEST_SMALL=1 shrinks the
-// sweep (compute-sanitizer runs).
+// pages, plan limits, MQA and other groups up to 128); sparse blocks with groups past 16.
+// Outputs are poisoned before each run. MSA_TEST_SMALL=1 shrinks the sweep (compute-sanitizer
+// runs).
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
@@ -299,7 +300,8 @@ TEST(DecodeGpu, SweepDenseAndSparse) {
 // Dense decode with any GQA group up to 128: a CTA's rows map to (query r / G, head r % G), so
 // groups that do not divide 16 (5, 7, 12: a 16-row tile holds parts of two queries) and groups past
 // 16 (24, 64, 96, 128: a query's heads span several tiles) run dense, at each CTA width, bf16 and
-// FP8 KV, against the CPU reference. A sparse plan keeps G in {1, 2, 4, 8, 16}.
+// FP8 KV, against the CPU reference. A sparse call keeps the sparse GQA rule (G in {1, 2, 4, 8,
+// 16}, or any with one kv head: TokenIdsLargeGroups, SparseBlocksAnyGroup).
 TEST(DecodeGpu, DenseAnyGroup) {
   MSA_REQUIRE_GPU();
   struct Shape {
@@ -1389,6 +1391,203 @@ TEST(DecodeGpu, TokenIdsGraphReplay) {
     c.blk = 1;
     c.seed = 2900;
     expect_graph_replays(c, 4, 29, 2950);
+  }
+}
+
+// Token ids with large and odd groups (docs/semantics.md, Token-sparse attention: MQA, one kv
+// head for up to 128 query heads): a CTA holds one query with all of its G heads as a dense plan
+// does (16-row tiles of its heads; D = 256 splits a group past 64 into chunks of its heads),
+// plan.cpp geometry. MQA at G 64 and 128, G 32, odd groups (5, 24, 40, 48, 96), K 1, 64, 300 and
+// 2048, 4 requests of 1-2 queries (some empty), pages of 16 and 64 (NaN in every slot without
+// a key), both layouts, bf16, f16 and FP8 KV (per-tensor and per-slot scales), FP8 queries, head
+// dims 64, 128 and 256, both CTA widths (4 warps where a plan has at most 64 rows), poisoned
+// outputs, against the CPU reference.
+TEST(DecodeGpu, TokenIdsLargeGroups) {
+  MSA_REQUIRE_GPU();
+  struct Shape {
+    int64_t g, d, page;
+    KVLayout layout;
+    int64_t topk;
+    DType q, kv;
+    Fp8Scale scale = Fp8Scale::per_tensor;
+  };
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const DType bf16 = DType::bf16, f16 = DType::f16, e4m3 = DType::fp8_e4m3;
+  std::vector<Shape> shapes = {
+      {64, 128, 64, nhd, 2048, bf16, bf16},
+      {128, 128, 16, hnd, 2048, bf16, bf16},
+      {32, 128, 64, nhd, 64, bf16, bf16},
+      {24, 128, 16, nhd, 1, bf16, bf16},
+      {48, 128, 64, hnd, 300, f16, f16},
+      {64, 128, 16, nhd, 64, bf16, e4m3},
+      {128, 128, 64, hnd, 2048, bf16, e4m3, Fp8Scale::per_token_head},
+      {64, 128, 64, nhd, 1, e4m3, e4m3, Fp8Scale::per_token},
+      {5, 128, 16, nhd, 300, bf16, bf16},
+      {40, 64, 64, nhd, 64, bf16, bf16},
+      {128, 64, 16, hnd, 2048, f16, f16},
+      {96, 256, 64, nhd, 300, bf16, bf16},
+      {128, 256, 16, hnd, 2048, bf16, e4m3},
+      {64, 256, 64, nhd, 64, bf16, bf16},
+  };
+  if (small_tests()) shapes.resize(4);
+  std::mt19937 rng(31);
+  unsigned seed = 3100;
+  for (int warps : kWidths)
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE("G " + std::to_string(sh.g) + ", forced width " + std::to_string(warps));
+      Config c = random_config(rng, 4, 2, small_tests() ? 600 : 3000, true);
+      c.warps = warps;
+      c.hq = sh.g;
+      c.hkv = 1;
+      c.dim = sh.d;
+      c.page_size = sh.page;
+      c.layout = sh.layout;
+      c.q_dtype = sh.q;
+      c.kv_dtype = sh.kv;
+      c.k_scale = c.v_scale = sh.scale;
+      c.topk = sh.topk;
+      c.blk = 1;
+      c.row_pad = (seed % 3) * 16;  // elements: 16-byte rows for FP8 too
+      c.sorted_q2k = seed % 2 == 0;
+      c.seed = seed++;
+      Bench t(c);
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+    }
+}
+
+// MQA at G 128 and 64 with K = 2048 over long requests: every (query, kv head) splits into at
+// least four items (plan.h kMaxItemEntries), each holding the query's G rows, and the last one
+// combines partials of G rows; bit-identical reruns. D = 256 at G 128: two chunks of 64 heads,
+// each split and combined on its own.
+TEST(DecodeGpu, TokenIdsLargeGroupsK2048Splits) {
+  MSA_REQUIRE_GPU();
+  struct Shape {
+    int64_t g, d;
+    DType kv;
+  };
+  for (const Shape sh : {Shape{128, 128, DType::bf16}, Shape{64, 128, DType::fp8_e4m3},
+                         Shape{128, 256, DType::bf16}})
+    for (int warps : kWidths) {
+      SCOPED_TRACE("G " + std::to_string(sh.g) + " D " + std::to_string(sh.d) + ", forced width " +
+                   std::to_string(warps));
+      Config c;
+      c.warps = warps;
+      c.lq = {2, 1, 2};
+      c.lk = {small_tests() ? 5000 : 20000, 2049, 3000};
+      c.hq = sh.g;
+      c.hkv = 1;
+      c.dim = sh.d;
+      c.kv_dtype = sh.kv;
+      c.page_size = 64;
+      c.topk = 2048;
+      c.blk = 1;
+      c.seed = 3200 + unsigned(sh.g + sh.d) + unsigned(warps);
+      Bench t(c);
+      std::mt19937 rng(c.seed);
+      set_q2k(t, [&](int64_t, int64_t b, int64_t i) {
+        std::vector<int32_t> ids(size_t(t.p.lk[b]));
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        ids.resize(std::min<size_t>(ids.size(), 2048 - size_t(i)));
+        if (b == 0) std::sort(ids.begin(), ids.end());
+        return ids;
+      });
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+      const auto out1 = t.out.download<uint16_t>(t.out.bytes() / 2, t.stream);
+      const auto lse1 = t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream);
+      t.run_gpu();
+      EXPECT_EQ(out1, t.out.download<uint16_t>(t.out.bytes() / 2, t.stream))
+          << "out differs run to run";
+      EXPECT_EQ(lse1, t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream))
+          << "lse differs run to run";
+    }
+}
+
+// A captured graph of an MQA plan (G 64) replayed with new lengths and new token ids, both widths.
+TEST(DecodeGpu, TokenIdsLargeGroupsGraphReplay) {
+  MSA_REQUIRE_GPU();
+  for (int warps : kWidths) {
+    SCOPED_TRACE("forced width " + std::to_string(warps));
+    Config c;
+    c.warps = warps;
+    c.lq = {1, 2, 2, 1};
+    c.lk = {3000, 257, 1800, 900};
+    c.hq = 64;
+    c.hkv = 1;
+    c.page_size = 16;
+    c.topk = 512;
+    c.blk = 1;
+    c.seed = 3300;
+    expect_graph_replays(c, 4, 33, 3350);
+  }
+}
+
+// Sparse decode over kv blocks of 64 and 128 with groups that do not divide 16 (one kv head, as
+// the sparse GQA rule asks): the same one-query CTAs as token ids (plan.cpp geometry), at G 3,
+// 24, 64, 96 (D = 256: chunks of its heads) and 128, bf16 and FP8 KV, both widths. The groups
+// that divide 16 keep their 16-row tiles (SweepDenseAndSparse).
+TEST(DecodeGpu, SparseBlocksAnyGroup) {
+  MSA_REQUIRE_GPU();
+  struct Shape {
+    int64_t g, d;
+    int blk;
+    int64_t topk;
+    DType kv;
+    int max_q;
+  };
+  std::vector<Shape> shapes = {
+      {3, 128, 64, 6, DType::bf16, 4},        {24, 128, 128, 40, DType::bf16, 2},
+      {64, 128, 64, 16, DType::fp8_e4m3, 2},  {128, 128, 128, 8, DType::bf16, 1},
+      {96, 256, 64, 12, DType::bf16, 2},      {128, 256, 128, 70, DType::fp8_e4m3, 1},
+      {48, 64, 128, 5, DType::bf16, 3},
+  };
+  if (small_tests()) shapes.resize(3);
+  std::mt19937 rng(34);
+  unsigned seed = 3400;
+  for (int warps : kWidths)
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE("G " + std::to_string(sh.g) + ", forced width " + std::to_string(warps));
+      Config c = random_config(rng, 4, sh.max_q, small_tests() ? 700 : 2500, true);
+      c.warps = warps;
+      c.hq = sh.g;
+      c.hkv = 1;
+      c.dim = sh.d;
+      c.kv_dtype = sh.kv;
+      c.page_size = 64;
+      c.layout = seed % 2 ? KVLayout::paged_hnd : KVLayout::paged_nhd;
+      c.topk = sh.topk;
+      c.blk = sh.blk;
+      c.sorted_q2k = seed % 2 == 0;
+      c.seed = seed++;
+      Bench t(c);
+      t.plan_gpu();
+      t.run_gpu();
+      t.expect_matches_reference();
+    }
+}
+
+// What stays refused for sparse decode on CUDA, as on the CPU (the sparse GQA rule): a group
+// outside 1, 2, 4, 8, 16 with more than one kv head, for token ids and blocks.
+TEST(DecodeGpu, SparseGroupsRefused) {
+  MSA_REQUIRE_GPU();
+  for (int blk : {1, 64}) {
+    SCOPED_TRACE("kv_block_size " + std::to_string(blk));
+    Config c;
+    c.lq = {1, 2};
+    c.lk = {300, 100};
+    c.hq = 64;
+    c.hkv = 2;
+    c.topk = 8;
+    c.blk = blk;
+    c.seed = 3500;
+    Bench t(c);
+    expect_error([&] { t.plan_gpu(); },
+                 "decode shape (topk > 0): a sparse call's GQA group Hq/Hkv must be 1, 2, 4, 8 or "
+                 "16 (or one kv head for up to 128 query heads), got 32");
   }
 }
 

@@ -3,8 +3,10 @@
 // and lengths with either width, that the split-KV work list covers every (request, query chunk)
 // unit's tiles exactly once in contiguous items, that its jobs and partial slots are consistent,
 // that it is flagged as the identity exactly when it is one, and that it fits the workspace the
-// shape alone sizes; the same at head dims 64 and 256, with 256's chunks of a query's heads, and
-// for token ids (kv_block_size 1: one query per CTA, the union bitmap's limit per request).
+// shape alone sizes; the same at head dims 64 and 256, with 256's chunks of a query's heads, for
+// token ids (kv_block_size 1: one query per CTA, the union bitmap's limit per request), and for
+// sparse groups up to 128 (token ids, and blocks whose group does not divide 16: one query per
+// CTA with all of its heads).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -247,9 +249,10 @@ TEST(DecodePlan, HeadDims) {
 TEST(DecodePlan, HeadDimWorkLists) { expect_valid_random_work_lists(23, 120, true); }
 
 // Token ids (kv_block_size 1): one query per CTA at every G (the consumers' masks cover whole
-// 64-slot windows), 128 union entries per tile, so K = 2048 splits every unit into at least
-// four items (kMaxItemEntries = 512); the union bitmap covers up to 65536 keys per request,
-// which build_work_list checks on each request's planned capacity (not on max_pages * page_size).
+// 64-slot windows; groups past 16: SparseLargeAndOddGroups), 128 union entries per tile, so
+// K = 2048 splits every unit into at least four items (kMaxItemEntries = 512); the union bitmap
+// covers up to 65536 keys per request, which build_work_list checks on each request's planned
+// capacity (not on max_pages * page_size).
 TEST(DecodePlan, TokenIds) {
   for (int g : {1, 2, 4, 8, 16}) {
     SCOPED_TRACE(testing::Message() << "G " << g);
@@ -293,6 +296,104 @@ TEST(DecodePlan, TokenIds) {
   s.kv_block_size = 64;
   s.max_pages = 2048 * 32 * 64 / 128 + 1;
   EXPECT_THROW(geometry(s, kH200), Error);
+}
+
+// Token ids at any group up to 128, and sparse blocks whose group does not divide 16: one query
+// per CTA with all of its G rows, as a dense query's (16-row tiles of its heads; D = 256 splits a
+// group past 64 into chunks of its heads), so 4 warps hold it up to 64 rows (32 at D = 256).
+// Blocks whose group divides 16 keep 16-row tiles of 16 / G whole queries.
+TEST(DecodePlan, SparseLargeAndOddGroups) {
+  struct Case {
+    int blk, d, g, queries;
+    int queries_per_chunk, rows_max, head_chunks, heads_per_chunk, chunks;
+    bool narrow;  // a plan of 4 warps holds (forced)
+  };
+  const Case cases[] = {
+      {1, 128, 64, 2, 1, 64, 1, 64, 2, true},     {1, 128, 128, 2, 1, 128, 1, 128, 2, false},
+      {1, 128, 32, 3, 1, 32, 1, 32, 3, true},     {1, 128, 24, 2, 1, 24, 1, 24, 2, true},
+      {1, 128, 5, 4, 1, 5, 1, 5, 4, true},        {1, 128, 4, 8, 1, 4, 1, 4, 8, true},
+      {1, 64, 128, 1, 1, 128, 1, 128, 1, false},  {1, 64, 48, 2, 1, 48, 1, 48, 2, true},
+      {1, 256, 96, 2, 1, 48, 2, 48, 4, false},    {1, 256, 128, 2, 1, 64, 2, 64, 4, false},
+      {1, 256, 65, 1, 1, 33, 2, 33, 2, false},    {1, 256, 32, 2, 1, 32, 1, 32, 2, true},
+      {1, 256, 64, 1, 1, 64, 1, 64, 1, false},    {128, 128, 3, 4, 1, 3, 1, 3, 4, true},
+      {64, 128, 64, 2, 1, 64, 1, 64, 2, true},    {128, 128, 128, 1, 1, 128, 1, 128, 1, false},
+      {64, 256, 128, 1, 1, 64, 2, 64, 2, false},  {128, 128, 16, 4, 1, 16, 1, 16, 4, true},
+      {64, 128, 4, 8, 4, 16, 1, 4, 2, true},      {128, 256, 2, 8, 8, 16, 1, 2, 1, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "kv_block_size " << c.blk << " D " << c.d << " G " << c.g
+                                    << " queries " << c.queries);
+    DecodeShape s = shape(64, c.queries, 4096, c.blk == 1 ? 2048 : 16);
+    s.kv_block_size = c.blk;
+    s.head_dim = c.d;
+    s.num_kv_heads = 1;
+    s.num_q_heads = c.g;
+    const Geometry g = geometry(s, kH200, 8);
+    EXPECT_EQ(g.queries_per_chunk, c.queries_per_chunk);
+    EXPECT_EQ(g.rows_max, c.rows_max);
+    EXPECT_EQ(g.head_chunks, c.head_chunks);
+    EXPECT_EQ(g.heads_per_chunk, c.heads_per_chunk);
+    EXPECT_EQ(g.chunks, c.chunks);
+    EXPECT_EQ(geometry(s, kH200, 4).warps, c.narrow ? 4 : 8);
+    EXPECT_GE(int64_t(g.chunks) * g.rows_max, int64_t(c.queries) * c.g);
+    EXPECT_LE(g.rows_max, max_rows(c.d));
+    // part_o holds rows_max x D floats per (partial, kv head).
+    EXPECT_EQ(g.bytes - g.off_part_o,
+              (size_t(g.max_partials) * g.rows_max * c.d * sizeof(float) + 255) / 256 * 256);
+    // Every chunk, head chunks included, covers its queries' union: min(queries x topk, the
+    // request's blocks) entries, 128 / blk a tile.
+    const WorkList w = build_work_list(s, g, std::vector<int64_t>(64, 4096));
+    std::vector<int64_t> tiles(size_t(g.chunks), 0);
+    for (const DecodeItem& it : w.items)
+      if (it.batch == 0) tiles[size_t(it.chunk)] += it.tile_end - it.tile_begin;
+    for (int ch = 0; ch < g.chunks; ++ch) {
+      const int nq = std::min(g.queries_per_chunk,
+                              c.queries - (ch / g.head_chunks) * g.queries_per_chunk);
+      const int64_t entries = std::min<int64_t>(int64_t(nq) * s.topk, 4096 / c.blk);
+      EXPECT_EQ(tiles[size_t(ch)], (entries + 128 / c.blk - 1) / (128 / c.blk)) << "chunk " << ch;
+    }
+    for (int warps : {4, 8}) {
+      expect_valid_work_list(s, warps, std::vector<int64_t>(64, 4096));
+      std::vector<int64_t> lengths(64);
+      for (int b = 0; b < 64; ++b) lengths[b] = (b * 977) % 4097;
+      expect_valid_work_list(s, warps, lengths);
+    }
+  }
+}
+
+// Random sparse plans of token ids and blocks at groups 1..128 (one kv head past the divisors of
+// 16), every head dim, against expect_valid_work_list and the one-query rule.
+TEST(DecodePlan, SparseAnyGroupWorkLists) {
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 150; ++trial) {
+    const int batch = 1 + int(rng() % (trial % 10 == 0 ? 2000 : 40));
+    const int queries = 1 + int(rng() % 4);
+    const int64_t keys = 1 + int64_t(rng() % 65536);
+    const int blk = trial % 3 == 0 ? 64 : trial % 3 == 1 ? 1 : 128;
+    const int topk =
+        blk == 1 ? (trial % 2 == 0 ? 2048 : 1 + int(rng() % 600)) : 1 + int(rng() % 64);
+    const int d = trial % 4 == 0 ? 64 : trial % 4 == 1 ? 256 : 128;
+    const int g = 1 + int(rng() % 128);
+    DecodeShape s = shape(batch, queries, keys, topk, trial % 5 == 1 && d > 64 ? DType::fp8_e4m3
+                                                                             : DType::bf16);
+    s.head_dim = d;
+    s.kv_block_size = blk;
+    s.num_kv_heads = 16 % g == 0 ? 1 + int(rng() % 4) : 1;
+    s.num_q_heads = g * s.num_kv_heads;
+    std::vector<int64_t> lengths(batch);
+    for (int64_t& l : lengths)
+      l = rng() % 5 == 0 ? 0 : int64_t(rng() % (int64_t(s.max_pages) * s.page_size + 1));
+    for (int warps : {4, 8}) {
+      SCOPED_TRACE(testing::Message() << "trial " << trial << ": blk " << blk << " D " << d
+                                      << " B " << batch << " q " << queries << " keys " << keys
+                                      << " topk " << topk << " G " << g << " width " << warps);
+      const Geometry geo = geometry(s, kH200, warps);
+      if (blk == 1 || 16 % g != 0) EXPECT_EQ(geo.queries_per_chunk, 1);
+      EXPECT_LE(geo.rows_max, max_rows(d));
+      EXPECT_GE(int64_t(geo.chunks) * geo.rows_max, int64_t(queries) * g);
+      expect_valid_work_list(s, warps, lengths);
+    }
+  }
 }
 
 // Random token-id plans (K up to 2048, lengths up to 65536) against expect_valid_work_list.

@@ -24,11 +24,13 @@ int64_t key_capacity(const DecodeShape& s, int64_t length) {
   return std::min(cap, ceil_div(length, kTileKeys) * kTileKeys);
 }
 
-// Tiles of one (request, chunk) given the request's planned key capacity.
+// Tiles of one (request, chunk) given the request's planned key capacity. Chunk c holds queries
+// from (c / head_chunks) * queries_per_chunk (head chunks: one query, a share of its heads).
 int64_t unit_tiles(const DecodeShape& s, const Geometry& g, int64_t cap, int chunk) {
   if (!g.sparse) return ceil_div(cap, kTileKeys);
+  const int64_t q0 = int64_t(chunk / g.head_chunks) * g.queries_per_chunk;
   const int64_t queries =
-      std::min<int64_t>(g.queries_per_chunk, s.max_queries_per_request - int64_t(chunk) * g.queries_per_chunk);
+      std::min<int64_t>(g.queries_per_chunk, s.max_queries_per_request - q0);
   const int64_t entries = std::min(queries * s.topk, ceil_div(cap, s.kv_block_size));
   return ceil_div(entries, g.entries_per_tile);
 }
@@ -101,21 +103,26 @@ Geometry geometry(const DecodeShape& s, const DeviceLimits& d, int warps) {
   g.group = s.num_q_heads / s.num_kv_heads;
   g.head_dim = s.head_dim;
   g.sm_count = std::max(1, d.sm_count);
-  // Sparse: one 16-row tile per CTA, so every warp works on every selected block (a request's
-  // queries select mostly different blocks; sharing a CTA would idle warps). Dense: all queries
-  // of the request (up to max_rows(D) rows) share each K/V load; a group larger than that
-  // (D = 256, G > 64) splits into near-equal chunks of a query's heads, each a CTA that reads the
-  // K/V once more (sparse groups, <= 16, never split).
-  const int rows = g.sparse ? kSparseRows : max_rows(s.head_dim);
+  // Sparse over kv blocks with G dividing 16: one 16-row tile of whole queries per CTA, so every
+  // warp works on every selected block (a request's queries select mostly different blocks;
+  // sharing a CTA would idle warps). Dense: all queries of the request (up to max_rows(D) rows)
+  // share each K/V load; a group larger than that (D = 256, G > 64) splits into near-equal
+  // chunks of a query's heads, each a CTA that reads the K/V once more.
+  //
+  // Token ids (kv_block_size 1), and sparse groups that do not divide 16: one query per CTA with
+  // all of its G rows, tiled as a dense plan's (16-row tiles of its heads, head chunks past
+  // max_rows(D)). Such a CTA attends every entry of its union and needs no query mask (kernel.cuh
+  // passes none for one query), so any G up to 128 runs. Token plans take it at every G: the
+  // consumers apply a union entry's query mask to a whole attend window of up to 64 slots
+  // (kernel.cuh consume), which holds one block of 64 or 128 keys but 64 entries of one key each
+  // (several queries per CTA would need a mask per slot). Block plans take it for the groups
+  // that do not divide 16, which their 16-row tiles of whole queries were not built for.
+  const bool one_query = g.sparse && (s.kv_block_size == 1 || kSparseRows % g.group != 0);
+  const int rows = g.sparse && !one_query ? kSparseRows : max_rows(s.head_dim);
   g.head_chunks = int(ceil_div(g.group, rows));
   g.heads_per_chunk = int(ceil_div(g.group, g.head_chunks));
   g.queries_per_chunk =
-      std::min(std::max(1, rows / g.heads_per_chunk), s.max_queries_per_request);
-  // Token ids (kv_block_size 1): one query per CTA. The consumers apply a union entry's query mask
-  // to a whole attend window of up to 64 slots (kernel.cuh consume), which holds one block of 64
-  // or 128 keys but 64 entries of one key each; a one-query CTA attends every entry of its union
-  // and needs no mask. (Several queries per CTA would need a mask per slot in the consumers.)
-  if (g.sparse && s.kv_block_size == 1) g.queries_per_chunk = 1;
+      one_query ? 1 : std::min(std::max(1, rows / g.heads_per_chunk), s.max_queries_per_request);
   g.chunks = int(ceil_div(s.max_queries_per_request, g.queries_per_chunk)) * g.head_chunks;
   g.rows_max = g.queries_per_chunk * g.heads_per_chunk;
   const int64_t cap_keys = int64_t(s.max_pages) * s.page_size;

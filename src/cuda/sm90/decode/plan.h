@@ -13,7 +13,11 @@
 namespace msa::cuda::decode {
 
 constexpr int kTileKeys = 128;          // key slots per tile (traits.h builds on this)
-constexpr int kSparseRows = 16;         // sparse: one m16 row tile, so all warps split keys
+// Sparse plans of kv blocks with G dividing 16: one m16 row tile of whole queries per CTA, so all
+// warps split keys. Token plans (kv_block_size 1), and block plans of other groups, serve one
+// query per CTA with all of its G rows instead (up to max_rows(D), head chunks past that, as
+// dense plans; plan.cpp geometry).
+constexpr int kSparseRows = 16;
 constexpr int kMaxItemEntries = 512;    // sparse: union entries one item may cover (smem ids/masks)
 // sparse: union bitmap words, 65536 blocks per request (token ids: 65536 keys, which
 // build_work_list checks on every request's planned capacity)
@@ -45,8 +49,9 @@ struct Geometry {
   int group = 1;
   int head_dim = 128;
   int queries_per_chunk = 1;   // queries of one request a CTA serves
-  // G > max_rows(D) (D = 256, G > 64): a query's heads split into head_chunks chunks of
-  // heads_per_chunk (the last one shorter), queries_per_chunk is 1. Else 1 and G.
+  // G > max_rows(D) (D = 256, G > 64; dense or one-query sparse plans): a query's heads split into
+  // head_chunks chunks of heads_per_chunk (the last one shorter), queries_per_chunk is 1. Else 1
+  // and G.
   int head_chunks = 1, heads_per_chunk = 1;
   int chunks = 1;              // ceil(max_queries_per_request / queries_per_chunk) * head_chunks
   int rows_max = 16;           // queries_per_chunk * heads_per_chunk
