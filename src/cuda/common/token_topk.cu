@@ -298,11 +298,12 @@ __device__ __forceinline__ void write_row(Smem& s, Row row, int32_t lo, uint32_t
   for (uint32_t i = written + threadIdx.x; i < uint32_t(topk); i += kThreads) out[i] = -1;
 }
 
-__global__ void __launch_bounds__(kThreads) token_topk_kernel(TokenTopKParams p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
-  const int64_t r = blockIdx.x;
-  int32_t lo = 0, hi = p.cols;
+// Row r's key range [lo, hi): [ks[r], ke[r]), or the whole row without ranges; a bad range is
+// reported (key_range_invalid) and read as empty (the row written all -1).
+__device__ __forceinline__ void row_range(const TokenTopKParams& p, int64_t r, int32_t& lo,
+                                          int32_t& hi) {
+  lo = 0;
+  hi = p.cols;
   if (p.ks != nullptr) {
     lo = p.ks[r];
     hi = p.ke[r];
@@ -311,6 +312,14 @@ __global__ void __launch_bounds__(kThreads) token_topk_kernel(TokenTopKParams p)
       lo = hi = 0;
     }
   }
+}
+
+__global__ void __launch_bounds__(kThreads) token_topk_kernel(TokenTopKParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+  const int64_t r = blockIdx.x;
+  int32_t lo, hi;
+  row_range(p, r, lo, hi);
   int32_t* out = p.ids + r * p.topk;
   Row row{p.logits + r * p.ld + lo, hi - lo, 0};
   const uint32_t k = uint32_t(p.topk);
@@ -526,21 +535,14 @@ __device__ __forceinline__ void whole_row_refine(WholeRowSmem& s, int groups, bo
   __syncthreads();
 }
 
-// One CTA per row; the row's n keys fit in its shared memory (whole_row_capacity).
+// One CTA per row; the row's keys fit in its shared memory (token_topk sizes it).
 template <int kT>
 __global__ void __launch_bounds__(kT) token_topk_whole_row_kernel(TokenTopKParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   WholeRowSmem& s = *reinterpret_cast<WholeRowSmem*>(smem_raw);
   const int64_t r = blockIdx.x;
-  int32_t lo = 0, hi = p.cols;
-  if (p.ks != nullptr) {
-    lo = p.ks[r];
-    hi = p.ke[r];
-    if (lo < 0 || lo > hi || hi > p.cols) {
-      if (threadIdx.x == 0) flag_status(p.status, int32_t(StatusCode::key_range_invalid), r, lo, hi);
-      lo = hi = 0;
-    }
-  }
+  int32_t lo, hi;
+  row_range(p, r, lo, hi);
   int32_t* out = p.ids + r * p.topk;
   const float* x = p.logits + r * p.ld + lo;
   const int n = hi - lo;
