@@ -1375,23 +1375,32 @@ TEST(DecodeGpu, TokenIdsBadPageIdsReported) {
   }
 }
 
-// A captured graph replayed with new lengths (within the plan) and new token ids, both widths.
+// A captured graph replayed with new lengths (within the plan) and new token ids, both widths:
+// G 16 on two kv heads, and an MQA plan (G 64, one query a CTA with all its heads).
 TEST(DecodeGpu, TokenIdsGraphReplay) {
   MSA_REQUIRE_GPU();
-  for (int warps : kWidths) {
-    SCOPED_TRACE("forced width " + std::to_string(warps));
-    Config c;
-    c.warps = warps;
-    c.lq = {1, 4, 2, 8};
-    c.lk = {3000, 257, 1800, 900};
-    c.hq = 32;
-    c.hkv = 2;
-    c.page_size = 32;
-    c.topk = 300;
-    c.blk = 1;
-    c.seed = 2900;
-    expect_graph_replays(c, 4, 29, 2950);
-  }
+  struct Shape {
+    std::vector<int32_t> lq;
+    int64_t hq, hkv, page, topk;
+    unsigned seed, rng_seed, new_seed;
+  };
+  for (const Shape& sh : {Shape{{1, 4, 2, 8}, 32, 2, 32, 300, 2900, 29, 2950},
+                          Shape{{1, 2, 2, 1}, 64, 1, 16, 512, 3300, 33, 3350}})
+    for (int warps : kWidths) {
+      SCOPED_TRACE("G " + std::to_string(sh.hq / sh.hkv) + ", forced width " +
+                   std::to_string(warps));
+      Config c;
+      c.warps = warps;
+      c.lq = sh.lq;
+      c.lk = {3000, 257, 1800, 900};
+      c.hq = sh.hq;
+      c.hkv = sh.hkv;
+      c.page_size = sh.page;
+      c.topk = sh.topk;
+      c.blk = 1;
+      c.seed = sh.seed;
+      expect_graph_replays(c, 4, sh.rng_seed, sh.new_seed);
+    }
 }
 
 // Token ids with large and odd groups (docs/semantics.md, Token-sparse attention: MQA, one kv
@@ -1505,25 +1514,6 @@ TEST(DecodeGpu, TokenIdsLargeGroupsK2048Splits) {
       EXPECT_EQ(lse1, t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream))
           << "lse differs run to run";
     }
-}
-
-// A captured graph of an MQA plan (G 64) replayed with new lengths and new token ids, both widths.
-TEST(DecodeGpu, TokenIdsLargeGroupsGraphReplay) {
-  MSA_REQUIRE_GPU();
-  for (int warps : kWidths) {
-    SCOPED_TRACE("forced width " + std::to_string(warps));
-    Config c;
-    c.warps = warps;
-    c.lq = {1, 2, 2, 1};
-    c.lk = {3000, 257, 1800, 900};
-    c.hq = 64;
-    c.hkv = 1;
-    c.page_size = 16;
-    c.topk = 512;
-    c.blk = 1;
-    c.seed = 3300;
-    expect_graph_replays(c, 4, 33, 3350);
-  }
 }
 
 // Sparse decode over kv blocks of 64 and 128 with groups that do not divide 16 (one kv head, as
