@@ -6,7 +6,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <sstream>
+#include <algorithm>
 
+#include "support/expect_error.h"
 #include "support/sparse_case.h"
 
 namespace msa::test {
@@ -1017,6 +1020,192 @@ TEST(SparseFwdGpu, Blocks64Fp8QkMatchesCpu) {
       c.name += " soft-cap 10";
     }
   });
+}
+
+
+// ---- token ids (kv_block_size 1: token_kernel.cuh) ----------------------------------------------
+
+// A random token-sparse configuration: G 1-128 (past 16 on one kv head, including groups that do
+// not divide 64), top-K 1-2048, varlen batches with empty requests, causal both ways, q2k rows as
+// an indexer gives them (the first key, the last visible one, random visible ones, sometimes
+// invisible ones, -1 padding, sometimes unsorted or -1 in the middle), NaN in every K/V row no
+// query selects, sometimes a temperature, a soft-cap or a softmax scale. The reference costs
+// ~ tokens * Hq * min(topk, keys) * D: the query count is cut to a budget.
+SparseCase token_case(int index, bool small) {
+  std::mt19937 rng(777u + 131u * unsigned(index));
+  const int64_t groups[] = {1, 4, 16, 64, 128, 48, 5, 2, 8, 100};
+  const int topks[] = {1, 37, 64, 200, 2048};
+  const int64_t g = groups[index % 10];
+  const int64_t hkv = 16 % g == 0 ? 1 + int64_t(rng() % 2) : 1;  // other groups: one kv head
+  const int64_t topk = topks[rng() % 5];
+  const bool causal = rng() % 4 != 0;
+  const int batch = 1 + int(rng() % 3);
+  const int64_t max_k = small ? 400 : 3000;
+  std::vector<int32_t> lq(batch), lk(batch);
+  for (int b = 0; b < batch; ++b) {
+    const int kind = int(rng() % 8);
+    if (kind == 0) { lq[b] = 0; lk[b] = int32_t(rng() % max_k); }
+    else if (kind == 1) { lk[b] = 0; lq[b] = int32_t(1 + rng() % 20); }
+    else {
+      lk[b] = int32_t(1 + rng() % max_k);
+      lq[b] = rng() % 3 == 0 ? int32_t(1 + rng() % lk[b]) : lk[b];
+    }
+  }
+  const double budget = small ? 3e5 : 4e6;
+  const int64_t max_q = std::max<int64_t>(1, int64_t(budget / double(g * hkv * std::min<int64_t>(topk, max_k))));
+  int64_t total = 0;
+  for (int32_t l : lq) total += l;
+  if (total > max_q)
+    for (int32_t& l : lq)
+      if (l > 0) l = std::max<int32_t>(1, int32_t(int64_t(l) * max_q / total));
+  const DType dt = rng() % 3 == 0 ? DType::f16 : DType::bf16;
+  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 4242u + unsigned(index), dt, dt);
+  HostTensor ids = indexer_like_q2k(prob, topk, causal, rng, false, /*blk=*/1);
+  SparseCase c(std::move(prob), std::move(ids), topk, /*block=*/1);
+  c.causal = causal;
+  poison_unselected(c.p, c.q2k, c.topk, 1);
+  c.temperature = rng() % 3 == 0 ? 0.5f + float(rng() % 100) / 50.f : 0.f;
+  c.scale = rng() % 4 == 0 ? 0.05f : 0.f;
+  c.soft_cap = rng() % 5 == 0 ? 20.f : 0.f;
+  std::ostringstream os;
+  os << "token case " << index << ": G=" << g << " Hkv=" << hkv << " topk=" << topk
+     << (causal ? " causal " : " non-causal ") << dtype_name(dt) << " T=" << c.temperature
+     << " cap=" << c.soft_cap << " lq=[";
+  for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lq[b];
+  os << "] lk=[";
+  for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lk[b];
+  os << "]";
+  c.name = os.str();
+  return c;
+}
+
+// The token sweep on the GPU against the CPU reference, the FA3 bar on sampled rows, and bitwise
+// equal on a second run.
+TEST(SparseFwdGpu, TokenIdsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  for (int i = 0; i < (small ? 5 : 30); ++i) {
+    const SparseCase c = token_case(i, small);
+    SCOPED_TRACE(c.name);
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
+    expect_close(c, g1, ref);
+    if (small) continue;
+    if (c.soft_cap == 0.f) expect_within_fa3_bar(c, g1.out, 7);  // the bar's model has no cap
+    expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/false, s));
+    if (HasFailure()) break;
+  }
+}
+
+// Named token edges: one key, top-K far above the keys, Lq > Lk (the first queries see nothing),
+// G = 64 over K = 2048 ids in order, a G of 128 (two row tiles), scores whose stage maxima
+// differ by far more than the rescale slack (K of key j scaled by 1 + j / 64), and per-batch
+// causal offsets.
+TEST(SparseFwdGpu, TokenIdsNamedEdges) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  struct TokEdge {
+    std::vector<int32_t> lq, lk;
+    int64_t g, hkv, topk;
+    bool causal, wide, offsets;
+  };
+  const TokEdge edges[] = {
+      {{1}, {1}, 64, 1, 1, true, false, false},
+      {{3, 2}, {5, 1}, 16, 2, 2048, true, false, false},
+      {{200}, {100}, 4, 2, 64, true, false, false},
+      {{40}, {2600}, 64, 1, 2048, true, false, false},
+      {{33}, {900}, 128, 1, 500, false, false, false},
+      {{50, 20}, {1500, 300}, 16, 1, 700, true, true, false},
+      {{60, 10}, {800, 100}, 64, 1, 256, true, false, true},
+  };
+  int idx = 0;
+  for (const TokEdge& e : edges) {
+    SCOPED_TRACE("token edge " + std::to_string(idx));
+    std::mt19937 rng(600u + unsigned(idx));
+    Problem prob = make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, 128, 700u + unsigned(idx));
+    if (e.wide)
+      for (int64_t b = 0; b < prob.batch(); ++b)
+        for (int64_t j = 0; j < prob.lk[b]; ++j)
+          for (int64_t h = 0; h < prob.hkv; ++h)
+            for (int64_t d = 0; d < prob.dim; ++d) {
+              const int64_t row = prob.k_start(b) + j;
+              double& val = prob.k_val[(row * prob.hkv + h) * prob.dim + d];
+              val = store(prob.k.t, prob.k.offset({row, h, d}), float(val) * (1.f + float(j / 64)));
+            }
+    HostTensor ids = indexer_like_q2k(prob, e.topk, e.causal, rng, false, 1);
+    SparseCase c(std::move(prob), std::move(ids), e.topk, 1);
+    c.causal = e.causal;
+    c.temperature = idx % 2 ? 1.5f : 0.f;
+    poison_unselected(c.p, c.q2k, c.topk, 1);
+    if (e.offsets) {
+      HostTensor off(DType::i32, {c.p.batch()});
+      off.data<int32_t>()[0] = 700;
+      off.data<int32_t>()[1] = -3;
+      c.causal_offset = std::move(off);
+    }
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    const Outputs g1 = run_gpu(c, d, false, s);
+    expect_close(c, g1, ref);
+    if (!e.offsets) expect_within_fa3_bar(c, g1.out, 1);  // the bar's model has no offsets
+    ++idx;
+  }
+}
+
+// Bad token ids are reported (first offence: head, token, slot) and never dereferenced: out of
+// range, repeated (in order and out of order), at K = 40 and K = 2048.
+TEST(SparseFwdGpu, TokenIdsInvalidReported) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  for (const int64_t topk : {int64_t(40), int64_t(2048)}) {
+    for (const int kind : {0, 1, 2, 3}) {
+      SCOPED_TRACE("topk " + std::to_string(topk) + " kind " + std::to_string(kind));
+      std::mt19937 rng(5);
+      Problem prob = make_problem({30, 40}, {2500, 3000}, 8, 2, 128, 17u);
+      HostTensor ids = indexer_like_q2k(prob, topk, false, rng, false, 1);
+      SparseCase cc(std::move(prob), std::move(ids), topk, 1);
+      int32_t* row = cc.q2k.data<int32_t>() + ((1 * cc.p.total_q()) + 17) * cc.topk;
+      std::sort(row, row + topk, [](int32_t a, int32_t b) { return (a < 0) != (b < 0) ? b < 0 : a < b; });
+      row[0] = 11;  // a valid first entry (any order: the sort above may have left -1 there)
+      // kind 0: past the batch's 2500 keys; 1: below -1; 2: a repeat of slot 0 at slot 2; 3: the
+      // same after unsorting the row's tail (the repeat stays the first offence at slot 2).
+      row[2] = kind == 0 ? 2500 : kind == 1 ? -2 : 11;
+      if (kind == 3) std::reverse(row + 3, row + topk);
+      DeviceCase d(cc, s);
+      try {
+        run_gpu(cc, d, false, s);
+        ADD_FAILURE() << "no error";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("head 1"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("token 17"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("slot 2"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(kind >= 2 ? "repeat" : "range"), std::string::npos) << msg;
+      }
+    }
+  }
+}
+
+// What the token kernel does not run is an msa::Error naming it.
+TEST(SparseFwdGpu, TokenIdsRefusedFeatures) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  std::mt19937 rng(3);
+  Problem prob = make_problem({20}, {200}, 8, 2, 128, 3u, DType::bf16, DType::fp8_e4m3,
+                              Fp8Scale::per_tensor);
+  HostTensor ids = indexer_like_q2k(prob, 16, true, rng, false, 1);
+  SparseCase c(std::move(prob), std::move(ids), 16, 1);
+  DeviceCase d(c, s);
+  expect_error([&] { run_gpu(c, d, false, s); }, "FP8 and FP4 K/V not yet");
+  Problem p2 = make_problem({20}, {200}, 8, 2, 128, 3u);
+  HostTensor ids2(DType::i32, {c.q2k.t.shape[0], c.q2k.t.shape[1], c.q2k.t.shape[2]});
+  std::memcpy(ids2.data<int32_t>(), c.q2k.data<int32_t>(), c.q2k.bytes());
+  SparseCase c2(std::move(p2), std::move(ids2), 16, 1);
+  c2.key_mask = HostTensor(DType::boolean, {1, 200});
+  DeviceCase d2(c2, s);
+  expect_error([&] { run_gpu(c2, d2, false, s); }, "key_mask: token-sparse attention");
 }
 
 }  // namespace

@@ -266,6 +266,32 @@ TEST(SparseFwdPagedGpu, Blocks64MatchCpu) {
   run_specs(specs, 9900, small, s);
 }
 
+// Token ids (kv_block_size 1: the token kernel, token_kernel.cuh): every page size in both
+// layouts, padded rows, spare columns, causal offsets, a G of 64 and 128 on one kv head, top-K
+// past the keys and far below them, requests without keys or queries. Each: GPU paged vs the CPU
+// reference, and paged == flat bitwise.
+TEST(SparseFwdPagedGpu, TokenIdsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  Spec specs[] = {
+      {"tok ps16 nhd G1", {300, 0, 77}, {300, 50, 200}, 1, 2, 64, true, false, 16, nhd},
+      {"tok ps32 hnd G4 padded non-causal", {200, 5, 130}, {513, 0, 130}, 4, 2, 100, false, false,
+       32, hnd, 8},
+      {"tok ps64 nhd G16 f16", {260, 17}, {260, 700}, 16, 1, 300, true, false, 64, nhd, 0,
+       DType::f16},
+      {"tok ps128 hnd G64 spare columns", {40, 0, 30}, {129, 0, 1000}, 64, 1, 512, true, false,
+       128, hnd, 0, DType::bf16, true},
+      {"tok ps256 nhd G128 K2048", {20, 9}, {2500, 9}, 128, 1, 2048, true, false, 256, nhd},
+      {"tok ps64 nhd G8 offsets", {100, 70}, {300, 200}, 8, 2, 37, true, false, 64, nhd, 0,
+       DType::bf16, false, std::nullopt, 0, false, true},
+      {"tok ps16 hnd G48", {30, 12}, {700, 12}, 48, 1, 1000, true, false, 16, hnd, 16},
+  };
+  for (Spec& sp : specs) sp.kv_block = 1;
+  run_specs(specs, 12400, small, s);
+}
+
 // bf16 q over FP8 pools (per tensor, per slot, per slot and head scales; the slots that hold no key
 // have NaN scales) and FP4 pools (NVFP4, MXFP4; scale pools of the values' layout), both layouts,
 // padded rows, spare columns, tok and blk: GPU paged vs the CPU reference, and paged == flat

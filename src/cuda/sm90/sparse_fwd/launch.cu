@@ -13,6 +13,7 @@
 #include "cuda/sm90/sparse_fwd/launch_kernels.h"
 #include "cuda/sm90/sparse_fwd/plan.h"
 #include "cuda/sm90/sparse_fwd/prep.h"
+#include "cuda/sm90/sparse_fwd/token_launch.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
 
 namespace msa::cuda {
@@ -245,6 +246,7 @@ void launch_combine(const AttentionArgs& a, const ProblemShape& s, const AttnPla
 
 void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream_t stream,
                        const WorkspaceSource& src) {
+  if (is_token_call(a, s)) return token_attention_forward(a, s, stream, src);
   check_supported(a, s);
   if (s.total_q == 0) return;
   const AttnPlan w = make_plan(a, s);

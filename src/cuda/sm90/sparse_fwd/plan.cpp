@@ -12,6 +12,7 @@
 #include "cuda/common/index_checks.cuh"
 #include "cuda/sm90/sparse_fwd/key_mask.h"
 #include "cuda/sm90/sparse_fwd/params.h"
+#include "cuda/sm90/sparse_fwd/token_launch.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
 
 namespace msa::cuda {
@@ -206,6 +207,7 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
 }  // namespace sparse_fwd
 
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s) {
+  if (sparse_fwd::is_token_call(a, s)) return sparse_fwd::token_workspace_bytes(a, s);
   return sparse_fwd::make_plan(a, s).total;
 }
 

@@ -49,10 +49,6 @@ size_t chunk_sort_bytes(int64_t n, int bits) {
   return bytes;
 }
 
-namespace {
-
-// Enqueues the paged-KV checks (paged_checks.cuh) and returns their key_offsets, the clamped
-// lengths as a flat cu_seqlens_k for everything that follows.
 const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s,
                                    const AttnPlan& w, uint8_t* ws, int32_t* status,
                                    cudaStream_t stream) {
@@ -71,6 +67,8 @@ const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s
   launch_paged_checks_with_offsets(c, stream);
   return c.key_offsets;
 }
+
+namespace {
 
 // The prep kernels' inputs and workspace tables.
 PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,

@@ -18,6 +18,12 @@ namespace msa::cuda::sparse_fwd {
 // into the workspace `ws` laid out by `w`. Returns the tables as the main kernels and the combine
 // read them; cu_seqlens_k is the flat form of the keys' lengths (paged: the checked, clamped
 // ones), uniform_enabled is 0 when no key can exist.
+// Enqueues the paged-KV checks (paged_checks.cuh) into w.key_offsets / w.paged_offence and
+// returns key_offsets, the clamped lengths as a flat cu_seqlens_k for everything that follows.
+const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s,
+                                   const AttnPlan& w, uint8_t* ws, int32_t* status,
+                                   cudaStream_t stream);
+
 PrepParams launch_prep(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
                        uint8_t* ws, cudaStream_t stream);
 

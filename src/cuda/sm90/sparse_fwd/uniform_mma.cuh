@@ -28,8 +28,10 @@ constexpr float kRescaleSlack = 8.f;
 
 // The running base of a row after a block whose (scaled, quad-reduced) max is bmax; returns
 // the rescale factor of the row's O and l.
-__device__ __forceinline__ float raise_base(float bmax, OnlineRow& r, float& base, bool& raise) {
-  raise = bmax > r.m + kRescaleSlack;  // always while m = -inf and bmax is finite
+// slack: kRescaleSlack, or 0 (the token kernel) for a base that is always the running max.
+__device__ __forceinline__ float raise_base(float bmax, OnlineRow& r, float& base, bool& raise,
+                                           float slack = kRescaleSlack) {
+  raise = bmax > r.m + slack;  // always while m = -inf and bmax is finite
   const float m_new = raise ? bmax : r.m;
   base = m_new == -INFINITY ? 0.f : m_new;
   const float alpha = raise ? sm90::fast_exp2(r.m - base) : 1.f;
@@ -43,14 +45,15 @@ template <bool kTemp, int kS>
 __device__ __forceinline__ void online_softmax_rows(float (&s)[kS], int lim0, int lim1,
                                                     int col_base, float sl0, float sl1,
                                                     float inv_temp, OnlineRow& r0, OnlineRow& r1,
-                                                    float& a0, float& a1) {
+                                                    float& a0, float& a1,
+                                                    float slack = kRescaleSlack) {
   mask_rows_past_limit(s, lim0, lim1, col_base);
   float m0, m1;
   rows_max(s, m0, m1);
   float base0, base1;
   bool raise0, raise1;
-  a0 = raise_base(m0 * sl0, r0, base0, raise0);
-  a1 = raise_base(m1 * sl1, r1, base1, raise1);
+  a0 = raise_base(m0 * sl0, r0, base0, raise0, slack);
+  a1 = raise_base(m1 * sl1, r1, base1, raise1, slack);
   float sum[2], tsum[2];
   exp_rows_local<kTemp>(s, sl0, sl1, base0, base1, inv_temp, sum, tsum);
   r0.l = r0.l * a0 + sum[0];

@@ -1,0 +1,84 @@
+// Token-sparse attention forward (kv_block_size = 1; docs/semantics.md, Token-sparse attention):
+// tiles, stages, shared memory and parameters of the token kernel (token_kernel.cuh), launched by
+// token_launch.cu.
+//
+// Work unit: one (query token t, kv head h, row tile) with up to 64 rows = query heads of h's
+// group (G <= 64: one tile, rows past G idle; G up to 128: two tiles, each its own CTA). The
+// query's q2k row [K] lists key positions; the CTA gathers them 64 a stage (16-byte cp.async rows:
+// a stage has no run of consecutive keys for a TMA box, and sm_90's TMA has no gather) and runs
+// S = Q K^T, the online softmax and O += P V with wgmma (M = the 64 rows).
+//
+// Byte / FLOP budget at TOKSPARSE-32K (S = 32768, Hq = 64 on one kv head, K = 2048, D = 128, bf16):
+// per (query, selected key) 512 bytes of K and V gathered for 64 x 128 x 4 = 32768 FLOP, i.e. 64
+// FLOP per byte. 2.2e12 FLOP over ~34 GB of gathers (the 16 MB of K / V live in L2): 300
+// effective TFLOP/s needs ~4.7 TB/s of L2 -> SM traffic; the math alone is ~3.1 ms at 716 TFLOP/s.
+// The kernel is therefore built for bytes in flight: two CTAs per SM, three 32 KB stages each.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device/pipeline.cuh"
+
+namespace msa::cuda::sparse_fwd {
+
+constexpr int kTokKeys = 64;       // keys per stage (S = m64n64, P V k64)
+constexpr int kTokStages = 3;      // K/V stages per CTA: 3 x 32 KB + Q 16 KB -> two CTAs per SM
+constexpr int kTokThreads = 256;   // one producer warpgroup, one consumer warpgroup
+constexpr int kTokHalfBytes = kTokKeys * 128;  // one 64-column half of a stage's K or V: 8 KB
+// setmaxnreg: 256 threads at two CTAs per SM start with 128 registers each; the producer gives
+// 72 to the consumer (its S, O and P of two stages in flight: ~150 live).
+constexpr int kTokProducerRegs = 56;
+constexpr int kTokConsumerRegs = 200;
+static_assert(kTokProducerRegs + kTokConsumerRegs <= 2 * 128, "registers of two CTAs per SM");
+
+using TokRing = sm90::Ring<kTokStages>;
+
+// Parameters of the token kernel. Keys of batch b: flat, rows cu_k[b] .. cu_k[b + 1] of k / v;
+// paged, slots of page_table row b (lengths from cu_k as the paged check clamped them).
+struct TokenParams {
+  const void* q = nullptr;        // [total_q, Hq, 128], row strides below (elements)
+  int64_t q_stride_t = 0, q_stride_h = 0;
+  const void* k = nullptr;        // flat [total_k, Hkv, 128]; paged the pool
+  const void* v = nullptr;
+  // Element strides of a key row: flat (token, head); paged (page, slot, head).
+  int64_t k_stride_page = 0, k_stride_row = 0, k_stride_head = 0;
+  int64_t v_stride_page = 0, v_stride_row = 0, v_stride_head = 0;
+  const int32_t* page_table = nullptr;  // [B, max_pages] or null (flat)
+  int64_t page_table_stride = 0;
+  int32_t page_shift = 0;               // log2(page_size)
+  int32_t num_pages = 0;                // ids outside [0, num_pages) are never read
+  int64_t total_k = 0;                  // flat: rows of k / v (a corrupt cu_seqlens_k cannot
+                                        // send a read past them)
+  const int32_t* q2k = nullptr;   // [Hkv, total_q, topk] key positions, -1 unused
+  int32_t topk = 0;
+  const int32_t* cu_seqlens_q = nullptr;  // [B + 1]
+  const int32_t* cu_k = nullptr;          // [B + 1]: flat cu_seqlens_k or the paged key offsets
+  const int32_t* causal_offset = nullptr; // [B] or null
+  int32_t batch = 0;
+  int64_t total_q = 0;
+  int32_t num_q_heads = 0, group = 1, row_tiles = 1;
+  int32_t causal = 1;
+  float scale_log2 = 0.f, inv_temperature = 0.f, soft_cap_log2 = 0.f;
+  void* out = nullptr;                  // [total_q, Hq, 128]
+  int64_t out_stride_t = 0, out_stride_h = 0;
+  float* lse = nullptr;                 // [Hq, total_q] or null
+  float* tlse = nullptr;                // [Hq, total_q] or null
+};
+
+struct alignas(1024) TokenStorage {
+  uint8_t q[2][kTokHalfBytes];                 // 64 rows x 128 columns, two 128-byte halves
+  uint8_t k[kTokStages][2][kTokHalfBytes];
+  uint8_t v[kTokStages][2][kTokHalfBytes];
+  // Per producer warp w, bit 2 i + e: key 8 i + 2 w + e of the stage is selected and visible.
+  uint32_t mask[kTokStages][4];
+  uint64_t full[kTokStages], empty[kTokStages], q_full;
+  int32_t stages;                              // the unit's stage count (producer's row scan)
+  int32_t last_slot;                           // scratch of that scan
+};
+// No alignment slack: two CTAs of 113 KB fill the SM's 228 KB with the 1 KB each reserves, and
+// dynamic shared memory of a kernel without static shared memory starts 1024-byte aligned (the
+// kernel checks it and traps otherwise: an internal invariant, not an input error).
+constexpr int kTokSmemBytes = int(sizeof(TokenStorage));
+static_assert(2 * (kTokSmemBytes + 1024) <= 228 * 1024, "two token CTAs per SM");
+
+}  // namespace msa::cuda::sparse_fwd
