@@ -1,14 +1,16 @@
-// Kernels of the device-side index checks (index_checks.cuh): q2k rows staged per block in shared
-// memory (one thread per entry; one thread per row for very long rows), one thread per
-// cu_seqlens entry, and a single-thread finalize that turns the first-offence key into the
-// status buffer.
+// Kernels of the device-side index checks (index_checks.cuh): short q2k rows staged per block in
+// shared memory (one thread per entry), long rows one CTA per row (an ascending test, else a sort
+// in shared memory), rows too long for that one thread per row; one thread per cu_seqlens entry,
+// and a single-thread finalize that turns the first-offence key into the status buffer.
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstdint>
 
 #include "cuda/common/index_checks.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/device/check.h"
+#include "cuda/device/info.h"
 #include "cuda/device/status.cuh"
 #include "msa/common.h"
 
@@ -44,10 +46,14 @@ __global__ void check_cu_seqlens_kernel(Q2KCheckParams p, unsigned long long* fi
 
 constexpr int kThreads = 256;
 constexpr int kStagedEntries = 2048;  // q2k entries a block stages in shared memory per step
+// The staged kernel's repeat test reads every earlier slot of the row (topk / 2 reads an entry on
+// average); above this topk the row kernel's ascending test (a few shuffles an entry) is cheaper.
+// A crossover estimated from operation counts, not timed.
+constexpr int kStagedMaxTopk = 256;
 
 // Blocks of whole q2k rows staged in shared memory (coalesced loads), one thread per entry:
 // range test against the row's batch, then a repeat test against the row's earlier slots.
-// For topk <= kStagedEntries; check_q2k_kernel below takes larger rows one thread per row.
+// For topk <= kStagedMaxTopk; longer rows take check_q2k_row_kernel below.
 __global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckParams p,
                                                                     unsigned long long* first) {
   __shared__ int32_t ids[kStagedEntries];
@@ -109,6 +115,177 @@ __global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckPara
   }
 }
 
+// The row kernel: one CTA per q2k row (grid-stride over rows), for kStagedMaxTopk < topk <=
+// kRowMaxTopk. Each warp reads a contiguous segment of the row (coalesced, kRowUnroll loads in
+// flight a lane), tests each entry's range and whether the row's in-range ids are strictly
+// ascending (each greater than the largest in-range id of every earlier slot: a prefix max over
+// the lanes, carried along the segment, then across the segments); -1 and out-of-range entries
+// do not take part. An ascending row has no repeat, so its first offence is its first
+// out-of-range slot: the usual rows (ascending, -1 padded) need no shared-memory pass. Any other
+// row is sorted in shared memory as (id, slot) keys: within a run of equal ids every key after
+// the first is a repeat of an earlier slot, and the smallest such slot is the row's first repeat.
+// The earlier of the first repeat and the first out-of-range slot is exactly the slot and code
+// check_q2k_kernel reports for the row.
+constexpr int kRowThreads = 256;
+constexpr int kRowWarps = kRowThreads / 32;
+constexpr int kRowUnroll = 8;
+// The sort buffer holds bit_ceil(topk) 64-bit keys: 16384 of them are 128 KB of shared memory
+// (sm_90 allows 227 KB a CTA). On a device with less, rows whose buffer does not fit take
+// check_q2k_kernel.
+constexpr int64_t kRowMaxTopk = 16384;
+constexpr unsigned long long kNoKey = ~0ull;  // sorts after every (id, slot) key
+
+__device__ __forceinline__ int32_t warp_min(int32_t x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = min(x, __shfl_xor_sync(~0u, x, o));
+  return x;
+}
+
+__device__ __forceinline__ int32_t warp_sum(int32_t x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(~0u, x, o);
+  return x;
+}
+
+// Ascending bitonic sort of keys[0, n) by the whole CTA, n a power of two; ends synchronized.
+__device__ void bitonic_sort(unsigned long long* keys, int n) {
+  for (int k = 2; k <= n; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+        const int a = 2 * i - (i & (j - 1)), b = a + j;  // i with a zero bit inserted at j
+        const unsigned long long x = keys[a], y = keys[b];
+        if ((x > y) == ((a & k) == 0)) {
+          keys[a] = y;
+          keys[b] = x;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Each warp's partial results for one row.
+struct RowPartials {
+  int32_t valid[kRowWarps];      // in-range ids
+  int32_t first_bad[kRowWarps];  // first out-of-range slot (INT32_MAX: none)
+  int32_t min_id[kRowWarps];     // smallest in-range id (INT32_MAX: none)
+  int32_t max_id[kRowWarps];     // largest in-range id (-1: none)
+  int32_t ascending[kRowWarps];  // in-range ids strictly ascending within the segment
+  int32_t first_repeat[kRowWarps];
+};
+
+__global__ void __launch_bounds__(kRowThreads) check_q2k_row_kernel(Q2KCheckParams p, int sort_n,
+                                                                    unsigned long long* first) {
+  extern __shared__ unsigned long long keys[];  // [sort_n]: (id << 32 | slot), kNoKey
+  __shared__ RowPartials part;
+  pdl_wait();
+  pdl_trigger();
+  const int topk = int(p.topk), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int seg = (topk + kRowWarps - 1) / kRowWarps;
+  const int lo = min(topk, warp * seg), hi = min(topk, lo + seg);
+  const int64_t rows = p.num_kv_heads * p.total_q;
+  int64_t head = 0;
+  int32_t head_valid = 0;  // thread 0: in-range ids of `head` not yet added to valid_per_head
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t b = find_batch(p.cu_seqlens_q, p.batch, row % p.total_q);
+    const int64_t lk = batch_keys(p.keys, b);
+    const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
+    const int32_t* ids = p.q2k + row * topk;
+    int32_t valid = 0, first_bad = INT32_MAX, min_id = INT32_MAX, run_max = -1;
+    bool ascending = true;
+    for (int base = lo; base < hi; base += 32 * kRowUnroll) {  // warp-uniform bounds
+      int32_t v[kRowUnroll];
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        const int s = base + u * 32 + lane;
+        v[u] = s < hi ? ids[s] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        const int s = base + u * 32 + lane;
+        const bool in_range = v[u] >= 0 && v[u] < nblk;
+        valid += in_range;
+        if (v[u] != -1 && !in_range) first_bad = min(first_bad, s);
+        int32_t incl = in_range ? v[u] : -1;  // max in-range id of lanes <= this one
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int32_t x = __shfl_up_sync(~0u, incl, o);
+          if (lane >= o) incl = max(incl, x);
+        }
+        const int32_t below = __shfl_up_sync(~0u, incl, 1);
+        const int32_t earlier = lane == 0 ? run_max : max(run_max, below);
+        if (in_range) {
+          ascending = ascending && v[u] > earlier;
+          min_id = min(min_id, v[u]);
+        }
+        run_max = max(run_max, __shfl_sync(~0u, incl, 31));
+      }
+    }
+    valid = warp_sum(valid);
+    first_bad = warp_min(first_bad);
+    min_id = warp_min(min_id);
+    ascending = __all_sync(~0u, ascending);
+    if (lane == 0) {
+      part.valid[warp] = valid;
+      part.first_bad[warp] = first_bad;
+      part.min_id[warp] = min_id;
+      part.max_id[warp] = run_max;
+      part.ascending[warp] = ascending;
+    }
+    __syncthreads();
+    // The row: every segment ascending, each above all earlier ones. The same in every thread.
+    int32_t row_valid = 0, row_bad = INT32_MAX, earlier = -1;
+    bool row_ascending = true;
+    for (int w = 0; w < kRowWarps; ++w) {
+      row_valid += part.valid[w];
+      row_bad = min(row_bad, part.first_bad[w]);
+      row_ascending = row_ascending && part.ascending[w] && part.min_id[w] > earlier;
+      earlier = max(earlier, part.max_id[w]);
+    }
+    if (!row_ascending) {
+      for (int s = int(threadIdx.x); s < sort_n; s += kRowThreads) {
+        const int32_t id = s < topk ? ids[s] : -1;
+        keys[s] = id >= 0 && id < nblk ? (uint64_t(id) << 32) | uint32_t(s) : kNoKey;
+      }
+      __syncthreads();
+      bitonic_sort(keys, sort_n);
+      int32_t repeat = INT32_MAX;
+      for (int i = int(threadIdx.x) + 1; i < sort_n; i += kRowThreads)
+        if (keys[i] != kNoKey && (keys[i] >> 32) == (keys[i - 1] >> 32))
+          repeat = min(repeat, int32_t(uint32_t(keys[i])));
+      repeat = warp_min(repeat);
+      if (lane == 0) part.first_repeat[warp] = repeat;
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      int32_t repeat = INT32_MAX;
+      if (!row_ascending)
+        for (int w = 0; w < kRowWarps; ++w) repeat = min(repeat, part.first_repeat[w]);
+      const int32_t s = min(row_bad, repeat);
+      if (s != INT32_MAX) {
+        const uint64_t code = uint64_t(s == row_bad ? StatusCode::block_id_out_of_range
+                                                    : StatusCode::block_id_repeated);
+        atomicMin(first, offence_key(1, uint64_t(row) * uint64_t(topk) + uint64_t(s), code));
+      }
+      // Rows of a CTA come in ascending order, so each head's count is added once.
+      if (p.valid_per_head) {
+        if (row / p.total_q != head) {
+          if (head_valid) atomicAdd(&p.valid_per_head[head], head_valid);
+          head = row / p.total_q;
+          head_valid = 0;
+        }
+        head_valid += row_valid;
+      }
+    }
+    __syncthreads();  // the next row rewrites part and keys
+  }
+  if (threadIdx.x == 0 && p.valid_per_head && head_valid)
+    atomicAdd(&p.valid_per_head[head], head_valid);
+}
+
+// Rows above kRowMaxTopk (or whose sort buffer exceeds the device's shared memory): one thread
+// per row with an O(topk^2) repeat test, slow but correct. The row kernel has no room to sort
+// them, and rows that long are not what the ops produce.
 __global__ void check_q2k_kernel(Q2KCheckParams p, unsigned long long* first) {
   pdl_wait();
   pdl_trigger();
@@ -158,6 +335,25 @@ __global__ void finalize_kernel(Q2KCheckParams p, const unsigned long long* firs
   }
 }
 
+// The row kernel's dynamic shared-memory limit, raised once per process (on the device current at
+// the first call, as token_topk's are) to the largest sort buffer it takes; each launch's own
+// size sets its occupancy.
+int64_t row_kernel_smem_limit() {
+  static const int64_t limit = [] {
+    int device = 0, optin = 0;
+    MSA_CUDA_CHECK(cudaGetDevice(&device));
+    MSA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr{};
+    MSA_CUDA_CHECK(cudaFuncGetAttributes(&attr, check_q2k_row_kernel));
+    const int bytes = int(std::min<int64_t>(int64_t(optin) - int64_t(attr.sharedSizeBytes),
+                                            kRowMaxTopk * 8));
+    MSA_CUDA_CHECK(cudaFuncSetAttribute(check_q2k_row_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return int64_t(bytes);
+  }();
+  return limit;
+}
+
 }  // namespace
 
 void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
@@ -171,10 +367,20 @@ void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
              stream, p, first);
   const int64_t rows = p.num_kv_heads * p.total_q;
   if (rows > 0 && p.topk > 0 && p.batch > 0) {
-    if (p.topk <= kStagedEntries) {
+    const int64_t sort_n = int64_t(std::bit_ceil(uint64_t(p.topk)));
+    if (p.topk <= kStagedMaxTopk) {
       const int64_t per_step = kStagedEntries / p.topk;
       const int64_t blocks = std::min<int64_t>((rows + per_step - 1) / per_step, 132 * 16);
       launch_pdl(check_q2k_staged_kernel, unsigned(blocks), kThreads, 0, stream, p, first);
+    } else if (p.topk <= kRowMaxTopk && sort_n * 8 <= row_kernel_smem_limit()) {
+      const size_t smem = size_t(sort_n) * 8;
+      int per_sm = 0;
+      MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, check_q2k_row_kernel,
+                                                                   kRowThreads, smem));
+      const int64_t blocks =
+          std::min<int64_t>(rows, int64_t(current_sm_count()) * std::max(per_sm, 1));
+      launch_pdl(check_q2k_row_kernel, unsigned(blocks), kRowThreads, smem, stream, p, int(sort_n),
+                 first);
     } else {
       launch_pdl(check_q2k_kernel, unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, stream,
                  p, first);
