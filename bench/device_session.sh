@@ -125,6 +125,9 @@ for step in $steps; do
       lim=$(left 200); (( lim > 0 )) && { PYTHONUNBUFFERED=1 timeout $lim python3 bench/peers.py --dump /tmp/msa_dump \
         --ours "$OUT/records.jsonl" --e2e "$OUT/records.jsonl" --json "$OUT/peers.jsonl" --iters 5 \
         > "$OUT/peers_sparse.log" 2>&1; summary+=("peers.py rc=$?"); }
+      lim=$(left 150); (( lim > 0 )) && { PYTHONUNBUFFERED=1 timeout $lim python3 bench/peers_toksparse.py \
+        --dump /tmp/msa_dump --ours "$OUT/records.jsonl" --json "$OUT/peers.jsonl" --iters 5 \
+        > "$OUT/peers_toksparse.log" 2>&1; summary+=("peers_toksparse.py rc=$?"); }
       lim=$(left 90); [[ -f $OUT/records.jsonl ]] && (( lim > 0 )) && { timeout $lim python3 bench/peers_decode.py \
         --ours "$OUT/records.jsonl" --json "$OUT/peers.jsonl" \
         > "$OUT/peers_decode.log" 2>&1; summary+=("peers_decode.py rc=$?"); } ;;

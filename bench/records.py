@@ -1,7 +1,7 @@
 """The benchmark record of bench/SCHEMA.md on the Python side, shared by the peers' scripts
-(peers.py, peers_decode.py) and the plot (plot.py): the same fields, in the same order, as the
-C++ programs write through workloads/record.h. One record per timed op, appended as a line of a JSON
-Lines file.
+(peers.py, peers_decode.py, peers_toksparse.py) and the plot (plot.py): the same fields, in the
+same order, as the C++ programs write through workloads/record.h. One record per timed op,
+appended as a line of a JSON Lines file.
 """
 import ctypes
 import datetime

@@ -9,6 +9,7 @@ namespace msa::bench {
 namespace {
 
 const char* kNeedsPrefill = "the CUDA sparse prefill (attention_forward)";
+const char* kNeedsTokenPrefill = "the CUDA token-sparse prefill (attention_forward, kv_block_size 1)";
 const char* kNeedsDensePrefill = "the CUDA dense prefill (attention_forward without q2k)";
 const char* kNeedsCsr = "the CUDA CSR builder (build_k2q_csr)";
 const char* kNeedsIndexer = "the CUDA indexer (block_scores, select_topk)";
@@ -105,6 +106,21 @@ std::vector<BenchCase> make_cases() {
   dense_chunk.topk = (32768 + 2048) / 128;
   dense_chunk.page_size = 64;
   v.push_back(dense_chunk);
+  // Token-sparse attention (DESIGN.md 17): 2048 key ids per (kv head, query), the 128 most recent
+  // visible keys and random earlier ones, over one shared kv head as DeepSeek's indexer-selected
+  // attention has it (G = 64), or over 4 (G = 16) with ids drawn per kv head. 8K is the length at
+  // which the FlexAttention peer (bench/peers_toksparse.py) still builds its mask.
+  auto token_prefill = [&](std::string name, int64_t seq, int hkv) {
+    BenchCase c = prefill(std::move(name), fwd, "token-sparse attention forward", seq, Pattern::ids,
+                          kNeedsTokenPrefill);
+    c.num_kv_heads = hkv;
+    c.kv_block_size = 1;
+    c.topk = 2048;
+    return c;
+  };
+  v.push_back(token_prefill("TOKSPARSE-8K", 8192, 1));
+  v.push_back(token_prefill("TOKSPARSE-32K", 32768, 1));
+  v.push_back(token_prefill("TOKSPARSE-32K-G16", 32768, 4));
   v.push_back(prefill("CSR-32K", CaseKind::csr_build, "q2k -> k2q CSR + schedule build", 32768,
                       Pattern::tok, kNeedsCsr));
   v.push_back(prefill("IDX-32K-bf16", CaseKind::block_scores, "block scores (and fused top-K)",

@@ -3,7 +3,9 @@
 #include "workloads/patterns.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
+#include <stdexcept>
 
 #include "workloads/inputs.h"
 
@@ -48,6 +50,67 @@ void draw_row(int64_t vis_end, int64_t diag_pos, int blk, int topk, RowRng rng, 
   std::sort(row, row + n);
 }
 
+// One Pattern::ids row for a query that sees keys [0, vis_end): the most recent min(topk,
+// kRecentKeys), then distinct random earlier keys by rejection on the bitset `seen` (at least
+// (vis_end - recent + 63) / 64 words, all zero; left zero), written in ascending order from it, so
+// a row costs its draws plus vis_end / 64 words, not a sort. Near vis_end = topk + 1 the draws run
+// into repeats (about m ln m for m = 1921), which stays small next to the long rows.
+void draw_ids_row(int64_t vis_end, int topk, RowRng rng, std::vector<uint64_t>& seen, int32_t* row) {
+  std::fill(row, row + topk, -1);
+  if (vis_end <= 0) return;
+  if (vis_end <= topk) {
+    for (int64_t j = 0; j < vis_end; ++j) row[j] = static_cast<int32_t>(j);
+    return;
+  }
+  const int recent = std::min(topk, kRecentKeys);
+  const int64_t m = vis_end - recent;  // > topk - recent: enough keys to draw from
+  for (int n = recent; n < topk;) {
+    const auto x = static_cast<int64_t>(rng.next() % static_cast<uint64_t>(m));
+    uint64_t& word = seen[static_cast<size_t>(x >> 6)];
+    const uint64_t bit = uint64_t{1} << (x & 63);
+    if (!(word & bit)) word |= bit, ++n;
+  }
+  int n = 0;
+  for (int64_t w = 0; w < (m + 63) / 64; ++w) {
+    for (uint64_t bits = seen[static_cast<size_t>(w)]; bits != 0; bits &= bits - 1)
+      row[n++] = static_cast<int32_t>(w * 64 + std::countr_zero(bits));
+    seen[static_cast<size_t>(w)] = 0;
+  }
+  for (int64_t j = m; j < vis_end; ++j) row[n++] = static_cast<int32_t>(j);
+}
+
+// Pattern::ids: rows of (kv head, query) spread over the threads (a 32K request of one kv head is
+// a single (head, batch) pair), each thread with its own bitset.
+std::vector<int32_t> make_token_ids(const SelectionShape& s) {
+  if (s.kv_block_size != 1)
+    throw std::invalid_argument("make_selection(ids): token ids need kv_block_size 1, got " +
+                                std::to_string(s.kv_block_size));
+  const int64_t batch = static_cast<int64_t>(s.cu_seqlens_q.size()) - 1;
+  const int64_t total_q = batch > 0 ? s.cu_seqlens_q[batch] : 0;
+  int64_t max_k = 0;
+  for (int64_t b = 0; b < batch; ++b) max_k = std::max(max_k, s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b]);
+  std::vector<int32_t> q2k(static_cast<size_t>(s.num_kv_heads) * total_q * s.topk);
+  const int64_t rows = s.num_kv_heads * total_q;
+#pragma omp parallel
+  {
+    std::vector<uint64_t> seen(static_cast<size_t>((max_k + 63) / 64), 0);
+    int64_t b = 0;
+#pragma omp for schedule(dynamic, 256)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int h = static_cast<int>(r / total_q);
+      const int64_t t = r % total_q;
+      if (t < s.cu_seqlens_q[b] || t >= s.cu_seqlens_q[b + 1]) b = 0;  // a new chunk
+      while (s.cu_seqlens_q[b + 1] <= t) ++b;
+      const int64_t lq = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
+      const int64_t lk = s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b];
+      const int64_t vis_end = visible_key_end(t - s.cu_seqlens_q[b], lq, lk, s.causal);
+      draw_ids_row(vis_end, s.topk, RowRng(s.seed, h, static_cast<uint64_t>(t)), seen,
+                   q2k.data() + r * s.topk);
+    }
+  }
+  return q2k;
+}
+
 }  // namespace
 
 const char* pattern_name(Pattern p) {
@@ -55,6 +118,7 @@ const char* pattern_name(Pattern p) {
     case Pattern::tok: return "tok";
     case Pattern::blk: return "blk";
     case Pattern::idx: return "idx";
+    case Pattern::ids: return "ids";
   }
   return "?";
 }
@@ -75,6 +139,7 @@ int64_t visible_key_end(int64_t i, int64_t lq, int64_t lk, bool causal) {
 }
 
 std::vector<int32_t> make_selection(Pattern p, const SelectionShape& s) {
+  if (p == Pattern::ids) return make_token_ids(s);
   const int64_t batch = static_cast<int64_t>(s.cu_seqlens_q.size()) - 1;
   const int64_t total_q = batch > 0 ? s.cu_seqlens_q[batch] : 0;
   const int blk = s.kv_block_size;

@@ -10,11 +10,18 @@
 namespace msa::bench {
 
 // tok: per-token selection; blk: one selection per 128-query block; idx: the project's own
-// indexer + top-K (not generated here: the caller runs block_scores and select_topk).
-enum class Pattern { tok, blk, idx };
+// indexer + top-K (not generated here: the caller runs block_scores and select_topk); ids: token
+// ids (kv_block_size 1) per (kv head, query): the kRecentKeys most recent visible keys plus random
+// visible ones (the TOKSPARSE-* cases).
+enum class Pattern { tok, blk, idx, ids };
 const char* pattern_name(Pattern p);
-// Returns false for an unknown name.
+// The block-selection patterns tok, blk and idx, the ones a custom shape of the CLI may take
+// (ids runs only as the named TOKSPARSE-* cases); returns false for any other name.
 bool parse_pattern(std::string_view name, Pattern* out);
+
+// Pattern::ids: the most recent visible keys every query keeps (a local window), before the
+// random ones.
+constexpr int kRecentKeys = 128;
 
 // A varlen prefill problem as far as the selection is concerned (host values).
 struct SelectionShape {
@@ -32,6 +39,11 @@ struct SelectionShape {
 // visible blocks until topk are chosen (all visible blocks when fewer); ascending, -1 padded.
 // Each (kv head, query) row (tok) or (kv head, query block) row (blk) draws from its own
 // counter-based random stream, so the result depends only on the shape and the seed.
+// Pattern::ids (s.kv_block_size must be 1, else std::invalid_argument): batch-local key ids, the
+// kRecentKeys most recent visible keys, then distinct random visible keys until topk (every
+// visible key when there are fewer); ascending, -1 padded. Row (h, t) draws key x = next() % m
+// from the earlier keys [0, m), m = visible - kRecentKeys, of the same stream as tok and keeps
+// the first topk - kRecentKeys distinct draws; bench/peers_toksparse.py repeats this in numpy.
 std::vector<int32_t> make_selection(Pattern p, const SelectionShape& s);
 
 // Pair counts of a selection, in (query head, key) pairs: `attended` counts the causally

@@ -34,8 +34,8 @@ using msa::bench::Timing;
 const msa::Device kGpu{msa::DeviceType::cuda, 0};
 
 // fp32 reference for sampled (token, query head) rows: one warp per row, dim / 32 (<= 8) columns
-// per lane, online softmax over the visible keys of the selected blocks (of blk keys), exact
-// expf/logf.
+// per lane, online softmax over the visible keys of the selected blocks (of blk keys; blk 1: token
+// ids), exact expf/logf.
 __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                const int32_t* q2k, const int32_t* cu_q, const int32_t* cu_k,
                                int batch, int64_t total_q, int hq_count, int hkv, int topk, int blk,
@@ -86,7 +86,8 @@ const std::vector<std::string>& sparse_case_names() {
                                                  "P32K-blk-nvfp4kv", "DENSE-8K",
                                                  "DENSE-32K",      "DENSE-VARLEN",
                                                  "DENSE-16K-D64",  "DENSE-16K-D256",
-                                                 "DENSE-CHUNK"};
+                                                 "DENSE-CHUNK",    "TOKSPARSE-8K",
+                                                 "TOKSPARSE-32K",  "TOKSPARSE-32K-G16"};
   return names;
 }
 
@@ -117,7 +118,17 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   shape.seed = 20261130;
   const int64_t batch = int64_t(bc->seqlens_q.size());
   const int64_t tq = shape.cu_seqlens_q.back(), tk = shape.cu_seqlens_k.back();
+  // Token ids (TOKSPARSE-*, kv_block_size 1): no k2q index (attention_forward takes q2k alone
+  // there), and 32768 x 2048 ids per kv head to draw, whose host time is printed.
+  const bool token_ids = bc->pattern == msa::bench::Pattern::ids;
+  const auto sel_start = std::chrono::steady_clock::now();
   const std::vector<int32_t> sel = msa::bench::make_selection(bc->pattern, shape);
+  if (token_ids)
+    std::fprintf(stderr, "%s: %lld token ids drawn on the host in %.2f s\n", name.c_str(),
+                 static_cast<long long>(sel.size()),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - sel_start).count());
+  // attended = G x the visible ids of every (kv head, query) row: the G query heads of a kv head
+  // attend its row, so 4 D attended is the FLOP count for Hkv = 1 (G = 64) and Hkv = 4 alike.
   const msa::bench::PairCounts pairs = msa::bench::count_pairs(sel, shape, g);
   if (const std::string w = msa::bench::dense_selection_warning(pairs, shape); !w.empty() && !bc->dense)
     std::fprintf(stderr, "%s: %s\n", name.c_str(), w.c_str());
@@ -151,10 +162,11 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   const Tensor st(status.get(), DType::i32, {4}, kGpu);
   msa::clear_status(st, s);
 
-  // K2Q index, built once on the GPU (timed on its own as CSR-32K).
-  const int64_t sched = msa::k2q_schedule_size(hkv, total_rows, tq, topk);
-  const DeviceBuffer drp = gpu_buffer(size_t(hkv) * (total_rows + 1) * 4),
-                     dqi = gpu_buffer(size_t(hkv) * tq * topk * 4), dsc = gpu_buffer(sched * 4);
+  // K2Q index, built once on the GPU (timed on its own as CSR-32K); token ids have none.
+  const int64_t sched = token_ids ? 0 : msa::k2q_schedule_size(hkv, total_rows, tq, topk);
+  const DeviceBuffer drp = gpu_buffer(token_ids ? 0 : size_t(hkv) * (total_rows + 1) * 4),
+                     dqi = gpu_buffer(token_ids ? 0 : size_t(hkv) * tq * topk * 4),
+                     dsc = gpu_buffer(sched * 4);
   msa::CsrBuildArgs cb;
   cb.q2k = Tensor(dq2k.get(), DType::i32, {hkv, tq, topk}, kGpu);
   cb.cu_seqlens_q = Tensor(dcuq.get(), DType::i32, {batch + 1}, kGpu);
@@ -164,13 +176,15 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   cb.out.row_ptr = Tensor(drp.get(), DType::i32, {hkv, total_rows + 1}, kGpu);
   cb.out.q_idx = Tensor(dqi.get(), DType::i32, {hkv, tq * topk}, kGpu);
   cb.out.schedule = Tensor(dsc.get(), DType::i32, {sched}, kGpu);
-  const size_t csr_ws_bytes = msa::csr_workspace_bytes(hkv, total_rows, tq, topk);
+  const size_t csr_ws_bytes = token_ids ? 0 : msa::csr_workspace_bytes(hkv, total_rows, tq, topk);
   const DeviceBuffer csr_ws = gpu_buffer(csr_ws_bytes);
   cb.workspace = Tensor(csr_ws.get(), DType::u8, {int64_t(csr_ws_bytes)}, kGpu);
   cb.kv_block_size = blk;
   cb.status = st;
-  msa::build_k2q_csr(cb, s);
-  msa::check_status(st, s);
+  if (!token_ids) {
+    msa::build_k2q_csr(cb, s);
+    msa::check_status(st, s);
+  }
 
   msa::AttentionArgs a;
   a.q = Tensor(dq.get(), DType::bf16, {tq, hq, d}, kGpu);
@@ -257,7 +271,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   }
   if (!bc->dense) {  // dense: no selection (the full one above feeds the reference only)
     a.q2k = cb.q2k;
-    a.k2q = cb.out;
+    if (!token_ids) a.k2q = cb.out;
   }
   a.out = Tensor(dout.get(), DType::bf16, {tq, hq, d}, kGpu);
   a.lse = Tensor(dlse.get(), DType::f32, {hq, tq}, kGpu);

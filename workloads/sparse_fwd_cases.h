@@ -1,5 +1,6 @@
 // GPU benchmark of the sparse prefill and the CSR builder for the bench/CASES.md cases P8K-tok,
-// P32K-tok, P32K-blk, P48K-tok, P32K-tok64 / blk64, VARLEN-tok, CSR-32K and the FP8 / FP4 / dense ones. Called by bench_sparse_fwd (main) and
+// P32K-tok, P32K-blk, P48K-tok, P32K-tok64 / blk64, VARLEN-tok, CSR-32K, the FP8 / FP4 / dense ones
+// and the token-sparse TOKSPARSE-* (kv_block_size 1). Called by bench_sparse_fwd (main) and
 // by `msa bench --case NAME` (tools/cli): msa_bench::run_sparse_case(name, options).
 #pragma once
 

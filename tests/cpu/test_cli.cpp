@@ -83,6 +83,9 @@ TEST(Cli, BenchCaseWithoutBackendSaysWhatItNeeds) {
   if (built_with_cuda() && cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
   expect_run("bench --case P32K-tok", 0, {"P32K-tok: needs the CUDA sparse prefill"});
   expect_run("bench --case DEC-B32 --device cpu", 0, {"prefill stages only"});
+  expect_run("bench --case TOKSPARSE-32K", 0,
+             {"TOKSPARSE-32K: needs the CUDA token-sparse prefill (attention_forward, kv_block_size 1)"});
+  expect_run("bench --case TOKSPARSE-8K --device cpu", 0, {"not token ids"});
 }
 
 // The GPU runner of `msa bench` times the named prefill shapes only: with a shape option the
@@ -188,6 +191,8 @@ TEST(Cli, BadUsageExitsTwoWithAMessage) {
       {"demo --seq 256 --topk 1", "--topk must be >= 2"},
       {"demo --seq 1073741824", "GB of host memory"},
       {"bench --case P32K-tok --device cpu", "or pass --allow-slow"},
+      // G = 64 and token ids lie outside the CLI's block shapes: the case runs as the table has it.
+      {"bench --case TOKSPARSE-8K --seq 4096", "TOKSPARSE-8K takes no shape options"},
   };
   for (const auto& c : cases) expect_run(c.args, 2, {c.message});
 }

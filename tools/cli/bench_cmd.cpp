@@ -154,6 +154,9 @@ std::vector<OptionSpec> bench_specs() {
 
 // Why the CPU timing mode cannot run a case; empty when it can.
 std::string cpu_gap(const bench::BenchCase& c) {
+  if (c.pattern == bench::Pattern::ids)
+    return "the CPU timing mode runs block selections (block scores, top-K, CSR, attention), not "
+           "token ids";
   if (c.kind == bench::CaseKind::decode) return "the CPU timing mode covers prefill stages only";
   if (c.kind == bench::CaseKind::latency) return "latency cases time GPU calls (host and launch costs)";
   if (c.kind == bench::CaseKind::block_scores && c.kv_dtypes != "bf16")
@@ -182,6 +185,12 @@ void print_list() {
 // Applies shape options on top of a case (validated by resolve_shape). Decode cases keep their
 // queries per request; --seq there sets the keys per request.
 bench::BenchCase with_overrides(bench::BenchCase c, const ShapeOptions& o) {
+  // Token-id cases (G = 64, blk 1) lie outside the block shapes that resolve_shape checks; they run
+  // as the table has them.
+  if (c.pattern == bench::Pattern::ids) {
+    if (o.any()) throw UsageError(c.name + " takes no shape options: it runs as bench/CASES.md has it");
+    return c;
+  }
   Shape base;
   static_cast<bench::CaseShape&>(base) = c;
   base.seqlens = c.seqlens_k;

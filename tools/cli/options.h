@@ -56,6 +56,7 @@ struct ShapeOptions {
   std::optional<bench::Pattern> pattern;
   std::optional<uint64_t> seed;
   bool any_length() const { return batch || seq || seqlens; }
+  bool any() const { return any_length() || hq || hkv || dim || topk || blk || causal || pattern || seed; }
 };
 std::vector<OptionSpec> shape_option_specs(bool with_pattern);
 ShapeOptions parse_shape_options(const ParsedArgs& args);
