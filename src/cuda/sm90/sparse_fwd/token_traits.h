@@ -70,7 +70,7 @@ struct alignas(1024) TokenStorage {
   uint8_t k[kTokStages][2][kTokHalfBytes];
   uint8_t v[kTokStages][2][kTokHalfBytes];
   // Per producer warp w, bit 2 i + e: key 8 i + 2 w + e of the stage is selected and visible.
-  uint32_t mask[kTokStages][4];
+  alignas(16) uint32_t mask[kTokStages][4];
   uint64_t full[kTokStages], empty[kTokStages], q_full;
   int32_t stages;                              // the unit's stage count (producer's row scan)
   int32_t last_slot;                           // scratch of that scan
