@@ -1031,7 +1031,7 @@ TEST(SparseFwdGpu, Blocks64Fp8QkMatchesCpu) {
 // invisible ones, -1 padding, sometimes unsorted or -1 in the middle), NaN in every K/V row no
 // query selects, sometimes a temperature, a soft-cap or a softmax scale. The reference costs
 // ~ tokens * Hq * min(topk, keys) * D: the query count is cut to a budget.
-SparseCase token_case(int index, bool small) {
+SparseCase token_case(int index, bool small, std::optional<Fp8Scale> fp8 = std::nullopt) {
   std::mt19937 rng(777u + 131u * unsigned(index));
   const int64_t groups[] = {1, 4, 16, 64, 128, 48, 5, 2, 8, 100};
   const int topks[] = {1, 37, 64, 200, 2048};
@@ -1058,8 +1058,10 @@ SparseCase token_case(int index, bool small) {
   if (total > max_q)
     for (int32_t& l : lq)
       if (l > 0) l = std::max<int32_t>(1, int32_t(int64_t(l) * max_q / total));
-  const DType dt = rng() % 3 == 0 ? DType::f16 : DType::bf16;
-  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 4242u + unsigned(index), dt, dt);
+  const bool f16 = rng() % 3 == 0;
+  const DType dt = f16 && !fp8 ? DType::f16 : DType::bf16;  // FP8 K/V take bf16 q on CUDA
+  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 4242u + unsigned(index), dt,
+                              fp8 ? DType::fp8_e4m3 : dt, fp8.value_or(Fp8Scale::none));
   HostTensor ids = indexer_like_q2k(prob, topk, causal, rng, false, /*blk=*/1);
   SparseCase c(std::move(prob), std::move(ids), topk, /*block=*/1);
   c.causal = causal;
@@ -1069,7 +1071,8 @@ SparseCase token_case(int index, bool small) {
   c.soft_cap = rng() % 5 == 0 ? 20.f : 0.f;
   std::ostringstream os;
   os << "token case " << index << ": G=" << g << " Hkv=" << hkv << " topk=" << topk
-     << (causal ? " causal " : " non-causal ") << dtype_name(dt) << " T=" << c.temperature
+     << (causal ? " causal " : " non-causal ") << dtype_name(dt)
+     << (fp8 ? " fp8 kv scales " + std::to_string(int(*fp8)) : "") << " T=" << c.temperature
      << " cap=" << c.soft_cap << " lq=[";
   for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lq[b];
   os << "] lk=[";
@@ -1095,6 +1098,30 @@ TEST(SparseFwdGpu, TokenIdsMatchCpu) {
     if (small) continue;
     if (c.soft_cap == 0.f) expect_within_fa3_bar(c, g1.out, 7);  // the bar's model has no cap
     expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/false, s));
+    if (HasFailure()) break;
+  }
+}
+
+// Token ids over FP8 e4m3 K/V (every scale layout) and NVFP4 / MXFP4 K/V: the flat bf16 copy
+// of the sparse path (launch_dequant), then the token kernel; NaN in the unselected rows (FP4:
+// NaN block scales).
+TEST(SparseFwdGpu, TokenIdsQuantizedKvMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  int run = 0;
+  for (int i = 0; run < (small ? 4 : 12); ++i) {
+    SparseCase c = run % 3 == 2 ? token_case(300 + i, small) : token_case(300 + i, small, kFp8Kinds[i % 4]);
+    if (c.p.q.t.dtype != DType::bf16) continue;  // quantized K/V take bf16 q on CUDA
+    if (run % 3 == 2) {
+      quantize_kv_fp4(c.p, run % 2 == 0);
+      c.name += run % 2 == 0 ? " nvfp4" : " mxfp4";
+    }
+    ++run;
+    SCOPED_TRACE(c.name);
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    expect_close(c, run_gpu(c, d, /*with_k2q=*/false, s), ref);
     if (HasFailure()) break;
   }
 }
@@ -1197,8 +1224,9 @@ TEST(SparseFwdGpu, TokenIdsRefusedFeatures) {
                               Fp8Scale::per_tensor);
   HostTensor ids = indexer_like_q2k(prob, 16, true, rng, false, 1);
   SparseCase c(std::move(prob), std::move(ids), 16, 1);
+  c.p.q = HostTensor(DType::f16, {20, 8, 128});  // f16 q over FP8 K/V
   DeviceCase d(c, s);
-  expect_error([&] { run_gpu(c, d, false, s); }, "FP8 and FP4 K/V not yet");
+  expect_error([&] { run_gpu(c, d, false, s); }, "K/V takes bf16 q on CUDA");
   Problem p2 = make_problem({20}, {200}, 8, 2, 128, 3u);
   HostTensor ids2(DType::i32, {c.q2k.t.shape[0], c.q2k.t.shape[1], c.q2k.t.shape[2]});
   std::memcpy(ids2.data<int32_t>(), c.q2k.data<int32_t>(), c.q2k.bytes());

@@ -268,8 +268,8 @@ TEST(SparseFwdPagedGpu, Blocks64MatchCpu) {
 
 // Token ids (kv_block_size 1: the token kernel, token_kernel.cuh): every page size in both
 // layouts, padded rows, spare columns, causal offsets, a G of 64 and 128 on one kv head, top-K
-// past the keys and far below them, requests without keys or queries. Each: GPU paged vs the CPU
-// reference, and paged == flat bitwise.
+// past the keys and far below them, requests without keys or queries, FP8 pools with per-slot
+// scales and an NVFP4 pool. Each: GPU paged vs the CPU reference, and paged == flat bitwise.
 TEST(SparseFwdPagedGpu, TokenIdsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -287,6 +287,12 @@ TEST(SparseFwdPagedGpu, TokenIdsMatchCpu) {
       {"tok ps64 nhd G8 offsets", {100, 70}, {300, 200}, 8, 2, 37, true, false, 64, nhd, 0,
        DType::bf16, false, std::nullopt, 0, false, true},
       {"tok ps16 hnd G48", {30, 12}, {700, 12}, 48, 1, 1000, true, false, 16, hnd, 16},
+      {"tok ps64 nhd G16 fp8 per slot", {200, 40}, {450, 63}, 16, 1, 200, true, false, 64, nhd,
+       0, DType::bf16, false, Fp8Scale::per_token},
+      {"tok ps32 hnd G4 fp8 per slot and head padded", {100, 9}, {300, 64}, 4, 2, 64, true, false,
+       32, hnd, 16, DType::bf16, false, Fp8Scale::per_token_head},
+      {"tok ps128 nhd G64 nvfp4", {30, 9}, {900, 64}, 64, 1, 512, true, false, 128, nhd, 0,
+       DType::bf16, false, std::nullopt, 1},
   };
   for (Spec& sp : specs) sp.kv_block = 1;
   run_specs(specs, 12400, small, s);

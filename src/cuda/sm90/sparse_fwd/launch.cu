@@ -17,6 +17,64 @@
 #include "cuda/sm90/sparse_fwd/traits.h"
 
 namespace msa::cuda {
+namespace sparse_fwd {
+
+// The page pool as the kernels address it.
+static PagedKV paged_kv_of(const AttentionArgs& a, const ProblemShape& s) {
+  return make_paged_kv(a.kv.page_table.ptr<int32_t>(), a.kv.page_table.strides[0], s.num_pages,
+                       s.page_size, a.kv.layout == KVLayout::paged_hnd);
+}
+
+// FP8 or FP4 K/V into the plan's flat bf16 copy: flat caches row for row, a pool's batches at the
+// key offsets (out_offsets: the paged check's clamped lengths).
+void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w, uint8_t* ws,
+                    const int32_t* out_offsets, cudaStream_t stream) {
+  DequantKVParams d;
+  d.k = a.kv.k.values.ptr<uint8_t>();
+  d.v = a.kv.v.values.ptr<uint8_t>();
+  for (int i = 0; i < 3; ++i) {
+    d.k_stride[i] = i + 1 < a.kv.k.values.ndim ? a.kv.k.values.strides[i] : 0;
+    d.v_stride[i] = i + 1 < a.kv.v.values.ndim ? a.kv.v.values.strides[i] : 0;
+  }
+  d.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.data : nullptr;
+  d.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.data : nullptr;
+  if (a.kv.k.values.dtype == DType::fp4x2) {  // scales laid out like the values, checked by the api
+    d.format = a.kv.k.scale.dtype == DType::fp8_e4m3 ? KVFormat::nvfp4 : KVFormat::mxfp4;
+    for (int i = 0; i + 1 < a.kv.k.scale.ndim; ++i) {  // [T, Hkv, G] or a pool of 4 dims
+      d.k_scale_stride[i] = a.kv.k.scale.strides[i];
+      d.v_scale_stride[i] = a.kv.v.scale.strides[i];
+    }
+    d.k_global = a.kv.k.global_scale;
+    d.v_global = a.kv.v.global_scale;
+  } else {
+    d.k_scale_kind = fp8_scale_kind(a.kv.k.scale);
+    d.v_scale_kind = fp8_scale_kind(a.kv.v.scale);
+  }
+  d.batch = int32_t(s.batch);
+  d.num_kv_heads = int32_t(s.num_kv_heads);
+  d.out_offsets = out_offsets;
+  d.out_rows = w.kv_rows;
+  if (a.kv.layout == KVLayout::flat) {
+    d.cu_seqlens_k = a.kv.cu_seqlens_k.ptr<int32_t>();
+    d.total_k = a.kv.k.values.shape[0];
+    d.max_keys = d.total_k;
+  } else {
+    d.paged = a.kv.layout == KVLayout::paged_nhd ? 1 : 2;
+    d.pool = paged_kv_of(a, s);
+    d.max_keys = s.max_pages * s.page_size;
+  }
+  d.k_out = ws + w.k_bf16;
+  d.v_out = ws + w.v_bf16;
+  if (w.fp8_qk) {
+    d.k_raw = 1;
+    d.k_scale_out = reinterpret_cast<float*>(ws + w.k_scale);
+    d.k_scale_out_stride = w.kscale_stride;
+  }
+  launch_dequant_kv(d, stream);
+}
+
+}  // namespace sparse_fwd
+
 namespace {
 
 using namespace sparse_fwd;
@@ -32,11 +90,6 @@ uint8_t* checked_workspace(const AttentionArgs& a, const AttnPlan& w, const Work
   return ws;
 }
 
-// The page pool as the kernels address it.
-PagedKV paged_kv_of(const AttentionArgs& a, const ProblemShape& s) {
-  return make_paged_kv(a.kv.page_table.ptr<int32_t>(), a.kv.page_table.strides[0], s.num_pages,
-                       s.page_size, a.kv.layout == KVLayout::paged_hnd);
-}
 
 // The problem as both main kernels see it.
 AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w) {
@@ -61,53 +114,6 @@ AttnProblem attn_problem(const AttentionArgs& a, const ProblemShape& s, const At
   return pr;
 }
 
-// FP8 or FP4 K/V into the plan's flat bf16 copy: flat caches row for row, a pool's batches at the
-// prep chain's key offsets (pp.cu_seqlens_k).
-void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w, uint8_t* ws,
-                    const PrepParams& pp, cudaStream_t stream) {
-  DequantKVParams d;
-  d.k = a.kv.k.values.ptr<uint8_t>();
-  d.v = a.kv.v.values.ptr<uint8_t>();
-  for (int i = 0; i < 3; ++i) {
-    d.k_stride[i] = i + 1 < a.kv.k.values.ndim ? a.kv.k.values.strides[i] : 0;
-    d.v_stride[i] = i + 1 < a.kv.v.values.ndim ? a.kv.v.values.strides[i] : 0;
-  }
-  d.k_scale = a.kv.k.scale.defined() ? a.kv.k.scale.data : nullptr;
-  d.v_scale = a.kv.v.scale.defined() ? a.kv.v.scale.data : nullptr;
-  if (a.kv.k.values.dtype == DType::fp4x2) {  // scales laid out like the values, checked by the api
-    d.format = a.kv.k.scale.dtype == DType::fp8_e4m3 ? KVFormat::nvfp4 : KVFormat::mxfp4;
-    for (int i = 0; i + 1 < a.kv.k.scale.ndim; ++i) {  // [T, Hkv, G] or a pool of 4 dims
-      d.k_scale_stride[i] = a.kv.k.scale.strides[i];
-      d.v_scale_stride[i] = a.kv.v.scale.strides[i];
-    }
-    d.k_global = a.kv.k.global_scale;
-    d.v_global = a.kv.v.global_scale;
-  } else {
-    d.k_scale_kind = fp8_scale_kind(a.kv.k.scale);
-    d.v_scale_kind = fp8_scale_kind(a.kv.v.scale);
-  }
-  d.batch = int32_t(s.batch);
-  d.num_kv_heads = int32_t(s.num_kv_heads);
-  d.out_offsets = pp.cu_seqlens_k;
-  d.out_rows = w.kv_rows;
-  if (a.kv.layout == KVLayout::flat) {
-    d.cu_seqlens_k = a.kv.cu_seqlens_k.ptr<int32_t>();
-    d.total_k = a.kv.k.values.shape[0];
-    d.max_keys = d.total_k;
-  } else {
-    d.paged = a.kv.layout == KVLayout::paged_nhd ? 1 : 2;
-    d.pool = paged_kv_of(a, s);
-    d.max_keys = s.max_pages * s.page_size;
-  }
-  d.k_out = ws + w.k_bf16;
-  d.v_out = ws + w.v_bf16;
-  if (w.fp8_qk) {
-    d.k_raw = 1;
-    d.k_scale_out = reinterpret_cast<float*>(ws + w.k_scale);
-    d.k_scale_out_stride = w.kscale_stride;
-  }
-  launch_dequant_kv(d, stream);
-}
 
 // Both main kernels over the prep chain's tables: KV-major chunks write partials, uniform units
 // write out / lse directly. Dense attention runs the uniform kernel alone.
@@ -262,7 +268,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     launch_dequant_q(d, stream);
   }
   const PrepParams pp = launch_prep(a, s, w, ws, stream);
-  if (w.dequant_kv && pp.uniform_enabled) launch_dequant(a, s, w, ws, pp, stream);
+  if (w.dequant_kv && pp.uniform_enabled) launch_dequant(a, s, w, ws, pp.cu_seqlens_k, stream);
   if (w.key_mask && pp.uniform_enabled) {  // after the prep: it reads the checked key lengths
     KeyMaskParams m;
     m.mask = a.key_mask.ptr<uint8_t>();

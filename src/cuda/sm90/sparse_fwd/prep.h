@@ -24,6 +24,11 @@ const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s
                                    const AttnPlan& w, uint8_t* ws, int32_t* status,
                                    cudaStream_t stream);
 
+// FP8 / FP4 K/V as a flat bf16 copy (common/dequant_kv.cuh) at w.k_bf16 / w.v_bf16, batch b's
+// keys from row out_offsets[b] (launch.cu; the sparse path and the token path, token_launch.cu).
+void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w, uint8_t* ws,
+                    const int32_t* out_offsets, cudaStream_t stream);
+
 PrepParams launch_prep(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
                        uint8_t* ws, cudaStream_t stream);
 

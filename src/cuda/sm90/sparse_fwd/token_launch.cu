@@ -26,6 +26,15 @@ AttnPlan token_plan(const AttentionArgs& a, const ProblemShape& s) {
     w.key_offsets = take(size_t(s.batch + 1) * 4);
   }
   w.check = take(kQ2KCheckWorkspaceBytes);
+  // FP8 / FP4 K/V: the flat bf16 copy the sparse path reads too (launch_dequant), one row per key
+  // of a flat cache or per pool slot of the requests' pages.
+  w.dequant_kv = a.kv.k.values.dtype != a.q.dtype;
+  if (w.dequant_kv) {
+    w.kv_rows = a.kv.layout != KVLayout::flat ? s.batch * s.max_pages * s.page_size
+                                              : a.kv.k.values.shape[0];
+    w.k_bf16 = take(size_t(w.kv_rows) * size_t(s.num_kv_heads) * kHeadDim * 2);
+    w.v_bf16 = take(size_t(w.kv_rows) * size_t(s.num_kv_heads) * kHeadDim * 2);
+  }
   w.total = off;
   return w;
 }
@@ -37,10 +46,26 @@ void check_token_supported(const AttentionArgs& a, const ProblemShape& s) {
   const DType qt = a.q.dtype;
   MSA_CHECK(qt == DType::bf16 || qt == DType::f16, "q: token-sparse attention (kv_block_size 1) "
             "takes bf16 or f16 q on CUDA, got ", dtype_name(qt));
-  MSA_CHECK(a.kv.k.values.dtype == qt && a.kv.v.values.dtype == qt,
-            "k, v: token-sparse attention (kv_block_size 1) takes q's dtype (", dtype_name(qt),
-            ") on CUDA (FP8 and FP4 K/V not yet), got ", dtype_name(a.kv.k.values.dtype), " and ",
-            dtype_name(a.kv.v.values.dtype));
+  const DType kt = a.kv.k.values.dtype;
+  MSA_CHECK(kt == a.kv.v.values.dtype, "k, v: must have one dtype on CUDA, got ", dtype_name(kt),
+            " and ", dtype_name(a.kv.v.values.dtype));
+  if (kt == DType::fp8_e4m3 || kt == DType::fp4x2) {  // dequantized to bf16 (launch_dequant)
+    MSA_CHECK(qt == DType::bf16, "q: token-sparse attention over ", dtype_name(kt),
+              " K/V takes bf16 q on CUDA, got ", dtype_name(qt));
+    MSA_CHECK(kt != DType::fp4x2 || a.kv.k.scale.dtype == a.kv.v.scale.dtype,
+              "k, v: one FP4 format for both on CUDA (NVFP4 or MXFP4 scales), got ",
+              dtype_name(a.kv.k.scale.dtype), " and ", dtype_name(a.kv.v.scale.dtype));
+    for (const Tensor* t : {&a.kv.k.values, &a.kv.v.values}) {  // 16-byte row loads
+      MSA_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0, "k, v: ", dtype_name(kt),
+                " values must be 16-byte aligned on CUDA");
+      for (int d = 0; d + 1 < t->ndim; ++d)
+        MSA_CHECK(t->strides[d] % 16 == 0, "k, v: ", dtype_name(kt), " strides must be multiples "
+                  "of 16 elements on CUDA, got ", t->describe());
+    }
+  } else {
+    MSA_CHECK(kt == qt, "k, v: token-sparse attention (kv_block_size 1) takes q's dtype (",
+              dtype_name(qt), "), fp8_e4m3 or fp4x2 on CUDA, got ", dtype_name(kt));
+  }
   MSA_CHECK(!a.key_mask.defined(), "key_mask: token-sparse attention (kv_block_size 1) takes no "
             "key mask on CUDA; leave the masked keys out of q2k instead");
   MSA_CHECK(s.group <= 128, "q: token-sparse attention takes a GQA group of at most 128, got ",
@@ -111,6 +136,7 @@ void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cuda
   c.topk = s.topk;
   c.kv_block_size = 1;
   launch_q2k_check(c, ws + w.check, status, stream);
+  if (w.dequant_kv) launch_dequant(a, s, w, ws, cu_k, stream);
 
   TokenParams p;
   p.q = a.q.data;
@@ -120,7 +146,14 @@ void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cuda
   p.v = a.kv.v.values.data;
   kv_strides(a.kv.k.values, a.kv.layout, p.k_stride_page, p.k_stride_row, p.k_stride_head);
   kv_strides(a.kv.v.values, a.kv.layout, p.v_stride_page, p.v_stride_row, p.v_stride_head);
-  if (paged) {
+  if (w.dequant_kv) {  // the flat bf16 copy [kv_rows, Hkv, 128], batch b from row cu_k[b]
+    p.k = ws + w.k_bf16;
+    p.v = ws + w.v_bf16;
+    p.k_stride_page = p.v_stride_page = 0;
+    p.k_stride_row = p.v_stride_row = s.num_kv_heads * kHeadDim;
+    p.k_stride_head = p.v_stride_head = kHeadDim;
+    p.total_k = w.kv_rows;
+  } else if (paged) {
     p.page_table = a.kv.page_table.ptr<int32_t>();
     p.page_table_stride = a.kv.page_table.strides[0];
     p.page_shift = log2_of(s.page_size);
