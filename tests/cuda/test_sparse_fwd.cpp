@@ -1226,7 +1226,7 @@ TEST(SparseFwdGpu, TokenIdsRefusedFeatures) {
   SparseCase c(std::move(prob), std::move(ids), 16, 1);
   c.p.q = HostTensor(DType::f16, {20, 8, 128});  // f16 q over FP8 K/V
   DeviceCase d(c, s);
-  expect_error([&] { run_gpu(c, d, false, s); }, "K/V takes bf16 q on CUDA");
+  expect_error([&] { run_gpu(c, d, false, s); }, "K/V take bf16 q on CUDA");
   Problem p2 = make_problem({20}, {200}, 8, 2, 128, 3u);
   HostTensor ids2(DType::i32, {c.q2k.t.shape[0], c.q2k.t.shape[1], c.q2k.t.shape[2]});
   std::memcpy(ids2.data<int32_t>(), c.q2k.data<int32_t>(), c.q2k.bytes());

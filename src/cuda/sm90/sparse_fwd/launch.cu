@@ -79,16 +79,6 @@ namespace {
 
 using namespace sparse_fwd;
 
-// The caller's workspace against the plan; `src` names the size function the caller used.
-uint8_t* checked_workspace(const AttentionArgs& a, const AttnPlan& w, const WorkspaceSource& src) {
-  const size_t have = a.workspace.defined() ? size_t(a.workspace.numel()) : 0;
-  MSA_CHECK(have >= w.total, "workspace: needs ", src.size_fn, " = ", src.offset + w.total,
-            " bytes, got ", a.workspace.defined() ? std::to_string(src.offset + have) : "none");
-  auto* ws = static_cast<uint8_t*>(a.workspace.data);
-  MSA_CHECK((reinterpret_cast<uintptr_t>(ws) & 255) == 0,
-            "workspace: must be 256-byte aligned on CUDA");
-  return ws;
-}
 
 
 // The problem as both main kernels see it.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 
 #include "backend.h"
 #include "common/schedule.h"
@@ -148,6 +149,39 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
 }
 
 
+void check_kv_dtypes(const AttentionArgs& a, DType qt, const char* quantized_q) {
+  const DType kt = a.kv.k.values.dtype;
+  MSA_CHECK(kt == a.kv.v.values.dtype, "k, v: must have one dtype on CUDA, got ", dtype_name(kt),
+            " and ", dtype_name(a.kv.v.values.dtype));
+  if (kt == DType::fp8_e4m3 || kt == DType::fp4x2) {  // dequantized to bf16 (dequant_kv.cuh)
+    MSA_CHECK(qt == DType::bf16, "q: ", dtype_name(kt), " K/V take ", quantized_q,
+              " q on CUDA, got ", dtype_name(a.q.dtype));
+    MSA_CHECK(kt != DType::fp4x2 || a.kv.k.scale.dtype == a.kv.v.scale.dtype,
+              "k, v: one FP4 format for both on CUDA (NVFP4 or MXFP4 scales), got ",
+              dtype_name(a.kv.k.scale.dtype), " and ", dtype_name(a.kv.v.scale.dtype));
+    for (const Tensor* t : {&a.kv.k.values, &a.kv.v.values}) {  // 16-byte row loads
+      MSA_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0, "k, v: ", dtype_name(kt),
+                " values must be 16-byte aligned on CUDA");
+      for (int d = 0; d + 1 < t->ndim; ++d)
+        MSA_CHECK(t->strides[d] % 16 == 0, "k, v: ", dtype_name(kt), " strides must be multiples "
+                  "of 16 elements on CUDA, got ", t->describe());
+    }
+  } else {
+    MSA_CHECK(kt == qt, "k, v: must have q's dtype (", dtype_name(qt),
+              ") or be fp8_e4m3 / fp4x2 on CUDA, got ", dtype_name(kt));
+  }
+}
+
+uint8_t* checked_workspace(const AttentionArgs& a, const AttnPlan& w, const WorkspaceSource& src) {
+  const size_t have = a.workspace.defined() ? size_t(a.workspace.numel()) : 0;
+  MSA_CHECK(have >= w.total, "workspace: needs ", src.size_fn, " = ", src.offset + w.total,
+            " bytes, got ", a.workspace.defined() ? std::to_string(src.offset + have) : "none");
+  auto* ws = static_cast<uint8_t*>(a.workspace.data);
+  MSA_CHECK((reinterpret_cast<uintptr_t>(ws) & 255) == 0,
+            "workspace: must be 256-byte aligned on CUDA");
+  return ws;
+}
+
 void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   // D = 64 and 256: the uniform kernel's tiles of that head dim (traits.h HeadDimTraits), dense
   // attention over 16-bit q / k / v; sparse calls (the KV-major kernel, the combine's partials) and
@@ -168,26 +202,7 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   // FP8 q: QK in FP8 over FP8 K (the kFp8 kernels); over 16-bit or FP4 K/V its values as bf16
   // (exact, launch_dequant_q).
   const DType qt = a.q.dtype == DType::fp8_e4m3 ? DType::bf16 : a.q.dtype;
-  const DType kt = a.kv.k.values.dtype;
-  MSA_CHECK(kt == a.kv.v.values.dtype, "k, v: must have one dtype on CUDA, got ", dtype_name(kt),
-            " and ", dtype_name(a.kv.v.values.dtype));
-  if (kt == DType::fp8_e4m3 || kt == DType::fp4x2) {  // dequantized to bf16 (dequant_kv.cuh)
-    MSA_CHECK(qt == DType::bf16, "q: ", dtype_name(kt), " K/V take bf16 or fp8_e4m3 q on CUDA, got ",
-              dtype_name(a.q.dtype));
-    MSA_CHECK(kt != DType::fp4x2 || a.kv.k.scale.dtype == a.kv.v.scale.dtype,
-              "k, v: one FP4 format for both on CUDA (NVFP4 or MXFP4 scales), got ",
-              dtype_name(a.kv.k.scale.dtype), " and ", dtype_name(a.kv.v.scale.dtype));
-    for (const Tensor* t : {&a.kv.k.values, &a.kv.v.values}) {  // 16-byte row loads
-      MSA_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0, "k, v: ", dtype_name(kt),
-                " values must be 16-byte aligned on CUDA");
-      for (int d = 0; d + 1 < t->ndim; ++d)
-        MSA_CHECK(t->strides[d] % 16 == 0, "k, v: ", dtype_name(kt), " strides must be multiples "
-                  "of 16 elements on CUDA, got ", t->describe());
-    }
-  } else {
-    MSA_CHECK(kt == qt, "k, v: must have q's dtype (", dtype_name(qt),
-              ") or be fp8_e4m3 / fp4x2 on CUDA, got ", dtype_name(kt));
-  }
+  check_kv_dtypes(a, qt, "bf16 or fp8_e4m3");
   // Dense attention has no block ids: the unit of its K/V loads is the kernels' own. Sparse
   // calls run kernels over blocks of 128 or 64 keys (traits.h kBlk), FP8 Q K^T included.
   MSA_CHECK(!a.q2k.defined() || s.kv_block_size == kBlockN || s.kv_block_size == 64,

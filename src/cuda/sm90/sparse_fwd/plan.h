@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend.h"
 #include "common/problem.h"
 #include "msa/attention.h"
 
@@ -73,6 +74,13 @@ inline int64_t query_kv_heads(const ProblemShape& s, const AttnPlan& w) {
 inline int32_t query_group(const ProblemShape& s, const AttnPlan& w) {
   return int32_t(s.group / w.kv_split);
 }
+
+// k and v: one dtype, q's (qt: the type q is read as) or FP8 e4m3 / FP4, which are dequantized to
+// bf16 and then need qt = bf16 (`quantized_q` names the q dtypes the caller takes over them).
+void check_kv_dtypes(const AttentionArgs& a, DType qt, const char* quantized_q);
+
+// The caller's workspace against the plan; `src` names the size function the caller used.
+uint8_t* checked_workspace(const AttentionArgs& a, const AttnPlan& w, const WorkspaceSource& src);
 
 // Rejects what these kernels do not cover, naming the missing feature (no silent fallback).
 void check_supported(const AttentionArgs& a, const ProblemShape& s);

@@ -46,26 +46,7 @@ void check_token_supported(const AttentionArgs& a, const ProblemShape& s) {
   const DType qt = a.q.dtype;
   MSA_CHECK(qt == DType::bf16 || qt == DType::f16, "q: token-sparse attention (kv_block_size 1) "
             "takes bf16 or f16 q on CUDA, got ", dtype_name(qt));
-  const DType kt = a.kv.k.values.dtype;
-  MSA_CHECK(kt == a.kv.v.values.dtype, "k, v: must have one dtype on CUDA, got ", dtype_name(kt),
-            " and ", dtype_name(a.kv.v.values.dtype));
-  if (kt == DType::fp8_e4m3 || kt == DType::fp4x2) {  // dequantized to bf16 (launch_dequant)
-    MSA_CHECK(qt == DType::bf16, "q: token-sparse attention over ", dtype_name(kt),
-              " K/V takes bf16 q on CUDA, got ", dtype_name(qt));
-    MSA_CHECK(kt != DType::fp4x2 || a.kv.k.scale.dtype == a.kv.v.scale.dtype,
-              "k, v: one FP4 format for both on CUDA (NVFP4 or MXFP4 scales), got ",
-              dtype_name(a.kv.k.scale.dtype), " and ", dtype_name(a.kv.v.scale.dtype));
-    for (const Tensor* t : {&a.kv.k.values, &a.kv.v.values}) {  // 16-byte row loads
-      MSA_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0, "k, v: ", dtype_name(kt),
-                " values must be 16-byte aligned on CUDA");
-      for (int d = 0; d + 1 < t->ndim; ++d)
-        MSA_CHECK(t->strides[d] % 16 == 0, "k, v: ", dtype_name(kt), " strides must be multiples "
-                  "of 16 elements on CUDA, got ", t->describe());
-    }
-  } else {
-    MSA_CHECK(kt == qt, "k, v: token-sparse attention (kv_block_size 1) takes q's dtype (",
-              dtype_name(qt), "), fp8_e4m3 or fp4x2 on CUDA, got ", dtype_name(kt));
-  }
+  check_kv_dtypes(a, qt, "bf16");  // FP8 / FP4 K/V: the flat bf16 copy (launch_dequant)
   MSA_CHECK(!a.key_mask.defined(), "key_mask: token-sparse attention (kv_block_size 1) takes no "
             "key mask on CUDA; leave the masked keys out of q2k instead");
   MSA_CHECK(s.group <= 128, "q: token-sparse attention takes a GQA group of at most 128, got ",
@@ -115,12 +96,7 @@ void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cuda
   check_token_supported(a, s);
   if (s.total_q == 0) return;
   const AttnPlan w = token_plan(a, s);
-  const size_t have = a.workspace.defined() ? size_t(a.workspace.numel()) : 0;
-  MSA_CHECK(have >= w.total, "workspace: needs ", src.size_fn, " = ", src.offset + w.total,
-            " bytes, got ", a.workspace.defined() ? std::to_string(src.offset + have) : "none");
-  auto* ws = static_cast<uint8_t*>(a.workspace.data);
-  MSA_CHECK((reinterpret_cast<uintptr_t>(ws) & 255) == 0,
-            "workspace: must be 256-byte aligned on CUDA");
+  uint8_t* ws = checked_workspace(a, w, src);
   int32_t* status = a.status.ptr<int32_t>();
   const bool paged = a.kv.layout != KVLayout::flat;
   const int32_t* cu_k = paged ? launch_paged_checks(a, s, w, ws, status, stream)
