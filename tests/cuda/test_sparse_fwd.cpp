@@ -1073,11 +1073,7 @@ SparseCase token_case(int index, bool small, std::optional<Fp8Scale> fp8 = std::
   os << "token case " << index << ": G=" << g << " Hkv=" << hkv << " topk=" << topk
      << (causal ? " causal " : " non-causal ") << dtype_name(dt)
      << (fp8 ? " fp8 kv scales " + std::to_string(int(*fp8)) : "") << " T=" << c.temperature
-     << " cap=" << c.soft_cap << " lq=[";
-  for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lq[b];
-  os << "] lk=[";
-  for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lk[b];
-  os << "]";
+     << " cap=" << c.soft_cap << lengths_text(lq, lk);
   c.name = os.str();
   return c;
 }

@@ -188,6 +188,17 @@ inline void poison_unselected(Problem& p, const HostTensor& q2k, int64_t topk, i
   }
 }
 
+// " lq=[..] lk=[..]": a case's request lengths, for its name.
+inline std::string lengths_text(const std::vector<int32_t>& lq, const std::vector<int32_t>& lk) {
+  std::ostringstream os;
+  os << " lq=[";
+  for (size_t b = 0; b < lq.size(); ++b) os << (b ? "," : "") << lq[b];
+  os << "] lk=[";
+  for (size_t b = 0; b < lk.size(); ++b) os << (b ? "," : "") << lk[b];
+  os << "]";
+  return os.str();
+}
+
 // A random configuration. `index` selects the seed; small: short lengths for the sanitizer;
 // fill_inputs false: shapes and q2k only (the same q2k), for tests of the index builders;
 // fp8: bf16 q over FP8 e4m3 K/V with scales of that kind; blk: keys per kv block (128 or 64).
@@ -242,11 +253,8 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true,
      << (c.causal ? " causal" : " non-causal") << (uniform_blocks ? " blk" : " tok") << " kv_block="
      << blk << " "
      << dtype_name(dt) << (fp8 ? " fp8 kv scales " + std::to_string(int(*fp8)) : "") << " partial="
-     << (c.partial ? dtype_name(*c.partial) : "default") << " T=" << c.temperature << " lq=[";
-  for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lq[b];
-  os << "] lk=[";
-  for (int b = 0; b < batch; ++b) os << (b ? "," : "") << lk[b];
-  os << "]";
+     << (c.partial ? dtype_name(*c.partial) : "default") << " T=" << c.temperature
+     << lengths_text(lq, lk);
   c.name = os.str();
   return c;
 }
