@@ -45,6 +45,18 @@ __global__ void fill_pool_scales(uint8_t* pool, int64_t blocks, int bs, uint64_t
   }
 }
 
+// MXFP4: every 4-byte scale word of the fused pool (after each block's values) and q_sf's bytes
+// as UE8M0 exponents in [123, 131] (scales 2^-4 .. 2^4). `stride` / `offset`: the bytes of a run
+// of n_per words and where its words start (pool: bs * 68 per block, words at bs * 64).
+__global__ void fill_e8m0(uint8_t* p, int64_t runs, int64_t stride, int64_t offset, int64_t n_per,
+                          uint64_t seed) {
+  const int64_t n = runs * n_per;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t run = i / n_per, k = i % n_per;
+    p[run * stride + offset + k] = uint8_t(123 + (mix64(seed ^ uint64_t(i)) >> 60) % 9);
+  }
+}
+
 template <typename T>
 std::vector<T> download(const void* p, size_t n) {
   std::vector<T> h(n);
@@ -125,18 +137,28 @@ Result run_topk(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, const Te
   return r;
 }
 
-Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool topk) {
+// fp4: MQAL-PAGED-B64-fp4, the MXFP4 pool (64 value bytes and 4 scale bytes a token) and q.
+Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool topk, bool fp4 = false) {
   const int64_t batch = 64, next_n = 2, len = 32768, bs = 64;
   const int64_t per_req = len / bs, blocks = batch * per_req;
-  DeviceBuffer q = gpu_buffer(size_t(batch * next_n * kH * kD)),
-               pool = gpu_buffer(size_t(blocks * bs * 132)),
+  const int64_t tb = fp4 ? 68 : 132, qd = fp4 ? kD / 2 : kD;  // bytes of a pool token, a q row
+  DeviceBuffer q = gpu_buffer(size_t(batch * next_n * kH * qd)),
+               q_sf = gpu_buffer(size_t(fp4 ? batch * next_n * kH * 4 : 16)),
+               pool = gpu_buffer(size_t(blocks * bs * tb)),
                w = gpu_buffer(size_t(batch * next_n * kH * 4)),
                tables = gpu_buffer(size_t(batch * per_req * 4)), lens = gpu_buffer(size_t(batch * 4)),
                out = gpu_buffer(size_t(batch * next_n * len * 4)), status = gpu_buffer(16),
                flush = gpu_buffer(size_t(256) << 20);
-  fill_fp8<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), batch * next_n * kH * kD, 11);
-  fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks * bs * 132, 12);
-  fill_pool_scales<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks, int(bs), 13);
+  fill_fp8<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(q.get()), batch * next_n * kH * qd, 11);
+  fill_fp8<<<4096, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks * bs * tb, 12);
+  if (fp4) {
+    fill_e8m0<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks, bs * tb, bs * 64,
+                                   bs * 4, 13);
+    fill_e8m0<<<256, 256, 0, s>>>(static_cast<uint8_t*>(q_sf.get()), 1, 0, 0,
+                                  batch * next_n * kH * 4, 17);
+  } else {
+    fill_pool_scales<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(pool.get()), blocks, int(bs), 13);
+  }
   fill_uniform<<<256, 256, 0, s>>>(static_cast<float*>(w.get()), batch * next_n * kH, 14, -1.f, 2.f);
   std::vector<int32_t> order(blocks), lens_h(batch, int32_t(len));
   std::iota(order.begin(), order.end(), 0);
@@ -145,8 +167,9 @@ Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool to
   lens.upload(lens_h, s);
   const Device gpu{DeviceType::cuda, 0};
   PagedMqaLogitsArgs a;
-  a.q = Tensor(q.get(), DType::fp8_e4m3, {batch, next_n, kH, kD}, gpu);
-  a.kv_fused = Tensor(pool.get(), DType::u8, {blocks, bs, 1, 132}, gpu);
+  a.q = Tensor(q.get(), fp4 ? DType::fp4x2 : DType::fp8_e4m3, {batch, next_n, kH, qd}, gpu);
+  if (fp4) a.q_sf = Tensor(q_sf.get(), DType::u8, {batch, next_n, kH, 4}, gpu);
+  a.kv_fused = Tensor(pool.get(), DType::u8, {blocks, bs, 1, tb}, gpu);
   a.weights = Tensor(w.get(), DType::f32, {batch * next_n, kH}, gpu);
   a.block_tables = Tensor(tables.get(), DType::i32, {batch, per_req}, gpu);
   a.seq_lens = Tensor(lens.get(), DType::i32, {batch}, gpu);
@@ -162,20 +185,22 @@ Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool to
                     {0, 1, batch * next_n - 1});
   Result r;
   if (o.check) {  // request 0 on the CPU: its blocks, in table order, as a one-request pool
-    std::vector<uint8_t> pool_h(size_t(per_req * bs * 132));
+    std::vector<uint8_t> pool_h(size_t(per_req * bs * tb));
     for (int64_t c = 0; c < per_req; ++c)
-      MSA_BENCH_CUDA(cudaMemcpy(pool_h.data() + c * bs * 132,
-                                static_cast<uint8_t*>(pool.get()) + int64_t(order[c]) * bs * 132,
-                                bs * 132, cudaMemcpyDeviceToHost));
-    auto q_h = download<uint8_t>(q.get(), size_t(next_n * kH * kD));
+      MSA_BENCH_CUDA(cudaMemcpy(pool_h.data() + c * bs * tb,
+                                static_cast<uint8_t*>(pool.get()) + int64_t(order[c]) * bs * tb,
+                                bs * tb, cudaMemcpyDeviceToHost));
+    auto q_h = download<uint8_t>(q.get(), size_t(next_n * kH * qd));
+    auto sf_h = download<uint8_t>(q_sf.get(), size_t(fp4 ? next_n * kH * 4 : 1));
     auto w_h = download<float>(w.get(), size_t(next_n * kH));
     auto got = download<float>(out.get(), size_t(next_n * len));
     std::vector<int32_t> ids(per_req), one_len = {int32_t(len)};
     std::iota(ids.begin(), ids.end(), 0);
     std::vector<float> want(got.size());
     PagedMqaLogitsArgs c;
-    c.q = Tensor(q_h.data(), DType::fp8_e4m3, {1, next_n, kH, kD});
-    c.kv_fused = Tensor(pool_h.data(), DType::u8, {per_req, bs, 1, 132});
+    c.q = Tensor(q_h.data(), fp4 ? DType::fp4x2 : DType::fp8_e4m3, {1, next_n, kH, qd});
+    if (fp4) c.q_sf = Tensor(sf_h.data(), DType::u8, {1, next_n, kH, 4});
+    c.kv_fused = Tensor(pool_h.data(), DType::u8, {per_req, bs, 1, tb});
     c.weights = Tensor(w_h.data(), DType::f32, {next_n, kH});
     c.block_tables = Tensor(ids.data(), DType::i32, {1, per_req});
     c.seq_lens = Tensor(one_len.data(), DType::i32, {1});
@@ -185,12 +210,13 @@ Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool to
     r.err = rel_l2(got, want);
     r.ok = r.err <= 1e-3;
   }
-  const bench::Timing t = bench::time_op(run, o.warmup, o.iters, s, &flush, "MQAL-PAGED-B64");
+  const bench::Timing t = bench::time_op(run, o.warmup, o.iters, s, &flush,
+                                         fp4 ? "MQAL-PAGED-B64-fp4" : "MQAL-PAGED-B64");
   check_status(a.status, s);
   r.ms = t.median;
   r.min_ms = t.min;
   r.max_ms = t.max;
-  r.bytes = double(batch) * len * 132;  // the pool's bytes of the keys read
+  r.bytes = double(batch) * len * tb;  // the pool's bytes of the keys read
   r.flop = 2.0 * kH * kD * double(batch * next_n) * double(len);
   return r;
 }
@@ -425,18 +451,20 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
     return 2;
   }
   if (names.empty())
-    names = {"MQAL-PAGED-B64", "MQAL-PREFILL-32K", "TOPK2048-B64", "TOPK2048-32K", "SDSA-SELECT"};
+    names = {"MQAL-PAGED-B64", "MQAL-PAGED-B64-fp4", "MQAL-PREFILL-32K", "TOPK2048-B64",
+             "TOPK2048-32K", "SDSA-SELECT"};
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   int rc = 0;
   for (const std::string& n : names) {
     Result r;
     std::string op;
-    const bool paged = n == "MQAL-PAGED-B64" || n == "TOPK2048-B64";
+    const bool fp4 = n == "MQAL-PAGED-B64-fp4";
+    const bool paged = n == "MQAL-PAGED-B64" || fp4 || n == "TOPK2048-B64";
     const bool topk = n.rfind("TOPK", 0) == 0;
     const bool sdsa = n == "SDSA-SELECT";
-    if (n == "MQAL-PAGED-B64" || n == "TOPK2048-B64") {
-      r = run_paged(o, s, topk);
+    if (n == "MQAL-PAGED-B64" || fp4 || n == "TOPK2048-B64") {
+      r = run_paged(o, s, topk, fp4);
       op = topk ? "token_topk" : "paged_mqa_logits";
     } else if (n == "MQAL-PREFILL-32K" || n == "TOPK2048-32K") {
       r = run_prefill(o, s, topk);
@@ -472,6 +500,8 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
         bench::add_dtypes(rec, "f32", "f32");
       } else if (sdsa) {
         bench::add_dtypes(rec, "fp4x2", "fp4x2", "nvfp4");
+      } else if (fp4) {
+        bench::add_dtypes(rec, "fp4x2", "fp4x2", "mxfp4");
       } else {
         bench::add_dtypes(rec, "fp8_e4m3", "fp8_e4m3", "token");
       }

@@ -198,9 +198,11 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
             "logits: must be [B * next_n = ", batch * next_n, ", >= max_seq_len = ", a.max_seq_len,
             "], got ", a.logits.describe());
   if (device.type == DeviceType::cuda) {
-    MSA_CHECK(!fp4, "q: CUDA paged_mqa_logits takes FP8 so far (FP4 runs on the CPU), got ",
-              q.describe());
     check_cuda_heads("paged_mqa_logits", heads, dim);
+    if (fp4)  // rows b * next_n + t index q_sf as q (the FP4 kernels read both per row)
+      MSA_CHECK(a.q_sf.strides[0] == next_n * a.q_sf.strides[1], "q_sf: CUDA needs the B and "
+                "next_n dims of q_sf to merge (stride[0] = next_n * stride[1]), got ",
+                a.q_sf.describe());
     MSA_CHECK(block_size == 32 || block_size == 64 || block_size == 128, "kv_fused: CUDA takes "
               "block sizes 32, 64 and 128, got ", block_size);
     MSA_CHECK(q.strides[0] == next_n * q.strides[1], "q: CUDA needs the B and next_n dims of q to "

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -164,11 +165,52 @@ PagedLogits make_paged(const std::vector<int32_t>& lens, int64_t next_n, int64_t
   return p;
 }
 
-// The paged problem on the GPU; returns the logits and the status words.
-std::vector<int32_t> run_paged_gpu(const PagedLogits& p, bool clean, HostTensor& got, cudaStream_t stream) {
+// The MXFP4 form of make_paged (seed 001's fp4_paged_mqa_logits): q packed e2m1 with UE8M0
+// scale bytes in q_sf, pool tokens of 64 value bytes then the block's 4-byte scale words; scale
+// exponents drawn from [127 - spread, 127 + spread] (spread past 7: some tokens' groups span more
+// than e4m3's 14 binades on the GPU, fp4_load.cuh). Unused slots hold 0xff (NaN scales).
+PagedLogits make_paged_fp4(const std::vector<int32_t>& lens, int64_t next_n, int64_t heads,
+                           int64_t bs, int64_t max_len, int64_t width, int spread,
+                           std::mt19937& rng, HostTensor& q_sf) {
+  const int64_t batch = int64_t(lens.size());
+  int64_t blocks = 1;
+  for (int32_t l : lens) blocks += (l + bs - 1) / bs;
+  PagedLogits p{HostTensor(DType::fp4x2, {batch, next_n, heads, 64}),
+                HostTensor(DType::u8, {blocks, bs, 1, 68}),
+                HostTensor(DType::f32, {batch * next_n, heads}), HostTensor(DType::i32, {batch, width}),
+                HostTensor(DType::i32, {batch}), HostTensor(DType::f32, {batch * next_n, max_len + 3}),
+                max_len};
+  std::uniform_int_distribution<int> byte(0, 255), ex(127 - spread, 127 + spread);
+  for (int64_t i = 0; i < p.q.t.numel(); ++i) p.q.data<uint8_t>()[i] = uint8_t(byte(rng));
+  q_sf = HostTensor(DType::u8, {batch, next_n, heads, 4});
+  for (int64_t i = 0; i < q_sf.t.numel(); ++i) q_sf.data<uint8_t>()[i] = uint8_t(ex(rng));
+  fill_weights(p.w, rng);
+  std::memset(p.kv.t.data, 0xff, p.kv.bytes());
+  std::vector<int32_t> order(blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::fill(p.tables.data<int32_t>(), p.tables.data<int32_t>() + batch * width, -1);
+  int64_t next = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    p.lens.data<int32_t>()[b] = lens[b];
+    for (int64_t j = 0; j < lens[b]; ++j) {
+      if (j % bs == 0) p.tables.data<int32_t>()[b * width + j / bs] = order[next++];
+      uint8_t* base = p.kv.data<uint8_t>() + p.tables.data<int32_t>()[b * width + j / bs] * bs * 68;
+      for (int64_t d = 0; d < 64; ++d) base[(j % bs) * 64 + d] = uint8_t(byte(rng));
+      for (int64_t g = 0; g < 4; ++g) base[bs * 64 + 4 * (j % bs) + g] = uint8_t(ex(rng));
+    }
+  }
+  return p;
+}
+
+// The paged problem on the GPU (q_sf: MXFP4 q's scales); returns the logits and the status words.
+std::vector<int32_t> run_paged_gpu(const PagedLogits& p, bool clean, HostTensor& got, cudaStream_t stream,
+                                   const HostTensor* q_sf = nullptr) {
   const DeviceTensor dq = to_device(p.q, stream), dkv = to_device(p.kv, stream),
                      dw = to_device(p.w, stream), dt = to_device(p.tables, stream),
                      dl = to_device(p.lens, stream);
+  std::optional<DeviceTensor> dsf;
+  if (q_sf) dsf = to_device(*q_sf, stream);
   DeviceTensor dout = device_like(got, stream);
   DeviceBuffer status(16);
   const Tensor st(status.get(), DType::i32, {4}, gpu0());
@@ -183,6 +225,7 @@ std::vector<int32_t> run_paged_gpu(const PagedLogits& p, bool clean, HostTensor&
   a.logits = dout.t;
   a.clean_logits = clean;
   a.status = st;
+  if (dsf) a.q_sf = dsf->t;
   paged_mqa_logits(a, stream);
   copy_to_host(dout, got, stream);
   return status.download<int32_t>(4, stream);
@@ -219,6 +262,58 @@ TEST(MqaLogitsGpu, PagedMatchesCpu) {
     os << "B=" << c.lens.size() << " next_n=" << c.next_n << " H=" << c.heads << " bs=" << c.bs
        << " max_seq_len=" << max_len << (c.clean ? " clean" : "");
     expect_same_logits(got, p.out, os.str());
+  }
+}
+
+// MXFP4 paged logits (e4m3 tiles converted in shared memory, fp4_load.cuh) against the CPU's
+// exact sums: block sizes 32 / 64 / 128, next_n 1-4, H 8-128, scale exponents within e4m3's reach
+// and (spread 20) beyond it, a NaN scale in a used key (its column NaN), bad ids reported.
+TEST(MqaLogitsGpu, PagedFp4MatchesCpu) {
+  MSA_REQUIRE_GPU();
+  struct Fp4Case {
+    std::vector<int32_t> lens;
+    int64_t next_n, heads, bs, extra;
+    int spread;
+    bool clean;
+  };
+  std::vector<Fp4Case> cases = {
+      {{300, 0, 7, 129}, 2, 64, 64, 5, 4, true},  {{1000}, 1, 64, 128, 0, 6, true},
+      {{37, 600}, 3, 16, 32, 100, 3, true},       {{256, 255, 1}, 4, 128, 64, 0, 5, false},
+      {{90, 2}, 4, 8, 128, 40, 20, true},         {{513, 64}, 2, 20, 32, 3, 7, false},
+      {{4500, 3000, 17}, 2, 64, 64, 1, 4, true}};
+  if (small_tests()) cases.resize(3);
+  std::mt19937 rng(16);
+  TestStream stream;
+  int idx = 0;
+  for (const Fp4Case& c : cases) {
+    const int64_t max_len = *std::max_element(c.lens.begin(), c.lens.end()) + c.extra;
+    const int64_t width = (max_len + c.bs - 1) / c.bs + 1;
+    HostTensor q_sf(DType::u8, {1});
+    PagedLogits p = make_paged_fp4(c.lens, c.next_n, c.heads, c.bs, max_len, width, c.spread, rng, q_sf);
+    if (idx++ == 0) {  // a NaN scale in group 2 of request 0's key 5
+      uint8_t* base = p.kv.data<uint8_t>() + p.tables.data<int32_t>()[0] * c.bs * 68;
+      base[c.bs * 64 + 4 * 5 + 2] = 0xff;
+    }
+    std::memset(p.out.t.data, 0xff, p.out.bytes());
+    PagedMqaLogitsArgs a = p.args();
+    a.q_sf = q_sf.t;
+    a.clean_logits = c.clean;
+    paged_mqa_logits(a);
+    HostTensor got(DType::f32, {p.out.t.shape[0], p.out.t.shape[1]});
+    const std::vector<int32_t> st = run_paged_gpu(p, c.clean, got, stream, &q_sf);
+    EXPECT_EQ(st[0], 0) << describe_status(st.data());
+    std::ostringstream os;
+    os << "fp4 B=" << c.lens.size() << " next_n=" << c.next_n << " H=" << c.heads << " bs=" << c.bs
+       << " max_seq_len=" << max_len << " spread=" << c.spread << (c.clean ? " clean" : "");
+    expect_same_logits(got, p.out, os.str());
+  }
+  {  // a block id outside the pool, reported, never read
+    HostTensor q_sf(DType::u8, {1});
+    PagedLogits p = make_paged_fp4({200, 90}, 2, 64, 64, 200, 4, 3, rng, q_sf);
+    p.tables.data<int32_t>()[4 + 1] = 1 << 20;  // batch 1, column 1
+    HostTensor got(DType::f32, {4, 203});
+    expect_status(run_paged_gpu(p, true, got, stream, &q_sf), StatusCode::page_id_out_of_range, 1,
+                  1, 1 << 20);
   }
 }
 

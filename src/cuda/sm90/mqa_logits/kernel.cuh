@@ -18,6 +18,7 @@
 #include "cuda/device/sm90.cuh"
 #include "cuda/device/status.cuh"
 #include "cuda/device/wgmma_m64n128.cuh"
+#include "cuda/sm90/mqa_logits/fp4_load.cuh"
 #include "cuda/sm90/mqa_logits/params.h"
 #include "cuda/sm90/mqa_logits/traits.h"
 
@@ -110,6 +111,12 @@ struct TableWindow {
   }
 };
 
+// MXFP4: the four UE8M0 scale bytes of q's row `row`, head h (q_sf's last dim is contiguous).
+__device__ __forceinline__ uint32_t q_scale_word(const Params& p, int64_t row, int h) {
+  const uint8_t* sf = p.q_sf + row * p.sf_stride_row + h * p.sf_stride_h;
+  return uint32_t(sf[0]) | (uint32_t(sf[1]) << 8) | (uint32_t(sf[2]) << 16) | (uint32_t(sf[3]) << 24);
+}
+
 // Producer warp: Q, then key blocks [kb_lo, kb_hi) with their scales.
 template <bool kPaged, int kHp>
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
@@ -186,6 +193,70 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
       sm90::mbar_arrive_expect_tx(&sh.full[stage], uint32_t(kKBlockBytes));
       sm90::tma_load_3d(sh.k[stage], tm_k, &sh.full[stage], 0, 0, key0);
     }
+  }
+}
+
+// MXFP4 producer warpgroup (tid 0..127, fp4_load.cuh): Q's rows converted once, then thread tid
+// converts key key0 + tid of every block: its 64 bytes and scale word loaded before the stage's
+// empty wait, written as e4m3 with the key's factor in the stage's scales (0 and a zero row where
+// no key is read). Each thread fences its generic stores for wgmma and arrives on the stage.
+template <int kHp>
+__device__ void run_producer_fp4(const Params& p, SharedStorage& sh, const CtaWork& w, int kb_lo,
+                                 int kb_hi, int hi_max, int tid) {
+  const int lane = tid & 31;
+  for (int r = tid; r < w.ntok * kHp; r += 128) {
+    const int tok = r / kHp, h = r % kHp;
+    if (h < p.heads) {
+      const int64_t row = w.row0 + tok;
+      const uint8_t* src = p.q4 + row * p.q4_stride_row + h * p.q4_stride_h;
+      uint4 v[4];
+#pragma unroll
+      for (int g = 0; g < 4; ++g) v[g] = __ldg(reinterpret_cast<const uint4*>(src) + g);
+      const uint32_t sf = q_scale_word(p, row, h);
+      store_fp4_row(sh.q, r, v, sf, max_exponent(sf));
+    } else {
+      zero_row(sh.q, r);
+    }
+  }
+  sm90::fence_proxy_async_smem();
+  sm90::mbar_arrive(&sh.q_full);
+  if (tid == 0 && kb_hi > kb_lo) {
+    const int needed = (hi_max + p.block_size - 1) >> p.block_shift;
+    if (needed > p.bt_cols)
+      flag_status(p.status, int32_t(StatusCode::block_table_narrow), w.b, needed, p.bt_cols);
+  }
+  TableWindow tab;
+  if (kb_hi > kb_lo) tab.start(p, w.b, (kb_lo * kBlockN) >> p.block_shift, lane);
+  for (int it = 0, kb = kb_lo; kb < kb_hi; ++it, ++kb) {
+    const int stage = Ring::stage(it);
+    const int key0 = kb * kBlockN, key = key0 + tid, col = key >> p.block_shift;
+    tab.reach(p, w.b, (key0 + kBlockN - 1) >> p.block_shift, lane);
+    const int32_t id = tab.id(col);
+    const bool used = key < hi_max && col < p.bt_cols;
+    const bool ok = used && id >= 0 && id < p.num_blocks;
+    if (used && !ok && (key & (p.block_size - 1)) == 0)
+      flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), w.b, col, id);
+    uint4 v[4];
+    uint32_t sf = 0;
+    if (ok) {
+      const int slot = key & (p.block_size - 1);
+      const uint8_t* base = p.pool + int64_t(id) * p.block_bytes;
+      const uint4* vals = reinterpret_cast<const uint4*>(base + slot * 64);
+#pragma unroll
+      for (int g = 0; g < 4; ++g) v[g] = __ldg(vals + g);
+      sf = __ldg(reinterpret_cast<const uint32_t*>(base + p.block_size * 64 + slot * 4));
+    }
+    if (it >= kStages) sm90::mbar_wait(&sh.empty[stage], Ring::empty_parity(it));
+    if (ok) {
+      const int me = max_exponent(sf);
+      store_fp4_row(sh.k[stage], tid, v, sf, me);
+      sh.scale[stage][tid] = token_factor(me);
+    } else {
+      zero_row(sh.k[stage], tid);
+      sh.scale[stage][tid] = 0.f;
+    }
+    sm90::fence_proxy_async_smem();
+    sm90::mbar_arrive(&sh.full[stage]);
   }
 }
 
@@ -305,7 +376,7 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, const CtaWork& 
 // tm_q: q as [rows, H, 128] e4m3, boxes of 128 x kHp x 1. tm_k: ragged, k as [S, 1, 128], boxes of
 // 128 keys; paged, the pool's values as [num_blocks, block_size, 128] (block stride block_bytes),
 // boxes of one pool block.
-template <bool kPaged, int kHp>
+template <bool kPaged, int kHp, bool kFp4 = false>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     mqa_logits_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ Params p) {
@@ -314,20 +385,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
   const CtaWork w = cta_work<kPaged>(p);
   if (threadIdx.x == 0) {
-    sm90::mbar_init(&sh.q_full, 1);
+    // MXFP4: every producer thread arrives (its converted rows), no TMA bytes.
+    sm90::mbar_init(&sh.q_full, kFp4 ? 128 : 1);
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(&sh.full[s], 1 + 32);
+      sm90::mbar_init(&sh.full[s], kFp4 ? 128 : 1 + 32);
       sm90::mbar_init(&sh.empty[s], 2 * 128 * p.groups_n);  // the column lane of stage s
     }
     sm90::fence_barrier_init();
-    sm90::prefetch_tensor_map(&tm_q);
-    sm90::prefetch_tensor_map(&tm_k);
+    if constexpr (!kFp4) {
+      sm90::prefetch_tensor_map(&tm_q);
+      sm90::prefetch_tensor_map(&tm_k);
+    }
   }
   if (threadIdx.x < w.ntok) token_range<kPaged>(p, w, threadIdx.x, sh.lo[threadIdx.x], sh.hi[threadIdx.x]);
   // The weight of each CTA row (token i's head h at row i kHp + h; 0 past H and past the tokens).
   for (int r = threadIdx.x; r < kMaxRowGroups * kTileM; r += Cfg::kThreads) {
     const int tok = r / kHp, h = r % kHp;
-    sh.wt[r] = tok < w.ntok && h < p.heads ? p.weights[(w.row0 + tok) * p.w_stride + h] : 0.f;
+    float wt = tok < w.ntok && h < p.heads ? p.weights[(w.row0 + tok) * p.w_stride + h] : 0.f;
+    // MXFP4: the power of two the row's e4m3 conversion left out (fp4_load.cuh).
+    if (kFp4 && tok < w.ntok && h < p.heads)
+      wt *= token_factor(max_exponent(q_scale_word(p, w.row0 + tok, h)));
+    sh.wt[r] = wt;
   }
   __syncthreads();
   // The blocks some row sees within [c0, c1).
@@ -339,7 +417,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     }
   const int a = max(lo_min, w.c0), e = min(hi_max, w.c1);
   const int kb_lo = a < e ? a / kBlockN : 0, kb_hi = a < e ? (e + kBlockN - 1) / kBlockN : 0;
-  if (threadIdx.x < 128) {
+  if constexpr (kFp4) {
+    static_assert(kPaged, "MXFP4 logits are paged only");
+    if (threadIdx.x < 128) {
+      sm90::regs_dealloc<Cfg::kFp4ProducerRegs>();
+      run_producer_fp4<kHp>(p, sh, w, kb_lo, kb_hi, hi_max, threadIdx.x);
+    } else {
+      sm90::regs_alloc<Cfg::kFp4ConsumerRegs>();
+      run_consumer<kPaged, kHp>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);
+    }
+  } else if (threadIdx.x < 128) {
     sm90::regs_dealloc<Cfg::kProducerRegs>();
     if (threadIdx.x < 32) run_producer<kPaged, kHp>(p, &tm_q, &tm_k, sh, w, kb_lo, kb_hi, hi_max, threadIdx.x);
   } else {

@@ -40,12 +40,12 @@ void set_groups(Params& p, const Tiling& t) {
   p.lanes = 2 / p.groups_n;
 }
 
-template <bool kPaged>
+template <bool kPaged, bool kFp4 = false>
 void dispatch(int hp, const CUtensorMap& tq, const CUtensorMap& tk, const Params& p, unsigned ctas,
               cudaStream_t stream) {
-  if (hp == 32) mqa_logits_sm90::launch<kPaged, 32>(tq, tk, p, ctas, stream);
-  else if (hp == 64) mqa_logits_sm90::launch<kPaged, 64>(tq, tk, p, ctas, stream);
-  else mqa_logits_sm90::launch<kPaged, 128>(tq, tk, p, ctas, stream);
+  if (hp == 32) mqa_logits_sm90::launch<kPaged, 32, kFp4>(tq, tk, p, ctas, stream);
+  else if (hp == 64) mqa_logits_sm90::launch<kPaged, 64, kFp4>(tq, tk, p, ctas, stream);
+  else mqa_logits_sm90::launch<kPaged, 128, kFp4>(tq, tk, p, ctas, stream);
 }
 
 // A [d0, d1, 128] byte view (e4m3 for the TMA map) with element strides s0, s1.
@@ -134,6 +134,19 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
   splits = (col_blocks + blocks_per_split - 1) / blocks_per_split;
   p.splits = int32_t(splits);
   p.cols_per_split = int32_t(blocks_per_split * kBlockN);
+  const unsigned ctas = unsigned(batch * p.groups * splits);
+  set_groups(p, t);
+  if (q.dtype == DType::fp4x2) {  // MXFP4: the producers read q, q_sf and the pool themselves
+    p.q4 = static_cast<const uint8_t*>(q.data);
+    p.q4_stride_row = q.strides[1];
+    p.q4_stride_h = q.strides[2];
+    p.q_sf = static_cast<const uint8_t*>(a.q_sf.data);
+    p.sf_stride_row = a.q_sf.strides[1];
+    p.sf_stride_h = a.q_sf.strides[2];
+    const CUtensorMap unused{};
+    dispatch<true, true>(t.hp, unused, unused, p, ctas, stream);
+    return;
+  }
   // q as [B * next_n, H, D] (validated: the next_n and B dims merge); the pool's values as
   // [num_blocks, block_size, 128] rows, one box per pool block.
   const Tensor q_rows(q.data, DType::fp8_e4m3, std::vector<int64_t>{batch * next_n, heads, 128},
@@ -142,8 +155,6 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
   const CUtensorMap tk =
       make_tma_3d(rows_view(kv.data, num_blocks, block_size, kv.strides[0], 128, kv.device), 128,
                   uint32_t(block_size), 1, "paged_mqa_logits");
-  const unsigned ctas = unsigned(batch * p.groups * splits);
-  set_groups(p, t);
   dispatch<true>(t.hp, tq, tk, p, ctas, stream);
 }
 

@@ -10,7 +10,8 @@
 namespace msa::cuda::mqa_logits_sm90 {
 
 // Launches `ctas` CTAs (tokens of kHp rows each) on `stream` (no allocation, no sync).
-template <bool kPaged, int kHp>
+// kFp4: paged MXFP4 q and pool (fp4_load.cuh; the maps are unused).
+template <bool kPaged, int kHp, bool kFp4 = false>
 void launch(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const Params& p, unsigned ctas,
             cudaStream_t stream);
 

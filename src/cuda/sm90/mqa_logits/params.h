@@ -38,6 +38,14 @@ struct Params {
   int32_t groups = 1;              // CTAs of tokens per request: ceil(next_n / tokens_per_cta)
   int32_t splits = 1;              // column ranges per request
   int32_t cols_per_split = 0;      // a multiple of kBlockN
+  // Paged MXFP4 (the kFp4 kernels, fp4_load.cuh): q as packed e2m1 rows of 64 bytes (row b *
+  // next_n + t, head h at row * q4_stride_row + h * q4_stride_h bytes) with their four UE8M0
+  // scale bytes (q_sf, the same indexing by sf_stride_*); pool tokens of 64 value bytes, then the
+  // block's 4-byte scale words.
+  const uint8_t* q4 = nullptr;
+  int64_t q4_stride_row = 0, q4_stride_h = 0;
+  const uint8_t* q_sf = nullptr;
+  int64_t sf_stride_row = 0, sf_stride_h = 0;
 };
 
 }  // namespace msa::cuda::mqa_logits_sm90

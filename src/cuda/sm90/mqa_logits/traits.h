@@ -40,9 +40,16 @@ struct Cfg {
   static constexpr int kCtasPerSm = 1;
   static constexpr uint32_t kProducerRegs = 32;
   static constexpr uint32_t kConsumerRegs = 112;
+  // MXFP4 (fp4_load.cuh): the whole producer warpgroup converts keys, holding a token's 64 bytes
+  // (ptxas: 56 / 104 spilled 8 bytes, 32 / 112 168; 64 / 96 none).
+  static constexpr uint32_t kFp4ProducerRegs = 64;
+  static constexpr uint32_t kFp4ConsumerRegs = 96;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                     (65536 / (kThreads * kCtasPerSm)) / 8 * 8 * kThreads,
                 "Cfg: setmaxnreg budgets exceed the launch's registers");
+  static_assert(128 * kFp4ProducerRegs + kConsumerThreads * kFp4ConsumerRegs <=
+                    (65536 / (kThreads * kCtasPerSm)) / 8 * 8 * kThreads,
+                "Cfg: FP4 setmaxnreg budgets exceed the launch's registers");
 };
 
 struct alignas(1024) SharedStorage {

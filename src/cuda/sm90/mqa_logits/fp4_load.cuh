@@ -1,0 +1,82 @@
+// MXFP4 inputs of the paged MQA logits (seed 001's fp4_paged_mqa_logits): the producer warpgroup
+// turns packed e2m1 values with UE8M0 scales per 32 into the e4m3 tiles the FP8 consumers read.
+// Hopper has no FP4 MMA, and e2m1 x 2^d is exact in e4m3 for d in [-8, 6]: each key (and each
+// query row) is written as e2m1 x 2^(e_g - max_g e_g + 6) per group g, its largest group at the
+// top of e4m3's range, and the power of two 2^(max_g e_g - 133) it leaves out becomes the key's
+// scale (applied after the ReLU, where FP8 applies its per-token scale) or joins the query row's
+// head weight. Exact unless a token's group exponents span more than 14 binades (the smallest
+// groups then round in e4m3; they weigh below 2^-14 of its largest). A NaN scale (0xff) makes its
+// group NaN, as the reference's values are.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device/sm90.cuh"
+
+namespace msa::cuda::mqa_logits_sm90 {
+
+// e2m1 code n (bit 3 the sign) as a float: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+__device__ __forceinline__ float e2m1_value(uint32_t n) {
+  const uint32_t m = n & 7u;
+  const uint32_t mag = m >= 2 ? ((126u + (m >> 1)) << 23) | ((m & 1u) << 22) : (m ? 0x3f000000u : 0u);
+  return __uint_as_float(mag | ((n & 8u) << 28));
+}
+
+// 2^d as a float for d <= 6; 0 below 2^-126 (such a group is below e4m3's range anyway).
+__device__ __forceinline__ float pow2_or_zero(int d) {
+  return d >= -126 ? __uint_as_float(uint32_t(d + 127) << 23) : 0.f;
+}
+
+// Two floats as e4m3 bytes (lo in the low byte), rounded to nearest, saturating, NaN kept.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// The largest of a token's four UE8M0 scale bytes (one word).
+__device__ __forceinline__ int max_exponent(uint32_t sf) {
+  return max(max(int(sf & 0xffu), int((sf >> 8) & 0xffu)),
+             max(int((sf >> 16) & 0xffu), int(sf >> 24)));
+}
+
+// The token's left-out factor 2^(max_e - 133) (max_e - 127 - 6).
+__device__ __forceinline__ float token_factor(int max_e) { return ldexpf(1.f, max_e - 133); }
+
+// One 128-value token: 64 packed bytes (four 16-byte words) and its scale word -> 128 e4m3 bytes
+// written as the 128-byte-swizzled row `row` of the tile at `tile` (chunk c at c ^ (row % 8)).
+__device__ __forceinline__ void store_fp4_row(uint8_t* tile, int row, const uint4 (&v)[4],
+                                              uint32_t sf, int max_e) {
+  uint8_t* dst = tile + row * 128;
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {  // group g: 32 values, 16 bytes, two 16-byte e4m3 chunks
+    const int e = int((sf >> (8 * g)) & 0xffu);
+    const float f = e == 0xff ? __uint_as_float(0x7fc00000u) : pow2_or_zero(e - max_e + 6);
+    const uint32_t w[4] = {v[g].x, v[g].y, v[g].z, v[g].w};
+    uint32_t o[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // 8 values of word i -> two output words
+      const uint32_t x = w[i];
+      const uint32_t b0 = e4m3x2(e2m1_value(x) * f, e2m1_value(x >> 4) * f);
+      const uint32_t b1 = e4m3x2(e2m1_value(x >> 8) * f, e2m1_value(x >> 12) * f);
+      const uint32_t b2 = e4m3x2(e2m1_value(x >> 16) * f, e2m1_value(x >> 20) * f);
+      const uint32_t b3 = e4m3x2(e2m1_value(x >> 24) * f, e2m1_value(x >> 28) * f);
+      o[2 * i] = b0 | (b1 << 16);
+      o[2 * i + 1] = b2 | (b3 << 16);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = 2 * g + h;
+      *reinterpret_cast<uint4*>(dst + ((c ^ (row & 7)) << 4)) =
+          make_uint4(o[4 * h], o[4 * h + 1], o[4 * h + 2], o[4 * h + 3]);
+    }
+  }
+}
+
+__device__ __forceinline__ void zero_row(uint8_t* tile, int row) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    *reinterpret_cast<uint4*>(tile + row * 128 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+}  // namespace msa::cuda::mqa_logits_sm90
