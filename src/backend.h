@@ -38,6 +38,10 @@ void top_k_from_candidates(const TopKFromCandidatesArgs& a);
 void gather_key_sample(const GatherKeySampleArgs& a, const ProblemShape& s);
 void thresholds_from_sample(const ThresholdsFromSampleArgs& a);
 void quantize_write_index_qk_nvfp4(const QuantizeIndexQKArgs& a);
+// The token-sparse builders (msa/token_sparse.h) on validated host tensors: the value checks in
+// the header's order, each an msa::Error.
+void token_sparse_kv_indices(const TokenSparseKvIndicesArgs& a);
+void group_union_masks(const GroupUnionMasksArgs& a);
 }  // namespace cpu
 
 namespace cuda {
@@ -79,6 +83,10 @@ void top_k_from_candidates(const TopKFromCandidatesArgs& a, cudaStream_t stream)
 void gather_key_sample(const GatherKeySampleArgs& a, const ProblemShape& s, cudaStream_t stream);
 void thresholds_from_sample(const ThresholdsFromSampleArgs& a, cudaStream_t stream);
 void quantize_write_index_qk_nvfp4(const QuantizeIndexQKArgs& a, cudaStream_t stream);
+// The token-sparse builders (common/token_sparse_slots.cu, common/group_union.cu): value checks
+// on the device, the first offence in the header's order into the status buffer.
+void token_sparse_kv_indices(const TokenSparseKvIndicesArgs& a, cudaStream_t stream);
+void group_union_masks(const GroupUnionMasksArgs& a, cudaStream_t stream);
 // The status buffer on the device: copied to `out` after the stream's work (synchronizes), or
 // reset asynchronously on the stream.
 void read_status(const Tensor& status, cudaStream_t stream, int32_t out[4]);

@@ -70,6 +70,17 @@ enum class StatusCode : int32_t {
   sample_past_capacity = 20,  // gather_key_sample: a = request, b = samples, c = S
   slot_out_of_range = 21,     // quantize_write_index_qk_nvfp4: a = entry, b = slot, c = pool slots
   key_mask_short = 22,        // attention key_mask: a = batch, b = its keys, c = the mask's Lk_max
+  // The token-sparse builders (token_sparse.h). A row is a flat row of positions (kv head *
+  // rows + row).
+  offence_pending = 23,       // internal: an offence found, its last kernel not yet run
+  position_out_of_range = 24, // a = row, b = entry, c = the position
+  position_repeated = 25,     // a = row, b = the smallest repeated position, c = its 2nd entry
+  request_out_of_range = 26,  // a = row, b = its request, c = B
+  seq_len_out_of_range = 27,  // a = request, b = seq_lens entry, c = W * page_size
+  position_past_seq_len = 28, // a = row, b = entry, c = the position
+  page_id_invalid = 29,       // a = request, b = block-table column, c = page id
+  groups_past_capacity = 30,  // a = groups the requests form, b = G (the outputs' groups)
+  union_past_capacity = 31,   // a = kv head, b = group, c = U (the outputs' max_union)
 };
 std::string describe_status(const int32_t status[4]);
 // Copies the status to the host on `stream` (synchronizes) and throws msa::Error if non-zero.

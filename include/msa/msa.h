@@ -13,5 +13,6 @@
 #include "msa/quant.h"
 #include "msa/sdsa.h"
 #include "msa/tensor.h"
+#include "msa/token_sparse.h"
 #include "msa/topk.h"
 #include "msa/version.h"

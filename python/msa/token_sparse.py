@@ -4,7 +4,10 @@ positions (a DeepSeek-style indexer's ``token_topk`` output, ``-1`` padded), the
 of those keys, or a group of consecutive query rows' union of keys with each row's mask over it
 (the inputs of masked dense attention over the gathered union).
 
-Like the converters (sparse_convert.py) they run on the host with numpy: arrays on a GPU are
+int32 arrays on a CUDA device run the CUDA op (src/cuda/common/token_sparse_slots.cu,
+group_union.cu) on the caller's stream: no host copy, no wait; value errors go to the device
+status (``check=True`` waits and raises, else `msa.check_status`). Everything else runs on the
+host with numpy, like the converters (sparse_convert.py): arrays on a GPU of another dtype are
 copied to the host first (which waits for their stream), and the results are arrays of the
 input's framework on its device."""
 
@@ -12,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from ._runtime import MsaError, count
+from . import _C
+from ._arrays import dtype_of, empty, framework, is_cuda, shape_of
+from ._runtime import MsaError, arg, count, finish, status_for, stream_of
 from .sparse_convert import _cdiv, _check_ids, _check_offsets, _host, _like, _np
 
 
@@ -30,6 +35,22 @@ class GroupUnion(NamedTuple):
     mask: Any
 
 
+def _on_cuda(*arrays: Any) -> bool:
+    """True when every array given (None skipped) is int32 on a CUDA device: the CUDA op's
+    inputs. Other dtypes (which the CUDA op does not take) and host arrays keep the numpy path."""
+    given = [x for x in arrays if x is not None]
+    try:  # a non-array (a list) is not on a device: the host path names it
+        return all(is_cuda(x) and dtype_of(x) == "i32" for x in given)
+    except (AttributeError, TypeError, BufferError):
+        return False
+
+
+def _contiguous(x: Any) -> Any:
+    """torch tensors made contiguous (the C++ op takes contiguous index arrays); others as they
+    are (a strided one is then an MsaError naming it)."""
+    return x.contiguous() if x is not None and framework(x) == "torch" else x
+
+
 def _positions(positions: Any, n: int, unit: str) -> Any:
     """positions as host int64 [..., rows, K] (2 or 3 dims), each row -1 or distinct positions in
     [0, n) (`unit` names the bound)."""
@@ -40,7 +61,8 @@ def _positions(positions: Any, n: int, unit: str) -> Any:
 
 
 def token_sparse_kv_indices(positions: Any, requests: Any, block_table: Any, page_size: int, *,
-                            seq_lens: Any = None) -> Any:
+                            seq_lens: Any = None, stream: Any = None,
+                            check: Optional[bool] = None) -> Any:
     """The paged K/V cache slots of the keys each query row selected.
 
     ``positions`` int ``[rows, K]`` (or ``[Hkv, rows, K]``): key positions in the row's request,
@@ -51,7 +73,12 @@ def token_sparse_kv_indices(positions: Any, requests: Any, block_table: Any, pag
     ``block_table[b, p // page_size] * page_size + p % page_size`` for each position p of a row of
     request b (the key's slot in a pool of ``num_pages * page_size`` slots), ``-1`` where p is
     ``-1``. A position out of range, a repeat, a request outside ``[0, B)`` or a negative page id
-    under a used position is an `MsaError` naming it."""
+    under a used position is an `MsaError` naming it: at once on the host; for int32 arrays on a
+    CUDA device (the CUDA op, on `stream` or the current stream) through the device status, the
+    first offence in that order (``check=True`` waits and raises)."""
+    if _on_cuda(positions, requests, block_table, seq_lens):
+        return _kv_indices_cuda(positions, requests, block_table, page_size, seq_lens, stream,
+                                check)
     np = _np()
     ps = count(page_size, "page_size", lo=1)
     table = _host(block_table, "block_table", (2,), "[B, W]")
@@ -98,8 +125,23 @@ def token_sparse_kv_indices(positions: Any, requests: Any, block_table: Any, pag
     return _like(positions, slots.astype(np.int32))
 
 
+def _kv_indices_cuda(positions, requests, block_table, page_size, seq_lens, stream, check) -> Any:
+    ps = count(page_size, "page_size", lo=1)
+    positions, requests, block_table, seq_lens = (_contiguous(x) for x in (
+        positions, requests, block_table, seq_lens))
+    out = empty(positions, shape_of(positions), "i32")
+    st = stream_of(positions, stream)
+    status = status_for(positions)
+    _C.token_sparse_kv_indices(positions=arg(positions), requests=arg(requests),
+                               block_table=arg(block_table), page_size=ps,
+                               seq_lens=arg(seq_lens), slots=arg(out), status=status, stream=st)
+    finish(status, st, check)
+    return out
+
+
 def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
-                      max_union: Optional[int] = None, packed: bool = False) -> GroupUnion:
+                      max_union: Optional[int] = None, packed: bool = False, stream: Any = None,
+                      check: Optional[bool] = None) -> GroupUnion:
     """Groups of consecutive query rows, the union of the key positions each group selected, and
     each row's mask over its group's union: masked dense attention of a group's rows over the
     gathered union keys computes the token-sparse attention of ``positions``.
@@ -110,7 +152,18 @@ def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
     ``group_size`` >= 1: a request's rows form groups of ``group_size`` from its first row (its
     last group may be shorter; a group never spans two requests). U is the largest union, or
     ``max_union`` when given (at most ``group_size * K``; a larger union is then an
-    `MsaError`). Returns a `GroupUnion`."""
+    `MsaError`). Returns a `GroupUnion`.
+
+    int32 arrays on a CUDA device run the CUDA op (on `stream` or the current stream) without a
+    host sync, so the sizes are capacities fixed from shapes: ``max_union`` is required (U), and
+    the groups are ``G = min(rows, (rows + B * (group_size - 1)) // group_size)``, at least the
+    groups there are (exact for g = 1, or rows a multiple of g per request); the groups past
+    the last hold no row (``group_rows`` = rows, ``union_lens`` 0). Value errors (positions,
+    cu_seqlens_q, a union larger than U: that group is written empty) go to the device status
+    (``check=True`` waits and raises)."""
+    if _on_cuda(positions, cu_seqlens_q):
+        return _group_union_cuda(positions, cu_seqlens_q, group_size, max_union, packed, stream,
+                                 check)
     np = _np()
     g = count(group_size, "group_size", lo=1)
     p = _positions(positions, np.iinfo(np.int32).max, "int32 key positions")
@@ -160,3 +213,39 @@ def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
             np.zeros(mask.shape[:-1] + (_cdiv(width, 8),), dtype=np.uint8)
     return GroupUnion(_like(positions, union), _like(positions, lens),
                       _like(positions, group_rows.astype(np.int32)), _like(positions, mask))
+
+
+def _group_union_cuda(positions, cu_seqlens_q, group_size, max_union, packed, stream,
+                      check) -> GroupUnion:
+    g = count(group_size, "group_size", lo=1)
+    if max_union is None:
+        raise MsaError("max_union: required for arrays on a CUDA device (U, the unions' width, "
+                       "fixed without a host sync); at most group_size x K")
+    cap = count(max_union, "max_union", lo=0)
+    shape, cu_shape = shape_of(positions), shape_of(cu_seqlens_q)
+    if len(shape) not in (2, 3):
+        raise MsaError(f"positions: must be [rows, K] or [Hkv, rows, K], got {len(shape)} dims "
+                       f"{list(shape)}")
+    if len(cu_shape) != 1 or cu_shape[0] < 1:
+        raise MsaError(f"cu_seqlens_q: must be [B + 1] with B + 1 >= 1 entries, got shape "
+                       f"{list(cu_shape)}")
+    lead, rows, k = shape[:-2], shape[-2], shape[-1]
+    if cap > g * k:
+        raise MsaError(f"max_union = {cap}: at most group_size x K = {g * k}, the largest union "
+                       "a group can have")
+    # Each request's last group may be short: at most (rows + B (g - 1)) / g groups, and never
+    # more than rows.
+    groups = min(rows, (rows + (cu_shape[0] - 1) * (g - 1)) // g)
+    positions, cu_seqlens_q = _contiguous(positions), _contiguous(cu_seqlens_q)
+    union = empty(positions, lead + (groups, cap), "i32")
+    lens = empty(positions, lead + (groups,), "i32")
+    group_rows = empty(positions, (groups + 1,), "i32")
+    mask = empty(positions, lead + (rows, _cdiv(cap, 8) if packed else cap),
+                 "u8" if packed else "bool")
+    st = stream_of(positions, stream)
+    status = status_for(positions)
+    _C.group_union_masks(positions=arg(positions), cu_seqlens_q=arg(cu_seqlens_q), group_size=g,
+                         union_keys=arg(union), union_lens=arg(lens), group_rows=arg(group_rows),
+                         mask=arg(mask), status=status, stream=st)
+    finish(status, st, check)
+    return GroupUnion(union, lens, group_rows, mask)

@@ -355,6 +355,41 @@ NB_MODULE(_C, m) {
       [](const TokenTopKArgs& x, cudaStream_t s) { token_topk(x, s); });
 
   def_op(
+      m, "token_sparse_kv_indices",
+      "msa::token_sparse_kv_indices; keywords as in msa.token_sparse_kv_indices, slots "
+      "preallocated.",
+      [](Args& a) {
+        TokenSparseKvIndicesArgs x;
+        x.positions = a.tensor("positions");
+        x.requests = a.tensor("requests");
+        x.block_table = a.tensor("block_table");
+        x.page_size = a.integer("page_size", 0);
+        x.seq_lens = a.tensor("seq_lens");
+        x.slots = a.tensor("slots", Access::write);
+        x.status = a.tensor("status", Access::write);
+        return x;
+      },
+      [](const TokenSparseKvIndicesArgs& x, cudaStream_t s) { token_sparse_kv_indices(x, s); });
+
+  def_op(
+      m, "group_union_masks",
+      "msa::group_union_masks; keywords as in msa.group_union_masks, union_keys, union_lens, "
+      "group_rows and mask (bool, or u8 when packed) preallocated.",
+      [](Args& a) {
+        GroupUnionMasksArgs x;
+        x.positions = a.tensor("positions");
+        x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+        x.group_size = a.integer("group_size", 1);
+        x.union_keys = a.tensor("union_keys", Access::write);
+        x.union_lens = a.tensor("union_lens", Access::write);
+        x.group_rows = a.tensor("group_rows", Access::write);
+        x.mask = a.tensor("mask", Access::write);
+        x.status = a.tensor("status", Access::write);
+        return x;
+      },
+      [](const GroupUnionMasksArgs& x, cudaStream_t s) { group_union_masks(x, s); });
+
+  def_op(
       m, "build_k2q_csr",
       "msa::build_k2q_csr; outputs row_ptr, q_idx and (optional) schedule preallocated; scratch "
       "from workspace= or alloc=.",

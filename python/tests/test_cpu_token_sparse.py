@@ -164,3 +164,64 @@ def test_masked_dense_attention_over_the_union_is_token_sparse_attention():
                                 key_mask=torch.from_numpy(res.mask))
     assert torch.equal(torch.isfinite(want), torch.isfinite(got))
     assert torch.allclose(want.float(), got.float(), atol=2e-3, rtol=2e-3)
+
+
+# The C++ CPU op (msa._C, the oracle of the CUDA op) against the numpy version over the same
+# random inputs: equal outputs, and an MsaError where numpy raises one.
+@pytest.mark.parametrize("seed", range(8))
+def test_cpp_cpu_ops_match_numpy(seed):
+    from msa import _C
+    rng, lens, ps, table, cu, rows_of = random_case(seed)
+    heads = None if seed % 2 else 2
+    pos = random_positions(rng, lens, rows_of, int(rng.integers(1, 9)), heads)
+    want = msa.token_sparse_kv_indices(pos, rows_of, table, ps, seq_lens=lens.astype(np.int32))
+    got = np.full(pos.shape, 7, np.int32)
+    _C.token_sparse_kv_indices(positions=pos, requests=rows_of, block_table=table, page_size=ps,
+                               seq_lens=lens.astype(np.int32), slots=got)
+    assert np.array_equal(got, want)
+    g, packed = int(rng.choice([1, 2, 3])), seed % 3 == 0
+    ref = msa.group_union_masks(pos, cu, g, packed=packed)
+    groups, cap = ref.union.shape[-2] + 1, ref.union.shape[-1] + 2   # spare capacity
+    lead = pos.shape[:-2]
+    out = dict(union_keys=np.empty(lead + (groups, cap), np.int32),
+               union_lens=np.empty(lead + (groups,), np.int32),
+               group_rows=np.empty((groups + 1,), np.int32),
+               mask=np.empty(lead + (pos.shape[-2], -(-cap // 8) if packed else cap),
+                             np.uint8 if packed else bool))
+    if cap > g * pos.shape[-1]:
+        with pytest.raises(msa.MsaError, match="at most group_size x K"):
+            _C.group_union_masks(positions=pos, cu_seqlens_q=cu, group_size=g, **out)
+        return
+    _C.group_union_masks(positions=pos, cu_seqlens_q=cu, group_size=g, **out)
+    width = ref.union.shape[-1]
+    assert np.array_equal(out["union_keys"][..., :-1, :width], ref.union)
+    assert (out["union_keys"][..., :-1, width:] == -1).all()
+    assert np.array_equal(out["union_lens"][..., :-1], ref.union_lens)
+    assert (out["union_lens"][..., -1] == 0).all()
+    assert out["group_rows"].tolist() == ref.group_rows.tolist() + [len(rows_of)]
+    m = out["mask"]
+    if packed:
+        m = np.unpackbits(m, axis=-1, count=cap, bitorder="little").astype(bool)
+        r = np.unpackbits(ref.mask, axis=-1, count=width, bitorder="little").astype(bool)
+    else:
+        r = ref.mask
+    assert np.array_equal(m[..., :width], r) and not m[..., width:].any()
+    # an offence: numpy and C++ both raise, naming the same row
+    bad = pos.copy()
+    if bad.size:
+        bad.reshape(-1)[-1] = -3
+        with pytest.raises(msa.MsaError, match=r"id -3 at positions\["):
+            msa.group_union_masks(bad, cu, g)
+        with pytest.raises(msa.MsaError, match=r"id -3 at positions\["):
+            _C.group_union_masks(positions=bad, cu_seqlens_q=cu, group_size=g, **out)
+
+
+def test_cuda_keywords_on_host_arrays():
+    """stream= and check= are accepted (and unused) on the host path; max_union stays optional
+    there."""
+    pos = np.array([[0, 1], [2, -1]], np.int32)
+    cu = np.array([0, 2], np.int32)
+    assert msa.group_union_masks(pos, cu, 2, stream=None, check=True).union.tolist() == [[0, 1, 2]]
+    assert msa.token_sparse_kv_indices(pos, np.array([0, 0], np.int32),
+                                       np.array([[1]], np.int32), 4, check=False).tolist() == \
+        [[4, 5], [6, -1]]

@@ -80,6 +80,35 @@ std::string describe_status(const int32_t s[4]) {
     case StatusCode::key_mask_short:
       return detail::concat("key_mask: Lk_max = ", s[3], " (its last dim) is less than the ", s[2],
                             " keys of batch ", s[1], "; the keys past it were masked");
+    case StatusCode::offence_pending:
+      return "an op found an invalid index but its last kernel, which locates it, has not run";
+    case StatusCode::position_out_of_range:
+      return detail::concat("positions: id ", s[3], " at row ", s[1], " (kv head * rows + row) entry ",
+                            s[2], " is outside [-1, the keys: W * page_size, or 2^31 - 1 for "
+                            "group_union_masks)");
+    case StatusCode::position_repeated:
+      return detail::concat("positions: id ", s[2], " is repeated in row ", s[1],
+                            " (kv head * rows + row), again at entry ", s[3]);
+    case StatusCode::request_out_of_range:
+      return detail::concat("requests[", s[1], "] = ", s[2], ": must be in [0, ", s[3],
+                            ") (the requests of block_table)");
+    case StatusCode::seq_len_out_of_range:
+      return detail::concat("seq_lens[", s[1], "] = ", s[2], ": must be in [0, ", s[3],
+                            "] (block_table's W pages of page_size)");
+    case StatusCode::position_past_seq_len:
+      return detail::concat("positions: id ", s[3], " at row ", s[1], " (kv head * rows + row) entry ",
+                            s[2], " is at or past seq_lens of the row's request");
+    case StatusCode::page_id_invalid:
+      return detail::concat("block_table[", s[1], ", ", s[2], "] = ", s[3], ": the page of a used "
+                            "position must be a page id >= 0 whose slots (id * page_size + "
+                            "page_size - 1) fit int32");
+    case StatusCode::groups_past_capacity:
+      return detail::concat("group_rows: the requests form ", s[1], " groups, more than the ", s[2],
+                            " the outputs hold (union_keys' groups); size them for an upper bound "
+                            "such as min(rows, (rows + B * (group_size - 1)) / group_size)");
+    case StatusCode::union_past_capacity:
+      return detail::concat("max_union = ", s[3], ": the union of group ", s[2], " (kv head ", s[1],
+                            ") has more keys; its outputs were written empty");
     case StatusCode::shape_mismatch:
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }

@@ -29,6 +29,10 @@ size_t attention_workspace_bytes(const AttentionArgs&, const ProblemShape&) { re
 void mqa_logits(const MqaLogitsArgs&, cudaStream_t) { no_cuda("mqa_logits"); }
 void paged_mqa_logits(const PagedMqaLogitsArgs&, cudaStream_t) { no_cuda("paged_mqa_logits"); }
 void token_topk(const TokenTopKArgs&, cudaStream_t) { no_cuda("token_topk"); }
+void token_sparse_kv_indices(const TokenSparseKvIndicesArgs&, cudaStream_t) {
+  no_cuda("token_sparse_kv_indices");
+}
+void group_union_masks(const GroupUnionMasksArgs&, cudaStream_t) { no_cuda("group_union_masks"); }
 void quantize(const Tensor&, QuantFormat, const QTensor&, cudaStream_t) { no_cuda("quantize"); }
 void dequantize(const QTensor&, const Tensor&, cudaStream_t) { no_cuda("dequantize"); }
 void reorder_fp4_scales(const Tensor&, const Tensor&, KVLayout, bool to_public, cudaStream_t) {
