@@ -31,7 +31,7 @@ void mqa_logits(const MqaLogitsArgs& args, cudaStream_t stream = nullptr);
 // values, one UE8M0 scale per 32 values (token-major), folded into the values, as q_sf is into
 // q's. Row b * next_n + t sees positions p <= seq_lens[b] - next_n + t (the newest slot the
 // whole sequence). Every size the seed leaves to the caller is checked: on the CPU before the
-// run, on CUDA (FP8, D = 128, H <= 128, block_size 32, 64 or 128; FP4 on the CPU only so far) on
+// run, on CUDA (FP8 or MXFP4, D = 128, H <= 128, block_size 32, 64 or 128) on
 // the device, through `status`: a length past max_seq_len (its rows then see no key), a table too
 // narrow for a length or a block id outside the pool (those keys are not read: their columns hold
 // unspecified values).
