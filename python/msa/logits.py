@@ -63,8 +63,8 @@ def paged_mqa_logits(q: Any, kv_fused: Any, weights: Any, block_tables: Any, seq
     token (values, then scales; no per-token factor). ``weights [B * next_n, H]`` f32,
     ``block_tables [B, W]`` and ``seq_lens [B]`` int32. A too-narrow table, a length above
     `max_seq_len` or a block id outside the pool raise `MsaError` (on CUDA through the device
-    status: ``check=True`` waits and raises, else `msa.check_status`). CUDA takes FP8, D = 128,
-    H <= 128 and block sizes 32, 64 and 128."""
+    status: ``check=True`` waits and raises, else `msa.check_status`). CUDA takes FP8 or MXFP4,
+    D = 128, H <= 128 and block sizes 32, 64 and 128."""
     check_arrays(q=q, kv_fused=kv_fused, weights=weights, block_tables=block_tables,
                  seq_lens=seq_lens, q_sf=q_sf, out=out)
     dims(q, "q", 4, "[B, next_n, H, D]")
