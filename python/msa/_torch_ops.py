@@ -21,6 +21,7 @@ from .quant import (SCALE_DTYPES, SCALE_SHAPES, VALUE_DTYPES, dequantize_eager, 
                     reorder_eager)
 from .sdsa import (indexer_scores_eager, thresholds_from_sample_eager,
                    top_k_from_candidates_eager)
+from .token_sparse import _group_union_cuda, _kv_indices_cuda, union_groups
 
 #: Live decode plans by id: a custom op cannot take a C++ object, so run() passes the plan's id.
 DECODE_PLANS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
@@ -389,3 +390,43 @@ def _(scale, dtype, layout, shape, to_public, stream):
 
 def reorder_fp4_scales(*args: Any) -> Tensor:
     return _reorder_fp4_scales(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::token_sparse_kv_indices", mutates_args=())
+def _token_sparse_kv_indices(positions: Tensor, requests: Tensor, block_table: Tensor,
+                             page_size: int, seq_lens: Optional[Tensor], check: Optional[bool],
+                             stream: Optional[int]) -> Tensor:
+    return _kv_indices_cuda(positions, requests, block_table, page_size, seq_lens, stream, check)
+
+
+@_token_sparse_kv_indices.register_fake
+def _(positions, requests, block_table, page_size, seq_lens, check, stream):
+    return positions.new_empty(positions.shape, dtype=torch.int32)
+
+
+def token_sparse_kv_indices(*args: Any) -> Tensor:
+    return _token_sparse_kv_indices(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::group_union_masks", mutates_args=())
+def _group_union_masks(positions: Tensor, cu_seqlens_q: Tensor, group_size: int,
+                       max_union: Optional[int], packed: bool, check: Optional[bool],
+                       stream: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return tuple(_group_union_cuda(positions, cu_seqlens_q, group_size, max_union, packed, stream,
+                                   check))
+
+
+@_group_union_masks.register_fake
+def _(positions, cu_seqlens_q, group_size, max_union, packed, check, stream):
+    lead, rows = tuple(positions.shape[:-2]), positions.shape[-2]
+    cap = 0 if max_union is None else max_union
+    groups = union_groups(rows, cu_seqlens_q.shape[0] - 1, group_size)
+    new = positions.new_empty
+    return (new(lead + (groups, cap), dtype=torch.int32), new(lead + (groups,), dtype=torch.int32),
+            new((groups + 1,), dtype=torch.int32),
+            new(lead + (rows, (cap + 7) // 8 if packed else cap),
+                dtype=torch.uint8 if packed else torch.bool))
+
+
+def group_union_masks(*args: Any) -> tuple:
+    return _group_union_masks(*args[:-1], _sint(args[-1]))

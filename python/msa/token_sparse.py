@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Optional
 
 from . import _C
 from ._arrays import dtype_of, empty, framework, is_cuda, shape_of
-from ._runtime import MsaError, arg, count, finish, status_for, stream_of
+from ._runtime import MsaError, arg, compiling, count, finish, status_for, stream_of
 from .sparse_convert import _cdiv, _check_ids, _check_offsets, _host, _like, _np
 
 
@@ -77,6 +77,10 @@ def token_sparse_kv_indices(positions: Any, requests: Any, block_table: Any, pag
     CUDA device (the CUDA op, on `stream` or the current stream) through the device status, the
     first offence in that order (``check=True`` waits and raises)."""
     if _on_cuda(positions, requests, block_table, seq_lens):
+        if compiling():  # an opaque node for torch.compile (its fake gives the shape)
+            from . import _torch_ops
+            return _torch_ops.token_sparse_kv_indices(positions, requests, block_table,
+                                                      page_size, seq_lens, check, stream)
         return _kv_indices_cuda(positions, requests, block_table, page_size, seq_lens, stream,
                                 check)
     np = _np()
@@ -162,6 +166,10 @@ def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
     cu_seqlens_q, a union larger than U: that group is written empty) go to the device status
     (``check=True`` waits and raises)."""
     if _on_cuda(positions, cu_seqlens_q):
+        if compiling():
+            from . import _torch_ops
+            return GroupUnion(*_torch_ops.group_union_masks(
+                positions, cu_seqlens_q, group_size, max_union, packed, check, stream))
         return _group_union_cuda(positions, cu_seqlens_q, group_size, max_union, packed, stream,
                                  check)
     np = _np()
@@ -215,6 +223,12 @@ def group_union_masks(positions: Any, cu_seqlens_q: Any, group_size: int, *,
                       _like(positions, group_rows.astype(np.int32)), _like(positions, mask))
 
 
+def union_groups(rows: int, batch: int, g: int) -> int:
+    """The CUDA op's group capacity: each request's last group may be short, so at most
+    (rows + B (g - 1)) / g groups, and never more than rows."""
+    return min(rows, (rows + batch * (g - 1)) // g)
+
+
 def _group_union_cuda(positions, cu_seqlens_q, group_size, max_union, packed, stream,
                       check) -> GroupUnion:
     g = count(group_size, "group_size", lo=1)
@@ -233,9 +247,7 @@ def _group_union_cuda(positions, cu_seqlens_q, group_size, max_union, packed, st
     if cap > g * k:
         raise MsaError(f"max_union = {cap}: at most group_size x K = {g * k}, the largest union "
                        "a group can have")
-    # Each request's last group may be short: at most (rows + B (g - 1)) / g groups, and never
-    # more than rows.
-    groups = min(rows, (rows + (cu_shape[0] - 1) * (g - 1)) // g)
+    groups = union_groups(rows, cu_shape[0] - 1, g)
     positions, cu_seqlens_q = _contiguous(positions), _contiguous(cu_seqlens_q)
     union = empty(positions, lead + (groups, cap), "i32")
     lens = empty(positions, lead + (groups,), "i32")
