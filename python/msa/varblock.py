@@ -22,10 +22,11 @@ from .sparse_convert import _block_size, _cdiv, _host, _np
 
 
 def _cuda_columns(s: int) -> None:
+    """The device-built selection's block sizes (key ids take the host-built path)."""
     if s not in _CUDA_BLOCKS:
-        raise MsaError("kv_block_size: CUDA takes 64 or 128 (column blocks starting at multiples "
-                       f"of that many keys and ending at one or at kv_len), got {s}; plan on the "
-                       "CPU, which takes any column sizes as key ids")
+        raise MsaError("kv_block_size: CUDA block_mask_map takes 64 or 128 (column blocks "
+                       "starting at multiples of that many keys and ending at one or at kv_len), "
+                       f"got {s}; other column sizes run as key ids from host arrays")
 
 
 def _host_mask(x: Any) -> Any:
@@ -94,7 +95,7 @@ def varblock_to_q2k(block_mask_map: Any, block_row_sz: Any, block_col_sz: Any, *
         if s > 1 and s not in whole:
             raise MsaError(f"block_col_sz: kv_block_size {s} needs every column block to start "
                            f"at a multiple of {s} keys and end at one or at kv_len = {kv_len}; "
-                           "use kv_block_size=1 (key ids, the CPU only)")
+                           "use kv_block_size=1 (key ids)")
     nblk = _cdiv(kv_len, s)
     firsts = np.arange(nblk) * s                    # the first key of each id
     sel = np.stack([mask[h][:, np.searchsorted(bounds[h], firsts, side="right")]
@@ -297,15 +298,9 @@ class VariableBlockSparseAttention(_SparsePlan):
                                               qo_len=qo_len, kv_len=kv_len, num_kv_heads=hkv,
                                               topk=topk, kv_block_size=s)
         else:
-            if kind == "cuda" and kv_block_size is not None:
-                _cuda_columns(_block_size(kv_block_size, 1))
             q2k_np, s, qo_len, kv_len = varblock_to_q2k(
                 block_mask_map, block_row_sz, block_col_sz, num_kv_heads=hkv,
                 kv_block_size=kv_block_size, topk=topk, qo_len=qo_len, kv_len=kv_len)
-            if kind == "cuda" and s not in _CUDA_BLOCKS:
-                raise MsaError("block_col_sz: CUDA attends blocks of 64 or 128 keys; every column "
-                               "block must start at a multiple of 64 and end at one or at kv_len "
-                               f"= {kv_len} (plan on the CPU for other sizes, as key ids)")
             q2k = _placed(q2k_np, block_mask_map, kind, index)
         use_torch = torch is not None and isinstance(q2k, torch.Tensor)
         with _on_stream(stream if on_device else None, q2k.device if use_torch else None):

@@ -286,7 +286,8 @@ IP, IX = np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32)
     (dict(N=256, C=128, mask=np.ones((2, 4, 128), bool), causal=True, device="cuda:0"),
      "mask: causal=True with an element mask"),
     (dict(N=256, C=128, mask=np.ones((2, 4, 128), bool), kv_block_lens=np.full(2, 64, np.int32),
-          device="cuda:0"), "kv_block_lens: not taken on CUDA"),
+          device="cuda:0"), "mask: CUDA runs key ids"),
+    (dict(N=128, C=32, mask=np.ones((2, 4, 32), bool), device="cuda:0"), "mask: CUDA runs key ids"),
     (dict(logits_soft_cap=-1.0), "logits_soft_cap: must be a finite number >= 0"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode: not supported"),
     (dict(rope_theta=1e4), "rope_theta: not supported"),
@@ -302,8 +303,9 @@ IP, IX = np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32)
     (dict(sm_scale=-1.0), "sm_scale: must be a finite number > 0"),
     (dict(topk=0), "topk: must be >= 1"),
     (dict(M=9), r"indptr: must have MB \+ 1 = 4 entries"),
-    (dict(C=32, device="cuda:0"), "C: CUDA attends blocks of 64 or 128 keys, and C = 32"),
-    (dict(C=96, kv_block_size=1, device="cuda:0"), "C: CUDA attends blocks of 64 or 128 keys"),
+    (dict(C=32, kv_block_size=64, device="cuda:0"),
+     "C: CUDA attends blocks of 64 or 128 keys, and C = 32"),
+    (dict(C=96, kv_block_size=128, device="cuda:0"), "C: CUDA attends blocks of 64 or 128 keys"),
 ])
 def test_plan_errors(kw, match):
     with pytest.raises(msa.MsaError, match=match):
@@ -361,12 +363,15 @@ def test_cuda_rules():
     check_cuda_plan(384, 128, None)
     check_cuda_plan(64, 64, None)
     check_cuda_plan(192, 64, None)
+    check_cuda_plan(48, 1, None)  # key ids: any C, and kv_block_lens
+    check_cuda_plan(128, 1, None)
+    check_cuda_plan(128, 128, np.ones(1, np.int32))
     with pytest.raises(msa.MsaError, match="C: CUDA attends blocks of 64 or 128 keys, and C = 48"):
-        check_cuda_plan(48, 1, None)
-    with pytest.raises(msa.MsaError, match="kv_block_size: CUDA takes 64 or 128, got 1"):
-        check_cuda_plan(128, 1, None)
-    with pytest.raises(msa.MsaError, match="kv_block_lens: not taken on CUDA"):
-        check_cuda_plan(128, 128, np.ones(1, np.int32))
+        check_cuda_plan(48, 64, None)
+    with pytest.raises(msa.MsaError, match="mask: CUDA runs key ids"):
+        check_cuda_plan(48, 1, None, True)
+    with pytest.raises(msa.MsaError, match="mask: CUDA runs key ids"):
+        check_cuda_plan(128, 128, np.ones(1, np.int32), True)
 
 
 def test_run_errors():

@@ -290,7 +290,8 @@ IX = np.array([[[0, 1], [1, 0]]] * 2, np.int32)
     ((), dict(q2k_indices=IX, topk=1), "topk: 1 is less than the 2 column blocks"),
     ((), dict(block_mask=BM.astype(np.int8)), "block_mask: must be a bool array"),
     ((), dict(block_mask=[[[True]]]), "block_mask: expected an array"),
-    ((), dict(block_mask=BM, C=32, device="cuda:0"), "C: CUDA attends blocks of 64 or 128 keys"),
+    ((), dict(block_mask=BM, C=32, kv_block_size=64, device="cuda:0"),
+     "C: CUDA attends blocks of 64 or 128 keys"),
 ])
 def test_plan_errors(args, kw, match):
     with pytest.raises(msa.MsaError, match=match):

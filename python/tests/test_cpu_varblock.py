@@ -325,8 +325,8 @@ C1 = np.array([[64, 64], [100, 28]], np.int32)
     (dict(kv_len=127), "kv_len: 127 given, but block_col_sz sums to 128"),
     (dict(kv_block_size=32), "kv_block_size: must be 64, 128 or 1"),
     (dict(kv_block_size=64), "block_col_sz: kv_block_size 64 needs every column block"),
-    (dict(device="cuda:0"), "block_col_sz: CUDA attends blocks of 64 or 128 keys"),
-    (dict(device="cuda:0", kv_block_size=1), "kv_block_size: CUDA takes 64 or 128"),
+    # host arrays planned for CUDA follow the CPU's rules (other columns run as key ids there)
+    (dict(device="cuda:0", kv_block_size=64), "block_col_sz: kv_block_size 64 needs every column"),
     (dict(block_mask_map=np.ones((2, 2, 2), np.float32)), "block_mask_map: must be an integer"),
     (dict(block_mask_map=np.ones((2, 2), bool)), r"block_mask_map: must be \[Hkv, MB, NB\]"),
     (dict(block_row_sz=R1[:, :1]), r"block_row_sz / block_col_sz: must be \[Hkv, MB\]"),

@@ -61,6 +61,32 @@ def test_cuda_matches_cpu(R, C, M, N, causal):
     torch.testing.assert_close(lse.cpu()[finite], want_lse[finite], atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("R, C, M, N, causal, where, lens", [
+    (16, 96, 200, 700, True, "device", False), (1, 16, 77, 450, False, "device", False),
+    (64, 32, 300, 700, False, "host", False), (32, 48, 130, 500, True, "host", True)])
+def test_key_ids_on_cuda_match_cpu(R, C, M, N, causal, where, lens):
+    """Column blocks that are not multiples of 64 keys (or shortened by kv_block_lens) run as key
+    ids (kv_block_size 1) on CUDA, the token-sparse kernel, against the CPU plan."""
+    indptr, indices, q, k, v, topk = _case(R + C + M, R, C, M, N)
+    kw = dict(causal=causal)
+    if lens:
+        kw["kv_block_lens"] = np.random.default_rng(1).integers(1, C + 1, cdiv(N, C)).astype(np.int32)
+    cpu = _plan(indptr, indices, M, N, R, C, **kw)
+    want, want_lse = cpu.run(q, k, v, return_lse=True)
+    with gpu_op():
+        if where == "device":
+            gpu = _plan(torch.from_numpy(indptr).to(DEV), torch.from_numpy(indices).to(DEV), M, N,
+                        R, C, topk=topk, **kw)
+        else:
+            gpu = _plan(indptr, indices, M, N, R, C, device=DEV, **kw)
+        got, lse = gpu.run(q.to(DEV), k.to(DEV), v.to(DEV), return_lse=True, check=True)
+    assert gpu.kv_block_size == 1
+    torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    torch.testing.assert_close(lse.cpu()[finite], want_lse[finite], atol=1e-3, rtol=1e-3)
+
+
 def test_host_arrays_plan_for_cuda():
     R, C, M, N = 64, 128, 300, 700
     indptr, indices, q, k, v, _ = _case(5, R, C, M, N)
@@ -187,7 +213,7 @@ def test_cuda_refusals():
     with pytest.raises(msa.MsaError, match="topk: required with CUDA indptr"):
         _plan(ip, ix, 64, 64, 64, 64)
     with pytest.raises(msa.MsaError, match="C: CUDA attends blocks of 64 or 128 keys, and C = 96"):
-        _plan(ip, ix, 64, 96, 64, 96, topk=1)
+        _plan(ip, ix, 64, 96, 64, 96, topk=1, kv_block_size=64)
     bsa = _plan(ip, ix, 64, 128, 64, 128, topk=1)
     q = torch.randn(64, 8, 128, dtype=torch.bfloat16)
     k = torch.randn(128, 2, 128, dtype=torch.bfloat16)
