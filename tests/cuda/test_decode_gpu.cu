@@ -238,6 +238,18 @@ struct Bench {
     }
     EXPECT_EQ(bad, 0);
   }
+
+  // A planned run against the reference, then a second run bitwise equal to it.
+  void expect_matches_reference_and_repeats() {
+    plan_gpu();
+    run_gpu();
+    expect_matches_reference();
+    const auto out1 = out.download<uint16_t>(out.bytes() / 2, stream);
+    const auto lse1 = lse.download<uint32_t>(lse.bytes() / 4, stream);
+    run_gpu();
+    EXPECT_EQ(out1, out.download<uint16_t>(out.bytes() / 2, stream)) << "out differs run to run";
+    EXPECT_EQ(lse1, lse.download<uint32_t>(lse.bytes() / 4, stream)) << "lse differs run to run";
+  }
 };
 
 // The CTA widths (Config::warps) for the tests' small batches, which the heuristic would all give
@@ -734,16 +746,7 @@ TEST(DecodeGpu, SkewedLengthsSplitAndCombineDeterministic) {
       c.topk = topk;
       c.seed = 500 + unsigned(topk);
       Bench t(c);
-      t.plan_gpu();
-      t.run_gpu();
-      t.expect_matches_reference();
-      const auto out1 = t.out.download<uint16_t>(t.out.bytes() / 2, t.stream);
-      const auto lse1 = t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream);
-      t.run_gpu();
-      EXPECT_EQ(out1, t.out.download<uint16_t>(t.out.bytes() / 2, t.stream))
-          << "out differs run to run";
-      EXPECT_EQ(lse1, t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream))
-          << "lse differs run to run";
+      t.expect_matches_reference_and_repeats();
     }
 }
 
@@ -1099,16 +1102,7 @@ TEST(DecodeGpu, TokenIdsK2048Splits) {
       std::sort(ids.begin(), ids.end());
       return ids;
     });
-    t.plan_gpu();
-    t.run_gpu();
-    t.expect_matches_reference();
-    const auto out1 = t.out.download<uint16_t>(t.out.bytes() / 2, t.stream);
-    const auto lse1 = t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream);
-    t.run_gpu();
-    EXPECT_EQ(out1, t.out.download<uint16_t>(t.out.bytes() / 2, t.stream))
-        << "out differs run to run";
-    EXPECT_EQ(lse1, t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream))
-        << "lse differs run to run";
+    t.expect_matches_reference_and_repeats();
   }
 }
 
@@ -1503,16 +1497,7 @@ TEST(DecodeGpu, TokenIdsLargeGroupsK2048Splits) {
         if (b == 0) std::sort(ids.begin(), ids.end());
         return ids;
       });
-      t.plan_gpu();
-      t.run_gpu();
-      t.expect_matches_reference();
-      const auto out1 = t.out.download<uint16_t>(t.out.bytes() / 2, t.stream);
-      const auto lse1 = t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream);
-      t.run_gpu();
-      EXPECT_EQ(out1, t.out.download<uint16_t>(t.out.bytes() / 2, t.stream))
-          << "out differs run to run";
-      EXPECT_EQ(lse1, t.lse.download<uint32_t>(t.lse.bytes() / 4, t.stream))
-          << "lse differs run to run";
+      t.expect_matches_reference_and_repeats();
     }
 }
 
