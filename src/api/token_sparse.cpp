@@ -21,14 +21,18 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }
 std::vector<int64_t> shape_of(const Tensor& t) { return {t.shape, t.shape + t.ndim}; }
 
+bool has_shape(const Tensor& t, const std::vector<int64_t>& shape) {
+  bool same = t.ndim == int(shape.size());
+  for (int d = 0; same && d < t.ndim; ++d) same = t.shape[d] == shape[d];
+  return same;
+}
+
 // An int32 contiguous tensor of exactly `shape` (`what` spells it in the message).
 void check_i32(const Tensor& t, const char* name, const std::vector<int64_t>& shape,
                const std::string& what) {
   check_defined(t, name);
   check_dtype(t, name, {DType::i32});
-  bool same = t.ndim == int(shape.size());
-  for (int d = 0; same && d < t.ndim; ++d) same = t.shape[d] == shape[d];
-  MSA_CHECK(same, name, ": shape must be ", what, ", got ", t.describe());
+  MSA_CHECK(has_shape(t, shape), name, ": shape must be ", what, ", got ", t.describe());
   check_contiguous(t, name);
 }
 
@@ -129,9 +133,7 @@ void group_union_masks(const GroupUnionMasksArgs& a, cudaStream_t stream) {
   const bool packed = a.mask.dtype == DType::u8;
   const int64_t mask_cols = packed ? (cap + 7) / 8 : cap;
   const std::vector<int64_t> ms = with({rows, mask_cols});
-  bool same = a.mask.ndim == int(ms.size());
-  for (int d = 0; same && d < a.mask.ndim; ++d) same = a.mask.shape[d] == ms[d];
-  MSA_CHECK(same, "mask: shape must be [", hkv, "rows, ", packed ? "ceil(U / 8)" : "U", "] = ",
+  MSA_CHECK(has_shape(a.mask, ms), "mask: shape must be [", hkv, "rows, ", packed ? "ceil(U / 8)" : "U", "] = ",
             shape_text(ms), " (bool, or u8 bit-packed), got ", a.mask.describe());
   check_contiguous(a.mask, "mask");
   if (device.type == DeviceType::cuda) {

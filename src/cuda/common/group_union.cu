@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "backend.h"
+#include "cuda/common/block_sort.cuh"
 #include "cuda/common/token_sparse.cuh"
 #include "cuda/device/check.h"
 
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(UnionParams p) {
   const int sorted = int(pow2_at_least(n, 1));
   __syncthreads();
   for (int i = n + threadIdx.x; i < sorted; i += kUnionThreads) list[i] = INT32_MAX;
-  bitonic_sort(list, sorted);
+  block_bitonic_sort(list, sorted);
   for (int64_t i = threadIdx.x; i < p.cap; i += kUnionThreads) keys[i] = i < n ? list[i] : -1;
   if (threadIdx.x == 0) p.lens[h * p.groups + gi] = n;
   const int64_t words = (p.cap + 31) / 32;

@@ -3,10 +3,12 @@
 // in shared memory), rows too long for that one thread per row; one thread per cu_seqlens entry,
 // and a single-thread finalize that turns the first-offence key into the status buffer.
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <climits>
 #include <cstdint>
 
+#include "cuda/common/block_sort.cuh"
 #include "cuda/common/index_checks.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/device/check.h"
@@ -147,23 +149,6 @@ __device__ __forceinline__ int32_t warp_sum(int32_t x) {
   return x;
 }
 
-// Ascending bitonic sort of keys[0, n) by the whole CTA, n a power of two; ends synchronized.
-__device__ void bitonic_sort(unsigned long long* keys, int n) {
-  for (int k = 2; k <= n; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
-        const int a = 2 * i - (i & (j - 1)), b = a + j;  // i with a zero bit inserted at j
-        const unsigned long long x = keys[a], y = keys[b];
-        if ((x > y) == ((a & k) == 0)) {
-          keys[a] = y;
-          keys[b] = x;
-        }
-      }
-      __syncthreads();
-    }
-  }
-}
-
 // Each warp's partial results for one row.
 struct RowPartials {
   int32_t valid[kRowWarps];      // in-range ids
@@ -247,8 +232,7 @@ __global__ void __launch_bounds__(kRowThreads) check_q2k_row_kernel(Q2KCheckPara
         const int32_t id = s < topk ? ids[s] : -1;
         keys[s] = id >= 0 && id < nblk ? (uint64_t(id) << 32) | uint32_t(s) : kNoKey;
       }
-      __syncthreads();
-      bitonic_sort(keys, sort_n);
+      block_bitonic_sort(keys, sort_n);
       int32_t repeat = INT32_MAX;
       for (int i = int(threadIdx.x) + 1; i < sort_n; i += kRowThreads)
         if (keys[i] != kNoKey && (keys[i] >> 32) == (keys[i - 1] >> 32))
@@ -354,6 +338,22 @@ int64_t row_kernel_smem_limit() {
   return limit;
 }
 
+// CTAs of the row kernel an SM holds with a sort buffer of sort_n keys (a power of two up to
+// kRowMaxTopk), asked of the runtime once per size per process: the check runs before every
+// token-sparse attention call, and an occupancy query per call is host time on that path.
+int row_kernel_ctas_per_sm(int64_t sort_n) {
+  static std::atomic<int> cache[64] = {};
+  std::atomic<int>& slot = cache[std::countr_zero(uint64_t(sort_n))];
+  int per_sm = slot.load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, check_q2k_row_kernel, kRowThreads, size_t(sort_n) * 8));
+    per_sm = std::max(per_sm, 1);
+    slot.store(per_sm, std::memory_order_relaxed);
+  }
+  return per_sm;
+}
+
 }  // namespace
 
 void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
@@ -374,11 +374,8 @@ void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
       launch_pdl(check_q2k_staged_kernel, unsigned(blocks), kThreads, 0, stream, p, first);
     } else if (p.topk <= kRowMaxTopk && sort_n * 8 <= row_kernel_smem_limit()) {
       const size_t smem = size_t(sort_n) * 8;
-      int per_sm = 0;
-      MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, check_q2k_row_kernel,
-                                                                   kRowThreads, smem));
       const int64_t blocks =
-          std::min<int64_t>(rows, int64_t(current_sm_count()) * std::max(per_sm, 1));
+          std::min<int64_t>(rows, int64_t(current_sm_count()) * row_kernel_ctas_per_sm(sort_n));
       launch_pdl(check_q2k_row_kernel, unsigned(blocks), kRowThreads, smem, stream, p, int(sort_n),
                  first);
     } else {

@@ -1,6 +1,6 @@
 // What the CUDA token-sparse builders (token_sparse_slots.cu, group_union.cu) share: the
 // fixed-order offence report without scratch memory, the per-row position checks (a hash set of
-// the row in shared memory) and the shared-memory sort.
+// the row in shared memory) and the sorted-row lookup (the sort: block_sort.cuh).
 //
 // Reporting. The ops take no workspace, yet must report the first offence in a fixed order (the
 // CPU's), not the first to arrive. The order is a 64-bit key, (class << 56) | index within the
@@ -157,27 +157,6 @@ __device__ __forceinline__ void locate_repeat(const int32_t* row, int64_t k, int
   best = block_min(best, scratch);
   value = int64_t(best >> 32);
   entry = int64_t(best & 0xffffffffu);
-}
-
-// Ascending bitonic sort of n (a power of two) int32 in shared memory by the whole CTA. Ends
-// synchronized.
-__device__ __forceinline__ void bitonic_sort(int32_t* s, int n) {
-  __syncthreads();
-  for (int size = 2; size <= n; size <<= 1)
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const bool up = (i & size) == 0;
-          const int32_t x = s[i], y = s[j];
-          if ((x > y) == up) {
-            s[i] = y;
-            s[j] = x;
-          }
-        }
-      }
-      __syncthreads();
-    }
 }
 
 // The index of `v` in the ascending s[0, n) (v present).

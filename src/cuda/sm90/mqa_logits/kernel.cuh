@@ -111,6 +111,14 @@ struct TableWindow {
   }
 };
 
+// Paged, one thread: a block table narrower than the request's visible keys (hi_max) need is
+// reported (the missing columns read as -1 and their keys are not read).
+__device__ __forceinline__ void check_table_width(const Params& p, const CtaWork& w, int hi_max) {
+  const int needed = (hi_max + p.block_size - 1) >> p.block_shift;
+  if (needed > p.bt_cols)
+    flag_status(p.status, int32_t(StatusCode::block_table_narrow), w.b, needed, p.bt_cols);
+}
+
 // MXFP4: the four UE8M0 scale bytes of q's row `row`, head h (q_sf's last dim is contiguous).
 __device__ __forceinline__ uint32_t q_scale_word(const Params& p, int64_t row, int h) {
   const uint8_t* sf = p.q_sf + row * p.sf_stride_row + h * p.sf_stride_h;
@@ -126,11 +134,7 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     sm90::mbar_arrive_expect_tx(&sh.q_full, uint32_t(w.ntok * kHp * kRowBytes));
     for (int i = 0; i < w.ntok; ++i)
       sm90::tma_load_3d(sh.q + i * kHp * kRowBytes, tm_q, &sh.q_full, 0, 0, int32_t(w.row0 + i));
-    if (kPaged && kb_hi > kb_lo) {
-      const int needed = (hi_max + p.block_size - 1) >> p.block_shift;
-      if (needed > p.bt_cols)
-        flag_status(p.status, int32_t(StatusCode::block_table_narrow), w.b, needed, p.bt_cols);
-    }
+    if (kPaged && kb_hi > kb_lo) check_table_width(p, w, hi_max);
   }
   constexpr int kPerLane = kBlockN / 32;
   TableWindow tab;
@@ -220,11 +224,7 @@ __device__ void run_producer_fp4(const Params& p, SharedStorage& sh, const CtaWo
   }
   sm90::fence_proxy_async_smem();
   sm90::mbar_arrive(&sh.q_full);
-  if (tid == 0 && kb_hi > kb_lo) {
-    const int needed = (hi_max + p.block_size - 1) >> p.block_shift;
-    if (needed > p.bt_cols)
-      flag_status(p.status, int32_t(StatusCode::block_table_narrow), w.b, needed, p.bt_cols);
-  }
+  if (tid == 0 && kb_hi > kb_lo) check_table_width(p, w, hi_max);
   TableWindow tab;
   if (kb_hi > kb_lo) tab.start(p, w.b, (kb_lo * kBlockN) >> p.block_shift, lane);
   for (int it = 0, kb = kb_lo; kb < kb_hi; ++it, ++kb) {

@@ -92,8 +92,8 @@ __device__ __forceinline__ void token_producer(const TokenParams& p, TokenStorag
   const auto* kbase = static_cast<const uint8_t*>(p.k);
   const auto* vbase = static_cast<const uint8_t*>(p.v);
   const int64_t k_head = p.k_stride_head * u.head, v_head = p.v_stride_head * u.head;
-  const int32_t key0 = p.page_table == nullptr ? p.cu_k[u.batch] : 0;
-  const int32_t* pages = p.page_table + int64_t(u.batch) * p.page_table_stride;
+  const int32_t key0 = p.paged.page_table == nullptr ? p.cu_k[u.batch] : 0;
+  const int32_t* pages = p.paged.page_table + int64_t(u.batch) * p.paged.page_table_stride;
   const int my_key = 8 * ((lane >> 1) & 7) + 2 * warp + (lane & 1);  // lanes >= 16 repeat 0..15
   for (int32_t n = 0; n < stages; ++n) {
     const int s = TokRing::stage(n);
@@ -102,15 +102,15 @@ __device__ __forceinline__ void token_producer(const TokenParams& p, TokenStorag
     bool ok = id >= 0 && id <= u.last_key;
     int64_t koff = 0, voff = 0;  // element offsets of the key's rows
     if (ok) {
-      if (p.page_table == nullptr) {
+      if (p.paged.page_table == nullptr) {
         const int64_t row = int64_t(key0) + id;
         ok = row >= 0 && row < p.total_k;  // cu_seqlens_k was checked (and reported) on the device
         koff = row * p.k_stride_row + k_head;
         voff = row * p.v_stride_row + v_head;
       } else {
-        const int32_t page = pages[id >> p.page_shift];
-        ok = page >= 0 && page < p.num_pages;  // a bad id was reported by the paged check
-        const int64_t sl = id & ((1 << p.page_shift) - 1);
+        const int32_t page = pages[id >> p.paged.page_shift];
+        ok = page >= 0 && page < p.paged.num_pages;  // a bad id was reported by the paged check
+        const int64_t sl = id & ((1 << p.paged.page_shift) - 1);
         koff = int64_t(page) * p.k_stride_page + sl * p.k_stride_row + k_head;
         voff = int64_t(page) * p.v_stride_page + sl * p.v_stride_row + v_head;
       }

@@ -78,12 +78,6 @@ void kv_strides(const Tensor& t, KVLayout layout, int64_t& page, int64_t& row, i
   }
 }
 
-int32_t log2_of(int64_t x) {
-  int32_t n = 0;
-  while ((int64_t(1) << n) < x) ++n;
-  return n;
-}
-
 }  // namespace
 
 size_t token_workspace_bytes(const AttentionArgs& a, const ProblemShape& s) {
@@ -130,10 +124,8 @@ void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cuda
     p.k_stride_head = p.v_stride_head = kHeadDim;
     p.total_k = w.kv_rows;
   } else if (paged) {
-    p.page_table = a.kv.page_table.ptr<int32_t>();
-    p.page_table_stride = a.kv.page_table.strides[0];
-    p.page_shift = log2_of(s.page_size);
-    p.num_pages = int32_t(s.num_pages);
+    p.paged = make_paged_kv(a.kv.page_table.ptr<int32_t>(), a.kv.page_table.strides[0],
+                            s.num_pages, s.page_size, a.kv.layout == KVLayout::paged_hnd);
   } else {
     p.total_k = a.kv.k.values.shape[0];
   }

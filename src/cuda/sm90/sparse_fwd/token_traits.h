@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/paged_kv.cuh"
 #include "cuda/device/pipeline.cuh"
 
 namespace msa::cuda::sparse_fwd {
@@ -43,10 +44,7 @@ struct TokenParams {
   // Element strides of a key row: flat (token, head); paged (page, slot, head).
   int64_t k_stride_page = 0, k_stride_row = 0, k_stride_head = 0;
   int64_t v_stride_page = 0, v_stride_row = 0, v_stride_head = 0;
-  const int32_t* page_table = nullptr;  // [B, max_pages] or null (flat)
-  int64_t page_table_stride = 0;
-  int32_t page_shift = 0;               // log2(page_size)
-  int32_t num_pages = 0;                // ids outside [0, num_pages) are never read
+  PagedKV paged;                        // page_table null: flat (its box fields unused)
   int64_t total_k = 0;                  // flat: rows of k / v (a corrupt cu_seqlens_k cannot
                                         // send a read past them)
   const int32_t* q2k = nullptr;   // [Hkv, total_q, topk] key positions, -1 unused
