@@ -107,16 +107,10 @@ def _brief(value: Any) -> str:
     return f"an array of shape {list(shape)}" if shape is not None else repr(value)
 
 
-def check_cuda_plan(C: int, kv_block_size: int, kv_block_lens: Any,
-                    masked: bool = False) -> None:
+def check_cuda_plan(C: int, kv_block_size: int, kv_block_lens: Any) -> None:
     """What CUDA takes: ids in blocks of 128 or 64 keys (C a multiple of 64, no kv_block_lens),
-    or key ids (kv_block_size 1: any C and kv_block_lens, run by the token-sparse kernel, which
-    takes no key mask, so no element mask)."""
+    or key ids (kv_block_size 1: any C and kv_block_lens, run by the token-sparse kernel)."""
     if kv_block_size == 1 or kv_block_lens is not None:  # key ids (lens need them)
-        if masked:
-            raise MsaError("mask: CUDA runs key ids (kv_block_size 1, any C) without element "
-                           "masks; use column blocks of 64, 128, 192, ... keys, or plan on the "
-                           "CPU")
         return
     if C % 64:
         raise MsaError(f"C: CUDA attends blocks of 64 or 128 keys, and C = {C} is not a multiple "
@@ -495,8 +489,7 @@ class BlockSparseAttention(_SparsePlan):
         - kv_block_size: the block size of the q2k ids (default 128 or 64 when it divides C,
           else 1: key ids). The CPU takes any R and C; CUDA takes C a multiple of 64 as block
           ids (each column block is C / 128 msa blocks of 128 keys when 128 divides C, else
-          C / 64 of 64), and any C or kv_block_lens as key ids (the token-sparse kernel; no
-          element mask there, `MsaError` naming it).
+          C / 64 of 64), and any C or kv_block_lens as key ids (the token-sparse kernel).
         - layout: "NHD" (k, v ``[N, Hkv, D]``) or "HND" (``[Hkv, N, D]``, read as a strided
           view); q and out are ``[M, Hq, D]``.
         - device: where run() runs ('cpu', 'cuda[:i]', a torch.device or an array on it);
@@ -569,7 +562,7 @@ class BlockSparseAttention(_SparsePlan):
             # kv_block_lens need key ids (as on the host path, bsr_to_q2k)
             s = 1 if kv_block_lens is not None and kv_block_size is None else \
                 _block_size(kv_block_size, C)
-            check_cuda_plan(C, s, kv_block_lens, key_mask is not None)
+            check_cuda_plan(C, s, kv_block_lens)
             kw = dict(M=M, N=N, R=R, C=C, num_kv_heads=hkv, topk=topk, kv_block_size=s,
                       kv_block_lens=kv_block_lens)
             with _on_stream(stream, src.device):
@@ -585,8 +578,7 @@ class BlockSparseAttention(_SparsePlan):
             ref = q2k
         else:
             if kind == "cuda":
-                check_cuda_plan(C, _block_size(kv_block_size, C), kv_block_lens,
-                                key_mask is not None)
+                check_cuda_plan(C, _block_size(kv_block_size, C), kv_block_lens)
             if form == "indptr":
                 ip = _host(indptr, "indptr", (1, 2), "[MB + 1] or [H, MB + 1]")
                 if topk is not None and ip.shape[-1] == mb + 1 and ip.shape[-1] > 1:
@@ -606,7 +598,7 @@ class BlockSparseAttention(_SparsePlan):
                 q2k_np, s = _per_head_q2k(blocks, form, R, C, M, N, hkv, kv_block_size,
                                           kv_block_lens, None)
             if kind == "cuda":  # an explicit kv_block_size, or kv_block_lens
-                check_cuda_plan(C, s, None, key_mask is not None)
+                check_cuda_plan(C, s, None)
             q2k = ref = _placed(q2k_np, src, kind, index)
         use_torch = torch is not None and isinstance(ref, torch.Tensor)
         with _on_stream(stream if on_device else None, ref.device if use_torch else None):

@@ -285,9 +285,6 @@ IP, IX = np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32)
      r"mask: must be \[nnz, R, C\] = \[2, 4, 128\]"),
     (dict(N=256, C=128, mask=np.ones((2, 4, 128), bool), causal=True, device="cuda:0"),
      "mask: causal=True with an element mask"),
-    (dict(N=256, C=128, mask=np.ones((2, 4, 128), bool), kv_block_lens=np.full(2, 64, np.int32),
-          device="cuda:0"), "mask: CUDA runs key ids"),
-    (dict(N=128, C=32, mask=np.ones((2, 4, 32), bool), device="cuda:0"), "mask: CUDA runs key ids"),
     (dict(logits_soft_cap=-1.0), "logits_soft_cap: must be a finite number >= 0"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode: not supported"),
     (dict(rope_theta=1e4), "rope_theta: not supported"),
@@ -368,10 +365,7 @@ def test_cuda_rules():
     check_cuda_plan(128, 128, np.ones(1, np.int32))
     with pytest.raises(msa.MsaError, match="C: CUDA attends blocks of 64 or 128 keys, and C = 48"):
         check_cuda_plan(48, 64, None)
-    with pytest.raises(msa.MsaError, match="mask: CUDA runs key ids"):
-        check_cuda_plan(48, 1, None, True)
-    with pytest.raises(msa.MsaError, match="mask: CUDA runs key ids"):
-        check_cuda_plan(128, 128, np.ones(1, np.int32), True)
+
 
 
 def test_run_errors():

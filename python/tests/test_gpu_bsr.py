@@ -151,7 +151,10 @@ def _on_gpu(x):
                                                      (1, 192, 77, 900, "bool", "cuda"),
                                                      (128, 128, 512, 512, "packed", "host"),
                                                      (32, 256, 260, 1000, "u8", "mixed"),
-                                                     (3, 64, 100, 333, "bool", "mixed")])
+                                                     (3, 64, 100, 333, "bool", "mixed"),
+                                                     # key ids (the token kernel's key mask)
+                                                     (16, 32, 200, 450, "bool", "host"),
+                                                     (4, 48, 100, 333, "packed", "cuda")])
 def test_element_masks_match_cpu(R, C, M, N, form, where):
     """mask / packed_mask planned for CUDA from host arrays ("host", device=), from CUDA
     indptr, indices and mask ("cuda", with topk) or CUDA indptr / indices and a host mask

@@ -1211,7 +1211,7 @@ TEST(SparseFwdGpu, TokenIdsInvalidReported) {
   }
 }
 
-// What the token kernel does not run is an msa::Error naming it.
+// What the token kernel does not run is an msa::Error naming it (f16 q over FP8 K/V).
 TEST(SparseFwdGpu, TokenIdsRefusedFeatures) {
   MSA_REQUIRE_GPU();
   TestStream s;
@@ -1223,13 +1223,33 @@ TEST(SparseFwdGpu, TokenIdsRefusedFeatures) {
   c.p.q = HostTensor(DType::f16, {20, 8, 128});  // f16 q over FP8 K/V
   DeviceCase d(c, s);
   expect_error([&] { run_gpu(c, d, false, s); }, "K/V take bf16 q on CUDA");
-  Problem p2 = make_problem({20}, {200}, 8, 2, 128, 3u);
-  HostTensor ids2(DType::i32, {c.q2k.t.shape[0], c.q2k.t.shape[1], c.q2k.t.shape[2]});
-  std::memcpy(ids2.data<int32_t>(), c.q2k.data<int32_t>(), c.q2k.bytes());
-  SparseCase c2(std::move(p2), std::move(ids2), 16, 1);
-  c2.key_mask = HostTensor(DType::boolean, {1, 200});
-  DeviceCase d2(c2, s);
-  expect_error([&] { run_gpu(c2, d2, false, s); }, "key_mask: token-sparse attention");
+}
+
+// Key masks with token ids (the producer leaves a selected key out when its mask bit is 0): per
+// query and per batch masks over random token cases, flat K/V, against the CPU.
+TEST(SparseFwdGpu, TokenIdsKeyMaskMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  for (int i = 0; i < (small ? 3 : 10); ++i) {
+    SparseCase c = token_case(500 + i, small);
+    if (i % 2 == 0) {
+      add_query_key_mask(c, 510u + unsigned(i));
+    } else {  // per batch: [B, Lk_max]
+      const int64_t lk_max = std::max<int64_t>(1, *std::max_element(c.p.lk.begin(), c.p.lk.end()));
+      HostTensor mask(DType::u8, {c.p.batch(), lk_max});
+      std::mt19937 rng(520u + unsigned(i));
+      for (int64_t j = 0; j < c.p.batch() * lk_max; ++j) mask.data<uint8_t>()[j] = rng() % 4 != 0;
+      c.key_mask = std::move(mask);
+      c.key_mask_rows = KeyMaskRows::per_batch;
+      c.name += " batch key mask";
+    }
+    SCOPED_TRACE(c.name);
+    const Outputs ref = run_cpu(c);
+    DeviceCase d(c, s);
+    expect_close(c, run_gpu(c, d, /*with_k2q=*/false, s), ref);
+    if (HasFailure()) break;
+  }
 }
 
 }  // namespace

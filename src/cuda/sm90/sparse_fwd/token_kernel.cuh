@@ -95,11 +95,17 @@ __device__ __forceinline__ void token_producer(const TokenParams& p, TokenStorag
   const int32_t key0 = p.paged.page_table == nullptr ? p.cu_k[u.batch] : 0;
   const int32_t* pages = p.paged.page_table + int64_t(u.batch) * p.paged.page_table_stride;
   const int my_key = 8 * ((lane >> 1) & 7) + 2 * warp + (lane & 1);  // lanes >= 16 repeat 0..15
+  const uint32_t* mask = nullptr;  // the token's packed key-mask row (null: no mask)
+  if (p.mask_bits != nullptr)
+    mask = p.mask_bits + int64_t(p.mask_token_row != nullptr ? p.mask_token_row[u.t] : u.t) *
+                             p.mask_words;
   for (int32_t n = 0; n < stages; ++n) {
     const int s = TokRing::stage(n);
     const int32_t slot = n * kTokKeys + my_key;
     const int32_t id = slot < p.topk ? ids[slot] : -1;
     bool ok = id >= 0 && id <= u.last_key;
+    if (ok && mask != nullptr)  // ids past the mask's columns see nothing (key_mask_short)
+      ok = (id >> 5) < p.mask_words && ((__ldg(mask + (id >> 5)) >> (id & 31)) & 1u);
     int64_t koff = 0, voff = 0;  // element offsets of the key's rows
     if (ok) {
       if (p.paged.page_table == nullptr) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/common/index_checks.cuh"
+#include "cuda/sm90/sparse_fwd/key_mask.h"
 #include "cuda/sm90/sparse_fwd/plan.h"
 #include "cuda/sm90/sparse_fwd/prep.h"
 #include "cuda/sm90/sparse_fwd/token_launch.h"
@@ -26,6 +27,12 @@ AttnPlan token_plan(const AttentionArgs& a, const ProblemShape& s) {
     w.key_offsets = take(size_t(s.batch + 1) * 4);
   }
   w.check = take(kQ2KCheckWorkspaceBytes);
+  w.key_mask = a.key_mask.defined();  // packed bits (key_mask.h), as the block path's
+  if (w.key_mask) {
+    w.mask_words = int32_t(key_mask_words(a.key_mask.shape[1]));
+    w.mask_bits = take(size_t(a.key_mask.shape[0]) * size_t(w.mask_words) * 4);
+    if (a.key_mask_rows == KeyMaskRows::per_batch) w.mask_token_row = take(size_t(s.total_q) * 4);
+  }
   // FP8 / FP4 K/V: the flat bf16 copy the sparse path reads too (launch_dequant), one row per key
   // of a flat cache or per pool slot of the requests' pages.
   w.dequant_kv = a.kv.k.values.dtype != a.q.dtype;
@@ -47,8 +54,8 @@ void check_token_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(qt == DType::bf16 || qt == DType::f16, "q: token-sparse attention (kv_block_size 1) "
             "takes bf16 or f16 q on CUDA, got ", dtype_name(qt));
   check_kv_dtypes(a, qt, "bf16");  // FP8 / FP4 K/V: the flat bf16 copy (launch_dequant)
-  MSA_CHECK(!a.key_mask.defined(), "key_mask: token-sparse attention (kv_block_size 1) takes no "
-            "key mask on CUDA; leave the masked keys out of q2k instead");
+  MSA_CHECK(!a.key_mask.defined() || key_mask_words(a.key_mask.shape[1]) < INT32_MAX / 2,
+            "key_mask: Lk_max = ", a.key_mask.shape[1], " is too large for CUDA");
   MSA_CHECK(s.group <= 128, "q: token-sparse attention takes a GQA group of at most 128, got ",
             s.group);
   MSA_CHECK(s.total_q < INT32_MAX && s.topk < INT32_MAX / 2,
@@ -107,6 +114,23 @@ void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cuda
   c.kv_block_size = 1;
   launch_q2k_check(c, ws + w.check, status, stream);
   if (w.dequant_kv) launch_dequant(a, s, w, ws, cu_k, stream);
+  if (w.key_mask) {
+    KeyMaskParams m;
+    m.mask = a.key_mask.ptr<uint8_t>();
+    m.row_stride = a.key_mask.strides[0];
+    m.rows = a.key_mask.shape[0];
+    m.cols = a.key_mask.shape[1];
+    m.words = w.mask_words;
+    m.bits = reinterpret_cast<uint32_t*>(ws + w.mask_bits);
+    m.per_query = a.key_mask_rows == KeyMaskRows::per_query ? 1 : 0;
+    m.token_row = m.per_query ? nullptr : reinterpret_cast<int32_t*>(ws + w.mask_token_row);
+    m.cu_seqlens_q = a.cu_seqlens_q.ptr<int32_t>();
+    m.cu_seqlens_k = cu_k;
+    m.batch = s.batch;
+    m.total_q = s.total_q;
+    m.status = status;
+    launch_key_mask(m, stream);
+  }
 
   TokenParams p;
   p.q = a.q.data;
@@ -150,6 +174,13 @@ void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cuda
   p.out_stride_h = a.out.strides[1];
   p.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   p.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
+  if (w.key_mask) {
+    p.mask_bits = reinterpret_cast<const uint32_t*>(ws + w.mask_bits);
+    p.mask_token_row = a.key_mask_rows == KeyMaskRows::per_batch
+                           ? reinterpret_cast<const int32_t*>(ws + w.mask_token_row)
+                           : nullptr;
+    p.mask_words = w.mask_words;
+  }
   const dim3 grid(uint32_t(s.total_q), uint32_t(s.num_kv_heads * p.row_tiles));
   const bool f16 = a.q.dtype == DType::f16, temp = p.inv_temperature > 0.f;
   if (f16) {

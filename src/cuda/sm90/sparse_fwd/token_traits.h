@@ -61,6 +61,12 @@ struct TokenParams {
   int64_t out_stride_t = 0, out_stride_h = 0;
   float* lse = nullptr;                 // [Hq, total_q] or null
   float* tlse = nullptr;                // [Hq, total_q] or null
+  // Key mask (key_mask.h, packed by launch_key_mask): bits [rows, mask_words], row = the token
+  // (per query) or mask_token_row[token] (per batch); null: none. A selected key whose bit is 0
+  // is left out as an invisible one is.
+  const uint32_t* mask_bits = nullptr;
+  const int32_t* mask_token_row = nullptr;
+  int32_t mask_words = 0;
 };
 
 struct alignas(1024) TokenStorage {
