@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 #include <algorithm>
+#include <vector>
 
 #include "support/expect_error.h"
 #include "support/sparse_case.h"
@@ -98,11 +99,9 @@ struct DeviceCase {
 // Runs the GPU forward into poisoned outputs; with_k2q: pass the GPU-built index.
 // The device status is checked after the call: an msa::Error, or with `status_error` its message
 // there (the outputs returned all the same).
-Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t s,
-                std::string* status_error = nullptr) {
-  Outputs host = make_outputs(c);
-  DeviceTensor out = device_like(host.out, s), lse = device_like(host.lse, s),
-               tlse = device_like(host.tlse, s);
+// The call's arguments over d's inputs into the device outputs out / lse / tlse.
+AttentionArgs gpu_args(const SparseCase& c, const DeviceCase& d, bool with_k2q,
+                       const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& tlse) {
   AttentionArgs a;
   a.params = params_of(c);
   a.q = d.q.t;
@@ -118,6 +117,15 @@ Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t 
   a.lse = lse.t;
   if (c.temperature > 0.f) a.tlse = tlse.t;
   a.status = d.status_t();
+  return a;
+}
+
+Outputs run_gpu(const SparseCase& c, DeviceCase& d, bool with_k2q, cudaStream_t s,
+                std::string* status_error = nullptr) {
+  Outputs host = make_outputs(c);
+  DeviceTensor out = device_like(host.out, s), lse = device_like(host.lse, s),
+               tlse = device_like(host.tlse, s);
+  AttentionArgs a = gpu_args(c, d, with_k2q, out, lse, tlse);
   run_attention_poisoned_workspace(a, s);
   copy_to_host(out, host.out, s);
   copy_to_host(lse, host.lse, s);
@@ -276,6 +284,70 @@ TEST(SparseFwdGpu, Fp8QkMatchesCpu) {
   MSA_REQUIRE_GPU();
   TestStream s;
   expect_fp8qk_sweep_matches_cpu(1500, small_tests() ? 4 : 16, 128, s);
+}
+
+// The launch budget of a prefill call with the caller's k2q (with or without its schedule): at
+// most 4 kernels (the fused prep, the KV-major and uniform kernels, the combine) and no memset,
+// counted on a CUDA graph capture of the call; the graph, replayed into poisoned outputs and a
+// poisoned workspace, gives the bits of the direct call and of the call that builds its own CSR.
+TEST(SparseFwdGpu, K2QCallIsFourLaunchesAndReplaysFromAGraph) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  for (int i : {3, 8, 21}) {
+    for (bool with_schedule : {true, false}) {
+      const SparseCase c = random_case(i, small);
+      SCOPED_TRACE(c.name + (with_schedule ? ", k2q with its schedule" : ", k2q without a schedule"));
+      DeviceCase d(c, s);
+      const Outputs built = run_gpu(c, d, /*with_k2q=*/false, s);
+      if (!with_schedule) expect_close(c, built, run_cpu(c));
+      d.build_csr(c, s);
+      if (!with_schedule) d.k2q.schedule = Tensor();
+      expect_bitwise(built, run_gpu(c, d, /*with_k2q=*/true, s));
+
+      Outputs host = make_outputs(c);
+      DeviceTensor out = device_like(host.out, s), lse = device_like(host.lse, s),
+                   tlse = device_like(host.tlse, s);
+      AttentionArgs a = gpu_args(c, d, /*with_k2q=*/true, out, lse, tlse);
+      const size_t need = attention_workspace_bytes(a);
+      DeviceBuffer ws(std::max<size_t>(need, 256));
+      a.workspace = Tensor(ws.get(), DType::u8, {int64_t(need)}, gpu0());
+      cudaGraph_t graph;
+      MSA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      attention_forward(a, s);
+      MSA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      size_t n = 0;
+      MSA_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+      std::vector<cudaGraphNode_t> nodes(n);
+      MSA_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+      int kernels = 0, others = 0;
+      for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType t;
+        MSA_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+        (t == cudaGraphNodeTypeKernel ? kernels : others) += 1;
+      }
+      EXPECT_LE(kernels, 4);
+      EXPECT_EQ(others, 0) << "memset or other graph nodes";
+      cudaGraphExec_t exec;
+      MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 2; ++replay) {
+        ws.poison(s);
+        out.buf.poison(s);
+        lse.buf.poison(s);
+        tlse.buf.poison(s);
+        MSA_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        MSA_CUDA_CHECK(cudaStreamSynchronize(s));
+        check_status(d.status_t(), s);
+        copy_to_host(out, host.out, s);
+        copy_to_host(lse, host.lse, s);
+        copy_to_host(tlse, host.tlse, s);
+        expect_bitwise(built, host);
+      }
+      MSA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      MSA_CUDA_CHECK(cudaGraphDestroy(graph));
+      if (HasFailure()) return;
+    }
+  }
 }
 
 TEST(SparseFwdGpu, RandomSweepMatchesCpu) {

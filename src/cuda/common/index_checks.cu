@@ -10,6 +10,7 @@
 
 #include "cuda/common/block_sort.cuh"
 #include "cuda/common/index_checks.cuh"
+#include "cuda/common/index_check_device.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/device/check.h"
 #include "cuda/device/info.h"
@@ -19,105 +20,22 @@
 namespace msa::cuda {
 namespace {
 
-// First-offence key: smaller is earlier. cu_seqlens offences (class 0) sort before q2k (class 1);
-// within a class by linear index, then code. 0xffff... = no offence.
-constexpr uint64_t kNoOffence = ~0ull;
-__device__ __forceinline__ uint64_t offence_key(uint64_t cls, uint64_t index, uint64_t code) {
-  return (cls << 60) | (index << 4) | code;
-}
-
 __global__ void check_cu_seqlens_kernel(Q2KCheckParams p, unsigned long long* first) {
   pdl_wait();
   pdl_trigger();
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i > p.batch) return;
-  for (int which = 0; which < 2; ++which) {
-    const int32_t* cu = which == 0 ? p.cu_seqlens_q : p.keys.cu_seqlens_k;
-    if (cu == nullptr) continue;
-    const int64_t total = which == 0 ? p.total_q : p.keys.total_k;
-    bool bad = (i == 0) ? cu[0] != 0 : cu[i] < cu[i - 1];
-    if (i == p.batch && total >= 0 && cu[i] != total) bad = true;
-    if (bad) {
-      const uint64_t code = uint64_t(StatusCode::bad_cu_seqlens);
-      atomicMin(first, offence_key(0, uint64_t(i) * 2 + which, code));
-    }
-  }
-  if (p.keys.seqused_k && i < p.batch && p.keys.seqused_k[i] < 0)
-    atomicMin(first, offence_key(0, uint64_t(i) * 2 + 1, uint64_t(StatusCode::bad_cu_seqlens)));
+  check_cu_seqlens_entry(p, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, first);
 }
 
-constexpr int kThreads = 256;
-constexpr int kStagedEntries = 2048;  // q2k entries a block stages in shared memory per step
-// The staged kernel's repeat test reads every earlier slot of the row (topk / 2 reads an entry on
-// average); above this topk the row kernel's ascending test (a few shuffles an entry) is cheaper.
-// A crossover estimated from operation counts, not timed.
-constexpr int kStagedMaxTopk = 256;
+constexpr int kThreads = kQ2KStagedThreads;
 
-// Blocks of whole q2k rows staged in shared memory (coalesced loads), one thread per entry:
-// range test against the row's batch, then a repeat test against the row's earlier slots.
-// For topk <= kStagedMaxTopk; longer rows take check_q2k_row_kernel below.
 __global__ void __launch_bounds__(kThreads) check_q2k_staged_kernel(Q2KCheckParams p,
                                                                     unsigned long long* first) {
-  __shared__ int32_t ids[kStagedEntries];
-  __shared__ int32_t row_nblk[kStagedEntries];
-  __shared__ int32_t head_valid[kStagedEntries];  // valid_per_head: counts of this step's heads
-  __shared__ int32_t row_head[kStagedEntries];    // ... and each row's index among them
   pdl_wait();
   pdl_trigger();
-  const int topk = int(p.topk);
-  const int per_step = kStagedEntries / topk;  // rows per step
-  const int64_t rows = p.num_kv_heads * p.total_q;
-  for (int64_t row0 = int64_t(blockIdx.x) * per_step; row0 < rows;
-       row0 += int64_t(gridDim.x) * per_step) {
-    const int n_rows = int(rows - row0 < per_step ? rows - row0 : per_step), n = n_rows * topk;
-    const int32_t* src = p.q2k + row0 * topk;
-    int32_t v[kStagedEntries / kThreads];  // every load in flight before the stores
-#pragma unroll
-    for (int u = 0; u < kStagedEntries / kThreads; ++u) {
-      const int e = u * kThreads + int(threadIdx.x);
-      v[u] = e < n ? src[e] : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < kStagedEntries / kThreads; ++u) {
-      const int e = u * kThreads + int(threadIdx.x);
-      if (e < n) ids[e] = v[u];
-    }
-    for (int r = threadIdx.x; r < n_rows; r += kThreads) {
-      const int64_t b = find_batch(p.cu_seqlens_q, p.batch, (row0 + r) % p.total_q);
-      const int64_t lk = batch_keys(p.keys, b);
-      const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
-      row_nblk[r] = int(nblk < INT32_MAX ? nblk : INT32_MAX);
-      row_head[r] = int((row0 + r) / p.total_q - row0 / p.total_q);
-    }
-    const int64_t h_first = row0 / p.total_q;
-    const int n_heads = int((row0 + n_rows - 1) / p.total_q - h_first) + 1;
-    if (p.valid_per_head)
-      for (int i = threadIdx.x; i < n_heads; i += kThreads) head_valid[i] = 0;
-    __syncthreads();
-    for (int e = threadIdx.x; e < n; e += kThreads) {
-      const int r = e / topk, s = e - r * topk;
-      const int32_t id = ids[e];
-      if (p.valid_per_head && id >= 0 && id < row_nblk[r])
-        atomicAdd(&head_valid[row_head[r]], 1);
-      if (id == -1) continue;
-      uint64_t code = 0;
-      if (id < -1 || id >= row_nblk[r]) {
-        code = uint64_t(StatusCode::block_id_out_of_range);
-      } else {
-        for (int q = r * topk; q < e; ++q)
-          if (ids[q] == id) { code = uint64_t(StatusCode::block_id_repeated); break; }
-      }
-      if (code) atomicMin(first, offence_key(1, uint64_t((row0 + r) * topk + s), code));
-    }
-    __syncthreads();
-    if (p.valid_per_head)
-      for (int i = threadIdx.x; i < n_heads; i += kThreads)
-        if (head_valid[i]) atomicAdd(&p.valid_per_head[h_first + i], head_valid[i]);
-    __syncthreads();  // the flush reads head_valid before the next step zeroes it
-  }
+  check_q2k_staged_body(p, first, blockIdx.x, gridDim.x);
 }
 
-// The row kernel: one CTA per q2k row (grid-stride over rows), for kStagedMaxTopk < topk <=
+// The row kernel: one CTA per q2k row (grid-stride over rows), for kQ2KStagedMaxTopk < topk <=
 // kRowMaxTopk. Each warp reads a contiguous segment of the row (coalesced, kRowUnroll loads in
 // flight a lane), tests each entry's range and whether the row's in-range ids are strictly
 // ascending (each greater than the largest in-range id of every earlier slot: a prefix max over
@@ -306,17 +224,7 @@ __global__ void finalize_kernel(Q2KCheckParams p, const unsigned long long* firs
                                 int32_t* status) {
   pdl_wait();
   pdl_trigger();
-  const uint64_t key = *first;
-  if (key == kNoOffence) return;
-  const int32_t code = int32_t(key & 0xf);
-  const uint64_t index = (key & ((1ull << 60) - 1)) >> 4;
-  if ((key >> 60) == 0) {  // cu_seqlens: index = batch * 2 + which
-    flag_status(status, code, int64_t(index & 1), int64_t(index >> 1), 0);
-  } else {  // q2k: index = (h * total_q + t) * topk + s
-    const uint64_t s = index % uint64_t(p.topk), row = index / uint64_t(p.topk);
-    flag_status(status, code, int64_t(row / uint64_t(p.total_q)),
-                int64_t(row % uint64_t(p.total_q)), int64_t(s));
-  }
+  report_q2k_offence(p, *first, status);
 }
 
 // The row kernel's dynamic shared-memory limit, raised once per process (on the device current at
@@ -368,8 +276,8 @@ void launch_q2k_check(const Q2KCheckParams& p, void* workspace, int32_t* status,
   const int64_t rows = p.num_kv_heads * p.total_q;
   if (rows > 0 && p.topk > 0 && p.batch > 0) {
     const int64_t sort_n = int64_t(std::bit_ceil(uint64_t(p.topk)));
-    if (p.topk <= kStagedMaxTopk) {
-      const int64_t per_step = kStagedEntries / p.topk;
+    if (p.topk <= kQ2KStagedMaxTopk) {
+      const int64_t per_step = kQ2KStagedEntries / p.topk;
       const int64_t blocks = std::min<int64_t>((rows + per_step - 1) / per_step, 132 * 16);
       launch_pdl(check_q2k_staged_kernel, unsigned(blocks), kThreads, 0, stream, p, first);
     } else if (p.topk <= kRowMaxTopk && sort_n * 8 <= row_kernel_smem_limit()) {

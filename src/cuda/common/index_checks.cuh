@@ -37,6 +37,13 @@ struct Q2KCheckParams {
 // Scratch the check needs (one 64-bit first-offence key).
 constexpr size_t kQ2KCheckWorkspaceBytes = 256;
 
+// q2k rows up to this topk are checked staged in shared memory, a thread per entry
+// (index_check_device.cuh; also the fused prep of the sparse forward); longer rows by the row
+// kernel's ascending test (a few shuffles an entry), cheaper once the staged repeat test reads
+// topk / 2 earlier slots an entry on average. A crossover estimated from operation counts, not
+// timed.
+constexpr int kQ2KStagedMaxTopk = 256;
+
 // Validates cu_seqlens_q / cu_seqlens_k (start at 0, non-decreasing, last == total) and every
 // q2k id (in [-1, nblk_b), not repeated within a row). Leaves `status` untouched if it already
 // holds an error; otherwise writes the first offence. `workspace`: kQ2KCheckWorkspaceBytes,

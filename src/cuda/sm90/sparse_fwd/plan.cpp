@@ -98,6 +98,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   }
   w.build_csr = !a.k2q.row_ptr.defined();
   w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
+  w.fused_prep = !w.build_csr && s.topk <= kQ2KStagedMaxTopk;
   if (w.build_csr && paged) {
     // Lk_b <= max_pages * page_size (longer seqused_k are clamped and reported).
     w.total_rows = s.batch * ((s.max_pages * s.page_size + w.blk - 1) / w.blk);
@@ -125,11 +126,15 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.chunks = take(size_t(w.chunk_capacity) * sizeof(ChunkDesc));
   w.chunks_by_row = take(size_t(w.chunk_capacity) * sizeof(ChunkDesc));
   w.chunk_keys = take(size_t(w.chunk_capacity) * 4);
-  w.chunk_keys_sorted = take(size_t(w.chunk_capacity) * 4);
   w.chunk_ids = take(size_t(w.chunk_capacity) * 4);
-  w.chunk_order = take(size_t(w.chunk_capacity) * 4);
-  w.sort_tmp_bytes = chunk_sort_bytes(w.chunk_capacity, window_key_bits(w.window_keys));
-  w.sort_tmp = take(w.sort_tmp_bytes);
+  if (w.fused_prep) {  // a counting sort by query window in the fused kernel
+    w.window_count = take(size_t(w.window_keys) * 4);
+  } else {  // CUB's radix sort
+    w.chunk_keys_sorted = take(size_t(w.chunk_capacity) * 4);
+    w.chunk_order = take(size_t(w.chunk_capacity) * 4);
+    w.sort_tmp_bytes = chunk_sort_bytes(w.chunk_capacity, window_key_bits(w.window_keys));
+    w.sort_tmp = take(w.sort_tmp_bytes);
+  }
   w.work_local = take(size_t(hkv * nnz) * 4);
   w.work_slot = take(size_t(hkv * nnz) * 4);
   w.unit_start = take(size_t(hkv * w.qblock_cap) * 4);

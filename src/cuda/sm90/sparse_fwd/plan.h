@@ -24,6 +24,9 @@ struct AttnPlan {
   int64_t qblock_cap = 0, unit_cap = 0;
   int32_t window_keys = 0;       // query windows (PrepParams::window_keys)
   bool build_csr = false, build_schedule = false;
+  // The whole prep chain as one cooperative kernel (prep.cu launch_prep_fused): a caller's k2q
+  // with rows of at most kQ2KStagedMaxTopk ids. Otherwise the chain of kernels with CUB's sort.
+  bool fused_prep = false;
   // Dense attention (no q2k): only the paged check, dense_units_kernel and the uniform kernel
   // run; the CSR, chunk and partial regions are not laid out.
   bool dense = false;
@@ -53,6 +56,7 @@ struct AttnPlan {
   size_t valid_per_head = 0, k2q_first = 0;  // the caller's k2q check (build_csr false)
   size_t chunks_by_row = 0, chunk_keys = 0, chunk_keys_sorted = 0, chunk_ids = 0, chunk_order = 0;
   size_t sort_tmp = 0, sort_tmp_bytes = 0;
+  size_t window_count = 0;  // fused prep: [window_keys] chunks per query window, then cursors
   size_t work_local = 0, work_slot = 0;
   size_t qblock_start = 0, uniform = 0, unit_start = 0, unit_order_start = 0, num_units = 0;
   size_t units = 0;

@@ -1,14 +1,20 @@
-// The prep chain of the sm_90a sparse forward (prep.h) and the only instantiation of its kernels
-// (scheduler.cuh, uniform_scheduler.cuh), with the CUB radix sort of the chunk table.
+// The prep of the sm_90a sparse forward (prep.h): one cooperative kernel for a caller's k2q with
+// rows of at most kQ2KStagedMaxTopk ids, otherwise the chain of kernels (scheduler.cuh,
+// uniform_scheduler.cuh, their only instantiation) with the CUB radix sort of the chunk table.
 
 #include "cuda/sm90/sparse_fwd/prep.h"
 
+#include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
+#include <atomic>
 
 #include "cuda/common/csr_build.cuh"
+#include "cuda/common/index_check_device.cuh"
 #include "cuda/common/index_checks.cuh"
+#include "cuda/common/paged_check_device.cuh"
 #include "cuda/common/paged_checks.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/device/check.h"
@@ -49,9 +55,9 @@ size_t chunk_sort_bytes(int64_t n, int bits) {
   return bytes;
 }
 
-const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s,
-                                   const AttnPlan& w, uint8_t* ws, int32_t* status,
-                                   cudaStream_t stream) {
+// The paged checks' inputs, their key offsets and offence key in the workspace.
+static PagedCheckParams paged_check_params(const AttentionArgs& a, const ProblemShape& s,
+                                           const AttnPlan& w, uint8_t* ws, int32_t* status) {
   PagedCheckParams c;
   c.page_table = a.kv.page_table.ptr<int32_t>();
   c.page_table_stride = a.kv.page_table.strides[0];
@@ -64,6 +70,13 @@ const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s
   c.key_offsets = reinterpret_cast<int32_t*>(ws + w.key_offsets);
   c.offence = reinterpret_cast<unsigned long long*>(ws + w.paged_offence);
   c.status = status;
+  return c;
+}
+
+const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s,
+                                   const AttnPlan& w, uint8_t* ws, int32_t* status,
+                                   cudaStream_t stream) {
+  const PagedCheckParams c = paged_check_params(a, s, w, ws, status);
   launch_paged_checks_with_offsets(c, stream);
   return c.key_offsets;
 }
@@ -118,9 +131,9 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
 
 // The CSR: built from q2k into the workspace, or the caller's k2q checked against q2k (the q2k
 // check counts each head's ids in range, the prep kernels test every entry). Sets pp's CSR inputs.
-void launch_csr(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w, uint8_t* ws,
-                int64_t total_k, PrepParams& pp, cudaStream_t stream) {
-  Q2KCheckParams index;  // the q2k check's inputs, also the CSR builder's
+// The q2k check's inputs (also the CSR builder's): keys from pp's flat cu_seqlens_k.
+Q2KCheckParams q2k_check_params(const ProblemShape& s, const PrepParams& pp, int64_t total_k) {
+  Q2KCheckParams index;
   index.q2k = pp.q2k;
   index.cu_seqlens_q = pp.cu_seqlens_q;
   index.keys.cu_seqlens_k = pp.cu_seqlens_k;
@@ -130,6 +143,24 @@ void launch_csr(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w
   index.total_q = s.total_q;
   index.topk = s.topk;
   index.kv_block_size = pp.kv_block_size;
+  return index;
+}
+
+// A caller's k2q (checked against q2k): sets pp's CSR inputs and the check's outputs.
+void use_callers_k2q(const AttentionArgs& a, const AttnPlan& w, uint8_t* ws, PrepParams& pp,
+                     Q2KCheckParams& index) {
+  index.valid_per_head = reinterpret_cast<int32_t*>(ws + w.valid_per_head);
+  pp.valid_per_head = index.valid_per_head;
+  pp.k2q_first = reinterpret_cast<unsigned long long*>(ws + w.k2q_first);
+  pp.row_ptr = a.k2q.row_ptr.ptr<int32_t>();
+  pp.q_idx = a.k2q.q_idx.ptr<int32_t>();
+  pp.schedule = w.build_schedule ? reinterpret_cast<int32_t*>(ws + w.schedule)
+                                 : a.k2q.schedule.ptr<int32_t>();
+}
+
+void launch_csr(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w, uint8_t* ws,
+                int64_t total_k, PrepParams& pp, cudaStream_t stream) {
+  Q2KCheckParams index = q2k_check_params(s, pp, total_k);
   if (w.build_csr) {
     CsrBuildParams c;
     static_cast<Q2KCheckParams&>(c) = index;
@@ -147,26 +178,167 @@ void launch_csr(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w
     pp.schedule = c.schedule;
     return;
   }
-  index.valid_per_head = reinterpret_cast<int32_t*>(ws + w.valid_per_head);
-  pp.valid_per_head = index.valid_per_head;
-  pp.k2q_first = reinterpret_cast<unsigned long long*>(ws + w.k2q_first);
+  use_callers_k2q(a, w, ws, pp, index);
   // Before the check's kernels: from there on, kernels only (each one's launch overlaps the
   // previous kernel's run; pdl.cuh).
   MSA_CUDA_CHECK(cudaMemsetAsync(pp.k2q_first, 0xff, sizeof(unsigned long long), stream));
   launch_q2k_check(index, ws + w.check, pp.status, stream);
-  pp.row_ptr = a.k2q.row_ptr.ptr<int32_t>();
-  pp.q_idx = a.k2q.q_idx.ptr<int32_t>();
-  pp.schedule = w.build_schedule ? reinterpret_cast<int32_t*>(ws + w.schedule)
-                                 : a.k2q.schedule.ptr<int32_t>();
   if (w.build_schedule)
     launch_pdl(schedule_from_row_ptr_kernel, 1, kPrepThreads, 0, stream, pp,
                reinterpret_cast<int32_t*>(ws + w.schedule));
+}
+
+
+// ---- the fused prep ---------------------------------------------------------------------------
+
+namespace cg = cooperative_groups;
+
+struct FusedPrepParams {
+  PrepParams p;
+  Q2KCheckParams check;               // the q2k check's inputs (keys: p.cu_seqlens_k)
+  unsigned long long* first = nullptr;  // the check's first-offence key
+  PagedCheckParams paged;             // page_table null: flat keys
+  int32_t* built_schedule = nullptr;  // the schedule built from row_ptr (null: the caller's)
+  uint32_t* window_count = nullptr;   // [window_keys] chunks per query window, then cursors
+};
+
+constexpr int kFusedThreads = kQ2KStagedThreads;  // the staged q2k check's block size
+
+// The prep as phases of one cooperative grid, each phase a step of the chain (same bodies, same
+// order of reads and writes) and a grid barrier between phases that depend on each other:
+//   0 re-arm the offence keys and counters; paged: the checked key lengths (block 0)
+//   1 page ids, cu_seqlens and q2k checks (grid); row_start (last block); the schedule from
+//     row_ptr (the block before it)
+//   2 the checks' first offences into the status buffer; uniform_detect (grid)
+//   3 unit_scan (block 0) and schedule_check (block 1)
+//   4 unit_table and chunk_table (grid), which counts the chunks of each query window
+//   5 the k2q mismatch report and the scan of the window counts (block 0)
+//   6 each chunk to its window's next place (atomic cursor): walk order by window, as the chain's
+//     stable radix sort, with the chunks of one window in any order. The order of chunks only
+//     decides which CTA runs a chunk and when: each chunk writes its own entries' partials, so
+//     the outputs are the same bits.
+// One launch instead of the chain's 10 to 14 (and its 3 memsets).
+__global__ void __launch_bounds__(kFusedThreads) prep_fused_kernel(FusedPrepParams f) {
+  pdl_wait();  // pdl.cuh
+  cg::grid_group grid = cg::this_grid();
+  const PrepParams& p = f.p;
+  const int64_t block = blockIdx.x, blocks = gridDim.x;
+  const int64_t thread = block * kFusedThreads + threadIdx.x, threads = blocks * kFusedThreads;
+  const bool paged = f.paged.page_table != nullptr;
+
+  for (int64_t i = thread; i < p.window_keys; i += threads) f.window_count[i] = 0;
+  for (int64_t h = thread; h < p.num_kv_heads; h += threads) f.check.valid_per_head[h] = 0;
+  if (thread == 0) {
+    *f.first = kNoOffence;
+    *p.k2q_first = ~0ull;
+  }
+  if (paged && block == 0) paged_lengths_body<kFusedThreads>(f.paged);
+  grid.sync();
+
+  if (paged) page_check_body(f.paged, thread, threads);
+  for (int64_t i = thread; i <= p.batch; i += threads) check_cu_seqlens_entry(f.check, i, f.first);
+  if (p.num_kv_heads * p.total_q > 0 && p.topk > 0 && p.batch > 0)
+    check_q2k_staged_body(f.check, f.first, block, blocks);
+  if (block == blocks - 1) row_start_body<kFusedThreads>(p);
+  if (f.built_schedule && block == (blocks > 1 ? blocks - 2 : 0))
+    schedule_from_row_ptr_body<kFusedThreads>(p, f.built_schedule);
+  grid.sync();
+
+  if (thread == 0) {  // the chain's order: paged offences, then the q2k check's
+    if (paged) report_paged_offence(f.paged, *f.paged.offence);
+    report_q2k_offence(f.check, *f.first, p.status);
+  }
+  uniform_detect_body(p, block, blocks);
+  grid.sync();
+
+  if (block == 0) unit_scan_body<kFusedThreads>(p);
+  if (block == (blocks > 1 ? 1 : 0)) schedule_check_body<kFusedThreads>(p);
+  grid.sync();
+
+  unit_table_body(p, thread, threads);
+  chunk_table_body(p, thread, threads, f.window_count);
+  grid.sync();
+
+  if (block == 0) {
+    if (threadIdx.x == 0) report_k2q_mismatch(p);
+    using Scan = cub::BlockScan<uint32_t, kFusedThreads>;
+    __shared__ typename Scan::TempStorage tmp;
+    uint32_t carry = 0;
+    for (int64_t base = 0; base < p.window_keys; base += kFusedThreads) {
+      const int64_t k = base + threadIdx.x;
+      const uint32_t n = k < p.window_keys ? f.window_count[k] : 0u;
+      uint32_t excl = 0, agg = 0;
+      Scan(tmp).ExclusiveSum(n, excl, agg);
+      if (k < p.window_keys) f.window_count[k] = carry + excl;
+      carry += agg;
+      __syncthreads();
+    }
+  }
+  grid.sync();
+  pdl_trigger();
+
+  const int32_t n_chunks = *p.num_chunks;
+  for (int64_t c = thread; c < n_chunks; c += threads) {
+    const uint32_t at = atomicAdd(&f.window_count[p.chunk_keys[c]], 1u);
+    const int4* src = static_cast<const int4*>(p.chunks_by_row) + 2 * c;
+    int4* dst = static_cast<int4*>(p.chunks) + 2 * int64_t(at);
+    dst[0] = src[0];
+    dst[1] = src[1];
+  }
+}
+
+// Blocks of the fused grid: all co-resident (a cooperative launch), at most 4 an SM (enough
+// warps for the latency-bound chunk table; more blocks make each grid barrier slower). The
+// occupancy is asked once per device.
+int fused_prep_blocks() {
+  static std::atomic<int> per_sm_cache[64] = {};
+  int device = 0;
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& slot = per_sm_cache[device & 63];
+  int per_sm = slot.load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prep_fused_kernel,
+                                                                 kFusedThreads, 0));
+    MSA_CHECK(per_sm > 0, "attention_forward: the fused prep kernel does not fit an SM");
+    slot.store(per_sm, std::memory_order_relaxed);
+  }
+  return current_sm_count() * std::min(per_sm, 4);
+}
+
+PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
+                             uint8_t* ws, cudaStream_t stream) {
+  FusedPrepParams f;
+  const bool paged = a.kv.layout != KVLayout::flat;
+  if (paged) f.paged = paged_check_params(a, s, w, ws, a.status.ptr<int32_t>());
+  const auto* cu_k = paged ? f.paged.key_offsets : a.kv.cu_seqlens_k.ptr<int32_t>();
+  const int64_t total_k = paged ? -1 : a.kv.k.values.shape[0];
+  const bool has_keys = paged ? s.num_pages > 0 && s.max_pages > 0 : total_k > 0;
+  f.p = prep_params(a, s, w, ws, cu_k, has_keys);
+  f.check = q2k_check_params(s, f.p, total_k);
+  use_callers_k2q(a, w, ws, f.p, f.check);
+  f.first = reinterpret_cast<unsigned long long*>(ws + w.check);
+  if (w.build_schedule) f.built_schedule = reinterpret_cast<int32_t*>(ws + w.schedule);
+  f.window_count = reinterpret_cast<uint32_t*>(ws + w.window_count);
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(fused_prep_blocks()));
+  cfg.blockDim = dim3(kFusedThreads);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_fused_kernel, f));
+  return f.p;
 }
 
 }  // namespace
 
 PrepParams launch_prep(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
                        uint8_t* ws, cudaStream_t stream) {
+  if (!w.dense && w.fused_prep) return launch_prep_fused(a, s, w, ws, stream);
   const bool paged = a.kv.layout != KVLayout::flat;
   // Paged: the checked, clamped lengths as a flat cu_seqlens_k, so the CSR build, the q2k check,
   // the prep kernels and the combine treat paged batches like flat ones.

@@ -26,15 +26,18 @@ constexpr int kPrepThreads = 1024;
 // moment gather the same few thousand tokens' Q and find it in L2, instead of every row's
 // tokens across the whole sequence. The sort uses only the key bits in use (launch.cu).
 
+// Each prep step is a __device__ body, run by its own kernel (the chain of prep.cu) or as one
+// phase of the fused prep kernel (prep_fused.cu). Single-block bodies take the block size kT as
+// a template parameter; grid-wide bodies take the block's index and the number of blocks.
+
 // One block: row_start[b] = sum_{b' < b} ceil(Lk_b' / kv_block_size) and qblock_start[b] =
 // sum_{b' < b} ceil(Lq_b' / Q) for b in [0, B], Q = 2^qblock_shift.
-__global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
-  pdl_wait();  // pdl.cuh
-  pdl_trigger();
-  using Scan = cub::BlockScan<int, kPrepThreads>;
+template <int kT>
+__device__ void row_start_body(const PrepParams& p) {
+  using Scan = cub::BlockScan<int, kT>;
   __shared__ typename Scan::TempStorage tmp;
   int carry_k = 0, carry_q = 0;  // totals fit int32 (checked on the host)
-  for (int64_t base = 0; base <= p.batch; base += kPrepThreads) {
+  for (int64_t base = 0; base <= p.batch; base += kT) {
     const int64_t b = base + threadIdx.x;
     int nk = 0, nq = 0;
     if (b < p.batch) {
@@ -55,18 +58,22 @@ __global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
   }
 }
 
-// One block: the schedule of a caller's row_ptr given without one (same format and order as
-// build_k2q_csr's): one item per non-empty (head, row), ranked by a block scan of the flags.
-__global__ void __launch_bounds__(kPrepThreads) schedule_from_row_ptr_kernel(PrepParams p,
-                                                                             int32_t* schedule) {
+__global__ void __launch_bounds__(kPrepThreads) row_start_kernel(PrepParams p) {
   pdl_wait();  // pdl.cuh
   pdl_trigger();
-  using Scan = cub::BlockScan<int, kPrepThreads>;
+  row_start_body<kPrepThreads>(p);
+}
+
+// One block: the schedule of a caller's row_ptr given without one (same format and order as
+// build_k2q_csr's): one item per non-empty (head, row), ranked by a block scan of the flags.
+template <int kT>
+__device__ void schedule_from_row_ptr_body(const PrepParams& p, int32_t* schedule) {
+  using Scan = cub::BlockScan<int, kT>;
   __shared__ typename Scan::TempStorage tmp;
   const int64_t rows = p.total_rows, n = p.num_kv_heads * rows;
   const int64_t rows_div = rows > 0 ? rows : 1;
   int carry = 0;
-  for (int64_t base = 0; base < n; base += kPrepThreads) {
+  for (int64_t base = 0; base < n; base += kT) {
     const int64_t r = base + threadIdx.x;
     const int32_t* rp = p.row_ptr + (r / rows_div) * (rows + 1) + r % rows_div;
     const int flag = r < n && rp[1] > rp[0];
@@ -88,17 +95,23 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_from_row_ptr_kernel(Pre
   }
 }
 
+__global__ void __launch_bounds__(kPrepThreads) schedule_from_row_ptr_kernel(PrepParams p,
+                                                                             int32_t* schedule) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
+  schedule_from_row_ptr_body<kPrepThreads>(p, schedule);
+}
+
 // One block: checks that the schedule covers every non-empty (head, row) of row_ptr exactly once
 // with its exact slice (items strictly increasing in (head, row), each matching row_ptr, as many
 // items as non-empty rows), and (check_rows) that row_ptr has at least sum_b nblk_b rows. On
 // success writes the chunk prefix sums and the chunk count; otherwise status schedule_incomplete /
 // csr_rows_short and a chunk count of 0, so the main kernel does nothing and never reads past any
 // buffer.
-__global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams p) {
-  pdl_wait();  // pdl.cuh
-  pdl_trigger();
-  using Reduce = cub::BlockReduce<long long, kPrepThreads>;
-  using Scan = cub::BlockScan<int, kPrepThreads>;
+template <int kT>
+__device__ void schedule_check_body(const PrepParams& p) {
+  using Reduce = cub::BlockReduce<long long, kT>;
+  using Scan = cub::BlockScan<int, kT>;
   __shared__ union {
     typename Reduce::TempStorage reduce;
     typename Scan::TempStorage scan;
@@ -110,18 +123,18 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams
   const bool header_ok = sc[0] == sched::kMagic && n_items >= 0 && n_items <= p.schedule_capacity;
 
   if (p.valid_per_head)  // a caller's k2q: each head's entries = its q2k ids in range
-    for (int64_t h = threadIdx.x; h < p.num_kv_heads; h += kPrepThreads) {
+    for (int64_t h = threadIdx.x; h < p.num_kv_heads; h += kT) {
       const int32_t* rp = p.row_ptr + h * (rows + 1);
       if (rp[0] != 0 || rp[rows] - rp[0] != p.valid_per_head[h])
         atomicMin(p.k2q_first, static_cast<unsigned long long>(h * (rows + 1) + rows));
     }
   long long non_empty = 0, bad = 0;
-  for (int64_t r = threadIdx.x; r < p.num_kv_heads * rows; r += kPrepThreads) {
+  for (int64_t r = threadIdx.x; r < p.num_kv_heads * rows; r += kT) {
     const int32_t* rp = p.row_ptr + (r / rows) * (rows + 1) + r % rows;
     non_empty += rp[1] > rp[0];
   }
   if (header_ok) {
-    for (int64_t i = threadIdx.x; i < n_items; i += kPrepThreads) {
+    for (int64_t i = threadIdx.x; i < n_items; i += kT) {
       const int32_t* it = sc + sched::kHeaderInts + sched::kItemInts * i;
       const int64_t h = it[0], row = it[1];
       if (h < 0 || h >= p.num_kv_heads || row < 0 || row >= rows) { ++bad; continue; }
@@ -156,7 +169,7 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams
     return;
   }
   long long carry = 0;
-  for (int64_t base = 0; base < n_items; base += kPrepThreads) {
+  for (int64_t base = 0; base < n_items; base += kT) {
     const int64_t i = base + threadIdx.x;
     int c = 0;
     if (i < n_items) {
@@ -175,6 +188,12 @@ __global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams
   }
 }
 
+__global__ void __launch_bounds__(kPrepThreads) schedule_check_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
+  schedule_check_body<kPrepThreads>(p);
+}
+
 // Last i in [0, n) with a[i] <= x, for a non-decreasing a with a[0] <= x, n >= 1: a 32-way
 // search by the whole warp (each lane probes one point per round), so a lookup costs
 // log32(n) dependent loads instead of log2(n). Every lane gets the answer.
@@ -190,20 +209,21 @@ __device__ __forceinline__ int64_t warp_last_le(const int32_t* a, int64_t n, int
   return lo;
 }
 
-// One warp per chunk (grid-stride): lane 0 writes the ChunkDesc, the lanes compact the chunk's
-// CSR entries that the main kernel must do into work_local / work_slot (from e_begin on, CSR
-// order kept) and shrink e_end to match. Dropped: tokens of query blocks done by the uniform
-// path, and entries whose token's q2k row does not hold the block (a CSR that does not match q2k).
-__global__ void chunk_table_kernel(PrepParams p) {
-  pdl_wait();  // pdl.cuh
-  pdl_trigger();
+// One warp per chunk (grid-stride over the `threads` threads of the grid, this one `thread`):
+// lane 0 writes the ChunkDesc, the lanes compact the chunk's CSR entries that the main kernel must
+// do into work_local / work_slot (from e_begin on, CSR order kept) and shrink e_end to match.
+// Dropped: tokens of query blocks done by the uniform path, and entries whose token's q2k row
+// does not hold the block (a CSR that does not match q2k). With `window_count` (the fused prep)
+// each chunk also counts its walk-order key there; without it (the chain's radix sort) the
+// capacity past the real chunks gets keys that sort last.
+__device__ inline void chunk_table_body(const PrepParams& p, int64_t thread, int64_t threads,
+                                 uint32_t* window_count) {
   const int32_t n_chunks = *p.num_chunks;
   const int lane = threadIdx.x & 31;
-  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  const int64_t warps = threads / 32;
   const int32_t* sc = p.schedule;
   const int64_t n_items = n_chunks > 0 ? sc[1] : 0;
-  for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; c < n_chunks;
-       c += warps) {
+  for (int64_t c = thread / 32; c < n_chunks; c += warps) {
     const int64_t lo = warp_last_le(p.chunk_start, n_items, c, lane);  // the chunk's item
     const int32_t* it = sc + sched::kHeaderInts + sched::kItemInts * lo;
     const int32_t head = it[0], row = it[1];
@@ -268,15 +288,34 @@ __global__ void chunk_table_kernel(PrepParams p) {
       const int64_t qblock =
           tl0 >= 0 && tl0 < q_len ? int64_t(p.qblock_start[blo]) + (tl0 >> p.qblock_shift) : 0;
       const int64_t window = qblock >> kWindowShift;
-      p.chunk_keys[c] = uint32_t(window < p.window_keys - 1 ? window : p.window_keys - 1);
+      const uint32_t key = uint32_t(window < p.window_keys - 1 ? window : p.window_keys - 1);
+      p.chunk_keys[c] = key;
       p.chunk_ids[c] = int32_t(c);
+      if (window_count) atomicAdd(&window_count[key], 1u);
     }
   }
+  if (window_count) return;
   // Capacity past the real chunks: keys that sort last.
-  for (int64_t c = n_chunks + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < p.chunk_capacity;
-       c += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t c = n_chunks + thread; c < p.chunk_capacity; c += threads) {
     p.chunk_keys[c] = uint32_t(p.window_keys);
     p.chunk_ids[c] = int32_t(c);
+  }
+}
+
+__global__ void chunk_table_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
+  chunk_table_body(p, int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                   int64_t(gridDim.x) * blockDim.x, nullptr);
+}
+
+// One thread, after chunk_table: the first k2q mismatch it found into the status buffer.
+__device__ __forceinline__ void report_k2q_mismatch(const PrepParams& p) {
+  if (!p.k2q_first) return;
+  const unsigned long long key = *p.k2q_first;
+  if (key != ~0ull) {
+    const int64_t rows1 = p.total_rows + 1, h = int64_t(key / rows1), r = int64_t(key % rows1);
+    flag_status(p.status, int32_t(StatusCode::k2q_mismatch), h, r == p.total_rows ? -1 : r, 0);
   }
 }
 
@@ -284,13 +323,7 @@ __global__ void chunk_table_kernel(PrepParams p) {
 __global__ void chunk_permute_kernel(PrepParams p, const int32_t* order) {
   pdl_wait();  // pdl.cuh
   pdl_trigger();
-  if (p.k2q_first && blockIdx.x == 0 && threadIdx.x == 0) {  // after chunk_table: report
-    const unsigned long long key = *p.k2q_first;
-    if (key != ~0ull) {
-      const int64_t rows1 = p.total_rows + 1, h = int64_t(key / rows1), r = int64_t(key % rows1);
-      flag_status(p.status, int32_t(StatusCode::k2q_mismatch), h, r == p.total_rows ? -1 : r, 0);
-    }
-  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) report_k2q_mismatch(p);
   const int32_t n_chunks = *p.num_chunks;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < n_chunks;
        v += int64_t(gridDim.x) * blockDim.x) {

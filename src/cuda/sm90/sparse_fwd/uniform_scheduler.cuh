@@ -22,13 +22,11 @@ namespace msa::cuda::sparse_fwd {
 // distinct. Writes the flag and the pair's unit count ceil(tokens * G / 128) into unit_start
 // (scanned by unit_scan_kernel). The rows of a pair are contiguous in q2k: the block compares
 // them with 32-bit indices, each thread a strided share, and agrees by __syncthreads_and.
-__global__ void uniform_detect_kernel(PrepParams p) {
-  pdl_wait();  // pdl.cuh
-  pdl_trigger();
+__device__ inline void uniform_detect_body(const PrepParams& p, int64_t block, int64_t blocks) {
   const int64_t pairs = p.num_kv_heads * p.qblock_cap;
   const int64_t total_blocks = p.qblock_start[p.batch];
   const int topk = p.topk;
-  for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+  for (int64_t pair = block; pair < pairs; pair += blocks) {
     const int64_t h = pair / p.qblock_cap, g = pair % p.qblock_cap;
     bool ok = false;
     int64_t n_tok = 0;
@@ -68,18 +66,23 @@ __global__ void uniform_detect_kernel(PrepParams p) {
   }
 }
 
+__global__ void uniform_detect_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
+  uniform_detect_body(p, blockIdx.x, gridDim.x);
+}
+
 // One block: exclusive prefix of the unit counts in walk order o = (qblock_cap - 1 - g) * Hkv + h
 // into unit_order_start (unit_order_start[pairs] = *num_units). Walking the latest query blocks
 // first is longest-processing-time-first for causal masking: the CTAs' round-robin takes the
 // long units first and ends on the short ones, instead of each CTA drawing a fixed mix.
-__global__ void __launch_bounds__(kPrepThreads) unit_scan_kernel(PrepParams p) {
-  pdl_wait();  // pdl.cuh
-  pdl_trigger();
-  using Scan = cub::BlockScan<int, kPrepThreads>;
+template <int kT>
+__device__ void unit_scan_body(const PrepParams& p) {
+  using Scan = cub::BlockScan<int, kT>;
   __shared__ typename Scan::TempStorage tmp;
   const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
   int carry = 0;
-  for (int64_t base = 0; base < pairs; base += kPrepThreads) {
+  for (int64_t base = 0; base < pairs; base += kT) {
     const int64_t o = base + threadIdx.x;
     int count = 0;
     if (o < pairs) {
@@ -96,6 +99,12 @@ __global__ void __launch_bounds__(kPrepThreads) unit_scan_kernel(PrepParams p) {
     p.unit_order_start[pairs] = carry;
     *p.num_units = carry <= p.unit_cap ? carry : 0;
   }
+}
+
+__global__ void __launch_bounds__(kPrepThreads) unit_scan_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
+  unit_scan_body<kPrepThreads>(p);
 }
 
 // UnitDesc `u` of the table: unit k (k * unit_tokens(G) tokens in) of kv head h's query block qb
@@ -116,19 +125,24 @@ __device__ __forceinline__ void write_unit(const PrepParams& p, int64_t u, int64
   dst[1] = make_int4(batch_diag(p, b, lq, lk), k_start, lk, t0);
 }
 
-// One thread per unit (grid-stride): its pair by binary search in walk order, then the UnitDesc.
-__global__ void unit_table_kernel(PrepParams p) {
-  pdl_wait();  // pdl.cuh
-  pdl_trigger();
+// One thread per unit (grid-stride over `threads`): its pair by binary search in walk order,
+// then the UnitDesc.
+__device__ inline void unit_table_body(const PrepParams& p, int64_t thread, int64_t threads) {
   const int32_t n_units = *p.num_units;
   const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
-  for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < n_units;
-       u += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t u = thread; u < n_units; u += threads) {
     const int64_t o = last_le(p.unit_order_start, pairs, u);
     const int64_t h = o % hkv, g = p.qblock_cap - 1 - o / hkv;
     const int64_t b = last_le(p.qblock_start, p.batch, g);
     write_unit(p, u, h, b, g - p.qblock_start[b], u - p.unit_order_start[o]);
   }
+}
+
+__global__ void unit_table_kernel(PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  pdl_trigger();
+  unit_table_body(p, int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                  int64_t(gridDim.x) * blockDim.x);
 }
 
 // The unit table of dense attention (no q2k: every pair is uniform and selects every visible
