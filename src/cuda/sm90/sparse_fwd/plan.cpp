@@ -98,7 +98,6 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   }
   w.build_csr = !a.k2q.row_ptr.defined();
   w.build_schedule = !w.build_csr && !a.k2q.schedule.defined();
-  w.fused_prep = !w.build_csr && s.topk <= kQ2KStagedMaxTopk;
   if (w.build_csr && paged) {
     // Lk_b <= max_pages * page_size (longer seqused_k are clamped and reported).
     w.total_rows = s.batch * ((s.max_pages * s.page_size + w.blk - 1) / w.blk);
@@ -107,6 +106,14 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
     w.total_rows = (a.kv.k.values.shape[0] + w.blk - 1) / w.blk + s.batch;
   } else {
     w.total_rows = a.k2q.row_ptr.shape[1] - 1;
+  }
+  w.fused_prep = s.topk <= kQ2KStagedMaxTopk && (!w.build_csr || w.total_rows < kCsrMaxRows);
+  if (w.fused_prep && w.build_csr) {
+    w.csr_tile_rows = std::max<int64_t>(1, kCsrTileKeys / std::max<int64_t>(s.topk, 1));
+    w.csr_tiles_per_head = (s.total_q + w.csr_tile_rows - 1) / w.csr_tile_rows;
+    int64_t cap = 1;
+    while (cap < w.csr_tile_rows * s.topk) cap <<= 1;
+    w.csr_tile_cap = cap;
   }
   w.schedule_capacity = hkv * w.total_rows;
   w.chunk_tokens = kChunkTiles * tokens_per_tile(int(s.group));
@@ -148,7 +155,14 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   }
   if (w.build_csr || w.build_schedule)
     w.schedule = take(size_t(sched::max_schedule_ints(hkv, w.total_rows)) * 4);
-  if (w.build_csr) w.csr_ws = take(csr_build_workspace_bytes(hkv, w.total_rows, s.total_q, s.topk));
+  if (w.build_csr && w.fused_prep) {
+    const int64_t tiles = hkv * w.csr_tiles_per_head;
+    w.csr_tile_keys = take(size_t(tiles * w.csr_tile_cap) * 4);
+    w.csr_tile_counts = take(size_t(tiles * w.total_rows) * 4);
+    w.csr_row_totals = take(size_t(hkv * w.total_rows) * 4);
+  } else if (w.build_csr) {
+    w.csr_ws = take(csr_build_workspace_bytes(hkv, w.total_rows, s.total_q, s.topk));
+  }
   w.total = off;
   return w;
 }

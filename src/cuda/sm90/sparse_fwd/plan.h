@@ -24,9 +24,14 @@ struct AttnPlan {
   int64_t qblock_cap = 0, unit_cap = 0;
   int32_t window_keys = 0;       // query windows (PrepParams::window_keys)
   bool build_csr = false, build_schedule = false;
-  // The whole prep chain as one cooperative kernel (prep.cu launch_prep_fused): a caller's k2q
-  // with rows of at most kQ2KStagedMaxTopk ids. Otherwise the chain of kernels with CUB's sort.
+  // The whole prep as one cooperative kernel (prep.cu launch_prep_fused), the CSR built in it
+  // when the caller passes none: q2k rows of at most kQ2KStagedMaxTopk ids. Otherwise the chain of
+  // kernels with CUB's sorts.
   bool fused_prep = false;
+  // The fused CSR build: q2k rows in tiles of csr_tile_rows tokens of one kv head (csr_tiles_per_head
+  // a head), each tile's (row, token) keys sorted in csr_tile_cap shared-memory slots
+  // (kCsrTileKeys at most), u32 keys.
+  int64_t csr_tile_rows = 0, csr_tiles_per_head = 0, csr_tile_cap = 0;
   // Dense attention (no q2k): only the paged check, dense_units_kernel and the uniform kernel
   // run; the CSR, chunk and partial regions are not laid out.
   bool dense = false;
@@ -62,6 +67,9 @@ struct AttnPlan {
   size_t units = 0;
   size_t part_o = 0, part_lse = 0, part_tlse = 0;
   size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
+  // fused CSR build: each tile's sorted keys [tiles, csr_tile_cap] u32, its per-row counts (then
+  // the earlier tiles' prefix) [tiles, total_rows] and the rows' totals [Hkv, total_rows]
+  size_t csr_tile_keys = 0, csr_tile_counts = 0, csr_row_totals = 0;
   // A key mask (key_mask.h): its packed bits and, per batch, token rows.
   bool key_mask = false;
   int32_t mask_words = 0;
@@ -88,6 +96,11 @@ uint8_t* checked_workspace(const AttentionArgs& a, const AttnPlan& w, const Work
 
 // Rejects what these kernels do not cover, naming the missing feature (no silent fallback).
 void check_supported(const AttentionArgs& a, const ProblemShape& s);
+
+// Keys a fused CSR tile sorts in shared memory (prep.cu): tokens x topk of them, at most; the CSR
+// is built in the fused prep for at most kCsrMaxRows rows (32-bit keys), else by the chain.
+constexpr int64_t kCsrTileKeys = 2048;
+constexpr int64_t kCsrMaxRows = int64_t(1) << 20;
 
 // Bits of the chunk sort keys for `window_keys` query windows (prep.cu).
 int window_key_bits(int32_t window_keys);

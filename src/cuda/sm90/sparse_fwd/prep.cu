@@ -12,6 +12,7 @@
 #include <atomic>
 
 #include "cuda/common/csr_build.cuh"
+#include "cuda/common/block_sort.cuh"
 #include "cuda/common/index_check_device.cuh"
 #include "cuda/common/index_checks.cuh"
 #include "cuda/common/paged_check_device.cuh"
@@ -200,16 +201,153 @@ struct FusedPrepParams {
   PagedCheckParams paged;             // page_table null: flat keys
   int32_t* built_schedule = nullptr;  // the schedule built from row_ptr (null: the caller's)
   uint32_t* window_count = nullptr;   // [window_keys] chunks per query window, then cursors
+  // The CSR build (kBuildCsr; plan.h csr_*): row_ptr / q_idx are p's, written here.
+  int32_t* row_ptr = nullptr;
+  int32_t* q_idx = nullptr;
+  int64_t tile_rows = 0, tiles_per_head = 0, tile_cap = 0;
+  uint32_t* tile_keys = nullptr;
+  int32_t* tile_counts = nullptr;
+  int32_t* row_totals = nullptr;
 };
 
 constexpr int kFusedThreads = kQ2KStagedThreads;  // the staged q2k check's block size
+// CTAs an SM: enough warps for the latency-bound chunk table and q2k check (the chain ran them at
+// 64 warps an SM); more CTAs make each grid barrier slower. Registers (64) and shared memory
+// (49 KB with the CSR tiles' keys: kCsrTileKeys) are kept to fit it.
+constexpr int kFusedBlocksPerSm = 4;
+// A CSR tile key: row << kTokenBits | the token's place in its tile (plan.h kCsrMaxRows).
+constexpr int kTokenBits = 12;
+static_assert(kCsrTileKeys <= (int64_t(1) << kTokenBits), "a tile's tokens must fit kTokenBits");
+static_assert(kCsrMaxRows <= (int64_t(1) << (32 - kTokenBits)), "rows must fit a 32-bit key");
+constexpr uint32_t kNoKey = ~0u;
+
+// First index in s[0, n) whose key is >= x (s ascending).
+__device__ __forceinline__ int lower_bound_key(const uint32_t* s, int n, uint32_t x) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (s[mid] < x) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// The CSR of q2k, as csr_build.cu's (each row's batch-local tokens ascending: the CPU builder's
+// bits), in tiles of tile_rows tokens of one kv head. Sort pass (scatter false): each tile sorts
+// its (row, token) keys in shared memory, stores them, and counts each row's entries into its
+// tile_counts row. Scatter pass (after the counts' prefix over tiles and row_ptr): each entry
+// goes to row_ptr[row] + the earlier tiles' entries of the row + its rank in the tile's run.
+// Ids outside [0, nblk_b) (the q2k check reports them) and rows past total_rows take no entry.
+__device__ void csr_tiles_body(const FusedPrepParams& f, int64_t block, int64_t blocks,
+                               bool scatter) {
+  __shared__ uint32_t keys[kCsrTileKeys];
+  const PrepParams& p = f.p;
+  const int64_t n_tiles = p.num_kv_heads * f.tiles_per_head, topk = p.topk;
+  const int cap = int(f.tile_cap);
+  for (int64_t tile = block; tile < n_tiles; tile += blocks) {
+    const int64_t h = tile / f.tiles_per_head, t0 = (tile % f.tiles_per_head) * f.tile_rows;
+    const int n = int(min(f.tile_rows, p.total_q - t0) * topk);
+    uint32_t* stored = f.tile_keys + tile * f.tile_cap;
+    int32_t* counts = f.tile_counts + tile * p.total_rows;
+    if (!scatter) {
+      for (int64_t r = threadIdx.x; r < p.total_rows; r += kFusedThreads) counts[r] = 0;
+      for (int e = threadIdx.x; e < cap; e += kFusedThreads) {
+        uint32_t key = kNoKey;
+        if (e < n) {
+          const int64_t t = t0 + e / topk;
+          const int64_t kb = p.q2k[(h * p.total_q + t) * topk + e % topk];
+          const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
+          const int64_t lk = int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
+          const int64_t nblk = lk > 0 ? (lk + p.kv_block_size - 1) / p.kv_block_size : 0;
+          const int64_t row = int64_t(p.row_start[b]) + kb;
+          if (p.cu_seqlens_q[b] <= t && kb >= 0 && kb < nblk && row < p.total_rows)
+            key = (uint32_t(row) << kTokenBits) | uint32_t(e / topk);
+        }
+        keys[e] = key;
+      }
+      block_bitonic_sort(keys, cap);  // synchronized before and after
+      for (int e = threadIdx.x; e < cap; e += kFusedThreads) {
+        const uint32_t k = keys[e];
+        stored[e] = k;
+        if (k != kNoKey && (e + 1 == cap || keys[e + 1] >> kTokenBits != k >> kTokenBits)) {
+          const uint32_t row = k >> kTokenBits;  // the run's last key: its length
+          counts[row] = e + 1 - lower_bound_key(keys, e, row << kTokenBits);
+        }
+      }
+    } else {
+      for (int e = threadIdx.x; e < cap; e += kFusedThreads) keys[e] = stored[e];
+      __syncthreads();
+      const int32_t* row_ptr = f.row_ptr + h * (p.total_rows + 1);
+      int32_t* q_idx = f.q_idx + h * p.total_q * topk;
+      for (int e = threadIdx.x; e < cap; e += kFusedThreads) {
+        const uint32_t k = keys[e];
+        if (k == kNoKey) continue;
+        const uint32_t row = k >> kTokenBits;
+        const int64_t t = t0 + int64_t(k & ((1u << kTokenBits) - 1));
+        const int64_t rank = e - lower_bound_key(keys, e, row << kTokenBits);
+        const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
+        q_idx[row_ptr[row] + counts[row] + rank] = int32_t(t - p.cu_seqlens_q[b]);
+      }
+    }
+    __syncthreads();  // the next tile rewrites keys
+  }
+}
+
+// A warp per (kv head, row) (warp of `warps`): the row's counts become the exclusive prefix over
+// the head's earlier tiles, and its total goes to row_totals.
+__device__ void csr_tile_prefix_body(const FusedPrepParams& f, int64_t warp, int64_t warps) {
+  const PrepParams& p = f.p;
+  const int lane = threadIdx.x & 31;
+  for (int64_t i = warp; i < p.num_kv_heads * p.total_rows; i += warps) {
+    const int64_t h = i / p.total_rows, row = i % p.total_rows;
+    int32_t* counts = f.tile_counts + h * f.tiles_per_head * p.total_rows + row;
+    int32_t carry = 0;
+    for (int64_t j0 = 0; j0 < f.tiles_per_head; j0 += 32) {
+      const int64_t j = j0 + lane;
+      const int32_t c = j < f.tiles_per_head ? counts[j * p.total_rows] : 0;
+      int32_t incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int32_t x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
+      }
+      if (j < f.tiles_per_head) counts[j * p.total_rows] = carry + incl - c;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) f.row_totals[i] = carry;
+  }
+}
+
+// One block per kv head (block h of `blocks`): row_ptr[h] = the exclusive prefix of its rows'
+// totals, row_ptr[h][total_rows] = its entries.
+__device__ void csr_row_ptr_body(const FusedPrepParams& f, int64_t block, int64_t blocks) {
+  using Scan = cub::BlockScan<int, kFusedThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const PrepParams& p = f.p;
+  for (int64_t h = block; h < p.num_kv_heads; h += blocks) {
+    int32_t* row_ptr = f.row_ptr + h * (p.total_rows + 1);
+    const int32_t* totals = f.row_totals + h * p.total_rows;
+    int carry = 0;
+    for (int64_t base = 0; base < p.total_rows; base += kFusedThreads) {
+      const int64_t r = base + threadIdx.x;
+      const int c = r < p.total_rows ? totals[r] : 0;
+      int excl = 0, agg = 0;
+      Scan(tmp).ExclusiveSum(c, excl, agg);
+      if (r < p.total_rows) row_ptr[r] = carry + excl;
+      carry += agg;
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) row_ptr[p.total_rows] = carry;
+  }
+}
 
 // The prep as phases of one cooperative grid, each phase a step of the chain (same bodies, same
 // order of reads and writes) and a grid barrier between phases that depend on each other:
 //   0 re-arm the offence keys and counters; paged: the checked key lengths (block 0)
-//   1 page ids, cu_seqlens and q2k checks (grid); row_start (last block); the schedule from
-//     row_ptr (the block before it)
-//   2 the checks' first offences into the status buffer; uniform_detect (grid)
+//   1 page ids, cu_seqlens and q2k checks (grid); row_start (last block); the schedule from a
+//     caller's row_ptr (the block before it)
+//   2 the checks' first offences into the status buffer; uniform_detect (grid); kBuildCsr: the
+//     CSR tiles' sort and counts
+//   kBuildCsr: the counts' prefix over tiles; row_ptr; the entries into q_idx and the schedule
 //   3 unit_scan (block 0) and schedule_check (block 1)
 //   4 unit_table and chunk_table (grid), which counts the chunks of each query window
 //   5 the k2q mismatch report and the scan of the window counts (block 0)
@@ -217,8 +355,9 @@ constexpr int kFusedThreads = kQ2KStagedThreads;  // the staged q2k check's bloc
 //     stable radix sort, with the chunks of one window in any order. The order of chunks only
 //     decides which CTA runs a chunk and when: each chunk writes its own entries' partials, so
 //     the outputs are the same bits.
-// One launch instead of the chain's 10 to 14 (and its 3 memsets).
-__global__ void __launch_bounds__(kFusedThreads) prep_fused_kernel(FusedPrepParams f) {
+// One launch instead of the chain's 10 to 25 (and its 3 to 6 memsets).
+template <bool kBuildCsr>
+__global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_kernel(FusedPrepParams f) {
   pdl_wait();  // pdl.cuh
   cg::grid_group grid = cg::this_grid();
   const PrepParams& p = f.p;
@@ -227,10 +366,11 @@ __global__ void __launch_bounds__(kFusedThreads) prep_fused_kernel(FusedPrepPara
   const bool paged = f.paged.page_table != nullptr;
 
   for (int64_t i = thread; i < p.window_keys; i += threads) f.window_count[i] = 0;
-  for (int64_t h = thread; h < p.num_kv_heads; h += threads) f.check.valid_per_head[h] = 0;
+  if (f.check.valid_per_head)
+    for (int64_t h = thread; h < p.num_kv_heads; h += threads) f.check.valid_per_head[h] = 0;
   if (thread == 0) {
     *f.first = kNoOffence;
-    *p.k2q_first = ~0ull;
+    if (p.k2q_first) *p.k2q_first = ~0ull;
   }
   if (paged && block == 0) paged_lengths_body<kFusedThreads>(f.paged);
   grid.sync();
@@ -240,7 +380,7 @@ __global__ void __launch_bounds__(kFusedThreads) prep_fused_kernel(FusedPrepPara
   if (p.num_kv_heads * p.total_q > 0 && p.topk > 0 && p.batch > 0)
     check_q2k_staged_body(f.check, f.first, block, blocks);
   if (block == blocks - 1) row_start_body<kFusedThreads>(p);
-  if (f.built_schedule && block == (blocks > 1 ? blocks - 2 : 0))
+  if (!kBuildCsr && f.built_schedule && block == (blocks > 1 ? blocks - 2 : 0))
     schedule_from_row_ptr_body<kFusedThreads>(p, f.built_schedule);
   grid.sync();
 
@@ -249,6 +389,16 @@ __global__ void __launch_bounds__(kFusedThreads) prep_fused_kernel(FusedPrepPara
     report_q2k_offence(f.check, *f.first, p.status);
   }
   uniform_detect_body(p, block, blocks);
+  if constexpr (kBuildCsr) {
+    csr_tiles_body(f, block, blocks, /*scatter=*/false);
+    grid.sync();
+    csr_tile_prefix_body(f, thread / 32, threads / 32);
+    grid.sync();
+    csr_row_ptr_body(f, block, blocks);
+    grid.sync();
+    csr_tiles_body(f, block, blocks, /*scatter=*/true);
+    if (block == blocks - 1) schedule_from_row_ptr_body<kFusedThreads>(p, f.built_schedule);
+  }
   grid.sync();
 
   if (block == 0) unit_scan_body<kFusedThreads>(p);
@@ -289,7 +439,8 @@ __global__ void __launch_bounds__(kFusedThreads) prep_fused_kernel(FusedPrepPara
 
 // Blocks of the fused grid: all co-resident (a cooperative launch), at most 4 an SM (enough
 // warps for the latency-bound chunk table; more blocks make each grid barrier slower). The
-// occupancy is asked once per device.
+// occupancy is asked once per device and variant.
+template <bool kBuildCsr>
 int fused_prep_blocks() {
   static std::atomic<int> per_sm_cache[64] = {};
   int device = 0;
@@ -297,12 +448,12 @@ int fused_prep_blocks() {
   std::atomic<int>& slot = per_sm_cache[device & 63];
   int per_sm = slot.load(std::memory_order_relaxed);
   if (per_sm == 0) {
-    MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prep_fused_kernel,
-                                                                 kFusedThreads, 0));
+    MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, prep_fused_kernel<kBuildCsr>, kFusedThreads, 0));
     MSA_CHECK(per_sm > 0, "attention_forward: the fused prep kernel does not fit an SM");
     slot.store(per_sm, std::memory_order_relaxed);
   }
-  return current_sm_count() * std::min(per_sm, 4);
+  return current_sm_count() * std::min(per_sm, kFusedBlocksPerSm);
 }
 
 PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
@@ -315,22 +466,44 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
   const bool has_keys = paged ? s.num_pages > 0 && s.max_pages > 0 : total_k > 0;
   f.p = prep_params(a, s, w, ws, cu_k, has_keys);
   f.check = q2k_check_params(s, f.p, total_k);
-  use_callers_k2q(a, w, ws, f.p, f.check);
   f.first = reinterpret_cast<unsigned long long*>(ws + w.check);
-  if (w.build_schedule) f.built_schedule = reinterpret_cast<int32_t*>(ws + w.schedule);
   f.window_count = reinterpret_cast<uint32_t*>(ws + w.window_count);
+  auto at = [ws](size_t offset) { return reinterpret_cast<int32_t*>(ws + offset); };
+  if (w.build_csr) {
+    f.row_ptr = at(w.row_ptr);
+    f.q_idx = at(w.q_idx);
+    f.built_schedule = at(w.schedule);
+    f.tile_rows = w.csr_tile_rows;
+    f.tiles_per_head = w.csr_tiles_per_head;
+    f.tile_cap = w.csr_tile_cap;
+    f.tile_keys = reinterpret_cast<uint32_t*>(ws + w.csr_tile_keys);
+    f.tile_counts = at(w.csr_tile_counts);
+    f.row_totals = at(w.csr_row_totals);
+    f.p.row_ptr = f.row_ptr;
+    f.p.q_idx = f.q_idx;
+    f.p.schedule = f.built_schedule;
+    f.p.check_rows = 0;  // rows past the real total are empty by construction
+  } else {
+    use_callers_k2q(a, w, ws, f.p, f.check);
+    if (w.build_schedule) f.built_schedule = at(w.schedule);
+  }
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(fused_prep_blocks()));
   cfg.blockDim = dim3(kFusedThreads);
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
-  MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_fused_kernel, f));
+  if (w.build_csr) {
+    cfg.gridDim = dim3(unsigned(fused_prep_blocks<true>()));
+    MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_fused_kernel<true>, f));
+  } else {
+    cfg.gridDim = dim3(unsigned(fused_prep_blocks<false>()));
+    MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_fused_kernel<false>, f));
+  }
   return f.p;
 }
 
