@@ -319,18 +319,9 @@ TEST(SparseFwdGpu, CallIsFourLaunchesAndReplaysFromAGraph) {
       MSA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       attention_forward(a, s);
       MSA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-      size_t n = 0;
-      MSA_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-      std::vector<cudaGraphNode_t> nodes(n);
-      MSA_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-      int kernels = 0, others = 0;
-      for (cudaGraphNode_t node : nodes) {
-        cudaGraphNodeType t;
-        MSA_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
-        (t == cudaGraphNodeTypeKernel ? kernels : others) += 1;
-      }
-      EXPECT_LE(kernels, 4);
-      EXPECT_EQ(others, 0) << "memset or other graph nodes";
+      const GraphNodes nodes = graph_nodes(graph);
+      EXPECT_LE(nodes.kernels, 4);
+      EXPECT_EQ(nodes.others, 0) << "memset or other graph nodes";
       cudaGraphExec_t exec;
       MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
       for (int replay = 0; replay < 2; ++replay) {

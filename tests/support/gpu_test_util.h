@@ -28,6 +28,26 @@ namespace msa::test {
 // allocate).
 using bench::DeviceBuffer;
 
+// Kernel nodes and other nodes (memsets, copies, ...) of a captured graph: the launch budgets of
+// the calls are asserted on them (a prefill call at most 4 kernels, the pipeline 6, decode run()
+// 2, and no memset).
+struct GraphNodes {
+  int kernels = 0, others = 0;
+};
+inline GraphNodes graph_nodes(cudaGraph_t graph) {
+  size_t n = 0;
+  MSA_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  MSA_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  GraphNodes g;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    MSA_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    (t == cudaGraphNodeTypeKernel ? g.kernels : g.others) += 1;
+  }
+  return g;
+}
+
 // A non-blocking stream for each test.
 class TestStream {
  public:
