@@ -21,6 +21,27 @@ namespace msa::bench {
     if (e_ != cudaSuccess) ::msa::fail("bench: CUDA error in ", #expr, ": ", cudaGetErrorString(e_));   \
   } while (0)
 
+// Work a captured graph holds: kernel nodes (launches), memset nodes and any other node. The
+// launch budgets (bench_latency's counts, the GPU tests' bounds) are read from it.
+struct GraphNodes {
+  int kernels = 0, memsets = 0, others = 0;
+};
+inline GraphNodes graph_nodes(cudaGraph_t graph) {
+  size_t n = 0;
+  MSA_BENCH_CUDA(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  MSA_BENCH_CUDA(cudaGraphGetNodes(graph, nodes.data(), &n));
+  GraphNodes g;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    MSA_BENCH_CUDA(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeKernel) ++g.kernels;
+    else if (t == cudaGraphNodeTypeMemset) ++g.memsets;
+    else ++g.others;
+  }
+  return g;
+}
+
 // A benchmark buffer: at least 256 bytes, so that even an empty tensor gets a real pointer.
 inline DeviceBuffer gpu_buffer(size_t bytes) { return DeviceBuffer(std::max<size_t>(bytes, 256)); }
 

@@ -61,29 +61,13 @@ HostTimes time_calls(const std::function<void()>& call, int calls, int warmup, c
   return {us[us.size() / 2], us.front(), us.back(), 1e3 * ms / calls};
 }
 
-// Work one call enqueues, counted on a CUDA graph capture of it: kernel nodes (launches), memset
-// nodes and any other node.
-struct Launches {
-  int kernels = 0, memsets = 0, other = 0;
-};
-
-Launches count_launches(const std::function<void()>& call, cudaStream_t s) {
+// Work one call enqueues, counted on a CUDA graph capture of it.
+GraphNodes count_launches(const std::function<void()>& call, cudaStream_t s) {
   cudaGraph_t g;
   MSA_BENCH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   call();
   MSA_BENCH_CUDA(cudaStreamEndCapture(s, &g));
-  size_t n = 0;
-  MSA_BENCH_CUDA(cudaGraphGetNodes(g, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  MSA_BENCH_CUDA(cudaGraphGetNodes(g, nodes.data(), &n));
-  Launches l;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType t;
-    MSA_BENCH_CUDA(cudaGraphNodeGetType(node, &t));
-    if (t == cudaGraphNodeTypeKernel) ++l.kernels;
-    else if (t == cudaGraphNodeTypeMemset) ++l.memsets;
-    else ++l.other;
-  }
+  const GraphNodes l = graph_nodes(g);
   MSA_BENCH_CUDA(cudaGraphDestroy(g));
   return l;
 }
@@ -274,11 +258,11 @@ int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
   for (const auto& [op, call] : ops) {
     const HostTimes t = time_calls(call, o.calls, o.warmup, s);
     msa::check_status(st, s);
-    const Launches l = count_launches(call, s);
+    const GraphNodes l = count_launches(call, s);
     std::printf("%-10s %-24s GPU %8.1f us per call, host %6.1f us (min %.1f, max %.1f), "
                 "%2d launches, %d memsets, %d other nodes\n",
                 c.name.c_str(), op, t.gpu_us, t.median_us, t.min_us, t.max_us, l.kernels,
-                l.memsets, l.other);
+                l.memsets, l.others);
     if (o.json.empty()) continue;
     Json r = new_record(c.name, op);
     add_shape(r, c);
@@ -292,7 +276,7 @@ int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
     r["gpu_us"] = t.gpu_us;
     r["launches"] = l.kernels;
     r["memsets"] = l.memsets;
-    r["other_nodes"] = l.other;
+    r["other_nodes"] = l.others;
     r["calls"] = o.calls;
     add_environment(r, /*on_gpu=*/true, "none");
     append_record(o.json, r);

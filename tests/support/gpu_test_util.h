@@ -14,6 +14,7 @@
 #include "cuda/device/check.h"
 #include "msa/msa.h"
 #include "workloads/device_buffer.h"
+#include "workloads/gpu_timing.h"
 
 namespace msa::test {
 
@@ -28,25 +29,10 @@ namespace msa::test {
 // allocate).
 using bench::DeviceBuffer;
 
-// Kernel nodes and other nodes (memsets, copies, ...) of a captured graph: the launch budgets of
-// the calls are asserted on them (a prefill call at most 4 kernels, the pipeline 6, decode run()
-// 2, and no memset).
-struct GraphNodes {
-  int kernels = 0, others = 0;
-};
-inline GraphNodes graph_nodes(cudaGraph_t graph) {
-  size_t n = 0;
-  MSA_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  MSA_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  GraphNodes g;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType t;
-    MSA_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
-    (t == cudaGraphNodeTypeKernel ? g.kernels : g.others) += 1;
-  }
-  return g;
-}
+// The nodes of a captured graph (kernels, memsets, others): the launch budgets of the calls are
+// asserted on them (a prefill call at most 4 kernels, the pipeline 6, decode run() 2, no memset).
+using bench::graph_nodes;
+using bench::GraphNodes;
 
 // A non-blocking stream for each test.
 class TestStream {
