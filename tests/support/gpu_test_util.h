@@ -34,6 +34,14 @@ using bench::DeviceBuffer;
 using bench::graph_nodes;
 using bench::GraphNodes;
 
+// A captured call within its launch budget: at most `max_kernels` kernel nodes and no memset or
+// other node.
+inline void expect_launch_budget(cudaGraph_t graph, int max_kernels) {
+  const GraphNodes nodes = graph_nodes(graph);
+  EXPECT_LE(nodes.kernels, max_kernels);
+  EXPECT_EQ(nodes.memsets + nodes.others, 0) << "memset or other graph nodes";
+}
+
 // A non-blocking stream for each test.
 class TestStream {
  public:

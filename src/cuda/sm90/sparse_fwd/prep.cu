@@ -1,6 +1,6 @@
-// The prep of the sm_90a sparse forward (prep.h): one cooperative kernel for a caller's k2q with
-// rows of at most kQ2KStagedMaxTopk ids, otherwise the chain of kernels (scheduler.cuh,
-// uniform_scheduler.cuh, their only instantiation) with the CUB radix sort of the chunk table.
+// The prep of the sm_90a sparse forward (prep.h): one cooperative kernel (q2k rows of at most
+// kQ2KStagedMaxTopk ids; the CSR built in it when the call passes none), otherwise the chain of
+// kernels (scheduler.cuh, uniform_scheduler.cuh, their only instantiation) with CUB's sorts.
 
 #include "cuda/sm90/sparse_fwd/prep.h"
 
@@ -83,6 +83,21 @@ const int32_t* launch_paged_checks(const AttentionArgs& a, const ProblemShape& s
 }
 
 namespace {
+
+// Where the keys' lengths come from, as every prep step reads them: a flat cache's cu_seqlens_k
+// (cu_seqlens_k[B] must equal its token count), or a pool's clamped lengths that the paged check
+// writes as a flat cu_seqlens_k (key_offsets, no such total: -1). has_keys: whether any key can
+// exist (no TMA map over an empty extent; all lengths may be 0).
+struct KeyLengthsSource {
+  const int32_t* cu_k;
+  int64_t total_k;
+  bool has_keys;
+};
+KeyLengthsSource key_lengths(const AttentionArgs& a, const ProblemShape& s, const int32_t* key_offsets) {
+  if (a.kv.layout != KVLayout::flat) return {key_offsets, -1, s.num_pages > 0 && s.max_pages > 0};
+  const int64_t total_k = a.kv.k.values.shape[0];
+  return {a.kv.cu_seqlens_k.ptr<int32_t>(), total_k, total_k > 0};
+}
 
 // The prep kernels' inputs and workspace tables.
 PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
@@ -461,11 +476,9 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
   FusedPrepParams f;
   const bool paged = a.kv.layout != KVLayout::flat;
   if (paged) f.paged = paged_check_params(a, s, w, ws, a.status.ptr<int32_t>());
-  const auto* cu_k = paged ? f.paged.key_offsets : a.kv.cu_seqlens_k.ptr<int32_t>();
-  const int64_t total_k = paged ? -1 : a.kv.k.values.shape[0];
-  const bool has_keys = paged ? s.num_pages > 0 && s.max_pages > 0 : total_k > 0;
-  f.p = prep_params(a, s, w, ws, cu_k, has_keys);
-  f.check = q2k_check_params(s, f.p, total_k);
+  const KeyLengthsSource keys = key_lengths(a, s, f.paged.key_offsets);
+  f.p = prep_params(a, s, w, ws, keys.cu_k, keys.has_keys);
+  f.check = q2k_check_params(s, f.p, keys.total_k);
   f.first = reinterpret_cast<unsigned long long*>(ws + w.check);
   f.window_count = reinterpret_cast<uint32_t*>(ws + w.window_count);
   auto at = [ws](size_t offset) { return reinterpret_cast<int32_t*>(ws + offset); };
@@ -512,21 +525,18 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
 PrepParams launch_prep(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
                        uint8_t* ws, cudaStream_t stream) {
   if (!w.dense && w.fused_prep) return launch_prep_fused(a, s, w, ws, stream);
-  const bool paged = a.kv.layout != KVLayout::flat;
   // Paged: the checked, clamped lengths as a flat cu_seqlens_k, so the CSR build, the q2k check,
   // the prep kernels and the combine treat paged batches like flat ones.
-  const auto* cu_k = paged ? launch_paged_checks(a, s, w, ws, a.status.ptr<int32_t>(), stream)
-                           : a.kv.cu_seqlens_k.ptr<int32_t>();
-  // cu_seqlens_k[B] must equal the flat token count; paged offsets have no such total (-1).
-  const int64_t total_k = paged ? -1 : a.kv.k.values.shape[0];
-  // Whether any key can exist: no TMA map over an empty extent (all lengths may be 0).
-  const bool has_keys = paged ? s.num_pages > 0 && s.max_pages > 0 : total_k > 0;
-  PrepParams pp = prep_params(a, s, w, ws, cu_k, has_keys);
+  const int32_t* key_offsets =
+      a.kv.layout != KVLayout::flat
+          ? launch_paged_checks(a, s, w, ws, a.status.ptr<int32_t>(), stream) : nullptr;
+  const KeyLengthsSource keys = key_lengths(a, s, key_offsets);
+  PrepParams pp = prep_params(a, s, w, ws, keys.cu_k, keys.has_keys);
   if (w.dense) {
-    launch_pdl(dense_units_kernel, 1, kPrepThreads, 0, stream, pp, total_k);
+    launch_pdl(dense_units_kernel, 1, kPrepThreads, 0, stream, pp, keys.total_k);
     return pp;
   }
-  launch_csr(a, s, w, ws, total_k, pp, stream);
+  launch_csr(a, s, w, ws, keys.total_k, pp, stream);
 
   const int sms = current_sm_count();
   launch_pdl(row_start_kernel, 1, kPrepThreads, 0, stream, pp);
