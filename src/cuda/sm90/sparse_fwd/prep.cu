@@ -215,7 +215,8 @@ struct FusedPrepParams {
   unsigned long long* first = nullptr;  // the check's first-offence key
   PagedCheckParams paged;             // page_table null: flat keys
   int32_t* built_schedule = nullptr;  // the schedule built from row_ptr (null: the caller's)
-  uint32_t* window_count = nullptr;   // [window_keys] chunks per query window, then cursors
+  uint32_t* window_count = nullptr;   // [window_keys] chunks per query window, then first places
+  uint32_t* window_hist = nullptr;    // [gridDim.x, window_keys] per CTA range, then first places
   // The CSR build (kBuildCsr; plan.h csr_*): row_ptr / q_idx are p's, written here.
   int32_t* row_ptr = nullptr;
   int32_t* q_idx = nullptr;
@@ -355,6 +356,31 @@ __device__ void csr_row_ptr_body(const FusedPrepParams& f, int64_t block, int64_
   }
 }
 
+// A warp per window (warp of `warps`): the CTAs' counts of the window become the exclusive
+// prefix over the CTAs before them, and its total goes to window_count.
+__device__ void window_prefix_body(const FusedPrepParams& f, int64_t warp, int64_t warps,
+                                   int64_t blocks) {
+  const PrepParams& p = f.p;
+  const int lane = threadIdx.x & 31;
+  for (int64_t k = warp; k < p.window_keys; k += warps) {
+    uint32_t carry = 0;
+    for (int64_t j0 = 0; j0 < blocks; j0 += 32) {
+      const int64_t j = j0 + lane;
+      uint32_t* h = f.window_hist + j * p.window_keys + k;
+      const uint32_t c = j < blocks ? *h : 0u;
+      uint32_t incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
+      }
+      if (j < blocks) *h = carry + incl - c;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) f.window_count[k] = carry;
+  }
+}
+
 // The prep as phases of one cooperative grid, each phase a step of the chain (same bodies, same
 // order of reads and writes) and a grid barrier between phases that depend on each other:
 //   0 re-arm the offence keys and counters; paged: the checked key lengths (block 0)
@@ -364,12 +390,10 @@ __device__ void csr_row_ptr_body(const FusedPrepParams& f, int64_t block, int64_
 //     CSR tiles' sort and counts
 //   kBuildCsr: the counts' prefix over tiles; row_ptr; the entries into q_idx and the schedule
 //   3 unit_scan (block 0) and schedule_check (block 1)
-//   4 unit_table and chunk_table (grid), which counts the chunks of each query window
-//   5 the k2q mismatch report and the scan of the window counts (block 0)
-//   6 each chunk to its window's next place (atomic cursor): walk order by window, as the chain's
-//     stable radix sort, with the chunks of one window in any order. The order of chunks only
-//     decides which CTA runs a chunk and when: each chunk writes its own entries' partials, so
-//     the outputs are the same bits.
+//   4 unit_table and chunk_table (grid)
+//   5 the walk order, a stable counting sort by query window (the chain's radix sort's order):
+//     each CTA's window counts of its range of chunks; their prefixes over the CTAs (a warp a
+//     window); the windows' first places (block 0); each CTA's chunks placed in order (warp 0)
 // One launch instead of the chain's 10 to 25 (and its 3 to 6 memsets).
 template <bool kBuildCsr>
 __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_kernel(FusedPrepParams f) {
@@ -380,7 +404,6 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_k
   const int64_t thread = block * kFusedThreads + threadIdx.x, threads = blocks * kFusedThreads;
   const bool paged = f.paged.page_table != nullptr;
 
-  for (int64_t i = thread; i < p.window_keys; i += threads) f.window_count[i] = 0;
   if (f.check.valid_per_head)
     for (int64_t h = thread; h < p.num_kv_heads; h += threads) f.check.valid_per_head[h] = 0;
   if (thread == 0) {
@@ -421,11 +444,27 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_k
   grid.sync();
 
   unit_table_body(p, thread, threads);
-  chunk_table_body(p, thread, threads, f.window_count);
+  chunk_table_body(p, thread, threads, /*fill_capacity=*/false);
   grid.sync();
 
-  if (block == 0) {
-    if (threadIdx.x == 0) report_k2q_mismatch(p);
+  // The walk order: a stable counting sort of the chunks by window, as the chain's radix sort
+  // (a window's chunks of one kv row stay together, so the CTAs running them share its K / V
+  // in L2). CTA b takes the contiguous chunks [c0, c1).
+  const int32_t n_chunks = *p.num_chunks;
+  const int64_t per_block = (int64_t(n_chunks) + blocks - 1) / blocks;
+  const int64_t c0 = min(int64_t(n_chunks), block * per_block);
+  const int64_t c1 = min(int64_t(n_chunks), c0 + per_block);
+  uint32_t* hist = f.window_hist + block * p.window_keys;
+  if (block == 0 && threadIdx.x == 0) report_k2q_mismatch(p);
+  for (int64_t k = threadIdx.x; k < p.window_keys; k += kFusedThreads) hist[k] = 0;
+  __syncthreads();
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += kFusedThreads) atomicAdd(&hist[p.chunk_keys[c]], 1u);
+  grid.sync();
+
+  window_prefix_body(f, thread / 32, threads / 32, blocks);
+  grid.sync();
+
+  if (block == 0) {  // each window's first place
     using Scan = cub::BlockScan<uint32_t, kFusedThreads>;
     __shared__ typename Scan::TempStorage tmp;
     uint32_t carry = 0;
@@ -442,13 +481,24 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_k
   grid.sync();
   pdl_trigger();
 
-  const int32_t n_chunks = *p.num_chunks;
-  for (int64_t c = thread; c < n_chunks; c += threads) {
-    const uint32_t at = atomicAdd(&f.window_count[p.chunk_keys[c]], 1u);
-    const int4* src = static_cast<const int4*>(p.chunks_by_row) + 2 * c;
-    int4* dst = static_cast<int4*>(p.chunks) + 2 * int64_t(at);
-    dst[0] = src[0];
-    dst[1] = src[1];
+  if (threadIdx.x < 32) {  // warp 0 places the CTA's chunks in order, 32 at a time
+    const int lane = threadIdx.x;
+    for (int64_t c_base = c0; c_base < c1; c_base += 32) {
+      const int64_t c = c_base + lane;
+      const bool live = c < c1;
+      const uint32_t key = live ? p.chunk_keys[c] : ~0u;
+      const unsigned peers = __match_any_sync(0xffffffffu, key);
+      if (live) {
+        const uint32_t at = f.window_count[key] + hist[key] + __popc(peers & ((1u << lane) - 1));
+        const int4* src = static_cast<const int4*>(p.chunks_by_row) + 2 * c;
+        int4* dst = static_cast<int4*>(p.chunks) + 2 * int64_t(at);
+        dst[0] = src[0];
+        dst[1] = src[1];
+      }
+      __syncwarp();
+      if (live && lane == 31 - __clz(peers)) hist[key] += __popc(peers);  // the peers' last lane
+      __syncwarp();
+    }
   }
 }
 
@@ -468,7 +518,8 @@ int fused_prep_blocks() {
     MSA_CHECK(per_sm > 0, "attention_forward: the fused prep kernel does not fit an SM");
     slot.store(per_sm, std::memory_order_relaxed);
   }
-  return current_sm_count() * std::min(per_sm, kFusedBlocksPerSm);
+  return int(std::min<int64_t>(int64_t(current_sm_count()) * std::min(per_sm, kFusedBlocksPerSm),
+                              kFusedMaxBlocks));
 }
 
 PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
@@ -481,6 +532,7 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
   f.check = q2k_check_params(s, f.p, keys.total_k);
   f.first = reinterpret_cast<unsigned long long*>(ws + w.check);
   f.window_count = reinterpret_cast<uint32_t*>(ws + w.window_count);
+  f.window_hist = reinterpret_cast<uint32_t*>(ws + w.window_hist);
   auto at = [ws](size_t offset) { return reinterpret_cast<int32_t*>(ws + offset); };
   if (w.build_csr) {
     f.row_ptr = at(w.row_ptr);
