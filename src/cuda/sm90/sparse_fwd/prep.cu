@@ -572,11 +572,52 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
   return f.p;
 }
 
+// Dense attention over a page pool: the paged checks and the dense unit table in one cooperative
+// grid (one CTA of kPrepThreads an SM), the chain's order: the checked lengths (block 0), the page
+// ids (grid), then the paged report and the unit table (block 0). One launch instead of four.
+__global__ void __launch_bounds__(kPrepThreads) dense_paged_prep_kernel(PagedCheckParams c,
+                                                                        PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  cg::grid_group grid = cg::this_grid();
+  if (blockIdx.x == 0) paged_lengths_body<kPrepThreads>(c);
+  grid.sync();
+  page_check_body(c, int64_t(blockIdx.x) * kPrepThreads + threadIdx.x,
+                  int64_t(gridDim.x) * kPrepThreads);
+  grid.sync();
+  pdl_trigger();
+  if (blockIdx.x != 0) return;
+  if (threadIdx.x == 0) report_paged_offence(c, *c.offence);
+  __syncthreads();  // the status's first offence before the unit table's
+  dense_units_body<kPrepThreads>(p, /*total_k=*/-1);
+}
+
+void launch_dense_paged_prep(const PagedCheckParams& c, const PrepParams& p, cudaStream_t stream) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(current_sm_count()));  // one CTA an SM: co-resident
+  cfg.blockDim = dim3(kPrepThreads);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dense_paged_prep_kernel, c, p));
+}
+
 }  // namespace
 
 PrepParams launch_prep(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
                        uint8_t* ws, cudaStream_t stream) {
   if (!w.dense && w.fused_prep) return launch_prep_fused(a, s, w, ws, stream);
+  if (w.dense && a.kv.layout != KVLayout::flat) {
+    const PagedCheckParams c = paged_check_params(a, s, w, ws, a.status.ptr<int32_t>());
+    const KeyLengthsSource keys = key_lengths(a, s, c.key_offsets);
+    const PrepParams pp = prep_params(a, s, w, ws, keys.cu_k, keys.has_keys);
+    launch_dense_paged_prep(c, pp, stream);
+    return pp;
+  }
   // Paged: the checked, clamped lengths as a flat cu_seqlens_k, so the CSR build, the q2k check,
   // the prep kernels and the combine treat paged batches like flat ones.
   const int32_t* key_offsets =
