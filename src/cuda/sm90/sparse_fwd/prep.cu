@@ -552,23 +552,10 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
     use_callers_k2q(a, w, ws, f.p, f.check);
     if (w.build_schedule) f.built_schedule = at(w.schedule);
   }
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.blockDim = dim3(kFusedThreads);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  if (w.build_csr) {
-    cfg.gridDim = dim3(unsigned(fused_prep_blocks<true>()));
-    MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_fused_kernel<true>, f));
-  } else {
-    cfg.gridDim = dim3(unsigned(fused_prep_blocks<false>()));
-    MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_fused_kernel<false>, f));
-  }
+  if (w.build_csr)
+    launch_cooperative_pdl(prep_fused_kernel<true>, fused_prep_blocks<true>(), kFusedThreads, stream, f);
+  else
+    launch_cooperative_pdl(prep_fused_kernel<false>, fused_prep_blocks<false>(), kFusedThreads, stream, f);
   return f.p;
 }
 
@@ -592,18 +579,8 @@ __global__ void __launch_bounds__(kPrepThreads) dense_paged_prep_kernel(PagedChe
 }
 
 void launch_dense_paged_prep(const PagedCheckParams& c, const PrepParams& p, cudaStream_t stream) {
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(current_sm_count()));  // one CTA an SM: co-resident
-  cfg.blockDim = dim3(kPrepThreads);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dense_paged_prep_kernel, c, p));
+  // One CTA an SM: co-resident.
+  launch_cooperative_pdl(dense_paged_prep_kernel, current_sm_count(), kPrepThreads, stream, c, p);
 }
 
 }  // namespace
