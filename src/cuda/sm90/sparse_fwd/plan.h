@@ -69,8 +69,9 @@ struct AttnPlan {
   size_t units = 0;
   size_t part_o = 0, part_lse = 0, part_tlse = 0;
   size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
-  // fused CSR build: each tile's sorted keys [tiles, csr_tile_cap] u32, its per-row counts (then
-  // the earlier tiles' prefix) [tiles, total_rows] and the rows' totals [Hkv, total_rows]
+  // fused CSR build: each tile's sorted keys [tiles, csr_tile_cap] u32; each row's count in each
+  // tile of its head (then the earlier tiles' prefix) [Hkv, total_rows, csr_tiles_per_head], a
+  // row's tiles contiguous for the prefix's warp; the rows' totals [Hkv, total_rows]
   size_t csr_tile_keys = 0, csr_tile_counts = 0, csr_row_totals = 0;
   // A key mask (key_mask.h): its packed bits and, per batch, token rows.
   bool key_mask = false;

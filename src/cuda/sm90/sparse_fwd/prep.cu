@@ -250,7 +250,7 @@ __device__ __forceinline__ int lower_bound_key(const uint32_t* s, int n, uint32_
 // The CSR of q2k, as csr_build.cu's (each row's batch-local tokens ascending: the CPU builder's
 // bits), in tiles of tile_rows tokens of one kv head. Sort pass (scatter false): each tile sorts
 // its (row, token) keys in shared memory, stores them, and counts each row's entries into its
-// tile_counts row. Scatter pass (after the counts' prefix over tiles and row_ptr): each entry
+// column of tile_counts. Scatter pass (after the counts' prefix over tiles and row_ptr): each entry
 // goes to row_ptr[row] + the earlier tiles' entries of the row + its rank in the tile's run.
 // Ids outside [0, nblk_b) (the q2k check reports them) and rows past total_rows take no entry.
 __device__ void csr_tiles_body(const FusedPrepParams& f, int64_t block, int64_t blocks,
@@ -263,9 +263,10 @@ __device__ void csr_tiles_body(const FusedPrepParams& f, int64_t block, int64_t 
     const int64_t h = tile / f.tiles_per_head, t0 = (tile % f.tiles_per_head) * f.tile_rows;
     const int n = int(min(f.tile_rows, p.total_q - t0) * topk);
     uint32_t* stored = f.tile_keys + tile * f.tile_cap;
-    int32_t* counts = f.tile_counts + tile * p.total_rows;
+    // The tile's column of the head's [total_rows, tiles_per_head] counts (zeroed in phase 0).
+    int32_t* counts = f.tile_counts + (h * p.total_rows) * f.tiles_per_head + tile % f.tiles_per_head;
+    const int64_t row_stride = f.tiles_per_head;
     if (!scatter) {
-      for (int64_t r = threadIdx.x; r < p.total_rows; r += kFusedThreads) counts[r] = 0;
       for (int e = threadIdx.x; e < cap; e += kFusedThreads) {
         uint32_t key = kNoKey;
         if (e < n) {
@@ -286,7 +287,7 @@ __device__ void csr_tiles_body(const FusedPrepParams& f, int64_t block, int64_t 
         stored[e] = k;
         if (k != kNoKey && (e + 1 == cap || keys[e + 1] >> kTokenBits != k >> kTokenBits)) {
           const uint32_t row = k >> kTokenBits;  // the run's last key: its length
-          counts[row] = e + 1 - lower_bound_key(keys, e, row << kTokenBits);
+          counts[row * row_stride] = e + 1 - lower_bound_key(keys, e, row << kTokenBits);
         }
       }
     } else {
@@ -301,7 +302,7 @@ __device__ void csr_tiles_body(const FusedPrepParams& f, int64_t block, int64_t 
         const int64_t t = t0 + int64_t(k & ((1u << kTokenBits) - 1));
         const int64_t rank = e - lower_bound_key(keys, e, row << kTokenBits);
         const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
-        q_idx[row_ptr[row] + counts[row] + rank] = int32_t(t - p.cu_seqlens_q[b]);
+        q_idx[row_ptr[row] + counts[row * row_stride] + rank] = int32_t(t - p.cu_seqlens_q[b]);
       }
     }
     __syncthreads();  // the next tile rewrites keys
@@ -315,18 +316,18 @@ __device__ void csr_tile_prefix_body(const FusedPrepParams& f, int64_t warp, int
   const int lane = threadIdx.x & 31;
   for (int64_t i = warp; i < p.num_kv_heads * p.total_rows; i += warps) {
     const int64_t h = i / p.total_rows, row = i % p.total_rows;
-    int32_t* counts = f.tile_counts + h * f.tiles_per_head * p.total_rows + row;
+    int32_t* counts = f.tile_counts + i * f.tiles_per_head;  // the row's tiles, contiguous
     int32_t carry = 0;
     for (int64_t j0 = 0; j0 < f.tiles_per_head; j0 += 32) {
       const int64_t j = j0 + lane;
-      const int32_t c = j < f.tiles_per_head ? counts[j * p.total_rows] : 0;
+      const int32_t c = j < f.tiles_per_head ? counts[j] : 0;
       int32_t incl = c;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const int32_t x = __shfl_up_sync(0xffffffffu, incl, o);
         if (lane >= o) incl += x;
       }
-      if (j < f.tiles_per_head) counts[j * p.total_rows] = carry + incl - c;
+      if (j < f.tiles_per_head) counts[j] = carry + incl - c;
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
     if (lane == 0) f.row_totals[i] = carry;
@@ -410,6 +411,9 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_k
     *f.first = kNoOffence;
     if (p.k2q_first) *p.k2q_first = ~0ull;
   }
+  if constexpr (kBuildCsr)  // the CSR tiles' counts, [Hkv, total_rows, tiles_per_head]
+    for (int64_t i = thread; i < p.num_kv_heads * p.total_rows * f.tiles_per_head; i += threads)
+      f.tile_counts[i] = 0;
   if (paged && block == 0) paged_lengths_body<kFusedThreads>(f.paged);
   grid.sync();
 
