@@ -29,21 +29,39 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization.
+namespace detail {
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[1];
+void launch_with_pdl(bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block,
+                     size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeCooperative;
+  attr[1].val.cooperative = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = cooperative ? 2 : 1;
   MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+}  // namespace detail
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                cudaStream_t stream, Args&&... args) {
+  detail::launch_with_pdl(false, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// The same as a cooperative launch (every CTA co-resident, so the kernel may use grid barriers;
+// the launch fails if the grid cannot be).
+template <typename... Params, typename... Args>
+void launch_cooperative_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                            Args&&... args) {
+  detail::launch_with_pdl(true, kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace msa::cuda

@@ -107,7 +107,10 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   } else {
     w.total_rows = a.k2q.row_ptr.shape[1] - 1;
   }
-  w.fused_prep = s.topk <= kQ2KStagedMaxTopk && (!w.build_csr || w.total_rows < kCsrMaxRows);
+  w.window_keys = int32_t(std::min<int64_t>(((w.qblock_cap - 1) >> kWindowShift) + 1,
+                                            kMaxWindowKeys));
+  w.fused_prep = s.topk <= kQ2KStagedMaxTopk && w.window_keys <= kFusedMaxWindows &&
+                 (!w.build_csr || w.total_rows < kCsrMaxRows);
   if (w.fused_prep && w.build_csr) {
     w.csr_tile_rows = std::max<int64_t>(1, kCsrTileKeys / std::max<int64_t>(s.topk, 1));
     w.csr_tiles_per_head = (s.total_q + w.csr_tile_rows - 1) / w.csr_tile_rows;
@@ -118,8 +121,6 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.schedule_capacity = hkv * w.total_rows;
   w.chunk_tokens = kChunkTiles * tokens_per_tile(int(s.group));
   w.chunk_capacity = w.schedule_capacity + (hkv * nnz + w.chunk_tokens - 1) / w.chunk_tokens;
-  w.window_keys = int32_t(std::min<int64_t>(((w.qblock_cap - 1) >> kWindowShift) + 1,
-                                            kMaxWindowKeys));
   const size_t part_elems = size_t(hkv) * size_t(nnz) * size_t(s.group);
   const size_t part_bytes = a.params.partial_dtype == DType::bf16 ? 2 : 4;
   size_t off = take_shared(w, a, s, 0);
@@ -136,6 +137,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.chunk_ids = take(size_t(w.chunk_capacity) * 4);
   if (w.fused_prep) {  // a counting sort by query window in the fused kernel
     w.window_count = take(size_t(w.window_keys) * 4);
+    w.window_hist = take(size_t(kFusedMaxBlocks) * size_t(w.window_keys) * 4);
   } else {  // CUB's radix sort
     w.chunk_keys_sorted = take(size_t(w.chunk_capacity) * 4);
     w.chunk_order = take(size_t(w.chunk_capacity) * 4);

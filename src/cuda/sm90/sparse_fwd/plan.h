@@ -61,14 +61,17 @@ struct AttnPlan {
   size_t valid_per_head = 0, k2q_first = 0;  // the caller's k2q check (build_csr false)
   size_t chunks_by_row = 0, chunk_keys = 0, chunk_keys_sorted = 0, chunk_ids = 0, chunk_order = 0;
   size_t sort_tmp = 0, sort_tmp_bytes = 0;
-  size_t window_count = 0;  // fused prep: [window_keys] chunks per query window, then cursors
+  // fused prep: [window_keys] chunks per query window, then each window's first place; the
+  // chunks of each CTA's range per window [kFusedMaxBlocks, window_keys], then their first place
+  size_t window_count = 0, window_hist = 0;
   size_t work_local = 0, work_slot = 0;
   size_t qblock_start = 0, uniform = 0, unit_start = 0, unit_order_start = 0, num_units = 0;
   size_t units = 0;
   size_t part_o = 0, part_lse = 0, part_tlse = 0;
   size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
-  // fused CSR build: each tile's sorted keys [tiles, csr_tile_cap] u32, its per-row counts (then
-  // the earlier tiles' prefix) [tiles, total_rows] and the rows' totals [Hkv, total_rows]
+  // fused CSR build: each tile's sorted keys [tiles, csr_tile_cap] u32; each row's count in each
+  // tile of its head (then the earlier tiles' prefix) [Hkv, total_rows, csr_tiles_per_head], a
+  // row's tiles contiguous for the prefix's warp; the rows' totals [Hkv, total_rows]
   size_t csr_tile_keys = 0, csr_tile_counts = 0, csr_row_totals = 0;
   // A key mask (key_mask.h): its packed bits and, per batch, token rows.
   bool key_mask = false;
@@ -101,6 +104,10 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s);
 // is built in the fused prep for at most kCsrMaxRows rows (32-bit keys), else by the chain.
 constexpr int64_t kCsrTileKeys = 2048;
 constexpr int64_t kCsrMaxRows = int64_t(1) << 20;
+// The fused prep's grid is at most kFusedMaxBlocks CTAs, and it sorts at most kFusedMaxWindows
+// query windows (4M tokens at 1024-token windows) by per-CTA counts; more take the chain.
+constexpr int64_t kFusedMaxBlocks = 1024;
+constexpr int32_t kFusedMaxWindows = 4096;
 
 // Bits of the chunk sort keys for `window_keys` query windows (prep.cu).
 int window_key_bits(int32_t window_keys);

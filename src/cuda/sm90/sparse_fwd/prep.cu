@@ -215,7 +215,8 @@ struct FusedPrepParams {
   unsigned long long* first = nullptr;  // the check's first-offence key
   PagedCheckParams paged;             // page_table null: flat keys
   int32_t* built_schedule = nullptr;  // the schedule built from row_ptr (null: the caller's)
-  uint32_t* window_count = nullptr;   // [window_keys] chunks per query window, then cursors
+  uint32_t* window_count = nullptr;   // [window_keys] chunks per query window, then first places
+  uint32_t* window_hist = nullptr;    // [gridDim.x, window_keys] per CTA range, then first places
   // The CSR build (kBuildCsr; plan.h csr_*): row_ptr / q_idx are p's, written here.
   int32_t* row_ptr = nullptr;
   int32_t* q_idx = nullptr;
@@ -249,7 +250,7 @@ __device__ __forceinline__ int lower_bound_key(const uint32_t* s, int n, uint32_
 // The CSR of q2k, as csr_build.cu's (each row's batch-local tokens ascending: the CPU builder's
 // bits), in tiles of tile_rows tokens of one kv head. Sort pass (scatter false): each tile sorts
 // its (row, token) keys in shared memory, stores them, and counts each row's entries into its
-// tile_counts row. Scatter pass (after the counts' prefix over tiles and row_ptr): each entry
+// column of tile_counts. Scatter pass (after the counts' prefix over tiles and row_ptr): each entry
 // goes to row_ptr[row] + the earlier tiles' entries of the row + its rank in the tile's run.
 // Ids outside [0, nblk_b) (the q2k check reports them) and rows past total_rows take no entry.
 __device__ void csr_tiles_body(const FusedPrepParams& f, int64_t block, int64_t blocks,
@@ -262,9 +263,10 @@ __device__ void csr_tiles_body(const FusedPrepParams& f, int64_t block, int64_t 
     const int64_t h = tile / f.tiles_per_head, t0 = (tile % f.tiles_per_head) * f.tile_rows;
     const int n = int(min(f.tile_rows, p.total_q - t0) * topk);
     uint32_t* stored = f.tile_keys + tile * f.tile_cap;
-    int32_t* counts = f.tile_counts + tile * p.total_rows;
+    // The tile's column of the head's [total_rows, tiles_per_head] counts (zeroed in phase 0).
+    int32_t* counts = f.tile_counts + (h * p.total_rows) * f.tiles_per_head + tile % f.tiles_per_head;
+    const int64_t row_stride = f.tiles_per_head;
     if (!scatter) {
-      for (int64_t r = threadIdx.x; r < p.total_rows; r += kFusedThreads) counts[r] = 0;
       for (int e = threadIdx.x; e < cap; e += kFusedThreads) {
         uint32_t key = kNoKey;
         if (e < n) {
@@ -285,7 +287,7 @@ __device__ void csr_tiles_body(const FusedPrepParams& f, int64_t block, int64_t 
         stored[e] = k;
         if (k != kNoKey && (e + 1 == cap || keys[e + 1] >> kTokenBits != k >> kTokenBits)) {
           const uint32_t row = k >> kTokenBits;  // the run's last key: its length
-          counts[row] = e + 1 - lower_bound_key(keys, e, row << kTokenBits);
+          counts[row * row_stride] = e + 1 - lower_bound_key(keys, e, row << kTokenBits);
         }
       }
     } else {
@@ -300,7 +302,7 @@ __device__ void csr_tiles_body(const FusedPrepParams& f, int64_t block, int64_t 
         const int64_t t = t0 + int64_t(k & ((1u << kTokenBits) - 1));
         const int64_t rank = e - lower_bound_key(keys, e, row << kTokenBits);
         const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
-        q_idx[row_ptr[row] + counts[row] + rank] = int32_t(t - p.cu_seqlens_q[b]);
+        q_idx[row_ptr[row] + counts[row * row_stride] + rank] = int32_t(t - p.cu_seqlens_q[b]);
       }
     }
     __syncthreads();  // the next tile rewrites keys
@@ -314,18 +316,18 @@ __device__ void csr_tile_prefix_body(const FusedPrepParams& f, int64_t warp, int
   const int lane = threadIdx.x & 31;
   for (int64_t i = warp; i < p.num_kv_heads * p.total_rows; i += warps) {
     const int64_t h = i / p.total_rows, row = i % p.total_rows;
-    int32_t* counts = f.tile_counts + h * f.tiles_per_head * p.total_rows + row;
+    int32_t* counts = f.tile_counts + i * f.tiles_per_head;  // the row's tiles, contiguous
     int32_t carry = 0;
     for (int64_t j0 = 0; j0 < f.tiles_per_head; j0 += 32) {
       const int64_t j = j0 + lane;
-      const int32_t c = j < f.tiles_per_head ? counts[j * p.total_rows] : 0;
+      const int32_t c = j < f.tiles_per_head ? counts[j] : 0;
       int32_t incl = c;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const int32_t x = __shfl_up_sync(0xffffffffu, incl, o);
         if (lane >= o) incl += x;
       }
-      if (j < f.tiles_per_head) counts[j * p.total_rows] = carry + incl - c;
+      if (j < f.tiles_per_head) counts[j] = carry + incl - c;
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
     if (lane == 0) f.row_totals[i] = carry;
@@ -355,6 +357,31 @@ __device__ void csr_row_ptr_body(const FusedPrepParams& f, int64_t block, int64_
   }
 }
 
+// A warp per window (warp of `warps`): the CTAs' counts of the window become the exclusive
+// prefix over the CTAs before them, and its total goes to window_count.
+__device__ void window_prefix_body(const FusedPrepParams& f, int64_t warp, int64_t warps,
+                                   int64_t blocks) {
+  const PrepParams& p = f.p;
+  const int lane = threadIdx.x & 31;
+  for (int64_t k = warp; k < p.window_keys; k += warps) {
+    uint32_t carry = 0;
+    for (int64_t j0 = 0; j0 < blocks; j0 += 32) {
+      const int64_t j = j0 + lane;
+      uint32_t* h = f.window_hist + j * p.window_keys + k;
+      const uint32_t c = j < blocks ? *h : 0u;
+      uint32_t incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
+      }
+      if (j < blocks) *h = carry + incl - c;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) f.window_count[k] = carry;
+  }
+}
+
 // The prep as phases of one cooperative grid, each phase a step of the chain (same bodies, same
 // order of reads and writes) and a grid barrier between phases that depend on each other:
 //   0 re-arm the offence keys and counters; paged: the checked key lengths (block 0)
@@ -364,12 +391,10 @@ __device__ void csr_row_ptr_body(const FusedPrepParams& f, int64_t block, int64_
 //     CSR tiles' sort and counts
 //   kBuildCsr: the counts' prefix over tiles; row_ptr; the entries into q_idx and the schedule
 //   3 unit_scan (block 0) and schedule_check (block 1)
-//   4 unit_table and chunk_table (grid), which counts the chunks of each query window
-//   5 the k2q mismatch report and the scan of the window counts (block 0)
-//   6 each chunk to its window's next place (atomic cursor): walk order by window, as the chain's
-//     stable radix sort, with the chunks of one window in any order. The order of chunks only
-//     decides which CTA runs a chunk and when: each chunk writes its own entries' partials, so
-//     the outputs are the same bits.
+//   4 unit_table and chunk_table (grid)
+//   5 the walk order, a stable counting sort by query window (the chain's radix sort's order):
+//     each CTA's window counts of its range of chunks; their prefixes over the CTAs (a warp a
+//     window); the windows' first places (block 0); each CTA's chunks placed in order (warp 0)
 // One launch instead of the chain's 10 to 25 (and its 3 to 6 memsets).
 template <bool kBuildCsr>
 __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_kernel(FusedPrepParams f) {
@@ -380,13 +405,15 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_k
   const int64_t thread = block * kFusedThreads + threadIdx.x, threads = blocks * kFusedThreads;
   const bool paged = f.paged.page_table != nullptr;
 
-  for (int64_t i = thread; i < p.window_keys; i += threads) f.window_count[i] = 0;
   if (f.check.valid_per_head)
     for (int64_t h = thread; h < p.num_kv_heads; h += threads) f.check.valid_per_head[h] = 0;
   if (thread == 0) {
     *f.first = kNoOffence;
     if (p.k2q_first) *p.k2q_first = ~0ull;
   }
+  if constexpr (kBuildCsr)  // the CSR tiles' counts, [Hkv, total_rows, tiles_per_head]
+    for (int64_t i = thread; i < p.num_kv_heads * p.total_rows * f.tiles_per_head; i += threads)
+      f.tile_counts[i] = 0;
   if (paged && block == 0) paged_lengths_body<kFusedThreads>(f.paged);
   grid.sync();
 
@@ -421,11 +448,27 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_k
   grid.sync();
 
   unit_table_body(p, thread, threads);
-  chunk_table_body(p, thread, threads, f.window_count);
+  chunk_table_body(p, thread, threads, /*fill_capacity=*/false);
   grid.sync();
 
-  if (block == 0) {
-    if (threadIdx.x == 0) report_k2q_mismatch(p);
+  // The walk order: a stable counting sort of the chunks by window, as the chain's radix sort
+  // (a window's chunks of one kv row stay together, so the CTAs running them share its K / V
+  // in L2). CTA b takes the contiguous chunks [c0, c1).
+  const int32_t n_chunks = *p.num_chunks;
+  const int64_t per_block = (int64_t(n_chunks) + blocks - 1) / blocks;
+  const int64_t c0 = min(int64_t(n_chunks), block * per_block);
+  const int64_t c1 = min(int64_t(n_chunks), c0 + per_block);
+  uint32_t* hist = f.window_hist + block * p.window_keys;
+  if (block == 0 && threadIdx.x == 0) report_k2q_mismatch(p);
+  for (int64_t k = threadIdx.x; k < p.window_keys; k += kFusedThreads) hist[k] = 0;
+  __syncthreads();
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += kFusedThreads) atomicAdd(&hist[p.chunk_keys[c]], 1u);
+  grid.sync();
+
+  window_prefix_body(f, thread / 32, threads / 32, blocks);
+  grid.sync();
+
+  if (block == 0) {  // each window's first place
     using Scan = cub::BlockScan<uint32_t, kFusedThreads>;
     __shared__ typename Scan::TempStorage tmp;
     uint32_t carry = 0;
@@ -442,13 +485,24 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_k
   grid.sync();
   pdl_trigger();
 
-  const int32_t n_chunks = *p.num_chunks;
-  for (int64_t c = thread; c < n_chunks; c += threads) {
-    const uint32_t at = atomicAdd(&f.window_count[p.chunk_keys[c]], 1u);
-    const int4* src = static_cast<const int4*>(p.chunks_by_row) + 2 * c;
-    int4* dst = static_cast<int4*>(p.chunks) + 2 * int64_t(at);
-    dst[0] = src[0];
-    dst[1] = src[1];
+  if (threadIdx.x < 32) {  // warp 0 places the CTA's chunks in order, 32 at a time
+    const int lane = threadIdx.x;
+    for (int64_t c_base = c0; c_base < c1; c_base += 32) {
+      const int64_t c = c_base + lane;
+      const bool live = c < c1;
+      const uint32_t key = live ? p.chunk_keys[c] : ~0u;
+      const unsigned peers = __match_any_sync(0xffffffffu, key);
+      if (live) {
+        const uint32_t at = f.window_count[key] + hist[key] + __popc(peers & ((1u << lane) - 1));
+        const int4* src = static_cast<const int4*>(p.chunks_by_row) + 2 * c;
+        int4* dst = static_cast<int4*>(p.chunks) + 2 * int64_t(at);
+        dst[0] = src[0];
+        dst[1] = src[1];
+      }
+      __syncwarp();
+      if (live && lane == 31 - __clz(peers)) hist[key] += __popc(peers);  // the peers' last lane
+      __syncwarp();
+    }
   }
 }
 
@@ -468,7 +522,8 @@ int fused_prep_blocks() {
     MSA_CHECK(per_sm > 0, "attention_forward: the fused prep kernel does not fit an SM");
     slot.store(per_sm, std::memory_order_relaxed);
   }
-  return current_sm_count() * std::min(per_sm, kFusedBlocksPerSm);
+  return int(std::min<int64_t>(int64_t(current_sm_count()) * std::min(per_sm, kFusedBlocksPerSm),
+                              kFusedMaxBlocks));
 }
 
 PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
@@ -481,6 +536,7 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
   f.check = q2k_check_params(s, f.p, keys.total_k);
   f.first = reinterpret_cast<unsigned long long*>(ws + w.check);
   f.window_count = reinterpret_cast<uint32_t*>(ws + w.window_count);
+  f.window_hist = reinterpret_cast<uint32_t*>(ws + w.window_hist);
   auto at = [ws](size_t offset) { return reinterpret_cast<int32_t*>(ws + offset); };
   if (w.build_csr) {
     f.row_ptr = at(w.row_ptr);
@@ -500,24 +556,35 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
     use_callers_k2q(a, w, ws, f.p, f.check);
     if (w.build_schedule) f.built_schedule = at(w.schedule);
   }
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.blockDim = dim3(kFusedThreads);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  if (w.build_csr) {
-    cfg.gridDim = dim3(unsigned(fused_prep_blocks<true>()));
-    MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_fused_kernel<true>, f));
-  } else {
-    cfg.gridDim = dim3(unsigned(fused_prep_blocks<false>()));
-    MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_fused_kernel<false>, f));
-  }
+  if (w.build_csr)
+    launch_cooperative_pdl(prep_fused_kernel<true>, fused_prep_blocks<true>(), kFusedThreads, stream, f);
+  else
+    launch_cooperative_pdl(prep_fused_kernel<false>, fused_prep_blocks<false>(), kFusedThreads, stream, f);
   return f.p;
+}
+
+// Dense attention over a page pool: the paged checks and the dense unit table in one cooperative
+// grid (one CTA of kPrepThreads an SM), the chain's order: the checked lengths (block 0), the page
+// ids (grid), then the paged report and the unit table (block 0). One launch instead of four.
+__global__ void __launch_bounds__(kPrepThreads) dense_paged_prep_kernel(PagedCheckParams c,
+                                                                        PrepParams p) {
+  pdl_wait();  // pdl.cuh
+  cg::grid_group grid = cg::this_grid();
+  if (blockIdx.x == 0) paged_lengths_body<kPrepThreads>(c);
+  grid.sync();
+  page_check_body(c, int64_t(blockIdx.x) * kPrepThreads + threadIdx.x,
+                  int64_t(gridDim.x) * kPrepThreads);
+  grid.sync();
+  pdl_trigger();
+  if (blockIdx.x != 0) return;
+  if (threadIdx.x == 0) report_paged_offence(c, *c.offence);
+  __syncthreads();  // the status's first offence before the unit table's
+  dense_units_body<kPrepThreads>(p, /*total_k=*/-1);
+}
+
+void launch_dense_paged_prep(const PagedCheckParams& c, const PrepParams& p, cudaStream_t stream) {
+  // One CTA an SM: co-resident.
+  launch_cooperative_pdl(dense_paged_prep_kernel, current_sm_count(), kPrepThreads, stream, c, p);
 }
 
 }  // namespace
@@ -525,6 +592,13 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
 PrepParams launch_prep(const AttentionArgs& a, const ProblemShape& s, const AttnPlan& w,
                        uint8_t* ws, cudaStream_t stream) {
   if (!w.dense && w.fused_prep) return launch_prep_fused(a, s, w, ws, stream);
+  if (w.dense && a.kv.layout != KVLayout::flat) {
+    const PagedCheckParams c = paged_check_params(a, s, w, ws, a.status.ptr<int32_t>());
+    const KeyLengthsSource keys = key_lengths(a, s, c.key_offsets);
+    const PrepParams pp = prep_params(a, s, w, ws, keys.cu_k, keys.has_keys);
+    launch_dense_paged_prep(c, pp, stream);
+    return pp;
+  }
   // Paged: the checked, clamped lengths as a flat cu_seqlens_k, so the CSR build, the q2k check,
   // the prep kernels and the combine treat paged batches like flat ones.
   const int32_t* key_offsets =

@@ -213,11 +213,11 @@ __device__ __forceinline__ int64_t warp_last_le(const int32_t* a, int64_t n, int
 // lane 0 writes the ChunkDesc, the lanes compact the chunk's CSR entries that the main kernel must
 // do into work_local / work_slot (from e_begin on, CSR order kept) and shrink e_end to match.
 // Dropped: tokens of query blocks done by the uniform path, and entries whose token's q2k row
-// does not hold the block (a CSR that does not match q2k). With `window_count` (the fused prep)
-// each chunk also counts its walk-order key there; without it (the chain's radix sort) the
-// capacity past the real chunks gets keys that sort last.
+// does not hold the block (a CSR that does not match q2k). With `fill_capacity` (the chain's radix
+// sort, which sorts the whole capacity) the capacity past the real chunks gets keys that sort
+// last.
 __device__ inline void chunk_table_body(const PrepParams& p, int64_t thread, int64_t threads,
-                                 uint32_t* window_count) {
+                                        bool fill_capacity) {
   const int32_t n_chunks = *p.num_chunks;
   const int lane = threadIdx.x & 31;
   const int64_t warps = threads / 32;
@@ -291,10 +291,9 @@ __device__ inline void chunk_table_body(const PrepParams& p, int64_t thread, int
       const uint32_t key = uint32_t(window < p.window_keys - 1 ? window : p.window_keys - 1);
       p.chunk_keys[c] = key;
       p.chunk_ids[c] = int32_t(c);
-      if (window_count) atomicAdd(&window_count[key], 1u);
     }
   }
-  if (window_count) return;
+  if (!fill_capacity) return;
   // Capacity past the real chunks: keys that sort last.
   for (int64_t c = n_chunks + thread; c < p.chunk_capacity; c += threads) {
     p.chunk_keys[c] = uint32_t(p.window_keys);
@@ -306,7 +305,7 @@ __global__ void chunk_table_kernel(PrepParams p) {
   pdl_wait();  // pdl.cuh
   pdl_trigger();
   chunk_table_body(p, int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
-                   int64_t(gridDim.x) * blockDim.x, nullptr);
+                   int64_t(gridDim.x) * blockDim.x, /*fill_capacity=*/true);
 }
 
 // One thread, after chunk_table: the first k2q mismatch it found into the status buffer.

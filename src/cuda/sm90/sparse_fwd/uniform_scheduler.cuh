@@ -153,12 +153,10 @@ __global__ void unit_table_kernel(PrepParams p) {
 // them (no per-unit search). Broken lengths leave no unit, so nothing reads K/V through them.
 // Without keys (uniform_enabled 0) every pair's flag is cleared for the combine, which then writes
 // the zero rows.
-__global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
-                                                                   int64_t total_k) {
-  pdl_wait();  // pdl.cuh; the uniform kernel's producer waits before reading the table
-  pdl_trigger();
-  using Scan = cub::BlockScan<int, kPrepThreads>;
-  using Reduce = cub::BlockReduce<long long, kPrepThreads>;
+template <int kT>
+__device__ void dense_units_body(const PrepParams& p, int64_t total_k) {
+  using Scan = cub::BlockScan<int, kT>;
+  using Reduce = cub::BlockReduce<long long, kT>;
   __shared__ union {
     typename Scan::TempStorage scan;
     typename Reduce::TempStorage reduce;
@@ -166,7 +164,7 @@ __global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
   __shared__ long long first_bad;
   const int64_t batch = p.batch;
   long long bad = LLONG_MAX;  // offence index batch * 2 + which, as the q2k check orders them
-  for (int64_t b = threadIdx.x; b <= batch; b += kPrepThreads)
+  for (int64_t b = threadIdx.x; b <= batch; b += kT)
     for (int which = 0; which < 2; ++which) {
       const int32_t* cu = which == 0 ? p.cu_seqlens_q : (total_k >= 0 ? p.cu_seqlens_k : nullptr);
       if (cu == nullptr) continue;
@@ -182,7 +180,7 @@ __global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
   __syncthreads();
   const bool ok = first_bad == LLONG_MAX;
   int carry = 0;  // qblock_start (totals fit int32: checked on the host)
-  for (int64_t base = 0; base <= batch; base += kPrepThreads) {
+  for (int64_t base = 0; base <= batch; base += kT) {
     const int64_t b = base + threadIdx.x;
     int nq = 0;
     if (b < batch) {
@@ -197,10 +195,10 @@ __global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
   }
   const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
   if (!p.uniform_enabled)
-    for (int64_t i = threadIdx.x; i < pairs; i += kPrepThreads) p.uniform[i] = 0;
+    for (int64_t i = threadIdx.x; i < pairs; i += kT) p.uniform[i] = 0;
   const int64_t total_blocks = min(int64_t(carry), p.qblock_cap);
   int units = 0;
-  for (int64_t base = 0; base < pairs; base += kPrepThreads) {
+  for (int64_t base = 0; base < pairs; base += kT) {
     const int64_t o = base + threadIdx.x;
     const int64_t g = p.qblock_cap - 1 - o / hkv, h = o % hkv;
     int64_t b = 0, qb = 0;
@@ -220,6 +218,13 @@ __global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
     __syncthreads();
   }
   if (threadIdx.x == 0) *p.num_units = ok ? units : 0;
+}
+
+__global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
+                                                                   int64_t total_k) {
+  pdl_wait();  // pdl.cuh; the uniform kernel's producer waits before reading the table
+  pdl_trigger();
+  dense_units_body<kPrepThreads>(p, total_k);
 }
 
 }  // namespace msa::cuda::sparse_fwd
