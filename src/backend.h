@@ -52,8 +52,13 @@ struct WorkspaceSource {
   size_t offset = 0;
 };
 
-void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t stream);
-void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream);
+// check_pages = false: a paged cache's page ids and seqused_k are left to a later op on the same
+// stream that checks the same page table and lengths against a pool of as many pages of the same
+// size (the pipeline's attention_forward); the kernel reads nothing out of range either way.
+void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t stream,
+                  bool check_pages = true);
+void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream,
+                bool check_pages = true);
 void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream);
 // As cpu::select_every_visible; refuses what block_topk refuses on CUDA
 // (check_indexer_supported), so a call does not start to fail as its requests grow.

@@ -59,13 +59,17 @@ ProblemShape check_indexer_inputs(const QTensor& q, const KVCache& kv, const Ten
 
 }  // namespace
 
-void block_scores(const BlockScoresArgs& a, cudaStream_t stream) {
+void api::block_scores(const BlockScoresArgs& a, cudaStream_t stream, bool check_pages) {
   const ProblemShape s = check_indexer_inputs(a.q, a.kv, a.cu_seqlens_q, a.kv_block_size);
   const Device device = a.q.values.device;
   check_scores(a.scores, s, host_max_blocks(a.kv, s, device.type == DeviceType::cuda), device);
   api::check_status_arg(a.status, device, "block_scores");
-  if (device.type == DeviceType::cuda) return cuda::block_scores(a, s, stream);
+  if (device.type == DeviceType::cuda) return cuda::block_scores(a, s, stream, check_pages);
   cpu::block_scores(a, s);
+}
+
+void block_scores(const BlockScoresArgs& a, cudaStream_t stream) {
+  api::block_scores(a, stream, /*check_pages=*/true);
 }
 
 namespace {
@@ -101,10 +105,14 @@ void api::select_every_visible(const BlockTopKArgs& a, cudaStream_t stream) {
   cpu::select_every_visible(a, s);
 }
 
-void block_topk(const BlockTopKArgs& a, cudaStream_t stream) {
+void api::block_topk(const BlockTopKArgs& a, cudaStream_t stream, bool check_pages) {
   const ProblemShape s = check_block_topk(a, "block_topk");
-  if (a.q.values.is_cuda()) return cuda::block_topk(a, s, stream);
+  if (a.q.values.is_cuda()) return cuda::block_topk(a, s, stream, check_pages);
   cpu::block_topk(a, s);
+}
+
+void block_topk(const BlockTopKArgs& a, cudaStream_t stream) {
+  api::block_topk(a, stream, /*check_pages=*/true);
 }
 
 }  // namespace msa

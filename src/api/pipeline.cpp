@@ -31,6 +31,11 @@ struct Calls {
   BlockScoresArgs scores;
   TopKArgs pick;
   size_t scores_bytes = 0;
+  // Paged, with attention after the selection: the indexer leaves the page table and seqused_k to
+  // attention_forward's check when the index pool has k's page count and page size (the same
+  // first offence either way; LAT-CHUNK 7 launches -> 6). Without queries attention enqueues
+  // nothing, so the indexer keeps its check.
+  bool index_checks_pages = true;
 };
 
 Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
@@ -91,6 +96,11 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
       : flat       ? k.shape[0]
                    : product(table.shape[1], k.shape[a.kv.layout == KVLayout::paged_nhd ? 1 : 2]);
   if (key_bound < 0 || product(a.topk, a.params.kv_block_size) < key_bound) c.attend.q2k = q2k;
+  if (!flat && well_formed && c.attend.q2k.defined() && a.q.shape[0] > 0) {
+    const int page_dim = a.kv.layout == KVLayout::paged_nhd ? 1 : 2;
+    c.index_checks_pages = ik.defined() && (ik.ndim != 4 || ik.shape[0] != k.shape[0] ||
+                                            ik.shape[page_dim] != k.shape[page_dim]);
+  }
   if (c.unfused && c.attend.q2k.defined()) {
     // [Hi, nblk, total_q] over the longest request the cache can hold, after q2k.
     const int64_t blk = a.params.kv_block_size > 0 ? a.params.kv_block_size : 1;
@@ -165,10 +175,10 @@ void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
     // alone 152 us).
     api::select_every_visible(c.select, stream);
   } else if (c.unfused) {
-    block_scores(c.scores, stream);
+    api::block_scores(c.scores, stream, c.index_checks_pages);
     select_topk(c.pick, stream);
   } else {
-    block_topk(c.select, stream);
+    api::block_topk(c.select, stream, c.index_checks_pages);
   }
   api::attention_forward(c.attend, stream,
                          cuda::WorkspaceSource{"pipeline_workspace_bytes(args)", q2k_span});

@@ -13,8 +13,10 @@ namespace {
            "or -DMSA_CUDA=ON)");
 }
 }  // namespace
-void block_scores(const BlockScoresArgs&, const ProblemShape&, cudaStream_t) { no_cuda("block_scores"); }
-void block_topk(const BlockTopKArgs&, const ProblemShape&, cudaStream_t) { no_cuda("block_topk"); }
+void block_scores(const BlockScoresArgs&, const ProblemShape&, cudaStream_t, bool) {
+  no_cuda("block_scores");
+}
+void block_topk(const BlockTopKArgs&, const ProblemShape&, cudaStream_t, bool) { no_cuda("block_topk"); }
 void select_topk(const TopKArgs&, const ProblemShape&, cudaStream_t) { no_cuda("select_topk"); }
 void select_every_visible(const BlockTopKArgs&, const ProblemShape&, cudaStream_t) {
   no_cuda("sparse_attention_pipeline");

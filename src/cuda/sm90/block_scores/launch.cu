@@ -175,9 +175,9 @@ int item_splits(int64_t ctas) {
 }
 
 void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Params& p, int blk,
-            cudaStream_t stream) {
+            bool check_pages, cudaStream_t stream) {
   const bool paged = kv.layout != KVLayout::flat;
-  if (paged && p.batch > 0) launch_paged_check(s, p, stream);  // even without queries
+  if (paged && check_pages && p.batch > 0) launch_paged_check(s, p, stream);  // even without queries
   if (p.total_q == 0 || p.batch == 0) return;
   const char* op = p.scores ? "block_scores" : "block_topk";
   const int tokens_per_group = kTileM / p.group;
@@ -210,12 +210,13 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
 
 }  // namespace
 
-void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t stream) {
+void block_scores(const BlockScoresArgs& a, const ProblemShape& s, cudaStream_t stream,
+                  bool check_pages) {
   check_supported(a.q, a.kv, s, a.kv_block_size, "block_scores");
   Params p = make_params(a.q, a.kv, a.cu_seqlens_q, s, a.causal, a.status);
   p.scores = a.scores.ptr<float>();
   p.nblk_max = a.scores.shape[1];
-  launch(a.q, a.kv, s, p, a.kv_block_size, stream);
+  launch(a.q, a.kv, s, p, a.kv_block_size, check_pages, stream);
 }
 
 void check_indexer_supported(const BlockTopKArgs& a, const ProblemShape& s) {
@@ -223,7 +224,8 @@ void check_indexer_supported(const BlockTopKArgs& a, const ProblemShape& s) {
   MSA_CHECK(a.topk <= kMaxPicks, "topk: at most ", kMaxPicks, " on CUDA, got ", a.topk);
 }
 
-void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
+void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream,
+                bool check_pages) {
   check_indexer_supported(a, s);
   MSA_CHECK(a.q2k.shape[0] == s.num_kv_heads, "block_topk: ", a.q2k.shape[0],
             " selection heads on k's ", s.num_kv_heads, " heads are not fused on CUDA yet; run "
@@ -232,7 +234,7 @@ void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stre
   p.q2k = a.q2k.ptr<int32_t>();
   p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
   p.nblk_max = std::numeric_limits<int32_t>::max();  // nothing materialized: no bound
-  launch(a.q, a.kv, s, p, a.kv_block_size, stream);
+  launch(a.q, a.kv, s, p, a.kv_block_size, check_pages, stream);
 }
 
 }  // namespace msa::cuda
