@@ -3,7 +3,9 @@
 // attention, the host time, the GPU time and the launches (workloads/latency_bench.cpp).
 // bench/python_bench.py --latency-cpp times the same calls through the Python API, and FA4 and
 // cuDNN dense on the same shapes.
-//   bench_latency [--case NAME]... [--calls N] [--warmup N] [--json FILE]
+//   bench_latency [--case NAME]... [--op NAME]... [--calls N] [--warmup N] [--json FILE]
+// --op keeps the named ops only (pipeline, attention_forward, ...): a host trace of one op
+// (bench/host_trace.cpp) then sees its calls alone, besides the untimed setup.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -24,6 +26,7 @@ int main(int argc, char** argv) {
       else if (a == "--calls") o.calls = std::atoi(v);
       else if (a == "--warmup") o.warmup = std::atoi(v);
       else if (a == "--json") o.json = v;
+      else if (a == "--op") o.ops.push_back(v);
       else msa::fail("bench_latency: unknown option ", a);
     }
     MSA_CHECK(o.calls > 0 && o.warmup >= 0, "bench_latency: --calls must be positive, --warmup >= 0");

@@ -184,6 +184,43 @@ def dense_peers(x):
     return peers
 
 
+def pipeline_host_split(x, kw, calls):
+    """Median host us of msa.sparse_attention split into its layers: with out= and workspace=
+    given (no allocation), the Python layer alone (msa._C's entry replaced by a stand-in that
+    only allocates the workspace it would), and that C entry alone on prebuilt keywords with the
+    workspace given (the binding's conversions and the C++ call)."""
+    import msa.attention as attention
+    c = attention._C
+    real = c.sparse_attention_pipeline
+    args = {}
+    nbytes = size_of_call(x, kw)
+
+    def stand_in(**a):  # allocates what the call would, sized beforehand
+        args.update(a)
+        if a.get("alloc") is not None:
+            a["alloc"](nbytes)
+    call = lambda **extra: msa.sparse_attention(x["q"], x["k"], x["v"], x["cu_q"],
+                                                index_q=x["index_q"], index_k=x["index_k"],
+                                                **kw, **extra)
+    ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    out = torch.empty_like(x["q"])
+    pre = host_us(lambda: call(out=out, workspace=ws), calls)[0]
+    c.sparse_attention_pipeline = stand_in
+    try:
+        py = host_us(call, calls)[0]
+    finally:
+        c.sparse_attention_pipeline = real
+    direct = dict(args, workspace=ws, alloc=None)
+    entry = host_us(lambda: real(**direct), calls)[0]
+    return dict(host_us_preallocated=pre, host_us_python_layer=py, host_us_c_entry=entry)
+
+
+def size_of_call(x, kw):
+    return msa.pipeline_workspace_bytes(x["q"], x["k"], x["v"], x["cu_q"], index_q=x["index_q"],
+                                        index_k=x["index_k"],
+                                        **{k: v for k, v in kw.items() if k != "check"})
+
+
 def latency(args, cpp_lat):
     """The LAT-* cases of bench_latency's records: the same calls through the Python API (host
     and GPU time per call, against the C++ host time), and FA4 and cuDNN dense on the same
@@ -199,6 +236,7 @@ def latency(args, cpp_lat):
     side = torch.cuda.Stream()
     torch.cuda.current_stream().synchronize()
     table = []
+    split = {}
     for ref in cases:
         name = ref["case"]
         cpp = {r["op"]: r for r in cpp_lat if r.get("case") == name}
@@ -231,6 +269,9 @@ def latency(args, cpp_lat):
                 if impl == "msa-python" and op in cpp:
                     rec["cpp_host_us"] = cpp[op]["host_us_median"]
                     rec["cpp_gpu_us"] = cpp[op]["gpu_us"]
+                if (op, impl) == ("pipeline", "msa-python"):
+                    rec.update(pipeline_host_split(x, kw, args.lat_calls))
+                    split[name] = rec
                 rows.append(records.add_environment(rec, "none"))
         msa.check_status()
         dense = {impl: g for (op, impl), (_, g) in got.items() if op == "dense"}
@@ -243,6 +284,13 @@ def latency(args, cpp_lat):
                       cpp["attention_forward"]["host_us_median"],
                       (p["launches"], cpp["attention_forward"]["launches"],
                        cpp["attention_forward_dense"]["launches"])))
+    print("\n| case | pipeline host us: C++ | Python | Python with out= and workspace= | the Python "
+          "layer alone (C entry stubbed) | C entry alone (workspace given) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, r in split.items():
+        print(f"| {name} | {r['cpp_host_us']:.1f} | {r['host_us_median']:.1f} | "
+              f"{r['host_us_preallocated']:.1f} | {r['host_us_python_layer']:.1f} | "
+              f"{r['host_us_c_entry']:.1f} |")
     f = lambda v: "-" if v is None else f"{v:.1f}"
     print("\n| case | pipeline GPU us | attention_forward (k2q) | msa dense | FA4 dense | cuDNN dense "
           "| pipeline / best dense | host us: pipeline C++ / Python | attention_forward C++ / Python "

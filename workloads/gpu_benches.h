@@ -47,6 +47,7 @@ struct LatencyBenchOptions {
   int calls = 200;     // timed calls per op (host time: each alone; GPU time: back to back)
   int warmup = 20;     // untimed calls first
   std::string json;    // append one JSON record per case and op when set
+  std::vector<std::string> ops;  // time only these ops (all when empty)
 };
 // The LAT-* cases of bench/CASES.md (kind latency).
 std::vector<std::string> latency_case_names();

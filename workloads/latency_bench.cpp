@@ -254,8 +254,14 @@ int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
       {"pipeline", [&] { msa::sparse_attention_pipeline(p, s); }},
       {"attention_forward", [&] { msa::attention_forward(a, s); }},
       {"attention_forward_dense", [&] { msa::attention_forward(dense, s); }},
+      // Host work alone (the checks and plans a call repeats, no launch): what of a call's host
+      // time is not its launches.
+      {"pipeline_workspace_bytes", [&] { (void)msa::pipeline_workspace_bytes(p); }},
+      {"attention_workspace_bytes", [&] { (void)msa::attention_workspace_bytes(a); }},
   };
   for (const auto& [op, call] : ops) {
+    if (!o.ops.empty() && std::find(o.ops.begin(), o.ops.end(), std::string(op)) == o.ops.end())
+      continue;
     const HostTimes t = time_calls(call, o.calls, o.warmup, s);
     msa::check_status(st, s);
     const GraphNodes l = count_launches(call, s);

@@ -99,17 +99,19 @@ def torch_dtype(name: str):
     return _TORCH_DTYPES[name]
 
 
+# torch dtype -> msa name, the first name of each dtype in _TORCH_DTYPES' order: on torch without
+# float8_e8m0fnu / float4_e2m1fn_x2, uint8 means u8 only.
+_TORCH_NAMES: dict = {}
+for _name, _dt in _TORCH_DTYPES.items():
+    _TORCH_NAMES.setdefault(_dt, _name)
+
+
 def dtype_of(x: Any) -> Optional[str]:
     """msa dtype name of an array (None when msa has no name for it, e.g. float64)."""
     if isinstance(x, Typed):
         return x.dtype
     if is_torch(x):
-        t = _torch()
-        for name, dt in _TORCH_DTYPES.items():
-            # On torch without float8_e8m0fnu / float4_e2m1fn_x2, uint8 means u8 only.
-            if x.dtype == dt and (dt != t.uint8 or name == "u8"):
-                return name
-        return None
+        return _TORCH_NAMES.get(x.dtype)
     return _NP_NAMES.get(getattr(x.dtype, "name", str(x.dtype)))
 
 

@@ -93,15 +93,21 @@ def check_arrays(**named: Any) -> None:
     for name, x in named.items():
         if x is None or type(x) is _TorchTensor:
             continue
-        parts = [(name, x)]
         if isinstance(x, _QTensor):
-            parts = [(name, x.values), (name + ".scale", x.scale)]
-        for label, a in parts:
-            if isinstance(a, Typed):
-                a = a.array
-            if a is not None and not hasattr(a, "__dlpack__"):
-                raise MsaError(f"{label}: expected an array (torch, numpy, cupy or another "
-                               f"DLPack producer), got {type(a).__name__}")
+            _check_array(name, x.values)
+            _check_array(name, x.scale, ".scale")
+        else:
+            _check_array(name, x)
+
+
+def _check_array(name: str, a: Any, suffix: str = "") -> None:
+    if a is None or type(a) is _TorchTensor:
+        return
+    if isinstance(a, Typed):
+        a = a.array
+    if a is not None and not hasattr(a, "__dlpack__"):
+        raise MsaError(f"{name}{suffix}: expected an array (torch, numpy, cupy or another DLPack "
+                       f"producer), got {type(a).__name__}")
 
 
 def check_sequence(x: Any, name: str, what: str, sizes: tuple) -> None:

@@ -280,10 +280,12 @@ def sparse_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k:
 
 
 def _check_pipeline_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, index_q,
-                           index_k, k_scale, v_scale, **outputs) -> None:
-    check_attention_arrays(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                           page_table=page_table, seqused_k=seqused_k, index_q=index_q,
-                           index_k=index_k, k_scale=k_scale, v_scale=v_scale, **outputs)
+                           index_k, k_scale, v_scale, out=None, lse=None, workspace=None) -> None:
+    """check_attention_arrays without k2q, in one call (each keyword hop costs host time)."""
+    check_arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                 page_table=page_table, seqused_k=seqused_k, index_q=index_q, index_k=index_k,
+                 k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, workspace=workspace)
+    dims(unpack(q)[0], "q", 3, "[total_q, Hq, D]")
 
 
 def _pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,

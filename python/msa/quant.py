@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional, Sequence
 
 from . import _C
-from ._arrays import Typed, dtype_of, empty, shape_of
-from ._runtime import (MsaError, arg, check_arrays, check_sequence, compiling, count, dims,
-                       stream_of)
+from ._arrays import _TORCH_NAMES, Typed, dtype_of, empty, shape_of
+from ._runtime import (_TorchTensor, MsaError, arg, check_arrays, check_sequence, compiling,
+                       count, dims, stream_of)
 
 # Per format: element types of values and scale, and the scale's shape for x [T, H, D].
 VALUE_DTYPES = {"fp8_per_tensor": "fp8_e4m3", "fp8_per_token": "fp8_e4m3",
@@ -53,6 +53,8 @@ def tag(x: Any, dtype: str) -> Any:
     are (a mismatch is then reported by the C++ checks)."""
     if x is None or isinstance(x, Typed):
         return x
+    if type(x) is _TorchTensor:  # the common case, one dict lookup (a call's host time)
+        return Typed(x, dtype) if _TORCH_NAMES.get(x.dtype, "u8") == "u8" else x
     return Typed(x, dtype) if dtype_of(x) in ("u8", None) else x
 
 

@@ -88,16 +88,16 @@ void expect_matches_cpu_pipeline(PipelineArgs c, const DeviceBuffer& ws, const D
   HostTensor cws(DType::u8, {int64_t(pipeline_workspace_bytes(c))});
   c.workspace = cws.t;
   sparse_attention_pipeline(c);
-  const auto q2k = ws.download<int32_t>(size_t(kHkv * tq * kTopK), stream);
+  const auto q2k = ws.download<int32_t>(size_t(kHkv * tq * c.topk), stream);
   EXPECT_EQ(0, std::memcmp(q2k.data(), cws.data<int32_t>(), q2k.size() * 4)) << "q2k differs";
   expect_outputs_match(dout, dlse, out, lse, stream);
 }
 
 // Replays of one captured pipeline against the CPU pipeline on the same inputs. index_heads:
 // separate indexer inputs in the serving geometry of DESIGN section 13 (4 index heads on 1 index
-// key head for the 2 kv heads: block scores, then select_topk).
+// key head for the 2 kv heads: block scores, then select_topk); topk: the selection's width.
 void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::vector<int32_t>& lk,
-                                    bool index_heads = false) {
+                                    bool index_heads = false, int topk = kTopK) {
   const int64_t tq = std::accumulate(lq.begin(), lq.end(), int64_t(0));
   const int64_t tk = std::accumulate(lk.begin(), lk.end(), int64_t(0));
   HostTensor q(DType::bf16, {tq, kHq, kD}), k(DType::bf16, {tk, kHkv, kD}), v(DType::bf16, {tk, kHkv, kD});
@@ -114,7 +114,7 @@ void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::v
   a.kv.v = on_device(v, dv);
   a.kv.cu_seqlens_k = on_device(cu_k, dck);
   a.cu_seqlens_q = on_device(cu_q, dcq);
-  a.topk = kTopK;
+  a.topk = topk;
   a.out = Tensor(dout.get(), DType::bf16, {tq, kHq, kD}, gpu0());
   a.lse = Tensor(dlse.get(), DType::f32, {kHq, tq}, gpu0());
   a.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
@@ -184,6 +184,8 @@ TEST(PipelineGpu, ShortRequestsRunDense) {
   MSA_REQUIRE_GPU();
   expect_graph_replays_match_cpu({100, 60, 0}, {300, 60, 152});
   expect_graph_replays_match_cpu({100, 60, 0}, {300, 60, 152}, true);  // 4 index heads on 1
+  // topK 3 (3 blocks cover 300 keys): rows of 12 bytes, written id by id instead of 16 at once.
+  expect_graph_replays_match_cpu({100, 60, 0}, {300, 60, 152}, false, 3);
 }
 
 // Paged KV in the serving geometry: the index keys in a pool of their own under k's page table.

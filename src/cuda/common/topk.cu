@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "cuda/common/index_checks.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/topk_select.cuh"
 #include "cuda/device/check.h"
 
@@ -185,13 +186,32 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
 
 // Every visible block of token t, ascending, -1 padded: the selection when top-K covers them all
 // (nblk_max = topk, so a length past what the caller's shapes allow is reported, never written).
+// A thread per (token, 4 slots): consecutive threads write consecutive 16 bytes of a head's rows
+// (with kVec, int4 stores; a thread per token writing its rows one id at a time scattered 4-byte
+// stores 4 * topk bytes apart across the warp). Launched with PDL, it lets the next kernel of the
+// stream (the dense attention's prep in the pipeline) launch at once; that one waits for it.
+template <bool kVec>
 __global__ void every_visible_kernel(TopKParams p, int64_t heads) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  pdl_wait();
+  pdl_trigger();
+  const int quads = (p.topk + 3) / 4;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = i / quads;
   if (t >= p.total_q) return;
+  const int k0 = int(i - t * quads) * 4;
   const int64_t nvis = visible_blocks(p, t);
+  int ids[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ids[j] = k0 + j < nvis ? k0 + j : -1;
   for (int64_t h = 0; h < heads; ++h) {
-    int32_t* row = p.q2k + (h * p.total_q + t) * p.topk;
-    for (int k = 0; k < p.topk; ++k) row[k] = k < nvis ? k : -1;
+    int32_t* row = p.q2k + (h * p.total_q + t) * p.topk + k0;
+    if constexpr (kVec) {
+      *reinterpret_cast<int4*>(row) = make_int4(ids[0], ids[1], ids[2], ids[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (k0 + j < p.topk) row[j] = ids[j];
+    }
   }
 }
 
@@ -223,10 +243,12 @@ void select_every_visible(const BlockTopKArgs& a, const ProblemShape& s, cudaStr
   p.topk = a.topk;
   p.blk = a.kv_block_size;
   p.causal = a.causal;
-  constexpr int kThreads = 128;
-  every_visible_kernel<<<unsigned((s.total_q + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      p, a.q2k.shape[0]);
-  MSA_CUDA_CHECK_LAUNCH();
+  constexpr int kThreads = 256;
+  const int64_t threads = s.total_q * ((a.topk + 3) / 4);
+  const unsigned blocks = unsigned((threads + kThreads - 1) / kThreads);
+  const bool vec = a.topk % 4 == 0 && reinterpret_cast<uintptr_t>(p.q2k) % 16 == 0;
+  if (vec) launch_pdl(every_visible_kernel<true>, blocks, kThreads, 0, stream, p, a.q2k.shape[0]);
+  else launch_pdl(every_visible_kernel<false>, blocks, kThreads, 0, stream, p, a.q2k.shape[0]);
 }
 
 void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream) {
