@@ -3,9 +3,10 @@
 // attention, the host time, the GPU time and the launches (workloads/latency_bench.cpp).
 // bench/python_bench.py --latency-cpp times the same calls through the Python API, and FA4 and
 // cuDNN dense on the same shapes.
-//   bench_latency [--case NAME]... [--op NAME]... [--calls N] [--warmup N] [--json FILE]
+//   bench_latency [--case NAME]... [--op NAME]... [--calls N] [--warmup N] [--host-only] [--json FILE]
 // --op keeps the named ops only (pipeline, attention_forward, ...): a host trace of one op
-// (bench/host_trace.cpp) then sees its calls alone, besides the untimed setup.
+// (bench/host_trace.cpp) then sees its calls alone, besides the untimed setup; --host-only skips
+// the back-to-back GPU-time loop, whose launches wait for a full queue.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,6 +21,10 @@ int main(int argc, char** argv) {
     msa_bench::LatencyBenchOptions o;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
+      if (a == "--host-only") {
+        o.gpu_loop = false;
+        continue;
+      }
       MSA_CHECK(i + 1 < argc, "bench_latency: ", a, " needs a value");
       const char* v = argv[++i];
       if (a == "--case") names.push_back(v);

@@ -3,7 +3,7 @@
 // own time, the driver calls it makes excluded) and prints, at exit, each function's count and
 // host microseconds, most first. Used on bench_latency to split a call's host time into its CUDA
 // calls and msa's own work:
-//   LD_PRELOAD=build/bench/libmsa_host_trace.so build/bench/bench_latency --case LAT-256
+//   LD_PRELOAD=build/bench/libmsa_host_trace.so build/bench/bench_latency --case LAT-256 --host-only
 // Each callback adds well under a microsecond; compare counts and shares, not absolute figures.
 #include <cupti.h>
 
@@ -49,8 +49,13 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId, const
   stack.pop_back();
   const double us = std::chrono::duration<double, std::micro>(Clock::now() - f.start).count();
   if (!stack.empty()) stack.back().child_us += us;
-  const std::string name = std::string(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? "rt " : "drv ") +
-                           (info->functionName ? info->functionName : "?");
+  std::string name = std::string(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? "rt " : "drv ") +
+                     (info->functionName ? info->functionName : "?");
+  if (info->symbolName != nullptr) {  // a launch: which kernel (its mangled name, cut short)
+    std::string sym(info->symbolName);
+    if (sym.size() > 40) sym = sym.substr(0, 40);
+    name += " " + sym;
+  }
   std::lock_guard<std::mutex> lock(tracer->mu);
   Totals& t = tracer->by_name[name];
   ++t.calls;
@@ -71,9 +76,9 @@ __attribute__((destructor)) void report() {
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.self_us > b.second.self_us; });
   std::fprintf(stderr, "\nhost_trace: CUDA API calls by host time (self, microseconds)\n");
-  std::fprintf(stderr, "%-48s %10s %12s %9s\n", "function", "calls", "total us", "us/call");
+  std::fprintf(stderr, "%-90s %10s %12s %9s\n", "function", "calls", "total us", "us/call");
   for (const auto& [name, t] : rows)
-    std::fprintf(stderr, "%-48s %10lld %12.1f %9.3f\n", name.c_str(), t.calls, t.self_us,
+    std::fprintf(stderr, "%-90s %10lld %12.1f %9.3f\n", name.c_str(), t.calls, t.self_us,
                  t.self_us / double(t.calls));
 }
 

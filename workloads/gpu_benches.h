@@ -48,6 +48,7 @@ struct LatencyBenchOptions {
   int warmup = 20;     // untimed calls first
   std::string json;    // append one JSON record per case and op when set
   std::vector<std::string> ops;  // time only these ops (all when empty)
+  bool gpu_loop = true;          // false: host times only (no back-to-back loop; GPU time 0)
 };
 // The LAT-* cases of bench/CASES.md (kind latency).
 std::vector<std::string> latency_case_names();

@@ -37,7 +37,8 @@ struct HostTimes {
 
 // Host microseconds of `call`, each run alone after the stream drained; then the GPU time per
 // call of `calls` calls back to back (CUDA events around the whole loop).
-HostTimes time_calls(const std::function<void()>& call, int calls, int warmup, cudaStream_t s) {
+HostTimes time_calls(const std::function<void()>& call, int calls, int warmup, bool gpu_loop,
+                     cudaStream_t s) {
   for (int i = 0; i < warmup; ++i) call();  // module loads, first-launch setup
   std::vector<double> us(size_t(calls), 0.0);
   for (double& t : us) {
@@ -46,6 +47,8 @@ HostTimes time_calls(const std::function<void()>& call, int calls, int warmup, c
     call();
     t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
+  std::sort(us.begin(), us.end());
+  if (!gpu_loop) return {us[us.size() / 2], us.front(), us.back(), 0.0};
   cudaEvent_t e0, e1;
   MSA_BENCH_CUDA(cudaEventCreate(&e0));
   MSA_BENCH_CUDA(cudaEventCreate(&e1));
@@ -57,7 +60,6 @@ HostTimes time_calls(const std::function<void()>& call, int calls, int warmup, c
   MSA_BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
   MSA_BENCH_CUDA(cudaEventDestroy(e0));
   MSA_BENCH_CUDA(cudaEventDestroy(e1));
-  std::sort(us.begin(), us.end());
   return {us[us.size() / 2], us.front(), us.back(), 1e3 * ms / calls};
 }
 
@@ -262,7 +264,7 @@ int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
   for (const auto& [op, call] : ops) {
     if (!o.ops.empty() && std::find(o.ops.begin(), o.ops.end(), std::string(op)) == o.ops.end())
       continue;
-    const HostTimes t = time_calls(call, o.calls, o.warmup, s);
+    const HostTimes t = time_calls(call, o.calls, o.warmup, o.gpu_loop, s);
     msa::check_status(st, s);
     const GraphNodes l = count_launches(call, s);
     std::printf("%-10s %-24s GPU %8.1f us per call, host %6.1f us (min %.1f, max %.1f), "

@@ -20,6 +20,7 @@
 #include "cuda/common/block_sort.cuh"
 #include "cuda/common/token_sparse.cuh"
 #include "cuda/device/check.h"
+#include "cuda/device/smem_limit.h"
 
 namespace msa::cuda {
 namespace {
@@ -210,14 +211,6 @@ __global__ void __launch_bounds__(kOneCtaThreads) union_finalize_kernel(UnionPar
   }
 }
 
-// Opt-in shared memory above the default 48 KB, set per call so that every device of a process
-// gets it (a host-side attribute, no stream work).
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(bytes)));
-}
 
 }  // namespace
 
@@ -248,13 +241,13 @@ void group_union_masks(const GroupUnionMasksArgs& a, cudaStream_t stream) {
   const int64_t flat_rows = p.heads * p.rows;
   if (flat_rows > 0 && p.k > 0) {
     const size_t smem = size_t(row_table_slots(p.k)) * sizeof(int32_t);
-    allow_smem(union_rows_check_kernel, smem);
+    allow_dynamic_smem(union_rows_check_kernel, smem, "group_union_masks");
     union_rows_check_kernel<<<unsigned(flat_rows), kRowThreads, smem, stream>>>(p);
     MSA_CUDA_CHECK_LAUNCH();
   }
   if (p.groups > 0 && p.heads > 0) {
     const size_t smem = size_t(p.table_slots + p.list_slots + (p.cap + 31) / 32 + 1) * sizeof(int32_t);
-    allow_smem(union_kernel, smem);
+    allow_dynamic_smem(union_kernel, smem, "group_union_masks");
     union_kernel<<<dim3(unsigned(p.groups), unsigned(p.heads)), kUnionThreads, smem, stream>>>(p);
     MSA_CUDA_CHECK_LAUNCH();
   }

@@ -15,6 +15,7 @@
 #include "cuda/device/check.h"
 #include "cuda/device/info.h"
 #include "cuda/device/status.cuh"
+#include "cuda/device/smem_limit.h"
 #include "msa/common.h"
 
 namespace msa::cuda {
@@ -227,23 +228,10 @@ __global__ void finalize_kernel(Q2KCheckParams p, const unsigned long long* firs
   report_q2k_offence(p, *first, status);
 }
 
-// The row kernel's dynamic shared-memory limit, raised once per process (on the device current at
-// the first call, as token_topk's are) to the largest sort buffer it takes; each launch's own
-// size sets its occupancy.
+// The row kernel's largest sort buffer on the current device (its limit raised once per device,
+// smem_limit.h); each launch's own size sets its occupancy.
 int64_t row_kernel_smem_limit() {
-  static const int64_t limit = [] {
-    int device = 0, optin = 0;
-    MSA_CUDA_CHECK(cudaGetDevice(&device));
-    MSA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cudaFuncAttributes attr{};
-    MSA_CUDA_CHECK(cudaFuncGetAttributes(&attr, check_q2k_row_kernel));
-    const int bytes = int(std::min<int64_t>(int64_t(optin) - int64_t(attr.sharedSizeBytes),
-                                            kRowMaxTopk * 8));
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(check_q2k_row_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    return int64_t(bytes);
-  }();
-  return limit;
+  return std::min<int64_t>(int64_t(dynamic_smem_limit(check_q2k_row_kernel)), kRowMaxTopk * 8);
 }
 
 // CTAs of the row kernel an SM holds with a sort buffer of sort_n keys (a power of two up to

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "cuda/common/token_sparse.cuh"
 #include "cuda/device/check.h"
+#include "cuda/device/smem_limit.h"
 
 namespace msa::cuda {
 namespace {
@@ -153,11 +154,7 @@ void token_sparse_kv_indices(const TokenSparseKvIndicesArgs& a, cudaStream_t str
   MSA_CUDA_CHECK_LAUNCH();
   if (p.flat_rows > 0 && p.k > 0) {
     const size_t smem = size_t(row_table_slots(p.k)) * sizeof(int32_t);
-    // Above the default 48 KB (K > 4096) the kernel needs the opt-in size; set per call, so that
-    // every device of a process gets it (a host-side attribute, no stream work).
-    if (smem > 48 * 1024)
-      MSA_CUDA_CHECK(cudaFuncSetAttribute(slots_row_kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    allow_dynamic_smem(slots_row_kernel, smem, "token_sparse_kv_indices");  // K > 4096: past 48 KB
     slots_row_kernel<<<unsigned(p.flat_rows), kRowThreads, smem, stream>>>(p);
     MSA_CUDA_CHECK_LAUNCH();
   }

@@ -41,6 +41,7 @@
 #include "cuda/common/topk_select.cuh"
 #include "cuda/device/check.h"
 #include "cuda/device/status.cuh"
+#include "cuda/device/smem_limit.h"
 
 namespace msa::cuda {
 namespace {
@@ -628,20 +629,9 @@ __global__ void __launch_bounds__(kT) token_topk_whole_row_kernel(TokenTopKParam
   whole_row_write<kT>(s, groups, first_id, t, remaining, out, p.topk);
 }
 
-// A kernel's shared-memory limit, raised once per process to the device's opt-in maximum (each
-// launch's own size sets its occupancy), so that calls pay no attribute call.
-template <class Kernel>
-void raise_smem_limit(Kernel kernel, int optin, std::once_flag& once) {
-  std::call_once(once, [kernel, optin] {
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-  });
-}
-
 template <int kT>
-void launch_whole_row(const TokenTopKParams& p, int64_t rows, int64_t smem, int optin,
-                      cudaStream_t stream) {
-  static std::once_flag once;
-  raise_smem_limit(token_topk_whole_row_kernel<kT>, optin, once);
+void launch_whole_row(const TokenTopKParams& p, int64_t rows, int64_t smem, cudaStream_t stream) {
+  allow_dynamic_smem(token_topk_whole_row_kernel<kT>, size_t(smem), "token_topk");
   token_topk_whole_row_kernel<kT><<<unsigned(rows), kT, size_t(smem), stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
@@ -670,16 +660,15 @@ void token_topk(const TokenTopKArgs& a, cudaStream_t stream) {
   const int64_t whole = int64_t(offsetof(WholeRowSmem, keys)) + 4 * (cols + 8);
   const int64_t per = int64_t(per_sm) / (whole + 1024);
   if (whole <= int64_t(optin) && (per >= 2 || rows <= sms)) {
-    if (per >= 2) return launch_whole_row<kThreads>(p, rows, whole, optin, stream);
-    return launch_whole_row<1024>(p, rows, whole, optin, stream);
+    if (per >= 2) return launch_whole_row<kThreads>(p, rows, whole, stream);
+    return launch_whole_row<1024>(p, rows, whole, stream);
   }
   int64_t cache = rows <= sms ? kMaxCacheKeysAlone : kMaxCacheKeys;
   cache = std::min<int64_t>(cache, (int64_t(optin) - int64_t(offsetof(Smem, cache))) / 4);
   // Rows no longer than topk never reach the cache.
   p.cache_keys = cols > a.topk ? int32_t(std::min<int64_t>(cols, cache)) : 0;
   const size_t smem = offsetof(Smem, cache) + size_t(p.cache_keys > 0 ? p.cache_keys : 1) * 4;
-  static std::once_flag once;
-  raise_smem_limit(token_topk_kernel, optin, once);
+  allow_dynamic_smem(token_topk_kernel, smem, "token_topk");
   token_topk_kernel<<<unsigned(rows), kThreads, smem, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }

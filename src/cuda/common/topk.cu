@@ -18,6 +18,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/topk_select.cuh"
 #include "cuda/device/check.h"
+#include "cuda/device/smem_limit.h"
 
 namespace msa::cuda {
 namespace {
@@ -275,7 +276,7 @@ void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream) 
   const bool small = p.nblk_max <= kSmallBlocks;
   const size_t smem = small ? sizeof(TopKSmem<kSmallBlocks>) : sizeof(TopKSmem<kChunk>);
   auto* kernel = small ? topk_kernel<kSmallBlocks> : topk_kernel<kChunk>;
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_dynamic_smem(kernel, smem, "select_topk");
   const dim3 grid(unsigned((s.total_q + kTokens - 1) / kTokens), unsigned(s.num_kv_heads));
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();

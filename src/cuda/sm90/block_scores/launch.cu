@@ -11,6 +11,7 @@
 #include "cuda/device/info.h"
 #include "cuda/device/tma_map.h"
 #include "cuda/sm90/block_scores/launch_kernels.h"
+#include "cuda/device/smem_limit.h"
 
 namespace msa::cuda {
 namespace {
@@ -203,7 +204,7 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
   // Shared memory: FP4's raw ring only for FP4, the second blocks' selector values (sel_hi) only
   // for 64-key blocks.
   const int smem = fp4 ? kSmemBytes : blk == 64 ? kSmemBytesNoFp4 : kSmemBytesBlk128;
-  MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  allow_dynamic_smem(kernel, size_t(smem), op);
   kernel<<<grid, threads, smem, stream>>>(tm_q, tm_k, p);
   MSA_CUDA_CHECK_LAUNCH();
 }

@@ -10,18 +10,17 @@
 #include "cuda/device/info.h"
 #include "cuda/sm90/sparse_fwd/kernel.cuh"
 #include "cuda/sm90/sparse_fwd/launch_kernels.h"
+#include "cuda/device/smem_limit.h"
 
 namespace msa::cuda::sparse_fwd {
 
 // One persistent launch (a CTA per SM) of either kernel with `smem` bytes of shared memory (the
-// plan of its head dim); each instantiation raises its shared memory limit once per process.
+// plan of its head dim; the limit raised once per device, smem_limit.h).
 template <typename P>
 void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P), int smem,
-                       std::once_flag& smem_limit_set, const CUtensorMap& tq, const CUtensorMap& tk,
-                       const CUtensorMap& tv, const P& p, cudaStream_t stream) {
-  std::call_once(smem_limit_set, [kernel, smem] {
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  });
+                       const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+                       const P& p, cudaStream_t stream) {
+  allow_dynamic_smem(kernel, size_t(smem), "attention_forward");
   launch_pdl(kernel, current_sm_count(), kThreads, smem, stream, tq, tk, tv, p);
 }
 
@@ -29,27 +28,23 @@ void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
 template <bool kF16, bool kFp8, int kBlk>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream) {
-  static std::once_flag once, once_mask;
   constexpr int smem = smem_bytes<KVMajorStorage<kBlk>>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk>, smem, once_mask, tq, tk, tv, p,
-                      stream);
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk>, smem, tq, tk, tv, p, stream);
   else
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk>, smem, once, tq, tk, tv, p,
-                      stream);
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk>, smem, tq, tk, tv, p, stream);
 }
 
 template <bool kF16, bool kFp8, int kD, int kBlk>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
-  static std::once_flag once, once_mask;
   constexpr int smem = smem_bytes<typename HeadDimTraits<kD, kBlk>::Storage>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD, kBlk>, smem, once_mask, tq,
-                      tk, tv, p, stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD, kBlk>, smem, tq, tk, tv, p,
+                      stream);
   else
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD, kBlk>, smem, once, tq, tk,
-                      tv, p, stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD, kBlk>, smem, tq, tk, tv, p,
+                      stream);
 }
 
 }  // namespace msa::cuda::sparse_fwd

@@ -7,20 +7,15 @@
 #include "cuda/device/check.h"
 #include "cuda/sm90/sparse_fwd/token_kernel.cuh"
 #include "cuda/sm90/sparse_fwd/token_launch.h"
+#include "cuda/device/smem_limit.h"
 
 namespace msa::cuda::sparse_fwd {
 
 template <bool kF16, bool kTemp>
 void launch_token_kernel(const TokenParams& p, dim3 grid, cudaStream_t stream) {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    auto* k = token_fwd_kernel<kF16, kTemp>;
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kTokSmemBytes));
-    // Two CTAs per SM need the whole 228 KB as shared memory.
-    MSA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        int(cudaSharedmemCarveoutMaxShared)));
-  });
+  // Two CTAs per SM need the whole 228 KB as shared memory: the carveout at its maximum.
+  allow_dynamic_smem(token_fwd_kernel<kF16, kTemp>, kTokSmemBytes, "attention_forward",
+                     /*max_carveout=*/true);
   token_fwd_kernel<kF16, kTemp><<<grid, kTokThreads, kTokSmemBytes, stream>>>(p);
   MSA_CUDA_CHECK(cudaGetLastError());
 }

@@ -140,11 +140,17 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
   // the unit table lists the costliest units first (dense: the latest query blocks), so a plain
   // stride hands CTA 0 the largest of every round. Simulated on dense causal with 132 CTAs, the
   // busiest CTA's blocks over the mean: LAT-2K 72 -> 68 (mean 65.9), DENSE-8K 1040 -> 1009 (1008.5).
-  for (int32_t round = 0;; ++round, ++unit_iter) {
-    const int64_t first = int64_t(round) * gridDim.x;
-    const int64_t unit64 = first + (round & 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
-    if (unit64 >= n_units) break;  // later rounds hold only larger indices
-    const int32_t unit = int32_t(unit64);
+  // 64-key blocks (sparse units of one cost) keep the plain stride, as this loop's form moves
+  // ptxas's register allocation of the consumers: other forms spilled 8-20 bytes there instead of 4
+  // (P32K-blk64 +3% at 20). In the 128-key kernels this form spills one word, reloaded once a
+  // unit by the consumer.
+  for (int32_t stride_unit = blockIdx.x; kBlk == 64 ? stride_unit < n_units : true;
+       stride_unit += gridDim.x, ++unit_iter) {
+    int32_t unit = stride_unit;
+    if constexpr (kBlk != 64) {  // odd rounds mirrored; the sum stays far below 2^31
+      if (unit_iter & 1) unit += int32_t(gridDim.x) - 1 - 2 * int32_t(blockIdx.x);
+      if (unit >= n_units) break;  // later rounds hold only larger indices
+    }
     const UnitDesc u = load_unit(p, unit);
     const int qs = QR::stage(unit_iter);
     for (int c = 0; c < kConsumers; ++c) {
