@@ -204,15 +204,17 @@ def pipeline_host_split(x, kw, calls):
                                                 **kw, **extra)
     ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     out = torch.empty_like(x["q"])
-    pre = host_us(lambda: call(out=out, workspace=ws), calls)[0]
+    pre = host_us(lambda: call(out=out, workspace=ws), calls)
     c.sparse_attention_pipeline = stand_in
     try:
-        py = host_us(call, calls)[0]
+        py = host_us(call, calls)
     finally:
         c.sparse_attention_pipeline = real
     direct = dict(args, workspace=ws, alloc=None)
-    entry = host_us(lambda: real(**direct), calls)[0]
-    return dict(host_us_preallocated=pre, host_us_python_layer=py, host_us_c_entry=entry)
+    entry = host_us(lambda: real(**direct), calls)
+    return dict(host_us_preallocated=pre[0], host_us_preallocated_min=pre[1],
+                host_us_python_layer=py[0], host_us_python_layer_min=py[1],
+                host_us_c_entry=entry[0], host_us_c_entry_min=entry[1])
 
 
 def size_of_call(x, kw):
@@ -236,7 +238,7 @@ def latency(args, cpp_lat):
     side = torch.cuda.Stream()
     torch.cuda.current_stream().synchronize()
     table = []
-    split = {}
+    split, cpp_mins = {}, {}
     for ref in cases:
         name = ref["case"]
         cpp = {r["op"]: r for r in cpp_lat if r.get("case") == name}
@@ -272,6 +274,7 @@ def latency(args, cpp_lat):
                 if (op, impl) == ("pipeline", "msa-python"):
                     rec.update(pipeline_host_split(x, kw, args.lat_calls))
                     split[name] = rec
+                    cpp_mins[name] = cpp[op].get("host_us_min")
                 rows.append(records.add_environment(rec, "none"))
         msa.check_status()
         dense = {impl: g for (op, impl), (_, g) in got.items() if op == "dense"}
@@ -284,13 +287,19 @@ def latency(args, cpp_lat):
                       cpp["attention_forward"]["host_us_median"],
                       (p["launches"], cpp["attention_forward"]["launches"],
                        cpp["attention_forward_dense"]["launches"])))
-    print("\n| case | pipeline host us: C++ | Python | Python with out= and workspace= | the Python "
-          "layer alone (C entry stubbed) | C entry alone (workspace given) |")
+    # Median (min): the GPU machine's host timings move by up to 2x between runs (a shared,
+    # virtualized CPU), so compare only figures of one run, and the minimums beside the medians.
+    print("\n| case | pipeline host us, median (min): C++ | Python | Python with out= and "
+          "workspace= | the Python layer alone (C entry stubbed) | C entry alone (workspace "
+          "given) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, r in split.items():
-        print(f"| {name} | {r['cpp_host_us']:.1f} | {r['host_us_median']:.1f} | "
-              f"{r['host_us_preallocated']:.1f} | {r['host_us_python_layer']:.1f} | "
-              f"{r['host_us_c_entry']:.1f} |")
+        cpp_min = cpp_mins.get(name)
+        print(f"| {name} | {r['cpp_host_us']:.1f} ({'-' if cpp_min is None else f'{cpp_min:.1f}'}) | "
+              f"{r['host_us_median']:.1f} ({r['host_us_min']:.1f}) | "
+              f"{r['host_us_preallocated']:.1f} ({r['host_us_preallocated_min']:.1f}) | "
+              f"{r['host_us_python_layer']:.1f} ({r['host_us_python_layer_min']:.1f}) | "
+              f"{r['host_us_c_entry']:.1f} ({r['host_us_c_entry_min']:.1f}) |")
     f = lambda v: "-" if v is None else f"{v:.1f}"
     print("\n| case | pipeline GPU us | attention_forward (k2q) | msa dense | FA4 dense | cuDNN dense "
           "| pipeline / best dense | host us: pipeline C++ / Python | attention_forward C++ / Python "

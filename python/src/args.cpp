@@ -59,6 +59,33 @@ TorchTypes& torch_types() {
   return *t;
 }
 
+// The attribute names torch_view reads, interned once: a lookup by an interned name builds no
+// string, and a method is called without a bound-method object (a call's host time: each torch
+// argument reads six of them).
+struct TorchNames {
+  PyObject *dtype, *element_size, *is_cuda, *is_cpu, *get_device, *device, *shape, *stride,
+      *data_ptr;
+};
+const TorchNames& torch_names() {
+  static const TorchNames n{
+      PyUnicode_InternFromString("dtype"),      PyUnicode_InternFromString("element_size"),
+      PyUnicode_InternFromString("is_cuda"),    PyUnicode_InternFromString("is_cpu"),
+      PyUnicode_InternFromString("get_device"), PyUnicode_InternFromString("device"),
+      PyUnicode_InternFromString("shape"),      PyUnicode_InternFromString("stride"),
+      PyUnicode_InternFromString("data_ptr")};
+  return n;
+}
+nb::object get_attr(nb::handle h, PyObject* name) {
+  PyObject* r = PyObject_GetAttr(h.ptr(), name);
+  if (r == nullptr) throw nb::python_error();
+  return nb::steal(r);
+}
+nb::object call_method(nb::handle h, PyObject* name) {
+  PyObject* r = PyObject_CallMethodNoArgs(h.ptr(), name);
+  if (r == nullptr) throw nb::python_error();
+  return nb::steal(r);
+}
+
 // A torch tensor's view from its attributes; false when `h` is no torch tensor. With
 // `override_name` the element type is that name's (the storage element size must match), so
 // any torch dtype of the right size may carry it (uint16/int16 holding bf16, ...).
@@ -68,7 +95,8 @@ bool torch_view(nb::handle h, const char* op, const char* key, const std::string
   if (!tt.tensor_type.is_valid() ||
       !PyObject_TypeCheck(h.ptr(), reinterpret_cast<PyTypeObject*>(tt.tensor_type.ptr())))
     return false;
-  const nb::object dtype = h.attr("dtype");
+  const TorchNames& n = torch_names();
+  const nb::object dtype = get_attr(h, n.dtype);
   bool known = false;
   for (const auto& [obj, dt] : tt.dtypes)
     if (obj.is(dtype)) {
@@ -78,7 +106,7 @@ bool torch_view(nb::handle h, const char* op, const char* key, const std::string
     }
   if (!override_name.empty()) {
     const DType want = parse_dtype(override_name);
-    const size_t bytes = nb::cast<size_t>(h.attr("element_size")());
+    const size_t bytes = nb::cast<size_t>(call_method(h, n.element_size));
     MSA_CHECK(bytes == dtype_size(want), op, ": ", key, ": dtype '", override_name, "' needs ",
               dtype_size(want) * 8, "-bit storage elements, got ", bytes * 8, "-bit ones");
     out.dtype = want;
@@ -87,25 +115,26 @@ bool torch_view(nb::handle h, const char* op, const char* key, const std::string
          " has no msa element type (float32, float16, bfloat16, float8_e4m3fn, "
          "float4_e2m1fn_x2, float8_e8m0fnu, uint8, int32, bool)");
   }
-  if (nb::cast<bool>(h.attr("is_cuda"))) {
-    out.device = Device{DeviceType::cuda, nb::cast<int>(h.attr("get_device")())};
-  } else if (nb::cast<bool>(h.attr("is_cpu"))) {
+  if (nb::cast<bool>(get_attr(h, n.is_cuda))) {
+    out.device = Device{DeviceType::cuda, nb::cast<int>(call_method(h, n.get_device))};
+  } else if (nb::cast<bool>(get_attr(h, n.is_cpu))) {
     out.device = Device{};
   } else {
-    fail(op, ": ", key, ": tensors on ", nb::cast<std::string>(nb::str(h.attr("device"))),
+    fail(op, ": ", key, ": tensors on ", nb::cast<std::string>(nb::str(get_attr(h, n.device))),
          " are not supported (cpu or cuda only)");
   }
-  const nb::tuple shape = nb::borrow<nb::tuple>(h.attr("shape"));
-  const nb::tuple strides = nb::borrow<nb::tuple>(h.attr("stride")());
-  const size_t n = shape.size();
-  MSA_CHECK(n <= size_t(Tensor::kMaxDims), op, ": ", key, ": at most ", Tensor::kMaxDims,
-            " dimensions, got ", n);
-  out.ndim = int(n);
-  for (size_t d = 0; d < n; ++d) {
+  const nb::object shape_obj = get_attr(h, n.shape), strides_obj = call_method(h, n.stride);
+  const nb::tuple shape = nb::borrow<nb::tuple>(shape_obj);
+  const nb::tuple strides = nb::borrow<nb::tuple>(strides_obj);
+  const size_t nd = shape.size();
+  MSA_CHECK(nd <= size_t(Tensor::kMaxDims), op, ": ", key, ": at most ", Tensor::kMaxDims,
+            " dimensions, got ", nd);
+  out.ndim = int(nd);
+  for (size_t d = 0; d < nd; ++d) {
     out.shape[d] = nb::cast<int64_t>(shape[d]);
     out.strides[d] = nb::cast<int64_t>(strides[d]);
   }
-  out.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(h.attr("data_ptr")()));
+  out.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(call_method(h, n.data_ptr)));
   return true;
 }
 
