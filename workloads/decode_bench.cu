@@ -45,6 +45,7 @@ using Options = msa_bench::DecodeBenchOptions;
 struct Result {
   std::string name, kv;
   double median_us = 0, min_us = 0, max_us = 0, bytes = 0, flop = 0, rel_l2 = 0, lse_err = 0;
+  double host_us = 0, host_min_us = 0;  // host time of one run() (median, min)
   bench::PairCounts pairs;
   bool ok = true;
 };
@@ -341,7 +342,11 @@ Result run_case(const bench::BenchCase& c, const std::string& variant, const Opt
   }
   const bench::Timing t = bench::time_op(run, o.warmup, o.iters, s, &flush,
                                          (c.name + " " + res.kv).c_str());
+  // The host time of one run() (issue budget: 30 us), each on a drained stream.
+  const bench::HostTiming h = bench::time_host(run, std::max(o.iters, 50), s);
   check_status(a.status, s);
+  res.host_us = h.median_us;
+  res.host_min_us = h.min_us;
   res.median_us = t.median * 1e3;
   res.min_us = t.min * 1e3;
   res.max_us = t.max * 1e3;
@@ -378,9 +383,9 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
       try {
         const Result r = run_case(*c, kv, o);
         const double tbs = r.bytes / (r.median_us * 1e-6) / 1e12;
-        std::printf("%-14s %-4s %-70s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s  (%.3f GB)  check rel_l2 %.2e lse %.2e %s\n",
+        std::printf("%-14s %-4s %-70s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s  (%.3f GB)  host %.1f us (min %.1f)  check rel_l2 %.2e lse %.2e %s\n",
                     r.name.c_str(), kv, (bench::describe_shape(*c) + (o.hnd ? " hnd" : "") + (o.warps ? " w" + std::to_string(o.warps) : "") + (o.slot_scales && std::string(kv) != "bf16" ? " slot-scales" : "") + (bench::flush_reads() ? " read-flush" : "")).c_str(), r.median_us, r.min_us,
-                    r.max_us, tbs, r.bytes / 1e9, r.rel_l2, r.lse_err, r.ok ? "ok" : "FAILED");
+                    r.max_us, tbs, r.bytes / 1e9, r.host_us, r.host_min_us, r.rel_l2, r.lse_err, r.ok ? "ok" : "FAILED");
         std::fflush(stdout);
         if (!r.ok) rc = std::max(rc, 1);
         if (!o.json.empty()) {
@@ -395,6 +400,8 @@ int msa_bench::run_decode_bench(std::vector<std::string> names, const DecodeBenc
           const bool fp8q = kind.fp8q;
           if (fp8q) rec["q_scales"] = "token_head";
           bench::add_pairs(rec, r.pairs);
+          rec["host_us_median"] = r.host_us;
+          rec["host_us_min"] = r.host_min_us;
           bench::add_timing(rec, {r.median_us * 1e-3, r.min_us * 1e-3, r.max_us * 1e-3}, o.iters, o.warmup, r.flop,
                             r.bytes, bench::Metric::tbps);
           bench::add_check(rec, bench::check_result(o.check, r.ok),

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <vector>
 
@@ -85,6 +86,26 @@ Timing time_op(F op, int warmup, int iters, cudaStream_t s, const DeviceBuffer* 
   cudaEventDestroy(b);
   std::sort(ms.begin(), ms.end());
   return Timing{ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+// Host microseconds of one call of `op` (median, min, max over `calls`), each started after the
+// stream drained, so the launches never wait for a full queue: what a caller's thread spends per
+// call (bench_latency's host times, bench_decode's run()).
+struct HostTiming {
+  double median_us = 0, min_us = 0, max_us = 0;
+};
+template <typename F>
+HostTiming time_host(F op, int calls, cudaStream_t s) {
+  std::vector<double> us(size_t(std::max(calls, 1)), 0.0);
+  for (double& t : us) {
+    MSA_BENCH_CUDA(cudaStreamSynchronize(s));
+    const auto t0 = std::chrono::steady_clock::now();
+    op();
+    t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  MSA_BENCH_CUDA(cudaStreamSynchronize(s));
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us.front(), us.back()};
 }
 
 // A contiguous view of device memory on GPU 0.

@@ -40,15 +40,8 @@ struct HostTimes {
 HostTimes time_calls(const std::function<void()>& call, int calls, int warmup, bool gpu_loop,
                      cudaStream_t s) {
   for (int i = 0; i < warmup; ++i) call();  // module loads, first-launch setup
-  std::vector<double> us(size_t(calls), 0.0);
-  for (double& t : us) {
-    MSA_BENCH_CUDA(cudaStreamSynchronize(s));
-    const auto t0 = std::chrono::steady_clock::now();
-    call();
-    t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  }
-  std::sort(us.begin(), us.end());
-  if (!gpu_loop) return {us[us.size() / 2], us.front(), us.back(), 0.0};
+  const HostTiming h = time_host(call, calls, s);
+  if (!gpu_loop) return {h.median_us, h.min_us, h.max_us, 0.0};
   cudaEvent_t e0, e1;
   MSA_BENCH_CUDA(cudaEventCreate(&e0));
   MSA_BENCH_CUDA(cudaEventCreate(&e1));
@@ -60,7 +53,7 @@ HostTimes time_calls(const std::function<void()>& call, int calls, int warmup, b
   MSA_BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
   MSA_BENCH_CUDA(cudaEventDestroy(e0));
   MSA_BENCH_CUDA(cudaEventDestroy(e1));
-  return {us[us.size() / 2], us.front(), us.back(), 1e3 * ms / calls};
+  return {h.median_us, h.min_us, h.max_us, 1e3 * ms / calls};
 }
 
 // Work one call enqueues, counted on a CUDA graph capture of it.
