@@ -19,6 +19,15 @@
 
 namespace msa::cpu {
 
+// Top-K selection's order of blocks (docs/semantics.md, Top-K selection): block a (group score
+// sa) before block b when its score is higher, NaN below every number, ties toward the lower id.
+// Shared by select_topk and the ICP merge, which must rank exactly alike.
+inline bool block_ranks_before(float sa, int64_t a, float sb, int64_t b) {
+  if (std::isnan(sa) != std::isnan(sb)) return std::isnan(sb);
+  if (!std::isnan(sa) && sa != sb) return sa > sb;
+  return a < b;
+}
+
 // Exclusive end of the batch-local keys visible to batch-local query i (docs/semantics.md,
 // Visibility): causal is bottom-right aligned, query i sees key j iff j <= i + lk - lq.
 inline int64_t visible_key_end(int64_t i, int64_t lq, int64_t lk, bool causal) {

@@ -16,13 +16,6 @@ namespace {
 
 constexpr int64_t kBlock = 128;  // B128: the logical block the scores and ids count
 
-// Section 3's order: a higher score first, NaN below every number, ties toward the lower id.
-bool ranks_before(float sa, int32_t a, float sb, int32_t b) {
-  if (std::isnan(sa) != std::isnan(sb)) return std::isnan(sb);
-  if (!std::isnan(sa) && sa != sb) return sa > sb;
-  return a < b;
-}
-
 // Per token: its batch, its batch-local index, Lq and Lk of the batch.
 struct TokenInfo {
   int64_t batch, local, lq, lk;
@@ -112,7 +105,7 @@ RankLists rank_candidates(const RankArgs& a) {
         row.push_back({int32_t(kb), g});
       }
       std::sort(row.begin(), row.end(), [](const Candidate& x, const Candidate& y) {
-        return ranks_before(x.score, x.block, y.score, y.block);
+        return block_ranks_before(x.score, x.block, y.score, y.block);
       });
       if (int64_t(row.size()) > want) row.resize(size_t(want));
       lists.rows[size_t(h * total_q + t)] = std::move(row);
@@ -136,12 +129,12 @@ bool merge(const std::vector<RankLists>& ranks, const RankArgs& shape, const Ten
       for (const RankLists& r : ranks)
         for (const Candidate& c : r.rows[size_t(h * total_q + t)]) {
           auto [it, fresh] = best.emplace(c.block, c.score);
-          if (!fresh && ranks_before(c.score, c.block, it->second, c.block)) it->second = c.score;
+          if (!fresh && block_ranks_before(c.score, c.block, it->second, c.block)) it->second = c.score;
         }
       std::vector<Candidate> merged;
       for (const auto& [kb, s] : best) merged.push_back({kb, s});
       std::sort(merged.begin(), merged.end(), [](const Candidate& x, const Candidate& y) {
-        return ranks_before(x.score, x.block, y.score, y.block);
+        return block_ranks_before(x.score, x.block, y.score, y.block);
       });
       for (size_t i = 0; i < merged.size() && int64_t(chosen.size()) < shape.topk; ++i)
         chosen.push_back(merged[i].block);

@@ -21,13 +21,6 @@ float group_score(const Tensor& scores, int64_t h, int64_t G, int64_t kb, int64_
   return m;
 }
 
-// True when block a (score sa) ranks before block b (score sb).
-bool ranks_before(float sa, int64_t a, float sb, int64_t b) {
-  if (std::isnan(sa) != std::isnan(sb)) return std::isnan(sb);
-  if (!std::isnan(sa) && sa != sb) return sa > sb;
-  return a < b;
-}
-
 // The ascending block ids chosen for one (kv head, token) whose visible blocks are [0, nvis)
 // (visibility is a prefix: a query sees keys [0, end)). `score[kb]` is the group score.
 std::vector<int64_t> select_row(int64_t nvis, const std::vector<float>& score, const TopKArgs& a) {
@@ -46,7 +39,7 @@ std::vector<int64_t> select_row(int64_t nvis, const std::vector<float>& score, c
   for (int64_t kb = 0; kb < nvis; ++kb)
     if (!chosen[kb]) rest.push_back(kb);
   std::sort(rest.begin(), rest.end(),
-            [&](int64_t x, int64_t y) { return ranks_before(score[x], x, score[y], y); });
+            [&](int64_t x, int64_t y) { return block_ranks_before(score[x], x, score[y], y); });
   for (size_t i = 0; i < rest.size() && count < a.topk; ++i) take(rest[i]);
 
   std::vector<int64_t> row;

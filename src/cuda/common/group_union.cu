@@ -211,7 +211,6 @@ __global__ void __launch_bounds__(kOneCtaThreads) union_finalize_kernel(UnionPar
   }
 }
 
-
 }  // namespace
 
 void group_union_masks(const GroupUnionMasksArgs& a, cudaStream_t stream) {
