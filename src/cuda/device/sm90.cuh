@@ -71,6 +71,30 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 1/x and log2(x) on the SFU alone (rcp.approx.ftz / lg2.approx.ftz: ~1 ulp, ~2^-22 relative),
+// for arguments that are never subnormal, such as a softmax row sum (>= 1). The IEEE forms add a
+// subnormal fix-up around the SFU instruction: 1.f / x is a call to a slow path.
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// stmatrix.m8n8.x4: four 8 x 8 tiles of 16-bit values from the mma accumulator layout (register
+// j of lane l: row l / 4 of tile j, columns 2 (l % 4) + {0, 1}) to shared memory; lane l gives the
+// address of row l % 8 of tile l / 8 (16 contiguous bytes).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // ---- cp.async (4-byte, zero fill) tracked by an mbarrier ----------------------------------
 // Copies src_bytes (0 or 4) of src to the shared address dst and zero-fills the rest.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, uint32_t src_bytes) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "cuda/device/sm90.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/traits.h"
 
@@ -53,14 +54,16 @@ __device__ __forceinline__ void store_row(T* row, const float (&o)[kN], float in
                                                                        o[n * 4 + kOff + 1] * inv);
 }
 
-// Natural-log LSE (and temperature LSE) of a row from log2-domain statistics.
+// Natural-log LSE (and temperature LSE) of a row from log2-domain statistics. A row with a
+// visible key has sum, tsum >= 1 (its max term is 1), so the SFU's log2 needs no subnormal fix-up
+// (sm90::fast_log2: the same bits as __log2f there).
 __device__ __forceinline__ float row_lse(float max_log2, float sum) {
   constexpr float kLn2 = 0.69314718055994530942f;
-  return max_log2 == -INFINITY ? -INFINITY : (max_log2 + __log2f(sum)) * kLn2;
+  return max_log2 == -INFINITY ? -INFINITY : (max_log2 + sm90::fast_log2(sum)) * kLn2;
 }
 __device__ __forceinline__ float row_tlse(float max_log2, float tsum, float inv_temp) {
   constexpr float kLn2 = 0.69314718055994530942f;
-  return max_log2 == -INFINITY ? -INFINITY : (max_log2 * inv_temp + __log2f(tsum)) * kLn2;
+  return max_log2 == -INFINITY ? -INFINITY : (max_log2 * inv_temp + sm90::fast_log2(tsum)) * kLn2;
 }
 
 // LSE (and temperature LSE) of one partial row.
@@ -70,26 +73,39 @@ __device__ __forceinline__ void store_partial_lse(const MainParams& p, int64_t i
   if (p.part_tlse) p.part_tlse[idx] = row_tlse(st.max_log2, st.tsum, p.inv_temperature);
 }
 
-// Row `row` (0..63) of a normalised bf16 partial tile into a Q buffer laid out as wgmma and TMA
-// see it: two 64-column halves of 64 rows x 128 bytes, 16-byte chunk c of row r stored at chunk
-// c ^ (r % 8). One 4-byte store per column pair; the 8 rows a warp instruction covers land in 8
-// different chunks, so the stores are free of bank conflicts. A row with no visible key (or no
-// token) stages zeros.
-template <int kOff>
-__device__ __forceinline__ void stage_partial_row(uint8_t* buf, const float (&o)[64], int row,
-                                                  int col_base, const RowStats& st) {
-  const float inv = st.max_log2 == -INFINITY ? 0.f : 1.f / st.sum;
+// The 1 / sum that normalises a partial row: 0 for a row with no visible key (or no token), else
+// the SFU's reciprocal (sum >= 1: no subnormal fix-up; IEEE 1.f / sum is a call to a slow path).
+__device__ __forceinline__ float partial_inv(const RowStats& st) {
+  return st.max_log2 == -INFINITY ? 0.f : sm90::fast_rcp(st.sum);
+}
+
+// A warp's 16 rows (16 warp .. 16 warp + 15) of a normalised bf16 partial tile into a Q buffer
+// laid out as wgmma and TMA see it: two 64-column halves of 64 rows x 128 bytes, 16-byte chunk c
+// of row r stored at chunk c ^ (r % 8). One stmatrix.x4 per two 8-column groups: its four 8 x 8
+// tiles are (rows 0-7, group n), (rows 8-15, n), (rows 0-7, n + 1), (rows 8-15, n + 1), and lane
+// l addresses row l % 8 of tile l / 8; each tile row is one 16-byte chunk, so the 8 rows of a tile
+// land in 8 different chunks (no bank conflict). 8 stmatrix a tile where 4-byte stores took 32.
+// inv0 / inv1: the thread's upper / lower row's partial_inv.
+__device__ __forceinline__ void stage_partial_tile(uint8_t* buf, const float (&o)[64], int warp,
+                                                   int lane, float inv0, float inv1) {
+  const int tile = lane >> 3;
+  const int row = warp * 16 + (tile & 1) * 8 + (lane & 7);
+  const uint32_t base = sm90::smem_addr(buf) + uint32_t(row) * 128;
+  // chunk of group n + (tile >> 1), n even: (n % 8) ^ ((tile >> 1) ^ row % 8)
+  const uint32_t x = uint32_t(((tile >> 1) ^ row) & 7) << 4;
 #pragma unroll
-  for (int n = 0; n < 16; ++n) {
-    const int half = n >> 3, chunk = n & 7;
-    uint8_t* dst = buf + half * kQHalfBytes + row * 128 + ((chunk ^ (row & 7)) << 4) + col_base * 2;
-    *reinterpret_cast<uint32_t*>(dst) = pack_pair<false>(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
+  for (int n = 0; n < 16; n += 2) {
+    const uint32_t addr = base + (n >> 3) * kQHalfBytes + ((uint32_t(n & 7) << 4) ^ x);
+    sm90::stmatrix_x4(addr, pack_pair<false>(o[n * 4] * inv0, o[n * 4 + 1] * inv0),
+                      pack_pair<false>(o[n * 4 + 2] * inv1, o[n * 4 + 3] * inv1),
+                      pack_pair<false>(o[n * 4 + 4] * inv0, o[n * 4 + 5] * inv0),
+                      pack_pair<false>(o[n * 4 + 6] * inv1, o[n * 4 + 7] * inv1));
   }
 }
 
 // Partial of one row (KV-major path) with f32 partials: normalised O and its LSE; `lead` threads
 // (lane % 4 == 0) write the LSE. bf16 partials are staged and stored by TMA instead
-// (stage_partial_row): direct 4-byte bf16 stores left half-sector L2 writes, and a 16-byte
+// (stage_partial_tile): direct 4-byte bf16 stores left half-sector L2 writes, and a 16-byte
 // variant (pairs transposed inside the quad by shuffles) measured slower still, 12.50 vs 11.05 ms
 // at P32K-tok (H200), its shuffles and selects sitting on the
 // consumer's critical path.
@@ -97,7 +113,7 @@ template <int kOff>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],
                                                   int64_t idx, int col_base, bool lead,
                                                   const RowStats& st) {
-  const float inv = st.max_log2 == -INFINITY ? 0.f : 1.f / st.sum;
+  const float inv = partial_inv(st);
   auto* dst = static_cast<float2*>(p.part_o) + idx * (kHeadDim / 2);
 #pragma unroll
   for (int n = 0; n < 16; ++n)

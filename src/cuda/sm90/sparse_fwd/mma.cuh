@@ -75,9 +75,9 @@ struct RowMeta {
   int32_t tok0, slot0, lim0, tok1, slot1, lim1;
 };
 // Rows past the tile's tokens (j >= tpt) get a lane that read nothing: token -1, limit -1.
-__device__ __forceinline__ RowMeta read_row_meta(const TileMeta& meta, int group, int tpt,
-                                                 int warp, int lane, int j0, int j1) {
-  const WarpTokens wt = warp_tokens(group, tpt, warp);
+// wt: warp_tokens of the thread's warp.
+__device__ __forceinline__ RowMeta read_row_meta(const TileMeta& meta, const WarpTokens& wt,
+                                                 int lane, int j0, int j1) {
   const int first = wt.first;
   int32_t t = -1, sl = -1, li = -1;
   if (lane < wt.count) {
@@ -379,19 +379,38 @@ __device__ __forceinline__ void scale_key_columns(float (&s)[kS], const KeyScale
   }
 }
 
+// A consumer thread's place in every Q tile, fixed for the kernel (computed once: recomputed per
+// tile, the divisions by the group were ~60 of a tile's ~870 instructions per warp, ncu P8K-tok).
+// Rows r0 = 16 warp + lane / 4 and r1 = r0 + 8 are heads g0 / g1 of the tile's tokens j0 / j1.
+struct TileRows {
+  int warp, lane, j0, g0, j1, g1, col_base;
+  WarpTokens wt;
+};
+__device__ __forceinline__ TileRows tile_rows(const MainParams& p, int tid) {
+  TileRows t;
+  t.warp = tid >> 5;
+  t.lane = tid & 31;
+  const int r0 = t.warp * 16 + (t.lane >> 2), r1 = r0 + 8;
+  t.j0 = r0 / p.group;
+  t.g0 = r0 - t.j0 * p.group;
+  t.j1 = r1 / p.group;
+  t.g1 = r1 - t.j1 * p.group;
+  t.col_base = 2 * (t.lane & 3);
+  t.wt = warp_tokens(p.group, p.tokens_per_tile, t.warp);
+  return t;
+}
+
 // kBlk: keys per kv block, 128 (S m64n128) or 64 (S m64n64, P V k64; FP8 Q K^T m64n64k32).
 template <bool kF16, bool kFp8, bool kMask, int kBlk>
 __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage<kBlk>& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
-                                             int q_stage, int tid) {
+                                             int q_stage, const TileRows& tr) {
   constexpr int kS = kBlk / 2;  // S floats per thread
-  const int warp = tid >> 5, lane = tid & 31;
-  const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
-  const int j0 = r0 / p.group, g0 = r0 - j0 * p.group;
-  const int j1 = r1 / p.group, g1 = r1 - j1 * p.group;
-  const int col_base = 2 * (lane & 3);
+  const int warp = tr.warp, lane = tr.lane;
+  const int j0 = tr.j0, g0 = tr.g0, j1 = tr.j1, g1 = tr.g1;
+  const int col_base = tr.col_base;
   const RowMeta rm =
-      read_row_meta(sh.meta[consumer][q_stage], p.group, p.tokens_per_tile, warp, lane, j0, j1);
+      read_row_meta(sh.meta[consumer][q_stage], tr.wt, lane, j0, j1);
   const int32_t tok0 = rm.tok0, slot0 = rm.slot0, lim0 = rm.lim0;
   const int32_t tok1 = rm.tok1, slot1 = rm.slot1, lim1 = rm.lim1;
 
@@ -416,7 +435,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   // f32 partials: the Q buffer and metadata are free once every warp's share of the product has
   // completed; the metadata readers of each warp arrive (q_empty_arrivals). bf16 partials: the
   // buffer stages the partial tile first and is freed later (release_q_buffer).
-  const WarpTokens wt = warp_tokens(p.group, p.tokens_per_tile, warp);
+  const WarpTokens wt = tr.wt;
   if (!p.part_bf16 && lane < wt.count) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
   float sl0 = row_scale_log2(p, tok0, info.head * p.group + g0) * kmul;
@@ -448,14 +467,16 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   sm90::wgmma_wait<0>();
 
   const bool lead = (lane & 3) == 0;
-  const int64_t head_base = int64_t(info.head) * p.total_q;
+  // Entries (token, kv head, slot) number Hkv * total_q * topk < 2^31 (plan.cpp): int32 index
+  // math, the partial rows' int64 index only at the end.
+  const int32_t head_base = info.head * int32_t(p.total_q);
   if (p.part_bf16) {
     // Normalised bf16 rows into this tile's Q buffer (the wgmma layout: two 64-column halves,
     // 128-byte swizzle), then one TMA store per half for each of the warp's tokens (G rows, a
     // contiguous [G, 128] block of part_o): full-line L2 writes instead of half-sector ones.
     uint8_t* buf = sh.q[consumer][q_stage][0];
-    stage_partial_row<0>(buf, o, r0, col_base, tok0 >= 0 ? st0 : RowStats{-INFINITY, 0.f, 0.f});
-    stage_partial_row<2>(buf, o, r1, col_base, tok1 >= 0 ? st1 : RowStats{-INFINITY, 0.f, 0.f});
+    stage_partial_tile(buf, o, warp, lane, tok0 >= 0 ? partial_inv(st0) : 0.f,
+                       tok1 >= 0 ? partial_inv(st1) : 0.f);
     sm90::fence_proxy_async_smem();
     __syncwarp();
     if (lane < wt.count) {  // the KV-major kernel runs G in {1, 2, 4, 8, 16}: whole tokens
@@ -463,22 +484,24 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
       const int first = wt.first;
       const int32_t t = meta.token[first + lane], sl = meta.slot[first + lane];
       if (t >= 0) {
-        const int32_t entry = int32_t((head_base + t) * p.topk + sl);
+        const int32_t entry = (head_base + t) * p.topk + sl;
         const int row = (first + lane) * p.group;  // the token's first row in the tile
         sm90::tma_store_3d(&p.tm_part, buf + row * 128, 0, 0, entry);
         sm90::tma_store_3d(&p.tm_part, buf + kQHalfBytes + row * 128, kHalfCols, 0, entry);
       }
       sm90::bulk_commit();
     }
-    if (lead && tok0 >= 0) store_partial_lse(p, ((head_base + tok0) * p.topk + slot0) * p.group + g0, st0);
-    if (lead && tok1 >= 0) store_partial_lse(p, ((head_base + tok1) * p.topk + slot1) * p.group + g1, st1);
+    if (lead && tok0 >= 0)
+      store_partial_lse(p, int64_t((head_base + tok0) * p.topk + slot0) * p.group + g0, st0);
+    if (lead && tok1 >= 0)
+      store_partial_lse(p, int64_t((head_base + tok1) * p.topk + slot1) * p.group + g1, st1);
     return;
   }
   if (tok0 >= 0)
-    store_partial_row<0>(p, o, ((head_base + tok0) * p.topk + slot0) * p.group + g0, col_base,
+    store_partial_row<0>(p, o, int64_t((head_base + tok0) * p.topk + slot0) * p.group + g0, col_base,
                          lead, st0);
   if (tok1 >= 0)
-    store_partial_row<2>(p, o, ((head_base + tok1) * p.topk + slot1) * p.group + g1, col_base,
+    store_partial_row<2>(p, o, int64_t((head_base + tok1) * p.topk + slot1) * p.group + g1, col_base,
                          lead, st1);
 }
 
@@ -496,6 +519,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, KVMajorStorage
   // Warp-uniform for ptxas (lane-0 broadcast): the wgmma descriptors derived from it stay in
   // uniform registers instead of being moved there (R2UR) before every wgmma.
   const int consumer = __shfl_sync(0xffffffffu, consumer_in, 0);
+  const TileRows tr = tile_rows(p, tid);
   int32_t kv_iter = 0;
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
   int pending = -1;       // bf16 partials: Q stage of this consumer's previous tile, not yet freed
@@ -514,7 +538,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, KVMajorStorage
       // were issued, so their reads are long done and nothing waits.
       if (pending >= 0) release_q_buffer(sh, consumer, pending);
       sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(q_use));
-      consume_tile<kF16, kFp8, kMask, kBlk>(p, sh, info, s, consumer, q_stage, tid);
+      consume_tile<kF16, kFp8, kMask, kBlk>(p, sh, info, s, consumer, q_stage, tr);
       pending = p.part_bf16 ? q_stage : -1;
     }
     tile_base += info.n_tiles;

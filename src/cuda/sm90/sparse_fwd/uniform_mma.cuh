@@ -197,8 +197,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
     if (info.kb == -2) break;
     const int q_stage = QR::stage(unit_iter);
     sm90::mbar_wait(&sh.q_full[consumer][q_stage], QR::full_parity(unit_iter));
-    const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage], p.group, p.tokens_per_tile,
-                                     warp, lane, j0, j1);
+    const RowMeta rm = read_row_meta(sh.meta[consumer][q_stage],
+                                     warp_tokens(p.group, p.tokens_per_tile, warp), lane, j0, j1);
     const int32_t head = rm.slot0;  // the uniform producer stores the kv head in the slot field
     const float sl0 = row_scale_log2(p, rm.tok0, head * p.group + g0);
     const float sl1 = row_scale_log2(p, rm.tok1, head * p.group + g1);
