@@ -309,7 +309,7 @@ inline void run_attention_poisoned_workspace(AttentionArgs& a, cudaStream_t s) {
 // same-precision reference: the same 16-bit inputs, fp32 math (scores, exponentials, sums, P V),
 // probabilities rounded to the input type before P V, out rounded to it. Calls with bf16 partials
 // (the default for bf16 q, asked for with fp16) are held to the precision they asked for: each
-// selected block's normalized partial rounded to bf16, the partials merged in fp32. For fp16 that
+// selected block's unnormalized partial (P V) rounded to bf16, the partials merged in fp32. For fp16 that
 // rounding dominates (bf16 keeps 8 mantissa bits, fp16 11); for bf16 it is a second rounding of
 // the output's size, which 64-key blocks (twice the partials of 128) took past 2x the reference
 // without it (2.07x on one sweep case). Rows on the uniform path have no partials; the model is
@@ -373,8 +373,8 @@ inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out
       for (int64_t d = 0; d < D; ++d) o64[d] += w64 * p.v_val[(keys[n] * p.hkv + h) * D + d];
     }
     // fp32 attention over keys [lo, hi) (probabilities rounded to 16 bits before P V):
-    // normalized output into o, log-sum-exp returned.
-    auto attend32 = [&](size_t lo, size_t hi, std::vector<float>& o) {
+    // unnormalized output (P V) into o, the sum of P into l, log-sum-exp returned.
+    auto attend32 = [&](size_t lo, size_t hi, std::vector<float>& o, float& l) {
       const float m32 = *std::max_element(s32.begin() + lo, s32.begin() + hi);
       float l32 = 0.f;
       std::fill(o.begin(), o.end(), 0.f);
@@ -385,21 +385,25 @@ inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out
         for (int64_t d = 0; d < D; ++d)
           o[d] = std::fma(w16, float(p.v_val[(keys[n] * p.hkv + h) * D + d]), o[d]);
       }
-      for (int64_t d = 0; d < D; ++d) o[d] /= l32;
+      l = l32;
       return m32 + std::log(l32);
     };
     std::vector<float> o32(D);
     if (!rounded_partials) {
-      attend32(0, keys.size(), o32);
+      float l = 0.f;
+      attend32(0, keys.size(), o32, l);
+      for (int64_t d = 0; d < D; ++d) o32[d] /= l;
     } else {
-      // The precision the call asked for: one partial per selected block, its normalized
-      // output rounded to bf16, merged in fp32 by the blocks' log-sum-exps.
-      std::vector<float> lse_b, part;
+      // The precision the call asked for: one partial per selected block, its unnormalized
+      // output (P V) rounded to bf16, merged in fp32 by the blocks' log-sum-exps and sums.
+      std::vector<float> lse_b, sum_b, part;
       std::vector<float> ob(D);
       for (size_t lo = 0; lo < keys.size();) {
         size_t hi = lo + 1;
         while (hi < keys.size() && (keys[hi] - p.k_start(b)) / blk == (keys[lo] - p.k_start(b)) / blk) ++hi;
-        lse_b.push_back(attend32(lo, hi, ob));
+        float l = 0.f;
+        lse_b.push_back(attend32(lo, hi, ob, l));
+        sum_b.push_back(l);
         for (int64_t d = 0; d < D; ++d)
           part.push_back(codec::bf16_to_float(codec::float_to_bf16(ob[d])));
         lo = hi;
@@ -410,7 +414,7 @@ inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out
       for (size_t k = 0; k < lse_b.size(); ++k) {
         const float w = std::exp(lse_b[k] - mx);
         den += w;
-        for (int64_t d = 0; d < D; ++d) o32[d] = std::fma(w, part[k * D + d], o32[d]);
+        for (int64_t d = 0; d < D; ++d) o32[d] = std::fma(w / sum_b[k], part[k * D + d], o32[d]);
       }
       for (int64_t d = 0; d < D; ++d) o32[d] /= den;
     }

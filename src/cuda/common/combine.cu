@@ -71,6 +71,7 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
   const int64_t base = (h * p.total_q + t) * p.topk;  // first slot of (h, t)
   const int32_t* ids = p.q2k + base;
   const float* lse_g = p.part_lse + base * p.group + g;
+  const float* rl_g = p.part_rl + base * p.group + g;
 
   float m = -INFINITY;
   for (int s0 = 0; s0 < p.topk; s0 += kSeg) {
@@ -89,6 +90,7 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
     const bool ok = id >= 0 && id < nblk;
     // exp(-inf - m) = 0 for a slot whose block held no visible key: its O partial is 0.
     const float w_mine = ok ? expf(lse_g[int64_t(s) * p.group] - m) : 0.f;
+    const float wo_mine = ok ? w_mine * rl_g[int64_t(s) * p.group] : 0.f;  // of the unnormalised O
     const unsigned valid = (__ballot_sync(seg, ok) >> seg_shift) & 0xffffu;  // same in the segment
     const int n = min(kSeg, p.topk - s0);
     if (p.part_bf16) {
@@ -105,26 +107,28 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const float w = __shfl_sync(seg, w_mine, u0 + u, kSeg);
+          const float wo = __shfl_sync(seg, wo_mine, u0 + u, kSeg);
           if (!((valid >> (u0 + u)) & 1u)) continue;
           const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
           sum += w;
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const float2 f = __bfloat1622float2(h2[i]);
-            acc[2 * i] = fmaf(w, f.x, acc[2 * i]);
-            acc[2 * i + 1] = fmaf(w, f.y, acc[2 * i + 1]);
+            acc[2 * i] = fmaf(wo, f.x, acc[2 * i]);
+            acc[2 * i + 1] = fmaf(wo, f.y, acc[2 * i + 1]);
           }
         }
       }
     } else {
       for (int u = 0; u < n; ++u) {
         const float w = __shfl_sync(seg, w_mine, u, kSeg);
+        const float wo = __shfl_sync(seg, wo_mine, u, kSeg);
         if (!((valid >> u) & 1u)) continue;
         float x[kVec];
         load_partial(p, (base + s0 + u) * p.group + g, d0, x);
         sum += w;
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+        for (int i = 0; i < kVec; ++i) acc[i] = fmaf(wo, x[i], acc[i]);
       }
     }
   }

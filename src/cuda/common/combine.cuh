@@ -1,5 +1,5 @@
-// Combine step of sparse attention: merges the per-(token, kv head, slot) partials (normalised O
-// plus LSE) into out / lse / tlse, exactly in fp32 and in fixed slot order (deterministic).
+// Combine step of sparse attention: merges the per-(token, kv head, slot) partials (unnormalised
+// O, LSE and 1 / sum) into out / lse / tlse, exactly in fp32 and in fixed slot order (deterministic).
 // Launched by sm90/sparse_fwd/launch.cu after the main kernel.
 #pragma once
 
@@ -16,7 +16,10 @@ struct CombineParams {
   // partials, indexed by ((h * total_q + t) * topk + slot) * G + g
   const void* part_o = nullptr;           // [.., D=128] bf16 (part_bf16) or f32
   int32_t part_bf16 = 0;
+  // Each partial row is unnormalised: its P V with p = exp(s - the part's max), the part's LSE and
+  // 1 / sum(p) (rl); the merged row is sum_s w_s rl_s O_s / sum_s w_s, w_s = exp(lse_s - max).
   const float* part_lse = nullptr;        // natural log, -inf: no visible key in that block
+  const float* part_rl = nullptr;         // 0 where lse is -inf
   const float* part_tlse = nullptr;       // null unless tlse is requested
   void* out = nullptr;                    // [total_q, Hq, head_dim] bf16 / f16, D contiguous
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements

@@ -1,6 +1,6 @@
-// Consumer epilogues of the sparse forward: normalised partial O (bf16 or f32) and its LSE (and
-// temperature LSE) for one (token, kv head, slot), later merged by the combine kernel; and the
-// 16-byte row store the uniform path uses for final outputs.
+// Consumer epilogues of the sparse forward: unnormalised partial O (bf16 or f32), its LSE and
+// 1 / sum (and temperature LSE) for one (token, kv head, slot), later merged by the combine
+// kernel; and the 16-byte row store the uniform path uses for final outputs.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -66,28 +66,29 @@ __device__ __forceinline__ float row_tlse(float max_log2, float tsum, float inv_
   return max_log2 == -INFINITY ? -INFINITY : (max_log2 * inv_temp + sm90::fast_log2(tsum)) * kLn2;
 }
 
-// LSE (and temperature LSE) of one partial row.
-__device__ __forceinline__ void store_partial_lse(const MainParams& p, int64_t idx,
-                                                  const RowStats& st) {
-  p.part_lse[idx] = row_lse(st.max_log2, st.sum);
-  if (p.part_tlse) p.part_tlse[idx] = row_tlse(st.max_log2, st.tsum, p.inv_temperature);
-}
-
-// The 1 / sum that normalises a partial row: 0 for a row with no visible key (or no token), else
-// the SFU's reciprocal (sum >= 1: no subnormal fix-up; IEEE 1.f / sum is a call to a slow path).
+// The 1 / sum of a partial row: 0 for a row with no visible key, else the SFU's reciprocal (sum
+// >= 1: no subnormal fix-up; IEEE 1.f / sum is a call to a slow path).
 __device__ __forceinline__ float partial_inv(const RowStats& st) {
   return st.max_log2 == -INFINITY ? 0.f : sm90::fast_rcp(st.sum);
 }
 
-// A warp's 16 rows (16 warp .. 16 warp + 15) of a normalised bf16 partial tile into a Q buffer
+// LSE, 1 / sum (and temperature LSE) of one partial row.
+__device__ __forceinline__ void store_partial_lse(const MainParams& p, int64_t idx,
+                                                  const RowStats& st) {
+  p.part_lse[idx] = row_lse(st.max_log2, st.sum);
+  p.part_rl[idx] = partial_inv(st);
+  if (p.part_tlse) p.part_tlse[idx] = row_tlse(st.max_log2, st.tsum, p.inv_temperature);
+}
+
+// A warp's 16 rows (16 warp .. 16 warp + 15) of an unnormalised bf16 partial tile (the combine
+// applies 1 / sum: 64 multiplies a tile fewer on the consumer's chain) into a Q buffer
 // laid out as wgmma and TMA see it: two 64-column halves of 64 rows x 128 bytes, 16-byte chunk c
 // of row r stored at chunk c ^ (r % 8). One stmatrix.x4 per two 8-column groups: its four 8 x 8
 // tiles are (rows 0-7, group n), (rows 8-15, n), (rows 0-7, n + 1), (rows 8-15, n + 1), and lane
 // l addresses row l % 8 of tile l / 8; each tile row is one 16-byte chunk, so the 8 rows of a tile
 // land in 8 different chunks (no bank conflict). 8 stmatrix a tile where 4-byte stores took 32.
-// inv0 / inv1: the thread's upper / lower row's partial_inv.
 __device__ __forceinline__ void stage_partial_tile(uint8_t* buf, const float (&o)[64], int warp,
-                                                   int lane, float inv0, float inv1) {
+                                                   int lane) {
   const int tile = lane >> 3;
   const int row = warp * 16 + (tile & 1) * 8 + (lane & 7);
   const uint32_t base = sm90::smem_addr(buf) + uint32_t(row) * 128;
@@ -96,15 +97,15 @@ __device__ __forceinline__ void stage_partial_tile(uint8_t* buf, const float (&o
 #pragma unroll
   for (int n = 0; n < 16; n += 2) {
     const uint32_t addr = base + (n >> 3) * kQHalfBytes + ((uint32_t(n & 7) << 4) ^ x);
-    sm90::stmatrix_x4(addr, pack_pair<false>(o[n * 4] * inv0, o[n * 4 + 1] * inv0),
-                      pack_pair<false>(o[n * 4 + 2] * inv1, o[n * 4 + 3] * inv1),
-                      pack_pair<false>(o[n * 4 + 4] * inv0, o[n * 4 + 5] * inv0),
-                      pack_pair<false>(o[n * 4 + 6] * inv1, o[n * 4 + 7] * inv1));
+    sm90::stmatrix_x4(addr, pack_pair<false>(o[n * 4], o[n * 4 + 1]),
+                      pack_pair<false>(o[n * 4 + 2], o[n * 4 + 3]),
+                      pack_pair<false>(o[n * 4 + 4], o[n * 4 + 5]),
+                      pack_pair<false>(o[n * 4 + 6], o[n * 4 + 7]));
   }
 }
 
-// Partial of one row (KV-major path) with f32 partials: normalised O and its LSE; `lead` threads
-// (lane % 4 == 0) write the LSE. bf16 partials are staged and stored by TMA instead
+// Partial of one row (KV-major path) with f32 partials: unnormalised O, its LSE and 1 / sum;
+// `lead` threads (lane % 4 == 0) write the LSE and 1 / sum. bf16 partials are staged and stored by TMA instead
 // (stage_partial_tile): direct 4-byte bf16 stores left half-sector L2 writes, and a 16-byte
 // variant (pairs transposed inside the quad by shuffles) measured slower still, 12.50 vs 11.05 ms
 // at P32K-tok (H200), its shuffles and selects sitting on the
@@ -113,11 +114,10 @@ template <int kOff>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],
                                                   int64_t idx, int col_base, bool lead,
                                                   const RowStats& st) {
-  const float inv = partial_inv(st);
   auto* dst = static_cast<float2*>(p.part_o) + idx * (kHeadDim / 2);
 #pragma unroll
   for (int n = 0; n < 16; ++n)
-    dst[(n * 8 + col_base) / 2] = make_float2(o[n * 4 + kOff] * inv, o[n * 4 + kOff + 1] * inv);
+    dst[(n * 8 + col_base) / 2] = make_float2(o[n * 4 + kOff], o[n * 4 + kOff + 1]);
   if (lead) store_partial_lse(p, idx, st);
 }
 

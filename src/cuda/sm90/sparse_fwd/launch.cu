@@ -168,6 +168,7 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
                                       a.q.device),
                                kHalfCols, uint32_t(s.group), 1, "attention_forward");
     mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
+    mp.part_rl = reinterpret_cast<float*>(ws + w.part_rl);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
     if (w.fp8_qk && w.blk == 64) launch_main<false, true, 64>(tq, tk, tv, mp, stream);
     else if (w.fp8_qk) launch_main<false, true, 128>(tq, tk, tv, mp, stream);
@@ -218,6 +219,7 @@ void launch_combine(const AttentionArgs& a, const ProblemShape& s, const AttnPla
   cp.part_o = ws + w.part_o;
   cp.part_bf16 = a.params.partial_dtype == DType::bf16 ? 1 : 0;
   cp.part_lse = reinterpret_cast<const float*>(ws + w.part_lse);
+  cp.part_rl = reinterpret_cast<const float*>(ws + w.part_rl);
   cp.part_tlse = a.tlse.defined() ? reinterpret_cast<const float*>(ws + w.part_tlse) : nullptr;
   cp.out = a.out.data;
   cp.out_stride_t = a.out.strides[0];

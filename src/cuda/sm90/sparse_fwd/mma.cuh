@@ -475,8 +475,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
     // 128-byte swizzle), then one TMA store per half for each of the warp's tokens (G rows, a
     // contiguous [G, 128] block of part_o): full-line L2 writes instead of half-sector ones.
     uint8_t* buf = sh.q[consumer][q_stage][0];
-    stage_partial_tile(buf, o, warp, lane, tok0 >= 0 ? partial_inv(st0) : 0.f,
-                       tok1 >= 0 ? partial_inv(st1) : 0.f);
+    stage_partial_tile(buf, o, warp, lane);  // rows without a token are never stored
     sm90::fence_proxy_async_smem();
     __syncwarp();
     if (lane < wt.count) {  // the KV-major kernel runs G in {1, 2, 4, 8, 16}: whole tokens

@@ -139,10 +139,12 @@ struct MainParams : AttnProblem {
   const int32_t* work_local = nullptr; // [Hkv, total_q * topk] compacted per chunk (PrepParams)
   const int32_t* work_slot = nullptr;  // [Hkv, total_q * topk]
   int64_t q_idx_stride = 0;            // total_q * topk
-  // partial outputs, indexed by ((h * total_q + t) * topk + slot) * G + g
+  // partial outputs, indexed by ((h * total_q + t) * topk + slot) * G + g: each row's P V
+  // unnormalised (sum_j p_j v_j, p_j = exp(s_j - max)), its LSE and 1 / sum_j p_j
   void* part_o = nullptr;              // [.., D] bf16 or f32
   int32_t part_bf16 = 0;
   float* part_lse = nullptr;           // natural log
+  float* part_rl = nullptr;            // 0 for a row without a visible key
   float* part_tlse = nullptr;          // null unless inv_temperature > 0
 };
 

@@ -150,6 +150,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.unit_order_start = take(size_t(hkv * w.qblock_cap + 1) * 4);
   w.part_o = take(part_elems * kHeadDim * part_bytes);
   w.part_lse = take(part_elems * 4);
+  w.part_rl = take(part_elems * 4);
   w.part_tlse = take(a.params.temperature > 0.f ? part_elems * 4 : 0);
   if (w.build_csr) {
     w.row_ptr = take(size_t(hkv * (w.total_rows + 1)) * 4);

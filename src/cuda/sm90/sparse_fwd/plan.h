@@ -67,7 +67,7 @@ struct AttnPlan {
   size_t work_local = 0, work_slot = 0;
   size_t qblock_start = 0, uniform = 0, unit_start = 0, unit_order_start = 0, num_units = 0;
   size_t units = 0;
-  size_t part_o = 0, part_lse = 0, part_tlse = 0;
+  size_t part_o = 0, part_lse = 0, part_rl = 0, part_tlse = 0;
   size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
   // fused CSR build: each tile's sorted keys [tiles, csr_tile_cap] u32; each row's count in each
   // tile of its head (then the earlier tiles' prefix) [Hkv, total_rows, csr_tiles_per_head], a
