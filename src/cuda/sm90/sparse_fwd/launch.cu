@@ -181,6 +181,7 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   static_cast<AttnProblem&>(up) = pr;
   up.units = pp.units;
   up.num_units = pp.num_units;
+  up.unit_cursor = pp.num_units + 1;
   up.q2k = w.dense ? nullptr : pp.q2k;
   up.dense = w.dense ? 1 : 0;
   up.out = a.out.data;

@@ -57,7 +57,8 @@ struct PrepParams {
   // [Hkv * qblock_cap + 1] exclusive prefix of the counts in walk order: o = (qblock_cap - 1 - g)
   // * Hkv + h, latest query blocks first (under causal masking they have the most blocks)
   int32_t* unit_order_start = nullptr;
-  int32_t* num_units = nullptr;    // [1]
+  // [2]: the unit count, then the uniform kernel's claim cursor (zeroed with the count)
+  int32_t* num_units = nullptr;
   void* units = nullptr;           // [unit_cap] UnitDesc
   int32_t* status = nullptr;       // int32[4]
   // A caller's k2q is checked against q2k (the CPU backend's rule: exactly build_k2q_csr's
@@ -152,6 +153,7 @@ struct MainParams : AttnProblem {
 struct UniformParams : AttnProblem {
   const void* units = nullptr;          // [num_units] UnitDesc
   const int32_t* num_units = nullptr;   // [1]
+  int32_t* unit_cursor = nullptr;       // [1] next unit to claim, 0 at launch (PrepParams::num_units)
   const int32_t* q2k = nullptr;         // [Hkv, total_q, topk]; null when dense
   // Dense attention (no q2k): a unit takes every block up to its last visible key, and the unit
   // table is its direct predecessor's output (dense_units_kernel), so the producer waits for it.

@@ -33,7 +33,7 @@ size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, s
   }
   w.qblock_start = take(size_t(s.batch + 1) * 4);
   w.uniform = take(size_t(query_kv_heads(s, w) * w.qblock_cap) * 4);
-  w.num_units = take(4);
+  w.num_units = take(8);  // the count and the uniform kernel's claim cursor
   w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
   if (w.dequant_q) w.q_bf16 = take(size_t(s.total_q) * size_t(s.num_q_heads) * kHeadDim * 2);
   if (w.dequant_kv) {

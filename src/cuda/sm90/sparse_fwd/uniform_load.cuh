@@ -136,21 +136,29 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     }
     __syncwarp();
   };
-  // Units in rounds of gridDim.x, every other round reversed (CTA i takes i, 2 grid - 1 - i, ...):
-  // the unit table lists the costliest units first (dense: the latest query blocks), so a plain
-  // stride hands CTA 0 the largest of every round. Simulated on dense causal with 132 CTAs, the
-  // busiest CTA's blocks over the mean: LAT-2K 72 -> 68 (mean 65.9), DENSE-8K 1040 -> 1009 (1008.5).
-  // 64-key blocks (sparse units of one cost) keep the plain stride, as this loop's form moves
-  // ptxas's register allocation of the consumers: other forms spilled 8-20 bytes there instead of 4
-  // (P32K-blk64 +3% at 20). In the 128-key kernels this form spills one word, reloaded once a
-  // unit by the consumer.
-  for (int32_t stride_unit = blockIdx.x; kBlk == 64 ? stride_unit < n_units : true;
-       stride_unit += gridDim.x, ++unit_iter) {
-    int32_t unit = stride_unit;
-    if constexpr (kBlk != 64) {  // odd rounds mirrored; the sum stays far below 2^31
-      if (unit_iter & 1) unit += int32_t(gridDim.x) - 1 - 2 * int32_t(blockIdx.x);
-      if (unit >= n_units) break;  // later rounds hold only larger indices
+  // Units are claimed from a cursor (unit_cursor, zeroed by the prep with the count) as a CTA
+  // reaches them: CTAs that start late (this kernel fills the KV-major kernel's tail, one CTA
+  // an SM as that kernel's CTAs exit) or that drew costly units take fewer, and the table lists
+  // the costliest first, so the claims form a greedy longest-first schedule. A static stride gave
+  // every CTA the same share however late it started: P8K-tok's uniform units (its first 2048
+  // tokens see every block) ran ~150 us past the KV-major kernel. Which CTA runs a unit does not
+  // change its rows' bits. The producer runs a unit ahead of the consumers (Q buffers are
+  // double-buffered across units), so the atomic's latency is off their path.
+  // 64-key blocks (sparse units of one cost) keep a plain stride and head dim 64 (dense only) the
+  // reversed rounds (CTA i takes i, 2 grid - 1 - i, ...: the table lists the costliest first):
+  // the claim loop moved ptxas's register allocation of their consumers (64-key spills 4 -> 8 and
+  // 16 -> 20 bytes; D = 64 0 -> 4 bytes, DENSE-16K-D64 +1.3%).
+  int32_t unit = 0, stride_unit = int32_t(blockIdx.x);
+  for (;; ++unit_iter) {
+    if constexpr (kBlk == 64 || kD == 64) {
+      unit = stride_unit;
+      if (kD == 64 && (unit_iter & 1)) unit += int32_t(gridDim.x) - 1 - 2 * int32_t(blockIdx.x);
+      stride_unit += int32_t(gridDim.x);
+    } else {
+      if (lane == 0) unit = atomicAdd(p.unit_cursor, 1);
+      unit = __shfl_sync(0xffffffffu, unit, 0);
     }
+    if (unit >= n_units) break;
     const UnitDesc u = load_unit(p, unit);
     const int qs = QR::stage(unit_iter);
     for (int c = 0; c < kConsumers; ++c) {

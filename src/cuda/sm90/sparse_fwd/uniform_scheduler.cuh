@@ -97,7 +97,8 @@ __device__ void unit_scan_body(const PrepParams& p) {
   }
   if (threadIdx.x == 0) {
     p.unit_order_start[pairs] = carry;
-    *p.num_units = carry <= p.unit_cap ? carry : 0;
+    p.num_units[0] = carry <= p.unit_cap ? carry : 0;
+    p.num_units[1] = 0;  // the uniform kernel's claim cursor
   }
 }
 
@@ -217,7 +218,10 @@ __device__ void dense_units_body(const PrepParams& p, int64_t total_k) {
     units += agg;
     __syncthreads();
   }
-  if (threadIdx.x == 0) *p.num_units = ok ? units : 0;
+  if (threadIdx.x == 0) {
+    p.num_units[0] = ok ? units : 0;
+    p.num_units[1] = 0;  // the uniform kernel's claim cursor
+  }
 }
 
 __global__ void __launch_bounds__(kPrepThreads) dense_units_kernel(PrepParams p,
