@@ -309,11 +309,11 @@ inline void run_attention_poisoned_workspace(AttentionArgs& a, cudaStream_t s) {
 // same-precision reference: the same 16-bit inputs, fp32 math (scores, exponentials, sums, P V),
 // probabilities rounded to the input type before P V, out rounded to it. Calls with bf16 partials
 // (the default for bf16 q, asked for with fp16) are held to the precision they asked for: each
-// selected block's unnormalized partial (P V) rounded to bf16, the partials merged in fp32. For fp16 that
-// rounding dominates (bf16 keeps 8 mantissa bits, fp16 11); for bf16 it is a second rounding of
-// the output's size, which 64-key blocks (twice the partials of 128) took past 2x the reference
-// without it (2.07x on one sweep case). Rows on the uniform path have no partials; the model is
-// then looser than their computation. Rows: every `stride`-th (token, query head).
+// selected block's unnormalized partial (P V) rounded to bf16, the partials merged in fp32. For
+// fp16 that rounding dominates (bf16 keeps 8 mantissa bits, fp16 11); for bf16 it is a second
+// rounding of the output's size, which 64-key blocks (twice the partials of 128) took past 2x
+// the reference without it (2.07x on one sweep case). Rows on the uniform path have no partials;
+// the model is then looser than their computation. Rows: every `stride`-th (token, query head).
 inline void expect_within_fa3_bar(const SparseCase& c, const HostTensor& gpu_out, int64_t stride) {
   const Problem& p = c.p;
   const int64_t tq = p.total_q(), g = p.hq / p.hkv, D = p.dim, blk = c.blk;

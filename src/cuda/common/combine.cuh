@@ -1,5 +1,6 @@
 // Combine step of sparse attention: merges the per-(token, kv head, slot) partials (unnormalised
-// O, LSE and 1 / sum) into out / lse / tlse, exactly in fp32 and in fixed slot order (deterministic).
+// O, LSE and 1 / sum) into out / lse / tlse, exactly in fp32 and in fixed slot order
+// (deterministic).
 // Launched by sm90/sparse_fwd/launch.cu after the main kernel.
 #pragma once
 

@@ -105,11 +105,11 @@ __device__ __forceinline__ void stage_partial_tile(uint8_t* buf, const float (&o
 }
 
 // Partial of one row (KV-major path) with f32 partials: unnormalised O, its LSE and 1 / sum;
-// `lead` threads (lane % 4 == 0) write the LSE and 1 / sum. bf16 partials are staged and stored by TMA instead
-// (stage_partial_tile): direct 4-byte bf16 stores left half-sector L2 writes, and a 16-byte
-// variant (pairs transposed inside the quad by shuffles) measured slower still, 12.50 vs 11.05 ms
-// at P32K-tok (H200), its shuffles and selects sitting on the
-// consumer's critical path.
+// `lead` threads (lane % 4 == 0) write the LSE and 1 / sum. bf16 partials are staged and stored
+// by TMA instead (stage_partial_tile): direct 4-byte bf16 stores left half-sector L2 writes, and
+// a 16-byte variant (pairs transposed inside the quad by shuffles) measured slower still, 12.50
+// vs 11.05 ms at P32K-tok (H200), its shuffles and selects sitting on the consumer's critical
+// path.
 template <int kOff>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],
                                                   int64_t idx, int col_base, bool lead,

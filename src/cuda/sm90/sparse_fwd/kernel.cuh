@@ -75,11 +75,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Uniform (Q-major) kernel over the unit table: persistent, its units claimed from a cursor
 // (uniform_load.cuh; each unit writes its own rows, so the bits do not depend on which CTA runs
 // it), 64-key and D = 64 kernels a static order. Launched right after the KV-major kernel with
-// programmatic serialization (pdl.cuh), it runs ahead of its pdl_wait: that kernel triggers only after its own pdl_wait, so every prep kernel has completed
-// once this one starts, and the two kernels touch disjoint memory (partials vs. the uniform rows
-// of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle
-// (P8K-tok -50 us). One warp per CTA waits, so this grid completes only after the
-// KV-major one and the combine (a normal launch) finds every partial written.
+// programmatic serialization (pdl.cuh), it runs ahead of its pdl_wait: that kernel triggers only
+// after its own pdl_wait, so every prep kernel has completed once this one starts, and the two
+// kernels touch disjoint memory (partials vs. the uniform rows of out / lse / tlse). Its CTAs
+// thus take the SMs the KV-major kernel's tail leaves idle (P8K-tok -50 us). One warp per CTA
+// waits, so this grid completes only after the KV-major one and the combine (a normal launch)
+// finds every partial written.
 // kD: the head dim, 64, 128 or 256; kBlk: keys per kv block (traits.h HeadDimTraits).
 template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk>
 __global__ void __launch_bounds__(kThreads, 1)

@@ -471,7 +471,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   // math, the partial rows' int64 index only at the end.
   const int32_t head_base = info.head * int32_t(p.total_q);
   if (p.part_bf16) {
-    // Normalised bf16 rows into this tile's Q buffer (the wgmma layout: two 64-column halves,
+    // Unnormalised bf16 rows into this tile's Q buffer (the wgmma layout: two 64-column halves,
     // 128-byte swizzle), then one TMA store per half for each of the warp's tokens (G rows, a
     // contiguous [G, 128] block of part_o): full-line L2 writes instead of half-sector ones.
     uint8_t* buf = sh.q[consumer][q_stage][0];
@@ -497,11 +497,11 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
     return;
   }
   if (tok0 >= 0)
-    store_partial_row<0>(p, o, int64_t((head_base + tok0) * p.topk + slot0) * p.group + g0, col_base,
-                         lead, st0);
+    store_partial_row<0>(p, o, int64_t((head_base + tok0) * p.topk + slot0) * p.group + g0,
+                         col_base, lead, st0);
   if (tok1 >= 0)
-    store_partial_row<2>(p, o, int64_t((head_base + tok1) * p.topk + slot1) * p.group + g1, col_base,
-                         lead, st1);
+    store_partial_row<2>(p, o, int64_t((head_base + tok1) * p.topk + slot1) * p.group + g1,
+                         col_base, lead, st1);
 }
 
 // Frees a Q buffer whose tile staged its bf16 partials: every consumer thread arrives, the lanes

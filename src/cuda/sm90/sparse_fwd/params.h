@@ -153,7 +153,7 @@ struct MainParams : AttnProblem {
 struct UniformParams : AttnProblem {
   const void* units = nullptr;          // [num_units] UnitDesc
   const int32_t* num_units = nullptr;   // [1]
-  int32_t* unit_cursor = nullptr;       // [1] next unit to claim, 0 at launch (PrepParams::num_units)
+  int32_t* unit_cursor = nullptr;       // [1] next unit to claim (PrepParams::num_units[1], 0)
   const int32_t* q2k = nullptr;         // [Hkv, total_q, topk]; null when dense
   // Dense attention (no q2k): a unit takes every block up to its last visible key, and the unit
   // table is its direct predecessor's output (dense_units_kernel), so the producer waits for it.
