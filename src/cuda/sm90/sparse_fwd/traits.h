@@ -21,10 +21,10 @@
 //     64 KB per (unit, block) = 17 GB of L2 reads but 67 MB from DRAM (the 16 units of a (head,
 //     query block) run side by side), no partials, no combine. Floor: the math, 2.2e12 MMA FLOP
 //     issued ~ 3.1 ms at 716 TFLOP/s.
-//   Measured (H200): P32K-tok 7.69 ms (main kernel ~5.3 ms,
-//     combine ~2.0 ms at ~4.3 TB/s of partial reads): latency-bound per Q tile, above the
-//     ~6.1 ms floor. P32K-blk 3.67 ms: uniform kernel ~3.53 ms (2.135 TFLOP issued, ~605 TF/s,
-//     84% of the 716 TF/s measured bf16 ceiling), ~140 us of prep kernels.
+//   Measured (H200): P32K-tok 6.60 ms (main kernel ~4.43 ms, bound by its consumers'
+//     instruction chain, not by these bytes: with every partial kept in L2 it gained ~1%;
+//     combine ~2.10 ms at ~4.5 TB/s of partial reads). P32K-blk 3.48 ms for the whole call
+//     (the uniform kernel ~3.53 ms of 3.67 when last taken alone: ~605 TF/s issued).
 #pragma once
 
 #include <cstdint>
