@@ -125,12 +125,15 @@ __device__ __forceinline__ uint32_t q_scale_word(const Params& p, int64_t row, i
   return uint32_t(sf[0]) | (uint32_t(sf[1]) << 8) | (uint32_t(sf[2]) << 16) | (uint32_t(sf[3]) << 24);
 }
 
-// Producer warp: Q, then key blocks [kb_lo, kb_hi) with their scales.
+// Producer warp `pw` of kProducerWarps: Q (warp 0), then every kProducerWarps-th key block of
+// [kb_lo, kb_hi) from its own, with the block's scales. One warp issuing every block was the
+// bound: ~380 instructions a block (table window, id checks, scale copies, boxes) took it ~1.1 us
+// a block, and the consumers waited on full stages for half their time (MQAL-PAGED-B64).
 template <bool kPaged, int kHp>
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                              SharedStorage& sh, const CtaWork& w, int kb_lo, int kb_hi,
-                             int hi_max, int lane) {
-  if (lane == 0) {
+                             int hi_max, int pw, int lane) {
+  if (pw == 0 && lane == 0) {
     sm90::mbar_arrive_expect_tx(&sh.q_full, uint32_t(w.ntok * kHp * kRowBytes));
     for (int i = 0; i < w.ntok; ++i)
       sm90::tma_load_3d(sh.q + i * kHp * kRowBytes, tm_q, &sh.q_full, 0, 0, int32_t(w.row0 + i));
@@ -138,8 +141,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
   }
   constexpr int kPerLane = kBlockN / 32;
   TableWindow tab;
-  if (kPaged && kb_hi > kb_lo) tab.start(p, w.b, (kb_lo * kBlockN) >> p.block_shift, lane);
-  for (int it = 0, kb = kb_lo; kb < kb_hi; ++it, ++kb) {
+  if (kPaged && kb_lo + pw < kb_hi) tab.start(p, w.b, ((kb_lo + pw) * kBlockN) >> p.block_shift, lane);
+  for (int it = pw, kb = kb_lo + pw; kb < kb_hi; it += kProducerWarps, kb += kProducerWarps) {
     const int stage = Ring::stage(it);
     const int key0 = kb * kBlockN;
     // The block's pool ids (paged): columns [key0 >> shift, (key0 + 128) >> shift) lie in one
@@ -360,15 +363,18 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, const CtaWork& 
     }
     sm90::mbar_arrive(&sh.empty[stage]);
   }
-  // Columns of [c0, c1) outside the computed blocks, by column lane 0's warpgroups.
+  // Columns of [c0, c1) outside the computed blocks [lo_col, hi_col), by column lane 0's
+  // warpgroups, row by row (a loop over every column of the range with a division per element
+  // to skip the computed ones took 18% of MQAL-PAGED-B64's warp samples, all in the CTAs' tail).
   if (p.clean && cl == 0) {
     const int threads = 2 * p.groups_n * 128, t = rg * 128 + tid % 128;
-    const int lo_col = kb_lo * kBlockN, hi_col = kb_hi * kBlockN;
-    const int width = w.c1 - w.c0;
-    for (int64_t idx = t; idx < int64_t(w.ntok) * width; idx += threads) {
-      const int i = int(idx / width), col = w.c0 + int(idx % width);
-      if (col >= lo_col && col < hi_col) continue;
-      p.logits[(w.row0 + i) * p.out_stride + col] = -INFINITY;
+    const bool any = kb_hi > kb_lo;
+    const int lo_col = any ? min(w.c1, kb_lo * kBlockN) : w.c1;
+    const int hi_col = any ? max(w.c0, kb_hi * kBlockN) : w.c1;
+    for (int i = 0; i < w.ntok; ++i) {
+      float* row = p.logits + (w.row0 + i) * p.out_stride;
+      for (int col = w.c0 + t; col < lo_col; col += threads) row[col] = -INFINITY;
+      for (int col = hi_col + t; col < w.c1; col += threads) row[col] = -INFINITY;
     }
   }
 }
@@ -428,7 +434,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     }
   } else if (threadIdx.x < 128) {
     sm90::regs_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x < 32) run_producer<kPaged, kHp>(p, &tm_q, &tm_k, sh, w, kb_lo, kb_hi, hi_max, threadIdx.x);
+    run_producer<kPaged, kHp>(p, &tm_q, &tm_k, sh, w, kb_lo, kb_hi, hi_max, threadIdx.x / 32,
+                              threadIdx.x % 32);
   } else {
     sm90::regs_alloc<Cfg::kConsumerRegs>();
     run_consumer<kPaged, kHp>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);

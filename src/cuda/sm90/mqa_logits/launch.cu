@@ -15,6 +15,7 @@ namespace msa::cuda {
 namespace {
 
 using mqa_logits_sm90::kBlockN;
+using mqa_logits_sm90::kCtaCostBlocks;
 using mqa_logits_sm90::kMaxRowGroups;
 using mqa_logits_sm90::kMaxTokens;
 using mqa_logits_sm90::kTileM;
@@ -116,15 +117,19 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
   p.sl_stride = a.seq_lens.strides[0];
   p.next_n = int32_t(next_n);
   p.groups = int32_t((next_n + t.tokens - 1) / t.tokens);
-  // Column ranges per request: the split count whose waves of resident CTAs times blocks per CTA
-  // is least, the fewest CTAs among equals; at least 4 blocks a CTA.
+  // Column ranges per request: the split count whose waves of resident CTAs times (blocks per CTA
+  // + kCtaCostBlocks) is least, the fewest CTAs among equals; at least 4 blocks a CTA. A CTA's
+  // start (barriers, Q, weights, table window) and its empty pipeline cost about 4 blocks' time:
+  // MQAL-PAGED-B64 (H200) ran 108.8 / 110.8 / 118.3 / 131.7 us at 2 / 4 / 8 / 16 splits (1 / 2 /
+  // 4 / 8 waves of 128 / 64 / 32 / 16 blocks), i.e. 0.83 us a block and 3.3 us a CTA. Without the
+  // term the model picked 37 splits (18 waves of 7 blocks), 1.5x slower than 2.
   const int64_t col_blocks = std::max<int64_t>(1, (a.max_seq_len + kBlockN - 1) / kBlockN);
   const int64_t sms = current_sm_count();  // one resident CTA each (traits.h Cfg)
   const int64_t units = batch * p.groups;
   int64_t splits = 1, best = INT64_MAX;
   for (int64_t sp = 1; sp <= std::clamp<int64_t>(col_blocks / 4, 1, 1024); ++sp) {
     const int64_t per = (col_blocks + sp - 1) / sp;
-    const int64_t cost = (units * sp + sms - 1) / sms * per;
+    const int64_t cost = (units * sp + sms - 1) / sms * (per + kCtaCostBlocks);
     if (cost < best) {
       best = cost;
       splits = sp;
