@@ -62,6 +62,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   mbar_wait(smem_addr(bar), parity);
 }
 
+// A copy of v in a fresh register that ptxas cannot see through: a loop counter that starts from
+// a value ptxas spilled earlier does not reload it at every step, and values derived from it in a
+// loop are computed there instead of hoisted out of the loop (where they may spill).
+__device__ __forceinline__ int reg_copy(int v) {
+  int r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
+
 // 2^x on the SFU alone (ex2.approx.ftz: ~2^-22 relative error; a result below 2^-126 becomes 0,
 // -inf gives 0, NaN stays NaN). exp2f adds a range fix-up for subnormal results around it, which
 // softmax terms never need: every row sum holds a term >= 1.

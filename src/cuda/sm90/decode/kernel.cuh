@@ -53,14 +53,6 @@ __device__ __forceinline__ void empty_barrier(int stage, uint32_t threads) {
                  : "memory");
 }
 
-// A copy of v in a fresh register, so a loop counter that starts from a value ptxas spilled
-// earlier does not reload it from local memory at every step.
-__device__ __forceinline__ int reg_copy(int v) {
-  int r;
-  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
-  return r;
-}
-
 // The consumer warps' stage loop (kernel below): per-warp constants fixed before the loop, the
 // stage and phase stepped instead of divided. Every instruction between a stage's arrival and its
 // first ldmatrix delays the warp: that bookkeeping was once ~40% of the FP8 consumers' sampled
@@ -93,7 +85,7 @@ __device__ __forceinline__ void consume(const DecodeParams& p, WarpTile<TQ, kKV,
   // hold key -1 (lookup_stage), so their windows end at the jmax test without a bound. ptxas
   // spills the counters' start values before the role split (under the launch bound's 128
   // registers): reg_copy starts the loop from fresh registers.
-  for (int left = reg_copy(lp.steps), slot0 = reg_copy(lp.s0); left > 0; --left, slot0 += kS) {
+  for (int left = sm90::reg_copy(lp.steps), slot0 = sm90::reg_copy(lp.s0); left > 0; --left, slot0 += kS) {
     sm90::mbar_wait(lp.full + uint32_t(ring.stage) * 8u, ring.phase);
     if (lp.active) {
       const uint32_t k_stage = lp.pipe + uint32_t(ring.stage) * Tr::kStageBytes;

@@ -35,10 +35,10 @@ struct CtaWork {
 };
 
 template <bool kPaged>
-__device__ __forceinline__ CtaWork cta_work(const Params& p) {
+__device__ __forceinline__ CtaWork cta_work(const Params& p, unsigned block) {
   CtaWork w;
   if constexpr (kPaged) {
-    const int64_t x = blockIdx.x;
+    const int64_t x = block;
     const int split = int(x % p.splits);
     const int64_t rest = x / p.splits;
     w.b = int(rest / p.groups);
@@ -49,7 +49,7 @@ __device__ __forceinline__ CtaWork cta_work(const Params& p) {
     w.c1 = min(p.cols, w.c0 + p.cols_per_split);
   } else {
     // Last rows first: under causal ranges they see the most keys.
-    const int64_t tile = int64_t(gridDim.x) - 1 - blockIdx.x;
+    const int64_t tile = int64_t(gridDim.x) - 1 - block;
     w.row0 = tile * p.tokens_per_cta;
     w.ntok = int(min(int64_t(p.tokens_per_cta), int64_t(p.rows) - w.row0));
     w.c1 = p.cols;
@@ -125,6 +125,65 @@ __device__ __forceinline__ uint32_t q_scale_word(const Params& p, int64_t row, i
   return uint32_t(sf[0]) | (uint32_t(sf[1]) << 8) | (uint32_t(sf[2]) << 16) | (uint32_t(sf[3]) << 24);
 }
 
+// The key blocks [lo, hi) some row of the CTA sees within [c0, c1) (empty: 0, 0), and the end of
+// the rows' ranges.
+struct Blocks {
+  int lo = 0, hi = 0, hi_max = 0;
+};
+__device__ __forceinline__ Blocks blocks_seen(const SharedStorage& sh, const CtaWork& w) {
+  int lo_min = INT_MAX;
+  Blocks k;
+  for (int i = 0; i < w.ntok; ++i)
+    if (sh.lo[i] < sh.hi[i]) {
+      lo_min = min(lo_min, sh.lo[i]);
+      k.hi_max = max(k.hi_max, sh.hi[i]);
+    }
+  const int a = max(lo_min, w.c0), e = min(k.hi_max, w.c1);
+  if (a < e) {
+    k.lo = a / kBlockN;
+    k.hi = (e + kBlockN - 1) / kBlockN;
+  }
+  return k;
+}
+
+// -inf into row[a, b) by 128 threads (t): 16-byte stores where the row's address allows.
+__device__ __forceinline__ void fill_neg_inf(float* row, int a, int b, int t) {
+  if (a >= b) return;
+  const int mis = int((reinterpret_cast<uintptr_t>(row + a) >> 2) & 3);
+  const int head = min(b - a, (4 - mis) & 3);
+  if (t < head) row[a + t] = -INFINITY;
+  const int va = a + head, nv = (b - va) >> 2;
+  float4* v = reinterpret_cast<float4*>(row + va);
+  // Not unrolled: four 16-byte stores in flight at once spilled under the producer's 32 registers.
+#pragma unroll 1
+  for (int j = t; j < nv; j += 128) v[j] = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+  const int tail = va + 4 * nv;
+  if (t < b - tail) row[tail + t] = -INFINITY;
+}
+
+// Columns of the CTA's rows in [c0, c1) outside the computed blocks (all of them when none is),
+// set to -inf by the 128 producer threads (t) once their loads are issued, so that the stores run
+// under the consumers' last blocks. The consumers did this after their loop, one scalar store and
+// one 64-bit division per column, alone on the SM: 18% of MQAL-PAGED-B64's warp samples; under
+// causal ranges (MQAL-PREFILL-32K) half of the [T, S] logits are such columns. Everything it needs
+// is derived again from p, an opaque copy of the block index and the rows' ranges in shared
+// memory: the CTA's work kept live across the producer loop made that loop spill under its 32
+// registers.
+template <bool kPaged>
+__device__ __forceinline__ void clean_unseen(const Params& p, const SharedStorage& sh, int t) {
+  if (!p.clean) return;
+  const CtaWork w = cta_work<kPaged>(p, unsigned(sm90::reg_copy(int(blockIdx.x))));
+  const Blocks k = blocks_seen(sh, w);
+  const bool any = k.hi > k.lo;
+  const int lo_col = any ? min(w.c1, k.lo * kBlockN) : w.c1;
+  const int hi_col = any ? max(w.c0, k.hi * kBlockN) : w.c1;
+  for (int i = 0; i < w.ntok; ++i) {
+    float* row = p.logits + (w.row0 + i) * p.out_stride;
+    fill_neg_inf(row, w.c0, lo_col, t);
+    fill_neg_inf(row, hi_col, w.c1, t);
+  }
+}
+
 // Producer warp `pw` of kProducerWarps: Q (warp 0), then every kProducerWarps-th key block of
 // [kb_lo, kb_hi) from its own, with the block's scales. One warp issuing every block was the
 // bound: ~380 instructions a block (table window, id checks, scale copies, boxes) took it ~1.1 us
@@ -170,32 +229,22 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     }
     sm90::cp_async_mbar_arrive(&sh.full[stage]);
     if constexpr (kPaged) {
-      // One box per pool block of the 128 keys (block sizes 32, 64, 128); ids by shuffles from
-      // every lane, the copies from lane 0.
-      const int per = kBlockN >> p.block_shift;
-      int32_t ids[kBlockN / 32];
-      uint32_t bytes = 0;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 32; ++j) {
-        const int key = key0 + (j << p.block_shift), col = key >> p.block_shift;
-        const int32_t id = tab.id(col);
-        ids[j] = -1;
-        if (j >= per || key >= hi_max || col >= p.bt_cols) continue;
-        if (id < 0 || id >= p.num_blocks) {
-          if (lane == 0) flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), w.b, col, id);
-          continue;
-        }
-        ids[j] = id;
-        bytes += uint32_t(p.block_size) * kRowBytes;
-      }
-      if (lane == 0) {
-        sm90::mbar_arrive_expect_tx(&sh.full[stage], bytes);
-#pragma unroll
-        for (int j = 0; j < kBlockN / 32; ++j)
-          if (ids[j] >= 0)
-            sm90::tma_load_3d(sh.k[stage] + (j << p.block_shift) * kRowBytes, tm_k, &sh.full[stage],
-                              0, 0, ids[j]);
-      }
+      // One box per pool block of the 128 keys (block sizes 32, 64, 128): lane j < 128 / block
+      // size takes pool block j, its id by shuffle, and issues its own box once lane 0 has set
+      // the stage's byte count. (A loop over the four boxes in lane 0 had ptxas hoist their
+      // offsets out of the block loop and spill them under the producer's 32 registers.)
+      const int shift = p.block_shift, j = lane & 3;
+      const int key = key0 + (j << shift), col = key >> shift;
+      const int32_t id = tab.id(col);
+      const bool want = lane < (kBlockN >> shift) && key < hi_max && col < p.bt_cols;
+      const bool ok = want && id >= 0 && id < p.num_blocks;
+      if (want && !ok) flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), w.b, col, id);
+      const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, ok));
+      if (lane == 0)
+        sm90::mbar_arrive_expect_tx(&sh.full[stage], boxes * uint32_t(p.block_size) * kRowBytes);
+      __syncwarp();
+      if (ok)
+        sm90::tma_load_3d(sh.k[stage] + (j << shift) * kRowBytes, tm_k, &sh.full[stage], 0, 0, id);
     } else if (lane == 0) {
       sm90::mbar_arrive_expect_tx(&sh.full[stage], uint32_t(kKBlockBytes));
       sm90::tma_load_3d(sh.k[stage], tm_k, &sh.full[stage], 0, 0, key0);
@@ -363,20 +412,6 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, const CtaWork& 
     }
     sm90::mbar_arrive(&sh.empty[stage]);
   }
-  // Columns of [c0, c1) outside the computed blocks [lo_col, hi_col), by column lane 0's
-  // warpgroups, row by row (a loop over every column of the range with a division per element
-  // to skip the computed ones took 18% of MQAL-PAGED-B64's warp samples, all in the CTAs' tail).
-  if (p.clean && cl == 0) {
-    const int threads = 2 * p.groups_n * 128, t = rg * 128 + tid % 128;
-    const bool any = kb_hi > kb_lo;
-    const int lo_col = any ? min(w.c1, kb_lo * kBlockN) : w.c1;
-    const int hi_col = any ? max(w.c0, kb_hi * kBlockN) : w.c1;
-    for (int i = 0; i < w.ntok; ++i) {
-      float* row = p.logits + (w.row0 + i) * p.out_stride;
-      for (int col = w.c0 + t; col < lo_col; col += threads) row[col] = -INFINITY;
-      for (int col = hi_col + t; col < w.c1; col += threads) row[col] = -INFINITY;
-    }
-  }
 }
 
 // tm_q: q as [rows, H, 128] e4m3, boxes of 128 x kHp x 1. tm_k: ragged, k as [S, 1, 128], boxes of
@@ -389,7 +424,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023;
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
-  const CtaWork w = cta_work<kPaged>(p);
+  const CtaWork w = cta_work<kPaged>(p, blockIdx.x);
   if (threadIdx.x == 0) {
     // MXFP4: every producer thread arrives (its converted rows), no TMA bytes.
     sm90::mbar_init(&sh.q_full, kFp4 ? 128 : 1);
@@ -414,20 +449,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     sh.wt[r] = wt;
   }
   __syncthreads();
-  // The blocks some row sees within [c0, c1).
-  int lo_min = INT_MAX, hi_max = 0;
-  for (int i = 0; i < w.ntok; ++i)
-    if (sh.lo[i] < sh.hi[i]) {
-      lo_min = min(lo_min, sh.lo[i]);
-      hi_max = max(hi_max, sh.hi[i]);
-    }
-  const int a = max(lo_min, w.c0), e = min(hi_max, w.c1);
-  const int kb_lo = a < e ? a / kBlockN : 0, kb_hi = a < e ? (e + kBlockN - 1) / kBlockN : 0;
+  const Blocks seen = blocks_seen(sh, w);
+  const int kb_lo = seen.lo, kb_hi = seen.hi, hi_max = seen.hi_max;
   if constexpr (kFp4) {
     static_assert(kPaged, "MXFP4 logits are paged only");
     if (threadIdx.x < 128) {
       sm90::regs_dealloc<Cfg::kFp4ProducerRegs>();
       run_producer_fp4<kHp>(p, sh, w, kb_lo, kb_hi, hi_max, threadIdx.x);
+      clean_unseen<kPaged>(p, sh, threadIdx.x);
     } else {
       sm90::regs_alloc<Cfg::kFp4ConsumerRegs>();
       run_consumer<kPaged, kHp>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);
@@ -436,6 +465,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     sm90::regs_dealloc<Cfg::kProducerRegs>();
     run_producer<kPaged, kHp>(p, &tm_q, &tm_k, sh, w, kb_lo, kb_hi, hi_max, threadIdx.x / 32,
                               threadIdx.x % 32);
+    clean_unseen<kPaged>(p, sh, threadIdx.x);
   } else {
     sm90::regs_alloc<Cfg::kConsumerRegs>();
     run_consumer<kPaged, kHp>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);
