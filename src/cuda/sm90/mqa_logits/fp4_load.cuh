@@ -95,6 +95,11 @@ __device__ __forceinline__ void store_fp4_row(uint8_t* tile, int row, const uint
   }
 }
 
+// The raw slot's chunk of a thread's 16-byte chunk g: rows are 64 bytes apart, so 8 threads'
+// loads of chunk g would share two 16-byte bank groups; xor-ing g with bits 1-2 of the thread
+// index spreads them over all eight.
+__device__ __forceinline__ int raw_chunk(int g, int tid) { return g ^ ((tid >> 1) & 3); }
+
 __device__ __forceinline__ void zero_row(uint8_t* tile, int row) {
 #pragma unroll
   for (int c = 0; c < 8; ++c)

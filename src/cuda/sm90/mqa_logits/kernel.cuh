@@ -253,9 +253,10 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
 }
 
 // MXFP4 producer warpgroup (tid 0..127, fp4_load.cuh): Q's rows converted once, then thread tid
-// converts key key0 + tid of every block: its 64 bytes and scale word loaded before the stage's
-// empty wait, written as e4m3 with the key's factor in the stage's scales (0 and a zero row where
-// no key is read). Each thread fences its generic stores for wgmma and arrives on the stage.
+// converts key key0 + tid of every block: its 64 bytes and scale word copied kFp4Ahead blocks
+// ahead into the thread's own raw slots (so no barrier guards them), written as e4m3 with the
+// key's factor in the stage's scales (0 and a zero row where no key is read). Each thread fences
+// its generic stores for wgmma and arrives on the stage.
 template <int kHp>
 __device__ void run_producer_fp4(const Params& p, SharedStorage& sh, const CtaWork& w, int kb_lo,
                                  int kb_hi, int hi_max, int tid) {
@@ -279,8 +280,9 @@ __device__ void run_producer_fp4(const Params& p, SharedStorage& sh, const CtaWo
   if (tid == 0 && kb_hi > kb_lo) check_table_width(p, w, hi_max);
   TableWindow tab;
   if (kb_hi > kb_lo) tab.start(p, w.b, (kb_lo * kBlockN) >> p.block_shift, lane);
-  for (int it = 0, kb = kb_lo; kb < kb_hi; ++it, ++kb) {
-    const int stage = Ring::stage(it);
+  // Copies key key0 + tid of block kb (64 value bytes, its scale word; zeros where no key is
+  // read) into raw slot `slot` as one cp.async group; returns whether the key was read.
+  const auto copy = [&](int kb, int slot) {
     const int key0 = kb * kBlockN, key = key0 + tid, col = key >> p.block_shift;
     tab.reach(p, w.b, (key0 + kBlockN - 1) >> p.block_shift, lane);
     const int32_t id = tab.id(col);
@@ -288,18 +290,43 @@ __device__ void run_producer_fp4(const Params& p, SharedStorage& sh, const CtaWo
     const bool ok = used && id >= 0 && id < p.num_blocks;
     if (used && !ok && (key & (p.block_size - 1)) == 0)
       flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), w.b, col, id);
-    uint4 v[4];
-    uint32_t sf = 0;
-    if (ok) {
-      const int slot = key & (p.block_size - 1);
-      const uint8_t* base = p.pool + int64_t(id) * p.block_bytes;
-      const uint4* vals = reinterpret_cast<const uint4*>(base + slot * 64);
+    const uint8_t* base = p.pool + int64_t(ok ? id : 0) * p.block_bytes;
+    const void* none = p.weights;  // any valid address when nothing is copied
+    const int s = key & (p.block_size - 1);
+    const uint32_t dst = sm90::smem_addr(sh.raw[slot][tid]);
 #pragma unroll
-      for (int g = 0; g < 4; ++g) v[g] = __ldg(vals + g);
-      sf = __ldg(reinterpret_cast<const uint32_t*>(base + p.block_size * 64 + slot * 4));
-    }
+    for (int g = 0; g < 4; ++g)
+      sm90::cp_async_16(dst + 16 * raw_chunk(g, tid), ok ? static_cast<const void*>(base + s * 64 + 16 * g) : none,
+                        ok ? 16u : 0u);
+    sm90::cp_async_4(sm90::smem_addr(&sh.raw_sf[slot][tid]),
+                     ok ? static_cast<const void*>(base + p.block_size * 64 + s * 4) : none,
+                     ok ? 4u : 0u);
+    sm90::cp_async_commit();
+    return ok;
+  };
+  const int n = kb_hi - kb_lo;
+  uint32_t oks = 0;  // bit d: the key of block it + d was read
+#pragma unroll
+  for (int d = 0; d < kFp4Ahead; ++d) {
+    if (d < n) oks |= uint32_t(copy(kb_lo + d, d)) << d;
+    else sm90::cp_async_commit();  // an empty group keeps the count of groups in flight
+  }
+  for (int it = 0; it < n; ++it) {
+    const int stage = Ring::stage(it), slot = it % kFp4Raw;
+    if (it + kFp4Ahead < n)
+      oks |= uint32_t(copy(kb_lo + it + kFp4Ahead, (it + kFp4Ahead) % kFp4Raw)) << kFp4Ahead;
+    else
+      sm90::cp_async_commit();
+    sm90::cp_async_wait<kFp4Ahead>();  // block it's copies have landed (this thread's own)
+    const bool ok = oks & 1u;
+    oks >>= 1;
     if (it >= kStages) sm90::mbar_wait(&sh.empty[stage], Ring::empty_parity(it));
     if (ok) {
+      uint4 v[4];
+#pragma unroll
+      for (int g = 0; g < 4; ++g)
+        v[g] = *reinterpret_cast<const uint4*>(sh.raw[slot][tid] + 16 * raw_chunk(g, tid));
+      const uint32_t sf = sh.raw_sf[slot][tid];
       const int me = max_exponent(sf);
       store_fp4_row(sh.k[stage], tid, v, sf, me);
       sh.scale[stage][tid] = token_factor(me);

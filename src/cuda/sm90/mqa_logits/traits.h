@@ -28,6 +28,11 @@ constexpr int kProducerWarps = 4;                  // warps issuing key blocks, 
 // K block pipeline depth: with four producer warps, MQAL-PAGED-B64 ran 131.6 / 108.8 / 111.6 us
 // at 4 / 8 / 10 stages (one producer warp: 155.6 us at 4, 8 and 10 alike).
 constexpr int kStages = 8;
+// MXFP4 producers copy their keys' packed bytes kFp4Ahead blocks ahead into a ring of kFp4Raw
+// slots (fp4_load.cuh): with one block of loads in flight a thread, each block cost a global
+// round trip and MQAL-PAGED-B64-fp4 ran 188 us (1.47 us a block) against FP8's 91.
+constexpr int kFp4Ahead = 2;
+constexpr int kFp4Raw = kFp4Ahead + 1;
 constexpr int kCtaCostBlocks = 4;                   // a CTA's fixed cost in blocks (launch.cu)
 constexpr int kRowBytes = 128;
 constexpr int kKBlockBytes = kBlockN * kRowBytes;   // 16 KB
@@ -62,6 +67,10 @@ struct alignas(1024) SharedStorage {
   float scale[kStages][kBlockN];       // each stage's key scales (0 where no key was copied)
   float wt[kMaxRowGroups * kTileM];               // each query row's head weight (0 past H)
   int32_t lo[kMaxTokens], hi[kMaxTokens];  // token i sees columns [lo, hi)
+  // MXFP4 (fp4_load.cuh): each producer thread's packed key (64 value bytes, 16-byte chunks
+  // swizzled by the thread index) and scale word for kFp4Raw blocks, kFp4Ahead blocks ahead.
+  uint8_t raw[kFp4Raw][kBlockN][64];
+  uint32_t raw_sf[kFp4Raw][kBlockN];
   uint64_t q_full;
   uint64_t full[kStages];   // producer lane 0 (+ TMA bytes) and its 32 lanes' scale copies
   uint64_t empty[kStages];  // every consumer thread, after its last read of the stage
