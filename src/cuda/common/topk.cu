@@ -30,6 +30,7 @@ constexpr int kPitch = kTokens + 1;  // padded row: lanes reading one token's co
 constexpr int kMaxTopK = 64;
 constexpr int kSmallBlocks = 256;    // the register path's bound (select_small)
 constexpr int kSmallPerLane = kSmallBlocks / 32;
+constexpr int kGather = 8;           // score rows a warp has in flight while gathering
 
 struct TopKParams {
   const float* scores;         // [Hq, nblk_max, total_q] contiguous
@@ -110,30 +111,48 @@ __device__ void select_in_chunk(Smem& s, const TopKParams& p, int tok, int64_t c
 }
 
 // Tokens whose CTA sees at most kSmallBlocks blocks (32K keys of 128) skip the chunk machinery:
-// each lane keeps the keys of its kSmallBlocks / 32 candidates in registers, and each pick is one
-// warp max plus a compare, instead of a rescan of shared memory with the picked bits. The picks
-// are those of select_in_chunk (keys are distinct, so each pass removes exactly its winner).
-// IDX-32K-M3-fp8's select_topk (4 lists of <= 256 blocks per token): 2.18 -> 0.94 ms (0.56 ms
-// with the small-chunk kernel, below).
+// each lane keeps the keys of its kSmallBlocks / 32 candidates in registers, sorted best first
+// once (a 19-comparator network), and each pick is two warp reductions (`redux.sync` max of the
+// lanes' first high words, then of the low words, ~block id, among the lanes that hold that
+// high word: the lowest id of the best score) and a shift of the winning lane's list. The picks
+// are those of select_in_chunk (keys are distinct, and a lane's first key is its best, ties
+// included). The previous form, a 64-bit warp max by 5 shuffle rounds and a compare-and-clear of
+// all 8 keys a pick (~95 ALU instructions), left the kernel ALU-bound (ncu: math-pipe stalls 29%
+// of samples); IDX-32K-M3-fp8's select_topk (4 lists of <= 256 blocks per token) is this path.
+__device__ __forceinline__ void order_desc(uint64_t& a, uint64_t& b) {
+  const uint64_t x = a > b ? a : b, y = a > b ? b : a;
+  a = x;
+  b = y;
+}
+
 template <typename Smem>
 __device__ void select_small(Smem& s, const TopKParams& p, int tok, int64_t clen, int64_t nvis,
                              int want, int lane) {
-  uint64_t key[kSmallPerLane];
+  static_assert(kSmallPerLane == 8, "select_small: the sorting network is for 8 keys a lane");
+  uint64_t k[kSmallPerLane];
 #pragma unroll
   for (int u = 0; u < kSmallPerLane; ++u) {
     const int64_t kb = lane + 32 * u;
-    key[u] = kb < clen && kb < nvis && !is_forced(p.rule, kb, nvis)
-                 ? rank_key(s.gs[kb * kPitch + tok], kb)
-                 : 0;
+    k[u] = kb < clen && kb < nvis && !is_forced(p.rule, kb, nvis)
+               ? rank_key(s.gs[kb * kPitch + tok], kb)
+               : 0;
   }
+  // Batcher's odd-even merge sort of 8, descending.
+  constexpr int kNet[19][2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {0, 2}, {1, 3}, {4, 6},
+                               {5, 7}, {1, 2}, {5, 6}, {0, 4}, {1, 5}, {2, 6}, {3, 7},
+                               {2, 4}, {3, 5}, {1, 2}, {3, 4}, {5, 6}};
+#pragma unroll
+  for (int c = 0; c < 19; ++c) order_desc(k[kNet[c][0]], k[kNet[c][1]]);
   for (int i = 0; i < want; ++i) {
-    uint64_t mine = 0;
+    const uint32_t hi = uint32_t(k[0] >> 32), lo = uint32_t(k[0]);
+    const uint32_t top_hi = __reduce_max_sync(0xffffffffu, hi);
+    const uint32_t top_lo = __reduce_max_sync(0xffffffffu, hi == top_hi ? lo : 0u);
+    // One lane holds the winner (0 when fewer candidates than wanted: popping zeros is harmless).
+    const bool win = hi == top_hi && lo == top_lo;
 #pragma unroll
-    for (int u = 0; u < kSmallPerLane; ++u) mine = key[u] > mine ? key[u] : mine;
-    const uint64_t top = warp_max_u64(mine);  // 0: fewer candidates than wanted
-#pragma unroll
-    for (int u = 0; u < kSmallPerLane; ++u) key[u] = key[u] == top ? 0 : key[u];
-    if (lane == 0) s.best[tok][i] = top;
+    for (int u = 0; u + 1 < kSmallPerLane; ++u) k[u] = win ? k[u + 1] : k[u];
+    if (win) k[kSmallPerLane - 1] = 0;
+    if (lane == 0) s.best[tok][i] = (uint64_t(top_hi) << 32) | top_lo;
   }
   __syncwarp();
 }
@@ -152,14 +171,28 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
   int carried[kTokens / kWarps] = {};
   for (int64_t c0 = 0; c0 < chunk_end; c0 += kChunkBlocks) {
     const int64_t clen = chunk_end - c0 < kChunkBlocks ? chunk_end - c0 : kChunkBlocks;
-    // Gather group scores: rows (block) split across warps, tokens across lanes (coalesced).
+    // Gather group scores: rows (block) split across warps, tokens across lanes (coalesced),
+    // kGather rows of a warp in flight by pointer steps (one row at a time, each load's latency
+    // and its 64-bit index arithmetic stood alone: 21% of the kernel's warp samples at
+    // IDX-32K-M3-fp8).
     const int64_t t = t0 + lane;
-    for (int64_t j = warp; j < clen; j += kWarps) {
-      float m = __int_as_float(0x7fc00000);
-      if (t < p.total_q)
-        for (int g = 0; g < p.group; ++g)
-          m = fmaxf(m, p.scores[((h * p.group + g) * p.nblk_max + c0 + j) * p.total_q + t]);
-      s.gs[j * kPitch + lane] = m;
+    const bool live = t < p.total_q;
+    const int64_t row = p.total_q, head = p.nblk_max * p.total_q;
+    const float* col = p.scores + (h * p.group * p.nblk_max + c0) * p.total_q + (live ? t : 0);
+    for (int64_t j = warp; j < clen; j += kWarps * kGather) {
+      float m[kGather];
+#pragma unroll
+      for (int u = 0; u < kGather; ++u) m[u] = __int_as_float(0x7fc00000);
+      if (live)
+        for (int g = 0; g < p.group; ++g) {
+          const float* src = col + g * head + j * row;
+#pragma unroll
+          for (int u = 0; u < kGather; ++u)
+            if (j + u * kWarps < clen) m[u] = fmaxf(m[u], src[u * kWarps * row]);
+        }
+#pragma unroll
+      for (int u = 0; u < kGather; ++u)
+        if (j + u * kWarps < clen) s.gs[(j + u * kWarps) * kPitch + lane] = m[u];
     }
     __syncthreads();
 #pragma unroll
