@@ -315,7 +315,6 @@ __device__ void csr_tile_prefix_body(const FusedPrepParams& f, int64_t warp, int
   const PrepParams& p = f.p;
   const int lane = threadIdx.x & 31;
   for (int64_t i = warp; i < p.num_kv_heads * p.total_rows; i += warps) {
-    const int64_t h = i / p.total_rows, row = i % p.total_rows;
     int32_t* counts = f.tile_counts + i * f.tiles_per_head;  // the row's tiles, contiguous
     int32_t carry = 0;
     for (int64_t j0 = 0; j0 < f.tiles_per_head; j0 += 32) {
