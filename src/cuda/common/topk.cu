@@ -165,34 +165,43 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
   const int64_t h = blockIdx.y, t0 = int64_t(blockIdx.x) * kTokens;
   if (threadIdx.x < kTokens) s.nvis[threadIdx.x] = int32_t(visible_blocks(p, t0 + threadIdx.x));
   __syncthreads();
-  int64_t chunk_end = 0;
-  for (int tk = 0; tk < kTokens; ++tk) chunk_end = s.nvis[tk] > chunk_end ? s.nvis[tk] : chunk_end;
+  // The most visible blocks of the CTA's tokens: one warp reduction (a loop over the 32 tokens
+  // in 64-bit took ~10% of the kernel's warp samples at IDX-32K-M3-fp8).
+  static_assert(kTokens == 32, "topk_kernel: a token per lane");
+  const int64_t chunk_end = int64_t(__reduce_max_sync(0xffffffffu, unsigned(max(s.nvis[lane], 0))));
 
   int carried[kTokens / kWarps] = {};
   for (int64_t c0 = 0; c0 < chunk_end; c0 += kChunkBlocks) {
     const int64_t clen = chunk_end - c0 < kChunkBlocks ? chunk_end - c0 : kChunkBlocks;
-    // Gather group scores: rows (block) split across warps, tokens across lanes (coalesced),
-    // kGather rows of a warp in flight by pointer steps (one row at a time, each load's latency
-    // and its 64-bit index arithmetic stood alone: 21% of the kernel's warp samples at
-    // IDX-32K-M3-fp8).
+    // Gather group scores: rows (block) split across warps, tokens across lanes (coalesced).
+    // One head a list (the serving geometry's index heads): kGather rows of a warp in flight by
+    // pointer steps (one row at a time, each load's latency and its 64-bit index arithmetic
+    // stood alone: 21% of the kernel's warp samples at IDX-32K-M3-fp8). With G heads a list the
+    // head loop already keeps loads in flight, and the batched form was slower (IDX-32K-fp8's
+    // select_topk 0.628 -> 0.660 ms).
     const int64_t t = t0 + lane;
-    const bool live = t < p.total_q;
-    const int64_t row = p.total_q, head = p.nblk_max * p.total_q;
-    const float* col = p.scores + (h * p.group * p.nblk_max + c0) * p.total_q + (live ? t : 0);
-    for (int64_t j = warp; j < clen; j += kWarps * kGather) {
-      float m[kGather];
+    if (p.group == 1) {
+      const bool live = t < p.total_q;
+      const int64_t row = p.total_q;
+      const float* col = p.scores + (h * p.nblk_max + c0) * p.total_q + (live ? t : 0);
+      for (int64_t j = warp; j < clen; j += kWarps * kGather) {
+        float m[kGather];
 #pragma unroll
-      for (int u = 0; u < kGather; ++u) m[u] = __int_as_float(0x7fc00000);
-      if (live)
-        for (int g = 0; g < p.group; ++g) {
-          const float* src = col + g * head + j * row;
+        for (int u = 0; u < kGather; ++u)
+          m[u] = live && j + u * kWarps < clen ? col[(j + u * kWarps) * row]
+                                               : __int_as_float(0x7fc00000);
 #pragma unroll
-          for (int u = 0; u < kGather; ++u)
-            if (j + u * kWarps < clen) m[u] = fmaxf(m[u], src[u * kWarps * row]);
-        }
-#pragma unroll
-      for (int u = 0; u < kGather; ++u)
-        if (j + u * kWarps < clen) s.gs[(j + u * kWarps) * kPitch + lane] = m[u];
+        for (int u = 0; u < kGather; ++u)
+          if (j + u * kWarps < clen) s.gs[(j + u * kWarps) * kPitch + lane] = m[u];
+      }
+    } else {
+      for (int64_t j = warp; j < clen; j += kWarps) {
+        float m = __int_as_float(0x7fc00000);
+        if (t < p.total_q)
+          for (int g = 0; g < p.group; ++g)
+            m = fmaxf(m, p.scores[((h * p.group + g) * p.nblk_max + c0 + j) * p.total_q + t]);
+        s.gs[j * kPitch + lane] = m;
+      }
     }
     __syncthreads();
 #pragma unroll
