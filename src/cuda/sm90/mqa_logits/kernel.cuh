@@ -1,12 +1,13 @@
 // The sm_90a MQA logits kernel (traits.h): ragged rows over a flat key tensor, or the paged rows
-// of seed 001 over a fused page pool. Roles: producer warp (Q once by TMA, one box per token;
-// then each 128-key block through a kStages ring: flat keys one box, paged keys one box per pool
-// block, and the block's 128 key scales by cp.async), four consumer warpgroups (each a 64-key
-// half of a block against 128 query rows: S^T = K Q^T by wgmma, then relu times the head weights
-// summed over the thread's columns and its quad, times the key scale, into logits).
-// Barriers: q_full (producer lane 0 + TMA bytes), full[s] (lane 0's arrival with the TMA bytes,
-// plus the 32 lanes' cp.async arrivals), empty[s] (every thread of the warpgroups that read
-// stage s, after its scale reads).
+// of seed 001 over a fused page pool. Roles: the producer warpgroup (warp 0: Q once by TMA, one
+// box per token; the four warps in turn: each 128-key block through a kStages ring, flat keys
+// one box, paged keys one box per pool block, and the block's 128 key scales by cp.async; then
+// -inf into the unseen columns), four consumer warpgroups (each a 64-key half of a block against
+// 128 query rows: S^T = K Q^T by wgmma, then relu times the head weights summed over the
+// thread's columns and its quad, times the key scale, into logits).
+// Barriers: q_full (producer lane 0 + TMA bytes), full[s] (the issuing warp's lane 0 arrival
+// with the TMA bytes, plus its 32 lanes' cp.async arrivals), empty[s] (every thread of the
+// warpgroups that read stage s, after its scale reads).
 #pragma once
 
 #include <cuda.h>
