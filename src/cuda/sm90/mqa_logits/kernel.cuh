@@ -372,6 +372,11 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, const CtaWork& 
   constexpr int kValues = 2 * kTokens;      // (key, token) sums per thread
   constexpr int kStores = (kValues + 3) / 4;  // of them stored by each quad lane
   const int warp = (tid >> 5) & 3, lane = tid & 31, c = lane & 3;
+  // The warpgroup index through lane 0's copy: ptxas then sees it (and the stage, the
+  // descriptors and the block loop derived from it) as warp-uniform and builds the wgmma
+  // descriptors in uniform registers, instead of moving each from vector registers (R2UR) before
+  // every wgmma.
+  rg = __shfl_sync(0xffffffffu, rg, 0);
   const int kh = rg & 1, tg = (rg >> 1) % p.groups_n, cl = rg / (2 * p.groups_n);
   const int tok0 = tg * kTokens;  // the CTA token of this group's column 0
   const uint64_t q_desc = sm90::tile_desc(sh.q + tg * kBlockN * kRowBytes);
