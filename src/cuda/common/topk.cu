@@ -174,9 +174,9 @@ __global__ void __launch_bounds__(kWarps * 32) topk_kernel(TopKParams p) {
   for (int64_t c0 = 0; c0 < chunk_end; c0 += kChunkBlocks) {
     const int64_t clen = chunk_end - c0 < kChunkBlocks ? chunk_end - c0 : kChunkBlocks;
     // Gather group scores: rows (block) split across warps, tokens across lanes (coalesced).
-    // One head a list (the serving geometry's index heads): kGather rows of a warp in flight by
-    // pointer steps (one row at a time, each load's latency and its 64-bit index arithmetic
-    // stood alone: 21% of the kernel's warp samples at IDX-32K-M3-fp8). With G heads a list the
+    // One head a list (the serving geometry's index heads): kGather rows of a warp in flight
+    // (one row at a time, each load's latency and its 64-bit index arithmetic stood alone: 21%
+    // of the kernel's warp samples at IDX-32K-M3-fp8). With G heads a list the
     // head loop already keeps loads in flight, and the batched form was slower (IDX-32K-fp8's
     // select_topk 0.628 -> 0.660 ms).
     const int64_t t = t0 + lane;

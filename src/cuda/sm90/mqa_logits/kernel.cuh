@@ -187,7 +187,7 @@ __device__ __forceinline__ void clean_unseen(const Params& p, const SharedStorag
 
 // Producer warp `pw` of kProducerWarps: Q (warp 0), then every kProducerWarps-th key block of
 // [kb_lo, kb_hi) from its own, with the block's scales. One warp issuing every block was the
-// bound: ~380 instructions a block (table window, id checks, scale copies, boxes) took it ~1.1 us
+// bound: ~430 instructions a block (table window, id checks, scale copies, boxes) took it ~1.1 us
 // a block, and the consumers waited on full stages for half their time (MQAL-PAGED-B64).
 template <bool kPaged, int kHp>
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
