@@ -237,6 +237,33 @@ TEST(TokenTopKGpu, LowBitsAndSignedZeros) {
   }
 }
 
+// The threshold's level-0 bucket small enough for the candidate list but all in one or two warp
+// segments (a run of close scores at one place in the row): the per-segment candidate shares
+// overflow and the kernel refines over the row instead. Also a -inf tail longer than the row's
+// other keys fill (the topk-th key would be -inf: every candidate taken).
+TEST(TokenTopKGpu, ClusteredBucketAndInfTail) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(35);
+  TestStream stream;
+  for (const int64_t cols : {8192, 40000}) {
+    const Case c{6, cols, 300, Kind::normal, false, 0, 1};
+    Problem p = make_problem(c, rng);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      float* row = p.buf.data<float>() + c.offset + r * cols;
+      const int64_t at = (r * 977) % (cols - 700);
+      for (int64_t i = 0; i < 600; ++i) row[at + i] = 100.f + float(rng() % 4096) * 0x1.0p-12f;
+    }
+    expect_same_ids(run_gpu(p, stream), run_cpu(p), c.topk, describe(c) + " clustered");
+    for (int64_t r = 0; r < c.rows; ++r) {  // 200 numbers, the rest -inf or NaN
+      float* row = p.buf.data<float>() + c.offset + r * cols;
+      for (int64_t i = 0; i < cols; ++i)
+        row[i] = i < 200 ? float(int(rng() % 50))
+                         : (rng() % 97 == 0 ? std::nanf("") : -std::numeric_limits<float>::infinity());
+    }
+    expect_same_ids(run_gpu(p, stream), run_cpu(p), c.topk, describe(c) + " -inf tail");
+  }
+}
+
 // Repeated runs give the same ids bit for bit (the select's shared-memory atomics never decide
 // an id).
 TEST(TokenTopKGpu, BitwiseRepeatable) {

@@ -18,13 +18,12 @@
 // Re-reading a row hits the shared-memory cache for its first positions and L2 for the rest.
 // Rows no longer than topk skip the select (every candidate is taken).
 //
-// Two kernels share this select. The whole-row kernel (below) keeps the row's keys in shared
-// memory and reads them 4 to a thread in every later pass; it takes rows that fit when two CTAs
-// fit an SM, or when there are no more rows than SMs (then 1024 threads a CTA: TOPK2048-B64, 128
-// rows of 32K keys, 34.5 -> 23.9 us). The streaming kernel caches the row's first 16K keys (48K
-// with no more rows than SMs) and reads the rest from L2 again in each pass; it takes the other
-// calls. At TOPK2048-32K (rows up to 32K keys, so one whole-row CTA an SM) the whole-row kernel
-// ran at 3.22 ms with 1024 threads and 3.61 ms with 512, the streaming one at 2.73 ms.
+// Two kernels share this select. The whole-row kernel (below) holds the row's keys in shared
+// memory; persistent CTAs, 1024 threads (512 where two CTAs fit an SM); it takes every call whose
+// longest row fits (~52K keys). The streaming kernel caches the row's first 16K keys (48K with no
+// more rows than SMs) and reads the rest from L2 again in each pass; it takes longer rows. H200,
+// old (one CTA a row; streaming at TOPK2048-32K) / new: TOPK2048-B64 22.4 -> 20.6 us,
+// TOPK2048-32K 2.734 -> 2.298 ms (docs/kernels/common.md has the phases and what bounds them).
 //
 // A version splitting a row over a cluster of 2, 4 or 8 CTAs (the histograms and output offsets
 // read through distributed shared memory; a key a thread, ballots in the output pass) was slower
@@ -41,6 +40,7 @@
 #include "cuda/common/topk_select.cuh"
 #include "cuda/device/check.h"
 #include "cuda/device/status.cuh"
+#include "cuda/device/sm90.cuh"
 #include "cuda/device/smem_limit.h"
 
 namespace msa::cuda {
@@ -359,21 +359,59 @@ __global__ void __launch_bounds__(kThreads) token_topk_kernel(TokenTopKParams p)
 }
 
 
-// The whole-row kernel, for rows that fit in shared memory: the row is read from global memory
-// once into shared memory (as keys), and every later pass reads it from there 4 keys a thread at a
-// time (16-byte shared loads). A thread's 4 keys are consecutive positions, so the output slots
-// come from a warp scan of per-thread counts.
-struct WholeRowSmem {
-  uint32_t hist0[kBins0];  // level 0; then the candidate buffer (kBufKeys keys)
-  uint32_t hist1[kBins];   // levels 1 and 2
-  uint32_t warp_sums[32];
-  uint32_t warp_gt[32], warp_eq[32];
+// The whole-row kernel, for rows that fit in shared memory; persistent CTAs take rows
+// blockIdx.x, + gridDim.x, ... A row:
+//  A. bulk copies (16 KB each, an mbarrier each) bring the row's 16-byte aligned middle into shared
+//     memory; as each lands its floats become keys in place, counted in the level-0 histogram (the
+//     <= 3 positions either side of the middle by plain loads);
+//  B. the level-0 bucket b of the topk-th key;
+//  C. one sweep: each warp counts its segment's keys above bucket b (all taken) and appends bucket
+//     b's keys with their ids to the candidate list, counting their next digit (a bucket past the
+//     list, long runs of near-equal scores, refines the next digits over the row instead);
+//  D. the last two digits from the candidates give T (the topk-th key) and `need` (the keys equal
+//     to T taken, the lowest positions), and each segment's count of keys above T and equal to T;
+//  E. warp 0 finds the segment holding the last tie taken and each segment's first output slot;
+//  F. each warp writes its segment's ids in order: keys above thr, where thr = T - 1 in the
+//     segments before the tie segment (their ties all taken) and T after it; the tie segment goes
+//     key by key.
+// A segment is a warp's run of groups (4 keys), a multiple of 32 groups, and the row is padded
+// with zero keys to a multiple of 32 groups, so each 32-group slot of a step is wholly in or out.
+// ncu at TOPK2048-B64: 8.6M warp instructions (9.5M for the kernel with a count pass and a write
+// pass, a warp scan every 4 keys a lane); the per-phase times are in docs/kernels/common.md.
+constexpr int kCand = kBins0 / 2;  // bucket b's keys, then their ids, in the level-0 histogram
+constexpr int kChunkKeys = 4096;   // keys of one bulk copy (16 KB)
+constexpr int kMaxChunks = 16;     // rows of up to 64K keys: more than shared memory holds
+
+struct RowSmem {
+  uint32_t hist0[kBins0];  // level 0; then the candidates
+  uint32_t hist1[kBins];       // level 1: bits [10, 20) of bucket b's keys
+  uint32_t hist2[kBins];       // level 2: bits [0, 10)
+  uint32_t seg_sel[32];   // per segment: keys above T (then every key taken)
+  uint32_t seg_tie[32];   // keys equal to T
+  uint32_t seg_base[32];  // the segment's first output slot
+  uint32_t seg_thr[32];   // its threshold (F)
+  uint32_t cand_n[32];    // the segment's candidates
+  uint32_t overflow;      // a segment had more candidates than its share
+  uint64_t bar[kMaxChunks];
   Pick pick;
-  uint32_t buf_count;
-  alignas(16) uint32_t keys[4];  // the row's keys: key i at keys[mis + i], 0 around them (dynamic)
+  int32_t tie_warp;   // the tie segment (kT / 32: none)
+  uint32_t tie_need;  // the ties it takes
+  uint32_t written;   // ids of the row
+  alignas(16) uint32_t keys[4];  // key i of the row at keys[mis + i], zeros around (dynamic)
 };
-static_assert(kBufKeys <= kBins0, "the candidate buffer reuses the level-0 histogram");
-static_assert(offsetof(WholeRowSmem, keys) % 16 == 0, "16-byte shared loads of the keys");
+static_assert(offsetof(RowSmem, keys) % 16 == 0, "16-byte shared loads of the keys");
+static_assert(kChunkKeys * kMaxChunks * 4 > 232448, "the chunks cover any row that fits");
+
+// topk_key without branches: x + 0 turns -0 into +0; NaN -> 1, -inf -> 0.
+__device__ __forceinline__ uint32_t key_of(float x) {
+  const uint32_t u = __float_as_uint(__fadd_rn(x, 0.f));
+  const uint32_t key = (u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u)) + 1u;
+  return x > -__int_as_float(0x7f800000) ? key : (x != x ? 1u : 0u);
+}
+__device__ __forceinline__ uint4 keys_of(uint4 v) {
+  return make_uint4(key_of(__uint_as_float(v.x)), key_of(__uint_as_float(v.y)),
+                    key_of(__uint_as_float(v.z)), key_of(__uint_as_float(v.w)));
+}
 
 // Exclusive prefix sum over the warp's lanes; `total` gets the sum.
 __device__ __forceinline__ uint32_t warp_exclusive_scan(uint32_t v, uint32_t& total) {
@@ -388,11 +426,62 @@ __device__ __forceinline__ uint32_t warp_exclusive_scan(uint32_t v, uint32_t& to
   return incl - v;
 }
 
-// hist[key >> shift] += 1 unless key is 0 (-inf), as a predicated shared reduction: no branch.
-__device__ __forceinline__ void count_key(const uint32_t* hist, uint32_t key, int shift) {
-  const uint32_t at = uint32_t(__cvta_generic_to_shared(hist + (key >> shift)));
-  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t@p red.shared.add.u32 [%0], 1;\n\t}"
-               ::"r"(at), "r"(key) : "memory");
+// hist0[key >> kShift0] += 1, -inf (key 0) included: it lands in bin 0 with NaN (key 1), the only
+// keys there, and the selection never takes it (bucket 0's candidates start at key 1; a row whose
+// topk-th key would be -inf takes every candidate).
+__device__ __forceinline__ void count_key(const uint32_t* hist0, uint32_t key) {
+  asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(
+                   uint32_t(__cvta_generic_to_shared(hist0 + (key >> kShift0))))
+               : "memory");
+}
+
+// The bucket of the remaining-th best key of hist (read from the top) into `pick` (bucket fields 0
+// when the histogram holds fewer keys): each warp sums a slice of the bins (warp 0 the top one),
+// then warp 0 scans the slices' sums, and the lanes split the chosen slice. Two block barriers
+// (the caller synchronizes before); conflict-free 4-bin loads.
+template <int kT, int kNBins>
+__device__ __forceinline__ void find_bucket_slices(const uint32_t* hist, uint32_t remaining,
+                                                   Pick& pick, uint32_t* slice_sum) {
+  constexpr int kW = kT / 32, kSlice = kNBins / kW, kPer = kSlice / 32;
+  static_assert(kPer >= 1 && kPer <= 8 && kSlice % 32 == 0, "lanes split a slice evenly");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int top0 = kNBins - warp * kSlice - lane * kPer;  // this lane's bins: [top0 - kPer, top0)
+  uint32_t sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) sum += hist[top0 - 1 - j];
+  sum = __reduce_add_sync(0xffffffffu, sum);
+  if (lane == 0) slice_sum[warp] = sum;
+  __syncthreads();
+  if (warp != 0) return;
+  const uint32_t v = lane < kW ? slice_sum[lane] : 0u;
+  uint32_t total;
+  uint32_t above = warp_exclusive_scan(v, total);
+  if (total < remaining) {
+    if (lane == 0) pick = Pick{total, 0, 0, 0};
+    return;
+  }
+  const int w = __ffs(__ballot_sync(0xffffffffu, above + v >= remaining)) - 1;
+  above = __shfl_sync(0xffffffffu, above, w);
+  const int top = kNBins - w * kSlice - lane * kPer;
+  uint32_t c[kPer], part = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    c[j] = hist[top - 1 - j];
+    part += c[j];
+  }
+  uint32_t unused;
+  uint32_t acc = above + warp_exclusive_scan(part, unused);
+  const int l = __ffs(__ballot_sync(0xffffffffu, acc + part >= remaining)) - 1;
+  if (lane == l) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (remaining <= acc + c[j]) {
+        pick = Pick{total, uint32_t(top - 1 - j), acc, c[j]};
+        break;
+      }
+      acc += c[j];
+    }
+  }
 }
 
 __device__ __forceinline__ uint32_t count_gt(const uint4& v, uint32_t t) {
@@ -402,237 +491,351 @@ __device__ __forceinline__ uint32_t count_eq(const uint4& v, uint32_t t) {
   return uint32_t(v.x == t) + uint32_t(v.y == t) + uint32_t(v.z == t) + uint32_t(v.w == t);
 }
 
-// The output over the row's keys (groups of 4: [0, groups)): ids of the keys > t and of the first
-// `need` keys == t (t = 0: every candidate; keys 0 are never taken), ascending, then -1 to topk.
-// Each warp takes a contiguous range of groups: it counts, the block adds up the warps before it,
-// and it walks its range again writing each taken key to its slot.
-template <int kT>
-__device__ __forceinline__ void whole_row_write(WholeRowSmem& s, int groups, int32_t first_id,
-                                                uint32_t t, uint32_t need, int32_t* out,
-                                                int topk) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint4* k4 = reinterpret_cast<const uint4*>(s.keys);
-  const int per = (groups + (kT / 32) - 1) / (kT / 32);
-  const int ga = min(groups, warp * per), gb = min(groups, ga + per);
-  uint32_t gt = 0, eq = 0;
-  for (int g = ga + lane; g < gb; g += 32) {
-    const uint4 v = k4[g];
-    gt += count_gt(v, t);
-    if (t != 0) eq += count_eq(v, t);
+// The range [lo, hi) of the CTA's next row r, loaded early (used at prefetch_row); lo > hi when
+// there is none or it is bad (left to that row).
+__device__ __forceinline__ int2 next_range(const TokenTopKParams& p, int64_t r, int64_t rows) {
+  if (r >= rows) return make_int2(1, 0);
+  if (p.ks == nullptr) return make_int2(0, p.cols);
+  const int2 v = make_int2(__ldg(p.ks + r), __ldg(p.ke + r));
+  return v.x < 0 || v.y > p.cols ? make_int2(1, 0) : v;
+}
+
+// Row r's aligned middle, [lo, hi) from next_range, into L2 for the CTA's next row.
+__device__ __forceinline__ void prefetch_row(const TokenTopKParams& p, int64_t r, int2 range) {
+  if (range.x >= range.y) return;
+  const float* x = p.logits + r * p.ld + range.x;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(x) + 15) & ~uintptr_t(15);
+  const uintptr_t e = reinterpret_cast<uintptr_t>(x + (range.y - range.x)) & ~uintptr_t(15);
+  for (uintptr_t c = a; c < e; c += 4 * kChunkKeys)
+    sm90::bulk_prefetch_l2(reinterpret_cast<const void*>(c),
+                           uint32_t(min(uintptr_t(4 * kChunkKeys), e - c)));
+}
+
+// F for a segment without the tie: the ids of the keys above thr in [ga, gb), from `slot` until
+// `end` ids are written. A step takes 4 slots of 32 groups (conflict-free 16-byte loads); a lane's
+// per-slot counts (<= 4) are packed in bytes, so one warp scan serves its 16 keys, and one loop
+// over the lane's 16-bit mask writes them (a loop a slot took 4 divergent loops a step).
+__device__ __forceinline__ void write_segment(const uint4* k4, int ga, int gb, uint32_t thr,
+                                              uint32_t slot, uint32_t end, int32_t first_id,
+                                              int32_t* out, uint32_t topk) {
+  const int lane = threadIdx.x & 31;
+  // An opaque copy: ptxas otherwise rebuilds the row's output address before every store.
+  asm volatile("mov.b64 %0, %0;" : "+l"(out));
+  for (int g0 = ga; g0 < gb && slot < end; g0 += 128) {
+    uint32_t mask = 0, packed = 0;  // mask bit 4 j + e: slot j's key e taken
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (g0 + 32 * j < gb) {
+        const uint4 v = k4[g0 + 32 * j + lane];
+        const uint32_t m = uint32_t(v.x > thr) | uint32_t(v.y > thr) << 1 |
+                           uint32_t(v.z > thr) << 2 | uint32_t(v.w > thr) << 3;
+        mask |= m << (4 * j);
+        packed |= uint32_t(__popc(m)) << (8 * j);
+      }
+    }
+    uint32_t total;
+    const uint32_t excl = warp_exclusive_scan(packed, total);
+    // Slot j's first output: slot + the warp's keys of slots < j + this lane's place in slot j.
+    const uint32_t t0 = total & 255u, t1 = (total >> 8) & 255u, t2 = (total >> 16) & 255u;
+    const uint32_t o0 = slot + (excl & 255u), o1 = slot + t0 + ((excl >> 8) & 255u);
+    const uint32_t o2 = slot + t0 + t1 + ((excl >> 16) & 255u);
+    const uint32_t o3 = slot + t0 + t1 + t2 + (excl >> 24);
+    const int32_t id0 = first_id + 4 * (g0 + lane);
+    uint32_t prev = 0;  // this lane's taken keys so far in the current slot
+    int pj = 0;
+    while (mask != 0) {
+      const int bit = __ffs(mask) - 1;
+      mask &= mask - 1;
+      const int j = bit >> 2;
+      prev = j == pj ? prev : 0u;
+      pj = j;
+      const uint32_t at = (j == 0 ? o0 : j == 1 ? o1 : j == 2 ? o2 : o3) + prev;
+      if (at < topk) out[at] = id0 + 128 * j + (bit & 3);
+      ++prev;
+    }
+    slot += t0 + t1 + t2 + (total >> 24);
   }
-  gt = __reduce_add_sync(0xffffffffu, gt);
-  eq = __reduce_add_sync(0xffffffffu, eq);
-  if (lane == 0) {
-    s.warp_gt[warp] = gt;
-    s.warp_eq[warp] = eq;
-  }
-  __syncthreads();
-  // The warps before this one and all of them, by two lane reductions (lane w reads warp w's).
-  constexpr int kW = kT / 32;
-  const uint32_t wg = lane < kW ? s.warp_gt[lane] : 0u, we = lane < kW ? s.warp_eq[lane] : 0u;
-  uint32_t sel = __reduce_add_sync(0xffffffffu, lane < warp ? wg : 0u);
-  uint32_t tie = __reduce_add_sync(0xffffffffu, lane < warp ? we : 0u);
-  const uint32_t all_gt = __reduce_add_sync(0xffffffffu, wg);
-  const uint32_t all_eq = __reduce_add_sync(0xffffffffu, we);
-  const uint32_t above_t = uint32_t(topk) - need;
-  for (int base = ga; base < gb; base += 32) {
-    if (t != 0 && sel >= above_t && tie >= need) break;  // the rest takes nothing (warp-uniform)
-    const int g = base + lane;
-    const uint4 v = g < gb ? k4[g] : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// F for the tie segment: the keys above t and its first `need` keys equal to t, from `base`.
+__device__ __forceinline__ void write_tie_segment(const uint4* k4, int ga, int gb, uint32_t t,
+                                                  uint32_t need, uint32_t base, int32_t first_id,
+                                                  int32_t* out, uint32_t topk) {
+  const int lane = threadIdx.x & 31;
+  uint32_t sel = 0, tie = 0;  // keys above t and equal to t before this step
+  for (int g0 = ga; g0 < gb; g0 += 32) {
+    const uint4 v = k4[g0 + lane];
     const uint32_t key[4] = {v.x, v.y, v.z, v.w};
-    uint32_t gm = 0, em = 0;  // this thread's keys above t and equal to t, a bit each
+    uint32_t gm = 0, em = 0;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      gm |= key[e] > t ? 1u << e : 0u;
-      em |= t != 0 && key[e] == t ? 1u << e : 0u;
+      gm |= uint32_t(key[e] > t) << e;
+      em |= uint32_t(key[e] == t) << e;
     }
-    const uint32_t c = (uint32_t(__popc(gm)) << 16) | uint32_t(__popc(em));
     uint32_t total;
-    const uint32_t excl = warp_exclusive_scan(c, total);
+    const uint32_t excl = warp_exclusive_scan(uint32_t(__popc(gm)) << 16 | uint32_t(__popc(em)), total);
     uint32_t ls = sel + (excl >> 16), lt = tie + (excl & 0xffffu);
-    const int32_t id0 = first_id + 4 * g;
-    if (__any_sync(0xffffffffu, em != 0)) {  // ties in this step: key by key
+    const int32_t id0 = first_id + 4 * (g0 + lane);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (gm & (1u << e)) {
-          const uint32_t slot = ls + min(lt, need);
-          if (slot < uint32_t(topk)) out[slot] = id0 + e;
-          ++ls;
-        } else if (em & (1u << e)) {
-          if (lt < need && ls + lt < uint32_t(topk)) out[ls + lt] = id0 + e;
-          ++lt;
-        }
-      }
-    } else {  // no ties: this thread's keys above t take consecutive slots
-      // (The counts by a ballot per key slot instead of the warp scan: 22.4 -> 23.1 us.)
-      uint32_t slot = ls + min(lt, need);
-      while (gm != 0) {
-        const int e = __ffs(gm) - 1;
-        gm &= gm - 1;
-        if (slot < uint32_t(topk)) out[slot] = id0 + e;
-        ++slot;
+    for (int e = 0; e < 4; ++e) {
+      if (gm & (1u << e)) {
+        const uint32_t at = base + ls + min(lt, need);
+        if (at < topk) out[at] = id0 + e;
+        ++ls;
+      } else if (em & (1u << e)) {
+        if (lt < need && base + ls + lt < topk) out[base + ls + lt] = id0 + e;
+        ++lt;
       }
     }
     sel += total >> 16;
     tie += total & 0xffffu;
   }
-  const uint32_t written = min(all_gt + min(all_eq, need), uint32_t(topk));
-  for (uint32_t i = written + threadIdx.x; i < uint32_t(topk); i += kT) out[i] = -1;
 }
 
-// The keys of groups [0, groups) whose bits above `shift` equal `prefix`, appended to the
-// candidate buffer (the caller made sure that they fit).
 template <int kT>
-__device__ __forceinline__ void whole_row_collect(WholeRowSmem& s, int groups, uint32_t prefix,
-                                                  int shift) {
-  const uint4* k4 = reinterpret_cast<const uint4*>(s.keys);
-  uint32_t* buf = s.hist0;
-  for (int g = threadIdx.x; g < groups; g += kT) {
-    const uint4 v = k4[g];
-    const uint32_t key[4] = {v.x, v.y, v.z, v.w};
-    bool take[4];
-    uint32_t c = 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      take[e] = key[e] != 0 && (key[e] >> shift) == prefix;
-      c += take[e] ? 1u : 0u;
-    }
-    if (c == 0) continue;
-    uint32_t at = atomicAdd(&s.buf_count, c);
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (take[e]) {
-        if (at < kBufKeys) buf[at] = key[e];
-        ++at;
-      }
-  }
-  __syncthreads();
-}
-
-// Histogram of the digit below `shift` (10 bits) of the keys whose bits above `shift` equal
-// `prefix`, into hist1: from the candidate buffer, or from the whole row.
-template <int kT>
-__device__ __forceinline__ void whole_row_refine(WholeRowSmem& s, int groups, bool buffered,
-                                                 uint32_t prefix, int shift) {
-  for (int i = threadIdx.x; i < kBins; i += kT) s.hist1[i] = 0;
-  __syncthreads();
-  const int dshift = shift - 10;
-  const auto add = [&](uint32_t k) {
-    if (k != 0 && (k >> shift) == prefix) atomicAdd(&s.hist1[(k >> dshift) & (kBins - 1)], 1u);
-  };
-  if (buffered) {
-    const int nbuf = int(min(s.buf_count, uint32_t(kBufKeys)));
-    for (int i = threadIdx.x; i < nbuf; i += kT) add(s.hist0[i]);
-  } else {
-    const uint4* k4 = reinterpret_cast<const uint4*>(s.keys);
-    for (int g = threadIdx.x; g < groups; g += kT) {
-      const uint4 v = k4[g];
-      add(v.x);
-      add(v.y);
-      add(v.z);
-      add(v.w);
-    }
-  }
-  __syncthreads();
-}
-
-// One CTA per row; the row's keys fit in its shared memory (token_topk sizes it).
-template <int kT>
-__global__ void __launch_bounds__(kT) token_topk_whole_row_kernel(TokenTopKParams p) {
+__global__ void __launch_bounds__(kT) token_topk_row_kernel(TokenTopKParams p, int64_t rows) {
+  constexpr int kW = kT / 32;
+  constexpr int kCandW = kCand / kW;  // candidates a segment holds
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  WholeRowSmem& s = *reinterpret_cast<WholeRowSmem*>(smem_raw);
-  const int64_t r = blockIdx.x;
-  int32_t lo, hi;
-  row_range(p, r, lo, hi);
-  int32_t* out = p.ids + r * p.topk;
-  const float* x = p.logits + r * p.ld + lo;
-  const int n = hi - lo;
-  const uint32_t k = uint32_t(p.topk);
-  const bool select = uint32_t(n) > k;
-  // keys[mis + i] holds key i, so that the 16-byte global loads land on 16-byte shared stores;
-  // keys[0, mis) and the padding to a multiple of 4 are 0 (never taken).
-  const int mis = int((reinterpret_cast<uintptr_t>(x) >> 2) & 3);
-  const int groups = (mis + n + 3) >> 2;
-  if (int(threadIdx.x) < mis) s.keys[threadIdx.x] = 0u;
-  if (mis + n + int(threadIdx.x) < 4 * groups) s.keys[mis + n + threadIdx.x] = 0u;
-  if (select) {
-    for (int i = threadIdx.x; i < kBins0; i += kT) s.hist0[i] = 0;
-    if (threadIdx.x == 0) s.buf_count = 0;
-    __syncthreads();
+  RowSmem& s = *reinterpret_cast<RowSmem*>(smem_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint4* k4 = reinterpret_cast<uint4*>(s.keys);
+  uint32_t* cand_key = s.hist0;  // segment w's candidates at [w kCandW, w kCandW + cand_n[w])
+  int32_t* cand_id = reinterpret_cast<int32_t*>(s.hist0 + kCand);
+  if (threadIdx.x == 0) {
+    for (int c = 0; c < kMaxChunks; ++c) sm90::mbar_init(&s.bar[c], 1);
+    sm90::fence_barrier_init();
   }
-  // Pass 1: the row into shared memory as keys, with the level-0 histogram when selecting.
-  const auto visit = [&s, mis, select](int i, float v) {
-    const uint32_t key = topk_key(v);
-    s.keys[mis + i] = key;
-    if (select && key != 0) atomicAdd(&s.hist0[key >> kShift0], 1u);
-  };
-  const int head = min(n, (4 - mis) & 3);
-  if (int(threadIdx.x) < head) visit(threadIdx.x, __ldg(x + threadIdx.x));
-  const int nvec = (n - head) >> 2;
-  const float4* vec = reinterpret_cast<const float4*>(x + head);
-  uint4* k4 = reinterpret_cast<uint4*>(s.keys + mis + head);  // 16-byte aligned
-  // 4 16-byte loads in flight a thread: 8 took TOPK2048-B64 from 22.5 to 23.8 us.
-  for (int j0 = threadIdx.x; j0 < nvec; j0 += 4 * kT) {
-    float4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int j = j0 + u * kT;
-      if (j < nvec) v[u] = __ldg(vec + j);
+  __syncthreads();
+  uint32_t phase = 0;  // bit c: the parity bar[c] completes next
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    int32_t lo, hi;
+    row_range(p, r, lo, hi);
+    int32_t* out = p.ids + r * p.topk;
+    const float* x = p.logits + r * p.ld + lo;
+    const int n = hi - lo;
+    const uint32_t k = uint32_t(p.topk);
+    const bool select = uint32_t(n) > k;
+    const int mis = int((reinterpret_cast<uintptr_t>(x) >> 2) & 3);
+    const int head = min(n, (4 - mis) & 3);
+    const int nvec = (n - head) >> 2;     // 16-byte groups of the middle
+    const int g_mid = (mis + head) >> 2;  // the middle's first group
+    const int gpad = (((mis + n + 3) >> 2) + 31) & ~31;
+    const int per = ((gpad >> 5) + kW - 1) / kW * 32;  // groups a segment
+    const int ga = min(gpad, warp * per), gb = min(gpad, ga + per);
+    const int32_t first_id = lo - mis;  // the id of keys[i]
+    const int nchunks = (4 * nvec + kChunkKeys - 1) / kChunkKeys;
+    int2 next{1, 0};  // thread 0: the next row's range, for its prefetch
+    if (threadIdx.x == 0) next = next_range(p, r + gridDim.x, rows);
+    if (warp == 0 && lane < nchunks) {  // chunk `lane`
+      const int k0 = lane * kChunkKeys;
+      const uint32_t bytes = uint32_t(min(kChunkKeys, 4 * nvec - k0)) * 4u;
+      sm90::mbar_arrive_expect_tx(&s.bar[lane], bytes);
+      sm90::bulk_load(sm90::smem_addr(s.keys + mis + head + k0), x + head + k0, bytes,
+                      sm90::smem_addr(&s.bar[lane]));
     }
+    if (select)
+      for (int i = threadIdx.x; i < kBins0; i += kT) s.hist0[i] = 0;
+    for (int i = threadIdx.x; i < kBins; i += kT) s.hist1[i] = s.hist2[i] = 0;
+    if (threadIdx.x < 32) s.cand_n[threadIdx.x] = 0;
+    if (threadIdx.x == 0) s.overflow = 0;
+    __syncthreads();
+    // A: the keys outside the middle (the head, the tail, the zero padding), then the chunks.
+    const int tail_at = mis + head + 4 * nvec, nscalar = mis + head + 4 * gpad - tail_at;
+    for (int i = threadIdx.x; i < nscalar; i += kT) {
+      const int at = i < mis + head ? i : tail_at + (i - mis - head), pos = at - mis;
+      const uint32_t key = pos >= 0 && pos < n ? key_of(__ldg(x + pos)) : 0u;
+      s.keys[at] = key;
+      if (select && pos >= 0 && pos < n) count_key(s.hist0, key);
+    }
+    for (int c = 0; c < nchunks; ++c) {
+      sm90::mbar_wait(&s.bar[c], (phase >> c) & 1u);
+      phase ^= 1u << c;
+      const int c1 = min(g_mid + (c + 1) * (kChunkKeys / 4), g_mid + nvec);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int j = j0 + u * kT;
-      if (j < nvec) {
-        const uint4 key = make_uint4(topk_key(v[u].x), topk_key(v[u].y), topk_key(v[u].z),
-                                     topk_key(v[u].w));
-        k4[j] = key;
-        if (select) {
-          count_key(s.hist0, key.x, kShift0);
-          count_key(s.hist0, key.y, kShift0);
-          count_key(s.hist0, key.z, kShift0);
-          count_key(s.hist0, key.w, kShift0);
+      for (int u = 0; u < kChunkKeys / 4 / kT; ++u) {
+        const int g = g_mid + c * (kChunkKeys / 4) + u * kT + int(threadIdx.x);
+        if (g < c1) {
+          const uint4 key = keys_of(k4[g]);
+          k4[g] = key;
+          if (select) {
+            count_key(s.hist0, key.x);
+            count_key(s.hist0, key.y);
+            count_key(s.hist0, key.z);
+            count_key(s.hist0, key.w);
+          }
         }
       }
     }
+    __syncthreads();
+    uint32_t t = 0, need = 0;  // t = 0: every candidate taken
+    bool counted = false;
+    if (select) {
+      find_bucket_slices<kT, kBins0>(s.hist0, k, s.pick, s.seg_base);  // B
+      __syncthreads();
+      if (threadIdx.x == 0) prefetch_row(p, r + gridDim.x, next);
+      if (s.pick.total > k) {
+        const uint32_t b = s.pick.bucket;
+        uint32_t rem = k - s.pick.above;
+        // Bucket b's keys: key - lo_b <= span (key 0, -inf, never).
+        const uint32_t lo_b = b == 0 ? 1u : b << kShift0, hi_b = (b << kShift0) | 0xfffffu;
+        const uint32_t span = hi_b - lo_b;
+        bool buffered = s.pick.count <= uint32_t(kCand);
+        if (buffered) {  // C
+          uint32_t above = 0;
+          bool overflow = false;
+          uint32_t* cand_n = &s.cand_n[warp];
+          for (int g = ga + lane; g < gb; g += 32) {
+            const uint4 v = k4[g];
+            const uint32_t key[4] = {v.x, v.y, v.z, v.w};
+            uint32_t in = 0;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              above += key[e] > hi_b ? 1u : 0u;
+              in |= key[e] - lo_b <= span ? 1u << e : 0u;
+            }
+            if (in != 0) {  // ~2% of the keys: a shared counter a segment
+              uint32_t at = atomicAdd(cand_n, uint32_t(__popc(in)));
+              overflow |= at + uint32_t(__popc(in)) > uint32_t(kCandW);
+              do {
+                const int e = __ffs(in) - 1;
+                in &= in - 1;
+                const uint32_t kv = e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+                if (at < uint32_t(kCandW)) {
+                  cand_key[warp * kCandW + at] = kv;
+                  cand_id[warp * kCandW + at] = first_id + 4 * g + e;
+                }
+                ++at;
+                atomicAdd(&s.hist1[(kv >> 10) & (kBins - 1)], 1u);
+              } while (in != 0);
+            }
+          }
+          if (__any_sync(0xffffffffu, overflow) && lane == 0) s.overflow = 1;
+          above = __reduce_add_sync(0xffffffffu, above);
+          if (lane == 0) {
+            s.seg_sel[warp] = above;
+            s.seg_tie[warp] = 0;
+          }
+          __syncthreads();
+          // A segment past its share of the list (scores clustered in one segment): the row way.
+          buffered = s.overflow == 0;
+          if (buffered) {  // D
+            find_bucket_slices<kT, kBins>(s.hist1, rem, s.pick, s.seg_base);
+            __syncthreads();
+            if (s.pick.total < rem) goto take_all;  // -inf filled bucket 0: fewer than topk
+            rem -= s.pick.above;
+            const uint32_t prefix = (b << 10) | s.pick.bucket;
+            for (int i = threadIdx.x; i < kCand; i += kT) {
+              const uint32_t key = cand_key[i];
+              if (uint32_t(i % kCandW) < s.cand_n[i / kCandW] && (key >> 10) == prefix)
+                atomicAdd(&s.hist2[key & (kBins - 1)], 1u);
+            }
+            __syncthreads();
+            find_bucket_slices<kT, kBins>(s.hist2, rem, s.pick, s.seg_base);
+            __syncthreads();
+            need = rem - s.pick.above;
+            t = (prefix << 10) | s.pick.bucket;
+            for (int i = threadIdx.x; i < kCand; i += kT) {
+              const uint32_t key = cand_key[i];
+              const int w = i / kCandW;
+              if (uint32_t(i % kCandW) < s.cand_n[w] && key >= t)
+                atomicAdd(key > t ? &s.seg_sel[w] : &s.seg_tie[w], 1u);
+            }
+            counted = true;
+          } else {
+            for (int i = threadIdx.x; i < kBins; i += kT) s.hist1[i] = 0;
+            __syncthreads();
+          }
+        }
+        if (!buffered) {  // the next digits over the row
+          for (int g = threadIdx.x; g < gpad; g += kT) {
+            const uint4 v = k4[g];
+            const uint32_t key[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (key[e] - lo_b <= span) atomicAdd(&s.hist1[(key[e] >> 10) & (kBins - 1)], 1u);
+          }
+          __syncthreads();
+          find_bucket_slices<kT, kBins>(s.hist1, rem, s.pick, s.seg_base);
+          __syncthreads();
+          if (s.pick.total < rem) goto take_all;
+          rem -= s.pick.above;
+          const uint32_t prefix = (b << 10) | s.pick.bucket;
+          for (int g = threadIdx.x; g < gpad; g += kT) {
+            const uint4 v = k4[g];
+            const uint32_t key[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (key[e] != 0 && (key[e] >> 10) == prefix)
+                atomicAdd(&s.hist2[key[e] & (kBins - 1)], 1u);
+          }
+          __syncthreads();
+          find_bucket_slices<kT, kBins>(s.hist2, rem, s.pick, s.seg_base);
+          __syncthreads();
+          need = rem - s.pick.above;
+          t = (prefix << 10) | s.pick.bucket;
+        }
+      }
+    }
+  take_all:
+    if (!counted) {  // each segment's keys above t and equal to t
+      uint32_t gt = 0, eq = 0;
+      for (int g = ga + lane; g < gb; g += 32) {
+        const uint4 v = k4[g];
+        gt += count_gt(v, t);
+        if (need != 0) eq += count_eq(v, t);
+      }
+      gt = __reduce_add_sync(0xffffffffu, gt);
+      eq = __reduce_add_sync(0xffffffffu, eq);
+      if (lane == 0) {
+        s.seg_sel[warp] = gt;
+        s.seg_tie[warp] = eq;
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {  // E
+      const uint32_t sel = lane < kW ? s.seg_sel[lane] : 0u, tie = lane < kW ? s.seg_tie[lane] : 0u;
+      uint32_t ties;
+      const uint32_t tie_before = warp_exclusive_scan(tie, ties);
+      // Every tie taken (the usual case: T is one key): no tie segment, thr = T - 1 everywhere.
+      int tw = kW;
+      uint32_t before = 0;
+      if (need != 0 && need < ties) {  // the segment where the ties reach `need`
+        tw = __ffs(__ballot_sync(0xffffffffu, lane < kW && tie_before + tie >= need)) - 1;
+        before = __shfl_sync(0xffffffffu, tie_before, tw);
+      }
+      const uint32_t taken = sel + (lane < tw ? (need != 0 ? tie : 0u) : lane == tw ? need - before : 0u);
+      uint32_t total;
+      const uint32_t base = warp_exclusive_scan(taken, total);
+      if (lane < kW) {
+        s.seg_base[lane] = base;
+        s.seg_sel[lane] = taken;
+        s.seg_thr[lane] = need != 0 && lane < tw ? t - 1 : t;
+      }
+      if (lane == 0) {
+        s.tie_warp = tw;
+        s.tie_need = need - before;
+        s.written = min(total, k);
+      }
+    }
+    __syncthreads();
+    const uint32_t base = s.seg_base[warp];  // F
+    if (warp == s.tie_warp)
+      write_tie_segment(k4, ga, gb, t, s.tie_need, base, first_id, out, k);
+    else
+      write_segment(k4, ga, gb, s.seg_thr[warp], base, base + s.seg_sel[warp], first_id, out, k);
+    for (uint32_t i = s.written + threadIdx.x; i < k; i += kT) out[i] = -1;
+    // The next row's bulk copies overwrite the keys written here.
+    sm90::fence_proxy_async_smem();
+    __syncthreads();
   }
-  const int tail = head + 4 * nvec + int(threadIdx.x);
-  if (tail < n) visit(tail, __ldg(x + tail));
-  __syncthreads();
-  const int32_t first_id = lo - mis;  // the id of keys[i] is first_id + i
-  if (!select) {  // every candidate is taken
-    whole_row_write<kT>(s, groups, first_id, 0u, 0u, out, p.topk);
-    return;
-  }
-  find_bucket_in<kT>(s.hist0, kBins0, k, s.pick, s.warp_sums);
-  if (s.pick.total <= k) {  // at most topk candidates (the rest is -inf)
-    whole_row_write<kT>(s, groups, first_id, 0u, 0u, out, p.topk);
-    return;
-  }
-  uint32_t remaining = k - s.pick.above, prefix = s.pick.bucket;
-  bool buffered = false;
-  if (s.pick.count <= uint32_t(kBufKeys)) {  // hist0 is free from here: the buffer
-    whole_row_collect<kT>(s, groups, prefix, kShift0);
-    buffered = true;
-  }
-  whole_row_refine<kT>(s, groups, buffered, prefix, kShift0);
-  find_bucket_in<kT>(s.hist1, kBins, remaining, s.pick, s.warp_sums);
-  remaining -= s.pick.above;
-  prefix = (prefix << 10) | s.pick.bucket;
-  if (!buffered && s.pick.count <= uint32_t(kBufKeys)) {
-    whole_row_collect<kT>(s, groups, prefix, kShift1);
-    buffered = true;
-  }
-  whole_row_refine<kT>(s, groups, buffered, prefix, kShift1);
-  find_bucket_in<kT>(s.hist1, kBins, remaining, s.pick, s.warp_sums);
-  remaining -= s.pick.above;
-  const uint32_t t = (prefix << 10) | s.pick.bucket;
-  whole_row_write<kT>(s, groups, first_id, t, remaining, out, p.topk);
 }
 
 template <int kT>
-void launch_whole_row(const TokenTopKParams& p, int64_t rows, int64_t smem, cudaStream_t stream) {
-  allow_dynamic_smem(token_topk_whole_row_kernel<kT>, size_t(smem), "token_topk");
-  token_topk_whole_row_kernel<kT><<<unsigned(rows), kT, size_t(smem), stream>>>(p);
+void launch_row(const TokenTopKParams& p, int64_t rows, int64_t grid, int64_t smem,
+                cudaStream_t stream) {
+  allow_dynamic_smem(token_topk_row_kernel<kT>, size_t(smem), "token_topk");
+  token_topk_row_kernel<kT><<<unsigned(grid), kT, size_t(smem), stream>>>(p, rows);
   MSA_CUDA_CHECK_LAUNCH();
 }
 
@@ -655,13 +858,17 @@ void token_topk(const TokenTopKArgs& a, cudaStream_t stream) {
   MSA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   MSA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   MSA_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  // Rows that fit in shared memory take the whole-row kernel (the longest row deciding) when two
-  // CTAs fit an SM, or when there are no more rows than SMs (then with 1024 threads).
-  const int64_t whole = int64_t(offsetof(WholeRowSmem, keys)) + 4 * (cols + 8);
-  const int64_t per = int64_t(per_sm) / (whole + 1024);
-  if (whole <= int64_t(optin) && (per >= 2 || rows <= sms)) {
-    if (per >= 2) return launch_whole_row<kThreads>(p, rows, whole, stream);
-    return launch_whole_row<1024>(p, rows, whole, stream);
+  // Rows that fit in shared memory (the longest row deciding, padded to 32 groups of 4 keys) take
+  // the whole-row kernel, persistent: 512 threads a CTA where two CTAs fit an SM, else 1024.
+  const int64_t groups = (cols + 6) / 4;
+  const int64_t whole = int64_t(offsetof(RowSmem, keys)) + 16 * ((groups + 31) / 32 * 32);
+  if (whole <= int64_t(optin)) {
+    const int64_t fit = int64_t(per_sm) / (whole + 1024);
+    if (fit >= 2) {
+      const int64_t grid = std::min<int64_t>(rows, int64_t(sms) * std::min<int64_t>(fit, 4));
+      return launch_row<kThreads>(p, rows, grid, whole, stream);
+    }
+    return launch_row<1024>(p, rows, std::min<int64_t>(rows, sms), whole, stream);
   }
   int64_t cache = rows <= sms ? kMaxCacheKeysAlone : kMaxCacheKeys;
   cache = std::min<int64_t>(cache, (int64_t(optin) - int64_t(offsetof(Smem, cache))) / 4);
