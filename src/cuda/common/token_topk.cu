@@ -491,26 +491,6 @@ __device__ __forceinline__ uint32_t count_eq(const uint4& v, uint32_t t) {
   return uint32_t(v.x == t) + uint32_t(v.y == t) + uint32_t(v.z == t) + uint32_t(v.w == t);
 }
 
-// The range [lo, hi) of the CTA's next row r, loaded early (used at prefetch_row); lo > hi when
-// there is none or it is bad (left to that row).
-__device__ __forceinline__ int2 next_range(const TokenTopKParams& p, int64_t r, int64_t rows) {
-  if (r >= rows) return make_int2(1, 0);
-  if (p.ks == nullptr) return make_int2(0, p.cols);
-  const int2 v = make_int2(__ldg(p.ks + r), __ldg(p.ke + r));
-  return v.x < 0 || v.y > p.cols ? make_int2(1, 0) : v;
-}
-
-// Row r's aligned middle, [lo, hi) from next_range, into L2 for the CTA's next row.
-__device__ __forceinline__ void prefetch_row(const TokenTopKParams& p, int64_t r, int2 range) {
-  if (range.x >= range.y) return;
-  const float* x = p.logits + r * p.ld + range.x;
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(x) + 15) & ~uintptr_t(15);
-  const uintptr_t e = reinterpret_cast<uintptr_t>(x + (range.y - range.x)) & ~uintptr_t(15);
-  for (uintptr_t c = a; c < e; c += 4 * kChunkKeys)
-    sm90::bulk_prefetch_l2(reinterpret_cast<const void*>(c),
-                           uint32_t(min(uintptr_t(4 * kChunkKeys), e - c)));
-}
-
 // F for a segment without the tie: the ids of the keys above thr in [ga, gb), from `slot` until
 // `end` ids are written. A step takes 4 slots of 32 groups (conflict-free 16-byte loads); a lane's
 // per-slot counts (<= 4) are packed in bytes, so one warp scan serves its 16 keys, and one loop
@@ -625,8 +605,6 @@ __global__ void __launch_bounds__(kT) token_topk_row_kernel(TokenTopKParams p, i
     const int ga = min(gpad, warp * per), gb = min(gpad, ga + per);
     const int32_t first_id = lo - mis;  // the id of keys[i]
     const int nchunks = (4 * nvec + kChunkKeys - 1) / kChunkKeys;
-    int2 next{1, 0};  // thread 0: the next row's range, for its prefetch
-    if (threadIdx.x == 0) next = next_range(p, r + gridDim.x, rows);
     if (warp == 0 && lane < nchunks) {  // chunk `lane`
       const int k0 = lane * kChunkKeys;
       const uint32_t bytes = uint32_t(min(kChunkKeys, 4 * nvec - k0)) * 4u;
@@ -673,7 +651,6 @@ __global__ void __launch_bounds__(kT) token_topk_row_kernel(TokenTopKParams p, i
     if (select) {
       find_bucket_slices<kT, kBins0>(s.hist0, k, s.pick, s.seg_base);  // B
       __syncthreads();
-      if (threadIdx.x == 0) prefetch_row(p, r + gridDim.x, next);
       if (s.pick.total > k) {
         const uint32_t b = s.pick.bucket;
         uint32_t rem = k - s.pick.above;
