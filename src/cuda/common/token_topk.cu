@@ -366,8 +366,8 @@ __global__ void __launch_bounds__(kThreads) token_topk_kernel(TokenTopKParams p)
 //     <= 3 positions either side of the middle by plain loads);
 //  B. the level-0 bucket b of the topk-th key;
 //  C. one sweep: each warp counts its segment's keys above bucket b (all taken) and appends bucket
-//     b's keys with their ids to the candidate list, counting their next digit (a bucket past the
-//     list, long runs of near-equal scores, refines the next digits over the row instead);
+//     b's keys with their ids to its share of the candidate list, counting their next digit (a
+//     bucket past the list, or a share past its size, refines the next digits over the row);
 //  D. the last two digits from the candidates give T (the topk-th key) and `need` (the keys equal
 //     to T taken, the lowest positions), and each segment's count of keys above T and equal to T;
 //  E. warp 0 finds the segment holding the last tie taken and each segment's first output slot;
@@ -384,8 +384,8 @@ constexpr int kMaxChunks = 16;     // rows of up to 64K keys: more than shared m
 
 struct RowSmem {
   uint32_t hist0[kBins0];  // level 0; then the candidates
-  uint32_t hist1[kBins];       // level 1: bits [10, 20) of bucket b's keys
-  uint32_t hist2[kBins];       // level 2: bits [0, 10)
+  uint32_t hist1[kBins];   // level 1: bits [10, 20) of bucket b's keys
+  uint32_t hist2[kBins];   // level 2: bits [0, 10)
   uint32_t seg_sel[32];   // per segment: keys above T (then every key taken)
   uint32_t seg_tie[32];   // keys equal to T
   uint32_t seg_base[32];  // the segment's first output slot
