@@ -92,8 +92,12 @@ struct Smem {
   uint32_t cache[1];  // cache_keys entries follow (dynamic)
 };
 
+// score_key with -inf -> 0, without branches: x + 0 turns -0 into +0; NaN -> 1. Equal to
+// `x == -inf ? 0 : score_key(x)` for every float (checked over all 2^32 bit patterns).
 __device__ __forceinline__ uint32_t topk_key(float x) {
-  return x == -__int_as_float(0x7f800000) ? 0u : score_key(x);
+  const uint32_t u = __float_as_uint(__fadd_rn(x, 0.f));
+  const uint32_t key = (u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u)) + 1u;
+  return x > -__int_as_float(0x7f800000) ? key : (x != x ? 1u : 0u);
 }
 
 // Exclusive prefix sum over the CTA in thread order; `total` gets the sum. Ends synchronized so
@@ -402,15 +406,9 @@ struct RowSmem {
 static_assert(offsetof(RowSmem, keys) % 16 == 0, "16-byte shared loads of the keys");
 static_assert(kChunkKeys * kMaxChunks * 4 > 232448, "the chunks cover any row that fits");
 
-// topk_key without branches: x + 0 turns -0 into +0; NaN -> 1, -inf -> 0.
-__device__ __forceinline__ uint32_t key_of(float x) {
-  const uint32_t u = __float_as_uint(__fadd_rn(x, 0.f));
-  const uint32_t key = (u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u)) + 1u;
-  return x > -__int_as_float(0x7f800000) ? key : (x != x ? 1u : 0u);
-}
 __device__ __forceinline__ uint4 keys_of(uint4 v) {
-  return make_uint4(key_of(__uint_as_float(v.x)), key_of(__uint_as_float(v.y)),
-                    key_of(__uint_as_float(v.z)), key_of(__uint_as_float(v.w)));
+  return make_uint4(topk_key(__uint_as_float(v.x)), topk_key(__uint_as_float(v.y)),
+                    topk_key(__uint_as_float(v.z)), topk_key(__uint_as_float(v.w)));
 }
 
 // Exclusive prefix sum over the warp's lanes; `total` gets the sum.
@@ -499,8 +497,7 @@ __device__ __forceinline__ void write_segment(const uint4* k4, int ga, int gb, u
                                               uint32_t slot, uint32_t end, int32_t first_id,
                                               int32_t* out, uint32_t topk) {
   const int lane = threadIdx.x & 31;
-  // An opaque copy: ptxas otherwise rebuilds the row's output address before every store.
-  asm volatile("mov.b64 %0, %0;" : "+l"(out));
+  out = sm90::reg_copy(out);  // ptxas otherwise rebuilds the row's output address before each store
   for (int g0 = ga; g0 < gb && slot < end; g0 += 128) {
     uint32_t mask = 0, packed = 0;  // mask bit 4 j + e: slot j's key e taken
 #pragma unroll
@@ -622,7 +619,7 @@ __global__ void __launch_bounds__(kT) token_topk_row_kernel(TokenTopKParams p, i
     const int tail_at = mis + head + 4 * nvec, nscalar = mis + head + 4 * gpad - tail_at;
     for (int i = threadIdx.x; i < nscalar; i += kT) {
       const int at = i < mis + head ? i : tail_at + (i - mis - head), pos = at - mis;
-      const uint32_t key = pos >= 0 && pos < n ? key_of(__ldg(x + pos)) : 0u;
+      const uint32_t key = pos >= 0 && pos < n ? topk_key(__ldg(x + pos)) : 0u;
       s.keys[at] = key;
       if (select && pos >= 0 && pos < n) count_key(s.hist0, key);
     }
@@ -781,7 +778,8 @@ __global__ void __launch_bounds__(kT) token_topk_row_kernel(TokenTopKParams p, i
         tw = __ffs(__ballot_sync(0xffffffffu, lane < kW && tie_before + tie >= need)) - 1;
         before = __shfl_sync(0xffffffffu, tie_before, tw);
       }
-      const uint32_t taken = sel + (lane < tw ? (need != 0 ? tie : 0u) : lane == tw ? need - before : 0u);
+      // (tie is 0 without ties to take: the count pass skips them when need is 0.)
+      const uint32_t taken = sel + (lane < tw ? tie : lane == tw ? need - before : 0u);
       uint32_t total;
       const uint32_t base = warp_exclusive_scan(taken, total);
       if (lane < kW) {

@@ -70,6 +70,12 @@ __device__ __forceinline__ int reg_copy(int v) {
   asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
   return r;
 }
+// The same for a pointer: an address ptxas would otherwise rebuild from its parts at every use.
+template <class T>
+__device__ __forceinline__ T* reg_copy(T* v) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(v));
+  return v;
+}
 
 // 2^x on the SFU alone (ex2.approx.ftz: ~2^-22 relative error; a result below 2^-126 becomes 0,
 // -inf gives 0, NaN stays NaN). exp2f adds a range fix-up for subnormal results around it, which
@@ -246,6 +252,7 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
+
 // Starts bringing the 128-byte line of global address p into L2; no register waits for it.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
