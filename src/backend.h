@@ -38,6 +38,10 @@ void top_k_from_candidates(const TopKFromCandidatesArgs& a);
 void gather_key_sample(const GatherKeySampleArgs& a, const ProblemShape& s);
 void thresholds_from_sample(const ThresholdsFromSampleArgs& a);
 void quantize_write_index_qk_nvfp4(const QuantizeIndexQKArgs& a);
+// The ICP indexer (msa/icp.h) on validated host tensors: a rank's lists (an msa::Error when a
+// visible block's group score is NaN, after the outputs are written), the owner's merge.
+void icp_rank_lists(const IcpRankListsArgs& a);
+void icp_merge(const IcpMergeArgs& a);
 // The token-sparse builders (msa/token_sparse.h) on validated host tensors: the value checks in
 // the header's order, each an msa::Error.
 void token_sparse_kv_indices(const TokenSparseKvIndicesArgs& a);

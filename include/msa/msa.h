@@ -7,6 +7,7 @@
 #include "msa/decode.h"
 #include "msa/dlpack.h"
 #include "msa/error.h"
+#include "msa/icp.h"
 #include "msa/indexer.h"
 #include "msa/logits.h"
 #include "msa/pipeline.h"

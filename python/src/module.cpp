@@ -62,6 +62,26 @@ X selection_args(Args& a) {
   return x;
 }
 
+// The keywords both ICP ops take: the layout ("p128" | "p256"), the unsharded pool's lengths,
+// the selection knobs and the status.
+template <typename X>
+X icp_args(Args& a) {
+  X x;
+  const std::string layout = a.text("layout", "p128");
+  MSA_CHECK(layout == "p128" || layout == "p256", "layout: must be \"p128\" or \"p256\", got \"",
+            layout, "\"");
+  x.layout = layout == "p128" ? IcpLayout::p128 : IcpLayout::p256;
+  x.page_table = a.tensor("page_table");
+  x.seqused_k = a.tensor("seqused_k");
+  x.cu_seqlens_q = a.tensor("cu_seqlens_q");
+  x.topk = a.int32("topk", 16);
+  x.sink_blocks = a.int32("sink_blocks", 1);
+  x.local_blocks = a.int32("local_blocks", 1);
+  x.causal = a.flag("causal", true);
+  x.status = a.tensor("status", Access::write);
+  return x;
+}
+
 // The keywords of the CSR family (builder and reference converters); the converters get no
 // workspace or status, which then stay undefined. `to_k2q`: the k2q side is the output (build,
 // q2k -> k2q), else q2k is (k2q -> q2k).
@@ -294,6 +314,30 @@ NB_MODULE(_C, m) {
         return x;
       },
       [](const BlockTopKArgs& x, cudaStream_t s) { block_topk(x, s); });
+
+  def_op(
+      m, "icp_rank_lists", "msa::icp_rank_lists; keywords as in msa.icp_rank_lists, outputs preallocated.",
+      [](Args& a) {
+        auto x = icp_args<IcpRankListsArgs>(a);
+        x.world = a.int32("world", 2);
+        x.rank = a.int32("rank", 0);
+        x.index_q = a.qtensor("index_q");
+        x.shard = a.qtensor("shard");
+        x.ids = a.tensor("ids", Access::write);
+        x.scores = a.tensor("scores", Access::write);
+        return x;
+      },
+      [](const IcpRankListsArgs& x, cudaStream_t s) { icp_rank_lists(x, s); });
+  def_op(
+      m, "icp_merge", "msa::icp_merge; keywords as in msa.icp_merge, q2k preallocated.",
+      [](Args& a) {
+        auto x = icp_args<IcpMergeArgs>(a);
+        x.ids = a.tensor("ids");
+        x.scores = a.tensor("scores");
+        x.q2k = a.tensor("q2k", Access::write);
+        return x;
+      },
+      [](const IcpMergeArgs& x, cudaStream_t s) { icp_merge(x, s); });
 
   def_op(
       m, "select_topk", "msa::select_topk; keywords as in msa.select_topk, outputs preallocated.",

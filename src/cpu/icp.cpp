@@ -147,3 +147,74 @@ bool merge(const std::vector<RankLists>& ranks, const RankArgs& shape, const Ten
 }
 
 }  // namespace msa::cpu::icp
+
+namespace msa::cpu {
+namespace {
+
+icp::RankArgs shape_args(IcpLayout layout, int world, const Tensor& page_table,
+                         const Tensor& seqused_k, const Tensor& cu_seqlens_q, int64_t hsel,
+                         int topk, int sink, int local, bool causal) {
+  icp::RankArgs r;
+  r.sharding = {layout, world};
+  r.page_table = page_table;
+  r.seqused_k = seqused_k;
+  r.cu_seqlens_q = cu_seqlens_q;
+  r.selection_heads = hsel;
+  r.topk = topk;
+  r.sink_blocks = sink;
+  r.local_blocks = local;
+  r.causal = causal;
+  return r;
+}
+
+}  // namespace
+
+void icp_rank_lists(const IcpRankListsArgs& a) {
+  icp::RankArgs r = shape_args(a.layout, a.world, a.page_table, a.seqused_k, a.cu_seqlens_q,
+                               a.ids.shape[0], a.topk, a.sink_blocks, a.local_blocks, a.causal);
+  r.rank = a.rank;
+  r.index_q = a.index_q;
+  r.shard = a.shard;
+  const icp::RankLists lists = icp::rank_candidates(r);
+  const int64_t total_q = a.ids.shape[1];
+  for (int64_t h = 0; h < a.ids.shape[0]; ++h)
+    for (int64_t t = 0; t < total_q; ++t) {
+      const std::vector<icp::Candidate>& row = lists.rows[size_t(h * total_q + t)];
+      int32_t* ids = a.ids.ptr<int32_t>() + h * a.ids.strides[0] + t * a.ids.strides[1];
+      float* sc = a.scores.ptr<float>() + h * a.scores.strides[0] + t * a.scores.strides[1];
+      for (int64_t k = 0; k < a.topk; ++k) {
+        const bool in = k < int64_t(row.size());
+        ids[k * a.ids.strides[2]] = in ? row[size_t(k)].block : -1;
+        sc[k * a.scores.strides[2]] = in ? row[size_t(k)].score : -INFINITY;
+      }
+    }
+  MSA_CHECK(!lists.nan, "icp_rank_lists: a visible block's group score is NaN on rank ", a.rank,
+            " (a NaN in index_q or in a key): the sharded selection cannot equal block_topk's, "
+            "whose NaN blocks rank last over all ranks' keys");
+}
+
+void icp_merge(const IcpMergeArgs& a) {
+  const int64_t world = a.ids.shape[0], hsel = a.ids.shape[1], total_q = a.ids.shape[2];
+  const icp::RankArgs r = shape_args(a.layout, int(world), a.page_table, a.seqused_k,
+                                     a.cu_seqlens_q, hsel, a.topk, a.sink_blocks, a.local_blocks,
+                                     a.causal);
+  std::vector<icp::RankLists> ranks(static_cast<size_t>(world));
+  for (int64_t w = 0; w < world; ++w) {
+    ranks[size_t(w)].rows.resize(size_t(hsel * total_q));
+    for (int64_t h = 0; h < hsel; ++h)
+      for (int64_t t = 0; t < total_q; ++t) {
+        const int64_t at = w * a.ids.strides[0] + h * a.ids.strides[1] + t * a.ids.strides[2];
+        const int64_t sat = w * a.scores.strides[0] + h * a.scores.strides[1] + t * a.scores.strides[2];
+        std::vector<icp::Candidate>& row = ranks[size_t(w)].rows[size_t(h * total_q + t)];
+        for (int64_t k = 0; k < a.topk; ++k) {
+          const int32_t id = a.ids.ptr<int32_t>()[at + k * a.ids.strides[3]];
+          if (id < 0) break;  // validated: the list ends at its first -1
+          row.push_back({id, a.scores.ptr<float>()[sat + k * a.scores.strides[3]]});
+        }
+      }
+  }
+  // The lists were validated (src/api/icp.cpp): no NaN score, so the merge is exact.
+  icp::merge(ranks, r, a.q2k);
+}
+
+}  // namespace msa::cpu

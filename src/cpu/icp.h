@@ -12,11 +12,8 @@
 
 namespace msa::cpu::icp {
 
-// How each page of index keys is split over the ranks. P128 (pages of 128 rows): rows
-// interleaved, page row j on rank j % world at shard row j / world. P256 (pages of 256 rows):
-// contiguous parts, page row j on rank j / (256 / world) at shard row j % (256 / world) (TP2:
-// 128-row halves, each one logical 128-key block; TP4: 64-row quarters).
-enum class Layout { p128, p256 };
+// How each page of index keys is split over the ranks (msa/icp.h, IcpLayout).
+using Layout = IcpLayout;
 
 struct Sharding {
   Layout layout = Layout::p128;

@@ -1,0 +1,144 @@
+"""The ICP (index-context-parallel) indexer (docs/semantics.md, ICP indexer): the index keys of a
+page pool sharded by context over ``world`` ranks. `icp_shard` cuts a rank's shard from an
+unsharded pool; `icp_rank_lists` lists, per (selection head, token), a rank's best blocks from
+its shard; the caller moves each owner the lists of its heads (an all-to-all over the ranks);
+`icp_merge` turns the ranks' lists into the q2k rows `block_topk` gives on the unsharded pool.
+CPU arrays only so far."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import _C
+from ._arrays import Typed
+from ._kv import kv_heads_of
+from ._runtime import (MsaError, arg, check_arrays, count, dims, finish, new_output, status_for,
+                       stream_of)
+from .quant import unpack
+
+_PAGE_ROWS = {"p128": 128, "p256": 256}
+
+
+def _rows(layout: str, world: int) -> int:
+    if layout not in _PAGE_ROWS:
+        raise MsaError(f'layout: must be "p128" or "p256", got {layout!r}')
+    if world not in (2, 4):
+        raise MsaError(f"world: must be 2 or 4, got {world!r}")
+    return _PAGE_ROWS[layout] // world
+
+
+def icp_shard(k: Any, *, layout: str = "p128", world: int = 2, rank: int = 0,
+              k_scale: Any = None) -> tuple:
+    """Rank ``rank``'s shard of an unsharded index key pool: ``(shard, shard_scale)``.
+
+    ``k [num_pages, P, Hik, D]`` (paged_nhd, P = 128 for "p128", 256 for "p256"; an array or a
+    `msa.typed` one). "p128": page row j goes to rank ``j % world`` at shard row ``j // world``;
+    "p256": rank ``j // (256 // world)`` at row ``j % (256 // world)``. The shard is a new
+    contiguous ``[num_pages, P // world, Hik, D]`` array of the same framework. ``k_scale``: FP8
+    per-slot scales ``[num_pages * P]`` (or ``[.., Hik]``) move with their rows; a per-tensor
+    scale is returned as it is, None stays None.
+    """
+    rows = _rows(layout, world)
+    rank = count(rank, "rank")
+    if rank >= world:
+        raise MsaError(f"rank: must be in [0, world = {world}), got {rank}")
+    values = k.array if isinstance(k, Typed) else k
+    shape = dims(values, "k", 4, "[num_pages, P, Hik, D]")
+    if shape[1] != _PAGE_ROWS[layout]:
+        raise MsaError(f"k: page rows (dim 1) must be {_PAGE_ROWS[layout]} for layout "
+                       f"{layout!r}, got {list(shape)}")
+    pick = slice(rank, None, world) if layout == "p128" else slice(rank * rows, (rank + 1) * rows)
+    shard = _contiguous(values[:, pick])
+    if isinstance(k, Typed):
+        shard = Typed(shard, k.dtype)
+    scale = k_scale
+    if k_scale is not None and tuple(k_scale.shape)[0] == shape[0] * shape[1]:
+        per_page = k_scale.reshape((shape[0], shape[1]) + tuple(k_scale.shape)[1:])
+        scale = _contiguous(per_page[:, pick]).reshape((shape[0] * rows,) + tuple(k_scale.shape)[1:])
+    return shard, scale
+
+
+def _contiguous(x: Any) -> Any:
+    if hasattr(x, "contiguous"):  # torch
+        return x.contiguous()
+    import numpy as np
+    return np.ascontiguousarray(x)
+
+
+def icp_rank_lists(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any, *,
+                   layout: str = "p128", world: int = 2, rank: int = 0, seqused_k: Any = None,
+                   topk: int = 16, sink_blocks: int = 1, local_blocks: int = 1,
+                   causal: bool = True, num_kv_heads: Optional[int] = None,
+                   index_q_scale: Any = None, shard_scale: Any = None, ids: Any = None,
+                   scores: Any = None, stream: Any = None, check: Optional[bool] = None) -> tuple:
+    """One rank's candidate lists: ``(ids, scores)``, each ``[Hsel, total_q, topk]``.
+
+    ``index_q [total_q, Hi, D]`` (every index head, on every rank; bf16/f16/fp8_e4m3 or a
+    `QTensor`), ``shard [num_pages, P // world, Hik, D]`` (this rank's rows, `icp_shard`; q's
+    dtype), ``page_table [B, max_pages]`` and ``seqused_k [B]`` of the unsharded pool (the same on
+    every rank), ``cu_seqlens_q [B+1]``. ``num_kv_heads``: the selection heads Hsel (dividing Hi;
+    default the shard's key heads), as in `block_topk`. Row ``(h, t)``: the visible blocks (of
+    128 keys) that are not forced (sink, local) and that this rank holds keys of, by this rank's
+    group score (highest first, ties toward the lower id), at most ``topk`` minus the token's
+    forced blocks; ``ids`` int32, -1 after the list; ``scores`` f32, -inf after it. A NaN score
+    of a visible block raises `MsaError` (the sharded selection could not equal `block_topk`'s).
+    """
+    check_arrays(index_q=index_q, shard=shard, page_table=page_table, cu_seqlens_q=cu_seqlens_q,
+                 seqused_k=seqused_k, index_q_scale=index_q_scale, shard_scale=shard_scale,
+                 ids=ids, scores=scores)
+    qv, qs, qg = unpack(index_q, index_q_scale)
+    kv_, ks, kg = unpack(shard, shard_scale)
+    total_q = dims(qv, "index_q", 3, "[total_q, Hi, D]")[0]
+    topk = count(topk, "topk", lo=1)
+    hsel = (kv_heads_of(kv_, "paged_nhd") if num_kv_heads is None
+            else count(num_kv_heads, "num_kv_heads", lo=1))
+    if ids is None:
+        ids = new_output(qv, (hsel, total_q, topk), "i32", "ids", f"topk = {topk}")
+    if scores is None:
+        scores = new_output(qv, (hsel, total_q, topk), "f32", "scores", f"topk = {topk}")
+    st = stream_of(qv, stream)
+    status = status_for(qv)
+    _C.icp_rank_lists(layout=layout, world=world, rank=rank, index_q=arg(qv),
+                      index_q_scale=arg(qs), index_q_global_scale=float(qg), shard=arg(kv_),
+                      shard_scale=arg(ks), shard_global_scale=float(kg),
+                      page_table=arg(page_table), seqused_k=arg(seqused_k),
+                      cu_seqlens_q=arg(cu_seqlens_q), topk=topk, sink_blocks=sink_blocks,
+                      local_blocks=local_blocks, causal=causal, ids=arg(ids),
+                      scores=arg(scores), status=status, stream=st)
+    finish(status, st, check)
+    return ids, scores
+
+
+def icp_merge(ids: Any, scores: Any, page_table: Any, cu_seqlens_q: Any, *,
+              layout: str = "p128", seqused_k: Any = None, topk: Optional[int] = None,
+              sink_blocks: int = 1,
+              local_blocks: int = 1, causal: bool = True, out: Any = None, stream: Any = None,
+              check: Optional[bool] = None) -> Any:
+    """The owner's merge: ``q2k [Hsel, total_q, topk]`` int32, ascending, -1 padded.
+
+    ``ids``, ``scores``: ``[world, Hsel, total_q, topk]``, rank r's `icp_rank_lists` rows of the
+    heads this owner merges at ``[r]``; ``page_table``, ``seqused_k``, ``cu_seqlens_q``, the
+    layout and the selection options as given to `icp_rank_lists` (``topk``, if given, must be
+    the lists' last dim). Per row: the forced blocks, then the listed blocks by their best score
+    over the ranks (ties toward the lower id) up to topk. Lists that are not a rank's lists (a
+    forced, invisible or repeated block, an entry after -1 or past the quota, a NaN score) raise
+    `MsaError`.
+    """
+    check_arrays(ids=ids, scores=scores, page_table=page_table, cu_seqlens_q=cu_seqlens_q,
+                 seqused_k=seqused_k, out=out)
+    shape = dims(ids, "ids", 4, "[world, Hsel, total_q, topk]")
+    if topk is not None and count(topk, "topk") != shape[3]:
+        raise MsaError(f"topk: must equal the lists' last dim ({shape[3]}), got {topk}")
+    if out is None:
+        out = new_output(ids, shape[1:], "i32", "q2k", f"ids {list(shape)}")
+    st = stream_of(ids, stream)
+    status = status_for(ids)
+    _C.icp_merge(layout=layout, ids=arg(ids), scores=arg(scores), page_table=arg(page_table),
+                 seqused_k=arg(seqused_k), cu_seqlens_q=arg(cu_seqlens_q), topk=shape[3],
+                 sink_blocks=sink_blocks, local_blocks=local_blocks, causal=causal,
+                 q2k=arg(out), status=status, stream=st)
+    finish(status, st, check)
+    return out
+
+
+__all__ = ["icp_merge", "icp_rank_lists", "icp_shard"]

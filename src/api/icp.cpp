@@ -1,0 +1,214 @@
+// Public ICP indexer entry points (include/msa/icp.h): argument checks on the host, then the CPU
+// backend. A rank's shard is checked as the unsharded pool it is part of (its page table, lengths
+// and page ids) plus its own shape and scales; the owner's lists are checked row by row, so that
+// a corrupt exchange is an msa::Error, never a wrong or out-of-range q2k.
+#include "msa/icp.h"
+
+#include <cmath>
+#include <vector>
+
+#include "api/validate.h"
+#include "backend.h"
+#include "cpu/access.h"
+#include "cpu/icp.h"
+
+namespace msa {
+namespace {
+
+void check_sharding(IcpLayout layout, int world) {
+  MSA_CHECK(layout == IcpLayout::p128 || layout == IcpLayout::p256,
+            "layout: must be IcpLayout::p128 or IcpLayout::p256");
+  MSA_CHECK(world == 2 || world == 4, "world: must be 2 or 4, got ", world);
+}
+
+// The CUDA kernels of the ICP indexer are not built yet: a CUDA tensor is refused by name.
+void refuse_cuda(Device device, const char* op) {
+  MSA_CHECK(device.type != DeviceType::cuda, op,
+            ": runs on the CPU backend only so far (no CUDA kernels yet); got CUDA tensors");
+}
+
+// A [B] or [B+1] int32 host vector of the request lengths the lists were built with: seqused_k,
+// or max_pages * page rows for every request.
+std::vector<int64_t> key_lengths(const Tensor& page_table, const Tensor& seqused_k, int64_t batch,
+                                 int page_rows) {
+  std::vector<int64_t> lk(size_t(batch), page_table.shape[1] * page_rows);
+  if (seqused_k.defined())
+    for (int64_t b = 0; b < batch; ++b) lk[size_t(b)] = seqused_k.ptr<int32_t>()[b * seqused_k.strides[0]];
+  return lk;
+}
+
+// ids / scores: [lead..., total_q, topk] int32 / f32 of one shape, contiguous, on `device`.
+void check_lists(const Tensor& ids, const Tensor& scores, int ndim, const char* shape_text,
+                 int64_t total_q, int topk, Device device) {
+  check_defined(ids, "ids");
+  check_defined(scores, "scores");
+  check_dtype(ids, "ids", {DType::i32});
+  check_dtype(scores, "scores", {DType::f32});
+  check_ndim(ids, "ids", ndim);
+  MSA_CHECK(ids.shape[ndim - 2] == total_q && ids.shape[ndim - 1] == topk, "ids: shape must be ",
+            shape_text, " with total_q = ", total_q, " and topk = ", topk, ", got ", ids.describe());
+  MSA_CHECK(scores.ndim == ndim, "scores: shape must equal ids' ", ids.describe(), ", got ",
+            scores.describe());
+  for (int d = 0; d < ndim; ++d)
+    MSA_CHECK(scores.shape[d] == ids.shape[d], "scores: shape must equal ids' ", ids.describe(),
+              ", got ", scores.describe());
+  check_contiguous(ids, "ids");
+  check_contiguous(scores, "scores");
+  MSA_CHECK(ids.device == device && scores.device == device, "ids, scores: must be on ",
+            device_name(device));
+}
+
+}  // namespace
+
+int icp_page_rows(IcpLayout layout) {
+  check_sharding(layout, 2);
+  return layout == IcpLayout::p128 ? 128 : 256;
+}
+
+int icp_rows_per_rank(IcpLayout layout, int world) {
+  check_sharding(layout, world);
+  return icp_page_rows(layout) / world;
+}
+
+void icp_rank_lists(const IcpRankListsArgs& a, cudaStream_t) {
+  constexpr const char* op = "icp_rank_lists";
+  check_sharding(a.layout, a.world);
+  MSA_CHECK(a.rank >= 0 && a.rank < a.world, "rank: must be in [0, world = ", a.world, "), got ",
+            a.rank);
+  const int rows = icp_rows_per_rank(a.layout, a.world), page_rows = icp_page_rows(a.layout);
+  const Tensor& shard = a.shard.values;
+  check_defined(shard, "shard");
+  check_ndim(shard, "shard", 4);
+  MSA_CHECK(shard.shape[1] == rows, "shard: shape must be [num_pages, rows_per_rank = ", rows,
+            ", Hik, D] for this layout and world, got ", shard.describe());
+  const Device device = api::common_device(
+      op, {{&a.index_q.values, "index_q"}, {&shard, "shard"}, {&a.page_table, "page_table"},
+           {&a.seqused_k, "seqused_k"}, {&a.cu_seqlens_q, "cu_seqlens_q"}, {&a.ids, "ids"},
+           {&a.scores, "scores"}});
+  refuse_cuda(device, op);
+
+  // The unsharded pool the shard is part of: its page table, lengths and page ids are checked as
+  // a paged cache of page_rows-key pages (the shard's scales separately: they count its slots).
+  KVCache whole;
+  whole.layout = KVLayout::paged_nhd;
+  whole.k.values = shard;
+  whole.k.values.shape[1] = page_rows;
+  whole.page_table = a.page_table;
+  whole.seqused_k = a.seqused_k;
+  ProblemShape s;
+  try {
+    s = api::check_q_and_kv(a.index_q, whole, a.cu_seqlens_q,
+                            {DType::bf16, DType::f16, DType::fp8_e4m3}, /*need_v=*/false,
+                            /*kv_may_be_quantized=*/false, /*kv_block_size=*/128);
+  } catch (const Error& e) {
+    fail(op, ": ", e.what(), " (q: index_q; k: the shard, counted as the unsharded pool [",
+         shard.shape[0], ", ", page_rows, ", Hik, D])");
+  }
+  api::check_scale_values(a.index_q, "index_q");
+  api::check_qtensor_scale(a.shard, "shard", s.num_pages * rows, s.num_kv_heads, s.head_dim);
+  // The shard's scales of the slots that hold a key (the others are never read).
+  if (a.shard.scale.defined() && a.shard.scale.numel() > 1) {
+    const cpu::icp::Sharding sh{a.layout, a.world};
+    const Tensor& sc = a.shard.scale;
+    const std::vector<int64_t> lk = key_lengths(a.page_table, a.seqused_k, s.batch, page_rows);
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t j = a.rank; j < lk[size_t(b)]; ++j) {
+        const int row = int(j % page_rows);
+        if (sh.rank_of(row) != a.rank) continue;
+        const int64_t page = a.page_table.ptr<int32_t>()[b * a.page_table.strides[0] +
+                                                        (j / page_rows) * a.page_table.strides[1]];
+        const int64_t slot = page * rows + sh.shard_row(row);
+        for (int64_t x = 0; x < (sc.ndim == 2 ? sc.shape[1] : 1); ++x) {
+          const float v = sc.ptr<float>()[slot * sc.strides[0] + (sc.ndim == 2 ? x * sc.strides[1] : 0)];
+          MSA_CHECK(v >= 0.f && std::isfinite(v), "shard: scale of slot ", slot, " (head ", x,
+                    ") must be finite and >= 0, got ", v);
+        }
+      }
+  }
+  api::check_selection(a.topk, a.sink_blocks, a.local_blocks, 128);
+  check_lists(a.ids, a.scores, 3, "[Hsel, total_q, topk]", s.total_q, a.topk, device);
+  const int64_t hsel = a.ids.shape[0];
+  MSA_CHECK(hsel > 0 && s.num_q_heads % hsel == 0, "ids: its first dim (selection heads) must "
+            "divide index_q's heads (", s.num_q_heads, "), got ", a.ids.describe());
+  api::check_status_arg(a.status, device, op);
+  cpu::icp_rank_lists(a);
+}
+
+void icp_merge(const IcpMergeArgs& a, cudaStream_t) {
+  constexpr const char* op = "icp_merge";
+  check_sharding(a.layout, 2);
+  const Device device = api::common_device(
+      op, {{&a.ids, "ids"}, {&a.scores, "scores"}, {&a.page_table, "page_table"},
+           {&a.seqused_k, "seqused_k"}, {&a.cu_seqlens_q, "cu_seqlens_q"}, {&a.q2k, "q2k"}});
+  check_defined(a.ids, "ids");
+  refuse_cuda(device, op);
+  check_ndim(a.ids, "ids", 4);
+  const int64_t world = a.ids.shape[0], hsel = a.ids.shape[1], total_q = a.ids.shape[2];
+  MSA_CHECK(world >= 1, "ids: its first dim (ranks) must be >= 1, got ", a.ids.describe());
+  api::check_selection(a.topk, a.sink_blocks, a.local_blocks, 128);
+  check_lists(a.ids, a.scores, 4, "[world, Hsel, total_q, topk]", total_q, a.topk, device);
+
+  check_defined(a.cu_seqlens_q, "cu_seqlens_q");
+  check_dtype(a.cu_seqlens_q, "cu_seqlens_q", {DType::i32});
+  check_ndim(a.cu_seqlens_q, "cu_seqlens_q", 1);
+  const int64_t batch = a.cu_seqlens_q.shape[0] - 1;
+  MSA_CHECK(batch >= 0, "cu_seqlens_q: must be [B+1], got ", a.cu_seqlens_q.describe());
+  api::check_cu_seqlens(a.cu_seqlens_q, "cu_seqlens_q", batch, total_q, device);
+  check_defined(a.page_table, "page_table");
+  check_dtype(a.page_table, "page_table", {DType::i32});
+  check_ndim(a.page_table, "page_table", 2);
+  MSA_CHECK(a.page_table.shape[0] == batch, "page_table: shape must be [B = ", batch,
+            ", max_pages], got ", a.page_table.describe());
+  const int page_rows = icp_page_rows(a.layout);
+  if (a.seqused_k.defined()) {
+    check_dtype(a.seqused_k, "seqused_k", {DType::i32});
+    check_shape(a.seqused_k, "seqused_k", {batch});
+    const int64_t cap = a.page_table.shape[1] * page_rows;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t v = a.seqused_k.ptr<int32_t>()[b * a.seqused_k.strides[0]];
+      MSA_CHECK(v >= 0 && v <= cap, "seqused_k[", b, "] must be in [0, max_pages * ", page_rows,
+                " = ", cap, "], got ", v);
+    }
+  }
+  check_defined(a.q2k, "q2k");
+  check_dtype(a.q2k, "q2k", {DType::i32});
+  check_shape(a.q2k, "q2k", {hsel, total_q, int64_t(a.topk)});
+  api::check_status_arg(a.status, device, op);
+
+  // Every rank's row: a list of distinct visible, not forced blocks, no longer than topk minus
+  // the forced ones, then -1; no NaN score (icp_rank_lists refuses those).
+  const std::vector<int64_t> lk = key_lengths(a.page_table, a.seqused_k, batch, page_rows);
+  const std::vector<int64_t> q_start = cpu::host_offsets(a.cu_seqlens_q);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = q_start[size_t(b)]; t < q_start[size_t(b) + 1]; ++t) {
+      const int64_t lq = q_start[size_t(b) + 1] - q_start[size_t(b)];
+      const int64_t nvis = num_blocks(
+          cpu::visible_key_end(t - q_start[size_t(b)], lq, lk[size_t(b)], a.causal), 128);
+      const int64_t sink = std::min<int64_t>(a.sink_blocks, nvis);
+      const int64_t local_from = std::max<int64_t>(sink, nvis - a.local_blocks);
+      const int64_t quota = std::max<int64_t>(0, a.topk - sink - (nvis - local_from));
+      for (int64_t w = 0; w < world; ++w)
+        for (int64_t h = 0; h < hsel; ++h) {
+          const int32_t* ids = a.ids.ptr<int32_t>() + ((w * hsel + h) * total_q + t) * a.topk;
+          const float* sc = a.scores.ptr<float>() + ((w * hsel + h) * total_q + t) * a.topk;
+          int64_t n = 0;
+          while (n < a.topk && ids[n] >= 0) ++n;
+          for (int64_t k = 0; k < a.topk; ++k) {
+            const int32_t id = ids[k];
+            const bool ok = k < n ? id >= sink && id < local_from && !std::isnan(sc[k]) : id == -1;
+            MSA_CHECK(ok, op, ": ids[", w, ", ", h, ", ", t, ", ", k, "] = ", id, " (score ",
+                      sc[k], ") is not a list entry: rows list distinct visible, not forced "
+                      "blocks (here ", sink, " <= id < ", local_from, ") with non-NaN scores, "
+                      "then -1");
+            for (int64_t k2 = 0; k2 < k && k < n; ++k2)
+              MSA_CHECK(ids[k2] != id, op, ": ids[", w, ", ", h, ", ", t, "] lists block ", id,
+                        " twice");
+          }
+          MSA_CHECK(n <= quota, op, ": ids[", w, ", ", h, ", ", t, "] lists ", n,
+                    " blocks, more than topk minus the token's forced blocks (", quota, ")");
+        }
+    }
+  cpu::icp_merge(a);
+}
+
+}  // namespace msa
