@@ -17,7 +17,8 @@ from .batched import attention_batched
 from .bsr import BlockSparseAttention
 from .csr import K2QIndex, build_k2q_csr, k2q_to_q2k, q2k_to_k2q
 from .decode import DecodePlan
-from .icp import icp_merge, icp_rank_lists, icp_shard
+from .icp import (icp_exchange, icp_merge, icp_owned_heads, icp_rank_lists, icp_select,
+                  icp_shard)
 from .indexer import block_scores, block_topk, select_topk
 from .logits import mqa_logits, paged_mqa_logits, token_topk
 from .quant import (QTensor, dequantize, quantize, reorder_fp4_scales,
@@ -57,7 +58,8 @@ __all__ = ["BlockSparseAttention", "DTYPES", "DecodePlan", "GroupUnion", "K2QInd
            "block_topk", "bsr_mask_to_q2k", "bsr_to_k2q", "bsr_to_q2k", "build_k2q_csr",
            "built_with_cuda",
            "check_status", "cmake_dir", "cuda_device_count", "dequantize", "gather_key_sample",
-           "group_union_masks", "icp_merge", "icp_rank_lists", "icp_shard", "include_dir",
+           "group_union_masks", "icp_exchange", "icp_merge", "icp_owned_heads",
+           "icp_rank_lists", "icp_select", "icp_shard", "include_dir",
            "indexer_scores", "indexer_threshold_select",
            "k2q_to_bsr", "k2q_to_q2k", "mqa_logits", "paged_mqa_logits",
            "pipeline_workspace_bytes", "q2k_indices_to_q2k", "q2k_to_block_mask", "q2k_to_bsr",

@@ -3,7 +3,8 @@ page pool sharded by context over ``world`` ranks. `icp_shard` cuts a rank's sha
 unsharded pool; `icp_rank_lists` lists, per (selection head, token), a rank's best blocks from
 its shard; the caller moves each owner the lists of its heads (an all-to-all over the ranks);
 `icp_merge` turns the ranks' lists into the q2k rows `block_topk` gives on the unsharded pool.
-CPU arrays only so far."""
+`icp_exchange` is that all-to-all over ``torch.distributed`` and `icp_select` the three steps of
+one rank. The ops take CPU arrays only so far."""
 
 from __future__ import annotations
 
@@ -141,4 +142,66 @@ def icp_merge(ids: Any, scores: Any, page_table: Any, cu_seqlens_q: Any, *,
     return out
 
 
-__all__ = ["icp_merge", "icp_rank_lists", "icp_shard"]
+def icp_owned_heads(num_heads: int, world: int, rank: int) -> range:
+    """The selection heads rank ``rank`` of ``world`` merges: an equal contiguous share when
+    ``world`` divides ``num_heads`` (a TP group splitting the heads), else every head (each rank
+    then needs the whole q2k)."""
+    num_heads, world, rank = (count(num_heads, "num_heads", lo=1), count(world, "world", lo=1),
+                              count(rank, "rank"))
+    if rank >= world:
+        raise MsaError(f"rank: must be in [0, world = {world}), got {rank}")
+    if num_heads % world:
+        return range(num_heads)
+    share = num_heads // world
+    return range(rank * share, (rank + 1) * share)
+
+
+def icp_exchange(ids: Any, scores: Any, *, group: Any = None) -> tuple:
+    """The lists' collective step over ``torch.distributed`` (NCCL for CUDA tensors, gloo for
+    CPU ones): each rank sends every owner the rows of the heads `icp_owned_heads` gives it and
+    returns the rows it receives, ``[world, len(owned), total_q, topk]`` (rank r's at ``[r]``),
+    ready for `icp_merge`. An all-to-all when the world divides the heads, else an all-gather.
+    Every rank calls it with lists of one shape; nothing is read on the host."""
+    import torch
+    import torch.distributed as dist
+    if not (isinstance(ids, torch.Tensor) and isinstance(scores, torch.Tensor)):
+        raise MsaError("icp_exchange: ids and scores must be torch tensors (torch.distributed)")
+    world = dist.get_world_size(group)
+    hsel = dims(ids, "ids", 3, "[Hsel, total_q, topk]")[0]
+    if tuple(scores.shape) != tuple(ids.shape):
+        raise MsaError(f"scores: shape must equal ids' {list(ids.shape)}, got {list(scores.shape)}")
+    owned = len(icp_owned_heads(hsel, world, dist.get_rank(group)))
+    out = []
+    for x in (ids, scores):
+        x = x.contiguous()
+        got = torch.empty((world * owned,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        if owned == hsel:
+            dist.all_gather_into_tensor(got, x, group=group)
+        else:
+            dist.all_to_all_single(got, x, group=group)
+        out.append(got.view((world, owned) + tuple(x.shape[1:])))
+    return out[0], out[1]
+
+
+def icp_select(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any, *,
+               group: Any = None, layout: str = "p128", seqused_k: Any = None, topk: int = 16,
+               sink_blocks: int = 1, local_blocks: int = 1, causal: bool = True,
+               num_kv_heads: Optional[int] = None, index_q_scale: Any = None,
+               shard_scale: Any = None) -> Any:
+    """One rank's whole ICP selection in a ``torch.distributed`` group: `icp_rank_lists` on this
+    rank's shard (world and rank from the group), `icp_exchange`, `icp_merge`. Returns q2k
+    ``[len(owned), total_q, topk]`` of the heads `icp_owned_heads` gives this rank, equal to
+    those rows of `block_topk` on the unsharded pool. Every rank of the group calls it."""
+    import torch.distributed as dist
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    opts = dict(layout=layout, seqused_k=seqused_k, sink_blocks=sink_blocks,
+                local_blocks=local_blocks, causal=causal)
+    ids, scores = icp_rank_lists(index_q, shard, page_table, cu_seqlens_q, world=world,
+                                 rank=rank, topk=topk, num_kv_heads=num_kv_heads,
+                                 index_q_scale=index_q_scale, shard_scale=shard_scale, **opts)
+    ids, scores = icp_exchange(ids, scores, group=group)
+    return icp_merge(ids, scores, page_table, cu_seqlens_q, **opts)
+
+
+__all__ = ["icp_exchange", "icp_merge", "icp_owned_heads", "icp_rank_lists", "icp_select",
+           "icp_shard"]

@@ -51,7 +51,8 @@ def _sharded(q, pool, table, used, cu_q, *, layout, world, hsel, topk, sink, loc
 @pytest.mark.parametrize("layout", ["p128", "p256"])
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("hsel,topk,sink,local,causal",
-                         [(4, 4, 1, 1, True), (2, 6, 0, 2, True), (1, 3, 1, 0, False)])
+                         [(4, 4, 1, 1, True), (2, 6, 0, 2, True), (1, 3, 1, 0, False),
+                          (2, 5, 1, 0, True)])  # no local block: the partial last block competes
 def test_sharded_equals_block_topk(layout, world, hsel, topk, sink, local, causal):
     rng = np.random.default_rng(7 * world + topk)
     lq, lk = [5, 0, 30, 1], [900, 40, 1300, 257]
