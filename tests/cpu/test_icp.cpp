@@ -338,7 +338,10 @@ TEST(IcpCpu, RankListsArgumentErrors) {
 
 TEST(IcpCpu, MergeRefusesCorruptLists) {
   Small s;
-  const auto [ids, scores] = exchanged_lists(s.c, s.q, s.cu_q, s.pool);
+  // Named references, not a structured binding: the lambdas below capture them (clang < 16
+  // cannot capture a binding).
+  const auto lists = exchanged_lists(s.c, s.q, s.cu_q, s.pool);
+  const HostTensor &ids = lists.first, &scores = lists.second;
   HostTensor q2k(DType::i32, {2, 9, 4});
   const IcpMergeArgs ok = merge_args(s.c, s.cu_q, s.pool, ids, scores, q2k);
   icp_merge(ok);
