@@ -1,16 +1,11 @@
 // Public ICP indexer entry points (include/msa/icp.h): argument checks on the host, then the CPU
 // backend. A rank's shard is checked as the unsharded pool it is part of (its page table, lengths
-// and page ids) plus its own shape and scales; the owner's lists are checked row by row, so that
-// a corrupt exchange is an msa::Error, never a wrong or out-of-range q2k.
+// and page ids) plus its own shape; the backend checks the values it reads (the shard's slot
+// scales, each row of the owner's lists: a corrupt exchange is an msa::Error, never a wrong q2k).
 #include "msa/icp.h"
-
-#include <cmath>
-#include <vector>
 
 #include "api/validate.h"
 #include "backend.h"
-#include "cpu/access.h"
-#include "cpu/icp.h"
 
 namespace msa {
 namespace {
@@ -25,16 +20,6 @@ void check_sharding(IcpLayout layout, int world) {
 void refuse_cuda(Device device, const char* op) {
   MSA_CHECK(device.type != DeviceType::cuda, op,
             ": runs on the CPU backend only so far (no CUDA kernels yet); got CUDA tensors");
-}
-
-// A [B] or [B+1] int32 host vector of the request lengths the lists were built with: seqused_k,
-// or max_pages * page rows for every request.
-std::vector<int64_t> key_lengths(const Tensor& page_table, const Tensor& seqused_k, int64_t batch,
-                                 int page_rows) {
-  std::vector<int64_t> lk(size_t(batch), page_table.shape[1] * page_rows);
-  if (seqused_k.defined())
-    for (int64_t b = 0; b < batch; ++b) lk[size_t(b)] = seqused_k.ptr<int32_t>()[b * seqused_k.strides[0]];
-  return lk;
 }
 
 // ids / scores: [lead..., total_q, topk] int32 / f32 of one shape, contiguous, on `device`.
@@ -106,25 +91,6 @@ void icp_rank_lists(const IcpRankListsArgs& a, cudaStream_t) {
   }
   api::check_scale_values(a.index_q, "index_q");
   api::check_qtensor_scale(a.shard, "shard", s.num_pages * rows, s.num_kv_heads, s.head_dim);
-  // The shard's scales of the slots that hold a key (the others are never read).
-  if (a.shard.scale.defined() && a.shard.scale.numel() > 1) {
-    const cpu::icp::Sharding sh{a.layout, a.world};
-    const Tensor& sc = a.shard.scale;
-    const std::vector<int64_t> lk = key_lengths(a.page_table, a.seqused_k, s.batch, page_rows);
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t j = a.rank; j < lk[size_t(b)]; ++j) {
-        const int row = int(j % page_rows);
-        if (sh.rank_of(row) != a.rank) continue;
-        const int64_t page = a.page_table.ptr<int32_t>()[b * a.page_table.strides[0] +
-                                                        (j / page_rows) * a.page_table.strides[1]];
-        const int64_t slot = page * rows + sh.shard_row(row);
-        for (int64_t x = 0; x < (sc.ndim == 2 ? sc.shape[1] : 1); ++x) {
-          const float v = sc.ptr<float>()[slot * sc.strides[0] + (sc.ndim == 2 ? x * sc.strides[1] : 0)];
-          MSA_CHECK(v >= 0.f && std::isfinite(v), "shard: scale of slot ", slot, " (head ", x,
-                    ") must be finite and >= 0, got ", v);
-        }
-      }
-  }
   api::check_selection(a.topk, a.sink_blocks, a.local_blocks, 128);
   check_lists(a.ids, a.scores, 3, "[Hsel, total_q, topk]", s.total_q, a.topk, device);
   const int64_t hsel = a.ids.shape[0];
@@ -175,39 +141,6 @@ void icp_merge(const IcpMergeArgs& a, cudaStream_t) {
   check_shape(a.q2k, "q2k", {hsel, total_q, int64_t(a.topk)});
   api::check_status_arg(a.status, device, op);
 
-  // Every rank's row: a list of distinct visible, not forced blocks, no longer than topk minus
-  // the forced ones, then -1; no NaN score (icp_rank_lists refuses those).
-  const std::vector<int64_t> lk = key_lengths(a.page_table, a.seqused_k, batch, page_rows);
-  const std::vector<int64_t> q_start = cpu::host_offsets(a.cu_seqlens_q);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = q_start[size_t(b)]; t < q_start[size_t(b) + 1]; ++t) {
-      const int64_t lq = q_start[size_t(b) + 1] - q_start[size_t(b)];
-      const int64_t nvis = num_blocks(
-          cpu::visible_key_end(t - q_start[size_t(b)], lq, lk[size_t(b)], a.causal), 128);
-      const int64_t sink = std::min<int64_t>(a.sink_blocks, nvis);
-      const int64_t local_from = std::max<int64_t>(sink, nvis - a.local_blocks);
-      const int64_t quota = std::max<int64_t>(0, a.topk - sink - (nvis - local_from));
-      for (int64_t w = 0; w < world; ++w)
-        for (int64_t h = 0; h < hsel; ++h) {
-          const int32_t* ids = a.ids.ptr<int32_t>() + ((w * hsel + h) * total_q + t) * a.topk;
-          const float* sc = a.scores.ptr<float>() + ((w * hsel + h) * total_q + t) * a.topk;
-          int64_t n = 0;
-          while (n < a.topk && ids[n] >= 0) ++n;
-          for (int64_t k = 0; k < a.topk; ++k) {
-            const int32_t id = ids[k];
-            const bool ok = k < n ? id >= sink && id < local_from && !std::isnan(sc[k]) : id == -1;
-            MSA_CHECK(ok, op, ": ids[", w, ", ", h, ", ", t, ", ", k, "] = ", id, " (score ",
-                      sc[k], ") is not a list entry: rows list distinct visible, not forced "
-                      "blocks (here ", sink, " <= id < ", local_from, ") with non-NaN scores, "
-                      "then -1");
-            for (int64_t k2 = 0; k2 < k && k < n; ++k2)
-              MSA_CHECK(ids[k2] != id, op, ": ids[", w, ", ", h, ", ", t, "] lists block ", id,
-                        " twice");
-          }
-          MSA_CHECK(n <= quota, op, ": ids[", w, ", ", h, ", ", t, "] lists ", n,
-                    " blocks, more than topk minus the token's forced blocks (", quota, ")");
-        }
-    }
   cpu::icp_merge(a);
 }
 

@@ -41,6 +41,16 @@ int64_t visible_blocks(const TokenInfo& ti, bool causal) {
 bool forced(int64_t kb, int64_t nvis, const RankArgs& a) {
   return kb < std::min<int64_t>(a.sink_blocks, nvis) || kb >= nvis - a.local_blocks;
 }
+// FP8 per-slot scales ([slots] or [slots, Hik]) are finite and >= 0 where a key is read (a
+// negative one flips the block's maximum; the slots that hold no key may hold anything).
+void check_slot_scale(const Tensor& sc, int64_t slot) {
+  for (int64_t x = 0; x < (sc.ndim == 2 ? sc.shape[1] : 1); ++x) {
+    const float v = sc.ptr<float>()[slot * sc.strides[0] + (sc.ndim == 2 ? x * sc.strides[1] : 0)];
+    MSA_CHECK(v >= 0.f && std::isfinite(v), "shard: scale of slot ", slot, " (head ", x,
+              ") must be finite and >= 0, got ", v);
+  }
+}
+
 int64_t forced_count(int64_t nvis, const RankArgs& a) {
   int64_t n = 0;
   for (int64_t kb = 0; kb < nvis; ++kb) n += forced(kb, nvis, a);
@@ -62,6 +72,7 @@ RankLists rank_candidates(const RankArgs& a) {
   const std::vector<TokenInfo> tokens = token_infos(a);
   const int32_t* table = a.page_table.ptr<int32_t>();
   const int64_t table_stride = a.page_table.strides[0];
+  const bool slot_scales = a.shard.scale.defined() && a.shard.scale.numel() > 1;
 
   RankLists lists;
   lists.rows.resize(size_t(hsel * total_q));
@@ -77,11 +88,12 @@ RankLists rank_candidates(const RankArgs& a) {
       const int row = int(j % sh.page_rows());
       if (sh.rank_of(row) != a.rank) continue;
       const int64_t page = table[ti.batch * table_stride + j / sh.page_rows()];
-      const int64_t srow = sh.shard_row(row), kb = j / kBlock;
+      const int64_t srow = sh.shard_row(row), kb = j / kBlock, slot = page * sh.rows_per_rank() + srow;
       held[size_t(kb)] = true;
+      if (slot_scales) check_slot_scale(a.shard.scale, slot);
       for (int64_t x = 0; x < hik; ++x)  // the slot's scale: its pool slot (per-slot FP8 scales)
-        kdec.decode(page * pool.strides[0] + srow * pool.strides[1] + x * pool.strides[2],
-                    page * sh.rows_per_rank() + srow, x, &krows[size_t(x * D)]);
+        kdec.decode(page * pool.strides[0] + srow * pool.strides[1] + x * pool.strides[2], slot, x,
+                    &krows[size_t(x * D)]);
       for (int64_t h = 0; h < hi; ++h) {
         const double* qr = &qrows[size_t(h * D)];
         const double* kr = &krows[size_t((h / per_key) * D)];
@@ -112,6 +124,37 @@ RankLists rank_candidates(const RankArgs& a) {
     }
   }
   return lists;
+}
+
+std::vector<std::vector<Candidate>> read_rows(const RankArgs& shape, const int32_t* ids,
+                                              const float* scores, int64_t rank) {
+  const std::vector<TokenInfo> tokens = token_infos(shape);
+  const int64_t total_q = int64_t(tokens.size()), hsel = shape.selection_heads, K = shape.topk;
+  std::vector<std::vector<Candidate>> rows(size_t(hsel * total_q));
+  for (int64_t h = 0; h < hsel; ++h)
+    for (int64_t t = 0; t < total_q; ++t) {
+      const int64_t nvis = visible_blocks(tokens[size_t(t)], shape.causal);
+      const int64_t quota = std::max<int64_t>(0, K - forced_count(nvis, shape));
+      const int32_t* id = ids + (h * total_q + t) * K;
+      const float* sc = scores + (h * total_q + t) * K;
+      std::vector<Candidate>& row = rows[size_t(h * total_q + t)];
+      for (int64_t k = 0; k < K; ++k) {
+        const bool listed = id[k] >= 0 && int64_t(row.size()) == k;  // before the first -1
+        const bool ok = listed ? id[k] < nvis && !forced(id[k], nvis, shape) && !std::isnan(sc[k])
+                               : id[k] == -1;
+        MSA_CHECK(ok, "icp_merge: ids[", rank, ", ", h, ", ", t, ", ", k, "] = ", id[k], " (score ",
+                  sc[k], ") is not a list entry: rows list distinct visible, not forced blocks with "
+                  "non-NaN scores, then -1");
+        if (!listed) continue;
+        for (const Candidate& c : row)
+          MSA_CHECK(c.block != id[k], "icp_merge: ids[", rank, ", ", h, ", ", t, "] lists block ",
+                    id[k], " twice");
+        row.push_back({id[k], sc[k]});
+      }
+      MSA_CHECK(int64_t(row.size()) <= quota, "icp_merge: ids[", rank, ", ", h, ", ", t, "] lists ",
+                row.size(), " blocks, more than topk minus the token's forced blocks (", quota, ")");
+    }
+  return rows;
 }
 
 bool merge(const std::vector<RankLists>& ranks, const RankArgs& shape, const Tensor& q2k) {
@@ -151,27 +194,26 @@ bool merge(const std::vector<RankLists>& ranks, const RankArgs& shape, const Ten
 namespace msa::cpu {
 namespace {
 
-icp::RankArgs shape_args(IcpLayout layout, int world, const Tensor& page_table,
-                         const Tensor& seqused_k, const Tensor& cu_seqlens_q, int64_t hsel,
-                         int topk, int sink, int local, bool causal) {
+// The reference's view of either op's arguments (IcpRankListsArgs, IcpMergeArgs).
+template <typename A>
+icp::RankArgs shape_args(const A& a, int world, int64_t hsel) {
   icp::RankArgs r;
-  r.sharding = {layout, world};
-  r.page_table = page_table;
-  r.seqused_k = seqused_k;
-  r.cu_seqlens_q = cu_seqlens_q;
+  r.sharding = {a.layout, world};
+  r.page_table = a.page_table;
+  r.seqused_k = a.seqused_k;
+  r.cu_seqlens_q = a.cu_seqlens_q;
   r.selection_heads = hsel;
-  r.topk = topk;
-  r.sink_blocks = sink;
-  r.local_blocks = local;
-  r.causal = causal;
+  r.topk = a.topk;
+  r.sink_blocks = a.sink_blocks;
+  r.local_blocks = a.local_blocks;
+  r.causal = a.causal;
   return r;
 }
 
 }  // namespace
 
 void icp_rank_lists(const IcpRankListsArgs& a) {
-  icp::RankArgs r = shape_args(a.layout, a.world, a.page_table, a.seqused_k, a.cu_seqlens_q,
-                               a.ids.shape[0], a.topk, a.sink_blocks, a.local_blocks, a.causal);
+  icp::RankArgs r = shape_args(a, a.world, a.ids.shape[0]);
   r.rank = a.rank;
   r.index_q = a.index_q;
   r.shard = a.shard;
@@ -195,25 +237,12 @@ void icp_rank_lists(const IcpRankListsArgs& a) {
 
 void icp_merge(const IcpMergeArgs& a) {
   const int64_t world = a.ids.shape[0], hsel = a.ids.shape[1], total_q = a.ids.shape[2];
-  const icp::RankArgs r = shape_args(a.layout, int(world), a.page_table, a.seqused_k,
-                                     a.cu_seqlens_q, hsel, a.topk, a.sink_blocks, a.local_blocks,
-                                     a.causal);
+  const icp::RankArgs r = shape_args(a, int(world), hsel);
   std::vector<icp::RankLists> ranks(static_cast<size_t>(world));
-  for (int64_t w = 0; w < world; ++w) {
-    ranks[size_t(w)].rows.resize(size_t(hsel * total_q));
-    for (int64_t h = 0; h < hsel; ++h)
-      for (int64_t t = 0; t < total_q; ++t) {
-        const int64_t at = w * a.ids.strides[0] + h * a.ids.strides[1] + t * a.ids.strides[2];
-        const int64_t sat = w * a.scores.strides[0] + h * a.scores.strides[1] + t * a.scores.strides[2];
-        std::vector<icp::Candidate>& row = ranks[size_t(w)].rows[size_t(h * total_q + t)];
-        for (int64_t k = 0; k < a.topk; ++k) {
-          const int32_t id = a.ids.ptr<int32_t>()[at + k * a.ids.strides[3]];
-          if (id < 0) break;  // validated: the list ends at its first -1
-          row.push_back({id, a.scores.ptr<float>()[sat + k * a.scores.strides[3]]});
-        }
-      }
-  }
-  // The lists were validated (src/api/icp.cpp): no NaN score, so the merge is exact.
+  for (int64_t w = 0; w < world; ++w)
+    ranks[size_t(w)].rows = icp::read_rows(r, a.ids.ptr<int32_t>() + w * a.ids.strides[0],
+                                           a.scores.ptr<float>() + w * a.scores.strides[0], w);
+  // Every row is a rank's list (read_rows): no NaN score, so the merge is exact.
   icp::merge(ranks, r, a.q2k);
 }
 

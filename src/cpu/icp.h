@@ -62,6 +62,13 @@ struct RankLists {
 };
 RankLists rank_candidates(const RankArgs& a);
 
+// One rank's rows as the public icp_rank_lists writes them (contiguous [Hsel, total_q, topk] ids
+// and scores, -1 after each list), read back as its lists; an msa::Error naming the first entry
+// (of rank `rank`) that no rank could have written: a block not visible or forced, a NaN score,
+// a repeat, an entry after the first -1, more entries than topk minus the forced blocks.
+std::vector<std::vector<Candidate>> read_rows(const RankArgs& shape, const int32_t* ids,
+                                              const float* scores, int64_t rank);
+
 // The owner's merge of every rank's lists into q2k [Hsel, total_q, topk] (host int32): the forced
 // blocks, then the listed blocks by their best score over the ranks (ties toward the lower id),
 // each row ascending and -1 padded. For finite scores this is block_topk's selection on the

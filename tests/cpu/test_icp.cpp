@@ -8,6 +8,7 @@
 // arguments are msa::Errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -334,6 +335,29 @@ TEST(IcpCpu, RankListsArgumentErrors) {
   expect_arg_error(op, ok, [&](auto& a) { a.scores = s.ids.t; }, "scores: dtype");
   expect_arg_error(op, ok, [](auto& a) { a.topk = 1; a.sink_blocks = 1; a.local_blocks = 1; },
                    "sink_blocks + local_blocks: must be <= topk");
+}
+
+TEST(IcpCpu, NegativeSlotScaleOfAReadKeyIsAnError) {
+  Case c{{4}, {300}, {Layout::p128, 2}, 4};
+  c.fp8 = true;
+  std::mt19937 rng(9);
+  HostTensor q(DType::fp8_e4m3, {4, kHi, kD});
+  for (int64_t i = 0; i < q.t.numel(); ++i) put(q, i, value(rng, false));
+  HostTensor cu_q(DType::i32, {2});
+  cu_q.data<int32_t>()[0] = 0;
+  cu_q.data<int32_t>()[1] = 4;
+  const Pool pool = make_pool(c, rng);
+  Pool shard = shard_of(pool, c.sharding, 0);
+  HostTensor ids(DType::i32, {4, 4, 4}), scores(DType::f32, {4, 4, 4});
+  const int32_t* table = pool.table.data<int32_t>();  // [1, 3]: 300 keys in pages of 128
+  int64_t spare = 0;  // a page the table does not name: its slots are never read
+  while (std::find(table, table + 3, int32_t(spare)) != table + 3) ++spare;
+  shard.scale.data<float>()[spare * 64] = -1.f;
+  icp_rank_lists(rank_args(c, q, cu_q, pool, shard, 0, ids, scores));
+  const int64_t page = table[0];  // key 0: rank 0, shard row 0 of the request's first page
+  shard.scale.data<float>()[page * 64] = -1.f;
+  expect_error([&] { icp_rank_lists(rank_args(c, q, cu_q, pool, shard, 0, ids, scores)); },
+               "shard: scale of slot");
 }
 
 TEST(IcpCpu, MergeRefusesCorruptLists) {
