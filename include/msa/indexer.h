@@ -39,7 +39,11 @@ struct BlockTopKArgs {
                            // (k's heads: each selects by its G query heads), or any count dividing
                            // Hq in groups of 1-16: Hq / Hsel consecutive query heads select together
                            // (the serving geometry: 4 index heads on 1 key head, Hsel = 4, each
-                           // head its own selection). CUDA: Hsel = Hkv so far
+                           // head its own selection). CUDA: Hsel a multiple of Hkv (each of k's
+                           // heads split into Hsel / Hkv lists), and a list holds at most
+                           // min(64, 4096 / lists) picks besides the forced blocks, lists = 256 /
+                           // (Hq / Hsel) for G >= 4 (16 for the serving geometry; G 2: 128 / ..,
+                           // G 1: 64); otherwise block_scores + select_topk
   Tensor status;           // int32[4], required on CUDA
 };
 void block_topk(const BlockTopKArgs& args, cudaStream_t stream = nullptr);

@@ -251,8 +251,10 @@ def sparse_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k:
 
     An ``index_k`` with another kv-head count than k (e.g. 4 index heads on 1 index key head:
     each attention kv head selects by its own index heads, docs/semantics.md, Top-K selection)
-    runs the same one call: the block scores go to the workspace, then the top-K per kv head.
-    ``max_seqlen_k`` is not needed by it (the scores are sized from the cache) and is ignored.
+    runs the same one call: on CUDA `block_topk` keeps a list per kv head where they fit
+    (`block_topk`'s rule: top-16 with the forced blocks in the serving geometry), else the block
+    scores go to the workspace, then the top-K per kv head. ``max_seqlen_k`` is not needed by it
+    (the scores are sized from the cache) and is ignored.
     """
     layout = layout_name(kv_layout, page_table)
     partial = _partial(partial_dtype)

@@ -125,7 +125,9 @@ def block_topk(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     ``num_kv_heads``: the selection heads (q2k's first dim), default k's heads; a count
     dividing Hq (groups of 1-16) selects by groups of Hq / num_kv_heads consecutive query heads (e.g. 4
     index heads on 1 key head with ``num_kv_heads=4``: each head its own selection), the ids of
-    `select_topk` with that ``num_kv_heads`` on `block_scores`' output (CPU only so far).
+    `select_topk` with that ``num_kv_heads`` on `block_scores`' output. CUDA fuses it when
+    ``num_kv_heads`` is a multiple of k's heads and ``topk - sink_blocks - local_blocks`` fits a
+    list (16 for one list per head at G >= 4; `msa/indexer.h` has the rule); else `MsaError`.
     """
     layout = layout_name(kv_layout, page_table)
     _check_inputs(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, q_scale, k_scale, out)

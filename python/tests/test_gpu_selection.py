@@ -91,6 +91,32 @@ def test_block_topk_equals_unfused(seed, blk):
     assert torch.equal(fused, unfused)
 
 
+# (index heads on one key head, selection heads, topk at the lists' size: 16 picks besides the
+# sink and local blocks for 256 lists a CTA, 32 for 128): a list per head (MiniMax-M3's 4 on 1;
+# 16 on 1), 16 heads in 8 lists of 2, 2 heads in 2 lists.
+LIST_CASES = [(4, 4, 18), (16, 16, 18), (16, 8, 34), (2, 2, 34)]
+
+
+@pytest.mark.parametrize("blk", [128, 64])
+@pytest.mark.parametrize("case", LIST_CASES, ids=[f"H{c[0]}-rows{c[1]}-top{c[2]}"
+                                                  for c in LIST_CASES])
+def test_block_topk_lists_per_head_match_reference(case, blk):
+    hq, rows, topk = case
+    gen = torch.Generator().manual_seed(60 + hq + rows + (blk == 64))
+    lq, lk = [1, 150, 0, 70], [2000, 9000, 300, 33]
+    q, k, cu_q, cu_k = ref.integer_problem(gen, lq, lk, hq, 1, 128, torch.bfloat16, DEV)
+    with gpu_op():
+        q2k = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=topk, kv_block_size=blk,
+                             num_kv_heads=rows)
+    scores = ref.block_scores(q, k, cu_q, cu_k, blk=blk)
+    want = ref.select_topk(scores, cu_q, lk, hkv=rows, topk=topk, sink=1, local=1, blk=blk)
+    assert q2k.shape == want.shape and torch.equal(q2k, want)
+    # One pick past the lists' size: refused, naming the two-step form.
+    with pytest.raises(msa.MsaError, match="picks a row besides the forced blocks"):
+        msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=topk + 1, kv_block_size=blk,
+                       num_kv_heads=rows)
+
+
 def test_block_topk_out_stream_and_limits():
     gen = torch.Generator().manual_seed(50)
     q, k, cu_q, cu_k = ref.integer_problem(gen, [64, 200], [1000, 3000], 8, 2, 128,

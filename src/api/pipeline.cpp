@@ -8,6 +8,7 @@
 #include "api/attention.h"
 #include "api/indexer.h"
 #include "api/validate.h"
+#include "backend.h"
 #include "msa/topk.h"
 
 namespace msa {
@@ -24,9 +25,10 @@ struct Calls {
   AttentionArgs attend;
   size_t q2k_bytes = 0;
   // Index key heads other than the kv heads (DESIGN section 13, e.g. MiniMax-M3: 4 index heads on
-  // 1 index key head for 4 kv heads): the fused top-K groups the index heads of each index key
-  // head, not of each kv head, so the scores are materialized after q2k (scores_bytes) and
-  // select_topk takes each kv head's index heads.
+  // 1 index key head for 4 kv heads): kv head h selects by its own index heads, q2k's rows as
+  // block_topk's selection heads. Where block_topk cannot fuse that on CUDA (backend.h:
+  // block_topk_fuses) the scores are materialized after q2k (scores_bytes) and select_topk takes
+  // each kv head's index heads.
   bool unfused = false;
   BlockScoresArgs scores;
   TopKArgs pick;
@@ -54,11 +56,17 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
   const Tensor& iq = a.index_q.values.defined() ? a.index_q.values : a.q;
   check_ndim(iq, a.index_q.values.defined() ? "index_q" : "q", 3);
   Calls c;
-  c.unfused = ik.defined() && ik.shape[kv_heads_dim] != hkv;
-  if (c.unfused)  // section 13's rows shared by kv heads (Hi < Hkv) are not built yet
+  const bool own_heads = ik.defined() && ik.shape[kv_heads_dim] != hkv;
+  if (own_heads)  // section 13's rows shared by kv heads (Hi < Hkv) are not built yet
     MSA_CHECK(iq.shape[1] % hkv == 0, "index_q: ", iq.shape[1], " index heads on index_k's ",
               ik.shape[kv_heads_dim], " key heads for ", hkv, " kv heads: each kv head selects by "
               "its own index heads (DESIGN section 13), so Hi must be a multiple of Hkv");
+  // (The CPU keeps the two steps: its fused top-K is no faster, and its selection heads take
+  // only groups of 1, 2, 4, 8 or 16 index heads.)
+  c.unfused = own_heads && !(iq.is_cuda() && cuda::block_topk_fuses(iq.shape[1],
+                                                                     ik.shape[kv_heads_dim], hkv,
+                                                                     a.topk, a.sink_blocks,
+                                                                     a.local_blocks));
   const Tensor q2k(q2k_data, DType::i32, {hkv, a.q.shape[0], int64_t(a.topk)}, a.q.device);
   c.q2k_bytes = size_t(q2k.numel()) * 4;
 

@@ -37,6 +37,8 @@ struct IdxCase {
   int blk = 128;            // kv_block_size: 128 or 64
   bool spare_block = true;  // the scores get a block past every batch (must stay -inf); false:
                             // nblk_max is exactly the largest block count
+  int64_t lists = 1;        // q2k rows (selection heads) per kv head: each groups group / lists
+                            // query heads (MiniMax-M3: 4 index heads on 1 key head, 4 rows)
 };
 
 constexpr int64_t kD = 128;
@@ -212,11 +214,12 @@ void run_case(const IdxCase& c) {
   expect_scores_match(got, ref, c.integer_values);
 
   // Fused top-K vs select_topk on the GPU's own scores (exact), and vs the CPU ids when exact.
+  const int64_t rows = c.hkv * c.lists;
   const BlockTopKArgs f = topk_args(g, c.topk, c.sink, c.local);
-  const auto ids = expect_fused_matches_unfused(f, got, hq, nblk, cu_q, cu_k, c.hkv, stream);
+  const auto ids = expect_fused_matches_unfused(f, got, hq, nblk, cu_q, cu_k, rows, stream);
 
   if (c.integer_values) {  // scores are exact, so the CPU's own fused path must agree too
-    HostTensor cpu_ids(DType::i32, {c.hkv, total_q, c.topk});
+    HostTensor cpu_ids(DType::i32, {rows, total_q, c.topk});
     BlockTopKArgs cf = f;
     cf.q = a.q;
     cf.kv = a.kv;
@@ -531,6 +534,94 @@ TEST(IndexerGpu, TailFillAlignedAndNot) {
       }
 }
 
+// Selection heads other than k's heads (q2k rows a multiple of them): each token keeps a list
+// per group of group / lists heads, up to 256 lists a CTA sharing the fused kernel's keys (16 a
+// list then), e.g. MiniMax-M3's 4 index heads on 1 key head selecting for 4 kv heads. Every G
+// with every list count, bf16 / f16 / FP8 (per-token and per-token-and-head scales, so each
+// head's list sees its own scaled scores), 128- and 64-key blocks, causal or not, varlen with an
+// empty batch, topk up to the list's size plus the forced blocks (ties: integer values).
+void lists_per_head(int blk) {
+  std::mt19937 rng(blk == 128 ? 41 : 42);
+  int trial = 0;
+  for (const int64_t group : {1, 2, 4, 8, 16})
+    for (int64_t lists = 2; lists <= group; lists *= 2) {
+      IdxCase c;
+      c.lq = {int32_t(1 + rng() % 300), 0, int32_t(64 + rng() % 200)};
+      c.lk = {int32_t(c.lq[0] + rng() % 900), int32_t(rng() % 300), int32_t(c.lq[2] + 1100)};
+      c.group = group;
+      c.lists = lists;
+      c.hkv = 1 + trial % 2;
+      c.blk = blk;
+      c.causal = trial % 3 != 2;
+      c.integer_values = trial % 2 == 0;
+      c.dtype = trial % 3 == 0 ? DType::fp8_e4m3 : trial % 3 == 1 ? DType::bf16 : DType::f16;
+      if (c.dtype == DType::fp8_e4m3) {
+        c.q_scale_kind = 3;
+        c.k_scale_kind = trial % 2 == 0 ? 2 : 3;
+      }
+      // The list size: 4096 keys over the CTA's lists (64 R / G tokens, `lists` each).
+      const int64_t cap = std::min<int64_t>(64, 4096 / (std::min<int64_t>(group, 4) * 64 / group * lists));
+      c.sink = 1;
+      c.local = trial % 4 == 3 ? 0 : 1;
+      c.topk = int(trial % 2 == 0 ? cap + c.sink + c.local : 1 + rng() % cap);
+      c.seed = (blk == 128 ? 2100 : 2200) + trial++;
+      SCOPED_TRACE("blk " + std::to_string(blk) + " G " + std::to_string(group) + " lists " +
+                   std::to_string(lists) + " topk " + std::to_string(c.topk));
+      run_case(c);
+    }
+}
+
+TEST(IndexerGpu, ListsPerHeadMatchUnfused) {
+  MSA_REQUIRE_GPU();
+  lists_per_head(128);
+}
+
+TEST(IndexerGpu, Blk64ListsPerHeadMatchUnfused) {
+  MSA_REQUIRE_GPU();
+  lists_per_head(64);
+}
+
+// Selection heads the fused kernel cannot serve are refused by name, before any launch: rows that
+// do not split k's heads (2 rows on 4 key heads: each would span two CTAs), and picks past a
+// list's share of the keys (256 lists of 16: topk 19 with one sink and one local block).
+TEST(IndexerGpu, ListsItCannotFuseAreRefused) {
+  MSA_REQUIRE_GPU();
+  TestStream stream;
+  const int64_t tq = 8, tk = 256;
+  DeviceBuffer dq(size_t(tq) * 16 * kD * 2), dk(size_t(tk) * 4 * kD * 2), dcu(16), dq2k(1 << 16), dst(16);
+  dcu.upload(std::vector<int32_t>{0, int32_t(tq)}, stream);
+  DeviceBuffer dcuk(16);
+  dcuk.upload(std::vector<int32_t>{0, int32_t(tk)}, stream);
+  BlockTopKArgs f;
+  f.cu_seqlens_q = Tensor(dcu.get(), DType::i32, {2}, gpu0());
+  f.kv.cu_seqlens_k = Tensor(dcuk.get(), DType::i32, {2}, gpu0());
+  f.status = Tensor(dst.get(), DType::i32, {4}, gpu0());
+  const auto expect_refusal = [&](int64_t hq, int64_t hkv, int64_t rows, int topk, const char* what) {
+    f.q = Tensor(dq.get(), DType::bf16, {tq, hq, kD}, gpu0());
+    f.kv.k = Tensor(dk.get(), DType::bf16, {tk, hkv, kD}, gpu0());
+    f.topk = topk;
+    f.q2k = Tensor(dq2k.get(), DType::i32, {rows, tq, int64_t(topk)}, gpu0());
+    try {
+      block_topk(f, stream);
+      ADD_FAILURE() << "no error for " << rows << " rows on " << hkv << " key heads, topk " << topk;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_refusal(16, 4, 2, 4, "fused on CUDA only when they split each of k's heads");
+  expect_refusal(4, 1, 4, 19, "keep at most 16 picks a row besides the forced blocks");
+  expect_refusal(16, 1, 16, 19, "keep at most 16 picks a row besides the forced blocks");
+  // At the cap itself the call runs.
+  f.q = Tensor(dq.get(), DType::bf16, {tq, 4, kD}, gpu0());
+  f.kv.k = Tensor(dk.get(), DType::bf16, {tk, 1, kD}, gpu0());
+  f.topk = 18;
+  f.q2k = Tensor(dq2k.get(), DType::i32, {4, tq, 18}, gpu0());
+  dq.poison(stream);  // NaN inputs: the ids are then those of equal (NaN) scores, not checked here
+  clear_status(f.status, stream);
+  EXPECT_NO_THROW(block_topk(f, stream));
+  check_status(f.status, stream);
+}
+
 TEST(IndexerGpu, RejectsWhatItDoesNotSupport) {
   MSA_REQUIRE_GPU();
   TestStream stream;
@@ -624,6 +715,7 @@ struct PagedSpec {
   int topk = 6;
   int k_scale_kind = 1;       // fp8: 1 per tensor, 2 per token, 3 per token and head (pool slots)
   int blk = 128;              // kv_block_size
+  int64_t lists = 1;          // q2k rows per kv head (IdxCase::lists)
 };
 
 // One paged case: GPU paged scores vs the CPU reference on the same pool, GPU paged == GPU flat
@@ -685,7 +777,7 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
   const auto flat = gpu_scores(gf, ref, s);
   EXPECT_EQ(0, std::memcmp(paged.data(), flat.data(), paged.size() * 4)) << "paged != flat scores";
 
-  expect_fused_matches_unfused(topk_args(g, sp.topk), paged, hq, nblk, cu_q, cu_k, sp.hkv, s);
+  expect_fused_matches_unfused(topk_args(g, sp.topk), paged, hq, nblk, cu_q, cu_k, sp.hkv * sp.lists, s);
 }
 
 // The paged specs in turn (every third with MSA_TEST_SMALL), stopping at the first failure.
@@ -726,6 +818,7 @@ TEST(IndexerGpu, PagedMatchesCpuAndFlat) {
       {"ps32 hnd G4 fp8 per-token k", {150, 0, 61}, {400, 3, 300}, 32, hnd, 4, 2, true, fp8, 0, 6, 2},
       {"ps128 nhd G16 fp8 per-token-head k padded", {90, 129}, {700, 129}, 128, nhd, 16, 2, true, fp8, 16, 6, 3},
       {"ps256 nhd G1 fp8 per-token k non-causal", {70, 5}, {900, 40}, 256, nhd, 1, 2, false, fp8, 0, 6, 2},
+      {"ps64 nhd M3: G4 fp8 per-slot k, a list per head, topk 16", {300, 0, 129}, {700, 40, 1000}, 64, nhd, 4, 1, true, fp8, 0, 16, 2, 128, 4},
   };
   run_paged_specs(specs, 7000);
 }
@@ -744,6 +837,7 @@ TEST(IndexerGpu, Blk64PagedMatchesCpuAndFlat) {
       {"ps128 nhd G8 fp8 per-token-head k blk64", {129, 0, 200}, {129, 0, 1001}, 128, nhd, 8, 2, true, fp8, 0, 6, 3, 64},
       {"ps256 hnd G4 topk 64 blk64", {128, 70}, {191, 1100}, 256, hnd, 4, 1, true, bf16, 0, 64, 1, 64},
       {"ps256 nhd G1 one key blk64", {1, 3}, {1, 3}, 256, nhd, 1, 1, true, bf16, 0, 6, 1, 64},
+      {"ps128 hnd G16 a list per head topk 18 blk64", {200, 33}, {900, 300}, 128, hnd, 16, 1, true, bf16, 0, 18, 1, 64, 16},
   };
   run_paged_specs(specs, 7100);
 }

@@ -54,10 +54,11 @@ __device__ __forceinline__ bool is_forced(const SelectRule& r, int64_t kb, int64
   return kb < r.sink || kb >= nvis - r.local;
 }
 
-// Warp-wide: writes row[0, topk) = the forced blocks and the picked blocks (keys, 0 = none),
-// ascending, -1 padded. forced + npicks <= topk <= 64.
+// Warp-wide: writes row[0, topk) = the forced blocks and the picked blocks (keys, 0 = none;
+// pick i at picks[i * stride]), ascending, -1 padded. forced + npicks <= topk <= 64.
 __device__ __forceinline__ void write_q2k_row(int32_t* row, const uint64_t* picks, int npicks,
-                                              int64_t nvis, const SelectRule& r, int lane) {
+                                              int64_t nvis, const SelectRule& r, int lane,
+                                              int stride = 1) {
   const int nsink = int(forced_sinks(r, nvis));
   const int64_t lo = local_start(r, nvis);
   const int nloc = int(nvis - lo);
@@ -68,8 +69,8 @@ __device__ __forceinline__ void write_q2k_row(int32_t* row, const uint64_t* pick
     int64_t v = -1;
     if (slot < nsink) v = slot;
     else if (slot < nsink + nloc) v = lo + (slot - nsink);
-    else if (slot < nsink + nloc + npicks && picks[slot - nsink - nloc] != 0)
-      v = key_block(picks[slot - nsink - nloc]);
+    else if (slot < nsink + nloc + npicks && picks[(slot - nsink - nloc) * stride] != 0)
+      v = key_block(picks[(slot - nsink - nloc) * stride]);
     id[u] = v;
   }
   // Ids are distinct, so an id's rank among the valid ids is its output slot.

@@ -164,27 +164,30 @@ __device__ __forceinline__ void group_max(const float (&m)[4], int group, float 
   }
 }
 
-// Streams candidate block kb of a token into its best-`want` list (the token's selector thread,
-// run_selector).
-__device__ __forceinline__ void offer(TokenPicks& tp, const SelectRule& rule, int64_t kb, float v) {
-  if (kb >= tp.nvis || is_forced(rule, kb, tp.nvis) || tp.want <= 0) return;
+// Streams candidate block kb into a best-`want` list (its selector thread, run_selector): ls
+// the list's state, keys its first key (key j at keys[j * stride]).
+__device__ __forceinline__ void offer(ListState& ls, uint64_t* keys, int stride,
+                                      const SelectRule& rule, int64_t kb, float v) {
+  if (kb >= ls.nvis || is_forced(rule, kb, ls.nvis) || ls.want <= 0) return;
   const uint64_t key = rank_key(v, kb);
-  if (tp.count < tp.want) {
-    tp.key[tp.count++] = key;
-    if (tp.count < tp.want) return;
+  if (ls.count < ls.want) {
+    keys[ls.count * stride] = key;
+    if (++ls.count < ls.want) return;
   } else {
-    if (key <= tp.min_key) return;
-    tp.key[tp.min_pos] = key;
+    if (key <= ls.min_key) return;
+    keys[ls.min_pos * stride] = key;
   }
   uint64_t mk = ~0ull;
   int mp = 0;
-  for (int i = 0; i < tp.want; ++i)
-    if (tp.key[i] < mk) {
-      mk = tp.key[i];
+  for (int i = 0; i < ls.want; ++i) {
+    const uint64_t k = keys[i * stride];
+    if (k < mk) {
+      mk = k;
       mp = i;
     }
-  tp.min_key = mk;
-  tp.min_pos = mp;
+  }
+  ls.min_key = mk;
+  ls.min_pos = int8_t(mp);
 }
 
 struct RowInfo {  // one accumulator row of a row group
@@ -207,9 +210,11 @@ struct SegRows {
   float qk[2];    // FP8: q scale * per-tensor key scale (per-key scales apply per column); FP4:
                   // the NVFP4 global scales' product
   float* out[2];  // unfused: &scores[hq, 0, t], null for rows outside the segment
-  int pick[2];    // fused: if the row is head 0 of its group, its token in the CTA, plus
-                  // kMaxTokens when the token is outside the segment (that row reports the
-                  // token's group max, or that it has none this block); else -1
+  int pick[2];    // fused: the row in the CTA (r * 64 + its row: cta_tok * G + g), plus
+                  // kMaxLists when the token is outside the segment; the first row of each list
+                  // (traits.h: the row over sel_group) reports the list's group max, or that it
+                  // has none this block. (The list itself is found in the epilogue: computed
+                  // here, once a segment, it spilled the FP8 consumers' loop bound.)
 };
 
 // Rows of row group r held by this thread in segment `seg` (row lane/4 + 8 u of the warp's 16).
@@ -233,7 +238,7 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds
     const bool in = ri.t >= seg.t_begin && ri.t < seg.t_end;
     if (in && sr.last[u] < vis_last) vis_last = sr.last[u];
     sr.out[u] = in && p.scores != nullptr ? p.scores + hq * p.nblk_max * p.total_q + ri.t : nullptr;
-    sr.pick[u] = ri.g != 0 ? -1 : in ? ri.cta_tok : ri.cta_tok + kMaxTokens;
+    sr.pick[u] = r * kTileM + warp * 16 + (lane >> 2) + 8 * u + (in ? 0 : kMaxLists);
     sr.qk[u] = 1.f;
     if constexpr (kElem == Elem::e4m3) {
       const int64_t t = ri.t < p.total_q ? ri.t : 0;  // rows past total_q are never stored
@@ -298,40 +303,44 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
     }
     return;
   }
+  // The group max over each list's heads (sel_group: all G heads of the token when one list
+  // serves them, 1 when each head selects alone).
   float g[kB][2];
   if constexpr (kB == 1) {
-    group_max(m[0], p.group, g[0]);
+    group_max(m[0], p.sel_group, g[0]);
   } else {  // both blocks through one chain of rounds
     const float m4[4] = {m[0][0], m[0][1], m[1][0], m[1][1]};
     float g4[4];
-    group_max(m4, p.group, g4);
+    group_max(m4, p.sel_group, g4);
     g[0][0] = g4[0], g[0][1] = g4[1], g[1][0] = g4[2], g[1][1] = g4[3];
   }
   if ((lane & 3) == 0) {  // into the selector ring (run_selector); the caller holds the slot
     SelSlot& slot = sh.sel[sel_slot];
-    if (sr.pick[0] >= 0) {
-      slot.val[sr.pick[0] % kMaxTokens] = g[0][0];
-      if constexpr (kB == 2) sh.sel_hi[sel_slot][sr.pick[0] % kMaxTokens] = g[1][0];
-      slot.ok[sr.pick[0] % kMaxTokens] = sr.pick[0] < kMaxTokens;
-    }
-    if (sr.pick[1] >= 0) {
-      slot.val[sr.pick[1] % kMaxTokens] = g[0][1];
-      if constexpr (kB == 2) sh.sel_hi[sel_slot][sr.pick[1] % kMaxTokens] = g[1][1];
-      slot.ok[sr.pick[1] % kMaxTokens] = sr.pick[1] < kMaxTokens;
+    const int first = p.sel_group - 1;  // a list's first row: its row bits below sel_group clear
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if ((sr.pick[u] & first) == 0) {
+        const int l = (sr.pick[u] % kMaxLists) >> p.sel_shift;
+        slot.val[l] = g[0][u];
+        if constexpr (kB == 2) sh.sel_hi[sel_slot][l] = g[1][u];
+        slot.ok[l] = sr.pick[u] < kMaxLists;
+      }
     }
   }
 }
 
-// Fused top-K: token t's visibility (in blocks of kBlk keys) and pick budget, before its first
-// offer.
+// Fused top-K: a list of token t, its visibility (in blocks of kBlk keys) and pick budget,
+// before its first offer. The budget is at most the list's size (p.list_cap; launch.cu refuses
+// a topk whose picks could pass it, so the cap never binds).
 template <int kBlk>
-__device__ inline void init_pick(const Params& p, TokenPicks& tp, int64_t t) {
+__device__ inline void init_list(const Params& p, ListState& ls, int64_t t) {
   const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
   Segment seg;
   int64_t cursor = b;
-  tp.nvis = next_segment<kBlk>(p, t, t + 1, cursor, seg) ? int32_t(token_blocks<kBlk>(p, seg, t)) : 0;
-  tp.want = p.rule.topk - forced_count(p.rule, tp.nvis);
-  tp.count = 0;
+  ls.nvis = next_segment<kBlk>(p, t, t + 1, cursor, seg) ? int32_t(token_blocks<kBlk>(p, seg, t)) : 0;
+  const int want = p.rule.topk - int(forced_count(p.rule, ls.nvis));
+  ls.want = int8_t(want < p.list_cap ? want : p.list_cap);
+  ls.count = 0;
 }
 
 // Unfused: -inf for the blocks past those each segment's items write (blocks_written: no row of

@@ -92,6 +92,16 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
             ") must be below 2^31 on CUDA (key indices are int32)");
 }
 
+// The fused lists (traits.h, Params) for `per_head` q2k rows on each of k's heads: each list
+// selects by group / per_head heads. Both are powers of two (check_cuda_group, block_topk).
+void set_lists(Params& p, int per_head) {
+  p.sel_group = p.group / per_head;
+  p.sel_shift = std::countr_zero(unsigned(p.sel_group));
+  p.list_shift = std::countr_zero(unsigned(per_head));
+  p.cta_lists = p.tokens_per_cta * per_head;
+  p.list_cap = std::min(kMaxPicks, kPickKeys / p.cta_lists);
+}
+
 Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, const ProblemShape& s,
                    bool causal, const Tensor& status) {
   Params p{};
@@ -125,6 +135,7 @@ Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, cons
   p.row_groups = p.group < kMaxRowGroups ? p.group : kMaxRowGroups;
   p.tokens_per_cta = p.row_groups * kTileM / p.group;
   p.causal = causal;
+  set_lists(p, 1);
   return p;
 }
 
@@ -225,13 +236,46 @@ void check_indexer_supported(const BlockTopKArgs& a, const ProblemShape& s) {
   MSA_CHECK(a.topk <= kMaxPicks, "topk: at most ", kMaxPicks, " on CUDA, got ", a.topk);
 }
 
+namespace {
+
+// Whether block_topk fuses `rows` selection heads on k's `hkv` heads of `hq` query heads with
+// this rule: the rows must split each of k's heads (a CTA scores one), and every list's picks
+// must fit its share of the CTA's keys (traits.h: 16 a list for 256 lists; `cap`).
+enum class ListFit { ok, rows, cap };
+ListFit list_fit(int64_t hq, int64_t hkv, int64_t rows, int topk, int sink, int local, int& cap) {
+  cap = 0;
+  if (hkv <= 0 || rows <= 0 || hq % hkv != 0 || rows % hkv != 0) return ListFit::rows;
+  const int64_t group = hq / hkv, per_head = rows / hkv;
+  if (group > 16 || !std::has_single_bit(uint64_t(group)) || group % per_head != 0) return ListFit::rows;
+  const int64_t lists = std::min<int64_t>(group, kMaxRowGroups) * kTileM / group * per_head;
+  cap = int(std::min<int64_t>(kMaxPicks, kPickKeys / lists));
+  return int64_t(topk) - sink - local > cap ? ListFit::cap : ListFit::ok;
+}
+
+}  // namespace
+
+bool block_topk_fuses(int64_t hq, int64_t hkv, int64_t rows, int topk, int sink, int local) {
+  int cap = 0;
+  return topk <= kMaxPicks && list_fit(hq, hkv, rows, topk, sink, local, cap) == ListFit::ok;
+}
+
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream,
                 bool check_pages) {
   check_indexer_supported(a, s);
-  MSA_CHECK(a.q2k.shape[0] == s.num_kv_heads, "block_topk: ", a.q2k.shape[0],
-            " selection heads on k's ", s.num_kv_heads, " heads are not fused on CUDA yet; run "
-            "block_scores, then select_topk with num_kv_heads = ", a.q2k.shape[0]);
+  const int64_t rows = a.q2k.shape[0];
+  int cap = 0;
+  const ListFit fit = list_fit(s.num_q_heads, s.num_kv_heads, rows, a.topk, a.sink_blocks,
+                               a.local_blocks, cap);
+  MSA_CHECK(fit != ListFit::rows, "block_topk: ", rows, " selection heads on k's ",
+            s.num_kv_heads, " heads are fused on CUDA only when they split each of k's heads (a "
+            "multiple of ", s.num_kv_heads, "); run block_scores, then select_topk with "
+            "num_kv_heads = ", rows);
+  MSA_CHECK(fit == ListFit::ok, "block_topk: ", rows, " selection heads on k's ", s.num_kv_heads,
+            " heads keep at most ", cap, " picks a row besides the forced blocks on CUDA, got topk ",
+            a.topk, " with ", a.sink_blocks, " sink and ", a.local_blocks, " local blocks; run "
+            "block_scores, then select_topk with num_kv_heads = ", rows);
   Params p = make_params(a.q, a.kv, a.cu_seqlens_q, s, a.causal, a.status);
+  set_lists(p, int(rows / s.num_kv_heads));
   p.q2k = a.q2k.ptr<int32_t>();
   p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
   p.nblk_max = std::numeric_limits<int32_t>::max();  // nothing materialized: no bound

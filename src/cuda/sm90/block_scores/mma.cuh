@@ -216,30 +216,35 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
   }
 }
 
-// Fused top-K selector: thread `tok` (producer warps 1 and 2) owns token t0 + tok's best list.
-// Per item it reads the token's group max from the ring slot the consumers published and offers
-// it, in block order as the consumers walk them, so the lists (and ids) are those of offering
-// inside the epilogue; then frees the slot. 64-key blocks: a slot holds its tile's two blocks,
-// offered in order (sel_hi the second; offer skips one past the token's visible blocks). The
-// insertions and their list scans run here instead of on one lane of an MMA warp (ncu: the
-// consumers waited on them there). Every selector thread takes part in the ring barriers, with
-// or without a token.
+// Fused top-K selector: thread `sel` (producer warps 1 and 2) owns lists sel, sel + 64, ... of
+// the CTA (traits.h). Per item it reads each list's group max from the ring slot the consumers
+// published and offers it, in block order as the consumers walk them, so the lists (and ids)
+// are those of offering inside the epilogue; then frees the slot. 64-key blocks: a slot holds
+// its tile's two blocks, offered in order (sel_hi the second; offer skips one past the token's
+// visible blocks). The insertions and their list scans run here instead of on one lane of an
+// MMA warp (ncu: the consumers waited on them there). Every selector thread takes part in the
+// ring barriers, with or without a list.
 template <int kC, int kBlk>  // consumer warpgroups (Cfg), keys per block
-__device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int64_t t1, int tok) {
+__device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int64_t t1, int sel) {
   const int n = int(count_items<kBlk>(p, t0, t1));
-  const bool active = tok < p.tokens_per_cta && t0 + tok < t1;
-  if (active) init_pick<kBlk>(p, sh.picks[tok], t0 + tok);
+  const int lists = int(t1 - t0) << p.list_shift;  // this CTA's lists with a token
+  const int stride = p.cta_lists;
+#pragma unroll 1
+  for (int j = 0; j < kListsPerSelector; ++j) {
+    const int l = sel + j * kSelectors;
+    if (l < lists) init_list<kBlk>(p, sh.lists[l], t0 + (l >> p.list_shift));
+  }
   for (int it = 0; it < n; ++it) {
     const int s = SelRing::stage(it);
     sm90::mbar_wait(&sh.sel_full[s], SelRing::full_parity(it));
-    if (active && sh.sel[s].ok[tok]) {
-      if constexpr (kBlk == kBlockN) {
-        offer(sh.picks[tok], p.rule, sh.sel[s].kb, sh.sel[s].val[tok]);
-      } else {
-        const int64_t kb = int64_t(sh.sel[s].kb) * 2;
-        offer(sh.picks[tok], p.rule, kb, sh.sel[s].val[tok]);
-        offer(sh.picks[tok], p.rule, kb + 1, sh.sel_hi[s][tok]);
-      }
+    const int64_t kb = int64_t(sh.sel[s].kb) * kBlocksPerTile<kBlk>;
+#pragma unroll 1  // one copy of the insertions (unrolled: +2000 instructions a kernel)
+    for (int j = 0; j < kListsPerSelector; ++j) {
+      const int l = sel + j * kSelectors;
+      if (l >= lists) break;
+      if (!sh.sel[s].ok[l]) continue;
+      offer(sh.lists[l], sh.pick_keys + l, stride, p.rule, kb, sh.sel[s].val[l]);
+      if constexpr (kBlk != kBlockN) offer(sh.lists[l], sh.pick_keys + l, stride, p.rule, kb + 1, sh.sel_hi[s][l]);
     }
     sm90::mbar_arrive(&sh.sel_empty[s]);
   }
@@ -271,12 +276,17 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   if constexpr (!kWide) return;  // the producer warpgroup's warps 1-3 write the -inf tail (fill_tail)
   // The selectors are done.
   sm90::named_sync(uint32_t(NamedBarrier::kSelectorsDone), kC * 128 + kSelectors);
+  // One q2k row a list: list l is token t0 + (l >> list_shift)'s, selection head
+  // h 2^list_shift + (l & (2^list_shift - 1)).
   const int cw = consumer * 4 + warp;  // 0 .. 4 kC - 1 over the consumers
-  for (int tok = cw; tok < p.tokens_per_cta; tok += kC * 4) {
-    const int64_t t = t0 + tok;
-    if (t >= p.total_q) break;
-    const TokenPicks& tp = sh.picks[tok];
-    write_q2k_row(p.q2k + (h * p.total_q + t) * p.rule.topk, tp.key, tp.count, tp.nvis, p.rule, lane);
+  const int lists = int(t1 - t0) << p.list_shift;
+  const int lmask = (1 << p.list_shift) - 1;
+  for (int l = cw; l < lists; l += kC * 4) {
+    const int64_t t = t0 + (l >> p.list_shift);
+    const int64_t hs = (h << p.list_shift) + (l & lmask);
+    const ListState& ls = sh.lists[l];
+    write_q2k_row(p.q2k + (hs * p.total_q + t) * p.rule.topk, sh.pick_keys + l, ls.count, ls.nvis,
+                  p.rule, lane, p.cta_lists);
   }
 }
 

@@ -48,6 +48,11 @@ struct Params {
   int64_t total_q, total_k, batch, nblk_max;
   int num_q_heads, num_kv_heads, group;
   int row_groups, tokens_per_cta;
+  // Fused: the lists (traits.h): each token's 2^list_shift lists select by sel_group =
+  // 2^sel_shift consecutive heads each (list_shift + sel_shift = log2 group); list l of the CTA
+  // is token l >> list_shift's, q2k row h * 2^list_shift + (l & (2^list_shift - 1)).
+  // cta_lists = the CTA's lists (tokens_per_cta << list_shift), list_cap = the keys each holds.
+  int sel_group, sel_shift, list_shift, cta_lists, list_cap;
   bool causal;
 };
 

@@ -32,7 +32,7 @@ constexpr int kTileM = 64;        // rows per row group (wgmma M)
 constexpr int kMaxRowGroups = 4;  // 256 rows per CTA share each K block
 constexpr int kStages = 3;        // K block pipeline depth
 constexpr int kMaxTokens = 64;    // tokens per CTA, any G
-constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per token
+constexpr int kMaxPicks = 64;     // fused top-K: candidates kept per list, at most
 
 // Score blocks (kv_block_size): the kernels' kBlk, 128 or 64 keys. Everything but the epilogue
 // and the selectors walks 128-key K tiles either way (loads, stages, wgmma m64n128, the work
@@ -80,23 +80,35 @@ constexpr int kRowBytes = 128;
 constexpr int kQGroupBytes = kTileM * kHeadDim * 2;  // 16 KB (16-bit) / 8 KB used (fp8)
 constexpr int kKBlockBytes = kBlockN * kHeadDim * 2; // 32 KB (16-bit) / 16 KB used (fp8)
 
-// Fused top-K state of one token, kept across all blocks and batch segments of the CTA.
-struct TokenPicks {
-  uint64_t key[kMaxPicks];  // best keys so far (0 = empty slot)
-  uint64_t min_key;         // smallest key held once the list is full
-  int32_t count, min_pos, nvis, want;
+// Fused top-K lists. A list belongs to a token and a selection head: one per token when the
+// selection groups all of k's heads (q2k rows = Hkv), or one per (token, group of sel_group
+// consecutive heads) when each kv head selects by its own index heads (MiniMax-M3: 4 index heads
+// on 1 index key head, one list each; docs/semantics.md, Index heads). At most one list per row
+// of the CTA (kMaxLists). The lists' keys share one pool of kPickKeys: a CTA of n lists keeps at
+// most kPickKeys / n keys a list (64 for 64 lists, 16 for 256), key j of list l at
+// pick_keys[j * n + l], so the selectors' lanes (consecutive lists) read consecutive words.
+constexpr int kMaxLists = kMaxRowGroups * kTileM;  // 256
+constexpr int kPickKeys = kMaxTokens * kMaxPicks;  // 4096
+struct ListState {
+  uint64_t min_key;  // smallest key held once the list is full
+  int32_t nvis;      // the token's visible blocks
+  int16_t count;     // keys held (0 = empty slot beyond)
+  int8_t want;       // picks it may take (topk minus the forced blocks, at most the list size)
+  int8_t min_pos;    // where min_key sits
 };
 
-// Fused top-K: each block's per-token group maxima travel from the consumers to the selector
-// threads (producer warps 1 and 2, one thread per token) through a ring of kSelRing slots, so
-// the list insertions run off the MMA warps' critical path.
+// Fused top-K: each block's per-list maxima (the group max over a list's heads) travel from the
+// consumers to the selector threads (producer warps 1 and 2: thread i serves lists i, i + 64,
+// ...) through a ring of kSelRing slots, so the list insertions run off the MMA warps' critical
+// path.
 constexpr int kSelRing = 4;
-constexpr int kSelectors = 64;  // one per token
-static_assert(kSelectors == kMaxTokens, "selectors are producer warps 1-2, one per token");
+constexpr int kSelectors = 64;
+static_assert(kSelectors == kMaxTokens, "selectors are producer warps 1-2");
+constexpr int kListsPerSelector = kMaxLists / kSelectors;
 struct SelSlot {
-  float val[kMaxTokens];    // the token's group max for the slot's block
-  uint8_t ok[kMaxTokens];   // 1: offer it (the token is in the block's batch segment)
-  int32_t kb;               // the slot's K tile: block kb, or (64-key blocks) 2 kb and 2 kb + 1
+  float val[kMaxLists];    // the list's group max for the slot's block
+  uint8_t ok[kMaxLists];   // 1: offer it (the list's token is in the block's batch segment)
+  int32_t kb;              // the slot's K tile: block kb, or (64-key blocks) 2 kb and 2 kb + 1
 };
 
 // FP4: each K block's packed rows and scales land by cp.async in a ring of kFp4RawSlots raw
@@ -110,7 +122,8 @@ struct alignas(1024) SharedStorage {
   uint8_t q[kMaxRowGroups][kQGroupBytes];
   uint8_t k[kStages][kKBlockBytes];
   float k_scale[kStages][kBlockN];  // fp8 per-key scales of each stage's block (1 otherwise)
-  TokenPicks picks[kMaxTokens];
+  uint64_t pick_keys[kPickKeys];
+  ListState lists[kMaxLists];
   SelSlot sel[kSelRing];
   uint64_t sel_full[kSelRing];   // consumer threads that run epilogues, after their writes
   uint64_t sel_empty[kSelRing];  // the kSelectors selector threads, after their reads
@@ -120,7 +133,7 @@ struct alignas(1024) SharedStorage {
   // Fused 64-key blocks only: each selector slot's second block (tile columns 64-127), whose
   // group maxima SelSlot::val cannot hold; the 128-key kernels without FP4 are launched without
   // it (kSmemBytesBlk128), so their shared-memory plan is the one they had before 64-key blocks.
-  alignas(16) float sel_hi[kSelRing][kMaxTokens];
+  alignas(16) float sel_hi[kSelRing][kMaxLists];
   // FP4 only, and last: the other kernels are launched without it (kSmemBytesNoFp4), so that its
   // 18 KB go to the L1 cache there.
   alignas(16) uint8_t fp4_raw[kFp4RawSlots][kFp4RawBytes];
