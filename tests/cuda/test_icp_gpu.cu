@@ -8,8 +8,9 @@
 //   and scores and the merged q2k identical.
 // Layouts p128 over 2 ranks, p256 over 2 and 4; 4, 2 and 1 selection heads; bf16 and FP8 with
 // per-slot scales; causal and not, with and without a local block; requests with no queries, a
-// single key, lengths off the page size; poisoned outputs. A NaN key and a corrupt list are
-// reported through the status; what CUDA does not run is an msa::Error.
+// single key, lengths off the page size; poisoned outputs; a simulated group captured in a CUDA
+// graph and replayed. A NaN key and a corrupt list are reported through the status; what CUDA
+// does not run is an msa::Error.
 // MSA_TEST_SMALL=1 shortens the sweep (compute-sanitizer runs).
 #include <cmath>
 #include <cstring>
@@ -199,6 +200,60 @@ TEST(IcpGpu, WideSelectionsAndSingleRequests) {
     one.seed = 5;
     run_case(one);
   }
+}
+
+// The whole simulated group (every rank's lists into its slice of the stacked lists, then the
+// merge) captured in one CUDA graph: 3 kernels a rank (the page check, the shard scores, the
+// lists) and the merge, no memset; replays with poisoned outputs give the eager q2k.
+TEST(IcpGpu, CapturedInAGraph) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  Case c{{40, 3}, {1500, 300}, {Layout::p256, 2}, 4, 16, 1, 1};
+  c.fp8 = true;
+  const Inputs in = make_inputs(c);
+  const std::vector<int32_t> want = gpu_merge(c, in, gpu_lists(c, in, false, s), s);
+  const int64_t tq = in.q.t.shape[0], W = c.sharding.world, row = c.hsel * tq * c.topk;
+  const DeviceTensor q = to_device(in.q, s), cu = to_device(in.cu_q, s),
+                     table = to_device(in.pool.table, s), used = to_device(in.pool.used, s);
+  const PoolViews views{table.t, used.t, cu.t};
+  DeviceBuffer ids(size_t(W * row) * 4), scores(size_t(W * row) * 4), q2k(size_t(row) * 4);
+  DeviceStatus st(s);
+  std::vector<DeviceQTensor> shards;
+  std::vector<DeviceBuffer> workspaces;
+  std::vector<IcpRankListsArgs> ranks;
+  for (int rank = 0; rank < W; ++rank) {
+    const Pool shard = shard_of(in.pool, c.sharding, rank);
+    shards.push_back(to_device(shard.values, &shard.scale, s));
+    const auto at = [&](const DeviceBuffer& b, DType dt) {
+      return Tensor(static_cast<char*>(b.get()) + rank * row * 4, dt, {c.hsel, tq, c.topk}, gpu0());
+    };
+    IcpRankListsArgs a = rank_args(c, rank, q.t, shards.back().view(), views, at(ids, DType::i32),
+                                   at(scores, DType::f32));
+    a.status = st.t;
+    workspaces.emplace_back(icp_rank_lists_workspace_bytes(a));
+    a.workspace = Tensor(workspaces.back().get(), DType::u8, {int64_t(workspaces.back().bytes())}, gpu0());
+    ranks.push_back(a);
+  }
+  IcpMergeArgs m = merge_args(c, views, Tensor(ids.get(), DType::i32, {W, c.hsel, tq, c.topk}, gpu0()),
+                              Tensor(scores.get(), DType::f32, {W, c.hsel, tq, c.topk}, gpu0()),
+                              Tensor(q2k.get(), DType::i32, {c.hsel, tq, c.topk}, gpu0()));
+  m.status = st.t;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MSA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (const IcpRankListsArgs& a : ranks) icp_rank_lists(a, s);
+  icp_merge(m, s);
+  MSA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  expect_launch_budget(graph, 3 * int(W) + 1);
+  MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphDestroy(graph);
+  for (int replay = 0; replay < 2; ++replay) {
+    for (DeviceBuffer* b : {&ids, &scores, &q2k}) b->poison(s);
+    MSA_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    EXPECT_NO_THROW(check_status(st.t, s));
+    EXPECT_EQ(q2k.download<int32_t>(size_t(row), s), want) << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
 }
 
 TEST(IcpGpu, NanKeyAndCorruptListsAreReported) {
