@@ -123,7 +123,7 @@ demo: build
 # GPU test and benchmark binaries in one flat folder for a GPU-machine session: carry it and run
 # bench/device_session.sh there (built here, they run on the GPU machine unchanged).
 DEVICE_BIN ?= build-device-bin
-GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_logits_gpu test_token_topk_gpu \
+GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_icp_gpu test_csr_build test_logits_gpu test_token_topk_gpu \
 	test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu test_sdsa_gpu bench_sparse_fwd \
 	bench_indexer bench_indexer_fp4 bench_decode bench_logits bench_pipeline bench_latency msa_cli
 # device-bin also copies the CUPTI host trace (bench/host_trace.cpp) where the toolkit has CUPTI.
