@@ -174,7 +174,14 @@ for step in $steps; do
           $icp_mode --json "$OUT/records.jsonl") >> "$OUT/icp.log" 2>&1
         summary+=("icp_bench $c rc=$?")
       done
-      tail -4 "$OUT/icp.log" ;;
+      # The C++ driver (NCCL from the machine's nvidia-nccl wheel) on a real group.
+      if [[ -n ${WORLD:-} && -x $BIN/msa_icp_driver ]] && (( $(left 120) > 0 )); then
+        nccl_lib=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])")/lib
+        LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH NCCL_NVLS_ENABLE=0 timeout $(left 120) \
+          "$BIN/msa_icp_driver" --world $WORLD --keys 131072 --queries 4096 >> "$OUT/icp.log" 2>&1
+        summary+=("msa_icp_driver rc=$?")
+      fi
+      tail -6 "$OUT/icp.log" ;;
     pybench)  # the Python API against the C++ figures of the same run (needs the wheel)
       install_wheel || continue
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --case P8K-tok --case P32K-tok \
