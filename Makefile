@@ -123,10 +123,11 @@ demo: build
 # GPU test and benchmark binaries in one flat folder for a GPU-machine session: carry it and run
 # bench/device_session.sh there (built here, they run on the GPU machine unchanged).
 DEVICE_BIN ?= build-device-bin
-GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_logits_gpu test_token_topk_gpu \
+GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_icp_gpu test_csr_build test_logits_gpu test_token_topk_gpu \
 	test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu test_sdsa_gpu bench_sparse_fwd \
 	bench_indexer bench_indexer_fp4 bench_decode bench_logits bench_pipeline bench_latency msa_cli
-# device-bin also copies the CUPTI host trace (bench/host_trace.cpp) where the toolkit has CUPTI.
+# device-bin also copies the CUPTI host trace (bench/host_trace.cpp) where the toolkit has CUPTI,
+# and the ICP driver (tools/icp_driver) where NCCL is found.
 device-bin: configure
 	cmake --build $(BUILD) -j $(JOBS) --target $(GPU_TARGETS)
 	mkdir -p $(DEVICE_BIN)
@@ -134,6 +135,7 @@ device-bin: configure
 		$(BUILD)/bench/bench_decode $(BUILD)/bench/bench_logits $(BUILD)/bench/bench_pipeline $(BUILD)/bench/bench_latency \
 		$(BUILD)/tools/cli/msa $(DEVICE_BIN)/
 	-cmake --build $(BUILD) --target msa_host_trace > /dev/null 2>&1 && cp $(BUILD)/bench/libmsa_host_trace.so $(DEVICE_BIN)/
+	-cmake --build $(BUILD) --target msa_icp_driver > /dev/null 2>&1 && cp $(BUILD)/tools/icp_driver/msa_icp_driver $(DEVICE_BIN)/
 
 # The Python package with its CUDA backend, as a wheel for the GPU machine's python (3.12 there):
 # `make device-wheel DEVICE_PYTHON=python3.12`, then carry .whl and run device_session.sh pytest.

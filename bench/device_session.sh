@@ -8,6 +8,7 @@
 #   bench/device_session.sh [steps...]
 #   steps: tests memcheck racecheck synccheck initcheck bench ab peers pytest soak demo examples pybench latency
 #          bsr (bench/bsr_bench.py: BSR-108K, BSR-32K-R1 and FlexAttention on the same mask; the wheel)
+#          icp (bench/icp_bench.py: ICP-DECODE-B64, ICP-PREFILL-128K; WORLD=2 for a real group)
 #          ncu-sparse ncu-uniform ncu-indexer ncu-indexer-fp8 ncu-decode
 #          ncu-times ncu-combine ncu-mtp (the FP8 DEC-MTP launch) bench-sparse
 #          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines);
@@ -24,7 +25,7 @@ BIN=${BIN:-build-device-bin}
 mkdir -p "$OUT" /tmp/msa_dump
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 steps=${*:-tests bench peers}
-TESTS=${TESTS:-"test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_csr_build test_logits_gpu test_token_topk_gpu test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu test_sdsa_gpu"}
+TESTS=${TESTS:-"test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_icp_gpu test_csr_build test_logits_gpu test_token_topk_gpu test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu test_sdsa_gpu"}
 summary=()
 t0=$(date +%s)
 DEADLINE=${DEADLINE:-540}
@@ -163,6 +164,24 @@ for step in $steps; do
       lim=$(left 200); (( lim > 0 )) && { (cd /tmp && PYTHONUNBUFFERED=1 timeout $lim python3 \
         "$OLDPWD/bench/bsr_bench.py" --iters ${ITERS:-20} --json "$OUT/bsr.jsonl") > "$OUT/bsr.log" 2>&1
         summary+=("bsr_bench rc=$?"); tail -7 "$OUT/bsr.log"; } ;;
+    icp)  # ICP-PREFILL-128K / ICP-DECODE-B64 (bench/icp_bench.py, the wheel): a real group with
+          # WORLD GPUs when given (NCCL), else ranks in turn on this GPU (--simulate 2)
+      install_wheel || continue
+      if [[ -n ${WORLD:-} ]]; then icp_mode="--world $WORLD"; else icp_mode="--simulate 2"; fi
+      for c in ICP-DECODE-B64 ICP-PREFILL-128K; do
+        lim=$(left 200); (( lim > 0 )) || break
+        (cd /tmp && PYTHONUNBUFFERED=1 timeout $lim python3 "$OLDPWD/bench/icp_bench.py" --case $c \
+          $icp_mode --json "$OUT/records.jsonl") >> "$OUT/icp.log" 2>&1
+        summary+=("icp_bench $c rc=$?")
+      done
+      # The C++ driver (NCCL from the machine's nvidia-nccl wheel) on a real group.
+      if [[ -n ${WORLD:-} && -x $BIN/msa_icp_driver ]] && (( $(left 120) > 0 )); then
+        nccl_lib=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])")/lib
+        LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH NCCL_NVLS_ENABLE=0 timeout $(left 120) \
+          "$BIN/msa_icp_driver" --world $WORLD --keys 131072 --queries 4096 >> "$OUT/icp.log" 2>&1
+        summary+=("msa_icp_driver rc=$?")
+      fi
+      tail -6 "$OUT/icp.log" ;;
     pybench)  # the Python API against the C++ figures of the same run (needs the wheel)
       install_wheel || continue
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --case P8K-tok --case P32K-tok \

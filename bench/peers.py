@@ -33,13 +33,17 @@ def flush_l2(flush, i):
         flush.view(torch.int32).max()
 
 
-def time_ms(fn, iters, warmup):
+def time_ms(fn, iters, warmup, before=None):
+    """Median, min, max ms of fn() over iters calls, each after an L2 flush and `before()` (e.g. a
+    process group's barrier; both outside the timed span)."""
     flush = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
     for _ in range(warmup):
         fn()
     times = []
     for i in range(iters):
         flush_l2(flush, i)
+        if before is not None:
+            before()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()

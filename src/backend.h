@@ -80,6 +80,13 @@ size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
 // MQA logits (src/cuda/sm90/mqa_logits/): FP8, D = 128, H <= 128; paged block sizes 32, 64, 128.
 void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream);
 void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream);
+// The ICP indexer (common/icp.cu): `s` is the index inputs' shape with the unsharded pool's
+// page geometry (page_size = the page rows); the partial scores come from the indexer kernel's
+// shard mode (icp_partial_scores, sm90/block_scores/launch.cu) into the workspace.
+void icp_rank_lists(const IcpRankListsArgs& a, const ProblemShape& s, cudaStream_t stream);
+void icp_partial_scores(const IcpRankListsArgs& a, const ProblemShape& s, float* plane,
+                        cudaStream_t stream);
+void icp_merge(const IcpMergeArgs& a, cudaStream_t stream);
 // Token top-K (common/token_topk.cu): any topk; ranges checked on the device.
 void token_topk(const TokenTopKArgs& a, cudaStream_t stream);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);

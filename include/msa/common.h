@@ -81,6 +81,9 @@ enum class StatusCode : int32_t {
   page_id_invalid = 29,       // a = request, b = block-table column, c = page id
   groups_past_capacity = 30,  // a = groups the requests form, b = G (the outputs' groups)
   union_past_capacity = 31,   // a = kv head, b = group, c = U (the outputs' max_union)
+  // The ICP indexer (icp.h).
+  icp_nan_score = 32,         // icp_rank_lists: a = token, b = selection head, c = block
+  icp_list_invalid = 33,      // icp_merge: a = rank, b = row (head * total_q + token), c = entry
 };
 std::string describe_status(const int32_t status[4]);
 // Copies the status to the host on `stream` (synchronizes) and throws msa::Error if non-zero.

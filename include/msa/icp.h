@@ -4,7 +4,8 @@
 // the lists to the rank that owns the head (an all-to-all); the owner merges every rank's lists
 // into q2k rows (icp_merge) that equal block_topk's on the unsharded pool. The caller owns every
 // buffer and the collective; neither op allocates, and neither reads a tensor on the host unless
-// it is a CPU tensor. So far both run on the CPU backend only.
+// it is a CPU tensor. CUDA (sm_90a): D = 128, bf16 / f16 / FP8 index keys, 4 or more index heads
+// per key head, every layout but p128 over 4 ranks (its 32-row shard pages), topk <= 64.
 #pragma once
 
 #include "msa/common.h"
@@ -44,12 +45,18 @@ struct IcpRankListsArgs {
   // most topk minus the token's forced blocks; `ids` -1 and `scores` -inf after the list.
   Tensor ids;              // int32
   Tensor scores;           // f32: each listed block's group score over this rank's keys
+  Tensor workspace;        // CUDA: uint8, at least icp_rank_lists_workspace_bytes (the rank's
+                           // partial block scores); ignored on the CPU
   Tensor status;           // int32[4], required on CUDA
 };
 
+// Bytes of icp_rank_lists' CUDA workspace: Hi * max_pages * total_q * 4 (0 for CPU tensors).
+size_t icp_rank_lists_workspace_bytes(const IcpRankListsArgs& args);
+
 // One rank's lists. A NaN group score of a visible block (a NaN in index_q or in a key) makes the
 // sharded selection differ from block_topk's (NaN ranks last, so the rank holding it would not
-// list the block while another rank's finite part stood in for it): it is an msa::Error.
+// list the block while another rank's finite part stood in for it): it is an msa::Error (on CUDA
+// reported through status, StatusCode::icp_nan_score).
 void icp_rank_lists(const IcpRankListsArgs& args, cudaStream_t stream = nullptr);
 
 struct IcpMergeArgs {
@@ -69,7 +76,8 @@ struct IcpMergeArgs {
 // The owner's merge: per row, the forced blocks, then the listed blocks by their best score over
 // the ranks (ties toward the lower id) up to topk, written ascending. Equal to block_topk's row
 // on the unsharded pool with Hsel selection heads when every rank's lists came from the same
-// inputs and options.
+// inputs and options. Rows that are not a rank's lists are an msa::Error (on CUDA reported
+// through status, StatusCode::icp_list_invalid, and the entry skipped).
 void icp_merge(const IcpMergeArgs& args, cudaStream_t stream = nullptr);
 
 }  // namespace msa

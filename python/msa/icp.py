@@ -4,14 +4,14 @@ unsharded pool; `icp_rank_lists` lists, per (selection head, token), a rank's be
 its shard; the caller moves each owner the lists of its heads (an all-to-all over the ranks);
 `icp_merge` turns the ranks' lists into the q2k rows `block_topk` gives on the unsharded pool.
 `icp_exchange` is that all-to-all over ``torch.distributed`` and `icp_select` the three steps of
-one rank. The ops take CPU arrays only so far."""
+one rank."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
 from . import _C
-from ._arrays import Typed
+from ._arrays import Typed, is_cuda, shape_of
 from ._kv import kv_heads_of
 from ._runtime import (MsaError, arg, check_arrays, count, dims, finish, new_output, status_for,
                        stream_of)
@@ -71,7 +71,8 @@ def icp_rank_lists(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any,
                    topk: int = 16, sink_blocks: int = 1, local_blocks: int = 1,
                    causal: bool = True, num_kv_heads: Optional[int] = None,
                    index_q_scale: Any = None, shard_scale: Any = None, ids: Any = None,
-                   scores: Any = None, stream: Any = None, check: Optional[bool] = None) -> tuple:
+                   scores: Any = None, workspace: Any = None, stream: Any = None,
+                   check: Optional[bool] = None) -> tuple:
     """One rank's candidate lists: ``(ids, scores)``, each ``[Hsel, total_q, topk]``.
 
     ``index_q [total_q, Hi, D]`` (every index head, on every rank; bf16/f16/fp8_e4m3 or a
@@ -83,13 +84,16 @@ def icp_rank_lists(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any,
     group score (highest first, ties toward the lower id), at most ``topk`` minus the token's
     forced blocks; ``ids`` int32, -1 after the list; ``scores`` f32, -inf after it. A NaN score
     of a visible block raises `MsaError` (the sharded selection could not equal `block_topk`'s).
+    CUDA: D = 128, 4 or more index heads per key head, every layout but "p128" over 4 ranks,
+    ``topk <= 64``; ``workspace`` (u8, at least ``Hi * max_pages * total_q * 4`` bytes: the
+    rank's partial block scores) is allocated per call by q's framework unless given.
     """
     check_arrays(index_q=index_q, shard=shard, page_table=page_table, cu_seqlens_q=cu_seqlens_q,
                  seqused_k=seqused_k, index_q_scale=index_q_scale, shard_scale=shard_scale,
-                 ids=ids, scores=scores)
+                 ids=ids, scores=scores, workspace=workspace)
     qv, qs, qg = unpack(index_q, index_q_scale)
     kv_, ks, kg = unpack(shard, shard_scale)
-    total_q = dims(qv, "index_q", 3, "[total_q, Hi, D]")[0]
+    total_q, hi = dims(qv, "index_q", 3, "[total_q, Hi, D]")[:2]
     topk = count(topk, "topk", lo=1)
     hsel = (kv_heads_of(kv_, "paged_nhd") if num_kv_heads is None
             else count(num_kv_heads, "num_kv_heads", lo=1))
@@ -97,6 +101,10 @@ def icp_rank_lists(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any,
         ids = new_output(qv, (hsel, total_q, topk), "i32", "ids", f"topk = {topk}")
     if scores is None:
         scores = new_output(qv, (hsel, total_q, topk), "f32", "scores", f"topk = {topk}")
+    if workspace is None and is_cuda(qv):
+        pages = dims(page_table, "page_table", 2, "[B, max_pages]")[1]
+        workspace = new_output(qv, (hi * pages * total_q * 4,), "u8", "workspace",
+                               f"index_q {list(shape_of(qv))}, max_pages = {pages}")
     st = stream_of(qv, stream)
     status = status_for(qv)
     _C.icp_rank_lists(layout=layout, world=world, rank=rank, index_q=arg(qv),
@@ -105,7 +113,7 @@ def icp_rank_lists(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any,
                       page_table=arg(page_table), seqused_k=arg(seqused_k),
                       cu_seqlens_q=arg(cu_seqlens_q), topk=topk, sink_blocks=sink_blocks,
                       local_blocks=local_blocks, causal=causal, ids=arg(ids),
-                      scores=arg(scores), status=status, stream=st)
+                      scores=arg(scores), workspace=arg(workspace), status=status, stream=st)
     finish(status, st, check)
     return ids, scores
 

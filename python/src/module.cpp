@@ -325,6 +325,7 @@ NB_MODULE(_C, m) {
         x.shard = a.qtensor("shard");
         x.ids = a.tensor("ids", Access::write);
         x.scores = a.tensor("scores", Access::write);
+        x.workspace = a.tensor("workspace", Access::write);
         return x;
       },
       [](const IcpRankListsArgs& x, cudaStream_t s) { icp_rank_lists(x, s); });

@@ -1,7 +1,8 @@
 // Public ICP indexer entry points (include/msa/icp.h): argument checks on the host, then the CPU
-// backend. A rank's shard is checked as the unsharded pool it is part of (its page table, lengths
-// and page ids) plus its own shape; the backend checks the values it reads (the shard's slot
-// scales, each row of the owner's lists: a corrupt exchange is an msa::Error, never a wrong q2k).
+// reference or the CUDA backend. A rank's shard is checked as the unsharded pool it is part of
+// (its page table, lengths and page ids) plus its own shape; each backend checks the values it
+// reads (the shard's slot scales, each row of the owner's lists; CUDA on the device, through
+// status), so a corrupt exchange is an msa::Error, never a wrong or out-of-range q2k.
 #include "msa/icp.h"
 
 #include "api/validate.h"
@@ -14,12 +15,6 @@ void check_sharding(IcpLayout layout, int world) {
   MSA_CHECK(layout == IcpLayout::p128 || layout == IcpLayout::p256,
             "layout: must be IcpLayout::p128 or IcpLayout::p256");
   MSA_CHECK(world == 2 || world == 4, "world: must be 2 or 4, got ", world);
-}
-
-// The CUDA kernels of the ICP indexer are not built yet: a CUDA tensor is refused by name.
-void refuse_cuda(Device device, const char* op) {
-  MSA_CHECK(device.type != DeviceType::cuda, op,
-            ": runs on the CPU backend only so far (no CUDA kernels yet); got CUDA tensors");
 }
 
 // ids / scores: [lead..., total_q, topk] int32 / f32 of one shape, contiguous, on `device`.
@@ -55,7 +50,7 @@ int icp_rows_per_rank(IcpLayout layout, int world) {
   return icp_page_rows(layout) / world;
 }
 
-void icp_rank_lists(const IcpRankListsArgs& a, cudaStream_t) {
+void icp_rank_lists(const IcpRankListsArgs& a, cudaStream_t stream) {
   constexpr const char* op = "icp_rank_lists";
   check_sharding(a.layout, a.world);
   MSA_CHECK(a.rank >= 0 && a.rank < a.world, "rank: must be in [0, world = ", a.world, "), got ",
@@ -69,8 +64,7 @@ void icp_rank_lists(const IcpRankListsArgs& a, cudaStream_t) {
   const Device device = api::common_device(
       op, {{&a.index_q.values, "index_q"}, {&shard, "shard"}, {&a.page_table, "page_table"},
            {&a.seqused_k, "seqused_k"}, {&a.cu_seqlens_q, "cu_seqlens_q"}, {&a.ids, "ids"},
-           {&a.scores, "scores"}});
-  refuse_cuda(device, op);
+           {&a.scores, "scores"}, {&a.workspace, "workspace"}});
 
   // The unsharded pool the shard is part of: its page table, lengths and page ids are checked as
   // a paged cache of page_rows-key pages (the shard's scales separately: they count its slots).
@@ -97,17 +91,33 @@ void icp_rank_lists(const IcpRankListsArgs& a, cudaStream_t) {
   MSA_CHECK(hsel > 0 && s.num_q_heads % hsel == 0, "ids: its first dim (selection heads) must "
             "divide index_q's heads (", s.num_q_heads, "), got ", a.ids.describe());
   api::check_status_arg(a.status, device, op);
-  cpu::icp_rank_lists(a);
+  if (device.type == DeviceType::cpu) return cpu::icp_rank_lists(a);
+  api::check_row_alignments(a.index_q.values, shard);  // TMA rows
+  check_defined(a.workspace, "workspace");
+  check_dtype(a.workspace, "workspace", {DType::u8});
+  check_contiguous(a.workspace, "workspace");
+  const size_t need = size_t(s.num_q_heads) * size_t(s.max_pages) * size_t(s.total_q) * 4;
+  MSA_CHECK(size_t(a.workspace.numel()) >= need, "workspace: needs ", need,
+            " bytes (icp_rank_lists_workspace_bytes), got ", a.workspace.describe());
+  cuda::icp_rank_lists(a, s, stream);
 }
 
-void icp_merge(const IcpMergeArgs& a, cudaStream_t) {
+size_t icp_rank_lists_workspace_bytes(const IcpRankListsArgs& a) {
+  if (!a.index_q.values.defined() || !a.index_q.values.is_cuda()) return 0;
+  check_ndim(a.index_q.values, "index_q", 3);
+  check_defined(a.page_table, "page_table");
+  check_ndim(a.page_table, "page_table", 2);
+  return size_t(a.index_q.values.shape[1]) * size_t(a.page_table.shape[1]) *
+         size_t(a.index_q.values.shape[0]) * 4;
+}
+
+void icp_merge(const IcpMergeArgs& a, cudaStream_t stream) {
   constexpr const char* op = "icp_merge";
   check_sharding(a.layout, 2);
   const Device device = api::common_device(
       op, {{&a.ids, "ids"}, {&a.scores, "scores"}, {&a.page_table, "page_table"},
            {&a.seqused_k, "seqused_k"}, {&a.cu_seqlens_q, "cu_seqlens_q"}, {&a.q2k, "q2k"}});
   check_defined(a.ids, "ids");
-  refuse_cuda(device, op);
   check_ndim(a.ids, "ids", 4);
   const int64_t world = a.ids.shape[0], hsel = a.ids.shape[1], total_q = a.ids.shape[2];
   MSA_CHECK(world >= 1, "ids: its first dim (ranks) must be >= 1, got ", a.ids.describe());
@@ -126,11 +136,12 @@ void icp_merge(const IcpMergeArgs& a, cudaStream_t) {
   MSA_CHECK(a.page_table.shape[0] == batch, "page_table: shape must be [B = ", batch,
             ", max_pages], got ", a.page_table.describe());
   const int page_rows = icp_page_rows(a.layout);
+  const bool on_cpu = device.type == DeviceType::cpu;
   if (a.seqused_k.defined()) {
     check_dtype(a.seqused_k, "seqused_k", {DType::i32});
     check_shape(a.seqused_k, "seqused_k", {batch});
     const int64_t cap = a.page_table.shape[1] * page_rows;
-    for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t b = 0; on_cpu && b < batch; ++b) {
       const int32_t v = a.seqused_k.ptr<int32_t>()[b * a.seqused_k.strides[0]];
       MSA_CHECK(v >= 0 && v <= cap, "seqused_k[", b, "] must be in [0, max_pages * ", page_rows,
                 " = ", cap, "], got ", v);
@@ -139,7 +150,13 @@ void icp_merge(const IcpMergeArgs& a, cudaStream_t) {
   check_defined(a.q2k, "q2k");
   check_dtype(a.q2k, "q2k", {DType::i32});
   check_shape(a.q2k, "q2k", {hsel, total_q, int64_t(a.topk)});
+  check_contiguous(a.q2k, "q2k");
   api::check_status_arg(a.status, device, op);
+  if (!on_cpu) {
+    MSA_CHECK(a.topk <= 64, op, ": topk must be at most 64 on CUDA, got ", a.topk);
+    MSA_CHECK(world <= 4, op, ": at most 4 ranks' lists on CUDA, got ", a.ids.describe());
+    return cuda::icp_merge(a, stream);
+  }
 
   cpu::icp_merge(a);
 }

@@ -109,6 +109,14 @@ std::string describe_status(const int32_t s[4]) {
     case StatusCode::union_past_capacity:
       return detail::concat("max_union = ", s[3], ": the union of group ", s[2], " (kv head ", s[1],
                             ") has more keys; its outputs were written empty");
+    case StatusCode::icp_nan_score:
+      return detail::concat("icp_rank_lists: the group score of block ", s[3], " for token ", s[1],
+                            " (selection head ", s[2], ") is NaN (a NaN in index_q or in a key): "
+                            "the sharded selection cannot equal block_topk's");
+    case StatusCode::icp_list_invalid:
+      return detail::concat("icp_merge: ids[", s[1], "] row ", s[2], " entry ", s[3],
+                            " is not a list entry (rows list distinct visible, not forced blocks "
+                            "with non-NaN scores within the quota, then -1); it was skipped");
     case StatusCode::shape_mismatch:
       return detail::concat("shape mismatch detected on device (", s[1], ", ", s[2], ", ", s[3], ")");
   }

@@ -23,6 +23,10 @@ void select_every_visible(const BlockTopKArgs&, const ProblemShape&, cudaStream_
 }
 void check_indexer_supported(const BlockTopKArgs&, const ProblemShape&) { no_cuda("block_topk"); }
 bool block_topk_fuses(int64_t, int64_t, int64_t, int, int, int) { return false; }
+void icp_rank_lists(const IcpRankListsArgs&, const ProblemShape&, cudaStream_t) {
+  no_cuda("icp_rank_lists");
+}
+void icp_merge(const IcpMergeArgs&, cudaStream_t) { no_cuda("icp_merge"); }
 void build_k2q_csr(const CsrBuildArgs&, const ProblemShape&, cudaStream_t) { no_cuda("build_k2q_csr"); }
 size_t csr_workspace_bytes(int64_t, int64_t, int64_t, int64_t) { return 0; }
 void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t, const WorkspaceSource&) {

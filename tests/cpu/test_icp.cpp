@@ -14,111 +14,13 @@
 #include <numeric>
 #include <random>
 
-#include "common/codecs.h"
 #include "cpu/icp.h"
 #include "support/expect_error.h"
-#include "support/host_tensor.h"
+#include "support/icp_case.h"
 #include "msa/msa.h"
 
 namespace msa::test {
 namespace {
-
-constexpr int64_t kD = 128, kHi = 4;
-
-struct Case {
-  std::vector<int32_t> lq, lk;
-  cpu::icp::Sharding sharding;
-  int64_t hsel = 4;
-  int topk = 4, sink = 1, local = 1;
-  bool causal = true, fp8 = false, ties = false;
-  unsigned seed = 1;
-};
-
-// A value: small integers (many equal block scores: the tie rule decides) or normal noise.
-float value(std::mt19937& rng, bool ties) {
-  if (ties) return float(int(rng() % 3) - 1);
-  return std::normal_distribution<float>()(rng);
-}
-
-void put(const HostTensor& t, int64_t i, float v) {
-  if (t.t.dtype == DType::fp8_e4m3) t.data<uint8_t>()[i] = codec::float_to_e4m3(v);
-  else t.data<uint16_t>()[i] = codec::float_to_bf16(v);
-}
-
-struct Pool {
-  HostTensor values, scale, table, used;
-};
-
-// The unsharded index key pool of a case: pages of page_rows() rows, handed out in a random
-// order; FP8 with a scale per pool slot.
-Pool make_pool(const Case& c, std::mt19937& rng) {
-  const int64_t P = c.sharding.page_rows(), B = int64_t(c.lk.size());
-  int64_t max_pages = 1, pages = 0;
-  for (int32_t l : c.lk) {
-    max_pages = std::max<int64_t>(max_pages, (l + P - 1) / P);
-    pages += (l + P - 1) / P;
-  }
-  pages += 2;  // spare pages nobody's table names
-  Pool p{HostTensor(c.fp8 ? DType::fp8_e4m3 : DType::bf16, {pages, P, 1, kD}),
-         HostTensor(DType::f32, {pages * P}), HostTensor(DType::i32, {B, max_pages}),
-         HostTensor(DType::i32, {B})};
-  for (int64_t i = 0; i < p.values.t.numel(); ++i) put(p.values, i, value(rng, c.ties));
-  for (int64_t i = 0; i < pages * P; ++i) p.scale.data<float>()[i] = c.ties ? 1.f : 0.5f + float(rng() % 4) * 0.25f;
-  std::vector<int32_t> order(static_cast<size_t>(pages));
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
-  for (int64_t b = 0, next = 0; b < B; ++b) {
-    p.used.data<int32_t>()[b] = c.lk[size_t(b)];
-    for (int64_t col = 0; col < max_pages; ++col)
-      p.table.data<int32_t>()[b * max_pages + col] =
-          col * P < c.lk[size_t(b)] ? order[size_t(next++)] : order[size_t(pages - 1)];
-  }
-  return p;
-}
-
-// Rank r's shard of the pool: [pages, rows_per_rank, 1, D], its rows and slot scales moved.
-Pool shard_of(const Pool& p, const cpu::icp::Sharding& s, int rank) {
-  const int64_t pages = p.values.t.shape[0], R = s.rows_per_rank(), P = s.page_rows();
-  Pool out{HostTensor(p.values.t.dtype, {pages, R, 1, kD}), HostTensor(DType::f32, {pages * R}),
-           HostTensor(DType::i32, {1}), HostTensor(DType::i32, {1})};
-  const size_t es = dtype_size(p.values.t.dtype);
-  for (int64_t page = 0; page < pages; ++page)
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t row = s.page_row(rank, int(r));
-      std::memcpy(out.values.data<uint8_t>() + ((page * R + r) * kD) * es,
-                  p.values.data<uint8_t>() + ((page * P + row) * kD) * es, kD * es);
-      out.scale.data<float>()[page * R + r] = p.scale.data<float>()[page * P + row];
-    }
-  return out;
-}
-
-QTensor keys_of(const Pool& p, bool fp8) {
-  return fp8 ? QTensor(p.values.t, p.scale.t) : QTensor(p.values.t);
-}
-
-// The fields every ICP argument struct shares (the reference's, the public ops'), from a case.
-template <typename A>
-A shared_args(const Case& c, const HostTensor& cu_q, const Pool& pool) {
-  A a;
-  a.page_table = pool.table.t;
-  a.seqused_k = pool.used.t;
-  a.cu_seqlens_q = cu_q.t;
-  a.topk = c.topk;
-  a.sink_blocks = c.sink;
-  a.local_blocks = c.local;
-  a.causal = c.causal;
-  return a;
-}
-
-// The reference's arguments for a case (its rank and shard are the caller's).
-cpu::icp::RankArgs reference_args(const Case& c, const HostTensor& q, const HostTensor& cu_q,
-                                  const Pool& pool) {
-  auto a = shared_args<cpu::icp::RankArgs>(c, cu_q, pool);
-  a.sharding = c.sharding;
-  a.index_q = QTensor(q.t);
-  a.selection_heads = c.hsel;
-  return a;
-}
 
 // The reference's merged selection over every rank, and whether the merge saw only finite scores.
 std::pair<std::vector<int32_t>, bool> reference_selection(const Case& c, const HostTensor& q,
@@ -137,19 +39,11 @@ std::pair<std::vector<int32_t>, bool> reference_selection(const Case& c, const H
   return {std::vector<int32_t>(out.data<int32_t>(), out.data<int32_t>() + out.t.numel()), finite};
 }
 
-// Rank `rank`'s public icp_rank_lists arguments, writing into ids / scores.
+// Rank `rank`'s public icp_rank_lists arguments on host tensors.
 IcpRankListsArgs rank_args(const Case& c, const HostTensor& q, const HostTensor& cu_q,
                            const Pool& pool, const Pool& shard, int rank, const HostTensor& ids,
                            const HostTensor& scores) {
-  auto a = shared_args<IcpRankListsArgs>(c, cu_q, pool);
-  a.layout = c.sharding.layout;
-  a.world = c.sharding.world;
-  a.rank = rank;
-  a.index_q = QTensor(q.t);
-  a.shard = keys_of(shard, c.fp8);
-  a.ids = ids.t;
-  a.scores = scores.t;
-  return a;
+  return rank_args(c, rank, q.t, keys_of(shard, c.fp8), host_views(pool, cu_q), ids.t, scores.t);
 }
 
 // Every rank's public lists ([world, Hsel, total_q, topk], as an all-to-all leaves them on an
@@ -165,15 +59,8 @@ std::pair<HostTensor, HostTensor> exchanged_lists(const Case& c, const HostTenso
     icp_rank_lists(rank_args(c, q, cu_q, pool, shard, rank, ids, scores));
     ref.rank = rank;
     ref.shard = keys_of(shard, c.fp8);
-    const cpu::icp::RankLists want = cpu::icp::rank_candidates(ref);
-    for (int64_t r = 0; r < c.hsel * tq; ++r)
-      for (int64_t k = 0; k < c.topk; ++k) {
-        const auto& list = want.rows[size_t(r)];
-        const bool in = k < int64_t(list.size());
-        EXPECT_EQ(ids.data<int32_t>()[r * c.topk + k], in ? list[size_t(k)].block : -1)
-            << "rank " << rank << " row " << r << " entry " << k;
-        EXPECT_EQ(scores.data<float>()[r * c.topk + k], in ? list[size_t(k)].score : -INFINITY);
-      }
+    expect_lists(cpu::icp::rank_candidates(ref), ids.data<int32_t>(), scores.data<float>(), c.topk,
+                 rank);
     std::memcpy(all_ids.data<int32_t>() + rank * row, ids.data<int32_t>(), size_t(row) * 4);
     std::memcpy(all_scores.data<float>() + rank * row, scores.data<float>(), size_t(row) * 4);
   }
@@ -182,12 +69,7 @@ std::pair<HostTensor, HostTensor> exchanged_lists(const Case& c, const HostTenso
 
 IcpMergeArgs merge_args(const Case& c, const HostTensor& cu_q, const Pool& pool,
                         const HostTensor& ids, const HostTensor& scores, const HostTensor& q2k) {
-  auto m = shared_args<IcpMergeArgs>(c, cu_q, pool);
-  m.layout = c.sharding.layout;
-  m.ids = ids.t;
-  m.scores = scores.t;
-  m.q2k = q2k.t;
-  return m;
+  return merge_args(c, host_views(pool, cu_q), ids.t, scores.t, q2k.t);
 }
 
 // The public ops' merged selection.
@@ -196,28 +78,6 @@ std::vector<int32_t> sharded_selection(const Case& c, const HostTensor& q, const
   const auto [ids, scores] = exchanged_lists(c, q, cu_q, pool);
   HostTensor out(DType::i32, {c.hsel, q.t.shape[0], c.topk});
   icp_merge(merge_args(c, cu_q, pool, ids, scores, out));
-  return std::vector<int32_t>(out.data<int32_t>(), out.data<int32_t>() + out.t.numel());
-}
-
-// block_topk on the unsharded pool (DESIGN section 13: Hsel selection heads over the 4 index heads).
-std::vector<int32_t> unsharded_selection(const Case& c, const HostTensor& q, const HostTensor& cu_q,
-                                         const Pool& pool) {
-  const int64_t tq = q.t.shape[0];
-  HostTensor out(DType::i32, {c.hsel, tq, c.topk});
-  BlockTopKArgs a;
-  a.q = QTensor(q.t);
-  a.kv.k = keys_of(pool, c.fp8);
-  a.kv.layout = KVLayout::paged_nhd;
-  a.kv.page_table = pool.table.t;
-  a.kv.seqused_k = pool.used.t;
-  a.cu_seqlens_q = cu_q.t;
-  a.causal = c.causal;
-  a.kv_block_size = 128;
-  a.topk = c.topk;
-  a.sink_blocks = c.sink;
-  a.local_blocks = c.local;
-  a.q2k = out.t;
-  block_topk(a);
   return std::vector<int32_t>(out.data<int32_t>(), out.data<int32_t>() + out.t.numel());
 }
 

@@ -220,7 +220,7 @@ struct SegRows {
 // Rows of row group r held by this thread in segment `seg` (row lane/4 + 8 u of the warp's 16).
 // Also reports negative and non-finite FP8 scales, with the arguments the per-block check used
 // to give.
-template <Elem kElem>
+template <Elem kElem, bool kShard = false>  // kShard: work.cuh, next_segment
 __device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds& seg, int64_t h,
                                                 int64_t t0, int r, int warp, int lane) {
   SegRows sr;
@@ -234,6 +234,7 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds
     // The block's keys past lk belong to the next batch (or are TMA zeros): never visible.
     int64_t last = p.causal ? ri.t - seg.q0 + seg.lk - seg.lq : seg.lk - 1;
     last = last < seg.lk - 1 ? last : seg.lk - 1;
+    if constexpr (kShard) last = shard_keys(p.shard, last + 1) - 1;  // the shard's keys below it
     sr.last[u] = int(last < -1 ? -1 : last);  // lk < 2^31 (launch.cu)
     const bool in = ri.t >= seg.t_begin && ri.t < seg.t_end;
     if (in && sr.last[u] < vis_last) vis_last = sr.last[u];
@@ -354,12 +355,12 @@ __device__ inline void init_list(const Params& p, ListState& ls, int64_t t) {
 // next rows by adding, not by division. Each store instruction is the fill warps' issue cost
 // taken from the consumers on their schedulers (35 instructions per 16-token row, then ~20 per
 // two rows, 10% of the FP8 kernel's warp samples).
-template <int kBlk>
+template <int kBlk, bool kShard = false>
 __device__ inline void fill_tail(const Params& p, int64_t h, int64_t t0, int64_t t1, int warp, int warps,
                           int lane) {
   Segment seg;
   int64_t b = p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0;
-  while (next_segment<kBlk>(p, t0, t1, b, seg)) {
+  while (next_segment<kBlk, kShard>(p, t0, t1, b, seg)) {
     // 32-bit counters (this runs at the producer's 40 registers): blocks < 2^25, tile tokens <= 64.
     const int tokens = int(seg.t_end - seg.t_begin), nblk = int(p.nblk_max);
     const int first = int(blocks_written<kBlk>(p, seg.nblocks)), tail = nblk - first;

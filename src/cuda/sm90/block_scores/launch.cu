@@ -151,6 +151,15 @@ KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
   }
 }
 
+// The ICP shard kernel (launch_kernels.h) for an input type and block size.
+KernelFn pick_shard_kernel(DType dt, int blk) {
+  switch (dt) {
+    case DType::f16: return blk == 64 ? shard_kernel_for<Elem::f16, 64>() : shard_kernel_for<Elem::f16, 128>();
+    case DType::fp8_e4m3: return blk == 64 ? shard_kernel_for<Elem::e4m3, 64>() : shard_kernel_for<Elem::e4m3, 128>();
+    default: return blk == 64 ? shard_kernel_for<Elem::bf16, 64>() : shard_kernel_for<Elem::bf16, 128>();
+  }
+}
+
 // Paged K: seqused_k and the page ids its lengths use, checked by one block before the main
 // kernel (the indexer has no workspace for the sparse forward's multi-block form); the first
 // offence lands in the status buffer, which check_status() turns into an msa::Error.
@@ -209,7 +218,8 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
   const bool wide = p.scores == nullptr;
   const int64_t tiles = (p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta;
   const dim3 grid(unsigned(tiles), unsigned(p.num_kv_heads), unsigned(wide ? 1 : item_splits(tiles * p.num_kv_heads)));
-  const auto kernel = blk == 64 ? pick_kernel<64>(dt, p.row_groups, wide)
+  const auto kernel = p.shard.world_shift != 0 ? pick_shard_kernel(dt, blk)
+                     : blk == 64 ? pick_kernel<64>(dt, p.row_groups, wide)
                                  : pick_kernel<128>(dt, p.row_groups, wide);
   const int threads = wide ? Cfg<true>::kThreads : Cfg<false>::kThreads;
   // Shared memory: FP4's raw ring only for FP4, the second blocks' selector values (sel_hi) only
@@ -280,6 +290,39 @@ void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stre
   p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
   p.nblk_max = std::numeric_limits<int32_t>::max();  // nothing materialized: no bound
   launch(a.q, a.kv, s, p, a.kv_block_size, check_pages, stream);
+}
+
+// An ICP rank's partial scores (Params::shard): the shard [num_pages, rows, Hik, D] is a pool of
+// `rows`-slot pages under the unsharded pool's table; the kernel walks shard keys in blocks of
+// `rows` (one shard page: every supported layout's shard page lies in one 128-key block), so the
+// plane [Hi, max_pages, total_q] holds column i for table column i. Lengths and page ids are
+// checked as the unsharded pool's (`s`: page_size = the page rows).
+void icp_partial_scores(const IcpRankListsArgs& a, const ProblemShape& s, float* plane,
+                        cudaStream_t stream) {
+  constexpr const char* op = "icp_rank_lists";
+  const int rows = int(a.shard.values.shape[1]);
+  MSA_CHECK(rows == 64 || rows == 128, op, ": CUDA scores shard pages of 64 or 128 rows (every "
+            "layout but p128 over 4 ranks, whose 32-row shard blocks the kernel's tiles do not "
+            "split), got ", rows);
+  KVCache kv;
+  kv.k = a.shard;
+  kv.layout = KVLayout::paged_nhd;
+  kv.page_table = a.page_table;
+  kv.seqused_k = a.seqused_k;
+  ProblemShape shard_shape = s;
+  shard_shape.page_size = rows;
+  check_supported(a.index_q, kv, shard_shape, rows, op);
+  MSA_CHECK(s.group >= 4, op, ": CUDA scores 4 or more index heads per key head (the shard kernel "
+            "has 4 row groups), got ", s.num_q_heads, " on ", s.num_kv_heads);
+  MSA_CHECK(s.max_pages * s.page_size < std::numeric_limits<int32_t>::max(), op,
+            ": page_table: max_pages * page rows must be below 2^31 on CUDA (key indices are int32)");
+  Params p = make_params(a.index_q, kv, a.cu_seqlens_q, shard_shape, a.causal, a.status);
+  p.keys.max_keys = s.max_pages * s.page_size;  // global lengths: the unsharded pool's bound
+  p.shard = make_shard_map(a.world, a.rank, rows, a.layout == IcpLayout::p128);
+  p.scores = plane;
+  p.nblk_max = s.max_pages;
+  if (p.batch > 0) launch_paged_check(s, p, stream);
+  launch(a.index_q, kv, shard_shape, p, rows, /*check_pages=*/false, stream);
 }
 
 }  // namespace msa::cuda

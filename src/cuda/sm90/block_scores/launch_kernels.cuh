@@ -20,7 +20,15 @@ KernelFn kernel_for(int row_groups, bool wide) {
   return wide ? pick_rows<kElem, kBlk, true>(row_groups) : pick_rows<kElem, kBlk, false>(row_groups);
 }
 
+template <Elem kElem, int kBlk>
+KernelFn shard_kernel_for() {
+  return block_scores_kernel<kElem, kBlk, 4, false, true>;
+}
+
 }  // namespace msa::cuda::indexer_sm90
 
 #define MSA_BLOCK_SCORES_INSTANTIATE(elem, blk) \
   template msa::cuda::indexer_sm90::KernelFn msa::cuda::indexer_sm90::kernel_for<elem, blk>(int, bool);
+// ... and its ICP shard kernel (16- and 8-bit inputs).
+#define MSA_BLOCK_SCORES_INSTANTIATE_SHARD(elem, blk) \
+  template msa::cuda::indexer_sm90::KernelFn msa::cuda::indexer_sm90::shard_kernel_for<elem, blk>();

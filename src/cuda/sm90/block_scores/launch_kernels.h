@@ -4,7 +4,8 @@
 // in {4 (G >= 4), 2 (G = 2), 1 (G = 1)} x both widths (Cfg: fused runs wide, unfused narrow).
 // R decides which wgmma each warpgroup issues and the width the CTA's size, so neither can be a
 // runtime value; the block size is a template parameter so that the 128-key kernels carry no
-// code of the 64-key epilogue (traits.h).
+// code of the 64-key epilogue (traits.h). Besides, one ICP shard kernel per 16/8-bit input type
+// and block size (shard_kernel_for).
 #pragma once
 
 #include <cuda.h>
@@ -20,5 +21,10 @@ using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const Params);
 // (128 or 64) keys.
 template <Elem kElem, int kBlk>
 KernelFn kernel_for(int row_groups, bool wide);
+
+// The ICP shard kernel (Params::shard): unfused, 4 row groups (G >= 4; the M3 index geometry is
+// 4 heads on 1 key head); bf16, f16 and e4m3 only.
+template <Elem kElem, int kBlk>
+KernelFn shard_kernel_for();
 
 }  // namespace msa::cuda::indexer_sm90

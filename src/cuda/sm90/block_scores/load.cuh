@@ -22,14 +22,15 @@ static_assert(kBlockN == 128 && kRowBytes == 128, "the paged K locator assumes 1
 // Block kb of a paged batch into K stage `stage` (cuda/common/paged_kv.cuh: lane i < 128 / R owns
 // box i and lands it at row i R of each 128-byte-row half, the same swizzled tile as a flat load;
 // lane 0 expects exactly the bytes issued). Warp-collective.
-template <Elem kElem>
+template <Elem kElem, bool kShard>
 __device__ __forceinline__ void load_paged_k(const Params& p, const CUtensorMap* tm_k,
                                              SharedStorage& sh, int stage, int64_t h,
                                              const Segment& seg, int64_t kb, int lane) {
   constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per key
   constexpr int kHalfK = kBlockN * kRowBytes;
   const KVBlockSource src =
-      locate_kv_block(p.paged, int32_t(h), int32_t(seg.k0), int32_t(kb), int32_t(seg.lk), kHalves, lane);
+      locate_kv_block(p.paged, int32_t(h), int32_t(seg.k0), int32_t(kb),
+                      int32_t(kShard ? shard_keys(p.shard, seg.lk) : seg.lk), kHalves, lane);
   if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.k_full[stage], src.bytes);
   __syncwarp();  // the bytes are announced before any box can complete
   if (!src.issue) return;
@@ -38,7 +39,8 @@ __device__ __forceinline__ void load_paged_k(const Params& p, const CUtensorMap*
                       half * 64, src.c1, src.c2, src.c3);
 }
 
-template <Elem kElem, int kBlk, bool kSplit>  // kBlk: the items' count (work.cuh), not the loads
+// kShard: an ICP shard (work.cuh, next_segment), whose keys are a prefix of the segment's.
+template <Elem kElem, int kBlk, bool kSplit, bool kShard = false>  // kBlk: the items' count
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                              SharedStorage& sh, int64_t h, int64_t t0, int64_t t1, int lane) {
   constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per D = 128
@@ -54,8 +56,8 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
         sm90::tma_load_3d(sh.q[r] + half * kHalfQ, tm_q, &sh.q_full, half * 64,
                           int32_t(h * p.group), int32_t(t0 + r * tokens_per_group));
   }
-  const ItemRange range = cta_items<kBlk, kSplit>(p, t0, t1);
-  ItemCursor<kBlk, kSplit> iter(p, t0, t1, range.first);
+  const ItemRange range = cta_items<kBlk, kSplit, kShard>(p, t0, t1);
+  ItemCursor<kBlk, kSplit, kShard> iter(p, t0, t1, range.first);
   // Per-key scales: each lane copies 4 of the block's 128 by cp.async (zeros past lk) and
   // arrives on k_full when they land, so the producer never waits on their global latency (a
   // round trip per stage that starved the consumers once FP8 made the math faster: ncu, 16% of
@@ -109,7 +111,7 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const int32_t j = kb * kBlockN + lane + 32 * i;
-        bool in = j < seg.lk;
+        bool in = j < (kShard ? shard_keys(p.shard, seg.lk) : seg.lk);
         const int64_t token = scale_token(seg.k0, j, in);
         sm90::cp_async_4(sm90::smem_addr(&sh.k_scale[stage][lane + 32 * i]),
                          in ? scale_base + token * scale_stride : scale_base, in ? 4u : 0u);
@@ -119,7 +121,7 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
       key_prev1 = item_key(seg.k0, kb * kBlockN);
     }
     if (paged) {
-      load_paged_k<kElem>(p, tm_k, sh, stage, h, seg, kb, lane);
+      load_paged_k<kElem, kShard>(p, tm_k, sh, stage, h, seg, kb, lane);
     } else if (lane == 0) {
       sm90::mbar_arrive_expect_tx(&sh.k_full[stage], uint32_t(kHalves * kHalfK));
       for (int half = 0; half < kHalves; ++half)

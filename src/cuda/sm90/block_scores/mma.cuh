@@ -58,17 +58,17 @@ __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, 
 // epilogue needs of the thread's rows is computed once per batch segment (segment_rows), never
 // per block; the K stage and phase are stepped (sm90::RingState). An item is a 128-key K tile:
 // one block, or two of 64 keys (kBlk; the epilogue scores both).
-template <Elem kElem, int kBlk, int kAcc, bool kFused>
+template <Elem kElem, int kBlk, int kAcc, bool kFused, bool kShard = false>  // kShard: work.cuh
 __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                int64_t t1, int consumer_in, int warp, int lane) {
   // Warp-uniform by construction (redux.sync results land in uniform registers): with a uniform
   // loop bound, consumer index and stage, ptxas builds the wgmma descriptors in the uniform
   // datapath (UIADD3) instead of in vector registers moved over with R2UR per k-step.
-  const ItemRange range = cta_items<kBlk, !kFused>(p, t0, t1);
+  const ItemRange range = cta_items<kBlk, !kFused, kShard>(p, t0, t1);
   const int n = __reduce_max_sync(0xffffffffu, range.count);
   const int consumer = __reduce_max_sync(0xffffffffu, consumer_in);
   const bool per_key = per_key_scales<kElem>(p);  // the epilogue reads the stage's key scales
-  ItemCursor<kBlk, !kFused> iter(p, t0, t1, range.first);
+  ItemCursor<kBlk, !kFused, kShard> iter(p, t0, t1, range.first);
   sm90::RingState<kStages> ring;  // the K stage of the current item
   int kb = 0;
   bool fresh = false;
@@ -136,7 +136,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       if (!kFromSmem) release(sh, ring.stage, lane, per_key);
       SegBounds seg;
       iter.next(kb, fresh, seg);
-      if (fresh) sr0 = segment_rows<kElem>(p, seg, h, t0, consumer, warp, lane);
+      if (fresh) sr0 = segment_rows<kElem, kShard>(p, seg, h, t0, consumer, warp, lane);
       if constexpr (kFromSmem) {
         epi(acc0, sr0, kb, it, kSmemScales, sh.k_scale[ring.stage]);
         release(sh, ring.stage, lane, per_key);
@@ -168,8 +168,8 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     if (n > 0) {
       SegBounds seg;
       iter.next(kb, fresh, seg);  // the first item opens a segment
-      sr0 = segment_rows<kElem>(p, seg, h, t0, r0, warp, lane);
-      sr1 = segment_rows<kElem>(p, seg, h, t0, r1, warp, lane);
+      sr0 = segment_rows<kElem, kShard>(p, seg, h, t0, r0, warp, lane);
+      sr1 = segment_rows<kElem, kShard>(p, seg, h, t0, r1, warp, lane);
       sel_acquire(0);
       const uint64_t k = k_ready();
       if (per_key) load_key_scales(sh.k_scale[ring.stage], lane, ksc);
@@ -187,7 +187,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     for (int it = 1; it < n; ++it) {
       SegBounds seg;
       iter.next(kb, fresh, seg);
-      if (fresh) sr0 = segment_rows<kElem>(p, seg, h, t0, r0, warp, lane);
+      if (fresh) sr0 = segment_rows<kElem, kShard>(p, seg, h, t0, r0, warp, lane);
       sel_acquire(it);
       const uint64_t k = k_ready();
       sm90::wgmma_fence();
@@ -197,7 +197,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       epi(acc1, sr1, kb_prev, it - 1, kRefillScales, sh.k_scale[ring.stage]);
       sel_publish(it - 1, kb_prev);
       release(sh, prev_stage(), lane, per_key);  // its scales were read in iteration it-1
-      if (fresh) sr1 = segment_rows<kElem>(p, seg, h, t0, r1, warp, lane);
+      if (fresh) sr1 = segment_rows<kElem, kShard>(p, seg, h, t0, r1, warp, lane);
       sm90::wgmma_fence();
       issue_qk<kElem>(acc1, q1, k_stage());  // recomputed: no descriptor live across the epilogue
       sm90::wgmma_wait<1>();  // this item's first tile
@@ -251,7 +251,7 @@ __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int
   sm90::named_arrive(uint32_t(NamedBarrier::kSelectorsDone), kC * 128 + kSelectors);
 }
 
-template <Elem kElem, int kBlk, int kRowGroups, bool kWide>
+template <Elem kElem, int kBlk, int kRowGroups, bool kWide, bool kShard = false>
 __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int64_t t0, int64_t t1,
                              int consumer, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
@@ -263,12 +263,12 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   auto consume = [&](auto fused_tag) {
     constexpr bool kF = decltype(fused_tag)::value;
     if constexpr (kWide) {
-      if (consumer < kRowGroups) consume_blocks<kElem, kBlk, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-      else consume_blocks<kElem, kBlk, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-    } else if constexpr (kRowGroups == 4) consume_blocks<kElem, kBlk, 2, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-    else if constexpr (kRowGroups == 2) consume_blocks<kElem, kBlk, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-    else if (consumer == 0) consume_blocks<kElem, kBlk, 1, kF>(p, sh, h, t0, t1, consumer, warp, lane);
-    else consume_blocks<kElem, kBlk, 0, kF>(p, sh, h, t0, t1, consumer, warp, lane);
+      if (consumer < kRowGroups) consume_blocks<kElem, kBlk, 1, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
+      else consume_blocks<kElem, kBlk, 0, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
+    } else if constexpr (kRowGroups == 4) consume_blocks<kElem, kBlk, 2, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
+    else if constexpr (kRowGroups == 2) consume_blocks<kElem, kBlk, 1, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
+    else if (consumer == 0) consume_blocks<kElem, kBlk, 1, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
+    else consume_blocks<kElem, kBlk, 0, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
   };
   // Wide kernels run fused, narrow ones unfused (launch.cu): each loop exists only where it runs.
   if constexpr (kWide) consume(std::true_type{});

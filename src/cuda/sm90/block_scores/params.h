@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/icp_shard.cuh"
 #include "cuda/common/index_checks.cuh"
 #include "cuda/common/topk_select.cuh"
 #include "cuda/common/paged_kv.cuh"
@@ -45,6 +46,9 @@ struct Params {
   int32_t* q2k;                 // [Hkv, total_q, topk] (fused) or null
   int32_t* status;              // int32[4]
   SelectRule rule;              // fused only
+  ShardMap shard;               // an ICP rank's shard (unfused, paged: icp_rank_lists): lengths
+                                // and causal limits count the unsharded pool's keys, the kernel
+                                // walks the shard's (work.cuh); zero otherwise
   int64_t total_q, total_k, batch, nblk_max;
   int num_q_heads, num_kv_heads, group;
   int row_groups, tokens_per_cta;

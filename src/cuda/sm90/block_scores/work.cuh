@@ -11,7 +11,9 @@ namespace msa::cuda::indexer_sm90 {
 
 // The part of the CTA's token tile [t0, t1) that falls in batch b, and what K it reads.
 struct Segment {
-  int64_t q0, lq, k0, lk;  // batch offsets and lengths (paged: k0 = b, the page-table row)
+  int64_t q0, lq, k0, lk;  // batch offsets and lengths (paged: k0 = b, the page-table row; an
+                           // ICP shard: lk counts the unsharded pool's keys, of which the shard
+                           // holds shard_keys(lk))
   int64_t t_begin, t_end;  // global tokens of the tile in this batch
   int64_t nblocks;         // blocks of kBlk keys visible to the segment's last token, at most
                            // nblk_max; the items are the tiles_of<kBlk>(nblocks) K tiles
@@ -37,7 +39,10 @@ __device__ __forceinline__ int64_t blocks_written(const Params& p, int64_t nbloc
 }
 
 // Advances `b` to the next non-empty batch overlapping [t0, t1); false when there is none.
-template <int kBlk>
+// kShard: the kernel scores an ICP shard (Params::shard): its blocks count the shard's keys. A
+// template parameter: the shard's few instructions in every role's item walk cost the fused
+// kernels' 32-register producer spills (ptxas: 24 -> 200 bytes) even where no shard is given.
+template <int kBlk, bool kShard = false>
 __device__ __forceinline__ bool next_segment(const Params& p, int64_t t0, int64_t t1, int64_t& b,
                                              Segment& s) {
   for (; b < p.batch; ++b) {
@@ -64,6 +69,7 @@ __device__ __forceinline__ bool next_segment(const Params& p, int64_t t0, int64_
     const int64_t last = s.t_end - 1 - q0;
     int64_t end = p.causal ? last + s.lk - s.lq + 1 : s.lk;
     end = end < 0 ? 0 : (end > s.lk ? s.lk : end);
+    if constexpr (kShard) end = shard_keys(p.shard, end);
     s.nblocks = (end + kBlk - 1) / kBlk;
     if (s.nblocks > p.nblk_max) {
       if (threadIdx.x == 0)
@@ -102,7 +108,7 @@ __device__ __forceinline__ void describe(const Segment& s, SegBounds& out) {
 // walker held ~14 registers through the whole block loop).
 // kSplit: the unfused kernels, whose CTAs may take a share of the items (cta_items); the fused
 // ones never split, and their 32-register producer spills with the skip counter live.
-template <int kBlk, bool kSplit = false>
+template <int kBlk, bool kSplit = false, bool kShard = false>
 class ItemCursor {
  public:
   // `first`: the tile's items before it are skipped (a split's share, cta_items; 0 unless kSplit).
@@ -116,7 +122,7 @@ class ItemCursor {
     fresh = false;
     while (kb_ + 1 >= nblocks_) {
       Segment seg;
-      if (!next_segment<kBlk>(p_, t0_, t1_, b_, seg)) return false;
+      if (!next_segment<kBlk, kShard>(p_, t0_, t1_, b_, seg)) return false;
       const int64_t tiles = tiles_of<kBlk>(seg.nblocks);  // <= 2^24: keys < 2^31 (launch.cu)
       if constexpr (kSplit) {
         if (skip_ >= tiles) {  // wholly before the first item (or empty)
@@ -152,11 +158,11 @@ __device__ __forceinline__ int64_t token_blocks(const Params& p, const Segment& 
 }
 
 // Number of (segment, K tile) items of the tile.
-template <int kBlk>
+template <int kBlk, bool kShard = false>
 __device__ __forceinline__ int64_t count_items(const Params& p, int64_t t0, int64_t t1) {
   int64_t n = 0, b = p.batch > 0 ? find_batch(p.cu_seqlens_q, p.batch, t0) : 0;
   Segment seg;
-  while (next_segment<kBlk>(p, t0, t1, b, seg)) n += tiles_of<kBlk>(seg.nblocks);
+  while (next_segment<kBlk, kShard>(p, t0, t1, b, seg)) n += tiles_of<kBlk>(seg.nblocks);
   return n;
 }
 
@@ -167,9 +173,9 @@ __device__ __forceinline__ int64_t count_items(const Params& p, int64_t t0, int6
 struct ItemRange {
   int first, count;  // < 2^31 items
 };
-template <int kBlk, bool kSplit>
+template <int kBlk, bool kSplit, bool kShard = false>
 __device__ __forceinline__ ItemRange cta_items(const Params& p, int64_t t0, int64_t t1) {
-  const int64_t n = count_items<kBlk>(p, t0, t1);
+  const int64_t n = count_items<kBlk, kShard>(p, t0, t1);
   if constexpr (!kSplit) return ItemRange{0, int(n)};
   const int64_t z = blockIdx.z, splits = gridDim.z;
   const int64_t first = n * z / splits;
