@@ -15,8 +15,8 @@ head its own top-16 selection, sink 1, local 1).
         script working without a GPU (python/tests/test_bench_icp.py).
 
 Checks every run: the merged q2k equals the baseline's (the GPU's sharded selection is exact on
-its own scores). Records (bench/SCHEMA.md) go to --json: op `icp_baseline` (block_scores, then
-select_topk), `icp_rank_lists` (the slowest rank), `icp_merge`, `icp_select` (one rank's whole
+its own scores). Records (bench/SCHEMA.md) go to --json: op `icp_baseline` (block_topk with a
+list per index head: the fastest one-GPU path), `icp_rank_lists` (the slowest rank), `icp_merge`, `icp_select` (one rank's whole
 step in a real group; the slowest rank's figure), with `world` and the speedup over the baseline.
 """
 from __future__ import annotations
@@ -82,10 +82,8 @@ def timed(fn, iters, warmup, device, before=None):
 
 def baseline(q, pool, scale, table, used, cu):
     import msa
-    scores = msa.block_scores(q.values, pool, cu, q_scale=q.scale, k_scale=scale,
-                              page_table=table, seqused_k=used)
-    return msa.select_topk(scores, cu, num_kv_heads=HI, topk=TOPK, k=pool, page_table=table,
-                           seqused_k=used)
+    return msa.block_topk(q.values, pool, cu, q_scale=q.scale, k_scale=scale, page_table=table,
+                          seqused_k=used, topk=TOPK, num_kv_heads=HI)
 
 
 def record(args, spec, op, times, extra):

@@ -81,11 +81,14 @@ size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
 void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream);
 void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream);
 // The ICP indexer (common/icp.cu): `s` is the index inputs' shape with the unsharded pool's
-// page geometry (page_size = the page rows); the partial scores come from the indexer kernel's
-// shard mode (icp_partial_scores, sm90/block_scores/launch.cu) into the workspace.
+// page geometry (page_size = the page rows). The indexer kernel's shard mode
+// (icp_shard_scores, sm90/block_scores/launch.cu) writes the rank's lists itself where
+// icp_lists_fuse (its fused lists hold the selection: no workspace), else the partial scores
+// into the workspace (`plane`), which the list kernel reads.
 void icp_rank_lists(const IcpRankListsArgs& a, const ProblemShape& s, cudaStream_t stream);
-void icp_partial_scores(const IcpRankListsArgs& a, const ProblemShape& s, float* plane,
-                        cudaStream_t stream);
+bool icp_lists_fuse(int64_t hi, int64_t hik, int64_t hsel, int topk, int sink, int local);
+void icp_shard_scores(const IcpRankListsArgs& a, const ProblemShape& s, float* plane,
+                      cudaStream_t stream);
 void icp_merge(const IcpMergeArgs& a, cudaStream_t stream);
 // Token top-K (common/token_topk.cu): any topk; ranges checked on the device.
 void token_topk(const TokenTopKArgs& a, cudaStream_t stream);

@@ -45,12 +45,15 @@ struct IcpRankListsArgs {
   // most topk minus the token's forced blocks; `ids` -1 and `scores` -inf after the list.
   Tensor ids;              // int32
   Tensor scores;           // f32: each listed block's group score over this rank's keys
-  Tensor workspace;        // CUDA: uint8, at least icp_rank_lists_workspace_bytes (the rank's
-                           // partial block scores); ignored on the CPU
+  Tensor workspace;        // CUDA: uint8, at least icp_rank_lists_workspace_bytes (none where
+                           // the kernel keeps the lists, else the rank's partial block scores);
+                           // ignored on the CPU
   Tensor status;           // int32[4], required on CUDA
 };
 
-// Bytes of icp_rank_lists' CUDA workspace: Hi * max_pages * total_q * 4 (0 for CPU tensors).
+// Bytes of icp_rank_lists' CUDA workspace: 0 where the indexer kernel keeps the lists itself
+// (selection heads that split the key heads, topk minus the forced blocks within a list's size:
+// block_topk's rule, msa/indexer.h), else Hi * max_pages * total_q * 4; 0 for CPU tensors.
 size_t icp_rank_lists_workspace_bytes(const IcpRankListsArgs& args);
 
 // One rank's lists. A NaN group score of a visible block (a NaN in index_q or in a key) makes the

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _C
-from ._arrays import Typed, is_cuda, shape_of
+from ._arrays import Typed
 from ._kv import kv_heads_of
-from ._runtime import (MsaError, arg, check_arrays, count, dims, finish, new_output, status_for,
-                       stream_of)
+from ._runtime import (MsaError, allocator, arg, check_arrays, count, dims, finish, new_output,
+                       status_for, stream_of)
 from .quant import unpack
 
 _PAGE_ROWS = {"p128": 128, "p256": 256}
@@ -85,15 +85,18 @@ def icp_rank_lists(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any,
     forced blocks; ``ids`` int32, -1 after the list; ``scores`` f32, -inf after it. A NaN score
     of a visible block raises `MsaError` (the sharded selection could not equal `block_topk`'s).
     CUDA: D = 128, 4 or more index heads per key head, every layout but "p128" over 4 ranks,
-    ``topk <= 64``; ``workspace`` (u8, at least ``Hi * max_pages * total_q * 4`` bytes: the
-    rank's partial block scores) is allocated per call by q's framework unless given.
+    ``topk <= 64``. Where the indexer kernel keeps the lists itself (`block_topk`'s list rule:
+    e.g. a list per index head with ``topk - sink_blocks - local_blocks <= 16``) it needs no
+    workspace; otherwise ``workspace`` (u8, at least ``Hi * max_pages * total_q * 4`` bytes: the
+    rank's partial block scores) is allocated per call by q's framework unless given. A listed
+    zero score may come back as +0.0 where the CPU gives -0.0 (the same rank).
     """
     check_arrays(index_q=index_q, shard=shard, page_table=page_table, cu_seqlens_q=cu_seqlens_q,
                  seqused_k=seqused_k, index_q_scale=index_q_scale, shard_scale=shard_scale,
                  ids=ids, scores=scores, workspace=workspace)
     qv, qs, qg = unpack(index_q, index_q_scale)
     kv_, ks, kg = unpack(shard, shard_scale)
-    total_q, hi = dims(qv, "index_q", 3, "[total_q, Hi, D]")[:2]
+    total_q = dims(qv, "index_q", 3, "[total_q, Hi, D]")[0]
     topk = count(topk, "topk", lo=1)
     hsel = (kv_heads_of(kv_, "paged_nhd") if num_kv_heads is None
             else count(num_kv_heads, "num_kv_heads", lo=1))
@@ -101,10 +104,6 @@ def icp_rank_lists(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any,
         ids = new_output(qv, (hsel, total_q, topk), "i32", "ids", f"topk = {topk}")
     if scores is None:
         scores = new_output(qv, (hsel, total_q, topk), "f32", "scores", f"topk = {topk}")
-    if workspace is None and is_cuda(qv):
-        pages = dims(page_table, "page_table", 2, "[B, max_pages]")[1]
-        workspace = new_output(qv, (hi * pages * total_q * 4,), "u8", "workspace",
-                               f"index_q {list(shape_of(qv))}, max_pages = {pages}")
     st = stream_of(qv, stream)
     status = status_for(qv)
     _C.icp_rank_lists(layout=layout, world=world, rank=rank, index_q=arg(qv),
@@ -113,7 +112,9 @@ def icp_rank_lists(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any,
                       page_table=arg(page_table), seqused_k=arg(seqused_k),
                       cu_seqlens_q=arg(cu_seqlens_q), topk=topk, sink_blocks=sink_blocks,
                       local_blocks=local_blocks, causal=causal, ids=arg(ids),
-                      scores=arg(scores), workspace=arg(workspace), status=status, stream=st)
+                      scores=arg(scores), workspace=arg(workspace),
+                      alloc=allocator(qv) if workspace is None else None, status=status,
+                      stream=st)
     finish(status, st, check)
     return ids, scores
 

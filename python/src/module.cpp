@@ -326,6 +326,11 @@ NB_MODULE(_C, m) {
         x.ids = a.tensor("ids", Access::write);
         x.scores = a.tensor("scores", Access::write);
         x.workspace = a.tensor("workspace", Access::write);
+        // Without workspace=, what the call needs (none where the kernel keeps the lists) from
+        // alloc=.
+        a.allocator();
+        if (!x.workspace.defined() && x.index_q.values.is_cuda())
+          x.workspace = a.allocate(icp_rank_lists_workspace_bytes(x));
         return x;
       },
       [](const IcpRankListsArgs& x, cudaStream_t s) { icp_rank_lists(x, s); });

@@ -93,20 +93,29 @@ void icp_rank_lists(const IcpRankListsArgs& a, cudaStream_t stream) {
   api::check_status_arg(a.status, device, op);
   if (device.type == DeviceType::cpu) return cpu::icp_rank_lists(a);
   api::check_row_alignments(a.index_q.values, shard);  // TMA rows
-  check_defined(a.workspace, "workspace");
-  check_dtype(a.workspace, "workspace", {DType::u8});
-  check_contiguous(a.workspace, "workspace");
-  const size_t need = size_t(s.num_q_heads) * size_t(s.max_pages) * size_t(s.total_q) * 4;
-  MSA_CHECK(size_t(a.workspace.numel()) >= need, "workspace: needs ", need,
-            " bytes (icp_rank_lists_workspace_bytes), got ", a.workspace.describe());
+  const size_t need = icp_rank_lists_workspace_bytes(a);
+  if (need > 0) {
+    check_defined(a.workspace, "workspace");
+    check_dtype(a.workspace, "workspace", {DType::u8});
+    check_contiguous(a.workspace, "workspace");
+    MSA_CHECK(size_t(a.workspace.numel()) >= need, "workspace: needs ", need,
+              " bytes (icp_rank_lists_workspace_bytes), got ", a.workspace.describe());
+  }
   cuda::icp_rank_lists(a, s, stream);
 }
 
+// CUDA: none where the indexer kernel keeps the lists itself (cuda::icp_lists_fuse), else the
+// partial-score plane [Hi, max_pages, total_q] f32.
 size_t icp_rank_lists_workspace_bytes(const IcpRankListsArgs& a) {
   if (!a.index_q.values.defined() || !a.index_q.values.is_cuda()) return 0;
   check_ndim(a.index_q.values, "index_q", 3);
   check_defined(a.page_table, "page_table");
   check_ndim(a.page_table, "page_table", 2);
+  const Tensor& shard = a.shard.values;
+  if (shard.defined() && shard.ndim == 4 && a.ids.defined() && a.ids.ndim == 3 &&
+      cuda::icp_lists_fuse(a.index_q.values.shape[1], shard.shape[2], a.ids.shape[0], a.topk,
+                           a.sink_blocks, a.local_blocks))
+    return 0;
   return size_t(a.index_q.values.shape[1]) * size_t(a.page_table.shape[1]) *
          size_t(a.index_q.values.shape[0]) * 4;
 }

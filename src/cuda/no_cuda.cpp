@@ -27,6 +27,7 @@ void icp_rank_lists(const IcpRankListsArgs&, const ProblemShape&, cudaStream_t) 
   no_cuda("icp_rank_lists");
 }
 void icp_merge(const IcpMergeArgs&, cudaStream_t) { no_cuda("icp_merge"); }
+bool icp_lists_fuse(int64_t, int64_t, int64_t, int, int, int) { return false; }
 void build_k2q_csr(const CsrBuildArgs&, const ProblemShape&, cudaStream_t) { no_cuda("build_k2q_csr"); }
 size_t csr_workspace_bytes(int64_t, int64_t, int64_t, int64_t) { return 0; }
 void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t, const WorkspaceSource&) {

@@ -1,6 +1,7 @@
 // The ICP indexer on the GPU (msa/icp.h; src/cuda/common/icp.cu and the indexer kernel's shard
-// mode) with simulated ranks in one process: each rank's lists from its shard, the lists stacked
-// as an all-to-all leaves them, the merge. Checked against
+// mode) with simulated ranks in one process: each rank's lists from its shard (the fused kernel's
+// lists, or past their size the partial-score plane and the list kernel), the lists stacked as an
+// all-to-all leaves them, the merge. Checked against
 // - the unsharded GPU path (block_scores, then select_topk with the same selection heads): the
 //   merged q2k identical, every case (a shard's partial maxima are the unsharded kernel's dot
 //   products of the same rows, so the merge is exact on the GPU's own scores);
@@ -203,13 +204,11 @@ TEST(IcpGpu, WideSelectionsAndSingleRequests) {
 }
 
 // The whole simulated group (every rank's lists into its slice of the stacked lists, then the
-// merge) captured in one CUDA graph: 3 kernels a rank (the page check, the shard scores, the
-// lists) and the merge, no memset; replays with poisoned outputs give the eager q2k.
-TEST(IcpGpu, CapturedInAGraph) {
-  MSA_REQUIRE_GPU();
+// merge) captured in one CUDA graph: `per_rank` kernels a rank (the page check and the shard
+// kernel keeping the lists: 2; past the fused lists' size, the page check, the shard scores and
+// the list kernel: 3) and the merge, no memset; replays with poisoned outputs give the eager q2k.
+void captured_group(Case c, int per_rank) {
   TestStream s;
-  Case c{{40, 3}, {1500, 300}, {Layout::p256, 2}, 4, 16, 1, 1};
-  c.fp8 = true;
   const Inputs in = make_inputs(c);
   const std::vector<int32_t> want = gpu_merge(c, in, gpu_lists(c, in, false, s), s);
   const int64_t tq = in.q.t.shape[0], W = c.sharding.world, row = c.hsel * tq * c.topk;
@@ -244,7 +243,7 @@ TEST(IcpGpu, CapturedInAGraph) {
   for (const IcpRankListsArgs& a : ranks) icp_rank_lists(a, s);
   icp_merge(m, s);
   MSA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  expect_launch_budget(graph, 3 * int(W) + 1);
+  expect_launch_budget(graph, per_rank * int(W) + 1);
   MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaGraphDestroy(graph);
   for (int replay = 0; replay < 2; ++replay) {
@@ -254,6 +253,32 @@ TEST(IcpGpu, CapturedInAGraph) {
     EXPECT_EQ(q2k.download<int32_t>(size_t(row), s), want) << "replay " << replay;
   }
   cudaGraphExecDestroy(exec);
+}
+
+TEST(IcpGpu, CapturedInAGraph) {
+  MSA_REQUIRE_GPU();
+  Case fused{{40, 3}, {1500, 300}, {Layout::p256, 2}, 4, 16, 1, 1};
+  fused.fp8 = true;
+  captured_group(fused, 2);
+  Case planes = fused;  // 18 picks past the lists' 16: the plane and the list kernel
+  planes.topk = 20;
+  captured_group(planes, 3);
+}
+
+// A list per index head holds 16 picks in the fused kernel (block_topk's rule); past that a rank
+// writes its partial scores into the workspace and the list kernel selects: the same lists (CPU
+// reference on integer inputs) and the same merged q2k as the unsharded selection.
+TEST(IcpGpu, ListsPastTheFusedSizeMatchToo) {
+  MSA_REQUIRE_GPU();
+  const std::pair<Layout, int> groups[] = {{Layout::p128, 2}, {Layout::p256, 2}, {Layout::p256, 4}};
+  for (const auto& [layout, world] : groups)
+    for (const bool ties : {true, false}) {
+      Case c{{40, 200, 1, 0, 3}, {2900, 1500, 1, 700, 129}, {layout, world}, 4, 20, 1, 1};
+      c.ties = ties;
+      c.fp8 = !ties;
+      c.seed = unsigned(300 + world * 10 + ties);
+      run_case(c);
+    }
 }
 
 TEST(IcpGpu, NanKeyAndCorruptListsAreReported) {

@@ -1,9 +1,11 @@
 // CUDA kernels of the ICP indexer (msa/icp.h; semantics in docs/semantics.md, ICP indexer), the
 // same lists and q2k as the CPU reference (src/cpu/icp.cpp):
-// - icp_rank_lists: the indexer kernel's shard mode writes the rank's partial block scores
-//   [Hi, max_pages, total_q] into the workspace (icp_partial_scores), then list_kernel keeps, per
-//   (selection head, token), the best non-forced visible blocks by group score (one thread a row,
-//   its list sorted in shared memory by insertion);
+// - icp_rank_lists: the indexer kernel's shard mode, fused, keeps each (selection head, token)'s
+//   list as block_topk does and writes the rank's lists (icp_shard_scores: where the lists fit,
+//   icp_lists_fuse); otherwise it writes the rank's partial block scores [Hi, max_pages, total_q]
+//   into the workspace, then list_kernel keeps, per (selection head, token), the best non-forced
+//   visible blocks by group score (one thread a row, its list sorted in shared memory by
+//   insertion);
 // - icp_merge: merge_kernel, one thread a (head, token) row: checks each rank's row (a bad entry
 //   is reported and skipped), keeps each block's best listed score, takes the best up to the
 //   quota and writes the forced and taken blocks ascending.
@@ -200,8 +202,11 @@ KeyLengths global_lengths(const Tensor& page_table, const Tensor& seqused_k, int
 void icp_rank_lists(const IcpRankListsArgs& a, const ProblemShape& s, cudaStream_t stream) {
   MSA_CHECK(a.topk <= kMaxList, "icp_rank_lists: topk must be at most ", kMaxList, " on CUDA, got ",
             a.topk);
+  if (icp_lists_fuse(s.num_q_heads, s.num_kv_heads, a.ids.shape[0], a.topk, a.sink_blocks,
+                     a.local_blocks))
+    return icp_shard_scores(a, s, nullptr, stream);  // the lists straight from the kernel
   float* plane = static_cast<float*>(a.workspace.data);
-  icp_partial_scores(a, s, plane, stream);
+  icp_shard_scores(a, s, plane, stream);
   if (s.total_q == 0 || s.batch == 0) return;
   ListParams p{};
   p.plane = plane;

@@ -4,6 +4,7 @@
 // matches src/cpu/topk.cpp and src/cpu/logits.cpp exactly.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "cuda/device/status.cuh"
@@ -29,6 +30,12 @@ __device__ __forceinline__ uint64_t rank_key(float s, int64_t kb) {
   return (uint64_t(score_key(s)) << 32) | uint32_t(~uint32_t(kb));
 }
 __device__ __forceinline__ int64_t key_block(uint64_t key) { return int64_t(~uint32_t(key)); }
+// The score a key ranks by (score_key inverted): -0.0 comes back as +0.0, NaN as the canonical NaN.
+__device__ __forceinline__ float key_score(uint64_t key) {
+  const uint32_t ord = uint32_t(key >> 32) - 1u;
+  if (ord == 0u) return __uint_as_float(0x7fffffffu);
+  return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
+}
 
 __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
   for (int o = 16; o > 0; o >>= 1) {
@@ -88,6 +95,36 @@ __device__ __forceinline__ void write_q2k_row(int32_t* row, const uint64_t* pick
   for (int u = 0; u < 2; ++u)
     if (id[u] >= 0) row[rank[u]] = int32_t(id[u]);
   for (int k = valid + lane; k < r.topk; k += 32) row[k] = -1;
+}
+
+// Warp-wide: one row of ranked picks (keys, pick i at picks[i * stride]; npicks <= 64): ids[k]
+// the block of the k-th best, scores[k] its score (key_score), then -1 / -inf up to topk.
+__device__ __forceinline__ void write_ranked_row(int32_t* ids, float* scores, const uint64_t* picks,
+                                                 int npicks, int topk, int lane, int stride = 1) {
+  uint64_t key[2];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int slot = lane + 32 * u;
+    key[u] = slot < npicks ? picks[slot * stride] : 0;
+  }
+  // Keys of distinct blocks are distinct: a key's rank is the number of keys above it.
+  int rank[2] = {0, 0};
+#pragma unroll
+  for (int src = 0; src < 64; ++src) {
+    const uint64_t other = __shfl_sync(0xffffffffu, key[src >> 5], src & 31);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) rank[u] += other > key[u] ? 1 : 0;
+  }
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+    if (key[u] != 0) {
+      ids[rank[u]] = int32_t(key_block(key[u]));
+      scores[rank[u]] = key_score(key[u]);
+    }
+  for (int k = npicks + lane; k < topk; k += 32) {
+    ids[k] = -1;
+    scores[k] = -INFINITY;
+  }
 }
 
 }  // namespace msa::cuda

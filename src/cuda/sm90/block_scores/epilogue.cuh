@@ -118,11 +118,19 @@ __device__ __forceinline__ float scale_at(const float* scale, int kind, int64_t 
 // three shuffle rounds follows. Otherwise both halves' chains run interleaved, a round past the
 // group's size keeping its value (a uniform select, no branch): the two chains behind per-round
 // branches were six dependent shuffle rounds per tile (ncu).
+// kNan (an ICP shard's lists): NaN if any head is NaN instead, so that the selector sees a NaN
+// in any of a list's heads (the op reports it, as the CPU reference does).
+template <bool kNan>
+__device__ __forceinline__ float head_max(float a, float b) {
+  if constexpr (kNan) return nan_max(a, b);
+  else return fmaxf(a, b);
+}
+template <bool kNan = false>
 __device__ __forceinline__ void group_max(const float (&m)[2], int group, float (&g)[2]) {
   if (group == 16) {
-    float x = fmaxf(m[0], m[1]);
+    float x = head_max<kNan>(m[0], m[1]);
 #pragma unroll
-    for (int step = 4; step <= 16; step *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, step));
+    for (int step = 4; step <= 16; step *= 2) x = head_max<kNan>(x, __shfl_xor_sync(0xffffffffu, x, step));
     g[0] = g[1] = x;
     return;
   }
@@ -132,8 +140,8 @@ __device__ __forceinline__ void group_max(const float (&m)[2], int group, float 
   for (int step = 4; step <= 16; step *= 2) {  // rows lane/4 ^ step/4 join when G >= step/2
     const float o0 = __shfl_xor_sync(0xffffffffu, g[0], step);
     const float o1 = __shfl_xor_sync(0xffffffffu, g[1], step);
-    g[0] = group >= step / 2 ? fmaxf(g[0], o0) : g[0];
-    g[1] = group >= step / 2 ? fmaxf(g[1], o1) : g[1];
+    g[0] = group >= step / 2 ? head_max<kNan>(g[0], o0) : g[0];
+    g[1] = group >= step / 2 ? head_max<kNan>(g[1], o1) : g[1];
   }
 }
 
@@ -141,13 +149,14 @@ __device__ __forceinline__ void group_max(const float (&m)[2], int group, float 
 // chains sharing the shuffle rounds rather than running one after the other. (The two-row form
 // above stays as it is: written as this loop for one block, the 128-key kernels' SASS changed,
 // a select turned into a branch.)
+template <bool kNan = false>
 __device__ __forceinline__ void group_max(const float (&m)[4], int group, float (&g)[4]) {
   if (group == 16) {
-    float x[2] = {fmaxf(m[0], m[1]), fmaxf(m[2], m[3])};
+    float x[2] = {head_max<kNan>(m[0], m[1]), head_max<kNan>(m[2], m[3])};
 #pragma unroll
     for (int step = 4; step <= 16; step *= 2)
 #pragma unroll
-      for (int i = 0; i < 2; ++i) x[i] = fmaxf(x[i], __shfl_xor_sync(0xffffffffu, x[i], step));
+      for (int i = 0; i < 2; ++i) x[i] = head_max<kNan>(x[i], __shfl_xor_sync(0xffffffffu, x[i], step));
     g[0] = g[1] = x[0];
     g[2] = g[3] = x[1];
     return;
@@ -160,7 +169,7 @@ __device__ __forceinline__ void group_max(const float (&m)[4], int group, float 
 #pragma unroll
     for (int i = 0; i < 4; ++i) o[i] = __shfl_xor_sync(0xffffffffu, g[i], step);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) g[i] = group >= step / 2 ? fmaxf(g[i], o[i]) : g[i];
+    for (int i = 0; i < 4; ++i) g[i] = group >= step / 2 ? head_max<kNan>(g[i], o[i]) : g[i];
   }
 }
 
@@ -264,7 +273,10 @@ __device__ __forceinline__ SegRows segment_rows(const Params& p, const SegBounds
 // path's code and branches in each loop, ~10 instructions per tile on the unfused FP8 loop.
 // kSrc (with kPerKey): where the key scales come from (row_max2; k_next: the next block's
 // staged scales for kRefill, this block's for kSmem).
-template <Elem kElem, int kBlk, bool kPerKey, bool kFused, int kSrc = kKeep>
+// kShard (fused): an ICP rank's lists: the group max propagates NaN (group_max), and a list's
+// ring flag holds which of the tile's blocks the rank holds a key of visible to the token (bit
+// i: block i; the selector offers only those, as the reference lists only them).
+template <Elem kElem, int kBlk, bool kPerKey, bool kFused, int kSrc = kKeep, bool kShard = false>
 __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, const float (&s)[64],
                                          const SegRows& sr, int kb, int64_t kb_off, int lane,
                                          float2 (&k)[16], int sel_slot,
@@ -308,11 +320,11 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
   // serves them, 1 when each head selects alone).
   float g[kB][2];
   if constexpr (kB == 1) {
-    group_max(m[0], p.sel_group, g[0]);
+    group_max<kShard>(m[0], p.sel_group, g[0]);
   } else {  // both blocks through one chain of rounds
     const float m4[4] = {m[0][0], m[0][1], m[1][0], m[1][1]};
     float g4[4];
-    group_max(m4, p.sel_group, g4);
+    group_max<kShard>(m4, p.sel_group, g4);
     g[0][0] = g4[0], g[0][1] = g4[1], g[1][0] = g4[2], g[1][1] = g4[3];
   }
   if ((lane & 3) == 0) {  // into the selector ring (run_selector); the caller holds the slot
@@ -324,7 +336,12 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
         const int l = (sr.pick[u] % kMaxLists) >> p.sel_shift;
         slot.val[l] = g[0][u];
         if constexpr (kB == 2) sh.sel_hi[sel_slot][l] = g[1][u];
-        slot.ok[l] = sr.pick[u] < kMaxLists;
+        if constexpr (kShard) {  // the blocks holding a shard key <= the row's last visible one
+          const int held = (key0 <= sr.last[u] ? 1 : 0) | (kB == 2 && key0 + kBlk <= sr.last[u] ? 2 : 0);
+          slot.ok[l] = uint8_t(sr.pick[u] < kMaxLists ? held : 0);
+        } else {
+          slot.ok[l] = sr.pick[u] < kMaxLists;
+        }
       }
     }
   }
@@ -333,12 +350,15 @@ __device__ __forceinline__ void epilogue(const Params& p, SharedStorage& sh, con
 // Fused top-K: a list of token t, its visibility (in blocks of kBlk keys) and pick budget,
 // before its first offer. The budget is at most the list's size (p.list_cap; launch.cu refuses
 // a topk whose picks could pass it, so the cap never binds).
-template <int kBlk>
+// kShard: nvis counts the unsharded pool's 128-key blocks (an ICP rank selects among global
+// blocks; its kernel blocks are shard pages, shard_page_block).
+template <int kBlk, bool kShard = false>
 __device__ inline void init_list(const Params& p, ListState& ls, int64_t t) {
   const int64_t b = find_batch(p.cu_seqlens_q, p.batch, t);
   Segment seg;
   int64_t cursor = b;
-  ls.nvis = next_segment<kBlk>(p, t, t + 1, cursor, seg) ? int32_t(token_blocks<kBlk>(p, seg, t)) : 0;
+  constexpr int kVisBlk = kShard ? kBlockN : kBlk;
+  ls.nvis = next_segment<kBlk>(p, t, t + 1, cursor, seg) ? int32_t(token_blocks<kVisBlk>(p, seg, t)) : 0;
   const int want = p.rule.topk - int(forced_count(p.rule, ls.nvis));
   ls.want = int8_t(want < p.list_cap ? want : p.list_cap);
   ls.count = 0;

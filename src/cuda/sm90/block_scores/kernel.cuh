@@ -24,12 +24,13 @@
 namespace msa::cuda::indexer_sm90 {
 
 // kBlk: keys per score block, 128 or 64 (traits.h: a 128-key K tile is one block or two).
-// kShard: an ICP rank's shard (Params::shard; narrow, unfused, paged, no FP4: launch.cu).
+// kShard: an ICP rank's shard (Params::shard; paged, no FP4, 4 row groups: launch.cu); wide, it
+// writes the rank's lists (mma.cuh, run_consumer).
 template <Elem kElem, int kBlk, int kRowGroups, bool kWide, bool kShard = false>
 __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
     block_scores_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k, const Params p) {
-  static_assert(!kShard || (!kWide && kElem != Elem::fp4), "shards: unfused, no FP4 (launch.cu)");
+  static_assert(!kShard || kElem != Elem::fp4, "shards: no FP4 (launch.cu)");
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023;
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
@@ -65,14 +66,14 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
     if constexpr (kFp4) {  // no TMA: the converters load (fp4.cuh)
       if constexpr (kWide) {  // warps 0 and 3 convert, 1 and 2 select
         if (warp == 0 || warp == 3) run_fp4_converter<kConverters, kBlk, false>(p, sh, h, t0, t1, warp == 0 ? lane : 32 + lane);
-        else run_selector<kC, kBlk>(p, sh, t0, t1, threadIdx.x - 32);
+        else run_selector<kC, kBlk>(p, sh, h, t0, t1, threadIdx.x - 32);
       } else {  // all four convert, then write the -inf tail
         run_fp4_converter<kConverters, kBlk, true>(p, sh, h, t0, t1, threadIdx.x);
         if (blockIdx.z == 0) fill_tail<kBlk>(p, h, t0, t1, warp, 4, lane);
       }
     } else if (threadIdx.x < 32) run_producer<kElem, kBlk, !kWide, kShard>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
     else if constexpr (kWide) {  // fused (launch.cu)
-      if (threadIdx.x < 32 + kSelectors) run_selector<kC, kBlk>(p, sh, t0, t1, threadIdx.x - 32);
+      if (threadIdx.x < 32 + kSelectors) run_selector<kC, kBlk, kShard>(p, sh, h, t0, t1, threadIdx.x - 32);
     } else if (blockIdx.z == 0) {  // one split writes the tail (cta_items)
       fill_tail<kBlk, kShard>(p, h, t0, t1, warp - 1, 3, lane);
     }

@@ -152,11 +152,11 @@ KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
 }
 
 // The ICP shard kernel (launch_kernels.h) for an input type and block size.
-KernelFn pick_shard_kernel(DType dt, int blk) {
+KernelFn pick_shard_kernel(DType dt, int blk, bool wide) {
   switch (dt) {
-    case DType::f16: return blk == 64 ? shard_kernel_for<Elem::f16, 64>() : shard_kernel_for<Elem::f16, 128>();
-    case DType::fp8_e4m3: return blk == 64 ? shard_kernel_for<Elem::e4m3, 64>() : shard_kernel_for<Elem::e4m3, 128>();
-    default: return blk == 64 ? shard_kernel_for<Elem::bf16, 64>() : shard_kernel_for<Elem::bf16, 128>();
+    case DType::f16: return blk == 64 ? shard_kernel_for<Elem::f16, 64>(wide) : shard_kernel_for<Elem::f16, 128>(wide);
+    case DType::fp8_e4m3: return blk == 64 ? shard_kernel_for<Elem::e4m3, 64>(wide) : shard_kernel_for<Elem::e4m3, 128>(wide);
+    default: return blk == 64 ? shard_kernel_for<Elem::bf16, 64>(wide) : shard_kernel_for<Elem::bf16, 128>(wide);
   }
 }
 
@@ -218,7 +218,7 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
   const bool wide = p.scores == nullptr;
   const int64_t tiles = (p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta;
   const dim3 grid(unsigned(tiles), unsigned(p.num_kv_heads), unsigned(wide ? 1 : item_splits(tiles * p.num_kv_heads)));
-  const auto kernel = p.shard.world_shift != 0 ? pick_shard_kernel(dt, blk)
+  const auto kernel = p.shard.world_shift != 0 ? pick_shard_kernel(dt, blk, wide)
                      : blk == 64 ? pick_kernel<64>(dt, p.row_groups, wide)
                                  : pick_kernel<128>(dt, p.row_groups, wide);
   const int threads = wide ? Cfg<true>::kThreads : Cfg<false>::kThreads;
@@ -292,13 +292,19 @@ void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stre
   launch(a.q, a.kv, s, p, a.kv_block_size, check_pages, stream);
 }
 
-// An ICP rank's partial scores (Params::shard): the shard [num_pages, rows, Hik, D] is a pool of
+bool icp_lists_fuse(int64_t hi, int64_t hik, int64_t hsel, int topk, int sink, int local) {
+  return hik > 0 && hi / hik >= 4 && block_topk_fuses(hi, hik, hsel, topk, sink, local);
+}
+
+// An ICP rank's scores (Params::shard): the shard [num_pages, rows, Hik, D] is a pool of
 // `rows`-slot pages under the unsharded pool's table; the kernel walks shard keys in blocks of
-// `rows` (one shard page: every supported layout's shard page lies in one 128-key block), so the
-// plane [Hi, max_pages, total_q] holds column i for table column i. Lengths and page ids are
-// checked as the unsharded pool's (`s`: page_size = the page rows).
-void icp_partial_scores(const IcpRankListsArgs& a, const ProblemShape& s, float* plane,
-                        cudaStream_t stream) {
+// `rows` (one shard page: every supported layout's shard page lies in one 128-key block). With a
+// plane, the partial scores [Hi, max_pages, total_q] (column i for table column i); without
+// (icp_lists_fuse), the wide kernel keeps each (selection head, token)'s list as block_topk does
+// and writes the rank's lists into a.ids / a.scores. Lengths and page ids are checked as the
+// unsharded pool's (`s`: page_size = the page rows).
+void icp_shard_scores(const IcpRankListsArgs& a, const ProblemShape& s, float* plane,
+                      cudaStream_t stream) {
   constexpr const char* op = "icp_rank_lists";
   const int rows = int(a.shard.values.shape[1]);
   MSA_CHECK(rows == 64 || rows == 128, op, ": CUDA scores shard pages of 64 or 128 rows (every "
@@ -319,8 +325,20 @@ void icp_partial_scores(const IcpRankListsArgs& a, const ProblemShape& s, float*
   Params p = make_params(a.index_q, kv, a.cu_seqlens_q, shard_shape, a.causal, a.status);
   p.keys.max_keys = s.max_pages * s.page_size;  // global lengths: the unsharded pool's bound
   p.shard = make_shard_map(a.world, a.rank, rows, a.layout == IcpLayout::p128);
-  p.scores = plane;
-  p.nblk_max = s.max_pages;
+  if (plane != nullptr) {
+    p.scores = plane;
+    p.nblk_max = s.max_pages;
+  } else {
+    const int64_t hsel = a.ids.shape[0];
+    MSA_CHECK(icp_lists_fuse(s.num_q_heads, s.num_kv_heads, hsel, a.topk, a.sink_blocks,
+                             a.local_blocks),
+              op, ": ", hsel, " selection heads with topk ", a.topk, " do not fit the fused lists");
+    p.q2k = a.ids.ptr<int32_t>();
+    p.list_scores = a.scores.ptr<float>();
+    p.rule = SelectRule{a.topk, a.sink_blocks, a.local_blocks};
+    set_lists(p, int(hsel / s.num_kv_heads));
+    p.nblk_max = std::numeric_limits<int32_t>::max();  // nothing materialized: no bound
+  }
   if (p.batch > 0) launch_paged_check(s, p, stream);
   launch(a.index_q, kv, shard_shape, p, rows, /*check_pages=*/false, stream);
 }

@@ -21,14 +21,14 @@ KernelFn kernel_for(int row_groups, bool wide) {
 }
 
 template <Elem kElem, int kBlk>
-KernelFn shard_kernel_for() {
-  return block_scores_kernel<kElem, kBlk, 4, false, true>;
+KernelFn shard_kernel_for(bool wide) {
+  return wide ? block_scores_kernel<kElem, kBlk, 4, true, true> : block_scores_kernel<kElem, kBlk, 4, false, true>;
 }
 
 }  // namespace msa::cuda::indexer_sm90
 
 #define MSA_BLOCK_SCORES_INSTANTIATE(elem, blk) \
   template msa::cuda::indexer_sm90::KernelFn msa::cuda::indexer_sm90::kernel_for<elem, blk>(int, bool);
-// ... and its ICP shard kernel (16- and 8-bit inputs).
+// ... and its ICP shard kernels (16- and 8-bit inputs).
 #define MSA_BLOCK_SCORES_INSTANTIATE_SHARD(elem, blk) \
-  template msa::cuda::indexer_sm90::KernelFn msa::cuda::indexer_sm90::shard_kernel_for<elem, blk>();
+  template msa::cuda::indexer_sm90::KernelFn msa::cuda::indexer_sm90::shard_kernel_for<elem, blk>(bool);

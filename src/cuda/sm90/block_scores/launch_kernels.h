@@ -22,9 +22,10 @@ using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const Params);
 template <Elem kElem, int kBlk>
 KernelFn kernel_for(int row_groups, bool wide);
 
-// The ICP shard kernel (Params::shard): unfused, 4 row groups (G >= 4; the M3 index geometry is
-// 4 heads on 1 key head); bf16, f16 and e4m3 only.
+// The ICP shard kernels (Params::shard), 4 row groups (G >= 4; the M3 index geometry is 4 heads
+// on 1 key head); bf16, f16 and e4m3 only: unfused (the partial scores into a plane) or wide
+// (fused: the rank's lists written directly, Params::list_scores).
 template <Elem kElem, int kBlk>
-KernelFn shard_kernel_for();
+KernelFn shard_kernel_for(bool wide);
 
 }  // namespace msa::cuda::indexer_sm90

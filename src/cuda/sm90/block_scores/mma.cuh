@@ -106,8 +106,8 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
     const uint32_t block0 = uint32_t(blk) * uint32_t(kBlocksPerTile<kBlk>);
     const int64_t off = int64_t(uint64_t(block0) * uint32_t(p.total_q));
     const int slot = it % kSelRing;
-    if (per_key) epilogue<kElem, kBlk, true, kFused, kSrc>(p, sh, acc, sr, blk, off, lane, ksc, slot, next);
-    else epilogue<kElem, kBlk, false, kFused>(p, sh, acc, sr, blk, off, lane, ksc, slot);
+    if (per_key) epilogue<kElem, kBlk, true, kFused, kSrc, kShard>(p, sh, acc, sr, blk, off, lane, ksc, slot, next);
+    else epilogue<kElem, kBlk, false, kFused, kKeep, kShard>(p, sh, acc, sr, blk, off, lane, ksc, slot);
   };
   constexpr std::integral_constant<int, kKeep> kKeepScales{};
   constexpr std::integral_constant<int, kRefill> kRefillScales{};
@@ -224,16 +224,29 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
 // visible blocks). The insertions and their list scans run here instead of on one lane of an
 // MMA warp (ncu: the consumers waited on them there). Every selector thread takes part in the
 // ring barriers, with or without a list.
-template <int kC, int kBlk>  // consumer warpgroups (Cfg), keys per block
-__device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int64_t t1, int sel) {
-  const int n = int(count_items<kBlk>(p, t0, t1));
+// kShard (an ICP rank's lists): the items are shard pages; each is offered as the global block
+// it lies in (shard_page_block), only where the rank holds a key of it visible to the token (the
+// ring flag's bits, epilogue), and a NaN group score of a block that is not forced is reported
+// (icp_nan_score: the merge could not equal block_topk's selection; the reference's rule).
+template <int kC, int kBlk, bool kShard = false>  // consumer warpgroups (Cfg), keys per block
+__device__ void run_selector(const Params& p, SharedStorage& sh, int64_t h, int64_t t0, int64_t t1,
+                             int sel) {
+  const int n = int(count_items<kBlk, kShard>(p, t0, t1));
   const int lists = int(t1 - t0) << p.list_shift;  // this CTA's lists with a token
   const int stride = p.cta_lists;
 #pragma unroll 1
   for (int j = 0; j < kListsPerSelector; ++j) {
     const int l = sel + j * kSelectors;
-    if (l < lists) init_list<kBlk>(p, sh.lists[l], t0 + (l >> p.list_shift));
+    if (l < lists) init_list<kBlk, kShard>(p, sh.lists[l], t0 + (l >> p.list_shift));
   }
+  auto shard_offer = [&](int l, int64_t page, float v) {
+    ListState& ls = sh.lists[l];
+    const int64_t gkb = shard_page_block(p.shard, page);
+    if (v != v && !is_forced(p.rule, gkb, ls.nvis))
+      flag_status(p.status, int32_t(StatusCode::icp_nan_score), t0 + (l >> p.list_shift),
+                  (h << p.list_shift) + (l & ((1 << p.list_shift) - 1)), gkb);
+    offer(ls, sh.pick_keys + l, stride, p.rule, gkb, v);
+  };
   for (int it = 0; it < n; ++it) {
     const int s = SelRing::stage(it);
     sm90::mbar_wait(&sh.sel_full[s], SelRing::full_parity(it));
@@ -242,9 +255,15 @@ __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t t0, int
     for (int j = 0; j < kListsPerSelector; ++j) {
       const int l = sel + j * kSelectors;
       if (l >= lists) break;
-      if (!sh.sel[s].ok[l]) continue;
-      offer(sh.lists[l], sh.pick_keys + l, stride, p.rule, kb, sh.sel[s].val[l]);
-      if constexpr (kBlk != kBlockN) offer(sh.lists[l], sh.pick_keys + l, stride, p.rule, kb + 1, sh.sel_hi[s][l]);
+      const int ok = sh.sel[s].ok[l];
+      if (!ok) continue;
+      if constexpr (kShard) {
+        if (ok & 1) shard_offer(l, kb, sh.sel[s].val[l]);
+        if (kBlk != kBlockN && (ok & 2)) shard_offer(l, kb + 1, sh.sel_hi[s][l]);
+      } else {
+        offer(sh.lists[l], sh.pick_keys + l, stride, p.rule, kb, sh.sel[s].val[l]);
+        if constexpr (kBlk != kBlockN) offer(sh.lists[l], sh.pick_keys + l, stride, p.rule, kb + 1, sh.sel_hi[s][l]);
+      }
     }
     sm90::mbar_arrive(&sh.sel_empty[s]);
   }
@@ -276,8 +295,8 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   if constexpr (!kWide) return;  // the producer warpgroup's warps 1-3 write the -inf tail (fill_tail)
   // The selectors are done.
   sm90::named_sync(uint32_t(NamedBarrier::kSelectorsDone), kC * 128 + kSelectors);
-  // One q2k row a list: list l is token t0 + (l >> list_shift)'s, selection head
-  // h 2^list_shift + (l & (2^list_shift - 1)).
+  // One q2k row a list (a shard: one row of the rank's lists, ids and scores best first): list l
+  // is token t0 + (l >> list_shift)'s, selection head h 2^list_shift + (l & (2^list_shift - 1)).
   const int cw = consumer * 4 + warp;  // 0 .. 4 kC - 1 over the consumers
   const int lists = int(t1 - t0) << p.list_shift;
   const int lmask = (1 << p.list_shift) - 1;
@@ -285,8 +304,12 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
     const int64_t t = t0 + (l >> p.list_shift);
     const int64_t hs = (h << p.list_shift) + (l & lmask);
     const ListState& ls = sh.lists[l];
-    write_q2k_row(p.q2k + (hs * p.total_q + t) * p.rule.topk, sh.pick_keys + l, ls.count, ls.nvis,
-                  p.rule, lane, p.cta_lists);
+    const int64_t row = (hs * p.total_q + t) * p.rule.topk;
+    if constexpr (kShard)
+      write_ranked_row(p.q2k + row, p.list_scores + row, sh.pick_keys + l, ls.count, p.rule.topk,
+                       lane, p.cta_lists);
+    else
+      write_q2k_row(p.q2k + row, sh.pick_keys + l, ls.count, ls.nvis, p.rule, lane, p.cta_lists);
   }
 }
 

@@ -43,12 +43,14 @@ struct Params {
   int q_scale_kind, k_scale_kind;  // 0 none, 1 per tensor, 2 per token, 3 per token and head
   Fp4Params fp4;                // FP4 inputs only
   float* scores;                // [Hq, nblk_max, total_q] or null (fused)
-  int32_t* q2k;                 // [Hkv, total_q, topk] (fused) or null
+  int32_t* q2k;                 // [Hsel, total_q, topk] (fused) or null; a fused shard: the
+                                // rank's list ids, best first, -1 after
+  float* list_scores;           // a fused shard: the lists' group scores, -inf after
   int32_t* status;              // int32[4]
   SelectRule rule;              // fused only
-  ShardMap shard;               // an ICP rank's shard (unfused, paged: icp_rank_lists): lengths
-                                // and causal limits count the unsharded pool's keys, the kernel
-                                // walks the shard's (work.cuh); zero otherwise
+  ShardMap shard;               // an ICP rank's shard (paged: icp_rank_lists): lengths and
+                                // causal limits count the unsharded pool's keys, the kernel walks
+                                // the shard's (work.cuh); zero otherwise
   int64_t total_q, total_k, batch, nblk_max;
   int num_q_heads, num_kv_heads, group;
   int row_groups, tokens_per_cta;
