@@ -545,6 +545,10 @@ void lists_per_head(int blk) {
   int trial = 0;
   for (const int64_t group : {1, 2, 4, 8, 16})
     for (int64_t lists = 2; lists <= group; lists *= 2) {
+      if (small_tests() && (trial / 2) % 2 == 1) {  // trials 0, 1, 4, 5, 8, 9 under the sanitizers
+        ++trial;
+        continue;
+      }
       IdxCase c;
       c.lq = {int32_t(1 + rng() % 300), 0, int32_t(64 + rng() % 200)};
       c.lk = {int32_t(c.lq[0] + rng() % 900), int32_t(rng() % 300), int32_t(c.lq[2] + 1100)};
