@@ -236,7 +236,7 @@ void icp_rank_lists(const IcpRankListsArgs& a) {
 }
 
 void icp_merge(const IcpMergeArgs& a) {
-  const int64_t world = a.ids.shape[0], hsel = a.ids.shape[1], total_q = a.ids.shape[2];
+  const int64_t world = a.ids.shape[0], hsel = a.ids.shape[1];
   const icp::RankArgs r = shape_args(a, int(world), hsel);
   std::vector<icp::RankLists> ranks(static_cast<size_t>(world));
   for (int64_t w = 0; w < world; ++w)
