@@ -131,10 +131,10 @@ std::vector<std::vector<Candidate>> read_rows(const RankArgs& shape, const int32
   const std::vector<TokenInfo> tokens = token_infos(shape);
   const int64_t total_q = int64_t(tokens.size()), hsel = shape.selection_heads, K = shape.topk;
   std::vector<std::vector<Candidate>> rows(size_t(hsel * total_q));
-  for (int64_t h = 0; h < hsel; ++h)
-    for (int64_t t = 0; t < total_q; ++t) {
-      const int64_t nvis = visible_blocks(tokens[size_t(t)], shape.causal);
-      const int64_t quota = std::max<int64_t>(0, K - forced_count(nvis, shape));
+  for (int64_t t = 0; t < total_q; ++t) {
+    const int64_t nvis = visible_blocks(tokens[size_t(t)], shape.causal);
+    const int64_t quota = std::max<int64_t>(0, K - forced_count(nvis, shape));  // once a token
+    for (int64_t h = 0; h < hsel; ++h) {
       const int32_t* id = ids + (h * total_q + t) * K;
       const float* sc = scores + (h * total_q + t) * K;
       std::vector<Candidate>& row = rows[size_t(h * total_q + t)];
@@ -154,6 +154,7 @@ std::vector<std::vector<Candidate>> read_rows(const RankArgs& shape, const int32
       MSA_CHECK(int64_t(row.size()) <= quota, "icp_merge: ids[", rank, ", ", h, ", ", t, "] lists ",
                 row.size(), " blocks, more than topk minus the token's forced blocks (", quota, ")");
     }
+  }
   return rows;
 }
 

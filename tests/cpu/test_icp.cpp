@@ -81,15 +81,25 @@ std::vector<int32_t> sharded_selection(const Case& c, const HostTensor& q, const
   return std::vector<int32_t>(out.data<int32_t>(), out.data<int32_t>() + out.t.numel());
 }
 
-void expect_same_ids(const Case& c) {
-  std::mt19937 rng(c.seed);
+// A case's index queries, drawn from rng (FP8 when its keys are FP8), and its cu_seqlens_q.
+struct Queries {
+  HostTensor q, cu_q;
+};
+Queries make_queries(const Case& c, std::mt19937& rng) {
   const int64_t tq = std::accumulate(c.lq.begin(), c.lq.end(), int64_t(0));
-  HostTensor q(c.fp8 ? DType::fp8_e4m3 : DType::bf16, {tq, kHi, kD});  // FP8 keys: FP8 queries
+  HostTensor q(c.fp8 ? DType::fp8_e4m3 : DType::bf16, {tq, kHi, kD});
   for (int64_t i = 0; i < q.t.numel(); ++i) put(q, i, value(rng, c.ties));
   std::vector<int32_t> cu(c.lq.size() + 1, 0);
   for (size_t b = 0; b < c.lq.size(); ++b) cu[b + 1] = cu[b] + c.lq[b];
   HostTensor cu_q(DType::i32, {int64_t(cu.size())});
   std::memcpy(cu_q.data<int32_t>(), cu.data(), cu.size() * 4);
+  return {std::move(q), std::move(cu_q)};
+}
+
+void expect_same_ids(const Case& c) {
+  std::mt19937 rng(c.seed);
+  const Queries in = make_queries(c, rng);
+  const HostTensor &q = in.q, &cu_q = in.cu_q;
   const Pool pool = make_pool(c, rng);
   const std::vector<int32_t> want = unsharded_selection(c, q, cu_q, pool);
   const auto [ref, finite] = reference_selection(c, q, cu_q, pool);
@@ -133,11 +143,8 @@ TEST(IcpCpu, TiesNonCausalFp8AndWideSelections) {
 TEST(IcpCpu, NanScoreIsReported) {
   Case c{{8}, {600}, {Layout::p128, 2}, 4};
   std::mt19937 rng(3);
-  HostTensor q(DType::bf16, {8, kHi, kD});
-  for (int64_t i = 0; i < q.t.numel(); ++i) put(q, i, value(rng, false));
-  HostTensor cu_q(DType::i32, {2});
-  cu_q.data<int32_t>()[0] = 0;
-  cu_q.data<int32_t>()[1] = 8;
+  const Queries in = make_queries(c, rng);
+  const HostTensor &q = in.q, &cu_q = in.cu_q;
   Pool pool = make_pool(c, rng);
   // Key 300 (visible to every query: causal bottom-right over 600 keys), one NaN element.
   const int64_t page = pool.table.data<int32_t>()[300 / 128], row = 300 % 128;
@@ -201,11 +208,8 @@ TEST(IcpCpu, NegativeSlotScaleOfAReadKeyIsAnError) {
   Case c{{4}, {300}, {Layout::p128, 2}, 4};
   c.fp8 = true;
   std::mt19937 rng(9);
-  HostTensor q(DType::fp8_e4m3, {4, kHi, kD});
-  for (int64_t i = 0; i < q.t.numel(); ++i) put(q, i, value(rng, false));
-  HostTensor cu_q(DType::i32, {2});
-  cu_q.data<int32_t>()[0] = 0;
-  cu_q.data<int32_t>()[1] = 4;
+  const Queries in = make_queries(c, rng);
+  const HostTensor &q = in.q, &cu_q = in.cu_q;
   const Pool pool = make_pool(c, rng);
   Pool shard = shard_of(pool, c.sharding, 0);
   HostTensor ids(DType::i32, {4, 4, 4}), scores(DType::f32, {4, 4, 4});
