@@ -89,12 +89,11 @@ constexpr int kKBlockBytes = kBlockN * kHeadDim * 2; // 32 KB (16-bit) / 16 KB u
 // pick_keys[j * n + l], so the selectors' lanes (consecutive lists) read consecutive words.
 constexpr int kMaxLists = kMaxRowGroups * kTileM;  // 256
 constexpr int kPickKeys = kMaxTokens * kMaxPicks;  // 4096
-struct ListState {
-  uint64_t min_key;  // smallest key held once the list is full
+struct alignas(16) ListState {  // read whole (one 16-byte load) by each offer
+  uint64_t min_key;  // smallest key held once the list is full (the heap's root: epilogue.cuh)
   int32_t nvis;      // the token's visible blocks
   int16_t count;     // keys held (0 = empty slot beyond)
   int8_t want;       // picks it may take (topk minus the forced blocks, at most the list size)
-  int8_t min_pos;    // where min_key sits
 };
 
 // Fused top-K: each block's per-list maxima (the group max over a list's heads) travel from the
