@@ -271,6 +271,48 @@ TEST(IndexerGpu, Blk64RandomVarlenSweep) {
   random_varlen_sweep(64);
 }
 
+// Decode-shaped batches: many requests of 0-2 queries over up to ~3000 keys, so that a token
+// tile holds dozens of batches and launch.cu shares them among CTAs (segment groups; unfused,
+// also item splits). Every G, one list a token or one per head, FP8 and bf16, causal or not.
+void decode_batches(int blk) {
+  std::mt19937 rng(blk == 128 ? 7 : 8);
+  const int64_t groups[] = {4, 16, 1, 8, 2};
+  const int trials = small_tests() ? 3 : 10;
+  for (int trial = 0; trial < trials; ++trial) {
+    IdxCase c;
+    const int b = trial % 3 == 0 ? 150 : 40 + int(rng() % 40);
+    for (int i = 0; i < b; ++i) {
+      c.lq.push_back(int32_t(rng() % 8 == 0 ? rng() % 3 : 1));
+      c.lk.push_back(int32_t(c.lq.back() + rng() % (small_tests() ? 600 : 3000)));
+    }
+    c.group = groups[trial % 5];
+    c.lists = trial % 2 == 1 && c.group >= 2 ? c.group : 1;
+    c.hkv = 1 + trial % 2;
+    c.causal = trial % 4 != 3;
+    c.integer_values = trial % 2 == 0;
+    c.dtype = trial % 3 == 1 ? DType::bf16 : DType::fp8_e4m3;
+    if (c.dtype == DType::fp8_e4m3) c.k_scale_kind = 2;
+    c.topk = 1 + int(rng() % 12);
+    c.sink = c.topk >= 2 ? 1 : 0;
+    c.local = c.topk >= 2 ? 1 : 0;
+    c.seed = (blk == 128 ? 3100 : 3200) + trial;
+    c.blk = blk;
+    SCOPED_TRACE("blk " + std::to_string(blk) + " trial " + std::to_string(trial) + " batches " +
+                 std::to_string(b) + " G " + std::to_string(c.group) + " lists " + std::to_string(c.lists));
+    run_case(c);
+  }
+}
+
+TEST(IndexerGpu, DecodeBatchesMatchCpu) {
+  MSA_REQUIRE_GPU();
+  decode_batches(128);
+}
+
+TEST(IndexerGpu, Blk64DecodeBatchesMatchCpu) {
+  MSA_REQUIRE_GPU();
+  decode_batches(64);
+}
+
 // FP8 q and K with every pair of scale kinds (none, per tensor, per token, per token and head).
 void fp8_each_scale_kind(int blk) {
   const int64_t groups[] = {16, 4, 1, 8, 2};

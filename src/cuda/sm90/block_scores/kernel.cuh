@@ -36,8 +36,14 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
   // Latest tiles first: under causal masking they see the most blocks.
   const int64_t tile = int64_t(gridDim.x) - 1 - blockIdx.x, h = blockIdx.y;
-  const int64_t t0 = tile * p.tokens_per_cta;
-  const int64_t t1 = t0 + p.tokens_per_cta < p.total_q ? t0 + p.tokens_per_cta : p.total_q;
+  int64_t t0 = tile * p.tokens_per_cta;
+  int64_t t1 = t0 + p.tokens_per_cta < p.total_q ? t0 + p.tokens_per_cta : p.total_q;
+  if (p.seg_groups > 1) {
+    group_tokens(p, int(blockIdx.z / p.item_splits), t0, t1);
+    if (t0 >= t1) return;  // the whole CTA: no barrier is set up yet
+  }
+  const bool first_split = blockIdx.z % p.item_splits == 0;  // writes the -inf tail (unfused)
+  const int active = active_row_groups(p, t0, t1);
   const int wg = threadIdx.x / 128;
   constexpr int kC = Cfg<kWide>::kConsumers;
   // FP4: the converters (fp4.cuh) arrive on q_full and k_full, one arrival each.
@@ -50,7 +56,7 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
       sm90::mbar_init(&sh.k_empty[s], per_key_scales<kElem>(p) ? kC * 128 : kC * 4);
     }
     for (int s = 0; s < kSelRing; ++s) {  // fused: consumers running epilogues / selectors
-      sm90::mbar_init(&sh.sel_full[s], (p.row_groups < kC ? p.row_groups : kC) * 128);
+      sm90::mbar_init(&sh.sel_full[s], (active < kC ? active : kC) * 128);
       sm90::mbar_init(&sh.sel_empty[s], kSelectors);
     }
     sm90::fence_barrier_init();
@@ -69,17 +75,17 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
         else run_selector<kC, kBlk>(p, sh, h, t0, t1, threadIdx.x - 32);
       } else {  // all four convert, then write the -inf tail
         run_fp4_converter<kConverters, kBlk, true>(p, sh, h, t0, t1, threadIdx.x);
-        if (blockIdx.z == 0) fill_tail<kBlk>(p, h, t0, t1, warp, 4, lane);
+        if (first_split) fill_tail<kBlk>(p, h, t0, t1, warp, 4, lane);
       }
     } else if (threadIdx.x < 32) run_producer<kElem, kBlk, !kWide, kShard>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
     else if constexpr (kWide) {  // fused (launch.cu)
       if (threadIdx.x < 32 + kSelectors) run_selector<kC, kBlk, kShard>(p, sh, h, t0, t1, threadIdx.x - 32);
-    } else if (blockIdx.z == 0) {  // one split writes the tail (cta_items)
+    } else if (first_split) {  // one split writes the tail (cta_items)
       fill_tail<kBlk, kShard>(p, h, t0, t1, warp - 1, 3, lane);
     }
   } else {
     sm90::regs_alloc<kFp4 ? Cfg<kWide>::kFp4ConsumerRegs : Cfg<kWide>::kConsumerRegs>();
-    run_consumer<kElem, kBlk, kRowGroups, kWide, kShard>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg);
+    run_consumer<kElem, kBlk, kRowGroups, kWide, kShard>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg, active);
   }
 }
 

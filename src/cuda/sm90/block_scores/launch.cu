@@ -195,8 +195,27 @@ int item_splits(int64_t ctas) {
   return best;
 }
 
-void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Params& p, int blk,
+// Segment groups (Params::seg_groups): a tile packs up to tokens_per_cta consecutive tokens of
+// any batches, and its CTA walks every batch's keys in turn, so a decode batch (64 requests of
+// one query over 128K keys, ICP-DECODE-B64) was one CTA walking 64 requests' keys (138 ms fused).
+// Where the CTAs leave SMs idle and the batches are shorter than a tile on average, each tile's
+// batches are shared among up to 2 SMs / CTAs groups, at most about the batches a tile holds.
+// Unfused kernels split a CTA's items instead (item_splits, up to 32 ways, balanced within a
+// batch too), so they take groups only where the splits cannot fill the SMs: IDX-DEC (60 CTAs
+// of two or three batches) keeps its 4 splits; the fused IDX-DEC gets 3 groups.
+int seg_groups(const Params& p, int64_t ctas, bool fused) {
+  const int64_t sms = current_sm_count(), fill = fused ? ctas : ctas * 32;
+  if (fill >= 2 * sms || p.batch <= 1 || p.total_q >= p.batch * p.tokens_per_cta) return 1;
+  const int64_t per_tile = p.tokens_per_cta * p.batch / (p.total_q > 0 ? p.total_q : 1) + 1;
+  int64_t g = (2 * sms + fill - 1) / fill;
+  g = g < per_tile ? g : per_tile;
+  g = g < p.batch ? g : p.batch;
+  return int(g < p.tokens_per_cta ? g : p.tokens_per_cta);
+}
+
+void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Params& p_in, int blk,
             bool check_pages, cudaStream_t stream) {
+  Params p = p_in;
   const bool paged = kv.layout != KVLayout::flat;
   if (paged && check_pages && p.batch > 0) launch_paged_check(s, p, stream);  // even without queries
   if (p.total_q == 0 || p.batch == 0) return;
@@ -217,7 +236,9 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
                                 1u << p.paged.box_shift, "k", op);
   const bool wide = p.scores == nullptr;
   const int64_t tiles = (p.total_q + p.tokens_per_cta - 1) / p.tokens_per_cta;
-  const dim3 grid(unsigned(tiles), unsigned(p.num_kv_heads), unsigned(wide ? 1 : item_splits(tiles * p.num_kv_heads)));
+  p.seg_groups = seg_groups(p, tiles * p.num_kv_heads, wide);
+  p.item_splits = wide ? 1 : item_splits(tiles * p.num_kv_heads * p.seg_groups);
+  const dim3 grid(unsigned(tiles), unsigned(p.num_kv_heads), unsigned(p.seg_groups * p.item_splits));
   const auto kernel = p.shard.world_shift != 0 ? pick_shard_kernel(dt, blk, wide)
                      : blk == 64 ? pick_kernel<64>(dt, p.row_groups, wide)
                                  : pick_kernel<128>(dt, p.row_groups, wide);

@@ -272,17 +272,18 @@ __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t h, int6
 
 template <Elem kElem, int kBlk, int kRowGroups, bool kWide, bool kShard = false>
 __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int64_t t0, int64_t t1,
-                             int consumer, int tid) {
+                             int consumer, int tid, int active) {
   const int warp = tid >> 5, lane = tid & 31;
   constexpr int kC = Cfg<kWide>::kConsumers;
   sm90::mbar_wait(&sh.q_full, 0);
   // Row groups per consumer: with 2 consumers, 2 for R = 4, 1 for R = 2, 1 / 0 for R = 1; with
-  // 4, 1 for consumers below R, else 0 (compile time, but for the consumer index); the fused and
+  // 4, 1 for consumers below the row groups that hold a token (`active`: R but for a CTA of
+  // fewer tokens, kernel.cuh), else 0 (compile time, but for the consumer index); the fused and
   // unfused loops are separate code (the unfused loop then carries no selector-ring branches).
   auto consume = [&](auto fused_tag) {
     constexpr bool kF = decltype(fused_tag)::value;
     if constexpr (kWide) {
-      if (consumer < kRowGroups) consume_blocks<kElem, kBlk, 1, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
+      if (consumer < active) consume_blocks<kElem, kBlk, 1, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
       else consume_blocks<kElem, kBlk, 0, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
     } else if constexpr (kRowGroups == 4) consume_blocks<kElem, kBlk, 2, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
     else if constexpr (kRowGroups == 2) consume_blocks<kElem, kBlk, 1, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);

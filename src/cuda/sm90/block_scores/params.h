@@ -59,6 +59,10 @@ struct Params {
   // is token l >> list_shift's, q2k row h * 2^list_shift + (l & (2^list_shift - 1)).
   // cta_lists = the CTA's lists (tokens_per_cta << list_shift), list_cap = the keys each holds.
   int sel_group, sel_shift, list_shift, cta_lists, list_cap;
+  // Grid z = seg_groups x item_splits (launch.cu). seg_groups: the CTAs of a token tile that
+  // holds many short batches (decode) each take a share of its batches (group_tokens, work.cuh);
+  // item_splits (unfused only): each takes a share of those batches' items (cta_items).
+  int seg_groups, item_splits;
   bool causal;
 };
 

@@ -166,7 +166,32 @@ __device__ __forceinline__ int64_t count_items(const Params& p, int64_t t0, int6
   return n;
 }
 
-// This CTA's share of its tile's items: split blockIdx.z of gridDim.z (launch.cu splits the
+// Segment groups (launch.cu, Params::seg_groups): group g of a tile takes the batches
+// [b0 + nb g / n, b0 + nb (g + 1) / n) of the nb batches b0.. its tokens [t0, t1) overlap, as a
+// token range of its own (empty: t1 = t0). Each batch's tokens stay in one CTA, so a fused list
+// is whole; what a CTA walks is its own batches' keys, not those of every batch in the tile
+// (64 decode queries of 64 requests: 64 CTAs instead of one walking 64 requests' keys).
+__device__ __forceinline__ void group_tokens(const Params& p, int g, int64_t& t0, int64_t& t1) {
+  const int64_t b0 = find_batch(p.cu_seqlens_q, p.batch, t0);
+  const int64_t nb = find_batch(p.cu_seqlens_q, p.batch, t1 - 1) - b0 + 1, n = p.seg_groups;
+  const int64_t first = b0 + nb * g / n, last = b0 + nb * (g + 1) / n;
+  if (nb <= 0 || first >= last) {
+    t1 = t0;
+    return;
+  }
+  const int64_t lo = p.cu_seqlens_q[first], hi = p.cu_seqlens_q[last];
+  t0 = lo > t0 ? lo : t0;
+  t1 = hi < t1 ? hi : t1;
+}
+
+// Row groups that hold a token of [t0, t1) (row group r: tokens r 64 / G ..): a wide consumer
+// past them runs no wgmma (run_consumer), e.g. a decode CTA's one token.
+__device__ __forceinline__ int active_row_groups(const Params& p, int64_t t0, int64_t t1) {
+  const int64_t r = ((t1 - t0) * p.group + kTileM - 1) / kTileM;
+  return int(r < p.row_groups ? r : p.row_groups);
+}
+
+// This CTA's share of its tile's items: split blockIdx.z % item_splits (launch.cu splits the
 // unfused kernel's items when the tiles alone leave SMs idle, e.g. few decode queries over long
 // keys: a block's scores need no other block's, so a split writes its own blocks only). Every
 // role walks the same range.
@@ -177,7 +202,7 @@ template <int kBlk, bool kSplit, bool kShard = false>
 __device__ __forceinline__ ItemRange cta_items(const Params& p, int64_t t0, int64_t t1) {
   const int64_t n = count_items<kBlk, kShard>(p, t0, t1);
   if constexpr (!kSplit) return ItemRange{0, int(n)};
-  const int64_t z = blockIdx.z, splits = gridDim.z;
+  const int64_t z = blockIdx.z % p.item_splits, splits = p.item_splits;
   const int64_t first = n * z / splits;
   return ItemRange{int(first), int(n * (z + 1) / splits - first)};
 }
