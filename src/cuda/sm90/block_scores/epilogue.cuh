@@ -197,24 +197,31 @@ __device__ __forceinline__ void sift_down(uint64_t* keys, int stride, int n, int
   keys[i * stride] = key;
 }
 
-// Streams candidate block kb into a best-`want` list (its selector thread, run_selector): ls
-// the list's state, keys its first key. The list fills unordered, becomes a heap when full.
+// The filter value of a full list whose least key is `key` (ListState::thr): its score, -inf
+// for a NaN (any number then goes on to the exact test).
+__device__ __forceinline__ float list_threshold(uint64_t key) {
+  const float s = key_score(key);
+  return s != s ? -INFINITY : s;
+}
+
+// Streams candidate block kb into a best-`want` list (the selector lane that took the list from
+// its warp's queue, run_selector): ls the list's state, keys its first key. The list fills
+// unordered and becomes a heap when full; thr follows its least key.
 __device__ __forceinline__ void offer(ListState& ls, uint64_t* keys, int stride,
                                       const SelectRule& rule, int64_t kb, float v) {
-  const ListState st = ls;  // one 16-byte load
-  if (kb >= st.nvis || is_forced(rule, kb, st.nvis) || st.want <= 0) return;
+  const int nvis = ls.nvis, n = ls.want, count = ls.count;
+  if (kb >= nvis || is_forced(rule, kb, nvis) || n <= 0) return;
   const uint64_t key = rank_key(v, kb);
-  const int n = st.want;
-  if (st.count < n) {
-    keys[st.count * stride] = key;
-    ls.count = int16_t(st.count + 1);
-    if (st.count + 1 < n) return;
+  if (count < n) {
+    keys[count * stride] = key;
+    ls.count = int16_t(count + 1);
+    if (count + 1 < n) return;
     for (int i = n / 2 - 1; i >= 0; --i) sift_down(keys, stride, n, i, keys[i * stride]);
   } else {
-    if (key <= st.min_key) return;
+    if (key <= keys[0]) return;
     sift_down(keys, stride, n, 0, key);
   }
-  ls.min_key = keys[0];
+  ls.thr = list_threshold(keys[0]);
 }
 
 struct RowInfo {  // one accumulator row of a row group
@@ -380,6 +387,7 @@ __device__ inline void init_list(const Params& p, ListState& ls, int64_t t) {
   const int want = p.rule.topk - int(forced_count(p.rule, ls.nvis));
   ls.want = int8_t(want < p.list_cap ? want : p.list_cap);
   ls.count = 0;
+  ls.thr = ls.want > 0 ? __int_as_float(0x7fc00000) : INFINITY;  // NaN: every value goes on
 }
 
 // Unfused: -inf for the blocks past those each segment's items write (blocks_written: no row of

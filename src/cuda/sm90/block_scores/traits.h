@@ -89,11 +89,13 @@ constexpr int kKBlockBytes = kBlockN * kHeadDim * 2; // 32 KB (16-bit) / 16 KB u
 // pick_keys[j * n + l], so the selectors' lanes (consecutive lists) read consecutive words.
 constexpr int kMaxLists = kMaxRowGroups * kTileM;  // 256
 constexpr int kPickKeys = kMaxTokens * kMaxPicks;  // 4096
-struct alignas(16) ListState {  // read whole (one 16-byte load) by each offer
-  uint64_t min_key;  // smallest key held once the list is full (the heap's root: epilogue.cuh)
-  int32_t nvis;      // the token's visible blocks
-  int16_t count;     // keys held (0 = empty slot beyond)
-  int8_t want;       // picks it may take (topk minus the forced blocks, at most the list size)
+struct alignas(16) ListState {
+  float thr;      // a value v can enter only if !(v <= thr) (run_selector's filter): NaN while the
+                  // list fills, +inf with no picks to take, then the least key's score (-inf if
+                  // it is NaN); the exact test is the key's against the heap's root (offer)
+  int32_t nvis;   // the token's visible blocks
+  int16_t count;  // keys held (0 = empty slot beyond)
+  int8_t want;    // picks it may take (topk minus the forced blocks, at most the list size)
 };
 
 // Fused top-K: each block's per-list maxima (the group max over a list's heads) travel from the
@@ -126,6 +128,9 @@ struct alignas(1024) SharedStorage {
   SelSlot sel[kSelRing];
   uint64_t sel_full[kSelRing];   // consumer threads that run epilogues, after their writes
   uint64_t sel_empty[kSelRing];  // the kSelectors selector threads, after their reads
+  // Each selector warp's queue of its lists whose value passed the filter for the current block
+  // (run_selector): one lane a list then runs the insertions.
+  uint8_t sel_queue[kSelectors / 32][kMaxLists / (kSelectors / 32)];
   uint64_t q_full;
   uint64_t k_full[kStages];
   uint64_t k_empty[kStages];
