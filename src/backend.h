@@ -78,8 +78,10 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
                        const WorkspaceSource& src = {});
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
 // MQA logits (src/cuda/sm90/mqa_logits/): FP8, D = 128, H <= 128; paged block sizes 32, 64, 128.
-void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream);
-void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream);
+// report_base: added to the row (ragged, token_topk) or batch (paged) a device status report
+// names, where the call is one chunk of a larger one (mqa_logits_topk).
+void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream, int64_t report_base = 0);
+void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream, int64_t report_base = 0);
 // The ICP indexer (common/icp.cu): `s` is the index inputs' shape with the unsharded pool's
 // page geometry (page_size = the page rows). The indexer kernel's shard mode
 // (icp_shard_scores, sm90/block_scores/launch.cu) writes the rank's lists itself where
@@ -91,7 +93,7 @@ void icp_shard_scores(const IcpRankListsArgs& a, const ProblemShape& s, float* p
                       cudaStream_t stream);
 void icp_merge(const IcpMergeArgs& a, cudaStream_t stream);
 // Token top-K (common/token_topk.cu): any topk; ranges checked on the device.
-void token_topk(const TokenTopKArgs& a, cudaStream_t stream);
+void token_topk(const TokenTopKArgs& a, cudaStream_t stream, int64_t report_base = 0);
 void quantize(const Tensor& x, QuantFormat f, const QTensor& out, cudaStream_t stream);
 void dequantize(const QTensor& x, const Tensor& out, cudaStream_t stream);
 void reorder_fp4_scales(const Tensor& pub, const Tensor& pre, KVLayout layout, bool to_public,

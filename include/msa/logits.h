@@ -66,4 +66,39 @@ struct TokenTopKArgs {
 };
 void token_topk(const TokenTopKArgs& args, cudaStream_t stream = nullptr);
 
+// Logits and their token top-K in one call, without the [rows, S] logits: the rows run in chunks
+// whose logits live in `workspace` (required on CUDA; the CPU without one holds chunks of 16 MB
+// of its own), each chunk's
+// logits written without the clean-up, then its top-K read from them. The ids equal token_topk's
+// over the op's logits (ragged: with the rows' ranges; paged: over the clean logits, every
+// position a row does not see -inf). Device reports (bad ranges, lengths, tables) name the
+// call's rows and batches, as the two-step form's do. The workspace bounds the memory: a chunk
+// is as many rows as it holds (at least one row: 16-byte aligned rows of the logits' width);
+// *_workspace_bytes gives the size that keeps the GPU busy (about 2048 rows: 256 MB at 32K
+// keys, where the logits of MQAL-PREFILL-32K are 4 GB).
+struct MqaLogitsTopKArgs {
+  QTensor q;               // as MqaLogitsArgs
+  QTensor k;
+  Tensor weights;
+  Tensor ks, ke;           // [T] int32, required
+  int topk = 2048;
+  Tensor ids;              // out: [T, topk] int32
+  Tensor workspace;        // u8 on the call's device, at least one row of logits (optional on the CPU)
+  Tensor status;           // int32[4], required on CUDA
+};
+int64_t mqa_logits_topk_workspace_bytes(int64_t rows, int64_t keys);
+void mqa_logits_topk(const MqaLogitsTopKArgs& args, cudaStream_t stream = nullptr);
+
+struct PagedMqaLogitsTopKArgs {
+  Tensor q, q_sf, kv_fused, weights, block_tables, seq_lens;  // as PagedMqaLogitsArgs
+  int64_t max_seq_len = 0;
+  int topk = 2048;
+  Tensor ids;              // out: [B * next_n, topk] int32
+  Tensor workspace;        // u8, at least next_n rows of max_seq_len (a chunk is whole batches);
+                           // optional on the CPU
+  Tensor status;           // int32[4], required on CUDA
+};
+int64_t paged_mqa_logits_topk_workspace_bytes(int64_t batch, int64_t next_n, int64_t max_seq_len);
+void paged_mqa_logits_topk(const PagedMqaLogitsTopKArgs& args, cudaStream_t stream = nullptr);
+
 }  // namespace msa

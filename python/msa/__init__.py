@@ -20,7 +20,9 @@ from .decode import DecodePlan
 from .icp import (icp_exchange, icp_merge, icp_owned_heads, icp_rank_lists, icp_select,
                   icp_shard)
 from .indexer import block_scores, block_topk, select_topk
-from .logits import mqa_logits, paged_mqa_logits, token_topk
+from .logits import (mqa_logits, mqa_logits_topk, mqa_logits_topk_workspace_bytes,
+                     paged_mqa_logits, paged_mqa_logits_topk,
+                     paged_mqa_logits_topk_workspace_bytes, token_topk)
 from .quant import (QTensor, dequantize, quantize, reorder_fp4_scales,
                     reorder_fp4_scales_to_public)
 from .sdsa import (gather_key_sample, indexer_scores, indexer_threshold_select,
@@ -61,7 +63,9 @@ __all__ = ["BlockSparseAttention", "DTYPES", "DecodePlan", "GroupUnion", "K2QInd
            "group_union_masks", "icp_exchange", "icp_merge", "icp_owned_heads",
            "icp_rank_lists", "icp_select", "icp_shard", "include_dir",
            "indexer_scores", "indexer_threshold_select",
-           "k2q_to_bsr", "k2q_to_q2k", "mqa_logits", "paged_mqa_logits",
+           "k2q_to_bsr", "k2q_to_q2k", "mqa_logits", "mqa_logits_topk",
+           "mqa_logits_topk_workspace_bytes", "paged_mqa_logits", "paged_mqa_logits_topk",
+           "paged_mqa_logits_topk_workspace_bytes",
            "pipeline_workspace_bytes", "q2k_indices_to_q2k", "q2k_to_block_mask", "q2k_to_bsr",
            "q2k_to_k2q", "quantize", "quantize_write_index_qk_nvfp4", "reorder_fp4_scales",
            "reorder_fp4_scales_to_public",

@@ -16,7 +16,8 @@ from ._kv import kv_heads_dim
 from .attention import Visibility, attention_eager, pipeline_eager
 from .csr import build_k2q_csr_eager
 from .indexer import block_scores_eager, block_topk_eager, select_topk_eager
-from .logits import mqa_logits_eager, paged_mqa_logits_eager, token_topk_eager
+from .logits import (mqa_logits_eager, mqa_logits_topk_eager, paged_mqa_logits_eager,
+                     paged_mqa_logits_topk_eager, token_topk_eager)
 from .quant import (SCALE_DTYPES, SCALE_SHAPES, VALUE_DTYPES, dequantize_eager, quantize_eager,
                     reorder_eager)
 from .sdsa import (indexer_scores_eager, thresholds_from_sample_eager,
@@ -177,6 +178,39 @@ def _(logits, ks, ke, topk, check, stream):
 
 def token_topk(*args: Any) -> Tensor:
     return _token_topk(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::mqa_logits_topk", mutates_args=())
+def _mqa_logits_topk(q: Tensor, k: Tensor, k_scale: Optional[Tensor], weights: Tensor,
+                     ks: Tensor, ke: Tensor, topk: int, check: Optional[bool],
+                     stream: Optional[int]) -> Tensor:
+    return mqa_logits_topk_eager(q, k, k_scale, weights, ks, ke, topk, None, None, stream, check)
+
+
+@_mqa_logits_topk.register_fake
+def _(q, k, k_scale, weights, ks, ke, topk, check, stream):
+    return weights.new_empty((q.shape[0], topk), dtype=torch.int32)
+
+
+def mqa_logits_topk(*args: Any) -> Tensor:
+    return _mqa_logits_topk(*args[:-1], _sint(args[-1]))
+
+
+@torch.library.custom_op("msa::paged_mqa_logits_topk", mutates_args=())
+def _paged_mqa_logits_topk(q: Tensor, q_sf: Optional[Tensor], kv_fused: Tensor, weights: Tensor,
+                           block_tables: Tensor, seq_lens: Tensor, max_seq_len: int, topk: int,
+                           check: Optional[bool], stream: Optional[int]) -> Tensor:
+    return paged_mqa_logits_topk_eager(q, q_sf, kv_fused, weights, block_tables, seq_lens,
+                                       max_seq_len, topk, None, None, stream, check)
+
+
+@_paged_mqa_logits_topk.register_fake
+def _(q, q_sf, kv_fused, weights, block_tables, seq_lens, max_seq_len, topk, check, stream):
+    return weights.new_empty((q.shape[0] * q.shape[1], topk), dtype=torch.int32)
+
+
+def paged_mqa_logits_topk(*args: Any) -> Tensor:
+    return _paged_mqa_logits_topk(*args[:-1], _sint(args[-1]))
 
 
 @torch.library.custom_op("msa::indexer_scores", mutates_args=())

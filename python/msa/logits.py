@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from . import _C
 from ._arrays import empty
-from ._runtime import (arg, check_arrays, compiling, count, dims, finish, new_output,
-                       status_for, stream_of)
+from ._runtime import (allocator, arg, check_arrays, compiling, count, dims, finish,
+                       new_output, status_for, stream_of)
 from .quant import unpack
 
 
@@ -122,4 +122,94 @@ def token_topk_eager(logits, ks, ke, topk, out, stream, check) -> Any:
     return out
 
 
-__all__ = ["mqa_logits", "paged_mqa_logits", "token_topk"]
+def mqa_logits_topk(q: Any, k: Any, weights: Any, ks: Any, ke: Any, topk: int, *,
+                    k_scale: Any = None, workspace: Any = None, out: Any = None,
+                    stream: Any = None, check: Optional[bool] = None) -> Any:
+    """``ids [T, topk]`` int32: `token_topk` of `mqa_logits`' rows (each row's range), without the
+    ``[T, S]`` logits: the rows run in chunks whose logits live in `workspace` (CUDA: uint8 bytes,
+    at least one row of S f32 logits padded to 16 bytes; ``mqa_logits_topk_workspace_bytes``
+    gives the default, about 2048 rows; absent, it is allocated from q's framework). Arguments
+    and errors as `mqa_logits` and `token_topk`; the ids equal theirs."""
+    check_arrays(q=q, k=k, weights=weights, ks=ks, ke=ke, k_scale=k_scale, workspace=workspace,
+                 out=out)
+    kv, kscale, _ = unpack(k, k_scale)
+    dims(q, "q", 3, "[T, H, D]")
+    dims(kv, "k", 2, "[S, D]")
+    topk = count(topk, "topk", lo=1)
+    if out is None and workspace is None and compiling():
+        from . import _torch_ops
+        return _torch_ops.mqa_logits_topk(q, kv, kscale, weights, ks, ke, topk, check, stream)
+    return mqa_logits_topk_eager(q, kv, kscale, weights, ks, ke, topk, workspace, out, stream,
+                                 check)
+
+
+def mqa_logits_topk_eager(q, k, k_scale, weights, ks, ke, topk, workspace, out, stream,
+                          check) -> Any:
+    t_rows = dims(q, "q", 3, "[T, H, D]")[0]
+    if out is None:
+        out = new_output(weights, (t_rows, topk), "i32", "ids", f"topk = {topk}")
+    st = stream_of(weights, stream)
+    status = status_for(weights)
+    _C.mqa_logits_topk(q=arg(q), k=arg(k), k_scale=arg(k_scale), weights=arg(weights),
+                       ks=arg(ks), ke=arg(ke), topk=topk, ids=arg(out),
+                       workspace=arg(workspace, "u8"), alloc=allocator(weights), status=status,
+                       stream=st)
+    finish(status, st, check)
+    return out
+
+
+def paged_mqa_logits_topk(q: Any, kv_fused: Any, weights: Any, block_tables: Any,
+                          seq_lens: Any, max_seq_len: int, topk: int, *, q_sf: Any = None,
+                          workspace: Any = None, out: Any = None, stream: Any = None,
+                          check: Optional[bool] = None) -> Any:
+    """``ids [B * next_n, topk]`` int32: `token_topk` of `paged_mqa_logits`' rows (clean: what
+    a row does not see is ``-inf``), without the logits: whole batches at a time whose logits
+    live in `workspace` (CUDA: uint8 bytes, at least next_n rows of max_seq_len f32 logits
+    padded to 16 bytes; ``paged_mqa_logits_topk_workspace_bytes`` gives the default; absent, it
+    is allocated from q's framework). Arguments and errors as `paged_mqa_logits` and
+    `token_topk`; the ids equal theirs."""
+    check_arrays(q=q, kv_fused=kv_fused, weights=weights, block_tables=block_tables,
+                 seq_lens=seq_lens, q_sf=q_sf, workspace=workspace, out=out)
+    dims(q, "q", 4, "[B, next_n, H, D]")
+    max_seq_len = count(max_seq_len, "max_seq_len", bits=64)
+    topk = count(topk, "topk", lo=1)
+    if out is None and workspace is None and compiling():
+        from . import _torch_ops
+        return _torch_ops.paged_mqa_logits_topk(q, q_sf, kv_fused, weights, block_tables,
+                                                seq_lens, max_seq_len, topk, check, stream)
+    return paged_mqa_logits_topk_eager(q, q_sf, kv_fused, weights, block_tables, seq_lens,
+                                       max_seq_len, topk, workspace, out, stream, check)
+
+
+def paged_mqa_logits_topk_eager(q, q_sf, kv_fused, weights, block_tables, seq_lens, max_seq_len,
+                                topk, workspace, out, stream, check) -> Any:
+    b, next_n = dims(q, "q", 4, "[B, next_n, H, D]")[:2]
+    if out is None:
+        out = new_output(weights, (b * next_n, topk), "i32", "ids", f"topk = {topk}")
+    st = stream_of(weights, stream)
+    status = status_for(weights)
+    _C.paged_mqa_logits_topk(q=arg(q), q_sf=arg(q_sf), kv_fused=arg(kv_fused, "u8"),
+                             weights=arg(weights), block_tables=arg(block_tables),
+                             seq_lens=arg(seq_lens), max_seq_len=max_seq_len, topk=topk,
+                             ids=arg(out), workspace=arg(workspace, "u8"),
+                             alloc=allocator(weights), status=status, stream=st)
+    finish(status, st, check)
+    return out
+
+
+def mqa_logits_topk_workspace_bytes(rows: int, keys: int) -> int:
+    """Workspace bytes `mqa_logits_topk` takes on CUDA by default (its chunks of rows)."""
+    return int(_C.mqa_logits_topk_workspace_bytes(count(rows, "rows", bits=64),
+                                                  count(keys, "keys", bits=64)))
+
+
+def paged_mqa_logits_topk_workspace_bytes(batch: int, next_n: int, max_seq_len: int) -> int:
+    """Workspace bytes `paged_mqa_logits_topk` takes on CUDA by default (chunks of batches)."""
+    return int(_C.paged_mqa_logits_topk_workspace_bytes(
+        count(batch, "batch", bits=64), count(next_n, "next_n", lo=1, bits=64),
+        count(max_seq_len, "max_seq_len", bits=64)))
+
+
+__all__ = ["mqa_logits", "mqa_logits_topk", "mqa_logits_topk_workspace_bytes",
+           "paged_mqa_logits", "paged_mqa_logits_topk", "paged_mqa_logits_topk_workspace_bytes",
+           "token_topk"]

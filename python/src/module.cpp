@@ -247,6 +247,26 @@ ReorderArgs reorder_args(Args& a) {
           py::parse_layout(a.text("layout", "flat")), a.flag("to_public", false)};
 }
 
+// The ragged (mqa_logits, mqa_logits_topk) and paged logits' inputs.
+template <typename X>
+void read_ragged_logits(Args& a, X& x) {
+  x.q = a.qtensor("q");
+  x.k = a.qtensor("k");
+  x.weights = a.tensor("weights");
+  x.ks = a.tensor("ks");
+  x.ke = a.tensor("ke");
+}
+template <typename X>
+void read_paged_logits(Args& a, X& x) {
+  x.q = a.tensor("q");
+  x.q_sf = a.tensor("q_sf");
+  x.kv_fused = a.tensor("kv_fused");
+  x.weights = a.tensor("weights");
+  x.block_tables = a.tensor("block_tables");
+  x.seq_lens = a.tensor("seq_lens");
+  x.max_seq_len = a.integer("max_seq_len", 0);
+}
+
 // The names and docstrings of an op with caller-sized scratch and of its size function.
 struct ScratchOpNames {
   const char* size_fn;    // e.g. "attention_workspace_bytes"
@@ -359,11 +379,7 @@ NB_MODULE(_C, m) {
       m, "mqa_logits", "msa::mqa_logits; keywords as in msa.mqa_logits, logits preallocated.",
       [](Args& a) {
         MqaLogitsArgs x;
-        x.q = a.qtensor("q");
-        x.k = a.qtensor("k");
-        x.weights = a.tensor("weights");
-        x.ks = a.tensor("ks");
-        x.ke = a.tensor("ke");
+        read_ragged_logits(a, x);
         x.logits = a.tensor("logits", Access::write);
         x.clean_logits = a.flag("clean_logits", true);
         x.status = a.tensor("status", Access::write);
@@ -376,19 +392,55 @@ NB_MODULE(_C, m) {
       "msa::paged_mqa_logits; keywords as in msa.paged_mqa_logits, logits preallocated.",
       [](Args& a) {
         PagedMqaLogitsArgs x;
-        x.q = a.tensor("q");
-        x.q_sf = a.tensor("q_sf");
-        x.kv_fused = a.tensor("kv_fused");
-        x.weights = a.tensor("weights");
-        x.block_tables = a.tensor("block_tables");
-        x.seq_lens = a.tensor("seq_lens");
-        x.max_seq_len = a.integer("max_seq_len", 0);
+        read_paged_logits(a, x);
         x.logits = a.tensor("logits", Access::write);
         x.clean_logits = a.flag("clean_logits", true);
         x.status = a.tensor("status", Access::write);
         return x;
       },
       [](const PagedMqaLogitsArgs& x, cudaStream_t s) { paged_mqa_logits(x, s); });
+
+  def_op(
+      m, "mqa_logits_topk",
+      "msa::mqa_logits_topk; keywords as in msa.mqa_logits_topk, ids preallocated; scratch from "
+      "workspace= or alloc=.",
+      [](Args& a) {
+        MqaLogitsTopKArgs x;
+        read_ragged_logits(a, x);
+        x.topk = a.int32("topk", 2048);
+        x.ids = a.tensor("ids", Access::write);
+        x.workspace = a.tensor("workspace", Access::write);
+        x.status = a.tensor("status", Access::write);
+        a.allocator();
+        if (!x.workspace.defined() && x.q.values.is_cuda() && x.q.values.ndim == 3 && x.k.values.ndim == 2)
+          x.workspace = a.allocate(size_t(mqa_logits_topk_workspace_bytes(x.q.values.shape[0], x.k.values.shape[0])));
+        return x;
+      },
+      [](const MqaLogitsTopKArgs& x, cudaStream_t s) { mqa_logits_topk(x, s); });
+  m.def("mqa_logits_topk_workspace_bytes", &mqa_logits_topk_workspace_bytes, nb::arg("rows"),
+        nb::arg("keys"), "Scratch bytes mqa_logits_topk takes on CUDA for its default chunks.");
+
+  def_op(
+      m, "paged_mqa_logits_topk",
+      "msa::paged_mqa_logits_topk; keywords as in msa.paged_mqa_logits_topk, ids preallocated; "
+      "scratch from workspace= or alloc=.",
+      [](Args& a) {
+        PagedMqaLogitsTopKArgs x;
+        read_paged_logits(a, x);
+        x.topk = a.int32("topk", 2048);
+        x.ids = a.tensor("ids", Access::write);
+        x.workspace = a.tensor("workspace", Access::write);
+        x.status = a.tensor("status", Access::write);
+        a.allocator();
+        if (!x.workspace.defined() && x.q.is_cuda() && x.q.ndim == 4 && x.q.shape[1] >= 1 && x.max_seq_len >= 0)
+          x.workspace = a.allocate(size_t(
+              paged_mqa_logits_topk_workspace_bytes(x.q.shape[0], x.q.shape[1], x.max_seq_len)));
+        return x;
+      },
+      [](const PagedMqaLogitsTopKArgs& x, cudaStream_t s) { paged_mqa_logits_topk(x, s); });
+  m.def("paged_mqa_logits_topk_workspace_bytes", &paged_mqa_logits_topk_workspace_bytes,
+        nb::arg("batch"), nb::arg("next_n"), nb::arg("max_seq_len"),
+        "Scratch bytes paged_mqa_logits_topk takes on CUDA for its default chunks.");
 
   def_op(
       m, "token_topk", "msa::token_topk; keywords as in msa.token_topk, ids preallocated.",

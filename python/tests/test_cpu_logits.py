@@ -109,3 +109,49 @@ def test_paged_equals_ragged_per_request():
         assert np.isneginf(rows[:, n:]).all()
     with pytest.raises(msa.MsaError, match="max_seq_len"):
         msa.paged_mqa_logits(q, kv_fused, w, table, seq, max(lens) - 1)
+
+
+def test_logits_topk_equals_the_two_steps():
+    """mqa_logits_topk / paged_mqa_logits_topk: token_topk's ids over the logits, for any
+    workspace (one row, a few, none: the CPU's own chunks)."""
+    q, k, scale, w, ks, ke = _problem(np.random.default_rng(9), t_rows=11)
+    logits = msa.mqa_logits(q, k, w, ks, ke, k_scale=scale)
+    row = (k.shape[0] * 4 + 15) // 16 * 16
+    for topk in (1, 6, 120):
+        want = msa.token_topk(logits, topk, ks=ks, ke=ke)
+        for rows in (None, 1, 3, 11):
+            ws = None if rows is None else np.zeros(rows * row, np.uint8)
+            got = msa.mqa_logits_topk(q, k, w, ks, ke, topk, k_scale=scale, workspace=ws)
+            assert np.array_equal(got, want), (topk, rows)
+    assert msa.mqa_logits_topk_workspace_bytes(11, k.shape[0]) == 11 * row
+    with pytest.raises(msa.MsaError, match="workspace: mqa_logits_topk needs at least"):
+        msa.mqa_logits_topk(q, k, w, ks, ke, 4, k_scale=scale, workspace=np.zeros(row - 1, np.uint8))
+    with pytest.raises(msa.MsaError, match="topk: must be >= 1"):
+        msa.mqa_logits_topk(q, k, w, ks, ke, 0, k_scale=scale)
+
+
+def test_paged_logits_topk_equals_the_two_steps():
+    rng = np.random.default_rng(10)
+    next_n, heads, dim, bs, lens = 2, 4, 32, 16, [20, 0, 33, 7]
+    q = rng.uniform(-2, 2, (len(lens), next_n, heads, dim)).astype(ml_dtypes.float8_e4m3fn)
+    w = rng.uniform(-1, 1, (len(lens) * next_n, heads)).astype(np.float32)
+    blocks = 12
+    pool = rng.integers(0, 256, (blocks, bs, 1, dim + 4), dtype=np.uint8)
+    pool[:, :, :, :dim] = rng.uniform(-2, 2, (blocks, bs, 1, dim)).astype(
+        ml_dtypes.float8_e4m3fn).view(np.uint8)
+    flat = pool.reshape(blocks, bs * (dim + 4))
+    flat[:, bs * dim:] = rng.uniform(0.5, 1.5, (blocks, bs)).astype(np.float32).view(np.uint8)
+    table = rng.permutation(blocks)[:len(lens) * 3].reshape(len(lens), 3).astype(np.int32)
+    seq = np.array(lens, np.int32)
+    logits = msa.paged_mqa_logits(q, pool, w, table, seq, 40)
+    row = (40 * 4 + 15) // 16 * 16
+    for topk in (1, 9, 50):
+        want = msa.token_topk(logits, topk)
+        for batches in (None, 1, 3):
+            ws = None if batches is None else np.zeros(batches * next_n * row, np.uint8)
+            got = msa.paged_mqa_logits_topk(q, pool, w, table, seq, 40, topk, workspace=ws)
+            assert np.array_equal(got, want), (topk, batches)
+    with pytest.raises(msa.MsaError, match="workspace: paged_mqa_logits_topk needs at least"):
+        msa.paged_mqa_logits_topk(q, pool, w, table, seq, 40, 4, workspace=np.zeros(row, np.uint8))
+    with pytest.raises(msa.MsaError, match="max_seq_len"):
+        msa.paged_mqa_logits_topk(q, pool, w, table, seq, 32, 4)

@@ -297,3 +297,35 @@ def test_opcheck(i):
     if not any(isinstance(a, torch.Tensor) and a.dtype in (E4M3, FP4) for a in args):
         utils += ("test_schema",)  # it multiplies the inputs: no CPU kernel for FP8 and FP4
     torch.library.opcheck(op, args, test_utils=utils)
+
+
+def test_logits_topk_ops_compile_and_match_eager():
+    """mqa_logits_topk and paged_mqa_logits_topk as torch ops: compiled == eager == the two
+    steps; their fakes give the real output's shape and dtype."""
+    q, k, w, ks, ke, scale = _ragged(13)
+
+    def run(q, k, w, ks, ke, scale):
+        return msa.mqa_logits_topk(q, msa.QTensor(k, scale), w, ks, ke, 15)
+
+    got = _compile(run)(q, k, w, ks, ke, scale)
+    logits = msa.mqa_logits(q, k, w, ks, ke, k_scale=scale)
+    assert torch.equal(got, run(q, k, w, ks, ke, scale))
+    assert torch.equal(got, msa.token_topk(logits, 15, ks=ks, ke=ke))
+    lens, next_n = [40, 0, 23], 2
+    pq, kv, pw, tables, seq, _ = _paged(14, lens, next_n)
+
+    def paged(q, kv, w, tables, seq):
+        return msa.paged_mqa_logits_topk(q, kv, w, tables, seq, 45, 12)
+
+    pgot = _compile(paged)(pq, kv, pw, tables, seq)
+    assert torch.equal(pgot, paged(pq, kv, pw, tables, seq))
+    assert torch.equal(pgot, msa.token_topk(msa.paged_mqa_logits(pq, kv, pw, tables, seq, 45), 12))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    for op, args in ((torch.ops.msa.mqa_logits_topk.default, (q, k, scale, w, ks, ke, 15, None, None)),
+                     (torch.ops.msa.paged_mqa_logits_topk.default,
+                      (pq, None, kv, pw, tables, seq, 45, 12, None, None))):
+        real = op(*args)
+        with FakeTensorMode() as mode:
+            fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+        assert (fake.shape, fake.dtype) == (real.shape, real.dtype)
+        torch.library.opcheck(op, args, test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))

@@ -225,3 +225,28 @@ def test_logits_then_token_topk_compiles_and_captures():
         return msa.token_topk(logits, 256, ks=ks, ke=ke)
 
     _replay_equals_eager(run, static, fresh)
+
+
+def test_logits_topk_equals_the_two_steps_and_captures():
+    """mqa_logits_topk on the GPU: the two steps' ids with its own workspace (allocated from
+    torch) and with one of two rows; a bad range in a later chunk names its row; compiled and
+    captured, a replay over new inputs equals the eager call."""
+    gen = torch.Generator().manual_seed(43)
+    q, k, w, ks, ke, scale = [x.cuda() for x in _ragged(gen, 300, 2000, 64)]
+    logits = msa.mqa_logits(q, msa.QTensor(k, scale), w, ks, ke)
+    want = msa.token_topk(logits, 128, ks=ks, ke=ke)
+    got = msa.mqa_logits_topk(q, k, w, ks, ke, 128, k_scale=scale, check=True)
+    assert torch.equal(got, want)
+    ws = torch.empty(2 * 2000 * 4, dtype=torch.uint8, device="cuda")
+    assert torch.equal(msa.mqa_logits_topk(q, k, w, ks, ke, 128, k_scale=scale, workspace=ws), want)
+    bad_ks, bad_ke = ks.clone(), ke.clone()
+    bad_ks[251], bad_ke[251] = 9, 4
+    with pytest.raises(msa.MsaError, match="ks, ke: row 251 must satisfy"):
+        msa.mqa_logits_topk(q, k, w, bad_ks, bad_ke, 128, k_scale=scale, workspace=ws, check=True)
+    static = [x.cuda() for x in _ragged(gen, 40, 3000, 64)]
+    fresh = [x.cuda() for x in _ragged(gen, 40, 3000, 64)]
+
+    def run(q, k, w, ks, ke, scale):
+        return msa.mqa_logits_topk(q, msa.QTensor(k, scale), w, ks, ke, 256)
+
+    _replay_equals_eager(run, static, fresh)

@@ -3,7 +3,9 @@
 // on the device), then run the CPU reference or the CUDA kernels.
 #include "msa/logits.h"
 
+#include <algorithm>
 #include <climits>
+#include <vector>
 
 #include "api/validate.h"
 #include "backend.h"
@@ -44,11 +46,13 @@ void check_ranges(const Tensor& ks_t, const Tensor& ke_t, int64_t t_rows, int64_
 
 }  // namespace
 
-void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
-  const Device device =
-      api::common_device("mqa_logits", {{&a.q.values, "q"}, {&a.q.scale, "q.scale"}, {&a.k.values, "k"},
-                                   {&a.k.scale, "k.scale"}, {&a.weights, "weights"}, {&a.ks, "ks"},
-                                   {&a.ke, "ke"}, {&a.logits, "logits"}});
+namespace {
+
+// The ragged logits' inputs (everything but the output), in the order the checks run.
+struct Dims {
+  int64_t rows, keys;
+};
+Dims check_mqa_inputs(const MqaLogitsArgs& a) {
   const Tensor& q = a.q.values;
   check_defined(q, "q");
   check_dtype(q, "q", {DType::fp8_e4m3, DType::bf16});
@@ -77,28 +81,46 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
   check_dtype(a.weights, "weights", {DType::f32});
   check_shape(a.weights, "weights", {t_rows, heads});
   check_last_dim_contiguous(a.weights, "weights");
-  check_defined(a.logits, "logits");
-  check_dtype(a.logits, "logits", {DType::f32});
-  check_shape(a.logits, "logits", {t_rows, s_keys});
-  check_last_dim_contiguous(a.logits, "logits");
+  return {t_rows, s_keys};
+}
+
+// The ranges and what CUDA takes (the CPU checks the ranges' values instead); after the output.
+void check_mqa_device(const MqaLogitsArgs& a, const Device& device, Dims d, const char* op) {
+  const Tensor& q = a.q.values;
   if (device.type == DeviceType::cuda) {
     for (const auto& [t, name] : {std::pair{&a.ks, "ks"}, std::pair{&a.ke, "ke"}}) {
       check_defined(*t, name);
       check_dtype(*t, name, {DType::i32});
-      check_shape(*t, name, {t_rows});
+      check_shape(*t, name, {d.rows});
       check_contiguous(*t, name);
     }
-    MSA_CHECK(q.dtype == DType::fp8_e4m3, "q: CUDA mqa_logits takes fp8_e4m3 q and k (bf16 runs on "
+    MSA_CHECK(q.dtype == DType::fp8_e4m3, "q: CUDA ", op, " takes fp8_e4m3 q and k (bf16 runs on "
               "the CPU only so far), got ", dtype_name(q.dtype));
-    check_cuda_heads("mqa_logits", heads, dim);
-    MSA_CHECK(t_rows < INT32_MAX && s_keys < INT32_MAX, "mqa_logits: CUDA takes fewer than 2^31 "
-              "rows and keys, got ", q.describe(), " and ", k.describe());
+    check_cuda_heads(op, q.shape[1], q.shape[2]);
+    MSA_CHECK(d.rows < INT32_MAX && d.keys < INT32_MAX, op, ": CUDA takes fewer than 2^31 "
+              "rows and keys, got ", q.describe(), " and ", a.k.values.describe());
     check_rows_16b(q, "q", {0, 1});
-    check_rows_16b(k, "k", {0});
-    api::check_status_arg(a.status, device, "mqa_logits");
-    return cuda::mqa_logits(a, stream);
+    check_rows_16b(a.k.values, "k", {0});
+    api::check_status_arg(a.status, device, op);
+    return;
   }
-  check_ranges(a.ks, a.ke, t_rows, s_keys);
+  check_ranges(a.ks, a.ke, d.rows, d.keys);
+}
+
+}  // namespace
+
+void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
+  const Device device =
+      api::common_device("mqa_logits", {{&a.q.values, "q"}, {&a.q.scale, "q.scale"}, {&a.k.values, "k"},
+                                   {&a.k.scale, "k.scale"}, {&a.weights, "weights"}, {&a.ks, "ks"},
+                                   {&a.ke, "ke"}, {&a.logits, "logits"}});
+  const Dims d = check_mqa_inputs(a);
+  check_defined(a.logits, "logits");
+  check_dtype(a.logits, "logits", {DType::f32});
+  check_shape(a.logits, "logits", {d.rows, d.keys});
+  check_last_dim_contiguous(a.logits, "logits");
+  check_mqa_device(a, device, d, "mqa_logits");
+  if (device.type == DeviceType::cuda) return cuda::mqa_logits(a, stream);
   cpu::mqa_logits(a);
 }
 
@@ -138,11 +160,13 @@ void token_topk(const TokenTopKArgs& a, cudaStream_t stream) {
   cpu::token_topk(a);
 }
 
-void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
-  const Device device = api::common_device(
-      "paged_mqa_logits", {{&a.q, "q"}, {&a.q_sf, "q_sf"}, {&a.kv_fused, "kv_fused"},
-                           {&a.weights, "weights"}, {&a.block_tables, "block_tables"},
-                           {&a.seq_lens, "seq_lens"}, {&a.logits, "logits"}});
+namespace {
+
+struct PagedDims {
+  int64_t batch, next_n, heads, dim, block_size, num_blocks;
+};
+// The paged logits' inputs (everything but the output), in the order the checks run.
+PagedDims check_paged_inputs(const PagedMqaLogitsArgs& a) {
   const Tensor& q = a.q;
   check_defined(q, "q");
   check_dtype(q, "q", {DType::fp8_e4m3, DType::fp4x2});
@@ -190,15 +214,19 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
             a.block_tables.describe());
   check_last_dim_contiguous(a.block_tables, "block_tables");
   MSA_CHECK(a.max_seq_len >= 0, "max_seq_len: must be >= 0, got ", a.max_seq_len);
-  check_defined(a.logits, "logits");
-  check_dtype(a.logits, "logits", {DType::f32});
-  check_ndim(a.logits, "logits", 2);
-  check_last_dim_contiguous(a.logits, "logits");
-  MSA_CHECK(a.logits.shape[0] == batch * next_n && a.logits.shape[1] >= a.max_seq_len,
-            "logits: must be [B * next_n = ", batch * next_n, ", >= max_seq_len = ", a.max_seq_len,
-            "], got ", a.logits.describe());
+  return {batch, next_n, heads, dim, block_size, num_blocks};
+}
+
+// What CUDA takes, or (CPU) the lengths', tables' and block ids' values; after the output.
+void check_paged_device(const PagedMqaLogitsArgs& a, const Device& device, const PagedDims& d,
+                        const char* op) {
+  const Tensor& q = a.q;
+  const Tensor& kv = a.kv_fused;
+  const bool fp4 = q.dtype == DType::fp4x2;
+  const int64_t batch = d.batch, next_n = d.next_n, heads = d.heads, dim = d.dim;
+  const int64_t block_size = d.block_size, num_blocks = d.num_blocks;
   if (device.type == DeviceType::cuda) {
-    check_cuda_heads("paged_mqa_logits", heads, dim);
+    check_cuda_heads(op, heads, dim);
     if (fp4)  // rows b * next_n + t index q_sf as q (the FP4 kernels read both per row)
       MSA_CHECK(a.q_sf.strides[0] == next_n * a.q_sf.strides[1], "q_sf: CUDA needs the B and "
                 "next_n dims of q_sf to merge (stride[0] = next_n * stride[1]), got ",
@@ -208,11 +236,11 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
     MSA_CHECK(q.strides[0] == next_n * q.strides[1], "q: CUDA needs the B and next_n dims of q to "
               "merge (stride[0] = next_n * stride[1]), got ", q.describe());
     MSA_CHECK(batch * next_n < INT32_MAX && a.max_seq_len < INT32_MAX && num_blocks < INT32_MAX,
-              "paged_mqa_logits: CUDA takes fewer than 2^31 rows, columns and pool blocks");
+              op, ": CUDA takes fewer than 2^31 rows, columns and pool blocks");
     check_rows_16b(q, "q", {1, 2});
     check_rows_16b(kv, "kv_fused", {0});
-    api::check_status_arg(a.status, device, "paged_mqa_logits");
-    return cuda::paged_mqa_logits(a, stream);
+    api::check_status_arg(a.status, device, op);
+    return;
   }
   // What the seed leaves undefined is an error here: lengths past max_seq_len, a table too
   // narrow for a length, block ids outside the pool.
@@ -230,7 +258,201 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
                 num_blocks, ") at (batch ", b, ", column ", c, ")");
     }
   }
+}
+
+}  // namespace
+
+void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
+  const Device device = api::common_device(
+      "paged_mqa_logits", {{&a.q, "q"}, {&a.q_sf, "q_sf"}, {&a.kv_fused, "kv_fused"},
+                           {&a.weights, "weights"}, {&a.block_tables, "block_tables"},
+                           {&a.seq_lens, "seq_lens"}, {&a.logits, "logits"}});
+  const PagedDims d = check_paged_inputs(a);
+  check_defined(a.logits, "logits");
+  check_dtype(a.logits, "logits", {DType::f32});
+  check_ndim(a.logits, "logits", 2);
+  check_last_dim_contiguous(a.logits, "logits");
+  MSA_CHECK(a.logits.shape[0] == d.batch * d.next_n && a.logits.shape[1] >= a.max_seq_len,
+            "logits: must be [B * next_n = ", d.batch * d.next_n, ", >= max_seq_len = ", a.max_seq_len,
+            "], got ", a.logits.describe());
+  check_paged_device(a, device, d, "paged_mqa_logits");
+  if (device.type == DeviceType::cuda) return cuda::paged_mqa_logits(a, stream);
   cpu::paged_mqa_logits(a);
+}
+
+namespace {
+
+// One workspace row of logits `cols` wide: 16-byte aligned rows (the kernels' vector stores).
+int64_t logits_row_bytes(int64_t cols) { return std::max<int64_t>(16, (cols * 4 + 15) / 16 * 16); }
+
+// The rows a chunk of the logits + top-K ops takes: 2048 keep the logits kernels at several
+// waves of CTAs (ragged, 64 heads: 4 tokens a CTA, 512 CTAs on 132 SMs).
+constexpr int64_t kChunkRows = 2048;
+// The CPU's chunk: at most 4M logits (16 MB) at a time.
+constexpr int64_t kCpuChunkLogits = int64_t(1) << 22;
+
+// Rows of the CUDA workspace a chunk takes, a multiple of `unit` (a paged chunk is whole batches).
+int64_t workspace_rows(const Tensor& ws, int64_t cols, int64_t unit, const char* op) {
+  check_defined(ws, "workspace");
+  check_dtype(ws, "workspace", {DType::u8});
+  check_ndim(ws, "workspace", 1);
+  check_contiguous(ws, "workspace");
+  MSA_CHECK(reinterpret_cast<uintptr_t>(ws.data) % 16 == 0, "workspace: must be 16-byte aligned, got ",
+            ws.describe());
+  const int64_t row = logits_row_bytes(cols), rows = ws.shape[0] / row;
+  MSA_CHECK(rows >= unit, "workspace: ", op, " needs at least ", unit * row, " bytes (", unit,
+            " row(s) of ", cols, " f32 logits, each padded to 16 bytes), got ", ws.describe(), "; ",
+            op, "_workspace_bytes gives the size that keeps the GPU busy");
+  return rows / unit * unit;
+}
+
+// Rows [r0, r0 + n) of t (dim 0).
+Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) {
+  Tensor v = t;
+  v.data = static_cast<uint8_t*>(t.data) + r0 * t.strides[0] * int64_t(dtype_size(t.dtype));
+  v.shape[0] = n;
+  return v;
+}
+
+// n rows of `cols` f32 logits at `data`, rows logits_row_bytes apart.
+Tensor logits_rows(void* data, int64_t n, int64_t cols, const Device& device) {
+  return Tensor(data, DType::f32, std::vector<int64_t>{n, cols},
+                std::vector<int64_t>{logits_row_bytes(cols) / 4, 1}, device);
+}
+
+void check_ids(const Tensor& ids, int64_t rows, int topk) {
+  MSA_CHECK(topk >= 1, "topk: must be >= 1, got ", topk);
+  check_defined(ids, "ids");
+  check_dtype(ids, "ids", {DType::i32});
+  check_shape(ids, "ids", {rows, int64_t(topk)});
+  check_contiguous(ids, "ids");
+}
+
+// token_topk's CUDA bound on a row's columns (its position arithmetic).
+void check_topk_cols(int64_t cols, const char* op) {
+  MSA_CHECK(cols <= INT32_MAX - 8192, op, ": CUDA takes at most 2^31 - 8193 columns, got ", cols);
+}
+
+}  // namespace
+
+int64_t mqa_logits_topk_workspace_bytes(int64_t rows, int64_t keys) {
+  MSA_CHECK(rows >= 0 && keys >= 0, "mqa_logits_topk_workspace_bytes: rows and keys must be >= 0, "
+            "got ", rows, " and ", keys);
+  return std::max<int64_t>(1, std::min(rows, kChunkRows)) * logits_row_bytes(keys);
+}
+
+void mqa_logits_topk(const MqaLogitsTopKArgs& a, cudaStream_t stream) {
+  const char* op = "mqa_logits_topk";
+  const Device device = api::common_device(
+      op, {{&a.q.values, "q"}, {&a.q.scale, "q.scale"}, {&a.k.values, "k"}, {&a.k.scale, "k.scale"},
+           {&a.weights, "weights"}, {&a.ks, "ks"}, {&a.ke, "ke"}, {&a.ids, "ids"},
+           {&a.workspace, "workspace"}});
+  MqaLogitsArgs la;
+  la.q = a.q;
+  la.k = a.k;
+  la.weights = a.weights;
+  la.ks = a.ks;
+  la.ke = a.ke;
+  la.clean_logits = false;  // the top-K reads each row's range only
+  la.status = a.status;
+  const Dims d = check_mqa_inputs(la);
+  check_ids(a.ids, d.rows, a.topk);
+  check_mqa_device(la, device, d, op);
+  const bool cuda = device.type == DeviceType::cuda;
+  if (cuda) check_topk_cols(d.keys, op);
+  // The CPU without a workspace holds chunks of its own.
+  const bool own = !cuda && !a.workspace.defined();
+  const int64_t chunk = own ? std::max<int64_t>(1, kCpuChunkLogits / std::max<int64_t>(1, d.keys))
+                            : workspace_rows(a.workspace, d.keys, 1, op);
+  std::vector<float> host;
+  if (own && d.rows > 0) host.resize(size_t(std::min(chunk, d.rows) * logits_row_bytes(d.keys) / 4));
+  void* const buf = own ? static_cast<void*>(host.data()) : a.workspace.data;
+  for (int64_t r0 = 0; r0 < d.rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, d.rows - r0);
+    MqaLogitsArgs c = la;
+    c.q.values = rows_of(a.q.values, r0, n);
+    c.weights = rows_of(a.weights, r0, n);
+    c.ks = rows_of(a.ks, r0, n);
+    c.ke = rows_of(a.ke, r0, n);
+    c.logits = logits_rows(buf, n, d.keys, device);
+    TokenTopKArgs t;
+    t.logits = c.logits;
+    t.ks = c.ks;
+    t.ke = c.ke;
+    t.topk = a.topk;
+    t.ids = rows_of(a.ids, r0, n);
+    t.status = a.status;
+    if (cuda) {
+      cuda::mqa_logits(c, stream, r0);
+      cuda::token_topk(t, stream, r0);
+    } else {
+      cpu::mqa_logits(c);
+      cpu::token_topk(t);
+    }
+  }
+}
+
+int64_t paged_mqa_logits_topk_workspace_bytes(int64_t batch, int64_t next_n, int64_t max_seq_len) {
+  MSA_CHECK(batch >= 0 && next_n >= 1 && max_seq_len >= 0, "paged_mqa_logits_topk_workspace_bytes: "
+            "needs batch >= 0, next_n >= 1, max_seq_len >= 0, got ", batch, ", ", next_n, ", ",
+            max_seq_len);
+  const int64_t batches = std::max<int64_t>(1, std::min(batch, (kChunkRows + next_n - 1) / next_n));
+  return batches * next_n * logits_row_bytes(max_seq_len);
+}
+
+void paged_mqa_logits_topk(const PagedMqaLogitsTopKArgs& a, cudaStream_t stream) {
+  const char* op = "paged_mqa_logits_topk";
+  const Device device = api::common_device(
+      op, {{&a.q, "q"}, {&a.q_sf, "q_sf"}, {&a.kv_fused, "kv_fused"}, {&a.weights, "weights"},
+           {&a.block_tables, "block_tables"}, {&a.seq_lens, "seq_lens"}, {&a.ids, "ids"},
+           {&a.workspace, "workspace"}});
+  PagedMqaLogitsArgs la;
+  la.q = a.q;
+  la.q_sf = a.q_sf;
+  la.kv_fused = a.kv_fused;
+  la.weights = a.weights;
+  la.block_tables = a.block_tables;
+  la.seq_lens = a.seq_lens;
+  la.max_seq_len = a.max_seq_len;
+  la.clean_logits = true;  // the top-K reads whole rows: what a row does not see must be -inf
+  la.status = a.status;
+  const PagedDims d = check_paged_inputs(la);
+  const int64_t rows = d.batch * d.next_n, cols = a.max_seq_len;
+  check_ids(a.ids, rows, a.topk);
+  check_paged_device(la, device, d, op);
+  const bool cuda = device.type == DeviceType::cuda;
+  if (cuda) check_topk_cols(cols, op);
+  // A chunk is whole batches (their next_n rows); the CPU without a workspace holds its own.
+  const bool own = !cuda && !a.workspace.defined();
+  const int64_t chunk =
+      own ? std::max<int64_t>(1, kCpuChunkLogits / std::max<int64_t>(1, cols * d.next_n))
+          : workspace_rows(a.workspace, cols, d.next_n, op) / d.next_n;
+  std::vector<float> host;
+  if (own && rows > 0)
+    host.resize(size_t(std::min(chunk, d.batch) * d.next_n * logits_row_bytes(cols) / 4));
+  void* const buf = own ? static_cast<void*>(host.data()) : a.workspace.data;
+  for (int64_t b0 = 0; b0 < d.batch; b0 += chunk) {
+    const int64_t nb = std::min(chunk, d.batch - b0);
+    PagedMqaLogitsArgs c = la;
+    c.q = rows_of(a.q, b0, nb);
+    if (a.q_sf.defined()) c.q_sf = rows_of(a.q_sf, b0, nb);
+    c.weights = rows_of(a.weights, b0 * d.next_n, nb * d.next_n);
+    c.block_tables = rows_of(a.block_tables, b0, nb);
+    c.seq_lens = rows_of(a.seq_lens, b0, nb);
+    c.logits = logits_rows(buf, nb * d.next_n, cols, device);
+    TokenTopKArgs t;
+    t.logits = c.logits;
+    t.topk = a.topk;
+    t.ids = rows_of(a.ids, b0 * d.next_n, nb * d.next_n);
+    t.status = a.status;
+    if (cuda) {
+      cuda::paged_mqa_logits(c, stream, b0);
+      cuda::token_topk(t, stream, b0 * d.next_n);
+    } else {
+      cpu::paged_mqa_logits(c);
+      cpu::token_topk(t);
+    }
+  }
 }
 
 }  // namespace msa

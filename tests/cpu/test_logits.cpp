@@ -450,5 +450,132 @@ TEST(PagedMqaLogitsRules, WhatTheSeedLeavesUndefinedIsAnError) {
                    "block_tables: block id 0 out of range [0, 0) at (batch 0, column 0)");
 }
 
+// mqa_logits_topk: the ids of token_topk over mqa_logits' rows, for every chunking the workspace
+// gives (one row, a few, all of them, none: the CPU's own), topk below, at and past the rows'
+// lengths, empty and full ranges, repeated values (ties across chunk boundaries are row-local).
+TEST(MqaLogitsTopK, EqualsTokenTopKOfTheLogits) {
+  std::mt19937 rng(31);
+  const int64_t t_rows = 23, heads = 3, dim = 32, s_keys = 90;
+  Logits p = make(DType::fp8_e4m3, t_rows, heads, dim, s_keys);
+  for (int64_t i = 0; i < p.q.t.numel(); ++i) p.q.data<uint8_t>()[i] = uint8_t(0x30 + rng() % 24);
+  for (int64_t i = 0; i < p.k.t.numel(); ++i) p.k.data<uint8_t>()[i] = uint8_t(rng() % 2 ? 0x38 : 0xb8);
+  for (int64_t s = 0; s < s_keys; ++s) p.k_scale.data<float>()[s] = 0.5f + float(rng() % 4) * 0.25f;
+  for (int64_t i = 0; i < p.w.t.numel(); ++i) p.w.data<float>()[i] = float(int(rng() % 7) - 3);
+  for (int64_t t = 0; t < t_rows; ++t) {
+    int32_t a = int32_t(rng() % (s_keys + 1)), b = int32_t(rng() % (s_keys + 1));
+    if (t == 3) a = b = 40;                  // empty
+    if (t == 4) a = 0, b = int32_t(s_keys);  // all
+    p.ks.data<int32_t>()[t] = std::min(a, b);
+    p.ke.data<int32_t>()[t] = std::max(a, b);
+  }
+  MqaLogitsArgs la = p.args(true);
+  mqa_logits(la);
+  const int64_t row_bytes = (s_keys * 4 + 15) / 16 * 16;
+  for (const int topk : {1, 9, 90, 200}) {
+    HostTensor want(DType::i32, {t_rows, topk});
+    TokenTopKArgs ta;
+    ta.logits = p.out.t;
+    ta.ks = p.ks.t;
+    ta.ke = p.ke.t;
+    ta.topk = topk;
+    ta.ids = want.t;
+    token_topk(ta);
+    for (const int64_t ws_rows : {0, 1, 5, 23, 100}) {
+      HostTensor ids(DType::i32, {t_rows, topk}), ws(DType::u8, {std::max<int64_t>(1, ws_rows * row_bytes)});
+      std::fill(ids.data<int32_t>(), ids.data<int32_t>() + ids.t.numel(), 77);
+      mqa_logits_topk(logits_topk_args(la, topk, ids.t, ws_rows > 0 ? ws.t : Tensor()));
+      EXPECT_EQ(0, std::memcmp(ids.t.data, want.t.data, want.bytes()))
+          << "topk " << topk << ", workspace of " << ws_rows << " rows";
+    }
+  }
+  EXPECT_EQ(mqa_logits_topk_workspace_bytes(23, 90), 23 * row_bytes);
+  EXPECT_EQ(mqa_logits_topk_workspace_bytes(100000, 90), 2048 * row_bytes);
+  EXPECT_EQ(mqa_logits_topk_workspace_bytes(0, 0), 16);
+}
+
+TEST(MqaLogitsTopKRules, MessagesNameArgumentAndRule) {
+  Logits p = make(DType::fp8_e4m3, 6, 2, 16, 10);
+  std::fill(p.q.data<uint8_t>(), p.q.data<uint8_t>() + p.q.bytes(), uint8_t(0x38));
+  std::fill(p.k.data<uint8_t>(), p.k.data<uint8_t>() + p.k.bytes(), uint8_t(0x38));
+  std::fill(p.w.data<float>(), p.w.data<float>() + p.w.t.numel(), 1.f);
+  for (int t = 0; t < 6; ++t) p.ks.data<int32_t>()[t] = 0, p.ke.data<int32_t>()[t] = 10;
+  HostTensor ids(DType::i32, {6, 3}), ws(DType::u8, {48}), small(DType::u8, {47}), ws_f32(DType::f32, {12});
+  const MqaLogitsTopKArgs valid = logits_topk_args(p.args(false), 3, ids.t, ws.t);
+  ASSERT_NO_THROW(mqa_logits_topk(valid));
+  const auto run = [](const MqaLogitsTopKArgs& a) { mqa_logits_topk(a); };
+  expect_arg_error(run, valid, [](MqaLogitsTopKArgs& a) { a.topk = 0; }, "topk: must be >= 1");
+  expect_arg_error(run, valid, [](MqaLogitsTopKArgs& a) { a.topk = 4; }, "ids:");
+  expect_arg_error(run, valid, [&](MqaLogitsTopKArgs& a) { a.workspace = small.t; },
+                   "workspace: mqa_logits_topk needs at least 48 bytes (1 row(s) of 10 f32 logits");
+  expect_arg_error(run, valid, [&](MqaLogitsTopKArgs& a) { a.workspace = ws_f32.t; }, "workspace:");
+  // A bad range names the call's row, wherever the chunks fall.
+  p.ks.data<int32_t>()[5] = 7;
+  p.ke.data<int32_t>()[5] = 3;
+  expect_arg_error(run, valid, [](MqaLogitsTopKArgs&) {},
+                   "ks, ke: row 5 must satisfy 0 <= ks <= ke <= S (10), got [7, 3)");
+  p.ks.data<int32_t>()[5] = 0;
+  p.ke.data<int32_t>()[5] = 10;
+  expect_arg_error(run, valid, [](MqaLogitsTopKArgs& a) { a.ids.device = {DeviceType::cuda, 0}; },
+                   "mqa_logits_topk: ids is on cuda:0, but q on cpu; all on one device");
+  HostTensor q3(DType::fp8_e4m3, {6, 2, 8});
+  expect_arg_error(run, valid, [&](MqaLogitsTopKArgs& a) { a.q = q3.t; }, "k: must be [S, 8]");
+}
+
+// paged_mqa_logits_topk: the ids of token_topk over paged_mqa_logits' clean rows, for chunks of
+// one batch, a few and all of them, and the CPU's own.
+TEST(PagedMqaLogitsTopK, EqualsTokenTopKOfTheCleanLogits) {
+  std::mt19937 rng(41);
+  const int64_t next_n = 2, heads = 4, dim = 32, bs = 16, max_len = 70, width = 5;
+  const std::vector<int32_t> lens = {37, 0, 1, 16, 70, 45, 2};
+  const int64_t batch = int64_t(lens.size()), blocks = batch * width;
+  PagedLogits p{HostTensor(DType::fp8_e4m3, {batch, next_n, heads, dim}),
+                HostTensor(DType::u8, {blocks, bs, 1, dim + 4}), HostTensor(DType::f32, {batch * next_n, heads}),
+                HostTensor(DType::i32, {batch, width}), HostTensor(DType::i32, {batch}),
+                HostTensor(DType::f32, {batch * next_n, max_len}), max_len};
+  for (int64_t i = 0; i < p.q.t.numel(); ++i) p.q.data<uint8_t>()[i] = uint8_t(0x30 + rng() % 24);
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* base = p.kv.data<uint8_t>() + b * bs * (dim + 4);
+    for (int64_t i = 0; i < bs * dim; ++i) base[i] = uint8_t(rng() % 2 ? 0x38 : 0xb8);
+    for (int64_t j = 0; j < bs; ++j) {
+      const float sc = 0.5f + float(rng() % 4) * 0.25f;
+      std::memcpy(base + bs * dim + 4 * j, &sc, 4);
+    }
+  }
+  for (int64_t i = 0; i < p.w.t.numel(); ++i) p.w.data<float>()[i] = float(int(rng() % 7) - 3);
+  std::vector<int32_t> order(blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::copy(order.begin(), order.end(), p.tables.data<int32_t>());
+  std::copy(lens.begin(), lens.end(), p.lens.data<int32_t>());
+  paged_mqa_logits(p.args());
+  const int64_t rows = batch * next_n, row_bytes = (max_len * 4 + 15) / 16 * 16;
+  for (const int topk : {1, 12, 80}) {
+    HostTensor want(DType::i32, {rows, topk});
+    TokenTopKArgs ta;
+    ta.logits = p.out.t;
+    ta.topk = topk;
+    ta.ids = want.t;
+    token_topk(ta);
+    for (const int64_t ws_batches : {0, 1, 3, 7}) {
+      HostTensor ids(DType::i32, {rows, topk}),
+          ws(DType::u8, {std::max<int64_t>(1, ws_batches * next_n * row_bytes + (ws_batches ? 17 : 0))});
+      std::fill(ids.data<int32_t>(), ids.data<int32_t>() + ids.t.numel(), 77);
+      paged_mqa_logits_topk(logits_topk_args(p.args(), topk, ids.t, ws_batches > 0 ? ws.t : Tensor()));
+      EXPECT_EQ(0, std::memcmp(ids.t.data, want.t.data, want.bytes()))
+          << "topk " << topk << ", workspace of " << ws_batches << " batches";
+    }
+  }
+  EXPECT_EQ(paged_mqa_logits_topk_workspace_bytes(7, 2, 70), 14 * row_bytes);
+  EXPECT_EQ(paged_mqa_logits_topk_workspace_bytes(5000, 3, 70), 683 * 3 * row_bytes);
+  // A workspace short of one batch's rows is refused by name.
+  HostTensor ids(DType::i32, {rows, 4}), one_row(DType::u8, {row_bytes});
+  PagedMqaLogitsTopKArgs a = logits_topk_args(p.args(), 4, ids.t, one_row.t);
+  expect_error([&] { paged_mqa_logits_topk(a); },
+               "workspace: paged_mqa_logits_topk needs at least 576 bytes (2 row(s) of 70 f32 logits");
+  a.workspace = Tensor();
+  a.max_seq_len = 44;  // below batches 4's and 5's lengths: the first is named
+  expect_error([&] { paged_mqa_logits_topk(a); }, "seq_lens: entry 4 must be in [0, max_seq_len = 44], got 70");
+}
+
 }  // namespace
 }  // namespace msa::test

@@ -376,6 +376,143 @@ TEST(MqaLogitsGpu, BadInputsReported) {
   }
 }
 
+// mqa_logits_topk / paged_mqa_logits_topk on the GPU: the same ids as the two steps on the GPU
+// (the same kernels over the same rows), for workspaces of one row (one batch), a few, and the
+// default size; a bad range / length is reported with the call's row / batch, wherever the
+// chunks fall.
+std::vector<int32_t> gpu_ids(const DeviceTensor& ids, int64_t n, cudaStream_t stream) {
+  HostTensor h(DType::i32, {n});
+  copy_to_host(ids, h, stream);
+  return std::vector<int32_t>(h.data<int32_t>(), h.data<int32_t>() + n);
+}
+
+TEST(MqaLogitsGpu, LogitsTopKEqualTwoSteps) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  TestStream stream;
+  const int64_t t_rows = small_tests() ? 40 : 300, s_keys = small_tests() ? 300 : 1500, heads = 64;
+  const int topk = small_tests() ? 50 : 200;
+  HostTensor q(DType::fp8_e4m3, {t_rows, heads, 128}), k(DType::fp8_e4m3, {s_keys, 128}),
+      ksc(DType::f32, {s_keys}), w(DType::f32, {t_rows, heads}), ks(DType::i32, {t_rows}),
+      ke(DType::i32, {t_rows}), ids(DType::i32, {t_rows, topk});
+  fill_fp8(q, rng);
+  fill_fp8(k, rng);
+  fill_weights(w, rng);
+  std::uniform_real_distribution<float> u(0.25f, 2.f);
+  for (int64_t i = 0; i < s_keys; ++i) ksc.data<float>()[i] = u(rng);
+  for (int64_t r = 0; r < t_rows; ++r) {
+    int32_t lo = 0, hi = int32_t((r + 1) * s_keys / t_rows);
+    if (r % 5 == 2) lo = hi / 2;
+    if (r % 11 == 7) lo = hi;
+    ks.data<int32_t>()[r] = lo;
+    ke.data<int32_t>()[r] = hi;
+  }
+  const DeviceTensor dq = to_device(q, stream), dk = to_device(k, stream), dsc = to_device(ksc, stream),
+                     dw = to_device(w, stream), dks = to_device(ks, stream), dke = to_device(ke, stream);
+  DeviceBuffer status(16);
+  const Tensor st(status.get(), DType::i32, {4}, gpu0());
+  clear_status(st, stream);
+  // The two steps.
+  DeviceBuffer logits(static_cast<size_t>(t_rows * s_keys * 4));
+  MqaLogitsArgs la;
+  la.q = dq.t;
+  la.k = QTensor(dk.t, dsc.t);
+  la.weights = dw.t;
+  la.ks = dks.t;
+  la.ke = dke.t;
+  la.logits = Tensor(logits.get(), DType::f32, {t_rows, s_keys}, gpu0());
+  la.status = st;
+  mqa_logits(la, stream);
+  DeviceTensor want = device_like(ids, stream);
+  TokenTopKArgs ta;
+  ta.logits = la.logits;
+  ta.ks = dks.t;
+  ta.ke = dke.t;
+  ta.topk = topk;
+  ta.ids = want.t;
+  ta.status = st;
+  token_topk(ta, stream);
+  const std::vector<int32_t> ref = gpu_ids(want, t_rows * topk, stream);
+  const int64_t row = (s_keys * 4 + 15) / 16 * 16;
+  for (const int64_t bytes : {row, 7 * row, mqa_logits_topk_workspace_bytes(t_rows, s_keys)}) {
+    DeviceBuffer ws(static_cast<size_t>(bytes));
+    DeviceTensor got = device_like(ids, stream);
+    mqa_logits_topk(logits_topk_args(la, topk, got.t, Tensor(ws.get(), DType::u8, {bytes}, gpu0())), stream);
+    EXPECT_EQ(gpu_ids(got, t_rows * topk, stream), ref) << "workspace of " << bytes / row << " rows";
+  }
+  EXPECT_EQ(status.download<int32_t>(4, stream)[0], 0);
+  // A bad range in a later chunk names its row.
+  const int64_t bad = t_rows - 13;
+  ks.data<int32_t>()[bad] = 9;
+  ke.data<int32_t>()[bad] = 4;
+  const DeviceTensor dks2 = to_device(ks, stream), dke2 = to_device(ke, stream);
+  DeviceBuffer ws(static_cast<size_t>(7 * row));
+  DeviceTensor got = device_like(ids, stream);
+  MqaLogitsTopKArgs a = logits_topk_args(la, topk, got.t, Tensor(ws.get(), DType::u8, {7 * row}, gpu0()));
+  a.ks = dks2.t;
+  a.ke = dke2.t;
+  mqa_logits_topk(a, stream);
+  expect_status(status.download<int32_t>(4, stream), StatusCode::key_range_invalid, int32_t(bad), 9, 4);
+  const std::vector<int32_t> bad_ids = gpu_ids(got, t_rows * topk, stream);
+  for (int j = 0; j < topk; ++j) EXPECT_EQ(bad_ids[bad * topk + j], -1) << j;  // read as empty
+}
+
+TEST(MqaLogitsGpu, PagedLogitsTopKEqualTwoSteps) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(10);
+  TestStream stream;
+  std::vector<int32_t> lens;
+  for (int b = 0; b < (small_tests() ? 6 : 20); ++b) lens.push_back(int32_t(rng() % 700));
+  lens[1] = 0;
+  const int64_t next_n = 2, heads = 32, bs = 64, max_len = 700, width = 12;
+  const int topk = 100;
+  PagedLogits p = make_paged(lens, next_n, heads, bs, max_len, width, rng);
+  const int64_t batch = int64_t(lens.size()), rows = batch * next_n;
+  const DeviceTensor dq = to_device(p.q, stream), dkv = to_device(p.kv, stream),
+                     dw = to_device(p.w, stream), dt = to_device(p.tables, stream);
+  DeviceBuffer status(16);
+  const Tensor st(status.get(), DType::i32, {4}, gpu0());
+  clear_status(st, stream);
+  for (const bool bad_len : {false, true}) {
+    if (bad_len) p.lens.data<int32_t>()[batch - 3] = int32_t(max_len + 5);
+    const DeviceTensor dl = to_device(p.lens, stream);
+    HostTensor ids(DType::i32, {rows, topk});
+    DeviceBuffer logits(static_cast<size_t>(rows * max_len * 4));
+    PagedMqaLogitsArgs la;
+    la.q = dq.t;
+    la.kv_fused = dkv.t;
+    la.weights = dw.t;
+    la.block_tables = dt.t;
+    la.seq_lens = dl.t;
+    la.max_seq_len = max_len;
+    la.logits = Tensor(logits.get(), DType::f32, {rows, max_len}, gpu0());
+    la.status = st;
+    paged_mqa_logits(la, stream);
+    DeviceTensor want = device_like(ids, stream);
+    TokenTopKArgs ta;
+    ta.logits = la.logits;
+    ta.topk = topk;
+    ta.ids = want.t;
+    ta.status = st;
+    token_topk(ta, stream);
+    const std::vector<int32_t> ref = gpu_ids(want, rows * topk, stream);
+    clear_status(st, stream);
+    const int64_t row = (max_len * 4 + 15) / 16 * 16;
+    for (const int64_t bytes : {next_n * row, 3 * next_n * row + 100,
+                                paged_mqa_logits_topk_workspace_bytes(batch, next_n, max_len)}) {
+      DeviceBuffer ws(static_cast<size_t>(bytes));
+      DeviceTensor got = device_like(ids, stream);
+      paged_mqa_logits_topk(logits_topk_args(la, topk, got.t, Tensor(ws.get(), DType::u8, {bytes}, gpu0())), stream);
+      EXPECT_EQ(gpu_ids(got, rows * topk, stream), ref)
+          << "workspace of " << bytes / (next_n * row) << " batches, bad length " << bad_len;
+      const std::vector<int32_t> words = status.download<int32_t>(4, stream);
+      if (bad_len) expect_status(words, StatusCode::seq_len_invalid, int32_t(batch - 3), int32_t(max_len + 5), int32_t(max_len));
+      else EXPECT_EQ(words[0], 0) << describe_status(words.data());
+      clear_status(st, stream);
+    }
+  }
+}
+
 // Host-side rules of the CUDA path: what it does not take is a clear error.
 TEST(MqaLogitsGpu, UnsupportedOnCudaIsAnError) {
   MSA_REQUIRE_GPU();

@@ -69,6 +69,7 @@ struct TokenTopKParams {
   const int32_t* ke;    // [rows] or null
   int32_t* ids;         // [rows, topk] contiguous
   int32_t* status;      // int32[4]
+  int64_t report_base;  // added to the row a status report names (mqa_logits_topk's chunks)
   int64_t ld;
   int32_t cols;
   int32_t topk;
@@ -313,7 +314,7 @@ __device__ __forceinline__ void row_range(const TokenTopKParams& p, int64_t r, i
     lo = p.ks[r];
     hi = p.ke[r];
     if (lo < 0 || lo > hi || hi > p.cols) {
-      if (threadIdx.x == 0) flag_status(p.status, int32_t(StatusCode::key_range_invalid), r, lo, hi);
+      if (threadIdx.x == 0) flag_status(p.status, int32_t(StatusCode::key_range_invalid), r + p.report_base, lo, hi);
       lo = hi = 0;
     }
   }
@@ -816,10 +817,11 @@ void launch_row(const TokenTopKParams& p, int64_t rows, int64_t grid, int64_t sm
 
 }  // namespace
 
-void token_topk(const TokenTopKArgs& a, cudaStream_t stream) {
+void token_topk(const TokenTopKArgs& a, cudaStream_t stream, int64_t report_base) {
   const int64_t rows = a.logits.shape[0], cols = a.logits.shape[1];
   if (rows == 0) return;
   TokenTopKParams p{};
+  p.report_base = report_base;
   p.logits = a.logits.ptr<float>();
   p.ks = a.ks.defined() ? a.ks.ptr<int32_t>() : nullptr;
   p.ke = a.ke.defined() ? a.ke.ptr<int32_t>() : nullptr;

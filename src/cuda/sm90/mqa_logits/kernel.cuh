@@ -67,7 +67,7 @@ __device__ __forceinline__ void token_range(const Params& p, const CtaWork& w, i
   if constexpr (kPaged) {
     const int32_t len = p.seq_lens[int64_t(w.b) * p.sl_stride];
     if (len < 0 || len > p.cols) {
-      flag_status(p.status, int32_t(StatusCode::seq_len_invalid), w.b, len, p.cols);
+      flag_status(p.status, int32_t(StatusCode::seq_len_invalid), w.b + p.report_base, len, p.cols);
       return;
     }
     hi = len > 0 ? max(0, len - p.next_n + w.first + i + 1) : 0;
@@ -75,7 +75,7 @@ __device__ __forceinline__ void token_range(const Params& p, const CtaWork& w, i
     const int64_t r = w.row0 + i;
     const int32_t s = p.ks[r], e = p.ke[r];
     if (s < 0 || s > e || e > p.cols) {
-      flag_status(p.status, int32_t(StatusCode::key_range_invalid), r, s, e);
+      flag_status(p.status, int32_t(StatusCode::key_range_invalid), r + p.report_base, s, e);
       return;
     }
     lo = s;
@@ -117,7 +117,7 @@ struct TableWindow {
 __device__ __forceinline__ void check_table_width(const Params& p, const CtaWork& w, int hi_max) {
   const int needed = (hi_max + p.block_size - 1) >> p.block_shift;
   if (needed > p.bt_cols)
-    flag_status(p.status, int32_t(StatusCode::block_table_narrow), w.b, needed, p.bt_cols);
+    flag_status(p.status, int32_t(StatusCode::block_table_narrow), w.b + p.report_base, needed, p.bt_cols);
 }
 
 // MXFP4: the four UE8M0 scale bytes of q's row `row`, head h (q_sf's last dim is contiguous).
@@ -239,7 +239,7 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
       const int32_t id = tab.id(col);
       const bool want = lane < (kBlockN >> shift) && key < hi_max && col < p.bt_cols;
       const bool ok = want && id >= 0 && id < p.num_blocks;
-      if (want && !ok) flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), w.b, col, id);
+      if (want && !ok) flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), w.b + p.report_base, col, id);
       const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, ok));
       if (lane == 0)
         sm90::mbar_arrive_expect_tx(&sh.full[stage], boxes * uint32_t(p.block_size) * kRowBytes);
@@ -290,7 +290,7 @@ __device__ void run_producer_fp4(const Params& p, SharedStorage& sh, const CtaWo
     const bool used = key < hi_max && col < p.bt_cols;
     const bool ok = used && id >= 0 && id < p.num_blocks;
     if (used && !ok && (key & (p.block_size - 1)) == 0)
-      flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), w.b, col, id);
+      flag_status(p.status, int32_t(StatusCode::page_id_out_of_range), w.b + p.report_base, col, id);
     const uint8_t* base = p.pool + int64_t(ok ? id : 0) * p.block_bytes;
     const void* none = p.weights;  // any valid address when nothing is copied
     const int s = key & (p.block_size - 1);

@@ -57,7 +57,7 @@ Tensor rows_view(void* data, int64_t d0, int64_t d1, int64_t s0, int64_t s1, Dev
 
 }  // namespace
 
-void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
+void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream, int64_t report_base) {
   const Tensor& q = a.q.values;
   const Tensor& k = a.k.values;
   const int64_t rows = q.shape[0], s_keys = k.shape[0];
@@ -74,6 +74,7 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
   p.cols = int32_t(s_keys);
   p.clean = a.clean_logits ? 1 : 0;
   p.status = a.status.ptr<int32_t>();
+  p.report_base = report_base;
   p.ks = a.ks.ptr<int32_t>();
   p.ke = a.ke.ptr<int32_t>();
   p.k_scale = a.k.scale.defined() ? a.k.scale.ptr<float>() : nullptr;
@@ -87,7 +88,7 @@ void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
   dispatch<false>(t.hp, tq, tk, p, ctas, stream);
 }
 
-void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
+void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream, int64_t report_base) {
   const Tensor& q = a.q;
   const int64_t batch = q.shape[0], next_n = q.shape[1], heads = q.shape[2];
   if (batch == 0) return;
@@ -105,6 +106,7 @@ void paged_mqa_logits(const PagedMqaLogitsArgs& a, cudaStream_t stream) {
   p.cols = int32_t(a.max_seq_len);
   p.clean = a.clean_logits ? 1 : 0;
   p.status = a.status.ptr<int32_t>();
+  p.report_base = report_base;
   p.pool = static_cast<const uint8_t*>(kv.data);
   p.block_bytes = kv.strides[0];
   p.block_size = int32_t(block_size);

@@ -19,6 +19,8 @@ struct Params {
   int32_t cols = 0;                // columns of a row: S (ragged) or max_seq_len (paged)
   int32_t clean = 1;               // columns a row does not see: -inf (else left unwritten)
   int32_t* status = nullptr;       // int32[4]
+  int64_t report_base = 0;         // added to the row (ragged) or batch (paged) a status report
+                                   // names: a chunk of mqa_logits_topk names the call's rows
   // Ragged: row t sees keys [ks[t], ke[t]) of k [S, 128] (TMA map); scale [S] or null (1).
   const int32_t* ks = nullptr;
   const int32_t* ke = nullptr;
