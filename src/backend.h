@@ -68,9 +68,6 @@ void select_topk(const TopKArgs& a, const ProblemShape& s, cudaStream_t stream);
 // (check_indexer_supported), so a call does not start to fail as its requests grow.
 void select_every_visible(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream);
 void check_indexer_supported(const BlockTopKArgs& a, const ProblemShape& s);
-// Whether block_topk fuses q2k rows `rows` on CUDA for index q / k heads hq / hkv and this rule
-// (rows other than hkv: lists per head, traits.h); otherwise the caller scores, then selects.
-bool block_topk_fuses(int64_t hq, int64_t hkv, int64_t rows, int topk, int sink, int local);
 void build_k2q_csr(const CsrBuildArgs& a, const ProblemShape& s, cudaStream_t stream);
 size_t csr_workspace_bytes(int64_t hkv, int64_t total_rows, int64_t total_q, int64_t topk);
 // Plans the workspace once and checks the caller's against it (`src` names the size function).

@@ -25,10 +25,9 @@ struct Calls {
   AttentionArgs attend;
   size_t q2k_bytes = 0;
   // Index key heads other than the kv heads (DESIGN section 13, e.g. MiniMax-M3: 4 index heads on
-  // 1 index key head for 4 kv heads): kv head h selects by its own index heads, q2k's rows as
-  // block_topk's selection heads. Where block_topk cannot fuse that on CUDA (backend.h:
-  // block_topk_fuses) the scores are materialized after q2k (scores_bytes) and select_topk takes
-  // each kv head's index heads.
+  // 1 index key head for 4 kv heads): kv head h selects by its own index heads, so the scores are
+  // materialized after q2k (scores_bytes) and select_topk takes each kv head's index heads
+  // (make_calls says why not block_topk's lists per selection head).
   bool unfused = false;
   BlockScoresArgs scores;
   TopKArgs pick;
@@ -61,13 +60,12 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
     MSA_CHECK(iq.shape[1] % hkv == 0, "index_q: ", iq.shape[1], " index heads on index_k's ",
               ik.shape[kv_heads_dim], " key heads for ", hkv, " kv heads: each kv head selects by "
               "its own index heads (DESIGN section 13), so Hi must be a multiple of Hkv");
-  // (The CPU keeps the two steps: its fused top-K is no faster, 1.88 against 1.90 s at 4096
-  // tokens with 4 index heads on 1, and its selection heads take only groups of 1, 2, 4, 8 or
-  // 16 index heads.)
-  c.unfused = own_heads && !(iq.is_cuda() && cuda::block_topk_fuses(iq.shape[1],
-                                                                     ik.shape[kv_heads_dim], hkv,
-                                                                     a.topk, a.sink_blocks,
-                                                                     a.local_blocks));
+  // Both backends take the two steps for index heads that select apart: on CUDA block_topk's
+  // lists per selection head are slower than block scores + select_topk (IDX-32K-M3-fp8 fused
+  // 1.345 ms against 1.091 ms, docs/kernels/block_scores.md: two selector warps an SM against a
+  // selection kernel on every SM), on the CPU no faster (1.88 against 1.90 s at 4096 tokens
+  // with 4 index heads on 1).
+  c.unfused = own_heads;
   const Tensor q2k(q2k_data, DType::i32, {hkv, a.q.shape[0], int64_t(a.topk)}, a.q.device);
   c.q2k_bytes = size_t(q2k.numel()) * 4;
 

@@ -22,7 +22,6 @@ void select_every_visible(const BlockTopKArgs&, const ProblemShape&, cudaStream_
   no_cuda("sparse_attention_pipeline");
 }
 void check_indexer_supported(const BlockTopKArgs&, const ProblemShape&) { no_cuda("block_topk"); }
-bool block_topk_fuses(int64_t, int64_t, int64_t, int, int, int) { return false; }
 void icp_rank_lists(const IcpRankListsArgs&, const ProblemShape&, cudaStream_t) {
   no_cuda("icp_rank_lists");
 }

@@ -48,12 +48,11 @@ void expect_outputs_match(const DeviceBuffer& dout, const DeviceBuffer& dlse, co
 }
 
 // One run of the pipeline outside a capture (driver entry points; its status checked), then a
-// capture of it within the pipeline's launch budget: the indexer and top-K (one fused kernel;
-// block_scores and select_topk where index heads select apart past the fused lists' size; paged,
-// the page check left to attention's prep), then attention's fused prep, main kernels and
-// combine: at most `budget` kernels (5 fused, 6 not) and no memset. Returns the instantiated
+// capture of it within the pipeline's launch budget: the indexer and top-K (one fused kernel, or
+// block_scores and select_topk; paged, the page check left to attention's prep), then attention's
+// fused prep, main kernels and combine, at most 6 kernels and no memset. Returns the instantiated
 // graph.
-cudaGraphExec_t capture_within_budget(const PipelineArgs& a, cudaStream_t stream, int budget = 5) {
+cudaGraphExec_t capture_within_budget(const PipelineArgs& a, cudaStream_t stream) {
   clear_status(a.status, stream);
   sparse_attention_pipeline(a, stream);
   check_status(a.status, stream);
@@ -62,7 +61,7 @@ cudaGraphExec_t capture_within_budget(const PipelineArgs& a, cudaStream_t stream
   MSA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   sparse_attention_pipeline(a, stream);
   MSA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  expect_launch_budget(graph, budget);
+  expect_launch_budget(graph, 6);
   MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaGraphDestroy(graph);
   return exec;
@@ -96,11 +95,9 @@ void expect_matches_cpu_pipeline(PipelineArgs c, const DeviceBuffer& ws, const D
 
 // Replays of one captured pipeline against the CPU pipeline on the same inputs. index_heads:
 // separate indexer inputs in the serving geometry of DESIGN section 13 (4 index heads on 1 index
-// key head for the 2 kv heads, each selecting by its own 2: block_topk with a list per kv head,
-// or past the lists' size block scores, then select_topk); topk: the selection's width; budget:
-// the kernels a call may launch (capture_within_budget).
+// key head for the 2 kv heads: block scores, then select_topk); topk: the selection's width.
 void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::vector<int32_t>& lk,
-                                    bool index_heads = false, int topk = kTopK, int budget = 5) {
+                                    bool index_heads = false, int topk = kTopK) {
   const int64_t tq = std::accumulate(lq.begin(), lq.end(), int64_t(0));
   const int64_t tk = std::accumulate(lk.begin(), lk.end(), int64_t(0));
   HostTensor q(DType::bf16, {tq, kHq, kD}), k(DType::bf16, {tk, kHkv, kD}), v(DType::bf16, {tk, kHkv, kD});
@@ -150,7 +147,7 @@ void expect_graph_replays_match_cpu(const std::vector<int32_t>& lq, const std::v
     copy_to_device(v, dv, stream);
   };
   upload_inputs();
-  const cudaGraphExec_t exec = capture_within_budget(a, stream, budget);
+  const cudaGraphExec_t exec = capture_within_budget(a, stream);
 
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
@@ -181,12 +178,10 @@ TEST(PipelineGpu, IndexHeadsOfTheServingGeometry) {
   expect_graph_replays_match_cpu({300, 200}, {700, 500}, true);
 }
 
-// The same past the fused lists' size (128 lists a CTA keep 32 picks each: topk 40 with a sink
-// and a local block needs 38): block scores, then select_topk, 6 kernels; requests long enough
-// (47 blocks) that top-40 leaves blocks out.
-TEST(PipelineGpu, IndexHeadsPastTheFusedListsRunUnfused) {
+// The same with top-40 over requests long enough (47 blocks) that the selection leaves blocks out.
+TEST(PipelineGpu, IndexHeadsTopK40OverLongRequests) {
   MSA_REQUIRE_GPU();
-  expect_graph_replays_match_cpu({300, 70}, {6000, 70}, true, 40, 6);
+  expect_graph_replays_match_cpu({300, 70}, {6000, 70}, true, 40);
 }
 
 // topK x 128 >= total_k: the pipeline's attention is dense (every visible block is selected),
@@ -201,9 +196,9 @@ TEST(PipelineGpu, ShortRequestsRunDense) {
 
 // Paged KV in the serving geometry: the index keys in a pool of their own under k's page table.
 // With as many pages as k's pool, the indexer leaves the page check to attention's prep: the call
-// is 5 launches (the fused indexer, attention's 4), matches the CPU pipeline, and a bad page id
-// is reported (once, as the first offence). An index pool with fewer pages keeps the indexer's
-// own check, which reports the id that k's pool holds and the index pool does not.
+// is 6 launches, matches the CPU pipeline, and a bad page id is reported (once, as the first
+// offence). An index pool with fewer pages keeps the indexer's own check, which reports the id
+// that k's pool holds and the index pool does not.
 TEST(PipelineGpu, PagedServingGeometry) {
   MSA_REQUIRE_GPU();
   const std::vector<int32_t> lq = {300, 200}, lk = {700, 500};

@@ -283,12 +283,14 @@ ListFit list_fit(int64_t hq, int64_t hkv, int64_t rows, int topk, int sink, int 
   return int64_t(topk) - sink - local > cap ? ListFit::cap : ListFit::ok;
 }
 
-}  // namespace
-
+// Whether block_topk fuses q2k rows `rows` for index q / k heads hq / hkv and this rule (rows
+// other than hkv: lists per head, traits.h).
 bool block_topk_fuses(int64_t hq, int64_t hkv, int64_t rows, int topk, int sink, int local) {
   int cap = 0;
   return topk <= kMaxPicks && list_fit(hq, hkv, rows, topk, sink, local, cap) == ListFit::ok;
 }
+
+}  // namespace
 
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream,
                 bool check_pages) {
