@@ -1,6 +1,7 @@
-// bench_logits: the MQA logits cases of bench/CASES.md (MQAL-PAGED-B64, MQAL-PREFILL-32K) and the
-// token top-K over their logits (TOPK2048-B64, TOPK2048-32K) and the SDSA indexer's threshold
-// select (SDSA-SELECT); the benchmark itself is workloads/logits_bench.cu.
+// bench_logits: the MQA logits cases of bench/CASES.md (MQAL-PAGED-B64, MQAL-PREFILL-32K), the
+// token top-K over their logits (TOPK2048-B64, TOPK2048-32K; with the logits, MQAL-TOPK-32K) and
+// the SDSA indexer's threshold select (SDSA-SELECT); the benchmark itself is
+// workloads/logits_bench.cu.
 //   bench_logits [--case NAME]... [--iters N] [--warmup N] [--json FILE] [--no-check] [--seq N]
 // --seq: T = S of MQAL-PREFILL-32K and TOPK2048-32K (default 32768). Exit status: 0 ok, 1 a check failed, 2 usage
 // / no GPU, 3 an msa::Error.

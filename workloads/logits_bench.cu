@@ -8,7 +8,8 @@
 // TOPK2048-B64 and TOPK2048-32K time token_topk (topk 2048) on those cases' logits, computed
 // once: the paged rows whole (their -inf tail is never chosen), the prefill rows over their
 // [ks, ke); sampled rows are checked id for id against the CPU; TB/s of the logits read (each
-// row's range once) and the ids written.
+// row's range once) and the ids written. MQAL-TOPK-32K times mqa_logits_topk on the prefill case
+// (run_logits_topk).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -221,7 +222,52 @@ Result run_paged(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool to
   return r;
 }
 
-Result run_prefill(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool topk) {
+// MQAL-TOPK-32K: mqa_logits_topk (top-2048) over MQAL-PREFILL-32K's rows through its default
+// workspace; checked id for id against token_topk over the whole logits (computed once, untimed).
+Result run_logits_topk(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, const MqaLogitsArgs& a,
+                       DeviceBuffer* flush) {
+  const int64_t rows = a.q.values.shape[0], keys = a.k.values.shape[0];
+  DeviceBuffer want = gpu_buffer(size_t(rows * kTopK * 4)), got = gpu_buffer(size_t(rows * kTopK * 4)),
+               ws = gpu_buffer(size_t(mqa_logits_topk_workspace_bytes(rows, keys)));
+  const Device gpu = a.q.values.device;
+  TokenTopKArgs t;
+  t.logits = a.logits;
+  t.ks = a.ks;
+  t.ke = a.ke;
+  t.topk = kTopK;
+  t.ids = Tensor(want.get(), DType::i32, {rows, int64_t(kTopK)}, gpu);
+  t.status = a.status;
+  token_topk(t, s);
+  MqaLogitsTopKArgs f;
+  f.q = a.q;
+  f.k = a.k;
+  f.weights = a.weights;
+  f.ks = a.ks;
+  f.ke = a.ke;
+  f.topk = kTopK;
+  f.ids = Tensor(got.get(), DType::i32, {rows, int64_t(kTopK)}, gpu);
+  f.workspace = Tensor(ws.get(), DType::u8, {int64_t(ws.bytes())}, gpu);
+  f.status = a.status;
+  const auto run = [&] { mqa_logits_topk(f, s); };
+  run();
+  check_status(a.status, s);
+  Result r;
+  r.ok = !o.check || download<int32_t>(got.get(), size_t(rows * kTopK)) ==
+                         download<int32_t>(want.get(), size_t(rows * kTopK));
+  const bench::Timing tm = bench::time_op(run, o.warmup, o.iters, s, flush, "MQAL-TOPK-32K");
+  check_status(a.status, s);
+  r.ms = tm.median;
+  r.min_ms = tm.min;
+  r.max_ms = tm.max;
+  r.bytes = double(keys) * (kD + 4);
+  r.flop = 2.0 * kH * kD * double(rows) * double(rows + 1) / 2;
+  return r;
+}
+
+// mode: 0 the logits (MQAL-PREFILL-32K), 1 token_topk on them (TOPK2048-32K), 2 mqa_logits_topk
+// (MQAL-TOPK-32K).
+Result run_prefill(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, int mode) {
+  const bool topk = mode == 1;
   const int64_t t_rows = o.seq, s_keys = o.seq;
   DeviceBuffer q = gpu_buffer(size_t(t_rows * kH * kD)), k = gpu_buffer(size_t(s_keys * kD)),
                ksc = gpu_buffer(size_t(s_keys * 4)), w = gpu_buffer(size_t(t_rows * kH * 4)),
@@ -253,6 +299,7 @@ Result run_prefill(const msa_bench::LogitsBenchOptions& o, cudaStream_t s, bool 
   if (topk)
     return run_topk(o, s, a.logits, a.ks, a.ke, lo, hi, a.status, &flush, "TOPK2048-32K",
                     {0, t_rows / 2, t_rows - 1});
+  if (mode == 2) return run_logits_topk(o, s, a, &flush);
   Result r;
   if (o.check) {  // the first and the last row on the CPU
     auto k_h = download<uint8_t>(k.get(), size_t(s_keys * kD));
@@ -452,7 +499,7 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
   }
   if (names.empty())
     names = {"MQAL-PAGED-B64", "MQAL-PAGED-B64-fp4", "MQAL-PREFILL-32K", "TOPK2048-B64",
-             "TOPK2048-32K", "SDSA-SELECT"};
+             "TOPK2048-32K", "MQAL-TOPK-32K", "SDSA-SELECT"};
   cudaStream_t s;
   MSA_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   int rc = 0;
@@ -462,13 +509,17 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
     const bool fp4 = n == "MQAL-PAGED-B64-fp4";
     const bool paged = n == "MQAL-PAGED-B64" || fp4 || n == "TOPK2048-B64";
     const bool topk = n.rfind("TOPK", 0) == 0;
+    const bool fused = n == "MQAL-TOPK-32K";  // ids checked, rated as the logits
     const bool sdsa = n == "SDSA-SELECT";
     if (n == "MQAL-PAGED-B64" || fp4 || n == "TOPK2048-B64") {
       r = run_paged(o, s, topk, fp4);
       op = topk ? "token_topk" : "paged_mqa_logits";
     } else if (n == "MQAL-PREFILL-32K" || n == "TOPK2048-32K") {
-      r = run_prefill(o, s, topk);
+      r = run_prefill(o, s, topk ? 1 : 0);
       op = topk ? "token_topk" : "mqa_logits";
+    } else if (n == "MQAL-TOPK-32K") {
+      r = run_prefill(o, s, 2);
+      op = "mqa_logits_topk";
     } else if (sdsa) {
       r = run_sdsa_select(o, s);
       op = "indexer_threshold_select";
@@ -482,6 +533,9 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
       std::printf("%-18s median %9.1f us [%9.1f, %9.1f]  %6.3f TB/s of logits and ids  check ids %s\n",
                   n.c_str(), r.ms * 1e3, r.min_ms * 1e3, r.max_ms * 1e3, tbs,
                   !o.check ? "skipped" : r.ok ? "ok" : "FAILED");
+    else if (fused)
+      std::printf("%-18s median %9.1f us [%9.1f, %9.1f]  %7.1f TFLOP/s  check ids %s\n", n.c_str(),
+                  r.ms * 1e3, r.min_ms * 1e3, r.max_ms * 1e3, tfs, !o.check ? "skipped" : r.ok ? "ok" : "FAILED");
     else
       std::printf("%-18s median %9.1f us [%9.1f, %9.1f]  %7.1f TFLOP/s  %6.3f TB/s of keys  check rel_l2 %.2e %s\n",
                 n.c_str(), r.ms * 1e3, r.min_ms * 1e3, r.max_ms * 1e3, tfs, tbs, r.err,
@@ -500,6 +554,9 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
         bench::add_dtypes(rec, "f32", "f32");
       } else if (sdsa) {
         bench::add_dtypes(rec, "fp4x2", "fp4x2", "nvfp4");
+      } else if (fused) {
+        rec["topk"] = kTopK;
+        bench::add_dtypes(rec, "fp8_e4m3", "fp8_e4m3", "token");
       } else if (fp4) {
         bench::add_dtypes(rec, "fp4x2", "fp4x2", "mxfp4");
       } else {
@@ -509,7 +566,7 @@ int msa_bench::run_logits_bench(std::vector<std::string> names, const LogitsBenc
                         r.bytes, paged || topk || sdsa ? bench::Metric::tbps : bench::Metric::tflops);
       // SDSA: exact (row 0's counts and ids equal to the CPU's); token top-K: ids checked
       bench::add_check(rec, bench::check_result(o.check, r.ok),
-                       !o.check || topk ? bench::Json()
+                       !o.check || topk || fused ? bench::Json()
                        : sdsa          ? bench::Json{{"row0_mismatch", r.ok ? 0 : 1}}
                                        : bench::Json{{"out_rel_l2", r.err}});
       bench::add_environment(rec, true, bench::flush_name());
