@@ -267,6 +267,18 @@ void read_paged_logits(Args& a, X& x) {
   x.max_seq_len = a.integer("max_seq_len", 0);
 }
 
+// The logits + top-K ops' topk, outputs and scratch: a call without workspace= whose inputs are
+// on CUDA and shaped for the size function (`sized`) gets bytes() of scratch from alloc=.
+template <typename X, typename Bytes>
+void read_logits_topk(Args& a, X& x, bool sized, Bytes bytes) {
+  x.topk = a.int32("topk", 2048);
+  x.ids = a.tensor("ids", Access::write);
+  x.workspace = a.tensor("workspace", Access::write);
+  x.status = a.tensor("status", Access::write);
+  a.allocator();
+  if (!x.workspace.defined() && sized) x.workspace = a.allocate(size_t(bytes()));
+}
+
 // The names and docstrings of an op with caller-sized scratch and of its size function.
 struct ScratchOpNames {
   const char* size_fn;    // e.g. "attention_workspace_bytes"
@@ -407,13 +419,9 @@ NB_MODULE(_C, m) {
       [](Args& a) {
         MqaLogitsTopKArgs x;
         read_ragged_logits(a, x);
-        x.topk = a.int32("topk", 2048);
-        x.ids = a.tensor("ids", Access::write);
-        x.workspace = a.tensor("workspace", Access::write);
-        x.status = a.tensor("status", Access::write);
-        a.allocator();
-        if (!x.workspace.defined() && x.q.values.is_cuda() && x.q.values.ndim == 3 && x.k.values.ndim == 2)
-          x.workspace = a.allocate(size_t(mqa_logits_topk_workspace_bytes(x.q.values.shape[0], x.k.values.shape[0])));
+        const Tensor &q = x.q.values, &k = x.k.values;
+        read_logits_topk(a, x, q.is_cuda() && q.ndim == 3 && k.ndim == 2,
+                         [&] { return mqa_logits_topk_workspace_bytes(q.shape[0], k.shape[0]); });
         return x;
       },
       [](const MqaLogitsTopKArgs& x, cudaStream_t s) { mqa_logits_topk(x, s); });
@@ -427,14 +435,11 @@ NB_MODULE(_C, m) {
       [](Args& a) {
         PagedMqaLogitsTopKArgs x;
         read_paged_logits(a, x);
-        x.topk = a.int32("topk", 2048);
-        x.ids = a.tensor("ids", Access::write);
-        x.workspace = a.tensor("workspace", Access::write);
-        x.status = a.tensor("status", Access::write);
-        a.allocator();
-        if (!x.workspace.defined() && x.q.is_cuda() && x.q.ndim == 4 && x.q.shape[1] >= 1 && x.max_seq_len >= 0)
-          x.workspace = a.allocate(size_t(
-              paged_mqa_logits_topk_workspace_bytes(x.q.shape[0], x.q.shape[1], x.max_seq_len)));
+        read_logits_topk(a, x, x.q.is_cuda() && x.q.ndim == 4 && x.q.shape[1] >= 1 && x.max_seq_len >= 0,
+                         [&] {
+                           return paged_mqa_logits_topk_workspace_bytes(x.q.shape[0], x.q.shape[1],
+                                                                        x.max_seq_len);
+                         });
         return x;
       },
       [](const PagedMqaLogitsTopKArgs& x, cudaStream_t s) { paged_mqa_logits_topk(x, s); });

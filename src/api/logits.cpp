@@ -107,6 +107,22 @@ void check_mqa_device(const MqaLogitsArgs& a, const Device& device, Dims d, cons
   check_ranges(a.ks, a.ke, d.rows, d.keys);
 }
 
+// token_topk's ids and topk.
+void check_ids(const Tensor& ids, int64_t rows, int topk) {
+  MSA_CHECK(topk >= 1, "topk: must be >= 1, got ", topk);
+  check_defined(ids, "ids");
+  check_dtype(ids, "ids", {DType::i32});
+  check_shape(ids, "ids", {rows, int64_t(topk)});
+  check_contiguous(ids, "ids");
+}
+
+// token_topk's CUDA bounds: positions are int32 ids, and the kernel's position arithmetic stays
+// below 2^31 with room for one step of 2048.
+void check_topk_cuda_shape(int64_t rows, int64_t cols, const char* op) {
+  MSA_CHECK(rows < INT32_MAX && cols <= INT32_MAX - 8192, op, ": CUDA takes fewer than 2^31 rows "
+            "and at most 2^31 - 8193 columns, got ", rows, " rows of ", cols);
+}
+
 }  // namespace
 
 void mqa_logits(const MqaLogitsArgs& a, cudaStream_t stream) {
@@ -133,11 +149,7 @@ void token_topk(const TokenTopKArgs& a, cudaStream_t stream) {
   check_last_dim_contiguous(a.logits, "logits");
   const int64_t rows = a.logits.shape[0], s_keys = a.logits.shape[1];
   MSA_CHECK(a.ks.defined() == a.ke.defined(), "ks, ke: give both or neither");
-  MSA_CHECK(a.topk >= 1, "topk: must be >= 1, got ", a.topk);
-  check_defined(a.ids, "ids");
-  check_dtype(a.ids, "ids", {DType::i32});
-  check_shape(a.ids, "ids", {rows, int64_t(a.topk)});
-  check_contiguous(a.ids, "ids");
+  check_ids(a.ids, rows, a.topk);
   if (device.type == DeviceType::cuda) {
     if (a.ks.defined()) {
       for (const auto& [t, name] : {std::pair{&a.ks, "ks"}, std::pair{&a.ke, "ke"}}) {
@@ -146,10 +158,7 @@ void token_topk(const TokenTopKArgs& a, cudaStream_t stream) {
         check_contiguous(*t, name);
       }
     }
-    // Positions are int32 ids; the kernel's position arithmetic stays below 2^31 with room for
-    // one step of 2048.
-    MSA_CHECK(rows < INT32_MAX && s_keys <= INT32_MAX - 8192, "token_topk: CUDA takes fewer than "
-              "2^31 rows and at most 2^31 - 8193 columns, got ", a.logits.describe());
+    check_topk_cuda_shape(rows, s_keys, "token_topk");
     MSA_CHECK(reinterpret_cast<uintptr_t>(a.logits.data) % 4 == 0 && a.logits.strides[0] >= 0,
               "logits: must be 4-byte aligned with a non-negative row stride on CUDA, got ",
               a.logits.describe());
@@ -320,17 +329,40 @@ Tensor logits_rows(void* data, int64_t n, int64_t cols, const Device& device) {
                 std::vector<int64_t>{logits_row_bytes(cols) / 4, 1}, device);
 }
 
-void check_ids(const Tensor& ids, int64_t rows, int topk) {
-  MSA_CHECK(topk >= 1, "topk: must be >= 1, got ", topk);
-  check_defined(ids, "ids");
-  check_dtype(ids, "ids", {DType::i32});
-  check_shape(ids, "ids", {rows, int64_t(topk)});
-  check_contiguous(ids, "ids");
+// Where a call's chunks of logits live: the workspace (required on CUDA), or, on the CPU without
+// one, a buffer of its own of about kCpuChunkLogits. `rows` a multiple of `unit` (a paged chunk
+// is whole batches).
+struct ChunkBuffer {
+  int64_t rows = 0;
+  void* workspace = nullptr;
+  std::vector<float> own;
+  void* data() { return own.empty() ? workspace : own.data(); }
+};
+ChunkBuffer chunk_buffer(const Tensor& ws, int64_t cols, int64_t unit, int64_t total_rows, bool cuda,
+                         const char* op) {
+  ChunkBuffer b;
+  if (cuda || ws.defined()) {
+    b.rows = workspace_rows(ws, cols, unit, op);
+    b.workspace = ws.data;
+    return b;
+  }
+  b.rows = std::max<int64_t>(1, kCpuChunkLogits / std::max<int64_t>(1, cols * unit)) * unit;
+  b.own.resize(size_t(std::min(b.rows, total_rows) * logits_row_bytes(cols) / 4));
+  return b;
 }
 
-// token_topk's CUDA bound on a row's columns (its position arithmetic).
-void check_topk_cols(int64_t cols, const char* op) {
-  MSA_CHECK(cols <= INT32_MAX - 8192, op, ": CUDA takes at most 2^31 - 8193 columns, got ", cols);
+// token_topk over one chunk's logits into its rows of ids; `base` its first row in the call.
+void chunk_topk(const Tensor& logits, const Tensor& ks, const Tensor& ke, int topk, const Tensor& ids,
+                const Tensor& status, bool cuda, cudaStream_t stream, int64_t base) {
+  TokenTopKArgs t;
+  t.logits = logits;
+  t.ks = ks;
+  t.ke = ke;
+  t.topk = topk;
+  t.ids = ids;
+  t.status = status;
+  if (cuda) cuda::token_topk(t, stream, base);
+  else cpu::token_topk(t);
 }
 
 }  // namespace
@@ -359,36 +391,19 @@ void mqa_logits_topk(const MqaLogitsTopKArgs& a, cudaStream_t stream) {
   check_ids(a.ids, d.rows, a.topk);
   check_mqa_device(la, device, d, op);
   const bool cuda = device.type == DeviceType::cuda;
-  if (cuda) check_topk_cols(d.keys, op);
-  // The CPU without a workspace holds chunks of its own.
-  const bool own = !cuda && !a.workspace.defined();
-  const int64_t chunk = own ? std::max<int64_t>(1, kCpuChunkLogits / std::max<int64_t>(1, d.keys))
-                            : workspace_rows(a.workspace, d.keys, 1, op);
-  std::vector<float> host;
-  if (own && d.rows > 0) host.resize(size_t(std::min(chunk, d.rows) * logits_row_bytes(d.keys) / 4));
-  void* const buf = own ? static_cast<void*>(host.data()) : a.workspace.data;
-  for (int64_t r0 = 0; r0 < d.rows; r0 += chunk) {
-    const int64_t n = std::min(chunk, d.rows - r0);
+  if (cuda) check_topk_cuda_shape(d.rows, d.keys, op);
+  ChunkBuffer buf = chunk_buffer(a.workspace, d.keys, 1, d.rows, cuda, op);
+  for (int64_t r0 = 0; r0 < d.rows; r0 += buf.rows) {
+    const int64_t n = std::min(buf.rows, d.rows - r0);
     MqaLogitsArgs c = la;
     c.q.values = rows_of(a.q.values, r0, n);
     c.weights = rows_of(a.weights, r0, n);
     c.ks = rows_of(a.ks, r0, n);
     c.ke = rows_of(a.ke, r0, n);
-    c.logits = logits_rows(buf, n, d.keys, device);
-    TokenTopKArgs t;
-    t.logits = c.logits;
-    t.ks = c.ks;
-    t.ke = c.ke;
-    t.topk = a.topk;
-    t.ids = rows_of(a.ids, r0, n);
-    t.status = a.status;
-    if (cuda) {
-      cuda::mqa_logits(c, stream, r0);
-      cuda::token_topk(t, stream, r0);
-    } else {
-      cpu::mqa_logits(c);
-      cpu::token_topk(t);
-    }
+    c.logits = logits_rows(buf.data(), n, d.keys, device);
+    if (cuda) cuda::mqa_logits(c, stream, r0);
+    else cpu::mqa_logits(c);
+    chunk_topk(c.logits, c.ks, c.ke, a.topk, rows_of(a.ids, r0, n), a.status, cuda, stream, r0);
   }
 }
 
@@ -421,16 +436,9 @@ void paged_mqa_logits_topk(const PagedMqaLogitsTopKArgs& a, cudaStream_t stream)
   check_ids(a.ids, rows, a.topk);
   check_paged_device(la, device, d, op);
   const bool cuda = device.type == DeviceType::cuda;
-  if (cuda) check_topk_cols(cols, op);
-  // A chunk is whole batches (their next_n rows); the CPU without a workspace holds its own.
-  const bool own = !cuda && !a.workspace.defined();
-  const int64_t chunk =
-      own ? std::max<int64_t>(1, kCpuChunkLogits / std::max<int64_t>(1, cols * d.next_n))
-          : workspace_rows(a.workspace, cols, d.next_n, op) / d.next_n;
-  std::vector<float> host;
-  if (own && rows > 0)
-    host.resize(size_t(std::min(chunk, d.batch) * d.next_n * logits_row_bytes(cols) / 4));
-  void* const buf = own ? static_cast<void*>(host.data()) : a.workspace.data;
+  if (cuda) check_topk_cuda_shape(rows, cols, op);
+  ChunkBuffer buf = chunk_buffer(a.workspace, cols, d.next_n, rows, cuda, op);
+  const int64_t chunk = buf.rows / d.next_n;  // whole batches
   for (int64_t b0 = 0; b0 < d.batch; b0 += chunk) {
     const int64_t nb = std::min(chunk, d.batch - b0);
     PagedMqaLogitsArgs c = la;
@@ -439,19 +447,11 @@ void paged_mqa_logits_topk(const PagedMqaLogitsTopKArgs& a, cudaStream_t stream)
     c.weights = rows_of(a.weights, b0 * d.next_n, nb * d.next_n);
     c.block_tables = rows_of(a.block_tables, b0, nb);
     c.seq_lens = rows_of(a.seq_lens, b0, nb);
-    c.logits = logits_rows(buf, nb * d.next_n, cols, device);
-    TokenTopKArgs t;
-    t.logits = c.logits;
-    t.topk = a.topk;
-    t.ids = rows_of(a.ids, b0 * d.next_n, nb * d.next_n);
-    t.status = a.status;
-    if (cuda) {
-      cuda::paged_mqa_logits(c, stream, b0);
-      cuda::token_topk(t, stream, b0 * d.next_n);
-    } else {
-      cpu::paged_mqa_logits(c);
-      cpu::token_topk(t);
-    }
+    c.logits = logits_rows(buf.data(), nb * d.next_n, cols, device);
+    if (cuda) cuda::paged_mqa_logits(c, stream, b0);
+    else cpu::paged_mqa_logits(c);
+    chunk_topk(c.logits, Tensor(), Tensor(), a.topk, rows_of(a.ids, b0 * d.next_n, nb * d.next_n),
+               a.status, cuda, stream, b0 * d.next_n);
   }
 }
 

@@ -8,7 +8,6 @@
 #include "api/attention.h"
 #include "api/indexer.h"
 #include "api/validate.h"
-#include "backend.h"
 #include "msa/topk.h"
 
 namespace msa {
@@ -55,17 +54,16 @@ Calls make_calls(const PipelineArgs& a, void* q2k_data, const Tensor& attn_ws) {
   const Tensor& iq = a.index_q.values.defined() ? a.index_q.values : a.q;
   check_ndim(iq, a.index_q.values.defined() ? "index_q" : "q", 3);
   Calls c;
-  const bool own_heads = ik.defined() && ik.shape[kv_heads_dim] != hkv;
-  if (own_heads)  // section 13's rows shared by kv heads (Hi < Hkv) are not built yet
-    MSA_CHECK(iq.shape[1] % hkv == 0, "index_q: ", iq.shape[1], " index heads on index_k's ",
-              ik.shape[kv_heads_dim], " key heads for ", hkv, " kv heads: each kv head selects by "
-              "its own index heads (DESIGN section 13), so Hi must be a multiple of Hkv");
-  // Both backends take the two steps for index heads that select apart: on CUDA block_topk's
+  // Index heads that select apart take the two steps on both backends: on CUDA block_topk's
   // lists per selection head are slower than block scores + select_topk (IDX-32K-M3-fp8 fused
   // 1.345 ms against 1.091 ms, docs/kernels/block_scores.md: two selector warps an SM against a
   // selection kernel on every SM), on the CPU no faster (1.88 against 1.90 s at 4096 tokens
   // with 4 index heads on 1).
-  c.unfused = own_heads;
+  c.unfused = ik.defined() && ik.shape[kv_heads_dim] != hkv;
+  if (c.unfused)  // section 13's rows shared by kv heads (Hi < Hkv) are not built yet
+    MSA_CHECK(iq.shape[1] % hkv == 0, "index_q: ", iq.shape[1], " index heads on index_k's ",
+              ik.shape[kv_heads_dim], " key heads for ", hkv, " kv heads: each kv head selects by "
+              "its own index heads (DESIGN section 13), so Hi must be a multiple of Hkv");
   const Tensor q2k(q2k_data, DType::i32, {hkv, a.q.shape[0], int64_t(a.topk)}, a.q.device);
   c.q2k_bytes = size_t(q2k.numel()) * 4;
 

@@ -283,13 +283,6 @@ ListFit list_fit(int64_t hq, int64_t hkv, int64_t rows, int topk, int sink, int 
   return int64_t(topk) - sink - local > cap ? ListFit::cap : ListFit::ok;
 }
 
-// Whether block_topk fuses q2k rows `rows` for index q / k heads hq / hkv and this rule (rows
-// other than hkv: lists per head, traits.h).
-bool block_topk_fuses(int64_t hq, int64_t hkv, int64_t rows, int topk, int sink, int local) {
-  int cap = 0;
-  return topk <= kMaxPicks && list_fit(hq, hkv, rows, topk, sink, local, cap) == ListFit::ok;
-}
-
 }  // namespace
 
 void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stream,
@@ -316,7 +309,9 @@ void block_topk(const BlockTopKArgs& a, const ProblemShape& s, cudaStream_t stre
 }
 
 bool icp_lists_fuse(int64_t hi, int64_t hik, int64_t hsel, int topk, int sink, int local) {
-  return hik > 0 && hi / hik >= 4 && block_topk_fuses(hi, hik, hsel, topk, sink, local);
+  int cap = 0;
+  return hik > 0 && hi / hik >= 4 && topk <= kMaxPicks &&
+         list_fit(hi, hik, hsel, topk, sink, local, cap) == ListFit::ok;
 }
 
 // An ICP rank's scores (Params::shard): the shard [num_pages, rows, Hik, D] is a pool of
