@@ -84,7 +84,7 @@ class Args {
   const char* op_;
   Py_ssize_t found_ = 0;  // keys read that were present
   nb::handle alloc_;
-  std::vector<std::string> used_;
+  std::vector<PyObject*> used_;  // the interned names read (take's table keeps them alive)
   std::vector<nb::ndarray<nb::ro>> keep_;
   std::vector<nb::object> scratch_;
 };
