@@ -195,7 +195,7 @@ def pipeline_host_split(x, kw, calls):
     args = {}
     nbytes = size_of_call(x, kw)
 
-    def stand_in(**a):  # allocates what the call would, sized beforehand
+    def stand_in(a):  # allocates what the call would, sized beforehand (one dict, as _C takes it)
         args.update(a)
         if a.get("alloc") is not None:
             a["alloc"](nbytes)
@@ -211,7 +211,7 @@ def pipeline_host_split(x, kw, calls):
     finally:
         c.sparse_attention_pipeline = real
     direct = dict(args, workspace=ws, alloc=None)
-    entry = host_us(lambda: real(**direct), calls)
+    entry = host_us(lambda: real(direct), calls)
     return dict(host_us_preallocated=pre[0], host_us_preallocated_min=pre[1],
                 host_us_python_layer=py[0], host_us_python_layer_min=py[1],
                 host_us_c_entry=entry[0], host_us_c_entry_min=entry[1])

@@ -11,7 +11,7 @@ from . import _C
 from ._arrays import Typed, dtype_of, empty, framework
 from ._kv import kv_args, kv_heads_of, layout_name
 from ._runtime import (_TorchTensor, MsaError, allocator, arg, check_arrays, check_sequence,
-                       compiling, count, dims, finish, status_for, stream_of, torch)
+                       compiling, count, dims, finish, plain_arrays, status_for, stream_of, torch)
 from .quant import unpack
 
 _PARTIAL = {None: "", "f32": "f32", "bf16": "bf16"}
@@ -47,7 +47,8 @@ class Visibility(NamedTuple):
 def check_attention_arrays(q: Any, k2q: Any = None, **named: Any) -> None:
     """The array arguments of an attention call (k2q a sequence of them) and q's dims, before
     anything is allocated."""
-    check_arrays(q=q, **named)
+    if not plain_arrays(q, *named.values()):
+        check_arrays(q=q, **named)
     check_sequence(k2q, "k2q", "(row_ptr, q_idx[, schedule])", (2, 3))
     dims(unpack(q)[0], "q", 3, "[total_q, Hq, D]")
 
@@ -213,14 +214,16 @@ def attention_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
                 lse=arg(lse), tlse=arg(tlse), softmax_scale=float(softmax_scale or 0.0),
                 causal=causal, temperature=float(temperature or 0.0), status=status, stream=st,
                 **(vis or Visibility()).kwargs())
+    # One dict, passed positionally: _C takes it as the call's keywords (~1.4 us less host time
+    # than unpacking them into the call).
     if decode_plan is not None:
-        decode_plan.run(**args)
+        decode_plan.run(args)
     else:
         k2q = tuple(k2q) + (None,) * (3 - len(k2q)) if k2q is not None else (None,) * 3
-        _C.attention_forward(**args, k2q_row_ptr=arg(k2q[0]), k2q_q_idx=arg(k2q[1]),
-                             k2q_schedule=arg(k2q[2]), kv_block_size=kv_block_size,
-                             partial_dtype=partial, workspace=arg(workspace),
-                             alloc=allocator(q) if workspace is None else None)
+        args.update(k2q_row_ptr=arg(k2q[0]), k2q_q_idx=arg(k2q[1]), k2q_schedule=arg(k2q[2]),
+                    kv_block_size=kv_block_size, partial_dtype=partial, workspace=arg(workspace),
+                    alloc=allocator(q) if workspace is None else None)
+        _C.attention_forward(args)
     finish(status, st, check)
     return out, lse, tlse
 
@@ -284,9 +287,12 @@ def sparse_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k:
 def _check_pipeline_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, index_q,
                            index_k, k_scale, v_scale, out=None, lse=None, workspace=None) -> None:
     """check_attention_arrays without k2q, in one call (each keyword hop costs host time)."""
-    check_arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                 page_table=page_table, seqused_k=seqused_k, index_q=index_q, index_k=index_k,
-                 k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, workspace=workspace)
+    if not plain_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, index_q,
+                        index_k, k_scale, v_scale, out, lse, workspace):
+        check_arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                     page_table=page_table, seqused_k=seqused_k, index_q=index_q,
+                     index_k=index_k, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
+                     workspace=workspace)
     dims(unpack(q)[0], "q", 3, "[total_q, Hq, D]")
 
 
@@ -342,13 +348,13 @@ def pipeline_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, l
     def alloc(n: int, base=allocator(q)) -> Any:
         scratch.append(base(n))
         return scratch[-1]
-    _C.sparse_attention_pipeline(
-        **_pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout,
-                           topk, sink_blocks, local_blocks, causal, kv_block_size, index_q,
-                           index_k, softmax_scale, temperature, partial, k_scale, v_scale),
-        out=arg(out, q.dtype if isinstance(q, Typed) else None), lse=arg(lse), tlse=arg(tlse),
-        workspace=arg(workspace), alloc=alloc if workspace is None else None, status=status,
-        stream=st)
+    kw = _pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
+                          sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k,
+                          softmax_scale, temperature, partial, k_scale, v_scale)
+    kw.update(out=arg(out, q.dtype if isinstance(q, Typed) else None), lse=arg(lse),
+              tlse=arg(tlse), workspace=arg(workspace), alloc=alloc if workspace is None else None,
+              status=status, stream=st)
+    _C.sparse_attention_pipeline(kw)  # one dict, as attention_eager
     finish(status, st, check)
     if not want_q2k:
         return out, lse, tlse, None

@@ -388,6 +388,13 @@ Tensor Args::allocate(size_t bytes) {
   return ws;
 }
 
+nb::dict call_arguments(const nb::args& args, nb::kwargs kw, const char* op) {
+  if (args.size() == 0) return std::move(kw);
+  MSA_CHECK(args.size() == 1 && kw.size() == 0 && nb::isinstance<nb::dict>(args[0]), op,
+            ": takes keyword arguments, or one dict of them");
+  return nb::borrow<nb::dict>(args[0]);
+}
+
 void Args::finish() const {
   if (found_ == PyDict_Size(kw_.ptr())) return;  // every given key was read
   std::string unknown;

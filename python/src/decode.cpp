@@ -37,8 +37,9 @@ void bind_decode(nb::module_& m) {
       .def(nb::init<>())
       .def_static(
           "workspace_bytes",
-          [](nb::kwargs kw) {
-            Args a(std::move(kw), "DecodePlan.workspace_bytes");
+          [](nb::args args, nb::kwargs kw) {
+            Args a(call_arguments(args, std::move(kw), "DecodePlan.workspace_bytes"),
+                   "DecodePlan.workspace_bytes");
             const DecodeShape s = decode_shape(a);
             a.finish();
             return DecodePlan::workspace_bytes(s);
@@ -46,8 +47,8 @@ void bind_decode(nb::module_& m) {
           "Workspace bytes run() needs for the shape given as keywords.")
       .def(
           "plan",
-          [](DecodePlan& self, nb::kwargs kw) {
-            Args a(std::move(kw), "DecodePlan.plan");
+          [](DecodePlan& self, nb::args args, nb::kwargs kw) {
+            Args a(call_arguments(args, std::move(kw), "DecodePlan.plan"), "DecodePlan.plan");
             const DecodeShape s = decode_shape(a);
             const Tensor lengths = a.tensor("seqused_k");
             const Tensor workspace = a.tensor("workspace", Access::write);
@@ -65,8 +66,8 @@ void bind_decode(nb::module_& m) {
           "Validates and records the batch shape (keywords), sizing the split-KV work list.")
       .def(
           "run",
-          [](const DecodePlan& self, nb::kwargs kw) {
-            Args a(std::move(kw), "DecodePlan.run");
+          [](const DecodePlan& self, nb::args args, nb::kwargs kw) {
+            Args a(call_arguments(args, std::move(kw), "DecodePlan.run"), "DecodePlan.run");
             AttentionArgs x = a.attention();
             x.params.kv_block_size = self.shape().kv_block_size;
             x.status = a.tensor("status", Access::write);

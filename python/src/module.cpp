@@ -1,5 +1,6 @@
 // The private extension msa._C: one thin function per public C++ entry point, called by the
-// Python layer (python/msa/) with keyword arguments only. Outputs and status buffers arrive
+// Python layer (python/msa/) with keyword arguments, or with one dict of them (args.h
+// call_arguments). Outputs and status buffers arrive
 // preallocated; scratch comes from the caller's workspace= or, sized here, from its alloc=
 // callable (so one call imports each array once). No semantics are added here.
 #include <nanobind/nanobind.h>
@@ -27,8 +28,8 @@ void def_op(nb::module_& m, const char* name, const char* doc, Read read, Run ru
   const char* op = label ? label : name;
   m.def(
       name,
-      [op, read, run](nb::kwargs kw) {
-        Args a(std::move(kw), op);
+      [op, read, run](nb::args args, nb::kwargs kw) {
+        Args a(py::call_arguments(args, std::move(kw), op), op);
         auto x = read(a);
         cudaStream_t stream = a.stream();
         a.finish();
@@ -298,8 +299,8 @@ void def_scratch_op(nb::module_& m, X (*read)(Args&, bool), size_t (*size)(const
   const char* size_fn = n.size_fn;
   m.def(
       n.size_fn,
-      [size_fn, read, size](nb::kwargs kw) {
-        Args a(std::move(kw), size_fn);
+      [size_fn, read, size](nb::args args, nb::kwargs kw) {
+        Args a(py::call_arguments(args, std::move(kw), size_fn), size_fn);
         const X x = read(a, /*scratch=*/false);
         a.stream();
         a.finish();

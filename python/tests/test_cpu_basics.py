@@ -40,6 +40,24 @@ def test_unknown_keyword_and_wrong_type_are_errors():
         _C.check_status(status=[0, 0, 0, 0])
 
 
+# The ops take their arguments as keywords or as one positional dict (the Python layer's hot
+# paths pass one), never both, and every other shape of call is an error naming the op.
+def test_ops_take_keywords_or_one_dict():
+    st = np.zeros(4, np.int32)
+    _C.check_status({"status": st})
+    _C.check_status(status=st)
+    with pytest.raises(msa.MsaError, match="unknown keyword argument"):
+        _C.check_status({"status": st, "bogus": 1})
+    for bad in (lambda: _C.check_status({"status": st}, stream=0),
+                lambda: _C.check_status({"status": st}, {}),
+                lambda: _C.check_status(st)):
+        with pytest.raises(msa.MsaError, match="check_status: takes keyword arguments, or one dict"):
+            bad()
+    plan = _C.DecodePlan()
+    with pytest.raises(msa.MsaError, match="DecodePlan.run: takes keyword arguments, or one dict"):
+        plan.run(st)
+
+
 def test_status_buffer_check():
     msa.check_status(np.zeros(4, np.int32))
     with pytest.raises(msa.MsaError, match=r"page id 9 out of range .* \(batch 1, column 2\)"):
