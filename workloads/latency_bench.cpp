@@ -159,6 +159,42 @@ struct LatencyInputs {
   DeviceBuffer dq, dk, dv, dcu_q, dcu_k, dtable, dused, diq, diqs, dik, diks;
 };
 
+// The pipeline's output against attention_forward with its selection, and dense attention's,
+// each free of NaN (outputs poisoned before), the first two within 1e-2 relative; 1 (and a line
+// saying so) when not.
+int check_outputs(const BenchCase& c, const LatencyInputs& in, const msa::PipelineArgs& p,
+                  const msa::AttentionArgs& a, const msa::AttentionArgs& dense, DeviceBuffer& out,
+                  const Tensor& st, cudaStream_t s) {
+  std::vector<std::vector<uint16_t>> got;
+  for (auto* run : {+[](const msa::PipelineArgs& p, const msa::AttentionArgs&, cudaStream_t s) { msa::sparse_attention_pipeline(p, s); },
+                    +[](const msa::PipelineArgs&, const msa::AttentionArgs& a, cudaStream_t s) { msa::attention_forward(a, s); }}) {
+    out.poison(s);
+    run(p, a, s);
+    msa::check_status(st, s);
+    got.push_back(out.download<uint16_t>(size_t(in.tq * in.hq * kD), s));
+  }
+  out.poison(s);
+  msa::attention_forward(dense, s);
+  msa::check_status(st, s);
+  got.push_back(out.download<uint16_t>(size_t(in.tq * in.hq * kD), s));
+  double num = 0, den = 0;
+  int64_t nan = 0;
+  for (size_t i = 0; i < got[0].size(); ++i) {
+    const double x = bf16_to_float(got[0][i]), y = bf16_to_float(got[1][i]);
+    nan += std::isnan(x) + std::isnan(y) + std::isnan(bf16_to_float(got[2][i]));
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  const double rel = std::sqrt(num / std::max(den, 1e-30));
+  if (nan != 0 || !(rel <= 1e-2)) {
+    std::printf("%s: check FAILED: %lld NaN outputs, pipeline vs attention_forward rel L2 %.3g\n",
+                c.name.c_str(), (long long)nan, rel);
+    return 1;
+  }
+
+  return 0;
+}
+
 int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
   const LatencyInputs in(c, s);
   DeviceBuffer out = gpu_buffer(size_t(in.tq * in.hq * kD) * 2), status = gpu_buffer(16);
@@ -216,34 +252,7 @@ int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
   const DeviceBuffer dense_ws = gpu_buffer(msa::attention_workspace_bytes(dense));
   dense.workspace = gpu_view(dense_ws.get(), DType::u8, {int64_t(dense_ws.bytes())});
 
-  // Check first: the pipeline's output against attention_forward with its selection, and dense
-  // attention's, each free of NaN (outputs poisoned before), the first two within 1e-2 relative.
-  std::vector<std::vector<uint16_t>> got;
-  for (auto* run : {+[](const msa::PipelineArgs& p, const msa::AttentionArgs&, cudaStream_t s) { msa::sparse_attention_pipeline(p, s); },
-                    +[](const msa::PipelineArgs&, const msa::AttentionArgs& a, cudaStream_t s) { msa::attention_forward(a, s); }}) {
-    out.poison(s);
-    run(p, a, s);
-    msa::check_status(st, s);
-    got.push_back(out.download<uint16_t>(size_t(in.tq * in.hq * kD), s));
-  }
-  out.poison(s);
-  msa::attention_forward(dense, s);
-  msa::check_status(st, s);
-  got.push_back(out.download<uint16_t>(size_t(in.tq * in.hq * kD), s));
-  double num = 0, den = 0;
-  int64_t nan = 0;
-  for (size_t i = 0; i < got[0].size(); ++i) {
-    const double x = bf16_to_float(got[0][i]), y = bf16_to_float(got[1][i]);
-    nan += std::isnan(x) + std::isnan(y) + std::isnan(bf16_to_float(got[2][i]));
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  const double rel = std::sqrt(num / std::max(den, 1e-30));
-  if (nan != 0 || !(rel <= 1e-2)) {
-    std::printf("%s: check FAILED: %lld NaN outputs, pipeline vs attention_forward rel L2 %.3g\n",
-                c.name.c_str(), (long long)nan, rel);
-    return 1;
-  }
+  if (o.check && check_outputs(c, in, p, a, dense, out, st, s) != 0) return 1;
 
   const std::pair<const char*, std::function<void()>> ops[] = {
       {"pipeline", [&] { msa::sparse_attention_pipeline(p, s); }},
