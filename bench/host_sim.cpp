@@ -1,10 +1,17 @@
 // A stand-in libcudart.so.13 for timing msa's host code on a machine without a GPU: every call
 // succeeds at once, "device" memory is host memory, kernels never run, and a stream capture
 // records the launches as kernel nodes (so a call's launch count shows). One H200-like device.
+// MSA_HOST_SIM_COUNTS=1 prints each entry point's calls at exit, MSA_HOST_SIM_TRACE=1 each
+// launch's kernel as it happens.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cxxabi.h>
+
 #include <atomic>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,31 +52,63 @@ CUresult fake_encode_tiled(CUtensorMap* m, CUtensorMapDataType, cuuint32_t, void
   std::memset(m, 0, sizeof(*m));
   return CUDA_SUCCESS;
 }
-void count_launch() { g_launches.fetch_add(1, std::memory_order_relaxed); }
+// Kernel names by host stub (from the fatbinary's registrations), for MSA_HOST_SIM_TRACE=1: each
+// launch's kernel, demangled and cut to its template name, one line on stderr.
+std::mutex g_names_mutex;
+std::unordered_map<const void*, std::string>& kernel_names() {
+  static auto* m = new std::unordered_map<const void*, std::string>();
+  return *m;
+}
+bool tracing() {
+  static const bool on = [] {
+    const char* e = std::getenv("MSA_HOST_SIM_TRACE");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
+void count_launch(const void* func) {
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  if (!tracing()) return;
+  std::string name = "?";
+  {
+    std::lock_guard<std::mutex> lock(g_names_mutex);
+    if (const auto it = kernel_names().find(func); it != kernel_names().end()) name = it->second;
+  }
+  int status = 0;
+  char* d = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+  std::string shown = status == 0 && d != nullptr ? d : name;
+  std::free(d);
+  if (const size_t lt = shown.find('<'); lt != std::string::npos) shown.resize(lt);
+  std::fprintf(stderr, "host_sim: launch %s\n", shown.c_str());
+}
 }  // namespace
 
 extern "C" {
 void** __cudaRegisterFatBinary(void*) { CALLED(); static void* h = nullptr; return &h; }
-void __cudaRegisterFatBinaryEnd(void**) { CALLED();}
-void __cudaUnregisterFatBinary(void**) { CALLED();}
-void __cudaRegisterFunction(void**, const char*, char*, const char*, int, uint3*, uint3*, dim3*,
-                            dim3*, int*) { CALLED();}
-void __cudaRegisterVar(void**, char*, char*, const char*, int, size_t, int, int) { CALLED();}
+void __cudaRegisterFatBinaryEnd(void**) { CALLED(); }
+void __cudaUnregisterFatBinary(void**) { CALLED(); }
+void __cudaRegisterFunction(void**, const char* host_fun, char*, const char* device_name, int,
+                            uint3*, uint3*, dim3*, dim3*, int*) {
+  CALLED();
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  kernel_names()[host_fun] = device_name;
+}
+void __cudaRegisterVar(void**, char*, char*, const char*, int, size_t, int, int) { CALLED(); }
 unsigned __cudaPushCallConfiguration(dim3, dim3, size_t, struct CUstream_st*) { CALLED(); return 0; }
 cudaError_t __cudaPopCallConfiguration(dim3* g, dim3* b, size_t* s, void* st) { CALLED();
   *g = dim3(1); *b = dim3(1); *s = 0; *static_cast<void**>(st) = nullptr;
   return cudaSuccess;
 }
-cudaError_t __cudaGetKernel(cudaKernel_t* k, const void* f) { CALLED();
+cudaError_t __cudaGetKernel(cudaKernel_t* k, const void* f) { CALLED();  // the stub as handle
   *k = reinterpret_cast<cudaKernel_t>(const_cast<void*>(f));
   return cudaSuccess;
 }
-cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t) { CALLED();
-  count_launch();
+cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3, dim3, void**, size_t, cudaStream_t) { CALLED();
+  count_launch(reinterpret_cast<const void*>(k));
   return cudaSuccess;
 }
-cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) { CALLED();
-  count_launch();
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void* func, void**) { CALLED();
+  count_launch(func);
   return cudaSuccess;
 }
 
