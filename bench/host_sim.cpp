@@ -2,7 +2,8 @@
 // succeeds at once, "device" memory is host memory, kernels never run, and a stream capture
 // records the launches as kernel nodes (so a call's launch count shows). One H200-like device.
 // MSA_HOST_SIM_COUNTS=1 prints each entry point's calls at exit, MSA_HOST_SIM_TRACE=1 each
-// launch's kernel as it happens.
+// launch's kernel as it happens. The GPU suites run under it too: their host-side rules (the
+// refusals, launch counts of captures) are checked, anything that reads a kernel's results fails.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -216,6 +217,21 @@ cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t* nodes, size_t* n) 
   const long k = reinterpret_cast<FakeGraph*>(g)->kernels;
   if (nodes == nullptr) { *n = size_t(k); return cudaSuccess; }
   for (size_t i = 0; i < *n && long(i) < k; ++i) nodes[i] = reinterpret_cast<cudaGraphNode_t>(i + 1);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long) {
+  CALLED();
+  *e = reinterpret_cast<cudaGraphExec_t>(new FakeGraph{reinterpret_cast<FakeGraph*>(g)->kernels});
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+  CALLED();
+  g_launches.fetch_add(reinterpret_cast<FakeGraph*>(e)->kernels, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  CALLED();
+  delete reinterpret_cast<FakeGraph*>(e);
   return cudaSuccess;
 }
 cudaError_t cudaGraphNodeGetType(cudaGraphNode_t, cudaGraphNodeType* t) { CALLED();
