@@ -8,7 +8,7 @@
 // --op keeps the named ops only (pipeline, attention_forward, ...): a host trace of one op
 // (bench/host_trace.cpp) then sees its calls alone, besides the untimed setup; --host-only skips
 // the back-to-back GPU-time loop, whose launches wait for a full queue; --no-check skips the
-// output check, for host times under tools/host_sim's stand-in runtime (no kernel runs there).
+// output check, for host times under bench/host_sim.cpp's stand-in runtime (no kernel runs there).
 #include <cstdio>
 #include <cstdlib>
 #include <string>

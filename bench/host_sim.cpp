@@ -56,6 +56,31 @@ CUresult fake_encode_tiled(CUtensorMap* m, CUtensorMapDataType, cuuint32_t, void
   std::memset(m, 0, sizeof(*m));
   return CUDA_SUCCESS;
 }
+// The one device the stand-in reports (an H200's limits); every query reads it.
+const cudaDeviceProp& device() {
+  static const cudaDeviceProp p = [] {
+    cudaDeviceProp d;
+    std::memset(&d, 0, sizeof(d));
+    std::strcpy(d.name, "host-only stand-in (no GPU)");
+    d.major = 9;
+    d.multiProcessorCount = 132;
+    d.sharedMemPerBlockOptin = 232448;
+    d.sharedMemPerMultiprocessor = 233472;
+    d.sharedMemPerBlock = 49152;
+    d.maxThreadsPerMultiProcessor = 2048;
+    d.maxThreadsPerBlock = 1024;
+    d.regsPerMultiprocessor = d.regsPerBlock = 65536;
+    d.warpSize = 32;
+    d.l2CacheSize = 60 << 20;
+    d.totalGlobalMem = size_t(141) << 30;
+    d.maxBlocksPerMultiProcessor = 32;
+    d.maxGridSize[0] = 2147483647;
+    d.maxGridSize[1] = d.maxGridSize[2] = 65535;
+    d.cooperativeLaunch = 1;
+    return d;
+  }();
+  return p;
+}
 // Kernel names by host stub (from the fatbinary's registrations), for MSA_HOST_SIM_TRACE=1: each
 // launch's kernel, demangled and cut to its template name, one line on stderr.
 std::mutex g_names_mutex;
@@ -159,40 +184,32 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
 }
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
   CALLED();
+  const cudaDeviceProp& p = device();
   switch (a) {
-    case cudaDevAttrMultiProcessorCount: *v = 132; break;
-    case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
-    case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 232448; break;
-    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = 233472; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *v = 49152; break;
-    case cudaDevAttrMaxThreadsPerMultiProcessor: *v = 2048; break;
-    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
-    case cudaDevAttrMaxRegistersPerMultiprocessor: *v = 65536; break;
-    case cudaDevAttrMaxRegistersPerBlock: *v = 65536; break;
-    case cudaDevAttrL2CacheSize: *v = 60 << 20; break;
-    case cudaDevAttrWarpSize: *v = 32; break;
-    case cudaDevAttrMaxGridDimX: *v = 2147483647; break;
-    case cudaDevAttrMaxGridDimY: case cudaDevAttrMaxGridDimZ: *v = 65535; break;
-    case cudaDevAttrMaxBlocksPerMultiprocessor: *v = 32; break;
-    case cudaDevAttrCooperativeLaunch: *v = 1; break;
+    case cudaDevAttrMultiProcessorCount: *v = p.multiProcessorCount; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = p.minor; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = int(p.sharedMemPerBlockOptin); break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = int(p.sharedMemPerMultiprocessor); break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = int(p.sharedMemPerBlock); break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *v = p.maxThreadsPerMultiProcessor; break;
+    case cudaDevAttrMaxThreadsPerBlock: *v = p.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxRegistersPerMultiprocessor: *v = p.regsPerMultiprocessor; break;
+    case cudaDevAttrMaxRegistersPerBlock: *v = p.regsPerBlock; break;
+    case cudaDevAttrL2CacheSize: *v = p.l2CacheSize; break;
+    case cudaDevAttrWarpSize: *v = p.warpSize; break;
+    case cudaDevAttrMaxGridDimX: *v = p.maxGridSize[0]; break;
+    case cudaDevAttrMaxGridDimY: *v = p.maxGridSize[1]; break;
+    case cudaDevAttrMaxGridDimZ: *v = p.maxGridSize[2]; break;
+    case cudaDevAttrMaxBlocksPerMultiprocessor: *v = p.maxBlocksPerMultiProcessor; break;
+    case cudaDevAttrCooperativeLaunch: *v = p.cooperativeLaunch; break;
     default: *v = 0;
   }
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   CALLED();
-  std::memset(p, 0, sizeof(*p));
-  std::strcpy(p->name, "host-only stand-in (no GPU)");
-  p->major = 9; p->minor = 0; p->multiProcessorCount = 132;
-  p->sharedMemPerBlockOptin = 232448; p->sharedMemPerMultiprocessor = 233472;
-  p->sharedMemPerBlock = 49152; p->maxThreadsPerMultiProcessor = 2048; p->maxThreadsPerBlock = 1024;
-  p->regsPerMultiprocessor = 65536; p->regsPerBlock = 65536; p->warpSize = 32;
-  p->l2CacheSize = 60 << 20;
-  p->totalGlobalMem = size_t(141) << 30;
-  p->maxBlocksPerMultiProcessor = 32;
-  p->maxGridSize[0] = 2147483647; p->maxGridSize[1] = p->maxGridSize[2] = 65535;
-  p->cooperativeLaunch = 1;
+  *p = device();
   return cudaSuccess;
 }
 cudaError_t cudaGetDriverEntryPointByVersion(const char* name, void** f, unsigned int,
@@ -216,7 +233,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void*) {
   CALLED();
   std::memset(a, 0, sizeof(*a));
   a->maxThreadsPerBlock = 1024; a->numRegs = 64; a->binaryVersion = 90; a->ptxVersion = 90;
-  a->maxDynamicSharedSizeBytes = 232448;
+  a->maxDynamicSharedSizeBytes = int(device().sharedMemPerBlockOptin);
   return cudaSuccess;
 }
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void*, int, size_t,

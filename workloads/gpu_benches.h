@@ -49,7 +49,7 @@ struct LatencyBenchOptions {
   std::string json;    // append one JSON record per case and op when set
   std::vector<std::string> ops;  // time only these ops (all when empty)
   bool gpu_loop = true;          // false: host times only (no back-to-back loop; GPU time 0)
-  bool check = true;             // false: no output check (host times under tools/host_sim's
+  bool check = true;             // false: no output check (host times under bench/host_sim.cpp's
                                  // stand-in runtime, where no kernel runs)
 };
 // The LAT-* cases of bench/CASES.md (kind latency).

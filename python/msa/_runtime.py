@@ -81,19 +81,24 @@ def count(value: Any, name: str, lo: int = 0, bits: int = 32) -> int:
 _QTensor: Any = None  # msa.quant.QTensor, imported on first use (quant imports this module)
 
 
+def _qtensor_type() -> Any:
+    global _QTensor
+    if _QTensor is None:
+        from .quant import QTensor
+        _QTensor = QTensor
+    return _QTensor
+
+
 def check_arrays(**named: Any) -> None:
     """Raises MsaError naming the first argument that is neither None nor an array (a DLPack
     producer: torch, numpy, cupy, ...; or a Typed or QTensor of one), e.g. a Python list. None
     and torch tensors, the common arguments, cost one test each (a call's host time: issue 31's
     budget)."""
-    global _QTensor
-    if _QTensor is None:
-        from .quant import QTensor
-        _QTensor = QTensor
+    qtensor = _qtensor_type()
     for name, x in named.items():
         if x is None or type(x) is _TorchTensor:
             continue
-        if isinstance(x, _QTensor):
+        if isinstance(x, qtensor):
             _check_array(name, x.values)
             _check_array(name, x.scale, ".scale")
         else:
@@ -103,14 +108,11 @@ def check_arrays(**named: Any) -> None:
 def plain_arrays(*xs: Any) -> bool:
     """Whether every x is None, a torch tensor, or a QTensor of them: what check_arrays accepts
     without a closer look, tested without building its keywords (a call's host time)."""
-    global _QTensor
-    if _QTensor is None:
-        from .quant import QTensor
-        _QTensor = QTensor
+    qtensor = _qtensor_type()
     for x in xs:
         if x is None or type(x) is _TorchTensor:
             continue
-        if type(x) is not _QTensor:
+        if type(x) is not qtensor:
             return False
         s = x.scale
         if type(x.values) is not _TorchTensor or not (s is None or type(s) is _TorchTensor):
