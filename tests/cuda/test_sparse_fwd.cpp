@@ -376,19 +376,20 @@ struct Edge {
 
 // Each edge (indexer-like q2k over blocks of kv_block keys, NaN in unselected K/V rows) on the
 // GPU against the CPU reference and the FA3 bar, then bitwise equal with a GPU-built K2QIndex and
-// with one sized for extra rows. seed: of the edges' selections and inputs.
+// with one sized for extra rows. seed: of the edges' selections and inputs; dim: the head dim.
 template <size_t N>
 void expect_edges_match_cpu(const Edge (&edges)[N], int64_t kv_block, unsigned seed,
-                            cudaStream_t s) {
+                            cudaStream_t s, int64_t dim = 128) {
   int idx = 0;
   for (const Edge& e : edges) {
     std::mt19937 rng(seed + unsigned(idx));
-    Problem prob = make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, 128, 5 * seed + unsigned(idx));
+    Problem prob = make_problem(e.lq, e.lk, e.g * e.hkv, e.hkv, dim, 5 * seed + unsigned(idx));
     HostTensor ids = indexer_like_q2k(prob, e.topk, e.causal, rng, e.blk, kv_block, e.qblock);
     SparseCase c(std::move(prob), std::move(ids), e.topk, kv_block);
     c.causal = e.causal;
     poison_unselected(c.p, c.q2k, c.topk, kv_block);
-    SCOPED_TRACE("edge " + std::to_string(idx++) + ", kv_block " + std::to_string(kv_block));
+    SCOPED_TRACE("edge " + std::to_string(idx++) + ", kv_block " + std::to_string(kv_block) +
+                 ", D " + std::to_string(dim));
     const Outputs ref = run_cpu(c);
     DeviceCase d(c, s);
     const Outputs g1 = run_gpu(c, d, false, s);
@@ -821,7 +822,7 @@ TEST(SparseFwdGpu, CausalOffsetsMatchCpu) {
 // and f16, causal or not, GQA groups inside and outside {1, 2, 4, 8, 16} and past 64, empty
 // requests, a request without keys and a call without any, lengths past a block and past a
 // 64-key stage, temperature, soft-cap and a key mask; against the CPU, bitwise on a second run.
-// Sparse calls, FP8 q and FP8 K/V at these head dims are refused by name.
+// Sparse calls at D = 256, FP8 q and FP8 K/V at both head dims are refused by name.
 TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -864,14 +865,17 @@ TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
     expect_dense_matches_cpu(c, s, small, sh.mask || sh.soft_cap > 0.f ? 0 : 7);
     if (HasFailure()) break;
   }
-  // Sparse calls, FP8 q and FP8 K/V stay D = 128 on CUDA.
-  for (const int64_t dim : {64, 256}) {
-    const std::string d = std::to_string(dim);
-    SparseCase c = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, dim, 1390u), true);
+  // Sparse calls at D = 256, FP8 q and FP8 K/V stay D = 128 on CUDA.
+  {
+    SparseCase c = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, 256, 1390u), true);
     DeviceCase dc(c, s);
     c.dense = false;
     expect_error([&] { run_gpu(c, dc, false, s); },
-                 "q: head dim " + d + " runs dense attention only on CUDA (no q2k)");
+                 "q: head dim 256 runs dense attention only on CUDA (no q2k); sparse attention "
+                 "needs head dim 64 or 128");
+  }
+  for (const int64_t dim : {64, 256}) {
+    const std::string d = std::to_string(dim);
     SparseCase f = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, dim, 1391u, DType::bf16,
                                            DType::fp8_e4m3, Fp8Scale::per_token_head),
                               true);
@@ -1009,6 +1013,20 @@ void add_query_key_mask(SparseCase& c, unsigned seed) {
   c.name += " key mask";
 }
 
+// One sweep case on the GPU against the CPU reference; unless small (the sanitizer runs), also
+// against the FA3 bar on sampled rows (fa3: inputs that bar applies to) and bitwise equal with a
+// GPU-built K2QIndex.
+void expect_sweep_case(const SparseCase& c, cudaStream_t s, bool small, bool fa3) {
+  const Outputs ref = run_cpu(c);
+  DeviceCase d(c, s);
+  const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
+  expect_close(c, g1, ref);
+  if (small) return;
+  if (fa3) expect_within_fa3_bar(c, g1.out, 37);
+  d.build_csr(c, s);
+  expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/true, s));
+}
+
 // 64-key kv blocks (kv_block_size 64: the kernels' kBlk = 64 instantiations): random configurations
 // on both paths (tok selections on the KV-major kernel, blk ones on the uniform kernel), 16-bit
 // and FP8 / FP4 K/V, key masks, soft-cap, NaN in the unselected K/V rows, lengths that are not
@@ -1031,16 +1049,8 @@ TEST(SparseFwdGpu, Blocks64MatchCpu) {
     }
     if (i % 4 == 1) add_query_key_mask(c, 3100u + unsigned(i));
     SCOPED_TRACE(c.name);
-    const Outputs ref = run_cpu(c);
-    DeviceCase d(c, s);
-    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
-    expect_close(c, g1, ref);
-    if (!small && !c.key_mask && c.soft_cap == 0.f && !fp8 && c.p.k.t.dtype != DType::fp4x2)
-      expect_within_fa3_bar(c, g1.out, 37);
-    if (!small) {
-      d.build_csr(c, s);
-      expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/true, s));
-    }
+    expect_sweep_case(c, s, small,
+                      !c.key_mask && c.soft_cap == 0.f && !fp8 && c.p.k.t.dtype != DType::fp4x2);
     if (HasFailure()) break;
   }
 }
@@ -1067,6 +1077,47 @@ TEST(SparseFwdGpu, Blocks64NamedEdges) {
       {{190}, {190}, 1, 2, 4, true, true, 64},
   };
   expect_edges_match_cpu(edges, 64, 177, s);
+}
+
+// Sparse attention at head dim 64 (the KV-major kernel, its partials and the combine at D = 64;
+// the uniform kernel's sparse units): random configurations over 128- and 64-key blocks, both
+// paths (tok selections: KV-major; blk: uniform), bf16 and f16, f32 / bf16 partials, key masks,
+// soft-cap, temperature, NaN in the unselected K/V rows; against the CPU reference and the FA3
+// bar, and bitwise repeatable with a GPU-built K2QIndex.
+TEST(SparseFwdGpu, SparseHeadDim64MatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  for (int i = 0; i < (small ? 6 : 32); ++i) {
+    const int64_t blk = i % 2 ? 64 : 128;
+    SparseCase c = random_case(5000 + i, small, true, std::nullopt, blk, /*dim=*/64);
+    if (i % 5 == 2) {
+      c.soft_cap = 10.f;
+      c.name += " soft-cap 10";
+    }
+    if (i % 4 == 1) add_query_key_mask(c, 5100u + unsigned(i));
+    SCOPED_TRACE(c.name);
+    expect_sweep_case(c, s, small, !c.key_mask && c.soft_cap == 0.f);
+    if (HasFailure()) break;
+  }
+}
+
+// Named edges at head dim 64 (NamedEdges' shapes, both block sizes): one key, lengths 1, top-K
+// far above the block count, requests without queries or keys, Lq > Lk, both paths.
+TEST(SparseFwdGpu, SparseHeadDim64NamedEdges) {
+  MSA_REQUIRE_GPU();
+  TestStream s;
+  const Edge edges[] = {
+      {{1}, {1}, 16, 1, 4, true, false},
+      {{0, 0, 3, 0}, {0, 5, 300, 0}, 8, 1, 64, true, false},
+      {{200}, {100}, 4, 2, 8, true, false},
+      {{130, 7}, {257, 7}, 1, 1, 3, false, false},
+      {{300, 129}, {300, 1000}, 16, 1, 8, true, true},
+      {{257, 40, 0, 9}, {400, 0, 5, 130}, 1, 2, 4, true, true},
+      {{333}, {333}, 4, 2, 8, false, true, 64},
+  };
+  expect_edges_match_cpu(edges, 128, 5200, s, 64);
+  expect_edges_match_cpu(edges, 64, 5300, s, 64);
 }
 
 // FP8 Q K^T over 64-key kv blocks (instantiate_fp8qk_b64.cu: the KV-major kernel's m64n64k32 S,

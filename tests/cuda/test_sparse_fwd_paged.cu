@@ -129,6 +129,7 @@ struct Spec {
   bool offsets = false;         // random per-batch causal offsets (causal specs)
   bool fp8_q = false;           // e4m3 q with per-token-head scales (with fp8: QK in FP8)
   int64_t kv_block = 128;       // keys per kv block of the q2k ids (kv_block_size)
+  int64_t dim = 128;            // head dim
 };
 
 // A SparseCase from a spec: random q2k (-1 slots, sometimes unsorted) and NaN in every K/V row
@@ -155,7 +156,7 @@ SparseCase make_case(const Spec& sp, unsigned seed, bool small) {
       lk[b] = std::min(lk[b], 300);
     }
   std::mt19937 rng(seed);
-  Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, 128, seed,
+  Problem prob = make_problem(lq, lk, sp.g * sp.hkv, sp.hkv, sp.dim, seed,
                               sp.fp8_q ? DType::fp8_e4m3 : sp.dtype,
                               sp.fp8 ? DType::fp8_e4m3 : sp.dtype, sp.fp8.value_or(Fp8Scale::none));
   if (sp.dense) {  // every key is attended: NaN only in the pool's unused slots (make_paged)
@@ -264,6 +265,37 @@ TEST(SparseFwdPagedGpu, Blocks64MatchCpu) {
   };
   for (Spec& sp : specs) sp.kv_block = 64;
   run_specs(specs, 9900, small, s);
+}
+
+// Sparse attention at head dim 64 over pools (the KV-major and uniform kernels at D = 64, boxes of
+// one 128-byte row per slot): page sizes 16-256 in both layouts, 128- and 64-key blocks, tok and
+// blk selections, padded rows, spare columns, causal offsets, dense calls beside them; GPU paged
+// vs the CPU reference and paged == flat bitwise.
+TEST(SparseFwdPagedGpu, HeadDim64MatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  Spec specs[] = {
+      {"d64 ps16 nhd G1", {300, 0, 77}, {300, 50, 200}, 1, 2, 4, true, false, 16, nhd},
+      {"d64 b64 ps32 hnd G4 blk padded", {200, 5, 130}, {513, 0, 130}, 4, 2, 8, true, true, 32, hnd,
+       8},
+      {"d64 ps64 nhd G16 blk f16", {260, 17}, {260, 700}, 16, 1, 6, true, true, 64, nhd, 0,
+       DType::f16},
+      {"d64 b64 ps128 hnd G8 spare columns", {129, 0, 300}, {129, 0, 1000}, 8, 1, 16, true, false,
+       128, hnd, 0, DType::bf16, true},
+      {"d64 ps256 nhd G2 non-causal", {150, 33}, {383, 65}, 2, 2, 4, false, false, 256, nhd},
+      {"d64 b64 ps128 nhd G4 offsets", {100, 70}, {300, 200}, 4, 2, 8, true, false, 128, nhd, 0,
+       DType::bf16, false, std::nullopt, 0, false, true},
+      {"d64 ps64 hnd G4 dense", {90, 7}, {300, 129}, 4, 2, 0, true, false, 64, hnd, 0, DType::bf16,
+       false, std::nullopt, 0, true},
+  };
+  int i = 0;
+  for (Spec& sp : specs) {
+    sp.dim = 64;
+    if (i++ % 2) sp.kv_block = 64;  // the specs named b64
+  }
+  run_specs(specs, 9950, small, s);
 }
 
 // Token ids (kv_block_size 1: the token kernel, token_kernel.cuh): every page size in both

@@ -201,11 +201,13 @@ inline std::string lengths_text(const std::vector<int32_t>& lq, const std::vecto
 
 // A random configuration. `index` selects the seed; small: short lengths for the sanitizer;
 // fill_inputs false: shapes and q2k only (the same q2k), for tests of the index builders;
-// fp8: bf16 q over FP8 e4m3 K/V with scales of that kind; blk: keys per kv block (128 or 64).
+// fp8: bf16 q over FP8 e4m3 K/V with scales of that kind; blk: keys per kv block (128 or 64);
+// dim: the head dim (the same draws at any dim).
 // The CPU reference costs ~ tokens * Hq * attended keys * D, so long query sets come with few
 // heads / small top-K and the key lengths (up to 5000) carry the long-context part.
 inline SparseCase random_case(int index, bool small, bool fill_inputs = true,
-                              std::optional<Fp8Scale> fp8 = std::nullopt, int64_t blk = 128) {
+                              std::optional<Fp8Scale> fp8 = std::nullopt, int64_t blk = 128,
+                              int64_t dim = 128) {
   std::mt19937 rng(1234567u + 7919u * unsigned(index));
   const int groups[] = {1, 2, 4, 8, 16};
   const int topks[] = {1, 4, 8, 16, 32};
@@ -237,7 +239,7 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true,
     for (int32_t& l : lq)
       if (l > 0) l = std::max<int32_t>(1, int32_t(int64_t(l) * max_q_total / total));
   const DType dt = rng() % 3 == 0 && !fp8 ? DType::f16 : DType::bf16;
-  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 99u + unsigned(index), dt,
+  Problem prob = make_problem(lq, lk, g * hkv, hkv, dim, 99u + unsigned(index), dt,
                               fp8 ? DType::fp8_e4m3 : dt, fp8.value_or(Fp8Scale::none), fill_inputs);
   const bool uniform_blocks = rng() % 3 == 0;
   HostTensor ids = indexer_like_q2k(prob, topk, causal, rng, uniform_blocks, blk);
@@ -251,7 +253,7 @@ inline SparseCase random_case(int index, bool small, bool fill_inputs = true,
   std::ostringstream os;
   os << "case " << index << ": B=" << batch << " G=" << g << " Hkv=" << hkv << " topk=" << topk
      << (c.causal ? " causal" : " non-causal") << (uniform_blocks ? " blk" : " tok") << " kv_block="
-     << blk << " "
+     << blk << (dim != 128 ? " D=" + std::to_string(dim) : std::string()) << " "
      << dtype_name(dt) << (fp8 ? " fp8 kv scales " + std::to_string(int(*fp8)) : "") << " partial="
      << (c.partial ? dtype_name(*c.partial) : "default") << " T=" << c.temperature
      << lengths_text(lq, lk);

@@ -1,6 +1,6 @@
-// Kernel of the sparse-attention combine (combine.cuh). One unit = (token, kv head): G x 16
+// Kernel of the sparse-attention combine (combine.cuh). One unit = (token, kv head): G x D / 8
 // threads, each owning 8 consecutive head-dim elements of one query head, so a unit reads its
-// topk x G x 128 partial values as contiguous 16-byte loads.
+// topk x G x D partial values as contiguous 16-byte loads (D = 128 or 64: kD).
 #include <algorithm>
 #include <climits>
 
@@ -15,17 +15,17 @@ namespace msa::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kHeadDim = 128;
 constexpr int kVec = 8;  // elements per thread
 constexpr int kBatch = 4;  // bf16 partial rows loaded together per thread
 constexpr int64_t kMaxBlocks = 132 * 8 * 8;  // 8 waves of 8 resident blocks per SM on an H200
 
+template <int kD>
 __device__ __forceinline__ void load_partial(const CombineParams& p, int64_t row, int d0,
                                              float (&x)[kVec]) {
   if (p.part_bf16) {
     const uint4 raw =
         *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.part_o) +
-                                        row * kHeadDim + d0);
+                                        row * kD + d0);
     const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -35,7 +35,7 @@ __device__ __forceinline__ void load_partial(const CombineParams& p, int64_t row
     }
   } else {
     const auto* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) +
-                                                      row * kHeadDim + d0);
+                                                      row * kD + d0);
     const float4 a = src[0], b = src[1];
     x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
     x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
@@ -55,19 +55,22 @@ __device__ __forceinline__ float merge_lse(const float* v, const int32_t* ids, i
   return m + logf(sum);
 }
 
-// One unit = (token t of batch b, kv head h), nblk = batch b's key blocks. The kHeadDim / kVec
-// = 16 threads of one query head form an aligned half-warp segment: lane d of the segment reads
-// the id and LSE of slots d, d + 16, ... (one round of parallel loads per 16 slots instead of a
-// chain of one dependent load per slot), the max comes from segment shuffles, and each slot's
-// weight is broadcast from the lane that computed it. Sums still run in slot order over the same
-// slots, so the result is bit for bit that of a per-thread loop.
-constexpr int kSeg = kHeadDim / kVec;
+// One unit = (token t of batch b, kv head h), nblk = batch b's key blocks. The kSeg = kD / kVec
+// threads of one query head (16 at D = 128, 8 at 64) form an aligned warp segment: lane d of the
+// segment reads the id and LSE of slots d, d + kSeg, ... (one round of parallel loads per kSeg
+// slots instead of a chain of one dependent load per slot), the max comes from segment shuffles,
+// and each slot's weight is broadcast from the lane that computed it. Sums still run in slot order
+// over the same slots, so the result is bit for bit that of a per-thread loop.
+template <int kD>
+constexpr int combine_seg = kD / kVec;
 
-template <bool kF16>
+template <bool kF16, int kD>
 __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, int64_t h,
                                              int64_t nblk, int li) {
+  constexpr int kSeg = combine_seg<kD>;
+  constexpr unsigned kSegMask = (1u << kSeg) - 1;
   const int g = li / kSeg, d = li % kSeg, d0 = d * kVec;
-  const unsigned seg_shift = threadIdx.x & 16, seg = 0xffffu << seg_shift;
+  const unsigned seg_shift = threadIdx.x & (32 - kSeg), seg = kSegMask << seg_shift;
   const int64_t base = (h * p.total_q + t) * p.topk;  // first slot of (h, t)
   const int32_t* ids = p.q2k + base;
   const float* lse_g = p.part_lse + base * p.group + g;
@@ -91,7 +94,7 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
     // exp(-inf - m) = 0 for a slot whose block held no visible key: its O partial is 0.
     const float w_mine = ok ? expf(lse_g[int64_t(s) * p.group] - m) : 0.f;
     const float wo_mine = ok ? w_mine * rl_g[int64_t(s) * p.group] : 0.f;  // of the unnormalised O
-    const unsigned valid = (__ballot_sync(seg, ok) >> seg_shift) & 0xffffu;  // same in the segment
+    const unsigned valid = (__ballot_sync(seg, ok) >> seg_shift) & kSegMask;  // same in the segment
     const int n = min(kSeg, p.topk - s0);
     if (p.part_bf16) {
       // kBatch slots' 16-byte loads in flight per thread.
@@ -102,7 +105,7 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
           raw[u] = (valid >> (u0 + u)) & 1u
                        ? *reinterpret_cast<const uint4*>(
                              static_cast<const __nv_bfloat16*>(p.part_o) +
-                             ((base + s0 + u0 + u) * p.group + g) * kHeadDim + d0)
+                             ((base + s0 + u0 + u) * p.group + g) * kD + d0)
                        : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
@@ -125,7 +128,7 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
         const float wo = __shfl_sync(seg, wo_mine, u, kSeg);
         if (!((valid >> u) & 1u)) continue;
         float x[kVec];
-        load_partial(p, (base + s0 + u) * p.group + g, d0, x);
+        load_partial<kD>(p, (base + s0 + u) * p.group + g, d0, x);
         sum += w;
 #pragma unroll
         for (int i = 0; i < kVec; ++i) acc[i] = fmaf(wo, x[i], acc[i]);
@@ -148,8 +151,9 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
       pk[i] = *reinterpret_cast<const uint32_t*>(&v);
     }
   }
-  // head_dim != 128 only without partials (launch_sparse_combine): the zeros go to every column.
-  for (int c = d0; c < p.head_dim; c += kHeadDim) *reinterpret_cast<uint4*>(dst + (c - d0)) = packed;
+  // head_dim != kD only without partials (D = 256, launch_sparse_combine): the zeros go to every
+  // column.
+  for (int c = d0; c < p.head_dim; c += kD) *reinterpret_cast<uint4*>(dst + (c - d0)) = packed;
   if (d0 != 0) return;
   if (p.lse) p.lse[hq * p.total_q + t] = m == -INFINITY ? m : m + logf(sum);
   if (p.tlse)
@@ -166,9 +170,9 @@ constexpr int kTileTokens = 16;
 constexpr int kTileShift = 4;
 static_assert(kTileTokens == 1 << kTileShift, "tiles of 2^kTileShift tokens");
 
-template <bool kF16>
+template <bool kF16, int kD>
 __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParams p) {
-  const int per_unit = p.group * (kHeadDim / kVec);
+  const int per_unit = p.group * combine_seg<kD>;
   const int units_per_block = kThreads / per_unit;
   if (threadIdx.x >= units_per_block * per_unit) return;
   // 32-bit tile state (tiles, tokens and blocks fit int32; checked on the host) keeps the
@@ -190,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
     const int32_t hi = min(min(lq, lo + kTileTokens), int32_t(p.total_q) - q_start);
     if (q_start < 0) continue;
     for (int32_t tl = lo + int32_t(threadIdx.x) / per_unit; tl < hi; tl += units_per_block)
-      combine_unit<kF16>(p, q_start + tl, h, nblk, threadIdx.x % per_unit);
+      combine_unit<kF16, kD>(p, q_start + tl, h, nblk, threadIdx.x % per_unit);
   }
 }
 
@@ -198,8 +202,8 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
 
 void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t stream) {
   if (p.total_q * p.num_kv_heads == 0 || p.batch == 0) return;
-  MSA_CHECK(p.head_dim == kHeadDim || p.topk == 0,
-            "attention_forward: the CUDA combine merges partials of head dim 128, got ",
+  MSA_CHECK(p.head_dim == 128 || p.head_dim == 64 || p.topk == 0,
+            "attention_forward: the CUDA combine merges partials of head dim 64 or 128, got ",
             p.head_dim);
   const int64_t tiles = (p.num_kv_heads * p.qblock_cap) << (p.qblock_shift - kTileShift);
   MSA_CHECK(tiles < INT32_MAX, "attention_forward: Hkv * query blocks = ",
@@ -207,10 +211,16 @@ void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t st
   const int64_t blocks = std::min<int64_t>(tiles, kMaxBlocks);
   // A normal launch: with programmatic serialization (pdl.cuh) the prefill measured 50-250 us
   // slower (P8K-tok, P32K-tok on the H200), the combine's waiting CTAs holding SMs.
-  if (out_f16)
-    combine_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  // D = 64 partials: 8 threads a head; 128 (and 256's zero rows): 16.
+  const unsigned grid = unsigned(blocks);
+  if (out_f16 && p.head_dim == 64)
+    combine_kernel<true, 64><<<grid, kThreads, 0, stream>>>(p);
+  else if (out_f16)
+    combine_kernel<true, 128><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.head_dim == 64)
+    combine_kernel<false, 64><<<grid, kThreads, 0, stream>>>(p);
   else
-    combine_kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+    combine_kernel<false, 128><<<grid, kThreads, 0, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

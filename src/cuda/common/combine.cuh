@@ -15,7 +15,7 @@ struct CombineParams {
   const int32_t* cu_seqlens_q = nullptr;  // [B+1]
   const int32_t* cu_seqlens_k = nullptr;  // [B+1]
   // partials, indexed by ((h * total_q + t) * topk + slot) * G + g
-  const void* part_o = nullptr;           // [.., D=128] bf16 (part_bf16) or f32
+  const void* part_o = nullptr;           // [.., D] bf16 (part_bf16) or f32, D = head_dim
   int32_t part_bf16 = 0;
   // Each partial row is unnormalised: its P V with p = exp(s - the part's max), the part's LSE and
   // 1 / sum(p) (rl); the merged row is sum_s w_s rl_s O_s / sum_s w_s, w_s = exp(lse_s - max).
@@ -24,7 +24,7 @@ struct CombineParams {
   const float* part_tlse = nullptr;       // null unless tlse is requested
   void* out = nullptr;                    // [total_q, Hq, head_dim] bf16 / f16, D contiguous
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
-  // 128, or 64 / 256 when no slot holds a partial (topk 0: dense attention without keys writes
+  // 128 or 64, or 256 when no slot holds a partial (topk 0: dense attention without keys writes
   // its zero rows here).
   int32_t head_dim = 128;
   float* lse = nullptr;                   // [Hq, total_q] or null

@@ -82,12 +82,13 @@ __device__ __forceinline__ void store_partial_lse(const MainParams& p, int64_t i
 
 // A warp's 16 rows (16 warp .. 16 warp + 15) of an unnormalised bf16 partial tile (the combine
 // applies 1 / sum: 64 multiplies a tile fewer on the consumer's chain) into a Q buffer
-// laid out as wgmma and TMA see it: two 64-column halves of 64 rows x 128 bytes, 16-byte chunk c
-// of row r stored at chunk c ^ (r % 8). One stmatrix.x4 per two 8-column groups: its four 8 x 8
+// laid out as wgmma and TMA see it: kN / 32 64-column halves (D / 64; kN = D / 2 floats of O per
+// thread) of 64 rows x 128 bytes, 16-byte chunk c of row r stored at chunk c ^ (r % 8). One stmatrix.x4 per two 8-column groups: its four 8 x 8
 // tiles are (rows 0-7, group n), (rows 8-15, n), (rows 0-7, n + 1), (rows 8-15, n + 1), and lane
 // l addresses row l % 8 of tile l / 8; each tile row is one 16-byte chunk, so the 8 rows of a tile
 // land in 8 different chunks (no bank conflict). 8 stmatrix a tile where 4-byte stores took 32.
-__device__ __forceinline__ void stage_partial_tile(uint8_t* buf, const float (&o)[64], int warp,
+template <int kN>
+__device__ __forceinline__ void stage_partial_tile(uint8_t* buf, const float (&o)[kN], int warp,
                                                    int lane) {
   const int tile = lane >> 3;
   const int row = warp * 16 + (tile & 1) * 8 + (lane & 7);
@@ -95,7 +96,7 @@ __device__ __forceinline__ void stage_partial_tile(uint8_t* buf, const float (&o
   // chunk of group n + (tile >> 1), n even: (n % 8) ^ ((tile >> 1) ^ row % 8)
   const uint32_t x = uint32_t(((tile >> 1) ^ row) & 7) << 4;
 #pragma unroll
-  for (int n = 0; n < 16; n += 2) {
+  for (int n = 0; n < kN / 4; n += 2) {
     const uint32_t addr = base + (n >> 3) * kQHalfBytes + ((uint32_t(n & 7) << 4) ^ x);
     sm90::stmatrix_x4(addr, pack_pair<false>(o[n * 4], o[n * 4 + 1]),
                       pack_pair<false>(o[n * 4 + 2], o[n * 4 + 3]),
@@ -110,13 +111,14 @@ __device__ __forceinline__ void stage_partial_tile(uint8_t* buf, const float (&o
 // a 16-byte variant (pairs transposed inside the quad by shuffles) measured slower still, 12.50
 // vs 11.05 ms at P32K-tok (H200), its shuffles and selects sitting on the consumer's critical
 // path.
-template <int kOff>
-__device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[64],
+// kN = D / 2: the row's values are D floats, at idx * D.
+template <int kOff, int kN>
+__device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[kN],
                                                   int64_t idx, int col_base, bool lead,
                                                   const RowStats& st) {
-  auto* dst = static_cast<float2*>(p.part_o) + idx * (kHeadDim / 2);
+  auto* dst = static_cast<float2*>(p.part_o) + idx * kN;
 #pragma unroll
-  for (int n = 0; n < 16; ++n)
+  for (int n = 0; n < kN / 4; ++n)
     dst[(n * 8 + col_base) / 2] = make_float2(o[n * 4 + kOff], o[n * 4 + kOff + 1]);
   if (lead) store_partial_lse(p, idx, st);
 }

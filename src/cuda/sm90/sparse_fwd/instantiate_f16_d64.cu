@@ -1,3 +1,4 @@
-// The uniform kernel (dense attention) for f16 q / k / v at head dim 64 (launch_kernels.h).
+// The sparse forward kernels (KV-major and uniform) for f16 q / k / v at head dim 64 over
+// 128-key kv blocks; the uniform kernel runs dense attention at D = 64 too (launch_kernels.h).
 #include "cuda/sm90/sparse_fwd/launch_kernels.cuh"
-MSA_SPARSE_FWD_INSTANTIATE_UNIFORM(true, 64)
+MSA_SPARSE_FWD_INSTANTIATE_D(true, 64, 128)

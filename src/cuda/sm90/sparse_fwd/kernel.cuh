@@ -48,14 +48,15 @@ __device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, in
 // KV-major kernel over the chunk table. Persistent: gridDim.x CTAs walk the table with a static
 // stride (chunk = blockIdx.x + k * gridDim.x), so the assignment, and with it every partial, is
 // independent of timing. kMask: a call with a key mask (p.mask_bits). kBlk: keys per kv block.
-template <bool kF16, bool kFp8, bool kMask, int kBlk>
+// kD: the head dim, 128 or 64 (16-bit q / K / V).
+template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v,
                       const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  using Storage = KVMajorStorage<kBlk>;
+  using Storage = KVMajorStorage<kBlk, kD>;
   Storage& sh = init_shared<Storage>(smem_raw, p.group, p.tokens_per_tile,
                                   q_empty_arrivals(p.group, p.tokens_per_tile, p.part_bf16 != 0),
                                   kFp8, &tm_q, &tm_k, &tm_v);
@@ -65,10 +66,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
     sm90::regs_dealloc<kProducerRegs>();
-    run_producer<kFp8, kBlk>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    run_producer<kFp8, kBlk, kD>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kConsumerRegs>();
-    run_consumer<kF16, kFp8, kMask, kBlk>(p, sh, wg - 1, threadIdx.x - 128 * wg);
+    run_consumer<kF16, kFp8, kMask, kBlk, kD>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }
 

@@ -103,12 +103,15 @@ __device__ __forceinline__ void load_key_scales(const AttnProblem& p, bool copy,
 // K and V of a block of kBlk keys into stage s on one barrier (the KV-major path): lane 0 arrives
 // with the exact byte count, then the boxes. Warp-collective, after the stage's kv_empty wait and
 // after lane 0 wrote the stage's info struct (released by the same arrive).
-template <bool kFp8, int kBlk>
+template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void load_kv_block(const AttnProblem& p, const CUtensorMap* tm_k,
-                                              const CUtensorMap* tm_v, KVMajorStorage<kBlk>& sh,
-                                              int s, int32_t head, int32_t k_start, int32_t kb,
-                                              int32_t k_len, int lane) {
-  const KVBlockSource src = locate_kv_block<kBlk>(p.paged, head, k_start, kb, k_len, 2, lane);
+                                              const CUtensorMap* tm_v,
+                                              KVMajorStorage<kBlk, kD>& sh, int s, int32_t head,
+                                              int32_t k_start, int32_t kb, int32_t k_len,
+                                              int lane) {
+  static_assert(!kFp8 || kD == kHeadDim, "FP8 K tiles are 128-byte rows: D = 128");
+  const KVBlockSource src =
+      locate_kv_block<kBlk>(p.paged, head, k_start, kb, k_len, kD / 64, lane);
   if constexpr (kFp8)
     load_key_scales<kBlk>(p, true, head, src.c2, src.c2 + kBlk / 2, sh.kscale[s], &sh.kv_full[s],
                           lane);

@@ -162,20 +162,25 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
     mp.q_idx_stride = s.total_q * s.topk;
     mp.part_o = ws + w.part_o;
     mp.part_bf16 = a.params.partial_dtype == DType::bf16 ? 1 : 0;
-    if (mp.part_bf16)  // [entries, G, 128] bf16: each token's G partial rows are one box per half
+    if (mp.part_bf16)  // [entries, G, D] bf16: each token's G partial rows are one box per half
       mp.tm_part = make_tma_3d(Tensor(mp.part_o, DType::bf16,
-                                      {s.num_kv_heads * s.total_q * s.topk, s.group, kHeadDim},
+                                      {s.num_kv_heads * s.total_q * s.topk, s.group, s.head_dim},
                                       a.q.device),
                                kHalfCols, uint32_t(s.group), 1, "attention_forward");
     mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
     mp.part_rl = reinterpret_cast<float*>(ws + w.part_rl);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
-    if (w.fp8_qk && w.blk == 64) launch_main<false, true, 64>(tq, tk, tv, mp, stream);
-    else if (w.fp8_qk) launch_main<false, true, 128>(tq, tk, tv, mp, stream);
-    else if (w.blk == 64 && f16) launch_main<true, false, 64>(tq, tk, tv, mp, stream);
-    else if (w.blk == 64) launch_main<false, false, 64>(tq, tk, tv, mp, stream);
-    else if (f16) launch_main<true, false, 128>(tq, tk, tv, mp, stream);
-    else launch_main<false, false, 128>(tq, tk, tv, mp, stream);
+    const bool d64 = s.head_dim == 64;  // 16-bit q / k / v (check_supported)
+    if (w.fp8_qk && w.blk == 64) launch_main<false, true, 64, 128>(tq, tk, tv, mp, stream);
+    else if (w.fp8_qk) launch_main<false, true, 128, 128>(tq, tk, tv, mp, stream);
+    else if (d64 && w.blk == 64 && f16) launch_main<true, false, 64, 64>(tq, tk, tv, mp, stream);
+    else if (d64 && w.blk == 64) launch_main<false, false, 64, 64>(tq, tk, tv, mp, stream);
+    else if (d64 && f16) launch_main<true, false, 128, 64>(tq, tk, tv, mp, stream);
+    else if (d64) launch_main<false, false, 128, 64>(tq, tk, tv, mp, stream);
+    else if (w.blk == 64 && f16) launch_main<true, false, 64, 128>(tq, tk, tv, mp, stream);
+    else if (w.blk == 64) launch_main<false, false, 64, 128>(tq, tk, tv, mp, stream);
+    else if (f16) launch_main<true, false, 128, 128>(tq, tk, tv, mp, stream);
+    else launch_main<false, false, 128, 128>(tq, tk, tv, mp, stream);
   }
   UniformParams up;
   static_cast<AttnProblem&>(up) = pr;
@@ -189,10 +194,12 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   up.out_stride_h = a.out.strides[1];
   up.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   up.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
-  if (s.head_dim == 64) {  // dense, 16-bit q / k / v (check_supported)
-    if (f16) launch_uniform<true, false, 64, 128>(tq, tk, tv, up, stream);
+  if (s.head_dim == 64) {  // 16-bit q / k / v (check_supported); dense runs 128-key blocks
+    if (w.blk == 64 && f16) launch_uniform<true, false, 64, 64>(tq, tk, tv, up, stream);
+    else if (w.blk == 64) launch_uniform<false, false, 64, 64>(tq, tk, tv, up, stream);
+    else if (f16) launch_uniform<true, false, 64, 128>(tq, tk, tv, up, stream);
     else launch_uniform<false, false, 64, 128>(tq, tk, tv, up, stream);
-  } else if (s.head_dim == 256) {
+  } else if (s.head_dim == 256) {  // dense only
     if (f16) launch_uniform<true, false, 256, 128>(tq, tk, tv, up, stream);
     else launch_uniform<false, false, 256, 128>(tq, tk, tv, up, stream);
   } else if (w.fp8_qk && w.blk == 64) {

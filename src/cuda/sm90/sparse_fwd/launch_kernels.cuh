@@ -1,6 +1,7 @@
 // Bodies of the sparse forward launches (launch_kernels.h), included only by the one-line
 // instantiation files; MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8, kBlk) instantiates both kernels of a
-// type and kv block size.
+// type and kv block size at head dim 128, MSA_SPARSE_FWD_INSTANTIATE_D(kF16, kD, kBlk) those of a
+// 16-bit type at another head dim.
 #pragma once
 
 #include <mutex>
@@ -25,14 +26,14 @@ void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
 }
 
 // With a key mask, the kernels instantiated for it (kMask: mma.cuh consume_tile, uniform_mma.cuh).
-template <bool kF16, bool kFp8, int kBlk>
+template <bool kF16, bool kFp8, int kBlk, int kD>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream) {
-  constexpr int smem = smem_bytes<KVMajorStorage<kBlk>>();
+  constexpr int smem = smem_bytes<KVMajorStorage<kBlk, kD>>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk>, smem, tq, tk, tv, p, stream);
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk, kD>, smem, tq, tk, tv, p, stream);
   else
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk>, smem, tq, tk, tv, p, stream);
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk, kD>, smem, tq, tk, tv, p, stream);
 }
 
 template <bool kF16, bool kFp8, int kD, int kBlk>
@@ -51,9 +52,9 @@ void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensor
 
 #define MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8, kBlk)                                        \
   namespace msa::cuda::sparse_fwd {                                                         \
-  template void launch_main<kF16, kFp8, kBlk>(const CUtensorMap&, const CUtensorMap&,       \
-                                              const CUtensorMap&, const MainParams&,        \
-                                              cudaStream_t);                                \
+  template void launch_main<kF16, kFp8, kBlk, 128>(const CUtensorMap&, const CUtensorMap&,  \
+                                                   const CUtensorMap&, const MainParams&,   \
+                                                   cudaStream_t);                           \
   template void launch_uniform<kF16, kFp8, 128, kBlk>(const CUtensorMap&,                   \
                                                       const CUtensorMap&,                   \
                                                       const CUtensorMap&,                   \
@@ -65,4 +66,15 @@ void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensor
   template void launch_uniform<kF16, false, kD, 128>(const CUtensorMap&, const CUtensorMap&, \
                                                      const CUtensorMap&,                    \
                                                      const UniformParams&, cudaStream_t);   \
+  }
+// Both kernels of a 16-bit type at head dim kD (64) over kBlk-key blocks.
+#define MSA_SPARSE_FWD_INSTANTIATE_D(kF16, kD, kBlk)                                        \
+  namespace msa::cuda::sparse_fwd {                                                         \
+  template void launch_main<kF16, false, kBlk, kD>(const CUtensorMap&, const CUtensorMap&,  \
+                                                   const CUtensorMap&, const MainParams&,   \
+                                                   cudaStream_t);                           \
+  template void launch_uniform<kF16, false, kD, kBlk>(const CUtensorMap&,                   \
+                                                      const CUtensorMap&,                   \
+                                                      const CUtensorMap&,                   \
+                                                      const UniformParams&, cudaStream_t);  \
   }

@@ -86,9 +86,9 @@ __device__ __forceinline__ TileIdx load_tile_idx(const MainParams& p, const Chun
 // Each lane that owns a token slot (lane < min(32, tokens per tile), the q_full count) arrives
 // once after writing its metadata, so every write is released by its writer; lane 0 announces
 // the TMA bytes before any copy is issued.
-template <bool kFp8, int kBlk>
+template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtensorMap* tm_q,
-                                               KVMajorStorage<kBlk>& sh, const ChunkView& c,
+                                               KVMajorStorage<kBlk, kD>& sh, const ChunkView& c,
                                                const TileIdx& x, int consumer, int stage,
                                                int lane) {
   TileMeta& meta = sh.meta[consumer][stage];
@@ -118,7 +118,7 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
   const int n_valid = __reduce_add_sync(0xffffffffu, valid);
   if (lane == 0)
     sm90::mbar_expect_tx(&sh.q_full[consumer][stage],
-                         uint32_t(n_valid) * uint32_t(p.group) * q_bytes_per_row<kFp8, 2>());
+                         uint32_t(n_valid) * uint32_t(p.group) * q_bytes_per_row<kFp8, kD / 64>());
   __syncwarp();
   const int32_t head_row = c.d.head * p.group;  // first query head of kv head h
 #pragma unroll
@@ -132,10 +132,10 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
   if (lane < tpt) sm90::mbar_arrive(&sh.q_full[consumer][stage]);
 }
 
-template <bool kFp8, int kBlk>
+template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
-                                             KVMajorStorage<kBlk>& sh, int warp, int lane) {
+                                             KVMajorStorage<kBlk, kD>& sh, int warp, int lane) {
   const int consumer = warp & 1, stage = warp >> 1;  // this warp's Q buffer
   const int32_t n_chunks = *p.num_chunks;
   uint32_t q_uses = 0;  // tiles this warp has produced into its one buffer (a ring of one)
@@ -148,7 +148,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
       const int s = KVRing::stage(kv_iter);
       sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
       if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head, c.d.kb};
-      load_kv_block<kFp8, kBlk>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len,
+      load_kv_block<kFp8, kBlk, kD>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len,
                                 lane);
       ++kv_iter;
     }
@@ -160,7 +160,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
       if (j + kProducerWarps < c.n_tiles) next = load_tile_idx(p, c, j + kProducerWarps, lane);
       sm90::mbar_wait(&sh.q_empty[consumer][stage], sm90::Ring<1>::empty_parity(q_uses));
       ++q_uses;
-      produce_q_tile<kFp8, kBlk>(p, tm_q, sh, c, cur, consumer, stage, lane);
+      produce_q_tile<kFp8, kBlk, kD>(p, tm_q, sh, c, cur, consumer, stage, lane);
     }
     tile_base += c.n_tiles;
   }

@@ -401,11 +401,13 @@ __device__ __forceinline__ TileRows tile_rows(const MainParams& p, int tid) {
 }
 
 // kBlk: keys per kv block, 128 (S m64n128) or 64 (S m64n64, P V k64; FP8 Q K^T m64n64k32).
-template <bool kF16, bool kFp8, bool kMask, int kBlk>
-__device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage<kBlk>& sh,
+// kD: the head dim, 128 or 64 (S in D / 16 k16 steps, O m64nD: D / 2 floats per thread).
+template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
+__device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage<kBlk, kD>& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
                                              int q_stage, const TileRows& tr) {
   constexpr int kS = kBlk / 2;  // S floats per thread
+  constexpr int kO = kD / 2;    // O floats per thread
   const int warp = tr.warp, lane = tr.lane;
   const int j0 = tr.j0, g0 = tr.g0, j1 = tr.j1, g1 = tr.g1;
   const int col_base = tr.col_base;
@@ -420,7 +422,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   const uint32_t q_addr = sm90::smem_addr(sh.q[consumer][q_stage][0]);
   const uint32_t k_addr = sm90::smem_addr(sh.k[kv_stage][0]);
   sm90::wgmma_fence();
-  issue_qk<kF16, kFp8>(s, q_addr, k_addr);
+  issue_qk<kF16, kFp8, kD>(s, q_addr, k_addr);
   sm90::wgmma_commit();
   KeyScales<kS> ks;
   float kmul = 1.f;  // FP8 QK with one K scale: it joins the row scales below
@@ -457,9 +459,9 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   uint32_t pa[kS / 8][4];
   pack_probs<kF16>(s, pa);
 
-  float o[64];
+  float o[kO];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  for (int i = 0; i < kO; ++i) o[i] = 0.f;
   const uint32_t v_addr = sm90::smem_addr(sh.v[kv_stage][0]);
   sm90::wgmma_fence();
   issue_pv<kF16>(o, pa, v_addr, false);
@@ -471,9 +473,9 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   // math, the partial rows' int64 index only at the end.
   const int32_t head_base = info.head * int32_t(p.total_q);
   if (p.part_bf16) {
-    // Unnormalised bf16 rows into this tile's Q buffer (the wgmma layout: two 64-column halves,
-    // 128-byte swizzle), then one TMA store per half for each of the warp's tokens (G rows, a
-    // contiguous [G, 128] block of part_o): full-line L2 writes instead of half-sector ones.
+    // Unnormalised bf16 rows into this tile's Q buffer (the wgmma layout: D / 64 64-column
+    // halves, 128-byte swizzle), then one TMA store per half for each of the warp's tokens (G
+    // rows, a contiguous [G, D] block of part_o): full-line L2 writes instead of half-sector ones.
     uint8_t* buf = sh.q[consumer][q_stage][0];
     stage_partial_tile(buf, o, warp, lane);  // rows without a token are never stored
     sm90::fence_proxy_async_smem();
@@ -485,8 +487,10 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
       if (t >= 0) {
         const int32_t entry = (head_base + t) * p.topk + sl;
         const int row = (first + lane) * p.group;  // the token's first row in the tile
-        sm90::tma_store_3d(&p.tm_part, buf + row * 128, 0, 0, entry);
-        sm90::tma_store_3d(&p.tm_part, buf + kQHalfBytes + row * 128, kHalfCols, 0, entry);
+#pragma unroll
+        for (int half = 0; half < kD / kHalfCols; ++half)
+          sm90::tma_store_3d(&p.tm_part, buf + half * kQHalfBytes + row * 128, half * kHalfCols,
+                             0, entry);
       }
       sm90::bulk_commit();
     }
@@ -512,8 +516,8 @@ __device__ __forceinline__ void release_q_buffer(Storage& sh, int consumer, int 
   sm90::mbar_arrive(&sh.q_empty[consumer][stage]);
 }
 
-template <bool kF16, bool kFp8, bool kMask, int kBlk>
-__device__ __forceinline__ void run_consumer(const MainParams& p, KVMajorStorage<kBlk>& sh,
+template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
+__device__ __forceinline__ void run_consumer(const MainParams& p, KVMajorStorage<kBlk, kD>& sh,
                                              int consumer_in, int tid) {
   // Warp-uniform for ptxas (lane-0 broadcast): the wgmma descriptors derived from it stay in
   // uniform registers instead of being moved there (R2UR) before every wgmma.
@@ -537,7 +541,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, KVMajorStorage
       // were issued, so their reads are long done and nothing waits.
       if (pending >= 0) release_q_buffer(sh, consumer, pending);
       sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(q_use));
-      consume_tile<kF16, kFp8, kMask, kBlk>(p, sh, info, s, consumer, q_stage, tr);
+      consume_tile<kF16, kFp8, kMask, kBlk, kD>(p, sh, info, s, consumer, q_stage, tr);
       pending = p.part_bf16 ? q_stage : -1;
     }
     tile_base += info.n_tiles;

@@ -33,7 +33,7 @@
 
 namespace msa::cuda::sparse_fwd {
 
-constexpr int kHeadDim = 128;      // D; one instantiation per element type only
+constexpr int kHeadDim = 128;      // D of FP8 QK, token ids and the partials' default
 constexpr int kBlockN = 128;       // keys per kv block (kv_block_size); 64 through kBlk below
 constexpr int kTileM = 64;         // wgmma M: rows (token x head) per Q tile
 constexpr int kChunkTiles = 16;    // Q tiles per chunk: K/V (64 KB) amortised over 16 x 16 KB Q
@@ -143,9 +143,11 @@ struct alignas(1024) SharedStorageT {
   uint64_t q_full[kConsumers][kQSt];
   uint64_t q_empty[kConsumers][kQSt];
 };
-// The KV-major kernel (D = 128) over kv blocks of kBlk keys, 128 or 64: one block per K/V stage.
-template <int kBlk>
-using KVMajorStorage = SharedStorageT<2, kBlk>;
+// The KV-major kernel over kv blocks of kBlk keys, 128 or 64 (one block per K/V stage), at head
+// dim kD, 128 or 64 (D / 64 halves per tile row; D = 256 would need 128 KB a K/V stage: see
+// HeadDimTraits).
+template <int kBlk, int kD = 128>
+using KVMajorStorage = SharedStorageT<kD / 64, kBlk>;
 template <class Storage>
 constexpr int smem_bytes() {  // + slack to align the base
   return int(sizeof(Storage)) + 1024;
@@ -153,8 +155,10 @@ constexpr int smem_bytes() {  // + slack to align the base
 static_assert(smem_bytes<KVMajorStorage<kBlockN>>() <= 227 * 1024,
               "shared memory plan exceeds the 227 KB opt-in limit");
 
-// Head dims of the uniform kernel. D = 128 runs every kernel of this folder; D = 64 and 256 the
-// uniform kernel alone (dense attention). D = 64: one half per tile, O m64n64 (32 floats per
+// Head dims of the uniform kernel. D = 128 runs every kernel of this folder; D = 64 the 16-bit
+// kernels of both paths (sparse and dense, 128- and 64-key blocks); D = 256 the uniform kernel
+// alone (dense attention): a KV-major stage of a 128-key block would be 128 KB at D = 256, and
+// one block split over two 64-key stages would leave no stage for the next chunk's loads. D = 64: one half per tile, O m64n64 (32 floats per
 // thread). D = 256: O m64n256 is 128 floats per thread, so S and P must shrink to fit the 240
 // registers beside it and the next block's S (intra-warpgroup overlap): K/V stages of 64 keys
 // (S m64n64, 32 floats; P 16 registers), and one Q buffer per consumer (64 KB of Q beside 128 KB
