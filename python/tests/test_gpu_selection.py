@@ -79,6 +79,34 @@ def test_block_topk_matches_reference(case, causal, dtype, blk):
     assert torch.equal(q2k, want)
 
 
+# Head dims besides 128 on CUDA: bf16 / f16 at 64 (exact integer inputs: the reference's ids bit
+# for bit), and the whole pipeline at 64 (its default index inputs are q and k themselves).
+@pytest.mark.parametrize("blk", [128, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_block_topk_head_dim_64(dtype, blk):
+    gen = torch.Generator().manual_seed(64 + blk)
+    lq, lk = [1, 150, 0, 40], [2000, 900, 300, 33]
+    q, k, cu_q, cu_k = ref.integer_problem(gen, lq, lk, 8, 2, 64, dtype, DEV)
+    with gpu_op():
+        q2k = msa.block_topk(q, k, cu_q, cu_seqlens_k=cu_k, topk=8, kv_block_size=blk)
+    scores = ref.block_scores(q, k, cu_q, cu_k, blk=blk)
+    want = ref.select_topk(scores, cu_q, lk, hkv=2, topk=8, blk=blk)
+    assert torch.equal(q2k, want)
+
+
+@pytest.mark.parametrize("blk", [128, 64])
+def test_pipeline_head_dim_64(blk):
+    gen = torch.Generator().manual_seed(640 + blk)
+    lq, lk = [300, 0, 77], [1500, 40, 600]
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, 16, 2, 64, torch.bfloat16, DEV)
+    with gpu_op():
+        out, lse, q2k = msa.sparse_attention(q, k, v, cu_q, cu_seqlens_k=cu_k, topk=6,
+                                             kv_block_size=blk, return_lse=True,
+                                             return_selection=True)
+    want, want_lse, _ = ref.attention(q, k, v, cu_q, cu_k, q2k=q2k.clone(), blk=blk)
+    ref.check_close(out, lse, want, want_lse)
+
+
 @pytest.mark.parametrize("blk", [128, 64])
 @pytest.mark.parametrize("seed", range(3))
 def test_block_topk_equals_unfused(seed, blk):

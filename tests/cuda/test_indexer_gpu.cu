@@ -39,14 +39,16 @@ struct IdxCase {
                             // nblk_max is exactly the largest block count
   int64_t lists = 1;        // q2k rows (selection heads) per kv head: each groups group / lists
                             // query heads (MiniMax-M3: 4 index heads on 1 key head, 4 rows)
+  int64_t dim = 128;        // head dim: 64 (bf16 / f16) and 256 (FP8) besides 128
 };
 
 constexpr int64_t kD = 128;
 
-HostTensor random_tokens(int64_t tokens, int64_t heads, DType dt, bool integer, std::mt19937& rng) {
-  HostTensor t(dt, {tokens, heads, kD});
+HostTensor random_tokens(int64_t tokens, int64_t heads, DType dt, bool integer, std::mt19937& rng,
+                         int64_t dim = kD) {
+  HostTensor t(dt, {tokens, heads, dim});
   std::normal_distribution<float> nd;
-  for (int64_t i = 0; i < tokens * heads * kD; ++i) {
+  for (int64_t i = 0; i < tokens * heads * dim; ++i) {
     const float v = integer ? float(int(rng() % 5) - 2) : nd(rng);
     if (dt == DType::fp8_e4m3) t.data<uint8_t>()[i] = codec::float_to_e4m3(v);
     else t.data<uint16_t>()[i] = dt == DType::bf16 ? codec::float_to_bf16(v) : codec::float_to_f16(v);
@@ -175,8 +177,10 @@ void run_case(const IdxCase& c) {
     fq = random_fp4(total_q, hq, c.nvfp4, c.integer_values, rng);
     fk = random_fp4(total_k, c.hkv, c.nvfp4, c.integer_values, rng);
   }
-  const HostTensor q = fp4 ? std::move(fq->values) : random_tokens(total_q, hq, c.dtype, c.integer_values, rng);
-  const HostTensor k = fp4 ? std::move(fk->values) : random_tokens(total_k, c.hkv, c.dtype, c.integer_values, rng);
+  const HostTensor q = fp4 ? std::move(fq->values)
+                           : random_tokens(total_q, hq, c.dtype, c.integer_values, rng, c.dim);
+  const HostTensor k = fp4 ? std::move(fk->values)
+                           : random_tokens(total_k, c.hkv, c.dtype, c.integer_values, rng, c.dim);
   const auto q_scale = fp4 ? std::optional<HostTensor>(std::move(fq->scale))
                            : random_scale(c.q_scale_kind, total_q, hq, c.integer_values, rng);
   const auto k_scale = fp4 ? std::optional<HostTensor>(std::move(fk->scale))
@@ -269,6 +273,47 @@ TEST(IndexerGpu, RandomVarlenSweep) {
 TEST(IndexerGpu, Blk64RandomVarlenSweep) {
   MSA_REQUIRE_GPU();
   random_varlen_sweep(64);
+}
+
+// Head dims besides 128 (traits.h kHeadDimOk: bf16 / f16 at 64, FP8 e4m3 at 256 with each key
+// scale kind): random varlen batches, both block sizes, every G, causal or not, integer-valued
+// (exact: the CPU's ids too) or normal inputs, a list per index head; scores against the CPU and
+// the fused ids against select_topk on the GPU's scores.
+TEST(IndexerGpu, HeadDimsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  std::mt19937 rng(64256);
+  const int64_t groups[] = {1, 2, 4, 8, 16};
+  const int trials = small_tests() ? 6 : 16;
+  for (int trial = 0; trial < trials; ++trial) {
+    IdxCase c;
+    const int b = 1 + int(rng() % 3);
+    for (int i = 0; i < b; ++i) {
+      c.lq.push_back(int32_t(rng() % 300));
+      c.lk.push_back(int32_t(c.lq.back() + rng() % 700));
+    }
+    const bool fp8 = trial % 2 == 1;
+    c.dim = fp8 ? 256 : 64;
+    c.dtype = fp8 ? DType::fp8_e4m3 : trial % 4 == 2 ? DType::f16 : DType::bf16;
+    if (fp8) {
+      c.q_scale_kind = 2;
+      c.k_scale_kind = 1 + (trial / 2) % 3;
+    }
+    c.group = groups[trial % 5];
+    c.hkv = 1 + trial % 2;
+    c.causal = trial % 3 != 2;
+    c.integer_values = trial % 4 < 2;
+    c.topk = 1 + int(rng() % 20);
+    c.sink = c.topk >= 2 ? 1 : 0;
+    c.local = c.topk >= 2 ? 1 : 0;
+    c.blk = trial % 3 == 1 ? 64 : 128;
+    c.lists = c.group >= 4 && trial % 5 == 4 ? 4 : 1;
+    if (c.lists > 1) c.topk = std::min(c.topk, 16);
+    c.seed = 6400 + trial;
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": D " + std::to_string(c.dim) + " " +
+                 dtype_name(c.dtype) + " G " + std::to_string(c.group) + " blk " + std::to_string(c.blk));
+    run_case(c);
+    if (::testing::Test::HasFailure()) break;
+  }
 }
 
 // Decode-shaped batches: many requests of 0-2 queries over up to ~3000 keys, so that a token
@@ -674,8 +719,8 @@ TEST(IndexerGpu, RejectsWhatItDoesNotSupport) {
   TestStream stream;
   DeviceBuffer buf(1 << 16);
   BlockScoresArgs a;
-  a.q = Tensor(buf.get(), DType::bf16, {4, 2, 64}, gpu0());
-  a.kv.k = Tensor(buf.get(), DType::bf16, {4, 1, 64}, gpu0());
+  a.q = Tensor(buf.get(), DType::bf16, {4, 2, 96}, gpu0());
+  a.kv.k = Tensor(buf.get(), DType::bf16, {4, 1, 96}, gpu0());
   DeviceBuffer cu(8);
   cu.upload(std::vector<int32_t>{0, 4}, stream);
   a.cu_seqlens_q = Tensor(cu.get(), DType::i32, {2}, gpu0());
@@ -687,12 +732,27 @@ TEST(IndexerGpu, RejectsWhatItDoesNotSupport) {
         try {
           block_scores(a, stream);
         } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("head_dim must be 128 on CUDA, got 64"), std::string::npos)
+          EXPECT_NE(std::string(e.what()).find("head_dim must be 128 on CUDA (or 64 with bf16 / "
+                                               "f16 inputs, 256 with fp8_e4m3), got 96 with bf16"),
+                    std::string::npos)
               << e.what();
           throw;
         }
       },
       Error);
+  // 16-bit inputs at 256 and FP8 at 64 are refused too (traits.h kHeadDimOk).
+  for (const auto& [dt, dim] : {std::pair{DType::bf16, int64_t(256)}, std::pair{DType::fp8_e4m3, int64_t(64)}}) {
+    a.q = Tensor(buf.get(), dt, {4, 2, dim}, gpu0());
+    a.kv.k = Tensor(buf.get(), dt, {4, 1, dim}, gpu0());
+    try {
+      block_scores(a, stream);
+      ADD_FAILURE() << "no error for head dim " << dim << " with " << dtype_name(dt);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("got " + std::to_string(dim) + " with " + dtype_name(dt)),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // ---- Paged K (docs/semantics.md, Paged KV) ----
@@ -721,7 +781,7 @@ PagedK make_paged_k(const HostTensor& k, const std::vector<int32_t>& lk, KVLayou
   std::vector<int32_t> order(pages);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
-  PagedK out{make_pool(k.t.dtype, layout, pages, page_size, hkv, kD, row_pad),
+  PagedK out{make_pool(k.t.dtype, layout, pages, page_size, hkv, k.t.shape[2], row_pad),
              HostTensor(DType::i32, {batch, max_pages}), i32_tensor(lk)};
   const int64_t per_slot = k_scale && k_scale->t.numel() > 1 ? (k_scale->t.ndim == 2 ? hkv : 1) : 0;
   if (per_slot) {
@@ -763,6 +823,7 @@ struct PagedSpec {
   int k_scale_kind = 1;       // fp8: 1 per tensor, 2 per token, 3 per token and head (pool slots)
   int blk = 128;              // kv_block_size
   int64_t lists = 1;          // q2k rows per kv head (IdxCase::lists)
+  int64_t dim = 128;          // head dim (IdxCase::dim)
 };
 
 // One paged case: GPU paged scores vs the CPU reference on the same pool, GPU paged == GPU flat
@@ -779,8 +840,8 @@ void run_paged_case(PagedSpec sp, unsigned seed, bool small) {
   for (int32_t k : sp.lk) nblk = std::max<int64_t>(nblk, (k + sp.blk - 1) / sp.blk);
   nblk += 1;
   const bool fp8 = sp.dtype == DType::fp8_e4m3;
-  const HostTensor q = random_tokens(total_q, hq, sp.dtype, false, rng);
-  const HostTensor k = random_tokens(total_k, sp.hkv, sp.dtype, false, rng);
+  const HostTensor q = random_tokens(total_q, hq, sp.dtype, false, rng, sp.dim);
+  const HostTensor k = random_tokens(total_k, sp.hkv, sp.dtype, false, rng, sp.dim);
   const auto q_scale = random_scale(fp8 ? 2 : 0, total_q, hq, false, rng);
   const auto k_scale = random_scale(fp8 ? sp.k_scale_kind : 0, total_k, sp.hkv, false, rng);
   const HostTensor cu_q = i32_tensor(cumulative(sp.lq)), cu_k = i32_tensor(cumulative(sp.lk));
@@ -887,6 +948,24 @@ TEST(IndexerGpu, Blk64PagedMatchesCpuAndFlat) {
       {"ps128 hnd G16 a list per head topk 18 blk64", {200, 33}, {900, 300}, 128, hnd, 16, 1, true, bf16, 0, 18, 1, 64, 16},
   };
   run_paged_specs(specs, 7100);
+}
+
+// Paged K at head dims 64 (bf16 / f16) and 256 (FP8, key scales per tensor, slot, slot and
+// head): page sizes 16-256 in both layouts, both block sizes, padded rows.
+TEST(IndexerGpu, PagedHeadDimsMatchCpuAndFlat) {
+  MSA_REQUIRE_GPU();
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
+  const DType bf16 = DType::bf16, f16 = DType::f16, fp8 = DType::fp8_e4m3;
+  PagedSpec specs[] = {
+      {"D64 ps16 nhd G1", {300, 0, 77}, {300, 50, 200}, 16, nhd, 1, 2},
+      {"D64 ps32 hnd G4 f16 padded blk64", {200, 5, 130}, {513, 0, 130}, 32, hnd, 4, 2, false, f16, 8, 6, 1, 64},
+      {"D64 ps128 nhd G16", {260, 17}, {260, 700}, 128, nhd, 16, 1, true, bf16},
+      {"D256 ps64 nhd G4 fp8 per-slot k", {257, 40, 0, 9}, {400, 0, 5, 130}, 64, nhd, 4, 2, true, fp8, 16, 6, 2},
+      {"D256 ps256 hnd G16 fp8 per-slot-head k blk64", {200, 64}, {90, 640}, 256, hnd, 16, 1, false, fp8, 0, 6, 3, 64},
+      {"D256 ps16 hnd G1 fp8 per-tensor k", {129, 0, 300}, {129, 0, 1000}, 16, hnd, 1, 2, true, fp8},
+  };
+  for (PagedSpec& sp : specs) sp.dim = sp.dtype == fp8 ? 256 : 64;
+  run_paged_specs(specs, 7200);
 }
 
 // seqused_k absent: every request has max_pages * page_size keys, so spare columns are used.

@@ -25,12 +25,14 @@ namespace msa::cuda::indexer_sm90 {
 
 // kBlk: keys per score block, 128 or 64 (traits.h: a 128-key K tile is one block or two).
 // kShard: an ICP rank's shard (Params::shard; paged, no FP4, 4 row groups: launch.cu); wide, it
-// writes the rank's lists (mma.cuh, run_consumer).
-template <Elem kElem, int kBlk, int kRowGroups, bool kWide, bool kShard = false>
+// writes the rank's lists (mma.cuh, run_consumer). kD: the head dim (traits.h kHeadDimOk).
+template <Elem kElem, int kBlk, int kRowGroups, bool kWide, bool kShard = false, int kD = kHeadDim>
 __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
     block_scores_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k, const Params p) {
   static_assert(!kShard || kElem != Elem::fp4, "shards: no FP4 (launch.cu)");
+  static_assert(kHeadDimOk<kElem, kD> && (kD == kHeadDim || !kShard),
+                "head dims: 16-bit 64 / 128, e4m3 128 / 256, FP4 and shards 128 (traits.h)");
   extern __shared__ uint8_t smem_raw[];
   const uint32_t pad = (1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023;
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + pad);
@@ -77,7 +79,8 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
         run_fp4_converter<kConverters, kBlk, true>(p, sh, h, t0, t1, threadIdx.x);
         if (first_split) fill_tail<kBlk>(p, h, t0, t1, warp, 4, lane);
       }
-    } else if (threadIdx.x < 32) run_producer<kElem, kBlk, !kWide, kShard>(p, &tm_q, &tm_k, sh, h, t0, t1, threadIdx.x);
+    } else if (threadIdx.x < 32) run_producer<kElem, kBlk, !kWide, kShard, kD>(p, &tm_q, &tm_k, sh, h, t0, t1,
+                                                                 threadIdx.x);
     else if constexpr (kWide) {  // fused (launch.cu)
       if (threadIdx.x < 32 + kSelectors) run_selector<kC, kBlk, kShard>(p, sh, h, t0, t1, threadIdx.x - 32);
     } else if (first_split) {  // one split writes the tail (cta_items)
@@ -85,7 +88,8 @@ __global__ void __launch_bounds__(Cfg<kWide>::kThreads, 1)
     }
   } else {
     sm90::regs_alloc<kFp4 ? Cfg<kWide>::kFp4ConsumerRegs : Cfg<kWide>::kConsumerRegs>();
-    run_consumer<kElem, kBlk, kRowGroups, kWide, kShard>(p, sh, h, t0, t1, wg - 1, threadIdx.x - 128 * wg, active);
+    run_consumer<kElem, kBlk, kRowGroups, kWide, kShard, kD>(p, sh, h, t0, t1, wg - 1,
+                                                             threadIdx.x - 128 * wg, active);
   }
 }
 

@@ -76,7 +76,13 @@ void check_supported(const QTensor& q, const KVCache& kv, const ProblemShape& s,
   MSA_CHECK(q.values.dtype == DType::bf16 || q.values.dtype == DType::f16 ||
                 q.values.dtype == DType::fp8_e4m3 || q.values.dtype == DType::fp4x2,
             op, ": CUDA supports bf16, f16, fp8_e4m3 and fp4x2 inputs, got ", dtype_name(q.values.dtype));
-  MSA_CHECK(s.head_dim == kHeadDim, op, ": head_dim must be 128 on CUDA, got ", s.head_dim);
+  // Head dims (traits.h kHeadDimOk): 128 for every input; 64 for bf16 / f16, 256 for FP8 e4m3.
+  const DType dt = q.values.dtype;
+  const bool sixteen = dt == DType::bf16 || dt == DType::f16;
+  MSA_CHECK(s.head_dim == kHeadDim || (s.head_dim == 64 && sixteen) ||
+                (s.head_dim == 256 && dt == DType::fp8_e4m3),
+            op, ": head_dim must be 128 on CUDA (or 64 with bf16 / f16 inputs, 256 with "
+            "fp8_e4m3), got ", s.head_dim, " with ", dtype_name(dt));
   // The kernels walk 128-key K tiles; 64-key blocks are a tile's halves (traits.h).
   MSA_CHECK(blk == 128 || blk == 64, op, ": kv_block_size must be 64 or 128 on CUDA, got ", blk);
   // Row tiles hold 64 / G whole tokens and the group max is a butterfly over G lanes.
@@ -139,15 +145,19 @@ Params make_params(const QTensor& q, const KVCache& kv, const Tensor& cu_q, cons
   return p;
 }
 
-// The instantiation for an input type and block size, row-group count (R = 4 for G >= 4, 2 for
-// G = 2, 1) and the fused flag: fused runs the wide kernel (Cfg).
+// The instantiation for an input type, block size and head dim (check_supported), row-group count
+// (R = 4 for G >= 4, 2 for G = 2, 1) and the fused flag: fused runs the wide kernel (Cfg).
 template <int kBlk>
-KernelFn pick_kernel(DType dt, int row_groups, bool fused) {
+KernelFn pick_kernel(DType dt, int64_t head_dim, int row_groups, bool fused) {
+  if (head_dim == 64)
+    return dt == DType::f16 ? kernel_for<Elem::f16, kBlk, 64>(row_groups, fused)
+                            : kernel_for<Elem::bf16, kBlk, 64>(row_groups, fused);
+  if (head_dim == 256) return kernel_for<Elem::e4m3, kBlk, 256>(row_groups, fused);
   switch (dt) {
-    case DType::f16: return kernel_for<Elem::f16, kBlk>(row_groups, fused);
-    case DType::fp8_e4m3: return kernel_for<Elem::e4m3, kBlk>(row_groups, fused);
-    case DType::fp4x2: return kernel_for<Elem::fp4, kBlk>(row_groups, fused);
-    default: return kernel_for<Elem::bf16, kBlk>(row_groups, fused);
+    case DType::f16: return kernel_for<Elem::f16, kBlk, 128>(row_groups, fused);
+    case DType::fp8_e4m3: return kernel_for<Elem::e4m3, kBlk, 128>(row_groups, fused);
+    case DType::fp4x2: return kernel_for<Elem::fp4, kBlk, 128>(row_groups, fused);
+    default: return kernel_for<Elem::bf16, kBlk, 128>(row_groups, fused);
   }
 }
 
@@ -240,8 +250,8 @@ void launch(const QTensor& q, const KVCache& kv, const ProblemShape& s, const Pa
   p.item_splits = wide ? 1 : item_splits(tiles * p.num_kv_heads * p.seg_groups);
   const dim3 grid(unsigned(tiles), unsigned(p.num_kv_heads), unsigned(p.seg_groups * p.item_splits));
   const auto kernel = p.shard.world_shift != 0 ? pick_shard_kernel(dt, blk, wide)
-                     : blk == 64 ? pick_kernel<64>(dt, p.row_groups, wide)
-                                 : pick_kernel<128>(dt, p.row_groups, wide);
+                     : blk == 64 ? pick_kernel<64>(dt, s.head_dim, p.row_groups, wide)
+                                 : pick_kernel<128>(dt, s.head_dim, p.row_groups, wide);
   const int threads = wide ? Cfg<true>::kThreads : Cfg<false>::kThreads;
   // Shared memory: FP4's raw ring only for FP4, the second blocks' selector values (sel_hi) only
   // for 64-key blocks.
@@ -336,6 +346,7 @@ void icp_shard_scores(const IcpRankListsArgs& a, const ProblemShape& s, float* p
   ProblemShape shard_shape = s;
   shard_shape.page_size = rows;
   check_supported(a.index_q, kv, shard_shape, rows, op);
+  MSA_CHECK(s.head_dim == kHeadDim, op, ": CUDA scores shards of head dim 128, got ", s.head_dim);
   MSA_CHECK(s.group >= 4, op, ": CUDA scores 4 or more index heads per key head (the shard kernel "
             "has 4 row groups), got ", s.num_q_heads, " on ", s.num_kv_heads);
   MSA_CHECK(s.max_pages * s.page_size < std::numeric_limits<int32_t>::max(), op,

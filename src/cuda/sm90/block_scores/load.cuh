@@ -22,11 +22,11 @@ static_assert(kBlockN == 128 && kRowBytes == 128, "the paged K locator assumes 1
 // Block kb of a paged batch into K stage `stage` (cuda/common/paged_kv.cuh: lane i < 128 / R owns
 // box i and lands it at row i R of each 128-byte-row half, the same swizzled tile as a flat load;
 // lane 0 expects exactly the bytes issued). Warp-collective.
-template <Elem kElem, bool kShard>
+template <Elem kElem, bool kShard, int kD>
 __device__ __forceinline__ void load_paged_k(const Params& p, const CUtensorMap* tm_k,
                                              SharedStorage& sh, int stage, int64_t h,
                                              const Segment& seg, int64_t kb, int lane) {
-  constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per key
+  constexpr int kHalves = kRowHalves<kElem, kD>;  // 128-byte rows per key
   constexpr int kHalfK = kBlockN * kRowBytes;
   const KVBlockSource src =
       locate_kv_block(p.paged, int32_t(h), int32_t(seg.k0), int32_t(kb),
@@ -36,14 +36,15 @@ __device__ __forceinline__ void load_paged_k(const Params& p, const CUtensorMap*
   if (!src.issue) return;
   for (int half = 0; half < kHalves; ++half)
     sm90::tma_load_4d(sh.k[stage] + half * kHalfK + src.row_bytes, tm_k, &sh.k_full[stage],
-                      half * 64, src.c1, src.c2, src.c3);
+                      half * kRowValues<kElem>, src.c1, src.c2, src.c3);
 }
 
-// kShard: an ICP shard (work.cuh, next_segment), whose keys are a prefix of the segment's.
-template <Elem kElem, int kBlk, bool kSplit, bool kShard = false>  // kBlk: the items' count
+// kShard: an ICP shard (work.cuh, next_segment), whose keys are a prefix of the segment's. kD: the
+// head dim (traits.h kRowHalves).
+template <Elem kElem, int kBlk, bool kSplit, bool kShard, int kD>  // kBlk: the items' count
 __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                              SharedStorage& sh, int64_t h, int64_t t0, int64_t t1, int lane) {
-  constexpr int kHalves = kElem == Elem::e4m3 ? 1 : 2;  // 128-byte rows per D = 128
+  constexpr int kHalves = kRowHalves<kElem, kD>;  // 128-byte rows per token or key
   constexpr int kHalfQ = kTileM * kRowBytes, kHalfK = kBlockN * kRowBytes;
   const bool per_key = per_key_scales<kElem>(p);
   const bool paged = p.paged.page_table != nullptr;
@@ -53,7 +54,7 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
     sm90::mbar_arrive_expect_tx(&sh.q_full, uint32_t(p.row_groups * kHalves * kHalfQ));
     for (int r = 0; r < p.row_groups; ++r)
       for (int half = 0; half < kHalves; ++half)
-        sm90::tma_load_3d(sh.q[r] + half * kHalfQ, tm_q, &sh.q_full, half * 64,
+        sm90::tma_load_3d(sh.q[r] + half * kHalfQ, tm_q, &sh.q_full, half * kRowValues<kElem>,
                           int32_t(h * p.group), int32_t(t0 + r * tokens_per_group));
   }
   const ItemRange range = cta_items<kBlk, kSplit, kShard>(p, t0, t1);
@@ -121,11 +122,12 @@ __device__ void run_producer(const Params& p, const CUtensorMap* tm_q, const CUt
       key_prev1 = item_key(seg.k0, kb * kBlockN);
     }
     if (paged) {
-      load_paged_k<kElem, kShard>(p, tm_k, sh, stage, h, seg, kb, lane);
+      load_paged_k<kElem, kShard, kD>(p, tm_k, sh, stage, h, seg, kb, lane);
     } else if (lane == 0) {
       sm90::mbar_arrive_expect_tx(&sh.k_full[stage], uint32_t(kHalves * kHalfK));
       for (int half = 0; half < kHalves; ++half)
-        sm90::tma_load_3d(sh.k[stage] + half * kHalfK, tm_k, &sh.k_full[stage], half * 64,
+        sm90::tma_load_3d(sh.k[stage] + half * kHalfK, tm_k, &sh.k_full[stage],
+                          half * kRowValues<kElem>,
                           int32_t(h), int32_t(key0));
     }
   }

@@ -18,11 +18,12 @@ using sm90::tile_desc;
 // Issues S = Q K^T for one row group (one commit group). K-major operands, 128-byte swizzle:
 // a k-step is 32 bytes along a 128-byte row (k16 for 16-bit, k32 for e4m3); for 16-bit inputs
 // D's second half is the next 64-column buffer. The first step overwrites: no zeroing.
-// q_desc, k_desc: descriptors of the row group's Q tile and of the K stage (tile_desc).
-template <Elem kElem>
+// q_desc, k_desc: descriptors of the row group's Q tile and of the K stage (tile_desc). kD: the
+// head dim (traits.h kRowHalves): four k-steps a 128-byte row.
+template <Elem kElem, int kD>
 __device__ __forceinline__ void issue_qk(float (&acc)[64], uint64_t q_desc, uint64_t k_desc) {
   constexpr int kHalfQ = kTileM * kRowBytes, kHalfK = kBlockN * kRowBytes;
-  constexpr int kSteps = kElem == Elem::e4m3 ? kHeadDim / 32 : kHeadDim / 16;
+  constexpr int kSteps = 4 * kRowHalves<kElem, kD>;
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
     const uint64_t da = desc_offset(q_desc, (kk >> 2) * kHalfQ + (kk & 3) * 32);
@@ -58,7 +59,7 @@ __device__ __forceinline__ void release(SharedStorage& sh, int stage, int lane, 
 // epilogue needs of the thread's rows is computed once per batch segment (segment_rows), never
 // per block; the K stage and phase are stepped (sm90::RingState). An item is a 128-key K tile:
 // one block, or two of 64 keys (kBlk; the epilogue scores both).
-template <Elem kElem, int kBlk, int kAcc, bool kFused, bool kShard = false>  // kShard: work.cuh
+template <Elem kElem, int kBlk, int kAcc, bool kFused, bool kShard, int kD>  // kShard: work.cuh
 __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, int64_t t0,
                                int64_t t1, int consumer_in, int warp, int lane) {
   // Warp-uniform by construction (redux.sync results land in uniform registers): with a uniform
@@ -129,7 +130,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       sel_acquire(it);
       const uint64_t k = k_ready();
       sm90::wgmma_fence();
-      issue_qk<kElem>(acc0, q0, k);
+      issue_qk<kElem, kD>(acc0, q0, k);
       if (per_key && !kFromSmem) load_key_scales(sh.k_scale[ring.stage], lane, ksc);
       sm90::wgmma_wait<0>();
       fence_acc(acc0);
@@ -174,8 +175,8 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       const uint64_t k = k_ready();
       if (per_key) load_key_scales(sh.k_scale[ring.stage], lane, ksc);
       sm90::wgmma_fence();
-      issue_qk<kElem>(acc0, q0, k);
-      issue_qk<kElem>(acc1, q1, k);
+      issue_qk<kElem, kD>(acc0, q0, k);
+      issue_qk<kElem, kD>(acc1, q1, k);
       sm90::wgmma_wait<1>();
       fence_acc(acc0);
       epi(acc0, sr0, kb, 0, kKeepScales, nullptr);
@@ -191,7 +192,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       sel_acquire(it);
       const uint64_t k = k_ready();
       sm90::wgmma_fence();
-      issue_qk<kElem>(acc0, q0, k);
+      issue_qk<kElem, kD>(acc0, q0, k);
       // ksc holds item it-1's scales on entry and item it's on return (read from item it's
       // stage, full since k_ready).
       epi(acc1, sr1, kb_prev, it - 1, kRefillScales, sh.k_scale[ring.stage]);
@@ -199,7 +200,7 @@ __device__ void consume_blocks(const Params& p, SharedStorage& sh, int64_t h, in
       release(sh, prev_stage(), lane, per_key);  // its scales were read in iteration it-1
       if (fresh) sr1 = segment_rows<kElem, kShard>(p, seg, h, t0, r1, warp, lane);
       sm90::wgmma_fence();
-      issue_qk<kElem>(acc1, q1, k_stage());  // recomputed: no descriptor live across the epilogue
+      issue_qk<kElem, kD>(acc1, q1, k_stage());  // recomputed: no descriptor live across the epilogue
       sm90::wgmma_wait<1>();  // this item's first tile
       fence_acc(acc0);
       epi(acc0, sr0, kb, it, kKeepScales, nullptr);
@@ -310,7 +311,7 @@ __device__ void run_selector(const Params& p, SharedStorage& sh, int64_t h, int6
   sm90::named_arrive(uint32_t(NamedBarrier::kSelectorsDone), kC * 128 + kSelectors);
 }
 
-template <Elem kElem, int kBlk, int kRowGroups, bool kWide, bool kShard = false>
+template <Elem kElem, int kBlk, int kRowGroups, bool kWide, bool kShard, int kD>
 __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int64_t t0, int64_t t1,
                              int consumer, int tid, int active) {
   const int warp = tid >> 5, lane = tid & 31;
@@ -323,12 +324,12 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, int64_t h, int6
   auto consume = [&](auto fused_tag) {
     constexpr bool kF = decltype(fused_tag)::value;
     if constexpr (kWide) {
-      if (consumer < active) consume_blocks<kElem, kBlk, 1, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
-      else consume_blocks<kElem, kBlk, 0, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
-    } else if constexpr (kRowGroups == 4) consume_blocks<kElem, kBlk, 2, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
-    else if constexpr (kRowGroups == 2) consume_blocks<kElem, kBlk, 1, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
-    else if (consumer == 0) consume_blocks<kElem, kBlk, 1, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
-    else consume_blocks<kElem, kBlk, 0, kF, kShard>(p, sh, h, t0, t1, consumer, warp, lane);
+      if (consumer < active) consume_blocks<kElem, kBlk, 1, kF, kShard, kD>(p, sh, h, t0, t1, consumer, warp, lane);
+      else consume_blocks<kElem, kBlk, 0, kF, kShard, kD>(p, sh, h, t0, t1, consumer, warp, lane);
+    } else if constexpr (kRowGroups == 4) consume_blocks<kElem, kBlk, 2, kF, kShard, kD>(p, sh, h, t0, t1, consumer, warp, lane);
+    else if constexpr (kRowGroups == 2) consume_blocks<kElem, kBlk, 1, kF, kShard, kD>(p, sh, h, t0, t1, consumer, warp, lane);
+    else if (consumer == 0) consume_blocks<kElem, kBlk, 1, kF, kShard, kD>(p, sh, h, t0, t1, consumer, warp, lane);
+    else consume_blocks<kElem, kBlk, 0, kF, kShard, kD>(p, sh, h, t0, t1, consumer, warp, lane);
   };
   // Wide kernels run fused, narrow ones unfused (launch.cu): each loop exists only where it runs.
   if constexpr (kWide) consume(std::true_type{});

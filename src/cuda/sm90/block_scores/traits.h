@@ -75,8 +75,21 @@ static_assert(Cfg<true>::kConsumers == kMaxRowGroups, "Cfg: a wide consumer owns
 // A kernel runs wide exactly when it is fused (launch.cu picks it so): its loops use Cfg<kFused>.
 
 // One 128-byte swizzle row holds 64 bf16/f16 or 128 fp8 values: D = 128 is two 64-wide halves
-// for 16-bit inputs and one 128-wide half for fp8.
+// for 16-bit inputs and one 128-wide half for fp8. The shared-memory plan is D = 128's; other head
+// dims (kD, a template parameter of the kernels) use as many halves as fill the same buffers:
+// 16-bit D = 64 (one half) and e4m3 D = 256 (two halves of 128 values, the bytes of 16-bit
+// D = 128). 16-bit D = 256 would need 128 KB of Q for 256 rows and 64 KB a K stage; e4m3 D = 64
+// rows are 64 bytes, which the 128-byte swizzle does not take; FP4 converts to bf16 rows of
+// D = 128 (fp4.cuh).
 constexpr int kRowBytes = 128;
+// 128-byte rows per token or key at head dim kD, and the values one holds.
+template <Elem kElem, int kD>
+constexpr int kRowHalves = kD * (kElem == Elem::e4m3 ? 1 : 2) / kRowBytes;
+template <Elem kElem>
+constexpr int kRowValues = kElem == Elem::e4m3 ? kRowBytes : kRowBytes / 2;
+template <Elem kElem, int kD>
+constexpr bool kHeadDimOk = kD == kHeadDim || (kD == 64 && (kElem == Elem::bf16 || kElem == Elem::f16)) ||
+                            (kD == 256 && kElem == Elem::e4m3);
 constexpr int kQGroupBytes = kTileM * kHeadDim * 2;  // 16 KB (16-bit) / 8 KB used (fp8)
 constexpr int kKBlockBytes = kBlockN * kHeadDim * 2; // 32 KB (16-bit) / 16 KB used (fp8)
 
