@@ -55,7 +55,7 @@ def test_dense_any_group(hq, hkv):
 
 
 # Head dims 64 and 256 run dense attention on CUDA, flat and paged (bf16 / f16; pages of 128 slots
-# and more take 64-slot boxes at 256); sparse calls need 64 or 128.
+# and more take 64-slot boxes at 256).
 @pytest.mark.parametrize("dim, page_size", [(64, 16), (256, 16), (256, 128)])
 @pytest.mark.parametrize("layout", ["flat", "paged_nhd", "paged_hnd"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -75,20 +75,17 @@ def test_dense_head_dims(dim, page_size, layout, dtype):
                                              seqused_k=seqused, kv_layout=layout,
                                              return_lse=True)
     ref.check_close(out, lse, want, want_lse)
-    if dim == 256:
-        q2k = ref.random_q2k(gen, cu_q, lk, 2, topk=2, blk=128)
-        with pytest.raises(msa.MsaError, match="head dim 256 runs dense attention only"):
-            msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)
 
 
-# Sparse attention at head dim 64 (the KV-major and uniform kernels at D = 64): random shapes over
-# 64- and 128-key blocks, flat and paged, with its k2q and without.
+# Sparse attention at head dims 64 and 256 (the KV-major and uniform kernels at that D): random
+# shapes over 64- and 128-key blocks, flat and paged, with its k2q and without.
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("layout", ["flat", "paged_nhd", "paged_hnd"])
-def test_sparse_head_dim_64(seed, layout):
+@pytest.mark.parametrize("dim", [64, 256])
+def test_sparse_head_dims(dim, seed, layout):
     gen, lq, lk, hq, hkv, blk, causal = _random_case(300 + seed)
     dtype = torch.float16 if seed % 2 else torch.bfloat16
-    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, 64, dtype, DEV)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, hq, hkv, dim, dtype, DEV)
     q2k = ref.random_q2k(gen, cu_q, lk, hkv, topk=8, blk=blk)
     with gpu_op():
         if layout == "flat":

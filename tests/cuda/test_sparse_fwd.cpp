@@ -655,6 +655,8 @@ TEST(SparseFwdGpu, DenseAnyGroupMatchesCpu) {
       {64, 1, {5, 3}, {130, 1000}, true, 2},        {96, 1, {9, 1}, {300, 130}, true, 0},
       {128, 1, {4}, {257}, false, 3},               {80, 2, {6, 0}, {140, 3}, true, 4},
       {127, 1, {3}, {200}, true, 1},
+      // no keys anywhere: the combine writes the zero rows of G > 16 heads in rounds
+      {48, 1, {7, 3}, {0, 0}, true, 0},             {128, 1, {4}, {0}, false, 1},
   };
   unsigned seed = 900;
   for (const Shape& sh : shapes) {
@@ -822,7 +824,7 @@ TEST(SparseFwdGpu, CausalOffsetsMatchCpu) {
 // and f16, causal or not, GQA groups inside and outside {1, 2, 4, 8, 16} and past 64, empty
 // requests, a request without keys and a call without any, lengths past a block and past a
 // 64-key stage, temperature, soft-cap and a key mask; against the CPU, bitwise on a second run.
-// Sparse calls at D = 256, FP8 q and FP8 K/V at both head dims are refused by name.
+// FP8 q and FP8 K/V at both head dims are refused by name.
 TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -865,15 +867,7 @@ TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
     expect_dense_matches_cpu(c, s, small, sh.mask || sh.soft_cap > 0.f ? 0 : 7);
     if (HasFailure()) break;
   }
-  // Sparse calls at D = 256, FP8 q and FP8 K/V stay D = 128 on CUDA.
-  {
-    SparseCase c = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, 256, 1390u), true);
-    DeviceCase dc(c, s);
-    c.dense = false;
-    expect_error([&] { run_gpu(c, dc, false, s); },
-                 "q: head dim 256 runs dense attention only on CUDA (no q2k); sparse attention "
-                 "needs head dim 64 or 128");
-  }
+  // FP8 q and FP8 K/V stay D = 128 on CUDA.
   for (const int64_t dim : {64, 256}) {
     const std::string d = std::to_string(dim);
     SparseCase f = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, dim, 1391u, DType::bf16,
@@ -1079,18 +1073,19 @@ TEST(SparseFwdGpu, Blocks64NamedEdges) {
   expect_edges_match_cpu(edges, 64, 177, s);
 }
 
-// Sparse attention at head dim 64 (the KV-major kernel, its partials and the combine at D = 64;
-// the uniform kernel's sparse units): random configurations over 128- and 64-key blocks, both
-// paths (tok selections: KV-major; blk: uniform), bf16 and f16, f32 / bf16 partials, key masks,
-// soft-cap, temperature, NaN in the unselected K/V rows; against the CPU reference and the FA3
-// bar, and bitwise repeatable with a GPU-built K2QIndex.
-TEST(SparseFwdGpu, SparseHeadDim64MatchesCpu) {
+// Sparse attention at head dims 64 and 256 (the KV-major kernel, its partials and the combine at
+// that D, KVMajorTraits; the uniform kernel's sparse units, at 256 over 128-key blocks two 64-key
+// stages a block): random configurations over 128- and 64-key blocks, both paths (tok
+// selections: KV-major; blk: uniform), bf16 and f16, f32 / bf16 partials (at 256 stored from
+// registers), key masks, soft-cap, temperature, NaN in the unselected K/V rows; against the CPU
+// reference and the FA3 bar, and bitwise repeatable with a GPU-built K2QIndex.
+TEST(SparseFwdGpu, SparseHeadDimsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
   TestStream s;
-  for (int i = 0; i < (small ? 6 : 32); ++i) {
-    const int64_t blk = i % 2 ? 64 : 128;
-    SparseCase c = random_case(5000 + i, small, true, std::nullopt, blk, /*dim=*/64);
+  for (int i = 0; i < (small ? 8 : 48); ++i) {
+    const int64_t blk = i % 2 ? 64 : 128, dim = i % 4 < 2 ? 64 : 256;
+    SparseCase c = random_case(5000 + i, small, true, std::nullopt, blk, dim);
     if (i % 5 == 2) {
       c.soft_cap = 10.f;
       c.name += " soft-cap 10";
@@ -1102,9 +1097,9 @@ TEST(SparseFwdGpu, SparseHeadDim64MatchesCpu) {
   }
 }
 
-// Named edges at head dim 64 (NamedEdges' shapes, both block sizes): one key, lengths 1, top-K
-// far above the block count, requests without queries or keys, Lq > Lk, both paths.
-TEST(SparseFwdGpu, SparseHeadDim64NamedEdges) {
+// Named edges at head dims 64 and 256 (NamedEdges' shapes, both block sizes): one key, lengths 1,
+// top-K far above the block count, requests without queries or keys, Lq > Lk, both paths.
+TEST(SparseFwdGpu, SparseHeadDimsNamedEdges) {
   MSA_REQUIRE_GPU();
   TestStream s;
   const Edge edges[] = {
@@ -1116,8 +1111,10 @@ TEST(SparseFwdGpu, SparseHeadDim64NamedEdges) {
       {{257, 40, 0, 9}, {400, 0, 5, 130}, 1, 2, 4, true, true},
       {{333}, {333}, 4, 2, 8, false, true, 64},
   };
-  expect_edges_match_cpu(edges, 128, 5200, s, 64);
-  expect_edges_match_cpu(edges, 64, 5300, s, 64);
+  for (const int64_t dim : {64, 256}) {
+    expect_edges_match_cpu(edges, 128, 5200, s, dim);
+    expect_edges_match_cpu(edges, 64, 5300, s, dim);
+  }
 }
 
 // FP8 Q K^T over 64-key kv blocks (instantiate_fp8qk_b64.cu: the KV-major kernel's m64n64k32 S,

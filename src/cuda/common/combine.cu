@@ -1,6 +1,7 @@
-// Kernel of the sparse-attention combine (combine.cuh). One unit = (token, kv head): G x D / 8
-// threads, each owning 8 consecutive head-dim elements of one query head, so a unit reads its
-// topk x G x D partial values as contiguous 16-byte loads (D = 128 or 64: kD).
+// Kernel of the sparse-attention combine (combine.cuh). One unit = (token, kv head): G x kSeg
+// threads, each owning kVec consecutive head-dim elements of one query head (8 at D = 64 and 128,
+// 16 at 256: combine_vec), so a unit reads its topk x G x D partial values as contiguous 16-byte
+// loads.
 #include <algorithm>
 #include <climits>
 
@@ -15,30 +16,23 @@ namespace msa::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVec = 8;  // elements per thread
+// Elements per thread at head dim kD: a query head is then kD / kVec <= 16 threads, so a unit of
+// G <= 16 heads fits a block.
+template <int kD>
+constexpr int combine_vec = kD == 256 ? 16 : 8;
 constexpr int kBatch = 4;  // bf16 partial rows loaded together per thread
 constexpr int64_t kMaxBlocks = 132 * 8 * 8;  // 8 waves of 8 resident blocks per SM on an H200
 
-template <int kD>
+// f32 partial values [d0, d0 + kVec) of a row.
+template <int kD, int kVec = combine_vec<kD>>
 __device__ __forceinline__ void load_partial(const CombineParams& p, int64_t row, int d0,
                                              float (&x)[kVec]) {
-  if (p.part_bf16) {
-    const uint4 raw =
-        *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.part_o) +
-                                        row * kD + d0);
-    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  const auto* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) +
+                                                    row * kD + d0);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      x[2 * i] = f.x;
-      x[2 * i + 1] = f.y;
-    }
-  } else {
-    const auto* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) +
-                                                      row * kD + d0);
-    const float4 a = src[0], b = src[1];
-    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
-    x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+  for (int i = 0; i < kVec / 4; ++i) {
+    const float4 a = src[i];
+    x[4 * i] = a.x; x[4 * i + 1] = a.y; x[4 * i + 2] = a.z; x[4 * i + 3] = a.w;
   }
 }
 
@@ -62,14 +56,15 @@ __device__ __forceinline__ float merge_lse(const float* v, const int32_t* ids, i
 // and each slot's weight is broadcast from the lane that computed it. Sums still run in slot order
 // over the same slots, so the result is bit for bit that of a per-thread loop.
 template <int kD>
-constexpr int combine_seg = kD / kVec;
+constexpr int combine_seg = kD / combine_vec<kD>;
 
+// g: the query head in the group, d: the thread's place in the head's segment.
 template <bool kF16, int kD>
 __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, int64_t h,
-                                             int64_t nblk, int li) {
-  constexpr int kSeg = combine_seg<kD>;
+                                             int64_t nblk, int g, int d) {
+  constexpr int kSeg = combine_seg<kD>, kVec = combine_vec<kD>, kV8 = kVec / 8;
   constexpr unsigned kSegMask = (1u << kSeg) - 1;
-  const int g = li / kSeg, d = li % kSeg, d0 = d * kVec;
+  const int d0 = d * kVec;
   const unsigned seg_shift = threadIdx.x & (32 - kSeg), seg = kSegMask << seg_shift;
   const int64_t base = (h * p.total_q + t) * p.topk;  // first slot of (h, t)
   const int32_t* ids = p.q2k + base;
@@ -99,26 +94,31 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
     if (p.part_bf16) {
       // kBatch slots' 16-byte loads in flight per thread.
       for (int u0 = 0; u0 < n; u0 += kBatch) {
-        uint4 raw[kBatch];
+        uint4 raw[kBatch][kV8];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u)
-          raw[u] = (valid >> (u0 + u)) & 1u
-                       ? *reinterpret_cast<const uint4*>(
-                             static_cast<const __nv_bfloat16*>(p.part_o) +
-                             ((base + s0 + u0 + u) * p.group + g) * kD + d0)
-                       : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int v = 0; v < kV8; ++v)
+            raw[u][v] = (valid >> (u0 + u)) & 1u
+                            ? *reinterpret_cast<const uint4*>(
+                                  static_cast<const __nv_bfloat16*>(p.part_o) +
+                                  ((base + s0 + u0 + u) * p.group + g) * kD + d0 + 8 * v)
+                            : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const float w = __shfl_sync(seg, w_mine, u0 + u, kSeg);
           const float wo = __shfl_sync(seg, wo_mine, u0 + u, kSeg);
           if (!((valid >> (u0 + u)) & 1u)) continue;
-          const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
           sum += w;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(h2[i]);
-            acc[2 * i] = fmaf(wo, f.x, acc[2 * i]);
-            acc[2 * i + 1] = fmaf(wo, f.y, acc[2 * i + 1]);
+          for (int v = 0; v < kV8; ++v) {
+            const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u][v]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float2 f = __bfloat1622float2(h2[i]);
+              acc[8 * v + 2 * i] = fmaf(wo, f.x, acc[8 * v + 2 * i]);
+              acc[8 * v + 2 * i + 1] = fmaf(wo, f.y, acc[8 * v + 2 * i + 1]);
+            }
           }
         }
       }
@@ -139,21 +139,23 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
   const int64_t hq = h * p.group + g;
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
   T* dst = static_cast<T*>(p.out) + t * p.out_stride_t + hq * p.out_stride_h + d0;
-  uint4 packed;
-  auto* pk = reinterpret_cast<uint32_t*>(&packed);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (kF16) {
-      const __half2 v = __floats2half2_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
-      pk[i] = *reinterpret_cast<const uint32_t*>(&v);
-    } else {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
-      pk[i] = *reinterpret_cast<const uint32_t*>(&v);
+  for (int v = 0; v < kV8; ++v) {
+    uint4 packed;
+    auto* pk = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float a = acc[8 * v + 2 * i] * inv, b = acc[8 * v + 2 * i + 1] * inv;
+      if constexpr (kF16) {
+        const __half2 x = __floats2half2_rn(a, b);
+        pk[i] = *reinterpret_cast<const uint32_t*>(&x);
+      } else {
+        const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
+        pk[i] = *reinterpret_cast<const uint32_t*>(&x);
+      }
     }
+    *reinterpret_cast<uint4*>(dst + 8 * v) = packed;
   }
-  // head_dim != kD only without partials (D = 256, launch_sparse_combine): the zeros go to every
-  // column.
-  for (int c = d0; c < p.head_dim; c += kD) *reinterpret_cast<uint4*>(dst + (c - d0)) = packed;
   if (d0 != 0) return;
   if (p.lse) p.lse[hq * p.total_q + t] = m == -INFINITY ? m : m + logf(sum);
   if (p.tlse)
@@ -170,9 +172,17 @@ constexpr int kTileTokens = 16;
 constexpr int kTileShift = 4;
 static_assert(kTileTokens == 1 << kTileShift, "tiles of 2^kTileShift tokens");
 
+// 4 blocks an SM (64 registers); at D = 256 (16 values and kBatch x 2 loads in flight a thread) 2.
+template <int kD>
+constexpr int combine_blocks_per_sm = kD == 256 ? 2 : 4;
 template <bool kF16, int kD>
-__global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParams p) {
-  const int per_unit = p.group * combine_seg<kD>;
+__global__ void __launch_bounds__(kThreads, combine_blocks_per_sm<kD>)
+    combine_kernel(const CombineParams p) {
+  constexpr int kSeg = combine_seg<kD>;
+  // A unit's heads in rounds of at most kThreads / kSeg: one round for sparse calls (G <= 16),
+  // several for dense calls without keys (G up to 64 after dense_kv_split), whose rows are zeros.
+  const int round_heads = min(p.group, kThreads / kSeg);
+  const int per_unit = round_heads * kSeg;
   const int units_per_block = kThreads / per_unit;
   if (threadIdx.x >= units_per_block * per_unit) return;
   // 32-bit tile state (tiles, tokens and blocks fit int32; checked on the host) keeps the
@@ -193,8 +203,10 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
     // never written out of bounds.
     const int32_t hi = min(min(lq, lo + kTileTokens), int32_t(p.total_q) - q_start);
     if (q_start < 0) continue;
+    const int li = int(threadIdx.x) % per_unit;
     for (int32_t tl = lo + int32_t(threadIdx.x) / per_unit; tl < hi; tl += units_per_block)
-      combine_unit<kF16, kD>(p, q_start + tl, h, nblk, threadIdx.x % per_unit);
+      for (int g = li / kSeg; g < p.group; g += round_heads)
+        combine_unit<kF16, kD>(p, q_start + tl, h, nblk, g, li % kSeg);
   }
 }
 
@@ -202,8 +214,8 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(const CombineParam
 
 void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t stream) {
   if (p.total_q * p.num_kv_heads == 0 || p.batch == 0) return;
-  MSA_CHECK(p.head_dim == 128 || p.head_dim == 64 || p.topk == 0,
-            "attention_forward: the CUDA combine merges partials of head dim 64 or 128, got ",
+  MSA_CHECK(p.head_dim == 128 || p.head_dim == 64 || p.head_dim == 256,
+            "attention_forward: the CUDA combine merges partials of head dim 64, 128 or 256, got ",
             p.head_dim);
   const int64_t tiles = (p.num_kv_heads * p.qblock_cap) << (p.qblock_shift - kTileShift);
   MSA_CHECK(tiles < INT32_MAX, "attention_forward: Hkv * query blocks = ",
@@ -211,16 +223,14 @@ void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t st
   const int64_t blocks = std::min<int64_t>(tiles, kMaxBlocks);
   // A normal launch: with programmatic serialization (pdl.cuh) the prefill measured 50-250 us
   // slower (P8K-tok, P32K-tok on the H200), the combine's waiting CTAs holding SMs.
-  // D = 64 partials: 8 threads a head; 128 (and 256's zero rows): 16.
+  // A query head's threads: 8 at D = 64, 16 at 128 and 256 (combine_vec).
   const unsigned grid = unsigned(blocks);
-  if (out_f16 && p.head_dim == 64)
-    combine_kernel<true, 64><<<grid, kThreads, 0, stream>>>(p);
-  else if (out_f16)
-    combine_kernel<true, 128><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.head_dim == 64)
-    combine_kernel<false, 64><<<grid, kThreads, 0, stream>>>(p);
-  else
-    combine_kernel<false, 128><<<grid, kThreads, 0, stream>>>(p);
+  if (p.head_dim == 64 && out_f16) combine_kernel<true, 64><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.head_dim == 64) combine_kernel<false, 64><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.head_dim == 256 && out_f16) combine_kernel<true, 256><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.head_dim == 256) combine_kernel<false, 256><<<grid, kThreads, 0, stream>>>(p);
+  else if (out_f16) combine_kernel<true, 128><<<grid, kThreads, 0, stream>>>(p);
+  else combine_kernel<false, 128><<<grid, kThreads, 0, stream>>>(p);
   MSA_CUDA_CHECK_LAUNCH();
 }
 

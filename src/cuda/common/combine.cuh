@@ -24,8 +24,7 @@ struct CombineParams {
   const float* part_tlse = nullptr;       // null unless tlse is requested
   void* out = nullptr;                    // [total_q, Hq, head_dim] bf16 / f16, D contiguous
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
-  // 128 or 64, or 256 when no slot holds a partial (topk 0: dense attention without keys writes
-  // its zero rows here).
+  // 64, 128 or 256 (topk 0: dense attention without keys writes its zero rows here).
   int32_t head_dim = 128;
   float* lse = nullptr;                   // [Hq, total_q] or null
   float* tlse = nullptr;                  // [Hq, total_q] or null

@@ -105,21 +105,30 @@ __device__ __forceinline__ void stage_partial_tile(uint8_t* buf, const float (&o
   }
 }
 
-// Partial of one row (KV-major path) with f32 partials: unnormalised O, its LSE and 1 / sum;
-// `lead` threads (lane % 4 == 0) write the LSE and 1 / sum. bf16 partials are staged and stored
-// by TMA instead (stage_partial_tile): direct 4-byte bf16 stores left half-sector L2 writes, and
-// a 16-byte variant (pairs transposed inside the quad by shuffles) measured slower still, 12.50
-// vs 11.05 ms at P32K-tok (H200), its shuffles and selects sitting on the consumer's critical
-// path.
-// kN = D / 2: the row's values are D floats, at idx * D.
-template <int kOff, int kN>
+// Partial of one row (KV-major path): unnormalised O, its LSE and 1 / sum; `lead` threads (lane %
+// 4 == 0) write the LSE and 1 / sum. f32 partials, and bf16 ones at D = 256 (whose one Q buffer a
+// consumer cannot wait for TMA stores: KVMajorTraits); at D = 128 and 64 bf16 partials are staged
+// and stored by TMA instead (stage_partial_tile): direct 4-byte bf16 stores left half-sector L2
+// writes, and a 16-byte variant (pairs transposed inside the quad by shuffles) measured slower
+// still, 12.50 vs 11.05 ms at P32K-tok (H200), its shuffles and selects sitting on the consumer's
+// critical path.
+// kN = D / 2: the row's values are D floats, at idx * D. kBf16: the kernel may store bf16
+// partials here (p.part_bf16; D = 256), else only f32 ones.
+template <int kOff, bool kBf16, int kN>
 __device__ __forceinline__ void store_partial_row(const MainParams& p, const float (&o)[kN],
                                                   int64_t idx, int col_base, bool lead,
                                                   const RowStats& st) {
-  auto* dst = static_cast<float2*>(p.part_o) + idx * kN;
+  if (kBf16 && p.part_bf16) {
+    auto* dst = static_cast<uint32_t*>(p.part_o) + idx * kN;
 #pragma unroll
-  for (int n = 0; n < kN / 4; ++n)
-    dst[(n * 8 + col_base) / 2] = make_float2(o[n * 4 + kOff], o[n * 4 + kOff + 1]);
+    for (int n = 0; n < kN / 4; ++n)
+      dst[(n * 8 + col_base) / 2] = pack_pair<false>(o[n * 4 + kOff], o[n * 4 + kOff + 1]);
+  } else {
+    auto* dst = static_cast<float2*>(p.part_o) + idx * kN;
+#pragma unroll
+    for (int n = 0; n < kN / 4; ++n)
+      dst[(n * 8 + col_base) / 2] = make_float2(o[n * 4 + kOff], o[n * 4 + kOff + 1]);
+  }
   if (lead) store_partial_lse(p, idx, st);
 }
 

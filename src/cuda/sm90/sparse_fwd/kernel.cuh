@@ -22,9 +22,9 @@ __device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, in
                                                 const CUtensorMap* tm_v) {
   const uint32_t pad = (1024 - (sm90::smem_addr(smem_raw) & 1023)) & 1023;
   auto& sh = *reinterpret_cast<Storage*>(smem_raw + pad);
-  constexpr int kQBuffers = int(sizeof(sh.q_full[0]) / sizeof(sh.q_full[0][0]));
+  constexpr int kQBuffers = Storage::kQBuffers;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kKVStages; ++s) {
+    for (int s = 0; s < Storage::kStagesKV; ++s) {
       sm90::mbar_init(&sh.kv_full[s], 1 + (fp8 ? kKScaleArrivals : 0));
       sm90::mbar_init(&sh.kv_empty[s], kv_empty_arrivals(fp8));
       sm90::mbar_init(&sh.v_full[s], 1);
@@ -48,7 +48,7 @@ __device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, in
 // KV-major kernel over the chunk table. Persistent: gridDim.x CTAs walk the table with a static
 // stride (chunk = blockIdx.x + k * gridDim.x), so the assignment, and with it every partial, is
 // independent of timing. kMask: a call with a key mask (p.mask_bits). kBlk: keys per kv block.
-// kD: the head dim, 128 or 64 (16-bit q / K / V).
+// kD: the head dim, 128, 64 or 256 (16-bit q / K / V; KVMajorTraits).
 template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_kernel(const __grid_constant__ CUtensorMap tm_q,
@@ -57,10 +57,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
   using Storage = KVMajorStorage<kBlk, kD>;
-  Storage& sh = init_shared<Storage>(smem_raw, p.group, p.tokens_per_tile,
-                                  q_empty_arrivals(p.group, p.tokens_per_tile, p.part_bf16 != 0),
-                                  kFp8, &tm_q, &tm_k, &tm_v);
-  if (threadIdx.x == 0 && p.part_bf16) sm90::prefetch_tensor_map(&p.tm_part);
+  // bf16 partials staged in the Q buffers (KVMajorTraits::kStagedPartials) free them later.
+  constexpr bool kStaged = KVMajorTraits<kBlk, kD>::kStagedPartials;
+  Storage& sh = init_shared<Storage>(
+      smem_raw, p.group, p.tokens_per_tile,
+      q_empty_arrivals(p.group, p.tokens_per_tile, kStaged && p.part_bf16 != 0), kFp8, &tm_q,
+      &tm_k, &tm_v);
+  if (threadIdx.x == 0 && kStaged && p.part_bf16) sm90::prefetch_tensor_map(&p.tm_part);
   pdl_wait();     // the prep kernels' tables (pdl.cuh)
   pdl_trigger();  // the uniform kernel may take each SM this kernel leaves
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
@@ -82,8 +85,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // thus take the SMs the KV-major kernel's tail leaves idle (P8K-tok -50 us). One warp per CTA
 // waits, so this grid completes only after the KV-major one and the combine (a normal launch)
 // finds every partial written.
-// kD: the head dim, 64, 128 or 256; kBlk: keys per kv block (traits.h HeadDimTraits).
-template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk>
+// kD: the head dim, 64, 128 or 256; kBlk: keys per kv block (traits.h HeadDimTraits). kParts:
+// sparse units over blocks of more keys than a stage (D = 256, 128-key blocks: uniform_load.cuh);
+// the dense kernel of that shape is instantiated without their code.
+template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk, bool kParts = false>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k,
@@ -100,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (A pdl_wait after the role code makes ptxas spill the consumer.) Dense: the unit table
     // comes from the direct predecessor, so the producer warp waits before reading it.
     if (warp == 1 || (warp == 0 && p.dense)) pdl_wait();
-    run_uniform_producer<kFp8, kD, kBlk>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    run_uniform_producer<kFp8, kD, kBlk, kParts>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
     sm90::regs_alloc<kFp8 ? kUniformFp8ConsumerRegs : kUniformConsumerRegs>();
     run_uniform_consumer<kF16, kFp8, kMask, kD, kBlk>(p, sh, wg - 1, threadIdx.x - 128 * wg);

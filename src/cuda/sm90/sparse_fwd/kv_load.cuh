@@ -117,6 +117,20 @@ __device__ __forceinline__ void load_kv_block(const AttnProblem& p, const CUtens
                           lane);
   if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src) + src.bytes);
   __syncwarp();  // the bytes are announced before any box can complete
+  constexpr int kBoxKeys = block_keys_of(kD, kBlk);
+  if constexpr (kBoxKeys < kBlk) {
+    // Flat maps of 64-row boxes (D = 256: the uniform kernel's stages, launch.cu) under a 128-key
+    // block: two boxes a half, the second 64 rows on. (Pool boxes already hold at most 64 slots,
+    // one a lane.)
+    if (!src.paged && src.issue)
+      for (int half = 0; half < kD / kHalfCols; ++half)
+        for (int b = 0; b < kBlk / kBoxKeys; ++b)
+          for (int t = 0; t < 2; ++t)
+            sm90::tma_load_3d((t ? sh.v[s][half] : sh.k[s][half]) + b * kBoxKeys * 128,
+                              t ? tm_v : tm_k, &sh.kv_full[s], half * kHalfCols, src.c1,
+                              src.c2 + b * kBoxKeys);
+    if (!src.paged) return;
+  }
   load_k_tile<kFp8>(src, tm_k, sh.k[s], &sh.kv_full[s]);
   load_kv_tile(src, tm_v, sh.v[s], &sh.kv_full[s]);
 }

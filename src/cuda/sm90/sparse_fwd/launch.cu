@@ -162,7 +162,9 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
     mp.q_idx_stride = s.total_q * s.topk;
     mp.part_o = ws + w.part_o;
     mp.part_bf16 = a.params.partial_dtype == DType::bf16 ? 1 : 0;
-    if (mp.part_bf16)  // [entries, G, D] bf16: each token's G partial rows are one box per half
+    // [entries, G, D] bf16: each token's G partial rows are one box per half (staged partials:
+    // not at D = 256, traits.h KVMajorTraits)
+    if (mp.part_bf16 && s.head_dim != 256)
       mp.tm_part = make_tma_3d(Tensor(mp.part_o, DType::bf16,
                                       {s.num_kv_heads * s.total_q * s.topk, s.group, s.head_dim},
                                       a.q.device),
@@ -170,8 +172,12 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
     mp.part_lse = reinterpret_cast<float*>(ws + w.part_lse);
     mp.part_rl = reinterpret_cast<float*>(ws + w.part_rl);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
-    const bool d64 = s.head_dim == 64;  // 16-bit q / k / v (check_supported)
-    if (w.fp8_qk && w.blk == 64) launch_main<false, true, 64, 128>(tq, tk, tv, mp, stream);
+    const bool d64 = s.head_dim == 64, d256 = s.head_dim == 256;  // 16-bit (check_supported)
+    if (d256 && w.blk == 64 && f16) launch_main<true, false, 64, 256>(tq, tk, tv, mp, stream);
+    else if (d256 && w.blk == 64) launch_main<false, false, 64, 256>(tq, tk, tv, mp, stream);
+    else if (d256 && f16) launch_main<true, false, 128, 256>(tq, tk, tv, mp, stream);
+    else if (d256) launch_main<false, false, 128, 256>(tq, tk, tv, mp, stream);
+    else if (w.fp8_qk && w.blk == 64) launch_main<false, true, 64, 128>(tq, tk, tv, mp, stream);
     else if (w.fp8_qk) launch_main<false, true, 128, 128>(tq, tk, tv, mp, stream);
     else if (d64 && w.blk == 64 && f16) launch_main<true, false, 64, 64>(tq, tk, tv, mp, stream);
     else if (d64 && w.blk == 64) launch_main<false, false, 64, 64>(tq, tk, tv, mp, stream);
@@ -199,8 +205,12 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
     else if (w.blk == 64) launch_uniform<false, false, 64, 64>(tq, tk, tv, up, stream);
     else if (f16) launch_uniform<true, false, 64, 128>(tq, tk, tv, up, stream);
     else launch_uniform<false, false, 64, 128>(tq, tk, tv, up, stream);
-  } else if (s.head_dim == 256) {  // dense only
-    if (f16) launch_uniform<true, false, 256, 128>(tq, tk, tv, up, stream);
+  } else if (s.head_dim == 256) {  // 16-bit; dense runs 128-key blocks
+    if (w.blk == 64 && f16) launch_uniform<true, false, 256, 64>(tq, tk, tv, up, stream);
+    else if (w.blk == 64) launch_uniform<false, false, 256, 64>(tq, tk, tv, up, stream);
+    else if (f16 && !w.dense) launch_uniform<true, false, 256, 128, true>(tq, tk, tv, up, stream);
+    else if (!w.dense) launch_uniform<false, false, 256, 128, true>(tq, tk, tv, up, stream);
+    else if (f16) launch_uniform<true, false, 256, 128>(tq, tk, tv, up, stream);
     else launch_uniform<false, false, 256, 128>(tq, tk, tv, up, stream);
   } else if (w.fp8_qk && w.blk == 64) {
     launch_uniform<false, true, 128, 64>(tq, tk, tv, up, stream);

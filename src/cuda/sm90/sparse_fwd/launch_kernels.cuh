@@ -1,7 +1,7 @@
 // Bodies of the sparse forward launches (launch_kernels.h), included only by the one-line
 // instantiation files; MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8, kBlk) instantiates both kernels of a
 // type and kv block size at head dim 128, MSA_SPARSE_FWD_INSTANTIATE_D(kF16, kD, kBlk) those of a
-// 16-bit type at another head dim.
+// 16-bit type at head dim 64 or 256.
 #pragma once
 
 #include <mutex>
@@ -36,16 +36,16 @@ void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap
     launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk, kD>, smem, tq, tk, tv, p, stream);
 }
 
-template <bool kF16, bool kFp8, int kD, int kBlk>
+template <bool kF16, bool kFp8, int kD, int kBlk, bool kParts>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
   constexpr int smem = smem_bytes<typename HeadDimTraits<kD, kBlk>::Storage>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD, kBlk>, smem, tq, tk, tv, p,
-                      stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD, kBlk, kParts>, smem, tq, tk,
+                      tv, p, stream);
   else
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD, kBlk>, smem, tq, tk, tv, p,
-                      stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD, kBlk, kParts>, smem, tq,
+                      tk, tv, p, stream);
 }
 
 }  // namespace msa::cuda::sparse_fwd
@@ -60,14 +60,7 @@ void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensor
                                                       const CUtensorMap&,                   \
                                                       const UniformParams&, cudaStream_t);  \
   }
-// The uniform kernel alone (dense attention, 128-key blocks) at head dim kD.
-#define MSA_SPARSE_FWD_INSTANTIATE_UNIFORM(kF16, kD)                                        \
-  namespace msa::cuda::sparse_fwd {                                                         \
-  template void launch_uniform<kF16, false, kD, 128>(const CUtensorMap&, const CUtensorMap&, \
-                                                     const CUtensorMap&,                    \
-                                                     const UniformParams&, cudaStream_t);   \
-  }
-// Both kernels of a 16-bit type at head dim kD (64) over kBlk-key blocks.
+// Both kernels of a 16-bit type at head dim kD (64 or 256) over kBlk-key blocks.
 #define MSA_SPARSE_FWD_INSTANTIATE_D(kF16, kD, kBlk)                                        \
   namespace msa::cuda::sparse_fwd {                                                         \
   template void launch_main<kF16, false, kBlk, kD>(const CUtensorMap&, const CUtensorMap&,  \
@@ -77,4 +70,11 @@ void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensor
                                                       const CUtensorMap&,                   \
                                                       const CUtensorMap&,                   \
                                                       const UniformParams&, cudaStream_t);  \
+  }
+// At D = 256 over 128-key blocks, the uniform kernel of sparse calls too (kParts).
+#define MSA_SPARSE_FWD_INSTANTIATE_PARTS(kF16)                                              \
+  namespace msa::cuda::sparse_fwd {                                                         \
+  template void launch_uniform<kF16, false, 256, 128, true>(                                \
+      const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const UniformParams&,     \
+      cudaStream_t);                                                                        \
   }

@@ -2,9 +2,8 @@
 // launch_kernels.cuh). The only instantiations: bf16 (instantiate_bf16.cu), f16
 // (instantiate_f16.cu) and FP8 QK with bf16 P V (instantiate_fp8qk.cu: kFp8, traits.h), each over
 // 64-key blocks too (instantiate_bf16_b64.cu, instantiate_f16_b64.cu, instantiate_fp8qk_b64.cu);
-// both kernels at head dim 64 for 16-bit types (instantiate_*_d64.cu, instantiate_*_d64_b64.cu),
-// and the uniform kernel at head dim 256 (instantiate_*_d256.cu), so they compile in parallel and
-// host edits rebuild none.
+// and both kernels at head dims 64 and 256 for 16-bit types (instantiate_*_d64*.cu,
+// instantiate_*_d256*.cu), so they compile in parallel and host edits rebuild none.
 #pragma once
 
 #include <cuda.h>
@@ -18,16 +17,18 @@ namespace msa::cuda::sparse_fwd {
 // x G heads x 1 token; tm_k / tm_v: flat [total_k, Hkv, 128] in boxes of 64 x 1 x 128 keys, or
 // the page pools (make_tma_paged, boxes of 2^paged.box_shift slots). kFp8: q and K e4m3 in boxes
 // of 128 columns (one 128-byte row), K the flat copy (its key scales at p.kscale). K/V boxes hold
-// one kv block of kBlk keys. kD: the head dim, 128 or 64 (16-bit types; the maps' D is kD).
+// one kv block of kBlk keys (at D = 256 flat boxes of 64 keys, two a 128-key block). kD: the head
+// dim, 128, 64 or 256 (16-bit types at 64 and 256; the maps' D is kD).
 template <bool kF16, bool kFp8, int kBlk, int kD>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream);
 
-// kD: the head dim (128, or 64: instantiate_*_d64*.cu, or 256 for dense attention:
-// instantiate_*_d256.cu).
+// kD: the head dim (128, or 64 / 256: instantiate_*_d64*.cu, instantiate_*_d256*.cu).
 // kBlk: keys per kv block of the call's q2k (kv_block_size), 128 or 64 (instantiate_*_b64.cu);
 // dense attention runs 128.
-template <bool kF16, bool kFp8, int kD, int kBlk>
+// kParts: sparse units over 128-key blocks at D = 256 (two 64-key stages a block); the dense
+// kernel of that shape runs without it.
+template <bool kF16, bool kFp8, int kD, int kBlk, bool kParts = false>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream);
 

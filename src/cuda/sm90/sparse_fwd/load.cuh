@@ -1,8 +1,10 @@
 // Producer warpgroup of the sparse forward: TMA loads of each chunk's K/V block (warp 0) and the
-// CSR-gather of Q tiles (warps 0-3, one per (consumer, stage) buffer). Called from kernel.cuh.
+// CSR-gather of Q tiles (warps 0-3, one per (consumer, stage) buffer; at D = 256 warps 0-1, one Q
+// buffer a consumer: KVMajorTraits). Called from kernel.cuh.
 //
 // Barrier protocol. Tile T (counted over this CTA's chunks) goes to consumer T % 2, Q stage
-// (T / 2) % 2, so producer warp T % 4 owns that buffer and waits only on its q_empty. A tile's
+// (T / 2) % kQSt, so producer warp T % (2 kQSt) owns that buffer and waits only on its q_empty. A
+// tile's
 // q_full phase completes after (1) the lanes that own token slots arrive, each releasing the
 // TileMeta entries it wrote, and (2) all TMA bytes announced by lane 0's expect_tx have landed.
 // Consumers release a buffer (q_empty) by the lanes that read its metadata, and a K/V stage
@@ -136,6 +138,12 @@ template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                              KVMajorStorage<kBlk, kD>& sh, int warp, int lane) {
+  using KT = KVMajorTraits<kBlk, kD>;
+  using KVRingT = sm90::Ring<KT::kKVSt>;
+  constexpr int kQWarps = KT::kQBufferWarps;  // warps past them (D = 256: 2 and 3) gather nothing
+  if constexpr (kQWarps < kProducerWarps) {
+    if (warp >= kQWarps) return;
+  }
   const int consumer = warp & 1, stage = warp >> 1;  // this warp's Q buffer
   const int32_t n_chunks = *p.num_chunks;
   uint32_t q_uses = 0;  // tiles this warp has produced into its one buffer (a ring of one)
@@ -145,19 +153,19 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
        chunk = next_busy_chunk(p, int64_t(chunk) + gridDim.x, n_chunks, lane)) {
     const ChunkView c = load_chunk<kBlk>(p, chunk);  // n_tiles > 0: empty chunks are skipped
     if (warp == 0) {
-      const int s = KVRing::stage(kv_iter);
-      sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
+      const int s = KVRingT::stage(kv_iter);
+      sm90::mbar_wait(&sh.kv_empty[s], KVRingT::empty_parity(kv_iter));
       if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head, c.d.kb};
       load_kv_block<kFp8, kBlk, kD>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len,
                                 lane);
       ++kv_iter;
     }
-    // Tiles j of this chunk with (tile_base + j) % 4 == warp; indices one tile ahead.
-    int j = int((warp - tile_base) & 3);
+    // Tiles j of this chunk with (tile_base + j) % kQWarps == warp; indices one tile ahead.
+    int j = int((warp - tile_base) & (kQWarps - 1));
     TileIdx next = j < c.n_tiles ? load_tile_idx(p, c, j, lane) : TileIdx{};
-    for (; j < c.n_tiles; j += kProducerWarps) {
+    for (; j < c.n_tiles; j += kQWarps) {
       const TileIdx cur = next;
-      if (j + kProducerWarps < c.n_tiles) next = load_tile_idx(p, c, j + kProducerWarps, lane);
+      if (j + kQWarps < c.n_tiles) next = load_tile_idx(p, c, j + kQWarps, lane);
       sm90::mbar_wait(&sh.q_empty[consumer][stage], sm90::Ring<1>::empty_parity(q_uses));
       ++q_uses;
       produce_q_tile<kFp8, kBlk, kD>(p, tm_q, sh, c, cur, consumer, stage, lane);
@@ -165,8 +173,8 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
     tile_base += c.n_tiles;
   }
   if (warp == 0) {  // end marker: consumers stop at n_tiles < 0
-    const int s = KVRing::stage(kv_iter);
-    sm90::mbar_wait(&sh.kv_empty[s], KVRing::empty_parity(kv_iter));
+    const int s = KVRingT::stage(kv_iter);
+    sm90::mbar_wait(&sh.kv_empty[s], KVRingT::empty_parity(kv_iter));
     if (lane == 0) {
       sh.info[s] = ChunkInfo{-1, 0, 0, 0};
       sm90::mbar_arrive(&sh.kv_full[s]);

@@ -110,8 +110,8 @@ __device__ __forceinline__ Info read_info(const Info& src, int lane) {
 // Rows [valid, 128) of a tail block hold the next batch's keys (or zeros past the tensor):
 // P is 0 there, but 0 * NaN = NaN, so V's rows are zeroed before any P V product reads them.
 // Consumer 0 writes, both consumer warpgroups meet at the stage's named barrier.
-template <int kHalves, int kKeys, int kQSt>
-__device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves, kKeys, kQSt>& sh, int stage,
+template <int kHalves, int kKeys, int kQSt, int kKVSt>
+__device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves, kKeys, kQSt, kKVSt>& sh, int stage,
                                             int valid, int consumer, int tid) {
   if (consumer == 0) {
     const int per_half = (kKeys - valid) * 8;  // 16-byte chunks per 64-column half
@@ -434,11 +434,14 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   if constexpr (kFp8) {
     if (!p.kscale_uniform) scale_key_columns(s, ks);
   }
-  // f32 partials: the Q buffer and metadata are free once every warp's share of the product has
-  // completed; the metadata readers of each warp arrive (q_empty_arrivals). bf16 partials: the
-  // buffer stages the partial tile first and is freed later (release_q_buffer).
+  // f32 partials (and any at D = 256): the Q buffer and metadata are free once every warp's share
+  // of the product has completed; the metadata readers of each warp arrive (q_empty_arrivals).
+  // Staged bf16 partials: the buffer stages the partial tile first and is freed later
+  // (release_q_buffer).
   const WarpTokens wt = tr.wt;
-  if (!p.part_bf16 && lane < wt.count) sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
+  constexpr bool kStaged = KVMajorTraits<kBlk, kD>::kStagedPartials;
+  if (!(kStaged && p.part_bf16) && lane < wt.count)
+    sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
   float sl0 = row_scale_log2(p, tok0, info.head * p.group + g0) * kmul;
   float sl1 = row_scale_log2(p, tok1, info.head * p.group + g1) * kmul;
@@ -472,7 +475,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   // Entries (token, kv head, slot) number Hkv * total_q * topk < 2^31 (plan.cpp): int32 index
   // math, the partial rows' int64 index only at the end.
   const int32_t head_base = info.head * int32_t(p.total_q);
-  if (p.part_bf16) {
+  if (kStaged && p.part_bf16) {
     // Unnormalised bf16 rows into this tile's Q buffer (the wgmma layout: D / 64 64-column
     // halves, 128-byte swizzle), then one TMA store per half for each of the warp's tokens (G
     // rows, a contiguous [G, D] block of part_o): full-line L2 writes instead of half-sector ones.
@@ -501,11 +504,11 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
     return;
   }
   if (tok0 >= 0)
-    store_partial_row<0>(p, o, int64_t((head_base + tok0) * p.topk + slot0) * p.group + g0,
-                         col_base, lead, st0);
+    store_partial_row<0, !kStaged>(
+        p, o, int64_t((head_base + tok0) * p.topk + slot0) * p.group + g0, col_base, lead, st0);
   if (tok1 >= 0)
-    store_partial_row<2>(p, o, int64_t((head_base + tok1) * p.topk + slot1) * p.group + g1,
-                         col_base, lead, st1);
+    store_partial_row<2, !kStaged>(
+        p, o, int64_t((head_base + tok1) * p.topk + slot1) * p.group + g1, col_base, lead, st1);
 }
 
 // Frees a Q buffer whose tile staged its bf16 partials: every consumer thread arrives, the lanes
@@ -523,12 +526,15 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, KVMajorStorage
   // uniform registers instead of being moved there (R2UR) before every wgmma.
   const int consumer = __shfl_sync(0xffffffffu, consumer_in, 0);
   const TileRows tr = tile_rows(p, tid);
+  using KT = KVMajorTraits<kBlk, kD>;
+  using KVRingT = sm90::Ring<KT::kKVSt>;
+  using QRingT = sm90::Ring<KT::kQSt>;
   int32_t kv_iter = 0;
   int64_t tile_base = 0;  // global tile counter T at the start of the chunk
-  int pending = -1;       // bf16 partials: Q stage of this consumer's previous tile, not yet freed
+  int pending = -1;       // staged partials: Q stage of this consumer's previous tile, not yet freed
   while (true) {
-    const int s = KVRing::stage(kv_iter);
-    sm90::mbar_wait(&sh.kv_full[s], KVRing::full_parity(kv_iter));
+    const int s = KVRingT::stage(kv_iter);
+    sm90::mbar_wait(&sh.kv_full[s], KVRingT::full_parity(kv_iter));
     const ChunkInfo info = read_info(sh.info[s], tid & 31);
     if (info.n_tiles < 0) break;
     if (info.valid_keys < kBlk) zero_v_tail(sh, s, info.valid_keys, consumer, tid);
@@ -536,13 +542,13 @@ __device__ __forceinline__ void run_consumer(const MainParams& p, KVMajorStorage
     // ring of Q stages.
     for (int j = int((consumer - tile_base) & 1); j < info.n_tiles; j += kConsumers) {
       const uint64_t q_use = uint64_t(tile_base + j) >> 1;  // T / 2
-      const int q_stage = QRing::stage(q_use);
+      const int q_stage = QRingT::stage(q_use);
       // The previous tile's buffer (the other stage) is freed here, a tile after its TMA stores
       // were issued, so their reads are long done and nothing waits.
       if (pending >= 0) release_q_buffer(sh, consumer, pending);
-      sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRing::full_parity(q_use));
+      sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRingT::full_parity(q_use));
       consume_tile<kF16, kFp8, kMask, kBlk, kD>(p, sh, info, s, consumer, q_stage, tr);
-      pending = p.part_bf16 ? q_stage : -1;
+      pending = KT::kStagedPartials && p.part_bf16 ? q_stage : -1;
     }
     tile_base += info.n_tiles;
     if (kFp8 || (tid & 31) == 0) sm90::mbar_arrive(&sh.kv_empty[s]);  // kv_empty_arrivals

@@ -205,16 +205,11 @@ uint8_t* checked_workspace(const AttentionArgs& a, const AttnPlan& w, const Work
 }
 
 void check_supported(const AttentionArgs& a, const ProblemShape& s) {
-  // D = 64 and 256: the kernels' tiles of that head dim (traits.h HeadDimTraits, KVMajorStorage)
-  // over 16-bit q / k / v: at D = 64 sparse and dense attention, at D = 256 dense attention only
-  // (the KV-major kernel's K/V stages do not fit at 256: traits.h); the FP8 / FP4 copies are
-  // D = 128.
+  // D = 64 and 256: the kernels' tiles of that head dim (traits.h HeadDimTraits, KVMajorTraits)
+  // over 16-bit q / k / v, sparse and dense; the FP8 / FP4 copies are D = 128.
   MSA_CHECK(s.head_dim == kHeadDim || s.head_dim == 64 || s.head_dim == 256,
             "q: head dim must be 64, 128 or 256 on CUDA, got ", s.head_dim);
   if (s.head_dim != kHeadDim) {
-    MSA_CHECK(s.head_dim == 64 || !a.q2k.defined(), "q: head dim ", s.head_dim,
-              " runs dense attention only on CUDA (no q2k); sparse attention needs head dim 64 "
-              "or 128");
     MSA_CHECK(a.q.dtype == DType::bf16 || a.q.dtype == DType::f16,
               "q: head dim ", s.head_dim, " takes bf16 or f16 q on CUDA, got ",
               dtype_name(a.q.dtype));

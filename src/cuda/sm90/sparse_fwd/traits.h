@@ -121,44 +121,61 @@ struct UniformInfo {  // one published K/V stage of the uniform path
 
 // Shared memory plan (D = 128: ~197 KB of the 227 KB opt-in): K/V 2 stages x 64 KB, Q 4 x 16
 // KB, metadata. A tile row of D columns is kHalves = D / 64 halves of one 128-byte swizzle row;
-// a K/V stage holds kKeys keys, each consumer kQSt Q buffers (HeadDimTraits). Every tile buffer is
-// 1024-byte aligned: the 128-byte swizzle repeats every 8 rows of 128 B and wgmma descriptors
-// assume atoms start on that boundary.
-template <int kHalves, int kKeys = kBlockN, int kQSt = kQStages>
+// a K/V stage holds kKeys keys, each consumer kQSt Q buffers (HeadDimTraits, KVMajorTraits), the
+// ring kKVSt K/V stages. Every tile buffer is 1024-byte aligned: the 128-byte swizzle repeats
+// every 8 rows of 128 B and wgmma descriptors assume atoms start on that boundary.
+template <int kHalves, int kKeys = kBlockN, int kQSt = kQStages, int kKVSt = kKVStages>
 struct alignas(1024) SharedStorageT {
   static constexpr int kKVStageHalfBytes = kKeys * kHalfCols * 2;
-  uint8_t k[kKVStages][kHalves][kKVStageHalfBytes];
-  uint8_t v[kKVStages][kHalves][kKVStageHalfBytes];
+  static constexpr int kStagesKV = kKVSt, kQBuffers = kQSt;
+  uint8_t k[kKVSt][kHalves][kKVStageHalfBytes];
+  uint8_t v[kKVSt][kHalves][kKVStageHalfBytes];
   uint8_t q[kConsumers][kQSt][kHalves][kQHalfBytes];
   // FP8 QK (kFp8 kernels): each stage's per-key K scales, copied with its blocks (kv_load.cuh;
   // a 64-key block of the KV-major kernel fills the first 64).
-  alignas(16) float kscale[kKVStages][kBlockN];
+  alignas(16) float kscale[kKVSt][kBlockN];
   TileMeta meta[kConsumers][kQSt];
-  ChunkInfo info[kKVStages];
-  UniformInfo uinfo[kKVStages];
-  uint64_t kv_full[kKVStages];   // KV-major: K and V of a stage; uniform path: K (and info) only
-  uint64_t kv_empty[kKVStages];
-  uint64_t v_full[kKVStages];    // uniform path: V of a stage, its own ring so K runs ahead
-  uint64_t v_empty[kKVStages];
+  ChunkInfo info[kKVSt];
+  UniformInfo uinfo[kKVSt];
+  uint64_t kv_full[kKVSt];   // KV-major: K and V of a stage; uniform path: K (and info) only
+  uint64_t kv_empty[kKVSt];
+  uint64_t v_full[kKVSt];    // uniform path: V of a stage, its own ring so K runs ahead
+  uint64_t v_empty[kKVSt];
   uint64_t q_full[kConsumers][kQSt];
   uint64_t q_empty[kConsumers][kQSt];
 };
 // The KV-major kernel over kv blocks of kBlk keys, 128 or 64 (one block per K/V stage), at head
-// dim kD, 128 or 64 (D / 64 halves per tile row; D = 256 would need 128 KB a K/V stage: see
-// HeadDimTraits).
+// dim kD (D / 64 halves per tile row). D = 128 and 64: two K/V stages, two Q buffers a consumer,
+// bf16 partials staged in the tile's Q buffer and stored by TMA (kStagedPartials). D = 256: a
+// 128-key block's K and V are 128 KB, so one stage (64-key blocks keep two of 64 KB), and one Q
+// buffer of 32 KB a consumer (Q 64 KB + K/V 128 KB: ~194 KB); the Q buffer is freed as soon as S
+// is done so that the next tile's Q loads under this one's softmax and P V, and bf16 partials
+// are stored from registers (4-byte stores) instead of staged. With one K/V stage the next
+// chunk's block loads only once both consumers are done with this one: the cost is that load's
+// latency a chunk (up to 16 tiles of ~8.4 MFLOP each).
+template <int kBlk, int kD>
+struct KVMajorTraits {
+  static_assert(kD == 64 || kD == 128 || kD == 256, "the KV-major tiles take D = 64, 128 or 256");
+  static constexpr int kQSt = kD == 256 ? 1 : kQStages;
+  static constexpr int kKVSt = kD == 256 && kBlk == 128 ? 1 : kKVStages;
+  static constexpr bool kStagedPartials = kD != 256;
+  static constexpr int kQBufferWarps = kConsumers * kQSt;  // producer warps that gather Q
+  using Storage = SharedStorageT<kD / 64, kBlk, kQSt, kKVSt>;
+};
 template <int kBlk, int kD = 128>
-using KVMajorStorage = SharedStorageT<kD / 64, kBlk>;
+using KVMajorStorage = typename KVMajorTraits<kBlk, kD>::Storage;
 template <class Storage>
 constexpr int smem_bytes() {  // + slack to align the base
   return int(sizeof(Storage)) + 1024;
 }
-static_assert(smem_bytes<KVMajorStorage<kBlockN>>() <= 227 * 1024,
+static_assert(smem_bytes<KVMajorStorage<kBlockN>>() <= 227 * 1024 &&
+                  smem_bytes<KVMajorStorage<kBlockN, 256>>() <= 227 * 1024 &&
+                  smem_bytes<KVMajorStorage<64, 256>>() <= 227 * 1024,
               "shared memory plan exceeds the 227 KB opt-in limit");
 
-// Head dims of the uniform kernel. D = 128 runs every kernel of this folder; D = 64 the 16-bit
-// kernels of both paths (sparse and dense, 128- and 64-key blocks); D = 256 the uniform kernel
-// alone (dense attention): a KV-major stage of a 128-key block would be 128 KB at D = 256, and
-// one block split over two 64-key stages would leave no stage for the next chunk's loads. D = 64: one half per tile, O m64n64 (32 floats per
+// Head dims of the uniform kernel. D = 128 runs every kernel of this folder; D = 64 and 256 the
+// 16-bit kernels of both paths (sparse and dense, 128- and 64-key blocks; the KV-major kernel's
+// plan at 256: KVMajorTraits). D = 64: one half per tile, O m64n64 (32 floats per
 // thread). D = 256: O m64n256 is 128 floats per thread, so S and P must shrink to fit the 240
 // registers beside it and the next block's S (intra-warpgroup overlap): K/V stages of 64 keys
 // (S m64n64, 32 floats; P 16 registers), and one Q buffer per consumer (64 KB of Q beside 128 KB

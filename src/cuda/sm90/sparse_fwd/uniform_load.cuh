@@ -69,8 +69,8 @@ __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUt
 }
 
 // kD, kBlk: the head dim and keys per kv block (traits.h HeadDimTraits): stages of kKeys keys
-// (kBlk; 64 at D = 256, dense only), kQSt Q buffers per consumer.
-template <bool kFp8, int kD, int kBlk>
+// (kBlk; 64 at D = 256: a 128-key block is two stages), kQSt Q buffers per consumer.
+template <bool kFp8, int kD, int kBlk, bool kParts>
 __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
                                                      const CUtensorMap* tm_q,
                                                      const CUtensorMap* tm_k,
@@ -177,7 +177,7 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
       }
       continue;
     }
-    if constexpr (kBoxKeys != kBlk) continue;  // head dim 256: dense only (plan.cpp)
+    if constexpr (kBoxKeys < kBlk && !kParts) continue;  // the dense kernel of this shape
     const int32_t nblk = (u.k_len + kBlk - 1) / kBlk;
     // Selected blocks in slot order, skipping ids outside [0, nblk) and blocks past the last
     // key any row of the unit sees (they would be fully masked).
@@ -204,6 +204,22 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
         }
       }
     };
+    if constexpr (kBoxKeys < kBlk) {
+      // D = 256 over 128-key blocks: each block's 64-key parts as stages (in 64-key units, as
+      // dense attention's), those holding keys the unit sees. One stage is held back, so the
+      // last goes out with its flag (a selected block's first part always holds such keys).
+      UniformInfo held{-1, 0, -1, 0};
+      for_each_block([&](int32_t kb) {
+        for (int32_t k0 = kb * kBlk; k0 < (kb + 1) * kBlk; k0 += kBoxKeys) {
+          if (k0 >= u.k_len || k0 > last_max) break;
+          if (held.kb >= 0) publish(held, u);
+          held = UniformInfo{k0 / kBoxKeys, min(kBoxKeys, u.k_len - k0), -1, 0};
+        }
+      });
+      held.last = 1;
+      publish(held, u);
+      continue;
+    }
     if constexpr (HT::kBlockPairs) {
       // Two selected blocks a stage, in slot order. A partial block (the batch's last, k_len % 64
       // keys) never takes rows 0-63 of a pair: the V rows past a stage's keys are then its tail
