@@ -75,6 +75,18 @@ std::vector<BenchCase> make_cases() {
                             Pattern::blk, kNeedsPrefill);
   nvfp4.kv_dtypes = "nvfp4";
   v.push_back(nvfp4);
+  // The other head dims (DENSE-16K-D64 / -D256's shapes, topK 16): the KV-major and uniform
+  // kernels at D = 64 and 256, against the dense kernel of the same shape.
+  for (const Pattern pat : {Pattern::tok, Pattern::blk})
+    for (const int d : {64, 256}) {
+      BenchCase c = prefill(std::string(pat == Pattern::tok ? "P16K-tok-D" : "P16K-blk-D") +
+                                std::to_string(d),
+                            fwd, "sparse attention forward", 16384, pat, kNeedsPrefill);
+      c.head_dim = d;
+      if (d == 64) c.num_kv_heads = 8;
+      else c.num_q_heads = 32;
+      v.push_back(c);
+    }
   BenchCase varlen = prefill("VARLEN-tok", fwd, "sparse attention forward", 0, Pattern::tok, kNeedsPrefill);
   varlen.seqlens_q = varlen.seqlens_k = {1024, 2048, 3072, 5120, 8192, 12288, 16384, 17408};
   v.push_back(varlen);
