@@ -867,25 +867,57 @@ TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
     expect_dense_matches_cpu(c, s, small, sh.mask || sh.soft_cap > 0.f ? 0 : 7);
     if (HasFailure()) break;
   }
-  // FP8 q and FP8 K/V stay D = 128 on CUDA.
-  for (const int64_t dim : {64, 256}) {
-    const std::string d = std::to_string(dim);
-    SparseCase f = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, dim, 1391u, DType::bf16,
-                                           DType::fp8_e4m3, Fp8Scale::per_token_head),
-                              true);
-    DeviceCase df(f, s);
-    expect_error([&] { run_gpu(f, df, false, s); },
-                 "k, v: head dim " + d + " takes q's dtype (bf16) on CUDA, got fp8_e4m3");
-    SparseCase q8 = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, dim, 1393u,
-                                            DType::fp8_e4m3), true);
-    DeviceCase dq(q8, s);
-    expect_error([&] { run_gpu(q8, dq, false, s); },
-                 "q: head dim " + d + " takes bf16 or f16 q on CUDA, got fp8_e4m3");
-  }
   SparseCase e = dense_case(make_problem({3}, {40}, 8, 2, 96, 1392u), true);
   DeviceCase de(e, s);
   expect_error([&] { run_gpu(e, de, false, s); },
                "q: head dim must be 64, 128 or 256 on CUDA, got 96");
+}
+
+// Quantized inputs at head dims 64 and 256 (through their bf16 copies, dequant_kv.cuh): bf16 q
+// over FP8 K/V (each scale kind), NVFP4 and MXFP4 K/V, FP8 q over bf16 K/V; dense and sparse
+// (random sweeps, both block sizes); against the CPU at the quantized tolerance. FP8 q over FP8
+// K/V (Q K^T on e4m3 operands) stays D = 128 and is refused by name.
+TEST(SparseFwdGpu, QuantizedHeadDimsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  unsigned seed = 1500;
+  for (const int64_t dim : {64, 256}) {
+    for (int kind = 0; kind < 4; ++kind) {  // FP8 K/V, NVFP4 K/V, MXFP4 K/V, FP8 q
+      const Fp8Scale scale = kFp8Kinds[seed % 4];
+      Problem prob = make_problem({37, 0, 130}, {300, 5, 200}, 8, 2, dim, seed++,
+                                  kind == 3 ? DType::fp8_e4m3 : DType::bf16,
+                                  kind == 0 ? DType::fp8_e4m3 : DType::bf16,
+                                  kind == 0 ? scale : Fp8Scale::none);
+      SparseCase c = dense_case(std::move(prob), true);
+      if (kind == 1 || kind == 2) quantize_kv_fp4(c.p, /*nvfp4=*/kind == 1);
+      c.name = "dense D " + std::to_string(dim) + ", kind " + std::to_string(kind);
+      SCOPED_TRACE(c.name);
+      expect_dense_matches_cpu(c, s, small, 0);
+      if (HasFailure()) return;
+    }
+    for (int i = 0; i < (small ? 4 : 12); ++i) {
+      const int64_t blk = i % 2 ? 64 : 128;
+      const bool fp4 = i % 3 == 2;
+      SparseCase c = random_case(5600 + i + int(dim), small, true,
+                                 fp4 ? std::nullopt : std::optional<Fp8Scale>(kFp8Kinds[i % 4]),
+                                 blk, dim);
+      if (fp4 && c.p.q.t.dtype == DType::bf16) quantize_kv_fp4(c.p, /*nvfp4=*/i % 2 == 0);
+      c.name += fp4 ? " fp4" : "";
+      SCOPED_TRACE(c.name);
+      const Outputs ref = run_cpu(c);
+      DeviceCase d(c, s);
+      expect_close(c, run_gpu(c, d, /*with_k2q=*/false, s), ref);
+      if (HasFailure()) return;
+    }
+    SparseCase q8 = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, dim, 1393u, DType::fp8_e4m3,
+                                            DType::fp8_e4m3, Fp8Scale::per_token),
+                               true);
+    DeviceCase dq(q8, s);
+    expect_error([&] { run_gpu(q8, dq, false, s); },
+                 "q, k: head dim " + std::to_string(dim) + " takes fp8_e4m3 q over bf16 or FP4 "
+                 "K/V on CUDA, not over fp8_e4m3 K/V");
+  }
 }
 
 // Dense key masks on CUDA (bool or u8, per batch [B, Lk_max] or per query [total_q, Lk_max],

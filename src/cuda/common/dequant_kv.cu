@@ -13,10 +13,10 @@
 namespace msa::cuda {
 namespace {
 
-constexpr int kHeadDim = 128;
 constexpr int kChunk = 16;                     // values per thread step: one 16-byte load
-constexpr int kChunksPerRow = kHeadDim / kChunk;
 constexpr int kThreads = 256;
+// The kernels are instantiated per head dim kD (64, 128, 256): a row is kD / kChunk chunks, and
+// the index arithmetic divides by constants.
 
 __device__ __forceinline__ float scale_of(const void* scale, int kind, int64_t token, int h, int hkv) {
   const float* s = static_cast<const float*>(scale);
@@ -97,6 +97,7 @@ __device__ __forceinline__ void convert_chunk(const DequantKVParams& p, const ui
 }
 
 // One (key, head) row's chunk c of K and of V, batch-local key j of batch b (its output row o0 + j).
+template <int kD>
 __device__ __forceinline__ void convert_row(const DequantKVParams& p, int b, int64_t src0, int64_t o0,
                                             int64_t j, int h, int c) {
   RowAt k_at, v_at;
@@ -117,7 +118,7 @@ __device__ __forceinline__ void convert_row(const DequantKVParams& p, int b, int
     k_at = {at3(p.k_stride, page, s1, s2), at3(p.k_scale_stride, page, s1, s2), token};
     v_at = {at3(p.v_stride, page, s1, s2), at3(p.v_scale_stride, page, s1, s2), token};
   }
-  const int64_t dst = ((o0 + j) * p.num_kv_heads + h) * kHeadDim + c * kChunk;
+  const int64_t dst = ((o0 + j) * p.num_kv_heads + h) * kD + c * kChunk;
   if (p.k_raw) {  // FP8 QK: e4m3 bytes as they are, the scale beside them
     *reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.k_out) + dst) =
         *reinterpret_cast<const uint4*>(p.k + k_at.off + c * kChunk);
@@ -134,7 +135,9 @@ __device__ __forceinline__ void convert_row(const DequantKVParams& p, int b, int
 
 // grid (x: steps over a batch's keys, y: batches, strided). A thread step converts one 16-value
 // chunk of one (key, head) row of K and of V.
+template <int kD>
 __global__ void __launch_bounds__(kThreads) dequant_kv_kernel(DequantKVParams p) {
+  constexpr int kChunksPerRow = kD / kChunk;
   pdl_wait();  // out_offsets: the paged check's output (pdl.cuh)
   pdl_trigger();
   for (int b = blockIdx.y; b < p.batch; b += gridDim.y) {
@@ -150,41 +153,47 @@ __global__ void __launch_bounds__(kThreads) dequant_kv_kernel(DequantKVParams p)
          i += int64_t(gridDim.x) * kThreads) {
       const int c = int(i % kChunksPerRow);
       const int h = int((i / kChunksPerRow) % p.num_kv_heads);
-      convert_row(p, b, src0, o0, i / (int64_t(kChunksPerRow) * p.num_kv_heads), h, c);
+      convert_row<kD>(p, b, src0, o0, i / (int64_t(kChunksPerRow) * p.num_kv_heads), h, c);
     }
   }
 }
 
 // One 16-value chunk of q per thread step.
+template <int kD>
 __global__ void __launch_bounds__(kThreads) dequant_q_kernel(const DequantQParams p) {
+  constexpr int kChunksPerRow = kD / kChunk;
   const int64_t n = p.total_q * p.heads * kChunksPerRow;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / kChunksPerRow, t = row / p.heads;
     const int c = int(i % kChunksPerRow), h = int(row % p.heads);
     convert16_fp8(p.q + t * p.stride_t + h * p.stride_h + c * kChunk, 1.f,
-                  static_cast<__nv_bfloat16*>(p.out) + row * kHeadDim + c * kChunk);
+                  static_cast<__nv_bfloat16*>(p.out) + row * kD + c * kChunk);
   }
 }
 
 }  // namespace
 
 void launch_dequant_q(const DequantQParams& p, cudaStream_t stream) {
-  const int64_t steps = p.total_q * p.heads * kChunksPerRow;
+  const int64_t steps = p.total_q * p.heads * (p.head_dim / kChunk);
   if (steps == 0) return;
   const unsigned blocks =
       unsigned(std::min<int64_t>((steps + kThreads - 1) / kThreads, 8 * int64_t(current_sm_count())));
-  dequant_q_kernel<<<blocks, kThreads, 0, stream>>>(p);
+  if (p.head_dim == 64) dequant_q_kernel<64><<<blocks, kThreads, 0, stream>>>(p);
+  else if (p.head_dim == 256) dequant_q_kernel<256><<<blocks, kThreads, 0, stream>>>(p);
+  else dequant_q_kernel<128><<<blocks, kThreads, 0, stream>>>(p);
 }
 
 void launch_dequant_kv(const DequantKVParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.max_keys == 0) return;
-  const int64_t steps = p.max_keys * p.num_kv_heads * kChunksPerRow;
+  const int64_t steps = p.max_keys * p.num_kv_heads * (p.head_dim / kChunk);
   // Enough blocks per batch to fill the GPU a few times over, at most one step per thread.
   const int64_t want = std::max<int64_t>(1, 4 * current_sm_count() / std::max<int64_t>(1, p.batch));
   const unsigned x = unsigned(std::min<int64_t>((steps + kThreads - 1) / kThreads, want));
-  launch_pdl(dequant_kv_kernel, dim3(x, unsigned(std::min<int64_t>(p.batch, 65535))), kThreads, 0,
-             stream, p);
+  const dim3 grid(x, unsigned(std::min<int64_t>(p.batch, 65535)));
+  if (p.head_dim == 64) launch_pdl(dequant_kv_kernel<64>, grid, kThreads, 0, stream, p);
+  else if (p.head_dim == 256) launch_pdl(dequant_kv_kernel<256>, grid, kThreads, 0, stream, p);
+  else launch_pdl(dequant_kv_kernel<128>, grid, kThreads, 0, stream, p);
 }
 
 }  // namespace msa::cuda

@@ -1,5 +1,5 @@
 // FP8 e4m3 or FP4 (NVFP4, MXFP4) K/V, and FP8 q, to bf16 for the sparse prefill (docs/semantics.md,
-// Quantized attention): each key the call can read, value * scale rounded to bf16, into a flat [rows, Hkv, 128] copy in the
+// Quantized attention): each key the call can read, value * scale rounded to bf16, into a flat [rows, Hkv, D] copy in the
 // workspace that the bf16 kernels then read as flat KV. Flat caches keep their key rows; a page
 // pool's batches land at the paged check's key_offsets (its clamped lengths). Launched by
 // sm90/sparse_fwd/launch.cu after the prep chain (PDL), before the main kernels.
@@ -20,11 +20,12 @@ enum class KVFormat : int32_t { fp8, nvfp4, mxfp4 };
 
 struct DequantKVParams {
   KVFormat format = KVFormat::fp8;
-  // FP8: e4m3 [.., 128] with f32 scales by kind; FP4: packed e2m1 [.., 64] bytes with byte
-  // scales laid out like the values, [.., 128 / group] (NVFP4: e4m3 per 16 values, times the
+  // FP8: e4m3 [.., D] with f32 scales by kind; FP4: packed e2m1 [.., D / 2] bytes with byte
+  // scales laid out like the values, [.., D / group] (NVFP4: e4m3 per 16 values, times the
   // global scale; MXFP4: e8m0 per 32), element strides in k_scale_stride / v_scale_stride.
-  const uint8_t* k = nullptr;      // e4m3: flat [total_k, Hkv, 128]; paged pool nhd
-  const uint8_t* v = nullptr;      // [pages, slots, Hkv, 128] or hnd [pages, Hkv, slots, 128]
+  const uint8_t* k = nullptr;      // e4m3: flat [total_k, Hkv, D]; paged pool nhd
+  const uint8_t* v = nullptr;      // [pages, slots, Hkv, D] or hnd [pages, Hkv, slots, D]
+  int32_t head_dim = 128;          // D: 64, 128 or 256 (k_raw: 128)
   int64_t k_stride[3] = {};        // elements of dims 0-2 (the last is contiguous)
   int64_t v_stride[3] = {};
   int32_t paged = 0;               // 0 flat, 1 pool nhd, 2 pool hnd
@@ -40,7 +41,7 @@ struct DequantKVParams {
   int64_t out_rows = 0;                   // rows of k_out / v_out
   int32_t batch = 0, num_kv_heads = 0;
   int64_t max_keys = 0;                   // keys of one batch at most (grid size)
-  void* k_out = nullptr;                  // [out_rows, Hkv, 128] bf16 (k_raw: e4m3)
+  void* k_out = nullptr;                  // [out_rows, Hkv, D] bf16 (k_raw: e4m3)
   void* v_out = nullptr;
   // FP8 QK (the sparse forward's kFp8 kernels take e4m3 K): K's bytes copied as they are and its
   // scales, one per (head, key), into k_scale_out [Hkv, k_scale_out_stride] f32; V as above.
@@ -50,16 +51,17 @@ struct DequantKVParams {
 };
 
 // FP8 e4m3 queries for the sparse prefill: their values, exactly (every e4m3 value is a bf16),
-// into a contiguous bf16 [total_q, Hq, 128] copy in the workspace, which the bf16 kernels read as
+// into a contiguous bf16 [total_q, Hq, D] copy in the workspace, which the bf16 kernels read as
 // q; the q scales join each row's score scale there (sparse_fwd/params.h row_scale_log2). At
 // P32K (32768 x 64 heads x 128): 268 MB read, 537 MB written, ~0.2 ms beside the 3.6-7.7 ms
 // attention.
 struct DequantQParams {
-  const uint8_t* q = nullptr;  // e4m3 [total_q, Hq, 128], rows 16-byte aligned
+  const uint8_t* q = nullptr;  // e4m3 [total_q, Hq, D], rows 16-byte aligned
   int64_t stride_t = 0, stride_h = 0;  // elements
   int32_t heads = 0;
+  int32_t head_dim = 128;              // D: 64, 128 or 256
   int64_t total_q = 0;
-  void* out = nullptr;                 // [total_q, Hq, 128] bf16, contiguous
+  void* out = nullptr;                 // [total_q, Hq, D] bf16, contiguous
 };
 void launch_dequant_q(const DequantQParams& p, cudaStream_t stream);
 

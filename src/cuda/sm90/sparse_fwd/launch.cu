@@ -32,6 +32,7 @@ void launch_dequant(const AttentionArgs& a, const ProblemShape& s, const AttnPla
   DequantKVParams d;
   d.k = a.kv.k.values.ptr<uint8_t>();
   d.v = a.kv.v.values.ptr<uint8_t>();
+  d.head_dim = int32_t(s.head_dim);
   for (int i = 0; i < 3; ++i) {
     d.k_stride[i] = i + 1 < a.kv.k.values.ndim ? a.kv.k.values.strides[i] : 0;
     d.v_stride[i] = i + 1 < a.kv.v.values.ndim ? a.kv.v.values.strides[i] : 0;
@@ -124,7 +125,7 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   while ((1u << pr.paged.box_shift) > block_keys) --pr.paged.box_shift;
   const bool f16 = a.q.dtype == DType::f16;
   const Tensor q = w.dequant_q ? Tensor(ws + w.q_bf16, DType::bf16,
-                                        {s.total_q, s.num_q_heads, kHeadDim}, a.q.device)
+                                        {s.total_q, s.num_q_heads, s.head_dim}, a.q.device)
                                : a.q;
   // A box row is 128 bytes: 64 columns of 16-bit q, all 128 of e4m3 q (FP8 QK).
   const uint32_t q_cols = w.fp8_qk ? kHeadDim : kHalfCols;
@@ -137,7 +138,7 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   };
   // FP8: the flat bf16 copy dequant_kv wrote.
   auto bf16_copy = [&](size_t offset) {
-    return Tensor(ws + offset, DType::bf16, {w.kv_rows, s.num_kv_heads, kHeadDim}, a.q.device);
+    return Tensor(ws + offset, DType::bf16, {w.kv_rows, s.num_kv_heads, s.head_dim}, a.q.device);
   };
   CUtensorMap tk;
   if (w.fp8_qk) {  // the copy's e4m3 K in 128-byte rows and its key scales
@@ -273,6 +274,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
     d.stride_t = a.q.strides[0];
     d.stride_h = a.q.strides[1];
     d.heads = int32_t(s.num_q_heads);
+    d.head_dim = int32_t(s.head_dim);
     d.total_q = s.total_q;
     d.out = ws + w.q_bf16;
     launch_dequant_q(d, stream);

@@ -35,10 +35,11 @@ size_t take_shared(AttnPlan& w, const AttentionArgs& a, const ProblemShape& s, s
   w.uniform = take(size_t(query_kv_heads(s, w) * w.qblock_cap) * 4);
   w.num_units = take(8);  // the count and the uniform kernel's claim cursor
   w.units = take(size_t(w.unit_cap) * sizeof(UnitDesc));
-  if (w.dequant_q) w.q_bf16 = take(size_t(s.total_q) * size_t(s.num_q_heads) * kHeadDim * 2);
+  const size_t d = size_t(s.head_dim);
+  if (w.dequant_q) w.q_bf16 = take(size_t(s.total_q) * size_t(s.num_q_heads) * d * 2);
   if (w.dequant_kv) {
-    w.k_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * (w.fp8_qk ? 1 : 2));
-    w.v_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * kHeadDim * 2);
+    w.k_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * d * (w.fp8_qk ? 1 : 2));
+    w.v_bf16 = take(size_t(w.kv_rows) * size_t(hkv) * d * 2);
   }
   if (w.fp8_qk) w.k_scale = take(size_t(hkv) * size_t(w.kscale_stride) * 4);
   if (w.key_mask) {
@@ -206,18 +207,15 @@ uint8_t* checked_workspace(const AttentionArgs& a, const AttnPlan& w, const Work
 
 void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   // D = 64 and 256: the kernels' tiles of that head dim (traits.h HeadDimTraits, KVMajorTraits)
-  // over 16-bit q / k / v, sparse and dense; the FP8 / FP4 copies are D = 128.
+  // over 16-bit q / k / v, sparse and dense; FP8 / FP4 K/V and FP8 q through their bf16 copies
+  // (dequant_kv.cuh, D-generic). FP8 q over FP8 K/V forms Q K^T on e4m3 operands in 128-byte
+  // rows (the kFp8 kernels): D = 128 only.
   MSA_CHECK(s.head_dim == kHeadDim || s.head_dim == 64 || s.head_dim == 256,
             "q: head dim must be 64, 128 or 256 on CUDA, got ", s.head_dim);
-  if (s.head_dim != kHeadDim) {
-    MSA_CHECK(a.q.dtype == DType::bf16 || a.q.dtype == DType::f16,
-              "q: head dim ", s.head_dim, " takes bf16 or f16 q on CUDA, got ",
-              dtype_name(a.q.dtype));
-    MSA_CHECK(a.kv.k.values.dtype == a.q.dtype && a.kv.v.values.dtype == a.q.dtype,
-              "k, v: head dim ", s.head_dim, " takes q's dtype (", dtype_name(a.q.dtype),
-              ") on CUDA, got ", dtype_name(a.kv.k.values.dtype), " and ",
-              dtype_name(a.kv.v.values.dtype));
-  }
+  MSA_CHECK(s.head_dim == kHeadDim || a.q.dtype != DType::fp8_e4m3 ||
+                a.kv.k.values.dtype != DType::fp8_e4m3,
+            "q, k: head dim ", s.head_dim, " takes fp8_e4m3 q over bf16 or FP4 K/V on CUDA, not "
+            "over fp8_e4m3 K/V (Q K^T on e4m3 operands runs head dim 128)");
   // FP8 q: QK in FP8 over FP8 K (the kFp8 kernels); over 16-bit or FP4 K/V its values as bf16
   // (exact, launch_dequant_q).
   const DType qt = a.q.dtype == DType::fp8_e4m3 ? DType::bf16 : a.q.dtype;
