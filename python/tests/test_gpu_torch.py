@@ -221,15 +221,15 @@ def test_decode_token_ids_match_the_reference_and_replay(page_size, topk):
     ref.check_close(g_out, g_lse, want, want_lse)
 
 
-@pytest.mark.parametrize("group", [16, 64])
-def test_token_sparse_prefill_matches_the_reference_and_replays(group):
+@pytest.mark.parametrize("group, dim", [(16, 128), (64, 128), (16, 64), (64, 256)])
+def test_token_sparse_prefill_matches_the_reference_and_replays(group, dim):
     """Token-sparse prefill (kv_block_size=1) on CUDA through the torch op: random ascending key
     ids per (kv head, query), -1 padded, against the reference; then a CUDA-graph capture of the
-    call replayed with new ids and new q equals an eager call on them."""
-    gen = torch.Generator().manual_seed(21 + group)
+    call replayed with new ids and new q equals an eager call on them. Head dims 64 and 256 too."""
+    gen = torch.Generator().manual_seed(21 + group + dim)
     hkv = 64 // group
     lq, lk = [100, 0, 40], [300, 17, 900]
-    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, 64, hkv, 128, torch.bfloat16, DEV)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, lq, lk, 64, hkv, dim, torch.bfloat16, DEV)
     q2k = ref.random_q2k(gen, cu_q, lk, hkv, 256, 1).to(DEV)
 
     def call():

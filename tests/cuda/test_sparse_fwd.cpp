@@ -1175,7 +1175,8 @@ TEST(SparseFwdGpu, Blocks64Fp8QkMatchesCpu) {
 // invisible ones, -1 padding, sometimes unsorted or -1 in the middle), NaN in every K/V row no
 // query selects, sometimes a temperature, a soft-cap or a softmax scale. The reference costs
 // ~ tokens * Hq * min(topk, keys) * D: the query count is cut to a budget.
-SparseCase token_case(int index, bool small, std::optional<Fp8Scale> fp8 = std::nullopt) {
+SparseCase token_case(int index, bool small, std::optional<Fp8Scale> fp8 = std::nullopt,
+                      int64_t dim = 128) {
   std::mt19937 rng(777u + 131u * unsigned(index));
   const int64_t groups[] = {1, 4, 16, 64, 128, 48, 5, 2, 8, 100};
   const int topks[] = {1, 37, 64, 200, 2048};
@@ -1204,7 +1205,7 @@ SparseCase token_case(int index, bool small, std::optional<Fp8Scale> fp8 = std::
       if (l > 0) l = std::max<int32_t>(1, int32_t(int64_t(l) * max_q / total));
   const bool f16 = rng() % 3 == 0;
   const DType dt = f16 && !fp8 ? DType::f16 : DType::bf16;  // FP8 K/V take bf16 q on CUDA
-  Problem prob = make_problem(lq, lk, g * hkv, hkv, 128, 4242u + unsigned(index), dt,
+  Problem prob = make_problem(lq, lk, g * hkv, hkv, dim, 4242u + unsigned(index), dt,
                               fp8 ? DType::fp8_e4m3 : dt, fp8.value_or(Fp8Scale::none));
   HostTensor ids = indexer_like_q2k(prob, topk, causal, rng, false, /*blk=*/1);
   SparseCase c(std::move(prob), std::move(ids), topk, /*block=*/1);
@@ -1214,12 +1215,24 @@ SparseCase token_case(int index, bool small, std::optional<Fp8Scale> fp8 = std::
   c.scale = rng() % 4 == 0 ? 0.05f : 0.f;
   c.soft_cap = rng() % 5 == 0 ? 20.f : 0.f;
   std::ostringstream os;
-  os << "token case " << index << ": G=" << g << " Hkv=" << hkv << " topk=" << topk
+  os << "token case " << index << ": D=" << dim << " G=" << g << " Hkv=" << hkv << " topk=" << topk
      << (causal ? " causal " : " non-causal ") << dtype_name(dt)
      << (fp8 ? " fp8 kv scales " + std::to_string(int(*fp8)) : "") << " T=" << c.temperature
      << " cap=" << c.soft_cap << lengths_text(lq, lk);
   c.name = os.str();
   return c;
+}
+
+// A token case on the GPU against the CPU reference; unless small, the FA3 bar on sampled rows
+// (fa3: inputs its model takes: no soft-cap, 16-bit K/V) and bitwise equal on a second run.
+void expect_token_case(const SparseCase& c, cudaStream_t s, bool small, bool fa3) {
+  const Outputs ref = run_cpu(c);
+  DeviceCase d(c, s);
+  const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
+  expect_close(c, g1, ref);
+  if (small) return;
+  if (fa3) expect_within_fa3_bar(c, g1.out, 7);
+  expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/false, s));
 }
 
 // The token sweep on the GPU against the CPU reference, the FA3 bar on sampled rows, and bitwise
@@ -1231,13 +1244,7 @@ TEST(SparseFwdGpu, TokenIdsMatchCpu) {
   for (int i = 0; i < (small ? 5 : 30); ++i) {
     const SparseCase c = token_case(i, small);
     SCOPED_TRACE(c.name);
-    const Outputs ref = run_cpu(c);
-    DeviceCase d(c, s);
-    const Outputs g1 = run_gpu(c, d, /*with_k2q=*/false, s);
-    expect_close(c, g1, ref);
-    if (small) continue;
-    if (c.soft_cap == 0.f) expect_within_fa3_bar(c, g1.out, 7);  // the bar's model has no cap
-    expect_bitwise(g1, run_gpu(c, d, /*with_k2q=*/false, s));
+    expect_token_case(c, s, small, c.soft_cap == 0.f);  // the bar's model has no cap
     if (HasFailure()) break;
   }
 }
@@ -1352,6 +1359,25 @@ TEST(SparseFwdGpu, TokenIdsInvalidReported) {
         EXPECT_NE(msg.find(kind >= 2 ? "repeat" : "range"), std::string::npos) << msg;
       }
     }
+  }
+}
+
+// Token ids at head dims 64 and 256 (the token kernel per head dim: D / 8 lanes a row, at 256 two
+// stages and one CTA an SM): the token sweep's configurations, FP8 K/V among them, against the
+// CPU reference and the FA3 bar, bitwise equal on a second run.
+TEST(SparseFwdGpu, TokenIdsHeadDimsMatchCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  for (int i = 0; i < (small ? 6 : 24); ++i) {
+    const int64_t dim = i % 2 ? 256 : 64;
+    const SparseCase c = token_case(700 + i, small,
+                                    i % 4 == 3 ? std::optional<Fp8Scale>(kFp8Kinds[i % 4])
+                                               : std::nullopt,
+                                    dim);
+    SCOPED_TRACE(c.name);
+    expect_token_case(c, s, small, c.soft_cap == 0.f && i % 4 != 3);
+    if (HasFailure()) break;
   }
 }
 

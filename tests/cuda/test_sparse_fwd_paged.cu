@@ -305,7 +305,8 @@ TEST(SparseFwdPagedGpu, HeadDimsMatchCpu) {
 // Token ids (kv_block_size 1: the token kernel, token_kernel.cuh): every page size in both
 // layouts, padded rows, spare columns, causal offsets, a G of 64 and 128 on one kv head, top-K
 // past the keys and far below them, requests without keys or queries, FP8 pools with per-slot
-// scales and an NVFP4 pool. Each: GPU paged vs the CPU reference, and paged == flat bitwise.
+// scales and an NVFP4 pool, at head dims 128, 64 and 256. Each: GPU paged vs the CPU reference,
+// and paged == flat bitwise.
 TEST(SparseFwdPagedGpu, TokenIdsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -332,6 +333,14 @@ TEST(SparseFwdPagedGpu, TokenIdsMatchCpu) {
   };
   for (Spec& sp : specs) sp.kv_block = 1;
   run_specs(specs, 12400, small, s);
+  if (HasFailure()) return;
+  // The same pools at head dims 64 and 256 (the token kernel per head dim).
+  for (const int64_t dim : {64, 256}) {
+    for (Spec& sp : specs) sp.dim = dim;
+    SCOPED_TRACE("D " + std::to_string(dim));
+    run_specs(specs, dim == 64 ? 12500 : 12600, small, s);
+    if (HasFailure()) return;
+  }
 }
 
 // bf16 q over FP8 pools (per tensor, per slot, per slot and head scales; the slots that hold no key

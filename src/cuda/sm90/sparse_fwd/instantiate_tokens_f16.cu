@@ -1,3 +1,3 @@
 // The token-sparse forward kernels for f16 q / k / v (token_launch.h).
 #include "cuda/sm90/sparse_fwd/token_launch.cuh"
-MSA_TOKEN_FWD_INSTANTIATE(true)
+MSA_TOKEN_FWD_INSTANTIATE(true, 128)

@@ -46,28 +46,36 @@ __device__ __forceinline__ TokenUnit token_unit(const TokenParams& p) {
   return u;
 }
 
-// Chunk c (0..15, 16 bytes) of row r (< 64) of a 64 x 128 16-bit tile: half c / 8, chunk
+// Chunk c (0..D / 8 - 1, 16 bytes) of row r (< 64) of a 64 x D 16-bit tile: half c / 8, chunk
 // (c % 8) ^ (r % 8) of the half's 128-byte row r (the 128-byte swizzle wgmma reads).
 __device__ __forceinline__ uint32_t swizzled_chunk(uint32_t tile, int r, int c) {
   return tile + uint32_t((c >> 3) * kTokHalfBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-// Producer warpgroup (tid 0..127): Q, the row scan, then every stage. A half-warp copies one
-// 256-byte row, a lane 16 bytes of it, so every warp instruction reads two whole rows: with a
-// row per lane, each 16-byte copy fetched a 32-byte sector of which the next instruction
-// fetched the other half (2.83 TB/s of useful gathers at TOKSPARSE-32K). Warp w copies keys
-// 8 i + 2 w + {0, 1} (i = 0..7) of the stage, K and V; lane l < 16 looks up key
-// 8 (l / 2) + 2 w + l % 2 and the half-warps take each key's row addresses by shuffle.
-template <bool kF16>
-__device__ __forceinline__ void token_producer(const TokenParams& p, TokenStorage& sh,
+// Producer warpgroup (tid 0..127): Q, the row scan, then every stage. kRow = D / 8 lanes copy one
+// 2 D-byte row, a lane 16 bytes of it (D = 128: a half-warp a row, so every warp instruction reads
+// two whole rows: with a row per lane, each 16-byte copy fetched a 32-byte sector of which the
+// next instruction fetched the other half, 2.83 TB/s of useful gathers at TOKSPARSE-32K). Warp w
+// copies keys 8 i + 2 w + {0, 1} (i = 0..7) of the stage, K and V, its 16 keys' rows in
+// 16 kRow / 32 steps; lane l < 16 looks up key 8 (l / 2) + 2 w + l % 2 and the lanes take each
+// key's row addresses by shuffle.
+template <bool kF16, int kD>
+__device__ __forceinline__ void token_producer(const TokenParams& p, TokenStorage<kD>& sh,
                                                const TokenUnit& u, int tid) {
-  const int lane = tid & 31, warp = tid >> 5, hw = lane >> 4, c = lane & 15;
-  // Q rows of the tile (rows past the group's heads zero-filled).
+  constexpr int kRow = kD / 8;            // 16-byte chunks a row
+  constexpr int kRows = 32 / kRow;        // rows a warp step copies (4, 2, 1)
+  constexpr int kSteps = 16 / kRows;      // a warp's steps for its 16 keys of a stage
+  using TokRing = sm90::Ring<TokenStorage<kD>::kStages>;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int part = lane / kRow, c = lane % kRow;  // the lane's row of a step, and its chunk
+  // Q rows of the tile (rows past the group's heads zero-filled): 64 kRow chunks, 128 threads.
   {
     const auto* q = static_cast<const uint8_t*>(p.q) + 2 * u.t * p.q_stride_t;
+    constexpr int kRowShift = kRow == 8 ? 3 : kRow == 16 ? 4 : 5;  // log2(kRow)
+    const int r0 = tid >> kRowShift;  // its chunk c: tid % kRow = lane % kRow
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = (tid >> 4) + 8 * i;
+    for (int i = 0; i < 64 * kRow / 128; ++i) {
+      const int r = r0 + (128 / kRow) * i;
       const bool ok = r < u.rows;
       const uint8_t* src = q + 2 * int64_t(u.hq0 + (ok ? r : 0)) * p.q_stride_h + c * 16;
       sm90::cp_async_16(swizzled_chunk(sm90::smem_addr(sh.q[0]), r, c), src, ok ? 16u : 0u);
@@ -125,8 +133,12 @@ __device__ __forceinline__ void token_producer(const TokenParams& p, TokenStorag
     sm90::mbar_wait(&sh.empty[s], TokRing::empty_parity(n));
     const uint32_t kt = sm90::smem_addr(sh.k[s][0]), vt = sm90::smem_addr(sh.v[s][0]);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int from = 2 * i + hw, key = 8 * i + 2 * warp + hw;
+    for (int i = 0; i < kSteps; ++i) {
+      // Step i copies chunk c of the warp's rows from = kRows i + part (its key 8 (from / 2) +
+      // 2 w + from % 2).
+      const int from = kRows * i + part;
+      const int key = kRows >= 2 ? 4 * kRows * i + 8 * (part >> 1) + 2 * warp + (part & 1)
+                                 : 8 * (i >> 1) + 2 * warp + (i & 1);
       const bool kok = (bits >> from) & 1u;
       const int64_t ko = __shfl_sync(0xffffffffu, koff, from);
       const int64_t vo = __shfl_sync(0xffffffffu, voff, from);
@@ -154,8 +166,8 @@ __device__ __forceinline__ void apply_stage_mask(float (&sc)[32], uint32_t bits)
       if (((bits >> (2 * n + e)) & 1u) == 0) sc[n * 4 + e] = sc[n * 4 + 2 + e] = -INFINITY;
 }
 
-template <typename T, int kOff>
-__device__ __forceinline__ void store_token_row(const TokenParams& p, const float (&o)[64],
+template <typename T, int kOff, int kN>
+__device__ __forceinline__ void store_token_row(const TokenParams& p, const float (&o)[kN],
                                                 int64_t t, int32_t hq, const OnlineRow& r,
                                                 int col_base, bool lead) {
   const float inv = r.m == -INFINITY ? 0.f : 1.f / r.l;
@@ -169,9 +181,10 @@ __device__ __forceinline__ void store_token_row(const TokenParams& p, const floa
 
 // Consumer warpgroup (tid 0..127): per stage j one wgmma group {S_j = Q K_j^T, O += P_{j-1}
 // V_{j-1}}, S_j's softmax overlapping the P V product (uniform_mma.cuh's order, one warpgroup).
-template <bool kF16, bool kTemp>
-__device__ __forceinline__ void token_consumer(const TokenParams& p, TokenStorage& sh,
+template <bool kF16, bool kTemp, int kD>
+__device__ __forceinline__ void token_consumer(const TokenParams& p, TokenStorage<kD>& sh,
                                                const TokenUnit& u, int tid) {
+  using TokRing = sm90::Ring<TokenStorage<kD>::kStages>;
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
   const int warp = tid >> 5, lane = tid & 31;
   const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
@@ -179,10 +192,10 @@ __device__ __forceinline__ void token_consumer(const TokenParams& p, TokenStorag
   sm90::mbar_wait(&sh.q_full, 0);
   const int32_t stages = sh.stages;
   const uint32_t q_addr = sm90::smem_addr(sh.q[0]);
-  float o[64], sc[32];
+  float o[kD / 2], sc[32];
   uint32_t pa[4][4];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
   OnlineRow st0, st1;
   float a0, a1;
   // The stage's mask words, read by lane 0 alone (the lane that later frees the stage, so the
@@ -218,7 +231,7 @@ __device__ __forceinline__ void token_consumer(const TokenParams& p, TokenStorag
   if (stages > 0) {
     wait_full(0);
     sm90::wgmma_fence();
-    issue_uniform_qk<kF16, false, kHeadDim>(sc, q_addr, sm90::smem_addr(sh.k[0][0]));
+    issue_uniform_qk<kF16, false, kD>(sc, q_addr, sm90::smem_addr(sh.k[0][0]));
     sm90::wgmma_wait<0>();
     fence_regs(sc);
     softmax(0);
@@ -227,7 +240,7 @@ __device__ __forceinline__ void token_consumer(const TokenParams& p, TokenStorag
       wait_full(n);
       const int s = TokRing::stage(n), sp = TokRing::stage(n - 1);
       sm90::wgmma_fence();
-      issue_uniform_qk<kF16, false, kHeadDim>(sc, q_addr, sm90::smem_addr(sh.k[s][0]));
+      issue_uniform_qk<kF16, false, kD>(sc, q_addr, sm90::smem_addr(sh.k[s][0]));
       issue_uniform_pv<kF16>(o, pa, sm90::smem_addr(sh.v[sp][0]));
       sm90::wgmma_wait<1>();
       fence_regs(sc);
@@ -253,15 +266,16 @@ __device__ __forceinline__ void token_consumer(const TokenParams& p, TokenStorag
   if (r1 < u.rows) store_token_row<T, 2>(p, o, u.t, u.hq0 + r1, st1, col_base, lead);
 }
 
-template <bool kF16, bool kTemp>
-__global__ void __launch_bounds__(kTokThreads, 2) token_fwd_kernel(const __grid_constant__ TokenParams p) {
+template <bool kF16, bool kTemp, int kD>
+__global__ void __launch_bounds__(kTokThreads, kTokCtasPerSm<kD>)
+    token_fwd_kernel(const __grid_constant__ TokenParams p) {
   extern __shared__ __align__(1024) uint8_t token_smem[];
   // token_traits.h: the plan has no alignment slack.
   if ((sm90::smem_addr(token_smem) & 1023u) != 0) __trap();
-  TokenStorage& sh = *reinterpret_cast<TokenStorage*>(token_smem);
+  TokenStorage<kD>& sh = *reinterpret_cast<TokenStorage<kD>*>(token_smem);
   const int tid = int(threadIdx.x);
   if (tid == 0) {
-    for (int s = 0; s < kTokStages; ++s) {
+    for (int s = 0; s < TokenStorage<kD>::kStages; ++s) {
       sm90::mbar_init(&sh.full[s], 128 + 4);  // every producer thread's copies + 4 mask writers
       sm90::mbar_init(&sh.empty[s], 4);       // lane 0 of each consumer warp
     }
@@ -272,11 +286,13 @@ __global__ void __launch_bounds__(kTokThreads, 2) token_fwd_kernel(const __grid_
   __syncthreads();
   const TokenUnit u = token_unit(p);
   if (tid < 128) {
-    sm90::regs_dealloc<kTokProducerRegs>();
-    token_producer<kF16>(p, sh, u, tid);
+    constexpr uint32_t kRegs = kTokProducerRegsOf<kD>;
+    sm90::regs_dealloc<kRegs>();
+    token_producer<kF16, kD>(p, sh, u, tid);
   } else {
-    sm90::regs_alloc<kTokConsumerRegs>();
-    token_consumer<kF16, kTemp>(p, sh, u, tid - 128);
+    constexpr uint32_t kRegs = kTokConsumerRegsOf<kD>;
+    sm90::regs_alloc<kRegs>();
+    token_consumer<kF16, kTemp, kD>(p, sh, u, tid - 128);
   }
 }
 

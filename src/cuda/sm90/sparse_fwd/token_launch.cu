@@ -3,6 +3,7 @@
 // [-1, Lk_b), none repeated in a row) and the token kernel, in that order on the caller's stream.
 
 #include <cmath>
+#include <type_traits>
 #include <string>
 
 #include "cuda/common/index_checks.cuh"
@@ -39,8 +40,8 @@ AttnPlan token_plan(const AttentionArgs& a, const ProblemShape& s) {
   if (w.dequant_kv) {
     w.kv_rows = a.kv.layout != KVLayout::flat ? s.batch * s.max_pages * s.page_size
                                               : a.kv.k.values.shape[0];
-    w.k_bf16 = take(size_t(w.kv_rows) * size_t(s.num_kv_heads) * kHeadDim * 2);
-    w.v_bf16 = take(size_t(w.kv_rows) * size_t(s.num_kv_heads) * kHeadDim * 2);
+    w.k_bf16 = take(size_t(w.kv_rows) * size_t(s.num_kv_heads) * size_t(s.head_dim) * 2);
+    w.v_bf16 = take(size_t(w.kv_rows) * size_t(s.num_kv_heads) * size_t(s.head_dim) * 2);
   }
   w.total = off;
   return w;
@@ -48,8 +49,9 @@ AttnPlan token_plan(const AttentionArgs& a, const ProblemShape& s) {
 
 // What the token kernel covers; anything else is an msa::Error naming it.
 void check_token_supported(const AttentionArgs& a, const ProblemShape& s) {
-  MSA_CHECK(s.head_dim == kHeadDim, "q: token-sparse attention (kv_block_size 1) runs head dim ",
-            kHeadDim, " on CUDA, got ", s.head_dim);
+  MSA_CHECK(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256,
+            "q: token-sparse attention (kv_block_size 1) runs head dims 64, 128 and 256 on CUDA, "
+            "got ", s.head_dim);
   const DType qt = a.q.dtype;
   MSA_CHECK(qt == DType::bf16 || qt == DType::f16, "q: token-sparse attention (kv_block_size 1) "
             "takes bf16 or f16 q on CUDA, got ", dtype_name(qt));
@@ -140,12 +142,12 @@ void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cuda
   p.v = a.kv.v.values.data;
   kv_strides(a.kv.k.values, a.kv.layout, p.k_stride_page, p.k_stride_row, p.k_stride_head);
   kv_strides(a.kv.v.values, a.kv.layout, p.v_stride_page, p.v_stride_row, p.v_stride_head);
-  if (w.dequant_kv) {  // the flat bf16 copy [kv_rows, Hkv, 128], batch b from row cu_k[b]
+  if (w.dequant_kv) {  // the flat bf16 copy [kv_rows, Hkv, D], batch b from row cu_k[b]
     p.k = ws + w.k_bf16;
     p.v = ws + w.v_bf16;
     p.k_stride_page = p.v_stride_page = 0;
-    p.k_stride_row = p.v_stride_row = s.num_kv_heads * kHeadDim;
-    p.k_stride_head = p.v_stride_head = kHeadDim;
+    p.k_stride_row = p.v_stride_row = s.num_kv_heads * s.head_dim;
+    p.k_stride_head = p.v_stride_head = s.head_dim;
     p.total_k = w.kv_rows;
   } else if (paged) {
     p.paged = make_paged_kv(a.kv.page_table.ptr<int32_t>(), a.kv.page_table.strides[0],
@@ -183,13 +185,16 @@ void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cuda
   }
   const dim3 grid(uint32_t(s.total_q), uint32_t(s.num_kv_heads * p.row_tiles));
   const bool f16 = a.q.dtype == DType::f16, temp = p.inv_temperature > 0.f;
-  if (f16) {
-    if (temp) launch_token_kernel<true, true>(p, grid, stream);
-    else launch_token_kernel<true, false>(p, grid, stream);
-  } else {
-    if (temp) launch_token_kernel<false, true>(p, grid, stream);
-    else launch_token_kernel<false, false>(p, grid, stream);
-  }
+  auto launch = [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if (f16 && temp) launch_token_kernel<true, true, kD>(p, grid, stream);
+    else if (f16) launch_token_kernel<true, false, kD>(p, grid, stream);
+    else if (temp) launch_token_kernel<false, true, kD>(p, grid, stream);
+    else launch_token_kernel<false, false, kD>(p, grid, stream);
+  };
+  if (s.head_dim == 64) launch(std::integral_constant<int, 64>{});
+  else if (s.head_dim == 256) launch(std::integral_constant<int, 256>{});
+  else launch(std::integral_constant<int, 128>{});
 }
 
 }  // namespace msa::cuda::sparse_fwd

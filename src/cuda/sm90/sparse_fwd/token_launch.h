@@ -24,8 +24,9 @@ size_t token_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
 void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream_t stream,
                              const WorkspaceSource& src);
 
-// One launch of the kernel over `grid` (x: query tokens, y: kv heads x row tiles).
-template <bool kF16, bool kTemp>
+// One launch of the kernel over `grid` (x: query tokens, y: kv heads x row tiles), head dim kD
+// (64, 128, 256: instantiate_tokens_{bf16,f16}{,_d64,_d256}.cu).
+template <bool kF16, bool kTemp, int kD>
 void launch_token_kernel(const TokenParams& p, dim3 grid, cudaStream_t stream);
 
 }  // namespace msa::cuda::sparse_fwd

@@ -23,23 +23,37 @@
 namespace msa::cuda::sparse_fwd {
 
 constexpr int kTokKeys = 64;       // keys per stage (S = m64n64, P V k64)
-constexpr int kTokStages = 3;      // K/V stages per CTA: 3 x 32 KB + Q 16 KB -> two CTAs per SM
 constexpr int kTokThreads = 256;   // one producer warpgroup, one consumer warpgroup
 constexpr int kTokHalfBytes = kTokKeys * 128;  // one 64-column half of a stage's K or V: 8 KB
+// Head dims (kD): a row is kD / 64 halves of 128 bytes. K/V stages a CTA: 3 at D = 64 and 128
+// (3 x 32 KB + Q 16 KB at 128: two CTAs per SM); 2 at D = 256 (Q 32 KB + 2 x 64 KB: one CTA per
+// SM, so each SM keeps 128 KB of gathers in flight as two 128-wide CTAs do).
+template <int kD>
+constexpr int kTokStagesOf = kD == 256 ? 2 : 3;
+template <int kD>
+constexpr int kTokCtasPerSm = kD == 256 ? 1 : 2;
 // setmaxnreg: 256 threads at two CTAs per SM start with 128 registers each; the producer gives
 // 72 to the consumer (its S, O and P of two stages in flight: ~150 live).
 constexpr int kTokProducerRegs = 56;
 constexpr int kTokConsumerRegs = 200;
 static_assert(kTokProducerRegs + kTokConsumerRegs <= 2 * 128, "registers of two CTAs per SM");
+// D = 256 (one CTA per SM: 240 registers a thread at launch): O alone is 128 floats, so the
+// consumer takes 240 (at 200 ptxas spilled 88 bytes), and the producer, whose 16 copy steps a
+// stage hold more addresses, 96.
+template <int kD>
+constexpr int kTokConsumerRegsOf = kD == 256 ? 240 : kTokConsumerRegs;
+template <int kD>
+constexpr int kTokProducerRegsOf = kD == 256 ? 96 : kTokProducerRegs;
+static_assert(kTokProducerRegsOf<256> + kTokConsumerRegsOf<256> <= 2 * 240,
+              "registers of one CTA per SM");
 
-using TokRing = sm90::Ring<kTokStages>;
 
 // Parameters of the token kernel. Keys of batch b: flat, rows cu_k[b] .. cu_k[b + 1] of k / v;
 // paged, slots of page_table row b (lengths from cu_k as the paged check clamped them).
 struct TokenParams {
-  const void* q = nullptr;        // [total_q, Hq, 128], row strides below (elements)
+  const void* q = nullptr;        // [total_q, Hq, D], row strides below (elements)
   int64_t q_stride_t = 0, q_stride_h = 0;
-  const void* k = nullptr;        // flat [total_k, Hkv, 128]; paged the pool
+  const void* k = nullptr;        // flat [total_k, Hkv, D]; paged the pool
   const void* v = nullptr;
   // Element strides of a key row: flat (token, head); paged (page, slot, head).
   int64_t k_stride_page = 0, k_stride_row = 0, k_stride_head = 0;
@@ -57,7 +71,7 @@ struct TokenParams {
   int32_t num_q_heads = 0, group = 1, row_tiles = 1;
   int32_t causal = 1;
   float scale_log2 = 0.f, inv_temperature = 0.f, soft_cap_log2 = 0.f;
-  void* out = nullptr;                  // [total_q, Hq, 128]
+  void* out = nullptr;                  // [total_q, Hq, D]
   int64_t out_stride_t = 0, out_stride_h = 0;
   float* lse = nullptr;                 // [Hq, total_q] or null
   float* tlse = nullptr;                // [Hq, total_q] or null
@@ -69,20 +83,26 @@ struct TokenParams {
   int32_t mask_words = 0;
 };
 
+template <int kD>
 struct alignas(1024) TokenStorage {
-  uint8_t q[2][kTokHalfBytes];                 // 64 rows x 128 columns, two 128-byte halves
-  uint8_t k[kTokStages][2][kTokHalfBytes];
-  uint8_t v[kTokStages][2][kTokHalfBytes];
+  static constexpr int kHalves = kD / 64, kStages = kTokStagesOf<kD>;
+  uint8_t q[kHalves][kTokHalfBytes];           // 64 rows x D columns, D / 64 128-byte halves
+  uint8_t k[kStages][kHalves][kTokHalfBytes];
+  uint8_t v[kStages][kHalves][kTokHalfBytes];
   // Per producer warp w, bit 2 i + e: key 8 i + 2 w + e of the stage is selected and visible.
-  alignas(16) uint32_t mask[kTokStages][4];
-  uint64_t full[kTokStages], empty[kTokStages], q_full;
+  alignas(16) uint32_t mask[kStages][4];
+  uint64_t full[kStages], empty[kStages], q_full;
   int32_t stages;                              // the unit's stage count (producer's row scan)
   int32_t last_slot;                           // scratch of that scan
 };
-// No alignment slack: two CTAs of 113 KB fill the SM's 228 KB with the 1 KB each reserves, and
-// dynamic shared memory of a kernel without static shared memory starts 1024-byte aligned (the
-// kernel checks it and traps otherwise: an internal invariant, not an input error).
-constexpr int kTokSmemBytes = int(sizeof(TokenStorage));
-static_assert(2 * (kTokSmemBytes + 1024) <= 228 * 1024, "two token CTAs per SM");
+// No alignment slack: two CTAs of 113 KB (D = 128) fill the SM's 228 KB with the 1 KB each
+// reserves, and dynamic shared memory of a kernel without static shared memory starts 1024-byte
+// aligned (the kernel checks it and traps otherwise: an internal invariant, not an input error).
+template <int kD>
+constexpr int kTokSmemBytes = int(sizeof(TokenStorage<kD>));
+static_assert(2 * (kTokSmemBytes<128> + 1024) <= 228 * 1024 &&
+                  2 * (kTokSmemBytes<64> + 1024) <= 228 * 1024 &&
+                  kTokSmemBytes<256> + 1024 <= 228 * 1024,
+              "token CTAs per SM (kTokCtasPerSm)");
 
 }  // namespace msa::cuda::sparse_fwd
