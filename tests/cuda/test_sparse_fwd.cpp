@@ -823,8 +823,8 @@ TEST(SparseFwdGpu, CausalOffsetsMatchCpu) {
 // D = 64 one half per tile and O m64n64; D = 256 stages of 64 keys, S m64n64 and O m64n256): bf16
 // and f16, causal or not, GQA groups inside and outside {1, 2, 4, 8, 16} and past 64, empty
 // requests, a request without keys and a call without any, lengths past a block and past a
-// 64-key stage, temperature, soft-cap and a key mask; against the CPU, bitwise on a second run.
-// FP8 q and FP8 K/V at both head dims are refused by name.
+// 64-key stage, temperature, soft-cap and a key mask; against the CPU, bitwise on a second run
+// (quantized inputs at these head dims: QuantizedHeadDimsMatchCpu).
 TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
