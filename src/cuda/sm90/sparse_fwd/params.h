@@ -132,8 +132,9 @@ __device__ __forceinline__ float row_scale_log2(const AttnProblem& p, int32_t to
 
 // The KV-major kernel: chunks of (kv head, block, query tokens) writing partials.
 struct MainParams : AttnProblem {
-  // bf16 partials: 3-D map over part_o viewed as [entries, G, 128] (box 64 x G x 1, 128-byte
-  // swizzle), the consumers' TMA stores of each token's G rows (mma.cuh). 64-byte aligned.
+  // bf16 partials: 3-D map over part_o viewed as [entries, G, D] (box 64 x G x 1, 128-byte
+  // swizzle), the consumers' TMA stores of each token's G rows (mma.cuh; D = 256 stores them
+  // from registers instead: KVMajorTraits). 64-byte aligned.
   CUtensorMap tm_part;
   const void* chunks = nullptr;        // [num_chunks] ChunkDesc
   const int32_t* num_chunks = nullptr; // [1]
@@ -158,7 +159,7 @@ struct UniformParams : AttnProblem {
   // Dense attention (no q2k): a unit takes every block up to its last visible key, and the unit
   // table is its direct predecessor's output (dense_units_kernel), so the producer waits for it.
   int32_t dense = 0;
-  void* out = nullptr;                  // [total_q, Hq, 128] bf16 / f16
+  void* out = nullptr;                  // [total_q, Hq, D] bf16 / f16
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
   float* lse = nullptr;                 // [Hq, total_q] or null
   float* tlse = nullptr;                // [Hq, total_q] or null (inv_temperature > 0)
