@@ -401,7 +401,8 @@ __device__ __forceinline__ TileRows tile_rows(const MainParams& p, int tid) {
 }
 
 // kBlk: keys per kv block, 128 (S m64n128) or 64 (S m64n64, P V k64; FP8 Q K^T m64n64k32).
-// kD: the head dim, 128 or 64 (S in D / 16 k16 steps, O m64nD: D / 2 floats per thread).
+// kD: the head dim, 64, 128 or 256 (S in D / 16 k16 steps, O m64nD: D / 2 floats per thread;
+// KVMajorTraits).
 template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
 __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage<kBlk, kD>& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
