@@ -25,11 +25,13 @@ namespace msa::cuda::sparse_fwd {
 constexpr int kTokKeys = 64;       // keys per stage (S = m64n64, P V k64)
 constexpr int kTokThreads = 256;   // one producer warpgroup, one consumer warpgroup
 constexpr int kTokHalfBytes = kTokKeys * 128;  // one 64-column half of a stage's K or V: 8 KB
-// Head dims (kD): a row is kD / 64 halves of 128 bytes. K/V stages a CTA: 3 at D = 64 and 128
-// (3 x 32 KB + Q 16 KB at 128: two CTAs per SM); 2 at D = 256 (Q 32 KB + 2 x 64 KB: one CTA per
-// SM, so each SM keeps 128 KB of gathers in flight as two 128-wide CTAs do).
+// Head dims (kD): a row is kD / 64 halves of 128 bytes. K/V stages a CTA: 3 at every D (3 x 32 KB
+// + Q 16 KB at 128: two CTAs per SM; Q 32 KB + 3 x 64 KB = 225 KB at 256: one CTA per SM). The
+// consumer holds two stages at a time (this block's K for S, the last block's V for P V, until
+// its release), so the third is the one that loads under the math: with two at D = 256 each
+// stage's gather would wait for a release.
 template <int kD>
-constexpr int kTokStagesOf = kD == 256 ? 2 : 3;
+constexpr int kTokStagesOf = 3;
 template <int kD>
 constexpr int kTokCtasPerSm = kD == 256 ? 1 : 2;
 // setmaxnreg: 256 threads at two CTAs per SM start with 128 registers each; the producer gives
