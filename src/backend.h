@@ -74,6 +74,9 @@ size_t csr_workspace_bytes(int64_t hkv, int64_t total_rows, int64_t total_q, int
 void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream_t stream,
                        const WorkspaceSource& src = {});
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
+// What attention_forward's kernels refuse (head dims, dtypes, sizes), as an msa::Error naming
+// it, without planning or launching anything: the pipeline asks before its indexer runs.
+void check_attention_supported(const AttentionArgs& a, const ProblemShape& s);
 // MQA logits (src/cuda/sm90/mqa_logits/): FP8, D = 128, H <= 128; paged block sizes 32, 64, 128.
 // report_base: added to the row (ragged, token_topk) or batch (paged) a device status report
 // names, where the call is one chunk of a larger one (mqa_logits_topk).

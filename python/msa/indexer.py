@@ -120,7 +120,8 @@ def block_topk(q: Any, k: Any, cu_seqlens_q: Any, *, cu_seqlens_k: Any = None,
     Inputs as in `block_scores` (q/k values, a `QTensor`, scales, flat or paged keys); selection
     as in `select_topk` (sink and local blocks forced, then the highest group scores, ties
     toward the lower id; rows ascending, -1 padded). Nothing is read on the host. CUDA:
-    bf16/f16/fp8_e4m3/fp4x2, D = 128, ``kv_block_size`` 64 or 128, ``topk <= 64``; other
+    bf16/f16/fp8_e4m3/fp4x2 at D = 128, bf16/f16 at D = 64, fp8_e4m3 at D = 256,
+    ``kv_block_size`` 64 or 128, ``topk <= 64``; other
     inputs raise `MsaError` naming the feature. ``out``: a preallocated q2k.
     ``num_kv_heads``: the selection heads (q2k's first dim), default k's heads; a count
     dividing Hq (groups of 1-16) selects by groups of Hq / num_kv_heads consecutive query heads (e.g. 4

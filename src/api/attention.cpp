@@ -89,14 +89,8 @@ AttentionArgs with_defaults(const AttentionArgs& a, KeyMaskRows rows) {
   return r;
 }
 
-// A validated call: its shape and its arguments with the defaults made explicit.
-struct Checked {
-  ProblemShape shape;
-  AttentionArgs args;
-};
-
 // Every argument rule.
-Checked check_attention_args(const AttentionArgs& a) {
+api::CheckedAttention check_attention_args(const AttentionArgs& a) {
   ProblemShape s = api::check_q_and_kv(QTensor(a.q, a.q_scale), a.kv, a.cu_seqlens_q,
                                        {DType::bf16, DType::f16, DType::fp8_e4m3},
                                        /*need_v=*/true, /*kv_may_be_quantized=*/true,
@@ -126,15 +120,25 @@ Checked check_attention_args(const AttentionArgs& a) {
 }  // namespace
 
 size_t attention_workspace_bytes(const AttentionArgs& a) {
-  const Checked c = check_attention_args(a);
+  const api::CheckedAttention c = check_attention_args(a);
   return a.q.is_cuda() ? cuda::attention_workspace_bytes(c.args, c.shape) : 0;
 }
 
 namespace api {
 
+CheckedAttention check_attention(const AttentionArgs& a) {
+  CheckedAttention c = check_attention_args(a);
+  if (c.args.q.is_cuda()) cuda::check_attention_supported(c.args, c.shape);
+  return c;
+}
+
 void attention_forward(const AttentionArgs& a, cudaStream_t stream,
                        const cuda::WorkspaceSource& src) {
-  const Checked c = check_attention_args(a);
+  attention_forward(check_attention_args(a), stream, src);
+}
+
+void attention_forward(const CheckedAttention& c, cudaStream_t stream,
+                       const cuda::WorkspaceSource& src) {
   const ProblemShape& s = c.shape;
   const AttentionArgs& args = c.args;
   if (!args.q.is_cuda()) return cpu::attention_forward(args, s);

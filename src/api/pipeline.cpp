@@ -174,6 +174,8 @@ void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
     if (c.attend.q2k.defined()) c.attend.q2k.data = base;
     c.attend.workspace = attn_ws;
   }
+  // Attention's arguments and what its kernels refuse, before the indexer writes anything.
+  const api::CheckedAttention attend = api::check_attention(c.attend);
   if (!c.attend.q2k.defined()) {
     // Dense: the selection is every visible block, written without scoring (on CUDA one launch
     // instead of the indexer's; LAT-2K: the pipeline took 258 us with the indexer, dense attention
@@ -185,7 +187,7 @@ void sparse_attention_pipeline(const PipelineArgs& a, cudaStream_t stream) {
   } else {
     api::block_topk(c.select, stream, c.index_checks_pages);
   }
-  api::attention_forward(c.attend, stream,
+  api::attention_forward(attend, stream,
                          cuda::WorkspaceSource{"pipeline_workspace_bytes(args)", q2k_span});
 }
 

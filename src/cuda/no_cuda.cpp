@@ -33,6 +33,9 @@ void attention_forward(const AttentionArgs&, const ProblemShape&, cudaStream_t, 
   no_cuda("attention_forward");
 }
 size_t attention_workspace_bytes(const AttentionArgs&, const ProblemShape&) { return 0; }
+void check_attention_supported(const AttentionArgs&, const ProblemShape&) {
+  no_cuda("attention_forward");
+}
 void mqa_logits(const MqaLogitsArgs&, cudaStream_t, int64_t) { no_cuda("mqa_logits"); }
 void paged_mqa_logits(const PagedMqaLogitsArgs&, cudaStream_t, int64_t) { no_cuda("paged_mqa_logits"); }
 void token_topk(const TokenTopKArgs&, cudaStream_t, int64_t) { no_cuda("token_topk"); }

@@ -345,8 +345,9 @@ void icp_shard_scores(const IcpRankListsArgs& a, const ProblemShape& s, float* p
   kv.seqused_k = a.seqused_k;
   ProblemShape shard_shape = s;
   shard_shape.page_size = rows;
-  check_supported(a.index_q, kv, shard_shape, rows, op);
+  // Before check_supported, whose message names the head dims the other indexer kernels take.
   MSA_CHECK(s.head_dim == kHeadDim, op, ": CUDA scores shards of head dim 128, got ", s.head_dim);
+  check_supported(a.index_q, kv, shard_shape, rows, op);
   MSA_CHECK(s.group >= 4, op, ": CUDA scores 4 or more index heads per key head (the shard kernel "
             "has 4 row groups), got ", s.num_q_heads, " on ", s.num_kv_heads);
   MSA_CHECK(s.max_pages * s.page_size < std::numeric_limits<int32_t>::max(), op,

@@ -238,8 +238,14 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
 
 }  // namespace sparse_fwd
 
+void check_attention_supported(const AttentionArgs& a, const ProblemShape& s) {
+  if (sparse_fwd::is_token_call(a, s)) sparse_fwd::check_token_supported(a, s);
+  else sparse_fwd::check_supported(a, s);
+}
+
 size_t attention_workspace_bytes(const AttentionArgs& a, const ProblemShape& s) {
   if (sparse_fwd::is_token_call(a, s)) return sparse_fwd::token_workspace_bytes(a, s);
+  sparse_fwd::check_supported(a, s);  // a size for a call the kernels refuse would mislead
   return sparse_fwd::make_plan(a, s).total;
 }
 

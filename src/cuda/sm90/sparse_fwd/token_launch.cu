@@ -47,7 +47,8 @@ AttnPlan token_plan(const AttentionArgs& a, const ProblemShape& s) {
   return w;
 }
 
-// What the token kernel covers; anything else is an msa::Error naming it.
+}  // namespace
+
 void check_token_supported(const AttentionArgs& a, const ProblemShape& s) {
   MSA_CHECK(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256,
             "q: token-sparse attention (kv_block_size 1) runs head dims 64, 128 and 256 on CUDA, "
@@ -72,6 +73,8 @@ void check_token_supported(const AttentionArgs& a, const ProblemShape& s) {
               "page_table: B * max_pages * page_size (", s.batch, " * ", s.max_pages, " * ",
               s.page_size, ") must be below 2^31 on CUDA (paged key offsets are int32)");
 }
+
+namespace {
 
 // Element strides of a K or V key row: (page, slot, head) paged, (-, token, head) flat.
 void kv_strides(const Tensor& t, KVLayout layout, int64_t& page, int64_t& row, int64_t& head) {

@@ -21,6 +21,8 @@ inline bool is_token_call(const AttentionArgs& a, const ProblemShape& s) {
 }
 
 size_t token_workspace_bytes(const AttentionArgs& a, const ProblemShape& s);
+// What the token kernel covers; anything else is an msa::Error naming it.
+void check_token_supported(const AttentionArgs& a, const ProblemShape& s);
 void token_attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream_t stream,
                              const WorkspaceSource& src);
 
