@@ -148,7 +148,7 @@ struct alignas(1024) SharedStorageT {
 // dim kD (D / 64 halves per tile row). D = 128 and 64: two K/V stages, two Q buffers a consumer,
 // bf16 partials staged in the tile's Q buffer and stored by TMA (kStagedPartials). D = 256: a
 // 128-key block's K and V are 128 KB, so one stage (64-key blocks keep two of 64 KB), and one Q
-// buffer of 32 KB a consumer (Q 64 KB + K/V 128 KB: ~194 KB); the Q buffer is freed as soon as S
+// buffer of 32 KB a consumer (Q 64 KB + K/V 128 KB: ~196 KB); the Q buffer is freed as soon as S
 // is done so that the next tile's Q loads under this one's softmax and P V, and bf16 partials
 // are stored from registers (4-byte stores) instead of staged. With one K/V stage the next
 // chunk's block loads only once both consumers are done with this one: the cost is that load's
