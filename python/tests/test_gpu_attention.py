@@ -54,9 +54,9 @@ def test_dense_any_group(hq, hkv):
     ref.check_close(out, lse, want, want_lse)
 
 
-# Head dims 64 and 256 run dense attention on CUDA, flat and paged (bf16 / f16; pages of 128 slots
-# and more take 64-slot boxes at 256).
-@pytest.mark.parametrize("dim, page_size", [(64, 16), (256, 16), (256, 128)])
+# Head dims 32, 64 and 256 run dense attention on CUDA, flat and paged (bf16 / f16; pages of 128
+# slots and more take 64-slot boxes at 256; D = 32 runs D = 64's tiles over zero-filled columns).
+@pytest.mark.parametrize("dim, page_size", [(32, 64), (64, 16), (256, 16), (256, 128)])
 @pytest.mark.parametrize("layout", ["flat", "paged_nhd", "paged_hnd"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_dense_head_dims(dim, page_size, layout, dtype):
@@ -75,6 +75,15 @@ def test_dense_head_dims(dim, page_size, layout, dtype):
                                              seqused_k=seqused, kv_layout=layout,
                                              return_lse=True)
     ref.check_close(out, lse, want, want_lse)
+
+
+# Head dim 32 is dense attention over 16-bit inputs on CUDA: a q2k is refused by name.
+def test_head_dim_32_is_dense_only():
+    gen = torch.Generator().manual_seed(32)
+    q, k, v, cu_q, cu_k = ref.random_problem(gen, [40], [300], 8, 2, 32, torch.bfloat16, DEV)
+    q2k = ref.random_q2k(gen, cu_q, [300], 2, topk=2, blk=128)
+    with pytest.raises(msa.MsaError, match="head dim 32 runs dense attention only"):
+        msa.attention_forward(q, k, v, cu_q, cu_seqlens_k=cu_k, q2k=q2k)
 
 
 # Sparse attention at head dims 64 and 256 (the KV-major and uniform kernels at that D): random

@@ -819,8 +819,9 @@ TEST(SparseFwdGpu, CausalOffsetsMatchCpu) {
   }
 }
 
-// Dense attention at head dims 64 and 256 on CUDA (the uniform kernel's tiles of that head dim:
-// D = 64 one half per tile and O m64n64; D = 256 stages of 64 keys, S m64n64 and O m64n256): bf16
+// Dense attention at head dims 32, 64 and 256 on CUDA (the uniform kernel's tiles of that head
+// dim: D = 64 one half per tile and O m64n64; D = 32 the same tiles over zero-filled columns 32-63,
+// two k-steps and 32 columns stored; D = 256 stages of 64 keys, S m64n64 and O m64n256): bf16
 // and f16, causal or not, GQA groups inside and outside {1, 2, 4, 8, 16} and past 64, empty
 // requests, a request without keys and a call without any, lengths past a block and past a
 // 64-key stage, temperature, soft-cap and a key mask; against the CPU, bitwise on a second run
@@ -848,7 +849,7 @@ TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
       {{4, 2}, {0, 0}, 8, 2, true, DType::bf16, 0.f, 0.f, false},
   };
   unsigned seed = 1300;
-  for (const int64_t dim : {64, 256})
+  for (const int64_t dim : {32, 64, 256})
   for (const Shape& sh : shapes) {
     SparseCase c = dense_case(make_problem(sh.lq, sh.lk, sh.hq, sh.hkv, dim, seed++, sh.dtype),
                               sh.causal);
@@ -870,7 +871,18 @@ TEST(SparseFwdGpu, DenseHeadDimsMatchCpu) {
   SparseCase e = dense_case(make_problem({3}, {40}, 8, 2, 96, 1392u), true);
   DeviceCase de(e, s);
   expect_error([&] { run_gpu(e, de, false, s); },
-               "q: head dim must be 64, 128 or 256 on CUDA, got 96");
+               "q: head dim must be 32, 64, 128 or 256 on CUDA, got 96");
+  // D = 32 is dense attention over 16-bit q / k / v only.
+  SparseCase sp = random_case(1394u, true, true, std::nullopt, 128, 32);
+  DeviceCase dsp(sp, s);
+  expect_error([&] { run_gpu(sp, dsp, false, s); },
+               "q2k: head dim 32 runs dense attention only on CUDA (no q2k)");
+  SparseCase q8 = dense_case(make_problem({5, 2}, {300, 50}, 8, 2, 32, 1395u, DType::bf16,
+                                          DType::fp8_e4m3, Fp8Scale::per_token),
+                             true);
+  DeviceCase dq(q8, s);
+  expect_error([&] { run_gpu(q8, dq, false, s); },
+               "q, k: head dim 32 takes bf16 or f16 q, k and v on CUDA, got q bf16 and k fp8_e4m3");
 }
 
 // Quantized inputs at head dims 64 and 256 (through their bf16 copies, dequant_kv.cuh): bf16 q

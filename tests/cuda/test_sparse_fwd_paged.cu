@@ -270,7 +270,7 @@ TEST(SparseFwdPagedGpu, Blocks64MatchCpu) {
 // Sparse attention at head dims 64 and 256 over pools (the KV-major and uniform kernels at that
 // D; at 256 boxes of at most 64 slots): page sizes 16-256 in both layouts, 128- and 64-key blocks,
 // tok and blk selections, padded rows, spare columns, causal offsets, dense calls beside them;
-// GPU paged vs the CPU reference and paged == flat bitwise.
+// dense attention at head dim 32; GPU paged vs the CPU reference and paged == flat bitwise.
 TEST(SparseFwdPagedGpu, HeadDimsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -300,6 +300,19 @@ TEST(SparseFwdPagedGpu, HeadDimsMatchCpu) {
     run_specs(specs, dim == 64 ? 9950 : 9970, small, s);
     if (HasFailure()) break;
   }
+  // D = 32: dense only, D = 64's tiles over 32-column pool maps (TMA fills columns 32-63 with
+  // zeros), padded rows among them.
+  const Spec d32[] = {
+      {"D 32 ps16 nhd G4 dense", {90, 7}, {300, 129}, 4, 2, 0, true, false, 16, nhd, 0,
+       DType::bf16, false, std::nullopt, 0, true, false, false, 128, 32},
+      {"D 32 ps64 hnd G16 dense padded f16", {200, 0, 33}, {513, 0, 700}, 16, 1, 0, true, false,
+       64, hnd, 8, DType::f16, false, std::nullopt, 0, true, false, false, 128, 32},
+      {"D 32 ps256 nhd G8 dense offsets spare", {150, 33}, {383, 65}, 8, 2, 0, true, false, 256,
+       nhd, 0, DType::bf16, true, std::nullopt, 0, true, true, false, 128, 32},
+      {"D 32 ps128 hnd G1 dense non-causal", {129, 1}, {129, 1}, 1, 3, 0, false, false, 128, hnd,
+       0, DType::bf16, false, std::nullopt, 0, true, false, false, 128, 32},
+  };
+  run_specs(d32, 9990, small, s);
 }
 
 // Token ids (kv_block_size 1: the token kernel, token_kernel.cuh): every page size in both

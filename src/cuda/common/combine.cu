@@ -1,6 +1,6 @@
 // Kernel of the sparse-attention combine (combine.cuh). One unit = (token, kv head): G x kSeg
-// threads, each owning kVec consecutive head-dim elements of one query head (8 at D = 64 and 128,
-// 16 at 256: combine_vec), so a unit reads its topk x G x D partial values as contiguous 16-byte
+// threads, each owning kVec consecutive head-dim elements of one query head (8 at D = 32, 64 and
+// 128, 16 at 256: combine_vec), so a unit reads its topk x G x D partial values as contiguous 16-byte
 // loads.
 #include <algorithm>
 #include <climits>
@@ -214,18 +214,21 @@ __global__ void __launch_bounds__(kThreads, combine_blocks_per_sm<kD>)
 
 void launch_sparse_combine(const CombineParams& p, bool out_f16, cudaStream_t stream) {
   if (p.total_q * p.num_kv_heads == 0 || p.batch == 0) return;
-  MSA_CHECK(p.head_dim == 128 || p.head_dim == 64 || p.head_dim == 256,
-            "attention_forward: the CUDA combine merges partials of head dim 64, 128 or 256, got ",
-            p.head_dim);
+  // D = 32: dense calls only (no partials), whose zero rows it writes when no key exists.
+  MSA_CHECK(p.head_dim == 128 || p.head_dim == 64 || p.head_dim == 256 || p.head_dim == 32,
+            "attention_forward: the CUDA combine merges partials of head dim 32, 64, 128 or 256, "
+            "got ", p.head_dim);
   const int64_t tiles = (p.num_kv_heads * p.qblock_cap) << (p.qblock_shift - kTileShift);
   MSA_CHECK(tiles < INT32_MAX, "attention_forward: Hkv * query blocks = ",
             p.num_kv_heads * p.qblock_cap, " is too large for the CUDA combine");
   const int64_t blocks = std::min<int64_t>(tiles, kMaxBlocks);
   // A normal launch: with programmatic serialization (pdl.cuh) the prefill measured 50-250 us
   // slower (P8K-tok, P32K-tok on the H200), the combine's waiting CTAs holding SMs.
-  // A query head's threads: 8 at D = 64, 16 at 128 and 256 (combine_vec).
+  // A query head's threads: 4 at D = 32, 8 at 64, 16 at 128 and 256 (combine_vec).
   const unsigned grid = unsigned(blocks);
-  if (p.head_dim == 64 && out_f16) combine_kernel<true, 64><<<grid, kThreads, 0, stream>>>(p);
+  if (p.head_dim == 32 && out_f16) combine_kernel<true, 32><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.head_dim == 32) combine_kernel<false, 32><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.head_dim == 64 && out_f16) combine_kernel<true, 64><<<grid, kThreads, 0, stream>>>(p);
   else if (p.head_dim == 64) combine_kernel<false, 64><<<grid, kThreads, 0, stream>>>(p);
   else if (p.head_dim == 256 && out_f16) combine_kernel<true, 256><<<grid, kThreads, 0, stream>>>(p);
   else if (p.head_dim == 256) combine_kernel<false, 256><<<grid, kThreads, 0, stream>>>(p);

@@ -40,16 +40,18 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
 // Stores one accumulator row (x inv) as 16-bit T: `o` holds this thread's kN / 2 values of the
 // row in the wgmma D layout (pairs at columns 8 n + col_base + {0, 1}, kOff 0 for the upper row
 // of the thread, 2 for the lower; kN = D / 2), one 4-byte store per pair. Used for the uniform
-// path's final outputs.
+// path's final outputs. kCols: the row's columns stored, the first kCols of the accumulator's
+// (D = 32 on D = 64's tiles: the first 16 of 32 floats).
 // Its first version transposed pairs inside the quad for 16-byte stores, with shuffles under the
 // quad's mask: the caller's branch on the row's token made ptxas wrap every shuffle in a
 // convergence loop (MATCH.ANY / BRA.DIV), 734 instructions per warp per unit, 8% of the uniform
 // kernel's warp samples at P32K-blk (ncu source view).
-template <typename T, int kOff, int kN>
+template <typename T, int kOff, int kN, int kCols = kN * 2>
 __device__ __forceinline__ void store_row(T* row, const float (&o)[kN], float inv, int col_base) {
+  static_assert(kCols % 8 == 0 && kCols <= kN * 2, "whole 8-column groups of the accumulator");
   auto* dst = reinterpret_cast<uint32_t*>(row);
 #pragma unroll
-  for (int n = 0; n < kN / 4; ++n)
+  for (int n = 0; n < kCols / 8; ++n)
     dst[(n * 8 + col_base) / 2] = pack_pair<std::is_same_v<T, __half>>(o[n * 4 + kOff] * inv,
                                                                        o[n * 4 + kOff + 1] * inv);
 }

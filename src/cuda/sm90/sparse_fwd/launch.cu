@@ -201,7 +201,10 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   up.out_stride_h = a.out.strides[1];
   up.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   up.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
-  if (s.head_dim == 64) {  // 16-bit q / k / v (check_supported); dense runs 128-key blocks
+  if (s.head_dim == 32) {  // dense, 16-bit q / k / v (check_supported)
+    if (f16) launch_uniform<true, false, 32, 128>(tq, tk, tv, up, stream);
+    else launch_uniform<false, false, 32, 128>(tq, tk, tv, up, stream);
+  } else if (s.head_dim == 64) {  // 16-bit q / k / v (check_supported); dense runs 128-key blocks
     if (w.blk == 64 && f16) launch_uniform<true, false, 64, 64>(tq, tk, tv, up, stream);
     else if (w.blk == 64) launch_uniform<false, false, 64, 64>(tq, tk, tv, up, stream);
     else if (f16) launch_uniform<true, false, 64, 128>(tq, tk, tv, up, stream);

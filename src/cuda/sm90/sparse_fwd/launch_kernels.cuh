@@ -1,7 +1,8 @@
 // Bodies of the sparse forward launches (launch_kernels.h), included only by the one-line
 // instantiation files; MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8, kBlk) instantiates both kernels of a
 // type and kv block size at head dim 128, MSA_SPARSE_FWD_INSTANTIATE_D(kF16, kD, kBlk) those of a
-// 16-bit type at head dim 64 or 256.
+// 16-bit type at head dim 64 or 256, MSA_SPARSE_FWD_INSTANTIATE_DENSE(kF16, kD) the uniform kernel
+// alone (dense attention at D = 32).
 #pragma once
 
 #include <mutex>
@@ -70,6 +71,14 @@ void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensor
                                                       const CUtensorMap&,                   \
                                                       const CUtensorMap&,                   \
                                                       const UniformParams&, cudaStream_t);  \
+  }
+// The uniform kernel alone (dense attention over 128-key stages) of a 16-bit type at head dim kD
+// (32: D = 64's tiles, traits.h HeadDimTraits).
+#define MSA_SPARSE_FWD_INSTANTIATE_DENSE(kF16, kD)                                          \
+  namespace msa::cuda::sparse_fwd {                                                         \
+  template void launch_uniform<kF16, false, kD, 128>(const CUtensorMap&, const CUtensorMap&, \
+                                                     const CUtensorMap&,                    \
+                                                     const UniformParams&, cudaStream_t);   \
   }
 // At D = 256 over 128-key blocks, the uniform kernel of sparse calls too (kParts).
 #define MSA_SPARSE_FWD_INSTANTIATE_PARTS(kF16)                                              \

@@ -23,7 +23,8 @@ template <bool kF16, bool kFp8, int kBlk, int kD>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream);
 
-// kD: the head dim (128, or 64 / 256: instantiate_*_d64*.cu, instantiate_*_d256*.cu).
+// kD: the head dim (128, or 64 / 256: instantiate_*_d64*.cu, instantiate_*_d256*.cu; 32, dense
+// only: instantiate_*_d32.cu).
 // kBlk: keys per kv block of the call's q2k (kv_block_size), 128 or 64 (instantiate_*_b64.cu);
 // dense attention runs 128.
 // kParts: sparse units over 128-key blocks at D = 256 (two 64-key stages a block); the dense

@@ -210,8 +210,17 @@ void check_supported(const AttentionArgs& a, const ProblemShape& s) {
   // over 16-bit q / k / v, sparse and dense; FP8 / FP4 K/V and FP8 q through their bf16 copies
   // (dequant_kv.cuh, D-generic). FP8 q over FP8 K/V forms Q K^T on e4m3 operands in 128-byte
   // rows (the kFp8 kernels): D = 128 only.
-  MSA_CHECK(s.head_dim == kHeadDim || s.head_dim == 64 || s.head_dim == 256,
-            "q: head dim must be 64, 128 or 256 on CUDA, got ", s.head_dim);
+  MSA_CHECK(s.head_dim == kHeadDim || s.head_dim == 64 || s.head_dim == 256 || s.head_dim == 32,
+            "q: head dim must be 32, 64, 128 or 256 on CUDA, got ", s.head_dim);
+  // D = 32 runs D = 64's dense tiles over zero-filled columns (traits.h HeadDimTraits): dense
+  // attention over 16-bit q / k / v only.
+  if (s.head_dim == 32) {
+    MSA_CHECK(!a.q2k.defined(), "q2k: head dim 32 runs dense attention only on CUDA (no q2k)");
+    const DType kt = a.kv.k.values.dtype;
+    MSA_CHECK(a.q.dtype != DType::fp8_e4m3 && kt != DType::fp8_e4m3 && kt != DType::fp4x2,
+              "q, k: head dim 32 takes bf16 or f16 q, k and v on CUDA, got q ",
+              dtype_name(a.q.dtype), " and k ", dtype_name(kt));
+  }
   MSA_CHECK(s.head_dim == kHeadDim || a.q.dtype != DType::fp8_e4m3 ||
                 a.kv.k.values.dtype != DType::fp8_e4m3,
             "q, k: head dim ", s.head_dim, " takes fp8_e4m3 q over bf16 or FP4 K/V on CUDA, not "

@@ -181,12 +181,20 @@ static_assert(smem_bytes<KVMajorStorage<kBlockN>>() <= 227 * 1024 &&
 // (S m64n64, 32 floats; P 16 registers), and one Q buffer per consumer (64 KB of Q beside 128 KB
 // of K/V stages: 192 KB). kBlk: keys per kv block of the call's selections (kv_block_size, 128 or
 // 64; dense attention uses 128), a stage holding one block: S m64n64 and P V k64 for 64-key blocks,
-// as at D = 256.
+// as at D = 256. D = 32 (dense only) runs D = 64's tiles: its q / k / v tensor maps are 32 columns
+// wide under 64-column boxes, so TMA fills columns 32-63 with zeros (launch.cu); S takes two k16
+// steps (columns 0-31), P V the m64n64 form, whose columns 32-63 (zero V) are never stored
+// (kOutCols). A 32-column tile would need the 64-byte swizzle in every load, descriptor and
+// epilogue; at D = 64 the consumers are softmax-bound (a block's MMAs take 0.39 us of its ~1.4), so
+// halving the MMAs would gain little.
 template <int kD, int kBlk = kBlockN>
 struct HeadDimTraits {
-  static_assert(kD == 64 || kD == 128 || kD == 256, "the sparse forward tiles take D = 64, 128 or 256");
+  static_assert(kD == 32 || kD == 64 || kD == 128 || kD == 256,
+                "the sparse forward tiles take D = 32 (dense), 64, 128 or 256");
   static_assert(kBlk == 64 || kBlk == 128, "kv blocks of 64 or 128 keys");
-  static constexpr int kHalves = kD / kHalfCols;
+  static constexpr int kTileD = kD < kHalfCols ? kHalfCols : kD;  // columns of a tile row
+  static constexpr int kOutCols = kD;                              // columns of out written
+  static constexpr int kHalves = kTileD / kHalfCols;
   // Keys per K/V stage. D = 128 over 64-key blocks: two blocks a stage (kBlockPairs), rows 0-63
   // and 64-127, so a key costs what it costs on the 128-key path (S, softmax, wgmma issue, the
   // stage handshakes): one block a stage ran P32K-blk64 in 4.40 ms, pairs in 3.85 ms (P32K-blk,
@@ -195,7 +203,7 @@ struct HeadDimTraits {
   static constexpr bool kBlockPairs = kBlk == 64 && kKeys == 128;
   static constexpr int kQSt = kD == 256 ? 1 : kQStages;
   static constexpr int kS = kKeys / 2;  // S floats per thread (m64n{kKeys})
-  static constexpr int kO = kD / 2;     // O floats per thread (m64n{kD})
+  static constexpr int kO = kTileD / 2;  // O floats per thread (m64n{kTileD})
   using Storage = SharedStorageT<kHalves, kKeys, kQSt>;
   static_assert(smem_bytes<Storage>() <= 227 * 1024, "shared memory plan exceeds 227 KB");
 };

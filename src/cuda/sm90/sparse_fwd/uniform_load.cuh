@@ -144,15 +144,15 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
   // tokens see every block) ran ~150 us past the KV-major kernel. Which CTA runs a unit does not
   // change its rows' bits. The producer runs a unit ahead of the consumers (Q buffers are
   // double-buffered across units), so the atomic's latency is off their path.
-  // 64-key blocks (sparse units of one cost) keep a plain stride and head dim 64 the
+  // 64-key blocks (sparse units of one cost) keep a plain stride and head dims 32 and 64 the
   // reversed rounds (CTA i takes i, 2 grid - 1 - i, ...: the table lists the costliest first):
   // the claim loop moved ptxas's register allocation of their consumers (64-key spills 4 -> 8 and
   // 16 -> 20 bytes; D = 64 0 -> 4 bytes, DENSE-16K-D64 +1.3%).
   int32_t unit = 0, stride_unit = int32_t(blockIdx.x);
   for (;; ++unit_iter) {
-    if constexpr (kBlk == 64 || kD == 64) {
+    if constexpr (kBlk == 64 || kD <= 64) {
       unit = stride_unit;
-      if (kD == 64 && (unit_iter & 1)) unit += int32_t(gridDim.x) - 1 - 2 * int32_t(blockIdx.x);
+      if (kD <= 64 && (unit_iter & 1)) unit += int32_t(gridDim.x) - 1 - 2 * int32_t(blockIdx.x);
       stride_unit += int32_t(gridDim.x);
     } else {
       if (lane == 0) unit = atomicAdd(p.unit_cursor, 1);

@@ -72,13 +72,13 @@ __device__ __forceinline__ void finish_row(OnlineRow& r, float inv_temp) {
   if (inv_temp > 0.f) r.t = quad_sum(r.t);
 }
 
-template <typename T, int kOff, int kN>
+template <typename T, int kOff, int kCols, int kN>
 __device__ __forceinline__ void store_out_row(const UniformParams& p, const float (&o)[kN],
                                               int32_t tok, int32_t hq, const OnlineRow& r,
                                               int col_base, bool lead) {
   const float inv = r.m == -INFINITY ? 0.f : 1.f / r.l;
   T* row = static_cast<T*>(p.out) + int64_t(tok) * p.out_stride_t + int64_t(hq) * p.out_stride_h;
-  store_row<T, kOff>(row, o, inv, col_base);
+  store_row<T, kOff, kN, kCols>(row, o, inv, col_base);
   if (lead) {
     if (p.lse) p.lse[int64_t(hq) * p.total_q + tok] = row_lse(r.m, r.l);
     if (p.tlse) p.tlse[int64_t(hq) * p.total_q + tok] = row_tlse(r.m, r.t, p.inv_temperature);
@@ -321,8 +321,10 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
     finish_row(st0, p.inv_temperature);
     finish_row(st1, p.inv_temperature);
     const bool lead = (lane & 3) == 0;
-    if (rm.tok0 >= 0) store_out_row<T, 0>(p, o, rm.tok0, head * p.group + g0, st0, col_base, lead);
-    if (rm.tok1 >= 0) store_out_row<T, 2>(p, o, rm.tok1, head * p.group + g1, st1, col_base, lead);
+    if (rm.tok0 >= 0)
+      store_out_row<T, 0, HT::kOutCols>(p, o, rm.tok0, head * p.group + g0, st0, col_base, lead);
+    if (rm.tok1 >= 0)
+      store_out_row<T, 2, HT::kOutCols>(p, o, rm.tok1, head * p.group + g1, st1, col_base, lead);
     ++unit_iter;
   }
   if (consumer == 0) sm90::named_sync(uint32_t(NamedBarrier::kTurn0), kPair);  // 1's last arrive
