@@ -270,7 +270,7 @@ TEST(SparseFwdPagedGpu, Blocks64MatchCpu) {
 // Sparse attention at head dims 64 and 256 over pools (the KV-major and uniform kernels at that
 // D; at 256 boxes of at most 64 slots): page sizes 16-256 in both layouts, 128- and 64-key blocks,
 // tok and blk selections, padded rows, spare columns, causal offsets, dense calls beside them;
-// dense attention at head dim 32; GPU paged vs the CPU reference and paged == flat bitwise.
+// GPU paged vs the CPU reference and paged == flat bitwise.
 TEST(SparseFwdPagedGpu, HeadDimsMatchCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -300,8 +300,16 @@ TEST(SparseFwdPagedGpu, HeadDimsMatchCpu) {
     run_specs(specs, dim == 64 ? 9950 : 9970, small, s);
     if (HasFailure()) break;
   }
-  // D = 32: dense only, D = 64's tiles over 32-column pool maps (TMA fills columns 32-63 with
-  // zeros), padded rows among them.
+}
+
+// Dense attention at head dim 32 over pools: D = 64's tiles over 32-column pool maps (boxes wider
+// than the tensor: TMA fills columns 32-63 with zeros), both layouts, padded rows, offsets, spare
+// columns; a test of its own, so a failure of that load scheme shows alone.
+TEST(SparseFwdPagedGpu, DenseHeadDim32MatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const KVLayout nhd = KVLayout::paged_nhd, hnd = KVLayout::paged_hnd;
   const Spec d32[] = {
       {"D 32 ps16 nhd G4 dense", {90, 7}, {300, 129}, 4, 2, 0, true, false, 16, nhd, 0,
        DType::bf16, false, std::nullopt, 0, true, false, false, 128, 32},
