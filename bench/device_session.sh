@@ -14,7 +14,9 @@
 #          decode-read (bench_decode and its peers with MSA_BENCH_FLUSH=read: an L2 of clean lines);
 #          ab (BIN_OLD=dir: old against new binaries, bench/compare.py's table);
 #          TESTS="..." limits the test suites (tests and the compute-sanitizer tools), PAR=N runs N
-#          of them at a time;
+#          of them at a time; SHARDED="..." (default test_sparse_fwd, ~400 s serial on the H200, its
+#          CPU references the time) runs each such suite as SHARDS (default 3) gtest shards at
+#          once, under a cap of 300 s instead of 120;
 #          soak (scripts/gpu_soak.py: SOAK_CALLS random valid and invalid calls through the Python
 #          API on CUDA tensors, default 10000; $OUT/soak.json, $OUT/soak.log)
 #   (pytest and soak install the cp312 wheel that `make device-wheel` left in .whl/: carry .whl too)
@@ -66,7 +68,16 @@ for step in $steps; do
         if [[ $step == tests ]]; then lim=$(left 120); else lim=$(left 90); fi
         (( lim == 0 )) && { echo "$step $t skipped (time)" > "$OUT/.sum_${step}_$t"; continue; }
         (
-          if [[ $step == tests ]]; then
+          if [[ $step == tests && " ${SHARDED-test_sparse_fwd} " == *" $t "* ]]; then
+            lim=$(left 300); n=${SHARDS:-3}; rcs=""
+            for ((i = 0; i < n; ++i)); do
+              GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout $lim "$BIN/$t" > "$OUT/$t.$i.log" 2>&1 &
+            done
+            for ((i = 0; i < n; ++i)); do wait -n; rcs+="$? "; done
+            cat "$OUT"/$t.*.log > "$OUT/$t.log" && rm -f "$OUT"/$t.*.log
+            echo "$t ($n shards) rc=$rcs$(passed "$OUT/$t.log")" > "$OUT/.sum_${step}_$t"
+            grep -E "Failure|Expected|Which is|FAILED  \]" "$OUT/$t.log" | head -12
+          elif [[ $step == tests ]]; then
             timeout $lim "$BIN/$t" > "$OUT/$t.log" 2>&1
             echo "$t rc=$? $(passed "$OUT/$t.log")" > "$OUT/.sum_${step}_$t"
             grep -E "Failure|Expected|Which is|FAILED  \]" "$OUT/$t.log" | head -12
