@@ -26,11 +26,11 @@ __device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, in
   if (threadIdx.x == 0) {
     for (int s = 0; s < Storage::kStagesKV; ++s) {
       sm90::mbar_init(&sh.kv_full[s], 1 + (fp8 ? kKScaleArrivals : 0));
-      sm90::mbar_init(&sh.kv_empty[s], kv_empty_arrivals(fp8));
+      sm90::mbar_init(&sh.kv_empty[s], kv_empty_arrivals(fp8, Storage::kConsumerGroups));
       sm90::mbar_init(&sh.v_full[s], 1);
-      sm90::mbar_init(&sh.v_empty[s], kConsumers * 4);
+      sm90::mbar_init(&sh.v_empty[s], Storage::kConsumerGroups * 4);
     }
-    for (int c = 0; c < kConsumers; ++c)
+    for (int c = 0; c < Storage::kConsumerGroups; ++c)
       for (int s = 0; s < kQBuffers; ++s) {
         // the producer lanes that own token slots; q_empty: see q_empty_count
         sm90::mbar_init(&sh.q_full[c][s], min(32, tokens_per_tile));
@@ -88,8 +88,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // kD: the head dim, 64, 128 or 256; kBlk: keys per kv block (traits.h HeadDimTraits). kParts:
 // sparse units over blocks of more keys than a stage (D = 256, 128-key blocks: uniform_load.cuh);
 // the dense kernel of that shape is instantiated without their code.
+// Its CTA is HeadDimTraits::kThreads (three consumer warpgroups at D = 32 and 64).
 template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk, bool kParts = false>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(HeadDimTraits<kD, kBlk>::kThreads, 1)
     sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const UniformParams p) {
@@ -100,14 +101,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   &tm_k, &tm_v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
-    sm90::regs_dealloc<kFp8 ? kUniformFp8ProducerRegs : kUniformProducerRegs>();
+    constexpr uint32_t kRegs = kFp8 ? kUniformFp8ProducerRegs : kUniformProducerRegs;
+    sm90::regs_dealloc<kRegs>();
     // Warp 1 (idle otherwise) does the end wait: the grid completes only after every thread.
     // (A pdl_wait after the role code makes ptxas spill the consumer.) Dense: the unit table
     // comes from the direct predecessor, so the producer warp waits before reading it.
     if (warp == 1 || (warp == 0 && p.dense)) pdl_wait();
     run_uniform_producer<kFp8, kD, kBlk, kParts>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
-    sm90::regs_alloc<kFp8 ? kUniformFp8ConsumerRegs : kUniformConsumerRegs>();
+    constexpr uint32_t kRegs = kFp8                            ? kUniformFp8ConsumerRegs
+                               : HeadDimTraits<kD, kBlk>::kCons == 3 ? kUniform3ConsumerRegs
+                                                                  : kUniformConsumerRegs;
+    sm90::regs_alloc<kRegs>();
     run_uniform_consumer<kF16, kFp8, kMask, kD, kBlk>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }

@@ -20,10 +20,10 @@ namespace msa::cuda::sparse_fwd {
 // plan of its head dim; the limit raised once per device, smem_limit.h).
 template <typename P>
 void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P), int smem,
-                       const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
-                       const P& p, cudaStream_t stream) {
+                       int threads, const CUtensorMap& tq, const CUtensorMap& tk,
+                       const CUtensorMap& tv, const P& p, cudaStream_t stream) {
   allow_dynamic_smem(kernel, size_t(smem), "attention_forward");
-  launch_pdl(kernel, current_sm_count(), kThreads, smem, stream, tq, tk, tv, p);
+  launch_pdl(kernel, current_sm_count(), threads, smem, stream, tq, tk, tv, p);
 }
 
 // With a key mask, the kernels instantiated for it (kMask: mma.cuh consume_tile, uniform_mma.cuh).
@@ -32,21 +32,24 @@ void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap
                  const MainParams& p, cudaStream_t stream) {
   constexpr int smem = smem_bytes<KVMajorStorage<kBlk, kD>>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk, kD>, smem, tq, tk, tv, p, stream);
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk, kD>, smem, kThreads, tq, tk, tv,
+                      p, stream);
   else
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk, kD>, smem, tq, tk, tv, p, stream);
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk, kD>, smem, kThreads, tq, tk, tv,
+                      p, stream);
 }
 
 template <bool kF16, bool kFp8, int kD, int kBlk, bool kParts>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
-  constexpr int smem = smem_bytes<typename HeadDimTraits<kD, kBlk>::Storage>();
+  using HT = HeadDimTraits<kD, kBlk>;
+  constexpr int smem = smem_bytes<typename HT::Storage>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD, kBlk, kParts>, smem, tq, tk,
-                      tv, p, stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD, kBlk, kParts>, smem,
+                      HT::kThreads, tq, tk, tv, p, stream);
   else
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD, kBlk, kParts>, smem, tq,
-                      tk, tv, p, stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD, kBlk, kParts>, smem,
+                      HT::kThreads, tq, tk, tv, p, stream);
 }
 
 }  // namespace msa::cuda::sparse_fwd

@@ -64,8 +64,8 @@ __device__ __forceinline__ int q_empty_arrivals(int group, int tpt, bool staged_
 // Arrivals that free a K/V stage: lane 0 of every consumer warp (wgmma reads the tiles, and the
 // lane's arrive follows its warp's wgmma wait), or with FP8 QK every consumer thread, each having
 // read key scales of the stage itself (scale_key_columns).
-__device__ __forceinline__ uint32_t kv_empty_arrivals(bool fp8) {
-  return kConsumers * (fp8 ? 128 : 4);
+__device__ __forceinline__ uint32_t kv_empty_arrivals(bool fp8, int consumers) {
+  return consumers * (fp8 ? 128 : 4);
 }
 
 // Metadata of this thread's two rows. Only the lanes that own one of the warp's tokens read shared
@@ -109,9 +109,9 @@ __device__ __forceinline__ Info read_info(const Info& src, int lane) {
 
 // Rows [valid, 128) of a tail block hold the next batch's keys (or zeros past the tensor):
 // P is 0 there, but 0 * NaN = NaN, so V's rows are zeroed before any P V product reads them.
-// Consumer 0 writes, both consumer warpgroups meet at the stage's named barrier.
-template <int kHalves, int kKeys, int kQSt, int kKVSt>
-__device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves, kKeys, kQSt, kKVSt>& sh, int stage,
+// Consumer 0 writes, every consumer warpgroup meets it at the stage's named barrier.
+template <int kHalves, int kKeys, int kQSt, int kKVSt, int kCons>
+__device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves, kKeys, kQSt, kKVSt, kCons>& sh, int stage,
                                             int valid, int consumer, int tid) {
   if (consumer == 0) {
     const int per_half = (kKeys - valid) * 8;  // 16-byte chunks per 64-column half
@@ -122,7 +122,7 @@ __device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves, kKeys, kQSt,
     }
     sm90::fence_proxy_async_smem();
   }
-  sm90::named_sync(uint32_t(NamedBarrier::kVTailStage0) + stage, 2 * 128);
+  sm90::named_sync(uint32_t(NamedBarrier::kVTailStage0) + stage, kCons * 128);
 }
 
 // The block softmax works on both accumulator rows of a thread (kOff 0 and 2) in one straight-line

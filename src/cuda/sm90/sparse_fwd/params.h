@@ -47,6 +47,7 @@ struct PrepParams {
   int32_t* work_slot = nullptr;    // [Hkv, total_q * topk] ... and its q2k slot
   // uniform path (query blocks whose q2k rows are all equal; see traits.h)
   int32_t group = 1;
+  int32_t unit_tiles = 2;          // 64-row tiles a uniform unit (unit_tiles_of: 3 at D <= 64)
   int32_t uniform_enabled = 1;     // 0: no pair is uniform (e.g. no keys at all)
   int32_t qblock_shift = 7;        // query blocks of 2^qblock_shift tokens (traits.h)
   int64_t qblock_cap = 0;          // >= sum_b ceil(Lq_b / query block)

@@ -85,12 +85,13 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.blk = w.dense ? kBlockN : s.kv_block_size;
   if (w.dense) w.kv_split = dense_kv_split(s.group);
   // Query blocks of Q tokens: sum_b ceil(Lq_b / Q) <= ceil(total_q / Q) + B; a pair has at most
-  // units_per_qblock(G, Q) units.
+  // units_per_qblock(G, Q, tiles) units.
   w.qblock_shift = qblock_shift_of(w.dense, query_group(s, w));
+  w.unit_tiles = unit_tiles_of(s.head_dim);
   const int64_t qbs = int64_t(1) << w.qblock_shift;
   w.qblock_cap = (s.total_q + qbs - 1) / qbs + s.batch;
   w.unit_cap = query_kv_heads(s, w) * w.qblock_cap *
-               units_per_qblock(query_group(s, w), int(qbs));
+               units_per_qblock(query_group(s, w), int(qbs), w.unit_tiles);
   w.key_mask = a.key_mask.defined();
   if (w.key_mask) w.mask_words = int32_t(key_mask_words(a.key_mask.shape[1]));
   if (w.dense) {  // no CSR, chunks or partials: only the uniform kernel runs

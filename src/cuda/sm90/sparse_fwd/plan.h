@@ -22,6 +22,7 @@ struct AttnPlan {
   int32_t chunk_tokens = 0;
   int32_t qblock_shift = 7;  // query blocks of the uniform path (traits.h qblock_shift_of)
   int64_t qblock_cap = 0, unit_cap = 0;
+  int32_t unit_tiles = 2;        // 64-row tiles a uniform unit (traits.h unit_tiles_of)
   int32_t window_keys = 0;       // query windows (PrepParams::window_keys)
   bool build_csr = false, build_schedule = false;
   // The whole prep as one cooperative kernel (prep.cu launch_prep_fused), the CSR built in it

@@ -135,6 +135,7 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
   pp.qblock_cap = w.qblock_cap;
   pp.qblock_shift = w.qblock_shift;
   pp.unit_cap = w.unit_cap;
+  pp.unit_tiles = w.unit_tiles;
   pp.qblock_start = at(w.qblock_start);
   pp.uniform = at(w.uniform);
   pp.unit_start = at(w.unit_start);

@@ -48,6 +48,11 @@ constexpr int kConsumerRegs = 224;
 // overlap): 240 registers; its one producer warp does with 24 (ptxas: no spills either way).
 constexpr int kUniformProducerRegs = 24;
 constexpr int kUniformConsumerRegs = 240;
+// Three consumer warpgroups (D = 32 and 64, HeadDimTraits::kCons): 512 threads start with 128 registers
+// each, 24 + 3 x 160 of them.
+constexpr int kUniform3ConsumerRegs = 160;
+static_assert(kUniformProducerRegs + 3 * kUniform3ConsumerRegs <= 4 * 128,
+              "setmaxnreg budgets of the three-consumer uniform kernel");
 // FP8 QK: the producer also copies the key scales (ptxas: 24 registers spilled, 56 none; the
 // consumer needs no more than 224).
 constexpr int kUniformFp8ProducerRegs = 56;
@@ -124,25 +129,26 @@ struct UniformInfo {  // one published K/V stage of the uniform path
 // a K/V stage holds kKeys keys, each consumer kQSt Q buffers (HeadDimTraits, KVMajorTraits), the
 // ring kKVSt K/V stages. Every tile buffer is 1024-byte aligned: the 128-byte swizzle repeats
 // every 8 rows of 128 B and wgmma descriptors assume atoms start on that boundary.
-template <int kHalves, int kKeys = kBlockN, int kQSt = kQStages, int kKVSt = kKVStages>
+template <int kHalves, int kKeys = kBlockN, int kQSt = kQStages, int kKVSt = kKVStages,
+          int kCons = kConsumers>
 struct alignas(1024) SharedStorageT {
   static constexpr int kKVStageHalfBytes = kKeys * kHalfCols * 2;
-  static constexpr int kStagesKV = kKVSt, kQBuffers = kQSt;
+  static constexpr int kStagesKV = kKVSt, kQBuffers = kQSt, kConsumerGroups = kCons;
   uint8_t k[kKVSt][kHalves][kKVStageHalfBytes];
   uint8_t v[kKVSt][kHalves][kKVStageHalfBytes];
-  uint8_t q[kConsumers][kQSt][kHalves][kQHalfBytes];
+  uint8_t q[kCons][kQSt][kHalves][kQHalfBytes];
   // FP8 QK (kFp8 kernels): each stage's per-key K scales, copied with its blocks (kv_load.cuh;
   // a 64-key block of the KV-major kernel fills the first 64).
   alignas(16) float kscale[kKVSt][kBlockN];
-  TileMeta meta[kConsumers][kQSt];
+  TileMeta meta[kCons][kQSt];
   ChunkInfo info[kKVSt];
   UniformInfo uinfo[kKVSt];
   uint64_t kv_full[kKVSt];   // KV-major: K and V of a stage; uniform path: K (and info) only
   uint64_t kv_empty[kKVSt];
   uint64_t v_full[kKVSt];    // uniform path: V of a stage, its own ring so K runs ahead
   uint64_t v_empty[kKVSt];
-  uint64_t q_full[kConsumers][kQSt];
-  uint64_t q_empty[kConsumers][kQSt];
+  uint64_t q_full[kCons][kQSt];
+  uint64_t q_empty[kCons][kQSt];
 };
 // The KV-major kernel over kv blocks of kBlk keys, 128 or 64 (one block per K/V stage), at head
 // dim kD (D / 64 halves per tile row). D = 128 and 64: two K/V stages, two Q buffers a consumer,
@@ -204,7 +210,15 @@ struct HeadDimTraits {
   static constexpr int kQSt = kD == 256 ? 1 : kQStages;
   static constexpr int kS = kKeys / 2;  // S floats per thread (m64n{kKeys})
   static constexpr int kO = kTileD / 2;  // O floats per thread (m64n{kTileD})
-  using Storage = SharedStorageT<kHalves, kKeys, kQSt>;
+  // Consumer warpgroups, one 64-row tile of a unit each (unit_tiles). On 64-column tiles (D = 64,
+  // and D = 32 on them) a block's MMAs (~0.39 us a warpgroup) are far shorter than its softmax
+  // (~1.0 us): with n warpgroups taking turns the tensor cores are busy n m / max(n m, m + s), 56%
+  // for two (DENSE-16K-D64 measured 59% of the bf16 ceiling), 84% for three
+  // (docs/kernels/sparse_fwd.md, Head dims). 512 threads then: setmaxnreg 24 / 160 (O, S and P of
+  // the intra-warpgroup overlap are ~130 on 64-column tiles).
+  static constexpr int kCons = kTileD == 64 ? 3 : kConsumers;
+  static constexpr int kThreads = 128 * (1 + kCons);
+  using Storage = SharedStorageT<kHalves, kKeys, kQSt, kKVStages, kCons>;
   static_assert(smem_bytes<Storage>() <= 227 * 1024, "shared memory plan exceeds 227 KB");
 };
 // Keys per K/V box (TMA) and per located block at head dim d and the kernels' kv block size blk
@@ -222,21 +236,28 @@ using QRing = sm90::Ring<kQStages>;
 enum class NamedBarrier : uint32_t {
   kVTailStage0 = 1,  // both consumer warpgroups: V tail rows zeroed in K/V stage 0
   kVTailStage1 = 2,  // ... in stage 1
-  kTurn0 = 3,        // uniform path ping-pong: consumer 0's turn to issue its wgmma group
+  kTurn0 = 3,        // uniform path: consumer 0's turn to issue its wgmma group
   kTurn1 = 4,        // ... consumer 1's turn
+  kTurn2 = 5,        // ... consumer 2's (three consumer warpgroups, D = 32 and 64: HeadDimTraits)
 };
 
 // Q tokens per tile for group size G (64 rows = tokens x G heads).
 constexpr int tokens_per_tile(int group) { return kTileM / group; }
-// A uniform unit is the two consumers' tiles: 128 / G tokens for G in {1, 2, 4, 8, 16}, and
-// 2 floor(64 / G) for the other groups dense attention takes (up to 64; rows past them idle).
-constexpr int unit_tokens(int group) { return 2 * tokens_per_tile(group); }
+// A uniform unit is its consumers' tiles, `tiles` of them (HeadDimTraits::kCons: 3 at D = 32 and 64, 2
+// otherwise; unit_tiles_of): 128 / G tokens for two tiles and G in {1, 2, 4, 8, 16}, and
+// tiles floor(64 / G) for the other groups dense attention takes (up to 64; rows past them idle).
+constexpr int unit_tokens(int group, int tiles) { return tiles * tokens_per_tile(group); }
+constexpr int unit_tiles_of(int64_t head_dim) { return head_dim <= 64 ? 3 : 2; }
+static_assert(unit_tiles_of(32) == HeadDimTraits<32>::kCons && unit_tiles_of(64) == HeadDimTraits<64>::kCons &&
+                  unit_tiles_of(128) == HeadDimTraits<128>::kCons &&
+                  unit_tiles_of(256) == HeadDimTraits<256>::kCons,
+              "the host's unit size and the kernel's consumer count agree at every head dim");
 // Units of a query block's n_tok tokens (<= its size); at most units_per_qblock(G, size) of them.
-constexpr int units_of(int64_t n_tok, int group) {
-  return int((n_tok + unit_tokens(group) - 1) / unit_tokens(group));
+constexpr int units_of(int64_t n_tok, int group, int tiles) {
+  return int((n_tok + unit_tokens(group, tiles) - 1) / unit_tokens(group, tiles));
 }
-constexpr int units_per_qblock(int group, int qblock_tokens) {
-  return units_of(qblock_tokens, group);
+constexpr int units_per_qblock(int group, int qblock_tokens, int tiles) {
+  return units_of(qblock_tokens, group, tiles);
 }
 // Query block size of the uniform path (tokens whose q2k rows must be equal), as a shift: 64
 // tokens for sparse calls with G >= 2, whose units (128 / G tokens) fit it whole, so selections

@@ -1,5 +1,6 @@
-// Producer of the uniform (Q-major) path: per unit, the two 64-row Q tiles (one per consumer,
-// double-buffered across units) and then the unit's selected K/V blocks, one K/V stage each.
+// Producer of the uniform (Q-major) path: per unit, its 64-row Q tiles (one per consumer: two, or
+// three at D = 32 / 64; double-buffered across units) and then the unit's selected K/V blocks, one
+// K/V stage each.
 // One warp does it all: a unit streams up to top-K blocks, so its loads are few. kernel.cuh.
 //
 // Barrier protocol: Q buffer (consumer c, stage unit_iter % 2) is refilled after q_empty (the
@@ -161,7 +162,7 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     if (unit >= n_units) break;
     const UnitDesc u = load_unit(p, unit);
     const int qs = QR::stage(unit_iter);
-    for (int c = 0; c < kConsumers; ++c) {
+    for (int c = 0; c < HT::kCons; ++c) {
       sm90::mbar_wait(&sh.q_empty[c][qs], QR::empty_parity(unit_iter));
       produce_unit_q<kFp8>(p, tm_q, sh, u, c, qs, lane);
     }

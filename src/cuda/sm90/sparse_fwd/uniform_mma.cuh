@@ -129,8 +129,8 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kN], float a0, float a1)
 
 // The unit loop of a consumer warpgroup. Per unit of n blocks: S_0, then for j = 1..n-1 one
 // wgmma group {S_j = Q K_j^T, O += P_{j-1} V_{j-1}} whose softmax of S_j overlaps the P V
-// product, then O += P_{n-1} V_{n-1}. Ping-pong: the two warpgroups take turns issuing their
-// groups (named barriers kTurn0 / kTurn1), so one's softmax runs under the other's products.
+// product, then O += P_{n-1} V_{n-1}. Turns: the warpgroups (two, or three at D = 32 / 64) issue
+// their groups in turn (named barriers kTurn0..), so one's softmax runs under the others' products.
 // Every wgmma group is waited on in the same branch that issued it (ptxas serializes wgmma
 // otherwise). K stage j is released once S_j is done, V stage j - 1 once its product is.
 // kMask: dense attention with a key mask (p.mask_bits; instantiated apart so that calls without
@@ -154,9 +154,13 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
   const int j0 = r0 / p.group, g0 = r0 - j0 * p.group;
   const int j1 = r1 / p.group, g1 = r1 - j1 * p.group;
   const int col_base = 2 * (lane & 3);
-  constexpr uint32_t kPair = kConsumers * 128;
+  // Turns: consumer c issues its wgmma group after c - 1 (mod kCons) issued its own; each turn
+  // barrier has two parties, the one passing the turn (arrive) and the one taking it (sync).
+  constexpr int kCons = HT::kCons;
+  constexpr uint32_t kPair = 2 * 128;
   const uint32_t my_turn = uint32_t(NamedBarrier::kTurn0) + consumer;
-  const uint32_t other_turn = uint32_t(NamedBarrier::kTurn0) + 1 - consumer;
+  const uint32_t other_turn =
+      uint32_t(NamedBarrier::kTurn0) + (kCons == 2 ? 1 - consumer : (consumer + 1) % kCons);
   int32_t k_iter = 0, v_iter = 0, unit_iter = 0;
   auto wait_k = [&]() {
     const int s = KVRing::stage(k_iter);
@@ -189,7 +193,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
     if (lane == 0) sm90::mbar_arrive(&sh.v_empty[KVRing::stage(v_iter)]);
     ++v_iter;
   };
-  if (consumer == 1) sm90::named_arrive(uint32_t(NamedBarrier::kTurn0), kPair);  // 0 goes first
+  if (consumer == kCons - 1) sm90::named_arrive(uint32_t(NamedBarrier::kTurn0), kPair);  // 0 first
   float o[HT::kO], sc[HT::kS];
   uint32_t pa[HT::kS / 8][4];
   while (true) {
@@ -327,7 +331,9 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
       store_out_row<T, 2, HT::kOutCols>(p, o, rm.tok1, head * p.group + g1, st1, col_base, lead);
     ++unit_iter;
   }
-  if (consumer == 0) sm90::named_sync(uint32_t(NamedBarrier::kTurn0), kPair);  // 1's last arrive
+  // The last consumer's last arrive (every consumer issues as many groups: a unit's tiles
+  // stream the same blocks).
+  if (consumer == 0) sm90::named_sync(uint32_t(NamedBarrier::kTurn0), kPair);
 }
 
 }  // namespace msa::cuda::sparse_fwd

@@ -61,7 +61,7 @@ __device__ inline void uniform_detect_body(const PrepParams& p, int64_t block, i
     ok = __syncthreads_and(ok);  // also orders this pair's reads before the next pair's
     if (threadIdx.x == 0) {
       p.uniform[pair] = ok ? 1 : 0;
-      p.unit_start[pair] = ok ? units_of(n_tok, p.group) : 0;
+      p.unit_start[pair] = ok ? units_of(n_tok, p.group, p.unit_tiles) : 0;
     }
   }
 }
@@ -108,11 +108,11 @@ __global__ void __launch_bounds__(kPrepThreads) unit_scan_kernel(PrepParams p) {
   unit_scan_body<kPrepThreads>(p);
 }
 
-// UnitDesc `u` of the table: unit k (k * unit_tokens(G) tokens in) of kv head h's query block qb
+// UnitDesc `u` of the table: unit k (k * unit_tokens(G, tiles) tokens in) of kv head h's query block qb
 // of batch b. Shared by the sparse table (unit_table_kernel) and the dense one (dense_units_kernel).
 __device__ __forceinline__ void write_unit(const PrepParams& p, int64_t u, int64_t h, int64_t b,
                                            int64_t qb, int64_t k) {
-  const int64_t tokens_per_unit = unit_tokens(p.group);
+  const int64_t tokens_per_unit = unit_tokens(p.group, p.unit_tiles);
   const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
   const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
   const int32_t k_start = p.paged ? int32_t(b) : p.cu_seqlens_k[b];  // see PrepParams
@@ -210,7 +210,7 @@ __device__ void dense_units_body(const PrepParams& p, int64_t total_k) {
       const int64_t n_tok = min(int64_t(1) << p.qblock_shift,
                                 int64_t(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) -
                                     (qb << p.qblock_shift));
-      count = n_tok > 0 ? units_of(n_tok, p.group) : 0;
+      count = n_tok > 0 ? units_of(n_tok, p.group, p.unit_tiles) : 0;
     }
     int excl = 0, agg = 0;
     Scan(tmp.scan).ExclusiveSum(count, excl, agg);
