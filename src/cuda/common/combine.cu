@@ -166,8 +166,8 @@ __device__ __forceinline__ void combine_unit(const CombineParams& p, int64_t t, 
 
 // Work tiles of kTileTokens tokens of one (kv head, query block) pair, grid-stride: a pair the
 // uniform path wrote (every pair under block-uniform selections) costs one flag test per tile,
-// and the batch lookup is done once per tile instead of once per unit. Query blocks of 64 or 128
-// tokens: 4 or 8 tiles (tiles_per_qblock).
+// and the batch lookup is done once per tile instead of once per unit. Query blocks of 64, 128 or
+// 512 tokens: 4, 8 or 32 tiles.
 constexpr int kTileTokens = 16;
 constexpr int kTileShift = 4;
 static_assert(kTileTokens == 1 << kTileShift, "tiles of 2^kTileShift tokens");

@@ -30,7 +30,7 @@ struct CombineParams {
   float* tlse = nullptr;                  // [Hq, total_q] or null
   int64_t batch = 0, total_q = 0;
   int32_t num_kv_heads = 0, group = 1, topk = 0, kv_block_size = 128;
-  // The combine walks (kv head, query block) pairs, query blocks of 2^qblock_shift (6 or 7)
+  // The combine walks (kv head, query block) pairs, query blocks of 2^qblock_shift (6, 7 or 9)
   // tokens; the pairs already written by the uniform path (flag 1) are skipped. All are required.
   const int32_t* uniform = nullptr;       // [Hkv, qblock_cap]
   const int32_t* qblock_start = nullptr;  // [B+1] first global query block of batch b

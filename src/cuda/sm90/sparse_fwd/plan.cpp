@@ -86,8 +86,8 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   if (w.dense) w.kv_split = dense_kv_split(s.group);
   // Query blocks of Q tokens: sum_b ceil(Lq_b / Q) <= ceil(total_q / Q) + B; a pair has at most
   // units_per_qblock(G, Q, tiles) units.
-  w.qblock_shift = qblock_shift_of(w.dense, query_group(s, w));
   w.unit_tiles = unit_tiles_of(s.head_dim);
+  w.qblock_shift = qblock_shift_of(w.dense, query_group(s, w), w.unit_tiles);
   const int64_t qbs = int64_t(1) << w.qblock_shift;
   w.qblock_cap = (s.total_q + qbs - 1) / qbs + s.batch;
   w.unit_cap = query_kv_heads(s, w) * w.qblock_cap *

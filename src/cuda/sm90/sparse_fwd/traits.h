@@ -104,9 +104,9 @@ struct ChunkInfo {  // what consumers need from the producer for a K/V stage
   int32_t kb;          // the block (its key mask words)
 };
 
-// Uniform path (uniform_*.cuh): a query block (64 or 128 tokens: qblock_shift_of) whose q2k rows
-// (for kv head h) are all equal is done Q-major: a *unit* = up to 128 rows (two 64-row tiles) of
-// that block streams its selected K/V blocks with an online softmax and writes out / lse directly
+// Uniform path (uniform_*.cuh): a query block (64, 128 or 512 tokens: qblock_shift_of) whose q2k
+// rows (for kv head h) are all equal is done Q-major: a *unit* = up to 128 rows (two 64-row tiles;
+// 192 rows, three tiles, on 64-column tiles: unit_tiles_of) of that block streams its selected K/V blocks with an online softmax and writes out / lse directly
 // (no partials).
 struct UnitDesc {
   int32_t head, q_first, n_tok, q_local0;  // global first token, tokens in the unit, its local id
@@ -234,7 +234,7 @@ using QRing = sm90::Ring<kQStages>;
 
 // Named barriers (bar.sync ids; 0 is __syncthreads).
 enum class NamedBarrier : uint32_t {
-  kVTailStage0 = 1,  // both consumer warpgroups: V tail rows zeroed in K/V stage 0
+  kVTailStage0 = 1,  // every consumer warpgroup: V tail rows zeroed in K/V stage 0
   kVTailStage1 = 2,  // ... in stage 1
   kTurn0 = 3,        // uniform path: consumer 0's turn to issue its wgmma group
   kTurn1 = 4,        // ... consumer 1's turn
@@ -262,7 +262,14 @@ constexpr int units_per_qblock(int group, int qblock_tokens, int tiles) {
 // Query block size of the uniform path (tokens whose q2k rows must be equal), as a shift: 64
 // tokens for sparse calls with G >= 2, whose units (128 / G tokens) fit it whole, so selections
 // shared by 64 queries (FlashInfer's R = 64 BSR rows) run Q-major too; 128 for G = 1 (a 64-token
-// block would leave a unit's second tile empty) and for dense attention.
-constexpr int qblock_shift_of(bool dense, int group) { return !dense && group >= 2 ? 6 : 7; }
+// block would leave a unit's second tile empty) and for dense attention. Dense attention over
+// three-tile units (`tiles` 3: 192 / G tokens, not a power of two) takes 512: a block's last unit
+// is short, and its consumers with no rows still issue their MMAs, so the tiles that do work are
+// 8 of 9 at G = 1 and 97% at G = 8 (128 tokens: 2 of 3 and 8 of 9). A dense call's units do not
+// share anything but the block, so its size costs nothing else. Sparse calls keep their blocks
+// (the selections a block shares are what the size decides).
+constexpr int qblock_shift_of(bool dense, int group, int tiles) {
+  return dense ? (tiles == 3 ? 9 : 7) : group >= 2 ? 6 : 7;
+}
 
 }  // namespace msa::cuda::sparse_fwd

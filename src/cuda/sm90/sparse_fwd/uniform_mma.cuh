@@ -135,7 +135,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kN], float a0, float a1)
 // otherwise). K stage j is released once S_j is done, V stage j - 1 once its product is.
 // kMask: dense attention with a key mask (p.mask_bits; instantiated apart so that calls without
 // one run the kernel as it was: one runtime branch per block cost 1.5-2% at DENSE-8K / P32K-blk).
-// kD, kBlk: the head dim and keys per kv block (traits.h HeadDimTraits): O's kD / 2 floats per
+// kD, kBlk: the head dim and keys per kv block (traits.h HeadDimTraits): O's kTileD / 2 floats per
 // thread, stages of kKeys keys (S of kKeys / 2 floats), kQSt Q buffers per consumer.
 template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk>
 __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,

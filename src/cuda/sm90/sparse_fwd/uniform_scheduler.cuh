@@ -1,7 +1,9 @@
 // Scheduler of the uniform path: finds the (kv head, query block) pairs whose q2k rows are all
 // equal (block-uniform selections; query blocks of 64 or 128 tokens, traits.h qblock_shift_of),
-// counts their units of up to 128 rows, and writes the unit table the uniform kernel walks. Runs
-// after row_start_kernel (which also fills qblock_start) and before chunk_table_kernel (which drops those tokens from the KV-major work). Included by launch.cu.
+// counts their units of up to 128 rows (192 on 64-column tiles: unit_tiles_of), and writes the
+// unit table the uniform kernel walks. Runs after row_start_kernel (which also fills qblock_start)
+// and before chunk_table_kernel (which drops those tokens from the KV-major work). Included by
+// launch.cu.
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
@@ -19,7 +21,7 @@ namespace msa::cuda::sparse_fwd {
 
 // One block per (kv head, global query block) pair (grid-stride; blockDim a multiple of 32).
 // Uniform: every row of the block equals its first row, whose ids are in [-1, nblk) and
-// distinct. Writes the flag and the pair's unit count ceil(tokens * G / 128) into unit_start
+// distinct. Writes the flag and the pair's unit count ceil(tokens / unit_tokens) into unit_start
 // (scanned by unit_scan_kernel). The rows of a pair are contiguous in q2k: the block compares
 // them with 32-bit indices, each thread a strided share, and agrees by __syncthreads_and.
 __device__ inline void uniform_detect_body(const PrepParams& p, int64_t block, int64_t blocks) {
