@@ -78,16 +78,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Uniform (Q-major) kernel over the unit table: persistent, its units claimed from a cursor
 // (uniform_load.cuh; each unit writes its own rows, so the bits do not depend on which CTA runs
-// it), 64-key kernels and those on 64-column tiles (D = 32, 64) a static order. Launched right after the KV-major kernel with
-// programmatic serialization (pdl.cuh), it runs ahead of its pdl_wait: that kernel triggers only
-// after its own pdl_wait, so every prep kernel has completed once this one starts, and the two
-// kernels touch disjoint memory (partials vs. the uniform rows of out / lse / tlse). Its CTAs
-// thus take the SMs the KV-major kernel's tail leaves idle (P8K-tok -50 us). One warp per CTA
-// waits, so this grid completes only after the KV-major one and the combine (a normal launch)
-// finds every partial written.
-// kD: the head dim, 32 (dense), 64, 128 or 256; kBlk: keys per kv block (traits.h HeadDimTraits). kParts:
-// sparse units over blocks of more keys than a stage (D = 256, 128-key blocks: uniform_load.cuh);
-// the dense kernel of that shape is instantiated without their code.
+// it), 64-key kernels and those on 64-column tiles (D = 32, 64) a static order. Launched right
+// after the KV-major kernel with programmatic serialization (pdl.cuh), it runs ahead of its
+// pdl_wait: that kernel triggers only after its own pdl_wait, so every prep kernel has completed
+// once this one starts, and the two kernels touch disjoint memory (partials vs. the uniform rows
+// of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle (P8K-tok
+// -50 us). One warp per CTA waits, so this grid completes only after the KV-major one and the
+// combine (a normal launch) finds every partial written.
+// kD: the head dim, 32 (dense), 64, 128 or 256; kBlk: keys per kv block (traits.h HeadDimTraits).
+// kParts: sparse units over blocks of more keys than a stage (D = 256, 128-key blocks:
+// uniform_load.cuh); the dense kernel of that shape is instantiated without their code.
 // Its CTA is HeadDimTraits::kThreads (three consumer warpgroups at D = 32 and 64).
 template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk, bool kParts = false>
 __global__ void __launch_bounds__(HeadDimTraits<kD, kBlk>::kThreads, 1)
