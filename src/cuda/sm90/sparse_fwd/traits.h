@@ -213,9 +213,10 @@ struct HeadDimTraits {
   // Consumer warpgroups, one 64-row tile of a unit each (unit_tiles). On 64-column tiles (D = 64,
   // and D = 32 on them) a block's MMAs (~0.39 us a warpgroup) are far shorter than its softmax
   // (~1.0 us): with n warpgroups taking turns the tensor cores are busy n m / max(n m, m + s), 56%
-  // for two (DENSE-16K-D64 measured 59% of the bf16 ceiling), 84% for three
-  // (docs/kernels/sparse_fwd.md, Head dims). 512 threads then: setmaxnreg 24 / 160 (O, S and P of
-  // the intra-warpgroup overlap are ~130 on 64-column tiles).
+  // for two (DENSE-16K-D64 measured 59% of the bf16 ceiling), 84% for three by this model; three
+  // measured -3.7% (tensor pipe 52% busy, ncu: the softmax's issue binds, docs/kernels/sparse_fwd.md,
+  // Head dims). 512 threads then: setmaxnreg 24 / 160 (O, S and P of the intra-warpgroup overlap
+  // are ~130 on 64-column tiles).
   static constexpr int kCons = kTileD == 64 ? 3 : kConsumers;
   static constexpr int kThreads = 128 * (1 + kCons);
   using Storage = SharedStorageT<kHalves, kKeys, kQSt, kKVStages, kCons>;
