@@ -1062,6 +1062,16 @@ void add_query_key_mask(SparseCase& c, unsigned seed) {
   c.name += " key mask";
 }
 
+// The sweeps' variations of case i: a soft-cap of 10 on every fifth, a key mask per query on every
+// fourth (its rng seeded mask_seed + i).
+void vary_sweep_case(SparseCase& c, int i, unsigned mask_seed) {
+  if (i % 5 == 2) {
+    c.soft_cap = 10.f;
+    c.name += " soft-cap 10";
+  }
+  if (i % 4 == 1) add_query_key_mask(c, mask_seed + unsigned(i));
+}
+
 // One sweep case on the GPU against the CPU reference; unless small (the sanitizer runs), also
 // against the FA3 bar on sampled rows (fa3: inputs that bar applies to) and bitwise equal with a
 // GPU-built K2QIndex.
@@ -1092,11 +1102,7 @@ TEST(SparseFwdGpu, Blocks64MatchCpu) {
       quantize_kv_fp4(c.p, /*nvfp4=*/true);
       c.name += " nvfp4";
     }
-    if (i % 5 == 2) {
-      c.soft_cap = 10.f;
-      c.name += " soft-cap 10";
-    }
-    if (i % 4 == 1) add_query_key_mask(c, 3100u + unsigned(i));
+    vary_sweep_case(c, i, 3100u);
     SCOPED_TRACE(c.name);
     expect_sweep_case(c, s, small,
                       !c.key_mask && c.soft_cap == 0.f && !fp8 && c.p.k.t.dtype != DType::fp4x2);
@@ -1141,11 +1147,7 @@ TEST(SparseFwdGpu, SparseHeadDimsMatchCpu) {
   for (int i = 0; i < (small ? 8 : 48); ++i) {
     const int64_t blk = i % 2 ? 64 : 128, dim = i % 4 < 2 ? 64 : 256;
     SparseCase c = random_case(5000 + i, small, true, std::nullopt, blk, dim);
-    if (i % 5 == 2) {
-      c.soft_cap = 10.f;
-      c.name += " soft-cap 10";
-    }
-    if (i % 4 == 1) add_query_key_mask(c, 5100u + unsigned(i));
+    vary_sweep_case(c, i, 5100u);
     SCOPED_TRACE(c.name);
     expect_sweep_case(c, s, small, !c.key_mask && c.soft_cap == 0.f);
     if (HasFailure()) break;
