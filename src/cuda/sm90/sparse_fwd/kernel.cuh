@@ -36,6 +36,7 @@ __device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, in
         sm90::mbar_init(&sh.q_full[c][s], min(32, tokens_per_tile));
         sm90::mbar_init(&sh.q_empty[c][s], q_empty_count);
       }
+    for (int s = 0; s < kQBuffers; ++s) sm90::mbar_init(&sh.unit_full[s], 1);
     sm90::fence_barrier_init();
     sm90::prefetch_tensor_map(tm_q);
     sm90::prefetch_tensor_map(tm_k);
@@ -89,7 +90,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // kParts: sparse units over blocks of more keys than a stage (D = 256, 128-key blocks:
 // uniform_load.cuh); the dense kernel of that shape is instantiated without their code.
 // Its CTA is HeadDimTraits::kThreads (three consumer warpgroups at D = 32 and 64).
-template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk, bool kParts = false>
+// kDenseQ: dense calls only (D = 128, 16-bit types), with a Q warp (uniform_load.cuh); the
+// sparse producer code is not compiled into it.
+template <bool kF16, bool kFp8, bool kMask, int kD, int kBlk, bool kParts = false,
+          bool kDenseQ = false>
 __global__ void __launch_bounds__(HeadDimTraits<kD, kBlk>::kThreads, 1)
     sparse_fwd_uniform_kernel(const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k,
@@ -106,8 +110,15 @@ __global__ void __launch_bounds__(HeadDimTraits<kD, kBlk>::kThreads, 1)
     // Warp 1 (idle otherwise) does the end wait: the grid completes only after every thread.
     // (A pdl_wait after the role code makes ptxas spill the consumer.) Dense: the unit table
     // comes from the direct predecessor, so the producer warp waits before reading it.
-    if (warp == 1 || (warp == 0 && p.dense)) pdl_wait();
-    run_uniform_producer<kFp8, kD, kBlk, kParts>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    if constexpr (kDenseQ) {
+      // The Q warp (2) reads the unit table and warp 0 takes its descriptors: both wait.
+      if (warp != 3) pdl_wait();
+      if (warp == 2) run_uniform_q_warp<kFp8, kD, kBlk>(p, &tm_q, sh, lane);
+      else run_uniform_producer<kFp8, kD, kBlk, kParts, true>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    } else {
+      if (warp == 1 || (warp == 0 && p.dense)) pdl_wait();
+      run_uniform_producer<kFp8, kD, kBlk, kParts>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
+    }
   } else {
     constexpr uint32_t kRegs = kFp8                            ? kUniformFp8ConsumerRegs
                                : HeadDimTraits<kD, kBlk>::kCons == 3 ? kUniform3ConsumerRegs

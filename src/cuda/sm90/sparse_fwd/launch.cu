@@ -201,6 +201,11 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
   up.out_stride_h = a.out.strides[1];
   up.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   up.tlse = a.tlse.defined() ? a.tlse.ptr<float>() : nullptr;
+  // Dense calls over a flat cache at D = 128 run the kernel with a Q warp (uniform_load.cuh). Over
+  // a paged cache it measured slower (H100: DENSE-CHUNK 15.0-15.6 against 14.1-14.7 ms, LAT-CHUNK
+  // dense +3%), also with its Q warp's waits made non-polling; its consumers waited on K 2.6x as
+  // long (ncu, LAT-CHUNK), the cause not found.
+  const bool dense_q = w.dense && a.kv.layout == KVLayout::flat;
   if (s.head_dim == 32) {  // dense, 16-bit q / k / v (check_supported)
     if (f16) launch_uniform<true, false, 32, 128>(tq, tk, tv, up, stream);
     else launch_uniform<false, false, 32, 128>(tq, tk, tv, up, stream);
@@ -224,7 +229,10 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
     if (f16) launch_uniform<true, false, 128, 64>(tq, tk, tv, up, stream);
     else launch_uniform<false, false, 128, 64>(tq, tk, tv, up, stream);
   } else if (f16) {
-    launch_uniform<true, false, 128, 128>(tq, tk, tv, up, stream);
+    if (dense_q) launch_uniform<true, false, 128, 128, false, true>(tq, tk, tv, up, stream);
+    else launch_uniform<true, false, 128, 128>(tq, tk, tv, up, stream);
+  } else if (dense_q) {
+    launch_uniform<false, false, 128, 128, false, true>(tq, tk, tv, up, stream);
   } else {
     launch_uniform<false, false, 128, 128>(tq, tk, tv, up, stream);
   }

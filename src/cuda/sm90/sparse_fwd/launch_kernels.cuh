@@ -2,7 +2,8 @@
 // instantiation files; MSA_SPARSE_FWD_INSTANTIATE(kF16, kFp8, kBlk) instantiates both kernels of a
 // type and kv block size at head dim 128, MSA_SPARSE_FWD_INSTANTIATE_D(kF16, kD, kBlk) those of a
 // 16-bit type at head dim 64 or 256, MSA_SPARSE_FWD_INSTANTIATE_DENSE(kF16, kD) the uniform kernel
-// alone (dense attention at D = 32).
+// alone (dense attention at D = 32), MSA_SPARSE_FWD_INSTANTIATE_DENSE_Q(kF16) the dense kernel at
+// D = 128.
 #pragma once
 
 #include <mutex>
@@ -39,17 +40,17 @@ void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap
                       p, stream);
 }
 
-template <bool kF16, bool kFp8, int kD, int kBlk, bool kParts>
+template <bool kF16, bool kFp8, int kD, int kBlk, bool kParts, bool kDenseQ>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream) {
   using HT = HeadDimTraits<kD, kBlk>;
   constexpr int smem = smem_bytes<typename HT::Storage>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD, kBlk, kParts>, smem,
-                      HT::kThreads, tq, tk, tv, p, stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, true, kD, kBlk, kParts, kDenseQ>,
+                      smem, HT::kThreads, tq, tk, tv, p, stream);
   else
-    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD, kBlk, kParts>, smem,
-                      HT::kThreads, tq, tk, tv, p, stream);
+    launch_persistent(sparse_fwd_uniform_kernel<kF16, kFp8, false, kD, kBlk, kParts, kDenseQ>,
+                      smem, HT::kThreads, tq, tk, tv, p, stream);
 }
 
 }  // namespace msa::cuda::sparse_fwd
@@ -82,6 +83,13 @@ void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensor
   template void launch_uniform<kF16, false, kD, 128>(const CUtensorMap&, const CUtensorMap&, \
                                                      const CUtensorMap&,                    \
                                                      const UniformParams&, cudaStream_t);   \
+  }
+// The dense kernel of a 16-bit type at D = 128 with its Q warp (kDenseQ).
+#define MSA_SPARSE_FWD_INSTANTIATE_DENSE_Q(kF16)                                            \
+  namespace msa::cuda::sparse_fwd {                                                         \
+  template void launch_uniform<kF16, false, 128, 128, false, true>(                         \
+      const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const UniformParams&,     \
+      cudaStream_t);                                                                        \
   }
 // At D = 256 over 128-key blocks, the uniform kernel of sparse calls too (kParts).
 #define MSA_SPARSE_FWD_INSTANTIATE_PARTS(kF16)                                              \

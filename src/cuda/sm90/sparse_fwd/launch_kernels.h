@@ -29,7 +29,8 @@ void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap
 // dense attention runs 128.
 // kParts: sparse units over 128-key blocks at D = 256 (two 64-key stages a block); the dense
 // kernel of that shape runs without it.
-template <bool kF16, bool kFp8, int kD, int kBlk, bool kParts = false>
+// kDenseQ: the dense kernel at D = 128 with a Q warp (instantiate_*_dense_q.cu; kernel.cuh).
+template <bool kF16, bool kFp8, int kD, int kBlk, bool kParts = false, bool kDenseQ = false>
 void launch_uniform(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                     const UniformParams& p, cudaStream_t stream);
 

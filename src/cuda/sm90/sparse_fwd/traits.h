@@ -149,6 +149,10 @@ struct alignas(1024) SharedStorageT {
   uint64_t v_empty[kKVSt];
   uint64_t q_full[kCons][kQSt];
   uint64_t q_empty[kCons][kQSt];
+  // Uniform path: the unit whose Q the Q warp loads into buffer stage s (head -1: no more
+  // units), published on unit_full[s] for the K/V producer warp (uniform_load.cuh).
+  uint64_t unit_full[kQSt];
+  UnitDesc unit_desc[kQSt];
 };
 // The KV-major kernel over kv blocks of kBlk keys, 128 or 64 (one block per K/V stage), at head
 // dim kD (D / 64 halves per tile row). D = 128 and 64: two K/V stages, two Q buffers a consumer,

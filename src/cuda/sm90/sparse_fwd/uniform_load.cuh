@@ -2,6 +2,8 @@
 // three at D = 32 / 64; double-buffered across units) and then the unit's selected K/V blocks, one
 // K/V stage each.
 // One warp does it all: a unit streams up to top-K blocks, so its loads are few. kernel.cuh.
+// The dense kernel at D = 128 (kDenseQ) splits it: a Q warp claims the units and loads their Q
+// tiles, handing each unit's descriptor to the K/V warp through unit_desc / unit_full.
 //
 // Barrier protocol: Q buffer (consumer c, stage unit_iter % 2) is refilled after q_empty (the
 // consumer's one arrive at the end of the unit that used it); q_full counts the lanes that own
@@ -15,6 +17,7 @@
 
 #include <type_traits>
 
+#include "cuda/common/pdl.cuh"
 #include "cuda/device/sm90.cuh"
 #include "cuda/sm90/sparse_fwd/kv_load.cuh"
 #include "cuda/sm90/sparse_fwd/params.h"
@@ -69,9 +72,82 @@ __device__ __forceinline__ void produce_unit_q(const UniformParams& p, const CUt
   if (lane < tpt) sm90::mbar_arrive(&sh.q_full[c][stage]);
 }
 
+// Units are claimed from a cursor (unit_cursor, zeroed by the prep with the count) as a CTA
+// reaches them: CTAs that start late (this kernel fills the KV-major kernel's tail, one CTA
+// an SM as that kernel's CTAs exit) or that drew costly units take fewer, and the table lists
+// the costliest first, so the claims form a greedy longest-first schedule. A static stride gave
+// every CTA the same share however late it started: P8K-tok's uniform units (its first 2048
+// tokens see every block) ran ~150 us past the KV-major kernel. Which CTA runs a unit does not
+// change its rows' bits. The claiming warp runs a unit ahead of the consumers (Q buffers are
+// double-buffered across units), so the atomic's latency is off their path.
+// 64-key blocks (sparse units of one cost) keep a plain stride and head dims 32 and 64 the
+// reversed rounds (CTA i takes i, 2 grid - 1 - i, ...: the table lists the costliest first):
+// the claim loop moved ptxas's register allocation of their consumers (64-key spills 4 -> 8 and
+// 16 -> 20 bytes; D = 64 0 -> 4 bytes, DENSE-16K-D64 +1.3%).
+template <int kD, int kBlk>
+__device__ __forceinline__ int32_t claim_unit(const UniformParams& p, int32_t unit_iter,
+                                              int32_t& stride_unit, int lane) {
+  int32_t unit;
+  if constexpr (kBlk == 64 || kD <= 64) {
+    unit = stride_unit;
+    if (kD <= 64 && (unit_iter & 1)) unit += int32_t(gridDim.x) - 1 - 2 * int32_t(blockIdx.x);
+    stride_unit += int32_t(gridDim.x);
+  } else {
+    if (lane == 0) unit = atomicAdd(p.unit_cursor, 1);
+    unit = __shfl_sync(0xffffffffu, unit, 0);
+  }
+  return unit;
+}
+
+// Dense calls: once a CTA has claimed past the last unit, the stream's next kernel may launch
+// under its last units (the claiming warp waited for the unit table, kernel.cuh; the next kernel
+// waits for this grid, pdl.cuh). LAT-2K dense -1.5% (H100, measured with the Q warp).
+__device__ __forceinline__ void units_claimed(const UniformParams& p) {
+  if (p.dense) pdl_trigger();
+}
+
+// The Q warp of the dense kernel at D = 128 (kDenseQ, kernel.cuh): once the consumers have freed
+// a Q buffer stage it claims a unit, loads the unit's Q tiles (a unit ahead of the K/V warp, which
+// the Q buffers' two stages allow) and hands the unit's descriptor to warp 0 through unit_desc /
+// unit_full (head -1 once the units are done). Where one warp does both, the next unit's claim,
+// descriptor load and Q wait for this unit's last K/V stage, about two block steps before the
+// consumers need them. Against that (H100, flat K/V): LAT-256 dense -4%, LAT-2K pipeline -3%,
+// DENSE-8K -1%. In the kernel shared with sparse calls its code made the producer spill
+// (P32K-blk +1-2%, D = 64 +5%); paged K/V stays there too (launch.cu). Claiming before the wait
+// (a unit earlier) measured the same.
+template <bool kFp8, int kD, int kBlk>
+__device__ __forceinline__ void run_uniform_q_warp(const UniformParams& p, const CUtensorMap* tm_q,
+                                                   typename HeadDimTraits<kD, kBlk>::Storage& sh,
+                                                   int lane) {
+  using HT = HeadDimTraits<kD, kBlk>;
+  using QR = sm90::Ring<HT::kQSt>;
+  const int32_t n_units = *p.num_units;
+  int32_t stride_unit = int32_t(blockIdx.x);
+  for (int32_t unit_iter = 0;; ++unit_iter) {
+    const int qs = QR::stage(unit_iter);
+    for (int c = 0; c < HT::kCons; ++c)
+      sm90::mbar_wait(&sh.q_empty[c][qs], QR::empty_parity(unit_iter));
+    const int32_t unit = claim_unit<kD, kBlk>(p, unit_iter, stride_unit, lane);
+    UnitDesc u{-1};  // head -1: no more units
+    if (unit < n_units) u = load_unit(p, unit);
+    if (lane == 0) {
+      sh.unit_desc[qs] = u;
+      sm90::mbar_arrive(&sh.unit_full[qs]);
+    }
+    if (unit >= n_units) {
+      units_claimed(p);
+      return;
+    }
+#pragma unroll 1
+    for (int c = 0; c < HT::kCons; ++c) produce_unit_q<kFp8>(p, tm_q, sh, u, c, qs, lane);
+  }
+}
+
 // kD, kBlk: the head dim and keys per kv block (traits.h HeadDimTraits): stages of kKeys keys
 // (kBlk; 64 at D = 256: a 128-key block is two stages), kQSt Q buffers per consumer.
-template <bool kFp8, int kD, int kBlk, bool kParts>
+// kDenseQ: the dense kernel with a Q warp (kernel.cuh): this warp takes each unit's descriptor
+// from the Q warp and publishes its K/V stages only.
+template <bool kFp8, int kD, int kBlk, bool kParts, bool kDenseQ = false>
 __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
                                                      const CUtensorMap* tm_q,
                                                      const CUtensorMap* tm_k,
@@ -84,7 +160,7 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
   constexpr int kBoxKeys = HT::kBlockPairs ? kBlk : kKeys;  // keys of one located block
   constexpr int kStageHalf = HT::Storage::kKVStageHalfBytes;
   if (warp != 0) return;
-  const int32_t n_units = *p.num_units;
+  const int32_t n_units = kDenseQ ? 0 : *p.num_units;
   // Two rings over the same stage buffers: K (with the stage's info) on kv_full / kv_empty,
   // counting every published stage; V on v_full / v_empty, counting real blocks only. Consumers
   // hold K of block j and V of block j - 1 at once, so K of j + 1 loads while j is in flight.
@@ -137,47 +213,44 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
     }
     __syncwarp();
   };
-  // Units are claimed from a cursor (unit_cursor, zeroed by the prep with the count) as a CTA
-  // reaches them: CTAs that start late (this kernel fills the KV-major kernel's tail, one CTA
-  // an SM as that kernel's CTAs exit) or that drew costly units take fewer, and the table lists
-  // the costliest first, so the claims form a greedy longest-first schedule. A static stride gave
-  // every CTA the same share however late it started: P8K-tok's uniform units (its first 2048
-  // tokens see every block) ran ~150 us past the KV-major kernel. Which CTA runs a unit does not
-  // change its rows' bits. The producer runs a unit ahead of the consumers (Q buffers are
-  // double-buffered across units), so the atomic's latency is off their path.
-  // 64-key blocks (sparse units of one cost) keep a plain stride and head dims 32 and 64 the
-  // reversed rounds (CTA i takes i, 2 grid - 1 - i, ...: the table lists the costliest first):
-  // the claim loop moved ptxas's register allocation of their consumers (64-key spills 4 -> 8 and
-  // 16 -> 20 bytes; D = 64 0 -> 4 bytes, DENSE-16K-D64 +1.3%).
-  int32_t unit = 0, stride_unit = int32_t(blockIdx.x);
-  for (;; ++unit_iter) {
-    if constexpr (kBlk == 64 || kD <= 64) {
-      unit = stride_unit;
-      if (kD <= 64 && (unit_iter & 1)) unit += int32_t(gridDim.x) - 1 - 2 * int32_t(blockIdx.x);
-      stride_unit += int32_t(gridDim.x);
-    } else {
-      if (lane == 0) unit = atomicAdd(p.unit_cursor, 1);
-      unit = __shfl_sync(0xffffffffu, unit, 0);
+  // Dense units: every stage of kKeys keys up to the last key any row of the unit sees (dense
+  // attention runs the 128-key kernels: plan.cpp).
+  auto publish_dense = [&](const UnitDesc& u) {
+    if constexpr (!HT::kBlockPairs) {
+      const int32_t last_max = causal_last(p.causal, u.q_local0 + u.n_tok - 1, u.diag, u.k_len);
+      const int32_t nblk = (u.k_len + kKeys - 1) / kKeys;
+      const int32_t n_blocks = last_max < 0 ? 0 : min(nblk, last_max / kKeys + 1);
+      if (n_blocks == 0) publish(UniformInfo{-1, 0, -1, 1}, u);
+      for (int32_t kb = 0; kb < n_blocks; ++kb)
+        publish(UniformInfo{kb, min(kKeys, u.k_len - kb * kKeys), -1, kb == n_blocks - 1 ? 1 : 0},
+                u);
     }
-    if (unit >= n_units) break;
-    const UnitDesc u = load_unit(p, unit);
+  };
+  int32_t stride_unit = int32_t(blockIdx.x);
+  for (;; ++unit_iter) {
     const int qs = QR::stage(unit_iter);
+    if constexpr (kDenseQ) {
+      sm90::mbar_wait(&sh.unit_full[qs], QR::full_parity(unit_iter));
+      const UnitDesc& u = sh.unit_desc[qs];  // read where used: fewer registers held a unit
+      if (u.head < 0) break;
+      publish_dense(u);
+      continue;
+    }
+    const int32_t unit = claim_unit<kD, kBlk>(p, unit_iter, stride_unit, lane);
+    if (unit >= n_units) {
+      if constexpr (!HT::kBlockPairs) units_claimed(p);  // 64-key kernels never run dense calls
+      break;
+    }
+    const UnitDesc u = load_unit(p, unit);
     for (int c = 0; c < HT::kCons; ++c) {
       sm90::mbar_wait(&sh.q_empty[c][qs], QR::empty_parity(unit_iter));
       produce_unit_q<kFp8>(p, tm_q, sh, u, c, qs, lane);
     }
-    const int32_t last_max = causal_last(p.causal, u.q_local0 + u.n_tok - 1, u.diag, u.k_len);
-    if (p.dense) {  // every stage of kKeys keys up to the last key any row of the unit sees
-      if constexpr (!HT::kBlockPairs) {  // (dense attention runs the 128-key kernels: plan.cpp)
-        const int32_t nblk = (u.k_len + kKeys - 1) / kKeys;
-        const int32_t n_blocks = last_max < 0 ? 0 : min(nblk, last_max / kKeys + 1);
-        if (n_blocks == 0) publish(UniformInfo{-1, 0, -1, 1}, u);
-        for (int32_t kb = 0; kb < n_blocks; ++kb)
-          publish(UniformInfo{kb, min(kKeys, u.k_len - kb * kKeys), -1, kb == n_blocks - 1 ? 1 : 0},
-                  u);
-      }
+    if (p.dense) {
+      publish_dense(u);
       continue;
     }
+    const int32_t last_max = causal_last(p.causal, u.q_local0 + u.n_tok - 1, u.diag, u.k_len);
     if constexpr (kBoxKeys < kBlk && !kParts) continue;  // the dense kernel of this shape
     const int32_t nblk = (u.k_len + kBlk - 1) / kBlk;
     // Selected blocks in slot order, skipping ids outside [0, nblk) and blocks past the last
