@@ -149,8 +149,8 @@ struct alignas(1024) SharedStorageT {
   uint64_t v_empty[kKVSt];
   uint64_t q_full[kCons][kQSt];
   uint64_t q_empty[kCons][kQSt];
-  // Uniform path: the unit whose Q the Q warp loads into buffer stage s (head -1: no more
-  // units), published on unit_full[s] for the K/V producer warp (uniform_load.cuh).
+  // The dense D = 128 kernel (kDenseQ) only: the unit whose Q its Q warp loads into buffer stage
+  // s (head -1: no more units), published on unit_full[s] for the K/V warp (uniform_load.cuh).
   uint64_t unit_full[kQSt];
   UnitDesc unit_desc[kQSt];
 };
