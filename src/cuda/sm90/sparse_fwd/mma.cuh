@@ -318,7 +318,16 @@ __device__ __forceinline__ void issue_qk(float (&s)[kS], uint32_t q_addr, uint32
   // on the path that the other warpgroup's turn waits for (ncu, P32K-blk).
   const uint64_t dq = sm90::wgmma_desc_sw128(q_addr, 16, 1024);
   const uint64_t dk = sm90::wgmma_desc_sw128(k_addr, 16, 1024);
-  if constexpr (kFp8) {
+  // At D = 64 each k-step's descriptors are the encoded ones plus the offset in one 64-bit add
+  // (UIADD3.64), not desc_offset's 32-bit add with a move of the constant high word per wgmma:
+  // the dense loop's UMOV 25 -> 9, 1893 -> 1879 SASS instructions, spills unchanged (not yet
+  // timed; at D = 128 the 64-bit adds measured slower: docs, Tried and dropped).
+  if constexpr (kD == 64 && !kFp8) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      sm90::wgmma_ss<kF16>(s, dq + ((kk >> 2) * kQHalfBytes + (kk & 3) * 32) / 16,
+                           dk + ((kk >> 2) * kKHalfBytes + (kk & 3) * 32) / 16, kk > 0 ? 1u : 0u);
+  } else if constexpr (kFp8) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 32; ++kk)
       sm90::wgmma_ss_e4m3(s, sm90::desc_offset(dq, kk * 32), sm90::desc_offset(dk, kk * 32),
@@ -342,7 +351,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[kN], const uint32_t (&pa)[kS
   const uint64_t dv = sm90::wgmma_desc_sw128(v_addr, kSteps * 16 * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk)
-    sm90::wgmma_rs_tb<kF16>(o, pa[kk], sm90::desc_offset(dv, kk * 2048),
+    sm90::wgmma_rs_tb<kF16>(o, pa[kk],  // D = 64 (kN 32): a 64-bit add, as issue_qk
+                            kN == 32 ? dv + kk * 2048 / 16 : sm90::desc_offset(dv, kk * 2048),
                             (accumulate || kk > 0) ? 1u : 0u);
 }
 
