@@ -123,6 +123,7 @@ struct UniformInfo {  // one published K/V stage of the uniform path
   int32_t kb2;        // 64-key blocks: the block in rows 64-127 (HeadDimTraits::kPair), or -1
   int32_t last;       // the last stage of its unit
 };
+constexpr int32_t kLastStageBit = 1 << 30;
 
 // Shared memory plan (D = 128: ~197 KB of the 227 KB opt-in): K/V 2 stages x 64 KB, Q 4 x 16
 // KB, metadata. A tile row of D columns is kHalves = D / 64 halves of one 128-byte swizzle row;
