@@ -123,6 +123,11 @@ struct UniformInfo {  // one published K/V stage of the uniform path
   int32_t kb2;        // 64-key blocks: the block in rows 64-127 (HeadDimTraits::kPair), or -1
   int32_t last;       // the last stage of its unit
 };
+// At D <= 64 (160-register consumers) a stage's last flag travels in bit 30 of valid_keys, one
+// value fewer for the consumers to hold across a block (uniform_mma.cuh); D = 128 reads `last`
+// (the decode measured +0.5% there, where nothing spills).
+template <int kD>
+constexpr bool kLastInKeys = kD <= 64;
 constexpr int32_t kLastStageBit = 1 << 30;
 
 // Shared memory plan (D = 128: ~197 KB of the 227 KB opt-in): K/V 2 stages x 64 KB, Q 4 x 16

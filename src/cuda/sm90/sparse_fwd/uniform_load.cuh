@@ -189,8 +189,8 @@ __device__ __forceinline__ void run_uniform_producer(const UniformParams& p,
                              &sh.kv_full[s], lane);
     }
     if (lane == 0) {
-      sh.uinfo[s] = UniformInfo{info.kb, info.valid_keys | (info.last ? kLastStageBit : 0), info.kb2,
-                                info.last};
+      if constexpr (kLastInKeys<kD>) info.valid_keys |= info.last ? kLastStageBit : 0;
+      sh.uinfo[s] = info;
       if (info.kb >= 0)
         sm90::mbar_arrive_expect_tx(&sh.kv_full[s],
                                     k_tile_bytes<kFp8>(src) + k_tile_bytes<kFp8>(src2));

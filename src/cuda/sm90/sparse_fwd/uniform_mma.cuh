@@ -166,8 +166,10 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
     const int s = KVRing::stage(k_iter);
     sm90::mbar_wait(&sh.kv_full[s], KVRing::full_parity(k_iter));
     UniformInfo in = read_info(sh.uinfo[s], lane);
-    in.last = in.valid_keys & kLastStageBit;
-    in.valid_keys &= kLastStageBit - 1;
+    if constexpr (kLastInKeys<kD>) {
+      in.last = in.valid_keys & kLastStageBit;
+      in.valid_keys &= kLastStageBit - 1;
+    }
     return in;
   };
   auto release_k = [&]() {
