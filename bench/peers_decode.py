@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Peers of the decode benchmark, in the same run as bench_decode (bench/CASES.md, DEC-B32-dense).
 
-Dense decode B=32, 1 query, 16384 keys, Hq=64, Hkv=4, D=128, bf16, on contiguous KV:
+Dense decode B=32, 1 query, 16384 keys, Hq=64, Hkv=4, D=128 (--head-dim 64 / 256: the -D64 / -D256
+cases), bf16, on contiguous KV:
   - cuDNN SDPA and torch flash (FA2), the G = 16 query heads of a kv head passed as 16 queries of
     one head (non-causal: a decode query sees every key), so each K/V byte is read once;
   - the same through enable_gqa=True (q [B, 64, 1, D]) where the backend takes it.
 TB/s uses our byte count: K and V once per kv head, q and out. With --ours FILE (bench_decode
---json records) our DEC-B32-dense line prints beside the peers; with --json FILE each peer's
+--json records) our line of the same case prints beside the peers; with --json FILE each peer's
 measurement is appended as a record (bench/SCHEMA.md).
 """
 import argparse
@@ -32,8 +33,10 @@ def main():
     ap.add_argument("--ours", help="bench_decode --json records")
     ap.add_argument("--json", help="append the peers' records to this file (bench/SCHEMA.md)")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
     args = ap.parse_args()
-    B, HQ, HKV, D, LK = 32, 64, 4, 128, 16384
+    B, HQ, HKV, D, LK = 32, 64, 4, args.head_dim, 16384
+    case = "DEC-B32-dense" if D == 128 else f"DEC-B32-dense-D{D}"
     G = HQ // HKV
     torch.manual_seed(0)
     dev = "cuda"
@@ -46,7 +49,7 @@ def main():
     ours = None
     if args.ours:
         ours = next((r for r in records.read(args.ours) if r["impl"] == "msa"
-                     and r["case"] == "DEC-B32-dense" and r["flush"] == FLUSH), None)
+                     and r["case"] == case and r["flush"] == FLUSH), None)
     rows = []
     for name, impl, backend in (("cuDNN SDPA", "cudnn", SDPBackend.CUDNN_ATTENTION),
                                 ("torch flash (FA2)", "torch-flash", SDPBackend.FLASH_ATTENTION)):
@@ -62,7 +65,7 @@ def main():
                 rows.append((f"{name}, {form}", None, None, None, None, str(e).split("\n")[0][:80]))
                 continue
             if args.json:  # the problem of msa's DEC-B32-dense, on contiguous KV
-                r = records.new_record("DEC-B32-dense", "decode", impl)
+                r = records.new_record(case, "decode", impl)
                 r.update(records.shape(B, 1, LK, HQ, HKV, D, 128, 0, "dense", True))
                 r.update({"layout": "contiguous", "variant": form})
                 records.add_timing(r, (med * 1e-3, lo * 1e-3, hi * 1e-3), args.iters, WARMUP,
@@ -70,7 +73,7 @@ def main():
                 records.add_check(r, "passed" if err <= 1e-2 else "failed", {"out_rel_l2": err})
                 records.add_environment(r, FLUSH, ours.get("commit") if ours else None)
                 records.append(args.json, r)
-    print(f"DEC-B32-dense peers (same run), {nbytes / 1e9:.3f} GB moved by the peers' count, "
+    print(f"{case} peers (same run), {nbytes / 1e9:.3f} GB moved by the peers' count, "
           f"L2 flush: {FLUSH}")
     if ours:
         print(f"  {'msa DecodePlan (paged, page 128)':40s} median {ours['median_ms'] * 1e3:9.1f} us  "

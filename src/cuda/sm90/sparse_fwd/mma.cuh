@@ -322,11 +322,10 @@ __device__ __forceinline__ void issue_qk(float (&s)[kS], uint32_t q_addr, uint32
   // (UIADD3.64), not desc_offset's 32-bit add with a move of the constant high word per wgmma:
   // the dense loop's UMOV 25 -> 9; DENSE-16K-D64 5.00-5.16 -> 4.89-4.91 ms (H100). At D = 128
   // the 64-bit adds measured slower (docs, Tried and dropped).
-  if constexpr (kD == 64 && !kFp8) {
+  if constexpr (kD == 64 && !kFp8) {  // one 64-column half: k-step kk is 32 bytes in
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
-      sm90::wgmma_ss<kF16>(s, dq + ((kk >> 2) * kQHalfBytes + (kk & 3) * 32) / 16,
-                           dk + ((kk >> 2) * kKHalfBytes + (kk & 3) * 32) / 16, kk > 0 ? 1u : 0u);
+      sm90::wgmma_ss<kF16>(s, dq + kk * 32 / 16, dk + kk * 32 / 16, kk > 0 ? 1u : 0u);
   } else if constexpr (kFp8) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 32; ++kk)

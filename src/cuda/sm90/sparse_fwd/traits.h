@@ -125,7 +125,7 @@ struct UniformInfo {  // one published K/V stage of the uniform path
 };
 // At D <= 64 (160-register consumers) a stage's last flag travels in bit 30 of valid_keys, one
 // value fewer for the consumers to hold across a block (uniform_mma.cuh); D = 128 reads `last`
-// (the decode measured +0.5% there, where nothing spills).
+// (unpacking it there, where nothing spills, measured +0.5%).
 template <int kD>
 constexpr bool kLastInKeys = kD <= 64;
 constexpr int32_t kLastStageBit = 1 << 30;
