@@ -57,6 +57,16 @@ std::vector<BenchCase> make_cases() {
     c.topk = 32;
     v.push_back(c);
   }
+  // BSR-108K's problem through attention_forward: 64-query rows, each of its diagonal 64-key block
+  // and random earlier ones (with block 0 and the one before), topK 64, Hq 32 over Hkv 8.
+  BenchCase bsr = prefill("P108K-bsr64", fwd, "sparse attention forward", 110592, Pattern::blk,
+                          kNeedsPrefill);
+  bsr.num_q_heads = 32;
+  bsr.num_kv_heads = 8;
+  bsr.kv_block_size = 64;
+  bsr.topk = 64;
+  bsr.blk_queries = 64;
+  v.push_back(bsr);
   for (const Pattern pat : {Pattern::tok, Pattern::blk}) {  // bf16 q over FP8 K/V
     BenchCase c = prefill(pat == Pattern::tok ? "P32K-tok-fp8kv" : "P32K-blk-fp8kv", fwd,
                           "sparse attention forward, FP8 K/V", 32768, pat, kNeedsPrefill);

@@ -28,6 +28,7 @@ struct CaseShape {
   int topk = 16, kv_block_size = 128;
   bool causal = true;
   Pattern pattern = Pattern::tok;
+  int blk_queries = 128;             // Pattern::blk: consecutive queries sharing one selection
   uint64_t seed = 1;                 // inputs and selection (fixed: every run selects the same)
   bool operator==(const CaseShape&) const = default;
 };

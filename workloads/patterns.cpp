@@ -150,10 +150,10 @@ std::vector<int32_t> make_selection(Pattern p, const SelectionShape& s) {
       const int64_t q0 = s.cu_seqlens_q[b], lq = s.cu_seqlens_q[b + 1] - q0;
       const int64_t lk = s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b];
       for (int64_t i = 0; i < lq; ++i) {
-        // blk: the whole query block (128 queries, whatever the kv block size) takes the
-        // selection of its last query, the one that sees the most keys, drawn from the block's
-        // own stream.
-        constexpr int64_t kQBlock = 128;
+        // blk: the whole query block (s.blk_queries queries, 128 unless a case says otherwise,
+        // whatever the kv block size) takes the selection of its last query, the one that sees
+        // the most keys, drawn from the block's own stream.
+        const int64_t kQBlock = s.blk_queries;
         const int64_t rep = p == Pattern::blk ? std::min((i / kQBlock + 1) * kQBlock, lq) - 1 : i;
         const uint64_t key = p == Pattern::blk ? (uint64_t(b) << 40) + uint64_t(i / kQBlock)
                                                : uint64_t(q0 + i);

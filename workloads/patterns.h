@@ -30,6 +30,7 @@ struct SelectionShape {
   int num_kv_heads = 0;
   int topk = 0;
   int kv_block_size = 128;
+  int blk_queries = 128;  // Pattern::blk: consecutive queries of a request sharing one selection
   bool causal = true;
   uint64_t seed = 0;
 };

@@ -116,6 +116,7 @@ int run_sparse_case(const std::string& name, const SparseBenchOptions& o) {
   shape.num_kv_heads = hkv;
   shape.topk = topk;
   shape.kv_block_size = bc->kv_block_size;
+  shape.blk_queries = bc->blk_queries;
   shape.causal = bc->causal;
   shape.seed = 20261130;
   const int64_t batch = int64_t(bc->seqlens_q.size());

@@ -33,6 +33,7 @@ bench::SelectionShape selection_shape(const Shape& s) {
   sel.num_kv_heads = s.num_kv_heads;
   sel.topk = s.topk;
   sel.kv_block_size = s.kv_block_size;
+  sel.blk_queries = s.blk_queries;
   sel.causal = s.causal;
   sel.seed = s.seed;
   return sel;
