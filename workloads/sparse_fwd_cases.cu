@@ -80,6 +80,7 @@ __global__ void reference_rows(const uint16_t* q, const uint16_t* k, const uint1
 const std::vector<std::string>& sparse_case_names() {
   static const std::vector<std::string> names = {"P8K-tok",        "P32K-tok",       "P32K-blk",
                                                  "P48K-tok",       "P32K-tok64",     "P32K-blk64",
+                                                 "P108K-bsr64",
                                                  "VARLEN-tok",     "CSR-32K",
                                                  "P32K-tok-fp8kv", "P32K-blk-fp8kv",
                                                  "P32K-blk-fp8qk", "P32K-blk-fp8qk-tensor",
