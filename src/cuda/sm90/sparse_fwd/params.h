@@ -55,8 +55,8 @@ struct PrepParams {
   int32_t* qblock_start = nullptr; // [B+1] first global query block of batch b
   int32_t* uniform = nullptr;      // [Hkv, qblock_cap] 1: done by the uniform kernel
   int32_t* unit_start = nullptr;   // [Hkv * qblock_cap] unit count of each (h, g) pair
-  // [Hkv * qblock_cap + 1] exclusive prefix of the counts in walk order: o = (qblock_cap - 1 - g)
-  // * Hkv + h, latest query blocks first (under causal masking they have the most blocks)
+  int64_t unit_window = 1;         // query blocks a window of the walk order (walk.h)
+  // [Hkv * qblock_cap + 1] exclusive prefix of the counts in walk order (walk.h pair_at)
   int32_t* unit_order_start = nullptr;
   // [2]: the unit count, then the uniform kernel's claim cursor (zeroed with the count)
   int32_t* num_units = nullptr;

@@ -140,6 +140,9 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
   pp.uniform = at(w.uniform);
   pp.unit_start = at(w.unit_start);
   pp.unit_order_start = at(w.unit_order_start);
+  // One uniform CTA an SM (launch_kernels.cuh).
+  pp.unit_window = walk_window(current_sm_count(),
+                               units_per_qblock(pp.group, 1 << pp.qblock_shift, pp.unit_tiles));
   pp.num_units = at(w.num_units);
   pp.units = ws + w.units;
   pp.status = a.status.ptr<int32_t>();

@@ -16,6 +16,7 @@
 #include "cuda/sm90/sparse_fwd/params.h"
 #include "cuda/sm90/sparse_fwd/scheduler.cuh"
 #include "cuda/sm90/sparse_fwd/traits.h"
+#include "cuda/sm90/sparse_fwd/walk.h"
 
 namespace msa::cuda::sparse_fwd {
 
@@ -74,10 +75,8 @@ __global__ void uniform_detect_kernel(PrepParams p) {
   uniform_detect_body(p, blockIdx.x, gridDim.x);
 }
 
-// One block: exclusive prefix of the unit counts in walk order o = (qblock_cap - 1 - g) * Hkv + h
-// into unit_order_start (unit_order_start[pairs] = *num_units). Walking the latest query blocks
-// first is longest-processing-time-first for causal masking: the CTAs' round-robin takes the
-// long units first and ends on the short ones, instead of each CTA drawing a fixed mix.
+// One block: exclusive prefix of the unit counts in walk order (walk.h pair_at) into unit_order_start
+// (unit_order_start[pairs] = *num_units).
 template <int kT>
 __device__ void unit_scan_body(const PrepParams& p) {
   using Scan = cub::BlockScan<int, kT>;
@@ -88,8 +87,8 @@ __device__ void unit_scan_body(const PrepParams& p) {
     const int64_t o = base + threadIdx.x;
     int count = 0;
     if (o < pairs) {
-      const int64_t g = p.qblock_cap - 1 - o / hkv, h = o % hkv;
-      count = p.unit_start[h * p.qblock_cap + g];
+      const WalkPair w = pair_at(o, hkv, p.qblock_cap, p.unit_window);
+      count = p.unit_start[w.h * p.qblock_cap + w.g];
     }
     int excl = 0, agg = 0;
     Scan(tmp).ExclusiveSum(count, excl, agg);
@@ -135,9 +134,9 @@ __device__ inline void unit_table_body(const PrepParams& p, int64_t thread, int6
   const int64_t hkv = p.num_kv_heads, pairs = hkv * p.qblock_cap;
   for (int64_t u = thread; u < n_units; u += threads) {
     const int64_t o = last_le(p.unit_order_start, pairs, u);
-    const int64_t h = o % hkv, g = p.qblock_cap - 1 - o / hkv;
-    const int64_t b = last_le(p.qblock_start, p.batch, g);
-    write_unit(p, u, h, b, g - p.qblock_start[b], u - p.unit_order_start[o]);
+    const WalkPair w = pair_at(o, hkv, p.qblock_cap, p.unit_window);
+    const int64_t b = last_le(p.qblock_start, p.batch, w.g);
+    write_unit(p, u, w.h, b, w.g - p.qblock_start[b], u - p.unit_order_start[o]);
   }
 }
 
@@ -152,8 +151,8 @@ __global__ void unit_table_kernel(PrepParams p) {
 // block), in one block instead of the sparse path's four prep kernels. Checks cu_seqlens_q (and a
 // flat cache's cu_seqlens_k; a pool's key offsets come clamped from the paged check) as the q2k
 // check does, first offence into the status; then qblock_start, the pairs' unit counts scanned
-// in walk order (as unit_scan_kernel) and each pair's units written by the thread that counted
-// them (no per-unit search). Broken lengths leave no unit, so nothing reads K/V through them.
+// in walk order (walk.h at window 1: dense K/V already hit L2) and each pair's units written by
+// the thread that counted them (no per-unit search). Broken lengths leave no unit, so nothing reads K/V through them.
 // Without keys (uniform_enabled 0) every pair's flag is cleared for the combine, which then writes
 // the zero rows.
 template <int kT>
