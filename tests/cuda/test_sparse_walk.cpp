@@ -1,7 +1,8 @@
 // The uniform kernel's walk order (src/cuda/sm90/sparse_fwd/walk.h), host code that needs no
 // device: pair_at is a bijection onto the (kv head, query block) pairs for every window, latest
 // query blocks first within each kv head, windows in turn; window 1 is the plain order
-// o = (qblock_cap - 1 - g) * Hkv + h; and walk_window on the benchmark shapes.
+// o = (qblock_cap - 1 - g) * Hkv + h; and walk_window on the benchmark shapes (window 1 where
+// their K/V fit the L2).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -45,10 +46,14 @@ TEST(SparseWalk, PairAtVisitsEveryPairOnceLatestFirst) {
 }
 
 TEST(SparseWalk, WindowSpansTheCtasOfOneKvHead) {
-  EXPECT_EQ(walk_window(132, 2), 66);   // BSR-108K: 64-query blocks, G = 4
-  EXPECT_EQ(walk_window(132, 16), 9);   // P32K-blk: 128-query blocks, G = 16
-  EXPECT_EQ(walk_window(132, 200), 1);  // a pair with more units than CTAs
-  EXPECT_EQ(walk_window(1, 1), 1);
+  constexpr int64_t kL2 = 50 << 20;  // H100
+  constexpr int64_t kMB = 1 << 20;
+  EXPECT_EQ(walk_window(132, 2, 453 * kMB, kL2), 66);  // BSR-108K: 64-query blocks, G = 4
+  EXPECT_EQ(walk_window(132, 16, 67 * kMB, kL2), 9);   // P32K-blk: 128-query blocks, G = 16
+  EXPECT_EQ(walk_window(132, 3, 33 * kMB, kL2), 1);    // P16K-blk-D64: its K/V fit the L2
+  EXPECT_EQ(walk_window(132, 200, 453 * kMB, kL2), 1); // a pair with more units than CTAs
+  EXPECT_EQ(walk_window(1, 1, 453 * kMB, kL2), 1);
+  EXPECT_EQ(walk_window(132, 2, 453 * kMB, 0), 66);    // no L2 reported
 }
 
 }  // namespace

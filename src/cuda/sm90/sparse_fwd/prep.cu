@@ -140,9 +140,16 @@ PrepParams prep_params(const AttentionArgs& a, const ProblemShape& s, const Attn
   pp.uniform = at(w.uniform);
   pp.unit_start = at(w.unit_start);
   pp.unit_order_start = at(w.unit_order_start);
-  // One uniform CTA an SM (launch_kernels.cuh).
-  pp.unit_window = walk_window(current_sm_count(),
-                               units_per_qblock(pp.group, 1 << pp.qblock_shift, pp.unit_tiles));
+  {
+    // One uniform CTA an SM (launch_kernels.cuh); the K/V as bf16 K and V rows of every key
+    // (a pool's every slot), an upper bound where K is e4m3 (FP8 Q K^T).
+    const int64_t keys = a.kv.layout == KVLayout::flat ? a.kv.k.values.shape[0]
+                                                       : s.num_pages * s.page_size;
+    const int64_t kv_bytes = keys * s.num_kv_heads * s.head_dim * 4;
+    pp.unit_window = walk_window(current_sm_count(),
+                                 units_per_qblock(pp.group, 1 << pp.qblock_shift, pp.unit_tiles),
+                                 kv_bytes, current_l2_bytes());
+  }
   pp.num_units = at(w.num_units);
   pp.units = ws + w.units;
   pp.status = a.status.ptr<int32_t>();

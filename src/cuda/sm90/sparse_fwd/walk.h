@@ -28,8 +28,13 @@ constexpr WalkPair pair_at(int64_t o, int64_t hkv, int64_t qblock_cap, int64_t w
 }
 
 // The window for `ctas` persistent CTAs and units_per_qblock units a full pair: as many query
-// blocks as the CTAs take units of one kv head at once.
-constexpr int64_t walk_window(int64_t ctas, int64_t units_per_qblock) {
+// blocks as the CTAs take units of at once, so that those in flight are one kv head's; 1 when the
+// K/V the call can select (kv_bytes, every kv head) fit the L2 (l2_bytes). Then every order
+// already finds its K/V in L2, and a window only narrows Q and out to one head's slice of each
+// token row: P16K-blk-D64 (33.5 MB of K/V, H100 L2 50 MB) measured 1.2% slower with it.
+constexpr int64_t walk_window(int64_t ctas, int64_t units_per_qblock, int64_t kv_bytes,
+                              int64_t l2_bytes) {
+  if (kv_bytes <= l2_bytes) return 1;
   const int64_t w = (ctas + units_per_qblock - 1) / units_per_qblock;
   return w > 1 ? w : 1;
 }
