@@ -75,8 +75,8 @@ __global__ void uniform_detect_kernel(PrepParams p) {
   uniform_detect_body(p, blockIdx.x, gridDim.x);
 }
 
-// One block: exclusive prefix of the unit counts in walk order (walk.h pair_at) into unit_order_start
-// (unit_order_start[pairs] = *num_units).
+// One block: exclusive prefix of the unit counts in walk order (walk.h pair_at) into
+// unit_order_start (unit_order_start[pairs] = *num_units).
 template <int kT>
 __device__ void unit_scan_body(const PrepParams& p) {
   using Scan = cub::BlockScan<int, kT>;
@@ -152,9 +152,9 @@ __global__ void unit_table_kernel(PrepParams p) {
 // flat cache's cu_seqlens_k; a pool's key offsets come clamped from the paged check) as the q2k
 // check does, first offence into the status; then qblock_start, the pairs' unit counts scanned
 // in walk order (walk.h at window 1: dense K/V already hit L2) and each pair's units written by
-// the thread that counted them (no per-unit search). Broken lengths leave no unit, so nothing reads K/V through them.
-// Without keys (uniform_enabled 0) every pair's flag is cleared for the combine, which then writes
-// the zero rows.
+// the thread that counted them (no per-unit search). Broken lengths leave no unit, so nothing
+// reads K/V through them. Without keys (uniform_enabled 0) every pair's flag is cleared for the
+// combine, which then writes the zero rows.
 template <int kT>
 __device__ void dense_units_body(const PrepParams& p, int64_t total_k) {
   using Scan = cub::BlockScan<int, kT>;
