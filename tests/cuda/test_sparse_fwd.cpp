@@ -430,6 +430,21 @@ TEST(SparseFwdGpu, NamedEdges) {
   expect_edges_match_cpu(edges, 128, 77, s);
 }
 
+// K's rows scaled by f(key / blk) in place (stored in K's dtype, the reference reading the same).
+template <class F>
+void scale_k_blocks(Problem& prob, int64_t blk, F f) {
+  for (int64_t b = 0; b < prob.batch(); ++b)
+    for (int64_t i = 0; i < prob.lk[b]; ++i) {
+      const int64_t row = prob.k_start(b) + i;
+      const float fi = f(i / blk);
+      for (int64_t h = 0; h < prob.hkv; ++h)
+        for (int64_t d = 0; d < prob.dim; ++d) {
+          double& val = prob.k_val[(row * prob.hkv + h) * prob.dim + d];
+          val = store(prob.k.t, prob.k.offset({row, h, d}), float(val) * fi);
+        }
+    }
+}
+
 // Scores whose block maxima differ by far more than the uniform path's rescale slack (2^8 in the
 // log2 domain): K of block b is scaled by 1 + 3 b, so later blocks raise a row's running base
 // mid-unit and O must be rescaled (random inputs keep every block's maximum within the slack,
@@ -444,16 +459,7 @@ TEST(SparseFwdGpu, WideScoreRangeMatchesCpu) {
   for (const Wide& w : cases) {
     SCOPED_TRACE("wide " + std::to_string(idx));
     Problem prob = make_problem({700, 300}, {700, 900}, w.g * 2, 2, 128, 900u + unsigned(idx));
-    for (int64_t b = 0; b < prob.batch(); ++b)
-      for (int64_t i = 0; i < prob.lk[b]; ++i) {
-        const int64_t row = prob.k_start(b) + i;
-        const float f = 1.f + 3.f * float(i / 128);
-        for (int64_t h = 0; h < prob.hkv; ++h)
-          for (int64_t d = 0; d < prob.dim; ++d) {
-            double& val = prob.k_val[(row * prob.hkv + h) * prob.dim + d];
-            val = store(prob.k.t, prob.k.offset({row, h, d}), float(val) * f);
-          }
-      }
+    scale_k_blocks(prob, 128, [](int64_t b) { return 1.f + 3.f * float(b); });
     std::mt19937 rng(31 + idx++);
     HostTensor ids = indexer_like_q2k(prob, 8, true, rng, w.blk);
     SparseCase c(std::move(prob), std::move(ids), 8);
@@ -629,6 +635,60 @@ TEST(SparseFwdGpu, DenseMatchesCpu) {
     expect_dense_matches_cpu(c, s, small, kind < 3 ? 29 : 0);
     if (HasFailure()) break;
   }
+}
+
+// The uniform path's lazy row max (uniform_mma.cuh, kLazySumMax): after a unit's first block a
+// row keeps its base and computes no block max while each p stays <= 2^16, and a block past that
+// is recomputed with the max. K of block b scaled by 1 + 2 b (rising maxima: the way back in
+// most blocks), by 4 / (1 + 3 b) (falling: p far below the base), or 1 except a x8 block in the
+// middle (one way back, then lazy again); dense (head dims 64, 128, 256; a key mask; a
+// temperature) and block-sparse (128- and 64-key blocks).
+TEST(SparseFwdGpu, LazyMaxMatchesCpu) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const std::function<float(int64_t)> ramps[] = {
+      [](int64_t b) { return 1.f + 2.f * float(b); },
+      [](int64_t b) { return 4.f / (1.f + 3.f * float(b)); },
+      [](int64_t b) { return b == 3 ? 8.f : 1.f; },
+  };
+  unsigned seed = 4100;
+  for (int r = 0; r < 3; ++r)
+    for (int64_t dim : {64, 128, 256}) {
+      SparseCase c = dense_case(make_problem({300, 5, 129}, {1000, 600, 129}, 16, 2, dim, seed++,
+                                             dim == 128 ? DType::bf16 : DType::f16),
+                                r != 1);
+      scale_k_blocks(c.p, 128, ramps[r]);
+      if (dim == 128 && r == 0) c.temperature = 1.5f;
+      if (dim == 128 && r == 2) {
+        HostTensor mask(DType::boolean, {c.p.batch(), 1000});
+        std::mt19937 rng(seed++);
+        for (int64_t i = 0; i < mask.t.numel(); ++i) mask.data<uint8_t>()[i] = rng() % 3 != 0;
+        c.key_mask = std::move(mask);
+      }
+      c.name = "dense ramp " + std::to_string(r) + " D " + std::to_string(dim);
+      SCOPED_TRACE(c.name);
+      expect_dense_matches_cpu(c, s, small, c.key_mask ? 0 : 1);
+      if (HasFailure()) return;
+    }
+  for (int r = 0; r < 3; ++r)
+    for (int64_t blk : {128, 64}) {
+      Problem prob = make_problem({700, 300}, {700, 900}, 8, 2, 128, seed++);
+      scale_k_blocks(prob, blk, ramps[r]);
+      std::mt19937 rng(seed++);
+      HostTensor ids = indexer_like_q2k(prob, 8, true, rng, /*uniform_blocks=*/true, blk);
+      SparseCase c(std::move(prob), std::move(ids), 8, blk);
+      c.causal = true;
+      c.name = "blk ramp " + std::to_string(r) + " kv block " + std::to_string(blk);
+      SCOPED_TRACE(c.name);
+      poison_unselected(c.p, c.q2k, c.topk, blk);
+      const Outputs ref = run_cpu(c);
+      DeviceCase d(c, s);
+      const Outputs g1 = run_gpu(c, d, false, s);
+      expect_close(c, g1, ref);
+      expect_within_fa3_bar(c, g1.out, 1);
+      if (HasFailure()) return;
+    }
 }
 
 // Dense attention takes any GQA group up to 128 on CUDA (floor(64 / G) whole tokens per 64-row

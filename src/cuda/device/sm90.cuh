@@ -275,6 +275,17 @@ __device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
 __device__ __forceinline__ void named_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// Named barrier `id` of `threads` threads that also returns whether `pred` holds in all of them.
+__device__ __forceinline__ bool named_all(uint32_t id, uint32_t threads, bool pred) {
+  uint32_t all;
+  asm volatile(
+      "{\n\t.reg .pred pi, po;\n\tsetp.ne.u32 pi, %1, 0;\n\t"
+      "bar.red.and.pred po, %2, %3, pi;\n\tselp.u32 %0, 1, 0, po;\n\t}"
+      : "=r"(all)
+      : "r"(uint32_t(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return all != 0;
+}
 
 // ---- register reallocation between warpgroups --------------------------------------------
 template <uint32_t kRegs>

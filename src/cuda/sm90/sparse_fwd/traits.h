@@ -250,6 +250,7 @@ enum class NamedBarrier : uint32_t {
   kTurn0 = 3,        // uniform path: consumer 0's turn to issue its wgmma group
   kTurn1 = 4,        // ... consumer 1's turn
   kTurn2 = 5,        // ... consumer 2's (three consumer warpgroups, D = 32 and 64: HeadDimTraits)
+  kLazy0 = 6,        // uniform path: consumer 0's vote on its block's lazy softmax (6 + consumer)
 };
 
 // Q tokens per tile for group size G (64 rows = tokens x G heads).

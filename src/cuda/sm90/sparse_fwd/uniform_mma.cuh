@@ -1,6 +1,7 @@
 // Consumers of the uniform (Q-major) path: each warpgroup keeps one 64-row Q tile of the unit in
 // shared memory and its O accumulator in registers while the unit's K/V blocks stream by: per
-// block S = Q K^T, mask, online softmax (running max / sum in the log2 domain, O rescaled), then
+// block S = Q K^T, mask, online softmax (running base / sum in the log2 domain, O rescaled; the
+// block max only where the lazy softmax cannot take the block: kLazySumMax), then
 // O += P V; at the unit's last block O / l, lse and tlse go straight to the outputs. kernel.cuh.
 // Numerics: as mma.cuh; the rescale factor is 1 while a row keeps its base, exp2(m_old - base)
 // when the base rises (0 at the first visible key, m_old = -inf), never NaN, and rows with no
@@ -64,6 +65,33 @@ __device__ __forceinline__ void online_softmax_rows(float (&s)[kS], int lim0, in
   }
   r0.m = raise0 ? base0 : r0.m;
   r1.m = raise1 ? base1 : r1.m;
+}
+
+// Lazy row max. After a unit's first block a row's softmax keeps its base and computes no block
+// max: p = exp2(x - base) directly, and the block is accepted when each thread's share of a row's
+// sum is at most kLazySumMax (so every p <= 2^16: no inf, no NaN, O and l in fp32 as with any
+// base) and a row without a base yet (m = -inf) sees no key of the block. Otherwise the warpgroup
+// recomputes S (its K stage is still held) and runs online_softmax_rows, max included. The base
+// is always a max of the row's earlier scores, so a p that underflows is one below 2^-126 of that
+// key's. The max's 64 FMNMX, 4 shuffles and the base logic a thread and block were ~7% of
+// DENSE-8K / DENSE-32K and 12% of DENSE-16K-D64 (H100, without the check: docs).
+constexpr float kLazySumMax = 65536.f;
+
+// The lazy softmax of both rows: columns past a row's limit masked, p = exp2(x * sl - base) in s,
+// this thread's shares of the rows' sums in sum. none0 / none1: the row sees no key of the block
+// by its limits. Returns whether both rows may take the block this way (the caller's vote).
+template <int kS>
+__device__ __forceinline__ bool lazy_softmax_rows(float (&s)[kS], int lim0, int lim1, int col_base,
+                                                  float sl0, float sl1, bool none0, bool none1,
+                                                  const OnlineRow& r0, const OnlineRow& r1,
+                                                  float (&sum)[2]) {
+  mask_rows_past_limit(s, lim0, lim1, col_base);
+  const bool based0 = r0.m != -INFINITY, based1 = r1.m != -INFINITY;
+  float tsum[2];
+  exp_rows_local<false>(s, sl0, sl1, based0 ? r0.m : 0.f, based1 ? r1.m : 0.f, 0.f, sum, tsum);
+  const bool ok0 = based0 ? sum[0] <= kLazySumMax : none0;  // false for a NaN sum
+  const bool ok1 = based1 ? sum[1] <= kLazySumMax : none1;
+  return ok0 && ok1;
 }
 
 // The quad's shares of l and t added (the whole warp calls it, before any branch on the row).
@@ -132,7 +160,8 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kN], float a0, float a1)
 // product, then O += P_{n-1} V_{n-1}. Turns: the warpgroups (two, or three at D = 32 / 64) issue
 // their groups in turn (named barriers kTurn0..), so one's softmax runs under the others' products.
 // Every wgmma group is waited on in the same branch that issued it (ptxas serializes wgmma
-// otherwise). K stage j is released once S_j is done, V stage j - 1 once its product is.
+// otherwise). K stage j is released once S_j's softmax is done (before it on 64-key pairs, which
+// keep the max each block), V stage j - 1 once its product is.
 // kMask: dense attention with a key mask (p.mask_bits; instantiated apart so that calls without
 // one run the kernel as it was: one runtime branch per block cost 1.5-2% at DENSE-8K / P32K-blk).
 // kD, kBlk: the head dim and keys per kv block (traits.h HeadDimTraits): O's kTileD / 2 floats per
@@ -243,16 +272,23 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
           mw1 = stage_words(mrow1, in);
         }
       };
-      auto softmax = [&](const UniformInfo& in, float& a0, float& a1) {
+      // A block's row scales and limits, with the soft-cap and the key masks applied to S in
+      // place; none0 / none1: the row sees no key of the block by its limits.
+      struct BlockRows {
+        float s0, s1;
         int lim0, lim1;
+        bool none0, none1;
+      };
+      auto prepare = [&](const UniformInfo& in) {
+        BlockRows b;
         if constexpr (HT::kBlockPairs) {  // the first block's limits (the second's: below)
           const int va = in.kb2 >= 0 ? kBlk : in.valid_keys;
-          lim0 = max(-1, min(rm.lim0 - in.kb * kBlk, va - 1));
-          lim1 = max(-1, min(rm.lim1 - in.kb * kBlk, va - 1));
+          b.lim0 = max(-1, min(rm.lim0 - in.kb * kBlk, va - 1));
+          b.lim1 = max(-1, min(rm.lim1 - in.kb * kBlk, va - 1));
         } else {
           const int base_col = in.kb * kKeys;
-          lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
-          lim1 = max(-1, min(rm.lim1 - base_col, in.valid_keys - 1));
+          b.lim0 = max(-1, min(rm.lim0 - base_col, in.valid_keys - 1));
+          b.lim1 = max(-1, min(rm.lim1 - base_col, in.valid_keys - 1));
         }
         float s0 = sl0, s1 = sl1;
         if constexpr (kScalesPerBlock) {
@@ -268,6 +304,8 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
           s0 = soft_cap_row<0>(sc, s0, p.soft_cap_log2);
           s1 = soft_cap_row<2>(sc, s1, p.soft_cap_log2);
         }
+        b.s0 = s0;
+        b.s1 = s1;
         if constexpr (kMask) {
           if constexpr (kFp8) {
             mw0 = stage_words(mrow0, in);
@@ -276,21 +314,32 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
           apply_key_mask<0>(sc, mw0, col_base);
           apply_key_mask<2>(sc, mw1, col_base);
         }
+        b.none0 = b.lim0 < 0;
+        b.none1 = b.lim1 < 0;
         if constexpr (HT::kBlockPairs) {  // each block's columns to its own limit, as the last mask
           const int vb = in.valid_keys - kBlk, b1 = in.kb2 * kBlk;
           const int lb0 = in.kb2 >= 0 ? max(-1, min(rm.lim0 - b1, vb - 1)) : -1;
           const int lb1 = in.kb2 >= 0 ? max(-1, min(rm.lim1 - b1, vb - 1)) : -1;
-          mask_rows_past_limits2(sc, lim0, lb0, lim1, lb1, col_base);
-          lim0 = lim1 = kKeys - 1;  // nothing left for online_softmax_rows to mask
+          mask_rows_past_limits2(sc, b.lim0, lb0, b.lim1, lb1, col_base);
+          b.none0 = b.none0 && lb0 < 0;
+          b.none1 = b.none1 && lb1 < 0;
+          b.lim0 = b.lim1 = kKeys - 1;  // nothing left for the softmax to mask
         }
-        // This branch also keeps the softmax above the P V wait in the SASS: without one between
-        // them ptxas moved it below the wait, 2.4-4% slower (docs/kernels/sparse_fwd.md).
-        if (p.inv_temperature > 0.f)
-          online_softmax_rows<true>(sc, lim0, lim1, col_base, s0, s1, p.inv_temperature, st0, st1,
-                                    a0, a1);
-        else
-          online_softmax_rows<false>(sc, lim0, lim1, col_base, s0, s1, 0.f, st0, st1, a0, a1);
+        return b;
       };
+      // The block's softmax with the row max (online_softmax_rows).
+      auto full_softmax = [&](const BlockRows& b, float& a0, float& a1) {
+        if (p.inv_temperature > 0.f)
+          online_softmax_rows<true>(sc, b.lim0, b.lim1, col_base, b.s0, b.s1, p.inv_temperature,
+                                    st0, st1, a0, a1);
+        else
+          online_softmax_rows<false>(sc, b.lim0, b.lim1, col_base, b.s0, b.s1, 0.f, st0, st1, a0,
+                                     a1);
+      };
+      const uint32_t lazy_vote = uint32_t(NamedBarrier::kLazy0) + consumer;
+      // Not on 64-key pairs: there the lazy loop spilled 16 bytes instead of 4 and measured
+      // P108K-bsr64 / P32K-blk64 0-2% slower (H100), so those kernels keep the max every block.
+      constexpr bool kLazy = !HT::kBlockPairs;
       float a0, a1;
       // Block 0: S_0 alone.
       load_mask(info);
@@ -302,7 +351,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
       fence_regs(sc);
       apply_key_scales(sc);
       release_k();
-      softmax(info, a0, a1);
+      full_softmax(prepare(info), a0, a1);
       pack_probs<kF16>(sc, pa);
       UniformInfo prev = info;
       while (!prev.last) {
@@ -317,8 +366,41 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
         sm90::wgmma_wait<1>();
         fence_regs(sc);
         apply_key_scales(sc);
-        release_k();
-        softmax(info, a0, a1);
+        if constexpr (!kLazy) {
+          release_k();
+          full_softmax(prepare(info), a0, a1);
+        } else {
+          BlockRows b = prepare(info);
+          // Lazy max (kLazySumMax) unless temperature sums are asked for; a warpgroup-wide vote,
+          // as the way back recomputes S with a wgmma. These branches also keep the softmax above
+          // the P V wait in the SASS: without one between them ptxas moved it below the wait,
+          // 2.4-4% slower (docs/kernels/sparse_fwd.md).
+          bool lazy = p.inv_temperature == 0.f;
+          if (lazy) {
+            float sum[2];
+            const bool ok = lazy_softmax_rows(sc, b.lim0, b.lim1, col_base, b.s0, b.s1, b.none0,
+                                              b.none1, st0, st1, sum);
+            lazy = sm90::named_all(lazy_vote, 128, ok);
+            if (lazy) {
+              st0.l += sum[0];
+              st1.l += sum[1];
+              a0 = a1 = 1.f;
+            }
+          }
+          if (!lazy) {
+            if (p.inv_temperature == 0.f) {  // S holds p of the rejected try: S again
+              sm90::wgmma_fence();
+              issue_uniform_qk<kF16, kFp8, kD>(sc, q_addr,
+                                               sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
+              sm90::wgmma_wait<0>();
+              fence_regs(sc);
+              apply_key_scales(sc);
+              b = prepare(info);
+            }
+            full_softmax(b, a0, a1);
+          }
+          release_k();  // after the softmax: its way back reads K again
+        }
         sm90::wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);
