@@ -336,7 +336,6 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
           online_softmax_rows<false>(sc, b.lim0, b.lim1, col_base, b.s0, b.s1, 0.f, st0, st1, a0,
                                      a1);
       };
-      const uint32_t lazy_vote = uint32_t(NamedBarrier::kLazy0) + consumer;
       // Not on 64-key pairs: there the lazy loop spilled 16 bytes instead of 4 and measured
       // P108K-bsr64 / P32K-blk64 0-2% slower (H100), so those kernels keep the max every block.
       constexpr bool kLazy = !HT::kBlockPairs;
@@ -380,7 +379,7 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
             float sum[2];
             const bool ok = lazy_softmax_rows(sc, b.lim0, b.lim1, col_base, b.s0, b.s1, b.none0,
                                               b.none1, st0, st1, sum);
-            lazy = sm90::named_all(lazy_vote, 128, ok);
+            lazy = sm90::named_all(uint32_t(NamedBarrier::kLazy0) + consumer, 128, ok);
             if (lazy) {
               st0.l += sum[0];
               st1.l += sum[1];
