@@ -642,7 +642,8 @@ TEST(SparseFwdGpu, DenseMatchesCpu) {
 // is recomputed with the max. K of block b scaled by 1 + 2 b (rising maxima: the way back in
 // most blocks), by 4 / (1 + 3 b) (falling: p far below the base), or 1 except a x8 block in the
 // middle (one way back, then lazy again); dense (head dims 64, 128, 256; a key mask; a
-// temperature) and block-sparse (128- and 64-key blocks).
+// temperature; FP8 Q K^T, whose way back is always the wgmma one) and block-sparse (128- and
+// 64-key blocks).
 TEST(SparseFwdGpu, LazyMaxMatchesCpu) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();
@@ -671,6 +672,17 @@ TEST(SparseFwdGpu, LazyMaxMatchesCpu) {
       expect_dense_matches_cpu(c, s, small, c.key_mask ? 0 : 1);
       if (HasFailure()) return;
     }
+  // FP8 Q K^T (e4m3 q and K): its way back is the warpgroup's wgmma at every head dim.
+  for (int r = 0; r < 3; ++r) {
+    SparseCase c = dense_case(make_problem({300, 129}, {1000, 129}, 16, 2, 128, seed++,
+                                           DType::fp8_e4m3, DType::fp8_e4m3, Fp8Scale::none),
+                              r != 1);
+    scale_k_blocks(c.p, 128, ramps[r]);
+    c.name = "fp8 qk ramp " + std::to_string(r);
+    SCOPED_TRACE(c.name);
+    expect_dense_matches_cpu(c, s, small, 0);
+    if (HasFailure()) return;
+  }
   for (int r = 0; r < 3; ++r)
     for (int64_t blk : {128, 64}) {
       Problem prob = make_problem({700, 300}, {700, 900}, 8, 2, 128, seed++);

@@ -94,6 +94,51 @@ __device__ __forceinline__ bool lazy_softmax_rows(float (&s)[kS], int lim0, int 
   return ok0 && ok1;
 }
 
+// S of one warp's 16 rows of a 64-row tile (rows 16 warp .. + 15) against a K stage, by
+// mma.sync m16n8k16 from the 128-byte-swizzled tiles (16-bit q and K): the lazy softmax's way
+// back when that warp alone rejects a block, with no warpgroup vote and no wgmma. The mma's C
+// fragment is the wgmma accumulator's per warp (rows g, g + 8; columns 8 j + 2 t, + 1 of n8 group
+// j), so s takes the same layout. kD / 16 k-steps (D = 32: its first two, of D = 64's tiles);
+// q_tile / k_tile: half 0 of the Q buffer and the K stage, halves kQHalfBytes / k_half apart.
+template <bool kF16, int kD, int kS>
+__device__ __forceinline__ void warp_qk(float (&s)[kS], const uint8_t* q_tile,
+                                        const uint8_t* k_tile, int k_half, int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  // Byte of (row r, column c) of a 64-column half: 16-byte chunk c / 8 XOR r % 8 (TMA's 128B).
+  auto at = [](const uint8_t* half, int r, int c) {
+    return *reinterpret_cast<const uint32_t*>(half + r * 128 + (((c >> 3) ^ (r & 7)) << 4) +
+                                              (c & 7) * 2);
+  };
+#pragma unroll
+  for (int i = 0; i < kS; ++i) s[i] = 0.f;
+  const int ra = warp * 16 + g, rb = ra + 8;
+#pragma unroll 1
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    const int h = ks >> 2, c0 = (ks & 3) * 16 + 2 * t;
+    const uint8_t* qh = q_tile + h * kQHalfBytes;
+    const uint8_t* kh = k_tile + h * k_half;
+    const uint32_t a0 = at(qh, ra, c0), a1 = at(qh, rb, c0);
+    const uint32_t a2 = at(qh, ra, c0 + 8), a3 = at(qh, rb, c0 + 8);
+#pragma unroll
+    for (int j = 0; j < kS / 4; ++j) {
+      const uint32_t b0 = at(kh, 8 * j + g, c0), b1 = at(kh, 8 * j + g, c0 + 8);
+      float* d = s + 4 * j;
+      if constexpr (kF16)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
+            "%7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
+            "%7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+  }
+}
+
 // The quad's shares of l and t added (the whole warp calls it, before any branch on the row).
 __device__ __forceinline__ void finish_row(OnlineRow& r, float inv_temp) {
   r.l = quad_sum(r.l);
@@ -339,6 +384,10 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
       // Not on 64-key pairs: there the lazy loop spilled 16 bytes instead of 4 and measured
       // P108K-bsr64 / P32K-blk64 0-2% slower (H100), so those kernels keep the max every block.
       constexpr bool kLazy = !HT::kBlockPairs;
+      // The way back by the warpgroup (vote and wgmma) for FP8 K and at D <= 64 (warp_qk there
+      // took the spills of the 160-register consumers from 88 to 180 bytes), else by the warp
+      // alone (warp_qk): DENSE-8K 1.592 -> 1.535 ms, DENSE-32K 26.1 -> 25.2 (H100).
+      constexpr bool kWgmmaWayBack = kFp8 || kD <= 64;
       float a0, a1;
       // Block 0: S_0 alone.
       load_mask(info);
@@ -370,16 +419,20 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
           full_softmax(prepare(info), a0, a1);
         } else {
           BlockRows b = prepare(info);
-          // Lazy max (kLazySumMax) unless temperature sums are asked for; a warpgroup-wide vote,
-          // as the way back recomputes S with a wgmma. These branches also keep the softmax above
-          // the P V wait in the SASS: without one between them ptxas moved it below the wait,
-          // 2.4-4% slower (docs/kernels/sparse_fwd.md).
+          // Lazy max (kLazySumMax) unless temperature sums are asked for. The way back recomputes
+          // S: by the warp alone (warp vote, warp_qk), or with kWgmmaWayBack by the warpgroup
+          // (vote by bar.red, then a wgmma). These branches also keep the softmax above the P V
+          // wait in the SASS: without one between them ptxas moved it below the wait, 2.4-4%
+          // slower (docs/kernels/sparse_fwd.md).
           bool lazy = p.inv_temperature == 0.f;
           if (lazy) {
             float sum[2];
             const bool ok = lazy_softmax_rows(sc, b.lim0, b.lim1, col_base, b.s0, b.s1, b.none0,
                                               b.none1, st0, st1, sum);
-            lazy = sm90::named_all(uint32_t(NamedBarrier::kLazy0) + consumer, 128, ok);
+            if constexpr (kWgmmaWayBack)
+              lazy = sm90::named_all(uint32_t(NamedBarrier::kLazy0) + consumer, 128, ok);
+            else
+              lazy = __all_sync(0xffffffffu, ok);
             if (lazy) {
               st0.l += sum[0];
               st1.l += sum[1];
@@ -388,12 +441,17 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
           }
           if (!lazy) {
             if (p.inv_temperature == 0.f) {  // S holds p of the rejected try: S again
-              sm90::wgmma_fence();
-              issue_uniform_qk<kF16, kFp8, kD>(sc, q_addr,
-                                               sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
-              sm90::wgmma_wait<0>();
-              fence_regs(sc);
-              apply_key_scales(sc);
+              if constexpr (kWgmmaWayBack) {
+                sm90::wgmma_fence();
+                issue_uniform_qk<kF16, kFp8, kD>(sc, q_addr,
+                                                 sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
+                sm90::wgmma_wait<0>();
+                fence_regs(sc);
+                apply_key_scales(sc);
+              } else {
+                warp_qk<kF16, kD>(sc, sh.q[consumer][q_stage][0], sh.k[k_iter % kKVStages][0],
+                                  int(sizeof(sh.k[0][0])), warp, lane);
+              }
               b = prepare(info);
             }
             full_softmax(b, a0, a1);
