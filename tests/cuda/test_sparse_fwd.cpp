@@ -430,9 +430,12 @@ TEST(SparseFwdGpu, NamedEdges) {
   expect_edges_match_cpu(edges, 128, 77, s);
 }
 
-// K's rows scaled by f(key / blk) in place (stored in K's dtype, the reference reading the same).
+// K's rows scaled by f(key / blk) in place (stored in K's dtype, the reference reading the same;
+// FP8 K without scales, its codes re-encoded).
 template <class F>
 void scale_k_blocks(Problem& prob, int64_t blk, F f) {
+  const bool fp8 = prob.k.t.dtype == DType::fp8_e4m3;
+  ASSERT_FALSE(fp8 && prob.k_scale) << "scale_k_blocks: FP8 K with scales";
   for (int64_t b = 0; b < prob.batch(); ++b)
     for (int64_t i = 0; i < prob.lk[b]; ++i) {
       const int64_t row = prob.k_start(b) + i;
@@ -440,7 +443,13 @@ void scale_k_blocks(Problem& prob, int64_t blk, F f) {
       for (int64_t h = 0; h < prob.hkv; ++h)
         for (int64_t d = 0; d < prob.dim; ++d) {
           double& val = prob.k_val[(row * prob.hkv + h) * prob.dim + d];
-          val = store(prob.k.t, prob.k.offset({row, h, d}), float(val) * fi);
+          if (fp8) {
+            uint8_t& code = prob.k.data<uint8_t>()[prob.k.offset({row, h, d})];
+            code = codec::float_to_e4m3(float(val) * fi);
+            val = codec::e4m3_to_float(code);
+          } else {
+            val = store(prob.k.t, prob.k.offset({row, h, d}), float(val) * fi);
+          }
         }
     }
 }
