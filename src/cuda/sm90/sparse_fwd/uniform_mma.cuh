@@ -8,6 +8,7 @@
 // visible key end with out = 0, lse = -inf.
 #pragma once
 
+#include "cuda/device/sm80.cuh"
 #include "cuda/sm90/sparse_fwd/mma.cuh"
 
 namespace msa::cuda::sparse_fwd {
@@ -117,25 +118,12 @@ __device__ __forceinline__ void warp_qk(float (&s)[kS], const uint8_t* q_tile,
     const int h = ks >> 2, c0 = (ks & 3) * 16 + 2 * t;
     const uint8_t* qh = q_tile + h * kQHalfBytes;
     const uint8_t* kh = k_tile + h * k_half;
-    const uint32_t a0 = at(qh, ra, c0), a1 = at(qh, rb, c0);
-    const uint32_t a2 = at(qh, ra, c0 + 8), a3 = at(qh, rb, c0 + 8);
+    const uint32_t a[4] = {at(qh, ra, c0), at(qh, rb, c0), at(qh, ra, c0 + 8), at(qh, rb, c0 + 8)};
 #pragma unroll
-    for (int j = 0; j < kS / 4; ++j) {
-      const uint32_t b0 = at(kh, 8 * j + g, c0), b1 = at(kh, 8 * j + g, c0 + 8);
-      float* d = s + 4 * j;
-      if constexpr (kF16)
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
-            "%7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-      else
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
-            "%7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
+    for (int j = 0; j < kS / 4; ++j)
+      sm80::mma_16816<std::conditional_t<kF16, __half, __nv_bfloat16>>(
+          *reinterpret_cast<float(*)[4]>(s + 4 * j), a, at(kh, 8 * j + g, c0),
+          at(kh, 8 * j + g, c0 + 8));
   }
 }
 
