@@ -681,12 +681,21 @@ TEST(SparseFwdGpu, LazyMaxMatchesCpu) {
       expect_dense_matches_cpu(c, s, small, c.key_mask ? 0 : 1);
       if (HasFailure()) return;
     }
-  // FP8 Q K^T (e4m3 q and K, D = 128): its way back is the warpgroup's wgmma.
+  // FP8 Q K^T (e4m3 q and K, D = 128): its way back is the warpgroup's wgmma. Gentler ramps: the
+  // random e4m3 codes already give scores up to ~20, and the e4m3 wgmma's accumulation error grows
+  // with |S| (1 + 2 b put scores near 270 and the lse 0.083 off on the H100, against 3e-2); these
+  // still take the way back (simulated on 64 rows: ~80 and ~35 (row, block) way backs) with
+  // scores below ~60.
+  const std::function<float(int64_t)> fp8_ramps[] = {
+      [](int64_t b) { return 1.f + 0.25f * float(b); },
+      [](int64_t b) { return 1.5f / (1.f + 0.5f * float(b)); },
+      [](int64_t b) { return b == 3 ? 2.f : 1.f; },
+  };
   for (int r = 0; r < 3; ++r) {
     SparseCase c = dense_case(make_problem({300, 129}, {1000, 129}, 16, 2, 128, seed++,
                                            DType::fp8_e4m3, DType::fp8_e4m3, Fp8Scale::none),
                               r != 1);
-    scale_k_blocks(c.p, 128, ramps[r]);
+    scale_k_blocks(c.p, 128, fp8_ramps[r]);
     c.name = "fp8 qk ramp " + std::to_string(r);
     SCOPED_TRACE(c.name);
     expect_dense_matches_cpu(c, s, small, 0);
