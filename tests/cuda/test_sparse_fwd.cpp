@@ -651,7 +651,7 @@ TEST(SparseFwdGpu, DenseMatchesCpu) {
 // is recomputed with the max. K of block b scaled by 1 + 2 b (rising maxima: the way back in
 // most blocks), by 4 / (1 + 3 b) (falling: p far below the base), or 1 except a x8 block in the
 // middle (one way back, then lazy again); dense (head dims 64, 128, 256; a key mask; a
-// temperature; FP8 Q K^T, whose way back is the wgmma one) and block-sparse (128- and
+// temperature; FP8 Q K^T, whose way back is warp_qk_e4m3) and block-sparse (128- and
 // 64-key blocks).
 TEST(SparseFwdGpu, LazyMaxMatchesCpu) {
   MSA_REQUIRE_GPU();
@@ -681,11 +681,11 @@ TEST(SparseFwdGpu, LazyMaxMatchesCpu) {
       expect_dense_matches_cpu(c, s, small, c.key_mask ? 0 : 1);
       if (HasFailure()) return;
     }
-  // FP8 Q K^T (e4m3 q and K, D = 128): its way back is the warpgroup's wgmma. Gentler ramps: the
-  // random e4m3 codes already give scores up to ~20, and the e4m3 wgmma's accumulation error grows
-  // with |S| (1 + 2 b put scores near 270 and the lse 0.083 off on the H100, against 3e-2); these
-  // still take the way back (simulated on 64 rows: ~80 and ~35 (row, block) way backs) with
-  // scores below ~60.
+  // FP8 Q K^T (e4m3 q and K, D = 128): its way back is the warp's (warp_qk_e4m3). Gentler ramps:
+  // the random e4m3 codes already give scores up to ~20, and the e4m3 wgmma's accumulation error
+  // grows with |S| (1 + 2 b put scores near 270 and the lse 0.083 off on the H100, against 3e-2);
+  // these still take the way back (simulated on 64 rows: ~80 and ~35 (row, block) way backs)
+  // with scores below ~60.
   const std::function<float(int64_t)> fp8_ramps[] = {
       [](int64_t b) { return 1.f + 0.25f * float(b); },
       [](int64_t b) { return 1.5f / (1.f + 0.5f * float(b)); },

@@ -127,6 +127,39 @@ __device__ __forceinline__ void warp_qk(float (&s)[kS], const uint8_t* q_tile,
   }
 }
 
+// warp_qk for FP8 Q K^T (D = 128, e4m3 q and K: one 128-byte swizzled row per tile row): the
+// warp's 16 rows of S by mma.sync m16n8k32 e4m3, whose A / B / C fragments are m16n8k16's with 4
+// values per register; S holds Q K^T before the K scales, as the wgmma leaves it.
+template <int kS>
+__device__ __forceinline__ void warp_qk_e4m3(float (&s)[kS], const uint8_t* q_tile,
+                                             const uint8_t* k_tile, int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  // Bytes c .. c + 3 of row r: 16-byte chunk c / 16 XOR r % 8 (TMA's 128B swizzle).
+  auto at = [](const uint8_t* tile, int r, int c) {
+    return *reinterpret_cast<const uint32_t*>(tile + r * 128 + (((c >> 4) ^ (r & 7)) << 4) +
+                                              (c & 15));
+  };
+#pragma unroll
+  for (int i = 0; i < kS; ++i) s[i] = 0.f;
+  const int ra = warp * 16 + g, rb = ra + 8;
+#pragma unroll 1
+  for (int ks = 0; ks < 4; ++ks) {
+    const int c0 = ks * 32 + 4 * t;
+    const uint32_t a0 = at(q_tile, ra, c0), a1 = at(q_tile, rb, c0);
+    const uint32_t a2 = at(q_tile, ra, c0 + 16), a3 = at(q_tile, rb, c0 + 16);
+#pragma unroll
+    for (int j = 0; j < kS / 4; ++j) {
+      const uint32_t b0 = at(k_tile, 8 * j + g, c0), b1 = at(k_tile, 8 * j + g, c0 + 16);
+      float* d = s + 4 * j;
+      asm volatile(
+          "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
+          "%7}, {%8, %9}, {%0, %1, %2, %3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+  }
+}
+
 // The quad's shares of l and t added (the whole warp calls it, before any branch on the row).
 __device__ __forceinline__ void finish_row(OnlineRow& r, float inv_temp) {
   r.l = quad_sum(r.l);
@@ -372,10 +405,12 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
       // Not on 64-key pairs: there the lazy loop spilled 16 bytes instead of 4 and measured
       // P108K-bsr64 / P32K-blk64 0-2% slower (H100), so those kernels keep the max every block.
       constexpr bool kLazy = !HT::kBlockPairs;
-      // The way back by the warpgroup (vote and wgmma) for FP8 K and at D <= 64 (warp_qk there
-      // took the spills of the 160-register consumers from 88 to 180 bytes), else by the warp
-      // alone (warp_qk): DENSE-8K 1.592 -> 1.535 ms, DENSE-32K 26.1 -> 25.2 (H100).
-      constexpr bool kWgmmaWayBack = kFp8 || kD <= 64;
+      // The way back by the warpgroup (vote and wgmma) at D <= 64 (warp_qk there took the spills
+      // of the 160-register consumers from 88 to 180 bytes) and for FP8 Q K^T with a key mask
+      // (warp_qk_e4m3 there: spills 8 -> 104 bytes), else by the warp alone (warp_qk,
+      // warp_qk_e4m3): DENSE-8K 1.592 -> 1.535 ms, DENSE-32K 26.1 -> 25.2, P32K-blk-fp8qk
+      // 3.68-3.73 -> 3.67-3.68, P32K-blk-fp8qk-tensor 3.26 -> 3.19 (H100).
+      constexpr bool kWgmmaWayBack = kD <= 64 || (kFp8 && kMask);
       float a0, a1;
       // Block 0: S_0 alone.
       load_mask(info);
@@ -435,6 +470,10 @@ __device__ __forceinline__ void run_uniform_consumer(const UniformParams& p,
                                                  sm90::smem_addr(sh.k[k_iter % kKVStages][0]));
                 sm90::wgmma_wait<0>();
                 fence_regs(sc);
+                apply_key_scales(sc);
+              } else if constexpr (kFp8) {
+                warp_qk_e4m3(sc, sh.q[consumer][q_stage][0], sh.k[k_iter % kKVStages][0], warp,
+                             lane);
                 apply_key_scales(sc);
               } else {
                 warp_qk<kF16, kD>(sc, sh.q[consumer][q_stage][0], sh.k[k_iter % kKVStages][0],
