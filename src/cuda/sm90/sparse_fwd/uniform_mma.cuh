@@ -95,6 +95,13 @@ __device__ __forceinline__ bool lazy_softmax_rows(float (&s)[kS], int lim0, int 
   return ok0 && ok1;
 }
 
+// The 4 bytes at byte `off` of 16-byte chunk `chunk` of row r of a 128-byte-swizzled tile (or
+// 64-column half): the chunk is stored at chunk XOR r % 8 (TMA's 128B swizzle, as wgmma reads
+// it). warp_qk's and warp_qk_e4m3's fragments.
+__device__ __forceinline__ uint32_t swizzled_word(const uint8_t* tile, int r, int chunk, int off) {
+  return *reinterpret_cast<const uint32_t*>(tile + r * 128 + ((chunk ^ (r & 7)) << 4) + off);
+}
+
 // S of one warp's 16 rows of a 64-row tile (rows 16 warp .. + 15) against a K stage, by
 // mma.sync m16n8k16 from the 128-byte-swizzled tiles (16-bit q and K): the lazy softmax's way
 // back when that warp alone rejects a block, with no warpgroup vote and no wgmma. The mma's C
@@ -105,10 +112,9 @@ template <bool kF16, int kD, int kS>
 __device__ __forceinline__ void warp_qk(float (&s)[kS], const uint8_t* q_tile,
                                         const uint8_t* k_tile, int k_half, int warp, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  // Byte of (row r, column c) of a 64-column half: 16-byte chunk c / 8 XOR r % 8 (TMA's 128B).
+  // Column c of a 64-column half of 16-bit values: 8 a chunk.
   auto at = [](const uint8_t* half, int r, int c) {
-    return *reinterpret_cast<const uint32_t*>(half + r * 128 + (((c >> 3) ^ (r & 7)) << 4) +
-                                              (c & 7) * 2);
+    return swizzled_word(half, r, c >> 3, (c & 7) * 2);
   };
 #pragma unroll
   for (int i = 0; i < kS; ++i) s[i] = 0.f;
@@ -134,10 +140,9 @@ template <int kS>
 __device__ __forceinline__ void warp_qk_e4m3(float (&s)[kS], const uint8_t* q_tile,
                                              const uint8_t* k_tile, int warp, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  // Bytes c .. c + 3 of row r: 16-byte chunk c / 16 XOR r % 8 (TMA's 128B swizzle).
+  // Column c of 128 e4m3 values: 16 a chunk.
   auto at = [](const uint8_t* tile, int r, int c) {
-    return *reinterpret_cast<const uint32_t*>(tile + r * 128 + (((c >> 4) ^ (r & 7)) << 4) +
-                                              (c & 15));
+    return swizzled_word(tile, r, c >> 4, c & 15);
   };
 #pragma unroll
   for (int i = 0; i < kS; ++i) s[i] = 0.f;
