@@ -125,7 +125,7 @@ demo: build
 DEVICE_BIN ?= build-device-bin
 GPU_TARGETS = test_index_checks test_quant_gpu test_topk_gpu test_indexer_gpu test_icp_gpu test_csr_build test_logits_gpu test_token_topk_gpu \
 	test_sparse_fwd test_sparse_fwd_paged test_decode_gpu test_pipeline_gpu test_sdsa_gpu bench_sparse_fwd \
-	bench_indexer bench_indexer_fp4 bench_decode bench_logits bench_pipeline bench_latency msa_cli
+	bench_indexer bench_indexer_fp4 bench_decode bench_logits bench_pipeline bench_latency l2_rate msa_cli
 # device-bin also copies the CUPTI host trace (bench/host_trace.cpp) where the toolkit has CUPTI,
 # and the ICP driver (tools/icp_driver) where NCCL is found.
 device-bin: configure
@@ -133,7 +133,7 @@ device-bin: configure
 	mkdir -p $(DEVICE_BIN)
 	cp $(BUILD)/tests/cuda/test_* $(BUILD)/bench/bench_sparse_fwd $(BUILD)/bench/bench_indexer $(BUILD)/bench/bench_indexer_fp4 \
 		$(BUILD)/bench/bench_decode $(BUILD)/bench/bench_logits $(BUILD)/bench/bench_pipeline $(BUILD)/bench/bench_latency \
-		$(BUILD)/tools/cli/msa $(DEVICE_BIN)/
+		$(BUILD)/bench/l2_rate $(BUILD)/tools/cli/msa $(DEVICE_BIN)/
 	-cmake --build $(BUILD) --target msa_host_trace > /dev/null 2>&1 && cp $(BUILD)/bench/libmsa_host_trace.so $(DEVICE_BIN)/
 	-cmake --build $(BUILD) --target msa_icp_driver > /dev/null 2>&1 && cp $(BUILD)/tools/icp_driver/msa_icp_driver $(DEVICE_BIN)/
 
