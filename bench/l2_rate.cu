@@ -18,9 +18,11 @@ namespace {
 
 constexpr int kThreads = 512;
 
-__global__ void fill(uint4* p, size_t n, uint32_t v) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = make_uint4(v, v + 1, v + 2, uint32_t(i));
+// reps rewrites of p[0, n); one rewrite also puts the buffer in L2 before a read.
+__global__ void write_rate(uint4* p, size_t n, int reps) {
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+      p[i] = make_uint4(uint32_t(r), uint32_t(i), 1u, 2u);
 }
 
 // kU loads in flight a thread: all kU issued (predicated past the end), then all used.
@@ -45,12 +47,6 @@ __global__ void read_rate(const uint4* __restrict__ p, size_t n, int reps, uint3
     }
   }
   if (acc == 0x12345678u) sink[0] = acc;  // keeps the loads
-}
-
-__global__ void write_rate(uint4* p, size_t n, int reps) {
-  for (int r = 0; r < reps; ++r)
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-      p[i] = make_uint4(uint32_t(r), uint32_t(i), 1u, 2u);
 }
 
 bool ok(cudaError_t e, const char* what) {
@@ -112,8 +108,8 @@ int main(int argc, char** argv) {
       const int reps = reps_of(bytes);
       const dim3 grid(unsigned(sms * ctas_per_sm));
       const float ms = median_ms(
-          [&](int t) {
-            fill<<<sms * 4, kThreads>>>(buf, n, uint32_t(t));
+          [&](int) {
+            write_rate<<<sms * 4, kThreads>>>(buf, n, 1);
             cudaEventRecord(a);
             switch (inflight) {
               case 1: read_rate<1><<<grid, kThreads>>>(buf, n, reps, sink); break;
