@@ -60,7 +60,7 @@ template <typename F>
 float median_ms(F launch, cudaEvent_t a, cudaEvent_t b) {
   std::vector<float> ts;
   for (int t = 0; t < 7; ++t) {
-    launch(t);
+    launch();
     float ms = 0.f;
     cudaEventSynchronize(b);
     cudaEventElapsedTime(&ms, a, b);
@@ -85,13 +85,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--inflight takes 1, 2, 4 or 8, got %d\n", inflight);
     return 2;
   }
-  int sms = 0, l2 = 0;
   cudaDeviceProp prop;
   if (!ok(cudaGetDeviceProperties(&prop, 0), "no GPU")) return 2;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
-  std::printf("%s, %d SMs, L2 %d MB, %d loads in flight a thread\n", prop.name, sms, l2 >> 20,
-              inflight);
+  const int sms = prop.multiProcessorCount;
+  std::printf("%s, %d SMs, L2 %d MB, %d loads in flight a thread\n", prop.name, sms,
+              prop.l2CacheSize >> 20, inflight);
   const size_t max_bytes = size_t(512) << 20;
   uint4* buf = nullptr;
   uint32_t* sink = nullptr;
@@ -108,7 +106,7 @@ int main(int argc, char** argv) {
       const int reps = reps_of(bytes);
       const dim3 grid(unsigned(sms * ctas_per_sm));
       const float ms = median_ms(
-          [&](int) {
+          [&] {
             write_rate<<<sms * 4, kThreads>>>(buf, n, 1);
             cudaEventRecord(a);
             switch (inflight) {
@@ -128,7 +126,7 @@ int main(int argc, char** argv) {
     const size_t bytes = mb << 20, n = bytes / 16;
     const int reps = reps_of(bytes);
     const float ms = median_ms(
-        [&](int) {
+        [&] {
           cudaEventRecord(a);
           write_rate<<<sms * 4, kThreads>>>(buf, n, reps);
           cudaEventRecord(b);
