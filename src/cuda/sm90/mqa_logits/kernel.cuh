@@ -19,6 +19,7 @@
 #include "cuda/device/sm90.cuh"
 #include "cuda/device/status.cuh"
 #include "cuda/device/wgmma_m64n128.cuh"
+#include "cuda/device/wgmma_m64n8.cuh"
 #include "cuda/sm90/mqa_logits/fp4_load.cuh"
 #include "cuda/sm90/mqa_logits/params.h"
 #include "cuda/sm90/mqa_logits/traits.h"
@@ -360,17 +361,30 @@ __device__ __forceinline__ void issue_kq(float (&acc)[64], uint64_t k_desc, uint
 
 // Consumer warpgroup `rg`: key half kh = rg % 2 of a block, token group tg = (rg / 2) % groups
 // (128 query rows: 128 / kHp tokens), column lane cl = rg / (2 groups), which takes every
-// lanes-th block. S^T comes out keys x rows, so a thread holds two keys x 32 rows: a token's
-// weighted relu sum is a sum over the thread's columns and the 4 lanes of its quad, never across
-// warps (no shared-memory reduction, no barrier between the consumers). kHp, the rows a token
-// takes, is a compile-time constant so that every index of the epilogue is one too.
-template <bool kPaged, int kHp>
+// lanes-th block. S^T comes out keys x rows, so a thread holds two keys x 32 rows, and a token's
+// weighted relu sum needs no cross-warp reduction (no shared-memory round trip, no barrier
+// between the consumers). kHp, the rows a token takes, is a compile-time constant so that every
+// index of the epilogue is one too. The head sum, two ways:
+// - FFMA (FP8 kernels): each thread sums its own columns, then its quad's 4 lanes by shuffles.
+// - kMmaSum (MXFP4 kernels): relu(S^T) [64 keys x 128 rows] straight from the accumulators as the
+//   A operand of 16 tf32 `wgmma m64n8k8` against the group's weight tile (wtile), whose column n
+//   is token n % kTokens, so every lane of a quad holds the same (key, token) sums. On an H100,
+//   alternated, medians of 20, with the straight conversion (fp4_load.cuh): MQAL-PAGED-B64-fp4
+//   139.9-140.5 us with FFMA, 137.6-138.2 with the products (their consumers share the SM with
+//   converting producers, so fewer consumer instructions pay); the FP8 kernels lost to the N = 8
+//   products' tensor time (MQAL-PAGED-B64 116.3 -> 118.7 / 117.7 us, MQAL-PREFILL-32K 9.28 ->
+//   9.64 / 9.79 ms) for 17% fewer loop instructions (258 -> 215 at H 64), so they keep FFMA. The
+//   tf32 operands (the f32 bits' top 19) round each term to ~2^-11: 7.0-7.6e-4 relative L2 on the
+//   tests' inputs (docs/kernels/mqa_logits.md), within their 1e-3.
+template <bool kPaged, int kHp, bool kMmaSum>
 __device__ void run_consumer(const Params& p, SharedStorage& sh, const CtaWork& w, int kb_lo,
                              int kb_hi, int rg, int tid) {
   constexpr int kJt = kHp / 8;              // 8-column groups per token
-  constexpr int kTokens = kBlockN / kHp;    // tokens per 128-row group
-  constexpr int kValues = 2 * kTokens;      // (key, token) sums per thread
-  constexpr int kStores = (kValues + 3) / 4;  // of them stored by each quad lane
+  constexpr int kTokens = kBlockN / kHp;    // tokens per 128-row group (<= 4: wtile's 8 columns)
+  constexpr int kValues = 2 * kTokens;      // (key, token) sums per quad
+  // The sums each lane stores: FFMA, value v = 4 e + c (token v / 2, key v % 2); MMA, value
+  // i = first + e of its d (key i / 2, token (2 c + i % 2) % kTokens).
+  constexpr int kStores = kMmaSum ? (kTokens >= 4 ? 2 : 1) : (kValues + 3) / 4;
   const int warp = (tid >> 5) & 3, lane = tid & 31, c = lane & 3;
   // The warpgroup index through lane 0's copy: ptxas then sees it (and the stage, the
   // descriptors and the block loop derived from it) as warp-uniform and builds the wgmma
@@ -383,16 +397,27 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, const CtaWork& 
   const uint64_t k_desc0 = sm90::tile_desc(sh.k[0] + kh * 64 * kRowBytes);
   const bool unit_scale = !kPaged && p.k_scale == nullptr;
   const float* wrow = sh.wt + tg * kBlockN;  // weights of this group's 128 rows (0 past H)
+  const uint64_t w_desc = sm90::wgmma_desc_plain(sm90::smem_addr(sh.wtile[tg]), 128);
   const int key_in = kh * 64 + warp * 16 + (lane >> 2);  // this thread's keys: key_in, key_in + 8
-  // The values this lane stores: value v = 2 t + k (token t of the group, key key_in + 8 k) for
-  // v % 4 == c; their rows' visible ranges, once.
-  int32_t lo[kStores], hi[kStores];
+  const int first = kTokens == 1 ? 2 * c : kTokens == 2 ? c : 2 * (c >> 1);  // MMA
+  // Each stored sum's token (CTA index), key offset (0 or 8) and visible range, once.
+  int32_t lo[kStores], hi[kStores], tok[kStores], koff[kStores];
+  bool own[kStores];
 #pragma unroll
-  for (int s = 0; s < kStores; ++s) {
-    const int v = 4 * s + c, tok = tok0 + v / 2;
-    const bool own = v < kValues && tok < w.ntok;
-    lo[s] = own ? sh.lo[tok] : 0;
-    hi[s] = own ? sh.hi[tok] : 0;
+  for (int e = 0; e < kStores; ++e) {
+    if constexpr (kMmaSum) {
+      const int i = first + e;
+      tok[e] = tok0 + (2 * c + (i & 1)) % kTokens;
+      koff[e] = 8 * (i >> 1);
+      own[e] = (kTokens > 1 || c < 2) && tok[e] < w.ntok;
+    } else {
+      const int v = 4 * e + c;
+      tok[e] = tok0 + v / 2;
+      koff[e] = 8 * (v & 1);
+      own[e] = v < kValues && tok[e] < w.ntok;
+    }
+    lo[e] = own[e] ? sh.lo[tok[e]] : 0;
+    hi[e] = own[e] ? sh.hi[tok[e]] : 0;
   }
   sm90::mbar_wait(&sh.q_full, 0);
   float acc[64];
@@ -402,44 +427,69 @@ __device__ void run_consumer(const Params& p, SharedStorage& sh, const CtaWork& 
     sm90::mbar_wait(&sh.full[stage], Ring::full_parity(b));
     issue_kq(acc, sm90::desc_offset(k_desc0, uint32_t(stage) * kKBlockBytes), q_desc);
     sm90::wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 64; ++i) sm90::reg_fence(acc[i]);
     // Columns 8 j + 2 c + e, keys key_in (acc[4 j + e]) and key_in + 8 (acc[4 j + 2 + e]); token
     // t of the group holds groups j in [t kJt, (t + 1) kJt). Rows past H weigh 0 and hold zero Q
-    // (the TMA fill): they add 0, or NaN only where the key holds NaN and the real rows give NaN
-    // too.
-    float sum[kValues];
+    // (the TMA fill; MMA: the rows of absent tokens are zeroed too): they add 0, or NaN only where
+    // the key holds NaN and the real rows give NaN too.
+    float x[kStores];
+    if constexpr (kMmaSum) {
 #pragma unroll
-    for (int v = 0; v < kValues; ++v) sum[v] = 0.f;
+      for (int i = 0; i < 64; ++i) acc[i] = relu_nan(acc[i]);
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+      sm90::wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 wj = *reinterpret_cast<const float2*>(wrow + 8 * j + 2 * c);
+      for (int j = 0; j < 16; ++j) {  // A: (key g, k t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+        const uint32_t a[4] = {__float_as_uint(acc[4 * j]), __float_as_uint(acc[4 * j + 2]),
+                               __float_as_uint(acc[4 * j + 1]), __float_as_uint(acc[4 * j + 3])};
+        sm90::wgmma_rs_tf32_n8(d, a, sm90::desc_offset(w_desc, uint32_t(j) * 256u), j > 0 ? 1u : 0u);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        float& s = sum[2 * (j / kJt) + k];
-        s = fmaf(wj.x, relu_nan(acc[4 * j + 2 * k]), s);
-        s = fmaf(wj.y, relu_nan(acc[4 * j + 2 * k + 1]), s);
+      for (int i = 0; i < 4; ++i) sm90::reg_fence(d[i]);
+#pragma unroll
+      for (int e = 0; e < kStores; ++e) {  // d[first + e], first known at run time only
+        x[e] = d[0];
+#pragma unroll
+        for (int r = 1; r < 4; ++r) x[e] = first + e == r ? d[r] : x[e];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sm90::reg_fence(acc[i]);
+      float sum[kValues];
+#pragma unroll
+      for (int v = 0; v < kValues; ++v) sum[v] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 wj = *reinterpret_cast<const float2*>(wrow + 8 * j + 2 * c);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float& s = sum[2 * (j / kJt) + k];
+          s = fmaf(wj.x, relu_nan(acc[4 * j + 2 * k]), s);
+          s = fmaf(wj.y, relu_nan(acc[4 * j + 2 * k + 1]), s);
+        }
+      }
+      // The quad's 4 lanes hold a token's columns between them.
+#pragma unroll
+      for (int v = 0; v < kValues; ++v) {
+        sum[v] += __shfl_xor_sync(0xffffffffu, sum[v], 1);
+        sum[v] += __shfl_xor_sync(0xffffffffu, sum[v], 2);
+      }
+#pragma unroll
+      for (int e = 0; e < kStores; ++e) {  // sum[4 e + c]: c is known at run time only
+        x[e] = sum[4 * e];
+#pragma unroll
+        for (int r = 1; r < 4; ++r)
+          if (4 * e + r < kValues) x[e] = c == r ? sum[4 * e + r] : x[e];
       }
     }
-    // The quad's 4 lanes hold a token's columns between them.
 #pragma unroll
-    for (int v = 0; v < kValues; ++v) {
-      sum[v] += __shfl_xor_sync(0xffffffffu, sum[v], 1);
-      sum[v] += __shfl_xor_sync(0xffffffffu, sum[v], 2);
-    }
-#pragma unroll
-    for (int s = 0; s < kStores; ++s) {
-      const int v = 4 * s + c;
-      // sum[4 s + c]: c is known at run time only, so select among the four.
-      float x = sum[4 * s];
-#pragma unroll
-      for (int r = 1; r < 4; ++r)
-        if (4 * s + r < kValues) x = c == r ? sum[4 * s + r] : x;
-      const int tok = tok0 + v / 2, key = key_in + 8 * (v & 1), col = kb * kBlockN + key;
-      if (v >= kValues || tok >= w.ntok || col < w.c0 || col >= w.c1) continue;
-      float* out = p.logits + (w.row0 + tok) * p.out_stride + col;
-      if (col >= lo[s] && col < hi[s])
-        *out = x * (unit_scale ? 1.f : sh.scale[stage][key]);
+    for (int e = 0; e < kStores; ++e) {
+      const int key = key_in + koff[e], col = kb * kBlockN + key;
+      if (!own[e] || col < w.c0 || col >= w.c1) continue;
+      float* out = p.logits + (w.row0 + tok[e]) * p.out_stride + col;
+      if (col >= lo[e] && col < hi[e])
+        *out = x[e] * (unit_scale ? 1.f : sh.scale[stage][key]);
       else if (p.clean)
         *out = -INFINITY;
     }
@@ -482,6 +532,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     sh.wt[r] = wt;
   }
   __syncthreads();
+  if constexpr (kFp4) {
+    // Each row group's weight tile for the head-sum product (run_consumer's kMmaSum; traits.h
+    // wtile): k-step j, column n, k: the weight of query row 8 j + 2 (k % 4) + k / 4 (the
+    // accumulator column that the tf32 A fragment's k takes) when that row is token
+    // n % (128 / kHp)'s, else 0.
+    for (int i = threadIdx.x; i < kMaxRowGroups / 2 * 16 * 64; i += Cfg::kThreads) {
+      const int grp = i / 1024, j = (i / 64) % 16, cm = (i / 32) % 2, n = (i / 4) % 8, kk = i % 4;
+      const int r = 8 * j + 2 * kk + cm;
+      sh.wtile[grp][j][cm][n][kk] = r / kHp == n % (kBlockN / kHp) ? sh.wt[grp * kBlockN + r] : 0.f;
+    }
+    // The Q rows of the row groups past the CTA's tokens (the producers write none there): zero,
+    // so that the product's zero weights meet finite S (stale bytes could be NaN: 0 x NaN = NaN).
+    for (int i = w.ntok * kHp * kRowBytes / 16 + threadIdx.x;
+         i < p.groups_n * kBlockN * kRowBytes / 16; i += Cfg::kThreads)
+      reinterpret_cast<uint4*>(sh.q)[i] = make_uint4(0u, 0u, 0u, 0u);
+    sm90::fence_proxy_async_smem();  // generic stores read by wgmma
+    __syncthreads();
+  }
   const Blocks seen = blocks_seen(sh, w);
   const int kb_lo = seen.lo, kb_hi = seen.hi, hi_max = seen.hi_max;
   if constexpr (kFp4) {
@@ -492,7 +560,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       clean_unseen<kPaged>(p, sh, threadIdx.x);
     } else {
       sm90::regs_alloc<Cfg::kFp4ConsumerRegs>();
-      run_consumer<kPaged, kHp>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);
+      run_consumer<kPaged, kHp, kFp4>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);
     }
   } else if (threadIdx.x < 128) {
     sm90::regs_dealloc<Cfg::kProducerRegs>();
@@ -501,7 +569,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     clean_unseen<kPaged>(p, sh, threadIdx.x);
   } else {
     sm90::regs_alloc<Cfg::kConsumerRegs>();
-    run_consumer<kPaged, kHp>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);
+    run_consumer<kPaged, kHp, kFp4>(p, sh, w, kb_lo, kb_hi, threadIdx.x / 128 - 1, threadIdx.x - 128);
   }
 }
 

@@ -50,9 +50,10 @@ struct Cfg {
   static constexpr uint32_t kProducerRegs = 32;
   static constexpr uint32_t kConsumerRegs = 112;
   // MXFP4 (fp4_load.cuh): the whole producer warpgroup converts keys, holding a token's 64 bytes
-  // (ptxas: 56 / 104 spilled 8 bytes, 32 / 112 168; 64 / 96 none).
+  // (ptxas: 56 / 104 spilled 8 bytes, 32 / 112 168; 64 / 104 none). ptxas allocates the
+  // consumers' region by its setmaxnreg: at 96 it serialized the head sum's 16 wgmmas (C7512).
   static constexpr uint32_t kFp4ProducerRegs = 64;
-  static constexpr uint32_t kFp4ConsumerRegs = 96;
+  static constexpr uint32_t kFp4ConsumerRegs = 104;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                     (65536 / (kThreads * kCtasPerSm)) / 8 * 8 * kThreads,
                 "Cfg: setmaxnreg budgets exceed the launch's registers");
@@ -66,6 +67,9 @@ struct alignas(1024) SharedStorage {
   uint8_t k[kStages][kKBlockBytes];
   float scale[kStages][kBlockN];       // each stage's key scales (0 where no key was copied)
   float wt[kMaxRowGroups * kTileM];               // each query row's head weight (0 past H)
+  // Each 128-row group's weights as the head-sum product's B (kernel.cuh): per k-step of 8 query
+  // rows, two 8 x 16-byte core matrices (k 0-3, 4-7) of 8 token columns, K-major, no swizzle.
+  alignas(256) float wtile[kMaxRowGroups / 2][16][2][8][4];
   int32_t lo[kMaxTokens], hi[kMaxTokens];  // token i sees columns [lo, hi)
   // MXFP4 (fp4_load.cuh): each producer thread's packed key (64 value bytes, 16-byte chunks
   // swizzled by the thread index) and scale word for kFp4Raw blocks, kFp4Ahead blocks ahead.
