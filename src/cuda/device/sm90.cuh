@@ -298,17 +298,23 @@ __device__ __forceinline__ void regs_alloc() {
 }
 
 // ---- wgmma ---------------------------------------------------------------------------------
-// Shared-memory matrix descriptor for the 128-byte swizzle (layout type 1 on sm_90).
-// `lbo`/`sbo` in bytes: K-major operands use sbo = 1024 (8 rows of 128 B) and ignore lbo;
-// MN-major operands use lbo = bytes between 64-element MN chunks, sbo = 1024 (8 K rows).
-__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo,
-                                                     uint32_t sbo) {
+// Shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte
+// units), layout type in bits 62-63 (sm_90: 0 no swizzle, 1 the 128-byte swizzle).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_byte_addr, uint32_t lbo, uint32_t sbo,
+                                               uint32_t layout) {
   uint64_t d = 0;
   d |= uint64_t((smem_byte_addr & 0x3FFFF) >> 4);
   d |= uint64_t((lbo >> 4) & 0x3FFF) << 16;
   d |= uint64_t((sbo >> 4) & 0x3FFF) << 32;
-  d |= uint64_t(1) << 62;
+  d |= uint64_t(layout) << 62;
   return d;
+}
+// The 128-byte swizzle. `lbo`/`sbo` in bytes: K-major operands use sbo = 1024 (8 rows of 128 B)
+// and ignore lbo; MN-major operands use lbo = bytes between 64-element MN chunks, sbo = 1024 (8 K
+// rows).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo,
+                                                     uint32_t sbo) {
+  return wgmma_desc(smem_byte_addr, lbo, sbo, 1);
 }
 
 // The descriptor of the K-major 128-byte-swizzled tile `byte_off` bytes past the one `d`

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "cuda/device/sm90.cuh"
+
 namespace msa::cuda::sm90 {
 
 // Descriptor of a K-major tile without swizzle (layout type 0) at shared byte address `addr`:
@@ -12,11 +14,7 @@ namespace msa::cuda::sm90 {
 // 8 rows, so the stride between row groups is never used: both offset fields take k_stride, which
 // reads the same whichever of them the hardware takes for K.
 __device__ __forceinline__ uint64_t wgmma_desc_plain(uint32_t addr, uint32_t k_stride) {
-  uint64_t d = 0;
-  d |= uint64_t((addr & 0x3FFFF) >> 4);
-  d |= uint64_t((k_stride >> 4) & 0x3FFF) << 16;
-  d |= uint64_t((k_stride >> 4) & 0x3FFF) << 32;
-  return d;
+  return wgmma_desc(addr, k_stride, k_stride, 0);
 }
 
 // D (+)= A B, tf32 A [64 x 8] from registers (per warp as mma.sync m16n8k8's: lane 4 g + t holds

@@ -537,7 +537,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     // wtile): k-step j, column n, k: the weight of query row 8 j + 2 (k % 4) + k / 4 (the
     // accumulator column that the tf32 A fragment's k takes) when that row is token
     // n % (128 / kHp)'s, else 0.
-    for (int i = threadIdx.x; i < kMaxRowGroups / 2 * 16 * 64; i += Cfg::kThreads) {
+    for (int i = threadIdx.x; i < int(sizeof(sh.wtile) / sizeof(float)); i += Cfg::kThreads) {
       const int grp = i / 1024, j = (i / 64) % 16, cm = (i / 32) % 2, n = (i / 4) % 8, kk = i % 4;
       const int r = 8 * j + 2 * kk + cm;
       sh.wtile[grp][j][cm][n][kk] = r / kHp == n % (kBlockN / kHp) ? sh.wt[grp * kBlockN + r] : 0.f;

@@ -69,7 +69,7 @@ struct alignas(1024) SharedStorage {
   float wt[kMaxRowGroups * kTileM];               // each query row's head weight (0 past H)
   // Each 128-row group's weights as the head-sum product's B (kernel.cuh): per k-step of 8 query
   // rows, two 8 x 16-byte core matrices (k 0-3, 4-7) of 8 token columns, K-major, no swizzle.
-  alignas(256) float wtile[kMaxRowGroups / 2][16][2][8][4];
+  alignas(256) float wtile[kMaxRowGroups * kTileM / kBlockN][16][2][8][4];
   int32_t lo[kMaxTokens], hi[kMaxTokens];  // token i sees columns [lo, hi)
   // MXFP4 (fp4_load.cuh): each producer thread's packed key (64 value bytes, 16-byte chunks
   // swizzled by the thread index) and scale word for kFp4Raw blocks, kFp4Ahead blocks ahead.
