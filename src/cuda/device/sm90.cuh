@@ -100,6 +100,15 @@ __device__ __forceinline__ float fast_log2(float x) {
   return y;
 }
 
+// prmt.b32 (byte permute) as written. __byte_perm lets the compiler narrow a use's selector mask,
+// which undoes masks that several permutes share (the MXFP4 logits conversion: 57 instructions a
+// 32-value group instead of 48).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
 // stmatrix.m8n8.x4: four 8 x 8 tiles of 16-bit values from the mma accumulator layout (register
 // j of lane l: row l / 4 of tile j, columns 2 (l % 4) + {0, 1}) to shared memory; lane l gives the
 // address of row l % 8 of tile l / 8 (16 contiguous bytes).

@@ -43,14 +43,6 @@ __device__ __forceinline__ int max_exponent(uint32_t sf) {
 // The token's left-out factor 2^(max_e - 133) (max_e - 127 - 6).
 __device__ __forceinline__ float token_factor(int max_e) { return ldexpf(1.f, max_e - 133); }
 
-// prmt.b32 as written: __byte_perm let the compiler narrow each use's selector mask, which undid
-// the masks e2m1x8_scaled shares between a word's halves (57 instructions a group instead of 48).
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-
 // Eight e2m1 values (one word, value i in nibble i) times 2^d for d in [-5, 6] as eight e4m3
 // bytes (lo: values 0-3), exactly: a magnitude m's e4m3 byte is T[m] + 8 d (T: 0.5 -> 0x30 up to
 // 6 -> 0x4c, 0 -> 0), picked by byte permutes from the table with d added to its nonzero bytes,
@@ -64,8 +56,8 @@ __device__ __forceinline__ void e2m1x8_scaled(uint32_t x, int d, uint32_t& lo, u
   const uint32_t t1 = uint32_t(d) * 0x08080808u + 0x4c484440u;
   const uint32_t m = x & 0x77777777u;         // magnitudes: permute selectors, sign bits clear
   const uint32_t s = (x >> 1) & 0x44444444u;  // signs as selector 4 (0x80) or 0 (0)
-  lo = prmt(t0, t1, m) | prmt(0u, 0x80808080u, s);
-  hi = prmt(t0, t1, m >> 16) | prmt(0u, 0x80808080u, s >> 16);
+  lo = sm90::prmt(t0, t1, m) | sm90::prmt(0u, 0x80808080u, s);
+  hi = sm90::prmt(t0, t1, m >> 16) | sm90::prmt(0u, 0x80808080u, s >> 16);
 }
 
 // One 128-value token: 64 packed bytes (four 16-byte words) and its scale word -> 128 e4m3 bytes

@@ -11,6 +11,7 @@
 // aligned).
 #pragma once
 
+#include "cuda/device/sm90.cuh"
 #include "cuda/sm90/sdsa/score.cuh"
 
 namespace msa::cuda::sdsa_sm90 {
@@ -59,11 +60,7 @@ __device__ __forceinline__ uint32_t e4m3_nan_bytes(uint32_t w) {
 // w >> 16 on the FMA pipe (the ALU pipe is this path's busiest).
 __device__ __forceinline__ uint32_t high_half(uint32_t w) { return __umulhi(w, 0x10000u); }
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
+using sm90::prmt;
 
 // Decodes row t's query (every thread of the block takes part; the caller synchronizes after).
 // Returns the NaN flag of the whole block (__syncthreads_or: every thread must call this).
