@@ -161,12 +161,41 @@ def stream_of(like: Any, stream: Any) -> int:
     return stream_handle(like, stream)
 
 
-def allocator(like: Any) -> Callable[[int], Any]:
+def allocator(like: Any, stream: Any = None) -> Callable[[int], Any]:
     """The alloc= callable of msa._C: `n` bytes of u8 scratch on like's device, from like's
-    framework (torch's caching allocator for torch tensors: stream-ordered, capturable)."""
+    framework (torch's caching allocator for torch tensors: stream-ordered, capturable), for an op
+    on `stream` (the op's stream= argument; None: the caller's current stream).
+
+    Scratch is dropped when the call returns, while the op's kernels may still run on its stream.
+    The frameworks' pools reuse a freed block at once, in order, on the stream it was allocated
+    on: the current one. For an op on another stream the block is therefore recorded on the op's
+    stream (torch's record_stream: reused only once that stream's work so far is done) or, with
+    cupy, allocated under it; otherwise the next allocation on the current stream could take the
+    block while the op still writes it."""
     if type(like) is _TorchTensor:
         device = like.device
+        if stream is not None and like.is_cuda:
+            handle = stream_handle(like, stream)
+            current = (_raw_stream(like.get_device()) if _raw_stream is not None
+                       else stream_handle(like))
+            if handle != current:
+                side = torch.cuda.ExternalStream(handle, device=device)
+
+                def recorded(n: int) -> Any:
+                    t = torch.empty(n, dtype=torch.uint8, device=device)
+                    t.record_stream(side)
+                    return t
+                return recorded
         return lambda n: torch.empty(n, dtype=torch.uint8, device=device)
+    if stream is not None and framework(like) == "cupy" and is_cuda(like):
+        handle = stream_handle(like, stream)
+        if handle != stream_handle(like):
+            import cupy
+
+            def under(n: int) -> Any:
+                with cupy.cuda.ExternalStream(handle):
+                    return empty(like, (n,), "u8")
+            return under
     return lambda n: empty(like, (n,), "u8")
 
 

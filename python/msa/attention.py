@@ -222,7 +222,7 @@ def attention_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
         k2q = tuple(k2q) + (None,) * (3 - len(k2q)) if k2q is not None else (None,) * 3
         args.update(k2q_row_ptr=arg(k2q[0]), k2q_q_idx=arg(k2q[1]), k2q_schedule=arg(k2q[2]),
                     kv_block_size=kv_block_size, partial_dtype=partial, workspace=arg(workspace),
-                    alloc=allocator(q) if workspace is None else None)
+                    alloc=allocator(q, stream) if workspace is None else None)
         _C.attention_forward(args)
     finish(status, st, check)
     return out, lse, tlse
@@ -345,7 +345,7 @@ def pipeline_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, l
     status = status_for(q)
     scratch = []  # the workspace allocated for the call: q2k lives at its start
 
-    def alloc(n: int, base=allocator(q)) -> Any:
+    def alloc(n: int, base=allocator(q, stream)) -> Any:
         scratch.append(base(n))
         return scratch[-1]
     kw = _pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,

@@ -95,7 +95,7 @@ def build_k2q_csr_eager(q2k, cu_seqlens_q, k, cu_seqlens_k, page_table, seqused_
                      **kv_args(k, layout=layout, cu_seqlens_k=cu_seqlens_k,
                                page_table=page_table, seqused_k=seqused_k),
                      kv_block_size=kv_block_size, row_ptr=arg(row_ptr), q_idx=arg(q_idx),
-                     schedule=arg(schedule), alloc=allocator(q2k), status=status, stream=st)
+                     schedule=arg(schedule), alloc=allocator(q2k, stream), status=status, stream=st)
     finish(status, st, check)
     return row_ptr, q_idx, schedule
 

@@ -113,7 +113,7 @@ def icp_rank_lists(index_q: Any, shard: Any, page_table: Any, cu_seqlens_q: Any,
                       cu_seqlens_q=arg(cu_seqlens_q), topk=topk, sink_blocks=sink_blocks,
                       local_blocks=local_blocks, causal=causal, ids=arg(ids),
                       scores=arg(scores), workspace=arg(workspace),
-                      alloc=allocator(qv) if workspace is None else None, status=status,
+                      alloc=allocator(qv, stream) if workspace is None else None, status=status,
                       stream=st)
     finish(status, st, check)
     return ids, scores

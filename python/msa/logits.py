@@ -152,8 +152,8 @@ def mqa_logits_topk_eager(q, k, k_scale, weights, ks, ke, topk, workspace, out, 
     status = status_for(weights)
     _C.mqa_logits_topk(q=arg(q), k=arg(k), k_scale=arg(k_scale), weights=arg(weights),
                        ks=arg(ks), ke=arg(ke), topk=topk, ids=arg(out),
-                       workspace=arg(workspace, "u8"), alloc=allocator(weights), status=status,
-                       stream=st)
+                       workspace=arg(workspace, "u8"), alloc=allocator(weights, stream),
+                       status=status, stream=st)
     finish(status, st, check)
     return out
 
@@ -192,7 +192,7 @@ def paged_mqa_logits_topk_eager(q, q_sf, kv_fused, weights, block_tables, seq_le
                              weights=arg(weights), block_tables=arg(block_tables),
                              seq_lens=arg(seq_lens), max_seq_len=max_seq_len, topk=topk,
                              ids=arg(out), workspace=arg(workspace, "u8"),
-                             alloc=allocator(weights), status=status, stream=st)
+                             alloc=allocator(weights, stream), status=status, stream=st)
     finish(status, st, check)
     return out
 

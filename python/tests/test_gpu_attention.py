@@ -213,6 +213,36 @@ def test_preallocated_outputs_on_a_side_stream():
     assert torch.equal(again, out)
 
 
+def test_scratch_of_an_op_on_another_stream_waits_for_that_stream():
+    """The per-call workspace of an op given stream= (not the current stream) is dropped when the
+    call returns, while its kernels may still run there: the block must not go to the next
+    allocation on the current stream before that stream's work is done. With the cache emptied
+    first, a block freed on the current stream is reused at once (checked: the test's premise)."""
+    from msa._runtime import allocator
+    q = torch.zeros(8, 2, 128, dtype=torch.bfloat16, device=DEV)
+    n = 3 << 20
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    plain = allocator(q)(n)  # an op on the current stream
+    ptr = plain.data_ptr()
+    del plain
+    again = torch.empty(n, dtype=torch.uint8, device=DEV)
+    assert again.data_ptr() == ptr, "premise: the caching allocator reuses a freed block at once"
+    del again
+    for stream in (side, side.cuda_stream):  # a torch.cuda.Stream or its handle
+        torch.cuda.empty_cache()  # (waits for the blocks of the round before)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)  # the side stream's work outlasts this round's checks
+        scratch = allocator(q, stream)(n)
+        ptr = scratch.data_ptr()
+        del scratch
+        later = torch.empty(n, dtype=torch.uint8, device=DEV)
+        assert later.data_ptr() != ptr, "scratch of the side stream's op reused on the current one"
+        del later
+    side.synchronize()
+
+
 def test_invalid_block_id_is_recorded_and_raised_by_check_status():
     gen, lq, lk, hq, hkv, blk, causal = _random_case(400)
     q, k, v, cu_q, cu_k = ref.random_problem(gen, [5], [700], 4, 2, 128, torch.bfloat16, DEV)
