@@ -179,7 +179,8 @@ def allocator(like: Any, stream: Any = None) -> Callable[[int], Any]:
             current = (_raw_stream(like.get_device()) if _raw_stream is not None
                        else stream_handle(like))
             if handle != current:
-                side = torch.cuda.ExternalStream(handle, device=device)
+                side = (torch.cuda.default_stream(device) if handle == 0 else
+                        torch.cuda.ExternalStream(handle, device=device))
 
                 def recorded(n: int) -> Any:
                     t = torch.empty(n, dtype=torch.uint8, device=device)
@@ -193,7 +194,7 @@ def allocator(like: Any, stream: Any = None) -> Callable[[int], Any]:
             import cupy
 
             def under(n: int) -> Any:
-                with cupy.cuda.ExternalStream(handle):
+                with (cupy.cuda.Stream.null if handle == 0 else cupy.cuda.ExternalStream(handle)):
                     return empty(like, (n,), "u8")
             return under
     return lambda n: empty(like, (n,), "u8")

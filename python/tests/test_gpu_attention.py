@@ -241,6 +241,19 @@ def test_scratch_of_an_op_on_another_stream_waits_for_that_stream():
         assert later.data_ptr() != ptr, "scratch of the side stream's op reused on the current one"
         del later
     side.synchronize()
+    # An op on the default stream (handle 0) called while a side stream is current.
+    torch.cuda.empty_cache()
+    torch.cuda.default_stream().synchronize()
+    with torch.cuda.stream(torch.cuda.default_stream()):
+        torch.cuda._sleep(200_000_000)
+    with torch.cuda.stream(side):
+        scratch = allocator(q, 0)(n)
+        ptr = scratch.data_ptr()
+        del scratch
+        later = torch.empty(n, dtype=torch.uint8, device=DEV)
+        assert later.data_ptr() != ptr, "scratch of the default stream's op reused on the side one"
+        del later
+    torch.cuda.synchronize()
 
 
 def test_invalid_block_id_is_recorded_and_raised_by_check_status():
