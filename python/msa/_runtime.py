@@ -176,9 +176,7 @@ def allocator(like: Any, stream: Any = None) -> Callable[[int], Any]:
         device = like.device
         if stream is not None and like.is_cuda:
             handle = stream_handle(like, stream)
-            current = (_raw_stream(like.get_device()) if _raw_stream is not None
-                       else stream_handle(like))
-            if handle != current:
+            if handle != stream_of(like, None):  # not the current stream
                 side = (torch.cuda.default_stream(device) if handle == 0 else
                         torch.cuda.ExternalStream(handle, device=device))
 
@@ -190,7 +188,7 @@ def allocator(like: Any, stream: Any = None) -> Callable[[int], Any]:
         return lambda n: torch.empty(n, dtype=torch.uint8, device=device)
     if stream is not None and framework(like) == "cupy" and is_cuda(like):
         handle = stream_handle(like, stream)
-        if handle != stream_handle(like):
+        if handle != stream_of(like, None):
             import cupy
 
             def under(n: int) -> Any:

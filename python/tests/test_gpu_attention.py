@@ -213,6 +213,16 @@ def test_preallocated_outputs_on_a_side_stream():
     assert torch.equal(again, out)
 
 
+def _freed_block_reused(alloc, n):
+    """Whether `n` bytes from `alloc`, dropped at once, go to the next n-byte allocation on the
+    current stream."""
+    scratch = alloc(n)
+    ptr = scratch.data_ptr()
+    del scratch
+    later = torch.empty(n, dtype=torch.uint8, device=DEV)
+    return later.data_ptr() == ptr
+
+
 def test_scratch_of_an_op_on_another_stream_waits_for_that_stream():
     """The per-call workspace of an op given stream= (not the current stream) is dropped when the
     call returns, while its kernels may still run there: the block must not go to the next
@@ -224,22 +234,14 @@ def test_scratch_of_an_op_on_another_stream_waits_for_that_stream():
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    plain = allocator(q)(n)  # an op on the current stream
-    ptr = plain.data_ptr()
-    del plain
-    again = torch.empty(n, dtype=torch.uint8, device=DEV)
-    assert again.data_ptr() == ptr, "premise: the caching allocator reuses a freed block at once"
-    del again
+    assert _freed_block_reused(allocator(q), n), \
+        "premise: the caching allocator reuses a freed block at once"
     for stream in (side, side.cuda_stream):  # a torch.cuda.Stream or its handle
         torch.cuda.empty_cache()  # (waits for the blocks of the round before)
         with torch.cuda.stream(side):
             torch.cuda._sleep(200_000_000)  # the side stream's work outlasts this round's checks
-        scratch = allocator(q, stream)(n)
-        ptr = scratch.data_ptr()
-        del scratch
-        later = torch.empty(n, dtype=torch.uint8, device=DEV)
-        assert later.data_ptr() != ptr, "scratch of the side stream's op reused on the current one"
-        del later
+        assert not _freed_block_reused(allocator(q, stream), n), \
+            "scratch of the side stream's op reused on the current one"
     side.synchronize()
     # An op on the default stream (handle 0) called while a side stream is current.
     torch.cuda.empty_cache()
@@ -247,12 +249,8 @@ def test_scratch_of_an_op_on_another_stream_waits_for_that_stream():
     with torch.cuda.stream(torch.cuda.default_stream()):
         torch.cuda._sleep(200_000_000)
     with torch.cuda.stream(side):
-        scratch = allocator(q, 0)(n)
-        ptr = scratch.data_ptr()
-        del scratch
-        later = torch.empty(n, dtype=torch.uint8, device=DEV)
-        assert later.data_ptr() != ptr, "scratch of the default stream's op reused on the side one"
-        del later
+        assert not _freed_block_reused(allocator(q, 0), n), \
+            "scratch of the default stream's op reused on the side one"
     torch.cuda.synchronize()
 
 
