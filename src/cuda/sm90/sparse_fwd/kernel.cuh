@@ -50,16 +50,18 @@ __device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, in
 // stride (chunk = blockIdx.x + k * gridDim.x), so the assignment, and with it every partial, is
 // independent of timing. kMask: a call with a key mask (p.mask_bits). kBlk: keys per kv block.
 // kD: the head dim, 128, 64 or 256 (16-bit q / K / V; KVMajorTraits).
+// Its CTA is KVMajorTraits::kThreads (three consumer warpgroups at D = 64).
 template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(KVMajorTraits<kBlk, kD, kFp8>::kThreads, 1)
     sparse_fwd_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v,
                       const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  using Storage = KVMajorStorage<kBlk, kD>;
+  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  using Storage = typename KT::Storage;
   // bf16 partials staged in the Q buffers (KVMajorTraits::kStagedPartials) free them later.
-  constexpr bool kStaged = KVMajorTraits<kBlk, kD>::kStagedPartials;
+  constexpr bool kStaged = KT::kStagedPartials;
   Storage& sh = init_shared<Storage>(
       smem_raw, p.group, p.tokens_per_tile,
       q_empty_arrivals(p.group, p.tokens_per_tile, kStaged && p.part_bf16 != 0), kFp8, &tm_q,
@@ -69,10 +71,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_trigger();  // the uniform kernel may take each SM this kernel leaves
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   if (wg == 0) {
-    sm90::regs_dealloc<kProducerRegs>();
+    sm90::regs_dealloc<KT::kProducerRegs>();
     run_producer<kFp8, kBlk, kD>(p, &tm_q, &tm_k, &tm_v, sh, warp, lane);
   } else {
-    sm90::regs_alloc<kConsumerRegs>();
+    sm90::regs_alloc<KT::kConsumerRegs>();
     run_consumer<kF16, kFp8, kMask, kBlk, kD>(p, sh, wg - 1, threadIdx.x - 128 * wg);
   }
 }

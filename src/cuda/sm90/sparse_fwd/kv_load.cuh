@@ -100,21 +100,35 @@ __device__ __forceinline__ void load_key_scales(const AttnProblem& p, bool copy,
   sm90::cp_async_mbar_arrive(bar);
 }
 
-// K and V of a block of kBlk keys into stage s on one barrier (the KV-major path): lane 0 arrives
-// with the exact byte count, then the boxes. Warp-collective, after the stage's kv_empty wait and
-// after lane 0 wrote the stage's info struct (released by the same arrive).
+// K and V of a block of kBlk keys into stage s (the KV-major path): lane 0 arrives with the exact
+// byte count, then the boxes. Warp-collective, after the stage's kv_empty wait and after lane 0
+// wrote the stage's info struct (released by the same arrive). Both on kv_full[s]; with a V ring
+// of its own (KVMajorTraits::kSplitV) K and the key scales there, then V into its one stage on
+// v_full[0] once v_empty[0] passes with v_empty_parity (every consumer done with the previous
+// chunk's V).
 template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void load_kv_block(const AttnProblem& p, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v,
-                                              KVMajorStorage<kBlk, kD>& sh, int s, int32_t head,
-                                              int32_t k_start, int32_t kb, int32_t k_len,
-                                              int lane) {
+                                              KVMajorStorage<kBlk, kD, kFp8>& sh, int s,
+                                              int32_t head, int32_t k_start, int32_t kb,
+                                              int32_t k_len, int lane, uint32_t v_empty_parity) {
   static_assert(!kFp8 || kD == kHeadDim, "FP8 K tiles are 128-byte rows: D = 128");
   const KVBlockSource src =
       locate_kv_block<kBlk>(p.paged, head, k_start, kb, k_len, kD / 64, lane);
   if constexpr (kFp8)
     load_key_scales<kBlk>(p, true, head, src.c2, src.c2 + kBlk / 2, sh.kscale[s], &sh.kv_full[s],
                           lane);
+  if constexpr (KVMajorTraits<kBlk, kD, kFp8>::kSplitV) {
+    static_assert(block_keys_of(kD, kBlk) == kBlk, "one box of keys a block");
+    if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src));
+    __syncwarp();
+    load_k_tile<kFp8>(src, tm_k, sh.k[s], &sh.kv_full[s]);
+    sm90::mbar_wait(&sh.v_empty[0], v_empty_parity);
+    if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.v_full[0], src.bytes);
+    __syncwarp();
+    load_kv_tile(src, tm_v, sh.v[0], &sh.v_full[0]);
+    return;
+  }
   if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src) + src.bytes);
   __syncwarp();  // the bytes are announced before any box can complete
   constexpr int kBoxKeys = block_keys_of(kD, kBlk);

@@ -31,13 +31,14 @@ void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
 template <bool kF16, bool kFp8, int kBlk, int kD>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream) {
-  constexpr int smem = smem_bytes<KVMajorStorage<kBlk, kD>>();
+  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  constexpr int smem = smem_bytes<typename KT::Storage>();
   if (p.mask_bits != nullptr)
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk, kD>, smem, kThreads, tq, tk, tv,
-                      p, stream);
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk, kD>, smem, KT::kThreads, tq, tk,
+                      tv, p, stream);
   else
-    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk, kD>, smem, kThreads, tq, tk, tv,
-                      p, stream);
+    launch_persistent(sparse_fwd_kernel<kF16, kFp8, false, kBlk, kD>, smem, KT::kThreads, tq, tk,
+                      tv, p, stream);
 }
 
 template <bool kF16, bool kFp8, int kD, int kBlk, bool kParts, bool kDenseQ>

@@ -1,17 +1,23 @@
 // Producer warpgroup of the sparse forward: TMA loads of each chunk's K/V block (warp 0) and the
-// CSR-gather of Q tiles (warps 0-3, one per (consumer, stage) buffer; at D = 256 warps 0-1, one Q
-// buffer a consumer: KVMajorTraits). Called from kernel.cuh.
+// CSR-gather of Q tiles. D = 64 (three consumers, KVMajorTraits::kSplitV): warp 1 + c gathers
+// consumer c's two Q buffers. D = 128: warps 0-3, one (consumer, stage) buffer each; D = 256:
+// warps 0-1, one Q buffer a consumer.
+// Called from kernel.cuh.
 //
-// Barrier protocol. Tile T (counted over this CTA's chunks) goes to consumer T % 2, Q stage
-// (T / 2) % kQSt, so producer warp T % (2 kQSt) owns that buffer and waits only on its q_empty. A
-// tile's
-// q_full phase completes after (1) the lanes that own token slots arrive, each releasing the
-// TileMeta entries it wrote, and (2) all TMA bytes announced by lane 0's expect_tx have landed.
-// Consumers release a buffer (q_empty) by the lanes that read its metadata, and a K/V stage
-// (kv_empty) by lane 0 of each warp, which read its ChunkInfo: every read precedes its release.
-// K/V: warp 0 waits kv_empty (both consumers done with the stage), lane 0 writes ChunkInfo, then
+// Barrier protocol. Tile T (counted over this CTA's chunks) goes to consumer T % C (C consumers),
+// Q stage (T / C) % kQSt; with three consumers warp 1 + T % 3 owns both of that consumer's
+// buffers, with two warp T % (2 kQSt) owns the buffer, and the warp waits only on its q_empty. A
+// tile's q_full phase completes after (1) the lanes that own token slots arrive, each releasing
+// the TileMeta entries it wrote, and (2) all TMA bytes announced by lane 0's expect_tx have
+// landed. Consumers release a buffer (q_empty) by the lanes that read its metadata (staged bf16
+// partials: every thread, after the TMA stores read the tile), and a K/V stage (kv_empty) by lane
+// 0 of each warp, which read its ChunkInfo: every read precedes its release.
+// K/V: warp 0 waits kv_empty (every consumer done with the stage), lane 0 writes ChunkInfo, then
 // the warp loads the block (kv_load.cuh: lane 0's arrive.expect_tx with the exact bytes of the
-// flat or paged boxes, then the TMA loads). After the last chunk it publishes n_tiles = -1.
+// flat or paged boxes, then the TMA loads). With three consumers K (and the stage's ChunkInfo and
+// key scales) publish on kv_full of a two-stage ring and V on v_full of its one stage, loaded once
+// v_empty says every consumer has released the previous chunk's V; a consumer releases V only
+// after it landed (mma.cuh run_consumer). After the last chunk warp 0 publishes n_tiles = -1.
 #pragma once
 
 #include "cuda/device/sm90.cuh"
@@ -90,7 +96,8 @@ __device__ __forceinline__ TileIdx load_tile_idx(const MainParams& p, const Chun
 // the TMA bytes before any copy is issued.
 template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtensorMap* tm_q,
-                                               KVMajorStorage<kBlk, kD>& sh, const ChunkView& c,
+                                               KVMajorStorage<kBlk, kD, kFp8>& sh,
+                                               const ChunkView& c,
                                                const TileIdx& x, int consumer, int stage,
                                                int lane) {
   TileMeta& meta = sh.meta[consumer][stage];
@@ -134,11 +141,79 @@ __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtens
   if (lane < tpt) sm90::mbar_arrive(&sh.q_full[consumer][stage]);
 }
 
+// The end marker after a K/V warp's last chunk: consumers stop at n_tiles < 0.
+template <bool kFp8, class Storage, class KVRingT>
+__device__ __forceinline__ void publish_end(const MainParams& p, Storage& sh, int32_t kv_iter,
+                                            int lane) {
+  const int s = KVRingT::stage(kv_iter);
+  sm90::mbar_wait(&sh.kv_empty[s], KVRingT::empty_parity(kv_iter));
+  if (lane == 0) {
+    sh.info[s] = ChunkInfo{-1, 0, 0, 0};
+    sm90::mbar_arrive(&sh.kv_full[s]);
+  }
+  if constexpr (kFp8) load_key_scales<kBlockN>(p, false, 0, 0, 0, nullptr, &sh.kv_full[s], lane);
+}
+
+// Three consumers (KVMajorTraits::kSplitV): warp 0 loads each chunk's K (two stages) and V (one),
+// warp 1 + c the Q tiles of consumer c (tiles T with T % 3 == c, into its two buffers in turn).
+template <bool kFp8, int kBlk, int kD>
+__device__ __forceinline__ void run_producer_split(const MainParams& p, const CUtensorMap* tm_q,
+                                                   const CUtensorMap* tm_k,
+                                                   const CUtensorMap* tm_v,
+                                                   KVMajorStorage<kBlk, kD, kFp8>& sh, int warp,
+                                                   int lane) {
+  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  using KVRingT = sm90::Ring<KT::kKVSt>;
+  using QRingT = sm90::Ring<KT::kQSt>;
+  constexpr int kCons = KT::kCons;
+  const int32_t n_chunks = *p.num_chunks;
+  if (warp == 0) {
+    int32_t kv_iter = 0;
+    for (int32_t chunk = next_busy_chunk(p, blockIdx.x, n_chunks, lane); chunk < n_chunks;
+         chunk = next_busy_chunk(p, int64_t(chunk) + gridDim.x, n_chunks, lane)) {
+      const ChunkView c = load_chunk<kBlk>(p, chunk);
+      const int s = KVRingT::stage(kv_iter);
+      sm90::mbar_wait(&sh.kv_empty[s], KVRingT::empty_parity(kv_iter));
+      if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head, c.d.kb};
+      load_kv_block<kFp8, kBlk, kD>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb,
+                                    c.d.k_len, lane, sm90::Ring<1>::empty_parity(kv_iter));
+      ++kv_iter;
+    }
+    publish_end<kFp8, typename KT::Storage, KVRingT>(p, sh, kv_iter, lane);
+    return;
+  }
+  const int consumer = warp - 1;
+  if (consumer >= kCons) return;
+  uint32_t q_uses = 0;  // tiles this warp has produced into its consumer's buffers
+  int rot = 0;          // tiles of this CTA's earlier chunks, mod kCons
+  for (int32_t chunk = next_busy_chunk(p, blockIdx.x, n_chunks, lane); chunk < n_chunks;
+       chunk = next_busy_chunk(p, int64_t(chunk) + gridDim.x, n_chunks, lane)) {
+    const ChunkView c = load_chunk<kBlk>(p, chunk);
+    int j = consumer - rot;  // tiles j of this chunk with (rot + j) % kCons == consumer
+    if (j < 0) j += kCons;
+    TileIdx next = j < c.n_tiles ? load_tile_idx(p, c, j, lane) : TileIdx{};
+    for (; j < c.n_tiles; j += kCons) {
+      const TileIdx cur = next;
+      if (j + kCons < c.n_tiles) next = load_tile_idx(p, c, j + kCons, lane);
+      const int stage = QRingT::stage(q_uses);
+      sm90::mbar_wait(&sh.q_empty[consumer][stage], QRingT::empty_parity(q_uses));
+      ++q_uses;
+      produce_q_tile<kFp8, kBlk, kD>(p, tm_q, sh, c, cur, consumer, stage, lane);
+    }
+    rot = (rot + c.n_tiles) % kCons;
+  }
+}
+
 template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
-                                             KVMajorStorage<kBlk, kD>& sh, int warp, int lane) {
-  using KT = KVMajorTraits<kBlk, kD>;
+                                             KVMajorStorage<kBlk, kD, kFp8>& sh, int warp,
+                                             int lane) {
+  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  if constexpr (KT::kSplitV) {
+    run_producer_split<kFp8, kBlk, kD>(p, tm_q, tm_k, tm_v, sh, warp, lane);
+    return;
+  } else {
   using KVRingT = sm90::Ring<KT::kKVSt>;
   constexpr int kQWarps = KT::kQBufferWarps;  // warps past them (D = 256: 2 and 3) gather nothing
   if constexpr (kQWarps < kProducerWarps) {
@@ -156,8 +231,8 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
       const int s = KVRingT::stage(kv_iter);
       sm90::mbar_wait(&sh.kv_empty[s], KVRingT::empty_parity(kv_iter));
       if (lane == 0) sh.info[s] = ChunkInfo{c.n_tiles, c.valid_keys, c.d.head, c.d.kb};
-      load_kv_block<kFp8, kBlk, kD>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb, c.d.k_len,
-                                lane);
+      load_kv_block<kFp8, kBlk, kD>(p, tm_k, tm_v, sh, s, c.d.head, c.d.k_start, c.d.kb,
+                                    c.d.k_len, lane, 0u);
       ++kv_iter;
     }
     // Tiles j of this chunk with (tile_base + j) % kQWarps == warp; indices one tile ahead.
@@ -172,14 +247,7 @@ __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensor
     }
     tile_base += c.n_tiles;
   }
-  if (warp == 0) {  // end marker: consumers stop at n_tiles < 0
-    const int s = KVRingT::stage(kv_iter);
-    sm90::mbar_wait(&sh.kv_empty[s], KVRingT::empty_parity(kv_iter));
-    if (lane == 0) {
-      sh.info[s] = ChunkInfo{-1, 0, 0, 0};
-      sm90::mbar_arrive(&sh.kv_full[s]);
-    }
-    if constexpr (kFp8) load_key_scales<kBlk>(p, false, 0, 0, 0, nullptr, &sh.kv_full[s], lane);
+  if (warp == 0) publish_end<kFp8, typename KT::Storage, KVRingT>(p, sh, kv_iter, lane);
   }
 }
 

@@ -14,6 +14,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "cuda/device/sm90.cuh"
 #include "cuda/device/wgmma_m64n128.cuh"
 #include "cuda/device/wgmma_m64n256.cuh"
@@ -110,9 +112,10 @@ __device__ __forceinline__ Info read_info(const Info& src, int lane) {
 // Rows [valid, 128) of a tail block hold the next batch's keys (or zeros past the tensor):
 // P is 0 there, but 0 * NaN = NaN, so V's rows are zeroed before any P V product reads them.
 // Consumer 0 writes, every consumer warpgroup meets it at the stage's named barrier.
-template <int kHalves, int kKeys, int kQSt, int kKVSt, int kCons>
-__device__ __forceinline__ void zero_v_tail(SharedStorageT<kHalves, kKeys, kQSt, kKVSt, kCons>& sh, int stage,
-                                            int valid, int consumer, int tid) {
+template <int kHalves, int kKeys, int kQSt, int kKVSt, int kCons, int kVSt>
+__device__ __forceinline__ void zero_v_tail(
+    SharedStorageT<kHalves, kKeys, kQSt, kKVSt, kCons, kVSt>& sh, int stage, int valid,
+    int consumer, int tid) {
   if (consumer == 0) {
     const int per_half = (kKeys - valid) * 8;  // 16-byte chunks per 64-column half
     for (int i = tid; i < kHalves * per_half; i += 128) {
@@ -412,10 +415,14 @@ __device__ __forceinline__ TileRows tile_rows(const MainParams& p, int tid) {
 // kBlk: keys per kv block, 128 (S m64n128) or 64 (S m64n64, P V k64; FP8 Q K^T m64n64k32).
 // kD: the head dim, 64, 128 or 256 (S in D / 16 k16 steps, O m64nD: D / 2 floats per thread;
 // KVMajorTraits).
+// v_parity: the chunk's phase of v_full[0] where V has a ring of its own (KVMajorTraits::kSplitV:
+// V is waited for before P V), else unused (V landed with K).
 template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
-__device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage<kBlk, kD>& sh,
+__device__ __forceinline__ void consume_tile(const MainParams& p,
+                                             KVMajorStorage<kBlk, kD, kFp8>& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
-                                             int q_stage, const TileRows& tr) {
+                                             int q_stage, const TileRows& tr, uint32_t v_parity) {
+  using KT = KVMajorTraits<kBlk, kD, kFp8>;
   constexpr int kS = kBlk / 2;  // S floats per thread
   constexpr int kO = kD / 2;    // O floats per thread
   const int warp = tr.warp, lane = tr.lane;
@@ -449,7 +456,7 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   // Staged bf16 partials: the buffer stages the partial tile first and is freed later
   // (release_q_buffer).
   const WarpTokens wt = tr.wt;
-  constexpr bool kStaged = KVMajorTraits<kBlk, kD>::kStagedPartials;
+  constexpr bool kStaged = KT::kStagedPartials;
   if (!(kStaged && p.part_bf16) && lane < wt.count)
     sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);
 
@@ -475,7 +482,8 @@ __device__ __forceinline__ void consume_tile(const MainParams& p, KVMajorStorage
   float o[kO];
 #pragma unroll
   for (int i = 0; i < kO; ++i) o[i] = 0.f;
-  const uint32_t v_addr = sm90::smem_addr(sh.v[kv_stage][0]);
+  if constexpr (KT::kSplitV) sm90::mbar_wait(&sh.v_full[0], v_parity);
+  const uint32_t v_addr = sm90::smem_addr(sh.v[KT::kSplitV ? 0 : kv_stage][0]);
   sm90::wgmma_fence();
   issue_pv<kF16>(o, pa, v_addr, false);
   sm90::wgmma_commit();
@@ -530,37 +538,66 @@ __device__ __forceinline__ void release_q_buffer(Storage& sh, int consumer, int 
 }
 
 template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
-__device__ __forceinline__ void run_consumer(const MainParams& p, KVMajorStorage<kBlk, kD>& sh,
-                                             int consumer_in, int tid) {
+__device__ __forceinline__ void run_consumer(const MainParams& p,
+                                             KVMajorStorage<kBlk, kD, kFp8>& sh, int consumer_in,
+                                             int tid) {
   // Warp-uniform for ptxas (lane-0 broadcast): the wgmma descriptors derived from it stay in
   // uniform registers instead of being moved there (R2UR) before every wgmma.
   const int consumer = __shfl_sync(0xffffffffu, consumer_in, 0);
   const TileRows tr = tile_rows(p, tid);
-  using KT = KVMajorTraits<kBlk, kD>;
+  using KT = KVMajorTraits<kBlk, kD, kFp8>;
   using KVRingT = sm90::Ring<KT::kKVSt>;
   using QRingT = sm90::Ring<KT::kQSt>;
+  constexpr int kCons = KT::kCons;
   int32_t kv_iter = 0;
-  int64_t tile_base = 0;  // global tile counter T at the start of the chunk
-  int pending = -1;       // staged partials: Q stage of this consumer's previous tile, not yet freed
+  // Tiles this consumer has taken: its use of its ring of Q stages (two consumers: T / 2 of the
+  // 64-bit tile counter).
+  std::conditional_t<KT::kSplitV, uint32_t, uint64_t> q_use = 0;
+  int rot = 0;            // three consumers: tiles of this CTA's earlier chunks, mod 3
+  int64_t tile_base = 0;  // two consumers: global tile counter T at the start of the chunk
+  int pending = -1;    // staged partials: Q stage of this consumer's previous tile, not yet freed
   while (true) {
     const int s = KVRingT::stage(kv_iter);
     sm90::mbar_wait(&sh.kv_full[s], KVRingT::full_parity(kv_iter));
     const ChunkInfo info = read_info(sh.info[s], tid & 31);
     if (info.n_tiles < 0) break;
-    if (info.valid_keys < kBlk) zero_v_tail(sh, s, info.valid_keys, consumer, tid);
-    // My tiles: T = tile_base + j with T % 2 == consumer; this consumer's use T / 2 of its
-    // ring of Q stages.
-    for (int j = int((consumer - tile_base) & 1); j < info.n_tiles; j += kConsumers) {
-      const uint64_t q_use = uint64_t(tile_base + j) >> 1;  // T / 2
+    const uint32_t v_parity = sm90::Ring<1>::full_parity(kv_iter);  // kSplitV
+    if (info.valid_keys < kBlk) {
+      if constexpr (KT::kSplitV) {
+        sm90::mbar_wait(&sh.v_full[0], v_parity);
+        zero_v_tail(sh, 0, info.valid_keys, consumer, tid);
+      } else {
+        zero_v_tail(sh, s, info.valid_keys, consumer, tid);
+      }
+    }
+    // My tiles: T = (tiles of earlier chunks) + j with T % kCons == consumer, each the next use
+    // of this consumer's ring of Q stages (two consumers: use T / 2).
+    int j;
+    if constexpr (KT::kSplitV) {
+      j = consumer - rot;
+      if (j < 0) j += kCons;
+    } else {
+      j = int((consumer - tile_base) & 1);
+    }
+    for (; j < info.n_tiles; j += kCons) {
+      if constexpr (!KT::kSplitV) q_use = uint64_t(tile_base + j) >> 1;
       const int q_stage = QRingT::stage(q_use);
       // The previous tile's buffer (the other stage) is freed here, a tile after its TMA stores
       // were issued, so their reads are long done and nothing waits.
       if (pending >= 0) release_q_buffer(sh, consumer, pending);
       sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRingT::full_parity(q_use));
-      consume_tile<kF16, kFp8, kMask, kBlk, kD>(p, sh, info, s, consumer, q_stage, tr);
+      consume_tile<kF16, kFp8, kMask, kBlk, kD>(p, sh, info, s, consumer, q_stage, tr, v_parity);
       pending = KT::kStagedPartials && p.part_bf16 ? q_stage : -1;
+      if constexpr (KT::kSplitV) ++q_use;
     }
-    tile_base += info.n_tiles;
+    if constexpr (KT::kSplitV) rot = (rot + info.n_tiles) % kCons;
+    else tile_base += info.n_tiles;
+    if constexpr (KT::kSplitV) {
+      // V's stage is released only after it landed: a consumer without tiles here would
+      // otherwise arrive for this chunk while the others still hold the previous one's.
+      sm90::mbar_wait(&sh.v_full[0], v_parity);
+      if ((tid & 31) == 0) sm90::mbar_arrive(&sh.v_empty[0]);
+    }
     if (kFp8 || (tid & 31) == 0) sm90::mbar_arrive(&sh.kv_empty[s]);  // kv_empty_arrivals
     ++kv_iter;
   }

@@ -135,13 +135,15 @@ constexpr int32_t kLastStageBit = 1 << 30;
 // a K/V stage holds kKeys keys, each consumer kQSt Q buffers (HeadDimTraits, KVMajorTraits), the
 // ring kKVSt K/V stages. Every tile buffer is 1024-byte aligned: the 128-byte swizzle repeats
 // every 8 rows of 128 B and wgmma descriptors assume atoms start on that boundary.
+// kVSt: V stages when V has a ring of its own that is shallower than K's (the three-consumer
+// KV-major kernel: KVMajorTraits), else kKVSt.
 template <int kHalves, int kKeys = kBlockN, int kQSt = kQStages, int kKVSt = kKVStages,
-          int kCons = kConsumers>
+          int kCons = kConsumers, int kVSt = kKVSt>
 struct alignas(1024) SharedStorageT {
   static constexpr int kKVStageHalfBytes = kKeys * kHalfCols * 2;
   static constexpr int kStagesKV = kKVSt, kQBuffers = kQSt, kConsumerGroups = kCons;
   uint8_t k[kKVSt][kHalves][kKVStageHalfBytes];
-  uint8_t v[kKVSt][kHalves][kKVStageHalfBytes];
+  uint8_t v[kVSt][kHalves][kKVStageHalfBytes];
   uint8_t q[kCons][kQSt][kHalves][kQHalfBytes];
   // FP8 QK (kFp8 kernels): each stage's per-key K scales, copied with its blocks (kv_load.cuh;
   // a 64-key block of the KV-major kernel fills the first 64).
@@ -161,25 +163,43 @@ struct alignas(1024) SharedStorageT {
   UnitDesc unit_desc[kQSt];
 };
 // The KV-major kernel over kv blocks of kBlk keys, 128 or 64 (one block per K/V stage), at head
-// dim kD (D / 64 halves per tile row). D = 128 and 64: two K/V stages, two Q buffers a consumer,
-// bf16 partials staged in the tile's Q buffer and stored by TMA (kStagedPartials). D = 256: a
-// 128-key block's K and V are 128 KB, so one stage (64-key blocks keep two of 64 KB), and one Q
-// buffer of 32 KB a consumer (Q 64 KB + K/V 128 KB: ~196 KB); the Q buffer is freed as soon as S
-// is done so that the next tile's Q loads under this one's softmax and P V, and bf16 partials
-// are stored from registers (4-byte stores) instead of staged. With one K/V stage the next
-// chunk's block loads only once both consumers are done with this one: the cost is that load's
-// latency a chunk (up to 16 tiles of ~8.4 MFLOP each).
-template <int kBlk, int kD>
+// dim kD (D / 64 halves per tile row); kFp8: FP8 Q K^T. D = 128: two consumer warpgroups taking
+// alternate tiles, two Q buffers each, K/V in two stages; bf16 partials staged in the tile's Q
+// buffer and stored by TMA (kStagedPartials, D = 128 and 64).
+// D = 64: three consumer warpgroups (tile T to consumer T % 3), two Q buffers each, K in two
+// stages and V in one on its own barriers (kSplitV), so the next chunk's K loads ahead and its V
+// once every consumer is done with this chunk's. A third warpgroup is one more independent tile
+// chain per scheduler (the two-consumer kernel: tensor pipe 51% busy at 0.42 eligible warps per
+// scheduler, ncu P8K-tok); warp 0 of the producer loads K/V and warp 1 + c gathers consumer c's Q;
+// setmaxnreg 48 / 152 (512 threads start at 128). P16K-tok-D64 2.53 -> 2.34 ms (H100); at D = 128
+// the same plan (~197 KB) measured -1.3% to +2.6% across the per-token cases, not kept
+// (docs/kernels/sparse_fwd.md, Three consumer warpgroups).
+// D = 256: a 128-key block's K and V are 128 KB, so one stage (64-key blocks keep two of 64 KB),
+// two consumers with one Q buffer of 32 KB each (Q 64 KB + K/V 128 KB: ~196 KB); the Q buffer is
+// freed as soon as S is done so that the next tile's Q loads under this one's softmax and P V,
+// and bf16 partials are stored from registers (4-byte stores) instead of staged. With one K/V
+// stage the next chunk's block loads only once both consumers are done with this one: the cost
+// is that load's latency a chunk (up to 16 tiles of ~8.4 MFLOP each).
+template <int kBlk, int kD, bool kFp8 = false>
 struct KVMajorTraits {
   static_assert(kD == 64 || kD == 128 || kD == 256, "the KV-major tiles take D = 64, 128 or 256");
+  static constexpr bool kSplitV = kD == 64;
+  static constexpr int kCons = kSplitV ? 3 : kConsumers;
   static constexpr int kQSt = kD == 256 ? 1 : kQStages;
-  static constexpr int kKVSt = kD == 256 && kBlk == 128 ? 1 : kKVStages;
+  static constexpr int kKVSt = kD == 256 && kBlk == 128 ? 1 : kKVStages;  // K stages (and V's)
+  static constexpr int kVSt = kSplitV ? 1 : kKVSt;
   static constexpr bool kStagedPartials = kD != 256;
-  static constexpr int kQBufferWarps = kConsumers * kQSt;  // producer warps that gather Q
-  using Storage = SharedStorageT<kD / 64, kBlk, kQSt, kKVSt>;
+  static constexpr int kThreads = 128 * (1 + kCons);
+  static constexpr int kProducerRegs = kSplitV ? 48 : sparse_fwd::kProducerRegs;
+  static constexpr int kConsumerRegs = kSplitV ? 152 : sparse_fwd::kConsumerRegs;
+  static_assert(kProducerRegs + kCons * kConsumerRegs <= (65536 / kThreads) / 8 * 8 * (1 + kCons),
+                "setmaxnreg budgets of the KV-major kernel");
+  // Two consumers: producer warp 2 s + c gathers consumer c's Q buffer s (D = 256: warps 0-1).
+  static constexpr int kQBufferWarps = kConsumers * kQSt;
+  using Storage = SharedStorageT<kD / 64, kBlk, kQSt, kKVSt, kCons, kVSt>;
 };
-template <int kBlk, int kD = 128>
-using KVMajorStorage = typename KVMajorTraits<kBlk, kD>::Storage;
+template <int kBlk, int kD = 128, bool kFp8 = false>
+using KVMajorStorage = typename KVMajorTraits<kBlk, kD, kFp8>::Storage;
 template <class Storage>
 constexpr int smem_bytes() {  // + slack to align the base
   return int(sizeof(Storage)) + 1024;
