@@ -52,13 +52,13 @@ __device__ __forceinline__ Storage& init_shared(uint8_t* smem_raw, int group, in
 // kD: the head dim, 128, 64 or 256 (16-bit q / K / V; KVMajorTraits).
 // Its CTA is KVMajorTraits::kThreads (three consumer warpgroups at D = 64).
 template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
-__global__ void __launch_bounds__(KVMajorTraits<kBlk, kD, kFp8>::kThreads, 1)
+__global__ void __launch_bounds__(KVMajorTraits<kBlk, kD>::kThreads, 1)
     sparse_fwd_kernel(const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v,
                       const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  using KT = KVMajorTraits<kBlk, kD>;
   using Storage = typename KT::Storage;
   // bf16 partials staged in the Q buffers (KVMajorTraits::kStagedPartials) free them later.
   constexpr bool kStaged = KT::kStagedPartials;

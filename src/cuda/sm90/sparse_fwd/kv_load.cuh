@@ -109,7 +109,7 @@ __device__ __forceinline__ void load_key_scales(const AttnProblem& p, bool copy,
 template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void load_kv_block(const AttnProblem& p, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v,
-                                              KVMajorStorage<kBlk, kD, kFp8>& sh, int s,
+                                              KVMajorStorage<kBlk, kD>& sh, int s,
                                               int32_t head, int32_t k_start, int32_t kb,
                                               int32_t k_len, int lane, uint32_t v_empty_parity) {
   static_assert(!kFp8 || kD == kHeadDim, "FP8 K tiles are 128-byte rows: D = 128");
@@ -118,7 +118,7 @@ __device__ __forceinline__ void load_kv_block(const AttnProblem& p, const CUtens
   if constexpr (kFp8)
     load_key_scales<kBlk>(p, true, head, src.c2, src.c2 + kBlk / 2, sh.kscale[s], &sh.kv_full[s],
                           lane);
-  if constexpr (KVMajorTraits<kBlk, kD, kFp8>::kSplitV) {
+  if constexpr (KVMajorTraits<kBlk, kD>::kSplitV) {
     static_assert(block_keys_of(kD, kBlk) == kBlk, "one box of keys a block");
     if (lane == 0) sm90::mbar_arrive_expect_tx(&sh.kv_full[s], k_tile_bytes<kFp8>(src));
     __syncwarp();

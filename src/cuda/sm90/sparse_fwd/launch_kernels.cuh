@@ -31,7 +31,7 @@ void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P),
 template <bool kF16, bool kFp8, int kBlk, int kD>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream) {
-  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  using KT = KVMajorTraits<kBlk, kD>;
   constexpr int smem = smem_bytes<typename KT::Storage>();
   if (p.mask_bits != nullptr)
     launch_persistent(sparse_fwd_kernel<kF16, kFp8, true, kBlk, kD>, smem, KT::kThreads, tq, tk,

@@ -96,7 +96,7 @@ __device__ __forceinline__ TileIdx load_tile_idx(const MainParams& p, const Chun
 // the TMA bytes before any copy is issued.
 template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtensorMap* tm_q,
-                                               KVMajorStorage<kBlk, kD, kFp8>& sh,
+                                               KVMajorStorage<kBlk, kD>& sh,
                                                const ChunkView& c,
                                                const TileIdx& x, int consumer, int stage,
                                                int lane) {
@@ -160,9 +160,9 @@ template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void run_producer_split(const MainParams& p, const CUtensorMap* tm_q,
                                                    const CUtensorMap* tm_k,
                                                    const CUtensorMap* tm_v,
-                                                   KVMajorStorage<kBlk, kD, kFp8>& sh, int warp,
+                                                   KVMajorStorage<kBlk, kD>& sh, int warp,
                                                    int lane) {
-  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  using KT = KVMajorTraits<kBlk, kD>;
   using KVRingT = sm90::Ring<KT::kKVSt>;
   using QRingT = sm90::Ring<KT::kQSt>;
   constexpr int kCons = KT::kCons;
@@ -207,9 +207,9 @@ __device__ __forceinline__ void run_producer_split(const MainParams& p, const CU
 template <bool kFp8, int kBlk, int kD>
 __device__ __forceinline__ void run_producer(const MainParams& p, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
-                                             KVMajorStorage<kBlk, kD, kFp8>& sh, int warp,
+                                             KVMajorStorage<kBlk, kD>& sh, int warp,
                                              int lane) {
-  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  using KT = KVMajorTraits<kBlk, kD>;
   if constexpr (KT::kSplitV) {
     run_producer_split<kFp8, kBlk, kD>(p, tm_q, tm_k, tm_v, sh, warp, lane);
     return;

@@ -419,10 +419,10 @@ __device__ __forceinline__ TileRows tile_rows(const MainParams& p, int tid) {
 // V is waited for before P V), else unused (V landed with K).
 template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
 __device__ __forceinline__ void consume_tile(const MainParams& p,
-                                             KVMajorStorage<kBlk, kD, kFp8>& sh,
+                                             KVMajorStorage<kBlk, kD>& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
                                              int q_stage, const TileRows& tr, uint32_t v_parity) {
-  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  using KT = KVMajorTraits<kBlk, kD>;
   constexpr int kS = kBlk / 2;  // S floats per thread
   constexpr int kO = kD / 2;    // O floats per thread
   const int warp = tr.warp, lane = tr.lane;
@@ -539,13 +539,13 @@ __device__ __forceinline__ void release_q_buffer(Storage& sh, int consumer, int 
 
 template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
 __device__ __forceinline__ void run_consumer(const MainParams& p,
-                                             KVMajorStorage<kBlk, kD, kFp8>& sh, int consumer_in,
+                                             KVMajorStorage<kBlk, kD>& sh, int consumer_in,
                                              int tid) {
   // Warp-uniform for ptxas (lane-0 broadcast): the wgmma descriptors derived from it stay in
   // uniform registers instead of being moved there (R2UR) before every wgmma.
   const int consumer = __shfl_sync(0xffffffffu, consumer_in, 0);
   const TileRows tr = tile_rows(p, tid);
-  using KT = KVMajorTraits<kBlk, kD, kFp8>;
+  using KT = KVMajorTraits<kBlk, kD>;
   using KVRingT = sm90::Ring<KT::kKVSt>;
   using QRingT = sm90::Ring<KT::kQSt>;
   constexpr int kCons = KT::kCons;

@@ -163,9 +163,9 @@ struct alignas(1024) SharedStorageT {
   UnitDesc unit_desc[kQSt];
 };
 // The KV-major kernel over kv blocks of kBlk keys, 128 or 64 (one block per K/V stage), at head
-// dim kD (D / 64 halves per tile row); kFp8: FP8 Q K^T. D = 128: two consumer warpgroups taking
-// alternate tiles, two Q buffers each, K/V in two stages; bf16 partials staged in the tile's Q
-// buffer and stored by TMA (kStagedPartials, D = 128 and 64).
+// dim kD (D / 64 halves per tile row). D = 128 (16-bit or FP8 Q K^T): two consumer warpgroups
+// taking alternate tiles, two Q buffers each, K/V in two stages; bf16 partials staged in the
+// tile's Q buffer and stored by TMA (kStagedPartials, D = 128 and 64).
 // D = 64: three consumer warpgroups (tile T to consumer T % 3), two Q buffers each, K in two
 // stages and V in one on its own barriers (kSplitV), so the next chunk's K loads ahead and its V
 // once every consumer is done with this chunk's. A third warpgroup is one more independent tile
@@ -180,7 +180,7 @@ struct alignas(1024) SharedStorageT {
 // and bf16 partials are stored from registers (4-byte stores) instead of staged. With one K/V
 // stage the next chunk's block loads only once both consumers are done with this one: the cost
 // is that load's latency a chunk (up to 16 tiles of ~8.4 MFLOP each).
-template <int kBlk, int kD, bool kFp8 = false>
+template <int kBlk, int kD>
 struct KVMajorTraits {
   static_assert(kD == 64 || kD == 128 || kD == 256, "the KV-major tiles take D = 64, 128 or 256");
   static constexpr bool kSplitV = kD == 64;
@@ -198,8 +198,8 @@ struct KVMajorTraits {
   static constexpr int kQBufferWarps = kConsumers * kQSt;
   using Storage = SharedStorageT<kD / 64, kBlk, kQSt, kKVSt, kCons, kVSt>;
 };
-template <int kBlk, int kD = 128, bool kFp8 = false>
-using KVMajorStorage = typename KVMajorTraits<kBlk, kD, kFp8>::Storage;
+template <int kBlk, int kD = 128>
+using KVMajorStorage = typename KVMajorTraits<kBlk, kD>::Storage;
 template <class Storage>
 constexpr int smem_bytes() {  // + slack to align the base
   return int(sizeof(Storage)) + 1024;
