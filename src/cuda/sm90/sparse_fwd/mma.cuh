@@ -553,9 +553,12 @@ __device__ __forceinline__ void run_consumer(const MainParams& p,
   // Tiles this consumer has taken: its use of its ring of Q stages (two consumers: T / 2 of the
   // 64-bit tile counter).
   std::conditional_t<KT::kSplitV, uint32_t, uint64_t> q_use = 0;
-  int rot = 0;            // three consumers: tiles of this CTA's earlier chunks, mod 3
-  int64_t tile_base = 0;  // two consumers: global tile counter T at the start of the chunk
-  int pending = -1;    // staged partials: Q stage of this consumer's previous tile, not yet freed
+  // Two counters where one would do, so that the two-consumer kernels keep the SASS they were
+  // measured with: three consumers count their tiles of earlier chunks mod 3 (rot), two the
+  // global tile counter T at the start of the chunk (tile_base).
+  int rot = 0;
+  int64_t tile_base = 0;
+  int pending = -1;  // staged partials: Q stage of this consumer's previous tile, not yet freed
   while (true) {
     const int s = KVRingT::stage(kv_iter);
     sm90::mbar_wait(&sh.kv_full[s], KVRingT::full_parity(kv_iter));
@@ -590,13 +593,14 @@ __device__ __forceinline__ void run_consumer(const MainParams& p,
       pending = KT::kStagedPartials && p.part_bf16 ? q_stage : -1;
       if constexpr (KT::kSplitV) ++q_use;
     }
-    if constexpr (KT::kSplitV) rot = (rot + info.n_tiles) % kCons;
-    else tile_base += info.n_tiles;
     if constexpr (KT::kSplitV) {
+      rot = (rot + info.n_tiles) % kCons;
       // V's stage is released only after it landed: a consumer without tiles here would
       // otherwise arrive for this chunk while the others still hold the previous one's.
       sm90::mbar_wait(&sh.v_full[0], v_parity);
       if ((tid & 31) == 0) sm90::mbar_arrive(&sh.v_empty[0]);
+    } else {
+      tile_base += info.n_tiles;
     }
     if (kFp8 || (tid & 31) == 0) sm90::mbar_arrive(&sh.kv_empty[s]);  // kv_empty_arrivals
     ++kv_iter;
