@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda/sm90/sparse_fwd/plan.h"
 #include "support/expect_error.h"
 #include "support/sparse_case.h"
 
@@ -286,6 +287,29 @@ TEST(SparseFwdGpu, Fp8QkMatchesCpu) {
   expect_fp8qk_sweep_matches_cpu(1500, small_tests() ? 4 : 16, 128, s);
 }
 
+// One attention_forward call of case c (the caller's k2q when with_k2q) into its own outputs and
+// a workspace of the size it asks for, captured as a CUDA graph on s (not launched).
+struct CapturedCall {
+  Outputs host;
+  DeviceTensor out, lse, tlse;
+  DeviceBuffer ws;
+  cudaGraph_t graph = nullptr;
+  CapturedCall(const SparseCase& c, const DeviceCase& d, bool with_k2q, cudaStream_t s)
+      : host(make_outputs(c)), out(device_like(host.out, s)), lse(device_like(host.lse, s)),
+        tlse(device_like(host.tlse, s)) {
+    AttentionArgs a = gpu_args(c, d, with_k2q, out, lse, tlse);
+    const size_t need = attention_workspace_bytes(a);
+    ws = DeviceBuffer(std::max<size_t>(need, 256));
+    a.workspace = Tensor(ws.get(), DType::u8, {int64_t(need)}, gpu0());
+    MSA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    attention_forward(a, s);
+    MSA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  }
+  ~CapturedCall() { cudaGraphDestroy(graph); }
+  CapturedCall(const CapturedCall&) = delete;
+  CapturedCall& operator=(const CapturedCall&) = delete;
+};
+
 // The launch budget of a prefill call (issue: at most 4 launches): with the caller's k2q (with or
 // without its schedule) or without one (the CSR built in the call), at most 4 kernels (the fused
 // prep, the KV-major and uniform kernels, the combine) and no memset, counted on a CUDA graph
@@ -308,38 +332,53 @@ TEST(SparseFwdGpu, CallIsFourLaunchesAndReplaysFromAGraph) {
       const bool with_k2q = mode < 2;
       expect_bitwise(built, run_gpu(c, d, /*with_k2q=*/true, s));
 
-      Outputs host = make_outputs(c);
-      DeviceTensor out = device_like(host.out, s), lse = device_like(host.lse, s),
-                   tlse = device_like(host.tlse, s);
-      AttentionArgs a = gpu_args(c, d, with_k2q, out, lse, tlse);
-      const size_t need = attention_workspace_bytes(a);
-      DeviceBuffer ws(std::max<size_t>(need, 256));
-      a.workspace = Tensor(ws.get(), DType::u8, {int64_t(need)}, gpu0());
-      cudaGraph_t graph;
-      MSA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      attention_forward(a, s);
-      MSA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-      expect_launch_budget(graph, 4);
+      CapturedCall call(c, d, with_k2q, s);
+      Outputs& host = call.host;
+      expect_launch_budget(call.graph, 4);
       cudaGraphExec_t exec;
-      MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      MSA_CUDA_CHECK(cudaGraphInstantiate(&exec, call.graph, 0));
       for (int replay = 0; replay < 2; ++replay) {
-        ws.poison(s);
-        out.buf.poison(s);
-        lse.buf.poison(s);
-        tlse.buf.poison(s);
+        call.ws.poison(s);
+        call.out.buf.poison(s);
+        call.lse.buf.poison(s);
+        call.tlse.buf.poison(s);
         MSA_CUDA_CHECK(cudaGraphLaunch(exec, s));
         MSA_CUDA_CHECK(cudaStreamSynchronize(s));
         check_status(d.status_t(), s);
-        copy_to_host(out, host.out, s);
-        copy_to_host(lse, host.lse, s);
-        copy_to_host(tlse, host.tlse, s);
+        copy_to_host(call.out, host.out, s);
+        copy_to_host(call.lse, host.lse, s);
+        copy_to_host(call.tlse, host.tlse, s);
         expect_bitwise(built, host);
       }
       MSA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      MSA_CUDA_CHECK(cudaGraphDestroy(graph));
       if (HasFailure()) return;
     }
   }
+}
+
+// The combine inside the KV-major kernel (merge.cuh) writes the combine kernel's bits: random
+// cases run with it and without it (the calls it takes, bf16 at D = 128 with top-K <= 16 and G >= 2,
+// are 3 launches; the others 4, the same kernels either way), into poisoned outputs.
+TEST(SparseFwdGpu, MergeMatchesCombineBitwise) {
+  MSA_REQUIRE_GPU();
+  const bool small = small_tests();
+  TestStream s;
+  const bool was = cuda::sparse_fwd::merge_enabled();
+  int merged = 0;
+  for (int i = 0; i < (small ? 10 : 40); ++i) {
+    const SparseCase c = random_case(900 + i, small);
+    SCOPED_TRACE(c.name);
+    DeviceCase d(c, s);
+    cuda::sparse_fwd::set_merge_enabled(false);
+    const Outputs combined = run_gpu(c, d, /*with_k2q=*/false, s);
+    cuda::sparse_fwd::set_merge_enabled(true);
+    const Outputs merged_out = run_gpu(c, d, /*with_k2q=*/false, s);
+    expect_bitwise(combined, merged_out);
+    if (graph_nodes(CapturedCall(c, d, /*with_k2q=*/false, s).graph).kernels == 3) ++merged;
+    if (HasFailure()) break;
+  }
+  cuda::sparse_fwd::set_merge_enabled(was);
+  EXPECT_GT(merged, 0) << "no case ran the merging kernel";
 }
 
 TEST(SparseFwdGpu, RandomSweepMatchesCpu) {

@@ -86,8 +86,9 @@ __global__ void __launch_bounds__(KVMajorTraits<kBlk, kD>::kThreads, 1)
 // pdl_wait: that kernel triggers only after its own pdl_wait, so every prep kernel has completed
 // once this one starts, and the two kernels touch disjoint memory (partials vs. the uniform rows
 // of out / lse / tlse). Its CTAs thus take the SMs the KV-major kernel's tail leaves idle (P8K-tok
-// -50 us). One warp per CTA waits, so this grid completes only after the KV-major one and the
-// combine (a normal launch) finds every partial written.
+// -50 us). One warp per CTA waits, so this grid completes only after the KV-major one: the
+// combine (a normal launch) finds every partial written, and without one (merge.cuh) the call's
+// outputs are complete with this grid.
 // kD: the head dim, 32 (dense), 64, 128 or 256; kBlk: keys per kv block (traits.h HeadDimTraits).
 // kParts: sparse units over blocks of more keys than a stage (D = 256, 128-key blocks:
 // uniform_load.cuh); the dense kernel of that shape is instantiated without their code.

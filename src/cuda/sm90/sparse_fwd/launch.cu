@@ -174,7 +174,14 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
     mp.part_rl = reinterpret_cast<float*>(ws + w.part_rl);
     mp.part_tlse = a.params.temperature > 0.f ? reinterpret_cast<float*>(ws + w.part_tlse) : nullptr;
     const bool d64 = s.head_dim == 64, d256 = s.head_dim == 256;  // 16-bit (check_supported)
-    if (d256 && w.blk == 64 && f16) launch_main<true, false, 64, 256>(tq, tk, tv, mp, stream);
+    if (w.merge) {  // the combine inside the KV-major kernel (merge.cuh)
+      mp.merge_count = reinterpret_cast<uint32_t*>(ws + w.merge_count);
+      mp.out = a.out.data;
+      mp.out_stride_t = a.out.strides[0];
+      mp.out_stride_h = a.out.strides[1];
+      mp.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
+      launch_main_merge(tq, tk, tv, mp, stream);
+    } else if (d256 && w.blk == 64 && f16) launch_main<true, false, 64, 256>(tq, tk, tv, mp, stream);
     else if (d256 && w.blk == 64) launch_main<false, false, 64, 256>(tq, tk, tv, mp, stream);
     else if (d256 && f16) launch_main<true, false, 128, 256>(tq, tk, tv, mp, stream);
     else if (d256) launch_main<false, false, 128, 256>(tq, tk, tv, mp, stream);
@@ -312,7 +319,9 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   if (pp.uniform_enabled) launch_main_kernels(a, s, w, ws, pp, stream);
   // Dense with keys: the uniform kernel wrote every row. Without keys (no TMA map over an empty
   // extent) the combine writes the zero rows: topk 0, every pair flagged 0 (dense_units_kernel).
-  if (!w.dense || !pp.uniform_enabled) launch_combine(a, s, w, ws, pp, stream);
+  // The merging kernel combined the partials itself (plan.h AttnPlan::merge).
+  if ((!w.dense && !(w.merge && pp.uniform_enabled)) || !pp.uniform_enabled)
+    launch_combine(a, s, w, ws, pp, stream);
 }
 
 }  // namespace msa::cuda

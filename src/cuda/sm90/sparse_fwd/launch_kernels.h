@@ -23,6 +23,12 @@ template <bool kF16, bool kFp8, int kBlk, int kD>
 void launch_main(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                  const MainParams& p, cudaStream_t stream);
 
+// The KV-major kernel with the combine inside it (merge.cuh; bf16 q, D = 128, 128-key blocks,
+// bf16 partials, p.merge_count set by the prep): no combine launch after it
+// (instantiate_bf16_merge.cu).
+void launch_main_merge(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+                       const MainParams& p, cudaStream_t stream);
+
 // kD: the head dim (128, or 64 / 256: instantiate_*_d64*.cu, instantiate_*_d256*.cu; 32, dense
 // only: instantiate_*_d32.cu).
 // kBlk: keys per kv block of the call's q2k (kv_block_size), 128 or 64 (instantiate_*_b64.cu);

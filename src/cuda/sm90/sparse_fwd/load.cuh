@@ -94,12 +94,17 @@ __device__ __forceinline__ TileIdx load_tile_idx(const MainParams& p, const Chun
 // Each lane that owns a token slot (lane < min(32, tokens per tile), the q_full count) arrives
 // once after writing its metadata, so every write is released by its writer; lane 0 announces
 // the TMA bytes before any copy is issued.
-template <bool kFp8, int kBlk, int kD>
+// tile_head (the merging kernel, merge.cuh): the tile's kv head for its store warp, written with
+// the metadata by lane 0.
+template <bool kFp8, int kBlk, int kD, bool kMerge = false>
 __device__ __forceinline__ void produce_q_tile(const MainParams& p, const CUtensorMap* tm_q,
                                                KVMajorStorage<kBlk, kD>& sh, const ChunkView& c,
                                                const TileIdx& x, int consumer, int stage,
-                                               int lane) {
+                                               int lane, int32_t* tile_head = nullptr) {
   TileMeta& meta = sh.meta[consumer][stage];
+  if constexpr (kMerge) {
+    if (lane == 0) tile_head[consumer * kQStages + stage] = c.d.head;
+  }
   const int tpt = p.tokens_per_tile;
   int32_t tok[2] = {-1, -1};
   int valid = 0;
@@ -206,12 +211,12 @@ __device__ __forceinline__ void run_producer_split(const MainParams& p, const CU
 
 // Two consumers: warp 0 loads each chunk's K/V (both on kv_full), and every warp gathers the Q
 // tiles of its one (consumer, stage) buffer.
-template <bool kFp8, int kBlk, int kD>
+template <bool kFp8, int kBlk, int kD, bool kMerge = false>
 __device__ __forceinline__ void run_producer_pairs(const MainParams& p, const CUtensorMap* tm_q,
                                                    const CUtensorMap* tm_k,
                                                    const CUtensorMap* tm_v,
                                                    KVMajorStorage<kBlk, kD>& sh, int warp,
-                                                   int lane) {
+                                                   int lane, int32_t* tile_head = nullptr) {
   using KT = KVMajorTraits<kBlk, kD>;
   using KVRingT = sm90::Ring<KT::kKVSt>;
   constexpr int kQWarps = KT::kQBufferWarps;  // warps past them (D = 256: 2 and 3) gather nothing
@@ -242,7 +247,8 @@ __device__ __forceinline__ void run_producer_pairs(const MainParams& p, const CU
       if (j + kQWarps < c.n_tiles) next = load_tile_idx(p, c, j + kQWarps, lane);
       sm90::mbar_wait(&sh.q_empty[consumer][stage], sm90::Ring<1>::empty_parity(q_uses));
       ++q_uses;
-      produce_q_tile<kFp8, kBlk, kD>(p, tm_q, sh, c, cur, consumer, stage, lane);
+      produce_q_tile<kFp8, kBlk, kD, kMerge>(p, tm_q, sh, c, cur, consumer, stage, lane,
+                                             tile_head);
     }
     tile_base += c.n_tiles;
   }

@@ -417,11 +417,14 @@ __device__ __forceinline__ TileRows tile_rows(const MainParams& p, int tid) {
 // KVMajorTraits).
 // v_parity: the chunk's phase of v_full[0] where V has a ring of its own (KVMajorTraits::kSplitV:
 // V is waited for before P V), else unused (V landed with K).
-template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
+// kMerge (the merging kernel, merge.cuh): the staged tile goes to its store warp through
+// ma->staged instead of this consumer's TMA stores.
+template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD, bool kMerge = false>
 __device__ __forceinline__ void consume_tile(const MainParams& p,
                                              KVMajorStorage<kBlk, kD>& sh,
                                              const ChunkInfo& info, int kv_stage, int consumer,
-                                             int q_stage, const TileRows& tr, uint32_t v_parity) {
+                                             int q_stage, const TileRows& tr, uint32_t v_parity,
+                                             MergeArea* ma = nullptr) {
   using KT = KVMajorTraits<kBlk, kD>;
   constexpr int kS = kBlk / 2;  // S floats per thread
   constexpr int kO = kD / 2;    // O floats per thread
@@ -500,6 +503,16 @@ __device__ __forceinline__ void consume_tile(const MainParams& p,
     uint8_t* buf = sh.q[consumer][q_stage][0];
     stage_partial_tile(buf, o, warp, lane);  // rows without a token are never stored
     sm90::fence_proxy_async_smem();
+    if constexpr (kMerge) {
+      // The LSE rows before `staged`: its store warp counts the tile's arrivals after it.
+      if (lead && tok0 >= 0)
+        store_partial_lse(p, int64_t((head_base + tok0) * p.topk + slot0) * p.group + g0, st0);
+      if (lead && tok1 >= 0)
+        store_partial_lse(p, int64_t((head_base + tok1) * p.topk + slot1) * p.group + g1, st1);
+      sm90::mbar_arrive(&ma->staged[consumer][q_stage]);
+      sm90::mbar_arrive(&sh.q_empty[consumer][q_stage]);  // with the store warp's 32 (merge.cuh)
+      return;
+    }
     __syncwarp();
     if (lane < wt.count) {  // the KV-major kernel runs G in {1, 2, 4, 8, 16}: whole tokens
       const TileMeta& meta = sh.meta[consumer][q_stage];
@@ -537,10 +550,10 @@ __device__ __forceinline__ void release_q_buffer(Storage& sh, int consumer, int 
   sm90::mbar_arrive(&sh.q_empty[consumer][stage]);
 }
 
-template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD>
+template <bool kF16, bool kFp8, bool kMask, int kBlk, int kD, bool kMerge = false>
 __device__ __forceinline__ void run_consumer(const MainParams& p,
                                              KVMajorStorage<kBlk, kD>& sh, int consumer_in,
-                                             int tid) {
+                                             int tid, MergeArea* ma = nullptr) {
   // Warp-uniform for ptxas (lane-0 broadcast): the wgmma descriptors derived from it stay in
   // uniform registers instead of being moved there (R2UR) before every wgmma.
   const int consumer = __shfl_sync(0xffffffffu, consumer_in, 0);
@@ -559,6 +572,7 @@ __device__ __forceinline__ void run_consumer(const MainParams& p,
   int rot = 0;
   int64_t tile_base = 0;
   int pending = -1;  // staged partials: Q stage of this consumer's previous tile, not yet freed
+  uint32_t my_tiles = 0;  // kMerge: tiles this consumer has staged
   while (true) {
     const int s = KVRingT::stage(kv_iter);
     sm90::mbar_wait(&sh.kv_full[s], KVRingT::full_parity(kv_iter));
@@ -587,10 +601,12 @@ __device__ __forceinline__ void run_consumer(const MainParams& p,
       const int q_stage = QRingT::stage(q_use);
       // The previous tile's buffer (the other stage) is freed here, a tile after its TMA stores
       // were issued, so their reads are long done and nothing waits.
-      if (pending >= 0) release_q_buffer(sh, consumer, pending);
+      if (!kMerge && pending >= 0) release_q_buffer(sh, consumer, pending);
       sm90::mbar_wait(&sh.q_full[consumer][q_stage], QRingT::full_parity(q_use));
-      consume_tile<kF16, kFp8, kMask, kBlk, kD>(p, sh, info, s, consumer, q_stage, tr, v_parity);
-      pending = KT::kStagedPartials && p.part_bf16 ? q_stage : -1;
+      consume_tile<kF16, kFp8, kMask, kBlk, kD, kMerge>(p, sh, info, s, consumer, q_stage, tr,
+                                                       v_parity, ma);
+      if constexpr (kMerge) ++my_tiles;
+      else pending = KT::kStagedPartials && p.part_bf16 ? q_stage : -1;
       if constexpr (KT::kSplitV) ++q_use;
     }
     if constexpr (KT::kSplitV) {
@@ -604,6 +620,16 @@ __device__ __forceinline__ void run_consumer(const MainParams& p,
     }
     if (kFp8 || (tid & 31) == 0) sm90::mbar_arrive(&sh.kv_empty[s]);  // kv_empty_arrivals
     ++kv_iter;
+  }
+  if constexpr (kMerge) {
+    // The end for the store warp: its next wait on `staged` finds cons_done set. First the store
+    // warp must have taken this buffer's previous tile (that tile's q_empty phase): `staged` may
+    // run at most one phase ahead of its waits, which tiles ensure by needing their Q.
+    const int s = QRingT::stage(my_tiles);
+    sm90::mbar_wait(&sh.q_empty[consumer][s], sm90::Ring<1>::empty_parity(my_tiles / kQStages));
+    if (tid == 0) ma->cons_done[consumer] = 1;
+    sm90::mbar_arrive(&ma->staged[consumer][s]);
+    return;
   }
   if (pending >= 0) release_q_buffer(sh, consumer, pending);
   sm90::bulk_wait<0>();  // the partial stores are complete before the CTA exits

@@ -149,6 +149,13 @@ struct MainParams : AttnProblem {
   float* part_lse = nullptr;           // natural log
   float* part_rl = nullptr;            // 0 for a row without a visible key
   float* part_tlse = nullptr;          // null unless inv_temperature > 0
+  // The merging kernel (merge.cuh) only: per (kv head, token) at h * total_q + t, the slots with a
+  // partial (bits 16-31) and how many have yet to arrive (bits 0-15), set by the prep; the merged
+  // rows go to out / lse as the combine writes them.
+  uint32_t* merge_count = nullptr;
+  void* out = nullptr;                  // [total_q, Hq, D] bf16
+  int64_t out_stride_t = 0, out_stride_h = 0;  // elements
+  float* lse = nullptr;                 // [Hq, total_q] or null
 };
 
 // The uniform (Q-major) kernel: units of query blocks sharing one selection, writing out / lse.

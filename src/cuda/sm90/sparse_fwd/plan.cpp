@@ -4,7 +4,9 @@
 #include "cuda/sm90/sparse_fwd/plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <string>
 
 #include "backend.h"
@@ -61,6 +63,16 @@ static void check_group(const AttentionArgs& a, const ProblemShape& s) {
   else
     MSA_CHECK(s.group <= 128, "attention_forward: the CUDA kernels take a GQA group Hq/Hkv of at "
               "most 128, got ", s.group);
+}
+
+// Whether calls that can run the merging kernel do (plan.h set_merge_enabled): off until it is
+// measured on a GPU, on with MSA_SPARSE_FWD_MERGE=1 (A/B measurement; both write the same bits).
+static std::atomic<int>& merge_switch() {
+  static std::atomic<int> on{[] {
+    const char* v = std::getenv("MSA_SPARSE_FWD_MERGE");
+    return v != nullptr && std::string(v) == "1" ? 1 : 0;
+  }()};
+  return on;
 }
 
 // The fewest virtual kv heads per kv head (a divisor of G) whose groups fit a 64-row tile:
@@ -154,6 +166,12 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.part_lse = take(part_elems * 4);
   w.part_rl = take(part_elems * 4);
   w.part_tlse = take(a.params.temperature > 0.f ? part_elems * 4 : 0);
+  const bool q_bf16 = a.q.dtype == DType::bf16 || (a.q.dtype == DType::fp8_e4m3 && !w.fp8_qk);
+  w.merge = merge_enabled() && w.fused_prep && q_bf16 && s.head_dim == kHeadDim &&
+            w.blk == kBlockN && a.params.partial_dtype == DType::bf16 &&
+            !(a.params.temperature > 0.f) && s.topk <= kMergeMaxTopk && s.group >= 2 &&
+            s.group <= 16 && (s.group & (s.group - 1)) == 0 && (s.topk * s.group) % 4 == 0;
+  if (w.merge) w.merge_count = take(size_t(hkv) * size_t(s.total_q) * 4);
   if (w.build_csr) {
     w.row_ptr = take(size_t(hkv * (w.total_rows + 1)) * 4);
     w.q_idx = take(size_t(hkv * nnz) * 4);
@@ -172,6 +190,9 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   return w;
 }
 
+
+bool merge_enabled() { return merge_switch().load(std::memory_order_relaxed) != 0; }
+void set_merge_enabled(bool on) { merge_switch().store(on ? 1 : 0, std::memory_order_relaxed); }
 
 void check_kv_dtypes(const AttentionArgs& a, DType qt, const char* quantized_q) {
   const DType kt = a.kv.k.values.dtype;

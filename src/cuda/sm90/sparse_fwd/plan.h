@@ -69,6 +69,13 @@ struct AttnPlan {
   size_t qblock_start = 0, uniform = 0, unit_start = 0, unit_order_start = 0, num_units = 0;
   size_t units = 0;
   size_t part_o = 0, part_lse = 0, part_rl = 0, part_tlse = 0;
+  // The combine inside the KV-major kernel (merge.cuh): 16-bit q read as bf16 at D = 128 over
+  // 128-key blocks, bf16 partials, no temperature LSE, top-K <= kMergeMaxTopk, G of 2-16 with
+  // top-K x G a multiple of 4 (16-byte LSE rows for its bulk copies) and the fused prep (which sets
+  // the counts); merge_count [Hkv, total_q] u32. Otherwise the combine kernel runs after the main
+  // kernels; both write the same bits. Only while merge_enabled() (below).
+  bool merge = false;
+  size_t merge_count = 0;
   size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
   // fused CSR build: each tile's sorted keys [tiles, csr_tile_cap] u32; each row's count in each
   // tile of its head (then the earlier tiles' prefix) [Hkv, total_rows, csr_tiles_per_head], a
@@ -82,6 +89,11 @@ struct AttnPlan {
 };
 
 AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s);
+// Whether calls may run the merging kernel (AttnPlan::merge): off until it is measured on a GPU,
+// initially on with MSA_SPARSE_FWD_MERGE=1; the tests switch it to compare its bits with the
+// combine kernel's. A call's workspace size and its launch must be planned with one setting.
+bool merge_enabled();
+void set_merge_enabled(bool on);
 
 // The kv heads and the group the query side works with (AttnPlan::kv_split).
 inline int64_t query_kv_heads(const ProblemShape& s, const AttnPlan& w) {

@@ -235,6 +235,12 @@ struct FusedPrepParams {
   uint32_t* tile_keys = nullptr;
   int32_t* tile_counts = nullptr;
   int32_t* row_totals = nullptr;
+  // The merging KV-major kernel (plan.h AttnPlan::merge; null: the combine kernel runs): its
+  // arrival counts, and out / lse for the rows of tokens without a partial.
+  uint32_t* merge_count = nullptr;
+  void* out = nullptr;  // bf16 [total_q, Hq, 128]
+  int64_t out_stride_t = 0, out_stride_h = 0;
+  float* lse = nullptr;
 };
 
 constexpr int kFusedThreads = kQ2KStagedThreads;  // the staged q2k check's block size
@@ -392,6 +398,47 @@ __device__ void window_prefix_body(const FusedPrepParams& f, int64_t warp, int64
   }
 }
 
+// The merging kernel's arrival counts (merge.cuh, MainParams::merge_count), a warp per (kv head,
+// query block) the KV-major path does: each token's slots holding a block of its batch (the
+// combine's valid slots; the chunk table gives each a partial) as a mask in bits 16-31, their
+// count in bits 0-15. A token with none has no arrival: its zero rows and -inf LSE are written
+// here, as the combine writes them.
+__device__ inline void merge_counts_body(const FusedPrepParams& f, int64_t warp, int64_t warps,
+                                         int lane) {
+  const PrepParams& p = f.p;
+  const int64_t pairs = p.num_kv_heads * p.qblock_cap;
+  const int64_t qblocks = p.qblock_start[p.batch];
+  for (int64_t pair = warp; pair < pairs; pair += warps) {
+    const int64_t h = pair / p.qblock_cap, qb = pair % p.qblock_cap;
+    if (qb >= qblocks || p.uniform[pair]) continue;
+    const int64_t b = last_le(p.qblock_start, p.batch, qb);
+    const int32_t q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
+    const int32_t lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    const int32_t nblk = lk > 0 ? (lk - 1) / p.kv_block_size + 1 : 0;
+    const int64_t lo = (qb - p.qblock_start[b]) << p.qblock_shift;
+    const int64_t hi = min(int64_t(lq), lo + (int64_t(1) << p.qblock_shift));
+    if (q_start < 0) continue;
+    for (int64_t tl = lo + lane; tl < hi && q_start + tl < p.total_q; tl += 32) {
+      const int64_t t = q_start + tl;
+      const int32_t* ids = p.q2k + (h * p.total_q + t) * p.topk;
+      uint32_t mask = 0;
+      for (int s = 0; s < p.topk; ++s) {
+        const int32_t id = ids[s];
+        if (id >= 0 && id < nblk) mask |= 1u << s;
+      }
+      f.merge_count[h * p.total_q + t] = (mask << 16) | uint32_t(__popc(mask));
+      if (mask != 0) continue;
+      for (int g = 0; g < p.group; ++g) {
+        const int64_t hq = h * p.group + g;
+        auto* row = reinterpret_cast<uint4*>(static_cast<uint16_t*>(f.out) + t * f.out_stride_t +
+                                             hq * f.out_stride_h);
+        for (int i = 0; i < 128 / 8; ++i) row[i] = make_uint4(0, 0, 0, 0);
+        if (f.lse) f.lse[hq * p.total_q + t] = -INFINITY;
+      }
+    }
+  }
+}
+
 // The prep as phases of one cooperative grid, each phase a step of the chain (same bodies, same
 // order of reads and writes) and a grid barrier between phases that depend on each other:
 //   0 re-arm the offence keys and counters; paged: the checked key lengths (block 0)
@@ -455,6 +502,12 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_k
 
   if (block == 0) unit_scan_body<kFusedThreads>(p);
   if (block == (blocks > 1 ? 1 : 0)) schedule_check_body<kFusedThreads>(p);
+  if (f.merge_count != nullptr) {  // the blocks the two scans leave idle, if any
+    const int64_t first = blocks > 2 ? 2 : 0, wpb = kFusedThreads / 32;
+    if (block >= first)
+      merge_counts_body(f, (block - first) * wpb + threadIdx.x / 32, (blocks - first) * wpb,
+                        int(threadIdx.x % 32));
+  }
   grid.sync();
 
   unit_table_body(p, thread, threads);
@@ -565,6 +618,13 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
   } else {
     use_callers_k2q(a, w, ws, f.p, f.check);
     if (w.build_schedule) f.built_schedule = at(w.schedule);
+  }
+  if (w.merge) {
+    f.merge_count = reinterpret_cast<uint32_t*>(ws + w.merge_count);
+    f.out = a.out.data;
+    f.out_stride_t = a.out.strides[0];
+    f.out_stride_h = a.out.strides[1];
+    f.lse = a.lse.defined() ? a.lse.ptr<float>() : nullptr;
   }
   if (w.build_csr)
     launch_cooperative_pdl(prep_fused_kernel<true>, fused_prep_blocks<true>(), kFusedThreads, stream, f);

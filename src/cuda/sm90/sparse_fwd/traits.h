@@ -223,6 +223,48 @@ static_assert(smem_bytes<KVMajorStorage<kBlockN>>() <= 227 * 1024 &&
 // (kOutCols). A 32-column tile would need the 64-byte swizzle in every load, descriptor and
 // epilogue; at D = 64 the consumers are softmax-bound (a block's MMAs take 0.39 us of its ~1.4), so
 // halving the MMAs would gain little.
+// The KV-major kernel with the combine inside it (merge.cuh; 16-bit q at D = 128 over 128-key
+// blocks, bf16 partials, top-K <= kMergeMaxTopk): a fourth warpgroup stores each tile's staged
+// partial (warp 12 + c for consumer c), counts the arrivals of each (token, kv head), and the last
+// arrival's CTA merges its partials (warps 14-15) from a ring of kMergeRing bulk-copied pieces.
+constexpr int kMergeMaxTopk = 16;
+constexpr int kMergeRing = 6;
+constexpr int kMergePieceBytes = kTileM / 4 * kHeadDim * 2;  // one slot's G <= 16 rows, D = 128
+constexpr int kMergeHeaderRl = 2048;  // a header item: the LSEs at 0, the 1 / sums here
+constexpr int kMergeQueue = 128;
+constexpr int kMergeThreads = 64;     // warps 14-15
+constexpr int kMergeProducerRegs = 56, kMergeConsumerRegs = 184, kMergeEpilogueRegs = 80;
+static_assert(kMergeProducerRegs + 2 * kMergeConsumerRegs + kMergeEpilogueRegs <= 4 * 128 &&
+                  kMergeConsumerRegs % 8 == 0 && kMergeEpilogueRegs % 8 == 0,
+              "setmaxnreg budgets of the merging KV-major kernel (512 threads)");
+static_assert(kMergeHeaderRl >= kMergeMaxTopk * 16 * 4 && 2 * kMergeHeaderRl <= kMergePieceBytes,
+              "a header item's LSEs and 1 / sums fit one ring stage");
+struct MergeItem {  // one ring stage's content
+  int32_t kind;     // kMergeHeader, kMergePiece, kMergeEnd
+  int32_t pair;     // h * total_q + t
+  int32_t slot;     // a piece's q2k slot
+  uint32_t mask;    // the pair's slots with a partial; a piece: 1 when it is the pair's last
+};
+constexpr int32_t kMergeHeader = 0, kMergePiece = 1, kMergeEnd = 2;
+struct alignas(128) MergeArea {
+  uint8_t ring[kMergeRing][kMergePieceBytes];
+  float lse[kMergeMaxTopk * 16];  // the pair being merged: LSE and 1 / sum of slot s, row g at s G + g
+  float rl[kMergeMaxTopk * 16];
+  unsigned long long queue[kMergeQueue];  // (mask << 32) | (pair + 1); 0: empty
+  MergeItem item[kMergeRing];
+  uint64_t full[kMergeRing];
+  uint64_t staged[kConsumers][kQStages];  // a consumer staged its tile's partial (128 arrivals)
+  int32_t tile_head[kConsumers][kQStages];  // the kv head of buffer (c, s)'s tile (its producer)
+  int32_t cons_done[kConsumers];
+  int32_t q_head, q_tail, stores_done;
+};
+template <class Storage>
+constexpr int merge_smem_bytes() {
+  return int(sizeof(Storage)) + int(sizeof(MergeArea)) + 1024;
+}
+static_assert(merge_smem_bytes<KVMajorStorage<kBlockN>>() <= 227 * 1024,
+              "the merging KV-major kernel's shared memory exceeds the 227 KB opt-in limit");
+
 template <int kD, int kBlk = kBlockN>
 struct HeadDimTraits {
   static_assert(kD == 32 || kD == 64 || kD == 128 || kD == 256,
@@ -271,6 +313,7 @@ enum class NamedBarrier : uint32_t {
   kTurn1 = 4,        // ... consumer 1's turn
   kTurn2 = 5,        // ... consumer 2's (three consumer warpgroups, D = 32 and 64: HeadDimTraits)
   kLazy0 = 6,        // uniform path: consumer 0's vote on its block's lazy softmax (6 + consumer)
+  kMerge = 9,        // the merging KV-major kernel's 64 merge threads (merge.cuh)
 };
 
 // Q tokens per tile for group size G (64 rows = tokens x G heads).
