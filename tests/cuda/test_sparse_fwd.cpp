@@ -357,8 +357,8 @@ TEST(SparseFwdGpu, CallIsFourLaunchesAndReplaysFromAGraph) {
 }
 
 // The combine inside the KV-major kernel (merge.cuh) writes the combine kernel's bits: random
-// cases run with it and without it (the calls it takes, bf16 at D = 128 with top-K <= 16 and G >= 2,
-// are 3 launches; the others 4, the same kernels either way), into poisoned outputs.
+// cases run with it and without it (the calls it takes, bf16 at D = 128 with top-K <= 16 and
+// G >= 2, are 3 launches; the others 4, the same kernels either way), into poisoned outputs.
 TEST(SparseFwdGpu, MergeMatchesCombineBitwise) {
   MSA_REQUIRE_GPU();
   const bool small = small_tests();

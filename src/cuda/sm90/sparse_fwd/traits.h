@@ -248,7 +248,8 @@ struct MergeItem {  // one ring stage's content
 constexpr int32_t kMergeHeader = 0, kMergePiece = 1, kMergeEnd = 2;
 struct alignas(128) MergeArea {
   uint8_t ring[kMergeRing][kMergePieceBytes];
-  float lse[kMergeMaxTopk * 16];  // the pair being merged: LSE and 1 / sum of slot s, row g at s G + g
+  // The pair being merged: LSE and 1 / sum of slot s, row g at s G + g.
+  float lse[kMergeMaxTopk * 16];
   float rl[kMergeMaxTopk * 16];
   unsigned long long queue[kMergeQueue];  // (mask << 32) | (pair + 1); 0: empty
   MergeItem item[kMergeRing];
