@@ -8,6 +8,13 @@ namespace msa::cuda::sparse_fwd {
 void launch_main_merge(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                        const MainParams& p, cudaStream_t stream) {
   constexpr int smem = merge_smem_bytes<KVMajorStorage<kBlockN, kHeadDim>>();
+  // What the kernel assumes of the plan (plan.cpp AttnPlan::merge): without bf16 partials its
+  // consumers would never hand a tile to the store warps, which would wait for ever.
+  const bool pow2 = (p.group & (p.group - 1)) == 0;
+  MSA_CHECK(p.part_bf16 && p.part_tlse == nullptr && p.merge_count != nullptr && p.group >= 2 &&
+                p.group <= 16 && pow2 && p.topk <= kMergeMaxTopk && (p.topk * p.group) % 4 == 0,
+            "attention_forward: the merging kernel got a plan outside its scope (G ", p.group,
+            ", topk ", p.topk, ", bf16 partials ", p.part_bf16, ")");
   if (p.mask_bits != nullptr)
     launch_persistent(sparse_fwd_merge_kernel<true>, smem, 512, tq, tk, tv, p, stream);
   else

@@ -59,7 +59,7 @@ __device__ __forceinline__ void run_store_warp(const MainParams& p, KVMajorStora
     const int stage = int(use % kQStages);
     const uint32_t parity = (use / kQStages) & 1u;
     sm90::mbar_wait(&ma.staged[c][stage], parity);
-    const bool done = ma.cons_done[c] != 0;
+    const bool done = ma.cons_done[c][stage] != 0;
     int32_t cur = -1;
     if (!done) {
       sm90::mbar_wait(&sh.q_full[c][stage], parity);
@@ -107,6 +107,7 @@ __device__ __forceinline__ unsigned long long merge_pop(MergeArea& ma, int32_t& 
   const unsigned long long e = atomicExch(&ma.queue[head % kMergeQueue], 0ull);
   if (e == 0) return 0;
   ++head;
+  __threadfence_block();  // the slot's clearing before the head that lets a push reuse it
   atomicExch(&ma.q_head, head);
   __threadfence_block();
   return e;
@@ -201,9 +202,11 @@ __device__ __forceinline__ void run_merge(const MainParams& p, MergeArea& ma, in
         // exp(-inf - m) = 0 for a slot whose block held no visible key; a row whose every slot
         // is so (m = -inf) folds nothing, as in the combine.
         if (g >= G || m[k] == -INFINITY) continue;
+        // sum rounded as the combine's separate add (its w comes through a shuffle, which no
+        // FMA can span): expf ends in a multiply, which a contracted add would fuse.
         const float w = expf(ma.lse[s * G + g] - m[k]);
         const float wo = w * ma.rl[s * G + g];
-        sum[k] += w;
+        sum[k] = __fadd_rn(sum[k], w);
         const uint4 raw = sm90::ld_shared_u32x4(base + uint32_t(g) * kHeadDim * 2);
         const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
@@ -260,8 +263,10 @@ __global__ void __launch_bounds__(512, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kMergeRing; ++s) sm90::mbar_init(&ma.full[s], 1);
     for (int c = 0; c < kConsumers; ++c) {
-      for (int s = 0; s < kQStages; ++s) sm90::mbar_init(&ma.staged[c][s], 128);
-      ma.cons_done[c] = 0;
+      for (int s = 0; s < kQStages; ++s) {
+        sm90::mbar_init(&ma.staged[c][s], 128);
+        ma.cons_done[c][s] = 0;
+      }
     }
     ma.q_head = ma.q_tail = ma.stores_done = 0;
     sm90::fence_barrier_init();

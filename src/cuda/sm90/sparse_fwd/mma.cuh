@@ -622,12 +622,14 @@ __device__ __forceinline__ void run_consumer(const MainParams& p,
     ++kv_iter;
   }
   if constexpr (kMerge) {
-    // The end for the store warp: its next wait on `staged` finds cons_done set. First the store
-    // warp must have taken this buffer's previous tile (that tile's q_empty phase): `staged` may
-    // run at most one phase ahead of its waits, which tiles ensure by needing their Q.
+    // The end for the store warp: its next wait on `staged` (buffer s) finds cons_done[s] set.
+    // First the store warp must have taken this buffer's previous tile (that tile's q_empty
+    // phase), the last read of the flag before this write: `staged` may run at most one phase
+    // ahead of its waits, which tiles ensure by needing their Q. The other buffer's flag stays
+    // clear, as the store warp may read it for the last tile after this write.
     const int s = QRingT::stage(my_tiles);
     sm90::mbar_wait(&sh.q_empty[consumer][s], sm90::Ring<1>::empty_parity(my_tiles / kQStages));
-    if (tid == 0) ma->cons_done[consumer] = 1;
+    if (tid == 0) ma->cons_done[consumer][s] = 1;
     sm90::mbar_arrive(&ma->staged[consumer][s]);
     return;
   }

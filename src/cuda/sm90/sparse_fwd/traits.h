@@ -256,7 +256,9 @@ struct alignas(128) MergeArea {
   uint64_t full[kMergeRing];
   uint64_t staged[kConsumers][kQStages];  // a consumer staged its tile's partial (128 arrivals)
   int32_t tile_head[kConsumers][kQStages];  // the kv head of buffer (c, s)'s tile (its producer)
-  int32_t cons_done[kConsumers];
+  // Consumer c's end, set in the buffer its next tile would use: one flag a buffer, since the
+  // store warp may read buffer s's flag for the last tile after the consumer set the other's.
+  int32_t cons_done[kConsumers][kQStages];
   int32_t q_head, q_tail, stores_done;
 };
 template <class Storage>
