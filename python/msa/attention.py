@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from . import _C
 from ._arrays import Typed, dtype_of, empty, framework
-from ._kv import kv_args, kv_heads_of, layout_name
+from ._kv import kv_args, kv_heads_of, kv_into, layout_name
 from ._runtime import (_TorchTensor, MsaError, allocator, arg, check_arrays, check_sequence,
                        compiling, count, dims, finish, plain_arrays, status_for, stream_of, torch)
 from .quant import unpack
@@ -44,13 +44,30 @@ class Visibility(NamedTuple):
                 float(self.soft_cap or 0.0))
 
 
-def check_attention_arrays(q: Any, k2q: Any = None, **named: Any) -> None:
-    """The array arguments of an attention call (k2q a sequence of them) and q's dims, before
-    anything is allocated."""
-    if not plain_arrays(q, *named.values()):
-        check_arrays(q=q, **named)
+_NO_VISIBILITY = Visibility()
+
+
+def check_attention_arrays(q: Any, k2q: Any, names: Sequence[str], *arrays: Any) -> None:
+    """The array arguments of an attention call (`arrays`, which `names` spells: positional,
+    as keywords would cost a dict a call), k2q a sequence of them, and q's dims, before anything
+    is allocated."""
+    if not plain_arrays(q, *arrays):
+        check_arrays(q=q, **dict(zip(names, arrays)))
     check_sequence(k2q, "k2q", "(row_ptr, q_idx[, schedule])", (2, 3))
     dims(unpack(q)[0], "q", 3, "[total_q, Hq, D]")
+
+
+#: The arrays attention_forward passes to check_attention_arrays, in its order.
+_ATTENTION_ARRAYS = ("k", "v", "cu_seqlens_q", "cu_seqlens_k", "page_table", "seqused_k", "q2k",
+                     "q_scale", "k_scale", "v_scale", "causal_offset", "key_mask", "out", "lse",
+                     "tlse", "workspace")
+
+
+def _visibility(causal_offset: Any, key_mask: Any, key_mask_rows: Optional[str],
+                soft_cap: Optional[float]) -> Visibility:
+    if causal_offset is None and key_mask is None and key_mask_rows is None and soft_cap is None:
+        return _NO_VISIBILITY
+    return Visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
 
 
 def _results(out: Any, lse: Any, tlse: Any, return_lse: bool, temperature: Optional[float]):
@@ -110,12 +127,10 @@ def attention_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *, cu_seqlens_k
     """
     layout = layout_name(kv_layout, page_table)
     partial = _partial(partial_dtype)
-    check_attention_arrays(q, k2q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
-                           cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
-                           q2k=q2k, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
-                           lse=lse, tlse=tlse, workspace=workspace, causal_offset=causal_offset,
-                           key_mask=key_mask)
-    vis = Visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
+    check_attention_arrays(q, k2q, _ATTENTION_ARRAYS, k, v, cu_seqlens_q, cu_seqlens_k,
+                           page_table, seqused_k, q2k, q_scale, k_scale, v_scale, causal_offset,
+                           key_mask, out, lse, tlse, workspace)
+    vis = _visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
     q, q_scale, _ = unpack(q, q_scale)
     if out is None and lse is None and tlse is None and workspace is None and compiling():
         from . import _torch_ops
@@ -148,11 +163,10 @@ def attention_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
     CPU): the CUDA kernels' scratch (k2q index when not given, schedule, partial outputs).
     q may be fp8_e4m3 (a `QTensor`, or values plus ``q_scale``) as in `attention_forward`."""
     layout = layout_name(kv_layout, page_table)
-    check_attention_arrays(q, k2q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
-                           cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
-                           q2k=q2k, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-                           causal_offset=causal_offset, key_mask=key_mask)
-    vis = Visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
+    check_attention_arrays(q, k2q, _ATTENTION_ARRAYS, k, v, cu_seqlens_q, cu_seqlens_k,
+                           page_table, seqused_k, q2k, q_scale, k_scale, v_scale, causal_offset,
+                           key_mask)
+    vis = _visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
     q, q_scale, _ = unpack(q, q_scale)
     out, _, tlse = _outputs(q, None, None, None, False, temperature)
     k2q = tuple(k2q) + (None,) * (3 - len(k2q)) if k2q is not None else (None,) * 3
@@ -182,13 +196,15 @@ def _outputs(q: Any, out: Any, lse: Any, tlse: Any, want_lse: bool,
              temperature: Optional[float]) -> tuple:
     """The attention outputs the caller did not pass, allocated like q (out in q's dtype, bf16
     for fp8_e4m3 q)."""
+    if out is None and type(q) is _TorchTensor and q.dtype != torch.float8_e4m3fn:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out is not None and (lse is not None or not want_lse) and (tlse is not None or
+                                                                  not temperature):
+        return out, lse, tlse  # nothing sized by q's dims (a call's host time)
     total_q, hq, d = dims(q, "q", 3, "[total_q, Hq, D]")
     if out is None:
-        if type(q) is _TorchTensor and q.dtype != torch.float8_e4m3fn:
-            out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        else:
-            # For a q msa cannot name, any placeholder does: _C rejects q.
-            out = empty(q, (total_q, hq, d), _out_dtype(q) or dtype_of(q) or "f32")
+        # For a q msa cannot name, any placeholder does: _C rejects q.
+        out = empty(q, (total_q, hq, d), _out_dtype(q) or dtype_of(q) or "f32")
     if want_lse and lse is None:
         lse = empty(q, (hq, total_q), "f32")
     if temperature and tlse is None:
@@ -207,22 +223,30 @@ def attention_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
     out, lse, tlse = _outputs(q, out, lse, tlse, want_lse, temperature)
     st = stream_of(q, stream)
     status = status_for(q)
-    args = dict(q=arg(q), q_scale=arg(q_scale),
-                **kv_args(k, v, layout=layout, cu_seqlens_k=cu_seqlens_k, page_table=page_table,
-                          seqused_k=seqused_k, k_scale=k_scale, v_scale=v_scale),
-                cu_seqlens_q=arg(cu_seqlens_q), q2k=arg(q2k), out=arg(out, _out_dtype(q)),
-                lse=arg(lse), tlse=arg(tlse), softmax_scale=float(softmax_scale or 0.0),
-                causal=causal, temperature=float(temperature or 0.0), status=status, stream=st,
-                **(vis or Visibility()).kwargs())
-    # One dict, passed positionally: _C takes it as the call's keywords (~1.4 us less host time
-    # than unpacking them into the call).
+    vis = vis or _NO_VISIBILITY
+    # One dict display, passed positionally: _C takes it as the call's keywords (~1.4 us less
+    # host time than unpacking them into the call).
+    args = {"q": arg(q), "q_scale": arg(q_scale), "cu_seqlens_q": arg(cu_seqlens_q),
+            "q2k": arg(q2k), "out": arg(out, _out_dtype(q)), "lse": arg(lse),
+            "tlse": arg(tlse), "softmax_scale": float(softmax_scale or 0.0), "causal": causal,
+            "temperature": float(temperature or 0.0), "status": status, "stream": st,
+            "causal_offset": arg(vis.causal_offset), "key_mask": arg(vis.key_mask),
+            "key_mask_rows": vis.key_mask_rows, "soft_cap": float(vis.soft_cap or 0.0)}
+    kv_into(args, k, v, layout, cu_seqlens_k, page_table, seqused_k, k_scale, v_scale)
     if decode_plan is not None:
         decode_plan.run(args)
     else:
-        k2q = tuple(k2q) + (None,) * (3 - len(k2q)) if k2q is not None else (None,) * 3
-        args.update(k2q_row_ptr=arg(k2q[0]), k2q_q_idx=arg(k2q[1]), k2q_schedule=arg(k2q[2]),
-                    kv_block_size=kv_block_size, partial_dtype=partial, workspace=arg(workspace),
-                    alloc=allocator(q, stream) if workspace is None else None)
+        if k2q is not None:
+            args["k2q_row_ptr"] = arg(k2q[0])
+            args["k2q_q_idx"] = arg(k2q[1])
+            if len(k2q) > 2:
+                args["k2q_schedule"] = arg(k2q[2])
+        args["kv_block_size"] = kv_block_size
+        args["partial_dtype"] = partial
+        if workspace is not None:
+            args["workspace"] = arg(workspace)
+        else:
+            args["alloc"] = allocator(q, stream)
         _C.attention_forward(args)
     finish(status, st, check)
     return out, lse, tlse
@@ -299,17 +323,17 @@ def _check_pipeline_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, sequ
 def _pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
                      sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k,
                      softmax_scale, temperature, partial, k_scale, v_scale) -> dict:
+    """msa._C's pipeline keywords but the outputs, workspace, status and stream."""
     iq, iq_scale, iq_global = unpack(index_q)
     ik, ik_scale, ik_global = unpack(index_k)
-    return dict(q=arg(q), **kv_args(k, v, layout=layout, cu_seqlens_k=cu_seqlens_k,
-                                    page_table=page_table, seqused_k=seqused_k,
-                                    k_scale=k_scale, v_scale=v_scale),
-                cu_seqlens_q=arg(cu_seqlens_q), index_q=arg(iq), index_q_scale=arg(iq_scale),
-                index_q_global_scale=float(iq_global), index_k=arg(ik),
-                index_k_scale=arg(ik_scale), index_k_global_scale=float(ik_global), topk=topk,
-                sink_blocks=sink_blocks, local_blocks=local_blocks, causal=causal,
-                kv_block_size=kv_block_size, softmax_scale=float(softmax_scale or 0.0),
-                temperature=float(temperature or 0.0), partial_dtype=partial)
+    kw = {"q": arg(q), "cu_seqlens_q": arg(cu_seqlens_q), "index_q": arg(iq),
+          "index_q_scale": arg(iq_scale), "index_q_global_scale": float(iq_global),
+          "index_k": arg(ik), "index_k_scale": arg(ik_scale),
+          "index_k_global_scale": float(ik_global), "topk": topk, "sink_blocks": sink_blocks,
+          "local_blocks": local_blocks, "causal": causal, "kv_block_size": kv_block_size,
+          "softmax_scale": float(softmax_scale or 0.0),
+          "temperature": float(temperature or 0.0), "partial_dtype": partial}
+    return kv_into(kw, k, v, layout, cu_seqlens_k, page_table, seqused_k, k_scale, v_scale)
 
 
 def pipeline_workspace_bytes(q: Any, k: Any, v: Any, cu_seqlens_q: Any, *,
@@ -340,25 +364,34 @@ def pipeline_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, l
     """The pipeline call; returns out, lse, tlse and the q2k view of the workspace (None unless
     ``want_q2k``: building the view costs ~4 us of host time per call)."""
     out, lse, tlse = _outputs(q, out, lse, None, want_lse, temperature)
-    total_q = dims(q, "q", 3, "[total_q, Hq, D]")[0]
     st = stream_of(q, stream)
     status = status_for(q)
-    scratch = []  # the workspace allocated for the call: q2k lives at its start
-
-    def alloc(n: int, base=allocator(q, stream)) -> Any:
-        scratch.append(base(n))
-        return scratch[-1]
     kw = _pipeline_kwargs(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, layout, topk,
                           sink_blocks, local_blocks, causal, kv_block_size, index_q, index_k,
                           softmax_scale, temperature, partial, k_scale, v_scale)
-    kw.update(out=arg(out, q.dtype if isinstance(q, Typed) else None), lse=arg(lse),
-              tlse=arg(tlse), workspace=arg(workspace), alloc=alloc if workspace is None else None,
-              status=status, stream=st)
+    kw["out"] = arg(out, q.dtype if isinstance(q, Typed) else None)
+    kw["lse"] = arg(lse)
+    kw["tlse"] = arg(tlse)
+    kw["status"] = status
+    kw["stream"] = st
+    scratch = []  # the workspace allocated for the call: q2k lives at its start
+    if workspace is not None:
+        kw["workspace"] = arg(workspace)
+    elif want_q2k:
+        base = allocator(q, stream)
+
+        def alloc(n: int) -> Any:
+            scratch.append(base(n))
+            return scratch[-1]
+        kw["alloc"] = alloc
+    else:  # msa._C holds the scratch until the call returns, as the stream-ordered pools need
+        kw["alloc"] = allocator(q, stream)
     _C.sparse_attention_pipeline(kw)  # one dict, as attention_eager
     finish(status, st, check)
     if not want_q2k:
         return out, lse, tlse, None
     ws = workspace if workspace is not None else (scratch[0] if scratch else None)
+    total_q = dims(q, "q", 3, "[total_q, Hq, D]")[0]
     return out, lse, tlse, _q2k_view(ws, q, k, layout, total_q, topk)
 
 

@@ -13,10 +13,14 @@ from ._arrays import (_torch, dtype_of, empty_on, parse_device, stream_handle, t
                       torch_dtype)
 from ._kv import layout_name
 from ._runtime import MsaError, arg, check_arrays, check_pending, compiling
-from .attention import Visibility, _results, attention_eager, check_attention_arrays
+from .attention import _results, _visibility, attention_eager, check_attention_arrays
 from .quant import unpack
 
 _ids = itertools.count(1)
+
+#: The arrays DecodePlan.run passes to check_attention_arrays, in its order.
+_RUN_ARRAYS = ("k_cache", "v_cache", "page_table", "cu_seqlens_q", "seqused_k", "q2k", "q_scale",
+               "k_scale", "v_scale", "out", "lse", "tlse", "causal_offset", "key_mask")
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -153,12 +157,10 @@ class DecodePlan:
         `MsaError` naming them."""
         if self._shape is None:
             raise MsaError("decode: run() called before a successful plan()")
-        check_attention_arrays(q, k_cache=k_cache, v_cache=v_cache, page_table=page_table,
-                               cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k, q2k=q2k,
-                               q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
-                               lse=lse, tlse=tlse, causal_offset=causal_offset,
-                               key_mask=key_mask)
-        vis = Visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
+        check_attention_arrays(q, None, _RUN_ARRAYS, k_cache, v_cache, page_table,
+                               cu_seqlens_q, seqused_k, q2k, q_scale, k_scale, v_scale, out, lse,
+                               tlse, causal_offset, key_mask)
+        vis = _visibility(causal_offset, key_mask, key_mask_rows, soft_cap)
         q, q_scale, _ = unpack(q, q_scale)
         if out is None and lse is None and tlse is None and compiling():
             from . import _torch_ops

@@ -51,23 +51,23 @@ class QTensor(NamedTuple):
 def tag(x: Any, dtype: str) -> Any:
     """Types a uint storage array as `dtype`; arrays whose own type msa can name stay as they
     are (a mismatch is then reported by the C++ checks)."""
+    if type(x) is _TorchTensor:  # the common case first, one dict lookup (a call's host time)
+        return Typed(x, dtype) if _TORCH_NAMES.get(x.dtype, "u8") == "u8" else x
     if x is None or isinstance(x, Typed):
         return x
-    if type(x) is _TorchTensor:  # the common case, one dict lookup (a call's host time)
-        return Typed(x, dtype) if _TORCH_NAMES.get(x.dtype, "u8") == "u8" else x
     return Typed(x, dtype) if dtype_of(x) in ("u8", None) else x
 
 
 def unpack(x: Any, scale: Any = None, global_scale: float = 1.0) -> tuple:
     """(values, scale, global_scale) of a plain array or a QTensor (typed by its format). A
     QTensor's global scale wins unless it is the default 1.0, so the keyword can set it."""
-    if not isinstance(x, QTensor):
+    if type(x) is _TorchTensor or x is None or not isinstance(x, QTensor):
         return x, scale, global_scale
-    values, qscale = x.values, x.scale
-    if x.format is not None:
-        values = tag(values, VALUE_DTYPES[x.format])
-        qscale = tag(qscale, SCALE_DTYPES[x.format])
-    return values, qscale, x.global_scale if x.global_scale != 1.0 else global_scale
+    values, qscale, qglobal, fmt = x  # one unpacking, not four attribute reads
+    if fmt is not None:
+        values = tag(values, VALUE_DTYPES[fmt])
+        qscale = tag(qscale, SCALE_DTYPES[fmt])
+    return values, qscale, qglobal if qglobal != 1.0 else global_scale
 
 
 def quantize(x: Any, format: str, *, global_scale: float = 1.0,

@@ -66,15 +66,15 @@ TorchTypes& torch_types() {
 // argument reads six of them).
 struct TorchNames {
   PyObject *dtype, *element_size, *is_cuda, *is_cpu, *get_device, *device, *shape, *stride,
-      *data_ptr;
+      *is_contiguous, *data_ptr;
 };
 const TorchNames& torch_names() {
   static const TorchNames n{
-      PyUnicode_InternFromString("dtype"),      PyUnicode_InternFromString("element_size"),
-      PyUnicode_InternFromString("is_cuda"),    PyUnicode_InternFromString("is_cpu"),
-      PyUnicode_InternFromString("get_device"), PyUnicode_InternFromString("device"),
-      PyUnicode_InternFromString("shape"),      PyUnicode_InternFromString("stride"),
-      PyUnicode_InternFromString("data_ptr")};
+      PyUnicode_InternFromString("dtype"),         PyUnicode_InternFromString("element_size"),
+      PyUnicode_InternFromString("is_cuda"),       PyUnicode_InternFromString("is_cpu"),
+      PyUnicode_InternFromString("get_device"),    PyUnicode_InternFromString("device"),
+      PyUnicode_InternFromString("shape"),         PyUnicode_InternFromString("stride"),
+      PyUnicode_InternFromString("is_contiguous"), PyUnicode_InternFromString("data_ptr")};
   return n;
 }
 nb::object get_attr(nb::handle h, PyObject* name) {
@@ -125,16 +125,26 @@ bool torch_view(nb::handle h, const char* op, const char* key, const std::string
     fail(op, ": ", key, ": tensors on ", nb::cast<std::string>(nb::str(get_attr(h, n.device))),
          " are not supported (cpu or cuda only)");
   }
-  const nb::object shape_obj = get_attr(h, n.shape), strides_obj = call_method(h, n.stride);
+  const nb::object shape_obj = get_attr(h, n.shape);
   const nb::tuple shape = nb::borrow<nb::tuple>(shape_obj);
-  const nb::tuple strides = nb::borrow<nb::tuple>(strides_obj);
   const size_t nd = shape.size();
   MSA_CHECK(nd <= size_t(Tensor::kMaxDims), op, ": ", key, ": at most ", Tensor::kMaxDims,
             " dimensions, got ", nd);
   out.ndim = int(nd);
-  for (size_t d = 0; d < nd; ++d) {
-    out.shape[d] = nb::cast<int64_t>(shape[d]);
-    out.strides[d] = nb::cast<int64_t>(strides[d]);
+  for (size_t d = 0; d < nd; ++d) out.shape[d] = nb::cast<int64_t>(shape[d]);
+  // A contiguous tensor's strides are its shape's row-major ones (torch may report another stride
+  // for a dim of size 1, which no index multiplies by anything but 0): is_contiguous() costs
+  // about half of stride() and its tuple's reads.
+  if (nb::cast<bool>(call_method(h, n.is_contiguous))) {
+    int64_t stride = 1;
+    for (size_t d = nd; d-- > 0;) {
+      out.strides[d] = stride;
+      stride *= std::max<int64_t>(out.shape[d], 1);
+    }
+  } else {
+    const nb::object strides_obj = call_method(h, n.stride);
+    const nb::tuple strides = nb::borrow<nb::tuple>(strides_obj);
+    for (size_t d = 0; d < nd; ++d) out.strides[d] = nb::cast<int64_t>(strides[d]);
   }
   out.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(call_method(h, n.data_ptr)));
   return true;
