@@ -138,6 +138,28 @@ def latency_inputs(rec, gen):
     return x
 
 
+def decode_calls(x, topk):
+    """{op: call} of DecodePlan.run over a paged case's cache as bench_latency times it: one query
+    per request, sparse (the sink block and the last topk - 1 blocks) and dense, planned once."""
+    b, hq, hkv, d, page = x["b"], x["hq"], x["hkv"], x["d"], x["page"]
+    per = x["table"].shape[1]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(b, hq, d, generator=gen, device="cuda").to(torch.bfloat16)
+    cu = torch.arange(0, b + 1, dtype=torch.int32, device="cuda")
+    nblk = -(-x["lk"] // 128)
+    last = [nblk - topk + j for j in range(1, topk)]
+    row = [0] + [i if i > 0 else -1 for i in last]
+    q2k = torch.tensor(row, dtype=torch.int32, device="cuda").repeat(hkv, b, 1)
+    calls = {}
+    for op, k in (("decode", topk), ("decode_dense", 0)):
+        plan = msa.DecodePlan().plan(batch=b, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                                     page_size=page, max_pages=per, topk=k, seqused_k=x["used"])
+        sel = q2k if k else None
+        calls[op] = (lambda plan=plan, sel=sel: plan.run(
+            q, x["k"], x["v"], x["table"], cu, seqused_k=x["used"], q2k=sel, check=False))
+    return calls
+
+
 def dense_peers(x):
     """{name: call} of dense causal attention on the same shape: FA4 (flat, or its page table)
     and cuDNN SDPA (B = 1: [1, H, S, D]; paged: the requests' keys gathered once, untimed, as
@@ -238,7 +260,7 @@ def latency(args, cpp_lat):
     side = torch.cuda.Stream()
     torch.cuda.current_stream().synchronize()
     table = []
-    split, cpp_mins = {}, {}
+    split, cpp_mins, decode = {}, {}, []
     for ref in cases:
         name = ref["case"]
         cpp = {r["op"]: r for r in cpp_lat if r.get("case") == name}
@@ -257,6 +279,9 @@ def latency(args, cpp_lat):
                     x["q"], x["k"], x["v"], x["cu_q"], q2k=sel, k2q=k2q, check=False,
                     **x["kv_args"]),
             }
+            if x["page"]:  # the serving step after this prefill, as bench_latency times it
+                for op, fn in decode_calls(x, ref["topk"]).items():
+                    calls[(op, "msa-python")] = fn
             for peer, fn in dense_peers(x).items():
                 calls[("dense", peer)] = fn
             got = {}
@@ -268,9 +293,14 @@ def latency(args, cpp_lat):
                 rec.update(records.shape_of(ref))
                 rec.update(host_us_median=med, host_us_min=lo, host_us_max=hi, gpu_us=g,
                            calls=args.lat_calls)
+                if op.startswith("decode"):  # one query a request over the case's cache
+                    rec.update(seq_q=1, topk=rec["topk"] if op == "decode" else 0)
                 if impl == "msa-python" and op in cpp:
                     rec["cpp_host_us"] = cpp[op]["host_us_median"]
                     rec["cpp_gpu_us"] = cpp[op]["gpu_us"]
+                if op.startswith("decode") and op in cpp:
+                    decode.append((name, op, cpp[op]["host_us_median"], med, cpp[op]["gpu_us"], g,
+                                   cpp[op]["launches"]))
                 if (op, impl) == ("pipeline", "msa-python"):
                     rec.update(pipeline_host_split(x, kw, args.lat_calls))
                     split[name] = rec
@@ -310,6 +340,13 @@ def latency(args, cpp_lat):
         print(f"| {name} | {pg:.1f} | {ag:.1f} | {dg:.1f} | {f(fa)} | {f(cu)} | {ratio} | "
               f"{ph:.1f} / {pyh:.1f} | {ah:.1f} / {pya:.1f} | {launches[0]} / {launches[1]} / "
               f"{launches[2]} |")
+    if decode:
+        print("\n| case | DecodePlan.run | host us: C++ / Python (over C++) | GPU us: C++ / Python "
+              "| launches |")
+        print("| --- | --- | --- | --- | --- |")
+        for name, op, ch, ph, cg, pg, n in decode:
+            print(f"| {name} | {op} | {ch:.1f} / {ph:.1f} ({ph - ch:.1f}) | {cg:.1f} / {pg:.1f} | "
+                  f"{n} |")
     return rows
 
 

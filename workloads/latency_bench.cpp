@@ -5,12 +5,15 @@
 // CUDA graph capture of it. Ops: sparse_attention_pipeline with the index geometry of E2E-32K-M3
 // (4 FP8 index heads on 1 index key head), attention_forward with the pipeline's selection and
 // its k2q index given, and dense attention_forward on the same inputs; the outputs are checked
-// first. FA4 and cuDNN dense on the same shapes: bench/python_bench.py --latency-cpp.
+// first. A paged case (LAT-CHUNK) also times DecodePlan::run, the serving step after that
+// prefill: one query per request over the same cache, sparse (top-K blocks) and dense. FA4 and
+// cuDNN dense on the same shapes: bench/python_bench.py --latency-cpp.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -195,6 +198,75 @@ int check_outputs(const BenchCase& c, const LatencyInputs& in, const msa::Pipeli
   return 0;
 }
 
+// Decode over a latency case's paged cache: one query per request (its own N(0, 1) rows), the
+// request's sink block and its last top-K - 1 blocks selected (a fixed selection: run() reads q2k
+// as given, so which blocks does not change the launch or the host work), planned once for the
+// cache's lengths. Outputs poisoned, then checked free of NaN.
+struct DecodeCalls {
+  DecodeCalls(const BenchCase& c, const LatencyInputs& in, const Tensor& st, cudaStream_t s)
+      : B(int64_t(c.seqlens_q.size())) {
+    std::vector<int32_t> cq(size_t(B) + 1), ids;
+    std::iota(cq.begin(), cq.end(), 0);
+    dcu = DeviceBuffer::from_host(cq, s);
+    dq = normal_bf16({B, in.hq, kD}, c.seed, 5, s);
+    out = gpu_buffer(size_t(B * in.hq * kD) * 2);
+    for (int64_t h = 0; h < in.hkv; ++h)
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t nblk = (c.seqlens_k[size_t(b)] + kBlock - 1) / kBlock;
+        ids.push_back(0);
+        for (int64_t j = 1; j < c.topk; ++j) {
+          const int64_t id = nblk - c.topk + j;  // the last top-K - 1 blocks
+          ids.push_back(id > 0 ? int32_t(id) : -1);  // -1: none (block 0 is the sink's)
+        }
+      }
+    dq2k = DeviceBuffer::from_host(ids, s);
+    std::vector<int32_t> used(c.seqlens_k.begin(), c.seqlens_k.end());
+    for (int sparse = 0; sparse < 2; ++sparse) {
+      msa::DecodeShape sh;
+      sh.batch = int(B);
+      sh.num_q_heads = int(in.hq);
+      sh.num_kv_heads = int(in.hkv);
+      sh.head_dim = int(kD);
+      sh.page_size = c.page_size;
+      sh.max_pages = int(in.max_pages);
+      sh.topk = sparse ? int(c.topk) : 0;
+      sh.device = msa::Device{msa::DeviceType::cuda, 0};
+      DeviceBuffer& ws = sparse ? ws_sparse : ws_dense;
+      ws = gpu_buffer(std::max<size_t>(msa::DecodePlan::workspace_bytes(sh), 1));
+      (sparse ? plan_sparse : plan_dense).plan(sh, used.data(), gpu_view(ws.get(), DType::u8, {int64_t(ws.bytes())}), s);
+      msa::AttentionArgs& a = sparse ? args_sparse : args_dense;
+      a.q = gpu_view(dq.get(), DType::bf16, {B, in.hq, kD});
+      a.kv = in.kv();
+      a.cu_seqlens_q = gpu_view(dcu.get(), DType::i32, {B + 1});
+      if (sparse) a.q2k = gpu_view(dq2k.get(), DType::i32, {in.hkv, B, c.topk});
+      a.out = gpu_view(out.get(), DType::bf16, {B, in.hq, kD});
+      a.status = st;
+    }
+  }
+
+  // 1 (and a line saying so) when either run leaves a NaN in its poisoned output.
+  int check(const std::string& name, const Tensor& st, cudaStream_t s) {
+    for (int sparse = 0; sparse < 2; ++sparse) {
+      out.poison(s);
+      (sparse ? plan_sparse : plan_dense).run(sparse ? args_sparse : args_dense, s);
+      msa::check_status(st, s);
+      int64_t nan = 0;
+      for (uint16_t x : out.download<uint16_t>(out.bytes() / 2, s)) nan += std::isnan(bf16_to_float(x));
+      if (nan != 0) {
+        std::printf("%s: check FAILED: %lld NaN outputs of %s decode\n", name.c_str(), (long long)nan,
+                    sparse ? "sparse" : "dense");
+        return 1;
+      }
+    }
+    return 0;
+  }
+
+  int64_t B;
+  DeviceBuffer dcu, dq, dq2k, out, ws_sparse, ws_dense;
+  msa::DecodePlan plan_sparse, plan_dense;
+  msa::AttentionArgs args_sparse, args_dense;
+};
+
 int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
   const LatencyInputs in(c, s);
   DeviceBuffer out = gpu_buffer(size_t(in.tq * in.hq * kD) * 2), status = gpu_buffer(16);
@@ -253,8 +325,13 @@ int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
   dense.workspace = gpu_view(dense_ws.get(), DType::u8, {int64_t(dense_ws.bytes())});
 
   if (o.check && check_outputs(c, in, p, a, dense, out, st, s) != 0) return 1;
+  std::unique_ptr<DecodeCalls> dec;
+  if (c.page_size > 0) {
+    dec = std::make_unique<DecodeCalls>(c, in, st, s);
+    if (o.check && dec->check(c.name, st, s) != 0) return 1;
+  }
 
-  const std::pair<const char*, std::function<void()>> ops[] = {
+  std::vector<std::pair<const char*, std::function<void()>>> ops = {
       {"pipeline", [&] { msa::sparse_attention_pipeline(p, s); }},
       {"attention_forward", [&] { msa::attention_forward(a, s); }},
       {"attention_forward_dense", [&] { msa::attention_forward(dense, s); }},
@@ -263,6 +340,10 @@ int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
       {"pipeline_workspace_bytes", [&] { (void)msa::pipeline_workspace_bytes(p); }},
       {"attention_workspace_bytes", [&] { (void)msa::attention_workspace_bytes(a); }},
   };
+  if (dec) {
+    ops.emplace_back("decode", [&] { dec->plan_sparse.run(dec->args_sparse, s); });
+    ops.emplace_back("decode_dense", [&] { dec->plan_dense.run(dec->args_dense, s); });
+  }
   for (const auto& [op, call] : ops) {
     if (!o.ops.empty() && std::find(o.ops.begin(), o.ops.end(), std::string(op)) == o.ops.end())
       continue;
@@ -276,6 +357,10 @@ int run_case(const BenchCase& c, const LatencyBenchOptions& o, cudaStream_t s) {
     if (o.json.empty()) continue;
     Json r = new_record(c.name, op);
     add_shape(r, c);
+    if (dec && std::string(op).rfind("decode", 0) == 0) {
+      r["seq_q"] = 1;  // one query a request over the case's cache
+      if (std::string(op) == "decode_dense") r["topk"] = 0;
+    }
     add_dtypes(r, "bf16", "bf16");
     r["index_heads"] = kIndexHeads;
     r["index_key_heads"] = 1;
