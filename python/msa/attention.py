@@ -197,7 +197,9 @@ def _outputs(q: Any, out: Any, lse: Any, tlse: Any, want_lse: bool,
     """The attention outputs the caller did not pass, allocated like q (out in q's dtype, bf16
     for fp8_e4m3 q)."""
     if out is None and type(q) is _TorchTensor and q.dtype != torch.float8_e4m3fn:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        # empty_like keeps a contiguous q's layout; the memory_format keyword costs ~0.8 us.
+        out = torch.empty_like(q) if q.is_contiguous() else torch.empty_like(
+            q, memory_format=torch.contiguous_format)
     if out is not None and (lse is not None or not want_lse) and (tlse is not None or
                                                                   not temperature):
         return out, lse, tlse  # nothing sized by q's dims (a call's host time)
