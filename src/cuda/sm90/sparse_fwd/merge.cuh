@@ -82,6 +82,7 @@ __device__ __forceinline__ void run_store_warp(const MainParams& p, KVMajorStora
       sm90::mbar_arrive(&sh.q_empty[c][stage]);
     }
     if (counted >= 0) merge_settle(ma, counted, old);
+    __syncwarp();  // a lane waiting in merge_push for queue space, before the others spin on staged
     counted = -1;
     if (done) sm90::bulk_wait<0>();
     else sm90::bulk_wait<1>();  // the previous tile's stores have completed
@@ -126,49 +127,56 @@ __device__ __forceinline__ void run_merge(const MainParams& p, MergeArea& ma, in
   const int r0 = tid >> 4, d0 = (tid & 15) * 8;
   float m[4], sum[4], acc[4][8];
   while (true) {
-    if (leader) {
-      while (issued - consumed < uint32_t(kMergeRing)) {
-        const int st = int(issued % kMergeRing);
-        uint64_t* bar = &ma.full[st];
-        if (cur_mask == 0) {
-          const unsigned long long e = merge_pop(ma, head);
-          if (e == 0) {
-            if (issued != consumed) break;  // fold what is in flight
-            if (atomicAdd(&ma.stores_done, 0) == kConsumers) {
-              __threadfence_block();
-              if (atomicAdd(&ma.q_tail, 0) == head) {  // every push has been taken
-                ma.item[st] = MergeItem{kMergeEnd, 0, 0, 0u};
-                sm90::mbar_arrive(bar);
-                ++issued;
-                break;
+    // Warp 14 converges around lane 0's issuing: its other lanes wait at __syncwarp, not on a
+    // ring barrier. Spinning there (try_wait) on an item only lane 0 can issue held the warp's
+    // other path, lane 0's, until the wait timed out: every pair took that timeout (P8K-tok
+    // 1.65 -> 68.4 ms on the H100).
+    if (tid < 32) {
+      if (leader) {
+        while (issued - consumed < uint32_t(kMergeRing)) {
+          const int st = int(issued % kMergeRing);
+          uint64_t* bar = &ma.full[st];
+          if (cur_mask == 0) {
+            const unsigned long long e = merge_pop(ma, head);
+            if (e == 0) {
+              if (issued != consumed) break;  // fold what is in flight
+              if (atomicAdd(&ma.stores_done, 0) == kConsumers) {
+                __threadfence_block();
+                if (atomicAdd(&ma.q_tail, 0) == head) {  // every push has been taken
+                  ma.item[st] = MergeItem{kMergeEnd, 0, 0, 0u};
+                  sm90::mbar_arrive(bar);
+                  ++issued;
+                  break;
+                }
               }
+              __nanosleep(256);
+              continue;
             }
-            __nanosleep(256);
-            continue;
+            cur_pair = int32_t(uint32_t(e)) - 1;
+            cur_mask = uint32_t(e >> 32);
+            ma.item[st] = MergeItem{kMergeHeader, cur_pair, -1, cur_mask};
+            fence_proxy_async_global();
+            sm90::fence_proxy_async_smem();
+            sm90::mbar_arrive_expect_tx(bar, 2 * hdr_bytes);
+            const int64_t row = int64_t(cur_pair) * p.topk * G;
+            sm90::bulk_load(sm90::smem_addr(ma.ring[st]), p.part_lse + row, hdr_bytes,
+                            sm90::smem_addr(bar));
+            sm90::bulk_load(sm90::smem_addr(ma.ring[st]) + kMergeHeaderRl, p.part_rl + row,
+                            hdr_bytes, sm90::smem_addr(bar));
+          } else {
+            const int s = __ffs(cur_mask) - 1;
+            cur_mask &= cur_mask - 1;
+            ma.item[st] = MergeItem{kMergePiece, cur_pair, s, cur_mask == 0 ? 1u : 0u};
+            sm90::fence_proxy_async_smem();
+            sm90::mbar_arrive_expect_tx(bar, piece_bytes);
+            const auto* src = static_cast<const __nv_bfloat16*>(p.part_o) +
+                              (int64_t(cur_pair) * p.topk + s) * G * kHeadDim;
+            sm90::bulk_load(sm90::smem_addr(ma.ring[st]), src, piece_bytes, sm90::smem_addr(bar));
           }
-          cur_pair = int32_t(uint32_t(e)) - 1;
-          cur_mask = uint32_t(e >> 32);
-          ma.item[st] = MergeItem{kMergeHeader, cur_pair, -1, cur_mask};
-          fence_proxy_async_global();
-          sm90::fence_proxy_async_smem();
-          sm90::mbar_arrive_expect_tx(bar, 2 * hdr_bytes);
-          const int64_t row = int64_t(cur_pair) * p.topk * G;
-          sm90::bulk_load(sm90::smem_addr(ma.ring[st]), p.part_lse + row, hdr_bytes,
-                          sm90::smem_addr(bar));
-          sm90::bulk_load(sm90::smem_addr(ma.ring[st]) + kMergeHeaderRl, p.part_rl + row,
-                          hdr_bytes, sm90::smem_addr(bar));
-        } else {
-          const int s = __ffs(cur_mask) - 1;
-          cur_mask &= cur_mask - 1;
-          ma.item[st] = MergeItem{kMergePiece, cur_pair, s, cur_mask == 0 ? 1u : 0u};
-          sm90::fence_proxy_async_smem();
-          sm90::mbar_arrive_expect_tx(bar, piece_bytes);
-          const auto* src = static_cast<const __nv_bfloat16*>(p.part_o) +
-                            (int64_t(cur_pair) * p.topk + s) * G * kHeadDim;
-          sm90::bulk_load(sm90::smem_addr(ma.ring[st]), src, piece_bytes, sm90::smem_addr(bar));
+          ++issued;
         }
-        ++issued;
       }
+      __syncwarp();
     }
     const int st = int(consumed % kMergeRing);
     sm90::mbar_wait(&ma.full[st], (consumed / kMergeRing) & 1u);
