@@ -276,6 +276,11 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// Async-proxy writes of global memory (completed TMA stores) before later generic accesses, and
+// generic writes before async-proxy reads (bulk loads) of global memory.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 
 // ---- named barriers (id 0 is __syncthreads) ----------------------------------------------
 __device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {

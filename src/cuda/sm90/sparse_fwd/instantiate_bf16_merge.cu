@@ -10,9 +10,8 @@ void launch_main_merge(const CUtensorMap& tq, const CUtensorMap& tk, const CUten
   constexpr int smem = merge_smem_bytes<KVMajorStorage<kBlockN, kHeadDim>>();
   // What the kernel assumes of the plan (plan.cpp AttnPlan::merge): without bf16 partials its
   // consumers would never hand a tile to the store warps, which would wait for ever.
-  const bool pow2 = (p.group & (p.group - 1)) == 0;
-  MSA_CHECK(p.part_bf16 && p.part_tlse == nullptr && p.merge_count != nullptr && p.group >= 2 &&
-                p.group <= 16 && pow2 && p.topk <= kMergeMaxTopk && (p.topk * p.group) % 4 == 0,
+  MSA_CHECK(p.part_bf16 && p.part_tlse == nullptr && p.merge_count != nullptr &&
+                merge_shape_fits(p.group, p.topk),
             "attention_forward: the merging kernel got a plan outside its scope (G ", p.group,
             ", topk ", p.topk, ", bf16 partials ", p.part_bf16, ")");
   if (p.mask_bits != nullptr)

@@ -320,8 +320,7 @@ void attention_forward(const AttentionArgs& a, const ProblemShape& s, cudaStream
   // Dense with keys: the uniform kernel wrote every row. Without keys (no TMA map over an empty
   // extent) the combine writes the zero rows: topk 0, every pair flagged 0 (dense_units_kernel).
   // The merging kernel combined the partials itself (plan.h AttnPlan::merge).
-  if ((!w.dense && !(w.merge && pp.uniform_enabled)) || !pp.uniform_enabled)
-    launch_combine(a, s, w, ws, pp, stream);
+  if (!pp.uniform_enabled || !(w.dense || w.merge)) launch_combine(a, s, w, ws, pp, stream);
 }
 
 }  // namespace msa::cuda

@@ -18,11 +18,6 @@
 
 namespace msa::cuda::sparse_fwd {
 
-// Async-proxy writes of global memory (the TMA stores, completed) before later generic accesses.
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
 constexpr uint32_t kMergeBarrier = uint32_t(NamedBarrier::kMerge);
 
 // Pushes a pair (h * total_q + t) and its slot mask on the CTA's merge queue; waits while the
@@ -87,7 +82,7 @@ __device__ __forceinline__ void run_store_warp(const MainParams& p, KVMajorStora
     if (done) sm90::bulk_wait<0>();
     else sm90::bulk_wait<1>();  // the previous tile's stores have completed
     if (prev >= 0) {
-      fence_proxy_async_global();
+      sm90::fence_proxy_async_global();
       __threadfence();  // its partial rows, and the consumers' LSE rows (stored before `staged`)
       old = atomicSub(p.merge_count + prev, 1u);
       counted = prev;
@@ -155,7 +150,7 @@ __device__ __forceinline__ void run_merge(const MainParams& p, MergeArea& ma, in
             cur_pair = int32_t(uint32_t(e)) - 1;
             cur_mask = uint32_t(e >> 32);
             ma.item[st] = MergeItem{kMergeHeader, cur_pair, -1, cur_mask};
-            fence_proxy_async_global();
+            sm90::fence_proxy_async_global();
             sm90::fence_proxy_async_smem();
             sm90::mbar_arrive_expect_tx(bar, 2 * hdr_bytes);
             const int64_t row = int64_t(cur_pair) * p.topk * G;
@@ -235,11 +230,8 @@ __device__ __forceinline__ void run_merge(const MainParams& p, MergeArea& ma, in
           uint4 packed;
           auto* pk = reinterpret_cast<uint32_t*>(&packed);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const __nv_bfloat162 x =
-                __floats2bfloat162_rn(acc[k][2 * i] * inv, acc[k][2 * i + 1] * inv);
-            pk[i] = *reinterpret_cast<const uint32_t*>(&x);
-          }
+          for (int i = 0; i < 4; ++i)
+            pk[i] = pack_pair<false>(acc[k][2 * i] * inv, acc[k][2 * i + 1] * inv);
           *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + t * p.out_stride_t +
                                     hq * p.out_stride_h + d0) = packed;
           if (d0 == 0 && p.lse)

@@ -169,8 +169,7 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   const bool q_bf16 = a.q.dtype == DType::bf16 || (a.q.dtype == DType::fp8_e4m3 && !w.fp8_qk);
   w.merge = merge_enabled() && w.fused_prep && q_bf16 && s.head_dim == kHeadDim &&
             w.blk == kBlockN && a.params.partial_dtype == DType::bf16 &&
-            !(a.params.temperature > 0.f) && s.topk <= kMergeMaxTopk && s.group >= 2 &&
-            s.group <= 16 && (s.group & (s.group - 1)) == 0 && (s.topk * s.group) % 4 == 0;
+            !(a.params.temperature > 0.f) && merge_shape_fits(s.group, s.topk);
   if (w.merge) w.merge_count = take(size_t(hkv) * size_t(s.total_q) * 4);
   if (w.build_csr) {
     w.row_ptr = take(size_t(hkv * (w.total_rows + 1)) * 4);

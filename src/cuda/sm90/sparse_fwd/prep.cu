@@ -238,7 +238,7 @@ struct FusedPrepParams {
   // The merging KV-major kernel (plan.h AttnPlan::merge; null: the combine kernel runs): its
   // arrival counts, and out / lse for the rows of tokens without a partial.
   uint32_t* merge_count = nullptr;
-  void* out = nullptr;  // bf16 [total_q, Hq, 128]
+  void* out = nullptr;  // bf16 [total_q, Hq, kHeadDim]
   int64_t out_stride_t = 0, out_stride_h = 0;
   float* lse = nullptr;
 };
@@ -432,7 +432,7 @@ __device__ inline void merge_counts_body(const FusedPrepParams& f, int64_t warp,
         const int64_t hq = h * p.group + g;
         auto* row = reinterpret_cast<uint4*>(static_cast<uint16_t*>(f.out) + t * f.out_stride_t +
                                              hq * f.out_stride_h);
-        for (int i = 0; i < 128 / 8; ++i) row[i] = make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < kHeadDim / 8; ++i) row[i] = make_uint4(0, 0, 0, 0);
         if (f.lse) f.lse[hq * p.total_q + t] = -INFINITY;
       }
     }

@@ -228,8 +228,15 @@ static_assert(smem_bytes<KVMajorStorage<kBlockN>>() <= 227 * 1024 &&
 // partial (warp 12 + c for consumer c), counts the arrivals of each (token, kv head), and the last
 // arrival's CTA merges its partials (warps 14-15) from a ring of kMergeRing bulk-copied pieces.
 constexpr int kMergeMaxTopk = 16;
+constexpr int kMergeMaxGroup = 16;  // a piece (one slot's G rows) fills one ring stage at most
+// The shapes the merging kernel takes: G a power of 2 in [2, 16], top-K <= 16, top-K x G a multiple
+// of 4 (16-byte LSE rows for its bulk copies). plan.cpp (AttnPlan::merge) and its launch ask this.
+constexpr bool merge_shape_fits(int64_t group, int64_t topk) {
+  return group >= 2 && group <= kMergeMaxGroup && (group & (group - 1)) == 0 && topk >= 0 &&
+         topk <= kMergeMaxTopk && (topk * group) % 4 == 0;
+}
 constexpr int kMergeRing = 6;
-constexpr int kMergePieceBytes = kTileM / 4 * kHeadDim * 2;  // one slot's G <= 16 rows, D = 128
+constexpr int kMergePieceBytes = kMergeMaxGroup * kHeadDim * 2;  // one slot's G rows, D = 128
 constexpr int kMergeHeaderRl = 2048;  // a header item: the LSEs at 0, the 1 / sums here
 constexpr int kMergeQueue = 128;
 constexpr int kMergeThreads = 64;     // warps 14-15
@@ -237,7 +244,8 @@ constexpr int kMergeProducerRegs = 56, kMergeConsumerRegs = 184, kMergeEpilogueR
 static_assert(kMergeProducerRegs + 2 * kMergeConsumerRegs + kMergeEpilogueRegs <= 4 * 128 &&
                   kMergeConsumerRegs % 8 == 0 && kMergeEpilogueRegs % 8 == 0,
               "setmaxnreg budgets of the merging KV-major kernel (512 threads)");
-static_assert(kMergeHeaderRl >= kMergeMaxTopk * 16 * 4 && 2 * kMergeHeaderRl <= kMergePieceBytes,
+static_assert(kMergeHeaderRl >= kMergeMaxTopk * kMergeMaxGroup * 4 &&
+                  2 * kMergeHeaderRl <= kMergePieceBytes,
               "a header item's LSEs and 1 / sums fit one ring stage");
 struct MergeItem {  // one ring stage's content
   int32_t kind;     // kMergeHeader, kMergePiece, kMergeEnd
@@ -249,8 +257,8 @@ constexpr int32_t kMergeHeader = 0, kMergePiece = 1, kMergeEnd = 2;
 struct alignas(128) MergeArea {
   uint8_t ring[kMergeRing][kMergePieceBytes];
   // The pair being merged: LSE and 1 / sum of slot s, row g at s G + g.
-  float lse[kMergeMaxTopk * 16];
-  float rl[kMergeMaxTopk * 16];
+  float lse[kMergeMaxTopk * kMergeMaxGroup];
+  float rl[kMergeMaxTopk * kMergeMaxGroup];
   unsigned long long queue[kMergeQueue];  // (mask << 32) | (pair + 1); 0: empty
   MergeItem item[kMergeRing];
   uint64_t full[kMergeRing];
