@@ -176,6 +176,9 @@ void launch_main_kernels(const AttentionArgs& a, const ProblemShape& s, const At
     const bool d64 = s.head_dim == 64, d256 = s.head_dim == 256;  // 16-bit (check_supported)
     if (w.merge) {  // the combine inside the KV-major kernel (merge.cuh)
       mp.merge_count = reinterpret_cast<uint32_t*>(ws + w.merge_count);
+      mp.merge_list = reinterpret_cast<unsigned long long*>(ws + w.merge_list);
+      mp.merge_ctr = reinterpret_cast<uint32_t*>(ws + w.merge_ctr);
+      mp.merge_list_cap = uint32_t(s.num_kv_heads * s.total_q);
       mp.out = a.out.data;
       mp.out_stride_t = a.out.strides[0];
       mp.out_stride_h = a.out.strides[1];

@@ -18,13 +18,16 @@
 namespace msa::cuda::sparse_fwd {
 
 // One persistent launch (a CTA per SM) of either kernel with `smem` bytes of shared memory (the
-// plan of its head dim; the limit raised once per device, smem_limit.h).
+// plan of its head dim; the limit raised once per device, smem_limit.h); cooperative: every CTA
+// resident at once (the launch fails if they cannot be).
 template <typename P>
 void launch_persistent(void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, P), int smem,
                        int threads, const CUtensorMap& tq, const CUtensorMap& tk,
-                       const CUtensorMap& tv, const P& p, cudaStream_t stream) {
+                       const CUtensorMap& tv, const P& p, cudaStream_t stream,
+                       bool cooperative = false) {
   allow_dynamic_smem(kernel, size_t(smem), "attention_forward");
-  launch_pdl(kernel, current_sm_count(), threads, smem, stream, tq, tk, tv, p);
+  detail::launch_with_pdl(cooperative, kernel, dim3(current_sm_count()), dim3(threads),
+                          size_t(smem), stream, tq, tk, tv, p);
 }
 
 // With a key mask, the kernels instantiated for it (kMask: mma.cuh consume_tile, uniform_mma.cuh).

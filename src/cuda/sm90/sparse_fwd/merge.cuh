@@ -3,12 +3,11 @@
 // - warp 12 + c, the store warp of consumer c: issues the TMA stores of each tile the consumer
 //   staged (the consumer no longer issues or waits for them), frees the Q buffer once they have
 //   read it, and once they have completed counts one arrival for each of the tile's tokens in
-//   MainParams::merge_count; the arrival that leaves a (token, kv head) at 0 pushes it on this
-//   CTA's merge queue;
-// - warps 14-15 merge the queued pairs: lane 0 of warp 14 streams each pair's LSE / 1 / sum rows
-//   (a header item) and its slots' partial rows (a piece a slot) by bulk copies into a ring of
-//   kMergeRing stages, and the 64 threads fold them in slot order with the combine's arithmetic
-//   (common/combine.cu combine_unit), so out and lse are bit for bit the combine kernel's.
+//   MainParams::merge_count, kMergeBatch tiles at a time; the arrival that leaves a (token, kv
+//   head) at 0 publishes it on the call's merge list;
+// - warps 14-15 of every CTA take pairs from that list and fold their partials with the combine's
+//   arithmetic in its slot order (common/combine.cu combine_unit), so out and lse are bit for bit
+//   the combine kernel's. Each thread reads the rows it folds by cp.async, kMergeDepth slots ahead.
 // The partials are read while the kernel still computes, instead of by a kernel after it.
 #pragma once
 
@@ -20,36 +19,80 @@ namespace msa::cuda::sparse_fwd {
 
 constexpr uint32_t kMergeBarrier = uint32_t(NamedBarrier::kMerge);
 
-// Pushes a pair (h * total_q + t) and its slot mask on the CTA's merge queue; waits while the
-// queue is full.
-__device__ __forceinline__ void merge_push(MergeArea& ma, int32_t pair, uint32_t mask) {
-  const int32_t at = atomicAdd(&ma.q_tail, 1);
-  while (at - atomicAdd(&ma.q_head, 0) >= kMergeQueue) __nanosleep(128);
-  __threadfence_block();
-  atomicExch(&ma.queue[at % kMergeQueue],
-             (static_cast<unsigned long long>(mask) << 32) | uint32_t(pair + 1));
+// Arrivals are counted kMergeBatch tiles at a time behind one release fence: a fence after every
+// tile's stores cost a store warp ~4.5 us a tile on an H100 (P8K-tok), more than its consumer
+// takes for a tile (~2.4 us).
+constexpr int kMergeBatch = 4;
+
+// Release and acquire at GPU scope (__threadfence() is fence.sc.gpu, more than either side of the
+// counts' hand-off needs).
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+__device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_acquire_gpu_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
-// An arrival's result: the count word before it (merge_count); the pair whose last partial it was
-// is pushed, with its slot mask.
-__device__ __forceinline__ void merge_settle(MergeArea& ma, int32_t idx, uint32_t old) {
+// An arrival's result: the count word before it (merge_count). The arrival that was the pair's
+// last publishes it and its slot mask on the merge list (past merge_list_cap, which only invalid
+// selections reach, it is dropped: the status reports them).
+__device__ __forceinline__ void merge_settle(const MainParams& p, int32_t idx, uint32_t old) {
   if ((old & 0xffffu) != 1u) return;
-  __threadfence();  // every other arrival's rows before the merge reads them
-  merge_push(ma, idx, old >> 16);
+  fence_acq_rel_gpu();  // the other arrivals' rows (acquired) before the entry (released)
+  const uint32_t at = atomicAdd(p.merge_ctr + 1, 1u);
+  if (at >= p.merge_list_cap) return;
+  atomicExch(p.merge_list + at,
+             (static_cast<unsigned long long>(old >> 16) << 32) | uint32_t(idx + 1));
+}
+
+// Counts one arrival of each token in toks (this lane's, -1: none) after one release of their
+// rows; the results come back in old, to settle a batch later.
+__device__ __forceinline__ void merge_arrive(const MainParams& p, const int32_t (&toks)[kMergeBatch],
+                                             uint32_t (&old)[kMergeBatch]) {
+  bool any = false;
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) any |= toks[i] >= 0;
+  if (!any) return;
+  sm90::fence_proxy_async_global();
+  fence_acq_rel_gpu();  // their partial rows, and the consumers' LSE rows (stored before `staged`)
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i)
+    if (toks[i] >= 0) old[i] = atomicSub(p.merge_count + toks[i], 1u);
 }
 
 // The store warp of consumer c: tiles in the consumer's order (its uses of buffers 0, 1, 0, ...).
 // The metadata and tile_head come from the producer (q_full), the staged rows from the consumer
-// (staged); both are released on q_empty, which counts this warp's 32 arrivals. A tile's arrivals
-// are counted once the next tile's stores are issued (its own have completed by then), and their
-// results read a tile later still, so the atomics' latency is not in the warp's per-tile chain.
+// (staged); both are released on q_empty, which counts this warp's 32 arrivals. Every kMergeBatch
+// uses, the arrivals of the batch before the last are counted (their stores have completed by
+// then: at most the last batch's groups are pending), and the results of the previous count are
+// settled, so neither a store's completion nor an atomic's latency is in the per-tile chain.
 template <int kBlk, int kD>
 __device__ __forceinline__ void run_store_warp(const MainParams& p, KVMajorStorage<kBlk, kD>& sh,
                                                MergeArea& ma, int c, int lane) {
   const int tpt = p.tokens_per_tile;
-  int32_t prev = -1;     // this lane's token of the previous tile (h * total_q + t), -1: none
-  int32_t counted = -1;  // the token whose arrival `old` answers, -1: none
-  uint32_t old = 0;
+  // lag[i]: this lane's token (h * total_q + t) of the tile i uses back, -1: none or counted.
+  int32_t lag[2 * kMergeBatch];
+  int32_t sent[kMergeBatch];  // the tokens of the last count, whose results are in old
+  uint32_t old[kMergeBatch];
+#pragma unroll
+  for (int i = 0; i < 2 * kMergeBatch; ++i) lag[i] = -1;
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) {
+    sent[i] = -1;
+    old[i] = 0;
+  }
   for (uint32_t use = 0;; ++use) {
     const int stage = int(use % kQStages);
     const uint32_t parity = (use / kQStages) & 1u;
@@ -72,145 +115,148 @@ __device__ __forceinline__ void run_store_warp(const MainParams& p, KVMajorStora
                                half * kHalfCols, 0, entry);
         }
       }
-      sm90::bulk_commit();
+      sm90::bulk_commit();  // one group a use, by every lane
       sm90::bulk_wait_read<0>();
       sm90::mbar_arrive(&sh.q_empty[c][stage]);
     }
-    if (counted >= 0) merge_settle(ma, counted, old);
-    __syncwarp();  // a lane waiting in merge_push for queue space, before the others spin on staged
-    counted = -1;
-    if (done) sm90::bulk_wait<0>();
-    else sm90::bulk_wait<1>();  // the previous tile's stores have completed
-    if (prev >= 0) {
-      sm90::fence_proxy_async_global();
-      __threadfence();  // its partial rows, and the consumers' LSE rows (stored before `staged`)
-      old = atomicSub(p.merge_count + prev, 1u);
-      counted = prev;
+#pragma unroll
+    for (int i = 2 * kMergeBatch - 1; i > 0; --i) lag[i] = lag[i - 1];
+    lag[0] = cur;
+    if (!done && use % kMergeBatch != kMergeBatch - 1) continue;
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      if (sent[i] >= 0) merge_settle(p, sent[i], old[i]);
+      sent[i] = -1;
     }
-    prev = cur;
-    if (done) break;
+    if (done) {  // every tile not yet counted, now that all stores have completed
+      sm90::bulk_wait<0>();
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+#pragma unroll
+        for (int i = 0; i < kMergeBatch; ++i) sent[i] = lag[b * kMergeBatch + i];
+        merge_arrive(p, sent, old);
+#pragma unroll
+        for (int i = 0; i < kMergeBatch; ++i) {
+          if (sent[i] >= 0) merge_settle(p, sent[i], old[i]);
+        }
+      }
+      break;
+    }
+    // The uses before the last kMergeBatch have completed their stores.
+    sm90::bulk_wait<kMergeBatch>();
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      sent[i] = lag[kMergeBatch + i];
+      lag[kMergeBatch + i] = -1;
+    }
+    merge_arrive(p, sent, old);
   }
-  if (counted >= 0) merge_settle(ma, counted, old);
   __syncwarp();
   if (lane == 0) {
-    __threadfence_block();
-    atomicAdd(&ma.stores_done, 1);
+    __threadfence();  // this warp's list entries before its count
+    atomicAdd(p.merge_ctr + 2, 1u);
   }
 }
 
-// The next queued pair, or 0 (the leader's; head advances past it).
-__device__ __forceinline__ unsigned long long merge_pop(MergeArea& ma, int32_t& head) {
-  const unsigned long long e = atomicExch(&ma.queue[head % kMergeQueue], 0ull);
-  if (e == 0) return 0;
-  ++head;
-  __threadfence_block();  // the slot's clearing before the head that lets a push reuse it
-  atomicExch(&ma.q_head, head);
-  __threadfence_block();
-  return e;
+// The leader's next pair: it claims the list's next index and waits for its entry, or returns 0
+// once every store warp of the grid is done and the index is past the last entry. Claims cost one
+// atomicAdd each: taking entries by compare-and-swap on a shared cursor, 132 leaders retrying,
+// held P8K-tok at 11.8 ms (H100). A leader waits for other CTAs' entries, which the cooperative
+// launch makes safe (every CTA is resident, and no CTA's store warps wait for a merge).
+__device__ __forceinline__ unsigned long long merge_take(const MainParams& p) {
+  const uint32_t h = atomicAdd(p.merge_ctr, 1u);
+  const uint32_t stores = uint32_t(kConsumers) * gridDim.x;  // store warps of the grid
+  while (true) {
+    if (h < p.merge_list_cap) {
+      const unsigned long long e = ld_acquire_gpu(p.merge_list + h);
+      if (e != 0) return e;
+    }
+    if (ld_acquire_gpu_u32(p.merge_ctr + 2) == stores) {  // every entry is written
+      const uint32_t tail = ld_relaxed_gpu(p.merge_ctr + 1);
+      if (h >= min(tail, p.merge_list_cap)) return 0;
+    }
+    __nanosleep(64);
+  }
 }
 
 // Warps 14-15 (tid 0-63): thread tid folds rows tid / 16 + 4 k (k < 4, rows < G) at columns
-// 8 (tid % 16) .. + 8.
+// 8 (tid % 16) .. + 8; lane j = tid % 16 of a row's segment holds slot j's LSE, weight and
+// 1 / sum, which it broadcasts when the fold reaches slot j, as the combine does.
 __device__ __forceinline__ void run_merge(const MainParams& p, MergeArea& ma, int tid) {
-  const int G = p.group;
-  const uint32_t piece_bytes = uint32_t(G) * kHeadDim * 2;
-  const uint32_t hdr_bytes = uint32_t(p.topk * G) * 4;
-  const bool leader = tid == 0;
-  uint32_t issued = 0, consumed = 0;  // items issued (leader) and folded
-  uint32_t cur_mask = 0;              // leader: the slots of cur_pair not yet issued
-  int32_t cur_pair = 0, head = 0;
-  const int r0 = tid >> 4, d0 = (tid & 15) * 8;
-  float m[4], sum[4], acc[4][8];
-  while (true) {
-    // Warp 14 converges around lane 0's issuing: its other lanes wait at __syncwarp, not on a
-    // ring barrier. Spinning there (try_wait) on an item only lane 0 can issue held the warp's
-    // other path, lane 0's, until the wait timed out: every pair took that timeout (P8K-tok
-    // 1.65 -> 68.4 ms on the H100).
-    if (tid < 32) {
-      if (leader) {
-        while (issued - consumed < uint32_t(kMergeRing)) {
-          const int st = int(issued % kMergeRing);
-          uint64_t* bar = &ma.full[st];
-          if (cur_mask == 0) {
-            const unsigned long long e = merge_pop(ma, head);
-            if (e == 0) {
-              if (issued != consumed) break;  // fold what is in flight
-              if (atomicAdd(&ma.stores_done, 0) == kConsumers) {
-                __threadfence_block();
-                if (atomicAdd(&ma.q_tail, 0) == head) {  // every push has been taken
-                  ma.item[st] = MergeItem{kMergeEnd, 0, 0, 0u};
-                  sm90::mbar_arrive(bar);
-                  ++issued;
-                  break;
-                }
-              }
-              __nanosleep(256);
-              continue;
-            }
-            cur_pair = int32_t(uint32_t(e)) - 1;
-            cur_mask = uint32_t(e >> 32);
-            ma.item[st] = MergeItem{kMergeHeader, cur_pair, -1, cur_mask};
-            sm90::fence_proxy_async_global();
-            sm90::fence_proxy_async_smem();
-            sm90::mbar_arrive_expect_tx(bar, 2 * hdr_bytes);
-            const int64_t row = int64_t(cur_pair) * p.topk * G;
-            sm90::bulk_load(sm90::smem_addr(ma.ring[st]), p.part_lse + row, hdr_bytes,
-                            sm90::smem_addr(bar));
-            sm90::bulk_load(sm90::smem_addr(ma.ring[st]) + kMergeHeaderRl, p.part_rl + row,
-                            hdr_bytes, sm90::smem_addr(bar));
-          } else {
-            const int s = __ffs(cur_mask) - 1;
-            cur_mask &= cur_mask - 1;
-            ma.item[st] = MergeItem{kMergePiece, cur_pair, s, cur_mask == 0 ? 1u : 0u};
-            sm90::fence_proxy_async_smem();
-            sm90::mbar_arrive_expect_tx(bar, piece_bytes);
-            const auto* src = static_cast<const __nv_bfloat16*>(p.part_o) +
-                              (int64_t(cur_pair) * p.topk + s) * G * kHeadDim;
-            sm90::bulk_load(sm90::smem_addr(ma.ring[st]), src, piece_bytes, sm90::smem_addr(bar));
-          }
-          ++issued;
+  const int G = p.group, topk = p.topk;
+  const int r0 = tid >> 4, j = tid & 15, d0 = j * 8;
+  const uint32_t ring = sm90::smem_addr(&ma.ring[0][0][tid]);
+  constexpr uint32_t kRowStep = kMergeThreads * 16, kStageStep = 4 * kRowStep;
+  const auto* part_o = static_cast<const __nv_bfloat16*>(p.part_o);
+  if (tid == 0) ma.cur[0] = merge_take(p);
+  sm90::named_sync(kMergeBarrier, kMergeThreads);
+  for (uint32_t it = 0;; ++it) {
+    const unsigned long long e = ma.cur[it & 1u];
+    if (e == 0) break;
+    const int32_t pair = int32_t(uint32_t(e)) - 1;
+    const uint32_t mask = uint32_t(e >> 32);
+    const int64_t base = int64_t(pair) * topk;  // the pair's slot 0 entry
+    // This thread's rows of the next slot of `rest` into ring stage d, one cp.async group a call
+    // (empty once no slot is left).
+    uint32_t rest = mask;
+    auto issue = [&](int d) {
+      if (rest != 0) {
+        const int s = __ffs(rest) - 1;
+        rest &= rest - 1;
+        const __nv_bfloat16* src = part_o + ((base + s) * G + r0) * kHeadDim + d0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (r0 + 4 * k < G)
+            sm90::cp_async_16(ring + d * kStageStep + k * kRowStep, src + 4 * k * kHeadDim, 16);
         }
       }
-      __syncwarp();
+      sm90::cp_async_commit();
+    };
+#pragma unroll
+    for (int d = 0; d < kMergeDepth; ++d) issue(d);
+    const bool mine = j < topk && ((mask >> j) & 1u) != 0;
+    float lse_j[4], rl_j[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int g = r0 + 4 * k;
+      lse_j[k] = -INFINITY;
+      rl_j[k] = 0.f;
+      if (mine && g < G) {
+        lse_j[k] = __ldcg(p.part_lse + (base + j) * G + g);
+        rl_j[k] = __ldcg(p.part_rl + (base + j) * G + g);
+      }
     }
-    const int st = int(consumed % kMergeRing);
-    sm90::mbar_wait(&ma.full[st], (consumed / kMergeRing) & 1u);
-    const MergeItem it = ma.item[st];
-    if (it.kind == kMergeEnd) break;
-    if (it.kind == kMergeHeader) {
-      const auto* lse_src = reinterpret_cast<const float*>(ma.ring[st]);
-      const auto* rl_src = reinterpret_cast<const float*>(ma.ring[st] + kMergeHeaderRl);
-      for (int i = tid; i < p.topk * G; i += kMergeThreads) {
-        ma.lse[i] = lse_src[i];
-        ma.rl[i] = rl_src[i];
-      }
-      sm90::named_sync(kMergeBarrier, kMergeThreads);
+    if (tid == 0) ma.cur[(it + 1) & 1u] = merge_take(p);  // while the loads are in flight
+    float m[4], w_j[4], wo_j[4], sum[4], acc[4][8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      m[k] = lse_j[k];
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1)
+        m[k] = fmaxf(m[k], __shfl_xor_sync(0xffffffffu, m[k], off, 16));
+      // exp(-inf - m) = 0 for a slot whose block held no visible key; a row whose every slot is
+      // so (m = -inf) folds nothing, as in the combine.
+      w_j[k] = m[k] == -INFINITY ? 0.f : expf(lse_j[k] - m[k]);
+      wo_j[k] = w_j[k] * rl_j[k];
+      sum[k] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[k][i] = 0.f;
+    }
+    uint32_t todo = mask;
+    for (int d = 0; todo != 0; d = d + 1 == kMergeDepth ? 0 : d + 1) {
+      const int s = __ffs(todo) - 1;
+      todo &= todo - 1;
+      sm90::cp_async_wait<kMergeDepth - 1>();  // slot s's group (kMergeDepth - 1 issued since)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int g = r0 + 4 * k;
-        m[k] = -INFINITY;
-        sum[k] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[k][i] = 0.f;
-        if (g < G)
-          for (uint32_t b = it.mask; b != 0; b &= b - 1)
-            m[k] = fmaxf(m[k], ma.lse[(__ffs(b) - 1) * G + g]);
-      }
-    } else {
-      const int s = it.slot;
-      const uint32_t base = sm90::smem_addr(ma.ring[st]) + uint32_t(d0) * 2;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int g = r0 + 4 * k;
-        // exp(-inf - m) = 0 for a slot whose block held no visible key; a row whose every slot
-        // is so (m = -inf) folds nothing, as in the combine.
+        const float w = __shfl_sync(0xffffffffu, w_j[k], s, 16);
+        const float wo = __shfl_sync(0xffffffffu, wo_j[k], s, 16);
         if (g >= G || m[k] == -INFINITY) continue;
         // sum rounded as the combine's separate add (its w comes through a shuffle, which no
-        // FMA can span): expf ends in a multiply, which a contracted add would fuse.
-        const float w = expf(ma.lse[s * G + g] - m[k]);
-        const float wo = w * ma.rl[s * G + g];
+        // FMA can span).
         sum[k] = __fadd_rn(sum[k], w);
-        const uint4 raw = sm90::ld_shared_u32x4(base + uint32_t(g) * kHeadDim * 2);
+        const uint4 raw = sm90::ld_shared_u32x4(ring + d * kStageStep + k * kRowStep);
         const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -219,29 +265,28 @@ __device__ __forceinline__ void run_merge(const MainParams& p, MergeArea& ma, in
           acc[k][2 * i + 1] = fmaf(wo, f.y, acc[k][2 * i + 1]);
         }
       }
-      if (it.mask != 0) {  // the pair's last slot: its rows of out and lse
-        const int64_t t = it.pair % p.total_q, h = it.pair / p.total_q;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int g = r0 + 4 * k;
-          if (g >= G) continue;
-          const float inv = sum[k] > 0.f ? 1.f / sum[k] : 0.f;
-          const int64_t hq = h * G + g;
-          uint4 packed;
-          auto* pk = reinterpret_cast<uint32_t*>(&packed);
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            pk[i] = pack_pair<false>(acc[k][2 * i] * inv, acc[k][2 * i + 1] * inv);
-          *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + t * p.out_stride_t +
-                                    hq * p.out_stride_h + d0) = packed;
-          if (d0 == 0 && p.lse)
-            p.lse[hq * p.total_q + t] = m[k] == -INFINITY ? m[k] : m[k] + logf(sum[k]);
-        }
-      }
+      issue(d);  // the stage just read: the slot kMergeDepth ahead
     }
-    sm90::named_sync(kMergeBarrier, kMergeThreads);  // the stage (and ma.lse) may be refilled
-    ++consumed;
+    const int64_t t = pair % p.total_q, h = pair / p.total_q;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int g = r0 + 4 * k;
+      if (g >= G) continue;
+      const float inv = sum[k] > 0.f ? 1.f / sum[k] : 0.f;
+      const int64_t hq = h * G + g;
+      uint4 packed;
+      auto* pk = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        pk[i] = pack_pair<false>(acc[k][2 * i] * inv, acc[k][2 * i + 1] * inv);
+      *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + t * p.out_stride_t +
+                                hq * p.out_stride_h + d0) = packed;
+      if (d0 == 0 && p.lse)
+        p.lse[hq * p.total_q + t] = m[k] == -INFINITY ? m[k] : m[k] + logf(sum[k]);
+    }
+    sm90::named_sync(kMergeBarrier, kMergeThreads);  // the next pair's entry in ma.cur
   }
+  sm90::cp_async_wait<0>();
 }
 
 // The merging KV-major kernel (bf16 q, D = 128, 128-key blocks): the KV-major warpgroups as in
@@ -259,16 +304,13 @@ __global__ void __launch_bounds__(512, 1)
   Storage& sh = init_shared<Storage>(smem_raw, p.group, p.tokens_per_tile, 128 + 32, false, &tm_q,
                                      &tm_k, &tm_v);
   MergeArea& ma = *reinterpret_cast<MergeArea*>(reinterpret_cast<uint8_t*>(&sh) + sizeof(Storage));
-  for (int i = threadIdx.x; i < kMergeQueue; i += blockDim.x) ma.queue[i] = 0;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kMergeRing; ++s) sm90::mbar_init(&ma.full[s], 1);
     for (int c = 0; c < kConsumers; ++c) {
       for (int s = 0; s < kQStages; ++s) {
         sm90::mbar_init(&ma.staged[c][s], 128);
         ma.cons_done[c][s] = 0;
       }
     }
-    ma.q_head = ma.q_tail = ma.stores_done = 0;
     sm90::fence_barrier_init();
     sm90::prefetch_tensor_map(&p.tm_part);
   }

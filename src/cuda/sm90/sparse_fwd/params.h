@@ -153,6 +153,12 @@ struct MainParams : AttnProblem {
   // partial (bits 16-31) and how many have yet to arrive (bits 0-15), set by the prep; the merged
   // rows go to out / lse as the combine writes them.
   uint32_t* merge_count = nullptr;
+  // The pairs whose last partial has arrived, in the order published ((mask << 32) | (pair + 1),
+  // 0: not yet), merge_list_cap of them at most; merge_ctr[0] the next index to claim, [1] the
+  // next free, [2] the store warps that are done.
+  unsigned long long* merge_list = nullptr;
+  uint32_t* merge_ctr = nullptr;
+  uint32_t merge_list_cap = 0;
   void* out = nullptr;                  // [total_q, Hq, D] bf16
   int64_t out_stride_t = 0, out_stride_h = 0;  // elements
   float* lse = nullptr;                 // [Hq, total_q] or null

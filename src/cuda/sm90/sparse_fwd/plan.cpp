@@ -170,7 +170,11 @@ AttnPlan make_plan(const AttentionArgs& a, const ProblemShape& s) {
   w.merge = merge_enabled() && w.fused_prep && q_bf16 && s.head_dim == kHeadDim &&
             w.blk == kBlockN && a.params.partial_dtype == DType::bf16 &&
             !(a.params.temperature > 0.f) && merge_shape_fits(s.group, s.topk);
-  if (w.merge) w.merge_count = take(size_t(hkv) * size_t(s.total_q) * 4);
+  if (w.merge) {
+    w.merge_count = take(size_t(hkv) * size_t(s.total_q) * 4);
+    w.merge_list = take(size_t(hkv) * size_t(s.total_q) * 8);
+    w.merge_ctr = take(3 * 4);
+  }
   if (w.build_csr) {
     w.row_ptr = take(size_t(hkv * (w.total_rows + 1)) * 4);
     w.q_idx = take(size_t(hkv * nnz) * 4);

@@ -70,12 +70,14 @@ struct AttnPlan {
   size_t units = 0;
   size_t part_o = 0, part_lse = 0, part_rl = 0, part_tlse = 0;
   // The combine inside the KV-major kernel (merge.cuh): 16-bit q read as bf16 at D = 128 over
-  // 128-key blocks, bf16 partials, no temperature LSE, top-K <= kMergeMaxTopk, G of 2-16 with
-  // top-K x G a multiple of 4 (16-byte LSE rows for its bulk copies) and the fused prep (which sets
-  // the counts); merge_count [Hkv, total_q] u32. Otherwise the combine kernel runs after the main
-  // kernels; both write the same bits. Only while merge_enabled() (below).
+  // 128-key blocks, bf16 partials, no temperature LSE, top-K <= kMergeMaxTopk, G a power of 2 in
+  // 2-16 and the fused prep (which sets the counts and empties the list); merge_count [Hkv,
+  // total_q] u32, merge_list [Hkv, total_q] u64 (pairs in the order they were published) and
+  // merge_ctr (3 u32: the list's next index to claim, its next free index, the store warps done).
+  // Otherwise the combine kernel runs after the main kernels; both write the same bits. Only
+  // while merge_enabled() (below).
   bool merge = false;
-  size_t merge_count = 0;
+  size_t merge_count = 0, merge_list = 0, merge_ctr = 0;
   size_t row_ptr = 0, q_idx = 0, schedule = 0, csr_ws = 0;
   // fused CSR build: each tile's sorted keys [tiles, csr_tile_cap] u32; each row's count in each
   // tile of its head (then the earlier tiles' prefix) [Hkv, total_rows, csr_tiles_per_head], a

@@ -236,8 +236,11 @@ struct FusedPrepParams {
   int32_t* tile_counts = nullptr;
   int32_t* row_totals = nullptr;
   // The merging KV-major kernel (plan.h AttnPlan::merge; null: the combine kernel runs): its
-  // arrival counts, and out / lse for the rows of tokens without a partial.
+  // arrival counts, its merge list and cursors (emptied here), and out / lse for the rows of
+  // tokens without a partial.
   uint32_t* merge_count = nullptr;
+  unsigned long long* merge_list = nullptr;
+  uint32_t* merge_ctr = nullptr;
   void* out = nullptr;  // bf16 [total_q, Hq, kHeadDim]
   int64_t out_stride_t = 0, out_stride_h = 0;
   float* lse = nullptr;
@@ -504,9 +507,15 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) prep_fused_k
   if (block == (blocks > 1 ? 1 : 0)) schedule_check_body<kFusedThreads>(p);
   if (f.merge_count != nullptr) {  // the blocks the two scans leave idle, if any
     const int64_t first = blocks > 2 ? 2 : 0, wpb = kFusedThreads / 32;
-    if (block >= first)
+    if (block >= first) {
       merge_counts_body(f, (block - first) * wpb + threadIdx.x / 32, (blocks - first) * wpb,
                         int(threadIdx.x % 32));
+      const int64_t n = f.p.num_kv_heads * f.p.total_q;
+      for (int64_t i = (block - first) * kFusedThreads + threadIdx.x; i < n;
+           i += (blocks - first) * kFusedThreads)
+        f.merge_list[i] = 0;
+      if (block == first && threadIdx.x < 3) f.merge_ctr[threadIdx.x] = 0;
+    }
   }
   grid.sync();
 
@@ -621,6 +630,8 @@ PrepParams launch_prep_fused(const AttentionArgs& a, const ProblemShape& s, cons
   }
   if (w.merge) {
     f.merge_count = reinterpret_cast<uint32_t*>(ws + w.merge_count);
+    f.merge_list = reinterpret_cast<unsigned long long*>(ws + w.merge_list);
+    f.merge_ctr = reinterpret_cast<uint32_t*>(ws + w.merge_ctr);
     f.out = a.out.data;
     f.out_stride_t = a.out.strides[0];
     f.out_stride_h = a.out.strides[1];

@@ -225,49 +225,33 @@ static_assert(smem_bytes<KVMajorStorage<kBlockN>>() <= 227 * 1024 &&
 // halving the MMAs would gain little.
 // The KV-major kernel with the combine inside it (merge.cuh; 16-bit q at D = 128 over 128-key
 // blocks, bf16 partials, top-K <= kMergeMaxTopk): a fourth warpgroup stores each tile's staged
-// partial (warp 12 + c for consumer c), counts the arrivals of each (token, kv head), and the last
-// arrival's CTA merges its partials (warps 14-15) from a ring of kMergeRing bulk-copied pieces.
-constexpr int kMergeMaxTopk = 16;
-constexpr int kMergeMaxGroup = 16;  // a piece (one slot's G rows) fills one ring stage at most
-// The shapes the merging kernel takes: G a power of 2 in [2, 16], top-K <= 16, top-K x G a multiple
-// of 4 (16-byte LSE rows for its bulk copies). plan.cpp (AttnPlan::merge) and its launch ask this.
+// partial (warp 12 + c for consumer c) and counts the arrivals of each (token, kv head); the last
+// arrival publishes the pair on the call's merge list, and the merge warps (14-15) of every CTA
+// claim pairs from it and fold their partials, read through a cp.async ring of kMergeDepth slots.
+constexpr int kMergeMaxTopk = 16;   // a slot per lane of a row's 16-lane segment
+constexpr int kMergeMaxGroup = 16;  // rows tid / 16 + 4 k (k < 4) of the 64 merge threads
+// The shapes the merging kernel takes: G a power of 2 in [2, 16], top-K <= 16. plan.cpp
+// (AttnPlan::merge) and its launch ask this.
 constexpr bool merge_shape_fits(int64_t group, int64_t topk) {
   return group >= 2 && group <= kMergeMaxGroup && (group & (group - 1)) == 0 && topk >= 0 &&
-         topk <= kMergeMaxTopk && (topk * group) % 4 == 0;
+         topk <= kMergeMaxTopk;
 }
-constexpr int kMergeRing = 6;
-constexpr int kMergePieceBytes = kMergeMaxGroup * kHeadDim * 2;  // one slot's G rows, D = 128
-constexpr int kMergeHeaderRl = 2048;  // a header item: the LSEs at 0, the 1 / sums here
-constexpr int kMergeQueue = 128;
-constexpr int kMergeThreads = 64;     // warps 14-15
+constexpr int kMergeDepth = 4;     // slots each merge thread has in flight
+constexpr int kMergeThreads = 64;  // warps 14-15
 constexpr int kMergeProducerRegs = 56, kMergeConsumerRegs = 184, kMergeEpilogueRegs = 80;
 static_assert(kMergeProducerRegs + 2 * kMergeConsumerRegs + kMergeEpilogueRegs <= 4 * 128 &&
                   kMergeConsumerRegs % 8 == 0 && kMergeEpilogueRegs % 8 == 0,
               "setmaxnreg budgets of the merging KV-major kernel (512 threads)");
-static_assert(kMergeHeaderRl >= kMergeMaxTopk * kMergeMaxGroup * 4 &&
-                  2 * kMergeHeaderRl <= kMergePieceBytes,
-              "a header item's LSEs and 1 / sums fit one ring stage");
-struct MergeItem {  // one ring stage's content
-  int32_t kind;     // kMergeHeader, kMergePiece, kMergeEnd
-  int32_t pair;     // h * total_q + t
-  int32_t slot;     // a piece's q2k slot
-  uint32_t mask;    // the pair's slots with a partial; a piece: 1 when it is the pair's last
-};
-constexpr int32_t kMergeHeader = 0, kMergePiece = 1, kMergeEnd = 2;
 struct alignas(128) MergeArea {
-  uint8_t ring[kMergeRing][kMergePieceBytes];
-  // The pair being merged: LSE and 1 / sum of slot s, row g at s G + g.
-  float lse[kMergeMaxTopk * kMergeMaxGroup];
-  float rl[kMergeMaxTopk * kMergeMaxGroup];
-  unsigned long long queue[kMergeQueue];  // (mask << 32) | (pair + 1); 0: empty
-  MergeItem item[kMergeRing];
-  uint64_t full[kMergeRing];
+  // Merge thread t's 16 bytes of row r0 + 4 k of the slot in ring stage d, at [d][k][t]: the 64
+  // threads' copies and reads are consecutive 16-byte chunks (no bank conflicts).
+  uint4 ring[kMergeDepth][4][kMergeThreads];
+  unsigned long long cur[2];  // the pair being merged and the next: (mask << 32) | (pair + 1)
   uint64_t staged[kConsumers][kQStages];  // a consumer staged its tile's partial (128 arrivals)
   int32_t tile_head[kConsumers][kQStages];  // the kv head of buffer (c, s)'s tile (its producer)
   // Consumer c's end, set in the buffer its next tile would use: one flag a buffer, since the
   // store warp may read buffer s's flag for the last tile after the consumer set the other's.
   int32_t cons_done[kConsumers][kQStages];
-  int32_t q_head, q_tail, stores_done;
 };
 template <class Storage>
 constexpr int merge_smem_bytes() {
