@@ -7,6 +7,7 @@
 # bench/plot.py records.jsonl peers.jsonl --out DIR` draws them.
 #   bench/device_session.sh [steps...]
 #   steps: tests memcheck racecheck synccheck initcheck bench ab peers pytest soak demo examples pybench latency
+#          merge (the merging KV-major kernel against the combine path: bitwise test, A/B, suites)
 #          bsr (bench/bsr_bench.py: BSR-108K, BSR-32K-R1 and FlexAttention on the same mask; the wheel)
 #          icp (bench/icp_bench.py: ICP-DECODE-B64, ICP-PREFILL-128K; WORLD=2 for a real group)
 #          ncu-sparse ncu-uniform ncu-indexer ncu-indexer-fp8 ncu-decode
@@ -128,6 +129,29 @@ for step in $steps; do
       ab_run 30 bench_latency
       python3 bench/compare.py "$OUT/ab_old.jsonl" "$OUT/ab_new.jsonl" > "$OUT/ab.md" 2>&1
       cat "$OUT/ab.md" ;;
+    merge)  # the merging KV-major kernel (docs/kernels/sparse_fwd.md) against the combine path:
+            # the bitwise test, then the per-token cases and LAT-8K with MSA_SPARSE_FWD_MERGE
+            # 0 / 1 / 1 / 0 (compare.py: old = 0, new = 1), then the two sparse suites with it on
+      lim=$(left 90); (( lim > 0 )) && { timeout $lim "$BIN/test_sparse_fwd" \
+        --gtest_filter='*MergeMatchesCombineBitwise*:*CallIsFour*' > "$OUT/merge_bitwise.log" 2>&1
+        summary+=("merge bitwise rc=$? $(passed "$OUT/merge_bitwise.log")"); }
+      rm -f "$OUT"/merge_0.jsonl "$OUT"/merge_1.jsonl
+      for m in 0 1 1 0; do
+        lim=$(left 60); (( lim == 0 )) && { summary+=("merge=$m skipped (time)"); continue; }
+        MSA_SPARSE_FWD_MERGE=$m timeout $lim "$BIN/bench_sparse_fwd" --case P8K-tok --case P32K-tok \
+          --case VARLEN-tok --case P32K-blk --iters ${ITERS:-10} --warmup 2 --no-check \
+          --json "$OUT/merge_$m.jsonl" >> "$OUT/merge_$m.log" 2>&1
+        summary+=("merge=$m bench_sparse_fwd rc=$?")
+        lim=$(left 40); (( lim > 0 )) && MSA_SPARSE_FWD_MERGE=$m timeout $lim "$BIN/bench_latency" \
+          --case LAT-8K --op pipeline --op attention_forward --json "$OUT/merge_$m.jsonl" >> "$OUT/merge_$m.log" 2>&1
+      done
+      python3 bench/compare.py "$OUT/merge_0.jsonl" "$OUT/merge_1.jsonl" > "$OUT/merge.md" 2>&1
+      cat "$OUT/merge.md"
+      for t in test_sparse_fwd_paged test_pipeline_gpu; do
+        lim=$(left 120); (( lim == 0 )) && continue
+        MSA_SPARSE_FWD_MERGE=1 timeout $lim "$BIN/$t" > "$OUT/merge_$t.log" 2>&1
+        summary+=("merge=1 $t rc=$? $(passed "$OUT/merge_$t.log")")
+      done ;;
     bench-sparse)  # bench_sparse_fwd alone (its cases only; peers then compare those)
       rm -f "$OUT"/records.jsonl
       lim=$(left 200); (( lim > 0 )) && { timeout $lim "$BIN/bench_sparse_fwd" --json "$OUT/records.jsonl" \
