@@ -21,7 +21,8 @@ constexpr uint32_t kMergeBarrier = uint32_t(NamedBarrier::kMerge);
 
 // Arrivals are counted kMergeBatch tiles at a time behind one release fence: a fence after every
 // tile's stores cost a store warp ~4.5 us a tile on an H100 (P8K-tok), more than its consumer
-// takes for a tile (~2.4 us).
+// takes for a tile (~2.4 us). (bulk_wait_read and bulk_wait compile to the same scoreboard wait,
+// so the lag may hide only the atomics' latency, not the stores' completion.)
 constexpr int kMergeBatch = 4;
 
 // Release and acquire at GPU scope (__threadfence() is fence.sc.gpu, more than either side of the
@@ -29,14 +30,12 @@ constexpr int kMergeBatch = 4;
 __device__ __forceinline__ void fence_acq_rel_gpu() {
   asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
-__device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long long* p) {
+// Polls read relaxed and acquire with one fence once they see what they wait for: ld.acquire
+// compiles to a load and an invalidation of the SM's L1 (CCTL.IVALL), which the producer's and
+// consumers' metadata reads would pay for at every poll.
+__device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsigned long long* p) {
   unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_acquire_gpu_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 __device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
@@ -158,22 +157,30 @@ __device__ __forceinline__ void run_store_warp(const MainParams& p, KVMajorStora
   }
 }
 
-// The leader's next pair: it claims the list's next index and waits for its entry, or returns 0
-// once every store warp of the grid is done and the index is past the last entry. Claims cost one
-// atomicAdd each: taking entries by compare-and-swap on a shared cursor, 132 leaders retrying,
-// held P8K-tok at 11.8 ms (H100). A leader waits for other CTAs' entries, which the cooperative
-// launch makes safe (every CTA is resident, and no CTA's store warps wait for a merge).
-__device__ __forceinline__ unsigned long long merge_take(const MainParams& p) {
-  const uint32_t h = atomicAdd(p.merge_ctr, 1u);
+// The leader's pairs: it claims the list's next index (one atomicAdd; taking entries by
+// compare-and-swap on a shared cursor, 132 leaders retrying, held P8K-tok at 11.8 ms on an H100)
+// while the pair before it is folded, then waits for the index's entry, or returns 0 once every
+// store warp of the grid is done and the index is past the last entry. A leader waits for other
+// CTAs' entries, which the cooperative launch makes safe (every CTA is resident, and no CTA's
+// store warps wait for a merge).
+__device__ __forceinline__ uint32_t merge_claim(const MainParams& p) {
+  return atomicAdd(p.merge_ctr, 1u);
+}
+__device__ __forceinline__ unsigned long long merge_wait(const MainParams& p, uint32_t h) {
   const uint32_t stores = uint32_t(kConsumers) * gridDim.x;  // store warps of the grid
   while (true) {
     if (h < p.merge_list_cap) {
-      const unsigned long long e = ld_acquire_gpu(p.merge_list + h);
-      if (e != 0) return e;
+      const unsigned long long e = ld_relaxed_gpu(p.merge_list + h);
+      if (e != 0) {
+        fence_acq_rel_gpu();  // the entry's publication acquired: the pair's rows are visible
+        return e;
+      }
     }
-    if (ld_acquire_gpu_u32(p.merge_ctr + 2) == stores) {  // every entry is written
+    if (ld_relaxed_gpu(p.merge_ctr + 2) == stores) {
+      fence_acq_rel_gpu();  // every store warp's entries, and the final tail
       const uint32_t tail = ld_relaxed_gpu(p.merge_ctr + 1);
       if (h >= min(tail, p.merge_list_cap)) return 0;
+      continue;  // its entry is written
     }
     __nanosleep(64);
   }
@@ -188,7 +195,7 @@ __device__ __forceinline__ void run_merge(const MainParams& p, MergeArea& ma, in
   const uint32_t ring = sm90::smem_addr(&ma.ring[0][0][tid]);
   constexpr uint32_t kRowStep = kMergeThreads * 16, kStageStep = 4 * kRowStep;
   const auto* part_o = static_cast<const __nv_bfloat16*>(p.part_o);
-  if (tid == 0) ma.cur[0] = merge_take(p);
+  if (tid == 0) ma.cur[0] = merge_wait(p, merge_claim(p));
   sm90::named_sync(kMergeBarrier, kMergeThreads);
   for (uint32_t it = 0;; ++it) {
     const unsigned long long e = ma.cur[it & 1u];
@@ -226,7 +233,7 @@ __device__ __forceinline__ void run_merge(const MainParams& p, MergeArea& ma, in
         rl_j[k] = __ldcg(p.part_rl + (base + j) * G + g);
       }
     }
-    if (tid == 0) ma.cur[(it + 1) & 1u] = merge_take(p);  // while the loads are in flight
+    const uint32_t next = tid == 0 ? merge_claim(p) : 0u;  // the next pair's index
     float m[4], w_j[4], wo_j[4], sum[4], acc[4][8];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -284,6 +291,9 @@ __device__ __forceinline__ void run_merge(const MainParams& p, MergeArea& ma, in
       if (d0 == 0 && p.lse)
         p.lse[hq * p.total_q + t] = m[k] == -INFINITY ? m[k] : m[k] + logf(sum[k]);
     }
+    // The next pair's entry, waited for only now: a wait before the fold held the warp (its other
+    // lanes at the first shuffle) until one more pair had been published.
+    if (tid == 0) ma.cur[(it + 1) & 1u] = merge_wait(p, next);
     sm90::named_sync(kMergeBarrier, kMergeThreads);  // the next pair's entry in ma.cur
   }
   sm90::cp_async_wait<0>();
