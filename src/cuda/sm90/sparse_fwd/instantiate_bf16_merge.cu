@@ -14,7 +14,7 @@ void launch_main_merge(const CUtensorMap& tq, const CUtensorMap& tk, const CUten
                 merge_shape_fits(p.group, p.topk),
             "attention_forward: the merging kernel got a plan outside its scope (G ", p.group,
             ", topk ", p.topk, ", bf16 partials ", p.part_bf16, ")");
-  // Cooperative: a CTA's merge warps wait for pairs other CTAs publish (merge.cuh merge_take).
+  // Cooperative: a CTA's merge warps wait for pairs other CTAs publish (merge.cuh merge_wait).
   if (p.mask_bits != nullptr)
     launch_persistent(sparse_fwd_merge_kernel<true>, smem, 512, tq, tk, tv, p, stream, true);
   else
